@@ -1,0 +1,38 @@
+"""The ``caravan`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from caravan import services
+from common.settings import load_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="caravan", description="Compute sessions on Nomad.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("gateway", help="serve the GraphQL API")
+    commands.add_parser("scheduler", help="place pending sessions and follow Nomad (one active at a time)")
+    commands.add_parser("dev", help="gateway and scheduler in one process, for one machine")
+    stack = commands.add_parser("stack", help="start or stop the one-machine stack (Redis, Nomad, Caravan)")
+    stack.add_argument("action", choices=["up", "down", "status"])
+    args = parser.parse_args(argv)
+
+    settings = load_settings()
+    services.configure_logging()
+    if args.command == "stack":
+        from caravan.stack import dev_stack
+
+        return {"up": dev_stack.up, "down": dev_stack.down, "status": dev_stack.status}[args.action](settings)
+    runner = {"gateway": services.run_gateway, "scheduler": services.run_scheduler, "dev": services.run_all}
+    try:
+        asyncio.run(runner[args.command](settings))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

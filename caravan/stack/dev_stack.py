@@ -1,0 +1,90 @@
+"""The one-machine stack behind ``ops/dev``: Redis, a Nomad dev agent and Caravan, detached.
+
+Process ids go to ``$CARAVAN_HOME/run``; logs to ``$CARAVAN_HOME/logs``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+from caravan.stack.nomad_agent import start_nomad_dev
+from caravan.stack.processes import Service, StartupFailed, spawn, wait_until
+from caravan.stack.redis_server import start_redis
+from common.settings import Settings
+
+PARTS = ("caravan", "nomad", "redis")
+
+
+def _pidfile(settings: Settings, name: str) -> Path:
+    return settings.home / "run" / f"{name}.pid"
+
+
+def _running(settings: Settings, name: str) -> int | None:
+    path = _pidfile(settings, name)
+    if not path.exists():
+        return None
+    pid = int(path.read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+def _remember(settings: Settings, service: Service) -> None:
+    path = _pidfile(settings, service.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(service.pid))
+
+
+def up(settings: Settings) -> int:
+    logs = settings.home / "logs"
+    env = os.environ
+    try:
+        if not _running(settings, "redis"):
+            port = urlparse(settings.redis.url).port or 6379
+            _remember(settings, start_redis(settings.home / "redis", port, log=logs / "redis.log"))
+        if not _running(settings, "nomad"):
+            drivers = ("raw_exec", "exec") + (("docker",) if env.get("CARAVAN_DOCKER_AVAILABLE") == "1" else ())
+            agent = start_nomad_dev(
+                settings.home / "nomad", nomad_home=Path(env["CARAVAN_NOMAD_HOME"]), rootfs=Path(env["CARAVAN_ROOTFS"]),
+                http=urlparse(settings.nomad.addr).port, want_drivers=drivers, log=logs / "nomad.log",
+            )
+            _remember(settings, agent.service)
+        if not _running(settings, "caravan"):
+            service = spawn("caravan", [sys.executable, "-m", "caravan.cli", "dev"], logs / "caravan.log")
+            _remember(settings, service)
+            url = f"http://{settings.gateway.host}:{settings.gateway.port}/readyz"
+            wait_until(lambda: urllib.request.urlopen(url, timeout=2).status == 200, what="Caravan gateway",
+                       timeout=60, log=logs / "caravan.log")
+    except StartupFailed as exc:
+        print(f"caravan: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def down(settings: Settings) -> int:
+    for name in PARTS:
+        pid = _running(settings, name)
+        if pid:
+            os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while _running(settings, name) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if _running(settings, name):
+                os.killpg(pid, signal.SIGKILL)
+        _pidfile(settings, name).unlink(missing_ok=True)
+    return 0
+
+
+def status(settings: Settings) -> int:
+    for name in PARTS:
+        pid = _running(settings, name)
+        print(f"{name:8} {'running (pid %d)' % pid if pid else 'stopped'}")
+    return 0

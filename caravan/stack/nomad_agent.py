@@ -1,0 +1,136 @@
+"""A Nomad agent in dev mode (server and client in one) with Caravan's configuration.
+
+Readiness is polled: agent health (server and client), the node ready, the wanted drivers healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
+
+NOMAD_AGENT_CONFIG = """\
+bind_addr  = "127.0.0.1"
+data_dir   = "{data_dir}"
+plugin_dir = "{plugin_dir}"
+log_level  = "INFO"
+ports {{
+  http = {http}
+  rpc  = {rpc}
+  serf = {serf}
+}}
+limits {{
+  http_max_conns_per_client = 0
+}}
+client {{
+  network_interface = "lo"
+  chroot_env {{
+    "{rootfs}" = "/"
+  }}
+  gc_max_allocs = 2000
+}}
+plugin "raw_exec" {{
+  config {{
+    enabled = true
+  }}
+}}
+plugin "docker" {{
+  config {{
+    volumes {{
+      enabled = true
+    }}
+    gc {{
+      image = false
+    }}
+  }}
+}}
+plugin "qemu" {{
+  config {{
+    image_paths = ["{image_dir}"]
+  }}
+}}
+plugin "nomad-device-example" {{
+  config {{
+    dir            = "{device_dir}"
+    list_period    = "1s"
+    unhealthy_perm = "-rwxrwxrwx"
+  }}
+}}
+"""
+
+
+@dataclass
+class NomadAgent:
+    service: Service
+    addr: str
+    node_id: str
+    drivers: dict[str, bool] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        self.service.stop()
+
+
+def _get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return json.loads(response.read())
+
+
+def write_config(path: Path, *, data_dir: Path, plugin_dir: Path, rootfs: Path, image_dir: Path,
+                 device_dir: Path, http: int, rpc: int, serf: int) -> None:
+    for directory in (data_dir, image_dir, device_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(NOMAD_AGENT_CONFIG.format(
+        data_dir=data_dir, plugin_dir=plugin_dir, rootfs=rootfs, image_dir=image_dir, device_dir=device_dir,
+        http=http, rpc=rpc, serf=serf,
+    ))
+
+
+def start_nomad_dev(
+    state_dir: Path, *, nomad_home: Path, rootfs: Path, http: int | None = None,
+    want_drivers: tuple[str, ...] = ("raw_exec", "exec"), log: Path, timeout: float = 120.0,
+) -> NomadAgent:
+    """Start ``nomad agent -dev`` from ``nomad_home`` (bin/nomad, plugins/) on loopback ports."""
+    binary = nomad_home / "bin" / "nomad"
+    if not binary.exists():
+        found = shutil.which("nomad")
+        if not found:
+            raise StartupFailed("nomad is not installed (ops/install-nomad builds it)")
+        binary = Path(found)
+    http = http or free_port()
+    config = state_dir / "nomad.hcl"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    write_config(config, data_dir=state_dir / "data", plugin_dir=nomad_home / "plugins", rootfs=rootfs,
+                 image_dir=state_dir / "images", device_dir=state_dir / "devices",
+                 http=http, rpc=free_port(), serf=free_port())
+    service = spawn("nomad", [str(binary), "agent", "-dev", f"-config={config}"], log)
+    addr = f"http://127.0.0.1:{http}"
+
+    def healthy() -> bool:
+        if not service.alive():
+            raise StartupFailed("nomad exited")
+        health = _get(f"{addr}/v1/agent/health?type=client&type=server")
+        return isinstance(health, dict) and all(part.get("ok") for part in health.values())
+
+    wait_until(healthy, what="Nomad agent health", timeout=timeout, log=log)
+    node: dict[str, object] = {}
+
+    def node_ready() -> bool:
+        nodes = _get(f"{addr}/v1/nodes")
+        ready = [n for n in nodes if n.get("Status") == "ready"] if isinstance(nodes, list) else []
+        if not ready:
+            return False
+        detail = _get(f"{addr}/v1/node/{ready[0]['ID']}")
+        assert isinstance(detail, dict)
+        drivers = detail.get("Drivers") or {}
+        if all((drivers.get(d) or {}).get("Healthy") for d in want_drivers):
+            node.update(detail)
+            return True
+        return False
+
+    wait_until(node_ready, what=f"Nomad node with drivers {', '.join(want_drivers)}", timeout=timeout, log=log)
+    drivers = {name: bool(d.get("Healthy")) for name, d in (node.get("Drivers") or {}).items()}  # type: ignore[union-attr]
+    return NomadAgent(service=service, addr=addr, node_id=str(node["ID"]), drivers=drivers)

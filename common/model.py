@@ -1,0 +1,176 @@
+"""The session model: sessions, their kernels, and how they serialize to Redis.
+
+A session is what a user asks for; each kernel is one isolated unit of it (a Docker container,
+an ``exec`` process, a QEMU VM), run as one task group of the session's Nomad job.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from common.clock import from_iso, to_iso
+
+
+class SessionType(StrEnum):
+    INTERACTIVE = "INTERACTIVE"
+    BATCH = "BATCH"
+    INFERENCE = "INFERENCE"
+    SYSTEM = "SYSTEM"
+
+
+class SessionStatus(StrEnum):
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    PREPARING = "PREPARING"
+    RUNNING = "RUNNING"
+    TERMINATING = "TERMINATING"
+    TERMINATED = "TERMINATED"
+    CANCELLED = "CANCELLED"
+    ERROR = "ERROR"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({SessionStatus.TERMINATED, SessionStatus.CANCELLED})
+"""No way out of these. ERROR is not terminal: an errored session can still be destroyed."""
+
+KernelStatus = SessionStatus
+"""Kernels move through the same statuses; a session's status is derived from its kernels'."""
+
+
+class SessionResult(StrEnum):
+    UNDEFINED = "UNDEFINED"
+    SUCCESS = "SUCCESS"
+    FAILURE = "FAILURE"
+
+
+class ClusterMode(StrEnum):
+    SINGLE_NODE = "SINGLE_NODE"
+    MULTI_NODE = "MULTI_NODE"
+
+
+class Driver(StrEnum):
+    DOCKER = "docker"
+    EXEC = "exec"
+    QEMU = "qemu"
+    RAW_EXEC = "raw_exec"
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    status: SessionStatus
+    at: datetime
+    reason: str
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One isolated unit of a session; ``hostname`` is ``main1``, ``sub1`` … and names its task group."""
+
+    role: str
+    index: int
+    hostname: str
+    image: str
+    resources: dict[str, str]
+    status: SessionStatus = SessionStatus.PENDING
+    agent: str | None = None
+    alloc_id: str | None = None
+    exit_code: int | None = None
+    status_info: str = ""
+
+    @property
+    def is_main(self) -> bool:
+        return self.role == "main"
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    name: str
+    owner_id: str
+    type: SessionType
+    driver: Driver
+    image: str
+    resources: dict[str, str]
+    """Requested slots per kernel, as exact decimal strings (``{"cpu": "1", "mem": "268435456"}``)."""
+    kernels: tuple[Kernel, ...]
+    created_at: datetime
+    status: SessionStatus = SessionStatus.PENDING
+    status_info: str = "created"
+    status_history: tuple[StatusChange, ...] = ()
+    resource_group: str = "default"
+    project: str = "default"
+    startup_command: str | None = None
+    environ: dict[str, str] = field(default_factory=dict)
+    cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
+    result: SessionResult = SessionResult.UNDEFINED
+    exit_code: int | None = None
+    nomad_job_id: str | None = None
+    job_hcl: str | None = None
+    client_token: str | None = None
+    priority: int = 10
+    retries: int = 0
+    """Failed scheduling attempts, shown to the owner (head-of-line avoidance counts them)."""
+    wait_reasons: tuple[str, ...] = ()
+    """Why a PENDING session still waits: the checks that held it back at the last pass."""
+
+    @property
+    def main_kernel(self) -> Kernel:
+        return next(k for k in self.kernels if k.is_main)
+
+    @property
+    def cluster_size(self) -> int:
+        return len(self.kernels)
+
+    @property
+    def terminated_at(self) -> datetime | None:
+        if not self.status.is_terminal:
+            return None
+        return self.status_history[-1].at if self.status_history else None
+
+    def evolve(self, **changes: Any) -> Session:
+        return replace(self, **changes)
+
+    # -- serialization -------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        doc["created_at"] = to_iso(self.created_at)
+        doc["status_history"] = [
+            {"status": c.status.value, "at": to_iso(c.at), "reason": c.reason} for c in self.status_history
+        ]
+        return json.dumps(doc, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Session:
+        doc = json.loads(text)
+        doc["type"] = SessionType(doc["type"])
+        doc["driver"] = Driver(doc["driver"])
+        doc["status"] = SessionStatus(doc["status"])
+        doc["result"] = SessionResult(doc["result"])
+        doc["cluster_mode"] = ClusterMode(doc["cluster_mode"])
+        doc["created_at"] = from_iso(doc["created_at"])
+        doc["status_history"] = tuple(
+            StatusChange(SessionStatus(c["status"]), from_iso(c["at"]), c["reason"]) for c in doc["status_history"]
+        )
+        doc["kernels"] = tuple(Kernel(**{**k, "status": SessionStatus(k["status"])}) for k in doc["kernels"])
+        doc["wait_reasons"] = tuple(doc.get("wait_reasons", ()))
+        return cls(**doc)
+
+
+@dataclass(frozen=True)
+class KernelObservation:
+    """What the executor says about one kernel right now (from a Nomad allocation)."""
+
+    hostname: str
+    status: SessionStatus
+    reason: str
+    agent: str | None = None
+    alloc_id: str | None = None
+    exit_code: int | None = None

@@ -1,0 +1,100 @@
+"""Caravan's settings, read once from the environment and passed down explicitly.
+
+Every variable is prefixed ``CARAVAN_``; nothing deeper in the code reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    url: str = "redis://127.0.0.1:6390/0"
+    """Where Caravan's state and queues live (``CARAVAN_REDIS_URL``)."""
+    prefix: str = "caravan"
+    """Prefix of every Redis key (``CARAVAN_REDIS_PREFIX``); tests give each test its own."""
+
+
+@dataclass(frozen=True)
+class NomadSettings:
+    addr: str = "http://127.0.0.1:4646"
+    """Nomad HTTP API (``CARAVAN_NOMAD_ADDR``)."""
+    token: str | None = None
+    """Nomad ACL token, if ACLs are on (``CARAVAN_NOMAD_TOKEN``)."""
+    job_prefix: str = "caravan"
+    """Every Caravan job id starts with ``<job_prefix>-`` (``CARAVAN_NOMAD_JOB_PREFIX``)."""
+    datacenter: str = "dc1"
+    """Datacenter jobs are placed in (``CARAVAN_NOMAD_DATACENTER``)."""
+    namespace: str = "default"
+    """Nomad namespace of Caravan's jobs (``CARAVAN_NOMAD_NAMESPACE``)."""
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    host: str = "127.0.0.1"
+    port: int = 8420
+    admin_token: str | None = None
+    """Bootstrap admin token (``CARAVAN_ADMIN_TOKEN``); else generated once into the state directory."""
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    reconcile_interval: float = 10.0
+    """Seconds between full reconciliations with Nomad, the safety net behind the event stream."""
+    lease_ttl: float = 10.0
+    """Seconds a scheduler's leadership lease lives without renewal."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path = Path(".caravan")
+    """State directory: Redis AOF, Nomad data, logs, the bootstrap token (``CARAVAN_HOME``)."""
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    nomad: NomadSettings = field(default_factory=NomadSettings)
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    allow_raw_exec_for_users: bool = False
+    """raw_exec runs as root without isolation: admins only unless an operator opts in."""
+    default_image: str | None = None
+    """Image for sessions that name none (``CARAVAN_DEFAULT_IMAGE``; ops/ builds caravan/busybox)."""
+
+    def with_prefix(self, prefix: str) -> Settings:
+        """The same settings isolated under another Redis key prefix and Nomad job prefix."""
+        return replace(
+            self,
+            redis=replace(self.redis, prefix=prefix),
+            nomad=replace(self.nomad, job_prefix=prefix),
+        )
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    home = Path(env.get("CARAVAN_HOME", ".caravan")).absolute()
+    return Settings(
+        home=home,
+        redis=RedisSettings(
+            url=env.get("CARAVAN_REDIS_URL", RedisSettings.url),
+            prefix=env.get("CARAVAN_REDIS_PREFIX", RedisSettings.prefix),
+        ),
+        nomad=NomadSettings(
+            addr=env.get("CARAVAN_NOMAD_ADDR", NomadSettings.addr),
+            token=env.get("CARAVAN_NOMAD_TOKEN") or None,
+            job_prefix=env.get("CARAVAN_NOMAD_JOB_PREFIX", NomadSettings.job_prefix),
+            datacenter=env.get("CARAVAN_NOMAD_DATACENTER", NomadSettings.datacenter),
+            namespace=env.get("CARAVAN_NOMAD_NAMESPACE", NomadSettings.namespace),
+        ),
+        gateway=GatewaySettings(
+            host=env.get("CARAVAN_GATEWAY_HOST", GatewaySettings.host),
+            port=int(env.get("CARAVAN_GATEWAY_PORT", GatewaySettings.port)),
+            admin_token=env.get("CARAVAN_ADMIN_TOKEN") or None,
+        ),
+        scheduler=SchedulerSettings(
+            reconcile_interval=float(env.get("CARAVAN_RECONCILE_INTERVAL", SchedulerSettings.reconcile_interval)),
+        ),
+        allow_raw_exec_for_users=env.get("CARAVAN_ALLOW_RAW_EXEC_FOR_USERS", "") in ("1", "true", "yes"),
+        default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
+    )

@@ -1,0 +1,45 @@
+"""Every error leaves the API with ``extensions.code``; unexpected ones never leak internals."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from graphql import GraphQLError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from strawberry.extensions import SchemaExtension
+
+from common.errors import CaravanError, TransientError, Unavailable
+
+log = logging.getLogger(__name__)
+
+OUTAGES = (RedisConnectionError, RedisTimeoutError, TransientError, ConnectionError)
+
+
+def coded(error: GraphQLError, request_id: str) -> GraphQLError:
+    original = error.original_error
+    if original is None:
+        return error  # a syntax or validation error from graphql-core: already precise
+    if isinstance(original, OUTAGES):
+        original = Unavailable("a backing service (Redis or Nomad) is unreachable; retry shortly")
+    if isinstance(original, CaravanError):
+        extensions = {"code": original.code}
+        if original.field:
+            extensions["field"] = original.field
+        return GraphQLError(original.message, error.nodes, error.source, error.positions, error.path,
+                            original, extensions)
+    log.error("request=%s unexpected error at %s", request_id, error.path, exc_info=original)
+    return GraphQLError(
+        f"internal error (request id {request_id})", error.nodes, error.source, error.positions, error.path,
+        None, {"code": "INTERNAL", "requestId": request_id},
+    )
+
+
+class ErrorCodes(SchemaExtension):
+    def on_operation(self) -> Iterator[None]:
+        yield
+        result = self.execution_context.result
+        if result is not None and result.errors:
+            request_id = getattr(self.execution_context.context, "request_id", "-")
+            result.errors = [coded(e, request_id) for e in result.errors]

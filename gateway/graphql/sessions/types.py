@@ -1,0 +1,135 @@
+"""GraphQL types of sessions and kernels."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+
+import strawberry
+
+from common import model
+from gateway.graphql.context import Info
+from nomad_jobs.meta import TASK_NAME
+
+SessionType = strawberry.enum(model.SessionType, name="SessionType")
+SessionStatus = strawberry.enum(model.SessionStatus, name="SessionStatus")
+SessionResult = strawberry.enum(model.SessionResult, name="SessionResult")
+
+
+@strawberry.enum(name="Driver")
+class Driver(Enum):
+    DOCKER = "docker"
+    EXEC = "exec"
+    QEMU = "qemu"
+    RAW_EXEC = "raw_exec"
+
+
+@strawberry.type
+class StatusChange:
+    status: SessionStatus
+    at: datetime
+    reason: str
+
+
+@strawberry.type
+class Resource:
+    slot: str
+    amount: str
+
+
+@strawberry.type
+class EnvVar:
+    name: str
+    value: str
+
+
+@strawberry.type
+class KernelLogs:
+    stdout: str
+    stderr: str
+
+
+@strawberry.type
+class Kernel:
+    role: str
+    index: int
+    hostname: str
+    image: str
+    status: SessionStatus
+    status_info: str
+    agent: str | None
+    alloc_id: strawberry.Private[str | None]
+    exit_code: int | None
+
+    @strawberry.field(description="The kernel's stdout and stderr from Nomad (the last tailBytes of each).")
+    async def logs(self, info: Info, tail_bytes: int = 65536) -> KernelLogs | None:
+        if not self.alloc_id:
+            return None
+        nomad = info.context.nomad
+        tail = max(1, min(tail_bytes, 4 * 1024 * 1024))
+        stdout = await nomad.logs(self.alloc_id, TASK_NAME, "stdout", tail_bytes=tail)
+        stderr = await nomad.logs(self.alloc_id, TASK_NAME, "stderr", tail_bytes=tail)
+        return KernelLogs(stdout=stdout, stderr=stderr)
+
+
+@strawberry.type
+class Session:
+    id: strawberry.ID
+    name: str
+    type: SessionType
+    status: SessionStatus
+    status_info: str
+    status_history: list[StatusChange]
+    result: SessionResult
+    exit_code: int | None
+    created_at: datetime
+    terminated_at: datetime | None
+    owner_id: str
+    resource_group: str
+    driver: Driver
+    image: str
+    startup_command: str | None
+    environ: list[EnvVar]
+    resources: list[Resource]
+    kernels: list[Kernel]
+    nomad_job_id: str | None
+    job_hcl: str | None
+    retries: int
+    wait_reasons: list[str]
+
+    @strawberry.field(description="The main kernel (main1): the one users interact with.")
+    def main_kernel(self) -> Kernel:
+        return next(k for k in self.kernels if k.role == "main")
+
+
+def session_type_of(s: model.Session) -> Session:
+    return Session(
+        id=strawberry.ID(s.id),
+        name=s.name,
+        type=s.type,
+        status=s.status,
+        status_info=s.status_info,
+        status_history=[StatusChange(status=c.status, at=c.at, reason=c.reason) for c in s.status_history],
+        result=s.result,
+        exit_code=s.exit_code,
+        created_at=s.created_at,
+        terminated_at=s.terminated_at,
+        owner_id=s.owner_id,
+        resource_group=s.resource_group,
+        driver=Driver(s.driver.value),
+        image=s.image,
+        startup_command=s.startup_command,
+        environ=[EnvVar(name=k, value=v) for k, v in s.environ.items()],
+        resources=[Resource(slot=k, amount=v) for k, v in s.resources.items()],
+        kernels=[
+            Kernel(
+                role=k.role, index=k.index, hostname=k.hostname, image=k.image, status=k.status,
+                status_info=k.status_info, agent=k.agent, alloc_id=k.alloc_id, exit_code=k.exit_code,
+            )
+            for k in s.kernels
+        ],
+        nomad_job_id=s.nomad_job_id,
+        job_hcl=s.job_hcl,
+        retries=s.retries,
+        wait_reasons=list(s.wait_reasons),
+    )

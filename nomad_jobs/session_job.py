@@ -1,0 +1,102 @@
+"""A session as a Nomad job, rendered to HCL. Pure: the inputs are the session and a context.
+
+Resource mapping (documented for operators):
+- ``cpu`` is requested in cores (decimals allowed) and becomes Nomad's ``cpu`` in MHz:
+  cores × the agent's MHz per core (``JobContext.mhz_per_core``). That is a CPU *share*, not an
+  exclusive core reservation, so fractional cores work and the kernel may burst when idle cores exist.
+- ``mem`` is requested in bytes and becomes ``memory`` in MiB, rounded up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from common.model import Driver, Kernel, Session, SessionType
+from nomad_jobs import meta
+from nomad_jobs.hcl import Block, render
+
+MIB = 1024 * 1024
+SHELL = "/bin/sh"
+KEEP_ALIVE = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
+"""An interactive kernel with no startup command stays up until Caravan stops it."""
+
+
+@dataclass(frozen=True)
+class JobContext:
+    job_prefix: str
+    datacenter: str = "dc1"
+    namespace: str = "default"
+    mhz_per_core: int = 1000
+    pinned_nodes: dict[str, str] = field(default_factory=dict)
+    """Kernel hostname → Nomad node id chosen by Caravan's scheduler (empty: Nomad places)."""
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    job_id: str
+    hcl: str
+
+
+def render_session_job(session: Session, ctx: JobContext) -> RenderedJob:
+    job_id = meta.job_id(ctx.job_prefix, session.id)
+    job = Block(
+        "job",
+        job_id,
+        type="batch" if session.type is SessionType.BATCH else "service",
+        datacenters=[ctx.datacenter],
+        namespace=ctx.namespace,
+        meta={
+            meta.SESSION_ID: session.id,
+            meta.SESSION_NAME: session.name,
+            meta.OWNER: session.owner_id,
+            meta.SESSION_TYPE: session.type.value,
+        },
+    )
+    for kernel in session.kernels:
+        _kernel_group(job, session, kernel, ctx)
+    return RenderedJob(job_id=job_id, hcl=render(job))
+
+
+def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext) -> None:
+    group = job.block("group", kernel.hostname, count=1)
+    group.block("meta").set(**{meta.KERNEL: kernel.hostname})
+    node = ctx.pinned_nodes.get(kernel.hostname)
+    if node:
+        group.block("constraint", attribute="${node.unique.id}", value=node)
+    if session.type is SessionType.BATCH:
+        # A batch kernel runs once: its exit code is the session's result, so no retries.
+        group.block("restart", attempts=0, mode="fail")
+        group.block("reschedule", attempts=0, unlimited=False)
+    task = group.block("task", meta.TASK_NAME, driver=session.driver.value)
+    task.block("config", **_driver_config(session, kernel))
+    task.block("env", **_environment(session, kernel))
+    cores = Decimal(kernel.resources.get("cpu", "1"))
+    mem = Decimal(kernel.resources.get("mem", str(256 * MIB)))
+    task.block("resources", cpu=max(1, int(cores * ctx.mhz_per_core)), memory=max(16, math.ceil(mem / MIB)))
+
+
+def _command(session: Session) -> list[str]:
+    return ["-c", session.startup_command if session.startup_command else KEEP_ALIVE]
+
+
+def _driver_config(session: Session, kernel: Kernel) -> dict[str, object]:
+    if session.driver is Driver.DOCKER:
+        return {"image": kernel.image, "command": SHELL, "args": _command(session), "network_mode": "host"}
+    return {"command": SHELL, "args": _command(session)}
+
+
+def _environment(session: Session, kernel: Kernel) -> dict[str, str]:
+    hosts = ",".join(k.hostname for k in session.kernels)
+    env = {
+        "CARAVAN_SESSION_ID": session.id,
+        "CARAVAN_SESSION_NAME": session.name,
+        "CARAVAN_CLUSTER_ROLE": kernel.role,
+        "CARAVAN_CLUSTER_IDX": str(kernel.index),
+        "CARAVAN_CLUSTER_HOST": kernel.hostname,
+        "CARAVAN_CLUSTER_SIZE": str(session.cluster_size),
+        "CARAVAN_CLUSTER_HOSTS": hosts,
+    }
+    env.update(session.environ)
+    return env

@@ -1,0 +1,221 @@
+"""One scheduling pass: every pending session of every resource group, placed if it fits, explained if not.
+
+``run_pass(snapshot, config, now)`` is pure: no I/O, no clock, no state kept between calls (the round-robin position
+and the retry counts go in with the snapshot and come out with the result). Per group:
+
+1. Order the sessions (``scheduler.selection``: priority bands, push-back, the group's strategy).
+2. Overdue pushed-back sessions reserve an agent before anything is placed.
+3. Walk the order: non-resource checks (``scheduler.checks``) first - a failed dependency cancels, other failures
+   just wait; then, unless an earlier session short of resources blocks the line, try to place it
+   (``scheduler.agents.placement``) and fold the placement into the in-memory occupancy, DRF shares and usage.
+4. Explain every session still waiting and number them in attempt order.
+
+Cost: the order is a sort; a placement is O(log agents) with the packing index; once the line is blocked a session
+costs only its checks; a request at least as big as one that already failed is skipped without looking at agents.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from scheduler.agents.base import SelectorConfig
+from scheduler.agents.explain import explain_never_fits, explain_no_fit
+from scheduler.agents.occupancy import GroupOccupancy
+from scheduler.agents.placement import Attempt, Chooser, RoundRobinChooser, make_chooser, packing_direction, place, reserve
+from scheduler.agents.vectors import Demand, SlotCodec
+from scheduler.checks import CheckContext, Usage, failed_checks
+from scheduler.model import (
+    Agent,
+    Cancellation,
+    ClusterMode,
+    GroupConfig,
+    KernelPlacement,
+    PassResult,
+    PendingSession,
+    Reservation,
+    RunningSession,
+    SchedulerConfig,
+    Snapshot,
+    WaitExplanation,
+    WaitKind,
+)
+from scheduler.selection import get_strategy
+from scheduler.selection.base import QueueEntry
+from scheduler.selection.drf import DominantShares
+from scheduler.selection.sequence import attempt_order, is_overdue, is_pushed_back
+
+__all__ = ["run_pass"]
+
+
+class _Outcomes:
+    """Collects what the pass decided; turned into the frozen ``PassResult`` at the end."""
+
+    def __init__(self, roundrobin_state: dict[str, int]) -> None:
+        self.placements: dict[str, tuple[KernelPlacement, ...]] = {}
+        self.waiting: dict[str, WaitExplanation] = {}
+        self.retries: dict[str, int] = {}
+        self.reservations: list[Reservation] = []
+        self.cancellations: dict[str, Cancellation] = {}
+        self.positions: dict[str, int] = {}
+        self.roundrobin_state = roundrobin_state
+
+    def result(self) -> PassResult:
+        return PassResult(self.placements, self.waiting, self.retries, tuple(self.reservations), self.cancellations,
+                          self.positions, self.roundrobin_state)
+
+
+def run_pass(snapshot: Snapshot, config: SchedulerConfig, now: datetime) -> PassResult:
+    outcomes = _Outcomes(dict(snapshot.roundrobin_state))
+    context = CheckContext(now, snapshot.dependency_states, snapshot.user_policies, snapshot.project_policies,
+                           Usage.from_snapshot(snapshot))
+    slot_names = _slot_names(snapshot)
+    pending: dict[str, list[PendingSession]] = defaultdict(list)
+    for session in snapshot.pending:
+        pending[session.resource_group].append(session)
+    agents: dict[str, list[Agent]] = defaultdict(list)
+    for agent in snapshot.agents:
+        if agent.schedulable:
+            agents[agent.resource_group].append(agent)
+    running: dict[str, list[RunningSession]] = defaultdict(list)
+    for session in snapshot.running:
+        running[session.resource_group].append(session)
+    for group in sorted(pending):  # groups share user/project usage, so a fixed order keeps passes reproducible
+        _schedule_group(group, pending[group], agents[group], running[group], config, slot_names, context, now,
+                        outcomes)
+    return outcomes.result()
+
+
+def _slot_names(snapshot: Snapshot) -> set[str]:
+    names: set[str] = set()
+    for agent in snapshot.agents:
+        names.update(agent.capacity, agent.occupied)
+    for session in snapshot.pending:
+        for kernel in session.kernels:
+            names.update(kernel.requested)
+    for running in snapshot.running:
+        names.update(running.occupied)
+    return names
+
+
+def _entry(session: PendingSession, codec: SlotCodec, config: GroupConfig) -> QueueEntry:
+    if session.cluster_mode is ClusterMode.MULTI_NODE:
+        demands = tuple(codec.demand(kernel.requested) for kernel in session.kernels)
+    else:
+        demands = (codec.demand(session.requested),)
+    return QueueEntry(session, session.created_at.timestamp(), demands, is_pushed_back(session, config))
+
+
+def _total(demands: Iterable[Demand]) -> Demand:
+    summed: dict[int, int] = defaultdict(int)
+    for demand in demands:
+        for position, amount in demand:
+            summed[position] += amount
+    return tuple(sorted(summed.items()))
+
+
+def _shares(occupancy: GroupOccupancy, running: Sequence[RunningSession]) -> DominantShares:
+    capacity = [sum(column) for column in zip(*occupancy.capacity)] or [0] * len(occupancy.codec)
+    by_user: dict[str, list[int]] = {}
+    for session in running:
+        held = by_user.setdefault(session.user, [0] * len(occupancy.codec))
+        for position, amount in enumerate(occupancy.codec.dense(session.occupied, round_up=True)):
+            held[position] += amount
+    return DominantShares(capacity, by_user)
+
+
+def _role(entry: QueueEntry, demand_index: int) -> str | None:
+    return entry.session.kernels[demand_index].role if len(entry.demands) > 1 else None
+
+
+def _schedule_group(group: str, sessions: Sequence[PendingSession], agents: Sequence[Agent],
+                    running: Sequence[RunningSession], config: SchedulerConfig, slot_names: set[str],
+                    context: CheckContext, now: datetime, outcomes: _Outcomes) -> None:
+    group_config = config.for_group(group)
+    order = get_strategy(group_config.session_strategy)
+    codec = SlotCodec(slot_names, group_config.resource_priority)
+    occupancy = GroupOccupancy(agents, codec, packing_direction(group_config.agent_selector))
+    selector_config = SelectorConfig(group_config.resource_priority, group_config.selector_options)
+    chooser = make_chooser(group_config.agent_selector, occupancy, config.plugin_selectors, selector_config,
+                           outcomes.roundrobin_state.get(group, 0))
+    shares = _shares(occupancy, running)
+    entries = [_entry(session, codec, group_config) for session in sessions]
+    holders = _reserve_for_overdue(entries, occupancy, group_config, context, now)
+
+    blocker: str | None = None
+    short: list[tuple[QueueEntry, int]] = []
+    still_waiting: list[str] = []
+    for entry in attempt_order(entries, order, shares):
+        session = entry.session
+        failures = failed_checks(session, context)
+        cancel = next((failure for failure in failures if failure.cancel_reason), None)
+        if cancel is not None:
+            outcomes.cancellations[session.id] = Cancellation(session.id, str(cancel.cancel_reason), cancel.message)
+            continue
+        still_waiting.append(session.id)
+        if failures:
+            checks = tuple((failure.name, failure.message) for failure in failures)
+            message = "; ".join(failure.message for failure in failures)
+            outcomes.waiting[session.id] = WaitExplanation(WaitKind.CHECKS_FAILED, message, failed_checks=checks)
+            continue
+        if blocker is not None:
+            outcomes.waiting[session.id] = WaitExplanation(
+                WaitKind.BLOCKED, f"waiting behind {blocker}, which is first in line", blocked_by=blocker)
+            continue
+        hopeless = next((i for i, demand in enumerate(entry.demands) if occupancy.never_fits(demand)), None)
+        if hopeless is not None:
+            outcomes.waiting[session.id] = explain_never_fits(occupancy, group, entry.demands[hopeless],
+                                                              _role(entry, hopeless))
+            continue
+        attempt = _attempt(entry, occupancy, chooser, holders)
+        if attempt.agents is not None:
+            still_waiting.pop()
+            outcomes.placements[session.id] = tuple(
+                KernelPlacement(index, kernel.role, occupancy.ids[ordinal])
+                for index, (kernel, ordinal) in enumerate(zip(session.kernels, attempt.agents))
+            )
+            context.usage.add_placed(session)
+            shares.add(session.user, _total(entry.demands))
+            continue
+        outcomes.retries[session.id] = 1
+        short.append((entry, attempt.failed_kernel))
+        if not entry.pushed_back:
+            blocker = session.id
+
+    reserved_agent = {holder: occupancy.ids[ordinal] for ordinal, (holder, _) in occupancy.holds.items()}
+    for entry, kernel in short:
+        outcomes.waiting[entry.session.id] = explain_no_fit(
+            occupancy, entry.demands[kernel], _role(entry, kernel), reserved_agent.get(entry.session.id))
+    for ordinal, (holder, demand) in sorted(occupancy.holds.items()):
+        outcomes.reservations.append(Reservation(holder, occupancy.ids[ordinal], codec.to_slots(demand)))
+    outcomes.positions.update((session_id, position) for position, session_id in enumerate(still_waiting, 1))
+    if isinstance(chooser, RoundRobinChooser):
+        outcomes.roundrobin_state[group] = chooser.next_index
+
+
+def _reserve_for_overdue(entries: Sequence[QueueEntry], occupancy: GroupOccupancy, config: GroupConfig,
+                         context: CheckContext, now: datetime) -> set[str]:
+    """Reserve agents for overdue sessions, oldest of the highest band first, one reservation per agent."""
+    overdue = sorted(
+        (entry for entry in entries if is_overdue(entry.session, config, now)),
+        key=lambda entry: (-entry.session.priority, entry.created, entry.session.id),
+    )
+    holders: set[str] = set()
+    for entry in overdue:
+        if failed_checks(entry.session, context) or any(occupancy.never_fits(d) for d in entry.demands):
+            continue  # it could not be placed anyway; holding an agent for it would only waste it
+        if reserve(occupancy, entry.session.id, entry.demands):
+            holders.add(entry.session.id)
+    return holders
+
+
+def _attempt(entry: QueueEntry, occupancy: GroupOccupancy, chooser: Chooser, holders: set[str]) -> Attempt:
+    if entry.session.id not in holders:
+        return place(occupancy, chooser, entry.session, entry.demands, use_cache=True)
+    released = occupancy.release_holds(entry.session.id)  # the holder sees its own reservation as free
+    attempt = place(occupancy, chooser, entry.session, entry.demands, use_cache=False)
+    if attempt.agents is None:
+        for ordinal, demand in released:
+            occupancy.hold(ordinal, entry.session.id, demand)
+    return attempt

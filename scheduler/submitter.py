@@ -1,0 +1,73 @@
+"""Turning SCHEDULED sessions into registered Nomad jobs, exactly once.
+
+The job id is derived from the session id and registration is create-only, so a submission
+repeated after a crash finds the job already there instead of making a second one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from common.clock import utcnow
+from common.errors import PermanentError
+from common.lifecycle import transition
+from common.model import Session, SessionStatus
+from common.store import Fence, SessionStore
+from nomad_jobs.client import JobExists, NomadClient
+from nomad_jobs.meta import SESSION_ID, TASK_NAME
+
+log = logging.getLogger(__name__)
+
+
+class JobShapeMismatch(PermanentError):
+    """Nomad's parse of the rendered job differs from what Caravan meant to submit."""
+
+
+def check_job_shape(session: Session, job: dict[str, Any]) -> None:
+    """Belt and braces behind the encoder: the parsed job has exactly the session's shape."""
+    groups = [g["Name"] for g in job.get("TaskGroups") or []]
+    expected = [k.hostname for k in session.kernels]
+    problems = []
+    if job.get("ID") != session.nomad_job_id:
+        problems.append(f"job id {job.get('ID')!r}")
+    if groups != expected:
+        problems.append(f"task groups {groups}")
+    for group in job.get("TaskGroups") or []:
+        tasks = group.get("Tasks") or []
+        if [t["Name"] for t in tasks] != [TASK_NAME] or tasks[0]["Driver"] != session.driver.value:
+            problems.append(f"tasks of {group['Name']}")
+    if (job.get("Meta") or {}).get(SESSION_ID) != session.id:
+        problems.append("meta")
+    if problems:
+        raise JobShapeMismatch(f"session {session.id}: unexpected " + ", ".join(problems))
+
+
+async def submit(store: SessionStore, nomad: NomadClient, session: Session, fence: Fence | None) -> None:
+    assert session.nomad_job_id and session.job_hcl
+    try:
+        job = await nomad.parse(session.job_hcl)
+        check_job_shape(session, job)
+        await nomad.register(job, source_hcl=session.job_hcl)
+        log.info("session=%s job=%s registered", session.id, session.nomad_job_id)
+    except JobExists:
+        log.info("session=%s job=%s was already registered", session.id, session.nomad_job_id)
+    except PermanentError as exc:
+        log.error("session=%s job=%s refused: %s", session.id, session.nomad_job_id, exc)
+        await store.update(session.id, _failed_to_start, fence=fence)
+        await store.mark_submitted(session.id)
+        return
+    await store.update(session.id, _registered, fence=fence)
+    await store.mark_submitted(session.id)
+
+
+def _registered(session: Session) -> Session | None:
+    if session.status is not SessionStatus.SCHEDULED:
+        return None
+    return transition(session, SessionStatus.PREPARING, reason="job-registered", at=utcnow())
+
+
+def _failed_to_start(session: Session) -> Session | None:
+    if session.status is not SessionStatus.SCHEDULED:
+        return None
+    return transition(session, SessionStatus.ERROR, reason="failed-to-start", at=utcnow())

@@ -1,0 +1,94 @@
+"""Shared test fixtures: one real Redis and one real Nomad dev agent per test session.
+
+Tests are isolated by namespace (a Redis key prefix and a Nomad job prefix of their own), not by
+restarting services.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from caravan.stack.nomad_agent import NomadAgent, start_nomad_dev
+from caravan.stack.processes import Service, free_port
+from caravan.stack.redis_server import start_redis
+from common.keys import Keys
+from common.settings import NomadSettings, RedisSettings, Settings
+from tests.harness import Caravan, running_caravan
+
+
+def _stack_env() -> dict[str, str]:
+    """ops/ writes where it put Nomad, the rootfs and the image; read it when pytest runs bare."""
+    path = Path(os.environ.get("CARAVAN_CACHE", Path.home() / ".cache" / "caravan")) / "stack.env"
+    found = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line) if path.exists() else {}
+    return {**found, **{k: v for k, v in os.environ.items() if k.startswith("CARAVAN_")}}
+
+
+STACK = _stack_env()
+DOCKER = STACK.get("CARAVAN_DOCKER_AVAILABLE") == "1"
+DEFAULT_IMAGE = STACK.get("CARAVAN_DEFAULT_IMAGE", "")
+
+
+@pytest.fixture(scope="session")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stack")
+
+
+@pytest.fixture(scope="session")
+def redis_server(state_dir: Path) -> Iterator[str]:
+    port = free_port()
+    service: Service = start_redis(state_dir / "redis", port, log=state_dir / "redis.log")
+    yield f"redis://127.0.0.1:{port}/0"
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def nomad_agent(state_dir: Path) -> Iterator[NomadAgent]:
+    drivers = ("raw_exec", "exec") + (("docker",) if DOCKER else ())
+    agent = start_nomad_dev(
+        state_dir / "nomad", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]), rootfs=Path(STACK["CARAVAN_ROOTFS"]),
+        want_drivers=drivers, log=state_dir / "nomad.log",
+    )
+    yield agent
+    agent.stop()
+
+
+@pytest.fixture
+def namespace() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def settings(redis_server: str, nomad_agent: NomadAgent, namespace: str, tmp_path: Path) -> Settings:
+    return Settings(
+        home=tmp_path,
+        redis=RedisSettings(url=redis_server, prefix=namespace),
+        nomad=NomadSettings(addr=nomad_agent.addr, job_prefix=namespace),
+        default_image=DEFAULT_IMAGE or None,
+    ).with_prefix(namespace)
+
+
+@pytest.fixture
+async def redis(settings: Settings) -> AsyncIterator[Redis]:
+    client = Redis.from_url(settings.redis.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def keys(settings: Settings) -> Keys:
+    return Keys(settings.redis.prefix)
+
+
+@pytest.fixture
+async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
+    async with running_caravan(settings) as running:
+        yield running
+
+
+requires_docker = pytest.mark.skipif(not DOCKER, reason="no Docker engine could be started on this machine")

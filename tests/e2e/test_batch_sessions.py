@@ -1,0 +1,54 @@
+"""A batch session end to end over HTTP GraphQL: real Redis, real Nomad, real Docker."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import DEFAULT_IMAGE, requires_docker
+from tests.harness import CREATE, Caravan
+
+DRIVERS = [pytest.param("DOCKER", marks=requires_docker, id="docker"), pytest.param("EXEC", id="exec")]
+
+
+async def create(caravan: Caravan, **fields: object) -> str:
+    data = await caravan.gql(CREATE, {"input": {"type": "BATCH", **fields}})
+    [session] = data["createSession"]["sessions"]
+    assert session["status"] == "PENDING"
+    return str(session["id"])
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_exit_zero_is_success_with_logs(caravan: Caravan, driver: str) -> None:
+    session_id = await create(
+        caravan, name="ok-job", driver=driver, image=DEFAULT_IMAGE,
+        startupCommand="echo hello from $CARAVAN_SESSION_NAME; echo oops >&2",
+    )
+    session = await caravan.wait_for(session_id, "TERMINATED", "ERROR")
+    assert (session["status"], session["result"], session["exitCode"]) == ("TERMINATED", "SUCCESS", 0)
+    assert session["statusInfo"] == "task-finished"
+    assert session["nomadJobId"] == f"{caravan.settings.nomad.job_prefix}-{session_id}"
+    assert f'driver = "{driver.lower()}"' in session["jobHcl"]
+    history = [change["status"] for change in session["statusHistory"]]
+    assert history[0] == "PENDING" and history[-1] == "TERMINATED"
+    assert history.index("SCHEDULED") < history.index("TERMINATED")
+    stamps = [change["at"] for change in session["statusHistory"]]
+    assert stamps == sorted(stamps)
+    kernel = session["mainKernel"]
+    assert kernel["logs"]["stdout"] == "hello from ok-job\n"
+    assert kernel["logs"]["stderr"] == "oops\n"
+    assert kernel["agent"]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_exit_three_is_failure_with_its_code(caravan: Caravan, driver: str) -> None:
+    session_id = await create(caravan, name="bad-job", driver=driver, image=DEFAULT_IMAGE, startupCommand="exit 3")
+    session = await caravan.wait_for(session_id, "TERMINATED", "ERROR")
+    assert (session["status"], session["result"], session["exitCode"]) == ("TERMINATED", "FAILURE", 3)
+    assert session["statusInfo"] == "task-failed"
+    assert session["mainKernel"]["exitCode"] == 3
+
+
+async def test_raw_exec_runs_for_admins(caravan: Caravan) -> None:
+    session_id = await create(caravan, name="admin-raw", driver="RAW_EXEC", startupCommand="exit 0")
+    session = await caravan.wait_for(session_id, "TERMINATED", "ERROR")
+    assert session["result"] == "SUCCESS"

@@ -1,0 +1,113 @@
+"""An in-process Caravan (gateway on a free port + scheduler) for one test's namespace."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import uvicorn
+
+from caravan.stack.processes import free_port
+from common.keys import Keys
+from common.redis import client as redis_client
+from common.settings import Settings
+from common.store import SessionStore
+from common.users import Role, User, UserStore
+from gateway.app import create_app
+from nomad_jobs.client import NomadClient
+from scheduler.service import Scheduler
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+class GraphQLErrors(AssertionError):
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+    @property
+    def codes(self) -> list[str]:
+        return [e.get("extensions", {}).get("code", "") for e in self.errors]
+
+
+@dataclass
+class Caravan:
+    settings: Settings
+    url: str
+    http: httpx.AsyncClient
+    store: SessionStore
+    users: UserStore
+    nomad: NomadClient
+
+    async def post(self, query: str, variables: dict[str, Any] | None = None, *, token: str | None = ADMIN_TOKEN) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = await self.http.post(self.url, json={"query": query, "variables": variables or {}}, headers=headers)
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def gql(self, query: str, variables: dict[str, Any] | None = None, *, token: str | None = ADMIN_TOKEN) -> dict[str, Any]:
+        body = await self.post(query, variables, token=token)
+        if body.get("errors"):
+            raise GraphQLErrors(body["errors"])
+        data: dict[str, Any] = body["data"]
+        return data
+
+    async def user(self, name: str, role: Role = Role.USER) -> str:
+        """A new user with a fresh token; returns the token."""
+        await self.users.put(User(id=name, name=name, role=role))
+        return await self.users.issue_token(name)
+
+    async def wait_for(self, session_id: str, *statuses: str, timeout: float = 90.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            session = await self.store.get(session_id)
+            if session and session.status.value in statuses:
+                return (await self.gql(SESSION_QUERY, {"id": session_id}))["session"]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"session {session_id} is {session and session.status} after {timeout}s")
+            await asyncio.sleep(0.1)
+
+
+SESSION_QUERY = """
+query($id: ID!) { session(id: $id) {
+  id name type status statusInfo result exitCode nomadJobId jobHcl driver
+  statusHistory { status at reason }
+  mainKernel { hostname status exitCode agent logs { stdout stderr } }
+} }
+"""
+
+CREATE = """
+mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id name status } } }
+"""
+
+
+@contextlib.asynccontextmanager
+async def running_caravan(settings: Settings, *, scheduler: bool = True) -> AsyncIterator[Caravan]:
+    port = free_port()
+    settings = Settings(**{**settings.__dict__, "gateway": type(settings.gateway)(host="127.0.0.1", port=port, admin_token=ADMIN_TOKEN)})
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    redis = redis_client(settings.redis)
+    nomad = NomadClient(settings.nomad)
+    keys = Keys(settings.redis.prefix)
+    tasks = [asyncio.create_task(server.serve())]
+    if scheduler:
+        tasks.append(asyncio.create_task(Scheduler(settings, redis, nomad).run_forever()))
+    while not server.started:
+        await asyncio.sleep(0.02)
+    async with httpx.AsyncClient(timeout=30) as http:
+        try:
+            yield Caravan(settings, f"http://127.0.0.1:{port}/graphql", http, SessionStore(redis, keys), UserStore(redis, keys), nomad)
+        finally:
+            server.should_exit = True
+            for task in tasks[1:]:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for job in await nomad.jobs(settings.nomad.job_prefix + "-"):
+                await nomad.deregister(job["ID"], purge=True)
+            await nomad.aclose()
+            await redis.aclose()
