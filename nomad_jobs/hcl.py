@@ -36,6 +36,15 @@ def literal(text: str) -> str:
     return '"' + "".join(out).replace("${", "$${").replace("%{", "%%{") + '"'
 
 
+def runtime_text(text: str) -> str:
+    """Text for a value Nomad evaluates again as a template when the task starts (task ``config``).
+
+    The client re-reads driver config as HCL templates, so ``${``/``%{`` must be escaped once more
+    for the value to arrive as written; :func:`literal` then encodes the result for the job source.
+    """
+    return text.replace("${", "$${").replace("%{", "%%{")
+
+
 def identifier(name: str) -> str:
     """An attribute or block name; these cannot be quoted, so only a plain identifier passes."""
     if not _IDENTIFIER.match(name):

@@ -9,18 +9,39 @@ Resource mapping (documented for operators):
 
 from __future__ import annotations
 
+import base64
 import math
+import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from common.model import Driver, Kernel, Session, SessionType
 from nomad_jobs import meta
-from nomad_jobs.hcl import Block, render
+from nomad_jobs.hcl import Block, render, runtime_text
 
 MIB = 1024 * 1024
 SHELL = "/bin/sh"
 KEEP_ALIVE = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
 """An interactive kernel with no startup command stays up until Caravan stops it."""
+
+NOMAD_ENV_REFERENCE = re.compile(r"\$\{[a-zA-Z0-9_\-.]+\}")
+"""What Nomad's client rewrites in env values (``helper/args.envRe``), with no escape syntax: a value
+matching it would be changed (and could read node attributes or task secrets), so such values travel
+base64-encoded and the bootstrap below restores them."""
+
+BOOTSTRAP = """\
+for caravan_name in $CARAVAN_ENCODED_ENV; do
+  eval "caravan_value=\\$CARAVAN_B64_$caravan_name"
+  caravan_value=$(printf %s "$caravan_value" | base64 -d; echo .)
+  export "$caravan_name=${caravan_value%.}"
+  unset "CARAVAN_B64_$caravan_name"
+done
+unset CARAVAN_ENCODED_ENV caravan_name caravan_value
+exec /bin/sh -c "$1"
+"""
+"""Every kernel starts as ``sh -c BOOTSTRAP caravan-kernel <command>``: the bootstrap restores encoded
+environment values, then replaces itself with ``/bin/sh -c <command>``, so the user's command reaches
+its shell byte for byte."""
 
 
 @dataclass(frozen=True)
@@ -77,14 +98,12 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
     task.block("resources", cpu=max(1, int(cores * ctx.mhz_per_core)), memory=max(16, math.ceil(mem / MIB)))
 
 
-def _command(session: Session) -> list[str]:
-    return ["-c", session.startup_command if session.startup_command else KEEP_ALIVE]
-
-
 def _driver_config(session: Session, kernel: Kernel) -> dict[str, object]:
+    command = session.startup_command if session.startup_command else KEEP_ALIVE
+    args = [runtime_text(a) for a in ("-c", BOOTSTRAP, "caravan-kernel", command)]
     if session.driver is Driver.DOCKER:
-        return {"image": kernel.image, "command": SHELL, "args": _command(session), "network_mode": "host"}
-    return {"command": SHELL, "args": _command(session)}
+        return {"image": runtime_text(kernel.image), "command": SHELL, "args": args, "network_mode": "host"}
+    return {"command": SHELL, "args": args}
 
 
 def _environment(session: Session, kernel: Kernel) -> dict[str, str]:
@@ -98,5 +117,12 @@ def _environment(session: Session, kernel: Kernel) -> dict[str, str]:
         "CARAVAN_CLUSTER_SIZE": str(session.cluster_size),
         "CARAVAN_CLUSTER_HOSTS": hosts,
     }
-    env.update(session.environ)
+    encoded = []
+    for name, value in session.environ.items():
+        if NOMAD_ENV_REFERENCE.search(value):
+            env[f"CARAVAN_B64_{name}"] = base64.b64encode(value.encode()).decode()
+            encoded.append(name)
+        else:
+            env[name] = value
+    env["CARAVAN_ENCODED_ENV"] = " ".join(encoded)
     return env

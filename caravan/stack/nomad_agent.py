@@ -32,6 +32,10 @@ client {{
     "{rootfs}" = "/"
   }}
   gc_max_allocs = 2000
+  options = {{
+    # Cloud metadata probes are useless on loopback and the AWS one fails to start in this build.
+    "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
+  }}
 }}
 plugin "raw_exec" {{
   config {{
@@ -61,6 +65,9 @@ plugin "nomad-device-example" {{
   }}
 }}
 """
+
+
+CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
 
 
 @dataclass
@@ -106,7 +113,8 @@ def start_nomad_dev(
     write_config(config, data_dir=state_dir / "data", plugin_dir=nomad_home / "plugins", rootfs=rootfs,
                  image_dir=state_dir / "images", device_dir=state_dir / "devices",
                  http=http, rpc=free_port(), serf=free_port())
-    service = spawn("nomad", [str(binary), "agent", "-dev", f"-config={config}"], log)
+    # Nomad hands its own environment to exec and raw_exec tasks: start it with a clean one.
+    service = spawn("nomad", [str(binary), "agent", "-dev", f"-config={config}"], log, env=CLEAN_ENV, clean=True)
     addr = f"http://127.0.0.1:{http}"
 
     def healthy() -> bool:

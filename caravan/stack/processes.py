@@ -29,6 +29,8 @@ def wait_until(ready: Callable[[], bool], *, what: str, timeout: float, log: Pat
         try:
             if ready():
                 return
+        except StartupFailed:
+            raise
         except Exception:
             pass
         time.sleep(delay)
@@ -65,13 +67,15 @@ class Service:
             self.process.wait(5)
 
 
-def spawn(name: str, argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None, detach: bool = False) -> Service:
-    """Start ``argv`` in its own process group with output to ``log``."""
+def spawn(
+    name: str, argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None, clean: bool = False
+) -> Service:
+    """Start ``argv`` in its own process group with output to ``log``; ``clean`` drops our environment."""
     log.parent.mkdir(parents=True, exist_ok=True)
     out = log.open("ab")
     process = subprocess.Popen(
         list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True, env={**os.environ, **(env or {})}, close_fds=True,
+        start_new_session=True, env={**({} if clean else os.environ), **(env or {})}, close_fds=True,
     )
     out.close()
     return Service(name=name, process=process, log=log)

@@ -19,8 +19,12 @@ OUTAGES = (RedisConnectionError, RedisTimeoutError, TransientError, ConnectionEr
 
 def coded(error: GraphQLError, request_id: str) -> GraphQLError:
     original = error.original_error
-    if original is None:
-        return error  # a syntax or validation error from graphql-core: already precise
+    if original is None or isinstance(original, GraphQLError):
+        # A syntax, validation or variable-coercion error: the request itself is malformed.
+        if (error.extensions or {}).get("code"):
+            return error
+        return GraphQLError(error.message, error.nodes, error.source, error.positions, error.path,
+                            original, {**(error.extensions or {}), "code": "INVALID_INPUT"})
     if isinstance(original, OUTAGES):
         original = Unavailable("a backing service (Redis or Nomad) is unreachable; retry shortly")
     if isinstance(original, CaravanError):

@@ -9,6 +9,7 @@ import strawberry
 
 from common import model
 from gateway.graphql.context import Info
+from nomad_jobs.client import NomadNotFound
 from nomad_jobs.meta import TASK_NAME
 
 SessionType = strawberry.enum(model.SessionType, name="SessionType")
@@ -67,8 +68,11 @@ class Kernel:
             return None
         nomad = info.context.nomad
         tail = max(1, min(tail_bytes, 4 * 1024 * 1024))
-        stdout = await nomad.logs(self.alloc_id, TASK_NAME, "stdout", tail_bytes=tail)
-        stderr = await nomad.logs(self.alloc_id, TASK_NAME, "stderr", tail_bytes=tail)
+        try:
+            stdout = await nomad.logs(self.alloc_id, TASK_NAME, "stdout", tail_bytes=tail)
+            stderr = await nomad.logs(self.alloc_id, TASK_NAME, "stderr", tail_bytes=tail)
+        except NomadNotFound:
+            return None  # the task never started, or Nomad has collected its allocation
         return KernelLogs(stdout=stdout, stderr=stderr)
 
 

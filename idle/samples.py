@@ -1,0 +1,142 @@
+"""Turn Nomad allocation stats into one utilization sample (metric -> percent). Pure: the caller fetches.
+
+Input is the JSON of ``GET /v1/client/allocation/:id/stats``::
+
+    {"ResourceUsage": {"CpuStats": {"Percent": 150.0, ...},
+                       "MemoryStats": {"RSS": ..., "Usage": ..., "Cache": ..., "Measured": [...]},
+                       "DeviceStats": [{"Vendor": "nvidia", "Type": "gpu", "Name": "...",
+                                        "InstanceStats": {"<uuid>": {"Summary": {...},
+                                                                     "Stats": {"Attributes": {...}}}}}]},
+     "Tasks": {"<task>": {"ResourceUsage": {...}}}}
+
+How each metric is computed (and which Backend.AI bugs this avoids):
+
+* ``cpu_util`` = ``CpuStats.Percent / allocated cores``. Nomad's Percent is percent of *one* core summed
+  over the allocation's tasks, so 2 busy cores of 4 read 200 and become 50. Per-core values are never
+  summed into the result (Backend.AI #6092).
+* ``mem`` = memory in use / allocated bytes × 100, computed once (Backend.AI 24.09.14 added it on top of
+  a summed percentage). In use = RSS where the driver measures it (cgroups v1); otherwise
+  ``Usage - Cache`` (cgroups v2 measures no RSS), so page cache of files read once does not look busy.
+* ``<prefix>_util`` / ``<prefix>_mem`` per accelerator (prefix from :data:`DEVICE_METRIC_PREFIXES`):
+  the mean over the allocation's device instances of "GPU utilization" and of "Memory state"
+  (used / total × 100; falls back to the instance's Summary, which the NVIDIA plugin sets to it).
+  "Memory utilization" is memory *bandwidth* in the NVIDIA plugin and is deliberately not used.
+
+A metric whose input is missing or unreadable is left out of the sample rather than reported as 0:
+the window then sees a gap instead of fake idleness.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from statistics import fmean
+from typing import Any
+
+from idle.metrics import CPU_UTIL, DEVICE_METRIC_PREFIXES, MEM
+
+Json = Mapping[str, Any]
+
+GPU_UTILIZATION = "GPU utilization"
+MEMORY_STATE = "Memory state"
+
+
+def kernel_sample(
+    alloc_stats: Json,
+    *,
+    cores: float,
+    memory_bytes: float,
+    device_prefixes: Mapping[str, str] = DEVICE_METRIC_PREFIXES,
+) -> dict[str, float]:
+    """One kernel's (allocation's) metrics in percent, normalized by what it was allocated."""
+    usage = alloc_stats.get("ResourceUsage")
+    if usage is None:
+        usage = _sum_task_usage(alloc_stats.get("Tasks") or {})
+    sample: dict[str, float] = {}
+    percent = _number((usage.get("CpuStats") or {}).get("Percent"))
+    if percent is not None and cores > 0:
+        sample[CPU_UTIL] = percent / cores
+    in_use = _memory_in_use(usage.get("MemoryStats"))
+    if in_use is not None and memory_bytes > 0:
+        sample[MEM] = in_use / memory_bytes * 100
+    sample.update(_device_metrics(usage.get("DeviceStats") or (), device_prefixes))
+    return sample
+
+
+def session_sample(kernel_samples: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """A session's metrics: per metric, the mean over the kernels that reported it."""
+    readings: dict[str, list[float]] = {}
+    for sample in kernel_samples:
+        for metric, value in sample.items():
+            readings.setdefault(metric, []).append(value)
+    return {metric: fmean(values) for metric, values in readings.items()}
+
+
+def _sum_task_usage(tasks: Json) -> Json:
+    # Older or partial answers may lack the allocation total; it is the tasks' sum (Nomad's ResourceUsage.Add).
+    percent: float | None = None
+    memory: dict[str, Any] = {}
+    devices: list[Json] = []
+    for task in tasks.values():
+        usage = task.get("ResourceUsage") or {}
+        task_percent = _number((usage.get("CpuStats") or {}).get("Percent"))
+        if task_percent is not None:
+            percent = (percent or 0.0) + task_percent
+        for key, value in (usage.get("MemoryStats") or {}).items():
+            memory[key] = sorted({*memory.get(key, ()), *value}) if key == "Measured" else memory.get(key, 0) + value
+        devices.extend(usage.get("DeviceStats") or ())
+    return {"CpuStats": {"Percent": percent}, "MemoryStats": memory or None, "DeviceStats": devices}
+
+
+def _memory_in_use(stats: Json | None) -> float | None:
+    if not stats:
+        return None
+    measured = stats.get("Measured") or ()
+    rss = _number(stats.get("RSS")) or 0.0
+    if "RSS" in measured or (not measured and rss):
+        return rss
+    usage = _number(stats.get("Usage")) or 0.0
+    return max(usage - (_number(stats.get("Cache")) or 0.0), 0.0)
+
+
+def _device_metrics(groups: Iterable[Json], device_prefixes: Mapping[str, str]) -> dict[str, float]:
+    readings: dict[str, list[float]] = {}
+    for group in groups:
+        prefix = device_prefixes.get(f"{group.get('Vendor')}/{group.get('Type')}")
+        if prefix is None:
+            continue
+        for instance in (group.get("InstanceStats") or {}).values():
+            attributes = (instance.get("Stats") or {}).get("Attributes") or {}
+            util = _stat_percent(attributes.get(GPU_UTILIZATION), ratio=False)
+            mem = _stat_percent(attributes.get(MEMORY_STATE) or instance.get("Summary"), ratio=True)
+            if util is not None:
+                readings.setdefault(f"{prefix}_util", []).append(util)
+            if mem is not None:
+                readings.setdefault(f"{prefix}_mem", []).append(mem)
+    return {metric: fmean(values) for metric, values in readings.items()}
+
+
+def _stat_percent(stat: Json | None, *, ratio: bool) -> float | None:
+    """A device StatValue as percent: the numerator itself, or numerator / denominator × 100."""
+    if not stat:
+        return None
+    numerator = _first_number(stat, "FloatNumeratorVal", "IntNumeratorVal")
+    if not ratio or numerator is None:
+        return numerator
+    denominator = _first_number(stat, "FloatDenominatorVal", "IntDenominatorVal")
+    return numerator / denominator * 100 if denominator else None
+
+
+def _first_number(stat: Json, *keys: str) -> float | None:
+    for key in keys:
+        value = _number(stat.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+def _number(value: object) -> float | None:
+    # bool is an int subclass but never a reading; NaN or infinity would poison every average after it
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
