@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from scheduler.model import DependencyState, PendingSession, ProjectPolicy, RunningSession, Snapshot, UserPolicy
+from scheduler.model import DependencyState, PendingSession, ProjectPolicy, Snapshot, UserPolicy
 from scheduler.slots import ResourceSlots, format_amount
 
 __all__ = ["CHECKS", "DEPENDENCY_FAILED", "CheckContext", "CheckResult", "Usage", "failed_checks"]
 
 DEPENDENCY_FAILED = "dependency-failed"
+_NOTHING = ResourceSlots()
 
 
 @dataclass(frozen=True)
@@ -49,21 +50,19 @@ class Usage:
             },
         )
         for running in snapshot.running:
-            usage._add(running.user, running.project, running.occupied)
+            usage.add(running.user, running.project, running.occupied)
         return usage
 
-    def _add(self, user: str, project: str | None, slots: ResourceSlots) -> None:
+    def add(self, user: str, project: str | None, slots: ResourceSlots) -> None:
         self.sessions_by_user[user] += 1
         if user in self.slots_by_user:
             self.slots_by_user[user] += slots
-        if project in self.slots_by_project:
-            self.slots_by_project[project] += slots  # type: ignore[index]
-
-    def add_running(self, running: RunningSession) -> None:
-        self._add(running.user, running.project, running.occupied)
+        if project is not None and project in self.slots_by_project:
+            self.slots_by_project[project] += slots
 
     def add_placed(self, session: PendingSession) -> None:
-        self._add(session.user, session.project, session.requested)
+        tracked = session.user in self.slots_by_user or session.project in self.slots_by_project
+        self.add(session.user, session.project, session.requested if tracked else _NOTHING)
 
 
 @dataclass(frozen=True)
@@ -144,4 +143,16 @@ CHECKS: tuple[Check, ...] = (check_start_time, check_dependencies, check_concurr
 
 def failed_checks(session: PendingSession, context: CheckContext, checks: Iterable[Check] = CHECKS) -> list[CheckResult]:
     """Every failing check (all are evaluated, none short-circuits)."""
+    if checks is CHECKS and not _may_fail(session, context):
+        return []
     return [result for result in (check(session, context) for check in checks) if not result.passed]
+
+
+def _may_fail(session: PendingSession, context: CheckContext) -> bool:
+    """Cheap guard: most sessions have no start time, no dependencies and no policy, so no built-in check applies."""
+    return bool(
+        session.starts_at is not None
+        or session.dependencies
+        or session.user in context.user_policies
+        or (session.project is not None and session.project in context.project_policies)
+    )

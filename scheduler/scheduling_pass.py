@@ -4,7 +4,7 @@
 and the retry counts go in with the snapshot and come out with the result). Per group:
 
 1. Order the sessions (``scheduler.selection``: priority bands, push-back, the group's strategy).
-2. Overdue pushed-back sessions reserve an agent before anything is placed.
+2. Overdue pushed-back sessions reserve an agent before anything is placed, and are attempted first.
 3. Walk the order: non-resource checks (``scheduler.checks``) first - a failed dependency cancels, other failures
    just wait; then, unless an earlier session short of resources blocks the line, try to place it
    (``scheduler.agents.placement``) and fold the placement into the in-memory occupancy, DRF shares and usage.
@@ -19,13 +19,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from itertools import chain
 
+from scheduler.agents import resolve_selector
 from scheduler.agents.base import SelectorConfig
 from scheduler.agents.explain import explain_never_fits, explain_no_fit
 from scheduler.agents.occupancy import GroupOccupancy
 from scheduler.agents.placement import Attempt, Chooser, RoundRobinChooser, make_chooser, packing_direction, place, reserve
 from scheduler.agents.vectors import Demand, SlotCodec
-from scheduler.checks import CheckContext, Usage, failed_checks
+from scheduler.checks import CheckContext, CheckResult, Usage, failed_checks
 from scheduler.model import (
     Agent,
     Cancellation,
@@ -46,7 +48,7 @@ from scheduler.selection.base import QueueEntry
 from scheduler.selection.drf import DominantShares
 from scheduler.selection.sequence import attempt_order, is_overdue, is_pushed_back
 
-__all__ = ["run_pass"]
+__all__ = ["run_pass", "validate_config"]
 
 
 class _Outcomes:
@@ -64,6 +66,13 @@ class _Outcomes:
     def result(self) -> PassResult:
         return PassResult(self.placements, self.waiting, self.retries, tuple(self.reservations), self.cancellations,
                           self.positions, self.roundrobin_state)
+
+
+def validate_config(config: SchedulerConfig) -> None:
+    """Fail at startup, not in the middle of a pass: every configured strategy and selector name must resolve."""
+    for group_config in (config.default, *config.groups.values()):
+        get_strategy(group_config.session_strategy)
+        resolve_selector(group_config.agent_selector, config.plugin_selectors)
 
 
 def run_pass(snapshot: Snapshot, config: SchedulerConfig, now: datetime) -> PassResult:
@@ -142,72 +151,104 @@ def _schedule_group(group: str, sessions: Sequence[PendingSession], agents: Sequ
     shares = _shares(occupancy, running)
     entries = [_entry(session, codec, group_config) for session in sessions]
     holders = _reserve_for_overdue(entries, occupancy, group_config, context, now)
-
-    blocker: str | None = None
-    short: list[tuple[QueueEntry, int]] = []
-    still_waiting: list[str] = []
-    for entry in attempt_order(entries, order, shares):
-        session = entry.session
-        failures = failed_checks(session, context)
-        cancel = next((failure for failure in failures if failure.cancel_reason), None)
-        if cancel is not None:
-            outcomes.cancellations[session.id] = Cancellation(session.id, str(cancel.cancel_reason), cancel.message)
-            continue
-        still_waiting.append(session.id)
-        if failures:
-            checks = tuple((failure.name, failure.message) for failure in failures)
-            message = "; ".join(failure.message for failure in failures)
-            outcomes.waiting[session.id] = WaitExplanation(WaitKind.CHECKS_FAILED, message, failed_checks=checks)
-            continue
-        if blocker is not None:
-            outcomes.waiting[session.id] = WaitExplanation(
-                WaitKind.BLOCKED, f"waiting behind {blocker}, which is first in line", blocked_by=blocker)
-            continue
-        hopeless = next((i for i, demand in enumerate(entry.demands) if occupancy.never_fits(demand)), None)
-        if hopeless is not None:
-            outcomes.waiting[session.id] = explain_never_fits(occupancy, group, entry.demands[hopeless],
-                                                              _role(entry, hopeless))
-            continue
-        attempt = _attempt(entry, occupancy, chooser, holders)
-        if attempt.agents is not None:
-            still_waiting.pop()
-            outcomes.placements[session.id] = tuple(
-                KernelPlacement(index, kernel.role, occupancy.ids[ordinal])
-                for index, (kernel, ordinal) in enumerate(zip(session.kernels, attempt.agents))
-            )
-            context.usage.add_placed(session)
-            shares.add(session.user, _total(entry.demands))
-            continue
-        outcomes.retries[session.id] = 1
-        short.append((entry, attempt.failed_kernel))
-        if not entry.pushed_back:
-            blocker = session.id
-
-    reserved_agent = {holder: occupancy.ids[ordinal] for ordinal, (holder, _) in occupancy.holds.items()}
-    for entry, kernel in short:
-        outcomes.waiting[entry.session.id] = explain_no_fit(
-            occupancy, entry.demands[kernel], _role(entry, kernel), reserved_agent.get(entry.session.id))
-    for ordinal, (holder, demand) in sorted(occupancy.holds.items()):
-        outcomes.reservations.append(Reservation(holder, occupancy.ids[ordinal], codec.to_slots(demand)))
-    outcomes.positions.update((session_id, position) for position, session_id in enumerate(still_waiting, 1))
+    # holders go first: they have waited longer than reserve_after, and a session that finds its agent reserved
+    # must not be able to block the line in front of the holder
+    first = sorted((entry for entry in entries if entry.session.id in holders), key=_reservation_order)
+    rest = [entry for entry in entries if entry.session.id not in holders]
+    walk = _GroupWalk(group, occupancy, chooser, shares, context, outcomes, holders)
+    for entry in chain(first, attempt_order(rest, order, shares)):
+        walk.visit(entry)
+    walk.finish()
     if isinstance(chooser, RoundRobinChooser):
         outcomes.roundrobin_state[group] = chooser.next_index
 
 
+class _GroupWalk:
+    """One walk over a group's attempt order; mutable, lives for one group of one pass."""
+
+    def __init__(self, group: str, occupancy: GroupOccupancy, chooser: Chooser, shares: DominantShares,
+                 context: CheckContext, outcomes: _Outcomes, holders: set[str]) -> None:
+        self.group, self.occupancy, self.chooser, self.shares = group, occupancy, chooser, shares
+        self.context, self.outcomes, self.holders = context, outcomes, holders
+        self.blocker: str | None = None
+        self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
+        self.still_waiting: list[str] = []
+
+    def visit(self, entry: QueueEntry) -> None:
+        session = entry.session
+        failures = failed_checks(session, self.context)
+        cancel = next((failure for failure in failures if failure.cancel_reason), None)
+        if cancel is not None:
+            self.outcomes.cancellations[session.id] = Cancellation(session.id, str(cancel.cancel_reason), cancel.message)
+            return
+        self.still_waiting.append(session.id)
+        not_attempted = self._not_attempted(entry, failures)
+        if not_attempted is not None:
+            self.outcomes.waiting[session.id] = not_attempted
+            return
+        attempt = _attempt(entry, self.occupancy, self.chooser, self.holders)
+        if attempt.agents is not None:
+            self.still_waiting.pop()
+            self._placed(entry, attempt.agents)
+            return
+        self.outcomes.retries[session.id] = 1
+        self.short.append((entry, attempt.failed_kernel))
+        if not entry.pushed_back:
+            self.blocker = session.id
+
+    def _not_attempted(self, entry: QueueEntry, failures: list[CheckResult]) -> WaitExplanation | None:
+        """Why the session is not even tried (cheap: no agent is looked at), or None to try it."""
+        if failures:
+            checks = tuple((failure.name, failure.message) for failure in failures)
+            message = "; ".join(failure.message for failure in failures)
+            return WaitExplanation(WaitKind.CHECKS_FAILED, message, failed_checks=checks)
+        if self.blocker is not None:
+            message = f"waiting behind {self.blocker}, which is first in line"
+            return WaitExplanation(WaitKind.BLOCKED, message, blocked_by=self.blocker)
+        hopeless = next((i for i, demand in enumerate(entry.demands) if self.occupancy.never_fits(demand)), None)
+        if hopeless is not None:
+            return explain_never_fits(self.occupancy, self.group, entry.demands[hopeless], _role(entry, hopeless))
+        return None
+
+    def _placed(self, entry: QueueEntry, agents: tuple[int, ...]) -> None:
+        session = entry.session
+        self.outcomes.placements[session.id] = tuple(
+            KernelPlacement(index, kernel.role, self.occupancy.ids[ordinal])
+            for index, (kernel, ordinal) in enumerate(zip(session.kernels, agents))
+        )
+        self.context.usage.add_placed(session)
+        self.shares.add(session.user, _total(entry.demands))
+
+    def finish(self) -> None:
+        """Explain the sessions short of resources (against the final state), list reservations, number the queue."""
+        occupancy, outcomes = self.occupancy, self.outcomes
+        reserved_agent = {holder: occupancy.ids[ordinal] for ordinal, (holder, _) in occupancy.holds.items()}
+        for entry, kernel in self.short:
+            outcomes.waiting[entry.session.id] = explain_no_fit(
+                occupancy, entry.demands[kernel], _role(entry, kernel), reserved_agent.get(entry.session.id))
+        for ordinal, (holder, demand) in sorted(occupancy.holds.items()):
+            outcomes.reservations.append(Reservation(holder, occupancy.ids[ordinal], occupancy.codec.to_slots(demand)))
+        outcomes.positions.update((session_id, n) for n, session_id in enumerate(self.still_waiting, 1))
+
+
 def _reserve_for_overdue(entries: Sequence[QueueEntry], occupancy: GroupOccupancy, config: GroupConfig,
                          context: CheckContext, now: datetime) -> set[str]:
-    """Reserve agents for overdue sessions, oldest of the highest band first, one reservation per agent."""
-    overdue = sorted(
-        (entry for entry in entries if is_overdue(entry.session, config, now)),
-        key=lambda entry: (-entry.session.priority, entry.created, entry.session.id),
-    )
+    """Reserve agents for overdue sessions, highest band and oldest first, up to ``max_reservations``; an agent holds
+    one reservation at most."""
+    overdue = sorted((entry for entry in entries if is_overdue(entry.session, config, now)), key=_reservation_order)
     holders: set[str] = set()
     for entry in overdue:
+        if len(holders) >= config.max_reservations:
+            break
         if failed_checks(entry.session, context) or any(occupancy.never_fits(d) for d in entry.demands):
             continue  # it could not be placed anyway; holding an agent for it would only waste it
         if reserve(occupancy, entry.session.id, entry.demands):
             holders.add(entry.session.id)
     return holders
+
+
+def _reservation_order(entry: QueueEntry) -> tuple[int, float, str]:
+    return -entry.session.priority, entry.created, entry.session.id
 
 
 def _attempt(entry: QueueEntry, occupancy: GroupOccupancy, chooser: Chooser, holders: set[str]) -> Attempt:

@@ -182,8 +182,9 @@ def format_slots(slots: Mapping[str, Decimal], slot_types: Mapping[str, SlotType
 class ResourceSlots(Mapping[str, Decimal]):
     """An immutable map slot -> amount in which a missing slot means zero; only non-zero entries are stored."""
 
-    __slots__ = ("_amounts",)
+    __slots__ = ("_amounts", "_hash")
     _amounts: dict[str, Decimal]
+    _hash: int | None
 
     def __init__(self, amounts: Mapping[str, Decimal | int | float] | None = None) -> None:
         stored: dict[str, Decimal] = {}
@@ -192,12 +193,14 @@ class ResourceSlots(Mapping[str, Decimal]):
             if exact:
                 stored[slot] = exact
         self._amounts = dict(sorted(stored.items()))
+        self._hash = None
 
     @classmethod
     def _trusted(cls, amounts: dict[str, Decimal]) -> ResourceSlots:
         # the one fast path for results of our own arithmetic: values are already exact Decimals
         made = cls.__new__(cls)
         made._amounts = dict(sorted((slot, amount) for slot, amount in amounts.items() if amount))
+        made._hash = None
         return made
 
     @classmethod
@@ -247,7 +250,9 @@ class ResourceSlots(Mapping[str, Decimal]):
         return f"ResourceSlots({self.to_json()!r})"
 
     def __hash__(self) -> int:
-        return hash(frozenset(self._amounts.items()))
+        if self._hash is None:  # requests are dict keys in the pass (presets repeat): hash once
+            self._hash = hash(frozenset(self._amounts.items()))
+        return self._hash
 
     # -- arithmetic and order, missing = 0 --
     def __eq__(self, other: object) -> bool:

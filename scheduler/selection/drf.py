@@ -1,0 +1,52 @@
+"""``drf``: dominant resource fairness per user, shares updated as the pass places sessions.
+
+A user's dominant share in a group = max over slots of (what the user occupies in the group) / (the group's total
+capacity), counting running sessions and this pass's placements (textbook DRF: per user, summed, updated after each
+allocation; Backend.AI legacy took the max of per-session shares, HEAD froze shares for the pass). The next session
+is the oldest one of the user with the lowest share; equal shares go to the older head session.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Mapping, Sequence
+
+from scheduler.agents.vectors import Demand
+from scheduler.selection.base import QueueEntry, ShareView
+
+__all__ = ["DominantShares", "order"]
+
+
+class DominantShares:
+    """Per-user occupancy of one group over its capacity (milli-unit vectors). Shares are floats: order only."""
+
+    def __init__(self, capacity: Sequence[int], occupied_by_user: Mapping[str, Sequence[int]]) -> None:
+        self._capacity = list(capacity)
+        self._occupied = {user: list(vector) for user, vector in occupied_by_user.items()}
+        self._shares = {user: self._compute(vector) for user, vector in self._occupied.items()}
+
+    def _compute(self, occupied: Sequence[int]) -> float:
+        return max((used / cap for used, cap in zip(occupied, self._capacity) if cap > 0), default=0.0)
+
+    def share(self, user: str) -> float:
+        return self._shares.get(user, 0.0)
+
+    def add(self, user: str, demand: Demand) -> None:
+        occupied = self._occupied.setdefault(user, [0] * len(self._capacity))
+        for position, amount in demand:
+            occupied[position] += amount
+        self._shares[user] = self._compute(occupied)
+
+
+def order(entries: Sequence[QueueEntry], shares: ShareView) -> Iterator[QueueEntry]:
+    queues: dict[str, list[QueueEntry]] = {}
+    for entry in sorted(entries, key=lambda entry: (entry.created, entry.session.id), reverse=True):
+        queues.setdefault(entry.session.user, []).append(entry)  # reversed: pop() gives the oldest
+    heap = [(shares.share(user), queue[-1].created, queue[-1].session.id, user) for user, queue in queues.items()]
+    heapq.heapify(heap)
+    while heap:
+        user = heapq.heappop(heap)[3]
+        queue = queues[user]
+        yield queue.pop()
+        if queue:  # only this user's share can have changed since it was pushed
+            heapq.heappush(heap, (shares.share(user), queue[-1].created, queue[-1].session.id, user))
