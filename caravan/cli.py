@@ -8,6 +8,7 @@ import sys
 
 from caravan import services
 from common.settings import load_settings
+from idle.policy_file import PolicyFileError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("gateway", help="serve the GraphQL API")
     commands.add_parser("scheduler", help="place pending sessions and follow Nomad (one active at a time)")
-    commands.add_parser("dev", help="gateway and scheduler in one process, for one machine")
+    commands.add_parser("idle", help="reclaim idle sessions per the idle policy (one active at a time; SIGHUP reloads)")
+    commands.add_parser("dev", help="gateway, scheduler and idle checker in one process, for one machine")
     stack = commands.add_parser("stack", help="start or stop the one-machine stack (Redis, Nomad, Caravan)")
     stack.add_argument("action", choices=["up", "down", "status"])
     args = parser.parse_args(argv)
@@ -26,11 +28,19 @@ def main(argv: list[str] | None = None) -> int:
         from caravan.stack import dev_stack
 
         return {"up": dev_stack.up, "down": dev_stack.down, "status": dev_stack.status}[args.action](settings)
-    runner = {"gateway": services.run_gateway, "scheduler": services.run_scheduler, "dev": services.run_all}
+    runner = {
+        "gateway": services.run_gateway,
+        "scheduler": services.run_scheduler,
+        "idle": services.run_idle,
+        "dev": services.run_all,
+    }
     try:
         asyncio.run(runner[args.command](settings))
     except KeyboardInterrupt:
         pass
+    except PolicyFileError as refused:
+        print(f"caravan: idle policy refused: {refused}", file=sys.stderr)
+        return 2
     return 0
 
 

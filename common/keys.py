@@ -44,6 +44,11 @@ class Keys:
         """SET of SCHEDULED session ids whose Nomad job may not be registered yet."""
         return f"{self.prefix}:sessions:to-submit"
 
+    @property
+    def batch_deadlines(self) -> str:
+        """ZSET of RUNNING BATCH session ids scored by when their batch timeout expires."""
+        return f"{self.prefix}:sessions:batch-deadlines"
+
     def live_name(self, owner_id: str, name: str) -> str:
         """Claim on a session name, unique per owner among live sessions."""
         return f"{self.prefix}:name:{owner_id}:{name}"
@@ -78,6 +83,58 @@ class Keys:
         """Last Nomad event-stream index applied, to resume after a disconnect."""
         return f"{self.prefix}:nomad:event-index"
 
+    @property
+    def scheduler_roundrobin(self) -> str:
+        """HASH resource group -> next agent index of the round-robin selector (survives a new leader)."""
+        return f"{self.prefix}:scheduler:roundrobin"
+
+    @property
+    def known_slot_types(self) -> str:
+        """HASH slot name -> slot type (``count``/``bytes``) of every slot any agent ever reported; never shrinks.
+
+        Written by the scheduler, read by the gateway to refuse requests for slots no agent has."""
+        return f"{self.prefix}:scheduler:slot-types"
+
+    def user_policy(self, user_id: str) -> str:
+        """JSON resource policy of one user (concurrency, pending and slot limits)."""
+        return f"{self.prefix}:policy:user:{user_id}"
+
+    def project_policy(self, project: str) -> str:
+        """JSON resource policy of one project (slot limits)."""
+        return f"{self.prefix}:policy:project:{project}"
+
+    @property
+    def idle_lease(self) -> str:
+        return f"{self.prefix}:lease:idle"
+
+    @property
+    def idle_fence(self) -> str:
+        """Fencing counter of the idle checker's leadership terms."""
+        return f"{self.prefix}:lease:idle:fence"
+
+    @property
+    def idle_last_activity(self) -> str:
+        """ZSET of session ids scored by their last user traffic (unix seconds), written by the gateway."""
+        return f"{self.prefix}:idle:last-activity"
+
+    def idle_connections(self, session_id: str) -> str:
+        """ZSET of a session's open app connections, scored by when each lapses unless refreshed."""
+        return f"{self.prefix}:idle:connections:{session_id}"
+
+    def idle_report(self, session_id: str) -> str:
+        """JSON of the idle checker's last verdict on a session (short TTL; GraphQL ``idleChecks``)."""
+        return f"{self.prefix}:idle:report:{session_id}"
+
+    @property
+    def idle_windows(self) -> str:
+        """HASH session id -> utilization window JSON, saved now and then so a new leader resumes."""
+        return f"{self.prefix}:idle:windows"
+
+    @property
+    def idle_policy(self) -> str:
+        """HASH of the policy the idle checker enforces: ``source`` (file path or "built-in") and ``text``."""
+        return f"{self.prefix}:idle:policy"
+
     def session_events(self, session_id: str) -> str:
         """Pub/sub channel of one session's status changes."""
         return f"{self.prefix}:events:session:{session_id}"
@@ -85,3 +142,7 @@ class Keys:
     def owner_events(self, owner_id: str) -> str:
         """Pub/sub channel of status changes of all of one owner's sessions."""
         return f"{self.prefix}:events:owner:{owner_id}"
+
+    def rate_limit(self, subject: str, window: int) -> str:
+        """Counter of one API token's (or client address's) GraphQL requests in one fixed window; expires with it."""
+        return f"{self.prefix}:rate:{subject}:{window}"

@@ -49,6 +49,9 @@ def transition(session: Session, target: SessionStatus, *, reason: str, at: date
     changes: dict[str, object] = {"status": target, "status_info": reason, "status_history": history}
     if target is not S.PENDING:
         changes["wait_reasons"] = ()
+        changes["queue_position"] = None
+    if target is S.RUNNING and session.started_at is None:
+        changes["started_at"] = at
     if target.is_terminal:
         changes["kernels"] = tuple(_settle(k, target) for k in session.kernels)
     return session.evolve(**changes)
@@ -94,6 +97,7 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
                     "agent": seen.agent or kernel.agent,
                     "alloc_id": seen.alloc_id or kernel.alloc_id,
                     "exit_code": seen.exit_code if seen.exit_code is not None else kernel.exit_code,
+                    "ports": seen.ports or kernel.ports,
                 }
             )
             break

@@ -83,6 +83,8 @@ class Kernel:
     alloc_id: str | None = None
     exit_code: int | None = None
     status_info: str = ""
+    ports: tuple[str, ...] = ()
+    """Preopened ports as ``port=host:port`` (the Nomad dynamic host port the kernel listens on)."""
 
     @property
     def is_main(self) -> bool:
@@ -119,6 +121,22 @@ class Session:
     """Failed scheduling attempts, shown to the owner (head-of-line avoidance counts them)."""
     wait_reasons: tuple[str, ...] = ()
     """Why a PENDING session still waits: the checks that held it back at the last pass."""
+    queue_position: int | None = None
+    """1-based position in its resource group's queue at the last pass (PENDING only)."""
+    starts_at: datetime | None = None
+    """BATCH: never started before this moment."""
+    batch_timeout: float | None = None
+    """BATCH: seconds the startup command may run before the session ends FAILED with task-timeout."""
+    dependencies: tuple[str, ...] = ()
+    """BATCH: ids of sessions that must end TERMINATED with SUCCESS first."""
+    designated_agent: str | None = None
+    """Admins only: the Nomad node id the session must run on."""
+    preopen_ports: tuple[int, ...] = ()
+    """Container ports to expose (1024-65535); each gets a Nomad dynamic host port."""
+    shared_memory: str | None = None
+    """Bytes of /dev/shm for Docker kernels, as an exact decimal string."""
+    started_at: datetime | None = None
+    """When the session first became RUNNING."""
 
     @property
     def main_kernel(self) -> Kernel:
@@ -141,7 +159,8 @@ class Session:
 
     def to_json(self) -> str:
         doc = asdict(self)
-        doc["created_at"] = to_iso(self.created_at)
+        for moment in ("created_at", "starts_at", "started_at"):
+            doc[moment] = to_iso(doc[moment]) if doc[moment] else None
         doc["status_history"] = [
             {"status": c.status.value, "at": to_iso(c.at), "reason": c.reason} for c in self.status_history
         ]
@@ -155,12 +174,17 @@ class Session:
         doc["status"] = SessionStatus(doc["status"])
         doc["result"] = SessionResult(doc["result"])
         doc["cluster_mode"] = ClusterMode(doc["cluster_mode"])
-        doc["created_at"] = from_iso(doc["created_at"])
+        for moment in ("created_at", "starts_at", "started_at"):
+            doc[moment] = from_iso(doc[moment]) if doc.get(moment) else None
         doc["status_history"] = tuple(
             StatusChange(SessionStatus(c["status"]), from_iso(c["at"]), c["reason"]) for c in doc["status_history"]
         )
-        doc["kernels"] = tuple(Kernel(**{**k, "status": SessionStatus(k["status"])}) for k in doc["kernels"])
-        doc["wait_reasons"] = tuple(doc.get("wait_reasons", ()))
+        doc["kernels"] = tuple(
+            Kernel(**{**k, "status": SessionStatus(k["status"]), "ports": tuple(k.get("ports", ()))})
+            for k in doc["kernels"]
+        )
+        for listed in ("wait_reasons", "dependencies", "preopen_ports"):
+            doc[listed] = tuple(doc.get(listed, ()))
         return cls(**doc)
 
 
@@ -174,3 +198,4 @@ class KernelObservation:
     agent: str | None = None
     alloc_id: str | None = None
     exit_code: int | None = None
+    ports: tuple[str, ...] = ()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -11,6 +14,8 @@ from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, s
 from common.errors import TransientError
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 TRANSIENT = (TransientError, RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 
@@ -24,3 +29,50 @@ def backoff(*, give_up_after: float = 30.0) -> AsyncRetrying:
         before_sleep=before_sleep_log(log, logging.WARNING),
         reraise=True,
     )
+
+
+async def forever(name: str, step: Callable[[], Awaitable[None]], *, pause: float = 0.0) -> None:
+    """Run ``step`` again and again; transient failures back off, anything else (a lost lease) ends the loop."""
+    delay = 0.2
+    while True:
+        stop_if_cancelled()
+        try:
+            await step()
+            delay = 0.2
+            if pause:
+                await asyncio.sleep(pause)
+        except TRANSIENT as exc:
+            stop_if_cancelled(exc)
+            log.warning("%s: %s; retrying in %.1fs", name, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def with_backoff(name: str, step: Callable[[], Awaitable[T]]) -> T:
+    """``step``'s result, retrying transient failures with backoff for as long as it takes."""
+    delay = 0.2
+    while True:
+        stop_if_cancelled()
+        try:
+            result = await step()
+        except TRANSIENT as exc:
+            stop_if_cancelled(exc)
+            log.warning("%s: %s; retrying in %.1fs", name, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            continue
+        stop_if_cancelled()  # a caller asked to stop must not go on with the result
+        return result
+
+
+def stop_if_cancelled(cause: BaseException | None = None) -> None:
+    """Raise CancelledError when the current task has been asked to stop; loops call it at every turn.
+
+    A cancellation can get lost before it reaches a loop: Python 3.11's ``asyncio.wait_for``, which redis-py
+    wraps around every socket write, returns normally when the cancellation arrives just as the write
+    completes, and redis-py's cleanup of a cancelled command may raise a connection error in its place.
+    The task still counts the request (``Task.cancelling()``), so a loop that checks it stops anyway.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from cause

@@ -47,6 +47,24 @@ class SchedulerSettings:
     """Seconds between full reconciliations with Nomad, the safety net behind the event stream."""
     lease_ttl: float = 10.0
     """Seconds a scheduler's leadership lease lives without renewal."""
+    config_path: Path | None = None
+    """Per-resource-group scheduling configuration, HCL or JSON (``CARAVAN_SCHEDULER_CONFIG``, see
+    ``scheduler/config.py``); None = the defaults (FIFO, strict head-of-line, dispersed)."""
+    pass_interval: float = 1.0
+    """Seconds between scheduling passes when no event (session created or ended, node changed) comes first."""
+
+
+@dataclass(frozen=True)
+class IdleSettings:
+    policy_path: Path | None = None
+    """The idle policy file (``CARAVAN_IDLE_POLICY``, HCL, see ``idle/policy.example.hcl``); None = the
+    built-in defaults, under which nothing is reclaimed (:mod:`idle.reload`)."""
+    lease_ttl: float = 10.0
+    """Seconds the idle checker's leadership lease lives without renewal."""
+    stats_concurrency: int = 32
+    """Nomad allocation-stats requests in flight at once during a sweep."""
+    window_persist_interval: float = 60.0
+    """Seconds between saves of the utilization windows to Redis: a new leader resumes from them."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,7 @@ class Settings:
     nomad: NomadSettings = field(default_factory=NomadSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    idle: IdleSettings = field(default_factory=IdleSettings)
     allow_raw_exec_for_users: bool = False
     """raw_exec runs as root without isolation: admins only unless an operator opts in."""
     default_image: str | None = None
@@ -94,7 +113,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         scheduler=SchedulerSettings(
             reconcile_interval=float(env.get("CARAVAN_RECONCILE_INTERVAL", SchedulerSettings.reconcile_interval)),
+            config_path=Path(env["CARAVAN_SCHEDULER_CONFIG"]) if env.get("CARAVAN_SCHEDULER_CONFIG") else None,
         ),
+        idle=IdleSettings(policy_path=Path(env["CARAVAN_IDLE_POLICY"]) if env.get("CARAVAN_IDLE_POLICY") else None),
         allow_raw_exec_for_users=env.get("CARAVAN_ALLOW_RAW_EXEC_FOR_USERS", "") in ("1", "true", "yes"),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
     )

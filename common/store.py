@@ -159,6 +159,10 @@ class SessionStore:
             pipe.zrem(self.keys.pending_queue(before.resource_group), before.id)
         if after.status is SessionStatus.SCHEDULED and before.status is not SessionStatus.SCHEDULED:
             pipe.sadd(self.keys.work_to_submit, after.id)
+        if after.status is SessionStatus.RUNNING and after.batch_timeout and after.started_at:
+            pipe.zadd(self.keys.batch_deadlines, {after.id: after.started_at.timestamp() + after.batch_timeout})
+        elif after.status is not SessionStatus.RUNNING:
+            pipe.zrem(self.keys.batch_deadlines, after.id)
         if after.status.is_terminal:
             pipe.srem(self.keys.sessions_live, after.id)
             pipe.srem(self.keys.work_to_submit, after.id)
@@ -170,6 +174,10 @@ class SessionStore:
             pipe.set(self.keys.live_name(after.owner_id, after.name), after.id)
         if after.status is not before.status:
             self._publish(pipe, after)
+
+    async def overdue_batch_sessions(self, now: float) -> list[str]:
+        ids: list[str] = await self.redis.zrangebyscore(self.keys.batch_deadlines, "-inf", now)
+        return ids
 
     async def mark_submitted(self, session_id: str) -> None:
         await self.redis.srem(self.keys.work_to_submit, session_id)

@@ -1,4 +1,4 @@
-"""The gateway's ASGI app: GraphQL at /graphql, health at /healthz and /readyz."""
+"""The gateway's ASGI app: GraphQL at /graphql, health at /healthz and /readyz, Prometheus at /metrics."""
 
 from __future__ import annotations
 
@@ -13,31 +13,41 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
-from strawberry.asgi import GraphQL
 
-from common.errors import TransientError
+from common.errors import TransientError, Unavailable
 from common.keys import Keys
 from common.redis import client as redis_client
 from common.settings import Settings
 from common.store import SessionStore
 from common.users import UserStore, bootstrap_admin_token
 from gateway.graphql.context import Context
-from gateway.graphql.schema import schema
+from gateway.graphql.errors import OUTAGES
+from gateway.graphql.http import GraphQLOverHTTP
+from gateway.graphql.protection import Guard, Limits, RateLimiter
+from gateway.graphql.schema import build_schema
+from gateway.metrics import Metrics
 from nomad_jobs.client import NomadClient
 
 log = logging.getLogger(__name__)
 
 
-class CaravanGraphQL(GraphQL[Context, None]):
-    def __init__(self, state: dict[str, Any]) -> None:
-        super().__init__(schema, graphql_ide="graphiql", allow_queries_via_get=True)
+class CaravanGraphQL(GraphQLOverHTTP):
+    def __init__(self, state: dict[str, Any], limits: Limits, metrics: Metrics) -> None:
+        settings: Settings = state["settings"]
+        limiter = RateLimiter(lambda: state["redis"], Keys(settings.redis.prefix), limits.rate_limit, limits.rate_window)
+        super().__init__(build_schema(limits), guard=Guard(limits, limiter), metrics=metrics,
+                         graphql_ide="graphiql", allow_queries_via_get=True)
         self.state = state
 
     async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
         users: UserStore = self.state["users"]
         header = request.headers.get("authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        user = await users.by_token(token) if token else None
+        user, failure = None, None
+        try:
+            user = await users.by_token(token) if token else None
+        except OUTAGES:
+            failure = Unavailable("Redis is unreachable; retry shortly")
         return Context(
             request=request,
             settings=self.state["settings"],
@@ -46,11 +56,14 @@ class CaravanGraphQL(GraphQL[Context, None]):
             nomad=self.state["nomad"],
             user=user,
             request_id=uuid.uuid4().hex[:12],
+            auth_failure=failure,
         )
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
+    """``limits`` default to the ``CARAVAN_GRAPHQL_*`` environment variables (see protection.Limits)."""
     state: dict[str, Any] = {"settings": settings}
+    metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -85,12 +98,13 @@ def create_app(settings: Settings) -> Starlette:
         ready = all(v == "ok" for v in checks.values())
         return JSONResponse({"ready": ready, **checks}, status_code=200 if ready else 503)
 
-    graphql = CaravanGraphQL(state)
+    graphql = CaravanGraphQL(state, limits or Limits.from_env(), metrics)
     return Starlette(
         routes=[
             Route("/healthz", healthz),
             Route("/readyz", readyz),
-            Route("/graphql", graphql, methods=["GET", "POST"]),
+            Route("/metrics", metrics.endpoint(lambda: state["sessions"])),
+            Route("/graphql", graphql),  # the view answers other methods itself: 405 with Allow
             WebSocketRoute("/graphql", graphql),
         ],
         lifespan=lifespan,

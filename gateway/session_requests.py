@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from datetime import timedelta
+
+from common.clock import from_iso
 from common.errors import Forbidden, InvalidInput, UnsupportedResource
-from common.model import Driver, Kernel, Session, SessionStatus, SessionType, StatusChange
+from common.model import ClusterMode, Driver, Kernel, Session, SessionStatus, SessionType, StatusChange
+from idle.durations import parse_duration
 from common.users import User
-from scheduler.slots import INTRINSIC_SLOT_TYPES, InvalidQuantityError, SlotType, UnknownSlotError, from_user_input
+from scheduler.slots import (INTRINSIC_SLOT_TYPES, InvalidQuantityError, SlotType, UnknownSlotError, from_user_input,
+                             parse_quantity)
 
 NAME_RULE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{2,62}[A-Za-z0-9_]$")
 ENV_NAME_RULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -24,6 +30,11 @@ RESERVED_ENV_PREFIXES = ("CARAVAN_", "NOMAD_")
 MAX_VALUE_BYTES = 32 * 1024
 DEFAULT_RESOURCES = {"cpu": "1", "mem": "256m"}
 MIN_MEM_BYTES = 16 * 1024 * 1024
+MAX_CLUSTER_SIZE = 32
+MAX_COUNT = 50
+MAX_DEPENDENCIES = 64
+MAX_PREOPEN_PORTS = 16
+BATCH_ONLY = ("startsAt", "batchTimeout", "dependencies")
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,17 @@ class SessionRequest:
     resources: Mapping[str, str] = field(default_factory=dict)
     resource_group: str = "default"
     client_token: str | None = None
+    starts_at: str | None = None
+    """ISO 8601 moment, or a duration from now such as ``"90s"`` or ``"1h"``."""
+    batch_timeout: str | None = None
+    dependencies: Sequence[str] = ()
+    cluster_size: int = 1
+    cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
+    count: int = 1
+    preopen_ports: Sequence[int] = ()
+    shared_memory: str | None = None
+    designated_agent: str | None = None
+    priority: int = 10
 
 
 def build_sessions(
@@ -68,18 +90,24 @@ def build_sessions(
         raise InvalidInput("resourceGroup is not a valid name", field="resourceGroup")
     environ = _checked_environ(request.environ)
     slots = _checked_resources({**DEFAULT_RESOURCES, **request.resources}, known_slots)
-    session_id = str(uuid.uuid4())
-    kernel = Kernel(role="main", index=1, hostname="main1", image=image or "", resources=slots)
+    _check_batch_options(request)
+    _check_shape(request, viewer)
+    shared_memory = _checked_shared_memory(request.shared_memory, slots)
+    starts_at = _checked_start(request.starts_at, now)
+    timeout = _checked_duration("batchTimeout", request.batch_timeout, minimum=1)
+    names = [request.name] if request.count == 1 else [f"{request.name}-{i}" for i in range(1, request.count + 1)]
+    if any(len(n) > 64 for n in names):
+        raise InvalidInput("name is too long for the numbered names of count sessions", field="name")
     return [
         Session(
-            id=session_id,
-            name=request.name,
+            id=str(uuid.uuid4()),
+            name=name,
             owner_id=viewer.id,
             type=request.type,
             driver=request.driver,
             image=image or "",
             resources=slots,
-            kernels=(kernel,),
+            kernels=kernels_of(request.cluster_size, image or "", slots),
             created_at=now,
             status=SessionStatus.PENDING,
             status_info="created",
@@ -87,9 +115,90 @@ def build_sessions(
             resource_group=request.resource_group,
             startup_command=request.startup_command,
             environ=environ,
+            cluster_mode=request.cluster_mode,
             client_token=request.client_token,
+            priority=request.priority,
+            starts_at=starts_at,
+            batch_timeout=timeout,
+            dependencies=tuple(dict.fromkeys(request.dependencies)),
+            designated_agent=request.designated_agent,
+            preopen_ports=tuple(request.preopen_ports),
+            shared_memory=shared_memory,
         )
+        for name in names
     ]
+
+
+def kernels_of(cluster_size: int, image: str, slots: dict[str, str]) -> tuple[Kernel, ...]:
+    """``main1`` then ``sub1`` … ``sub{N-1}``: users interact with main1, which reaches the others."""
+    main = Kernel(role="main", index=1, hostname="main1", image=image, resources=slots)
+    subs = (Kernel(role="sub", index=i + 1, hostname=f"sub{i}", image=image, resources=slots)
+            for i in range(1, cluster_size))
+    return (main, *subs)
+
+
+def _check_batch_options(request: SessionRequest) -> None:
+    given = {"startsAt": request.starts_at, "batchTimeout": request.batch_timeout,
+             "dependencies": request.dependencies}
+    if request.type is not SessionType.BATCH:
+        for field_name in BATCH_ONLY:
+            if given[field_name]:
+                raise InvalidInput(f"{field_name} is only for BATCH sessions", field=field_name)
+    if len(request.dependencies) > MAX_DEPENDENCIES:
+        raise InvalidInput(f"at most {MAX_DEPENDENCIES} dependencies", field="dependencies")
+
+
+def _check_shape(request: SessionRequest, viewer: User) -> None:
+    if not 1 <= request.cluster_size <= MAX_CLUSTER_SIZE:
+        raise InvalidInput(f"clusterSize must be between 1 and {MAX_CLUSTER_SIZE}", field="clusterSize")
+    if not 1 <= request.count <= MAX_COUNT:
+        raise InvalidInput(f"count must be between 1 and {MAX_COUNT}", field="count")
+    if not 0 <= request.priority <= 100:
+        raise InvalidInput("priority must be between 0 and 100", field="priority")
+    ports = list(request.preopen_ports)
+    if len(ports) > MAX_PREOPEN_PORTS or len(set(ports)) != len(ports):
+        raise InvalidInput(f"preopenPorts: at most {MAX_PREOPEN_PORTS} distinct ports", field="preopenPorts")
+    for port in ports:
+        if not 1024 <= port <= 65535:
+            raise InvalidInput(f"preopen port {port} is outside 1024-65535", field="preopenPorts")
+    if request.designated_agent is not None and not viewer.is_admin:
+        raise Forbidden("only admins may designate an agent", field="designatedAgent")
+
+
+def _checked_start(value: str | None, now: datetime) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        moment = from_iso(value)
+    except ValueError:
+        return now + timedelta(seconds=_checked_duration("startsAt", value, minimum=0) or 0)
+    if moment.tzinfo is None:
+        raise InvalidInput("startsAt needs a time zone (e.g. a trailing Z)", field="startsAt")
+    return moment
+
+
+def _checked_duration(field_name: str, value: str | None, *, minimum: float) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise InvalidInput(f"{field_name}: {exc}", field=field_name) from exc
+    if seconds < minimum:
+        raise InvalidInput(f"{field_name} must be at least {minimum:g}s", field=field_name)
+    return seconds
+
+
+def _checked_shared_memory(value: str | None, slots: dict[str, str]) -> str | None:
+    if value is None:
+        return None
+    try:
+        amount = parse_quantity("sharedMemory", value, SlotType.BYTES)
+    except InvalidQuantityError as exc:
+        raise InvalidInput(str(exc), field="sharedMemory") from exc
+    if amount >= Decimal(slots["mem"]):
+        raise InvalidInput("sharedMemory must be less than the session's mem", field="sharedMemory")
+    return str(amount)
 
 
 def _check_text(field_name: str, value: str) -> None:

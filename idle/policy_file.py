@@ -63,14 +63,18 @@ class PolicyFileError(ValueError):
 
 
 def load_policy_file(path: str | os.PathLike[str]) -> IdlePolicyConfig:
+    return parse_policy(read_policy_text(path), os.fspath(path))
+
+
+def read_policy_text(path: str | os.PathLike[str]) -> str:
+    """The file's text; :class:`PolicyFileError` when it cannot be read or is not UTF-8."""
     name = os.fspath(path)
     try:
-        text = FilePath(name).read_text(encoding="utf-8")
+        return FilePath(name).read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyFileError(name, None, f"cannot read the file: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise PolicyFileError(name, None, f"not UTF-8 text: {exc.reason}") from exc
-    return parse_policy(text, name)
 
 
 def parse_policy(text: str, path: str = "<policy>") -> IdlePolicyConfig:

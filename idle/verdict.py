@@ -11,7 +11,7 @@ its decision time by a fifth (``bench/idle``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -74,6 +74,23 @@ class CheckReport(NamedTuple):
             "readings": [{"metric": r.metric, "average": r.average, "threshold": r.threshold} for r in self.readings],
         }
 
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> CheckReport:
+        """The inverse of :meth:`to_dict`; ``KeyError``/``ValueError`` on anything else."""
+        basis, operator = doc["measured_against"], doc["operator"]
+        return cls(
+            name=CheckName(doc["name"]),
+            expired=bool(doc["expired"]),
+            remaining=None if doc["remaining"] is None else float(doc["remaining"]),
+            measured_against=RemainingBasis(basis) if basis is not None else None,
+            note=str(doc["note"]),
+            operator=ThresholdOperator(operator) if operator is not None else None,
+            readings=tuple(
+                MetricReading(str(r["metric"]), None if r["average"] is None else float(r["average"]), float(r["threshold"]))
+                for r in doc["readings"]
+            ),
+        )
+
 
 class Verdict(NamedTuple):
     terminate: bool
@@ -106,3 +123,12 @@ class Verdict(NamedTuple):
             "reason": self.reason.value if self.reason else None,
             "reports": [report.to_dict() for report in self.reports],
         }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Verdict:
+        reason = doc["reason"]
+        return cls(
+            terminate=bool(doc["terminate"]),
+            reason=TerminationReason(reason) if reason is not None else None,
+            reports=tuple(CheckReport.from_dict(report) for report in doc["reports"]),
+        )

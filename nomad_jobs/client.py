@@ -20,6 +20,11 @@ log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 
+LIVE_ALLOCATIONS = (
+    'DesiredStatus == "run" and (ClientStatus == "pending" or ClientStatus == "running" or ClientStatus == "unknown")'
+)
+"""Allocations Nomad's own scheduler counts against a node (one being stopped already frees its resources there)."""
+
 
 class NomadRejected(PermanentError):
     """Nomad refused the request (bad job, bad parameter)."""
@@ -111,6 +116,16 @@ class NomadClient:
     async def allocation_stats(self, alloc_id: str) -> Json:
         stats: Json = await self._json("GET", f"/v1/client/allocation/{alloc_id}/stats")
         return stats
+
+    async def restart_allocation(self, alloc_id: str, task: str) -> None:
+        await self._request("POST", f"/v1/client/allocation/{alloc_id}/restart", json={"TaskName": task})
+
+    async def live_allocations(self) -> list[Json]:
+        """Every allocation that holds resources now, in every namespace and of any job, with its allocated
+        resources and without task states: one call, whatever the cluster runs (the scheduler's occupancy)."""
+        params = {"namespace": "*", "resources": "true", "task_states": "false", "filter": LIVE_ALLOCATIONS}
+        allocs: list[Json] = await self._json("GET", "/v1/allocations", params=params)
+        return allocs
 
     async def stop_allocation(self, alloc_id: str) -> None:
         await self._request("POST", f"/v1/allocation/{alloc_id}/stop")

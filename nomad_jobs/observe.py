@@ -27,7 +27,8 @@ def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
     client = alloc.get("ClientStatus")
     desired = alloc.get("DesiredStatus")
     code = exit_code_of(alloc)
-    common = {"hostname": hostname, "agent": alloc.get("NodeID"), "alloc_id": alloc.get("ID"), "exit_code": code}
+    common = {"hostname": hostname, "agent": alloc.get("NodeID"), "alloc_id": alloc.get("ID"), "exit_code": code,
+              "ports": ports_of(alloc)}
     if client == "pending":
         status, reason = (S.TERMINATING, "stopping") if desired != "run" else (S.PREPARING, "allocation-pending")
     elif client == "running":
@@ -39,6 +40,17 @@ def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
     else:  # lost, unknown
         status, reason = S.ERROR, "job-lost"
     return KernelObservation(status=status, reason=reason, **common)
+
+
+def ports_of(alloc: dict[str, Any]) -> tuple[str, ...]:
+    """Preopened ports as ``port=host:port``, from the ports Nomad allocated (labels are ``p<port>``)."""
+    shared = (alloc.get("AllocatedResources") or {}).get("Shared") or {}
+    found = []
+    for port in shared.get("Ports") or []:
+        label = str(port.get("Label", ""))
+        if label.startswith("p") and label[1:].isdigit():
+            found.append(f"{label[1:]}={port.get('HostIP') or '127.0.0.1'}:{port.get('Value')}")
+    return tuple(sorted(found))
 
 
 def latest_per_group(allocs: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -7,6 +7,7 @@ stream missed (Caravan was down, the event buffer wrapped) still converges.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -23,6 +24,16 @@ log = logging.getLogger(__name__)
 
 S = SessionStatus
 OBSERVED_STATUSES = frozenset({S.SCHEDULED, S.PREPARING, S.RUNNING, S.TERMINATING, S.ERROR})
+RESOURCES_FREED = frozenset({S.TERMINATED, S.CANCELLED, S.ERROR})
+
+
+def raise_if_cancel_swallowed() -> None:
+    """Raise the cancellation a step dropped. Python 3.11's ``asyncio.wait_for``, under every redis-py command,
+    returns the result and loses a cancellation that arrives just as the command completes (fixed in 3.12): a loop
+    that goes on would never stop. Call it between the steps of a long-running loop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class Follower:
@@ -33,12 +44,20 @@ class Follower:
         self.prefix = nomad.settings.job_prefix
 
     async def apply(self, session_id: str, seen: KernelObservation) -> Session | None:
+        ended = False
+
         def mutate(session: Session) -> Session | None:
+            nonlocal ended
             if session.status not in OBSERVED_STATUSES:
                 return None
-            return observe_kernel(session, seen, at=utcnow())
+            after = observe_kernel(session, seen, at=utcnow())
+            ended = after is not None and after.status in RESOURCES_FREED and session.status not in RESOURCES_FREED
+            return after
 
-        return await self.store.update(session_id, mutate, fence=self.fence)
+        stored = await self.store.update(session_id, mutate, fence=self.fence)
+        if ended:
+            await self.store.wake_scheduler("ended")  # what it held may let a pending session start now
+        return stored
 
     async def on_allocation(self, alloc: dict[str, Any]) -> None:
         session_id = session_id_of(self.prefix, str(alloc.get("JobID", "")))
@@ -48,17 +67,37 @@ class Follower:
     async def follow_events(self) -> None:
         """Apply allocation events until the stream breaks (raises TransientError)."""
         index = int(await self.store.redis.get(self.store.keys.nomad_event_index) or 0)
-        async for batch in self.nomad.event_stream(index=index + 1 if index else 0, topics=["Allocation"]):
+        async for batch in self.nomad.event_stream(index=index + 1 if index else 0, topics=["Allocation", "Node"]):
             for event in batch.get("Events") or []:
                 alloc = (event.get("Payload") or {}).get("Allocation")
                 if alloc:
                     await self.on_allocation(alloc)
+                elif event.get("Topic") == "Node":
+                    await self.store.wake_scheduler("node-changed")  # capacity came, went or changed
             if batch.get("Index"):
                 await self.store.redis.set(self.store.keys.nomad_event_index, batch["Index"])
+            raise_if_cancel_swallowed()  # else we would wait for the next event with the stop request lost
 
     async def reconcile(self) -> None:
-        """One pass over every live session that has a job."""
+        """One pass over every live session that has a job, then over Caravan's jobs without a session."""
         ids = sorted(await self.store.live_ids())
+        await self._sessions_against_jobs(ids)
+        await self.stop_orphans(set(ids))
+
+    async def stop_orphans(self, live: set[str]) -> list[str]:
+        """Stop running Caravan jobs whose session does not exist (e.g. Redis lost it); returns their ids."""
+        stopped = []
+        for job in await self.nomad.jobs(self.prefix + "-"):
+            session_id = session_id_of(self.prefix, job["ID"])
+            if not session_id or session_id in live or job.get("Stop") or job.get("Status") == "dead":
+                continue
+            if await self.store.get(session_id) is None:
+                log.warning("job=%s has no session %s: stopping it", job["ID"], session_id)
+                await self.nomad.deregister(job["ID"])
+                stopped.append(job["ID"])
+        return stopped
+
+    async def _sessions_against_jobs(self, ids: list[str]) -> None:
         submitting = await self.store.ids_to_submit()
         for session in await self.store.get_many(ids):
             if session is None or session.nomad_job_id is None or session.status not in OBSERVED_STATUSES:
@@ -75,7 +114,9 @@ class Follower:
                 raise
             for alloc in latest_per_group(allocs).values():
                 await self.apply(session.id, observe_allocation(alloc))
-            if job.get("Stop") and session.status is S.TERMINATING and not allocs:
+            if session.status is S.TERMINATING and not job.get("Stop"):
+                await self.nomad.deregister(session.nomad_job_id)  # the stop was lost in a crash
+            elif job.get("Stop") and session.status is S.TERMINATING and not allocs:
                 await self.store.update(session.id, _stopped, fence=self.fence)
 
 

@@ -9,16 +9,19 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
-from common.errors import TransientError
+from common.clock import utcnow
 from common.keys import Keys
-from common.retry import TRANSIENT
+from common.model import SessionResult
+from common.lease import Lease, lead_forever
+from common.retry import forever
 from common.settings import Settings
-from common.store import Fence, LostLease, SessionStore
+from common.store import Fence, SessionStore
 from nomad_jobs.client import NomadClient
-from scheduler.follower import Follower
-from scheduler.lease import Lease
+from scheduler.config import load_scheduler_config
+from scheduler.follower import Follower, raise_if_cancel_swallowed
 from scheduler.placement import Placer
 from scheduler.submitter import submit
+from scheduler.termination import terminate
 
 log = logging.getLogger(__name__)
 
@@ -32,37 +35,34 @@ class Scheduler:
         self.store = SessionStore(redis, self.keys)
         self.nomad = nomad
         self.lease = Lease(redis, self.keys.scheduler_lease, self.keys.scheduler_fence, ttl=settings.scheduler.lease_ttl)
+        self.config = load_scheduler_config(settings.scheduler.config_path)  # a broken file stops us here
 
     async def run_forever(self) -> None:
-        while True:
-            fence = await _with_backoff("acquire lease", self.lease.acquire)
-            log.info("scheduler leading (fencing token %d)", fence.token)
-            try:
-                await self.lead(fence)
-            except* LostLease:
-                log.warning("scheduler lost its lease; standing by")
+        await lead_forever("scheduler", self.lease, self.lead)
 
     async def lead(self, fence: Fence) -> None:
         follower = Follower(self.store, self.nomad, fence)
-        placer = Placer(self.store, self.nomad, fence, self.settings)
+        placer = Placer(self.store, self.nomad, fence, self.settings, self.config)
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._hold_lease())
-            tasks.create_task(_forever("schedule", lambda: self._schedule_once(placer, fence)))
-            tasks.create_task(_forever("follow", follower.follow_events, pause=0.5))
+            tasks.create_task(forever("schedule", _stoppable(lambda: self._schedule_once(placer, fence))))
+            tasks.create_task(forever("follow", _stoppable(follower.follow_events), pause=0.5))
             tasks.create_task(
-                _forever("reconcile", follower.reconcile, pause=self.settings.scheduler.reconcile_interval)
+                forever("reconcile", _stoppable(follower.reconcile), pause=self.settings.scheduler.reconcile_interval)
             )
-
-    async def _hold_lease(self) -> None:
-        await self.lease.hold()
-        raise LostLease("lease expired or taken")
 
     async def _schedule_once(self, placer: Placer, fence: Fence) -> None:
         await placer.run_pass()
         await self.submit_pending(fence)
-        # Sleep until there is news (a created or ended session) or a second passes.
-        await self.store.redis.blpop([self.keys.scheduler_wakeup], timeout=1)
+        await self.end_overdue_batches(fence)
+        # Sleep until there is news (a session created or ended, a node changed) or the pass interval is over.
+        await self.store.redis.blpop([self.keys.scheduler_wakeup], timeout=self.settings.scheduler.pass_interval)
         await self.store.redis.delete(self.keys.scheduler_wakeup)
+
+    async def end_overdue_batches(self, fence: Fence | None) -> None:
+        """BATCH sessions past their batch timeout end FAILED with ``task-timeout``."""
+        for session_id in await self.store.overdue_batch_sessions(utcnow().timestamp()):
+            await terminate(self.store, self.nomad, session_id, reason="task-timeout",
+                            result=SessionResult.FAILURE, fence=fence)
 
     async def submit_pending(self, fence: Fence | None) -> None:
         ids = sorted(await self.store.ids_to_submit())
@@ -79,29 +79,11 @@ class Scheduler:
         await asyncio.gather(*(one(i) for i in ids))
 
 
-async def _forever(name: str, step: Callable[[], Awaitable[None]], *, pause: float = 0.0) -> None:
-    """Run ``step`` again and again; transient failures back off, a lost lease ends the loop."""
-    delay = 0.2
-    while True:
-        try:
-            await step()
-            delay = 0.2
-            if pause:
-                await asyncio.sleep(pause)
-        except LostLease:
-            raise
-        except (TransientError, *TRANSIENT) as exc:
-            log.warning("%s: %s; retrying in %.1fs", name, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+def _stoppable(step: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    """``step``, then the cancellation it may have dropped (see :func:`raise_if_cancel_swallowed`)."""
 
+    async def run() -> None:
+        await step()
+        raise_if_cancel_swallowed()
 
-async def _with_backoff(name: str, step: Callable[[], Awaitable[Fence]]) -> Fence:
-    delay = 0.2
-    while True:
-        try:
-            return await step()
-        except TRANSIENT as exc:
-            log.warning("%s: %s; retrying in %.1fs", name, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    return run

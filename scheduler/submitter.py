@@ -57,8 +57,11 @@ async def submit(store: SessionStore, nomad: NomadClient, session: Session, fenc
         await store.update(session.id, _failed_to_start, fence=fence)
         await store.mark_submitted(session.id)
         return
-    await store.update(session.id, _registered, fence=fence)
+    after = await store.update(session.id, _registered, fence=fence)
     await store.mark_submitted(session.id)
+    if after is not None and after.status in (SessionStatus.TERMINATING, SessionStatus.TERMINATED):
+        # Destroyed while its registration was in flight: stop what we just registered.
+        await nomad.deregister(session.nomad_job_id, purge=after.status is SessionStatus.TERMINATED)
 
 
 def _registered(session: Session) -> Session | None:

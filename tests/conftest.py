@@ -92,3 +92,5 @@ async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
 
 
 requires_docker = pytest.mark.skipif(not DOCKER, reason="no Docker engine could be started on this machine")
+
+from tests.cluster_fixtures import nomad_cluster, on_cluster  # noqa: E402,F401  (several Nomad clients; on demand)

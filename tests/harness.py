@@ -87,27 +87,30 @@ mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions 
 
 
 @contextlib.asynccontextmanager
-async def running_caravan(settings: Settings, *, scheduler: bool = True) -> AsyncIterator[Caravan]:
+async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: bool = True) -> AsyncIterator[Caravan]:
+    """A gateway (``serve``) and a scheduler (``scheduler``) for ``settings``' namespace."""
     port = free_port()
     settings = Settings(**{**settings.__dict__, "gateway": type(settings.gateway)(host="127.0.0.1", port=port, admin_token=ADMIN_TOKEN)})
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     redis = redis_client(settings.redis)
     nomad = NomadClient(settings.nomad)
     keys = Keys(settings.redis.prefix)
-    tasks = [asyncio.create_task(server.serve())]
+    tasks = [asyncio.create_task(server.serve())] if serve else []
     if scheduler:
         tasks.append(asyncio.create_task(Scheduler(settings, redis, nomad).run_forever()))
-    while not server.started:
+    while serve and not server.started:
         await asyncio.sleep(0.02)
     async with httpx.AsyncClient(timeout=30) as http:
         try:
             yield Caravan(settings, f"http://127.0.0.1:{port}/graphql", http, SessionStore(redis, keys), UserStore(redis, keys), nomad)
         finally:
             server.should_exit = True
-            for task in tasks[1:]:
+            for task in tasks[1 if serve else 0:]:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for job in await nomad.jobs(settings.nomad.job_prefix + "-"):
-                await nomad.deregister(job["ID"], purge=True)
+            if serve:
+                with contextlib.suppress(Exception):
+                    for job in await nomad.jobs(settings.nomad.job_prefix + "-"):
+                        await nomad.deregister(job["ID"], purge=True)
             await nomad.aclose()
             await redis.aclose()

@@ -11,7 +11,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
+from caravan.stack.processes import Service, StartupFailed, free_port, spawn, unmount_under, wait_until
 
 NOMAD_AGENT_CONFIG = """\
 bind_addr  = "127.0.0.1"
@@ -77,8 +77,12 @@ class NomadAgent:
     node_id: str
     drivers: dict[str, bool] = field(default_factory=dict)
 
+    data_dir: Path | None = None
+
     def stop(self) -> None:
         self.service.stop()
+        if self.data_dir:
+            unmount_under(self.data_dir)
 
 
 def _get(url: str) -> object:
@@ -141,4 +145,4 @@ def start_nomad_dev(
 
     wait_until(node_ready, what=f"Nomad node with drivers {', '.join(want_drivers)}", timeout=timeout, log=log)
     drivers = {name: bool(d.get("Healthy")) for name, d in (node.get("Drivers") or {}).items()}  # type: ignore[union-attr]
-    return NomadAgent(service=service, addr=addr, node_id=str(node["ID"]), drivers=drivers)
+    return NomadAgent(service=service, addr=addr, node_id=str(node["ID"]), drivers=drivers, data_dir=state_dir / "data")

@@ -67,6 +67,15 @@ class Service:
             self.process.wait(5)
 
 
+def unmount_under(path: Path) -> None:
+    """Lazily unmount what a stopped Nomad client left mounted (task dirs of exec allocations)."""
+    root = str(path.resolve())
+    with open("/proc/mounts") as mounts:
+        targets = [line.split()[1] for line in mounts if line.split()[1].startswith(root + "/")]
+    for target in sorted(targets, reverse=True):
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+
+
 def spawn(
     name: str, argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None, clean: bool = False
 ) -> Service:

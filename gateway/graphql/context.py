@@ -9,7 +9,7 @@ import strawberry
 from starlette.requests import Request
 from starlette.websockets import WebSocket
 
-from common.errors import Unauthenticated
+from common.errors import CaravanError, Unauthenticated
 from common.settings import Settings
 from common.store import SessionStore
 from common.users import User, UserStore
@@ -25,9 +25,13 @@ class Context:
     nomad: NomadClient
     user: User | None
     request_id: str
+    auth_failure: CaravanError | None = None
+    """Why the token could not be checked (e.g. Redis unreachable): reported when a field needs the viewer."""
 
     @property
     def viewer(self) -> User:
+        if self.auth_failure is not None:
+            raise self.auth_failure
         if self.user is None:
             raise Unauthenticated("send an API token as 'Authorization: Bearer <token>'")
         return self.user

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from idle.config import CheckName
@@ -83,3 +85,12 @@ def test_to_dict_is_plain_data() -> None:
             },
         ],
     }
+
+
+def test_from_dict_inverts_to_dict() -> None:
+    verdict = evaluate(
+        now=at(3600),
+        session=facts(window=IDLE_WINDOW),
+        policy=policy(lifetime=7200, network=600, util=utilization({"cpu_util": 5})),
+    )
+    assert Verdict.from_dict(json.loads(json.dumps(verdict.to_dict()))) == verdict

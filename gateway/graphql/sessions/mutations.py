@@ -1,14 +1,27 @@
-"""Session mutations."""
+"""Session mutations: create, destroy, rename, restart."""
 
 from __future__ import annotations
 
 import strawberry
 
 from common.clock import utcnow
+from common.errors import Conflict, InvalidInput, NotFound
+from common.model import ClusterMode as ClusterModeModel
 from common.model import Driver as DriverModel
-from gateway.graphql.context import Info
-from gateway.graphql.sessions.types import Driver, Session, SessionType, session_type_of
-from gateway.session_requests import SessionRequest, build_sessions
+from common.model import Session as SessionModel
+from common.model import SessionStatus as Status
+from common.policies import PolicyStore, check_pending_limit
+from common.users import User
+from gateway.graphql.context import Context, Info
+from gateway.graphql.sessions.queries import visible
+from gateway.graphql.sessions.types import ClusterMode, Driver, Session, SessionType, session_type_of
+from gateway.session_requests import NAME_RULE, SessionRequest, build_sessions
+from idle.activity import record_activity
+from nomad_jobs.meta import TASK_NAME
+from scheduler.known_slots import known_slot_types
+from scheduler.termination import terminate
+
+MAX_DESTROY = 100
 
 
 @strawberry.input
@@ -36,6 +49,22 @@ class CreateSessionInput:
     client_token: str | None = strawberry.field(
         default=None, description="Idempotency key: repeating a request with the same token returns the same session."
     )
+    starts_at: str | None = strawberry.field(
+        default=None, description="BATCH: never start before this ISO 8601 moment, or this duration from now ('90s', '1h')."
+    )
+    batch_timeout: str | None = strawberry.field(
+        default=None, description="BATCH: end as FAILED (task-timeout) after running this long ('30s', '2h')."
+    )
+    dependencies: list[strawberry.ID] = strawberry.field(
+        default_factory=list, description="BATCH: sessions that must end TERMINATED with SUCCESS first."
+    )
+    cluster_size: int = 1
+    cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
+    count: int = strawberry.field(default=1, description="Create this many identical sessions (named name-1 …).")
+    preopen_ports: list[int] = strawberry.field(default_factory=list)
+    shared_memory: str | None = strawberry.field(default=None, description="/dev/shm size for Docker kernels ('64m').")
+    designated_agent: str | None = strawberry.field(default=None, description="Admins: the Nomad node id to run on.")
+    priority: int = 10
 
 
 @strawberry.type
@@ -43,11 +72,23 @@ class CreateSessionPayload:
     sessions: list[Session]
 
 
+async def _owned(ctx: Context, session_id: str, viewer: User) -> SessionModel:
+    found = await ctx.sessions.get(session_id)
+    if found is None or not visible(found, viewer):
+        raise NotFound(f"no session {session_id}", field="id")
+    return found
+
+
 @strawberry.type
 class SessionMutations:
-    @strawberry.mutation(description="Queue a new session; it starts PENDING.")
+    @strawberry.mutation(description="Queue new sessions; they start PENDING.")
     async def create_session(self, info: Info, input: CreateSessionInput) -> CreateSessionPayload:
         ctx = info.context
+        viewer = ctx.viewer
+        dependencies = [str(d) for d in input.dependencies]
+        for dependency_id, found in zip(dependencies, await ctx.sessions.get_many(dependencies), strict=True):
+            if not visible(found, viewer):
+                raise NotFound(f"dependency {dependency_id} does not exist", field="dependencies")
         request = SessionRequest(
             name=input.name,
             type=input.type,
@@ -58,13 +99,66 @@ class SessionMutations:
             resources={r.slot: r.amount for r in input.resources},
             resource_group=input.resource_group,
             client_token=input.client_token,
+            starts_at=input.starts_at,
+            batch_timeout=input.batch_timeout,
+            dependencies=dependencies,
+            cluster_size=input.cluster_size,
+            cluster_mode=ClusterModeModel(input.cluster_mode.value),
+            count=input.count,
+            preopen_ports=input.preopen_ports,
+            shared_memory=input.shared_memory,
+            designated_agent=input.designated_agent,
+            priority=input.priority,
         )
         sessions = build_sessions(
             request,
-            viewer=ctx.viewer,
+            viewer=viewer,
             now=utcnow(),
+            known_slots=await known_slot_types(ctx.sessions.redis, ctx.sessions.keys),
             allow_raw_exec_for_users=ctx.settings.allow_raw_exec_for_users,
             default_image=ctx.settings.default_image,
         )
+        await check_pending_limit(ctx.sessions, PolicyStore(ctx.sessions.redis, ctx.sessions.keys), viewer.id,
+                                  adding=len(sessions), client_token=input.client_token)
         stored = await ctx.sessions.create(sessions, client_token=input.client_token)
         return CreateSessionPayload(sessions=[session_type_of(s) for s in stored])
+
+    @strawberry.mutation(description="End sessions: TERMINATING until Nomad has stopped them; forced ends at once.")
+    async def destroy_session(self, info: Info, ids: list[strawberry.ID], forced: bool = False) -> list[Session]:
+        ctx = info.context
+        viewer = ctx.viewer
+        if not 1 <= len(ids) <= MAX_DESTROY:
+            raise InvalidInput(f"give between 1 and {MAX_DESTROY} ids", field="ids")
+        for session_id in ids:
+            await _owned(ctx, str(session_id), viewer)
+        ended = []
+        for session_id in ids:
+            after = await terminate(ctx.sessions, ctx.nomad, str(session_id), reason="user-requested", forced=forced)
+            if after is not None:
+                ended.append(session_type_of(after))
+        await ctx.sessions.wake_scheduler("destroyed")
+        return ended
+
+    @strawberry.mutation(description="Rename a session; names are unique per owner among live sessions.")
+    async def rename_session(self, info: Info, id: strawberry.ID, name: str) -> Session:
+        ctx = info.context
+        session = await _owned(ctx, str(id), ctx.viewer)
+        if not NAME_RULE.match(name):
+            raise InvalidInput("name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name")
+        if session.status.is_terminal:
+            raise Conflict("an ended session cannot be renamed", field="id")
+        renamed = await ctx.sessions.update(session.id, lambda s: s.evolve(name=name))
+        assert renamed is not None
+        return session_type_of(renamed)
+
+    @strawberry.mutation(description="Restart the kernels of a RUNNING interactive session in place.")
+    async def restart_session(self, info: Info, id: strawberry.ID) -> Session:
+        ctx = info.context
+        session = await _owned(ctx, str(id), ctx.viewer)
+        if session.status is not Status.RUNNING:
+            raise Conflict(f"only a RUNNING session can be restarted; this one is {session.status.value}", field="id")
+        await record_activity(ctx.sessions.redis, ctx.sessions.keys, session.id, utcnow())  # using it, for idleness
+        for kernel in session.kernels:
+            if kernel.alloc_id:
+                await ctx.nomad.restart_allocation(kernel.alloc_id, TASK_NAME)
+        return session_type_of(session)

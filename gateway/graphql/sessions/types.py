@@ -8,13 +8,18 @@ from enum import Enum
 import strawberry
 
 from common import model
+from common.clock import utcnow
 from gateway.graphql.context import Info
+from gateway.graphql.idle.checks import idle_checks_of
+from gateway.graphql.idle.types import IdleChecks
+from idle.activity import record_activity
 from nomad_jobs.client import NomadNotFound
 from nomad_jobs.meta import TASK_NAME
 
 SessionType = strawberry.enum(model.SessionType, name="SessionType")
 SessionStatus = strawberry.enum(model.SessionStatus, name="SessionStatus")
 SessionResult = strawberry.enum(model.SessionResult, name="SessionResult")
+ClusterMode = strawberry.enum(model.ClusterMode, name="ClusterMode")
 
 
 @strawberry.enum(name="Driver")
@@ -60,12 +65,15 @@ class Kernel:
     status_info: str
     agent: str | None
     alloc_id: strawberry.Private[str | None]
+    session_id: strawberry.Private[str]
     exit_code: int | None
 
     @strawberry.field(description="The kernel's stdout and stderr from Nomad (the last tailBytes of each).")
     async def logs(self, info: Info, tail_bytes: int = 65536) -> KernelLogs | None:
         if not self.alloc_id:
             return None
+        sessions = info.context.sessions
+        await record_activity(sessions.redis, sessions.keys, self.session_id, utcnow())  # reading logs is using it
         nomad = info.context.nomad
         tail = max(1, min(tail_bytes, 4 * 1024 * 1024))
         try:
@@ -98,12 +106,31 @@ class Session:
     kernels: list[Kernel]
     nomad_job_id: str | None
     job_hcl: str | None
-    retries: int
-    wait_reasons: list[str]
+    retries: int = strawberry.field(description="Scheduling attempts that found no agent with room (PENDING).")
+    wait_reasons: list[str] = strawberry.field(
+        description="Why a PENDING session still waits, one line per check that held it back at the last pass.")
+    queue_position: int | None = strawberry.field(
+        description="1-based position in its resource group's queue at the last pass; null unless PENDING.")
+    priority: int
+    cluster_mode: ClusterMode
+    cluster_size: int
+    starts_at: datetime | None
+    started_at: datetime | None
+    batch_timeout: float | None = strawberry.field(description="Seconds a BATCH session may run.")
+    dependencies: list[strawberry.ID]
+    preopen_ports: list[int]
+    designated_agent: str | None
 
     @strawberry.field(description="The main kernel (main1): the one users interact with.")
     def main_kernel(self) -> Kernel:
         return next(k for k in self.kernels if k.role == "main")
+
+    @strawberry.field(
+        description="The idle checker's last verdict: per check the time left and what it counts down to, and "
+        "utilization averages against thresholds. Null when no sweep judged the session lately (not RUNNING)."
+    )
+    async def idle_checks(self, info: Info) -> IdleChecks | None:
+        return await idle_checks_of(info, str(self.id))
 
 
 def session_type_of(s: model.Session) -> Session:
@@ -128,7 +155,7 @@ def session_type_of(s: model.Session) -> Session:
         kernels=[
             Kernel(
                 role=k.role, index=k.index, hostname=k.hostname, image=k.image, status=k.status,
-                status_info=k.status_info, agent=k.agent, alloc_id=k.alloc_id, exit_code=k.exit_code,
+                status_info=k.status_info, agent=k.agent, alloc_id=k.alloc_id, session_id=s.id, exit_code=k.exit_code,
             )
             for k in s.kernels
         ],
@@ -136,4 +163,14 @@ def session_type_of(s: model.Session) -> Session:
         job_hcl=s.job_hcl,
         retries=s.retries,
         wait_reasons=list(s.wait_reasons),
+        queue_position=s.queue_position,
+        priority=s.priority,
+        cluster_mode=s.cluster_mode,
+        cluster_size=s.cluster_size,
+        starts_at=s.starts_at,
+        started_at=s.started_at,
+        batch_timeout=s.batch_timeout,
+        dependencies=[strawberry.ID(d) for d in s.dependencies],
+        preopen_ports=list(s.preopen_ports),
+        designated_agent=s.designated_agent,
     )

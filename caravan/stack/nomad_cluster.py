@@ -1,0 +1,226 @@
+"""A small real Nomad cluster on one machine: one server and N client agents with different capacities.
+
+Each client gets its own name, data directory, ports and cgroup parent, advertises a capacity of its own
+(``cpu_total_compute`` MHz, ``memory_total_mb``), joins a node pool, and optionally offers fake devices through
+Nomad's example device plugin (``nomad/file/mock``, one instance per file). Used by the tests that check where the
+scheduler puts sessions; everything listens on 127.0.0.1.
+
+Readiness is polled: the server has a leader and an initialized keyring (clients registering earlier are refused
+and back off for many seconds), then every client's node is ready with its drivers healthy and its devices seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caravan.stack.nomad_agent import CLEAN_ENV, _get
+from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
+
+COMMON_CONFIG = """\
+name       = "{name}"
+bind_addr  = "127.0.0.1"
+data_dir   = "{data_dir}"
+log_level  = "INFO"
+ports {{
+  http = {http}
+  rpc  = {rpc}
+  serf = {serf}
+}}
+advertise {{
+  http = "127.0.0.1"
+  rpc  = "127.0.0.1"
+  serf = "127.0.0.1"
+}}
+limits {{
+  http_max_conns_per_client = 0
+}}
+"""
+
+SERVER_CONFIG = """\
+server {
+  enabled          = true
+  bootstrap_expect = 1
+}
+client {
+  enabled = false
+}
+"""
+
+CLIENT_CONFIG = """\
+plugin_dir = "{plugin_dir}"
+server {{
+  enabled = false
+}}
+client {{
+  enabled           = true
+  servers           = ["127.0.0.1:{server_rpc}"]
+  node_pool         = "{node_pool}"
+  cpu_total_compute = {cpu_mhz}
+  memory_total_mb   = {memory_mb}
+  cgroup_parent     = "{cgroup_parent}"
+  network_interface = "lo"
+  chroot_env {{
+    "{rootfs}" = "/"
+  }}
+  options = {{
+    "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
+    "driver.denylist"      = "docker,qemu,java"
+  }}
+}}
+plugin "raw_exec" {{
+  config {{
+    enabled = true
+  }}
+}}
+"""
+
+# Only clients that have devices load the plugin: with an empty directory it never reports, and the client then
+# waits for it before registering.
+DEVICE_PLUGIN = """\
+plugin "nomad-device-example" {{
+  config {{
+    dir            = "{device_dir}"
+    list_period    = "1s"
+    unhealthy_perm = "-rwxrwxrwx"
+  }}
+}}
+"""
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    name: str
+    cpu_mhz: int
+    """Advertised CPU (``cpu_total_compute``), whatever the machine has."""
+    memory_mb: int
+    node_pool: str = "default"
+    mock_devices: int = 0
+    """Instances of the example plugin's ``nomad/file/mock`` device."""
+
+
+@dataclass
+class NomadCluster:
+    addr: str
+    server: Service
+    state_dir: Path
+    clients: dict[str, Service] = field(default_factory=dict)
+    node_ids: dict[str, str] = field(default_factory=dict)
+    """Client name -> Nomad node id."""
+
+    @property
+    def node_names(self) -> dict[str, str]:
+        """Nomad node id -> client name."""
+        return {node: name for name, node in self.node_ids.items()}
+
+    def stop(self, drain_timeout: float = 20.0) -> None:
+        """Stop every job first and wait for its tasks to end: a client that stops leaves its tasks running."""
+        if self.server.alive() and self.clients:
+            with contextlib.suppress(Exception):
+                _drain(self.addr, self.state_dir, drain_timeout)
+        for service in self.clients.values():
+            service.stop()
+        self.server.stop()
+
+
+def _drain(addr: str, state_dir: Path, timeout: float) -> None:
+    """Purge every job, then wait until the clients have torn their allocations down (no mount left under
+    ``state_dir``): tasks end first, and no secrets/private tmpfs outlives the test run."""
+    jobs = _get(f"{addr}/v1/jobs?namespace=*")
+    for job in jobs if isinstance(jobs, list) else []:
+        url = f"{addr}/v1/job/{urllib.parse.quote(job['ID'])}?purge=true&namespace={job['Namespace']}"
+        urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=5).close()
+
+    def unmounted() -> bool:
+        return f" {state_dir}/" not in Path("/proc/self/mounts").read_text()
+
+    wait_until(unmounted, what="allocations of the Nomad cluster to be torn down", timeout=timeout)
+
+
+def _binary(nomad_home: Path) -> Path:
+    binary = nomad_home / "bin" / "nomad"
+    if binary.exists():
+        return binary
+    found = shutil.which("nomad")
+    if not found:
+        raise StartupFailed("nomad is not installed (ops/install-nomad builds it)")
+    return Path(found)
+
+
+def _cgroup_parent(name: str) -> str:
+    # cgroups v2 wants a systemd-style slice name, v1 a path
+    return f"caravan-{name}.slice" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else f"/caravan-{name}"
+
+
+def start_nomad_cluster(state_dir: Path, *, nomad_home: Path, rootfs: Path, clients: Sequence[ClientSpec],
+                        want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0) -> NomadCluster:
+    binary = _binary(nomad_home)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    http, rpc = free_port(), free_port()
+    server_log = state_dir / "server.log"
+    (state_dir / "server.hcl").write_text(
+        COMMON_CONFIG.format(name="caravan-server", data_dir=state_dir / "server", http=http, rpc=rpc,
+                             serf=free_port()) + SERVER_CONFIG)
+    server = spawn("nomad-server", [str(binary), "agent", f"-config={state_dir / 'server.hcl'}"], server_log,
+                   env=CLEAN_ENV, clean=True)
+    cluster = NomadCluster(addr=f"http://127.0.0.1:{http}", server=server, state_dir=state_dir)
+    try:
+        wait_until(lambda: _server_ready(cluster), what="Nomad server leader and keyring", timeout=timeout,
+                   log=server_log)
+        for spec in clients:
+            cluster.clients[spec.name] = _start_client(binary, state_dir, spec, rpc, nomad_home, rootfs)
+        wait_until(lambda: _clients_ready(cluster, clients, want_drivers), what="Nomad client nodes",
+                   timeout=timeout, log=state_dir / f"{clients[-1].name}.log" if clients else None)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _start_client(binary: Path, state_dir: Path, spec: ClientSpec, server_rpc: int, nomad_home: Path,
+                  rootfs: Path) -> Service:
+    data_dir = state_dir / spec.name
+    device_dir = data_dir / "devices"
+    device_dir.mkdir(parents=True, exist_ok=True)
+    for n in range(spec.mock_devices):
+        (device_dir / f"mock{n}").touch(mode=0o644)
+    config = COMMON_CONFIG.format(name=spec.name, data_dir=data_dir, http=free_port(), rpc=free_port(),
+                                  serf=free_port())
+    config += CLIENT_CONFIG.format(plugin_dir=nomad_home / "plugins", server_rpc=server_rpc, node_pool=spec.node_pool,
+                                   cpu_mhz=spec.cpu_mhz, memory_mb=spec.memory_mb,
+                                   cgroup_parent=_cgroup_parent(spec.name), rootfs=rootfs)
+    if spec.mock_devices:
+        config += DEVICE_PLUGIN.format(device_dir=device_dir)
+    path = state_dir / f"{spec.name}.hcl"
+    path.write_text(config)
+    return spawn(f"nomad-{spec.name}", [str(binary), "agent", f"-config={path}"], state_dir / f"{spec.name}.log",
+                 env=CLEAN_ENV, clean=True)
+
+
+def _server_ready(cluster: NomadCluster) -> bool:
+    if not cluster.server.alive():
+        raise StartupFailed("the Nomad server exited")
+    keys = _get(f"{cluster.addr}/v1/operator/keyring/keys")
+    return bool(_get(f"{cluster.addr}/v1/status/leader")) and isinstance(keys, list) and bool(keys)
+
+
+def _clients_ready(cluster: NomadCluster, specs: Sequence[ClientSpec], want_drivers: tuple[str, ...]) -> bool:
+    for name, service in cluster.clients.items():
+        if not service.alive():
+            raise StartupFailed(f"Nomad client {name} exited")
+    nodes = _get(f"{cluster.addr}/v1/nodes?resources=true")
+    by_name = {n["Name"]: n for n in nodes if n.get("Status") == "ready"} if isinstance(nodes, list) else {}
+    for spec in specs:
+        node = by_name.get(spec.name)
+        if node is None or not all((node.get("Drivers") or {}).get(d, {}).get("Healthy") for d in want_drivers):
+            return False
+        devices = (node.get("NodeResources") or {}).get("Devices") or []
+        if sum(len(d.get("Instances") or []) for d in devices) < spec.mock_devices:
+            return False
+        cluster.node_ids[spec.name] = str(node["ID"])
+    return True

@@ -1,0 +1,192 @@
+"""GraphQL over HTTP (graphql/graphql-over-http, Stage 2 draft) on top of Strawberry's ASGI view.
+
+What Strawberry leaves out and this view adds:
+
+- ``Accept`` negotiation between ``application/graphql-response+json`` and ``application/json``
+  (``*/*`` or no ``Accept``: ``application/json``; neither acceptable: 406).
+- Request errors (parse, validation, variable coercion) answer without a ``data`` entry, and with
+  ``application/graphql-response+json`` with 400 (5xx if a backing service failed); with
+  ``application/json`` (the legacy media type) with 200.
+- A mutation over GET is 405 with ``Allow: POST``; a POST that is not ``application/json`` is 415.
+- A body that is not a JSON object, or whose ``operationName`` is not a string, is 400.
+- Every refusal has a JSON body of GraphQL errors with ``extensions.code``, like every other error.
+- The body-size and rate limits of :mod:`gateway.graphql.protection`, and request metrics.
+
+``tests/gateway/test_audit.py`` holds it to every audit of npm ``graphql-http``'s ``serverAudits``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from cross_web import HTTPException, StarletteRequestAdapter
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+from strawberry.asgi import GraphQL
+from strawberry.extensions import SchemaExtension
+from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
+from strawberry.http.parse_content_type import parse_content_type
+from strawberry.schema.base import BaseSchema
+from strawberry.schema.exceptions import InvalidOperationTypeError
+from strawberry.types import ExecutionResult
+from strawberry.types.execution import PreExecutionError
+from strawberry.types.graphql import OperationType
+
+from gateway.graphql.context import Context
+from gateway.graphql.protection import Guard, RequestError
+from gateway.metrics import Metrics
+
+JSON = "application/json"
+GRAPHQL_RESPONSE = "application/graphql-response+json"
+
+CODES = {400: "BAD_REQUEST", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
+"""Codes of the refusals Strawberry raises itself (as ``HTTPException``)."""
+REQUEST_ERROR_STATUS = {"INTERNAL": 500, "UNAVAILABLE": 503}
+"""With graphql-response+json, a request error is 400 unless it is one of these."""
+
+
+def negotiate(accept: str | None) -> str | None:
+    """The response media type ``accept`` prefers, or None if it accepts neither of ours.
+
+    Each type takes the quality of its most specific matching range. On a tie,
+    graphql-response+json wins only when it is named; ``*/*`` alone means ``application/json``.
+    """
+    if not accept or not accept.strip():
+        return JSON
+    ranges: dict[str, float] = {}
+    for item in accept.split(","):
+        media, *params = (part.strip().lower() for part in item.split(";"))
+        quality = next((p[2:] for p in params if p.startswith("q=")), "1")
+        try:
+            ranges.setdefault(media, min(max(float(quality), 0.0), 1.0))
+        except ValueError:
+            ranges.setdefault(media, 0.0)
+
+    def quality(media: str) -> float:
+        return next((ranges[r] for r in (media, media.split("/")[0] + "/*", "*/*") if r in ranges), 0.0)
+
+    ours, legacy = quality(GRAPHQL_RESPONSE), quality(JSON)
+    if max(ours, legacy) <= 0:
+        return None
+    return GRAPHQL_RESPONSE if ours > legacy or (ours == legacy and GRAPHQL_RESPONSE in ranges) else JSON
+
+
+def is_request_error(result: ExecutionResult) -> bool:
+    """True if the operation never executed: it did not parse or validate, or its variables did not coerce.
+
+    Coercion errors come out of graphql-core's ``execute`` like field errors but without a ``path``.
+    """
+    if isinstance(result, PreExecutionError):
+        return True
+    return result.data is None and bool(result.errors) and all(e.path is None for e in result.errors)
+
+
+def with_charset(media_type: str) -> str:
+    return f"{media_type}; charset=utf-8"
+
+
+class RecordOperation(SchemaExtension):
+    """Notes the operation's type on the HTTP request, for the request metrics."""
+
+    def on_operation(self) -> Iterator[None]:
+        yield
+        request = getattr(self.execution_context.context, "request", None)
+        try:
+            if request is not None:
+                request.state.operation = self.execution_context.operation_type.value
+        except RuntimeError:  # the document did not parse
+            pass
+
+
+class GraphQLOverHTTP(GraphQL[Context, None]):
+    def __init__(self, schema: BaseSchema, *, guard: Guard, metrics: Metrics, **options: Any) -> None:
+        super().__init__(schema, **options)
+        self.guard = guard
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await super().__call__(scope, receive, send)
+        started = time.perf_counter()
+        request = Request(scope, receive=self.guard.bounded(receive))
+        media_type = negotiate(request.headers.get("accept"))
+        request.state.media_type = media_type or JSON
+        request.state.operation = "none"
+        status = 500  # unless an answer is made: a bug, which uvicorn answers with 500
+        try:
+            try:
+                await self.guard.admit(request)
+                self.check_media_types(request, media_type)
+                response = await self.run(request)
+            except RequestError as refused:
+                response = self.refusal(request, refused)
+            except HTTPException as exc:
+                allow = {"Allow": "GET, POST"} if exc.status_code == 405 else {}
+                code = CODES.get(exc.status_code, "BAD_REQUEST")
+                response = self.refusal(request, RequestError(exc.status_code, exc.reason, code, allow))
+            status = response.status_code
+        finally:
+            self.metrics.observe(request.state.operation, status, time.perf_counter() - started)
+        await response(scope, receive, send)
+
+    def check_media_types(self, request: Request, accepted: str | None) -> None:
+        if accepted is None and not self.should_render_graphql_ide(StarletteRequestAdapter(request)):
+            raise RequestError(406, f"the Accept header allows neither {GRAPHQL_RESPONSE} nor {JSON}", "NOT_ACCEPTABLE")
+        if request.method == "POST" and parse_content_type(request.headers.get("content-type", ""))[0] != JSON:
+            raise RequestError(415, f"send the request body as {JSON}", "UNSUPPORTED_MEDIA_TYPE")
+
+    def refusal(self, request: Request, refused: RequestError) -> Response:
+        body = {"errors": [{"message": refused.message, "extensions": {"code": refused.code, **refused.details}}]}
+        return Response(self.encode_json(body), refused.status, refused.headers, with_charset(request.state.media_type))
+
+    # -- Strawberry's hooks ---------------------------------------------------------------------
+
+    async def get_sub_response(self, request: Request) -> Response:  # type: ignore[override]
+        sub_response = await super().get_sub_response(request)
+        sub_response.media_type = request.state.media_type
+        request.state.sub_response = sub_response
+        return sub_response
+
+    def parse_json(self, data: str | bytes) -> Any:
+        try:
+            parsed = self.decode_json(data)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, absurd nesting
+            raise HTTPException(400, "the request is not valid JSON") from exc
+        if not isinstance(parsed, dict):
+            raise HTTPException(400, "the request must be a JSON object")
+        return parsed
+
+    async def parse_http_body(self, request: Any) -> GraphQLRequestData:  # type: ignore[override]
+        data = await super().parse_http_body(request)
+        assert isinstance(data, GraphQLRequestData)  # batching is off: parse_json refuses arrays
+        if not isinstance(data.operation_name, str | None):
+            raise HTTPException(400, "The GraphQL operation's `operationName` must be a string or null, if provided.")
+        return data
+
+    async def execute_single(self, request: Request, request_adapter: Any, *args: Any, **kwargs: Any) -> ExecutionResult:  # type: ignore[override]
+        try:
+            return await super().execute_single(request, request_adapter, *args, **kwargs)
+        except HTTPException as exc:
+            cause = exc.__cause__
+            if isinstance(cause, InvalidOperationTypeError) and cause.operation_type == OperationType.MUTATION:
+                raise RequestError(405, "mutations must be sent with POST", "METHOD_NOT_ALLOWED", {"Allow": "POST"}) from exc
+            raise
+
+    async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:  # type: ignore[override]
+        body = await super().process_result(request, result)
+        if is_request_error(result):
+            body.pop("data", None)
+            if request.state.media_type == GRAPHQL_RESPONSE:
+                codes = [(e.extensions or {}).get("code") for e in result.errors or ()]
+                request.state.sub_response.status_code = max(REQUEST_ERROR_STATUS.get(str(c), 400) for c in codes)
+        return body
+
+    def create_response(self, response_data: Any, sub_response: Response) -> Response:
+        response = Response(self.encode_json(response_data), sub_response.status_code or 200,
+                            media_type=with_charset(sub_response.media_type or JSON))
+        response.headers.raw.extend(sub_response.headers.raw)
+        response.background = sub_response.background
+        return response

@@ -1,0 +1,68 @@
+"""``effectiveIdlePolicy``: for admins, the idle policy a session is judged by.
+
+Visibility follows the session queries: a session you may not see is NOT_FOUND; one you may see but
+do not administer (your own, as a user) is FORBIDDEN.
+"""
+
+from __future__ import annotations
+
+import strawberry
+
+from common.errors import Forbidden, NotFound
+from common.model import Session
+from gateway.graphql.context import Info
+from gateway.graphql.idle.types import (
+    EffectiveIdlePolicy,
+    UtilizationPolicy,
+    UtilizationThreshold,
+)
+from gateway.graphql.sessions.queries import visible
+from idle.config import CheckName, IdlePolicyConfig
+from idle.facts import checked_metrics, policy_for
+from idle.policy import LIFETIME_EXEMPT, NETWORK_EXEMPT
+from idle.store import IdleStore
+
+
+@strawberry.type
+class IdleQueries:
+    @strawberry.field(
+        description="Admins only: the idle policy the idle checker applies to a session; null while no idle "
+        "checker has started."
+    )
+    async def effective_idle_policy(self, info: Info, session_id: strawberry.ID) -> EffectiveIdlePolicy | None:
+        viewer = info.context.viewer
+        store = info.context.sessions
+        session = await store.get(str(session_id))
+        if session is None or not visible(session, viewer):
+            raise NotFound(f"no session {session_id}", field="sessionId")
+        if not viewer.is_admin:
+            raise Forbidden("only administrators can read idle policies", field="sessionId")
+        published = await IdleStore(store.redis, store.keys).published_policy()
+        if published is None:
+            return None
+        source, config = published
+        return effective_policy_type(source.source, config, session)
+
+
+def effective_policy_type(source: str, config: IdlePolicyConfig, session: Session) -> EffectiveIdlePolicy:
+    policy = policy_for(config, session)
+    utilization = policy.utilization
+    exempt = [CheckName.SESSION_LIFETIME] if session.type in LIFETIME_EXEMPT else []
+    exempt += [CheckName.NETWORK_TIMEOUT] if session.type in NETWORK_EXEMPT else []
+    return EffectiveIdlePolicy(
+        source=source,
+        check_interval=policy.check_interval,
+        max_session_lifetime=policy.max_session_lifetime,
+        network_idle_timeout=policy.network_idle_timeout,
+        utilization=UtilizationPolicy(
+            grace_period=utilization.grace_period,
+            window=utilization.window,
+            operator=utilization.operator,
+            thresholds=[
+                UtilizationThreshold(metric=m, threshold=t) for m, t in checked_metrics(session, policy).items()
+            ],
+        )
+        if utilization is not None
+        else None,
+        exempt_from=exempt,
+    )

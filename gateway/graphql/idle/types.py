@@ -1,0 +1,94 @@
+"""GraphQL types of idle reports and idle policies."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import strawberry
+
+from idle import config, verdict
+from idle.store import StoredVerdict
+
+IdleCheckName = strawberry.enum(config.CheckName, name="IdleCheckName")
+IdleThresholdOperator = strawberry.enum(config.ThresholdOperator, name="IdleThresholdOperator")
+IdleRemainingBasis = strawberry.enum(
+    verdict.RemainingBasis,
+    name="IdleRemainingBasis",
+    description="What an idle check's remaining time counts down to.",
+)
+
+
+@strawberry.type(description="One utilization metric: its average over the window against its threshold, in percent.")
+class UtilizationReading:
+    metric: str
+    average: float | None = strawberry.field(description="Mean over the window's samples; null before any sample.")
+    threshold: float
+
+
+@strawberry.type
+class IdleCheck:
+    name: IdleCheckName
+    expired: bool
+    remaining: float | None = strawberry.field(
+        description="Seconds left as of checkedAt (0 once expired); null when this check sets no deadline."
+    )
+    measured_against: IdleRemainingBasis | None
+    note: str = strawberry.field(description="Why the check does not apply, or what it is waiting for.")
+    operator: IdleThresholdOperator | None = strawberry.field(
+        description="Utilization: ALL = idle when every metric is below its threshold, ANY = when one is."
+    )
+    utilization: list[UtilizationReading]
+
+
+@strawberry.type(description="The idle checker's last verdict on a session.")
+class IdleChecks:
+    checked_at: datetime
+    terminate: bool = strawberry.field(description="Whether that sweep found the session idle.")
+    reason: str | None = strawberry.field(description="The termination reason (idle-timeout …) when it did.")
+    checks: list[IdleCheck]
+
+
+@strawberry.type
+class UtilizationThreshold:
+    metric: str
+    threshold: float = strawberry.field(description="Percent of what the session was allocated.")
+
+
+@strawberry.type
+class UtilizationPolicy:
+    grace_period: float
+    window: float
+    operator: IdleThresholdOperator
+    thresholds: list[UtilizationThreshold] = strawberry.field(
+        description="Only the metrics judged for this session (device metrics need the device)."
+    )
+
+
+@strawberry.type(description="The idle policy a session is judged by; durations in seconds, null = that check is off.")
+class EffectiveIdlePolicy:
+    source: str = strawberry.field(description="The policy file in force, or 'built-in'.")
+    check_interval: float
+    max_session_lifetime: float | None = strawberry.field(description="Counted from when the session became RUNNING.")
+    network_idle_timeout: float | None
+    utilization: UtilizationPolicy | None
+    exempt_from: list[IdleCheckName] = strawberry.field(description="Checks this session's type is exempt from.")
+
+
+def idle_checks_type(stored: StoredVerdict) -> IdleChecks:
+    return IdleChecks(
+        checked_at=stored.checked_at,
+        terminate=stored.verdict.terminate,
+        reason=stored.verdict.reason.value if stored.verdict.reason else None,
+        checks=[
+            IdleCheck(
+                name=report.name,
+                expired=report.expired,
+                remaining=report.remaining,
+                measured_against=report.measured_against,
+                note=report.note,
+                operator=report.operator,
+                utilization=[UtilizationReading(metric=r.metric, average=r.average, threshold=r.threshold) for r in report.readings],
+            )
+            for report in stored.verdict.reports
+        ],
+    )

@@ -1,0 +1,207 @@
+"""What a GraphQL request must stay within: document size and shape, body size, and request rate.
+
+The document limits are schema extensions (Strawberry's depth, token and alias limiters, with an
+``extensions.code`` of their own); the body limit and the per-token rate limit are checked by the
+HTTP view before GraphQL sees the request, and refuse it with 413 and 429.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from graphql import GraphQLError, ValidationContext, ValidationRule
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.types import Message, Receive
+from strawberry.extensions import MaxTokensLimiter, SchemaExtension
+from strawberry.extensions.add_validation_rules import AddValidationRules
+from strawberry.extensions.max_aliases import create_validator as alias_validator
+from strawberry.extensions.query_depth_limiter import create_validator as depth_validator
+
+from common.keys import Keys
+from common.users import hash_token
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every limit of the GraphQL endpoint; each is set by ``CARAVAN_GRAPHQL_<FIELD NAME>``."""
+
+    max_depth: int = 10
+    """Deepest field nesting an operation may select (introspection fields are not counted)."""
+    max_tokens: int = 2000
+    """Most lexical tokens a document may have; the parser stops at the first one over."""
+    max_aliases: int = 15
+    """Most aliased fields a document may have (aliases repeat one expensive field many times)."""
+    max_page: int = 100
+    """Most items one page of a Relay connection returns (Strawberry's ``relay_max_results``)."""
+    max_body_bytes: int = 1 << 20
+    """Largest request body in bytes; a larger one is refused with 413 before it is read whole."""
+    rate_limit: int = 600
+    """Requests one API token (or one client address, without a token) may make per window; 0: off."""
+    rate_window: int = 60
+    """Length in seconds of the fixed rate-limit window."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < (0 if f.name == "rate_limit" else 1):
+                raise ValueError(f"CARAVAN_GRAPHQL_{f.name.upper()} must be positive, not {getattr(self, f.name)}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
+        env = os.environ if environ is None else environ
+        values: dict[str, int] = {}
+        for f in fields(cls):
+            name = f"CARAVAN_GRAPHQL_{f.name.upper()}"
+            if env.get(name):
+                try:
+                    values[f.name] = int(env[name])
+                except ValueError:
+                    raise ValueError(f"{name} must be a whole number, not {env[name]!r}") from None
+        return cls(**values)
+
+
+@dataclass
+class RequestError(Exception):
+    """A request refused over HTTP before (or instead of) executing it."""
+
+    status: int
+    message: str
+    code: str
+    headers: dict[str, str] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+
+# -- document limits ----------------------------------------------------------------------------
+
+
+class _CodedContext:
+    """A validation context whose reported errors carry ``extensions.code`` (and the limit)."""
+
+    def __init__(self, context: ValidationContext, extensions: dict[str, Any]) -> None:
+        self._context = context
+        self._extensions = extensions
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def report_error(self, error: GraphQLError) -> None:
+        error.extensions = {**(error.extensions or {}), **self._extensions}
+        self._context.report_error(error)
+
+
+def _coded(rule: type[ValidationRule], code: str, limit: int) -> type[ValidationRule]:
+    class Coded(rule):  # type: ignore[valid-type,misc]
+        def __init__(self, context: ValidationContext) -> None:
+            super().__init__(_CodedContext(context, {"code": code, "limit": limit}))
+
+    return Coded
+
+
+class _MaxTokens(MaxTokensLimiter):
+    """Strawberry's token limit, with the parser's refusal coded TOO_MANY_TOKENS."""
+
+    def on_parse(self) -> Iterator[None]:
+        yield
+        for error in self.execution_context.pre_execution_errors or ():
+            if f"contains more than {self.max_token_count} tokens" in error.message:
+                error.extensions = {**(error.extensions or {}), "code": "TOO_MANY_TOKENS", "limit": self.max_token_count}
+
+
+def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
+    """Factories of the document-limit extensions (Strawberry builds them afresh for each operation)."""
+    rules = [
+        _coded(depth_validator(limits.max_depth, None), "QUERY_TOO_DEEP", limits.max_depth),
+        _coded(alias_validator(limits.max_aliases), "TOO_MANY_ALIASES", limits.max_aliases),
+    ]
+    return [functools.partial(_MaxTokens, limits.max_tokens), functools.partial(AddValidationRules, rules)]
+
+
+# -- body size and request rate -----------------------------------------------------------------
+
+
+class RateLimiter:
+    """A fixed-window request counter per subject in Redis (``Keys.rate_limit``)."""
+
+    def __init__(self, redis: Callable[[], Redis], keys: Keys, limit: int, window: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.limit = limit
+        self.window = window
+
+    async def hit(self, subject: str, now: float | None = None) -> float | None:
+        """Count one request; None if it is within the limit, else the seconds until the window ends."""
+        now = time.time() if now is None else now
+        window = int(now // self.window)
+        key = self.keys.rate_limit(subject, window)
+        async with self.redis().pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, self.window + 1)
+            count, _ = await pipe.execute()
+        return None if count <= self.limit else (window + 1) * self.window - now
+
+
+def rate_subject(request: Request) -> str:
+    """Whom a request is counted against: its bearer token (hashed), else its client address."""
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    if token:
+        return "token:" + hash_token(token)[:32]
+    return "addr:" + (request.client.host if request.client else "unknown")
+
+
+class Guard:
+    """The checks a request passes before GraphQL sees it."""
+
+    def __init__(self, limits: Limits, rate_limiter: RateLimiter | None) -> None:
+        self.limits = limits
+        self.rate_limiter = rate_limiter if limits.rate_limit > 0 else None
+
+    def too_large(self) -> RequestError:
+        limit = self.limits.max_body_bytes
+        return RequestError(413, f"the request body is larger than {limit} bytes", "PAYLOAD_TOO_LARGE",
+                            details={"limit": limit})
+
+    def bounded(self, receive: Receive) -> Receive:
+        """``receive`` that refuses a body growing past the limit (bodies without Content-Length)."""
+        seen = 0
+
+        async def bounded_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limits.max_body_bytes:
+                raise self.too_large()
+            return message
+
+        return bounded_receive
+
+    async def admit(self, request: Request) -> None:
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.limits.max_body_bytes:
+            raise self.too_large()
+        if self.rate_limiter is None:
+            return
+        try:
+            wait = await self.rate_limiter.hit(rate_subject(request))
+        except (RedisError, OSError) as exc:  # fail open: an outage is reported by the fields that need Redis
+            log.debug("rate limit not checked: %s", exc)
+            return
+        if wait is not None:
+            seconds = max(1, math.ceil(wait))
+            raise RequestError(
+                429, f"more than {self.rate_limiter.limit} requests in {self.rate_limiter.window} s; retry in {seconds} s",
+                "RATE_LIMITED", headers={"Retry-After": str(seconds)}, details={"retryAfter": seconds},
+            )

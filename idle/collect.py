@@ -1,0 +1,47 @@
+"""One utilization sample per session, from Nomad's allocation stats of each of its kernels.
+
+Each kernel is one allocation (``Kernel.alloc_id``); its stats are normalized by what the kernel was
+allocated (:func:`idle.samples.kernel_sample`) and the session's sample is the mean over the kernels
+that answered. A kernel whose stats cannot be read (no allocation yet, collected by Nomad, its node
+unreachable) is left out: the window sees a gap rather than fake idleness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from common.errors import PermanentError, TransientError
+from common.model import Kernel, Session
+from idle.facts import kernel_allocation
+from idle.samples import kernel_sample, session_sample
+from nomad_jobs.client import NomadClient
+
+log = logging.getLogger(__name__)
+
+Sample = dict[str, float]
+
+
+async def collect_samples(nomad: NomadClient, sessions: Sequence[Session], *, concurrency: int) -> dict[str, Sample]:
+    """Session id -> metric -> percent; a session none of whose kernels answered maps to ``{}``."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def kernel(session: Session, kernel: Kernel) -> Sample | None:
+        if kernel.alloc_id is None:
+            return None
+        async with limit:
+            try:
+                stats = await nomad.allocation_stats(kernel.alloc_id)
+            except (TransientError, PermanentError) as exc:
+                log.debug("session=%s kernel=%s no stats: %s", session.id, kernel.hostname, exc)
+                return None
+        cores, memory = kernel_allocation(kernel)
+        return kernel_sample(stats, cores=cores, memory_bytes=memory)
+
+    async def one(session: Session) -> Sample:
+        samples = await asyncio.gather(*(kernel(session, k) for k in session.kernels))
+        return session_sample(s for s in samples if s is not None)
+
+    found = await asyncio.gather(*(one(s) for s in sessions))
+    return {session.id: sample for session, sample in zip(sessions, found, strict=True)}

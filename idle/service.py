@@ -1,0 +1,151 @@
+"""The idle checker service (``caravan idle``): reclaims RUNNING sessions its policy finds idle.
+
+Exactly one instance is active across processes: it holds a Redis lease (as the scheduler does) and
+every write it makes carries the lease's fencing token. While leading it sweeps every ``check_interval``
+of the policy in force:
+
+1. reload the policy file if it changed (:mod:`idle.reload`; SIGHUP asks for this at once);
+2. judge every RUNNING session (:mod:`idle.sweep`): lifetime from RUNNING, network idleness from the
+   activity the gateway records, utilization from Nomad's allocation stats;
+3. store each verdict as the session's idle report (GraphQL ``idleChecks``), and every
+   ``window_persist_interval`` the utilization windows, for the next leader;
+4. reclaim the sessions found idle through the one termination path (:func:`scheduler.termination.terminate`):
+   TERMINATING with the reason (``idle-session-lifetime``, ``idle-timeout``, ``idle-utilization``), a fenced
+   write through the state machine, then the job is stopped. The scheduler's follower moves the session
+   to TERMINATED keeping that reason, and stops the job again if this stop was lost.
+
+Windows live in the leader's memory between saves; a new leader starts from the last save.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from common.clock import utcnow
+from common.errors import TransientError
+from common.keys import Keys
+from common.lease import Lease, lead_forever
+from common.model import Session, SessionStatus
+from common.retry import forever
+from common.settings import Settings
+from common.store import Fence, SessionStore
+from idle.activity import forget_activity
+from idle.policy import Arbiter, evaluate
+from idle.reload import PolicySource
+from idle.store import IdleStore, report_ttl
+from idle.sweep import check_once
+from idle.verdict import Verdict
+from idle.window import UtilizationWindow
+from nomad_jobs.client import NomadClient
+from scheduler.termination import terminate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Term:
+    """What one leadership term keeps between sweeps."""
+
+    fence: Fence
+    windows: dict[str, UtilizationWindow]
+    saved_window_ids: set[str]
+    """Sessions whose window is in Redis: those that ended are dropped at the next save."""
+    saved_at: float = field(default_factory=time.monotonic)
+
+
+class IdleService:
+    def __init__(
+        self,
+        settings: Settings,
+        redis: Redis,
+        nomad: NomadClient,
+        *,
+        policy: PolicySource | None = None,
+        arbiter: Arbiter = evaluate,
+    ) -> None:
+        """Raises :class:`idle.policy_file.PolicyFileError` when the policy file is broken at start."""
+        self.settings = settings
+        self.keys = Keys(settings.redis.prefix)
+        self.store = SessionStore(redis, self.keys)
+        self.idle_store = IdleStore(redis, self.keys)
+        self.nomad = nomad
+        self.policy = policy or PolicySource(settings.idle.policy_path)
+        self.arbiter = arbiter
+        self.lease = Lease(redis, self.keys.idle_lease, self.keys.idle_fence, ttl=settings.idle.lease_ttl)
+        self._wake = asyncio.Event()
+
+    def request_reload(self) -> None:
+        """Re-read the policy file now rather than at the next sweep (the SIGHUP handler)."""
+        self._wake.set()
+
+    async def run_forever(self) -> None:
+        try:
+            await lead_forever("idle checker", self.lease, self.lead)
+        finally:
+            # a standby takes over at once instead of after the lease's TTL
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await self.lease.release()
+
+    async def lead(self, fence: Fence) -> None:
+        saved = await self.idle_store.load_windows()
+        term = Term(fence=fence, windows=saved, saved_window_ids=set(saved))
+        await self.idle_store.publish_policy(fence, self.policy.published)
+        await forever("idle sweep", lambda: self._sweep_and_wait(term))
+
+    async def _sweep_and_wait(self, term: Term) -> None:
+        started = time.monotonic()
+        if self.policy.refresh():
+            await self.idle_store.publish_policy(term.fence, self.policy.published)
+        await self.sweep(term)
+        pause = self.policy.config.check_interval - (time.monotonic() - started)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that arrives as the event is set
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(pause, 0.0)):
+                await self._wake.wait()
+        self._wake.clear()
+
+    async def sweep(self, term: Term) -> None:
+        now = utcnow()
+        live_ids = await self.store.live_ids()
+        sessions = [s for s in await self.store.get_many(sorted(live_ids)) if s and s.status is SessionStatus.RUNNING]
+        config = self.policy.config
+        result = await check_once(
+            now=now, sessions=sessions, config=config, windows=term.windows,
+            redis=self.store.redis, keys=self.keys, nomad=self.nomad,
+            concurrency=self.settings.idle.stats_concurrency, arbiter=self.arbiter,
+        )  # fmt: skip
+        term.windows = result.windows
+        save_windows = time.monotonic() - term.saved_at >= self.settings.idle.window_persist_interval
+        await self.idle_store.save_sweep(
+            term.fence,
+            checked_at=now,
+            verdicts=result.verdicts,
+            ttl=report_ttl(config.check_interval),
+            windows=term.windows if save_windows else None,
+            forget_windows=term.saved_window_ids - set(term.windows) if save_windows else (),
+        )
+        if save_windows:
+            term.saved_window_ids, term.saved_at = set(term.windows), time.monotonic()
+            await forget_activity(self.store.redis, self.keys, keep=live_ids)
+        for session in sessions:
+            await self._reclaim_if_idle(term, session, result.verdicts[session.id])
+
+    async def _reclaim_if_idle(self, term: Term, session: Session, verdict: Verdict) -> None:
+        if verdict.reason is None:
+            return
+        reason = verdict.reason.value
+        try:
+            after = await terminate(self.store, self.nomad, session.id, reason=reason, fence=term.fence)
+        except TransientError as exc:  # the session is TERMINATING; the follower stops the job later
+            log.warning("session=%s reclaimed (%s) but its job could not be stopped yet: %s", session.id, reason, exc)
+            return
+        if after is not None and after.status_info == reason:
+            expired = next(r for r in verdict.reports if r.expired)
+            log.info("session=%s reclaimed: %s (%s)", session.id, reason, expired.note or expired.name.value)

@@ -1,0 +1,55 @@
+"""Ending sessions: the one path every termination takes (user destroy, idle reclaim, timeouts).
+
+A live session goes TERMINATING with its reason and its Nomad job is stopped; the follower moves it
+to TERMINATED when the allocations are gone, keeping the reason. ``forced`` does not wait: the job is
+purged and the session is TERMINATED at once. A session that never started is CANCELLED.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from common.clock import utcnow
+from common.lifecycle import transition
+from common.model import Session, SessionResult, SessionStatus
+from common.store import Fence, SessionStore
+from nomad_jobs.client import NomadClient
+
+log = logging.getLogger(__name__)
+
+S = SessionStatus
+NEVER_STARTED = frozenset({S.PENDING})
+
+
+def begin_termination(session: Session, *, reason: str, forced: bool = False,
+                      result: SessionResult | None = None) -> Session | None:
+    """The session as it should be stored when asked to end, or ``None`` if it already has ended."""
+    if session.status.is_terminal:
+        return None
+    now = utcnow()
+    if result is not None and session.result is SessionResult.UNDEFINED:
+        session = session.evolve(result=result)
+    if session.status in NEVER_STARTED:
+        return transition(session, S.CANCELLED, reason=reason, at=now)
+    if forced:
+        return transition(session, S.TERMINATED, reason=reason, at=now)
+    if session.status is S.TERMINATING:
+        return None
+    return transition(session, S.TERMINATING, reason=reason, at=now)
+
+
+async def terminate(
+    store: SessionStore, nomad: NomadClient, session_id: str, *, reason: str, forced: bool = False,
+    result: SessionResult | None = None, fence: Fence | None = None,
+) -> Session | None:
+    """End one session; returns it as stored afterwards (``None`` if it does not exist)."""
+    session = await store.update(
+        session_id, lambda s: begin_termination(s, reason=reason, forced=forced, result=result), fence=fence
+    )
+    if session is None:
+        return None
+    if session.nomad_job_id and session.status in (S.TERMINATING, S.TERMINATED):
+        await nomad.deregister(session.nomad_job_id, purge=forced)
+        log.info("session=%s job=%s stopping (%s%s)", session.id, session.nomad_job_id, reason,
+                 ", forced" if forced else "")
+    return session

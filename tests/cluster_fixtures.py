@@ -1,0 +1,74 @@
+"""A real Nomad cluster of several clients with different capacities, for the tests of where sessions land.
+
+Started once per test session, and only when a test asks for ``nomad_cluster`` (about 15 s). With
+``cpu_mhz_per_core = 1000`` (see :func:`scheduler_config`) the clients offer:
+
+=======  =========  =====  ========  ======================
+client   node pool  cores  memory    devices
+=======  =========  =====  ========  ======================
+small    default    2      2 GiB
+medium   default    4      4 GiB
+large    default    8      8 GiB     2 × ``mock.device``
+edge     edge       2      1 GiB
+=======  =========  =====  ========  ======================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+import pytest
+
+from caravan.stack.nomad_cluster import ClientSpec, NomadCluster, start_nomad_cluster
+from common.settings import Settings
+from tests.harness import Caravan, running_caravan
+
+CLIENTS = (
+    ClientSpec("small", cpu_mhz=2000, memory_mb=2048),
+    ClientSpec("medium", cpu_mhz=4000, memory_mb=4096),
+    ClientSpec("large", cpu_mhz=8000, memory_mb=8192, mock_devices=2),
+    ClientSpec("edge", cpu_mhz=2000, memory_mb=1024, node_pool="edge"),
+)
+MHZ_PER_CORE = 1000
+
+
+@pytest.fixture(scope="session")
+def nomad_cluster(state_dir: Path) -> Iterator[NomadCluster]:
+    from tests.conftest import STACK  # not at import time: conftest imports this module
+
+    cluster = start_nomad_cluster(state_dir / "cluster", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
+                                  rootfs=Path(STACK["CARAVAN_ROOTFS"]), clients=CLIENTS)
+    yield cluster
+    cluster.stop()
+
+
+def scheduler_config(body: str = "") -> str:
+    """A scheduler configuration for the cluster: its MHz per core, then ``body``."""
+    return f"cpu_mhz_per_core = {MHZ_PER_CORE}\n{body}"
+
+
+OnCluster = Callable[..., AbstractAsyncContextManager[Caravan]]
+
+
+@pytest.fixture
+def on_cluster(settings: Settings, nomad_cluster: NomadCluster, tmp_path: Path) -> OnCluster:
+    """``async with on_cluster(config_text) as caravan``: gateway + scheduler on the cluster, with that config."""
+
+    @contextlib.asynccontextmanager
+    async def start(config: str = "") -> AsyncIterator[Caravan]:
+        path = tmp_path / "scheduler.hcl"
+        path.write_text(scheduler_config(config))
+        clustered = dataclasses.replace(
+            settings,
+            allow_raw_exec_for_users=True,  # sessions run raw_exec: nothing but placement varies
+            nomad=dataclasses.replace(settings.nomad, addr=nomad_cluster.addr),
+            scheduler=dataclasses.replace(settings.scheduler, config_path=path, pass_interval=0.5),
+        )
+        async with running_caravan(clustered) as caravan:
+            yield caravan
+
+    return start

@@ -1,0 +1,173 @@
+"""Session lifecycle on real Nomad: interactive sessions, destroy, rename, count, idempotency, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from common.model import SessionStatus
+from scheduler.follower import Follower
+from tests.conftest import DEFAULT_IMAGE, requires_docker
+from tests.harness import CREATE, Caravan, GraphQLErrors
+
+DESTROY = "mutation($ids: [ID!]!, $forced: Boolean! = false) { destroySession(ids: $ids, forced: $forced) { id status statusInfo } }"
+RENAME = "mutation($id: ID!, $name: String!) { renameSession(id: $id, name: $name) { id name } }"
+
+
+async def create(caravan: Caravan, token: str | None = None, **fields: Any) -> list[str]:
+    kwargs = {"token": token} if token else {}
+    data = await caravan.gql(CREATE, {"input": {"name": "s-" + uuid.uuid4().hex[:8], "driver": "EXEC", **fields}}, **kwargs)
+    return [s["id"] for s in data["createSession"]["sessions"]]
+
+
+async def test_interactive_session_runs_until_destroyed(caravan: Caravan) -> None:
+    [session_id] = await create(caravan, type="INTERACTIVE")
+    running = await caravan.wait_for(session_id, "RUNNING")
+    assert running["mainKernel"]["status"] == "RUNNING"
+    [ended] = (await caravan.gql(DESTROY, {"ids": [session_id]}))["destroySession"]
+    assert (ended["status"], ended["statusInfo"]) == ("TERMINATING", "user-requested")
+    final = await caravan.wait_for(session_id, "TERMINATED")
+    assert final["statusInfo"] == "user-requested"
+    assert [c["status"] for c in final["statusHistory"]][-2:] == ["TERMINATING", "TERMINATED"]
+    job = await caravan.nomad.job(final["nomadJobId"])
+    assert job["Stop"] is True
+
+
+async def test_forced_destroy_does_not_wait(caravan: Caravan) -> None:
+    [session_id] = await create(caravan, type="INTERACTIVE")
+    await caravan.wait_for(session_id, "RUNNING")
+    [ended] = (await caravan.gql(DESTROY, {"ids": [session_id], "forced": True}))["destroySession"]
+    assert (ended["status"], ended["statusInfo"]) == ("TERMINATED", "user-requested")
+
+
+async def test_destroying_a_pending_session_cancels_it(caravan: Caravan) -> None:
+    [session_id] = await create(caravan, type="BATCH", startupCommand="true", startsAt="1h")
+    [ended] = (await caravan.gql(DESTROY, {"ids": [session_id]}))["destroySession"]
+    assert (ended["status"], ended["statusInfo"]) == ("CANCELLED", "user-requested")
+    await asyncio.sleep(1.5)  # a scheduler pass later it is still cancelled and never got a job
+    session = await caravan.store.get(session_id)
+    assert session and session.status is SessionStatus.CANCELLED and session.nomad_job_id is None
+
+
+async def test_others_cannot_destroy_or_rename(caravan: Caravan) -> None:
+    alice, bob = await caravan.user("alice"), await caravan.user("bob")
+    [session_id] = await create(caravan, token=alice, type="BATCH", startupCommand="true", startsAt="1h")
+    for query, variables in ((DESTROY, {"ids": [session_id]}), (RENAME, {"id": session_id, "name": "mine-now"})):
+        with pytest.raises(GraphQLErrors) as raised:
+            await caravan.gql(query, variables, token=bob)
+        assert raised.value.codes == ["NOT_FOUND"]
+    assert (await caravan.store.get(session_id)).status is SessionStatus.PENDING  # type: ignore[union-attr]
+
+
+async def test_rename_keeps_names_unique_among_live_sessions(caravan: Caravan) -> None:
+    first = (await create(caravan, type="BATCH", startupCommand="true", startsAt="1h", name="alpha"))[0]
+    second = (await create(caravan, type="BATCH", startupCommand="true", startsAt="1h", name="beta"))[0]
+    with pytest.raises(GraphQLErrors) as raised:
+        await caravan.gql(RENAME, {"id": second, "name": "alpha"})
+    assert raised.value.codes == ["CONFLICT"]
+    with pytest.raises(GraphQLErrors) as raised:
+        await create(caravan, type="BATCH", startupCommand="true", name="alpha")
+    assert raised.value.codes == ["CONFLICT"]
+    renamed = (await caravan.gql(RENAME, {"id": first, "name": "gamma"}))["renameSession"]
+    assert renamed["name"] == "gamma"
+    # The old name is free again; the new one is taken.
+    await create(caravan, type="BATCH", startupCommand="true", startsAt="1h", name="alpha")
+    with pytest.raises(GraphQLErrors):
+        await create(caravan, type="BATCH", startupCommand="true", name="gamma")
+    await caravan.gql(DESTROY, {"ids": [first]})
+    await create(caravan, type="BATCH", startupCommand="true", startsAt="1h", name="gamma")
+
+
+async def test_count_creates_numbered_sessions(caravan: Caravan) -> None:
+    ids = await create(caravan, type="BATCH", startupCommand="exit 0", name="many", count=3)
+    assert len(set(ids)) == 3
+    names = sorted(s.name for s in await caravan.store.get_many(ids) if s)
+    assert names == ["many-1", "many-2", "many-3"]
+    for session_id in ids:
+        assert (await caravan.wait_for(session_id, "TERMINATED"))["result"] == "SUCCESS"
+
+
+async def test_client_token_makes_creation_idempotent(caravan: Caravan) -> None:
+    fields = {"type": "BATCH", "startupCommand": "exit 0", "name": "once-only", "clientToken": "req-42"}
+    results = await asyncio.gather(*(create(caravan, **fields) for _ in range(5)), return_exceptions=True)
+    ids = {tuple(r) for r in results if not isinstance(r, BaseException)}
+    assert len(ids) == 1, results
+    [[session_id]] = ids
+    await caravan.wait_for(session_id, "TERMINATED")
+    assert await create(caravan, **fields) == [session_id]  # even after it ended
+    jobs = await caravan.nomad.jobs(caravan.settings.nomad.job_prefix + "-")
+    assert [j["ID"] for j in jobs] == [f"{caravan.settings.nomad.job_prefix}-{session_id}"]
+
+
+async def test_batch_timeout_ends_failed(caravan: Caravan) -> None:
+    [session_id] = await create(caravan, type="BATCH", startupCommand="sleep 60", batchTimeout="2s")
+    session = await caravan.wait_for(session_id, "TERMINATED", "ERROR", timeout=60)
+    assert (session["status"], session["result"], session["statusInfo"]) == ("TERMINATED", "FAILURE", "task-timeout")
+    ran = [c for c in session["statusHistory"] if c["status"] in ("RUNNING", "TERMINATING")]
+    assert len(ran) == 2
+
+
+async def test_hpc_thread_variables_default_to_allocated_cores(caravan: Caravan) -> None:
+    [session_id] = await create(
+        caravan, type="BATCH", resources=[{"slot": "cpu", "amount": "1.5"}],
+        startupCommand='echo "$OMP_NUM_THREADS $MKL_NUM_THREADS $NPROC $OPENBLAS_NUM_THREADS"',
+        environ=[{"name": "OPENBLAS_NUM_THREADS", "value": "7"}],
+    )
+    session = await caravan.wait_for(session_id, "TERMINATED")
+    assert session["mainKernel"]["logs"]["stdout"] == "2 2 2 7\n"
+
+
+async def test_preopen_port_is_reported_and_served(caravan: Caravan) -> None:
+    [session_id] = await create(caravan, type="INTERACTIVE", preopenPorts=[8080],
+                                startupCommand='echo -e "HTTP/1.0 200 OK\\r\\n\\r\\nhello" > /tmp/r; '
+                                               'while :; do nc -l -p "$NOMAD_PORT_p8080" < /tmp/r; done')
+    await caravan.wait_for(session_id, "RUNNING")
+    session = await caravan.store.get(session_id)
+    assert session is not None
+    [port] = session.main_kernel.ports
+    assert port.startswith("8080=127.0.0.1:")
+    host_port = int(port.rsplit(":", 1)[1])
+    for _ in range(50):
+        try:
+            response = await caravan.http.get(f"http://127.0.0.1:{host_port}/")
+            assert "hello" in response.text
+            break
+        except Exception:
+            await asyncio.sleep(0.2)
+    else:
+        raise AssertionError("the preopened port never answered")
+    await caravan.gql(DESTROY, {"ids": [session_id], "forced": True})
+
+
+@requires_docker
+async def test_cluster_kernels_resolve_each_other_and_connect(caravan: Caravan) -> None:
+    # Every sub kernel listens on port 7000 at its own address; main1 connects to each by hostname.
+    command = (
+        'if [ "$CARAVAN_CLUSTER_ROLE" = sub ]; then echo "from $CARAVAN_CLUSTER_HOST" | nc -l -s "$CARAVAN_CLUSTER_ADDR" -p 7000; '
+        'else for h in sub1 sub2; do for i in $(seq 50); do nc -w 2 $h 7000 && break; sleep 0.2; done; done; '
+        'echo "hosts=$CARAVAN_CLUSTER_HOSTS size=$CARAVAN_CLUSTER_SIZE"; fi'
+    )
+    [session_id] = await create(caravan, type="BATCH", driver="DOCKER", image=DEFAULT_IMAGE, clusterSize=3,
+                                resources=[{"slot": "cpu", "amount": "0.25"}], startupCommand=command)
+    session = await caravan.wait_for(session_id, "TERMINATED", "ERROR", timeout=90)
+    assert session["result"] == "SUCCESS", session
+    out = session["mainKernel"]["logs"]["stdout"].splitlines()
+    assert out == ["from sub1", "from sub2", "hosts=main1,sub1,sub2 size=3"]
+    stored = await caravan.store.get(session_id)
+    assert stored and [k.hostname for k in stored.kernels] == ["main1", "sub1", "sub2"]
+    assert all(k.status is SessionStatus.TERMINATED for k in stored.kernels)
+
+
+async def test_jobs_without_a_session_are_stopped(caravan: Caravan) -> None:
+    [session_id] = await create(caravan, type="INTERACTIVE")
+    await caravan.wait_for(session_id, "RUNNING")
+    session = await caravan.store.get(session_id)
+    assert session is not None and session.nomad_job_id
+    await caravan.store.redis.delete(caravan.store.keys.session(session_id))  # Redis lost it
+    await caravan.store.redis.srem(caravan.store.keys.sessions_live, session_id)
+    follower = Follower(caravan.store, caravan.nomad, None)
+    assert await follower.stop_orphans(set()) == [session.nomad_job_id]
+    assert (await caravan.nomad.job(session.nomad_job_id))["Stop"] is True

@@ -1,0 +1,52 @@
+"""Gateway fixtures (a gateway whose limits come from ``CARAVAN_GRAPHQL_*``, as in production) and raw requests."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, AsyncContextManager
+
+import httpx
+import pytest
+
+from common.settings import Settings
+from gateway.graphql.http import GRAPHQL_RESPONSE
+from tests.harness import ADMIN_TOKEN, Caravan, running_caravan
+
+GatewayWith = Callable[..., AsyncContextManager[Caravan]]
+
+
+@pytest.fixture
+async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
+    """The gateway alone: these tests need no scheduler (and so cannot be held up by one)."""
+    async with running_caravan(settings, scheduler=False) as running:
+        yield running
+
+
+@pytest.fixture
+def gateway_with(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> GatewayWith:
+    """``async with gateway_with(rate_limit=3) as caravan``: a gateway (no scheduler) with those limits."""
+
+    @contextlib.asynccontextmanager
+    async def start(**limits: int) -> AsyncIterator[Caravan]:
+        for name, value in limits.items():
+            monkeypatch.setenv(f"CARAVAN_GRAPHQL_{name.upper()}", str(value))
+        async with running_caravan(settings, scheduler=False) as caravan:
+            yield caravan
+
+    return start
+
+
+async def post(caravan: Caravan, body: str | dict[str, Any], *, accept: str | None = GRAPHQL_RESPONSE,
+               token: str | None = ADMIN_TOKEN) -> httpx.Response:
+    """POST a query (or a whole request body) with this ``Accept`` and bearer token."""
+    headers = {**({"accept": accept} if accept else {}), **({"authorization": f"Bearer {token}"} if token else {})}
+    return await caravan.http.post(caravan.url, json={"query": body} if isinstance(body, str) else body, headers=headers)
+
+
+def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The ``extensions`` of the one error of a response that must have this status."""
+    assert response.status_code == status, response.text
+    [error] = response.json()["errors"]
+    extensions: dict[str, Any] = error["extensions"]
+    return extensions

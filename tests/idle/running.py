@@ -1,0 +1,106 @@
+"""Running the real idle service in a test, and stored sessions in a given status (real Redis, real Nomad)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import TypeVar
+
+from common.clock import utcnow
+from common.lifecycle import transition
+from common.model import Driver, Session, SessionStatus, SessionType
+from common.redis import client as redis_client
+from common.settings import Settings
+from common.store import SessionStore
+from common.users import Role, User
+from gateway.session_requests import SessionRequest, build_sessions
+from idle.service import IdleService
+from nomad_jobs.client import NomadClient
+
+T = TypeVar("T")
+
+OWNER = User(id="alice", name="alice", role=Role.USER)
+NO_SUCH_ALLOC = "00000000-0000-0000-0000-000000000000"
+"""An allocation id Nomad does not know: its stats and logs answer 404."""
+
+
+def policy_file(directory: Path, text: str, name: str = "idle-policy.hcl") -> Path:
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+@contextlib.asynccontextmanager
+async def running_idle(
+    settings: Settings, policy: Path | None, *, persist_every: float = 60.0, lease_ttl: float = 10.0
+) -> AsyncIterator[IdleService]:
+    """An idle service on ``settings``' namespace, running in this event loop until the block ends."""
+    settings = replace(
+        settings,
+        idle=replace(settings.idle, policy_path=policy, window_persist_interval=persist_every, lease_ttl=lease_ttl),
+    )
+    redis = redis_client(settings.redis)
+    nomad = NomadClient(settings.nomad)
+    service = IdleService(settings, redis, nomad)
+    task = asyncio.create_task(service.run_forever())
+    try:
+        yield service
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await nomad.aclose()
+        await redis.aclose()
+
+
+async def stored_session(
+    store: SessionStore,
+    *,
+    type: SessionType = SessionType.INTERACTIVE,
+    status: SessionStatus = SessionStatus.RUNNING,
+    running_since: datetime | None = None,
+    name: str = "idle-test",
+    owner: User = OWNER,
+    resources: dict[str, str] | None = None,
+    alloc_id: str = NO_SUCH_ALLOC,
+) -> Session:
+    """A session stored in Redis that went through the lifecycle up to ``status`` (no Nomad job behind it)."""
+    request = SessionRequest(
+        name=name, type=type, driver=Driver.EXEC, startup_command="sleep 1" if type is SessionType.BATCH else None,
+        resources=resources or {},
+    )  # fmt: skip
+    [session] = build_sessions(request, viewer=owner, now=utcnow())
+    await store.create([session])
+    since = running_since or utcnow()
+    path = {
+        SessionStatus.RUNNING: (SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING),
+        SessionStatus.PREPARING: (SessionStatus.SCHEDULED, SessionStatus.PREPARING),
+        SessionStatus.PENDING: (),
+    }[status]
+
+    def advance(s: Session) -> Session:
+        kernels = tuple(replace(k, alloc_id=alloc_id, status=status) for k in s.kernels)
+        s = s.evolve(kernels=kernels, nomad_job_id=f"{store.keys.prefix}-{s.id}")
+        for step in path:
+            s = transition(s, step, reason=step.value.lower(), at=since)
+        return s
+
+    stored = await store.update(session.id, advance)
+    assert stored is not None and stored.status is status
+    return stored
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], *, timeout: float, every: float = 0.1) -> T:
+    """``probe``'s first truthy answer, or AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nothing after {timeout}s")
+        await asyncio.sleep(every)

@@ -1,0 +1,92 @@
+"""Exactly one idle checker acts at a time, and a deposed one cannot write (real Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from common.clock import utcnow
+from common.keys import Keys
+from common.lease import Lease
+from common.model import SessionStatus
+from common.settings import Settings
+from common.store import LostLease, SessionStore
+from idle.store import IdleStore
+from idle.verdict import TerminationReason, Verdict
+from nomad_jobs.client import NomadClient
+from scheduler.termination import terminate
+from tests.idle.running import eventually, policy_file, running_idle, stored_session
+
+FAST = 'check_interval = "0.2s"\n'
+
+
+async def holder(redis: Redis, keys: Keys) -> str | None:
+    found: str | None = await redis.get(keys.idle_lease)
+    return found
+
+
+async def test_one_leader_and_a_standby_that_takes_over_at_once(
+    settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
+) -> None:
+    path = policy_file(tmp_path, FAST)
+    async with running_idle(settings, path, lease_ttl=30) as first:
+        async with running_idle(settings, path, lease_ttl=30) as second:
+            leader = await eventually(lambda: holder(redis, keys), timeout=5)
+            await asyncio.sleep(0.5)
+            assert await holder(redis, keys) == leader in {first.lease.holder, second.lease.holder}
+            assert await redis.get(keys.idle_fence) == "1"  # one term only
+        # the second stopped: if it led, it released the lease and the first leads without waiting 30 s
+        assert await eventually(lambda: holder(redis, keys), timeout=3) == first.lease.holder
+
+
+async def test_a_deposed_leaders_writes_are_refused(settings: Settings, redis: Redis, keys: Keys) -> None:
+    store, idle_store = SessionStore(redis, keys), IdleStore(redis, keys)
+    session = await stored_session(store)
+    old = Lease(redis, keys.idle_lease, keys.idle_fence, ttl=0.2)
+    old_fence = await old.acquire()
+    await asyncio.sleep(0.3)  # the old leader stalls past its lease's life; another takes over
+    new_fence = await Lease(redis, keys.idle_lease, keys.idle_fence, ttl=10).acquire()
+    assert new_fence.token == old_fence.token + 1
+
+    verdict = Verdict(terminate=False, reason=None, reports=())
+    with pytest.raises(LostLease):
+        await idle_store.save_sweep(old_fence, checked_at=utcnow(), verdicts={session.id: verdict}, ttl=30)
+    nomad = NomadClient(settings.nomad)
+    with pytest.raises(LostLease):
+        await terminate(store, nomad, session.id, reason=TerminationReason.NETWORK_TIMEOUT.value, fence=old_fence)
+    await nomad.aclose()
+    assert await idle_store.verdict(session.id) is None
+    found = await store.get(session.id)
+    assert found is not None and found.status is SessionStatus.RUNNING
+
+    await idle_store.save_sweep(new_fence, checked_at=utcnow(), verdicts={session.id: verdict}, ttl=30)
+    assert await idle_store.verdict(session.id) is not None
+
+
+async def test_a_checker_that_lost_its_lease_stops_acting_until_it_leads_again(
+    settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
+) -> None:
+    store = SessionStore(redis, keys)
+    session = await stored_session(store, running_since=utcnow() - timedelta(seconds=60))
+    path = policy_file(tmp_path, FAST + "defaults {\n  max_session_lifetime = 3600\n}\n")
+    async with running_idle(settings, path, lease_ttl=0.6) as service:
+        await eventually(lambda: holder(redis, keys), timeout=5)
+        await redis.delete(keys.idle_lease)  # as if its lease had expired while it stalled
+        usurper = Lease(redis, keys.idle_lease, keys.idle_fence, ttl=30)
+        await usurper.acquire()
+        path.write_text(FAST + "defaults {\n  max_session_lifetime = 1\n}\n")
+        service.request_reload()
+        await asyncio.sleep(1.5)
+        found = await store.get(session.id)
+        assert found is not None and found.status is SessionStatus.RUNNING  # standing by: no verdicts acted on
+        await usurper.release()
+
+        async def reclaimed() -> bool:
+            found = await store.get(session.id)
+            return found is not None and found.status_info == TerminationReason.SESSION_LIFETIME.value
+
+        await eventually(reclaimed, timeout=5)
