@@ -88,20 +88,34 @@ async def lead_forever(name: str, lease: Lease, lead: Callable[[Fence], Awaitabl
     """Wait for the lease, run ``lead`` while holding it, stand by again once it is lost; never returns.
 
     ``lead`` is cancelled as soon as renewal fails, and ends a term itself by raising :class:`LostLease`
-    (a fenced write was refused).
+    (a fenced write was refused). A term also ends on any other failure; the next one starts clean.
     """
     while True:
         fence = await with_backoff("acquire lease", lease.acquire)
         log.info("%s leading (fencing token %d)", name, fence.token)
-        try:
-            async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(lease.hold())
-                tasks.create_task(lead(fence))
-        except* LostLease:
+        ended = await _term(lease.hold(), lead(fence))
+        if isinstance(ended, LostLease):
             log.warning("%s lost its lease; standing by", name)
-        except* Exception as failure:  # a term ends on any failure; the next one starts clean
-            log.error("%s term %d failed; standing by", name, fence.token, exc_info=failure)
+        elif ended is not None:
+            log.error("%s term %d failed; standing by", name, fence.token, exc_info=ended)
             await asyncio.sleep(1)
+
+
+async def _term(holding: Awaitable[None], leading: Awaitable[None]) -> BaseException | None:
+    """Run both until one ends, then stop the other; what ended the term (None: ``leading`` returned).
+
+    Not a TaskGroup: on Python 3.11 a TaskGroup whose child fails while it waits leaves a cancellation
+    request on the calling task (it calls ``uncancel`` too early), which would stop the next term at once.
+    """
+    tasks = [asyncio.ensure_future(holding), asyncio.ensure_future(leading)]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    first = next(task for task in tasks if task in done)
+    return asyncio.CancelledError() if first.cancelled() else first.exception()
 
 
 async def write_fenced(redis: Redis, fence: Fence, write: Callable[[Pipeline], object]) -> None:

@@ -108,7 +108,7 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     main = updated.main_kernel
     if target is S.TERMINATED or main.status is S.TERMINATED:
         updated = updated.evolve(exit_code=main.exit_code)
-    if target is S.TERMINATED and session.type is SessionType.BATCH:
+    if session.type is SessionType.BATCH and main.status is S.TERMINATED and updated.result is SessionResult.UNDEFINED:
         success = main.exit_code == 0
         updated = updated.evolve(result=SessionResult.SUCCESS if success else SessionResult.FAILURE)
     if target is session.status or not can_transition(session.status, target):

@@ -14,11 +14,12 @@ from typing import Any
 from common.clock import utcnow
 from common.errors import TransientError
 from common.lifecycle import observe_kernel, transition
-from common.model import KernelObservation, Session, SessionStatus
+from common.model import KernelObservation, Session, SessionStatus, SessionType
 from common.store import Fence, SessionStore
 from nomad_jobs.client import NomadClient, NomadNotFound
 from nomad_jobs.meta import session_id_of
 from nomad_jobs.observe import latest_per_group, observe_allocation
+from scheduler.termination import terminate
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,11 @@ class Follower:
         stored = await self.store.update(session_id, mutate, fence=self.fence)
         if ended:
             await self.store.wake_scheduler("ended")  # what it held may let a pending session start now
+        if stored is not None and _main_batch_kernel_ended(stored):
+            # The main kernel's exit decides a BATCH session: stop the kernels still running.
+            code = stored.main_kernel.exit_code
+            await terminate(self.store, self.nomad, stored.id, reason="task-finished" if code == 0 else "task-failed",
+                            fence=self.fence)
         return stored
 
     async def on_allocation(self, alloc: dict[str, Any]) -> None:
@@ -118,6 +124,14 @@ class Follower:
                 await self.nomad.deregister(session.nomad_job_id)  # the stop was lost in a crash
             elif job.get("Stop") and session.status is S.TERMINATING and not allocs:
                 await self.store.update(session.id, _stopped, fence=self.fence)
+
+
+def _main_batch_kernel_ended(session: Session) -> bool:
+    return (
+        session.type is SessionType.BATCH
+        and session.main_kernel.status is S.TERMINATED
+        and session.status not in (S.TERMINATING, S.TERMINATED, S.CANCELLED)
+    )
 
 
 def _job_lost(session: Session) -> Session | None:

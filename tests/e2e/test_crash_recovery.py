@@ -81,7 +81,8 @@ async def test_scheduler_killed_at_random_loses_and_doubles_nothing(settings: Se
             expected = SessionResult.SUCCESS if i % 3 == 0 else SessionResult.FAILURE
             assert (session.result, session.exit_code) == (expected, i % 3), session.id
             assert session.nomad_job_id in jobs
-            assert jobs[session.nomad_job_id]["Version"] == 0  # registered once, never re-registered
+            job = await caravan.nomad.job(session.nomad_job_id)
+            assert job["Version"] == 0  # registered once, never re-registered
             allocs = await caravan.nomad.job_allocations(session.nomad_job_id)
             assert len(allocs) == 1, (session.id, len(allocs))
         print(f"{SESSIONS} sessions survived {kills} scheduler kills")

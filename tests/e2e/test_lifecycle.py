@@ -144,10 +144,12 @@ async def test_preopen_port_is_reported_and_served(caravan: Caravan) -> None:
 
 @requires_docker
 async def test_cluster_kernels_resolve_each_other_and_connect(caravan: Caravan) -> None:
-    # Every sub kernel listens on port 7000 at its own address; main1 connects to each by hostname.
+    # Every sub kernel serves on port 7000 at its own address; main1 fetches from each by hostname. The
+    # subs would serve forever: a BATCH session ends when its main kernel does.
     command = (
-        'if [ "$CARAVAN_CLUSTER_ROLE" = sub ]; then echo "from $CARAVAN_CLUSTER_HOST" | nc -l -s "$CARAVAN_CLUSTER_ADDR" -p 7000; '
-        'else for h in sub1 sub2; do for i in $(seq 50); do nc -w 2 $h 7000 && break; sleep 0.2; done; done; '
+        'if [ "$CARAVAN_CLUSTER_ROLE" = sub ]; then mkdir -p /tmp/w && echo "from $CARAVAN_CLUSTER_HOST" > /tmp/w/index.html'
+        ' && exec httpd -f -p "$CARAVAN_CLUSTER_ADDR:7000" -h /tmp/w; '
+        'else for h in sub1 sub2; do for i in $(seq 100); do wget -q -O - "http://$h:7000/" && break; sleep 0.2; done; done; '
         'echo "hosts=$CARAVAN_CLUSTER_HOSTS size=$CARAVAN_CLUSTER_SIZE"; fi'
     )
     [session_id] = await create(caravan, type="BATCH", driver="DOCKER", image=DEFAULT_IMAGE, clusterSize=3,
@@ -156,6 +158,7 @@ async def test_cluster_kernels_resolve_each_other_and_connect(caravan: Caravan) 
     assert session["result"] == "SUCCESS", session
     out = session["mainKernel"]["logs"]["stdout"].splitlines()
     assert out == ["from sub1", "from sub2", "hosts=main1,sub1,sub2 size=3"]
+    assert session["statusInfo"] == "task-finished"
     stored = await caravan.store.get(session_id)
     assert stored and [k.hostname for k in stored.kernels] == ["main1", "sub1", "sub2"]
     assert all(k.status is SessionStatus.TERMINATED for k in stored.kernels)

@@ -21,12 +21,16 @@ from common.users import Role, User
 from gateway.session_requests import SessionRequest, build_sessions
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient
+from tests.conftest import DEFAULT_IMAGE
+from tests.harness import CREATE, Caravan
 
 T = TypeVar("T")
 
 OWNER = User(id="alice", name="alice", role=Role.USER)
 NO_SUCH_ALLOC = "00000000-0000-0000-0000-000000000000"
 """An allocation id Nomad does not know: its stats and logs answer 404."""
+BUSY = "while :; do :; done"
+"""A startup command that keeps one core busy."""
 
 
 def policy_file(directory: Path, text: str, name: str = "idle-policy.hcl") -> Path:
@@ -104,3 +108,16 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], *, timeout: float
         if time.monotonic() > deadline:
             raise AssertionError(f"nothing after {timeout}s")
         await asyncio.sleep(every)
+
+
+async def start_interactive(caravan: Caravan, name: str, command: str | None = None) -> str:
+    """A RUNNING INTERACTIVE exec session through the gateway (half a core, 64 MiB); its id.
+
+    Without ``command`` the kernel runs the job renderer's keep-alive loop: up, and idle.
+    """
+    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC", "image": DEFAULT_IMAGE, "startupCommand": command}
+    fields["resources"] = [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}]
+    data = await caravan.gql(CREATE, {"input": fields})
+    session_id = str(data["createSession"]["sessions"][0]["id"])
+    await caravan.wait_for(session_id, "RUNNING", timeout=60)
+    return session_id

@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.clock import utcnow
-from tests.conftest import DEFAULT_IMAGE
-from tests.harness import CREATE, Caravan
-from tests.idle.running import eventually, policy_file, running_idle
+from tests.harness import Caravan
+from tests.idle.running import BUSY, eventually, policy_file, running_idle, start_interactive
 
-BUSY = "while :; do :; done"
 UTILIZATION = """
 check_interval = "2s"
 defaults {
@@ -23,17 +21,8 @@ defaults {
 """
 
 
-async def interactive(caravan: Caravan, name: str, command: str | None = None) -> str:
-    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC", "image": DEFAULT_IMAGE, "startupCommand": command}
-    fields["resources"] = [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}]
-    data = await caravan.gql(CREATE, {"input": fields})
-    session_id = str(data["createSession"]["sessions"][0]["id"])
-    await caravan.wait_for(session_id, "RUNNING", timeout=60)
-    return session_id
-
-
 async def test_a_new_leader_resumes_the_saved_utilization_windows(caravan: Caravan, tmp_path: Path) -> None:
-    session_id = await interactive(caravan, "busy", BUSY)
+    session_id = await start_interactive(caravan, "busy", BUSY)
     path = policy_file(tmp_path, UTILIZATION)
     async with running_idle(caravan.settings, path, persist_every=0.1) as first:
         store = first.idle_store
