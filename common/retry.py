@@ -38,6 +38,7 @@ async def forever(name: str, step: Callable[[], Awaitable[None]], *, pause: floa
         stop_if_cancelled()
         try:
             await step()
+            stop_if_cancelled()  # before the pause: a stop request lost in the step takes effect now
             delay = 0.2
             if pause:
                 await asyncio.sleep(pause)

@@ -103,6 +103,13 @@ class NomadClient:
         jobs: list[Json] = await self._json("GET", "/v1/jobs", params={"prefix": prefix, "meta": "true"})
         return jobs
 
+    async def allocations(self, job_prefix: str) -> list[Json]:
+        """Allocation stubs of every job whose id starts with ``job_prefix``, in one call."""
+        allocs: list[Json] = await self._json(
+            "GET", "/v1/allocations", params={"filter": f'JobID matches "^{job_prefix}"', "task_states": "true"}
+        )
+        return allocs
+
     async def job_allocations(self, job_id: str) -> list[Json]:
         allocs: list[Json] = await self._json("GET", f"/v1/job/{job_id}/allocations", params={"all": "true"})
         return allocs

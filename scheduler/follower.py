@@ -12,11 +12,10 @@ import logging
 from typing import Any
 
 from common.clock import utcnow
-from common.errors import TransientError
 from common.lifecycle import observe_kernel, transition
 from common.model import KernelObservation, Session, SessionStatus, SessionType
 from common.store import Fence, SessionStore
-from nomad_jobs.client import NomadClient, NomadNotFound
+from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import session_id_of
 from nomad_jobs.observe import latest_per_group, observe_allocation
 from scheduler.termination import terminate
@@ -85,15 +84,25 @@ class Follower:
             raise_if_cancel_swallowed()  # else we would wait for the next event with the stop request lost
 
     async def reconcile(self) -> None:
-        """One pass over every live session that has a job, then over Caravan's jobs without a session."""
-        ids = sorted(await self.store.live_ids())
-        await self._sessions_against_jobs(ids)
-        await self.stop_orphans(set(ids))
+        """Every live session against Nomad, then Caravan's jobs without a session.
 
-    async def stop_orphans(self, live: set[str]) -> list[str]:
+        Two Nomad calls in all (the job list and the allocation list, matched by job id), not two
+        per session: the reconciliation must stay cheap with thousands of live sessions.
+        """
+        ids = sorted(await self.store.live_ids())
+        jobs = {j["ID"]: j for j in await self.nomad.jobs(self.prefix + "-")}
+        allocs_by_job: dict[str, list[dict[str, Any]]] = {}
+        for alloc in await self.nomad.allocations(self.prefix + "-"):
+            allocs_by_job.setdefault(str(alloc.get("JobID")), []).append(alloc)
+        await self._sessions_against_jobs(ids, jobs, allocs_by_job)
+        await self.stop_orphans(set(ids), jobs)
+
+    async def stop_orphans(self, live: set[str], jobs: dict[str, dict[str, Any]] | None = None) -> list[str]:
         """Stop running Caravan jobs whose session does not exist (e.g. Redis lost it); returns their ids."""
+        if jobs is None:
+            jobs = {j["ID"]: j for j in await self.nomad.jobs(self.prefix + "-")}
         stopped = []
-        for job in await self.nomad.jobs(self.prefix + "-"):
+        for job in jobs.values():
             session_id = session_id_of(self.prefix, job["ID"])
             if not session_id or session_id in live or job.get("Stop") or job.get("Status") == "dead":
                 continue
@@ -103,21 +112,20 @@ class Follower:
                 stopped.append(job["ID"])
         return stopped
 
-    async def _sessions_against_jobs(self, ids: list[str]) -> None:
+    async def _sessions_against_jobs(
+        self, ids: list[str], jobs: dict[str, dict[str, Any]], allocs_by_job: dict[str, list[dict[str, Any]]]
+    ) -> None:
         submitting = await self.store.ids_to_submit()
         for session in await self.store.get_many(ids):
             if session is None or session.nomad_job_id is None or session.status not in OBSERVED_STATUSES:
                 continue
             if session.id in submitting:
                 continue  # the submitter owns it until registration is acknowledged
-            try:
-                allocs = await self.nomad.job_allocations(session.nomad_job_id)
-                job = await self.nomad.job(session.nomad_job_id)
-            except NomadNotFound:
+            job = jobs.get(session.nomad_job_id)
+            if job is None:
                 await self.store.update(session.id, _job_lost, fence=self.fence)
                 continue
-            except TransientError:
-                raise
+            allocs = allocs_by_job.get(session.nomad_job_id, [])
             for alloc in latest_per_group(allocs).values():
                 await self.apply(session.id, observe_allocation(alloc))
             if session.status is S.TERMINATING and not job.get("Stop"):

@@ -69,21 +69,17 @@ async def stored_session(
     running_since: datetime | None = None,
     name: str = "idle-test",
     owner: User = OWNER,
-    resources: dict[str, str] | None = None,
     alloc_id: str = NO_SUCH_ALLOC,
 ) -> Session:
     """A session stored in Redis that went through the lifecycle up to ``status`` (no Nomad job behind it)."""
-    request = SessionRequest(
-        name=name, type=type, driver=Driver.EXEC, startup_command="sleep 1" if type is SessionType.BATCH else None,
-        resources=resources or {},
-    )  # fmt: skip
+    command = "sleep 1" if type is SessionType.BATCH else None
+    request = SessionRequest(name=name, type=type, driver=Driver.EXEC, startup_command=command)
     [session] = build_sessions(request, viewer=owner, now=utcnow())
     await store.create([session])
     since = running_since or utcnow()
     path = {
         SessionStatus.RUNNING: (SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING),
         SessionStatus.PREPARING: (SessionStatus.SCHEDULED, SessionStatus.PREPARING),
-        SessionStatus.PENDING: (),
     }[status]
 
     def advance(s: Session) -> Session:
@@ -115,8 +111,9 @@ async def start_interactive(caravan: Caravan, name: str, command: str | None = N
 
     Without ``command`` the kernel runs the job renderer's keep-alive loop: up, and idle.
     """
-    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC", "image": DEFAULT_IMAGE, "startupCommand": command}
-    fields["resources"] = [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}]
+    resources = [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}]
+    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC", "image": DEFAULT_IMAGE, "startupCommand": command,
+              "resources": resources}  # fmt: skip
     data = await caravan.gql(CREATE, {"input": fields})
     session_id = str(data["createSession"]["sessions"][0]["id"])
     await caravan.wait_for(session_id, "RUNNING", timeout=60)
