@@ -7,13 +7,13 @@ stream missed (Caravan was down, the event buffer wrapped) still converges.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 from common.clock import utcnow
 from common.lifecycle import observe_kernel, transition
 from common.model import KernelObservation, Session, SessionStatus, SessionType
+from common.retry import stop_if_cancelled
 from common.store import Fence, SessionStore
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import session_id_of
@@ -25,15 +25,6 @@ log = logging.getLogger(__name__)
 S = SessionStatus
 OBSERVED_STATUSES = frozenset({S.SCHEDULED, S.PREPARING, S.RUNNING, S.TERMINATING, S.ERROR})
 RESOURCES_FREED = frozenset({S.TERMINATED, S.CANCELLED, S.ERROR})
-
-
-def raise_if_cancel_swallowed() -> None:
-    """Raise the cancellation a step dropped. Python 3.11's ``asyncio.wait_for``, under every redis-py command,
-    returns the result and loses a cancellation that arrives just as the command completes (fixed in 3.12): a loop
-    that goes on would never stop. Call it between the steps of a long-running loop."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 class Follower:
@@ -81,7 +72,7 @@ class Follower:
                     await self.store.wake_scheduler("node-changed")  # capacity came, went or changed
             if batch.get("Index"):
                 await self.store.redis.set(self.store.keys.nomad_event_index, batch["Index"])
-            raise_if_cancel_swallowed()  # else we would wait for the next event with the stop request lost
+            stop_if_cancelled()  # else we would wait for the next event with the stop request lost
 
     async def reconcile(self) -> None:
         """Every live session against Nomad, then Caravan's jobs without a session.

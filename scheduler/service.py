@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
@@ -18,7 +17,7 @@ from common.settings import Settings
 from common.store import Fence, SessionStore
 from nomad_jobs.client import NomadClient
 from scheduler.config import load_scheduler_config
-from scheduler.follower import Follower, raise_if_cancel_swallowed
+from scheduler.follower import Follower
 from scheduler.placement import Placer
 from scheduler.submitter import submit
 from scheduler.termination import terminate
@@ -44,10 +43,10 @@ class Scheduler:
         follower = Follower(self.store, self.nomad, fence)
         placer = Placer(self.store, self.nomad, fence, self.settings, self.config)
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(forever("schedule", _stoppable(lambda: self._schedule_once(placer, fence))))
-            tasks.create_task(forever("follow", _stoppable(follower.follow_events), pause=0.5))
+            tasks.create_task(forever("schedule", lambda: self._schedule_once(placer, fence)))
+            tasks.create_task(forever("follow", follower.follow_events, pause=0.5))
             tasks.create_task(
-                forever("reconcile", _stoppable(follower.reconcile), pause=self.settings.scheduler.reconcile_interval)
+                forever("reconcile", follower.reconcile, pause=self.settings.scheduler.reconcile_interval)
             )
 
     async def _schedule_once(self, placer: Placer, fence: Fence) -> None:
@@ -77,13 +76,3 @@ class Scheduler:
                 await submit(self.store, self.nomad, session, fence)
 
         await asyncio.gather(*(one(i) for i in ids))
-
-
-def _stoppable(step: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
-    """``step``, then the cancellation it may have dropped (see :func:`raise_if_cancel_swallowed`)."""
-
-    async def run() -> None:
-        await step()
-        raise_if_cancel_swallowed()
-
-    return run

@@ -94,6 +94,9 @@ def write_config(path: Path, *, data_dir: Path, plugin_dir: Path, rootfs: Path, 
                  device_dir: Path, http: int, rpc: int, serf: int) -> None:
     for directory in (data_dir, image_dir, device_dir):
         directory.mkdir(parents=True, exist_ok=True)
+    # One fake device (nomad/file/mock): with an empty directory the client waits ~50 s for the
+    # example device plugin's first fingerprint before it reports ready.
+    (device_dir / "mock0").touch()
     path.write_text(NOMAD_AGENT_CONFIG.format(
         data_dir=data_dir, plugin_dir=plugin_dir, rootfs=rootfs, image_dir=image_dir, device_dir=device_dir,
         http=http, rpc=rpc, serf=serf,
