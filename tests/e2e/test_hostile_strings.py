@@ -107,3 +107,17 @@ async def test_hostile_env_and_command_reach_the_task_byte_for_byte(caravan: Car
     cmdline_hex, env_hex = session["mainKernel"]["logs"]["stdout"].split("\n\n", 1)
     assert " ".join(cmdline_hex.split()) == hex_of("/bin/sh\0-c\0" + command + "\0")
     assert " ".join(env_hex.split()) == hex_of(evil)
+
+
+async def test_hostile_object_keys_parse_back_exactly(nomad_agent: Any, settings: Any) -> None:
+    from nomad_jobs.hcl import Block, render
+
+    keys = HOSTILE + ["%{", "%%{", "a%{b", "${", "$${"]
+    job = Block("job", "keys", meta={k: k for k in keys})
+    job.block("group", "g").block("task", "t", driver="raw_exec").block("config", command="/bin/true")
+    nomad = NomadClient(settings.nomad)
+    try:
+        parsed = await nomad.parse(render(job))
+    finally:
+        await nomad.aclose()
+    assert parsed["Meta"] == {k: k for k in keys}

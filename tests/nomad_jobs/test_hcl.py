@@ -42,7 +42,10 @@ def test_identifiers_are_never_quoted_so_only_plain_names_pass(name: str) -> Non
 @given(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40))
 def test_any_text_stays_one_attribute_of_one_block(text: str) -> None:
     job = Block("job", text)
-    job.block("group", "g").set(value=text, items=[text, text], table={text: text})
+    # python-hcl2's reader (the oracle here) rejects an escaped directive "%%{" in an object key, which
+    # Nomad reads correctly (tests/e2e/test_hostile_strings.py checks hostile keys against Nomad).
+    key = text.replace("%{", "%")
+    job.block("group", "g").set(value=text, items=[text, text], table={key: text})
     parsed = hcl2.loads(render(job))
     [job_block] = parsed["job"]
     [body] = job_block.values()
