@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,6 +33,9 @@ from scheduler.known_slots import record_slot_types
 from scheduler.model import KernelPlacement, PassResult, WaitExplanation
 from scheduler.scheduling_pass import run_pass
 from scheduler.slots import SlotType
+
+IDLE_REFRESH_SECONDS = 10.0
+"""With an empty queue, the node snapshot is still read this often (known slot types, capacity)."""
 from scheduler.snapshot import PassInput, SnapshotReader
 
 __all__ = ["PENDING_TIMEOUT", "PassSummary", "Placer", "wait_reasons"]
@@ -66,8 +70,14 @@ class Placer:
         self.reader = SnapshotReader(store, PolicyStore(store.redis, store.keys), nomad, config,
                                      settings.nomad.job_prefix)
         self._recorded: dict[str, SlotType] = {}
+        self._last_read = float("-inf")
 
     async def run_pass(self) -> PassSummary:
+        # Nothing queued: skip the Nomad snapshot (every live allocation), except for a periodic refresh
+        # that keeps the known slot types current for the gateway's admission check.
+        if not await self._anything_pending() and time.monotonic() - self._last_read < IDLE_REFRESH_SECONDS:
+            return PassSummary()
+        self._last_read = time.monotonic()
         now = utcnow()
         read = await self.reader.read(now)
         await self._record_slot_types(read.slot_types)
@@ -78,6 +88,13 @@ class Placer:
         if summary.cancelled:
             await self.store.wake_scheduler("cancelled")  # their dependents are cancelled in the next pass
         return summary
+
+    async def _anything_pending(self) -> bool:
+        groups = sorted(await self.store.resource_groups())
+        async with self.store.redis.pipeline(transaction=False) as pipe:
+            for group in groups:
+                pipe.zcard(self.store.keys.pending_queue(group))
+            return any(await pipe.execute())
 
     async def _apply(self, read: PassInput, result: PassResult, now: datetime) -> PassSummary:
         writes: list[tuple[str, Mutation]] = []
