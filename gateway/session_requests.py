@@ -18,7 +18,7 @@ from datetime import timedelta
 from common.clock import from_iso
 from common.errors import Forbidden, InvalidInput, UnsupportedResource
 from common.model import ClusterMode, Driver, Kernel, Session, SessionStatus, SessionType, StatusChange
-from idle.durations import parse_duration
+from common.durations import parse_duration
 from common.users import User
 from scheduler.slots import (INTRINSIC_SLOT_TYPES, InvalidQuantityError, SlotType, UnknownSlotError, from_user_input,
                              parse_quantity)

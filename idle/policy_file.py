@@ -43,9 +43,9 @@ from hcl2 import SerializationOptions
 from lark.exceptions import LarkError, UnexpectedInput
 
 from idle.config import DEFAULT_CHECK_INTERVAL, CheckName, IdlePolicyConfig, PolicyLayer, ThresholdOperator
-from idle.durations import parse_duration
+from common.durations import parse_duration
 from idle.metrics import KNOWN_METRICS
-from idle.source_lines import Path, SourceLines, scan
+from common.source_lines import Path, SourceLines, scan
 
 TOP_LEVEL_KEYS = ("check_interval", "enabled", "defaults", "resource_group", "user_policy")
 LAYER_KEYS = ("max_session_lifetime", "network_idle_timeout", "utilization")

@@ -42,8 +42,8 @@ import hcl2
 from hcl2 import SerializationOptions
 from lark.exceptions import LarkError, UnexpectedInput
 
-from idle.durations import parse_duration
-from idle.source_lines import scan
+from common.durations import parse_duration
+from common.source_lines import scan
 from scheduler.agents import BUILTIN_SELECTORS, ROUNDROBIN, UnknownSelectorError, load_plugin_selectors
 from scheduler.model import GroupConfig, SchedulerConfig
 from scheduler.scheduling_pass import validate_config

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idle.config import CheckName, PolicyLayer, ThresholdOperator
-from idle.durations import parse_duration
+from common.durations import parse_duration
 from idle.policy_file import PolicyFileError, load_policy_file, parse_policy
 
 EXAMPLE = Path(__file__).parents[2] / "idle" / "policy.example.hcl"
