@@ -7,6 +7,7 @@ import asyncio
 import sys
 
 from caravan import services
+from scheduler.config import SchedulerConfigError
 from common.settings import load_settings
 from idle.policy_file import PolicyFileError
 
@@ -38,10 +39,26 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(runner[args.command](settings))
     except KeyboardInterrupt:
         pass
-    except PolicyFileError as refused:
-        print(f"caravan: idle policy refused: {refused}", file=sys.stderr)
+    except (PolicyFileError, SchedulerConfigError, ExceptionGroup) as failure:
+        refused = _configuration_refused(failure)
+        if refused is None:
+            raise
+        print(f"caravan: configuration refused: {refused}", file=sys.stderr)
         return 2
     return 0
+
+
+def _configuration_refused(failure: BaseException) -> BaseException | None:
+    """The refused configuration file behind ``failure`` (alone, or inside the ``dev`` task group)."""
+    refusals = (PolicyFileError, SchedulerConfigError)
+    if isinstance(failure, refusals):
+        return failure
+    if isinstance(failure, BaseExceptionGroup):
+        matched = failure.subgroup(lambda e: isinstance(e, refusals))
+        while isinstance(matched, BaseExceptionGroup):
+            matched = matched.exceptions[0]
+        return matched
+    return None
 
 
 if __name__ == "__main__":
