@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import strawberry
 
+from common.access import can_access
 from common.errors import InvalidInput, NotFound
 from common.model import Session as SessionModel
 from common.users import User
@@ -14,7 +15,7 @@ MAX_PAGE = 100
 
 
 def visible(session: SessionModel | None, viewer: User) -> bool:
-    return session is not None and (viewer.is_admin or session.owner_id == viewer.id)
+    return session is not None and can_access(viewer, session.owner_id, session.project)
 
 
 @strawberry.type
