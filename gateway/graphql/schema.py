@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import strawberry
+from graphql import GraphQLError
 from strawberry.schema.config import StrawberryConfig
+from strawberry.types import ExecutionContext
 
 from gateway.graphql.context import Info
 from gateway.graphql.errors import ErrorCodes
@@ -12,6 +16,8 @@ from gateway.graphql.idle.queries import IdleQueries
 from gateway.graphql.protection import Limits, schema_extensions
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
+
+log = logging.getLogger(__name__)
 
 
 @strawberry.type
@@ -34,9 +40,17 @@ class Mutation(SessionMutations):
     pass
 
 
+class CaravanSchema(strawberry.Schema):
+    def process_errors(self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None) -> None:
+        """Strawberry logs every error at ERROR; most are the client's (bad input, NOT_FOUND…). Unexpected ones are
+        logged by ``ErrorCodes`` with their request id, so here they are only traced."""
+        for error in errors:
+            log.debug("graphql error at %s: %s", error.path, error.message)
+
+
 def build_schema(limits: Limits = Limits()) -> strawberry.Schema:
     """The schema with ``limits``' document limits (the SDL is the same for any limits)."""
-    return strawberry.Schema(
+    return CaravanSchema(
         query=Query, mutation=Mutation,
         extensions=[*schema_extensions(limits), ErrorCodes, RecordOperation],
         config=StrawberryConfig(relay_max_results=limits.max_page),
