@@ -27,6 +27,8 @@ name       = "{name}"
 bind_addr  = "127.0.0.1"
 data_dir   = "{data_dir}"
 log_level  = "INFO"
+# No call home to checkpoint-api.hashicorp.com: Caravan sends nothing off the machine.
+disable_update_check = true
 ports {{
   http = {http}
   rpc  = {rpc}
