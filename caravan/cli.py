@@ -36,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         "dev": services.run_all,
     }
     try:
-        asyncio.run(runner[args.command](settings))
+        if args.command == "gateway":
+            services.serve_gateway(settings)  # several worker processes: not inside an event loop
+        else:
+            asyncio.run(runner[args.command](settings))
     except KeyboardInterrupt:
         pass
     except (PolicyFileError, SchedulerConfigError, ExceptionGroup) as failure:

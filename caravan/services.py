@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import multiprocessing
+import os
+import signal
+import sys
 
 import uvicorn
+from starlette.applications import Starlette
 
 from common.redis import connect
-from common.settings import Settings
+from common.settings import Settings, load_settings
+from common.users import bootstrap_admin_token
 from gateway.app import create_app
 from idle.reload import PolicySource, reload_on_sighup
 from idle.service import IdleService
@@ -17,9 +24,38 @@ from scheduler.service import Scheduler
 
 log = logging.getLogger(__name__)
 
+PR_SET_PDEATHSIG = 1
+
 
 def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def serve_gateway(settings: Settings) -> None:
+    """``caravan gateway``: in this process, or as ``settings.gateway.workers`` uvicorn worker processes sharing the
+    port (GraphQL execution is CPU-bound Python: one process uses one core). Workers build the app from the same
+    ``CARAVAN_*`` environment these settings were read from."""
+    if settings.gateway.workers <= 1:
+        asyncio.run(run_gateway(settings))
+        return
+    bootstrap_admin_token(settings.gateway.admin_token, settings.home)  # generated here once, not raced by workers
+    uvicorn.run(
+        "caravan.services:gateway_worker_app", factory=True, workers=settings.gateway.workers,
+        host=settings.gateway.host, port=settings.gateway.port, log_level="warning", access_log=False, lifespan="on",
+    )
+
+
+def gateway_worker_app() -> Starlette:
+    """The app as each worker process of ``caravan gateway`` builds it (a uvicorn factory), settings from ``CARAVAN_*``.
+
+    The worker dies with its supervisor, even a SIGKILLed one (Linux ``PR_SET_PDEATHSIG``): no orphan goes on
+    serving the port, just as a killed single-process gateway serves nothing."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        parent = multiprocessing.parent_process()
+        if parent is not None and os.getppid() != parent.pid:  # it died before we asked
+            os._exit(1)
+    return create_app(load_settings())
 
 
 async def run_gateway(settings: Settings) -> None:

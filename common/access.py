@@ -4,6 +4,8 @@
 - An ADMIN also on every object of the projects they belong to (``User.projects``): they administer those.
 - A SUPERADMIN on everything.
 
+Users themselves are objects too: see ``can_see_user`` and ``manages_user``.
+
 Callers answer NOT_FOUND (never FORBIDDEN) when an object exists but is not visible, so that its
 existence is not revealed.
 """
@@ -42,3 +44,24 @@ def listing_scope(viewer: User) -> Scope:
     if viewer.role is Role.ADMIN:
         return Scope(everything=False, owners=(viewer.id,), projects=viewer.projects)
     return Scope(everything=False, owners=(viewer.id,))
+
+
+def can_see_user(viewer: User, target: User) -> bool:
+    """Is ``target`` visible to ``viewer`` (``users``, ``user``)? Yourself; for an ADMIN every member of a project
+    they administer; everyone for a SUPERADMIN. A user not visible is NOT_FOUND."""
+    if viewer.role is Role.SUPERADMIN or target.id == viewer.id:
+        return True
+    return viewer.role is Role.ADMIN and not set(target.projects).isdisjoint(viewer.projects)
+
+
+def manages_user(viewer: User, target: User) -> bool:
+    """May ``viewer`` act for another user (their tokens, role, projects, deactivation)? A SUPERADMIN for anyone; an
+    ADMIN for a USER all of whose projects they administer (acting for them reaches all their sessions)."""
+    if viewer.role is Role.SUPERADMIN:
+        return True
+    return viewer.role is Role.ADMIN and target.role is Role.USER and set(target.projects) <= set(viewer.projects)
+
+
+def may_create_for(viewer: User, owner_id: str) -> bool:
+    """May ``viewer`` create sessions owned by ``owner_id``? Their own; a SUPERADMIN's for anyone."""
+    return owner_id == viewer.id or viewer.role is Role.SUPERADMIN

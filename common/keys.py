@@ -25,6 +25,36 @@ class Keys:
         """ZSET of one owner's session ids scored by creation time."""
         return f"{self.prefix}:sessions:owner:{owner_id}"
 
+    def sessions_of_project(self, project: str) -> str:
+        """ZSET of one project's session ids scored by creation time (admins' listing scope)."""
+        return f"{self.prefix}:sessions:project:{project}"
+
+    def sessions_with_status(self, status: str) -> str:
+        """SET of the session ids now in one status (listing filter; moved in the same MULTI as the document)."""
+        return f"{self.prefix}:sessions:status:{status}"
+
+    def sessions_of_type(self, session_type: str) -> str:
+        """SET of the session ids of one session type (listing filter)."""
+        return f"{self.prefix}:sessions:type:{session_type}"
+
+    def sessions_in_group(self, resource_group: str) -> str:
+        """SET of the session ids of one resource group, whatever their status (listing filter)."""
+        return f"{self.prefix}:sessions:group:{resource_group}"
+
+    @property
+    def sessions_by_terminated(self) -> str:
+        """ZSET of ended (TERMINATED/CANCELLED) session ids scored by when they ended (listing order and filter)."""
+        return f"{self.prefix}:sessions:by-terminated"
+
+    @property
+    def session_names(self) -> str:
+        """HASH session id -> name, so that a name filter scans names without reading whole documents."""
+        return f"{self.prefix}:sessions:names"
+
+    def listing_scratch(self, request_id: str) -> str:
+        """Short-lived ZSET combining indexes for one filtered listing request (deleted in the same MULTI)."""
+        return f"{self.prefix}:sessions:scratch:{request_id}"
+
     @property
     def sessions_live(self) -> str:
         """SET of session ids not yet in a terminal status (reconciliation walks it)."""
@@ -57,12 +87,36 @@ class Keys:
         """Idempotency record: a creation request's client token → the session id(s) it made."""
         return f"{self.prefix}:client-token:{owner_id}:{token}"
 
+    @property
+    def user_prefix(self) -> str:
+        """Start of every user document's key (the token check script appends the user id it finds)."""
+        return f"{self.prefix}:user:"
+
     def user(self, user_id: str) -> str:
-        return f"{self.prefix}:user:{user_id}"
+        """JSON document of one user."""
+        return f"{self.user_prefix}{user_id}"
+
+    @property
+    def all_users(self) -> str:
+        """SET of every user id."""
+        return f"{self.prefix}:users"
+
+    def project_members(self, project: str) -> str:
+        """SET of the ids of one project's users."""
+        return f"{self.prefix}:project-members:{project}"
 
     def api_token(self, token_hash: str) -> str:
-        """Hashed API token → user id."""
-        return f"{self.prefix}:token:{token_hash}"
+        """HASH record of one API token, by the SHA-256 of its secret: id, user, label, created, expires, last_used."""
+        return f"{self.prefix}:api-token:{token_hash}"
+
+    @property
+    def api_token_ids(self) -> str:
+        """HASH API token id -> SHA-256 of its secret (revoking by id)."""
+        return f"{self.prefix}:api-token-ids"
+
+    def user_tokens(self, user_id: str) -> str:
+        """SET of the ids of one user's API tokens."""
+        return f"{self.prefix}:user-tokens:{user_id}"
 
     @property
     def scheduler_wakeup(self) -> str:
@@ -104,6 +158,38 @@ class Keys:
         return f"{self.prefix}:policy:project:{project}"
 
     @property
+    def users_with_policy(self) -> str:
+        """SET of the user ids that have a stored resource policy (``resourcePolicies`` lists them)."""
+        return f"{self.prefix}:policies:users"
+
+    @property
+    def projects_with_policy(self) -> str:
+        """SET of the projects that have a stored resource policy."""
+        return f"{self.prefix}:policies:projects"
+
+    @property
+    def resource_presets(self) -> str:
+        """HASH preset name -> JSON resource preset."""
+        return f"{self.prefix}:presets"
+
+    def template(self, template_id: str) -> str:
+        """JSON document of one session template."""
+        return f"{self.prefix}:template:{template_id}"
+
+    @property
+    def templates(self) -> str:
+        """SET of every template id (superadmins' listing)."""
+        return f"{self.prefix}:templates"
+
+    def templates_of_owner(self, owner_id: str) -> str:
+        """SET of the ids of the templates one user created (personal and project ones)."""
+        return f"{self.prefix}:templates:owner:{owner_id}"
+
+    def templates_of_project(self, project: str) -> str:
+        """SET of the ids of one project's templates: its project templates and its members' personal ones."""
+        return f"{self.prefix}:templates:project:{project}"
+
+    @property
     def idle_lease(self) -> str:
         return f"{self.prefix}:lease:idle"
 
@@ -136,11 +222,11 @@ class Keys:
         return f"{self.prefix}:idle:policy"
 
     def session_events(self, session_id: str) -> str:
-        """Pub/sub channel of one session's status changes."""
+        """STREAM of one session's status changes (``common.events``); expires a while after the session ends."""
         return f"{self.prefix}:events:session:{session_id}"
 
     def owner_events(self, owner_id: str) -> str:
-        """Pub/sub channel of status changes of all of one owner's sessions."""
+        """STREAM of status changes of all of one owner's sessions (``common.events``), capped in length."""
         return f"{self.prefix}:events:owner:{owner_id}"
 
     def rate_limit(self, subject: str, window: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from common.inference import replica_observation
 from common.model import Kernel, KernelObservation, Session, SessionResult, SessionStatus, SessionType, StatusChange
 
 S = SessionStatus
@@ -84,6 +85,7 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     """
     if session.status.is_terminal:
         return None
+    seen = replica_observation(session, seen)  # an INFERENCE replica going down is recovering, not ending
     kernels = list(session.kernels)
     for i, kernel in enumerate(kernels):
         if kernel.hostname == seen.hostname:
@@ -98,6 +100,7 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
                     "alloc_id": seen.alloc_id or kernel.alloc_id,
                     "exit_code": seen.exit_code if seen.exit_code is not None else kernel.exit_code,
                     "ports": seen.ports or kernel.ports,
+                    "restarts": seen.restarts,
                 }
             )
             break

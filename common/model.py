@@ -85,10 +85,26 @@ class Kernel:
     status_info: str = ""
     ports: tuple[str, ...] = ()
     """Preopened ports as ``port=host:port`` (the Nomad dynamic host port the kernel listens on)."""
+    restarts: int = 0
+    """Times Nomad restarted the kernel's task in its current allocation (a crash, or a failing health check)."""
 
     @property
     def is_main(self) -> bool:
         return self.role == "main"
+
+
+KERNEL_ROLES = ("main", "sub")
+"""The roles a request may give their own image and resources: ``main`` (main1) and ``sub`` (every sub kernel)."""
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """What a request (or a template) asks for the kernels of one role, over the session's image and resources."""
+
+    image: str | None = None
+    """None: the session's image."""
+    resources: dict[str, str] = field(default_factory=dict)
+    """Slot -> amount as the user wrote it; these slots replace the session's for this role's kernels."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +153,12 @@ class Session:
     """Bytes of /dev/shm for Docker kernels, as an exact decimal string."""
     started_at: datetime | None = None
     """When the session first became RUNNING."""
+    service_port: int | None = None
+    """INFERENCE: the port each replica serves (a Nomad dynamic host port, health-checked); see common.inference."""
+    health_check_path: str | None = None
+    """INFERENCE: the HTTP path the health check GETs; None: a TCP connect check."""
+    health_check_grace: float | None = None
+    """INFERENCE: seconds after a replica (re)starts before failing checks count against it."""
 
     @property
     def main_kernel(self) -> Kernel:
@@ -199,3 +221,4 @@ class KernelObservation:
     alloc_id: str | None = None
     exit_code: int | None = None
     ports: tuple[str, ...] = ()
+    restarts: int = 0

@@ -3,36 +3,61 @@
 A user policy caps
 - ``max_concurrent_sessions``: sessions holding resources at once (SCHEDULED … TERMINATING); the scheduler keeps
   the rest PENDING with the reason;
-- ``max_pending_sessions``: sessions queued at once; a creation beyond it is refused with ``QUOTA_EXCEEDED``;
+- ``max_pending_sessions``: sessions queued at once; a creation beyond it is refused with ``QUOTA_EXCEEDED``
+  (atomically: see :func:`pending_admission`);
 - ``total_resource_slots``: per slot, what the user's running sessions may hold together, cluster-wide.
 
-A project policy caps ``total_resource_slots`` of the project's sessions together. ``None`` means unlimited, for a
-whole policy (nobody stored one) as for any of its fields; a slot not listed is unlimited, a listed 0 allows none.
+A project policy caps ``total_resource_slots`` of the project's sessions together. Both may also set
+- ``max_session_lifetime`` and ``idle_timeout`` (seconds): the idle checker reclaims a RUNNING session past
+  the strictest of its resource group's idle policy, its owner's and its project's (``idle.owner_limits``);
+- ``allowed_resource_groups`` and ``allowed_drivers``: a creation outside them is refused with ``FORBIDDEN``.
+
+``None`` means unlimited, for a whole policy (nobody stored one) as for any of its fields; a slot not listed is
+unlimited, a listed 0 allows none; an empty allowed list allows nothing. Stored JSON missing the newer fields
+(written before they existed) reads as unlimited.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from redis.asyncio import Redis
 
-from common.errors import QuotaExceeded
+from common.errors import Forbidden, QuotaExceeded
 from common.keys import Keys
 from common.model import SessionStatus
-from common.store import SessionStore
+from common.store import Admission, SessionStore
 
 Slots = Mapping[str, Decimal]
 P = TypeVar("P")
+FIELDS_OF_BOTH = ("total_resource_slots", "max_session_lifetime", "idle_timeout", "allowed_resource_groups",
+                  "allowed_drivers")
 
 
 def _limit(name: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{name} must be a whole number >= 0 or None, got {value!r}")
+
+
+def _seconds(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a number of seconds > 0 or None, got {value!r}")
+    return float(value)
+
+
+def _names(name: str, value: Iterable[str] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError(f"{name} must be a list of names or None, got {value!r}")
+    return tuple(sorted(set(value)))
 
 
 def _slots(value: Mapping[str, Any] | None) -> Slots | None:
@@ -54,42 +79,91 @@ def _slots_json(slots: Slots | None) -> dict[str, str] | None:
     return None if slots is None else {slot: format(amount, "f") for slot, amount in slots.items()}
 
 
-@dataclass(frozen=True)
-class UserResourcePolicy:
-    max_concurrent_sessions: int | None = None
-    max_pending_sessions: int | None = None
+@dataclass(frozen=True, kw_only=True)
+class _Common:
+    """The fields user and project policies share, checked and normalized on construction."""
+
     total_resource_slots: Slots | None = None
     """Slot -> amount (cores, bytes, devices), exact; amounts given as strings or numbers are converted."""
+    max_session_lifetime: float | None = None
+    """Seconds a session may stay RUNNING."""
+    idle_timeout: float | None = None
+    """Seconds a session may go without user traffic (the idle checker's network timeout)."""
+    allowed_resource_groups: tuple[str, ...] | None = None
+    allowed_drivers: tuple[str, ...] | None = None
+    """Driver names (``docker``, ``exec``, ``qemu``, ``raw_exec``)."""
 
     def __post_init__(self) -> None:
-        _limit("max_concurrent_sessions", self.max_concurrent_sessions)
-        _limit("max_pending_sessions", self.max_pending_sessions)
         object.__setattr__(self, "total_resource_slots", _slots(self.total_resource_slots))
+        for name in ("max_session_lifetime", "idle_timeout"):
+            object.__setattr__(self, name, _seconds(name, getattr(self, name)))
+        for name in ("allowed_resource_groups", "allowed_drivers"):
+            object.__setattr__(self, name, _names(name, getattr(self, name)))
 
     def to_json(self) -> str:
-        return json.dumps({"max_concurrent_sessions": self.max_concurrent_sessions,
-                           "max_pending_sessions": self.max_pending_sessions,
-                           "total_resource_slots": _slots_json(self.total_resource_slots)})
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc["total_resource_slots"] = _slots_json(self.total_resource_slots)
+        return json.dumps(doc)
+
+    @classmethod
+    def _from_doc(cls, doc: Mapping[str, Any], names: Sequence[str]) -> Any:
+        return cls(**{name: doc.get(name) for name in names})
+
+
+@dataclass(frozen=True, kw_only=True)
+class UserResourcePolicy(_Common):
+    max_concurrent_sessions: int | None = None
+    max_pending_sessions: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _limit("max_concurrent_sessions", self.max_concurrent_sessions)
+        _limit("max_pending_sessions", self.max_pending_sessions)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> UserResourcePolicy:
-        doc = json.loads(text)
-        return cls(doc.get("max_concurrent_sessions"), doc.get("max_pending_sessions"), doc.get("total_resource_slots"))
+        names = (*FIELDS_OF_BOTH, "max_concurrent_sessions", "max_pending_sessions")
+        policy: UserResourcePolicy = cls._from_doc(json.loads(text), names)
+        return policy
 
 
-@dataclass(frozen=True)
-class ProjectResourcePolicy:
-    total_resource_slots: Slots | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "total_resource_slots", _slots(self.total_resource_slots))
-
-    def to_json(self) -> str:
-        return json.dumps({"total_resource_slots": _slots_json(self.total_resource_slots)})
-
+@dataclass(frozen=True, kw_only=True)
+class ProjectResourcePolicy(_Common):
     @classmethod
     def from_json(cls, text: str | bytes) -> ProjectResourcePolicy:
-        return cls(json.loads(text).get("total_resource_slots"))
+        policy: ProjectResourcePolicy = cls._from_doc(json.loads(text), FIELDS_OF_BOTH)
+        return policy
+
+
+# -- decisions (pure) --
+
+
+class SessionLimits(NamedTuple):
+    """The policies' limits on one RUNNING session, the strictest of its owner's and its project's."""
+
+    max_session_lifetime: float | None
+    idle_timeout: float | None
+
+
+def session_limits(*policies: _Common | None) -> SessionLimits:
+    def strictest(name: str) -> float | None:
+        values = [getattr(p, name) for p in policies if p is not None and getattr(p, name) is not None]
+        return min(values) if values else None
+
+    return SessionLimits(strictest("max_session_lifetime"), strictest("idle_timeout"))
+
+
+def check_allowed(*, resource_group: str, driver: str, user: UserResourcePolicy | None,
+                  project: ProjectResourcePolicy | None, project_name: str) -> None:
+    """Refuse (``FORBIDDEN`` on the field) a resource group or driver the owner's or the project's policy leaves out."""
+    for whose, policy in (("your", user), (f"project {project_name}'s", project)):
+        if policy is None:
+            continue
+        if policy.allowed_resource_groups is not None and resource_group not in policy.allowed_resource_groups:
+            raise Forbidden(f"{whose} resource policy does not allow resource group {resource_group!r}",
+                            field="resourceGroup")
+        if policy.allowed_drivers is not None and driver not in policy.allowed_drivers:
+            raise Forbidden(f"{whose} resource policy does not allow the {driver} driver", field="driver")
 
 
 class PolicyStore:
@@ -107,10 +181,23 @@ class PolicyStore:
         return await self._many(user_ids, self.keys.user_policy, UserResourcePolicy.from_json)
 
     async def put_user(self, user_id: str, policy: UserResourcePolicy) -> None:
-        await self.redis.set(self.keys.user_policy(user_id), policy.to_json())
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.user_policy(user_id), policy.to_json())
+            pipe.sadd(self.keys.users_with_policy, user_id)
+            await pipe.execute()
 
-    async def delete_user(self, user_id: str) -> None:
-        await self.redis.delete(self.keys.user_policy(user_id))
+    async def delete_user(self, user_id: str) -> bool:
+        """False when the user had no policy."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.user_policy(user_id))
+            pipe.srem(self.keys.users_with_policy, user_id)
+            deleted, _ = await pipe.execute()
+        return bool(deleted)
+
+    async def user_ids(self) -> set[str]:
+        """Users with a stored policy."""
+        ids: set[str] = await self.redis.smembers(self.keys.users_with_policy)
+        return ids
 
     async def project(self, project: str) -> ProjectResourcePolicy | None:
         return (await self.projects([project])).get(project)
@@ -119,10 +206,22 @@ class PolicyStore:
         return await self._many(projects, self.keys.project_policy, ProjectResourcePolicy.from_json)
 
     async def put_project(self, project: str, policy: ProjectResourcePolicy) -> None:
-        await self.redis.set(self.keys.project_policy(project), policy.to_json())
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.project_policy(project), policy.to_json())
+            pipe.sadd(self.keys.projects_with_policy, project)
+            await pipe.execute()
 
-    async def delete_project(self, project: str) -> None:
-        await self.redis.delete(self.keys.project_policy(project))
+    async def delete_project(self, project: str) -> bool:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.project_policy(project))
+            pipe.srem(self.keys.projects_with_policy, project)
+            deleted, _ = await pipe.execute()
+        return bool(deleted)
+
+    async def project_names(self) -> set[str]:
+        """Projects with a stored policy."""
+        names: set[str] = await self.redis.smembers(self.keys.projects_with_policy)
+        return names
 
     async def _many(self, names: Iterable[str], key: Callable[[str], str], parse: Callable[[str], P]) -> dict[str, P]:
         ordered = sorted(set(names))
@@ -132,25 +231,24 @@ class PolicyStore:
         return {name: parse(raw) for name, raw in zip(ordered, raws, strict=True) if raw}
 
 
-async def check_pending_limit(sessions: SessionStore, policies: PolicyStore, owner_id: str, adding: int,
-                              client_token: str | None = None) -> None:
-    """Creation-time admission: refuse (``QUOTA_EXCEEDED``) when ``adding`` more sessions would put the owner over
-    their policy's ``max_pending_sessions``. Costs nothing for users without that limit; a repeated request (same
-    ``client_token``) passes, as it creates nothing new.
+def pending_admission(owner_id: str, limit: int | None, adding: int) -> Admission | None:
+    """The check ``SessionStore.create`` runs under its WATCH: refuse (``QUOTA_EXCEEDED``) when ``adding`` more
+    sessions would put the owner over ``limit`` PENDING sessions. None (nothing to check) without a limit.
 
-    Not atomic with the creation: two requests racing may both pass, so the limit can be overshot by the requests
-    in flight at one instant (the scheduler's limits on running sessions are exact).
+    Exact under racing creations: the store re-runs it when another creation of the owner lands in between
+    (sessions leaving PENDING meanwhile only make the count conservative). One Redis command, whatever the owner
+    has: the owner's index intersected with the PENDING status index (kept in the same MULTI as each document).
     """
-    policy = await policies.user(owner_id)
-    limit = policy.max_pending_sessions if policy else None
     if limit is None:
-        return
-    if client_token and await sessions.redis.exists(sessions.keys.client_token(owner_id, client_token)):
-        return
-    live_of_owner = await sessions.redis.zinter([sessions.keys.sessions_of_owner(owner_id), sessions.keys.sessions_live])
-    pending = sum(1 for s in await sessions.get_many(live_of_owner) if s and s.status is SessionStatus.PENDING)
-    if pending + adding > limit:
-        raise QuotaExceeded(
-            f"you have {pending} pending session(s) and may queue at most {limit}: "
-            f"wait for some to start or destroy them", field="count" if adding > 1 else None,
-        )
+        return None
+
+    async def admit(sessions: SessionStore) -> None:
+        pending = await sessions.redis.zintercard(2, [sessions.keys.sessions_of_owner(owner_id),
+                                                      sessions.keys.sessions_with_status(SessionStatus.PENDING.value)])
+        if pending + adding > limit:
+            raise QuotaExceeded(
+                f"you have {pending} pending session(s) and may queue at most {limit}: "
+                f"wait for some to start or destroy them", field="count" if adding > 1 else None,
+            )
+
+    return admit

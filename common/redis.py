@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common.retry import backoff
 from common.settings import RedisSettings
 
 
 def client(settings: RedisSettings) -> Redis:
-    """A pooled client; commands fail fast when Redis is down and callers decide how to retry."""
+    """A pooled client; commands fail fast when Redis is down and callers decide how to retry.
+
+    A command on a pooled connection that broke (Redis was restarted) is retried on a fresh one, within about a
+    second: without it, the first request on each stale connection failed after Redis was back (from_url leaves the
+    client without redis-py's default retry). A WATCHed transaction is not retried here: it raises WatchError, and
+    the store's optimistic loop runs it again.
+    """
     return Redis.from_url(
         settings.url,
         decode_responses=True,
         socket_connect_timeout=2.0,
         socket_timeout=10.0,
         health_check_interval=15,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
 
 

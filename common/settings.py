@@ -39,6 +39,9 @@ class GatewaySettings:
     port: int = 8420
     admin_token: str | None = None
     """Bootstrap admin token (``CARAVAN_ADMIN_TOKEN``); else generated once into the state directory."""
+    workers: int = 1
+    """Processes ``caravan gateway`` serves with (``CARAVAN_GATEWAY_WORKERS``, default: one per CPU); they share
+    the port and all state is in Redis. ``caravan dev`` always runs one, in its own process."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,10 @@ class Settings:
     """raw_exec runs as root without isolation: admins only unless an operator opts in."""
     default_image: str | None = None
     """Image for sessions that name none (``CARAVAN_DEFAULT_IMAGE``; ops/ builds caravan/busybox)."""
+    qemu_images: Mapping[str, str] = field(default_factory=dict)
+    """The qemu driver's VM image allowlist, name → image directory (``CARAVAN_QEMU_IMAGES`` as
+    ``name=/dir,name2=/dir2``; else the image ops/build-vm-image built, ``CARAVAN_VM_IMAGE`` at
+    ``CARAVAN_VM_IMAGE_DIR``). The Nomad clients' qemu ``image_paths`` must contain the directories."""
 
     def with_prefix(self, prefix: str) -> Settings:
         """The same settings isolated under another Redis key prefix and Nomad job prefix."""
@@ -110,6 +117,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             host=env.get("CARAVAN_GATEWAY_HOST", GatewaySettings.host),
             port=int(env.get("CARAVAN_GATEWAY_PORT", GatewaySettings.port)),
             admin_token=env.get("CARAVAN_ADMIN_TOKEN") or None,
+            workers=max(1, int(env.get("CARAVAN_GATEWAY_WORKERS") or os.cpu_count() or 1)),
         ),
         scheduler=SchedulerSettings(
             reconcile_interval=float(env.get("CARAVAN_RECONCILE_INTERVAL", SchedulerSettings.reconcile_interval)),
@@ -118,4 +126,21 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         idle=IdleSettings(policy_path=Path(env["CARAVAN_IDLE_POLICY"]) if env.get("CARAVAN_IDLE_POLICY") else None),
         allow_raw_exec_for_users=env.get("CARAVAN_ALLOW_RAW_EXEC_FOR_USERS", "") in ("1", "true", "yes"),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
+        qemu_images=qemu_images_of(env),
     )
+
+
+def qemu_images_of(env: Mapping[str, str]) -> dict[str, str]:
+    """``CARAVAN_QEMU_IMAGES`` (``name=/dir,...``), else the one built image ops/ recorded."""
+    listed = env.get("CARAVAN_QEMU_IMAGES", "").strip()
+    if listed:
+        images = {}
+        for entry in filter(None, (e.strip() for e in listed.split(","))):
+            name, _, directory = entry.partition("=")
+            if not name.strip() or not directory.strip().startswith("/"):
+                raise ValueError(f"CARAVAN_QEMU_IMAGES: {entry!r} is not name=/absolute/directory")
+            images[name.strip()] = directory.strip()
+        return images
+    if env.get("CARAVAN_VM_IMAGE") and env.get("CARAVAN_VM_IMAGE_DIR"):
+        return {env["CARAVAN_VM_IMAGE"]: env["CARAVAN_VM_IMAGE_DIR"]}
+    return {}

@@ -7,13 +7,13 @@ session document and its indexes (live set, pending queue, name claim) never dis
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from common.clock import to_iso
+from common import events
 from common.errors import Conflict
 from common.keys import Keys
 from common.model import Session, SessionStatus
@@ -35,6 +35,8 @@ class Fence:
 
 
 Mutation = Callable[[Session], Session | None]
+Admission = Callable[["SessionStore"], Awaitable[None]]
+"""A creation-time check that raises to refuse (``common.policies.pending_admission``)."""
 
 
 class SessionStore:
@@ -78,19 +80,27 @@ class SessionStore:
 
     # -- creation -------------------------------------------------------------------------------
 
-    async def create(self, sessions: Sequence[Session], *, client_token: str | None = None) -> list[Session]:
-        """Store new PENDING sessions atomically; a repeated ``client_token`` returns the first call's sessions."""
+    async def create(self, sessions: Sequence[Session], *, client_token: str | None = None,
+                     admit: Admission | None = None) -> list[Session]:
+        """Store new PENDING sessions atomically; a repeated ``client_token`` returns the first call's sessions.
+
+        ``admit`` (a quota check) runs under a WATCH of the owner's session index and raises to refuse: a creation
+        of the same owner racing this one makes it run again, so two racing requests cannot both slip under a limit.
+        """
         owner = sessions[0].owner_id
         token_key = self.keys.client_token(owner, client_token) if client_token else None
         name_keys = [self.keys.live_name(s.owner_id, s.name) for s in sessions]
         while True:
             async with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    watched = [k for k in (token_key, *name_keys) if k]
+                    owner_index = self.keys.sessions_of_owner(owner) if admit else None
+                    watched = [k for k in (token_key, *name_keys, owner_index) if k]
                     await pipe.watch(*watched)
                     if token_key and (earlier := await pipe.get(token_key)):
                         found = await self.get_many(json.loads(earlier))
                         return [s for s in found if s is not None]
+                    if admit:
+                        await admit(self)
                     for session, name_key in zip(sessions, name_keys, strict=True):
                         if await pipe.exists(name_key):
                             raise Conflict(
@@ -114,10 +124,28 @@ class SessionStore:
         pipe.set(name_key, session.id)
         pipe.zadd(self.keys.sessions_by_created, {session.id: created})
         pipe.zadd(self.keys.sessions_of_owner(session.owner_id), {session.id: created})
+        self._index_for_listing(pipe, session)
         pipe.sadd(self.keys.sessions_live, session.id)
         pipe.zadd(self.keys.pending_queue(session.resource_group), {session.id: created})
         pipe.sadd(self.keys.resource_groups, session.resource_group)
         self._publish(pipe, session)
+
+    def _index_for_listing(self, pipe: Redis, session: Session) -> None:
+        """The listing's indexes of a new session (``common.listing`` plans queries over them)."""
+        pipe.zadd(self.keys.sessions_of_project(session.project), {session.id: session.created_at.timestamp()})
+        pipe.sadd(self.keys.sessions_with_status(session.status.value), session.id)
+        pipe.sadd(self.keys.sessions_of_type(session.type.value), session.id)
+        pipe.sadd(self.keys.sessions_in_group(session.resource_group), session.id)
+        pipe.hset(self.keys.session_names, session.id, session.name)
+
+    def _reindex_for_listing(self, pipe: Redis, before: Session, after: Session) -> None:
+        if after.status is not before.status:
+            pipe.srem(self.keys.sessions_with_status(before.status.value), after.id)
+            pipe.sadd(self.keys.sessions_with_status(after.status.value), after.id)
+        if after.status.is_terminal and not before.status.is_terminal and after.terminated_at:
+            pipe.zadd(self.keys.sessions_by_terminated, {after.id: after.terminated_at.timestamp()})
+        if after.name != before.name:
+            pipe.hset(self.keys.session_names, after.id, after.name)
 
     # -- updates --------------------------------------------------------------------------------
 
@@ -172,6 +200,7 @@ class SessionStore:
             if owned_name_key:
                 pipe.delete(owned_name_key)
             pipe.set(self.keys.live_name(after.owner_id, after.name), after.id)
+        self._reindex_for_listing(pipe, before, after)
         if after.status is not before.status:
             self._publish(pipe, after)
 
@@ -191,18 +220,8 @@ class SessionStore:
     # -- events ---------------------------------------------------------------------------------
 
     def _publish(self, pipe: Redis, session: Session) -> None:
-        change = session.status_history[-1] if session.status_history else None
-        event = json.dumps(
-            {
-                "sessionId": session.id,
-                "ownerId": session.owner_id,
-                "status": session.status.value,
-                "reason": session.status_info,
-                "at": to_iso(change.at if change else session.created_at),
-            }
-        )
-        pipe.publish(self.keys.session_events(session.id), event)
-        pipe.publish(self.keys.owner_events(session.owner_id), event)
+        """Append the status change to the session's and the owner's event streams, in the caller's MULTI."""
+        events.append(pipe, self.keys, session)
 
 
 def ids_of(sessions: Iterable[Session]) -> list[str]:

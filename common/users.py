@@ -1,25 +1,51 @@
-"""Users and their API tokens. Tokens are stored only as SHA-256 hashes."""
+"""Users, their projects and their API tokens, in Redis.
+
+A user has one role and belongs to one or more projects. An API token is a record (id, label, when it was
+created, last used and expires) kept under the SHA-256 of its secret: the secret is shown once, when issued,
+and never stored. Checking a token is one Redis round trip (a script reads the record, checks its expiry,
+reads the user and notes the use), since the gateway checks one on every request.
+
+Every write is one optimistic transaction (WATCH … MULTI/EXEC), so a user document, the user and project
+indexes and the token records never disagree; in particular a token cannot be issued to a user being
+deactivated.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import secrets
-from dataclasses import asdict, dataclass, field
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
 from redis.asyncio import Redis
+from redis.exceptions import WatchError
 
+from common.clock import utcnow
+from common.errors import Conflict, NotFound, QuotaExceeded
 from common.keys import Keys
 
 BOOTSTRAP_ADMIN_ID = "admin"
+BOOTSTRAP_TOKEN_ID = "bootstrap"
+"""The bootstrap admin's configured token keeps this id, so a new configured secret replaces the old one."""
+MAX_TOKENS_PER_USER = 50
+LAST_USED_RESOLUTION = 60.0
+"""Seconds: a token's last use is written at most this often (not on every request)."""
 
 
 class Role(StrEnum):
     SUPERADMIN = "SUPERADMIN"
     ADMIN = "ADMIN"
     USER = "USER"
+
+    @property
+    def rank(self) -> int:
+        """Higher ranks may do more: USER 0, ADMIN 1, SUPERADMIN 2."""
+        return (Role.USER, Role.ADMIN, Role.SUPERADMIN).index(self)
 
 
 @dataclass(frozen=True)
@@ -28,48 +54,289 @@ class User:
     name: str
     role: Role
     projects: tuple[str, ...] = field(default=("default",))
+    active: bool = True
+    """A deactivated user's tokens are revoked and no new ones are issued; their sessions are left alone."""
 
     @property
     def is_admin(self) -> bool:
         return self.role in (Role.ADMIN, Role.SUPERADMIN)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> User:
+        doc = json.loads(text)
+        return cls(id=doc["id"], name=doc["name"], role=Role(doc["role"]), projects=tuple(doc["projects"]),
+                   active=doc.get("active", True))
+
+
+@dataclass(frozen=True)
+class ApiToken:
+    """What is known of a token besides its secret."""
+
+    id: str
+    user_id: str
+    label: str
+    created_at: datetime
+    expires_at: datetime | None = None
+    last_used_at: datetime | None = None
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, str]) -> ApiToken:
+        return cls(
+            id=record["id"], user_id=record["user"], label=record["label"], created_at=_moment(record["created"]),
+            expires_at=_moment(record["expires"]) if record.get("expires") else None,
+            last_used_at=_moment(record["last_used"]) if record.get("last_used") else None,
+        )
+
+
+def _moment(seconds: str) -> datetime:
+    return datetime.fromtimestamp(float(seconds), UTC)
 
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def new_secret() -> str:
+    return "cv_" + secrets.token_urlsafe(32)
+
+
+# KEYS[1]: the token record. ARGV: the user key prefix, now (unix seconds), the last-use resolution.
+# Returns the user's JSON document, or false for an unknown or expired token or a user that is gone.
+# The user key is built here from the prefix (it is only known once the record is read): Caravan runs on a
+# single Redis, not a cluster, so a key not passed in KEYS is fine.
+AUTHENTICATE = """
+local record = redis.call('HMGET', KEYS[1], 'user', 'expires', 'last_used')
+if not record[1] then return false end
+local now = tonumber(ARGV[2])
+if record[2] and tonumber(record[2]) <= now then return false end
+local doc = redis.call('GET', ARGV[1] .. record[1])
+if not doc then return false end
+if not record[3] or now - tonumber(record[3]) >= tonumber(ARGV[3]) then
+  redis.call('HSET', KEYS[1], 'last_used', ARGV[2])
+end
+return doc
+"""
+
+
 class UserStore:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
+        self._authenticate = redis.register_script(AUTHENTICATE)
 
-    async def put(self, user: User) -> None:
-        await self.redis.set(self.keys.user(user.id), json.dumps(asdict(user)))
+    # -- users ----------------------------------------------------------------------------------
 
     async def get(self, user_id: str) -> User | None:
         raw = await self.redis.get(self.keys.user(user_id))
-        if not raw:
-            return None
-        doc = json.loads(raw)
-        return User(id=doc["id"], name=doc["name"], role=Role(doc["role"]), projects=tuple(doc["projects"]))
+        return User.from_json(raw) if raw else None
 
-    async def by_token(self, token: str) -> User | None:
-        user_id = await self.redis.get(self.keys.api_token(hash_token(token)))
-        return await self.get(user_id) if user_id else None
+    async def get_many(self, user_ids: Iterable[str]) -> list[User]:
+        """The users that exist among ``user_ids``, sorted by id."""
+        ids = sorted(set(user_ids))
+        raws = await self.redis.mget([self.keys.user(i) for i in ids]) if ids else []
+        return [User.from_json(r) for r in raws if r]
 
-    async def add_token(self, user_id: str, token: str) -> None:
-        await self.redis.set(self.keys.api_token(hash_token(token)), user_id)
+    async def ids(self, projects: Iterable[str] | None = None) -> set[str]:
+        """Every user id, or the ids of the members of any of ``projects``."""
+        if projects is None:
+            everyone: set[str] = await self.redis.smembers(self.keys.all_users)
+            return everyone
+        keys = [self.keys.project_members(p) for p in projects]
+        members: set[str] = await self.redis.sunion(keys) if keys else set()
+        return members
 
-    async def issue_token(self, user_id: str) -> str:
-        token = "cv_" + secrets.token_urlsafe(32)
-        await self.add_token(user_id, token)
-        return token
+    async def put(self, user: User) -> None:
+        """Store ``user`` as given, new or not."""
+        await self._write(user.id, lambda _: user)
+
+    async def create(self, user: User) -> User:
+        """Store a new user; CONFLICT if the id is taken."""
+
+        def new(before: User | None) -> User:
+            if before is not None:
+                raise Conflict(f"a user named {user.id!r} already exists", field="name")
+            return user
+
+        created = await self._write(user.id, new)
+        assert created is not None
+        return created
+
+    async def update(self, user_id: str, mutate: Callable[[User], User]) -> User | None:
+        """Apply ``mutate`` (pure; it may run more than once, and may raise to refuse) to a stored user."""
+        return await self._write(user_id, lambda before: mutate(before) if before is not None else None)
+
+    async def _write(self, user_id: str, decide: Callable[[User | None], User | None]) -> User | None:
+        key = self.keys.user(user_id)
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    before = User.from_json(raw) if raw else None
+                    after = decide(before)
+                    if after is None:
+                        return None
+                    pipe.multi()
+                    self._write_user(pipe, before, after)
+                    await pipe.execute()
+                    return after
+                except WatchError:
+                    continue
+
+    def _write_user(self, pipe: Redis, before: User | None, after: User) -> None:
+        pipe.set(self.keys.user(after.id), after.to_json())
+        pipe.sadd(self.keys.all_users, after.id)
+        for project in set(before.projects if before else ()) - set(after.projects):
+            pipe.srem(self.keys.project_members(project), after.id)
+        for project in after.projects:
+            pipe.sadd(self.keys.project_members(project), after.id)
+
+    async def deactivate(self, user_id: str, check: Callable[[User], None] | None = None) -> User | None:
+        """Mark the user inactive and revoke all their tokens, at once; ``None`` if there is no such user.
+
+        ``check`` (pure; it may raise to refuse) is run on the stored user inside the transaction."""
+        key, tokens_key = self.keys.user(user_id), self.keys.user_tokens(user_id)
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(key, tokens_key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        return None
+                    before = User.from_json(raw)
+                    if check is not None:
+                        check(before)
+                    token_ids = sorted(await pipe.smembers(tokens_key))
+                    hashes = await pipe.hmget(self.keys.api_token_ids, token_ids) if token_ids else []
+                    after = replace(before, active=False)
+                    pipe.multi()
+                    self._write_user(pipe, before, after)
+                    for token_hash in hashes:
+                        if token_hash:
+                            pipe.delete(self.keys.api_token(token_hash))
+                    if token_ids:
+                        pipe.hdel(self.keys.api_token_ids, *token_ids)
+                    pipe.delete(tokens_key)
+                    await pipe.execute()
+                    return after
+                except WatchError:
+                    continue
 
     async def ensure_bootstrap_admin(self, token: str) -> User:
-        admin = User(id=BOOTSTRAP_ADMIN_ID, name="admin", role=Role.SUPERADMIN)
-        await self.put(admin)
-        await self.add_token(admin.id, token)
+        """The configured superadmin, active, with ``token`` as its bootstrap token (replacing an earlier one).
+
+        Its projects are kept across restarts; its role and activity are not: it is the way back in."""
+        def restored(before: User | None) -> User:
+            projects = before.projects if before else ("default",)
+            return User(id=BOOTSTRAP_ADMIN_ID, name="admin", role=Role.SUPERADMIN, projects=projects)
+
+        admin = await self._write(BOOTSTRAP_ADMIN_ID, restored)
+        assert admin is not None
+        await self._store_token(admin.id, token, label="bootstrap", token_id=BOOTSTRAP_TOKEN_ID, now=utcnow())
         return admin
+
+    # -- tokens ---------------------------------------------------------------------------------
+
+    async def by_token(self, token: str, now: datetime | None = None) -> User | None:
+        """The active user a token belongs to, or ``None`` (unknown, revoked or expired token; deactivated user)."""
+        moment = (now or utcnow()).timestamp()
+        raw = await self._authenticate(keys=[self.keys.api_token(hash_token(token))],
+                                       args=[self.keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)])
+        if not raw:
+            return None
+        user = User.from_json(raw)
+        return user if user.active else None
+
+    async def new_token(self, user_id: str, label: str, *, expires_at: datetime | None = None,
+                        now: datetime | None = None) -> tuple[str, ApiToken]:
+        """A new token for an active user: its secret (shown once) and its record."""
+        secret = new_secret()
+        record = await self._store_token(user_id, secret, label=label, token_id=uuid.uuid4().hex[:16],
+                                         expires_at=expires_at, now=now or utcnow())
+        return secret, record
+
+    async def issue_token(self, user_id: str, label: str = "api") -> str:
+        """A new token's secret."""
+        secret, _ = await self.new_token(user_id, label)
+        return secret
+
+    async def _store_token(self, user_id: str, secret: str, *, label: str, token_id: str, now: datetime,
+                           expires_at: datetime | None = None) -> ApiToken:
+        await self.tokens_of(user_id)  # drops the ids of expired records, which must not count below
+        user_key, tokens_key = self.keys.user(user_id), self.keys.user_tokens(user_id)
+        token_hash = hash_token(secret)
+        record = ApiToken(id=token_id, user_id=user_id, label=label, created_at=now, expires_at=expires_at)
+        fields = {"id": token_id, "user": user_id, "label": label, "created": repr(now.timestamp()),
+                  **({"expires": repr(expires_at.timestamp())} if expires_at else {})}
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(user_key, tokens_key)
+                    raw = await pipe.get(user_key)
+                    if raw is None:
+                        raise NotFound(f"no user {user_id}", field="userId")
+                    if not User.from_json(raw).active:
+                        raise Conflict(f"user {user_id} is deactivated: no new tokens", field="userId")
+                    if await pipe.scard(tokens_key) >= MAX_TOKENS_PER_USER:
+                        raise QuotaExceeded(f"a user has at most {MAX_TOKENS_PER_USER} tokens; revoke some first",
+                                            field="userId")
+                    replaced = await pipe.hget(self.keys.api_token_ids, token_id)
+                    pipe.multi()
+                    if replaced and replaced != token_hash:
+                        pipe.delete(self.keys.api_token(replaced))
+                    pipe.delete(self.keys.api_token(token_hash))
+                    pipe.hset(self.keys.api_token(token_hash), mapping=fields)
+                    if expires_at:  # Redis drops the record itself once it is of no use
+                        pipe.pexpireat(self.keys.api_token(token_hash), int(expires_at.timestamp() * 1000))
+                    pipe.hset(self.keys.api_token_ids, token_id, token_hash)
+                    pipe.sadd(tokens_key, token_id)
+                    await pipe.execute()
+                    return record
+                except WatchError:
+                    continue
+
+    async def token(self, token_id: str) -> ApiToken | None:
+        token_hash = await self.redis.hget(self.keys.api_token_ids, token_id)
+        if not token_hash:
+            return None
+        record = await self.redis.hgetall(self.keys.api_token(token_hash))
+        return ApiToken.from_record(record) if record else None
+
+    async def tokens_of(self, user_id: str) -> list[ApiToken]:
+        """A user's live tokens, oldest first; ids of records Redis has expired are dropped on the way."""
+        token_ids = sorted(await self.redis.smembers(self.keys.user_tokens(user_id)))
+        if not token_ids:
+            return []
+        hashes = await self.redis.hmget(self.keys.api_token_ids, token_ids)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for token_hash in hashes:
+                pipe.hgetall(self.keys.api_token(token_hash or "-"))
+            records: list[dict[str, str]] = await pipe.execute()
+        gone = [i for i, r in zip(token_ids, records, strict=True) if not r]
+        if gone:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.srem(self.keys.user_tokens(user_id), *gone)
+                pipe.hdel(self.keys.api_token_ids, *gone)
+                await pipe.execute()
+        tokens = [ApiToken.from_record(r) for r in records if r]
+        return sorted(tokens, key=lambda t: (t.created_at, t.id))
+
+    async def revoke_token(self, token_id: str) -> ApiToken | None:
+        """Delete a token: it is refused from the next request on. ``None`` if there is no such token."""
+        token_hash = await self.redis.hget(self.keys.api_token_ids, token_id)
+        if not token_hash:
+            return None
+        record = await self.redis.hgetall(self.keys.api_token(token_hash))
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.api_token(token_hash))
+            pipe.hdel(self.keys.api_token_ids, token_id)
+            if record:
+                pipe.srem(self.keys.user_tokens(record["user"]), token_id)
+            await pipe.execute()
+        return ApiToken.from_record(record) if record else None
 
 
 def bootstrap_admin_token(configured: str | None, home: Path) -> str:
@@ -80,7 +347,7 @@ def bootstrap_admin_token(configured: str | None, home: Path) -> str:
     if path.exists():
         return path.read_text().strip()
     home.mkdir(parents=True, exist_ok=True)
-    token = "cv_" + secrets.token_urlsafe(32)
+    token = new_secret()
     path.write_text(token + "\n")
     path.chmod(0o600)
     return token

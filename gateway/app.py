@@ -13,8 +13,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
+from strawberry.types.unset import UNSET, UnsetType
 
 from common.errors import TransientError, Unavailable
+from common.event_hub import EventHub
 from common.keys import Keys
 from common.redis import client as redis_client
 from common.settings import Settings
@@ -25,6 +27,8 @@ from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
 from gateway.graphql.protection import Guard, Limits, RateLimiter
 from gateway.graphql.schema import build_schema
+from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
+from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
 from gateway.metrics import Metrics
 from nomad_jobs.client import NomadClient
 
@@ -32,12 +36,18 @@ log = logging.getLogger(__name__)
 
 
 class CaravanGraphQL(GraphQLOverHTTP):
+    graphql_transport_ws_handler_class = RateLimitedTransportWS
+
     def __init__(self, state: dict[str, Any], limits: Limits, metrics: Metrics) -> None:
         settings: Settings = state["settings"]
         limiter = RateLimiter(lambda: state["redis"], Keys(settings.redis.prefix), limits.rate_limit, limits.rate_window)
         super().__init__(build_schema(limits), guard=Guard(limits, limiter), metrics=metrics,
-                         graphql_ide="graphiql", allow_queries_via_get=True)
+                         graphql_ide="graphiql", allow_queries_via_get=True, subscription_protocols=WS_PROTOCOLS)
         self.state = state
+
+    async def on_ws_connect(self, context: Context) -> UnsetType:
+        await accept_connection(context)
+        return UNSET  # a plain connection_ack
 
     async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
         users: UserStore = self.state["users"]
@@ -57,6 +67,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
             user=user,
             request_id=uuid.uuid4().hex[:12],
             auth_failure=failure,
+            hub=self.state["hub"],
         )
 
 
@@ -70,13 +81,15 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         redis = redis_client(settings.redis)
         keys = Keys(settings.redis.prefix)
         nomad = NomadClient(settings.nomad)
-        state.update(redis=redis, sessions=SessionStore(redis, keys), users=UserStore(redis, keys), nomad=nomad)
+        state.update(redis=redis, sessions=SessionStore(redis, keys), users=UserStore(redis, keys), nomad=nomad,
+                     hub=EventHub(redis))
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:
             await state["users"].ensure_bootstrap_admin(token)
         except Exception as exc:  # Redis may come up after us; readiness reports it meanwhile
             log.warning("could not register the bootstrap admin yet: %s", exc)
         yield
+        await state["hub"].aclose()
         await nomad.aclose()
         await redis.aclose()
 

@@ -11,15 +11,19 @@ import uuid
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from dataclasses import dataclass, field
-from datetime import datetime
-
-from datetime import timedelta
+from datetime import datetime, timedelta
+from types import MappingProxyType
 
 from common.clock import from_iso
-from common.errors import Forbidden, InvalidInput, UnsupportedResource
-from common.model import ClusterMode, Driver, Kernel, Session, SessionStatus, SessionType, StatusChange
+from common.errors import CaravanError, Forbidden, InvalidInput, UnsupportedResource
+from common.model import (KERNEL_ROLES, ClusterMode, Driver, Kernel, RoleSpec, Session, SessionStatus, SessionType,
+                          StatusChange)
+from common.presets import ResourcePreset
 from common.durations import parse_duration
+from common.inference import replicas_of
 from common.users import User
+from gateway.inference_options import ServiceOptions, checked_service_options
+from nomad_jobs import qemu
 from scheduler.slots import (INTRINSIC_SLOT_TYPES, InvalidQuantityError, SlotType, UnknownSlotError, from_user_input,
                              parse_quantity)
 
@@ -59,6 +63,17 @@ class SessionRequest:
     shared_memory: str | None = None
     designated_agent: str | None = None
     priority: int = 10
+    preset: str | None = None
+    """A resource preset's name: its slots (and shared memory) under the explicit ones."""
+    kernel_roles: Mapping[str, RoleSpec] = field(default_factory=dict)
+    """Role (``main``, ``sub``) -> its own image and slots over the session's."""
+    project: str | None = None
+    """One of the owner's projects; None: their first."""
+    replicas: int | None = None
+    """INFERENCE only (gateway.inference_options): replicas of the main kernel; None: 1."""
+    service_port: int | None = None
+    health_check_path: str | None = None
+    health_check_grace: str | None = None
 
 
 def build_sessions(
@@ -69,18 +84,112 @@ def build_sessions(
     known_slots: Mapping[str, SlotType] = INTRINSIC_SLOT_TYPES,
     allow_raw_exec_for_users: bool = False,
     default_image: str | None = None,
+    presets: Mapping[str, ResourcePreset] = MappingProxyType({}),
+    owner: User | None = None,
+    qemu_images: Mapping[str, str] = MappingProxyType({}),
+    allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver),
 ) -> list[Session]:
+    """``owner``: whom the sessions are for, if not ``viewer`` (a SUPERADMIN acting for them; the caller checks)."""
+    owner = owner or viewer
     if not NAME_RULE.match(request.name):
         raise InvalidInput(
             "name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name"
         )
+    checked = check_request(request, viewer=viewer, now=now, known_slots=known_slots,
+                            allow_raw_exec_for_users=allow_raw_exec_for_users, default_image=default_image,
+                            presets=presets, qemu_images=qemu_images, allowed_drivers=allowed_drivers)
+    project = session_project(request.project, owner=owner, viewer=viewer)
+    names = [request.name] if request.count == 1 else [f"{request.name}-{i}" for i in range(1, request.count + 1)]
+    if any(len(n) > 64 for n in names):
+        raise InvalidInput("name is too long for the numbered names of count sessions", field="name")
+    return [
+        Session(
+            id=str(uuid.uuid4()),
+            name=name,
+            owner_id=owner.id,
+            project=project,
+            type=request.type,
+            driver=request.driver,
+            image=checked.image,
+            resources=checked.slots,
+            kernels=checked.kernels,
+            created_at=now,
+            status=SessionStatus.PENDING,
+            status_info="created",
+            status_history=(StatusChange(SessionStatus.PENDING, now, "created"),),
+            resource_group=request.resource_group,
+            startup_command=request.startup_command,
+            environ=checked.environ,
+            cluster_mode=request.cluster_mode,
+            client_token=request.client_token,
+            priority=request.priority,
+            starts_at=checked.starts_at,
+            batch_timeout=checked.batch_timeout,
+            dependencies=tuple(dict.fromkeys(request.dependencies)),
+            designated_agent=request.designated_agent,
+            preopen_ports=tuple(request.preopen_ports),
+            shared_memory=checked.shared_memory,
+            service_port=checked.service.port if checked.service else None,
+            health_check_path=checked.service.health_check_path if checked.service else None,
+            health_check_grace=checked.service.health_check_grace if checked.service else None,
+        )
+        for name in names
+    ]
+
+
+def session_project(requested: str | None, *, owner: User, viewer: User) -> str:
+    """The project new sessions of ``owner`` go to: ``requested``, one of the owner's, else the owner's first."""
+    if requested is None:
+        return owner.projects[0]
+    if requested not in owner.projects:
+        if owner.id == viewer.id:
+            raise Forbidden(f"you are not a member of project {requested[:80]!r}", field="project")
+        raise InvalidInput(f"user {owner.id} is not a member of project {requested[:80]!r}", field="project")
+    return requested
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A request's values once every rule but the session name's passed: what its sessions are built from."""
+
+    image: str
+    slots: dict[str, str]
+    """The session's slots per kernel (defaults, then the preset's, then the explicit ones), normalized."""
+    kernels: tuple[Kernel, ...]
+    environ: dict[str, str]
+    shared_memory: str | None
+    starts_at: datetime | None
+    batch_timeout: float | None
+    service: ServiceOptions | None = None
+    """INFERENCE: replicas (already the kernels), service port and health check; None for other types."""
+
+
+def check_request(
+    request: SessionRequest,
+    *,
+    viewer: User,
+    now: datetime,
+    known_slots: Mapping[str, SlotType] = INTRINSIC_SLOT_TYPES,
+    allow_raw_exec_for_users: bool = False,
+    default_image: str | None = None,
+    presets: Mapping[str, ResourcePreset] = MappingProxyType({}),
+    qemu_images: Mapping[str, str] = MappingProxyType({}),
+    allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver),
+) -> CheckedRequest:
+    """Every rule of a creation but the session name's: also how a template's spec is checked when it is written.
+
+    ``presets`` holds at least the preset the request names (the caller reads it); a preset not in it is unknown.
+    """
     if request.type is SessionType.SYSTEM and not viewer.is_admin:
         raise Forbidden("SYSTEM sessions are created by the platform, not by users", field="type")
     if request.type is SessionType.BATCH and not (request.startup_command or "").strip():
         raise InvalidInput("a BATCH session needs a non-empty startupCommand", field="startupCommand")
     if request.driver is Driver.RAW_EXEC and not (viewer.is_admin or allow_raw_exec_for_users):
         raise Forbidden("the raw_exec driver runs without isolation and is for admins only", field="driver")
-    image = request.image or default_image
+    if request.driver.value not in allowed_drivers:
+        raise Forbidden(f"resource group {request.resource_group!r} allows only the drivers "
+                        f"{', '.join(sorted(allowed_drivers)) or 'none'}", field="driver")
+    image = request.image or (_only(qemu_images) if request.driver is Driver.QEMU else default_image)
     if request.driver in (Driver.DOCKER, Driver.QEMU) and not image:
         raise InvalidInput(f"the {request.driver.value} driver needs an image", field="image")
     _check_text("startupCommand", request.startup_command or "")
@@ -89,52 +198,70 @@ def build_sessions(
     if not GROUP_RULE.match(request.resource_group):
         raise InvalidInput("resourceGroup is not a valid name", field="resourceGroup")
     environ = _checked_environ(request.environ)
-    slots = _checked_resources({**DEFAULT_RESOURCES, **request.resources}, known_slots)
+    preset = _preset(request.preset, presets)
+    slots = _checked_resources({**DEFAULT_RESOURCES, **(preset.resources if preset else {}), **request.resources},
+                               known_slots)
     _check_batch_options(request)
     _check_shape(request, viewer)
-    shared_memory = _checked_shared_memory(request.shared_memory, slots)
+    service = checked_service_options(
+        request.type, replicas=request.replicas, service_port=request.service_port,
+        health_check_path=request.health_check_path, health_check_grace=request.health_check_grace,
+        cluster_size=request.cluster_size, startup_command=request.startup_command,
+    )
+    kernels = kernels_of(request.cluster_size, image or "", slots,
+                         _checked_roles(request.kernel_roles, request.driver, image or "", slots, known_slots))
+    if service is not None:
+        kernels = replicas_of(kernels[0], service.replicas)  # INFERENCE: each replica is a kernel (common.inference)
+    if request.driver is Driver.QEMU:
+        _check_vm(request, kernels, environ, qemu_images)
+    shared_memory = _checked_shared_memory(request.shared_memory or (preset.shared_memory if preset else None),
+                                           kernels)
     starts_at = _checked_start(request.starts_at, now)
     timeout = _checked_duration("batchTimeout", request.batch_timeout, minimum=1)
-    names = [request.name] if request.count == 1 else [f"{request.name}-{i}" for i in range(1, request.count + 1)]
-    if any(len(n) > 64 for n in names):
-        raise InvalidInput("name is too long for the numbered names of count sessions", field="name")
-    return [
-        Session(
-            id=str(uuid.uuid4()),
-            name=name,
-            owner_id=viewer.id,
-            type=request.type,
-            driver=request.driver,
-            image=image or "",
-            resources=slots,
-            kernels=kernels_of(request.cluster_size, image or "", slots),
-            created_at=now,
-            status=SessionStatus.PENDING,
-            status_info="created",
-            status_history=(StatusChange(SessionStatus.PENDING, now, "created"),),
-            resource_group=request.resource_group,
-            startup_command=request.startup_command,
-            environ=environ,
-            cluster_mode=request.cluster_mode,
-            client_token=request.client_token,
-            priority=request.priority,
-            starts_at=starts_at,
-            batch_timeout=timeout,
-            dependencies=tuple(dict.fromkeys(request.dependencies)),
-            designated_agent=request.designated_agent,
-            preopen_ports=tuple(request.preopen_ports),
-            shared_memory=shared_memory,
-        )
-        for name in names
-    ]
+    return CheckedRequest(image or "", slots, kernels, environ, shared_memory, starts_at, timeout, service)
 
 
-def kernels_of(cluster_size: int, image: str, slots: dict[str, str]) -> tuple[Kernel, ...]:
-    """``main1`` then ``sub1`` … ``sub{N-1}``: users interact with main1, which reaches the others."""
-    main = Kernel(role="main", index=1, hostname="main1", image=image, resources=slots)
-    subs = (Kernel(role="sub", index=i + 1, hostname=f"sub{i}", image=image, resources=slots)
+def kernels_of(cluster_size: int, image: str, slots: dict[str, str],
+               roles: Mapping[str, tuple[str, dict[str, str]]] = MappingProxyType({})) -> tuple[Kernel, ...]:
+    """``main1`` then ``sub1`` … ``sub{N-1}``: users interact with main1, which reaches the others.
+
+    ``roles`` gives a role (``main``, ``sub``) its own (image, slots); other kernels get the session's."""
+    main_image, main_slots = roles.get("main", (image, slots))
+    sub_image, sub_slots = roles.get("sub", (image, slots))
+    main = Kernel(role="main", index=1, hostname="main1", image=main_image, resources=main_slots)
+    subs = (Kernel(role="sub", index=i + 1, hostname=f"sub{i}", image=sub_image, resources=dict(sub_slots))
             for i in range(1, cluster_size))
     return (main, *subs)
+
+
+def _preset(name: str | None, presets: Mapping[str, ResourcePreset]) -> ResourcePreset | None:
+    if name is None:
+        return None
+    if name not in presets:
+        raise InvalidInput(f"there is no resource preset named {name[:80]!r}", field="preset")
+    return presets[name]
+
+
+def _checked_roles(roles: Mapping[str, RoleSpec], driver: Driver, image: str, slots: dict[str, str],
+                   known: Mapping[str, SlotType]) -> dict[str, tuple[str, dict[str, str]]]:
+    """Per role: its image (the session's when it names none) and its slots (the session's, then its own)."""
+    checked = {}
+    for role, spec in roles.items():
+        if role not in KERNEL_ROLES:
+            raise InvalidInput(f"kernel role {role!r} is not one of {', '.join(KERNEL_ROLES)}", field="kernelRoles")
+        if spec.image is not None:
+            _check_text(f"kernelRoles.{role}.image", spec.image)
+            if not spec.image.strip():
+                raise InvalidInput("a kernel role's image cannot be empty", field=f"kernelRoles.{role}.image")
+            if driver not in (Driver.DOCKER, Driver.QEMU):
+                raise InvalidInput(f"the {driver.value} driver runs no image: a role cannot name one",
+                                   field=f"kernelRoles.{role}.image")
+        try:
+            role_slots = _checked_resources({**slots, **spec.resources}, known)
+        except CaravanError as exc:
+            raise type(exc)(exc.message, field=f"kernelRoles.{role}.{exc.field}") from exc
+        checked[role] = (spec.image or image, role_slots)
+    return checked
 
 
 def _check_batch_options(request: SessionRequest) -> None:
@@ -189,15 +316,15 @@ def _checked_duration(field_name: str, value: str | None, *, minimum: float) -> 
     return seconds
 
 
-def _checked_shared_memory(value: str | None, slots: dict[str, str]) -> str | None:
+def _checked_shared_memory(value: str | None, kernels: Sequence[Kernel]) -> str | None:
     if value is None:
         return None
     try:
         amount = parse_quantity("sharedMemory", value, SlotType.BYTES)
     except InvalidQuantityError as exc:
         raise InvalidInput(str(exc), field="sharedMemory") from exc
-    if amount >= Decimal(slots["mem"]):
-        raise InvalidInput("sharedMemory must be less than the session's mem", field="sharedMemory")
+    if any(amount >= Decimal(kernel.resources["mem"]) for kernel in kernels):
+        raise InvalidInput("sharedMemory must be less than the mem of every kernel", field="sharedMemory")
     return str(amount)
 
 
@@ -219,6 +346,12 @@ def _checked_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return dict(environ)
 
 
+def checked_preset_slots(raw: Mapping[str, str], known: Mapping[str, SlotType]) -> dict[str, str]:
+    """A resource preset's slots, normalized, refused (on ``resources.<slot>``) as a request giving them would be."""
+    checked = _checked_resources({**DEFAULT_RESOURCES, **raw}, known)
+    return {slot: amount for slot, amount in checked.items() if slot in raw}
+
+
 def _checked_resources(raw: Mapping[str, str], known: Mapping[str, SlotType]) -> dict[str, str]:
     try:
         slots = from_user_input(raw, known)
@@ -233,3 +366,29 @@ def _checked_resources(raw: Mapping[str, str], known: Mapping[str, SlotType]) ->
     return slots.to_json()
 
 
+
+
+def _only(images: Mapping[str, str]) -> str | None:
+    """The VM image a qemu session gets when it names none: the allowlist's, when it holds exactly one."""
+    return next(iter(images)) if len(images) == 1 else None
+
+
+def _check_vm(request: SessionRequest, kernels: Sequence[Kernel], environ: Mapping[str, str],
+              images: Mapping[str, str]) -> None:
+    """The qemu driver: allowlisted images, the memory Nomad's driver needs, what a VM's fw_cfg carries."""
+    for kernel in kernels:
+        where = f"kernelRoles.{kernel.role}." if kernel.role in request.kernel_roles else ""
+        if kernel.image not in images:
+            allowed = ", ".join(sorted(images)) or "none"
+            raise InvalidInput(f"{kernel.image!r} is not an allowlisted VM image (allowed: {allowed})",
+                               field=f"{where}image")
+        if Decimal(kernel.resources["mem"]) < qemu.MIN_MEMORY_MIB * 1024 * 1024:
+            raise InvalidInput(f"a VM needs at least {qemu.MIN_MEMORY_MIB}m of mem", field=f"{where}resources.mem")
+    if request.preopen_ports:
+        raise InvalidInput("qemu VMs have no network: preopenPorts are not supported", field="preopenPorts")
+    if request.type is SessionType.INFERENCE:
+        raise InvalidInput("INFERENCE sessions serve on a network, which qemu VMs do not have", field="driver")
+    try:
+        qemu.environ_item(environ, limit=qemu.USER_ENVIRON_BYTES)
+    except qemu.PayloadTooLarge as exc:
+        raise InvalidInput(str(exc), field="environ") from exc

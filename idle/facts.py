@@ -10,19 +10,23 @@ from datetime import datetime
 from decimal import Decimal
 
 from common.model import Kernel, Session, SessionStatus
+from common.policies import SessionLimits
 from idle.activity import Activity
 from idle.config import EffectivePolicy, IdlePolicyConfig
+from idle.owner_limits import tightened
 from idle.policy import SessionFacts, checked_thresholds
 from idle.window import UtilizationWindow
 
 
-def policy_for(config: IdlePolicyConfig, session: Session) -> EffectivePolicy:
-    """The policy ``session`` is judged by.
+def policy_for(config: IdlePolicyConfig, session: Session, limits: SessionLimits | None = None) -> EffectivePolicy:
+    """The policy ``session`` is judged by: the file's, tightened by ``limits``, its owner's and project's resource
+    policies (:mod:`idle.owner_limits`).
 
     Caravan's users carry no idle-policy name yet, so ``user_policy`` blocks of the file apply to nobody;
     this is the one place to pass it once they do.
     """
-    return config.effective(resource_group=session.resource_group, user_policy=None)
+    policy = config.effective(resource_group=session.resource_group, user_policy=None)
+    return tightened(policy, limits, config.enabled) if limits is not None else policy
 
 
 def started_at(session: Session) -> datetime:
@@ -36,8 +40,12 @@ def started_at(session: Session) -> datetime:
 
 
 def requested_slots(session: Session) -> dict[str, Decimal]:
-    """Slot -> amount per kernel, as requested (which devices the session uses)."""
-    return {slot: Decimal(amount) for slot, amount in session.resources.items()}
+    """Slot -> the most any kernel requested (which devices the session uses: a cluster's roles may differ)."""
+    found: dict[str, Decimal] = {}
+    for kernel in session.kernels:
+        for slot, amount in kernel.resources.items():
+            found[slot] = max(found.get(slot, Decimal(0)), Decimal(amount))
+    return found if session.kernels else {slot: Decimal(amount) for slot, amount in session.resources.items()}
 
 
 def checked_metrics(session: Session, policy: EffectivePolicy) -> dict[str, float]:

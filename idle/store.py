@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -109,10 +109,14 @@ class IdleStore:
 
     async def verdict(self, session_id: str) -> StoredVerdict | None:
         raw = await self.redis.get(self.keys.idle_report(session_id))
-        if raw is None:
-            return None
-        doc = json.loads(raw)
-        return StoredVerdict(checked_at=from_iso(doc["checked_at"]), verdict=Verdict.from_dict(doc))
+        return _stored_verdict(raw) if raw is not None else None
+
+    async def verdicts(self, session_ids: Sequence[str]) -> list[StoredVerdict | None]:
+        """Several sessions' last verdicts in one round trip (MGET), in the order asked."""
+        if not session_ids:
+            return []
+        raws = await self.redis.mget([self.keys.idle_report(i) for i in session_ids])
+        return [_stored_verdict(raw) if raw is not None else None for raw in raws]
 
     async def published_policy(self) -> tuple[PublishedPolicy, IdlePolicyConfig] | None:
         """The policy in force, or None while no idle checker has led yet."""
@@ -121,6 +125,11 @@ class IdleStore:
             return None
         published = PublishedPolicy(source=doc.get("source", ""), text=doc["text"])
         return published, _parsed(published.text, published.source)
+
+
+def _stored_verdict(raw: str) -> StoredVerdict:
+    doc = json.loads(raw)
+    return StoredVerdict(checked_at=from_iso(doc["checked_at"]), verdict=Verdict.from_dict(doc))
 
 
 @lru_cache(maxsize=8)

@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from types import MappingProxyType
 from typing import NamedTuple
 
 from redis.asyncio import Redis
 
 from common.keys import Keys
 from common.model import Session
+from common.policies import SessionLimits
 from idle.activity import Activity, read_activity
 from idle.collect import Sample, collect_samples
 from idle.config import IdlePolicyConfig
 from idle.facts import checked_metrics, policy_for, session_facts
+from idle.owner_limits import read_limits
 from idle.policy import Arbiter, evaluate
 from idle.verdict import Verdict
 from idle.window import UtilizationWindow, record_sample
@@ -43,11 +46,13 @@ def judge(
     activity: Mapping[str, Activity],
     samples: Mapping[str, Sample],
     arbiter: Arbiter = evaluate,
+    limits: Mapping[str, SessionLimits] = MappingProxyType({}),
 ) -> Sweep:
+    """``limits``: session id -> its owner's and project's resource-policy limits (:mod:`idle.owner_limits`)."""
     verdicts: dict[str, Verdict] = {}
     updated: dict[str, UtilizationWindow] = {}
     for session in sessions:
-        policy = policy_for(config, session)
+        policy = policy_for(config, session, limits.get(session.id))
         metrics = checked_metrics(session, policy)
         window = None
         if metrics and policy.utilization is not None:
@@ -77,11 +82,13 @@ async def check_once(
     arbiter: Arbiter = evaluate,
 ) -> Sweep:
     """Verdicts on ``sessions`` (all RUNNING) at ``now``, with this sweep's samples recorded."""
-    sampled = [s for s in sessions if checked_metrics(s, policy_for(config, s))]
-    samples, activity = await asyncio.gather(
+    sampled = [s for s in sessions if checked_metrics(s, policy_for(config, s))]  # limits never touch utilization
+    samples, activity, limits = await asyncio.gather(
         collect_samples(nomad, sampled, concurrency=concurrency),
         read_activity(redis, keys, [s.id for s in sessions], now),
+        read_limits(redis, keys, sessions),
     )
     return judge(
-        now=now, sessions=sessions, config=config, windows=windows, activity=activity, samples=samples, arbiter=arbiter
+        now=now, sessions=sessions, config=config, windows=windows, activity=activity, samples=samples,
+        arbiter=arbiter, limits=limits,
     )

@@ -6,8 +6,12 @@ Errors are mapped once, here: unreachable or 5xx → :class:`TransientError` (re
 
 from __future__ import annotations
 
+import asyncio
+import codecs
+import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -15,6 +19,7 @@ import httpx
 
 from common.errors import PermanentError, TransientError
 from common.settings import NomadSettings
+from nomad_jobs.log_frames import HEARTBEAT, FrameSplitter, LogFrame, absolute_offset
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +29,11 @@ LIVE_ALLOCATIONS = (
     'DesiredStatus == "run" and (ClientStatus == "pending" or ClientStatus == "running" or ClientStatus == "unknown")'
 )
 """Allocations Nomad's own scheduler counts against a node (one being stopped already frees its resources there)."""
+
+TERMINAL_ALLOCATION_STATUSES = frozenset({"complete", "failed", "lost"})
+"""Client statuses of an allocation whose tasks will not run (or write logs) again."""
+LOG_FOLLOWS = 64
+"""Log follows open at once per client; more wait for a free connection (Nomad allows 100 per client address)."""
 
 
 class NomadRejected(PermanentError):
@@ -48,9 +58,16 @@ class NomadClient:
             timeout=timeout,
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
         )
+        # log follows hold a connection each for as long as someone watches: a pool of their own, so that
+        # many watchers cannot starve the calls that run sessions
+        self._follows = httpx.AsyncClient(
+            base_url=settings.addr, headers=headers, timeout=timeout,
+            limits=httpx.Limits(max_connections=LOG_FOLLOWS, max_keepalive_connections=0),
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._follows.aclose()
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         params = {"namespace": self.settings.namespace, **kwargs.pop("params", {})}
@@ -104,10 +121,10 @@ class NomadClient:
         return jobs
 
     async def allocations(self, job_prefix: str) -> list[Json]:
-        """Allocation stubs of every job whose id starts with ``job_prefix``, in one call."""
-        allocs: list[Json] = await self._json(
-            "GET", "/v1/allocations", params={"filter": f'JobID matches "^{job_prefix}"', "task_states": "true"}
-        )
+        """Allocation stubs of every job whose id starts with ``job_prefix``, in one call (with their allocated
+        ports: a rescheduled replica's new endpoint must converge even when the event stream missed it)."""
+        params = {"filter": f'JobID matches "^{job_prefix}"', "task_states": "true", "resources": "true"}
+        allocs: list[Json] = await self._json("GET", "/v1/allocations", params=params)
         return allocs
 
     async def job_allocations(self, job_id: str) -> list[Json]:
@@ -127,6 +144,10 @@ class NomadClient:
     async def restart_allocation(self, alloc_id: str, task: str) -> None:
         await self._request("POST", f"/v1/client/allocation/{alloc_id}/restart", json={"TaskName": task})
 
+    async def signal_allocation(self, alloc_id: str, task: str, signal: str) -> None:
+        """Send ``signal`` (``SIGKILL``, ``SIGTERM`` …) to the task's process, as ``nomad alloc signal`` does."""
+        await self._request("POST", f"/v1/client/allocation/{alloc_id}/signal", json={"Task": task, "Signal": signal})
+
     async def live_allocations(self) -> list[Json]:
         """Every allocation that holds resources now, in every namespace and of any job, with its allocated
         resources and without task states: one call, whatever the cluster runs (the scheduler's occupancy)."""
@@ -145,6 +166,114 @@ class NomadClient:
             params |= {"origin": "start", "offset": "0"}
         response = await self._request("GET", f"/v1/client/fs/logs/{alloc_id}", params=params)
         return response.text
+
+    async def follow_logs(
+        self, alloc_id: str, task: str, stream: str = "stdout", *, tail_bytes: int = 0, quiet: float = 1.0
+    ) -> AsyncIterator[str]:
+        """The task's log from ``tail_bytes`` before its end, then live as it is written, as text chunks.
+
+        Waits while the task has not started. Ends once the allocation is terminal (or gone) and the stream
+        has been ``quiet`` seconds without data after that was seen: Nomad's follow never ends by itself.
+        A broken stream is reopened right after the last byte delivered.
+        """
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        if tail_bytes > 0:
+            start = {"origin": "end", "offset": str(tail_bytes)}
+        else:  # Nomad reads origin=end offset=0 as the start of the newest file: start at the end ourselves
+            written = sum(size for _, size in await self._log_files(alloc_id, task, stream))
+            start = {"origin": "start", "offset": str(written)}
+        while True:
+            frames: asyncio.Queue[LogFrame | BaseException | None] = asyncio.Queue()
+            reader = asyncio.create_task(self._read_log_frames(alloc_id, task, stream, start, frames))
+            last: LogFrame | None = None
+            try:
+                async for chunk, last in self._until_drained(alloc_id, frames, quiet):
+                    if decoded := text.decode(chunk):
+                        yield decoded
+            finally:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader
+            if await self._allocation_ended(alloc_id):
+                if rest := text.decode(b"", final=True):
+                    yield rest
+                return
+            if last is None:
+                await asyncio.sleep(quiet / 2)  # the task has not started yet: Nomad has no log to follow
+                continue
+            position = absolute_offset(await self._log_files(alloc_id), task, stream, last)
+            start = {"origin": "start", "offset": str(position)}
+
+    async def _log_files(
+        self, alloc_id: str, task: str | None = None, stream: str | None = None
+    ) -> list[tuple[str, int]]:
+        """(name, size) of the allocation's log files (of one task's stream if given); none before it has any."""
+        try:
+            files = await self._json("GET", f"/v1/client/fs/ls/{alloc_id}", params={"path": "/alloc/logs"})
+        except (NomadNotFound, NomadRejected, TransientError) as exc:  # no log directory yet (an outage shows next)
+            log.debug("no log files of %s: %s", alloc_id, exc)
+            return []
+        listing = [(str(f["Name"]), int(f["Size"])) for f in files or () if not f.get("IsDir")]
+        if task is None:
+            return listing
+        return [(name, size) for name, size in listing if name.startswith(f"{task}.{stream}.")]
+
+    async def _read_log_frames(
+        self, alloc_id: str, task: str, stream: str, start: dict[str, str],
+        frames: asyncio.Queue[LogFrame | BaseException | None],
+    ) -> None:
+        """Put each frame of one follow request on ``frames``; then None (the stream ended) or the error."""
+        params = {"namespace": self.settings.namespace, "task": task, "type": stream, "follow": "true",
+                  "plain": "false", **start}
+        splitter = FrameSplitter()
+        try:
+            async with self._follows.stream(
+                "GET", f"/v1/client/fs/logs/{alloc_id}", params=params, timeout=httpx.Timeout(10.0, read=None)
+            ) as response:
+                if response.status_code != 200:
+                    # 404 before the task starts, 400 before Nomad knows the task: both settle on their own
+                    await response.aread()
+                    raise NomadNotFound(f"logs of {alloc_id}: {response.status_code} {response.text.strip()}")
+                async for chunk in response.aiter_bytes():
+                    for frame in splitter.feed(chunk):
+                        frames.put_nowait(frame)
+            frames.put_nowait(None)
+        except (httpx.TransportError, NomadNotFound, ValueError) as exc:
+            frames.put_nowait(exc)
+
+    async def _until_drained(
+        self, alloc_id: str, frames: asyncio.Queue[LogFrame | BaseException | None], quiet: float
+    ) -> AsyncIterator[tuple[bytes, LogFrame]]:
+        """The data of ``frames`` until the allocation has ended and no data came for ``quiet`` seconds since;
+        stops early when the request ends (returns, and the caller decides whether to reopen it)."""
+        ended = False
+        last_data = last_check = time.monotonic()
+        while True:
+            try:
+                frame = await asyncio.wait_for(frames.get(), quiet)
+            except TimeoutError:
+                frame = HEARTBEAT
+            if frame is None or isinstance(frame, BaseException):
+                if isinstance(frame, httpx.TransportError | ValueError):
+                    log.info("log stream of %s broke (%s); reopening it", alloc_id, frame)
+                return
+            now = time.monotonic()
+            if frame.data:
+                last_data = now
+                yield frame.data, frame
+                continue
+            if not ended and now - last_check >= quiet:
+                last_check = now
+                ended = await self._allocation_ended(alloc_id)
+            if ended and now - last_data >= quiet:
+                return
+
+    async def _allocation_ended(self, alloc_id: str) -> bool:
+        try:
+            alloc = await self.allocation(alloc_id)
+        except NomadNotFound:
+            return True  # collected: it ended long ago
+        return str(alloc.get("ClientStatus")) in TERMINAL_ALLOCATION_STATUSES
 
     # -- nodes and agent -------------------------------------------------------------------------
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
-from common.model import KernelObservation, SessionStatus
+from common.model import Driver, KernelObservation, SessionStatus
 from nomad_jobs.meta import TASK_NAME
+from nomad_jobs.qemu import guest_exit_code
 
 S = SessionStatus
 
@@ -22,15 +24,29 @@ def exit_code_of(alloc: dict[str, Any]) -> int | None:
     return None
 
 
+def restarts_of(alloc: dict[str, Any]) -> int:
+    """How often Nomad restarted the kernel task in this allocation (after a crash or a failing health check)."""
+    state = (alloc.get("TaskStates") or {}).get(TASK_NAME) or {}
+    return int(state.get("Restarts") or 0)
+
+
+def is_superseded(alloc: dict[str, Any]) -> bool:
+    """Nomad replaced this allocation (rescheduled it): what it says now is stale, its replacement speaks."""
+    return bool(alloc.get("NextAllocation"))
+
+
 def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
     hostname = str(alloc.get("TaskGroup", ""))
     client = alloc.get("ClientStatus")
     desired = alloc.get("DesiredStatus")
     code = exit_code_of(alloc)
+    restarts = restarts_of(alloc)
     common = {"hostname": hostname, "agent": alloc.get("NodeID"), "alloc_id": alloc.get("ID"), "exit_code": code,
-              "ports": ports_of(alloc)}
+              "ports": ports_of(alloc), "restarts": restarts}
     if client == "pending":
-        status, reason = (S.TERMINATING, "stopping") if desired != "run" else (S.PREPARING, "allocation-pending")
+        # Between a task's exit and its restart Nomad shows the allocation pending again.
+        waiting = "restarting" if restarts else "allocation-pending"
+        status, reason = (S.TERMINATING, "stopping") if desired != "run" else (S.PREPARING, waiting)
     elif client == "running":
         status, reason = (S.TERMINATING, "stopping") if desired != "run" else (S.RUNNING, "kernel-running")
     elif client == "complete":
@@ -42,8 +58,24 @@ def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
     return KernelObservation(status=status, reason=reason, **common)
 
 
+def for_driver(seen: KernelObservation, driver: Driver) -> KernelObservation:
+    """``seen`` with the command's own exit code: a qemu task's exit code is QEMU's, which encodes the guest's."""
+    if driver is not Driver.QEMU or seen.exit_code is None:
+        return seen
+    code = guest_exit_code(seen.exit_code)
+    if seen.status is not S.TERMINATED:
+        return replace(seen, exit_code=code)
+    if code is not None:
+        return replace(seen, exit_code=code, reason="task-finished" if code == 0 else "task-failed")
+    if seen.exit_code == 1:  # QEMU's own error exit: it could not start the VM
+        return replace(seen, exit_code=None, status=S.ERROR, reason="failed-to-start")
+    # 0 or a signal (-1): stopped from outside, or the guest powered off, before the command reported
+    return replace(seen, exit_code=None, reason="vm-stopped")
+
+
 def ports_of(alloc: dict[str, Any]) -> tuple[str, ...]:
-    """Preopened ports as ``port=host:port``, from the ports Nomad allocated (labels are ``p<port>``)."""
+    """Preopened ports (and an INFERENCE service port) as ``port=host:port``, from the ports Nomad allocated
+    (labels are ``p<port>``)."""
     shared = (alloc.get("AllocatedResources") or {}).get("Shared") or {}
     found = []
     for port in shared.get("Ports") or []:

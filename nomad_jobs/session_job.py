@@ -5,6 +5,8 @@ Resource mapping (documented for operators):
   cores × the agent's MHz per core (``JobContext.mhz_per_core``). That is a CPU *share*, not an
   exclusive core reservation, so fractional cores work and the kernel may burst when idle cores exist.
 - ``mem`` is requested in bytes and becomes ``memory`` in MiB, rounded up.
+- a device slot (``mock.device``, ``cuda.device``) becomes a ``device "<vendor>/<type>[/<name>]" { count = N }``
+  block (``JobContext.devices``), so Nomad reserves the instances and the task sees only those.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import base64
 import hashlib
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from common.model import Driver, Kernel, Session, SessionType
-from nomad_jobs import meta
+from nomad_jobs import meta, qemu
 from nomad_jobs.hcl import Block, render, runtime_text
+from nomad_jobs.replica_service import add_recovery, add_service, exposed_ports, port_label, service_environment
 
 MIB = 1024 * 1024
 SHELL = "/bin/sh"
@@ -63,6 +67,11 @@ class JobContext:
     """Kernel hostname → Nomad node id chosen by Caravan's scheduler (empty: Nomad places)."""
     node_pool: str | None = None
     """The Nomad node pool of the session's resource group (None: Nomad's default pool)."""
+    devices: Mapping[str, str] = field(default_factory=dict)
+    """Device slot → the Nomad device id it reserves (``mock.device`` → ``nomad/file/mock``): a kernel asking for
+    such a slot gets a ``device`` block, so Nomad reserves the instances the scheduler counted."""
+    qemu_images: Mapping[str, str] = field(default_factory=dict)
+    """Allowlisted VM image name → its directory (``Settings.qemu_images``), for qemu kernels."""
 
 
 @dataclass(frozen=True)
@@ -113,20 +122,32 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
         # A batch kernel runs once: its exit code is the session's result, so no retries.
         group.block("restart", attempts=0, mode="fail")
         group.block("reschedule", attempts=0, unlimited=False)
-    if session.preopen_ports:
+    if session.type is SessionType.INFERENCE:
+        add_recovery(group)  # a killed or unhealthy replica comes back: restarted in place, else rescheduled
+    if exposed_ports(session):
         network = group.block("network")
-        for port in session.preopen_ports:
-            network.block("port", f"p{port}")
+        for port in exposed_ports(session):
+            network.block("port", port_label(port))
     task = group.block("task", meta.TASK_NAME, driver=session.driver.value)
-    task.block("config", **_driver_config(session, kernel))
+    task.block("config", **_driver_config(session, kernel, ctx))
     task.block("env", **_environment(session, kernel))
+    add_service(task, session, kernel.hostname)
     cores = Decimal(kernel.resources.get("cpu", "1"))
     mem = Decimal(kernel.resources.get("mem", str(256 * MIB)))
-    task.block("resources", cpu=max(1, int(cores * ctx.mhz_per_core)), memory=max(16, math.ceil(mem / MIB)))
+    resources = task.block("resources", cpu=max(1, int(cores * ctx.mhz_per_core)),
+                           memory=max(16, math.ceil(mem / MIB)))
+    for slot, device in sorted(ctx.devices.items()):
+        count = math.ceil(Decimal(kernel.resources.get(slot, "0")))
+        if count > 0:
+            resources.block("device", device, count=count)
 
 
-def _driver_config(session: Session, kernel: Kernel) -> dict[str, object]:
+def _driver_config(session: Session, kernel: Kernel, ctx: JobContext) -> dict[str, object]:
     command = session.startup_command if session.startup_command else KEEP_ALIVE
+    if session.driver is Driver.QEMU:
+        # An image no longer allowlisted renders as no image ("": files missing), so the VM fails to start.
+        return qemu.driver_config(ctx.qemu_images.get(kernel.image, ""), command, vm_environment(session, kernel),
+                                  Decimal(kernel.resources.get("cpu", "1")))
     args = [runtime_text(a) for a in ("-c", BOOTSTRAP, "caravan-kernel", command)]
     if session.driver is Driver.DOCKER:
         config: dict[str, object] = {
@@ -138,6 +159,13 @@ def _driver_config(session: Session, kernel: Kernel) -> dict[str, object]:
             config["shm_size"] = int(session.shared_memory)
         return config
     return {"command": SHELL, "args": args}
+
+
+def vm_environment(session: Session, kernel: Kernel) -> dict[str, str]:
+    """A VM's environment: the same variables, the user's as written (they reach the guest base64-encoded)."""
+    env = {k: v for k, v in _environment(session, kernel).items()
+           if not k.startswith("CARAVAN_B64_") and k != "CARAVAN_ENCODED_ENV"}
+    return env | session.environ
 
 
 def _environment(session: Session, kernel: Kernel) -> dict[str, str]:
@@ -154,6 +182,7 @@ def _environment(session: Session, kernel: Kernel) -> dict[str, str]:
         "CARAVAN_CLUSTER_HOSTS": hosts,
         "CARAVAN_CLUSTER_ADDR": kernel_addresses(session)[kernel.hostname],
     }
+    env |= service_environment(session)
     encoded = []
     for name, value in session.environ.items():
         if NOMAD_ENV_REFERENCE.search(value):

@@ -18,6 +18,8 @@ The file is ``CARAVAN_SCHEDULER_CONFIG``: HCL, or JSON when its name ends in ``.
       resource_priority = ["cuda", "rocm", "tpu", "cpu", "mem"]   # slot order when agents are compared
       pending_timeout   = 0              # PENDING longer than this -> CANCELLED "pending-timeout" (0 = never)
       selector_options  = {}             # free-form, handed to a custom selector
+      allowed_drivers   = ["docker", "exec", "qemu", "raw_exec"]  # what sessions of the group may run on; others
+                                         # are refused at creation (FORBIDDEN on driver)
     }
     resource_group "gpu" {               # one block per resource group (= Nomad node pool);
       agent_selector = "concentrated"    # keys not set here are taken from `default`
@@ -43,6 +45,7 @@ from hcl2 import SerializationOptions
 from lark.exceptions import LarkError, UnexpectedInput
 
 from common.durations import parse_duration
+from common.model import Driver
 from common.source_lines import scan
 from scheduler.agents import BUILTIN_SELECTORS, ROUNDROBIN, UnknownSelectorError, load_plugin_selectors
 from scheduler.model import GroupConfig, SchedulerConfig
@@ -60,7 +63,7 @@ DEVICE_SLOTS: Mapping[str, str] = MappingProxyType({
 """Built-in names of Nomad devices as slots; any other device is ``<vendor>.<type>`` (``intel/gpu`` -> ``intel.gpu``)."""
 
 GROUP_KEYS = ("session_strategy", "agent_selector", "retries_to_skip", "reserve_after", "max_reservations",
-              "resource_priority", "pending_timeout", "selector_options")
+              "resource_priority", "pending_timeout", "selector_options", "allowed_drivers")
 TOP_LEVEL_KEYS = ("cpu_mhz_per_core", "device_slots", "default", "resource_group")
 Where = tuple[str, ...]
 
@@ -85,9 +88,15 @@ class SchedulingConfig:
     """The file's device names; they win over ``DEVICE_SLOTS``."""
     cpu_mhz_per_core: int | None = None
     source: str = "built-in"
+    allowed_drivers: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Resource group -> the drivers its sessions may use; groups not listed use ``default_allowed_drivers``."""
+    default_allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver)
 
     def pending_timeout(self, group: str) -> timedelta | None:
         return self.pending_timeouts.get(group, self.default_pending_timeout)
+
+    def drivers_allowed(self, group: str) -> frozenset[str]:
+        return self.allowed_drivers.get(group, self.default_allowed_drivers)
 
     def device_slot(self, vendor: str, kind: str, name: str) -> str:
         """The slot a Nomad device counts as: the configured names (most specific id first), then the built-in
@@ -215,12 +224,14 @@ class _Reader:
             device_slots=MappingProxyType(self.device_slots(doc.get("device_slots", {}))),
             cpu_mhz_per_core=mhz,
             source=self.source,
+            allowed_drivers={name: g["allowed_drivers"] for name, g in groups.items()},
+            default_allowed_drivers=default["allowed_drivers"],
         )
 
     def group(self, body: Mapping[str, Any], where: Where, inherited: Mapping[str, Any]) -> dict[str, Any]:
         self.known_keys(body, where, GROUP_KEYS)
         found = dict(inherited or {**{f.name: getattr(GroupConfig(), f.name) for f in fields(GroupConfig)},
-                                   "pending_timeout": None})
+                                   "pending_timeout": None, "allowed_drivers": frozenset(d.value for d in Driver)})
         for key in ("session_strategy", "agent_selector"):
             if key in body:
                 found[key] = self.string(body[key], (*where, key))
@@ -238,6 +249,8 @@ class _Reader:
             if not isinstance(value, list):
                 raise self.fail((*where, "resource_priority"), "expected a list of slot names")
             found["resource_priority"] = tuple(self.string(item, (*where, "resource_priority")) for item in value)
+        if "allowed_drivers" in body:
+            found["allowed_drivers"] = self.drivers(body["allowed_drivers"], (*where, "allowed_drivers"))
         if "selector_options" in body:
             found["selector_options"] = MappingProxyType(dict(self.mapping(body["selector_options"],
                                                                            (*where, "selector_options"))))
@@ -261,6 +274,15 @@ class _Reader:
             if not found[device] or found[device] in ("cpu", "mem"):
                 raise self.fail(where, f"cannot count a device as {found[device]!r}")
         return found
+
+    def drivers(self, value: Any, where: Where) -> frozenset[str]:
+        known = sorted(d.value for d in Driver)
+        if not isinstance(value, list):
+            raise self.fail(where, f"expected a list of drivers ({', '.join(known)})")
+        for item in value:
+            if self.string(item, where) not in known:
+                raise self.fail(where, f"unknown driver {item!r} (valid: {', '.join(known)})")
+        return frozenset(value)
 
     def known_keys(self, body: Mapping[str, Any], where: Where, allowed: tuple[str, ...]) -> None:
         for key in body:
@@ -300,4 +322,5 @@ def _attributes(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _group_config(found: Mapping[str, Any]) -> GroupConfig:
-    return GroupConfig(**{key: value for key, value in found.items() if key != "pending_timeout"})
+    edge_only = ("pending_timeout", "allowed_drivers")  # read by the I/O edges, not by the pure core
+    return GroupConfig(**{key: value for key, value in found.items() if key not in edge_only})

@@ -3,6 +3,10 @@
 The event stream gives changes as they happen (resuming from the last applied index after a
 disconnect); reconciliation walks every live session and its job's allocations, so anything the
 stream missed (Caravan was down, the event buffer wrapped) still converges.
+
+An allocation Nomad has replaced (a rescheduled INFERENCE replica, say) no longer speaks for its kernel:
+its late updates are dropped, and reconciliation reads the newest allocation of each task group. How a live INFERENCE session reads a replica going down (recovering, not
+ending) is decided in ``common.inference``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from common.retry import stop_if_cancelled
 from common.store import Fence, SessionStore
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import session_id_of
-from nomad_jobs.observe import latest_per_group, observe_allocation
+from nomad_jobs.observe import for_driver, is_superseded, latest_per_group, observe_allocation
 from scheduler.termination import terminate
 
 log = logging.getLogger(__name__)
@@ -41,7 +45,7 @@ class Follower:
             nonlocal ended
             if session.status not in OBSERVED_STATUSES:
                 return None
-            after = observe_kernel(session, seen, at=utcnow())
+            after = observe_kernel(session, for_driver(seen, session.driver), at=utcnow())
             ended = after is not None and after.status in RESOURCES_FREED and session.status not in RESOURCES_FREED
             return after
 
@@ -57,7 +61,7 @@ class Follower:
 
     async def on_allocation(self, alloc: dict[str, Any]) -> None:
         session_id = session_id_of(self.prefix, str(alloc.get("JobID", "")))
-        if session_id:
+        if session_id and not is_superseded(alloc):
             await self.apply(session_id, observe_allocation(alloc))
 
     async def follow_events(self) -> None:

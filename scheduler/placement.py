@@ -105,7 +105,7 @@ class Placer:
             writes.append((session_id, _cancel(cancellation.reason, now)))
         for session_id, kernels in result.placements.items():
             log.info("session=%s placed: %s", session_id, ", ".join(f"{k.role} on {k.agent_id}" for k in kernels))
-            writes.append((session_id, self._place(kernels, read.mhz_per_core, now)))
+            writes.append((session_id, self._place(kernels, read.mhz_per_core, read.device_ids, now)))
         waiting = 0
         for session_id, explanation in result.waiting.items():
             before = read.sessions[session_id]
@@ -122,7 +122,8 @@ class Placer:
         cancelled = len(read.timed_out) + len(result.cancellations)
         return PassSummary(len(result.placements), cancelled, waiting)
 
-    def _place(self, kernels: Sequence[KernelPlacement], mhz: int, now: datetime) -> Mutation:
+    def _place(self, kernels: Sequence[KernelPlacement], mhz: int, devices: Mapping[str, str],
+               now: datetime) -> Mutation:
         on = {p.role: p.agent_id for p in kernels}  # roles are the kernels' hostnames (see scheduler.snapshot)
         nomad = self.settings.nomad
 
@@ -131,7 +132,8 @@ class Placer:
                 return None
             placed = session.evolve(kernels=tuple(_on(k, on[k.hostname]) for k in session.kernels))
             ctx = JobContext(job_prefix=nomad.job_prefix, datacenter=nomad.datacenter, namespace=nomad.namespace,
-                             mhz_per_core=mhz, pinned_nodes=dict(on), node_pool=session.resource_group)
+                             mhz_per_core=mhz, pinned_nodes=dict(on), node_pool=session.resource_group,
+                             devices=devices, qemu_images=self.settings.qemu_images)
             rendered = render_session_job(placed, ctx)
             placed = placed.evolve(nomad_job_id=rendered.job_id, job_hcl=rendered.hcl)
             return transition(placed, SessionStatus.SCHEDULED, reason="scheduled", at=now)

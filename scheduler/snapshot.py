@@ -11,6 +11,10 @@ Agents are Nomad client nodes; an agent's resource group is its node pool.
   allocation counts at least what the kernel asked for (what Nomad does not track, such as a rounding, still counts),
   and the kernels of SCHEDULED / PREPARING sessions whose allocation Nomad does not show yet count on their agent.
 - schedulable: ready, eligible and not draining.
+- drivers: a session needs its task driver detected and healthy on the node. Like a designated agent, it asks for one
+  unit of a slot ``driver:<name>`` that only such agents have (added only for drivers some pending session wants, and
+  never recorded as a slot type), so a session whose driver no agent offers waits with ``never-fits: no schedulable
+  agent of resource group … has driver:docker``, and blocks nobody.
 
 A session designated to an agent (admins) asks for one unit of a slot ``designated:<node id>`` that only that agent
 has, so the pass places it there or explains why not; while it waits, other sessions prefer other agents (an agent
@@ -22,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -47,8 +51,9 @@ from scheduler.model import (
 )
 from scheduler.slots import ResourceSlots, SlotType, accumulate_slot_types
 
-__all__ = ["PassInput", "SnapshotReader", "agents_of", "alloc_slots", "dependency_state", "is_schedulable",
-           "kernel_request", "mhz_per_core", "node_capacity", "pending_session", "timed_out"]
+__all__ = ["PassInput", "SnapshotReader", "agents_of", "alloc_slots", "dependency_state", "device_ids",
+           "healthy_drivers", "is_schedulable", "kernel_request", "mhz_per_core", "node_capacity", "pending_session",
+           "requiring_driver", "timed_out", "with_wanted_slots"]
 
 S = SessionStatus
 MIB = 1024 * 1024
@@ -58,6 +63,7 @@ OCCUPYING = frozenset({S.SCHEDULED, S.PREPARING, S.RUNNING, S.TERMINATING})
 NOT_YET_VISIBLE = frozenset({S.SCHEDULED, S.PREPARING})
 DESIGNATED = "designated:"
 DESIGNATED_CAPACITY = 1_000_000
+DRIVER = "driver:"
 Json = Mapping[str, Any]
 
 
@@ -77,6 +83,32 @@ def mhz_per_core(nodes: Iterable[Json], configured: int | None) -> int:
 
 def is_schedulable(node: Json) -> bool:
     return node.get("Status") == "ready" and node.get("SchedulingEligibility") == "eligible" and not node.get("Drain")
+
+
+def healthy_drivers(node: Json) -> frozenset[str]:
+    """Task drivers the node has detected and reports healthy (``/v1/nodes`` carries them per node)."""
+    drivers: Json = node.get("Drivers") or {}
+    return frozenset(name for name, info in drivers.items()
+                     if isinstance(info, Mapping) and info.get("Detected") and info.get("Healthy"))
+
+
+def device_ids(nodes: Iterable[Json], config: SchedulingConfig) -> dict[str, str]:
+    """Device slot -> the Nomad device id a job asks for to reserve it: ``vendor/type/name`` when every device
+    counted as that slot is the same, else the part they share (``vendor/type``, then ``type``)."""
+    seen: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
+    for node in nodes:
+        for group in _dig(node, "NodeResources").get("Devices") or []:
+            device = (str(group.get("Vendor")), str(group.get("Type")), str(group.get("Name")))
+            seen[config.device_slot(*device)].add(device)
+    found: dict[str, str] = {}
+    for slot, devices in seen.items():
+        vendors, kinds, names = ({d[i] for d in devices} for i in range(3))
+        if len(kinds) != 1:
+            continue  # different kinds of device under one slot: no single device block asks for them
+        (vendor, kind, name) = next(iter(devices))
+        found[slot] = (f"{vendor}/{kind}/{name}" if len(devices) == 1 else
+                       f"{vendor}/{kind}" if len(vendors) == 1 else kind)
+    return found
 
 
 def node_capacity(node: Json, mhz: int, config: SchedulingConfig) -> ResourceSlots:
@@ -134,6 +166,12 @@ def pending_session(session: Session) -> PendingSession:
     )
 
 
+def requiring_driver(pending: PendingSession, driver: str) -> PendingSession:
+    """The session asking every kernel's agent for one unit of ``driver:<driver>`` (see ``with_wanted_slots``)."""
+    needs = {f"{DRIVER}{driver}": Decimal(1)}
+    return replace(pending, kernels=tuple(replace(k, requested=k.requested + needs) for k in pending.kernels))
+
+
 def running_session(session: Session) -> RunningSession:
     occupied = ResourceSlots()
     for kernel in session.kernels:
@@ -183,13 +221,20 @@ def agents_of(nodes: Sequence[Json], allocs: Iterable[Json], sessions: Mapping[s
     )
 
 
-def _with_designated(agents: tuple[Agent, ...], pending: Iterable[PendingSession]) -> tuple[Agent, ...]:
-    wanted = {slot for session in pending for slot in session.kernels[0].requested if slot.startswith(DESIGNATED)}
-    return tuple(
-        Agent(a.id, a.resource_group, a.capacity + {f"{DESIGNATED}{a.id}": Decimal(DESIGNATED_CAPACITY)},
-              a.occupied, a.schedulable) if f"{DESIGNATED}{a.id}" in wanted else a
-        for a in agents
-    )
+def with_wanted_slots(agents: tuple[Agent, ...], drivers: Mapping[str, frozenset[str]],
+                      pending: Iterable[PendingSession]) -> tuple[Agent, ...]:
+    """Agents with the marker slots pending sessions ask for: ``designated:<own id>``, and ``driver:<name>`` for each
+    wanted driver that ``drivers`` (agent id -> healthy drivers) says the agent has. Unlimited: only presence counts."""
+    wanted = {slot for session in pending for kernel in session.kernels for slot in kernel.requested
+              if slot.startswith((DESIGNATED, DRIVER))}
+    if not wanted:
+        return agents
+    marked = []
+    for a in agents:
+        offered = {f"{DESIGNATED}{a.id}", *(f"{DRIVER}{name}" for name in drivers.get(a.id, ()))} & wanted
+        extra = {slot: Decimal(DESIGNATED_CAPACITY) for slot in offered}
+        marked.append(replace(a, capacity=a.capacity + extra) if extra else a)
+    return tuple(marked)
 
 
 def _kernel(session: Session, hostname: str) -> Kernel | None:
@@ -219,6 +264,8 @@ class PassInput:
     mhz_per_core: int
     slot_types: Mapping[str, SlotType]
     """Slot types of every agent's capacity (to record for the gateway)."""
+    device_ids: Mapping[str, str]
+    """Device slot -> Nomad device id, for the jobs' ``device`` blocks (see ``device_ids``)."""
 
 
 class SnapshotReader:
@@ -232,20 +279,20 @@ class SnapshotReader:
         sessions = {s.id: s for s in live}
         waiting = sorted((s for s in live if s.status is S.PENDING), key=lambda s: (s.created_at, s.id))
         expired = tuple(s.id for s in waiting if timed_out(s, self.config, now))
-        pending = tuple(pending_session(s) for s in waiting if s.id not in expired)
+        pending = tuple(requiring_driver(pending_session(s), s.driver.value) for s in waiting if s.id not in expired)
         nodes = await self.nomad.nodes()
         mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
         allocs = await self.nomad.live_allocations() if pending else []
         agents = agents_of(nodes, allocs, sessions, self.job_prefix, mhz, self.config)
         snapshot = Snapshot(
-            agents=_with_designated(agents, pending),
+            agents=with_wanted_slots(agents, {str(n["ID"]): healthy_drivers(n) for n in nodes}, pending),
             pending=pending,
             running=tuple(running_session(s) for s in live if s.status in OCCUPYING),
             **(await self._checks_input(pending, sessions) if pending else {}),
             roundrobin_state=await self._roundrobin(),
         )
         slot_types = accumulate_slot_types(agent.capacity for agent in agents)
-        return PassInput(snapshot, sessions, expired, mhz, slot_types)
+        return PassInput(snapshot, sessions, expired, mhz, slot_types, device_ids(nodes, self.config))
 
     async def _checks_input(self, pending: Sequence[PendingSession], sessions: Mapping[str, Session]) -> dict[str, Any]:
         wanted = {dep for session in pending for dep in session.dependencies}
@@ -262,3 +309,14 @@ class SnapshotReader:
     async def _roundrobin(self) -> dict[str, int]:
         stored: dict[str, str] = await self.store.redis.hgetall(self.store.keys.scheduler_roundrobin)
         return {group: int(index) for group, index in stored.items()}
+
+
+async def current_agents(store: SessionStore, nomad: NomadClient, config: SchedulingConfig,
+                         job_prefix: str) -> tuple[list[Json], tuple[Agent, ...]]:
+    """Nomad's client nodes and the agents they are now, occupancy counted as a pass counts it. Read-only: for the
+    gateway's ``resourceGroups`` (two Nomad calls and two Redis reads)."""
+    live = [s for s in await store.get_many(sorted(await store.live_ids())) if s is not None]
+    nodes = await nomad.nodes()
+    mhz = mhz_per_core(nodes, config.cpu_mhz_per_core)
+    agents = agents_of(nodes, await nomad.live_allocations(), {s.id: s for s in live}, job_prefix, mhz, config)
+    return list(nodes), agents

@@ -7,6 +7,7 @@ restarting services.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from caravan.stack.nomad_agent import NomadAgent, start_nomad_dev
 from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
 from common.keys import Keys
-from common.settings import NomadSettings, RedisSettings, Settings
+from common.settings import NomadSettings, RedisSettings, Settings, qemu_images_of
 from tests.harness import Caravan, running_caravan
 
 
@@ -32,6 +33,9 @@ def _stack_env() -> dict[str, str]:
 STACK = _stack_env()
 DOCKER = STACK.get("CARAVAN_DOCKER_AVAILABLE") == "1"
 DEFAULT_IMAGE = STACK.get("CARAVAN_DEFAULT_IMAGE", "")
+QEMU_IMAGES = qemu_images_of(STACK)
+"""VM images for the qemu driver (ops/build-vm-image); the driver is wanted only when QEMU and an image exist."""
+QEMU = bool(shutil.which("qemu-system-x86_64")) and bool(QEMU_IMAGES)
 
 
 @pytest.fixture(scope="session")
@@ -49,10 +53,11 @@ def redis_server(state_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def nomad_agent(state_dir: Path) -> Iterator[NomadAgent]:
-    drivers = ("raw_exec", "exec") + (("docker",) if DOCKER else ())
+    drivers = ("raw_exec", "exec") + (("docker",) if DOCKER else ()) + (("qemu",) if QEMU else ())
     agent = start_nomad_dev(
         state_dir / "nomad", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]), rootfs=Path(STACK["CARAVAN_ROOTFS"]),
         want_drivers=drivers, log=state_dir / "nomad.log",
+        qemu_image_dirs=tuple(Path(d) for d in QEMU_IMAGES.values()),
     )
     yield agent
     agent.stop()
@@ -70,6 +75,7 @@ def settings(redis_server: str, nomad_agent: NomadAgent, namespace: str, tmp_pat
         redis=RedisSettings(url=redis_server, prefix=namespace),
         nomad=NomadSettings(addr=nomad_agent.addr, job_prefix=namespace),
         default_image=DEFAULT_IMAGE or None,
+        qemu_images=QEMU_IMAGES,
     ).with_prefix(namespace)
 
 

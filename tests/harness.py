@@ -57,9 +57,9 @@ class Caravan:
         data: dict[str, Any] = body["data"]
         return data
 
-    async def user(self, name: str, role: Role = Role.USER) -> str:
+    async def user(self, name: str, role: Role = Role.USER, projects: tuple[str, ...] = ("default",)) -> str:
         """A new user with a fresh token; returns the token."""
-        await self.users.put(User(id=name, name=name, role=role))
+        await self.users.put(User(id=name, name=name, role=role, projects=projects))
         return await self.users.issue_token(name)
 
     async def wait_for(self, session_id: str, *statuses: str, timeout: float = 90.0) -> dict[str, Any]:

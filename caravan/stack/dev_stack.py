@@ -55,6 +55,7 @@ def up(settings: Settings) -> int:
             agent = start_nomad_dev(
                 settings.home / "nomad", nomad_home=Path(env["CARAVAN_NOMAD_HOME"]), rootfs=Path(env["CARAVAN_ROOTFS"]),
                 http=urlparse(settings.nomad.addr).port, want_drivers=drivers, log=logs / "nomad.log",
+                qemu_image_dirs=tuple(Path(d) for d in settings.qemu_images.values()),
             )
             _remember(settings, agent.service)
         if not _running(settings, "caravan"):

@@ -56,7 +56,7 @@ plugin "docker" {{
 }}
 plugin "qemu" {{
   config {{
-    image_paths = ["{image_dir}"]
+    image_paths = {image_paths}
   }}
 }}
 plugin "nomad-device-example" {{
@@ -93,14 +93,15 @@ def _get(url: str) -> object:
 
 
 def write_config(path: Path, *, data_dir: Path, plugin_dir: Path, rootfs: Path, image_dir: Path,
-                 device_dir: Path, http: int, rpc: int, serf: int) -> None:
+                 device_dir: Path, http: int, rpc: int, serf: int, qemu_image_dirs: tuple[Path, ...] = ()) -> None:
     for directory in (data_dir, image_dir, device_dir):
         directory.mkdir(parents=True, exist_ok=True)
     # One fake device (nomad/file/mock): with an empty directory the client waits ~50 s for the
     # example device plugin's first fingerprint before it reports ready.
     (device_dir / "mock0").touch()
     path.write_text(NOMAD_AGENT_CONFIG.format(
-        data_dir=data_dir, plugin_dir=plugin_dir, rootfs=rootfs, image_dir=image_dir, device_dir=device_dir,
+        data_dir=data_dir, plugin_dir=plugin_dir, rootfs=rootfs, device_dir=device_dir,
+        image_paths=json.dumps([str(image_dir), *map(str, qemu_image_dirs)]),  # a JSON string list is HCL too
         http=http, rpc=rpc, serf=serf,
     ))
 
@@ -108,6 +109,7 @@ def write_config(path: Path, *, data_dir: Path, plugin_dir: Path, rootfs: Path, 
 def start_nomad_dev(
     state_dir: Path, *, nomad_home: Path, rootfs: Path, http: int | None = None,
     want_drivers: tuple[str, ...] = ("raw_exec", "exec"), log: Path, timeout: float = 120.0,
+    qemu_image_dirs: tuple[Path, ...] = (),
 ) -> NomadAgent:
     """Start ``nomad agent -dev`` from ``nomad_home`` (bin/nomad, plugins/) on loopback ports."""
     binary = nomad_home / "bin" / "nomad"
@@ -120,7 +122,7 @@ def start_nomad_dev(
     config = state_dir / "nomad.hcl"
     state_dir.mkdir(parents=True, exist_ok=True)
     write_config(config, data_dir=state_dir / "data", plugin_dir=nomad_home / "plugins", rootfs=rootfs,
-                 image_dir=state_dir / "images", device_dir=state_dir / "devices",
+                 image_dir=state_dir / "images", device_dir=state_dir / "devices", qemu_image_dirs=qemu_image_dirs,
                  http=http, rpc=free_port(), serf=free_port())
     # Nomad hands its own environment to exec and raw_exec tasks: start it with a clean one.
     service = spawn("nomad", [str(binary), "agent", "-dev", f"-config={config}"], log, env=CLEAN_ENV, clean=True)

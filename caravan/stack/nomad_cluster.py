@@ -7,19 +7,25 @@ scheduler puts sessions; everything listens on 127.0.0.1.
 
 Readiness is polled: the server has a leader and an initialized keyring (clients registering earlier are refused
 and back off for many seconds), then every client's node is ready with its drivers healthy and its devices seen.
+
+:func:`start_nomad_single_node` starts one agent that is both server (``bootstrap_expect = 1``) and client, with
+the dev agent's client configuration but its state on disk (a ``-dev`` agent keeps it in memory): killed and
+restarted on the same ports and data directory it comes back with its jobs, its node id and its running tasks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caravan.stack.nomad_agent import CLEAN_ENV, _get
+from caravan.stack.nomad_agent import CLEAN_ENV, _get, write_config
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
 
 COMMON_CONFIG = """\
@@ -128,6 +134,89 @@ class NomadCluster:
         for service in self.clients.values():
             service.stop()
         self.server.stop()
+
+
+SINGLE_NODE_CONFIG = """\
+name                 = "{name}"
+disable_update_check = true
+advertise {{
+  http = "127.0.0.1"
+  rpc  = "127.0.0.1"
+  serf = "127.0.0.1"
+}}
+server {{
+  enabled          = true
+  bootstrap_expect = 1
+}}
+client {{
+  enabled       = true
+  cgroup_parent = "{cgroup_parent}"
+}}
+"""
+
+
+@dataclass
+class SingleNodeNomad(NomadCluster):
+    """One agent as server and client, its state under ``state_dir``; :meth:`kill` and :meth:`restart` it at will."""
+
+    argv: tuple[str, ...] = ()
+    name: str = "caravan-single"
+    want_drivers: tuple[str, ...] = ("raw_exec",)
+    earlier_groups: list[int] = field(default_factory=list)
+    """Process groups of killed incarnations: their task executors outlive them (the restarted agent reattaches)."""
+
+    @property
+    def node_id(self) -> str:
+        return self.node_ids[self.name]
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Signal the agent process alone (not its task executors) and wait for it to exit."""
+        self.earlier_groups.append(self.server.pid)
+        os.kill(self.server.pid, sig)
+        self.server.process.wait(60)
+
+    def restart(self, timeout: float = 120.0) -> None:
+        self.server = spawn("nomad", self.argv, self.server.log, env=CLEAN_ENV, clean=True)
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        wait_until(lambda: _server_ready(self), what="Nomad server leader and keyring", timeout=timeout,
+                   log=self.server.log)
+        spec = ClientSpec(self.name, cpu_mhz=0, memory_mb=0, mock_devices=1)  # only the name and devices are read
+        wait_until(lambda: _clients_ready(self, [spec], self.want_drivers), what="the Nomad node", timeout=timeout,
+                   log=self.server.log)
+
+    def stop(self, drain_timeout: float = 20.0) -> None:
+        if self.server.alive():
+            with contextlib.suppress(Exception):
+                _drain(self.addr, self.state_dir, drain_timeout)
+        self.server.stop()
+        for group in self.earlier_groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+
+
+def start_nomad_single_node(state_dir: Path, *, nomad_home: Path, rootfs: Path,
+                            want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0) -> SingleNodeNomad:
+    """A non-dev agent (server + client) on loopback ports of its own, with one ``nomad/file/mock`` device."""
+    binary = _binary(nomad_home)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    http = free_port()
+    write_config(state_dir / "nomad.hcl", data_dir=state_dir / "data", plugin_dir=nomad_home / "plugins",
+                 rootfs=rootfs, image_dir=state_dir / "images", device_dir=state_dir / "devices",
+                 http=http, rpc=free_port(), serf=free_port())
+    name = f"caravan-single-{state_dir.name}"
+    (state_dir / "single.hcl").write_text(SINGLE_NODE_CONFIG.format(name=name, cgroup_parent=_cgroup_parent(name)))
+    argv = (str(binary), "agent", f"-config={state_dir / 'nomad.hcl'}", f"-config={state_dir / 'single.hcl'}")
+    server = spawn("nomad", argv, state_dir / "nomad.log", env=CLEAN_ENV, clean=True)
+    agent = SingleNodeNomad(addr=f"http://127.0.0.1:{http}", server=server, state_dir=state_dir, argv=argv, name=name,
+                            want_drivers=want_drivers)
+    try:
+        agent._wait_ready(timeout)
+    except BaseException:
+        agent.stop()
+        raise
+    return agent
 
 
 def _drain(addr: str, state_dir: Path, timeout: float) -> None:

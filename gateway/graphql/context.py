@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import strawberry
@@ -10,9 +11,12 @@ from starlette.requests import Request
 from starlette.websockets import WebSocket
 
 from common.errors import CaravanError, Unauthenticated
+from common.event_hub import EventHub
 from common.settings import Settings
 from common.store import SessionStore
 from common.users import User, UserStore
+from gateway.graphql.loaders import Loaders, loaders_for
+from idle.store import IdleStore
 from nomad_jobs.client import NomadClient
 
 
@@ -27,6 +31,22 @@ class Context:
     request_id: str
     auth_failure: CaravanError | None = None
     """Why the token could not be checked (e.g. Redis unreachable): reported when a field needs the viewer."""
+    connection_params: dict[str, object] | None = None
+    """WebSocket only: the ``connection_init`` payload (Strawberry sets it; ``{"authorization": "Bearer …"}``)."""
+    rate_subject: str | None = None
+    """WebSocket only: whom the connection's operations are counted against by the rate limit."""
+    token: str | None = None
+    """WebSocket only: the connection's API token, checked again at each operation (revoked: the connection closes)."""
+    hub: EventHub | None = None
+    """The process's reader of event streams (subscriptions follow them through it)."""
+    events_from: str | None = None
+    """WebSocket only: the viewer's event stream position when the connection was acknowledged (``sessionEvents``
+    without ``after`` starts there, so a client that subscribes and then creates a session misses nothing)."""
+
+    @cached_property
+    def loaders(self) -> Loaders:
+        """This request's DataLoaders (made on first use; their caches last one request)."""
+        return loaders_for(self.users, IdleStore(self.sessions.redis, self.sessions.keys))
 
     @property
     def viewer(self) -> User:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from graphql import GraphQLError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -47,3 +48,10 @@ class ErrorCodes(SchemaExtension):
         if result is not None and result.errors:
             request_id = getattr(self.execution_context.context, "request_id", "-")
             result.errors = [coded(e, request_id) for e in result.errors]
+
+    def on_stream_result(self, result: Any) -> Iterator[None]:
+        """Each result sent over a WebSocket (a subscription's events come long before ``on_operation`` ends)."""
+        if result.errors:
+            request_id = getattr(self.execution_context.context, "request_id", "-")
+            result.errors = [coded(e, request_id) for e in result.errors]
+        yield

@@ -28,6 +28,7 @@ from strawberry.extensions.query_depth_limiter import create_validator as depth_
 
 from common.keys import Keys
 from common.users import hash_token
+from gateway.graphql.document_cache import DocumentCache
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
         _coded(depth_validator(limits.max_depth, None), "QUERY_TOO_DEEP", limits.max_depth),
         _coded(alias_validator(limits.max_aliases), "TOO_MANY_ALIASES", limits.max_aliases),
     ]
-    return [functools.partial(_MaxTokens, limits.max_tokens), functools.partial(AddValidationRules, rules)]
+    # DocumentCache last: it parses with the token limit and validates with the rules the others set
+    return [functools.partial(_MaxTokens, limits.max_tokens), functools.partial(AddValidationRules, rules), DocumentCache]
 
 
 # -- body size and request rate -----------------------------------------------------------------

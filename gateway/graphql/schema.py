@@ -13,9 +13,17 @@ from gateway.graphql.context import Info
 from gateway.graphql.errors import ErrorCodes
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
+from gateway.graphql.policies.mutations import PolicyMutations
+from gateway.graphql.policies.queries import PolicyQueries
 from gateway.graphql.protection import Limits, schema_extensions
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
+from gateway.graphql.sessions.subscriptions import SessionSubscriptions
+from gateway.graphql.websocket import SubscriptionsOverWebSocket
+from gateway.graphql.templates.mutations import TemplateMutations
+from gateway.graphql.templates.queries import TemplateQueries
+from gateway.graphql.users.mutations import UserMutations
+from gateway.graphql.users.queries import UserQueries
 
 log = logging.getLogger(__name__)
 
@@ -25,18 +33,24 @@ class Viewer:
     id: str
     name: str
     role: str
+    projects: list[str] = strawberry.field(description="Your projects; a session's default is the first.")
 
 
 @strawberry.type
-class Query(SessionQueries, IdleQueries):
+class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries):
     @strawberry.field(description="Who you are, by your API token.")
     def viewer(self, info: Info) -> Viewer:
         user = info.context.viewer
-        return Viewer(id=user.id, name=user.name, role=user.role.value)
+        return Viewer(id=user.id, name=user.name, role=user.role.value, projects=list(user.projects))
 
 
 @strawberry.type
-class Mutation(SessionMutations):
+class Mutation(SessionMutations, UserMutations, TemplateMutations, PolicyMutations):
+    pass
+
+
+@strawberry.type
+class Subscription(SessionSubscriptions):
     pass
 
 
@@ -51,8 +65,8 @@ class CaravanSchema(strawberry.Schema):
 def build_schema(limits: Limits = Limits()) -> strawberry.Schema:
     """The schema with ``limits``' document limits (the SDL is the same for any limits)."""
     return CaravanSchema(
-        query=Query, mutation=Mutation,
-        extensions=[*schema_extensions(limits), ErrorCodes, RecordOperation],
+        query=Query, mutation=Mutation, subscription=Subscription,
+        extensions=[*schema_extensions(limits), ErrorCodes, RecordOperation, SubscriptionsOverWebSocket],
         config=StrawberryConfig(relay_max_results=limits.max_page),
     )
 

@@ -11,7 +11,8 @@ __all__ = ["explain_never_fits", "explain_no_fit"]
 
 
 def _what(occupancy: GroupOccupancy, demand: Demand, role: str | None) -> str:
-    wanted = format_slots(occupancy.codec.to_slots(demand))
+    # marker slots (``designated:<node>``, ``driver:<name>``, see scheduler.snapshot) are not amounts a user asked for
+    wanted = format_slots({slot: amount for slot, amount in occupancy.codec.to_slots(demand).items() if ":" not in slot})
     return f"kernel {role} ({wanted})" if role else wanted
 
 

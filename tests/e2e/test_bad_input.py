@@ -70,5 +70,6 @@ async def test_users_see_only_their_own_sessions(caravan: Caravan) -> None:
     with pytest.raises(GraphQLErrors) as raised:
         await caravan.gql("query($id: ID!) { session(id: $id) { id } }", {"id": session_id}, token=bob)
     assert raised.value.codes == ["NOT_FOUND"]
-    assert (await caravan.gql("{ sessions { id } }", token=bob))["sessions"] == []
-    assert [s["id"] for s in (await caravan.gql("{ sessions { id } }", token=alice))["sessions"]] == [session_id]
+    listing = "{ sessions { edges { node { id } } } }"
+    assert (await caravan.gql(listing, token=bob))["sessions"]["edges"] == []
+    assert [e["node"]["id"] for e in (await caravan.gql(listing, token=alice))["sessions"]["edges"]] == [session_id]

@@ -72,8 +72,10 @@ async def stored_session(
     alloc_id: str = NO_SUCH_ALLOC,
 ) -> Session:
     """A session stored in Redis that went through the lifecycle up to ``status`` (no Nomad job behind it)."""
-    command = "sleep 1" if type is SessionType.BATCH else None
-    request = SessionRequest(name=name, type=type, driver=Driver.EXEC, startup_command=command)
+    command = "sleep 1" if type in (SessionType.BATCH, SessionType.INFERENCE) else None
+    service_port = 8080 if type is SessionType.INFERENCE else None
+    request = SessionRequest(name=name, type=type, driver=Driver.EXEC, startup_command=command,
+                             service_port=service_port)
     [session] = build_sessions(request, viewer=owner, now=utcnow())
     await store.create([session])
     since = running_since or utcnow()

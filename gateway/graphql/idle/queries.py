@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import strawberry
 
+from common.access import administers
 from common.errors import Forbidden, NotFound
 from common.model import Session
+from common.policies import SessionLimits
 from gateway.graphql.context import Info
 from gateway.graphql.idle.types import (
     EffectiveIdlePolicy,
@@ -19,6 +21,7 @@ from gateway.graphql.idle.types import (
 from gateway.graphql.sessions.queries import visible
 from idle.config import CheckName, IdlePolicyConfig
 from idle.facts import checked_metrics, policy_for
+from idle.owner_limits import read_limits
 from idle.policy import LIFETIME_EXEMPT, NETWORK_EXEMPT
 from idle.store import IdleStore
 
@@ -35,17 +38,20 @@ class IdleQueries:
         session = await store.get(str(session_id))
         if session is None or not visible(session, viewer):
             raise NotFound(f"no session {session_id}", field="sessionId")
-        if not viewer.is_admin:
+        if not administers(viewer, session.project):
             raise Forbidden("only administrators can read idle policies", field="sessionId")
         published = await IdleStore(store.redis, store.keys).published_policy()
         if published is None:
             return None
         source, config = published
-        return effective_policy_type(source.source, config, session)
+        limits = (await read_limits(store.redis, store.keys, [session])).get(session.id)
+        return effective_policy_type(source.source, config, session, limits)
 
 
-def effective_policy_type(source: str, config: IdlePolicyConfig, session: Session) -> EffectiveIdlePolicy:
-    policy = policy_for(config, session)
+def effective_policy_type(source: str, config: IdlePolicyConfig, session: Session,
+                          limits: SessionLimits | None = None) -> EffectiveIdlePolicy:
+    """``limits``: the owner's and project's resource-policy limits, which the idle checker applies too."""
+    policy = policy_for(config, session, limits)
     utilization = policy.utilization
     exempt = [CheckName.SESSION_LIFETIME] if session.type in LIFETIME_EXEMPT else []
     exempt += [CheckName.NETWORK_TIMEOUT] if session.type in NETWORK_EXEMPT else []

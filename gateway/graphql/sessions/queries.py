@@ -1,21 +1,66 @@
-"""Session queries. A user sees only their own sessions; admins see all."""
+"""Session queries: one session by id, and the ``sessions`` connection (see ``connection.py``).
+
+Visibility is ``common.access``'s: a USER sees their own sessions, an ADMIN also those of their
+projects, a SUPERADMIN all; a session you may not see is NOT_FOUND.
+"""
 
 from __future__ import annotations
 
-import strawberry
+from dataclasses import replace
+from functools import lru_cache
 
-from common.access import can_access
-from common.errors import InvalidInput, NotFound
+import strawberry
+from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
+
+from common.access import can_access, listing_scope
+from common.errors import NotFound
+from common.listing import ListingOrder, plan_listing
+from common.listing_store import SessionListing
 from common.model import Session as SessionModel
 from common.users import User
 from gateway.graphql.context import Info
+from strawberry.relay import PageInfo
+
+from gateway.graphql.sessions.connection import (
+    SessionConnection,
+    SessionEdge,
+    SessionFilter,
+    SessionOrder,
+    encode_cursor,
+    listing_filter,
+    page_request,
+)
 from gateway.graphql.sessions.types import Session, session_type_of
 
-MAX_PAGE = 100
+
+DECODED_SESSIONS = 1024
+"""Session documents whose GraphQL objects are kept per worker (listings serve the same newest pages again and again)."""
+
+
+@lru_cache(maxsize=DECODED_SESSIONS)
+def listed_session(document: str) -> Session:
+    """The GraphQL object of a stored session document, made once per distinct document.
+
+    Keyed by the whole document, so any change to a session is a new key; the objects are never mutated
+    (resolvers only read them), so requests may share them. Decoding and converting cost more than
+    executing the page's fields.
+    """
+    return session_type_of(SessionModel.from_json(document))
 
 
 def visible(session: SessionModel | None, viewer: User) -> bool:
     return session is not None and can_access(viewer, session.owner_id, session.project)
+
+
+def selects(selections: list[SelectedField | FragmentSpread | InlineFragment], name: str) -> bool:
+    """Does this selection set ask for field ``name`` (directly or in a fragment)?"""
+    for selection in selections:
+        if isinstance(selection, SelectedField):
+            if selection.name == name:
+                return True
+        elif selects(selection.selections, name):
+            return True
+    return False
 
 
 @strawberry.type
@@ -29,12 +74,43 @@ class SessionQueries:
         assert found is not None
         return session_type_of(found)
 
-    @strawberry.field(description="Your sessions, newest first (all sessions for admins).")
-    async def sessions(self, info: Info, first: int = 50) -> list[Session]:
+    @strawberry.field(
+        description="The sessions you may see (yours; admins also their projects'; superadmins all), a page at a "
+        "time: first/after forwards, last/before backwards, at most the server's page limit per page "
+        "(CARAVAN_GRAPHQL_MAX_PAGE). Newest first unless orderBy says otherwise."
+    )
+    async def sessions(
+        self,
+        info: Info,
+        first: int | None = None,
+        after: str | None = None,
+        last: int | None = None,
+        before: str | None = None,
+        filter: SessionFilter | None = None,
+        order_by: SessionOrder = ListingOrder.CREATED_AT_DESC,
+    ) -> SessionConnection:
         viewer = info.context.viewer
-        if not 1 <= first <= MAX_PAGE:
-            raise InvalidInput(f"first must be between 1 and {MAX_PAGE}", field="first")
+        order = ListingOrder(order_by)
+        max_page = info.schema.config.relay_max_results
+        request = page_request(order, max_page, first=first, after=after, last=last, before=before)
+        wanted = listing_filter(filter)
         store = info.context.sessions
-        ids = await store.session_ids(owner_id=None if viewer.is_admin else viewer.id)
-        found = await store.get_many(ids[:first])
-        return [session_type_of(s) for s in found if s is not None]
+        plan = plan_listing(store.keys, listing_scope(viewer), wanted, order)
+        if request.backward:
+            plan = replace(plan, descending=not plan.descending)
+        count = selects(info.selected_fields[0].selections, "totalCount")
+        page = await SessionListing(store, listed_session).page(plan, size=request.size, after=request.start, until=request.end,
+                                                count=count)
+        entries = page.entries[::-1] if request.backward else page.entries
+        edges = [SessionEdge(cursor=encode_cursor(order, p), node=s) for p, s in entries]
+        started_from_cursor = request.start is not None
+        return SessionConnection(
+            edges=edges,
+            page_info=PageInfo(
+                has_next_page=started_from_cursor if request.backward else page.has_more,
+                has_previous_page=page.has_more if request.backward else started_from_cursor,
+                start_cursor=edges[0].cursor if edges else None,
+                end_cursor=edges[-1].cursor if edges else None,
+            ),
+            total_count=page.total if page.total is not None else 0,  # 0 only when not selected: never sent
+        )

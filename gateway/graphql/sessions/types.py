@@ -9,6 +9,7 @@ import strawberry
 
 from common import model
 from common.clock import utcnow
+from common.inference import endpoints_of, is_inference
 from gateway.graphql.context import Info
 from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
@@ -67,6 +68,12 @@ class Kernel:
     alloc_id: strawberry.Private[str | None]
     session_id: strawberry.Private[str]
     exit_code: int | None
+    ports: list[str] = strawberry.field(
+        description="Preopened ports (and an INFERENCE service port) as 'port=host:hostPort', once Nomad allocated them.")
+    restarts: int = strawberry.field(
+        description="Times Nomad restarted this kernel's task in its current allocation (a crash, a failing health check).")
+    resources: list[Resource] = strawberry.field(
+        default_factory=list, description="This kernel's slots (a cluster's main and sub kernels may differ).")
 
     @strawberry.field(description="The kernel's stdout and stderr from Nomad (the last tailBytes of each).")
     async def logs(self, info: Info, tail_bytes: int = 65536) -> KernelLogs | None:
@@ -84,6 +91,12 @@ class Kernel:
         return KernelLogs(stdout=stdout, stderr=stderr)
 
 
+@strawberry.type(description="Who owns a session.")
+class SessionOwner:
+    id: strawberry.ID
+    name: str
+
+
 @strawberry.type
 class Session:
     id: strawberry.ID
@@ -97,6 +110,7 @@ class Session:
     created_at: datetime
     terminated_at: datetime | None
     owner_id: str
+    project: str
     resource_group: str
     driver: Driver
     image: str
@@ -120,6 +134,20 @@ class Session:
     dependencies: list[strawberry.ID]
     preopen_ports: list[int]
     designated_agent: str | None
+    replicas: int = strawberry.field(description="INFERENCE: replicas of the main kernel (main1 … mainN); 1 otherwise.")
+    service_port: int | None = strawberry.field(description="INFERENCE: the port each replica serves.")
+    health_check_path: str | None = strawberry.field(
+        description="INFERENCE: the HTTP path of the replicas' health check; null: a TCP check.")
+    health_check_grace: float | None = strawberry.field(
+        description="INFERENCE: seconds after a (re)start before failing checks count; null: the default.")
+    endpoints: list[str] = strawberry.field(
+        description="INFERENCE: 'host:port' of the service port of every RUNNING replica (a recovering one drops "
+        "out until it runs again).")
+
+    @strawberry.field(description="The owner's user record (batched over a page); null if it no longer exists.")
+    async def owner(self, info: Info) -> SessionOwner | None:
+        user = await info.context.loaders.users.load(self.owner_id)
+        return SessionOwner(id=strawberry.ID(user.id), name=user.name) if user is not None else None
 
     @strawberry.field(description="The main kernel (main1): the one users interact with.")
     def main_kernel(self) -> Kernel:
@@ -146,6 +174,7 @@ def session_type_of(s: model.Session) -> Session:
         created_at=s.created_at,
         terminated_at=s.terminated_at,
         owner_id=s.owner_id,
+        project=s.project,
         resource_group=s.resource_group,
         driver=Driver(s.driver.value),
         image=s.image,
@@ -156,6 +185,8 @@ def session_type_of(s: model.Session) -> Session:
             Kernel(
                 role=k.role, index=k.index, hostname=k.hostname, image=k.image, status=k.status,
                 status_info=k.status_info, agent=k.agent, alloc_id=k.alloc_id, session_id=s.id, exit_code=k.exit_code,
+                ports=list(k.ports), restarts=k.restarts,
+                resources=[Resource(slot=slot, amount=amount) for slot, amount in k.resources.items()],
             )
             for k in s.kernels
         ],
@@ -173,4 +204,9 @@ def session_type_of(s: model.Session) -> Session:
         dependencies=[strawberry.ID(d) for d in s.dependencies],
         preopen_ports=list(s.preopen_ports),
         designated_agent=s.designated_agent,
+        replicas=len(s.kernels) if is_inference(s) else 1,
+        service_port=s.service_port,
+        health_check_path=s.health_check_path,
+        health_check_grace=s.health_check_grace,
+        endpoints=list(endpoints_of(s)),
     )

@@ -1,0 +1,199 @@
+"""Live session events: delivery latency and fan-out of ``sessionEvents`` over graphql-transport-ws.
+
+Starts a private Redis and the real gateway (``caravan gateway``, one worker), opens ``--subscribers``
+WebSocket connections for one user, each subscribed to all of that user's sessions, then changes
+session statuses through ``SessionStore`` (as the scheduler does):
+
+- ``paced``: ``--events`` changes, one every 20 ms: the latency from the write to each subscriber's
+  receipt (p50, p99, max in ms);
+- ``burst``: ``--events`` changes as fast as the store writes them: seconds until every subscriber
+  has every event, and events delivered per second.
+
+Every line also counts events not delivered (``missed``, must be 0), the Redis clients connected while
+subscribed (one ``XREAD`` per gateway process, whatever the number of subscriptions), and the CPU seconds
+the gateway and this client (which parses every delivery) spent. Nomad is not needed.
+
+Usage: .venv/bin/python -m bench.events [--subscribers 1 50 200] [--events 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench.gateway.__main__ import spawn, stop, wait_http
+from caravan.stack.processes import free_port
+from caravan.stack.redis_server import start_redis
+from common.keys import Keys
+from common.lifecycle import transition
+from common.model import Driver, Kernel, Session, SessionStatus, SessionType
+from common.store import SessionStore
+from common.users import Role, User, UserStore
+
+SUBSCRIPTION = "subscription { sessionEvents { sessionId status } }"
+
+
+def new_session(owner: str, i: int) -> Session:
+    kernel = Kernel(role="main", index=1, hostname="main1", image="busybox", resources={"cpu": "1"})
+    return Session(id=uuid.uuid4().hex, name=f"bench-{i:06d}", owner_id=owner, type=SessionType.BATCH,
+                   driver=Driver.EXEC, image="busybox", resources={"cpu": "1"}, kernels=(kernel,),
+                   created_at=datetime.now(UTC))
+
+
+class Subscriber:
+    """One connection with one all-sessions subscription; notes when each event arrived."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.arrivals: dict[tuple[str, str], float] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, url: str, token: str) -> Subscriber:
+        ws = await connect(url, subprotocols=["graphql-transport-ws"], open_timeout=30, max_queue=None)  # type: ignore[list-item]
+        await ws.send(json.dumps({"type": "connection_init", "payload": {"authorization": f"Bearer {token}"}}))
+        assert json.loads(await ws.recv())["type"] == "connection_ack"
+        await ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": {"query": SUBSCRIPTION}}))
+        subscriber = cls(ws)
+        subscriber.task = asyncio.create_task(subscriber.receive())
+        return subscriber
+
+    async def receive(self) -> None:
+        async for raw in self.ws:
+            message = json.loads(raw)
+            if message.get("type") == "next":
+                event = message["payload"]["data"]["sessionEvents"]
+                self.arrivals[(event["sessionId"], event["status"])] = time.perf_counter()
+
+    async def close(self) -> None:
+        if self.task:
+            self.task.cancel()
+        await self.ws.close()
+
+
+async def write_changes(store: SessionStore, owner: str, count: int, pace: float) -> dict[tuple[str, str], float]:
+    """``count`` status changes (creations and cancellations); when each write was issued."""
+    written: dict[tuple[str, str], float] = {}
+    i = 0
+    while len(written) < count:
+        session = new_session(owner, i)
+        i += 1
+        written[(session.id, "PENDING")] = time.perf_counter()
+        await store.create([session])
+        if pace:
+            await asyncio.sleep(pace)
+        if len(written) < count:
+            written[(session.id, "CANCELLED")] = time.perf_counter()
+            await store.update(session.id, lambda s: transition(s, SessionStatus.CANCELLED, reason="bench",
+                                                                 at=datetime.now(UTC)))
+            if pace:
+                await asyncio.sleep(pace)
+    return written
+
+
+async def wait_delivered(subscribers: list[Subscriber], written: dict[tuple[str, str], float], timeout: float) -> None:
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        if all(all(k in s.arrivals for k in written) for s in subscribers):
+            return
+        await asyncio.sleep(0.01)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its children (the gateway may serve from a child process)."""
+    total = 0.0
+    for child in [pid, *(int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
+        fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+async def run(redis_url: str, prefix: str, url: str, subscribers_count: int, events: int,
+              gateway_pid: int) -> list[dict[str, Any]]:
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    keys = Keys(prefix)
+    store, users = SessionStore(redis, keys), UserStore(redis, keys)
+    owner = f"watcher-{subscribers_count}"
+    await users.put(User(id=owner, name=owner, role=Role.USER))
+    token = await users.issue_token(owner)
+    subscribers = [await Subscriber.open(url, token) for _ in range(subscribers_count)]
+    await asyncio.sleep(0.5)  # every subscription is blocked in XREAD by now
+    redis_clients = int((await redis.info("clients"))["connected_clients"])
+    lines = []
+    for mode, pace in (("paced", 0.02), ("burst", 0.0)):
+        for s in subscribers:
+            s.arrivals.clear()
+        started, gateway_cpu, bench_cpu = time.perf_counter(), cpu_seconds(gateway_pid), time.process_time()
+        written = await write_changes(store, owner, events, pace)
+        await wait_delivered(subscribers, written, timeout=60)
+        finished = max((max(s.arrivals.values(), default=started) for s in subscribers), default=started)
+        latencies = sorted((s.arrivals[k] - at) * 1000 for s in subscribers for k, at in written.items()
+                           if k in s.arrivals)
+        missed = len(written) * len(subscribers) - len(latencies)
+        line: dict[str, Any] = {"mode": mode, "subscribers": subscribers_count, "events": len(written),
+                                "missed": missed, "redis_clients": redis_clients,
+                                "gateway_cpu_s": round(cpu_seconds(gateway_pid) - gateway_cpu, 2),
+                                "bench_cpu_s": round(time.process_time() - bench_cpu, 2)}
+        if mode == "paced":
+            line |= {"p50_ms": round(statistics.median(latencies), 2),
+                     "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1], 2),
+                     "max_ms": round(latencies[-1], 2)}
+        else:
+            seconds = finished - started
+            line |= {"seconds": round(seconds, 3), "deliveries_per_s": round(len(latencies) / seconds)}
+        lines.append(line)
+        print(json.dumps(line), flush=True)
+    for s in subscribers:
+        await s.close()
+    await redis.aclose()
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--subscribers", type=int, nargs="+", default=[1, 50, 200])
+    parser.add_argument("--events", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-events-") as tmp:
+        work = Path(tmp)
+        redis_port = free_port()
+        redis_service = start_redis(work / "redis", redis_port, log=work / "redis.log")
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        prefix = "bench" + uuid.uuid4().hex[:8]
+        port = free_port()
+        env = {
+            "CARAVAN_HOME": str(work / "home"), "CARAVAN_REDIS_URL": redis_url, "CARAVAN_REDIS_PREFIX": prefix,
+            "CARAVAN_GATEWAY_HOST": "127.0.0.1", "CARAVAN_GATEWAY_PORT": str(port), "CARAVAN_GATEWAY_WORKERS": "1",
+            "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
+        }
+        log = work / "gateway.log"
+        gateway = spawn([sys.executable, "-m", "caravan.cli", "gateway"], env, log)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/healthz", gateway, log)
+            for count in args.subscribers:
+                try:
+                    asyncio.run(run(redis_url, prefix, f"ws://127.0.0.1:{port}/graphql", count, args.events,
+                                    gateway.pid))
+                except Exception:
+                    print(log.read_text()[-4000:], file=sys.stderr)
+                    raise
+        finally:
+            stop(gateway)
+            redis_service.stop()
+
+
+if __name__ == "__main__":
+    main()

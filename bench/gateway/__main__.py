@@ -1,0 +1,277 @@
+"""Gateway load: ``sessions(first: 50)`` over 10,000 stored sessions and ``createSession``, driven by wrk.
+
+Starts a private Redis (like the tests), seeds the sessions in a fresh namespace, then serves
+
+- the real gateway exactly as production runs it (``caravan gateway``, ``CARAVAN_GATEWAY_WORKERS`` processes;
+  the rate limiter stays on, with a limit too high to refuse, so its Redis round trip is counted), and
+- a bare Starlette endpoint (``bench/gateway/bare.py``) reading the same page (ZREVRANGE + MGET → JSON)
+  with as many uvicorn workers,
+
+and drives each with wrk for a fixed time. Prints one JSON line per target (requests/s, p50 and p99
+latency in ms) and a ratio line. Nomad is not needed: neither the page nor a creation calls it.
+
+Usage: .venv/bin/python -m bench.gateway [--sessions 10000] [--duration 10] [--connections 32] [--workers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from redis.asyncio import Redis
+
+from caravan.stack.processes import free_port
+from caravan.stack.redis_server import start_redis
+from common.keys import Keys
+from common.model import Driver, Kernel, Session, SessionStatus, SessionType
+from common.store import SessionStore
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "bench-admin-token"
+PAGE_QUERY = (
+    "{ sessions(first: 50) { totalCount pageInfo { hasNextPage endCursor } "
+    "edges { cursor node { id name status type createdAt ownerId } } } }"
+)
+CREATE_MUTATION = (
+    "mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id status } } }"
+)
+OWNERS = 100
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+# -- data ---------------------------------------------------------------------------------------------
+
+
+def stored_session(i: int) -> Session:
+    resources = {"cpu": "1", "mem": str(256 << 20)}
+    kernel = Kernel(role="main", index=1, hostname="main1", image="caravan/busybox:1", resources=resources)
+    return Session(
+        id=uuid.uuid4().hex, name=f"bench-{i:06d}", owner_id=f"user-{i % OWNERS:03d}",
+        type=[SessionType.BATCH, SessionType.INTERACTIVE][i % 2], driver=Driver.DOCKER, image="caravan/busybox:1",
+        resources=resources, kernels=(kernel,), created_at=T0 + timedelta(seconds=i), status=SessionStatus.PENDING,
+        project=["default", "research"][i % 2], startup_command="sleep 60" if i % 2 == 0 else None,
+        environ={"OMP_NUM_THREADS": "1"},
+    )
+
+
+async def seed(redis_url: str, prefix: str, count: int) -> None:
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    store = SessionStore(redis, Keys(prefix))
+    by_owner: dict[str, list[Session]] = {}
+    for i in range(count):
+        session = stored_session(i)
+        by_owner.setdefault(session.owner_id, []).append(session)
+    for sessions in by_owner.values():
+        for start in range(0, len(sessions), 500):
+            await store.create(sessions[start:start + 500])
+    await redis.aclose()
+
+
+# -- servers ------------------------------------------------------------------------------------------
+
+
+def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{url} exited early:\n{log.read_text()[-3000:]}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not come up:\n{log.read_text()[-3000:]}")
+
+
+# -- wrk ----------------------------------------------------------------------------------------------
+
+
+def lua_string(text: str) -> str:
+    return "[==[" + text + "]==]"
+
+
+def page_script(body: dict[str, Any], token: str | None) -> str:
+    headers = f'wrk.headers["Authorization"] = "Bearer {token}"\n' if token else ""
+    return (f'wrk.method = "POST"\nwrk.body = {lua_string(json.dumps(body))}\n'
+            f'wrk.headers["Content-Type"] = "application/json"\n{headers}')
+
+
+def create_script(token: str) -> str:
+    """Each request a new name (names are unique per owner among live sessions): thread number and counter."""
+    template = json.dumps({"query": CREATE_MUTATION, "variables": {"input": {
+        "name": "load-%d-%d", "type": "BATCH", "driver": "RAW_EXEC", "startupCommand": "true",
+        "resources": [{"slot": "cpu", "amount": "0.1"}, {"slot": "mem", "amount": "64m"}],
+    }}})
+    return f"""
+local threads, thread_id, counter = 0, 0, 0
+local headers = {{["Content-Type"] = "application/json", ["Authorization"] = "Bearer {token}"}}
+function setup(thread)
+  threads = threads + 1
+  thread:set("thread_id", threads)
+end
+function request()
+  counter = counter + 1
+  return wrk.format("POST", nil, headers, string.format({lua_string(template)}, thread_id, counter))
+end
+"""
+
+
+UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def run_wrk(url: str, script: str, workdir: Path, *, duration: int, connections: int, threads: int) -> dict[str, Any]:
+    path = workdir / f"wrk-{uuid.uuid4().hex[:6]}.lua"
+    path.write_text(script)
+    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(path), url]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    latency = {m[1]: float(m[2]) * UNITS[m[3]] for m in re.finditer(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)}
+    requests = re.search(r"(\d+) requests in", out)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    return {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1]),  # type: ignore[index]
+        "p50_ms": round(latency["50"], 2), "p99_ms": round(latency["99"], 2),
+        "requests": int(requests[1]) if requests else None,
+        "non_2xx": int(bad[1]) if bad else 0, **({"socket_errors": errors[1]} if errors else {}),
+    }
+
+
+# -- main ---------------------------------------------------------------------------------------------
+
+
+def check_page(url: str) -> None:
+    body = httpx.post(url, json={"query": PAGE_QUERY}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).json()
+    if body.get("errors") or len(body["data"]["sessions"]["edges"]) != 50:
+        raise SystemExit(f"the page query did not answer 50 sessions: {str(body)[:500]}")
+
+
+async def count_sessions(redis_url: str, prefix: str) -> int:
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        return int(await redis.zcard(Keys(prefix).sessions_by_created))
+    finally:
+        await redis.aclose()
+
+
+def calibration() -> dict[str, Any]:
+    """How fast this machine runs plain Python right now (the numbers above depend on it): seconds for
+    10 million additions (about 0.4 s on one unloaded core of a recent server), and the load average."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(10_000_000):
+        total += i
+    return {"python_loop_10M_s": round(time.perf_counter() - started, 2), "cpus": os.cpu_count(),
+            "loadavg_1m": os.getloadavg()[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1, help="wrk threads (it shares the cores with the servers)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="server processes of each side")
+    parser.add_argument("--only", choices=["page", "bare", "create"], action="append")
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        raise SystemExit("wrk is not installed (ops/install installs Debian's wrk)")
+    only = set(args.only or ["page", "bare", "create"])
+
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
+        work = Path(tmp)
+        redis_port = free_port()
+        redis_service = start_redis(work / "redis", redis_port, log=work / "redis.log")
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        prefix = "bench" + uuid.uuid4().hex[:8]
+        processes: list[subprocess.Popen[bytes]] = []
+        try:
+            started = time.perf_counter()
+            asyncio.run(seed(redis_url, prefix, args.sessions))
+            print(json.dumps({"seeded": args.sessions, "seconds": round(time.perf_counter() - started, 2),
+                              "machine": calibration()}), flush=True)
+
+            gateway_port, bare_port = free_port(), free_port()
+            gateway_env = {
+                "CARAVAN_HOME": str(work / "home"), "CARAVAN_REDIS_URL": redis_url, "CARAVAN_REDIS_PREFIX": prefix,
+                "CARAVAN_ADMIN_TOKEN": TOKEN, "CARAVAN_GATEWAY_HOST": "127.0.0.1",
+                "CARAVAN_GATEWAY_PORT": str(gateway_port), "CARAVAN_GATEWAY_WORKERS": str(args.workers),
+                "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
+                "CARAVAN_GRAPHQL_RATE_LIMIT": str(10**9),  # on, so its round trip counts, but never refusing
+            }
+            gateway_log = work / "gateway.log"
+            processes.append(spawn([sys.executable, "-m", "caravan.cli", "gateway"], gateway_env, gateway_log))
+            bare_log = work / "bare.log"
+            processes.append(spawn(
+                [sys.executable, "-m", "uvicorn", "bench.gateway.bare:create", "--factory", "--host", "127.0.0.1",
+                 "--port", str(bare_port), "--workers", str(args.workers), "--log-level", "warning", "--no-access-log"],
+                {"BENCH_REDIS_URL": redis_url, "BENCH_REDIS_PREFIX": prefix}, bare_log,
+            ))
+            gateway_url = f"http://127.0.0.1:{gateway_port}/graphql"
+            bare_url = f"http://127.0.0.1:{bare_port}/sessions"
+            wait_http(f"http://127.0.0.1:{gateway_port}/healthz", processes[0], gateway_log)
+            wait_http(bare_url, processes[1], bare_log)
+            check_page(gateway_url)
+
+            common = {"duration": args.duration, "connections": args.connections, "threads": args.threads}
+            setup = {"workers": args.workers, "connections": args.connections, "duration_s": args.duration,
+                     "sessions": args.sessions}
+            results: dict[str, dict[str, Any]] = {}
+            runs = [
+                ("bare", "bare starlette page (ZREVRANGE+MGET)", bare_url, page_script({}, None)),
+                ("page", "graphql sessions(first: 50)", gateway_url, page_script({"query": PAGE_QUERY}, TOKEN)),
+            ]
+            for name, label, url, script in runs:
+                if name in only:
+                    results[name] = run_wrk(url, script, work, **common)
+                    print(json.dumps({"target": label, **results[name], **setup}), flush=True)
+            if "create" in only:
+                before = asyncio.run(count_sessions(redis_url, prefix))
+                results["create"] = run_wrk(gateway_url, create_script(TOKEN), work, **common)
+                made = asyncio.run(count_sessions(redis_url, prefix)) - before
+                print(json.dumps({"target": "graphql createSession", **results["create"], "sessions_created": made,
+                                  **setup}), flush=True)
+            if "page" in results and "bare" in results:
+                page, bare = results["page"], results["bare"]
+                print(json.dumps({"ratio_graphql_to_bare": {
+                    "rps": round(page["rps"] / bare["rps"], 3),
+                    "p50": round(page["p50_ms"] / bare["p50_ms"], 2), "p99": round(page["p99_ms"] / bare["p99_ms"], 2),
+                }, "goal": {"rps": 1000, "p99_ms": 50,
+                            "met": page["rps"] >= 1000 and page["p99_ms"] < 50}}), flush=True)
+        finally:
+            for process in processes:
+                stop(process)
+            redis_service.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Admin mutations of resource presets and of user and project resource policies.
+
+Presets are written by any admin. A user's policy by those who manage the user (``common.access.manages_user``:
+nobody but a SUPERADMIN sets their own); a project's by its admins. A user or project out of the viewer's reach is
+NOT_FOUND; a USER calling any of these is FORBIDDEN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import strawberry
+
+from common.access import administers, can_see_user, manages_user
+from common.durations import parse_duration
+from common.errors import Conflict, Forbidden, InvalidInput, NotFound, UnsupportedResource
+from common.policies import PolicyStore, ProjectResourcePolicy, UserResourcePolicy
+from common.presets import PresetStore, ResourcePreset, check_preset_name
+from common.users import User
+from gateway.graphql.context import Context, Info
+from gateway.graphql.policies.types import (ProjectResourcePolicy as ProjectPolicyType, ResourcePreset as PresetType,
+                                            UserResourcePolicy as UserPolicyType, preset_type_of,
+                                            project_policy_type_of, user_policy_type_of)
+from gateway.graphql.sessions.mutations import ResourceInput
+from gateway.graphql.sessions.types import Driver
+from gateway.session_requests import GROUP_RULE, checked_preset_slots
+from scheduler.known_slots import known_slot_types
+from scheduler.slots import InvalidQuantityError, SlotType, UnknownSlotError, from_user_input, parse_quantity
+
+MAX_ALLOWED_GROUPS = 64
+
+
+@strawberry.input
+class ResourcePresetInput:
+    name: str
+    resources: list[ResourceInput]
+    shared_memory: str | None = strawberry.field(default=None, description="/dev/shm size ('64m').")
+
+
+@strawberry.input(description="A project's limits; a field left null is unlimited.")
+class ProjectResourcePolicyInput:
+    total_resource_slots: list[ResourceInput] | None = strawberry.field(
+        default=None, description="What the sessions may hold together; a slot not listed is unlimited.")
+    max_session_lifetime: str | None = strawberry.field(default=None, description="'8h', '3600' (seconds) …")
+    idle_timeout: str | None = strawberry.field(default=None, description="Without user traffic this long, reclaimed.")
+    allowed_resource_groups: list[str] | None = None
+    allowed_drivers: list[Driver] | None = None
+
+
+@strawberry.input(description="A user's limits; a field left null is unlimited.")
+class UserResourcePolicyInput(ProjectResourcePolicyInput):
+    max_concurrent_sessions: int | None = None
+    max_pending_sessions: int | None = None
+
+
+# -- inputs checked (pure) --
+
+
+def preset_of(input: ResourcePresetInput, known: Mapping[str, SlotType]) -> ResourcePreset:
+    check_preset_name(input.name)
+    raw = {r.slot: r.amount for r in input.resources}
+    if len(raw) != len(input.resources):
+        raise InvalidInput("each slot may be given once", field="resources")
+    slots = checked_preset_slots(raw, known)
+    shared_memory = None
+    if input.shared_memory is not None:
+        try:
+            shared_memory = format(parse_quantity("sharedMemory", input.shared_memory, SlotType.BYTES), "f")
+        except InvalidQuantityError as exc:
+            raise InvalidInput(str(exc), field="sharedMemory") from exc
+    return ResourcePreset(input.name, slots, shared_memory)
+
+
+def common_fields(input: ProjectResourcePolicyInput, known: Mapping[str, SlotType]) -> dict[str, Any]:
+    return {
+        "total_resource_slots": _slot_limits(input.total_resource_slots, known),
+        "max_session_lifetime": _seconds("maxSessionLifetime", input.max_session_lifetime),
+        "idle_timeout": _seconds("idleTimeout", input.idle_timeout),
+        "allowed_resource_groups": _groups(input.allowed_resource_groups),
+        "allowed_drivers": None if input.allowed_drivers is None else [d.value for d in input.allowed_drivers],
+    }
+
+
+def user_policy_of(input: UserResourcePolicyInput, known: Mapping[str, SlotType]) -> UserResourcePolicy:
+    for name, value in (("maxConcurrentSessions", input.max_concurrent_sessions),
+                        ("maxPendingSessions", input.max_pending_sessions)):
+        if value is not None and value < 0:
+            raise InvalidInput(f"{name} must be 0 or more (null: unlimited)", field=name)
+    return UserResourcePolicy(**common_fields(input, known), max_concurrent_sessions=input.max_concurrent_sessions,
+                              max_pending_sessions=input.max_pending_sessions)
+
+
+def _slot_limits(given: list[ResourceInput] | None, known: Mapping[str, SlotType]) -> dict[str, str] | None:
+    if given is None:
+        return None
+    raw = {r.slot: r.amount for r in given}
+    if len(raw) != len(given):
+        raise InvalidInput("each slot may be given once", field="totalResourceSlots")
+    try:
+        return from_user_input(raw, known).to_json()
+    except UnknownSlotError as exc:
+        raise UnsupportedResource(str(exc), field=f"totalResourceSlots.{exc.slot}") from exc
+    except InvalidQuantityError as exc:
+        raise InvalidInput(str(exc), field=f"totalResourceSlots.{exc.slot}") from exc
+
+
+def _seconds(field: str, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise InvalidInput(f"{field}: {exc}", field=field) from exc
+    if seconds <= 0:
+        raise InvalidInput(f"{field} must be more than 0 (null: unlimited)", field=field)
+    return seconds
+
+
+def _groups(names: list[str] | None) -> list[str] | None:
+    if names is None:
+        return None
+    if len(names) > MAX_ALLOWED_GROUPS or not all(GROUP_RULE.match(n) for n in names):
+        raise InvalidInput(f"allowedResourceGroups: at most {MAX_ALLOWED_GROUPS} valid resource group names",
+                           field="allowedResourceGroups")
+    return names
+
+
+# -- who may --
+
+
+def _admin(viewer: User) -> None:
+    if not viewer.is_admin:
+        raise Forbidden("only administrators manage presets and resource policies")
+
+
+async def _managed_user(ctx: Context, viewer: User, user_id: str) -> None:
+    _admin(viewer)
+    target = await ctx.users.get(user_id)
+    if target is None or not can_see_user(viewer, target):
+        raise NotFound(f"no user {user_id}", field="userId")
+    if not manages_user(viewer, target):
+        raise Forbidden(f"you do not manage user {user_id}'s policy", field="userId")
+
+
+def _administered(viewer: User, project: str) -> None:
+    _admin(viewer)
+    if not administers(viewer, project):
+        raise NotFound(f"no project {project[:80]!r} you administer", field="project")
+
+
+async def _known(ctx: Context) -> dict[str, SlotType]:
+    return await known_slot_types(ctx.sessions.redis, ctx.sessions.keys)
+
+
+@strawberry.type
+class PolicyMutations:
+    @strawberry.mutation(description="Admins: a new resource preset (CONFLICT when the name is taken).")
+    async def create_resource_preset(self, info: Info, input: ResourcePresetInput) -> PresetType:
+        ctx = info.context
+        _admin(ctx.viewer)
+        preset = preset_of(input, await _known(ctx))
+        if not await PresetStore(ctx.sessions.redis, ctx.sessions.keys).put(preset, create=True):
+            raise Conflict(f"a preset named {input.name!r} exists", field="name")
+        return preset_type_of(preset)
+
+    @strawberry.mutation(description="Admins: replace a preset's slots and shared memory.")
+    async def update_resource_preset(self, info: Info, input: ResourcePresetInput) -> PresetType:
+        ctx = info.context
+        _admin(ctx.viewer)
+        preset = preset_of(input, await _known(ctx))
+        if not await PresetStore(ctx.sessions.redis, ctx.sessions.keys).put(preset, create=False):
+            raise NotFound(f"no preset named {input.name!r}", field="name")
+        return preset_type_of(preset)
+
+    @strawberry.mutation(description="Admins: delete a preset; templates naming it then fail at creation.")
+    async def delete_resource_preset(self, info: Info, name: str) -> bool:
+        ctx = info.context
+        _admin(ctx.viewer)
+        if not await PresetStore(ctx.sessions.redis, ctx.sessions.keys).delete(name):
+            raise NotFound(f"no preset named {name[:80]!r}", field="name")
+        return True
+
+    @strawberry.mutation(description="Admins: replace a user's resource policy (null fields: unlimited).")
+    async def set_user_resource_policy(self, info: Info, user_id: str,
+                                       policy: UserResourcePolicyInput) -> UserPolicyType:
+        ctx = info.context
+        await _managed_user(ctx, ctx.viewer, user_id)
+        checked = user_policy_of(policy, await _known(ctx))
+        await PolicyStore(ctx.sessions.redis, ctx.sessions.keys).put_user(user_id, checked)
+        return user_policy_type_of(user_id, checked)
+
+    @strawberry.mutation(description="Admins: remove a user's resource policy (they become unlimited). False when "
+                         "there was none.")
+    async def delete_user_resource_policy(self, info: Info, user_id: str) -> bool:
+        ctx = info.context
+        await _managed_user(ctx, ctx.viewer, user_id)
+        return await PolicyStore(ctx.sessions.redis, ctx.sessions.keys).delete_user(user_id)
+
+    @strawberry.mutation(description="Admins of the project: replace its resource policy (null fields: unlimited).")
+    async def set_project_resource_policy(self, info: Info, project: str,
+                                          policy: ProjectResourcePolicyInput) -> ProjectPolicyType:
+        ctx = info.context
+        _administered(ctx.viewer, project)
+        checked = ProjectResourcePolicy(**common_fields(policy, await _known(ctx)))
+        await PolicyStore(ctx.sessions.redis, ctx.sessions.keys).put_project(project, checked)
+        return project_policy_type_of(project, checked)
+
+    @strawberry.mutation(description="Admins of the project: remove its resource policy. False when there was none.")
+    async def delete_project_resource_policy(self, info: Info, project: str) -> bool:
+        ctx = info.context
+        _administered(ctx.viewer, project)
+        return await PolicyStore(ctx.sessions.redis, ctx.sessions.keys).delete_project(project)

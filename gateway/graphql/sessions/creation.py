@@ -1,0 +1,26 @@
+"""The end of the one creation path (``createSession`` and ``createSessionFromTemplate`` both go through
+``gateway.graphql.sessions.mutations.create_from_input``): the owner's and the project's resource policies
+enforced, then the sessions stored atomically with the pending-sessions limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from common.model import Session as SessionModel
+from common.policies import PolicyStore, check_allowed, pending_admission
+from gateway.graphql.context import Context
+
+
+async def admit_and_store(ctx: Context, sessions: Sequence[SessionModel], client_token: str | None) -> list[SessionModel]:
+    """Refuse a resource group or driver the policies leave out (``FORBIDDEN``), or sessions past the owner's
+    pending limit (``QUOTA_EXCEEDED``, exact under racing creations); else store them."""
+    first = sessions[0]
+    policies = PolicyStore(ctx.sessions.redis, ctx.sessions.keys)
+    user_policy, project_policy = await asyncio.gather(policies.user(first.owner_id), policies.project(first.project))
+    check_allowed(resource_group=first.resource_group, driver=first.driver.value, user=user_policy,
+                  project=project_policy, project_name=first.project)
+    admit = pending_admission(first.owner_id, user_policy.max_pending_sessions if user_policy else None,
+                              adding=len(sessions))
+    return await ctx.sessions.create(sessions, client_token=client_token, admit=admit)

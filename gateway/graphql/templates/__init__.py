@@ -1,0 +1,1 @@
+"""Session templates in the API: ``sessionTemplates``, their create/update/delete, and ``createSessionFromTemplate``."""

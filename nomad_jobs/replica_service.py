@@ -1,0 +1,81 @@
+"""What makes an INFERENCE replica's task group a recovering, health-checked service. Pure.
+
+Each replica is a task group of its own (see ``common.inference``); this module adds to it:
+
+- the **service port** as a Nomad dynamic host port labelled ``p<port>``, like preopened ports, so it is
+  reported in ``Kernel.ports`` the same way. Kernels use host networking, so the replica must listen on the
+  host port itself: it gets it in ``CARAVAN_SERVICE_PORT``.
+- a Nomad-native **service** (``provider = "nomad"``, no Consul needed) on that port with a **check**: an HTTP
+  GET of ``health_check_path`` (2xx passes) or, without a path, a TCP connect. ``check_restart`` restarts the
+  task after :data:`UNHEALTHY_CHECKS` failing checks in a row, counted only after the session's grace period
+  (a model may take long to load).
+- **restart** in place after a crash or a failing check, a few times, then the allocation fails and
+  **reschedule** places a new one, without limit: a replica comes back without user action.
+"""
+
+from __future__ import annotations
+
+import re
+
+from common.inference import SERVICE_PORT_ENV
+from common.model import Session
+from nomad_jobs.hcl import Block
+
+CHECK_INTERVAL = "2s"
+CHECK_TIMEOUT = "1s"
+UNHEALTHY_CHECKS = 3
+"""Consecutive failing checks before Nomad restarts the replica's task."""
+DEFAULT_GRACE_SECONDS = 30.0
+"""After a (re)start, failing checks count only once this long has passed (unless the session sets its own)."""
+RESTART = {"attempts": 3, "interval": "5m", "delay": "2s", "mode": "fail"}
+"""In place: up to 3 restarts in 5 minutes, 2 s apart (Nomad adds jitter); then the allocation fails and is rescheduled."""
+RESCHEDULE = {"unlimited": True, "delay": "5s", "delay_function": "exponential", "max_delay": "1m"}
+"""A failed replica's allocation is replaced for as long as the session lives, backing off up to a minute."""
+CHECK_NAME = "health"
+SERVICE_NAME_RULE = re.compile(r"[^a-z0-9-]+")
+MAX_SERVICE_NAME = 63
+"""Nomad wants service names as DNS labels (RFC 1123): letters, digits and '-', at most 63."""
+
+
+def port_label(port: int) -> str:
+    """The Nomad port label of a container port: ``p<port>`` (read back by ``nomad_jobs.observe.ports_of``)."""
+    return f"p{port}"
+
+
+def exposed_ports(session: Session) -> tuple[int, ...]:
+    """Every port that gets a dynamic host port: the preopened ones, then the service port (once)."""
+    ports = (*session.preopen_ports, *(() if session.service_port is None else (session.service_port,)))
+    return tuple(dict.fromkeys(ports))
+
+
+def service_environment(session: Session) -> dict[str, str]:
+    """``CARAVAN_SERVICE_PORT``: the host port Nomad allocated, filled in by the Nomad client at task start."""
+    if session.service_port is None:
+        return {}
+    return {SERVICE_PORT_ENV: "${NOMAD_PORT_" + port_label(session.service_port) + "}"}
+
+
+def service_name(session: Session) -> str:
+    """``caravan-<session id>``: one service, one instance per replica (tagged with its hostname)."""
+    name = "caravan-" + SERVICE_NAME_RULE.sub("-", session.id.lower())
+    return name[:MAX_SERVICE_NAME].rstrip("-")
+
+
+def add_recovery(group: Block) -> None:
+    group.block("restart", **RESTART)
+    group.block("reschedule", **RESCHEDULE)
+
+
+def add_service(task: Block, session: Session, hostname: str) -> None:
+    """The replica's service and its health check (only for a session with a service port)."""
+    if session.service_port is None:
+        return
+    label = port_label(session.service_port)
+    service = task.block("service", provider="nomad", name=service_name(session), port=label, tags=[hostname])
+    if session.health_check_path is not None:
+        check = service.block("check", name=CHECK_NAME, type="http", path=session.health_check_path,
+                              interval=CHECK_INTERVAL, timeout=CHECK_TIMEOUT)
+    else:
+        check = service.block("check", name=CHECK_NAME, type="tcp", interval=CHECK_INTERVAL, timeout=CHECK_TIMEOUT)
+    grace = session.health_check_grace if session.health_check_grace is not None else DEFAULT_GRACE_SECONDS
+    check.block("check_restart", limit=UNHEALTHY_CHECKS, grace=f"{round(grace * 1000)}ms", ignore_warnings=False)

@@ -1,0 +1,128 @@
+"""Live status events and live kernel logs over graphql-transport-ws, with the scheduler and real Nomad."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+from urllib.parse import urlparse
+
+from nomad_jobs.client import NomadClient
+from nomad_jobs.meta import TASK_NAME
+from tests.faults import NetworkCut
+from tests.harness import CREATE, Caravan
+from tests.ws_client import authenticated_socket
+
+EVENTS = """subscription($id: ID) {
+  sessionEvents(sessionId: $id) { eventId sessionId status reason kernels { hostname status } }
+}"""
+
+LOGS = """subscription($id: ID!, $tail: Int!) { kernelLogs(sessionId: $id, tailBytes: $tail) }"""
+
+COUNTING = 'i=1; while [ $i -le 20 ]; do echo "line $i"; i=$((i+1)); sleep 0.2; done'
+"""Prints a line every 0.2 s for about 4 s."""
+
+
+async def create(caravan: Caravan, token: str, name: str, command: str) -> str:
+    data = await caravan.gql(CREATE, {"input": {"name": name, "type": "BATCH", "driver": "EXEC",
+                                                "startupCommand": command}}, token=token)
+    return str(data["createSession"]["sessions"][0]["id"])
+
+
+def history_of(session: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(c["status"], c["reason"]) for c in session["statusHistory"]]
+
+
+async def test_a_client_subscribed_before_creating_a_session_sees_its_whole_life(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    async with authenticated_socket(caravan.url, alice) as socket:
+        everything = await socket.subscribe(EVENTS)
+        session_id = await create(caravan, alice, "lived", "echo working; sleep 1")
+        one = await socket.subscribe(EVENTS, {"id": session_id})
+        seen_all: list[dict[str, Any]] = []
+        while not seen_all or seen_all[-1]["status"] not in ("TERMINATED", "CANCELLED"):
+            message = await socket.message_of(everything, timeout=90)
+            assert message["type"] == "next", message
+            event = message["payload"]["data"]["sessionEvents"]
+            assert event["sessionId"] == session_id
+            seen_all.append(event)
+        seen_one = [r["data"]["sessionEvents"] async for r in socket.results(one, timeout=30)]  # it completes
+    session = await caravan.wait_for(session_id, "TERMINATED")
+    expected = history_of(session)
+    assert [s for s, _ in expected][:2] == ["PENDING", "SCHEDULED"] and expected[-1] == ("TERMINATED", "task-finished")
+    assert "RUNNING" in [s for s, _ in expected]
+    assert [(e["status"], e["reason"]) for e in seen_all] == expected
+    assert [(e["status"], e["reason"]) for e in seen_one] == expected
+    assert seen_all[-1]["kernels"] == [{"hostname": "main1", "status": "TERMINATED"}]
+
+
+async def test_kernel_logs_arrive_live_in_order_before_the_session_ends(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    session_id = await create(caravan, alice, "chatty", COUNTING)
+    received: list[tuple[str, str]] = []  # (chunk, the session's status when it arrived)
+    async with authenticated_socket(caravan.url, alice) as socket:
+        # subscribed at once: the subscription waits for the kernel's allocation and for its task to start
+        logs = await socket.subscribe(LOGS, {"id": session_id, "tail": 65536})
+        async for result in socket.results(logs, timeout=90):
+            assert "errors" not in result, result
+            stored = await caravan.store.get(session_id)
+            assert stored is not None
+            received.append((result["data"]["kernelLogs"], stored.status.value))
+    text = "".join(chunk for chunk, _ in received)
+    assert text.splitlines() == [f"line {i}" for i in range(1, 21)]
+    assert len(received) >= 5, "the lines came as they were written, not all at the end"
+    live = [chunk for chunk, status in received if status not in ("TERMINATING", "TERMINATED")]
+    assert len(live) >= 3, received  # live: as the kernel wrote them, before the session ended
+    session = await caravan.wait_for(session_id, "TERMINATED")
+    assert session["result"] == "SUCCESS"
+
+
+async def test_kernel_logs_of_stderr_from_now_on_and_of_an_ended_kernel(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    session_id = await create(caravan, alice, "stderr-job", "echo early >&2; sleep 4; echo late >&2")
+    query = """subscription($id: ID!) { kernelLogs(sessionId: $id, stream: STDERR, tailBytes: 0) }"""
+    async with authenticated_socket(caravan.url, alice) as socket:
+        await caravan.wait_for(session_id, "RUNNING", "TERMINATED")
+        await written(caravan, session_id, "early\n")  # Nomad's log collector may lag behind the task
+        live = await socket.subscribe(query, {"id": session_id})
+        chunks = [r["data"]["kernelLogs"] async for r in socket.results(live, timeout=60)]
+        assert "".join(chunks) == "late\n"  # tailBytes 0: only what came after subscribing
+        await caravan.wait_for(session_id, "TERMINATED")
+        ended = await socket.subscribe(LOGS.replace("tailBytes: $tail", "stream: STDERR, tailBytes: $tail"),
+                                       {"id": session_id, "tail": 1024})
+        chunks = [r["data"]["kernelLogs"] async for r in socket.results(ended, timeout=30)]
+    assert "".join(chunks) == "early\nlate\n"  # an ended kernel: its tail, then the subscription completes
+
+
+async def written(caravan: Caravan, session_id: str, text: str) -> None:
+    """Wait until the main kernel's stderr log file holds ``text``."""
+    stored = await caravan.store.get(session_id)
+    assert stored is not None and stored.main_kernel.alloc_id
+    for _ in range(100):
+        if await caravan.nomad.logs(stored.main_kernel.alloc_id, TASK_NAME, "stderr") == text:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{text!r} never reached the log file")
+
+
+async def test_a_log_follow_cut_off_midway_carries_on_where_it_stopped(caravan: Caravan) -> None:
+    """Nomad's connection is dropped twice while the kernel writes: every line still arrives, once, in order."""
+    alice = await caravan.user("alice")
+    command = COUNTING.replace("-le 20", "-le 30")
+    session_id = await create(caravan, alice, "cut-off", command)
+    await caravan.wait_for(session_id, "RUNNING", "TERMINATED")
+    stored = await caravan.store.get(session_id)
+    assert stored is not None and stored.main_kernel.alloc_id
+    async with NetworkCut(urlparse(caravan.settings.nomad.addr).port or 4646) as cut:
+        nomad = NomadClient(dataclasses.replace(caravan.settings.nomad, addr=f"http://127.0.0.1:{cut.port}"))
+        received, severed = "", 0
+        try:
+            async for chunk in nomad.follow_logs(stored.main_kernel.alloc_id, TASK_NAME, "stdout", tail_bytes=1 << 20):
+                received += chunk
+                if severed < 2 and received.count("\n") >= 8 * (severed + 1):
+                    cut.sever()  # the open follow request dies; new connections go through
+                    severed += 1
+        finally:
+            await nomad.aclose()
+    assert severed == 2
+    assert received.splitlines() == [f"line {i}" for i in range(1, 31)]

@@ -1,0 +1,179 @@
+"""Resource presets and resource policies through the real gateway (real Redis; no scheduler): who may write
+them, their checks, and their enforcement at creation (allowed groups and drivers, an exact pending limit)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from common.policies import PolicyStore, UserResourcePolicy
+from common.users import Role
+from tests.harness import CREATE, Caravan, GraphQLErrors
+
+PRESET_FIELDS = "name sharedMemory resources { slot amount }"
+CREATE_PRESET = f"mutation($input: ResourcePresetInput!) {{ createResourcePreset(input: $input) {{ {PRESET_FIELDS} }} }}"
+UPDATE_PRESET = f"mutation($input: ResourcePresetInput!) {{ updateResourcePreset(input: $input) {{ {PRESET_FIELDS} }} }}"
+DELETE_PRESET = "mutation($name: String!) { deleteResourcePreset(name: $name) }"
+PRESETS = f"{{ resourcePresets {{ {PRESET_FIELDS} }} }}"
+POLICY_FIELDS = """maxSessionLifetime idleTimeout allowedResourceGroups allowedDrivers totalResourceSlots { slot amount }"""
+SET_USER = f"""mutation($user: String!, $policy: UserResourcePolicyInput!) {{
+  setUserResourcePolicy(userId: $user, policy: $policy) {{ userId stored maxConcurrentSessions maxPendingSessions
+  {POLICY_FIELDS} }} }}"""
+DELETE_USER = "mutation($user: String!) { deleteUserResourcePolicy(userId: $user) }"
+SET_PROJECT = f"""mutation($project: String!, $policy: ProjectResourcePolicyInput!) {{
+  setProjectResourcePolicy(project: $project, policy: $policy) {{ project {POLICY_FIELDS} }} }}"""
+DELETE_PROJECT = "mutation($project: String!) { deleteProjectResourcePolicy(project: $project) }"
+POLICIES = f"""{{ resourcePolicies {{ users {{ userId stored maxPendingSessions {POLICY_FIELDS} }}
+  projects {{ project {POLICY_FIELDS} }} }} }}"""
+MIB = 1024 * 1024
+
+
+def exec_session(name: str, **fields: Any) -> dict[str, Any]:
+    return {"input": {"name": name, "type": "INTERACTIVE", "driver": "EXEC", **fields}}
+
+
+async def refused(caravan: Caravan, query: str, variables: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+    with pytest.raises(GraphQLErrors) as failed:
+        if token is None:
+            await caravan.gql(query, variables)
+        else:
+            await caravan.gql(query, variables, token=token)
+    [error] = failed.value.errors
+    return {"code": error["extensions"]["code"], "field": error["extensions"].get("field")}
+
+
+async def test_presets_are_written_by_admins_and_listed_for_everyone(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    small = {"name": "small", "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "128m"}]}
+    created = (await caravan.gql(CREATE_PRESET, {"input": small}))["createResourcePreset"]
+    assert created == {"name": "small", "sharedMemory": None,
+                       "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": str(128 * MIB)}]}
+    assert (await caravan.gql(PRESETS, token=alice))["resourcePresets"] == [created]
+    for query, variables in ((CREATE_PRESET, {"input": {**small, "name": "mine"}}), (UPDATE_PRESET, {"input": small}),
+                             (DELETE_PRESET, {"name": "small"})):
+        assert await refused(caravan, query, variables, alice) == {"code": "FORBIDDEN", "field": None}
+    bad = [
+        ({**small, "name": "-x"}, "INVALID_INPUT", "name"),
+        ({**small, "resources": [{"slot": "mem", "amount": "1k"}]}, "INVALID_INPUT", "resources.mem"),
+        ({**small, "resources": [{"slot": "cpu", "amount": "0"}]}, "INVALID_INPUT", "resources.cpu"),
+        ({**small, "resources": [{"slot": "cpu", "amount": "1"}, {"slot": "cpu", "amount": "2"}]}, "INVALID_INPUT",
+         "resources"),
+        ({**small, "resources": [{"slot": "warp.drive", "amount": "1"}]}, "UNSUPPORTED_RESOURCE", "resources.warp.drive"),
+        ({**small, "sharedMemory": "a lot"}, "INVALID_INPUT", "sharedMemory"),
+        (small, "CONFLICT", "name"),
+    ]  # fmt: skip
+    for preset, code, field in bad:
+        assert await refused(caravan, CREATE_PRESET, {"input": preset}) == {"code": code, "field": field}, preset
+    assert await refused(caravan, UPDATE_PRESET, {"input": {**small, "name": "nope"}}) == {"code": "NOT_FOUND",
+                                                                                          "field": "name"}
+    bigger = {**small, "resources": [{"slot": "cpu", "amount": "2"}], "sharedMemory": "16m"}
+    updated = (await caravan.gql(UPDATE_PRESET, {"input": bigger}))["updateResourcePreset"]
+    assert updated == {"name": "small", "sharedMemory": str(16 * MIB), "resources": [{"slot": "cpu", "amount": "2"}]}
+    assert (await caravan.gql(DELETE_PRESET, {"name": "small"}))["deleteResourcePreset"] is True
+    assert (await caravan.gql(PRESETS, token=alice))["resourcePresets"] == []
+
+
+async def test_a_creation_naming_a_preset_takes_its_slots_under_the_explicit_ones(caravan: Caravan) -> None:
+    preset = {"name": "medium", "sharedMemory": "32m",
+              "resources": [{"slot": "cpu", "amount": "2"}, {"slot": "mem", "amount": "512m"}]}
+    await caravan.gql(CREATE_PRESET, {"input": preset})
+    alice = await caravan.user("alice")
+    data = await caravan.gql(CREATE, exec_session("preset-run", preset="medium",
+                                                  resources=[{"slot": "mem", "amount": "256m"}]), token=alice)
+    session = await caravan.store.get(data["createSession"]["sessions"][0]["id"])
+    assert session is not None
+    assert {k: Decimal(v) for k, v in session.resources.items()} == {"cpu": 2, "mem": 256 * MIB}
+    assert session.shared_memory == str(32 * MIB)
+    assert await refused(caravan, CREATE, exec_session("no-preset", preset="huge"), alice) == {
+        "code": "INVALID_INPUT", "field": "preset"}
+
+
+async def test_policies_are_set_by_those_who_manage_the_user_or_administer_the_project(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    await caravan.user("pete", projects=("physics",))
+    admin = await caravan.user("ada", Role.ADMIN)
+    policy = {"maxPendingSessions": 2, "maxSessionLifetime": "1h", "idleTimeout": "90s",
+              "allowedResourceGroups": ["default", "gpu"], "allowedDrivers": ["EXEC", "DOCKER"],
+              "totalResourceSlots": [{"slot": "cpu", "amount": "4"}, {"slot": "mem", "amount": "8g"}]}
+    stored = (await caravan.gql(SET_USER, {"user": "alice", "policy": policy}, token=admin))["setUserResourcePolicy"]
+    assert stored == {"userId": "alice", "stored": True, "maxConcurrentSessions": None, "maxPendingSessions": 2,
+                      "maxSessionLifetime": 3600.0, "idleTimeout": 90.0, "allowedResourceGroups": ["default", "gpu"],
+                      "allowedDrivers": ["DOCKER", "EXEC"],
+                      "totalResourceSlots": [{"slot": "cpu", "amount": "4"}, {"slot": "mem", "amount": str(8 * 1024 * MIB)}]}
+    mine = (await caravan.gql(POLICIES, token=alice))["resourcePolicies"]
+    assert [u["userId"] for u in mine["users"]] == ["alice"] and mine["users"][0]["maxPendingSessions"] == 2
+    project = (await caravan.gql(SET_PROJECT, {"project": "default", "policy": {"idleTimeout": "1m"}}, token=admin))
+    assert project["setProjectResourcePolicy"]["idleTimeout"] == 60.0
+    seen = (await caravan.gql(POLICIES, token=admin))["resourcePolicies"]
+    assert [u["userId"] for u in seen["users"]] == ["ada", "alice"]  # its own (unset) and alice's; not pete's
+    assert [p["project"] for p in seen["projects"]] == ["default"]
+    assert (await caravan.gql(POLICIES, token=alice))["resourcePolicies"]["projects"][0]["idleTimeout"] == 60.0
+    refusals = [
+        (SET_USER, {"user": "alice", "policy": {}}, alice, "FORBIDDEN", None),
+        (SET_USER, {"user": "pete", "policy": {}}, admin, "NOT_FOUND", "userId"),
+        (SET_USER, {"user": "nobody", "policy": {}}, admin, "NOT_FOUND", "userId"),
+        (SET_USER, {"user": "ada", "policy": {}}, admin, "FORBIDDEN", "userId"),  # nobody raises their own limits
+        (SET_PROJECT, {"project": "physics", "policy": {}}, admin, "NOT_FOUND", "project"),
+        (SET_PROJECT, {"project": "default", "policy": {}}, alice, "FORBIDDEN", None),
+        (DELETE_USER, {"user": "alice"}, alice, "FORBIDDEN", None),
+        (DELETE_PROJECT, {"project": "physics"}, admin, "NOT_FOUND", "project"),
+        (SET_USER, {"user": "alice", "policy": {"maxSessionLifetime": "soon"}}, admin, "INVALID_INPUT", "maxSessionLifetime"),
+        (SET_USER, {"user": "alice", "policy": {"idleTimeout": "0s"}}, admin, "INVALID_INPUT", "idleTimeout"),
+        (SET_USER, {"user": "alice", "policy": {"maxPendingSessions": -1}}, admin, "INVALID_INPUT", "maxPendingSessions"),
+        (SET_USER, {"user": "alice", "policy": {"allowedResourceGroups": ["bad group"]}}, admin, "INVALID_INPUT",
+         "allowedResourceGroups"),
+        (SET_PROJECT, {"project": "default", "policy": {"totalResourceSlots": [{"slot": "mem", "amount": "-1"}]}}, admin,
+         "INVALID_INPUT", "totalResourceSlots.mem"),
+        (SET_PROJECT, {"project": "default", "policy": {"totalResourceSlots": [{"slot": "warp.drive", "amount": "1"}]}},
+         admin, "UNSUPPORTED_RESOURCE", "totalResourceSlots.warp.drive"),
+    ]  # fmt: skip
+    for query, variables, token, code, field in refusals:
+        assert await refused(caravan, query, variables, token) == {"code": code, "field": field}, variables
+    assert (await caravan.gql(DELETE_USER, {"user": "alice"}, token=admin))["deleteUserResourcePolicy"] is True
+    assert (await caravan.gql(DELETE_USER, {"user": "alice"}, token=admin))["deleteUserResourcePolicy"] is False
+    assert (await caravan.gql(POLICIES, token=alice))["resourcePolicies"]["users"][0]["stored"] is False
+
+
+async def test_creation_is_refused_outside_the_allowed_groups_and_drivers(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    await caravan.gql(SET_USER, {"user": "alice", "policy": {"allowedResourceGroups": ["default"],
+                                                             "allowedDrivers": ["EXEC"]}})
+    cases = [
+        (exec_session("in-gpu", resourceGroup="gpu"), "resourceGroup"),
+        (exec_session("in-docker", driver="DOCKER", image="busybox:1"), "driver"),
+    ]
+    for variables, field in cases:
+        assert await refused(caravan, CREATE, variables, alice) == {"code": "FORBIDDEN", "field": field}
+    await caravan.gql(CREATE, exec_session("allowed"), token=alice)
+    await caravan.gql(SET_PROJECT, {"project": "default", "policy": {"allowedDrivers": ["DOCKER"]}})
+    assert await refused(caravan, CREATE, exec_session("project-says-no"), alice) == {"code": "FORBIDDEN",
+                                                                                      "field": "driver"}
+    assert len(await caravan.store.session_ids(owner_id="alice")) == 1
+
+
+async def test_the_pending_limit_holds_under_racing_creations(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    await caravan.gql(SET_USER, {"user": "alice", "policy": {"maxPendingSessions": 3}})
+
+    async def create(i: int) -> str:
+        body = await caravan.post(CREATE, exec_session(f"racer-{i}"), token=alice)
+        return "ok" if not body.get("errors") else body["errors"][0]["extensions"]["code"]
+
+    outcomes = await asyncio.gather(*(create(i) for i in range(12)))
+    assert sorted(outcomes) == ["QUOTA_EXCEEDED"] * 9 + ["ok"] * 3
+    assert len(await caravan.store.session_ids(owner_id="alice")) == 3
+    body = await caravan.post(CREATE, exec_session("batch", count=2), token=alice)
+    assert body["errors"][0]["extensions"] == {"code": "QUOTA_EXCEEDED", "field": "count"}
+
+
+async def test_policies_stored_before_the_new_fields_read_as_unlimited(caravan: Caravan) -> None:
+    store = PolicyStore(caravan.store.redis, caravan.store.keys)
+    old = {"max_concurrent_sessions": 2, "max_pending_sessions": None, "total_resource_slots": {"cpu": "4"}}
+    await caravan.store.redis.set(caravan.store.keys.user_policy("old"), json.dumps(old))
+    found = await store.user("old")
+    assert found == UserResourcePolicy(max_concurrent_sessions=2, total_resource_slots={"cpu": "4"})
+    assert (found.max_session_lifetime, found.idle_timeout, found.allowed_drivers) == (None, None, None)

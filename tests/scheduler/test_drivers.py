@@ -1,0 +1,128 @@
+"""Task drivers in the snapshot: a session goes only to agents whose node has its driver detected and healthy, and a
+session no agent can run says which driver is missing (and blocks nobody). Also the device ids jobs reserve.
+
+Nodes are shaped as ``/v1/nodes?resources=true`` returns them (only the fields read); the pass is the real pure core.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from common.model import Driver, Kernel, Session, SessionStatus, SessionType
+from scheduler.config import SchedulingConfig, parse_scheduler_config
+from scheduler.model import Snapshot, WaitKind
+from scheduler.scheduling_pass import run_pass
+from scheduler.snapshot import (
+    agents_of,
+    device_ids,
+    healthy_drivers,
+    pending_session,
+    requiring_driver,
+    with_wanted_slots,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+CONFIG = SchedulingConfig()
+OK = {"Detected": True, "Healthy": True}
+UNHEALTHY = {"Detected": True, "Healthy": False, "HealthDescription": "Docker is unhealthy"}
+UNDETECTED = {"Detected": False, "Healthy": False}
+
+
+def node(node_id: str, drivers: dict[str, dict[str, bool | str]], *, shares: int = 4000,
+         devices: list[tuple[str, str, str]] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    return {
+        "ID": node_id, "NodePool": "default", "Status": "ready", "SchedulingEligibility": "eligible", "Drain": False,
+        "Drivers": drivers,
+        "NodeResources": {"Cpu": {"CpuShares": shares, "TotalCpuCores": 4}, "Memory": {"MemoryMB": 4096},
+                          "Devices": [{"Vendor": v, "Type": t, "Name": n, "Instances": [{"ID": "i", "Healthy": True}]}
+                                      for v, t, n in devices]},
+    }
+
+
+def session(session_id: str, driver: Driver, *, cpu: str = "1", at: int = 0) -> Session:
+    kernel = Kernel(role="main", index=1, hostname="main1", image="", resources={"cpu": cpu, "mem": "268435456"})
+    return Session(id=session_id, name=session_id, owner_id="u", type=SessionType.BATCH, driver=driver, image="",
+                   resources={}, kernels=(kernel,), created_at=T0 + timedelta(seconds=at), status=SessionStatus.PENDING)
+
+
+def schedule(nodes: list[dict[str, Any]], sessions: list[Session]):  # type: ignore[no-untyped-def]
+    """What the snapshot reader does with these nodes and sessions, then one pass."""
+    pending = tuple(requiring_driver(pending_session(s), s.driver.value) for s in sessions)
+    agents = agents_of(nodes, [], {s.id: s for s in sessions}, "cv", 1000, CONFIG)
+    drivers = {str(n["ID"]): healthy_drivers(n) for n in nodes}
+    return run_pass(Snapshot(with_wanted_slots(agents, drivers, pending), pending), CONFIG.core, T0 + timedelta(1))
+
+
+@pytest.mark.parametrize(
+    ("drivers", "healthy"),
+    [
+        ({"raw_exec": OK, "exec": OK}, {"raw_exec", "exec"}),
+        ({"raw_exec": OK, "docker": UNHEALTHY}, {"raw_exec"}),
+        ({"qemu": UNDETECTED}, set()),
+        ({"docker": {"Detected": True}}, set()),  # health not reported yet
+        ({}, set()),
+    ],
+)
+def test_healthy_drivers(drivers: dict[str, dict[str, bool]], healthy: set[str]) -> None:
+    assert healthy_drivers({"ID": "n", "Drivers": drivers}) == healthy
+    assert healthy_drivers({"ID": "n"}) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("nodes", "driver", "placed_on"),
+    [
+        # the bigger node would win (dispersed), but its driver is unhealthy / not there
+        ([node("big", {"docker": UNHEALTHY}, shares=8000), node("small", {"docker": OK})], Driver.DOCKER, "small"),
+        ([node("big", {"raw_exec": OK}, shares=8000), node("small", {"qemu": OK})], Driver.QEMU, "small"),
+        ([node("big", {"exec": UNDETECTED}, shares=8000), node("small", {"exec": OK})], Driver.EXEC, "small"),
+        ([node("big", {"raw_exec": OK}, shares=8000), node("small", {"raw_exec": OK})], Driver.RAW_EXEC, "big"),
+    ],
+    ids=["docker-unhealthy", "qemu-elsewhere", "exec-undetected", "both-fine"],
+)
+def test_a_session_goes_only_where_its_driver_is_healthy(nodes: list[dict[str, Any]], driver: Driver,
+                                                          placed_on: str) -> None:
+    result = schedule(nodes, [session("s", driver)])
+    assert [k.agent_id for k in result.placements["s"]] == [placed_on]
+
+
+def test_a_session_no_agent_can_run_names_the_driver_and_blocks_nobody() -> None:
+    nodes = [node("a", {"raw_exec": OK, "docker": UNHEALTHY}), node("b", {"raw_exec": OK})]
+    result = schedule(nodes, [session("docker-first", Driver.DOCKER, at=0), session("raw-later", Driver.RAW_EXEC, at=1)])
+    waits = result.waiting["docker-first"]
+    assert waits.kind is WaitKind.NEVER_FITS
+    assert "driver:docker" in waits.message
+    assert "raw-later" in result.placements  # strict FIFO, yet the hopeless session holds nobody back
+
+
+def test_sessions_of_different_drivers_share_a_pass() -> None:
+    nodes = [node("vm", {"qemu": OK, "raw_exec": OK}), node("plain", {"raw_exec": OK})]
+    result = schedule(nodes, [session("q", Driver.QEMU), session("r1", Driver.RAW_EXEC, at=1)])
+    assert result.placements["q"][0].agent_id == "vm"
+    assert "r1" in result.placements
+
+
+def test_driver_marker_slots_are_only_added_when_wanted() -> None:
+    agents = agents_of([node("a", {"docker": OK})], [], {}, "cv", 1000, CONFIG)
+    assert with_wanted_slots(agents, {"a": frozenset({"docker"})}, ()) == agents
+
+
+@pytest.mark.parametrize(
+    ("devices", "config", "ids"),
+    [
+        ([("nomad", "file", "mock")], CONFIG, {"mock.device": "nomad/file/mock"}),
+        ([("nvidia", "gpu", "A100"), ("nvidia", "gpu", "H100")], CONFIG, {"cuda.device": "nvidia/gpu"}),
+        ([("intel", "gpu", "arc")], CONFIG, {"intel.gpu": "intel/gpu/arc"}),
+        ([("acme", "gpu", "x"), ("other", "gpu", "y")],
+         parse_scheduler_config('device_slots = { "gpu" = "any.gpu" }', "s.hcl"), {"any.gpu": "gpu"}),
+        ([("acme", "fpga", "x"), ("acme", "gpu", "y")],
+         parse_scheduler_config('device_slots = { "acme/fpga" = "acme.dev", "acme/gpu" = "acme.dev" }', "s.hcl"),
+         {}),  # one slot, two kinds of device: no single device block can ask for it
+    ],
+)
+def test_device_ids_jobs_reserve(devices: list[tuple[str, str, str]], config: SchedulingConfig,
+                                 ids: dict[str, str]) -> None:
+    nodes = [node(f"n{i}", {}, devices=[device]) for i, device in enumerate(devices)]
+    assert device_ids(nodes, config) == ids
