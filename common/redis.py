@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -10,6 +10,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common.retry import backoff
 from common.settings import RedisSettings
+
+
+MAX_CONNECTIONS = 200
+POOL_WAIT = 5.0
+"""A command waits this long for a free pooled connection in a burst (redis-py's default pool refuses at once with
+MaxConnectionsError), then fails as an outage (UNAVAILABLE)."""
 
 
 def client(settings: RedisSettings) -> Redis:
@@ -20,8 +26,10 @@ def client(settings: RedisSettings) -> Redis:
     client without redis-py's default retry). A WATCHed transaction is not retried here: it raises WatchError, and
     the store's optimistic loop runs it again.
     """
-    return Redis.from_url(
+    pool = BlockingConnectionPool.from_url(
         settings.url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=POOL_WAIT,
         decode_responses=True,
         socket_connect_timeout=2.0,
         socket_timeout=10.0,
@@ -29,6 +37,9 @@ def client(settings: RedisSettings) -> Redis:
         retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
+    redis = Redis(connection_pool=pool)
+    redis.auto_close_connection_pool = True  # aclose() closes the pool, as with from_url
+    return redis
 
 
 async def connect(settings: RedisSettings, *, give_up_after: float = 30.0) -> Redis:
