@@ -52,7 +52,7 @@ class Keys:
         return f"{self.prefix}:sessions:names"
 
     def listing_scratch(self, request_id: str) -> str:
-        """Short-lived ZSET combining indexes for one filtered listing request (deleted in the same MULTI)."""
+        """Short-lived ZSET combining indexes for one filtered listing request (deleted after it; expires anyway)."""
         return f"{self.prefix}:sessions:scratch:{request_id}"
 
     @property

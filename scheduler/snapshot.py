@@ -279,7 +279,8 @@ class SnapshotReader:
         sessions = {s.id: s for s in live}
         waiting = sorted((s for s in live if s.status is S.PENDING), key=lambda s: (s.created_at, s.id))
         expired = tuple(s.id for s in waiting if timed_out(s, self.config, now))
-        pending = tuple(requiring_driver(pending_session(s), s.driver.value) for s in waiting if s.id not in expired)
+        pending = tuple(requiring_driver(pending_session(s), s.driver.value)
+                        for s in waiting if s.id not in expired)
         nodes = await self.nomad.nodes()
         mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
         allocs = await self.nomad.live_allocations() if pending else []

@@ -137,8 +137,7 @@ class NomadCluster:
 
 
 SINGLE_NODE_CONFIG = """\
-name                 = "{name}"
-disable_update_check = true
+name = "{name}"
 advertise {{
   http = "127.0.0.1"
   rpc  = "127.0.0.1"

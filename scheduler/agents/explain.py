@@ -11,8 +11,9 @@ __all__ = ["explain_never_fits", "explain_no_fit"]
 
 
 def _what(occupancy: GroupOccupancy, demand: Demand, role: str | None) -> str:
-    # marker slots (``designated:<node>``, ``driver:<name>``, see scheduler.snapshot) are not amounts a user asked for
-    wanted = format_slots({slot: amount for slot, amount in occupancy.codec.to_slots(demand).items() if ":" not in slot})
+    # marker slots (``designated:<node>``, ``driver:<name>``, scheduler.snapshot) are not amounts a user asked for
+    asked = {slot: amount for slot, amount in occupancy.codec.to_slots(demand).items() if ":" not in slot}
+    wanted = format_slots(asked)
     return f"kernel {role} ({wanted})" if role else wanted
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from common.model import Driver, Kernel, Session, SessionStatus, SessionType
 from scheduler.config import SchedulingConfig, parse_scheduler_config
-from scheduler.model import Snapshot, WaitKind
+from scheduler.model import PassResult, Snapshot, WaitKind
 from scheduler.scheduling_pass import run_pass
 from scheduler.snapshot import (
     agents_of,
@@ -32,7 +32,7 @@ UNDETECTED = {"Detected": False, "Healthy": False}
 
 
 def node(node_id: str, drivers: dict[str, dict[str, bool | str]], *, shares: int = 4000,
-         devices: list[tuple[str, str, str]] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+         devices: tuple[tuple[str, str, str], ...] = ()) -> dict[str, Any]:
     return {
         "ID": node_id, "NodePool": "default", "Status": "ready", "SchedulingEligibility": "eligible", "Drain": False,
         "Drivers": drivers,
@@ -48,7 +48,7 @@ def session(session_id: str, driver: Driver, *, cpu: str = "1", at: int = 0) -> 
                    resources={}, kernels=(kernel,), created_at=T0 + timedelta(seconds=at), status=SessionStatus.PENDING)
 
 
-def schedule(nodes: list[dict[str, Any]], sessions: list[Session]):  # type: ignore[no-untyped-def]
+def schedule(nodes: list[dict[str, Any]], sessions: list[Session]) -> PassResult:
     """What the snapshot reader does with these nodes and sessions, then one pass."""
     pending = tuple(requiring_driver(pending_session(s), s.driver.value) for s in sessions)
     agents = agents_of(nodes, [], {s.id: s for s in sessions}, "cv", 1000, CONFIG)
@@ -90,7 +90,8 @@ def test_a_session_goes_only_where_its_driver_is_healthy(nodes: list[dict[str, A
 
 def test_a_session_no_agent_can_run_names_the_driver_and_blocks_nobody() -> None:
     nodes = [node("a", {"raw_exec": OK, "docker": UNHEALTHY}), node("b", {"raw_exec": OK})]
-    result = schedule(nodes, [session("docker-first", Driver.DOCKER, at=0), session("raw-later", Driver.RAW_EXEC, at=1)])
+    result = schedule(nodes, [session("docker-first", Driver.DOCKER, at=0),
+                              session("raw-later", Driver.RAW_EXEC, at=1)])
     waits = result.waiting["docker-first"]
     assert waits.kind is WaitKind.NEVER_FITS
     assert "driver:docker" in waits.message
@@ -124,5 +125,5 @@ def test_driver_marker_slots_are_only_added_when_wanted() -> None:
 )
 def test_device_ids_jobs_reserve(devices: list[tuple[str, str, str]], config: SchedulingConfig,
                                  ids: dict[str, str]) -> None:
-    nodes = [node(f"n{i}", {}, devices=[device]) for i, device in enumerate(devices)]
+    nodes = [node(f"n{i}", {}, devices=(device,)) for i, device in enumerate(devices)]
     assert device_ids(nodes, config) == ids
