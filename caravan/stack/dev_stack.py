@@ -1,4 +1,4 @@
-"""The one-machine stack behind ``ops/dev``: Redis, a Nomad dev agent and Caravan, detached.
+"""The one-machine stack behind ``ops/dev``: Redis, a single-node Nomad (server and client) and Caravan, detached.
 
 Process ids go to ``$CARAVAN_HOME/run``; logs to ``$CARAVAN_HOME/logs``.
 """
@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-from caravan.stack.nomad_agent import start_nomad_dev
+from caravan.stack.nomad_cluster import start_nomad_single_node
 from caravan.stack.processes import Service, StartupFailed, spawn, wait_until
 from caravan.stack.redis_server import start_redis
 from common.settings import Settings
@@ -52,12 +52,13 @@ def up(settings: Settings) -> int:
             _remember(settings, start_redis(settings.home / "redis", port, log=logs / "redis.log"))
         if not _running(settings, "nomad"):
             drivers = ("raw_exec", "exec") + (("docker",) if env.get("CARAVAN_DOCKER_AVAILABLE") == "1" else ())
-            agent = start_nomad_dev(
+            # Not a -dev agent: its state is on disk, so sessions survive ./ops/stop and a Nomad restart.
+            agent = start_nomad_single_node(
                 settings.home / "nomad", nomad_home=Path(env["CARAVAN_NOMAD_HOME"]), rootfs=Path(env["CARAVAN_ROOTFS"]),
-                http=urlparse(settings.nomad.addr).port, want_drivers=drivers, log=logs / "nomad.log",
+                http=urlparse(settings.nomad.addr).port or 4646, want_drivers=drivers, log=logs / "nomad.log",
                 qemu_image_dirs=tuple(Path(d) for d in settings.qemu_images.values()),
             )
-            _remember(settings, agent.service)
+            _remember(settings, agent.server)
         if not _running(settings, "caravan"):
             service = spawn("caravan", [sys.executable, "-m", "caravan.cli", "dev"], logs / "caravan.log")
             _remember(settings, service)

@@ -190,30 +190,51 @@ class SingleNodeNomad(NomadCluster):
             with contextlib.suppress(Exception):
                 _drain(self.addr, self.state_dir, drain_timeout)
         self.server.stop()
-        for group in self.earlier_groups:
+        for pid in _leftover_executors(self.argv[0], set(self.earlier_groups)):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+
+
+def _leftover_executors(binary: str, groups: set[int]) -> list[int]:
+    """Processes still in the process groups of killed agents that run our Nomad binary (task executors whose
+    allocation was never torn down); checked by binary, not by group alone, since a group id may be reused."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            command = (proc / "cmdline").read_bytes().split(b"\0")[0]
+            if os.getpgid(int(proc.name)) in groups and command == binary.encode():
+                found.append(int(proc.name))
+    return found
 
 
 def start_nomad_single_node(state_dir: Path, *, nomad_home: Path, rootfs: Path,
-                            want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0) -> SingleNodeNomad:
-    """A non-dev agent (server + client) on loopback ports of its own, with one ``nomad/file/mock`` device."""
+                            want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0,
+                            http: int | None = None, qemu_image_dirs: tuple[Path, ...] = (),
+                            log: Path | None = None) -> SingleNodeNomad:
+    """A non-dev agent (server + client) on loopback ports of its own, with one ``nomad/file/mock`` device.
+
+    With ``http`` given, RPC and Serf take the next two ports: a server that keeps its state must come back on
+    the same addresses, or its Raft peer (itself, as stored) is unreachable and no leader is elected.
+    """
     binary = _binary(nomad_home)
     state_dir.mkdir(parents=True, exist_ok=True)
-    http = free_port()
+    rpc, serf = (http + 1, http + 2) if http else (free_port(), free_port())
+    http = http or free_port()
     write_config(state_dir / "nomad.hcl", data_dir=state_dir / "data", plugin_dir=nomad_home / "plugins",
                  rootfs=rootfs, image_dir=state_dir / "images", device_dir=state_dir / "devices",
-                 http=http, rpc=free_port(), serf=free_port())
+                 http=http, rpc=rpc, serf=serf, qemu_image_dirs=qemu_image_dirs)
     name = f"caravan-single-{state_dir.name}"
     (state_dir / "single.hcl").write_text(SINGLE_NODE_CONFIG.format(name=name, cgroup_parent=_cgroup_parent(name)))
     argv = (str(binary), "agent", f"-config={state_dir / 'nomad.hcl'}", f"-config={state_dir / 'single.hcl'}")
-    server = spawn("nomad", argv, state_dir / "nomad.log", env=CLEAN_ENV, clean=True)
+    server = spawn("nomad", argv, log or state_dir / "nomad.log", env=CLEAN_ENV, clean=True)
     agent = SingleNodeNomad(addr=f"http://127.0.0.1:{http}", server=server, state_dir=state_dir, argv=argv, name=name,
                             want_drivers=want_drivers)
     try:
         agent._wait_ready(timeout)
     except BaseException:
-        agent.stop()
+        agent.server.stop()  # not stop(): that purges every job, and a persisted agent's jobs are the user's
         raise
     return agent
 
