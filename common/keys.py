@@ -51,6 +51,12 @@ class Keys:
         """HASH session id -> name, so that a name filter scans names without reading whole documents."""
         return f"{self.prefix}:sessions:names"
 
+    @property
+    def sessions_version(self) -> str:
+        """Counter incremented in the MULTI of every write of a session document or listing index; the gateway's
+        result cache (``gateway.graphql.result_cache``) serves a stored answer only while it is unchanged."""
+        return f"{self.prefix}:sessions:version"
+
     def listing_scratch(self, request_id: str) -> str:
         """Short-lived ZSET combining indexes for one filtered listing request (deleted after it; expires anyway)."""
         return f"{self.prefix}:sessions:scratch:{request_id}"

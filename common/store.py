@@ -1,7 +1,8 @@
 """Sessions in Redis: creation, reads, and validated status updates that keep every index in step.
 
 Each write is one optimistic transaction (WATCH … MULTI/EXEC, retried on conflict), so a
-session document and its indexes (live set, pending queue, name claim) never disagree.
+session document and its indexes (live set, pending queue, name claim) never disagree. Each also increments
+``Keys.sessions_version`` in its MULTI: the gateway's result cache serves a stored answer only while it is unchanged.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class SessionStore:
                         self._write_new(pipe, session, name_key)
                     if token_key:
                         pipe.set(token_key, json.dumps([s.id for s in sessions]))
+                    pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
                     pipe.rpush(self.keys.scheduler_wakeup, "created")
                     pipe.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
                     await pipe.execute()
@@ -177,6 +179,7 @@ class SessionStore:
                     pipe.multi()
                     pipe.set(key, after.to_json())
                     self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
+                    pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
                     await pipe.execute()
                     return after
                 except WatchError:

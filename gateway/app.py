@@ -26,6 +26,7 @@ from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
 from gateway.graphql.protection import Guard, Limits, RateLimiter
+from gateway.graphql.result_cache import ResultCache
 from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
@@ -40,8 +41,12 @@ class CaravanGraphQL(GraphQLOverHTTP):
 
     def __init__(self, state: dict[str, Any], limits: Limits, metrics: Metrics) -> None:
         settings: Settings = state["settings"]
-        limiter = RateLimiter(lambda: state["redis"], Keys(settings.redis.prefix), limits.rate_limit, limits.rate_window)
-        super().__init__(build_schema(limits), guard=Guard(limits, limiter), metrics=metrics,
+        keys = Keys(settings.redis.prefix)
+        limiter = RateLimiter(lambda: state["redis"], keys, limits.rate_limit, limits.rate_window)
+        schema = build_schema(limits)
+        results = (ResultCache(lambda: state["redis"], keys, schema._schema, limits.max_tokens)
+                   if limits.result_cache else None)
+        super().__init__(schema, guard=Guard(limits, limiter), metrics=metrics, result_cache=results,
                          graphql_ide="graphiql", allow_queries_via_get=True, subscription_protocols=WS_PROTOCOLS)
         self.state = state
 

@@ -42,6 +42,22 @@ BATCH_ONLY = ("startsAt", "batchTimeout", "dependencies")
 
 
 @dataclass(frozen=True)
+class CreationRules:
+    """What the platform's configuration says about new sessions; the gateway reads it for each creation."""
+
+    known_slots: Mapping[str, SlotType] = field(default_factory=lambda: INTRINSIC_SLOT_TYPES)
+    """Slots some agent has offered: a request for another is UNSUPPORTED_RESOURCE."""
+    allow_raw_exec_for_users: bool = False
+    default_image: str | None = None
+    presets: Mapping[str, ResourcePreset] = field(default_factory=dict)
+    """At least the preset the request names (the caller reads it); a preset not in it is unknown."""
+    qemu_images: Mapping[str, str] = field(default_factory=dict)
+    """The operator's VM image allowlist: name -> image directory."""
+    allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver)
+    """The drivers the request's resource group allows."""
+
+
+@dataclass(frozen=True)
 class SessionRequest:
     name: str
     type: SessionType
@@ -81,13 +97,8 @@ def build_sessions(
     *,
     viewer: User,
     now: datetime,
-    known_slots: Mapping[str, SlotType] = INTRINSIC_SLOT_TYPES,
-    allow_raw_exec_for_users: bool = False,
-    default_image: str | None = None,
-    presets: Mapping[str, ResourcePreset] = MappingProxyType({}),
+    rules: CreationRules = CreationRules(),
     owner: User | None = None,
-    qemu_images: Mapping[str, str] = MappingProxyType({}),
-    allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver),
 ) -> list[Session]:
     """``owner``: whom the sessions are for, if not ``viewer`` (a SUPERADMIN acting for them; the caller checks)."""
     owner = owner or viewer
@@ -95,9 +106,7 @@ def build_sessions(
         raise InvalidInput(
             "name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name"
         )
-    checked = check_request(request, viewer=viewer, now=now, known_slots=known_slots,
-                            allow_raw_exec_for_users=allow_raw_exec_for_users, default_image=default_image,
-                            presets=presets, qemu_images=qemu_images, allowed_drivers=allowed_drivers)
+    checked = check_request(request, viewer=viewer, now=now, rules=rules)
     project = session_project(request.project, owner=owner, viewer=viewer)
     names = [request.name] if request.count == 1 else [f"{request.name}-{i}" for i in range(1, request.count + 1)]
     if any(len(n) > 64 for n in names):
@@ -169,27 +178,20 @@ def check_request(
     *,
     viewer: User,
     now: datetime,
-    known_slots: Mapping[str, SlotType] = INTRINSIC_SLOT_TYPES,
-    allow_raw_exec_for_users: bool = False,
-    default_image: str | None = None,
-    presets: Mapping[str, ResourcePreset] = MappingProxyType({}),
-    qemu_images: Mapping[str, str] = MappingProxyType({}),
-    allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver),
+    rules: CreationRules = CreationRules(),
 ) -> CheckedRequest:
-    """Every rule of a creation but the session name's: also how a template's spec is checked when it is written.
-
-    ``presets`` holds at least the preset the request names (the caller reads it); a preset not in it is unknown.
-    """
+    """Every rule of a creation but the session name's: also how a template's spec is checked when it is written."""
+    known_slots, allowed_drivers, qemu_images = rules.known_slots, rules.allowed_drivers, rules.qemu_images
     if request.type is SessionType.SYSTEM and not viewer.is_admin:
         raise Forbidden("SYSTEM sessions are created by the platform, not by users", field="type")
     if request.type is SessionType.BATCH and not (request.startup_command or "").strip():
         raise InvalidInput("a BATCH session needs a non-empty startupCommand", field="startupCommand")
-    if request.driver is Driver.RAW_EXEC and not (viewer.is_admin or allow_raw_exec_for_users):
+    if request.driver is Driver.RAW_EXEC and not (viewer.is_admin or rules.allow_raw_exec_for_users):
         raise Forbidden("the raw_exec driver runs without isolation and is for admins only", field="driver")
     if request.driver.value not in allowed_drivers:
         raise Forbidden(f"resource group {request.resource_group!r} allows only the drivers "
                         f"{', '.join(sorted(allowed_drivers)) or 'none'}", field="driver")
-    image = request.image or (_only(qemu_images) if request.driver is Driver.QEMU else default_image)
+    image = request.image or (_only(qemu_images) if request.driver is Driver.QEMU else rules.default_image)
     if request.driver in (Driver.DOCKER, Driver.QEMU) and not image:
         raise InvalidInput(f"the {request.driver.value} driver needs an image", field="image")
     _check_text("startupCommand", request.startup_command or "")
@@ -198,7 +200,7 @@ def check_request(
     if not GROUP_RULE.match(request.resource_group):
         raise InvalidInput("resourceGroup is not a valid name", field="resourceGroup")
     environ = _checked_environ(request.environ)
-    preset = _preset(request.preset, presets)
+    preset = _preset(request.preset, rules.presets)
     slots = _checked_resources({**DEFAULT_RESOURCES, **(preset.resources if preset else {}), **request.resources},
                                known_slots)
     _check_batch_options(request)

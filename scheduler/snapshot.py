@@ -14,7 +14,8 @@ Agents are Nomad client nodes; an agent's resource group is its node pool.
 - drivers: a session needs its task driver detected and healthy on the node. Like a designated agent, it asks for one
   unit of a slot ``driver:<name>`` that only such agents have (added only for drivers some pending session wants, and
   never recorded as a slot type), so a session whose driver no agent offers waits with ``never-fits: no schedulable
-  agent of resource group … has driver:docker``, and blocks nobody.
+  agent of resource group … has driver:docker``, and blocks nobody. Unlike a device kind, an offered driver does not
+  make an agent rank later for sessions that do not use it (``scheduler.agents.ranking``).
 
 A session designated to an agent (admins) asks for one unit of a slot ``designated:<node id>`` that only that agent
 has, so the pass places it there or explains why not; while it waits, other sessions prefer other agents (an agent
@@ -37,6 +38,7 @@ from common.policies import PolicyStore
 from common.store import SessionStore
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import session_id_of
+from scheduler.agents.ranking import DRIVER_MARKER
 from scheduler.config import SchedulingConfig
 from scheduler.model import (
     Agent,
@@ -63,7 +65,7 @@ OCCUPYING = frozenset({S.SCHEDULED, S.PREPARING, S.RUNNING, S.TERMINATING})
 NOT_YET_VISIBLE = frozenset({S.SCHEDULED, S.PREPARING})
 DESIGNATED = "designated:"
 DESIGNATED_CAPACITY = 1_000_000
-DRIVER = "driver:"
+DRIVER = DRIVER_MARKER
 Json = Mapping[str, Any]
 
 
@@ -102,7 +104,7 @@ def device_ids(nodes: Iterable[Json], config: SchedulingConfig) -> dict[str, str
             seen[config.device_slot(*device)].add(device)
     found: dict[str, str] = {}
     for slot, devices in seen.items():
-        vendors, kinds, names = ({d[i] for d in devices} for i in range(3))
+        vendors, kinds = {d[0] for d in devices}, {d[1] for d in devices}
         if len(kinds) != 1:
             continue  # different kinds of device under one slot: no single device block asks for them
         (vendor, kind, name) = next(iter(devices))

@@ -3,12 +3,17 @@
 Starts a private Redis (like the tests), seeds the sessions in a fresh namespace, then serves
 
 - the real gateway exactly as production runs it (``caravan gateway``, ``CARAVAN_GATEWAY_WORKERS`` processes;
-  the rate limiter stays on, with a limit too high to refuse, so its Redis round trip is counted), and
+  the rate limiter stays on, with a limit too high to refuse, so its Redis round trip is counted), twice:
+  with the result cache (``CARAVAN_GRAPHQL_RESULT_CACHE=1``, the default) and without it (``=0``), and
 - a bare Starlette endpoint (``bench/gateway/bare.py``) reading the same page (ZREVRANGE + MGET → JSON)
   with as many uvicorn workers,
 
-and drives each with wrk for a fixed time. Prints one JSON line per target (requests/s, p50 and p99
-latency in ms) and a ratio line. Nomad is not needed: neither the page nor a creation calls it.
+and drives each with wrk for a fixed time: the bare page, the page without the cache, the page with it
+(repeats: hits), the page with it while a writer renames one of the page's sessions through ``SessionStore``
+every ``--churn-ms`` (each rename invalidates every stored answer), then ``createSession``. Prints one JSON
+line per target (requests/s, p50 and p99 latency in ms, and ``executed``: the share of requests that ran the
+listing, counted as MGET calls on the Redis server) and a ratio line. Nomad is not needed: neither the page
+nor a creation calls it.
 
 Usage: .venv/bin/python -m bench.gateway [--sessions 10000] [--duration 10] [--connections 32] [--workers N]
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -25,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -166,19 +173,69 @@ def run_wrk(url: str, script: str, workdir: Path, *, duration: int, connections:
     }
 
 
+# -- churn: a writer renaming one session of the page ------------------------------------------------
+
+
+class Renamer:
+    """Renames the newest session through ``SessionStore`` every ``interval`` seconds, on its own thread and loop,
+    as the scheduler or a user would: every rename increments the sessions version, so every stored answer goes."""
+
+    def __init__(self, redis_url: str, prefix: str, interval: float) -> None:
+        self.redis_url, self.prefix, self.interval = redis_url, prefix, interval
+        self.renames = 0
+        self.last_name: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def __enter__(self) -> Renamer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    async def _run(self) -> None:
+        redis = Redis.from_url(self.redis_url, decode_responses=True)
+        store = SessionStore(redis, Keys(self.prefix))
+        try:
+            [newest] = await redis.zrevrange(store.keys.sessions_by_created, 0, 0)
+            next_at = time.monotonic()
+            while not self._stop.is_set():
+                name = f"churn-{self.renames:06d}"
+                await store.update(newest, lambda s: dataclasses.replace(s, name=name))
+                self.renames, self.last_name = self.renames + 1, name
+                next_at += self.interval
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        finally:
+            await redis.aclose()
+
+
 # -- main ---------------------------------------------------------------------------------------------
 
 
-def check_page(url: str) -> None:
-    body = httpx.post(url, json={"query": PAGE_QUERY}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).json()
+def page_of(url: str) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.post(url, json={"query": PAGE_QUERY}, headers={"Authorization": f"Bearer {TOKEN}"},
+                                      timeout=30).json()
     if body.get("errors") or len(body["data"]["sessions"]["edges"]) != 50:
         raise SystemExit(f"the page query did not answer 50 sessions: {str(body)[:500]}")
+    return body
 
 
 async def count_sessions(redis_url: str, prefix: str) -> int:
     redis = Redis.from_url(redis_url, decode_responses=True)
     try:
         return int(await redis.zcard(Keys(prefix).sessions_by_created))
+    finally:
+        await redis.aclose()
+
+
+async def mget_calls(redis_url: str) -> int:
+    """MGET calls the server has run: one per executed page (the listing's documents), none per cached answer."""
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        stats = await redis.info("commandstats")
+        return int(stats.get("cmdstat_mget", {}).get("calls", 0))
     finally:
         await redis.aclose()
 
@@ -194,6 +251,14 @@ def calibration() -> dict[str, Any]:
             "loadavg_1m": os.getloadavg()[0]}
 
 
+def ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    return {"rps": round(a["rps"] / b["rps"], 3), "p50": round(a["p50_ms"] / b["p50_ms"], 2),
+            "p99": round(a["p99_ms"] / b["p99_ms"], 2)}
+
+
+TARGETS = ["bare", "page", "cached", "churn", "create"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=10_000)
@@ -201,11 +266,12 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="wrk threads (it shares the cores with the servers)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="server processes of each side")
-    parser.add_argument("--only", choices=["page", "bare", "create"], action="append")
+    parser.add_argument("--churn-ms", type=float, default=100, help="milliseconds between renames in the churn run")
+    parser.add_argument("--only", choices=TARGETS, action="append")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (ops/install installs Debian's wrk)")
-    only = set(args.only or ["page", "bare", "create"])
+    only = set(args.only or TARGETS)
 
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         work = Path(tmp)
@@ -220,53 +286,81 @@ def main() -> None:
             print(json.dumps({"seeded": args.sessions, "seconds": round(time.perf_counter() - started, 2),
                               "machine": calibration()}), flush=True)
 
-            gateway_port, bare_port = free_port(), free_port()
+            cached_port, uncached_port, bare_port = free_port(), free_port(), free_port()
             gateway_env = {
                 "CARAVAN_HOME": str(work / "home"), "CARAVAN_REDIS_URL": redis_url, "CARAVAN_REDIS_PREFIX": prefix,
                 "CARAVAN_ADMIN_TOKEN": TOKEN, "CARAVAN_GATEWAY_HOST": "127.0.0.1",
-                "CARAVAN_GATEWAY_PORT": str(gateway_port), "CARAVAN_GATEWAY_WORKERS": str(args.workers),
+                "CARAVAN_GATEWAY_WORKERS": str(args.workers),
                 "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
                 "CARAVAN_GRAPHQL_RATE_LIMIT": str(10**9),  # on, so its round trip counts, but never refusing
             }
-            gateway_log = work / "gateway.log"
-            processes.append(spawn([sys.executable, "-m", "caravan.cli", "gateway"], gateway_env, gateway_log))
+            gateways = {"cached": (cached_port, "1"), "uncached": (uncached_port, "0")}
+            for name, (port, cache) in gateways.items():
+                log = work / f"gateway-{name}.log"
+                env = {**gateway_env, "CARAVAN_GATEWAY_PORT": str(port), "CARAVAN_GRAPHQL_RESULT_CACHE": cache}
+                processes.append(spawn([sys.executable, "-m", "caravan.cli", "gateway"], env, log))
+                wait_http(f"http://127.0.0.1:{port}/healthz", processes[-1], log)
             bare_log = work / "bare.log"
             processes.append(spawn(
                 [sys.executable, "-m", "uvicorn", "bench.gateway.bare:create", "--factory", "--host", "127.0.0.1",
                  "--port", str(bare_port), "--workers", str(args.workers), "--log-level", "warning", "--no-access-log"],
                 {"BENCH_REDIS_URL": redis_url, "BENCH_REDIS_PREFIX": prefix}, bare_log,
             ))
-            gateway_url = f"http://127.0.0.1:{gateway_port}/graphql"
+            cached_url = f"http://127.0.0.1:{cached_port}/graphql"
+            uncached_url = f"http://127.0.0.1:{uncached_port}/graphql"
             bare_url = f"http://127.0.0.1:{bare_port}/sessions"
-            wait_http(f"http://127.0.0.1:{gateway_port}/healthz", processes[0], gateway_log)
-            wait_http(bare_url, processes[1], bare_log)
-            check_page(gateway_url)
+            wait_http(bare_url, processes[-1], bare_log)
+            if page_of(cached_url) != page_of(uncached_url):
+                raise SystemExit("the cached and the uncached gateway answer the page differently")
 
             common = {"duration": args.duration, "connections": args.connections, "threads": args.threads}
             setup = {"workers": args.workers, "connections": args.connections, "duration_s": args.duration,
                      "sessions": args.sessions}
+            page = page_script({"query": PAGE_QUERY}, TOKEN)
             results: dict[str, dict[str, Any]] = {}
-            runs = [
-                ("bare", "bare starlette page (ZREVRANGE+MGET)", bare_url, page_script({}, None)),
-                ("page", "graphql sessions(first: 50)", gateway_url, page_script({"query": PAGE_QUERY}, TOKEN)),
-            ]
-            for name, label, url, script in runs:
-                if name in only:
-                    results[name] = run_wrk(url, script, work, **common)
-                    print(json.dumps({"target": label, **results[name], **setup}), flush=True)
+
+            def measure(name: str, label: str, url: str, script: str, **extra: Any) -> dict[str, Any]:
+                before = asyncio.run(mget_calls(redis_url))
+                result = run_wrk(url, script, work, **common)
+                executed = asyncio.run(mget_calls(redis_url)) - before
+                result["executed"] = round(executed / result["requests"], 4) if result["requests"] else None
+                results[name] = result
+                print(json.dumps({"target": label, **result, **extra, **setup}), flush=True)
+                return result
+
+            if "bare" in only:
+                measure("bare", "bare starlette page (ZREVRANGE+MGET)", bare_url, page_script({}, None))
+            if "page" in only:
+                measure("page", "graphql sessions(first: 50), result cache off", uncached_url, page)
+            if "cached" in only:
+                measure("cached", "graphql sessions(first: 50), result cache on (repeats)", cached_url, page)
+            if "churn" in only:
+                with Renamer(redis_url, prefix, args.churn_ms / 1000) as renamer:
+                    started = time.monotonic()
+                    result = measure("churn", f"graphql sessions(first: 50), result cache on, a rename every "
+                                              f"{args.churn_ms:g} ms", cached_url, page)
+                    writes_per_s = renamer.renames / (time.monotonic() - started)
+                newest = page_of(cached_url)["data"]["sessions"]["edges"][0]["node"]["name"]
+                print(json.dumps({"churn": {"renames": renamer.renames, "writes_per_s": round(writes_per_s, 1),
+                                            "answers_per_write": round(result["requests"] / max(1, renamer.renames), 1),
+                                            "fresh_after": newest == renamer.last_name}}), flush=True)
             if "create" in only:
                 before = asyncio.run(count_sessions(redis_url, prefix))
-                results["create"] = run_wrk(gateway_url, create_script(TOKEN), work, **common)
+                results["create"] = run_wrk(cached_url, create_script(TOKEN), work, **common)
                 made = asyncio.run(count_sessions(redis_url, prefix)) - before
                 print(json.dumps({"target": "graphql createSession", **results["create"], "sessions_created": made,
                                   **setup}), flush=True)
-            if "page" in results and "bare" in results:
-                page, bare = results["page"], results["bare"]
-                print(json.dumps({"ratio_graphql_to_bare": {
-                    "rps": round(page["rps"] / bare["rps"], 3),
-                    "p50": round(page["p50_ms"] / bare["p50_ms"], 2), "p99": round(page["p99_ms"] / bare["p99_ms"], 2),
-                }, "goal": {"rps": 1000, "p99_ms": 50,
-                            "met": page["rps"] >= 1000 and page["p99_ms"] < 50}}), flush=True)
+            ratios: dict[str, Any] = {}
+            if "bare" in results:
+                for name in ("page", "cached", "churn"):
+                    if name in results:
+                        ratios[f"{name}_to_bare"] = ratio(results[name], results["bare"])
+            if "page" in results and "cached" in results:
+                ratios["cached_to_page"] = ratio(results["cached"], results["page"])
+            goal = {name: results[name]["rps"] >= 1000 and results[name]["p99_ms"] < 50
+                    for name in ("page", "cached", "churn") if name in results}
+            if ratios or goal:
+                print(json.dumps({"ratios": ratios, "goal": {"rps": 1000, "p99_ms": 50, "met": goal}}), flush=True)
         finally:
             for process in processes:
                 stop(process)

@@ -30,6 +30,14 @@ def _parsed(query: str, max_tokens: int | None) -> DocumentNode:
     return parse(query, max_tokens=max_tokens)
 
 
+def parsed_document(query: str, max_tokens: int | None) -> DocumentNode | None:
+    """The cached parse of ``query``, or None if it does not parse (``gateway.graphql.result_cache`` reads it)."""
+    try:
+        return _parsed(query, max_tokens)
+    except GraphQLError:
+        return None
+
+
 @lru_cache(maxsize=CACHED_DOCUMENTS)
 def _validated(schema: GraphQLSchema, query: str, max_tokens: int | None,
                rules: tuple[type[ASTValidationRule], ...]) -> list[GraphQLError]:

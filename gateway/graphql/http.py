@@ -11,6 +11,7 @@ What Strawberry leaves out and this view adds:
 - A body that is not a JSON object, or whose ``operationName`` is not a string, is 400.
 - Every refusal has a JSON body of GraphQL errors with ``extensions.code``, like every other error.
 - The body-size and rate limits of :mod:`gateway.graphql.protection`, and request metrics.
+- Repeated session queries answered by :mod:`gateway.graphql.result_cache` while no session changed.
 
 ``tests/gateway/test_audit.py`` holds it to every audit of npm ``graphql-http``'s ``serverAudits``.
 """
@@ -37,6 +38,7 @@ from strawberry.types.graphql import OperationType
 
 from gateway.graphql.context import Context
 from gateway.graphql.protection import Guard, RequestError
+from gateway.graphql.result_cache import CachedResult, EncodedBody, ResultCache
 from gateway.metrics import Metrics
 
 JSON = "application/json"
@@ -102,10 +104,12 @@ class RecordOperation(SchemaExtension):
 
 
 class GraphQLOverHTTP(GraphQL[Context, None]):
-    def __init__(self, schema: BaseSchema, *, guard: Guard, metrics: Metrics, **options: Any) -> None:
+    def __init__(self, schema: BaseSchema, *, guard: Guard, metrics: Metrics, result_cache: ResultCache | None = None,
+                 **options: Any) -> None:
         super().__init__(schema, **options)
         self.guard = guard
         self.metrics = metrics
+        self.result_cache = result_cache
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -118,7 +122,9 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         status = 500  # unless an answer is made: a bug, which uvicorn answers with 500
         try:
             try:
-                await self.guard.admit(request)
+                read = await self.guard.admit(request, self.result_cache.reads if self.result_cache else ())
+                if self.result_cache is not None:
+                    self.result_cache.started(request, read)
                 self.check_media_types(request, media_type)
                 response = await self.run(request)
             except RequestError as refused:
@@ -166,9 +172,17 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
             raise HTTPException(400, "The GraphQL operation's `operationName` must be a string or null, if provided.")
         return data
 
-    async def execute_single(self, request: Request, request_adapter: Any, *args: Any, **kwargs: Any) -> ExecutionResult:  # type: ignore[override]
+    async def execute_single(self, request: Request, request_adapter: Any, sub_response: Response,  # type: ignore[override]
+                             context: Context, root_value: None, request_data: GraphQLRequestData) -> ExecutionResult:
+        async def execute() -> ExecutionResult:
+            return await super(GraphQLOverHTTP, self).execute_single(request, request_adapter, sub_response, context,
+                                                                     root_value, request_data)
+
         try:
-            return await super().execute_single(request, request_adapter, *args, **kwargs)
+            if self.result_cache is None:
+                return await execute()
+            return await self.result_cache.answer(request, context.user if context.auth_failure is None else None,
+                                                  request_data, execute, self.encode_json)
         except HTTPException as exc:
             cause = exc.__cause__
             if isinstance(cause, InvalidOperationTypeError) and cause.operation_type == OperationType.MUTATION:
@@ -176,6 +190,8 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
             raise
 
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:  # type: ignore[override]
+        if isinstance(result, CachedResult):
+            return EncodedBody(result.body)
         body = await super().process_result(request, result)
         if is_request_error(result):
             body.pop("data", None)
@@ -185,7 +201,8 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         return body
 
     def create_response(self, response_data: Any, sub_response: Response) -> Response:
-        response = Response(self.encode_json(response_data), sub_response.status_code or 200,
+        content = response_data.encoded if isinstance(response_data, EncodedBody) else self.encode_json(response_data)
+        response = Response(content, sub_response.status_code or 200,
                             media_type=with_charset(sub_response.media_type or JSON))
         response.headers.raw.extend(sub_response.headers.raw)
         response.background = sub_response.background

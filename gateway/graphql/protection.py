@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -51,10 +51,13 @@ class Limits:
     """Requests one API token (or one client address, without a token) may make per window; 0: off."""
     rate_window: int = 60
     """Length in seconds of the fixed rate-limit window."""
+    result_cache: int = 1
+    """1: repeated session queries are answered from ``gateway.graphql.result_cache`` while no session changed.
+    0: off."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if getattr(self, f.name) < (0 if f.name == "rate_limit" else 1):
+            if getattr(self, f.name) < (0 if f.name in ("rate_limit", "result_cache") else 1):
                 raise ValueError(f"CARAVAN_GRAPHQL_{f.name.upper()} must be positive, not {getattr(self, f.name)}")
 
     @classmethod
@@ -145,14 +148,22 @@ class RateLimiter:
 
     async def hit(self, subject: str, now: float | None = None) -> float | None:
         """Count one request; None if it is within the limit, else the seconds until the window ends."""
+        wait, _ = await self.hit_and_get(subject, (), now)
+        return wait
+
+    async def hit_and_get(self, subject: str, read: Sequence[str],
+                          now: float | None = None) -> tuple[float | None, list[Any]]:
+        """``hit``, and the values of the keys ``read`` in the same round trip (the result cache's version)."""
         now = time.time() if now is None else now
         window = int(now // self.window)
         key = self.keys.rate_limit(subject, window)
         async with self.redis().pipeline(transaction=True) as pipe:
             pipe.incr(key)
             pipe.expire(key, self.window + 1)
-            count, _ = await pipe.execute()
-        return None if count <= self.limit else (window + 1) * self.window - now
+            for other in read:
+                pipe.get(other)
+            count, _, *values = await pipe.execute()
+        return (None if count <= self.limit else (window + 1) * self.window - now), values
 
 
 def rate_subject(request: Request) -> str:
@@ -190,20 +201,23 @@ class Guard:
 
         return bounded_receive
 
-    async def admit(self, request: Request) -> None:
+    async def admit(self, request: Request, read: Sequence[str] = ()) -> list[Any] | None:
+        """Refuses a request over a limit; returns the values of the keys ``read`` if it read them with the rate
+        limit's count (None when it did not: no rate limit, or Redis failed)."""
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > self.limits.max_body_bytes:
             raise self.too_large()
         if self.rate_limiter is None:
-            return
+            return None
         try:
-            wait = await self.rate_limiter.hit(rate_subject(request))
+            wait, values = await self.rate_limiter.hit_and_get(rate_subject(request), read)
         except (RedisError, OSError) as exc:  # fail open: an outage is reported by the fields that need Redis
             log.debug("rate limit not checked: %s", exc)
-            return
+            return None
         if wait is not None:
             seconds = max(1, math.ceil(wait))
             raise RequestError(
                 429, f"more than {self.rate_limiter.limit} requests in {self.rate_limiter.window} s; retry in {seconds} s",
                 "RATE_LIMITED", headers={"Retry-After": str(seconds)}, details={"retryAfter": seconds},
             )
+        return values

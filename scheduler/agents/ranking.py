@@ -9,6 +9,7 @@ from scheduler.slots import device_prefix
 __all__ = ["NON_ACCELERATOR_PREFIXES", "accelerator_kinds", "order_slots", "unused_accelerator_kinds"]
 
 NON_ACCELERATOR_PREFIXES = frozenset({"cpu", "mem"})
+DRIVER_MARKER = "driver:"
 
 
 def order_slots(slots: Iterable[str], priority: Sequence[str]) -> list[str]:
@@ -23,8 +24,10 @@ def order_slots(slots: Iterable[str], priority: Sequence[str]) -> list[str]:
 
 
 def accelerator_kinds(capacity_slots: Iterable[str]) -> frozenset[str]:
-    """Device kinds an agent offers, from the slots it has a non-zero capacity of; cpu and mem are not accelerators."""
-    return frozenset(device_prefix(slot) for slot in capacity_slots) - NON_ACCELERATOR_PREFIXES
+    """Device kinds an agent offers, from the slots it has a non-zero capacity of; cpu and mem are not accelerators,
+    nor are the ``driver:<name>`` marker slots (scheduler.snapshot): a healthy driver is not scarce."""
+    kinds = frozenset(device_prefix(slot) for slot in capacity_slots if not slot.startswith(DRIVER_MARKER))
+    return kinds - NON_ACCELERATOR_PREFIXES
 
 
 def unused_accelerator_kinds(capacity_slots: Iterable[str], requested_slots: Iterable[str]) -> int:

@@ -15,7 +15,7 @@ from common.errors import Forbidden, InvalidInput
 from common.model import Driver, Kernel, KernelObservation, Session, SessionStatus, SessionType
 from common.settings import qemu_images_of
 from common.users import Role, User
-from gateway.session_requests import SessionRequest, build_sessions
+from gateway.session_requests import CreationRules, SessionRequest, build_sessions
 from nomad_jobs import qemu
 from nomad_jobs.observe import for_driver
 from nomad_jobs.session_job import JobContext, render_session_job, vm_environment
@@ -141,8 +141,8 @@ def build(images: dict[str, str] = IMAGES, allowed_drivers: frozenset[str] = fro
           **fields: object) -> list[Session]:
     fields = {"name": "vm-job", "type": SessionType.BATCH, "driver": Driver.QEMU, "startup_command": "true", **fields}
     request = SessionRequest(**fields)  # type: ignore[arg-type]
-    return build_sessions(request, viewer=VIEWER, now=NOW, default_image="caravan/busybox:1", qemu_images=images,
-                          allowed_drivers=allowed_drivers)
+    rules = CreationRules(default_image="caravan/busybox:1", qemu_images=images, allowed_drivers=allowed_drivers)
+    return build_sessions(request, viewer=VIEWER, now=NOW, rules=rules)
 
 
 def test_a_vm_session_without_an_image_gets_the_only_allowlisted_one() -> None:

@@ -127,3 +127,12 @@ def test_device_ids_jobs_reserve(devices: list[tuple[str, str, str]], config: Sc
                                  ids: dict[str, str]) -> None:
     nodes = [node(f"n{i}", {}, devices=(device,)) for i, device in enumerate(devices)]
     assert device_ids(nodes, config) == ids
+
+
+def test_a_driver_is_not_an_accelerator_kind_agents_are_spared_for() -> None:
+    # the docker session fits nowhere; the raw_exec one still takes the roomier agent (dispersed), although that agent
+    # also offers docker: unlike a GPU, a healthy driver is no scarce resource to keep free
+    nodes = [node("big", {"raw_exec": OK, "docker": OK}, shares=8000), node("small", {"raw_exec": OK})]
+    result = schedule(nodes, [session("huge", Driver.DOCKER, cpu="64"), session("raw", Driver.RAW_EXEC, at=1)])
+    assert result.waiting["huge"].kind is WaitKind.NEVER_FITS
+    assert result.placements["raw"][0].agent_id == "big"

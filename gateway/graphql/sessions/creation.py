@@ -10,7 +10,24 @@ from collections.abc import Sequence
 
 from common.model import Session as SessionModel
 from common.policies import PolicyStore, check_allowed, pending_admission
+from common.presets import PresetStore
 from gateway.graphql.context import Context
+from gateway.scheduling_config import scheduling_config
+from gateway.session_requests import CreationRules
+from scheduler.known_slots import known_slot_types
+
+
+async def creation_rules(ctx: Context, *, resource_group: str, preset: str | None) -> CreationRules:
+    """The configuration a new session (or a template's spec) is checked against, read for this request."""
+    redis, keys = ctx.sessions.redis, ctx.sessions.keys
+    return CreationRules(
+        known_slots=await known_slot_types(redis, keys),
+        allow_raw_exec_for_users=ctx.settings.allow_raw_exec_for_users,
+        default_image=ctx.settings.default_image,
+        presets=await PresetStore(redis, keys).named(preset),
+        qemu_images=ctx.settings.qemu_images,
+        allowed_drivers=scheduling_config(ctx.settings.scheduler.config_path).drivers_allowed(resource_group),
+    )
 
 
 async def admit_and_store(ctx: Context, sessions: Sequence[SessionModel], client_token: str | None) -> list[SessionModel]:

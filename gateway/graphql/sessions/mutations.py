@@ -14,17 +14,14 @@ from common.model import Driver as DriverModel
 from common.model import RoleSpec
 from common.model import Session as SessionModel
 from common.model import SessionStatus as Status
-from common.presets import PresetStore
 from common.users import User
 from gateway.graphql.context import Context, Info
-from gateway.graphql.sessions.creation import admit_and_store
+from gateway.graphql.sessions.creation import admit_and_store, creation_rules
 from gateway.graphql.sessions.queries import visible
 from gateway.graphql.sessions.types import ClusterMode, Driver, Session, SessionType, session_type_of
-from gateway.scheduling_config import scheduling_config
 from gateway.session_requests import NAME_RULE, SessionRequest, build_sessions
 from idle.activity import record_activity
 from nomad_jobs.meta import TASK_NAME
-from scheduler.known_slots import known_slot_types
 from scheduler.termination import terminate
 
 MAX_DESTROY = 100
@@ -181,18 +178,8 @@ async def create_from_input(ctx: Context, input: CreateSessionInput) -> list[Ses
         health_check_path=input.health_check_path,
         health_check_grace=input.health_check_grace,
     )
-    sessions = build_sessions(
-        request,
-        viewer=viewer,
-        now=utcnow(),
-        known_slots=await known_slot_types(ctx.sessions.redis, ctx.sessions.keys),
-        allow_raw_exec_for_users=ctx.settings.allow_raw_exec_for_users,
-        default_image=ctx.settings.default_image,
-        qemu_images=ctx.settings.qemu_images,
-        allowed_drivers=scheduling_config(ctx.settings.scheduler.config_path).drivers_allowed(input.resource_group),
-        owner=owner,
-        presets=await PresetStore(ctx.sessions.redis, ctx.sessions.keys).named(input.preset),
-    )
+    rules = await creation_rules(ctx, resource_group=input.resource_group, preset=input.preset)
+    sessions = build_sessions(request, viewer=viewer, now=utcnow(), rules=rules, owner=owner)
     return await admit_and_store(ctx, sessions, input.client_token)
 
 

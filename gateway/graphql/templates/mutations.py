@@ -17,7 +17,6 @@ from common.clock import utcnow
 from common.errors import CaravanError, Forbidden, InvalidInput
 from common.model import ClusterMode as ClusterModeModel
 from common.model import Driver as DriverModel
-from common.presets import PresetStore
 from common.templates import TemplateScope as Scope
 from common.templates import TemplateSpec, TemplateStore, check_template_name, may_write, new_template
 from common.users import Role, User
@@ -25,11 +24,10 @@ from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.mutations import (CreateSessionInput, CreateSessionPayload, EnvVarInput, KernelRole,
                                                 KernelRoleInput, ResourceInput, create_from_input, role_specs_of)
 from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType, session_type_of
+from gateway.graphql.sessions.creation import creation_rules
 from gateway.graphql.templates.queries import usable
 from gateway.graphql.templates.types import SessionTemplate, TemplateScope, template_type_of
-from gateway.scheduling_config import scheduling_config
 from gateway.session_requests import SessionRequest, check_request
-from scheduler.known_slots import known_slot_types
 
 SPEC_CHECK_NAME = "template"
 """A valid session name: a spec is checked as a creation would be, the session name aside."""
@@ -127,14 +125,9 @@ async def check_spec(ctx: Context, spec: TemplateSpec, viewer: User) -> None:
         resource_group=spec.resource_group, cluster_size=spec.cluster_size, cluster_mode=spec.cluster_mode,
         preset=spec.preset, kernel_roles=spec.kernel_roles,
     )  # fmt: skip
-    redis, keys = ctx.sessions.redis, ctx.sessions.keys
+    rules = await creation_rules(ctx, resource_group=spec.resource_group, preset=spec.preset)
     try:
-        check_request(request, viewer=viewer, now=utcnow(), known_slots=await known_slot_types(redis, keys),
-                      allow_raw_exec_for_users=ctx.settings.allow_raw_exec_for_users,
-                      default_image=ctx.settings.default_image, presets=await PresetStore(redis, keys).named(spec.preset),
-                      qemu_images=ctx.settings.qemu_images,
-                      allowed_drivers=scheduling_config(ctx.settings.scheduler.config_path).drivers_allowed(
-                          spec.resource_group))
+        check_request(request, viewer=viewer, now=utcnow(), rules=rules)
     except CaravanError as exc:
         raise _in_spec(exc) from exc
 
