@@ -52,6 +52,11 @@ class Keys:
         return f"{self.prefix}:sessions:names"
 
     @property
+    def listing_indexes_version(self) -> str:
+        """Which version of the listing indexes every stored session is in (``SessionStore.ensure_listing_indexes``)."""
+        return f"{self.prefix}:sessions:listing-indexes-version"
+
+    @property
     def sessions_version(self) -> str:
         """Counter incremented in the MULTI of every write of a session document or listing index; the gateway's
         result cache (``gateway.graphql.result_cache``) serves a stored answer only while it is unchanged."""

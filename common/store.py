@@ -20,6 +20,9 @@ from common.keys import Keys
 from common.model import Session, SessionStatus
 
 WAKEUP_BACKLOG = 64
+LISTING_INDEXES_VERSION = "1"
+"""Bump when the listing indexes change shape: the scheduler then indexes every stored session again, once."""
+REINDEX_BATCH = 500
 """The wakeup list only signals 'there is work'; a few entries are as good as many."""
 
 
@@ -131,6 +134,34 @@ class SessionStore:
         pipe.zadd(self.keys.pending_queue(session.resource_group), {session.id: created})
         pipe.sadd(self.keys.resource_groups, session.resource_group)
         self._publish(pipe, session)
+
+    async def ensure_listing_indexes(self) -> int:
+        """Put every stored session in the listing indexes, once per ``LISTING_INDEXES_VERSION`` (sessions stored
+        before an index existed are otherwise missing from filtered listings and quota counts); idempotent, and
+        each batch is WATCHed, so sessions changing meanwhile are indexed as they are. Returns how many were read."""
+        if await self.redis.get(self.keys.listing_indexes_version) == LISTING_INDEXES_VERSION:
+            return 0
+        ids: list[str] = await self.redis.zrange(self.keys.sessions_by_created, 0, -1)
+        for start in range(0, len(ids), REINDEX_BATCH):
+            doc_keys = [self.keys.session(i) for i in ids[start:start + REINDEX_BATCH]]
+            while True:
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    try:
+                        await pipe.watch(*doc_keys)
+                        raws = await pipe.mget(doc_keys)
+                        pipe.multi()
+                        for session in (Session.from_json(raw) for raw in raws if raw):
+                            self._index_for_listing(pipe, session)
+                            if session.terminated_at:
+                                pipe.zadd(self.keys.sessions_by_terminated,
+                                          {session.id: session.terminated_at.timestamp()})
+                        pipe.incr(self.keys.sessions_version)
+                        await pipe.execute()
+                        break
+                    except WatchError:
+                        continue
+        await self.redis.set(self.keys.listing_indexes_version, LISTING_INDEXES_VERSION)
+        return len(ids)
 
     def _index_for_listing(self, pipe: Redis, session: Session) -> None:
         """The listing's indexes of a new session (``common.listing`` plans queries over them)."""

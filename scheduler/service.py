@@ -40,6 +40,8 @@ class Scheduler:
         await lead_forever("scheduler", self.lease, self.lead)
 
     async def lead(self, fence: Fence) -> None:
+        if indexed := await self.store.ensure_listing_indexes():
+            log.info("indexed %d stored sessions for listing", indexed)
         follower = Follower(self.store, self.nomad, fence)
         placer = Placer(self.store, self.nomad, fence, self.settings, self.config)
         async with asyncio.TaskGroup() as tasks:
