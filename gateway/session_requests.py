@@ -21,7 +21,8 @@ from common.model import (KERNEL_ROLES, ClusterMode, Driver, Kernel, RoleSpec, S
 from common.presets import ResourcePreset
 from common.durations import parse_duration
 from common.inference import replicas_of
-from common.users import User
+from common.users import Role, User
+from gateway.user_requests import NAME_RULE as PROJECT_RULE
 from gateway.inference_options import ServiceOptions, checked_service_options
 from nomad_jobs import qemu
 from scheduler.slots import (INTRINSIC_SLOT_TYPES, InvalidQuantityError, SlotType, UnknownSlotError, from_user_input,
@@ -147,9 +148,14 @@ def build_sessions(
 
 
 def session_project(requested: str | None, *, owner: User, viewer: User) -> str:
-    """The project new sessions of ``owner`` go to: ``requested``, one of the owner's, else the owner's first."""
+    """The project new sessions of ``owner`` go to: ``requested``, one of the owner's (any, for a SUPERADMIN's own
+    sessions), else the owner's first."""
     if requested is None:
         return owner.projects[0]
+    if owner.role is Role.SUPERADMIN and requested not in owner.projects:
+        if not PROJECT_RULE.match(requested):  # a SUPERADMIN acts in any project, but only a well-formed one
+            raise InvalidInput(f"project {requested[:80]!r} is not a valid project name", field="project")
+        return requested
     if requested not in owner.projects:
         if owner.id == viewer.id:
             raise Forbidden(f"you are not a member of project {requested[:80]!r}", field="project")

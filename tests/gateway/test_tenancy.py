@@ -183,7 +183,7 @@ SESSION_ROWS = [
     Row("effectiveIdlePolicy", "query($id: ID!) { effectiveIdlePolicy(sessionId: $id) { source } }",
         (FB, NF, OK, NF, OK, UA), the_session),
     Row("createSession(owner)", CREATE, (OK, FB, FB, FB, OK, UA), for_alice),
-    Row("createSession(project)", CREATE, (OK, OK, OK, FB, FB, UA), in_p1),
+    Row("createSession(project)", CREATE, (OK, OK, OK, FB, OK, UA), in_p1),  # a SUPERADMIN acts in any project
     Row("createSession(dependencies)", CREATE, ACCESS, after_alices),
     Row("destroySession", "mutation($id: ID!) { destroySession(ids: [$id]) { id } }", ACCESS, a_fresh_session,
         unchanged=still_pending),

@@ -286,3 +286,7 @@ async def test_sessions_go_to_a_project_of_their_owner(caravan: Caravan) -> None
         "INVALID_INPUT", "project")
     assert await refused(caravan, CREATE_SESSION, {"input": session_input("x-nobody", owner="nobody")}) == (
         "NOT_FOUND", "owner")
+    # a SUPERADMIN acts on everything: their own sessions may go to any (well-formed) project
+    assert (await create(ADMIN_TOKEN, "root-in-ml", project="ml"))["project"] == "ml"
+    assert await refused(caravan, CREATE_SESSION, {"input": session_input("root-bad", project="no such/project")}) == (
+        "INVALID_INPUT", "project")
