@@ -87,6 +87,9 @@ class Kernel:
     """Preopened ports as ``port=host:port`` (the Nomad dynamic host port the kernel listens on)."""
     restarts: int = 0
     """Times Nomad restarted the kernel's task in its current allocation (a crash, or a failing health check)."""
+    healthy: bool | None = None
+    """INFERENCE: whether this run of the replica passes its service check (None: not known yet, or not a replica);
+    read from Nomad at each reconciliation, forgotten when the replica stops, restarts or moves (common.inference)."""
 
     @property
     def is_main(self) -> bool:

@@ -141,6 +141,13 @@ class NomadClient:
         stats: Json = await self._json("GET", f"/v1/client/allocation/{alloc_id}/stats")
         return stats
 
+    async def allocation_checks(self, alloc_id: str) -> Json:
+        """The latest result of each Nomad-native service check of the allocation: check id -> ``{"Status":
+        "success"|"failure"|"pending", "Mode": "healthiness"|"readiness", "Timestamp": unix seconds, "Output",
+        "Check", "Service", …}``. Answered by the allocation's Nomad client (the server forwards the call)."""
+        checks: Json = await self._json("GET", f"/v1/client/allocation/{alloc_id}/checks")
+        return checks or {}
+
     async def restart_allocation(self, alloc_id: str, task: str) -> None:
         await self._request("POST", f"/v1/client/allocation/{alloc_id}/restart", json={"TaskName": task})
 

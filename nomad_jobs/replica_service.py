@@ -11,15 +11,21 @@ Each replica is a task group of its own (see ``common.inference``); this module 
   (a model may take long to load).
 - **restart** in place after a crash or a failing check, a few times, then the allocation fails and
   **reschedule** places a new one, without limit: a replica comes back without user action.
+
+Reading the check back (whether a replica gets traffic) is ``common.inference.replica_health``; what it needs of the
+allocation, when the task's current run started, is read here.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
+from common.clock import from_iso
 from common.inference import SERVICE_PORT_ENV
 from common.model import Session
 from nomad_jobs.hcl import Block
+from nomad_jobs.meta import TASK_NAME
 
 CHECK_INTERVAL = "2s"
 CHECK_TIMEOUT = "1s"
@@ -79,3 +85,13 @@ def add_service(task: Block, session: Session, hostname: str) -> None:
         check = service.block("check", name=CHECK_NAME, type="tcp", interval=CHECK_INTERVAL, timeout=CHECK_TIMEOUT)
     grace = session.health_check_grace if session.health_check_grace is not None else DEFAULT_GRACE_SECONDS
     check.block("check_restart", limit=UNHEALTHY_CHECKS, grace=f"{round(grace * 1000)}ms", ignore_warnings=False)
+
+
+def run_started_at(alloc: dict[str, Any]) -> int | None:
+    """When the replica task's current run started, in unix seconds (Nomad's ``StartedAt`` moves to each restart);
+    None before it first started. Whole seconds, as Nomad stamps check results."""
+    state = (alloc.get("TaskStates") or {}).get(TASK_NAME) or {}
+    started = str(state.get("StartedAt") or "")
+    if not started or started.startswith("0001-"):  # Go's zero time: not started
+        return None
+    return int(from_iso(started).timestamp())  # RFC 3339 with nanoseconds: Python keeps microseconds, enough

@@ -5,23 +5,30 @@ disconnect); reconciliation walks every live session and its job's allocations, 
 stream missed (Caravan was down, the event buffer wrapped) still converges.
 
 An allocation Nomad has replaced (a rescheduled INFERENCE replica, say) no longer speaks for its kernel:
-its late updates are dropped, and reconciliation reads the newest allocation of each task group. How a live INFERENCE session reads a replica going down (recovering, not
-ending) is decided in ``common.inference``.
+its late updates are dropped, and reconciliation reads the newest allocation of each task group. How a live
+INFERENCE session reads a replica going down (recovering, not ending) is decided in ``common.inference``.
+Replicas not yet known healthy have their checks read more often than reconciliation runs, so that they join
+``endpoints`` within seconds of passing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from common.clock import utcnow
+from common.errors import PermanentError, TransientError
+from common.inference import HealthReading, forget_stale_health, is_inference, replica_health, with_replica_health
 from common.lifecycle import observe_kernel, transition
 from common.model import KernelObservation, Session, SessionStatus, SessionType
 from common.retry import stop_if_cancelled
 from common.store import Fence, SessionStore
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import session_id_of
-from nomad_jobs.observe import for_driver, is_superseded, latest_per_group, observe_allocation
+from nomad_jobs.observe import for_driver, is_superseded, latest_per_group, observe_allocation, restarts_of
+from nomad_jobs.replica_service import run_started_at
 from scheduler.termination import terminate
 
 log = logging.getLogger(__name__)
@@ -46,6 +53,8 @@ class Follower:
             if session.status not in OBSERVED_STATUSES:
                 return None
             after = observe_kernel(session, for_driver(seen, session.driver), at=utcnow())
+            if after is not None:
+                after = forget_stale_health(session, after)  # a replica's next run must pass its checks anew
             ended = after is not None and after.status in RESOURCES_FREED and session.status not in RESOURCES_FREED
             return after
 
@@ -107,6 +116,53 @@ class Follower:
                 stopped.append(job["ID"])
         return stopped
 
+    async def read_replica_health(self, session_id: str, allocs: Iterable[dict[str, Any]]) -> None:
+        """Each running replica's service checks, as its Nomad client last ran them, onto its kernel.
+
+        Cost: one Nomad call per running INFERENCE replica per reconciliation (the server forwards it to the
+        replica's client; one session's replicas are asked at once), plus one fenced store update per INFERENCE
+        session, which writes only when a replica's health changed. Nomad's event stream carries no check results.
+        """
+        running = [a for a in allocs if a.get("ClientStatus") == "running" and a.get("DesiredStatus") == "run"]
+        answers = await asyncio.gather(*(self._checks_of(str(a["ID"])) for a in running))
+        readings = [
+            HealthReading(hostname=str(alloc.get("TaskGroup", "")), alloc_id=str(alloc["ID"]),
+                          restarts=restarts_of(alloc),
+                          healthy=replica_health(checks.values(), run_started=run_started_at(alloc)))
+            for alloc, checks in zip(running, answers, strict=True) if checks is not None
+        ]
+        if readings:
+            await self.store.update(session_id, lambda s: with_replica_health(s, readings), fence=self.fence)
+
+    async def confirm_replica_health(self) -> None:
+        """Read the checks of live INFERENCE sessions that have a RUNNING replica not known healthy (loading,
+        restarted, failing): one set intersection and one MGET of those sessions, then per such session one call for
+        its allocations and one per running replica. Sessions whose replicas are all healthy cost nothing here."""
+        keys = self.store.keys
+        inference = keys.sessions_of_type(SessionType.INFERENCE.value)
+        ids = sorted(await self.store.redis.sinter(inference, keys.sessions_live))
+        for session in await self.store.get_many(ids):
+            stop_if_cancelled()
+            if session is None or session.status is not S.RUNNING or session.nomad_job_id is None:
+                continue
+            if all(k.healthy is True for k in session.kernels if k.status is S.RUNNING):
+                continue
+            try:
+                allocs = await self.nomad.job_allocations(session.nomad_job_id)
+            except (PermanentError, TransientError) as exc:
+                log.warning("allocations of %s unreadable: %s", session.nomad_job_id, exc)
+                continue
+            await self.read_replica_health(session.id, latest_per_group(allocs).values())
+
+    async def _checks_of(self, alloc_id: str) -> dict[str, Any] | None:
+        """None when they cannot be read now (the allocation is gone, its client unreachable): the health stays as
+        last read until the next reconciliation, or until the event stream sees the replica stop."""
+        try:
+            return await self.nomad.allocation_checks(alloc_id)
+        except (PermanentError, TransientError) as exc:
+            log.warning("checks of allocation %s unreadable: %s", alloc_id, exc)
+            return None
+
     async def _sessions_against_jobs(
         self, ids: list[str], jobs: dict[str, dict[str, Any]], allocs_by_job: dict[str, list[dict[str, Any]]]
     ) -> None:
@@ -121,8 +177,11 @@ class Follower:
                 await self.store.update(session.id, _job_lost, fence=self.fence)
                 continue
             allocs = allocs_by_job.get(session.nomad_job_id, [])
-            for alloc in latest_per_group(allocs).values():
+            latest = latest_per_group(allocs)
+            for alloc in latest.values():
                 await self.apply(session.id, observe_allocation(alloc))
+            if is_inference(session):
+                await self.read_replica_health(session.id, latest.values())
             if session.status is S.TERMINATING and not job.get("Stop"):
                 await self.nomad.deregister(session.nomad_job_id)  # the stop was lost in a crash
             elif job.get("Stop") and session.status is S.TERMINATING and not allocs:

@@ -25,6 +25,9 @@ from scheduler.termination import terminate
 log = logging.getLogger(__name__)
 
 SUBMIT_CONCURRENCY = 32
+REPLICA_HEALTH_INTERVAL = 1.0
+"""Seconds between reads of the checks of INFERENCE replicas not yet known healthy (a replica joins ``endpoints``
+within about this long of passing; Nomad's event stream carries no check results)."""
 
 
 class Scheduler:
@@ -50,6 +53,7 @@ class Scheduler:
             tasks.create_task(
                 forever("reconcile", follower.reconcile, pause=self.settings.scheduler.reconcile_interval)
             )
+            tasks.create_task(forever("replica health", follower.confirm_replica_health, pause=REPLICA_HEALTH_INTERVAL))
 
     async def _schedule_once(self, placer: Placer, fence: Fence) -> None:
         await placer.run_pass()

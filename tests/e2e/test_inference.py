@@ -2,7 +2,8 @@
 
 A replica killed for real (SIGKILL through Nomad's signal API) is restarted in place; one killed until its restarts
 are used up gets a new allocation; one whose health check fails is restarted by the check. Throughout, the session
-stays RUNNING with no user action, and it ends TERMINATED only when destroyed.
+stays RUNNING with no user action, and it ends TERMINATED only when destroyed. ``endpoints`` lists a replica only
+while its Nomad check passes: one still loading, or back from a kill but not listening yet, is left out.
 """
 
 from __future__ import annotations
@@ -11,15 +12,17 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import httpx
 import pytest
 
 from common.errors import PermanentError, TransientError
+from common.settings import Settings
 from nomad_jobs.meta import TASK_NAME
-from tests.harness import CREATE, Caravan, GraphQLErrors
+from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
 
 T = TypeVar("T")
 
@@ -28,7 +31,7 @@ VIEW = """
 query($id: ID!) { session(id: $id) {
   id status statusInfo replicas servicePort healthCheckPath endpoints
   statusHistory { status reason }
-  kernels { hostname status statusInfo restarts ports }
+  kernels { hostname status statusInfo restarts ports healthy }
 } }
 """
 SERVE = ('mkdir -p /tmp/www && echo "replica $CARAVAN_CLUSTER_HOST" > /tmp/www/index.html && '
@@ -37,6 +40,18 @@ SERVE = ('mkdir -p /tmp/www && echo "replica $CARAVAN_CLUSTER_HOST" > /tmp/www/i
 UNHEALTHY_FIRST = (f'if [ -e "$NOMAD_TASK_DIR/ran-once" ]; then {SERVE}; '
                    'else touch "$NOMAD_TASK_DIR/ran-once"; exec sleep 3600; fi')
 """Listens on nothing in its first run (the task dir outlives a restart), serves from its second run on."""
+LOADING_SECONDS = 6
+LOADING_MAIN2 = f'if [ "$CARAVAN_CLUSTER_HOST" = main2 ]; then sleep {LOADING_SECONDS}; fi; {SERVE}'
+"""main2 listens only after a while in each of its runs (a model loading); main1 at once."""
+RECONCILE_INTERVAL = 1.0
+"""Check results reach ``endpoints`` at reconciliation: often here, so that tests wait for Nomad, not for Caravan."""
+
+
+@pytest.fixture
+async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
+    scheduler = replace(settings.scheduler, reconcile_interval=RECONCILE_INTERVAL)
+    async with running_caravan(replace(settings, scheduler=scheduler)) as running:
+        yield running
 RUNNING_HISTORY = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING"]
 
 
@@ -90,6 +105,12 @@ def kernel(session: dict[str, Any], hostname: str) -> dict[str, Any]:
     return next(k for k in session["kernels"] if k["hostname"] == hostname)
 
 
+def endpoint_of(session: dict[str, Any], hostname: str) -> str:
+    """The replica's service endpoint from its ports, whether or not ``endpoints`` lists it."""
+    [port] = kernel(session, hostname)["ports"]
+    return str(port).split("=", 1)[1]
+
+
 def task_state(alloc: dict[str, Any]) -> dict[str, Any]:
     state: dict[str, Any] = alloc["TaskStates"][TASK_NAME]
     return state
@@ -118,7 +139,7 @@ async def test_killed_replica_is_restarted_and_serves_again(caravan: Caravan) ->
     assert (before["replicas"], before["servicePort"], before["healthCheckPath"]) == (2, 8000, "/")
     assert [k["hostname"] for k in before["kernels"]] == ["main1", "main2"]
     for k, endpoint in zip(before["kernels"], before["endpoints"], strict=True):
-        assert k["ports"] == [f"8000={endpoint}"] and k["restarts"] == 0
+        assert k["ports"] == [f"8000={endpoint}"] and k["restarts"] == 0 and k["healthy"] is True
     killed = await alloc_of(caravan, session_id, "main2")
     job = await caravan.nomad.job(killed["JobID"])
     services = [s for g in job["TaskGroups"] for s in g["Tasks"][0]["Services"]]
@@ -188,6 +209,54 @@ async def test_replica_failing_its_health_check_is_restarted(caravan: Caravan) -
 
     final = await destroy(caravan, session_id)
     assert final["status"] == "TERMINATED"
+
+
+async def test_replica_is_an_endpoint_only_while_its_check_passes(caravan: Caravan) -> None:
+    session_id = await create(caravan, replicas=2, healthCheckPath="/", healthCheckGrace="30s",
+                              startupCommand=LOADING_MAIN2)
+
+    async def loading() -> dict[str, Any] | None:
+        session = await view(caravan, session_id)
+        main1, main2 = kernel(session, "main1"), kernel(session, "main2")
+        return session if (main1["healthy"], main2["status"], main2["healthy"]) == (True, "RUNNING", False) else None
+
+    first = await eventually(loading, "main2 running but failing its check while main1 passes")
+    assert first["status"] == "RUNNING"
+    main1_endpoint, main2_endpoint = endpoint_of(first, "main1"), endpoint_of(first, "main2")
+    assert first["endpoints"] == [main1_endpoint]
+    assert await answer(caravan.http, main2_endpoint) is None  # really not serving yet
+    await serving(caravan, session_id, 2)  # once its check passes, main2 is listed too
+
+    await kill(caravan, (await alloc_of(caravan, session_id, "main2"))["ID"])
+
+    async def dropped_out() -> dict[str, Any] | None:
+        session = await view(caravan, session_id)
+        return session if main2_endpoint not in session["endpoints"] else None
+
+    gone = await eventually(dropped_out, "the killed replica leaving endpoints")
+    assert gone["endpoints"] == [main1_endpoint] and gone["status"] == "RUNNING"
+    running_unlisted = []
+
+    async def listed_again() -> dict[str, Any] | None:
+        session = await view(caravan, session_id)
+        main2 = kernel(session, "main2")
+        if main2_endpoint in session["endpoints"]:
+            # listed again only once it serves: not on the strength of a check that passed before the kill
+            assert await answer(caravan.http, main2_endpoint) == "replica main2\n", session
+            return session
+        if main2["status"] == "RUNNING" and main2["restarts"] >= 1:
+            running_unlisted.append(main2["healthy"])
+        return None
+
+    back = await eventually(listed_again, "the restarted replica back in endpoints once its check passes")
+    assert running_unlisted and set(running_unlisted) <= {None, False}  # ran again, loading, and was left out
+    assert back["endpoints"] == [main1_endpoint, main2_endpoint]
+    assert (kernel(back, "main2")["healthy"], kernel(back, "main2")["restarts"]) == (True, 1)
+    assert [c["status"] for c in back["statusHistory"]] == RUNNING_HISTORY
+
+    final = await destroy(caravan, session_id)
+    assert final["status"] == "TERMINATED"
+    assert (await view(caravan, session_id))["endpoints"] == []
 
 
 REFUSED = [

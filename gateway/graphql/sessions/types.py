@@ -72,6 +72,9 @@ class Kernel:
         description="Preopened ports (and an INFERENCE service port) as 'port=host:hostPort', once Nomad allocated them.")
     restarts: int = strawberry.field(
         description="Times Nomad restarted this kernel's task in its current allocation (a crash, a failing health check).")
+    healthy: bool | None = strawberry.field(
+        description="INFERENCE: whether this run of the replica passes its service health check, as last read from "
+        "Nomad; null: not known yet (just started or restarted, checks not run since) or not a replica.")
     resources: list[Resource] = strawberry.field(
         default_factory=list, description="This kernel's slots (a cluster's main and sub kernels may differ).")
 
@@ -141,8 +144,8 @@ class Session:
     health_check_grace: float | None = strawberry.field(
         description="INFERENCE: seconds after a (re)start before failing checks count; null: the default.")
     endpoints: list[str] = strawberry.field(
-        description="INFERENCE: 'host:port' of the service port of every RUNNING replica (a recovering one drops "
-        "out until it runs again).")
+        description="INFERENCE: 'host:port' of the service port of every RUNNING replica whose health check is known "
+        "to pass (kernel.healthy); one loading, failing or recovering drops out until its check passes again.")
 
     @strawberry.field(description="The owner's user record (batched over a page); null if it no longer exists.")
     async def owner(self, info: Info) -> SessionOwner | None:
@@ -185,7 +188,7 @@ def session_type_of(s: model.Session) -> Session:
             Kernel(
                 role=k.role, index=k.index, hostname=k.hostname, image=k.image, status=k.status,
                 status_info=k.status_info, agent=k.agent, alloc_id=k.alloc_id, session_id=s.id, exit_code=k.exit_code,
-                ports=list(k.ports), restarts=k.restarts,
+                ports=list(k.ports), restarts=k.restarts, healthy=k.healthy,
                 resources=[Resource(slot=slot, amount=amount) for slot, amount in k.resources.items()],
             )
             for k in s.kernels
