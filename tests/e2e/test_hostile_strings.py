@@ -20,6 +20,7 @@ HOSTILE = [
     'say "hi"',
     "${attr.unique.hostname}",
     "%{ if true }x%{ endif }",
+    "unclosed %{ directive",
     "$${literal}",
     "$$${double}",
     "back\\slash\\\\ and \\n not a newline",

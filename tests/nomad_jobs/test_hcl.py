@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
+
 import hcl2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nomad_jobs.hcl import Block, identifier, literal, render, runtime_text
+from tests.conftest import STACK
 
 
 @pytest.mark.parametrize(
@@ -41,11 +46,12 @@ def test_identifiers_are_never_quoted_so_only_plain_names_pass(name: str) -> Non
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40))
 def test_any_text_stays_one_attribute_of_one_block(text: str) -> None:
+    # python-hcl2's reader (the oracle here) rejects an escaped directive "%%{" with no "}" after it, and any in
+    # an object key, all of which Nomad reads correctly: test_unclosed_directives_read_back_through_nomad checks
+    # those against Nomad's own parser, tests/e2e/test_hostile_strings.py hostile keys.
+    text = text.replace("%{", "%")
     job = Block("job", text)
-    # python-hcl2's reader (the oracle here) rejects an escaped directive "%%{" in an object key, which
-    # Nomad reads correctly (tests/e2e/test_hostile_strings.py checks hostile keys against Nomad).
-    key = text.replace("%{", "%")
-    job.block("group", "g").set(value=text, items=[text, text], table={key: text})
+    job.block("group", "g").set(value=text, items=[text, text], table={text: text})
     parsed = hcl2.loads(render(job))
     [job_block] = parsed["job"]
     [body] = job_block.values()
@@ -53,3 +59,20 @@ def test_any_text_stays_one_attribute_of_one_block(text: str) -> None:
     [group] = group_block.values()
     assert set(group) == {"value", "items", "table", "__is_block__"}
     assert len(group["items"]) == 2
+
+
+NOMAD = Path(STACK.get("CARAVAN_NOMAD_HOME", "/nonexistent")) / "bin" / "nomad"
+TRICKY = ["%{", "x%{", "%{x", "%%{", "%{ if }", "${", "$${", "a${b", "%{}%{", '"%{"', "\\%{"]
+
+
+@pytest.mark.skipif(not NOMAD.exists(), reason="ops/install-nomad builds Nomad")
+def test_unclosed_directives_read_back_through_nomad(tmp_path: Path) -> None:
+    """Nomad's own HCL parser (``nomad job run -output``: offline, no agent) reads each value back as written."""
+    job = Block("job", "x")
+    env = {f"V{i}": text for i, text in enumerate(TRICKY)}
+    job.block("group", "g").block("task", "t", driver="raw_exec").set(env=env).block("config", command="/bin/true")
+    (tmp_path / "job.hcl").write_text(render(job))
+    out = subprocess.run([str(NOMAD), "job", "run", "-output", str(tmp_path / "job.hcl")], capture_output=True,
+                         text=True, check=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    [task] = json.loads(out.stdout)["Job"]["TaskGroups"][0]["Tasks"]
+    assert task["Env"] == env
