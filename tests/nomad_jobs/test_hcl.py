@@ -46,10 +46,11 @@ def test_identifiers_are_never_quoted_so_only_plain_names_pass(name: str) -> Non
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40))
 def test_any_text_stays_one_attribute_of_one_block(text: str) -> None:
-    # python-hcl2's reader (the oracle here) rejects an escaped directive "%%{" with no "}" after it, and any in
-    # an object key, all of which Nomad reads correctly: test_unclosed_directives_read_back_through_nomad checks
-    # those against Nomad's own parser, tests/e2e/test_hostile_strings.py hostile keys.
-    text = text.replace("%{", "%")
+    # python-hcl2's reader (the oracle here) rejects an escaped "$${" or "%%{" with no "}" after it, and any "%%{" in
+    # an object key, all of which Nomad reads correctly: test_template_escapes_read_back_through_nomad checks those
+    # against Nomad's own parser, tests/e2e/test_hostile_strings.py hostile keys.
+    while "${" in text or "%{" in text:  # until none is left: "%{{" becomes "%{"
+        text = text.replace("${", "$").replace("%{", "%")
     job = Block("job", text)
     job.block("group", "g").set(value=text, items=[text, text], table={text: text})
     parsed = hcl2.loads(render(job))
@@ -62,11 +63,13 @@ def test_any_text_stays_one_attribute_of_one_block(text: str) -> None:
 
 
 NOMAD = Path(STACK.get("CARAVAN_NOMAD_HOME", "/nonexistent")) / "bin" / "nomad"
-TRICKY = ["%{", "x%{", "%{x", "%%{", "%{ if }", "${", "$${", "a${b", "%{}%{", '"%{"', "\\%{"]
+TRICKY = ["%{", "x%{", "%{x", "%%{", "%{ if }", "${", "$${", "a${b", "%{}%{", '"%{"', "\\%{", "%{{", "${{",
+          '${x"""\t\t\u2028', '\u2028\t"}# ${=', '${%"**x=\tx', "\u2028=\t\t ${##", "${}${", "}${{",
+          'a$\n%{\t\r%*"\t', '%{$ ="#/', '\x07${$\t"\x07%#', '"$**${\\\n#/']
 
 
 @pytest.mark.skipif(not NOMAD.exists(), reason="ops/install-nomad builds Nomad")
-def test_unclosed_directives_read_back_through_nomad(tmp_path: Path) -> None:
+def test_template_escapes_read_back_through_nomad(tmp_path: Path) -> None:
     """Nomad's own HCL parser (``nomad job run -output``: offline, no agent) reads each value back as written."""
     job = Block("job", "x")
     env = {f"V{i}": text for i, text in enumerate(TRICKY)}
