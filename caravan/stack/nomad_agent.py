@@ -134,7 +134,6 @@ def start_nomad_dev(
         health = _get(f"{addr}/v1/agent/health?type=client&type=server")
         return isinstance(health, dict) and all(part.get("ok") for part in health.values())
 
-    wait_until(healthy, what="Nomad agent health", timeout=timeout, log=log)
     node: dict[str, object] = {}
 
     def node_ready() -> bool:
@@ -150,6 +149,12 @@ def start_nomad_dev(
             return True
         return False
 
-    wait_until(node_ready, what=f"Nomad node with drivers {', '.join(want_drivers)}", timeout=timeout, log=log)
+    try:
+        wait_until(healthy, what="Nomad agent health", timeout=timeout, log=log)
+        wait_until(node_ready, what=f"Nomad node with drivers {', '.join(want_drivers)}", timeout=timeout, log=log)
+    except BaseException:
+        service.stop()  # an agent that never became ready must not outlive the failed start
+        unmount_under(state_dir / "data")
+        raise
     drivers = {name: bool(d.get("Healthy")) for name, d in (node.get("Drivers") or {}).items()}  # type: ignore[union-attr]
     return NomadAgent(service=service, addr=addr, node_id=str(node["ID"]), drivers=drivers, data_dir=state_dir / "data")

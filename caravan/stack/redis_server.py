@@ -40,6 +40,10 @@ def start_redis(state_dir: Path, port: int, *, log: Path, appendfsync: str = APP
         "--protected-mode", "yes", "--daemonize", "no",
     ]
     service = spawn("redis", argv, log)
-    wait_until(lambda: redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).ping(), what="Redis",
-               timeout=30, log=log)
+    try:
+        wait_until(lambda: redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).ping(), what="Redis",
+                   timeout=30, log=log)
+    except BaseException:
+        service.stop()  # a server that never answered must not outlive the failed start
+        raise
     return service
