@@ -5,8 +5,10 @@ Readiness is polled: agent health (server and client), the node ready, the wante
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,10 +83,28 @@ class NomadAgent:
 
     data_dir: Path | None = None
 
-    def stop(self) -> None:
+    def stop(self, drain_timeout: float = 20.0) -> None:
+        """Purge every job and wait for its tasks to end first: an exec task's executor outlives a stopped agent."""
+        if self.service.alive() and self.data_dir:
+            with contextlib.suppress(Exception):
+                drain(self.addr, self.data_dir, drain_timeout)
         self.service.stop()
         if self.data_dir:
             unmount_under(self.data_dir)
+
+
+def drain(addr: str, state_dir: Path, timeout: float) -> None:
+    """Purge every job, then wait until the clients have torn their allocations down (no mount left under
+    ``state_dir``): tasks end first, and no secrets/private tmpfs outlives the test run."""
+    jobs = _get(f"{addr}/v1/jobs?namespace=*")
+    for job in jobs if isinstance(jobs, list) else []:
+        url = f"{addr}/v1/job/{urllib.parse.quote(job['ID'])}?purge=true&namespace={job['Namespace']}"
+        urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=5).close()
+
+    def unmounted() -> bool:
+        return f" {state_dir}/" not in Path("/proc/self/mounts").read_text()
+
+    wait_until(unmounted, what="allocations of the Nomad cluster to be torn down", timeout=timeout)
 
 
 def _get(url: str) -> object:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caravan.stack.nomad_agent import CLEAN_ENV, _get, write_config
+from caravan.stack.nomad_agent import CLEAN_ENV, _get, drain, write_config
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
 
 COMMON_CONFIG = """\
@@ -130,7 +130,7 @@ class NomadCluster:
         """Stop every job first and wait for its tasks to end: a client that stops leaves its tasks running."""
         if self.server.alive() and self.clients:
             with contextlib.suppress(Exception):
-                _drain(self.addr, self.state_dir, drain_timeout)
+                drain(self.addr, self.state_dir, drain_timeout)
         for service in self.clients.values():
             service.stop()
         self.server.stop()
@@ -188,7 +188,7 @@ class SingleNodeNomad(NomadCluster):
     def stop(self, drain_timeout: float = 20.0) -> None:
         if self.server.alive():
             with contextlib.suppress(Exception):
-                _drain(self.addr, self.state_dir, drain_timeout)
+                drain(self.addr, self.state_dir, drain_timeout)
         self.server.stop()
         for pid in _leftover_executors(self.argv[0], set(self.earlier_groups)):
             with contextlib.suppress(ProcessLookupError):
@@ -237,20 +237,6 @@ def start_nomad_single_node(state_dir: Path, *, nomad_home: Path, rootfs: Path,
         agent.server.stop()  # not stop(): that purges every job, and a persisted agent's jobs are the user's
         raise
     return agent
-
-
-def _drain(addr: str, state_dir: Path, timeout: float) -> None:
-    """Purge every job, then wait until the clients have torn their allocations down (no mount left under
-    ``state_dir``): tasks end first, and no secrets/private tmpfs outlives the test run."""
-    jobs = _get(f"{addr}/v1/jobs?namespace=*")
-    for job in jobs if isinstance(jobs, list) else []:
-        url = f"{addr}/v1/job/{urllib.parse.quote(job['ID'])}?purge=true&namespace={job['Namespace']}"
-        urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=5).close()
-
-    def unmounted() -> bool:
-        return f" {state_dir}/" not in Path("/proc/self/mounts").read_text()
-
-    wait_until(unmounted, what="allocations of the Nomad cluster to be torn down", timeout=timeout)
 
 
 def _binary(nomad_home: Path) -> Path:
