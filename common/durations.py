@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 
+from common.errors import InvalidInput
+
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?[smhd])+|\d+(?:\.\d+)?")
@@ -32,3 +34,19 @@ def _parse_text(text: str) -> float:
     if not compact[-1].isalpha():
         return float(compact)
     return float(sum(float(number) * UNIT_SECONDS[unit] for number, unit in _PART.findall(compact)))
+
+
+def duration_input(field: str, value: str | None, *, minimum: float = 0.0,
+                   maximum: float = math.inf) -> float | None:
+    """A duration a user gave for ``field``, in seconds (``None`` stays ``None``); INVALID_INPUT naming the field when
+    it does not parse or lies outside ``minimum``..``maximum``."""
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise InvalidInput(f"{field}: {exc}", field=field) from exc
+    if not minimum <= seconds <= maximum:
+        bound = f"at least {minimum:g}s" if math.isinf(maximum) else f"between {minimum:g}s and {maximum:g}s"
+        raise InvalidInput(f"{field} must be {bound}", field=field)
+    return seconds

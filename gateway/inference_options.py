@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from common.durations import parse_duration
+from common.durations import duration_input
 from common.errors import InvalidInput
 from common.inference import MAX_REPLICAS
 from common.model import SessionType
@@ -72,17 +72,5 @@ def checked_service_options(
     ):
         raise InvalidInput(f"healthCheckPath must be an absolute HTTP path such as /healthz (at most "
                            f"{MAX_PATH_LENGTH} characters, no spaces or braces)", field="healthCheckPath")
-    return ServiceOptions(count, service_port, health_check_path, _checked_grace(health_check_grace))
-
-
-def _checked_grace(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise InvalidInput(f"healthCheckGrace: {exc}", field="healthCheckGrace") from exc
-    if not MIN_GRACE_SECONDS <= seconds <= MAX_GRACE_SECONDS:
-        raise InvalidInput(f"healthCheckGrace must be between {MIN_GRACE_SECONDS:g}s and {MAX_GRACE_SECONDS:g}s",
-                           field="healthCheckGrace")
-    return seconds
+    grace = duration_input("healthCheckGrace", health_check_grace, minimum=MIN_GRACE_SECONDS, maximum=MAX_GRACE_SECONDS)
+    return ServiceOptions(count, service_port, health_check_path, grace)

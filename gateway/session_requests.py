@@ -19,7 +19,7 @@ from common.errors import CaravanError, Forbidden, InvalidInput, UnsupportedReso
 from common.model import (KERNEL_ROLES, ClusterMode, Driver, Kernel, RoleSpec, Session, SessionStatus, SessionType,
                           StatusChange)
 from common.presets import ResourcePreset
-from common.durations import parse_duration
+from common.durations import duration_input
 from common.inference import replicas_of
 from common.users import Role, User
 from gateway.user_requests import NAME_RULE as PROJECT_RULE
@@ -225,7 +225,7 @@ def check_request(
     shared_memory = _checked_shared_memory(request.shared_memory or (preset.shared_memory if preset else None),
                                            kernels)
     starts_at = _checked_start(request.starts_at, now)
-    timeout = _checked_duration("batchTimeout", request.batch_timeout, minimum=1)
+    timeout = duration_input("batchTimeout", request.batch_timeout, minimum=1)
     return CheckedRequest(image or "", slots, kernels, environ, shared_memory, starts_at, timeout, service)
 
 
@@ -306,22 +306,10 @@ def _checked_start(value: str | None, now: datetime) -> datetime | None:
     try:
         moment = from_iso(value)
     except ValueError:
-        return now + timedelta(seconds=_checked_duration("startsAt", value, minimum=0) or 0)
+        return now + timedelta(seconds=duration_input("startsAt", value) or 0)
     if moment.tzinfo is None:
         raise InvalidInput("startsAt needs a time zone (e.g. a trailing Z)", field="startsAt")
     return moment
-
-
-def _checked_duration(field_name: str, value: str | None, *, minimum: float) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise InvalidInput(f"{field_name}: {exc}", field=field_name) from exc
-    if seconds < minimum:
-        raise InvalidInput(f"{field_name} must be at least {minimum:g}s", field=field_name)
-    return seconds
 
 
 def _checked_shared_memory(value: str | None, kernels: Sequence[Kernel]) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from common.access import manages_user
-from common.durations import parse_duration
+from common.durations import duration_input
 from common.errors import Forbidden, InvalidInput
 from common.users import BOOTSTRAP_ADMIN_ID, Role, User
 
@@ -55,15 +55,8 @@ def checked_label(label: str) -> str:
 
 def checked_expiry(expires_in: str | None, now: datetime) -> datetime | None:
     """When a token given ``expires_in`` (a duration such as ``"30d"``) expires; ``None``: never."""
-    if expires_in is None:
-        return None
-    try:
-        seconds = parse_duration(expires_in)
-    except ValueError as exc:
-        raise InvalidInput(f"expiresIn: {exc}", field="expiresIn") from exc
-    if not MIN_TOKEN_LIFETIME <= seconds <= MAX_TOKEN_LIFETIME:
-        raise InvalidInput("expiresIn must be between 1s and 366d", field="expiresIn")
-    return now + timedelta(seconds=seconds)
+    seconds = duration_input("expiresIn", expires_in, minimum=MIN_TOKEN_LIFETIME, maximum=MAX_TOKEN_LIFETIME)
+    return None if seconds is None else now + timedelta(seconds=seconds)
 
 
 def check_acts_for(viewer: User, target: User, field: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import strawberry
 
 from common.access import administers, can_see_user, manages_user
-from common.durations import parse_duration
+from common.durations import duration_input
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound, UnsupportedResource
 from common.policies import PolicyStore, ProjectResourcePolicy, UserResourcePolicy
 from common.presets import PresetStore, ResourcePreset, check_preset_name
@@ -75,8 +75,8 @@ def preset_of(input: ResourcePresetInput, known: Mapping[str, SlotType]) -> Reso
 def common_fields(input: ProjectResourcePolicyInput, known: Mapping[str, SlotType]) -> dict[str, Any]:
     return {
         "total_resource_slots": _slot_limits(input.total_resource_slots, known),
-        "max_session_lifetime": _seconds("maxSessionLifetime", input.max_session_lifetime),
-        "idle_timeout": _seconds("idleTimeout", input.idle_timeout),
+        "max_session_lifetime": duration_input("maxSessionLifetime", input.max_session_lifetime, minimum=1),
+        "idle_timeout": duration_input("idleTimeout", input.idle_timeout, minimum=1),
         "allowed_resource_groups": _groups(input.allowed_resource_groups),
         "allowed_drivers": None if input.allowed_drivers is None else [d.value for d in input.allowed_drivers],
     }
@@ -103,18 +103,6 @@ def _slot_limits(given: list[ResourceInput] | None, known: Mapping[str, SlotType
         raise UnsupportedResource(str(exc), field=f"totalResourceSlots.{exc.slot}") from exc
     except InvalidQuantityError as exc:
         raise InvalidInput(str(exc), field=f"totalResourceSlots.{exc.slot}") from exc
-
-
-def _seconds(field: str, value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise InvalidInput(f"{field}: {exc}", field=field) from exc
-    if seconds <= 0:
-        raise InvalidInput(f"{field} must be more than 0 (null: unlimited)", field=field)
-    return seconds
 
 
 def _groups(names: list[str] | None) -> list[str] | None:
