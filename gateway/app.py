@@ -25,7 +25,7 @@ from common.users import UserStore, bootstrap_admin_token
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
-from gateway.graphql.protection import Guard, Limits, RateLimiter
+from gateway.graphql.protection import Guard, Limits, RateLimiter, bearer
 from gateway.graphql.result_cache import ResultCache
 from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
@@ -56,8 +56,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
 
     async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
         users: UserStore = self.state["users"]
-        header = request.headers.get("authorization", "")
-        token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+        token = bearer(request.headers.get("authorization", ""))
         user, failure = None, None
         try:
             user = await users.by_token(token) if token else None

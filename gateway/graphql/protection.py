@@ -166,11 +166,15 @@ class RateLimiter:
         return (None if count <= self.limit else (window + 1) * self.window - now), values
 
 
+def bearer(value: object) -> str:
+    """The token of an ``Authorization`` value (``Bearer <token>``), or ""."""
+    text = value if isinstance(value, str) else ""
+    return text[7:].strip() if text.lower().startswith("bearer ") else ""
+
+
 def rate_subject(request: Request) -> str:
     """Whom a request is counted against: its bearer token (hashed), else its client address."""
-    header = request.headers.get("authorization", "")
-    token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-    if token:
+    if token := bearer(request.headers.get("authorization", "")):
         return "token:" + hash_token(token)[:32]
     return "addr:" + (request.client.host if request.client else "unknown")
 

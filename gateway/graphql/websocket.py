@@ -32,18 +32,12 @@ from common import events
 from common.errors import InvalidInput
 from common.users import hash_token
 from gateway.graphql.context import Context
-from gateway.graphql.protection import Guard
+from gateway.graphql.protection import Guard, bearer
 
 log = logging.getLogger(__name__)
 
 PROTOCOLS = (GRAPHQL_TRANSPORT_WS_PROTOCOL,)
 """The subprotocols the gateway speaks (Strawberry's ``subscription_protocols``)."""
-
-
-def bearer(value: object) -> str:
-    """The token of an ``Authorization`` value (``Bearer <token>``), or ""."""
-    text = value if isinstance(value, str) else ""
-    return text[7:].strip() if text.lower().startswith("bearer ") else ""
 
 
 async def accept_connection(context: Context) -> None:
