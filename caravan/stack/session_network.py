@@ -138,7 +138,7 @@ def _write(network: SessionNetwork) -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
     (config_dir / f"{CNI_NETWORK}.conflist").write_text(json.dumps(network.conflist(), indent=2))
     shim = bin_dir / "caravan-isolation"
-    shim.write_text(f'#!/bin/sh\nexec /usr/bin/python3 -I "{ISOLATION_MODULE}" "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec /usr/bin/python3 -I -S "{ISOLATION_MODULE}" "$@"\n')
     shim.chmod(0o755)
 
 
