@@ -83,6 +83,11 @@ class Settings:
     """raw_exec runs as root without isolation: admins only unless an operator opts in."""
     default_image: str | None = None
     """Image for sessions that name none (``CARAVAN_DEFAULT_IMAGE``; ops/ builds caravan/busybox)."""
+    session_network: str = "cni/caravan"
+    """Nomad network mode of docker and exec kernels (``CARAVAN_SESSION_NETWORK``): ``cni/caravan``, each kernel in a
+    network namespace of its own that reaches only its session's kernels (``nomad_jobs/kernel_network.py``; the Nomad
+    clients need the ``caravan`` CNI network, see ``caravan/stack/session_network.py``), or ``host``: the host's
+    network, no isolation between sessions or from the host's loopback services."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
     """The qemu driver's VM image allowlist, name → image directory (``CARAVAN_QEMU_IMAGES`` as
     ``name=/dir,name2=/dir2``; else the image ops/build-vm-image built, ``CARAVAN_VM_IMAGE`` at
@@ -126,6 +131,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         idle=IdleSettings(policy_path=Path(env["CARAVAN_IDLE_POLICY"]) if env.get("CARAVAN_IDLE_POLICY") else None),
         allow_raw_exec_for_users=env.get("CARAVAN_ALLOW_RAW_EXEC_FOR_USERS", "") in ("1", "true", "yes"),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
+        session_network=env.get("CARAVAN_SESSION_NETWORK") or Settings.session_network,
         qemu_images=qemu_images_of(env),
     )
 

@@ -61,9 +61,10 @@ def service_environment(session: Session) -> dict[str, str]:
     return {SERVICE_PORT_ENV: "${NOMAD_PORT_" + port_label(session.service_port) + "}"}
 
 
-def service_name(session: Session) -> str:
-    """``caravan-<session id>``: one service, one instance per replica (tagged with its hostname)."""
-    name = "caravan-" + SERVICE_NAME_RULE.sub("-", session.id.lower())
+def service_name(session: Session, prefix: str = "caravan-") -> str:
+    """``caravan-<session id>``: one service, one instance per replica (tagged with its hostname). Other services of a
+    session (``nomad_jobs.kernel_network``'s peers) take another prefix."""
+    name = prefix + SERVICE_NAME_RULE.sub("-", session.id.lower())
     return name[:MAX_SERVICE_NAME].rstrip("-")
 
 

@@ -12,7 +12,6 @@ Resource mapping (documented for operators):
 from __future__ import annotations
 
 import base64
-import hashlib
 import math
 import re
 from collections.abc import Mapping
@@ -22,7 +21,9 @@ from decimal import Decimal
 from common.model import Driver, Kernel, Session, SessionType
 from nomad_jobs import meta, qemu
 from nomad_jobs.hcl import Block, render, runtime_text
-from nomad_jobs.replica_service import add_recovery, add_service, exposed_ports, port_label, service_environment
+from nomad_jobs.kernel_network import (HOST, SESSION_NETWORK, add_network, add_peers_template, docker_network_config,
+                                       network_environment)
+from nomad_jobs.replica_service import add_recovery, add_service, service_environment
 
 MIB = 1024 * 1024
 SHELL = "/bin/sh"
@@ -42,11 +43,42 @@ for caravan_name in $CARAVAN_ENCODED_ENV; do
   unset "CARAVAN_B64_$caravan_name"
 done
 unset CARAVAN_ENCODED_ENV caravan_name caravan_value
+if [ -n "${CARAVAN_CLUSTER_PEERS:-}" ]; then
+  caravan_listed() {
+    caravan_rest="$CARAVAN_CLUSTER_HOSTS,"
+    while [ -n "$caravan_rest" ]; do
+      caravan_host=${caravan_rest%%,*} caravan_rest=${caravan_rest#*,} caravan_found=
+      while read -r caravan_ip caravan_peer; do
+        [ "$caravan_peer" = "$caravan_host" ] && caravan_found=$caravan_ip
+      done < "$CARAVAN_CLUSTER_PEERS"
+      [ -n "$caravan_found" ] || return 1
+      [ "$caravan_host" = "$CARAVAN_CLUSTER_HOST" ] && CARAVAN_CLUSTER_ADDR=$caravan_found
+    done
+    return 0
+  }
+  caravan_tries=0
+  until [ -f "$CARAVAN_CLUSTER_PEERS" ] && caravan_listed; do
+    caravan_tries=$((caravan_tries + 1))
+    if [ "$caravan_tries" -gt 600 ]; then
+      echo "caravan: not every cluster peer is known after 120 s; starting anyway" >&2
+      break
+    fi
+    sleep 0.2
+  done
+  caravan_hosts=$(cat /etc/hosts 2>/dev/null; cat "$CARAVAN_CLUSTER_PEERS")
+  rm -f /etc/hosts 2>/dev/null
+  printf '%s\\n' "$caravan_hosts" > /etc/hosts || echo "caravan: /etc/hosts is not writable: peers unresolved" >&2
+  export CARAVAN_CLUSTER_ADDR
+  unset -f caravan_listed
+  unset caravan_rest caravan_host caravan_found caravan_ip caravan_peer caravan_tries caravan_hosts
+fi
 exec /bin/sh -c "$1"
 """
 """Every kernel starts as ``sh -c BOOTSTRAP caravan-kernel <command>``: the bootstrap restores encoded
-environment values, then replaces itself with ``/bin/sh -c <command>``, so the user's command reaches
-its shell byte for byte."""
+environment values; in a cluster session on the session network it waits (up to 120 s) until every peer's address
+is known and writes them to ``/etc/hosts`` (``rm`` first: an exec kernel's ``/etc`` may hold hard links into the
+shared root filesystem; Docker's ``/etc/hosts`` is a per-allocation bind mount, written in place); then it replaces
+itself with ``/bin/sh -c <command>``, so the user's command reaches its shell byte for byte."""
 
 
 HPC_THREAD_VARIABLES = (
@@ -72,23 +104,15 @@ class JobContext:
     such a slot gets a ``device`` block, so Nomad reserves the instances the scheduler counted."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
     """Allowlisted VM image name → its directory (``Settings.qemu_images``), for qemu kernels."""
+    network_mode: str = SESSION_NETWORK
+    """Nomad network mode of docker and exec kernels (``Settings.session_network``): ``cni/caravan``, a namespace of
+    their own on the session network, or ``host`` (no isolation); see ``nomad_jobs.kernel_network``."""
 
 
 @dataclass(frozen=True)
 class RenderedJob:
     job_id: str
     hcl: str
-
-
-def kernel_addresses(session: Session) -> dict[str, str]:
-    """Each kernel's address on the one-machine stack: a loopback address of its own (127.x.y.n).
-
-    Kernels use host networking there, so distinct addresses let every kernel of a cluster listen on
-    the same port. ``x.y`` come from the session id, ``n`` is the kernel's index.
-    """
-    digest = hashlib.sha256(session.id.encode()).digest()
-    first, second = 1 + digest[0] % 254, digest[1]
-    return {k.hostname: f"127.{first}.{second}.{k.index}" for k in session.kernels}
 
 
 def render_session_job(session: Session, ctx: JobContext) -> RenderedJob:
@@ -124,13 +148,12 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
         group.block("reschedule", attempts=0, unlimited=False)
     if session.type is SessionType.INFERENCE:
         add_recovery(group)  # a killed or unhealthy replica comes back: restarted in place, else rescheduled
-    if exposed_ports(session):
-        network = group.block("network")
-        for port in exposed_ports(session):
-            network.block("port", port_label(port))
+    if session.driver is not Driver.QEMU:
+        add_network(group, session, kernel, ctx.network_mode)
     task = group.block("task", meta.TASK_NAME, driver=session.driver.value)
     task.block("config", **_driver_config(session, kernel, ctx))
-    task.block("env", **_environment(session, kernel))
+    task.block("env", **_environment(session, kernel, ctx.network_mode))
+    add_peers_template(task, session, ctx.network_mode)
     add_service(task, session, kernel.hostname)
     cores = Decimal(kernel.resources.get("cpu", "1"))
     mem = Decimal(kernel.resources.get("mem", str(256 * MIB)))
@@ -150,11 +173,8 @@ def _driver_config(session: Session, kernel: Kernel, ctx: JobContext) -> dict[st
                                   Decimal(kernel.resources.get("cpu", "1")))
     args = [runtime_text(a) for a in ("-c", BOOTSTRAP, "caravan-kernel", command)]
     if session.driver is Driver.DOCKER:
-        config: dict[str, object] = {
-            "image": runtime_text(kernel.image), "command": SHELL, "args": args, "network_mode": "host",
-            "hostname": kernel.hostname,
-            "extra_hosts": [f"{host}:{address}" for host, address in kernel_addresses(session).items()],
-        }
+        config: dict[str, object] = {"image": runtime_text(kernel.image), "command": SHELL, "args": args,
+                                     **docker_network_config(session, kernel, ctx.network_mode)}
         if session.shared_memory:
             config["shm_size"] = int(session.shared_memory)
         return config
@@ -162,13 +182,14 @@ def _driver_config(session: Session, kernel: Kernel, ctx: JobContext) -> dict[st
 
 
 def vm_environment(session: Session, kernel: Kernel) -> dict[str, str]:
-    """A VM's environment: the same variables, the user's as written (they reach the guest base64-encoded)."""
-    env = {k: v for k, v in _environment(session, kernel).items()
+    """A VM's environment: the same variables, the user's as written (they reach the guest base64-encoded). A VM has
+    no network card, so it is on no session network."""
+    env = {k: v for k, v in _environment(session, kernel, HOST).items()
            if not k.startswith("CARAVAN_B64_") and k != "CARAVAN_ENCODED_ENV"}
     return env | session.environ
 
 
-def _environment(session: Session, kernel: Kernel) -> dict[str, str]:
+def _environment(session: Session, kernel: Kernel, network_mode: str) -> dict[str, str]:
     hosts = ",".join(k.hostname for k in session.kernels)
     cores = max(1, math.ceil(Decimal(kernel.resources.get("cpu", "1"))))
     env = {name: str(cores) for name in HPC_THREAD_VARIABLES}
@@ -180,8 +201,8 @@ def _environment(session: Session, kernel: Kernel) -> dict[str, str]:
         "CARAVAN_CLUSTER_HOST": kernel.hostname,
         "CARAVAN_CLUSTER_SIZE": str(session.cluster_size),
         "CARAVAN_CLUSTER_HOSTS": hosts,
-        "CARAVAN_CLUSTER_ADDR": kernel_addresses(session)[kernel.hostname],
     }
+    env |= network_environment(session, kernel, network_mode)
     env |= service_environment(session)
     encoded = []
     for name, value in session.environ.items():

@@ -133,7 +133,8 @@ class Placer:
             placed = session.evolve(kernels=tuple(_on(k, on[k.hostname]) for k in session.kernels))
             ctx = JobContext(job_prefix=nomad.job_prefix, datacenter=nomad.datacenter, namespace=nomad.namespace,
                              mhz_per_core=mhz, pinned_nodes=dict(on), node_pool=session.resource_group,
-                             devices=devices, qemu_images=self.settings.qemu_images)
+                             devices=devices, qemu_images=self.settings.qemu_images,
+                             network_mode=self.settings.session_network)
             rendered = render_session_job(placed, ctx)
             placed = placed.evolve(nomad_job_id=rendered.job_id, job_hcl=rendered.hcl)
             return transition(placed, SessionStatus.SCHEDULED, reason="scheduled", at=now)

@@ -57,7 +57,7 @@ def nomad_agent(state_dir: Path) -> Iterator[NomadAgent]:
     agent = start_nomad_dev(
         state_dir / "nomad", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]), rootfs=Path(STACK["CARAVAN_ROOTFS"]),
         want_drivers=drivers, log=state_dir / "nomad.log",
-        qemu_image_dirs=tuple(Path(d) for d in QEMU_IMAGES.values()),
+        qemu_image_dirs=tuple(Path(d) for d in QEMU_IMAGES.values()), pause_image=STACK.get("CARAVAN_PAUSE_IMAGE"),
     )
     yield agent
     agent.stop()

@@ -51,12 +51,15 @@ def up(settings: Settings) -> int:
             port = urlparse(settings.redis.url).port or 6379
             _remember(settings, start_redis(settings.home / "redis", port, log=logs / "redis.log"))
         if not _running(settings, "nomad"):
-            drivers = ("raw_exec", "exec") + (("docker",) if env.get("CARAVAN_DOCKER_AVAILABLE") == "1" else ())
+            raw_exec = env.get("CARAVAN_ENABLE_RAW_EXEC", "") in ("1", "true", "yes")
+            docker = env.get("CARAVAN_DOCKER_AVAILABLE") == "1"
+            drivers = ("exec",) + (("raw_exec",) if raw_exec else ()) + (("docker",) if docker else ())
             # Not a -dev agent: its state is on disk, so sessions survive ./ops/stop and a Nomad restart.
             agent = start_nomad_single_node(
                 settings.home / "nomad", nomad_home=Path(env["CARAVAN_NOMAD_HOME"]), rootfs=Path(env["CARAVAN_ROOTFS"]),
                 http=urlparse(settings.nomad.addr).port or 4646, want_drivers=drivers, log=logs / "nomad.log",
                 qemu_image_dirs=tuple(Path(d) for d in settings.qemu_images.values()),
+                pause_image=env.get("CARAVAN_PAUSE_IMAGE") if docker else None, raw_exec=raw_exec,
             )
             _remember(settings, agent.server)
         if not _running(settings, "caravan"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, unmount_under, wait_until
+from caravan.stack.session_network import SessionNetwork, release, session_network
 
 NOMAD_AGENT_CONFIG = """\
 bind_addr  = "127.0.0.1"
@@ -32,7 +33,7 @@ limits {{
 }}
 client {{
   network_interface = "lo"
-  chroot_env {{
+{network_config}  chroot_env {{
     "{rootfs}" = "/"
   }}
   gc_max_allocs = 2000
@@ -43,12 +44,12 @@ client {{
 }}
 plugin "raw_exec" {{
   config {{
-    enabled = true
+    enabled = {raw_exec}
   }}
 }}
 plugin "docker" {{
   config {{
-    volumes {{
+{infra_image}    volumes {{
       enabled = true
     }}
     gc {{
@@ -82,6 +83,8 @@ class NomadAgent:
     drivers: dict[str, bool] = field(default_factory=dict)
 
     data_dir: Path | None = None
+    network: SessionNetwork | None = None
+    """The client's session network (bridge, subnet, CNI configuration)."""
 
     def stop(self, drain_timeout: float = 20.0) -> None:
         """Purge every job and wait for its tasks to end first: an exec task's executor outlives a stopped agent."""
@@ -91,6 +94,8 @@ class NomadAgent:
         self.service.stop()
         if self.data_dir:
             unmount_under(self.data_dir)
+        if self.network:
+            release(self.network)
 
 
 def drain(addr: str, state_dir: Path, timeout: float) -> None:
@@ -113,7 +118,12 @@ def _get(url: str) -> object:
 
 
 def write_config(path: Path, *, data_dir: Path, plugin_dir: Path, rootfs: Path, image_dir: Path,
-                 device_dir: Path, http: int, rpc: int, serf: int, qemu_image_dirs: tuple[Path, ...] = ()) -> None:
+                 device_dir: Path, http: int, rpc: int, serf: int, network: SessionNetwork,
+                 qemu_image_dirs: tuple[Path, ...] = (), pause_image: str | None = None,
+                 raw_exec: bool = True) -> None:
+    """``pause_image``: the docker driver's infra container image for kernels in a network of their own (no
+    registry serves Nomad's default here; ops/build-images builds one). ``raw_exec``: whether the client runs the
+    unisolated raw_exec driver at all."""
     for directory in (data_dir, image_dir, device_dir):
         directory.mkdir(parents=True, exist_ok=True)
     # One fake device (nomad/file/mock): with an empty directory the client waits ~50 s for the
@@ -122,14 +132,16 @@ def write_config(path: Path, *, data_dir: Path, plugin_dir: Path, rootfs: Path, 
     path.write_text(NOMAD_AGENT_CONFIG.format(
         data_dir=data_dir, plugin_dir=plugin_dir, rootfs=rootfs, device_dir=device_dir,
         image_paths=json.dumps([str(image_dir), *map(str, qemu_image_dirs)]),  # a JSON string list is HCL too
-        http=http, rpc=rpc, serf=serf,
+        http=http, rpc=rpc, serf=serf, network_config=network.client_config(),
+        infra_image=f'    infra_image = "{pause_image}"\n' if pause_image else "",
+        raw_exec="true" if raw_exec else "false",
     ))
 
 
 def start_nomad_dev(
     state_dir: Path, *, nomad_home: Path, rootfs: Path, http: int | None = None,
     want_drivers: tuple[str, ...] = ("raw_exec", "exec"), log: Path, timeout: float = 120.0,
-    qemu_image_dirs: tuple[Path, ...] = (),
+    qemu_image_dirs: tuple[Path, ...] = (), pause_image: str | None = None,
 ) -> NomadAgent:
     """Start ``nomad agent -dev`` from ``nomad_home`` (bin/nomad, plugins/) on loopback ports."""
     binary = nomad_home / "bin" / "nomad"
@@ -141,9 +153,10 @@ def start_nomad_dev(
     http = http or free_port()
     config = state_dir / "nomad.hcl"
     state_dir.mkdir(parents=True, exist_ok=True)
+    network = session_network(state_dir)
     write_config(config, data_dir=state_dir / "data", plugin_dir=nomad_home / "plugins", rootfs=rootfs,
                  image_dir=state_dir / "images", device_dir=state_dir / "devices", qemu_image_dirs=qemu_image_dirs,
-                 http=http, rpc=free_port(), serf=free_port())
+                 http=http, rpc=free_port(), serf=free_port(), network=network, pause_image=pause_image)
     # Nomad hands its own environment to exec and raw_exec tasks: start it with a clean one.
     service = spawn("nomad", [str(binary), "agent", "-dev", f"-config={config}"], log, env=CLEAN_ENV, clean=True)
     addr = f"http://127.0.0.1:{http}"
@@ -175,6 +188,8 @@ def start_nomad_dev(
     except BaseException:
         service.stop()  # an agent that never became ready must not outlive the failed start
         unmount_under(state_dir / "data")
+        release(network)
         raise
     drivers = {name: bool(d.get("Healthy")) for name, d in (node.get("Drivers") or {}).items()}  # type: ignore[union-attr]
-    return NomadAgent(service=service, addr=addr, node_id=str(node["ID"]), drivers=drivers, data_dir=state_dir / "data")
+    return NomadAgent(service=service, addr=addr, node_id=str(node["ID"]), drivers=drivers, data_dir=state_dir / "data",
+                      network=network)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from caravan.stack.nomad_agent import CLEAN_ENV, _get, drain, write_config
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
+from caravan.stack.session_network import SessionNetwork, release, session_network
 
 COMMON_CONFIG = """\
 name       = "{name}"
@@ -73,7 +74,7 @@ client {{
   memory_total_mb   = {memory_mb}
   cgroup_parent     = "{cgroup_parent}"
   network_interface = "lo"
-  chroot_env {{
+{network_config}  chroot_env {{
     "{rootfs}" = "/"
   }}
   options = {{
@@ -120,6 +121,8 @@ class NomadCluster:
     clients: dict[str, Service] = field(default_factory=dict)
     node_ids: dict[str, str] = field(default_factory=dict)
     """Client name -> Nomad node id."""
+    networks: dict[str, SessionNetwork] = field(default_factory=dict)
+    """Client name -> its session network (each client has a bridge and subnet of its own)."""
 
     @property
     def node_names(self) -> dict[str, str]:
@@ -134,6 +137,8 @@ class NomadCluster:
         for service in self.clients.values():
             service.stop()
         self.server.stop()
+        for network in self.networks.values():
+            release(network)
 
 
 SINGLE_NODE_CONFIG = """\
@@ -193,6 +198,8 @@ class SingleNodeNomad(NomadCluster):
         for pid in _leftover_executors(self.argv[0], set(self.earlier_groups)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for network in self.networks.values():
+            release(network)
 
 
 def _leftover_executors(binary: str, groups: set[int]) -> list[int]:
@@ -212,7 +219,8 @@ def _leftover_executors(binary: str, groups: set[int]) -> list[int]:
 def start_nomad_single_node(state_dir: Path, *, nomad_home: Path, rootfs: Path,
                             want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0,
                             http: int | None = None, qemu_image_dirs: tuple[Path, ...] = (),
-                            log: Path | None = None) -> SingleNodeNomad:
+                            log: Path | None = None, pause_image: str | None = None,
+                            raw_exec: bool = True) -> SingleNodeNomad:
     """A non-dev agent (server + client) on loopback ports of its own, with one ``nomad/file/mock`` device.
 
     With ``http`` given, RPC and Serf take the next two ports: a server that keeps its state must come back on
@@ -222,15 +230,17 @@ def start_nomad_single_node(state_dir: Path, *, nomad_home: Path, rootfs: Path,
     state_dir.mkdir(parents=True, exist_ok=True)
     rpc, serf = (http + 1, http + 2) if http else (free_port(), free_port())
     http = http or free_port()
+    network = session_network(state_dir)
     write_config(state_dir / "nomad.hcl", data_dir=state_dir / "data", plugin_dir=nomad_home / "plugins",
                  rootfs=rootfs, image_dir=state_dir / "images", device_dir=state_dir / "devices",
-                 http=http, rpc=rpc, serf=serf, qemu_image_dirs=qemu_image_dirs)
+                 http=http, rpc=rpc, serf=serf, qemu_image_dirs=qemu_image_dirs, network=network,
+                 pause_image=pause_image, raw_exec=raw_exec)
     name = f"caravan-single-{state_dir.name}"
     (state_dir / "single.hcl").write_text(SINGLE_NODE_CONFIG.format(name=name, cgroup_parent=_cgroup_parent(name)))
     argv = (str(binary), "agent", f"-config={state_dir / 'nomad.hcl'}", f"-config={state_dir / 'single.hcl'}")
     server = spawn("nomad", argv, log or state_dir / "nomad.log", env=CLEAN_ENV, clean=True)
     agent = SingleNodeNomad(addr=f"http://127.0.0.1:{http}", server=server, state_dir=state_dir, argv=argv, name=name,
-                            want_drivers=want_drivers)
+                            want_drivers=want_drivers, networks={name: network})
     try:
         agent._wait_ready(timeout)
     except BaseException:
@@ -270,7 +280,9 @@ def start_nomad_cluster(state_dir: Path, *, nomad_home: Path, rootfs: Path, clie
         wait_until(lambda: _server_ready(cluster), what="Nomad server leader and keyring", timeout=timeout,
                    log=server_log)
         for spec in clients:
-            cluster.clients[spec.name] = _start_client(binary, state_dir, spec, rpc, nomad_home, rootfs)
+            cluster.networks[spec.name] = session_network(state_dir / spec.name)
+            cluster.clients[spec.name] = _start_client(binary, state_dir, spec, rpc, nomad_home, rootfs,
+                                                       cluster.networks[spec.name])
         wait_until(lambda: _clients_ready(cluster, clients, want_drivers), what="Nomad client nodes",
                    timeout=timeout, log=state_dir / f"{clients[-1].name}.log" if clients else None)
     except BaseException:
@@ -280,7 +292,7 @@ def start_nomad_cluster(state_dir: Path, *, nomad_home: Path, rootfs: Path, clie
 
 
 def _start_client(binary: Path, state_dir: Path, spec: ClientSpec, server_rpc: int, nomad_home: Path,
-                  rootfs: Path) -> Service:
+                  rootfs: Path, network: SessionNetwork) -> Service:
     data_dir = state_dir / spec.name
     device_dir = data_dir / "devices"
     device_dir.mkdir(parents=True, exist_ok=True)
@@ -290,7 +302,8 @@ def _start_client(binary: Path, state_dir: Path, spec: ClientSpec, server_rpc: i
                                   serf=free_port())
     config += CLIENT_CONFIG.format(plugin_dir=nomad_home / "plugins", server_rpc=server_rpc, node_pool=spec.node_pool,
                                    cpu_mhz=spec.cpu_mhz, memory_mb=spec.memory_mb,
-                                   cgroup_parent=_cgroup_parent(spec.name), rootfs=rootfs)
+                                   cgroup_parent=_cgroup_parent(spec.name), rootfs=rootfs,
+                                   network_config=network.client_config())
     if spec.mock_devices:
         config += DEVICE_PLUGIN.format(device_dir=device_dir)
     path = state_dir / f"{spec.name}.hcl"

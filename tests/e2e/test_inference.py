@@ -35,8 +35,8 @@ query($id: ID!) { session(id: $id) {
 } }
 """
 SERVE = ('mkdir -p /tmp/www && echo "replica $CARAVAN_CLUSTER_HOST" > /tmp/www/index.html && '
-         'exec httpd -f -p "127.0.0.1:$CARAVAN_SERVICE_PORT" -h /tmp/www')
-"""Each replica answers GET / with its own hostname, on the dynamic host port Caravan gives it."""
+         'exec httpd -f -p "$CARAVAN_SERVICE_PORT" -h /tmp/www')
+"""Each replica answers GET / with its own hostname, on its service port (Nomad publishes it on a host port)."""
 UNHEALTHY_FIRST = (f'if [ -e "$NOMAD_TASK_DIR/ran-once" ]; then {SERVE}; '
                    'else touch "$NOMAD_TASK_DIR/ran-once"; exec sleep 3600; fi')
 """Listens on nothing in its first run (the task dir outlives a restart), serves from its second run on."""

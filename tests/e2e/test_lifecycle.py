@@ -123,7 +123,7 @@ async def test_hpc_thread_variables_default_to_allocated_cores(caravan: Caravan)
 async def test_preopen_port_is_reported_and_served(caravan: Caravan) -> None:
     [session_id] = await create(caravan, type="INTERACTIVE", preopenPorts=[8080],
                                 startupCommand='echo -e "HTTP/1.0 200 OK\\r\\n\\r\\nhello" > /tmp/r; '
-                                               'while :; do nc -l -p "$NOMAD_PORT_p8080" < /tmp/r; done')
+                                               'while :; do nc -l -p 8080 < /tmp/r; done')
     await caravan.wait_for(session_id, "RUNNING")
     session = await caravan.store.get(session_id)
     assert session is not None

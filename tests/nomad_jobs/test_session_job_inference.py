@@ -107,7 +107,7 @@ def test_a_preopened_service_port_is_allocated_once() -> None:
 def test_other_types_have_no_service(type: SessionType) -> None:
     group = groups(session(type, replicas=1))["main1"]
     assert "service" not in task(group) and "CARAVAN_SERVICE_PORT" not in task(group)["env"][0]
-    assert "network" not in group
+    assert group["network"] == [{"mode": "cni/caravan"}]  # a namespace of its own, nothing published
     assert (group.get("reschedule") == [{"attempts": 0, "unlimited": False}]) == (type is SessionType.BATCH)
 
 

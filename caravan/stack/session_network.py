@@ -1,0 +1,166 @@
+"""The network sessions run in on a Nomad client: a CNI network named ``caravan`` (``network { mode = "cni/caravan" }``).
+
+Each Nomad client the stack starts gets a session network of its own:
+
+- a Linux **bridge** (``cv<6 hex>``) with a /24 of :data:`SESSION_SUPERNET`, the client's gateway address on it, and
+  host-local address management (its state under the client's directory);
+- **portmap**: a kernel's ports are published on the client's loopback as Nomad-allocated host ports, so the port a
+  session reports is the port that answers (``127.0.0.1:<host port>`` → the kernel's own port);
+- **caravan-isolation** (``nomad_jobs/cni_isolation.py``), chained last: a kernel reaches the other kernels of its own
+  session and nothing else (not the host and its loopback services, not another session, not beyond the host).
+
+No masquerading is configured: sessions have no egress beyond the host (see the README for the operator's choice in
+production). The CNI plugins come from Debian's ``containernetworking-plugins`` (``/usr/lib/cni``); the isolation
+plugin is a small shim written next to the configuration that runs the module with the system Python.
+
+The network is chosen once per client state directory and kept in ``session-network.json`` there, so a persisted agent
+comes back on the same bridge and subnet (its running allocations keep their addresses). Subnets are picked among the
+/24s no route of the host uses yet; tests start several clients on one machine, each on a bridge of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import ipaddress
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CNI_NETWORK = "caravan"
+"""The CNI network name sessions use: their groups say ``network { mode = "cni/caravan" }``."""
+SYSTEM_CNI_PLUGINS = Path("/usr/lib/cni")
+SESSION_SUPERNET = ipaddress.ip_network("172.26.0.0/16")
+"""Where session subnets are taken from, a /24 per client."""
+MEMBERSHIP_DIR = Path("/run/caravan-cni")
+"""Which kernel belongs to which session on this host, shared by every client of the host (see cni_isolation)."""
+ISOLATION_MODULE = Path(__file__).resolve().parents[2] / "nomad_jobs" / "cni_isolation.py"
+
+
+@dataclass(frozen=True)
+class SessionNetwork:
+    bridge: str
+    """The Linux bridge the client's kernels are attached to."""
+    subnet: str
+    """The client's /24 of session addresses; ``.1`` is the host's end."""
+    config_dir: str
+    """The client's ``cni_config_dir``: holds ``caravan.conflist``."""
+    bin_dir: str
+    """Holds the ``caravan-isolation`` plugin shim; the client's ``cni_path`` is the system plugins, then this."""
+    ipam_dir: str
+    """host-local's record of the addresses handed out."""
+
+    @property
+    def cni_path(self) -> str:
+        return f"{SYSTEM_CNI_PLUGINS}:{self.bin_dir}"
+
+    def client_config(self) -> str:
+        """The lines of a Nomad ``client { }`` block that point it at this network."""
+        return f'  cni_path       = "{self.cni_path}"\n  cni_config_dir = "{self.config_dir}"\n'
+
+    def conflist(self) -> dict[str, object]:
+        return {
+            "cniVersion": "1.0.0",
+            "name": CNI_NETWORK,
+            "plugins": [
+                {"type": "loopback"},
+                {"type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": False, "hairpinMode": True,
+                 "forceAddress": True,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": self.subnet}]],
+                          "routes": [{"dst": "0.0.0.0/0"}], "dataDir": self.ipam_dir}},
+                {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
+                {"type": "caravan-isolation", "bridge": self.bridge, "stateDir": str(MEMBERSHIP_DIR)},
+            ],
+        }
+
+
+def session_network(client_dir: Path) -> SessionNetwork:
+    """The client's session network: the one it had, else a new one (bridge and a free /24), written to disk with
+    its CNI configuration and plugin shim."""
+    client_dir = client_dir.resolve()
+    record = client_dir / "session-network.json"
+    with _reservations() as reserved:
+        if record.exists():
+            network = SessionNetwork(**json.loads(record.read_text()))
+        else:
+            bridge = "cv" + hashlib.sha256(str(client_dir).encode()).hexdigest()[:6]
+            network = SessionNetwork(bridge=bridge, subnet=str(_free_subnet(bridge, _taken(reserved))),
+                                     config_dir=str(client_dir / "cni"), bin_dir=str(client_dir / "cni-bin"),
+                                     ipam_dir=str(client_dir / "cni-ipam"))
+        (reserved / _reservation_name(network.subnet)).write_text(str(client_dir))
+        _write(network)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(asdict(network), indent=2))
+    return network
+
+
+def release(network: SessionNetwork) -> None:
+    """After the client stopped for good: remove its bridge (its kernels are gone), whatever membership records a
+    killed client left, and its subnet's reservation. A persisted agent that is only restarted keeps its network."""
+    subprocess.run(["ip", "link", "delete", network.bridge], capture_output=True, check=False)
+    subprocess.run([sys.executable, "-I", str(ISOLATION_MODULE), "release", network.subnet, str(MEMBERSHIP_DIR)],
+                   capture_output=True, check=False)
+    with _reservations() as reserved:
+        (reserved / _reservation_name(network.subnet)).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _reservations() -> Iterator[Path]:
+    """The directory of subnet reservations (one file per /24, holding the client directory), under the host's lock:
+    a client's bridge appears only with its first kernel, so routes alone cannot tell a subnet is taken."""
+    directory = MEMBERSHIP_DIR / "subnets"
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(MEMBERSHIP_DIR / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield directory
+
+
+def _reservation_name(subnet: str) -> str:
+    return subnet.replace("/", "_")
+
+
+def _taken(reserved: Path) -> list[ipaddress.IPv4Network]:
+    """Subnets reserved by clients whose directory still exists (a deleted test directory frees its subnet)."""
+    taken = []
+    for entry in reserved.iterdir():
+        if Path(entry.read_text().strip(), "session-network.json").exists():
+            taken.append(ipaddress.IPv4Network(entry.name.replace("_", "/")))
+    return taken
+
+
+def _write(network: SessionNetwork) -> None:
+    config_dir, bin_dir = Path(network.config_dir), Path(network.bin_dir)
+    config_dir.mkdir(parents=True, exist_ok=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (config_dir / f"{CNI_NETWORK}.conflist").write_text(json.dumps(network.conflist(), indent=2))
+    shim = bin_dir / "caravan-isolation"
+    shim.write_text(f'#!/bin/sh\nexec /usr/bin/python3 -I -S "{ISOLATION_MODULE}" "$@"\n')
+    shim.chmod(0o755)
+
+
+def _free_subnet(bridge: str, reserved: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
+    """The first /24 of the supernet that no route of this host covers (a bridge of ours or anything else) and no
+    other client has reserved."""
+    used = _routed_networks() + reserved
+    for candidate in SESSION_SUPERNET.subnets(new_prefix=24):
+        if not any(candidate.overlaps(net) for net in used):
+            return candidate
+    raise RuntimeError(f"no free /24 left in {SESSION_SUPERNET} for the session bridge {bridge}")
+
+
+def _routed_networks() -> list[ipaddress.IPv4Network]:
+    routes = json.loads(subprocess.run(["ip", "-j", "-4", "route", "show", "table", "all"], capture_output=True,
+                                       text=True, check=True).stdout or "[]")
+    found = []
+    for route in routes:
+        destination = route.get("dst", "")
+        if destination and destination != "default":
+            try:
+                found.append(ipaddress.ip_network(destination, strict=False))
+            except ValueError:
+                continue
+    return [n for n in found if isinstance(n, ipaddress.IPv4Network)]

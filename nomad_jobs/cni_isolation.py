@@ -1,0 +1,301 @@
+"""``caravan-isolation``: the CNI plugin that keeps each session in a network of its own. Runs on every Nomad client.
+
+Nomad starts every kernel of a session in its own network namespace (``network { mode = "cni/caravan" }``) through
+the CNI network configuration that ``caravan.stack.session_network`` writes for each client: ``loopback``, ``bridge``
+(one Linux bridge per client, with a subnet of its own), ``portmap`` (the published ports the session reports), then
+this plugin, chained last. It is given the bridge plugin's result and Nomad's CNI arguments (``NOMAD_NAMESPACE``,
+``NOMAD_JOB_ID``), and keeps one nftables rule set per host (:data:`RULES`) that allows a kernel's namespace exactly
+this:
+
+- traffic with the other kernels of the *same session* (one Nomad job: namespace and job id), on the same bridge or
+  routed between bridges of several clients on one host, in both directions (``peers``: pairs of addresses);
+- answers to connections made *to* it: the host reaching a published port (Nomad's checks, the gateway), which
+  portmap DNATs into the namespace;
+
+and nothing else: no new connection to the host itself (any of its addresses, its loopback services included:
+``route_localnet``, which portmap turns on for the bridge, is no way in), to another session, or beyond the host. A
+kernel cannot pretend to be another one either: a frame from a kernel's port must carry that kernel's address, in
+ARP and in IP (``ports``), and only ARP and IPv4 pass a bridge port.
+
+Membership is kept in files under ``stateDir`` (one directory per session, one file per allocation), under one lock,
+so the pairs are right whatever order kernels come and go in. All of one host's clients share the directory, so a
+session whose kernels run on several clients of one host (the multi-client test cluster) is one network. Across
+machines the files are not shared: cross-machine traffic between kernels is then refused (the safe way round; see
+the README on session networks beyond one machine).
+
+Every change is one ``nft -f`` transaction that also declares the tables, sets and chains and rewrites the chains'
+rules: a host whose rule set was flushed (a reboot, a firewall reload) is whole again at the next kernel, and a kernel
+never starts with a partial rule set. Deleting elements that may be gone already is written as add-then-delete in
+the same transaction (nft 1.0.6 has no ``destroy``).
+
+Standalone and quick on purpose: Nomad runs it as ``/usr/bin/python3 -I -S cni_isolation.py`` for every kernel
+start and stop, with no project packages, so it imports only a few standard modules (no ``typing``, ``dataclasses``
+or ``pathlib``: they would double its start-up time, which is on every session's start). The rule set's text and the
+CNI result handling are pure functions, tested in ``tests/nomad_jobs/test_cni_isolation.py``; the plugin runs for
+real in the e2e isolation tests.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import os
+import subprocess
+import sys
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at run time (mypy reads it by name)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0")
+TABLE = "caravan_isolation"
+"""The nftables table of this plugin, in both the ``inet`` and the ``bridge`` family."""
+
+RULES = """\
+add table inet {table} {{ comment "caravan session isolation: sessions reach their own kernels only"; }}
+add set inet {table} bridges {{ type ifname; comment "bridges of session networks"; }}
+add set inet {table} peers {{ type ipv4_addr . ipv4_addr; comment "(source, destination) of one session's kernels"; }}
+add chain inet {table} input {{ type filter hook input priority filter - 10; policy accept; }}
+add chain inet {table} forward {{ type filter hook forward priority filter - 10; policy accept; }}
+flush chain inet {table} input
+flush chain inet {table} forward
+add rule inet {table} input iifname @bridges ct state established,related accept
+add rule inet {table} input iifname @bridges drop
+add rule inet {table} forward iifname @bridges ct state established,related accept
+add rule inet {table} forward iifname @bridges ip saddr . ip daddr @peers accept
+add rule inet {table} forward iifname @bridges drop
+add rule inet {table} forward oifname @bridges ct state established,related accept
+add rule inet {table} forward oifname @bridges ct status dnat accept
+add rule inet {table} forward oifname @bridges drop
+add table bridge {table} {{ comment "caravan session isolation: no spoofing, no traffic between sessions"; }}
+add set bridge {table} kernel_ports {{ type ifname; comment "host ends of kernels' veth pairs"; }}
+add set bridge {table} ports {{ type ifname . ipv4_addr; comment "each kernel port with its one address"; }}
+add set bridge {table} peers {{ type ipv4_addr . ipv4_addr; }}
+add chain bridge {table} prerouting {{ type filter hook prerouting priority filter - 10; policy accept; }}
+add chain bridge {table} forward {{ type filter hook forward priority filter - 10; policy accept; }}
+flush chain bridge {table} prerouting
+flush chain bridge {table} forward
+add rule bridge {table} prerouting iifname != @kernel_ports accept
+add rule bridge {table} prerouting ether type arp iifname . arp saddr ip @ports accept
+add rule bridge {table} prerouting ether type ip iifname . ip saddr @ports accept
+add rule bridge {table} prerouting drop
+add rule bridge {table} forward iifname != @kernel_ports accept
+add rule bridge {table} forward ether type arp accept
+add rule bridge {table} forward ether type ip ip saddr . ip daddr @peers accept
+add rule bridge {table} forward drop
+""".format(table=TABLE)
+
+
+class PluginError(Exception):
+    """A failure reported to the runtime as a CNI error (code 100: generic failure)."""
+
+
+class Kernel(collections.namedtuple("Kernel", "container_id session address port")):
+    """One allocation's place in its session's network: ``container_id`` is the CNI container id (Nomad's
+    allocation id); ``session`` who may talk to whom (from the Nomad namespace and job id: one job per session);
+    ``address`` its IPv4 address on the bridge; ``port`` the host end of its veth pair (a port of the bridge)."""
+
+    __slots__ = ()
+
+
+def parse_cni_args(text: str) -> dict[str, str]:
+    """``CNI_ARGS`` (``K=V;K=V``) as a dict."""
+    args = {}
+    for item in text.split(";"):
+        key, sep, value = item.partition("=")
+        if sep and key:
+            args[key] = value
+    return args
+
+
+def session_key(args: Mapping[str, str]) -> str:
+    """The session a kernel belongs to, from Nomad's CNI arguments (the job is the session), as a file name."""
+    job = args.get("NOMAD_JOB_ID", "")
+    if not job:
+        raise PluginError("no NOMAD_JOB_ID in CNI_ARGS: is this network used by a Nomad job?")
+    return f"{args.get('NOMAD_NAMESPACE', 'default')}/{job}".encode().hex()
+
+
+def kernel_of(result: Mapping[str, Any], container_id: str, session: str) -> Kernel:
+    """The kernel's address and bridge port from the bridge plugin's result (``prevResult``)."""
+    address = next((str(ip["address"]).split("/")[0] for ip in result.get("ips") or []
+                    if ":" not in str(ip.get("address", ":"))), None)
+    if address is None:
+        raise PluginError("the previous plugin gave the kernel no IPv4 address")
+    host_side = [str(i["name"]) for i in result.get("interfaces") or [] if not i.get("sandbox")]
+    # the bridge plugin lists the bridge first, then the host end of the veth pair
+    if len(host_side) < 2:
+        raise PluginError("the previous plugin reported no host end of the kernel's veth pair")
+    return Kernel(container_id, session, address, host_side[-1])
+
+
+def pairs(address: str, others: Sequence[str]) -> list[str]:
+    """nft elements of the ``peers`` sets for one kernel and its session's other kernels, both directions."""
+    return [f"{a} . {b}" for other in others if other != address for a, b in ((address, other), (other, address))]
+
+
+def element_commands(verb: str, kernel: Kernel, others: Sequence[str], bridge: str = "") -> list[str]:
+    """The nft commands that add (``verb="add"``) or remove (``"delete"``) one kernel's elements."""
+    commands = [f'add element inet {TABLE} bridges {{ "{bridge}" }}'] if verb == "add" else []
+    if peer_pairs := pairs(kernel.address, others):
+        joined = ", ".join(peer_pairs)
+        commands += [f"{verb} element inet {TABLE} peers {{ {joined} }}",
+                     f"{verb} element bridge {TABLE} peers {{ {joined} }}"]
+    commands += [f'{verb} element bridge {TABLE} kernel_ports {{ "{kernel.port}" }}',
+                 f'{verb} element bridge {TABLE} ports {{ "{kernel.port}" . {kernel.address} }}']
+    return commands
+
+
+def removal_commands(kernel: Kernel, others: Sequence[str]) -> list[str]:
+    """Remove a kernel's elements whether or not they are still there: add, then delete, in one transaction."""
+    return [c for c in element_commands("add", kernel, others)[1:]] + element_commands("delete", kernel, others)
+
+
+# -- I/O: state files and nft ------------------------------------------------------------------------------
+
+
+class Membership:
+    """Kernels per session on this host, in files under ``state_dir``; change it only while holding :meth:`lock`."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.root = state_dir
+
+    def lock(self) -> int:
+        """Take the host-wide lock (released when the process exits, or with :func:`os.close` on the result)."""
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(self.root, "lock"), os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def _session_dir(self, session: str) -> str:
+        return os.path.join(self.root, "sessions", session)
+
+    def others(self, kernel: Kernel) -> list[str]:
+        directory = self._session_dir(kernel.session)
+        if not os.path.isdir(directory):
+            return []
+        return [self._read(os.path.join(directory, name)).address for name in sorted(os.listdir(directory))
+                if name != kernel.container_id]
+
+    def remember(self, kernel: Kernel) -> None:
+        record = json.dumps(kernel._asdict())
+        for directory in (self._session_dir(kernel.session), os.path.join(self.root, "containers")):
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            with open(os.path.join(directory, kernel.container_id), "w") as file:
+                file.write(record)
+
+    def recall(self, container_id: str) -> Kernel | None:
+        path = os.path.join(self.root, "containers", container_id)
+        return self._read(path) if os.path.exists(path) else None
+
+    def all_kernels(self) -> list[Kernel]:
+        directory = os.path.join(self.root, "containers")
+        if not os.path.isdir(directory):
+            return []
+        return [self._read(os.path.join(directory, name)) for name in sorted(os.listdir(directory))]
+
+    def forget(self, kernel: Kernel) -> None:
+        directory = self._session_dir(kernel.session)
+        for path in (os.path.join(directory, kernel.container_id),
+                     os.path.join(self.root, "containers", kernel.container_id)):
+            if os.path.exists(path):
+                os.unlink(path)
+        try:
+            os.rmdir(directory)  # the session's last kernel on this host
+        except OSError:
+            pass
+
+    @staticmethod
+    def _read(path: str) -> Kernel:
+        with open(path) as file:
+            return Kernel(**json.load(file))
+
+
+def nft(commands: Sequence[str]) -> None:
+    """One atomic nft transaction."""
+    done = subprocess.run(["nft", "-f", "-"], input="\n".join(commands) + "\n", text=True, capture_output=True)
+    if done.returncode != 0:
+        raise PluginError(f"nft refused the rules: {done.stderr.strip()}")
+
+
+def add(config: Mapping[str, Any], env: Mapping[str, str], members: Membership) -> dict[str, Any]:
+    result = config.get("prevResult")
+    if not isinstance(result, dict):
+        raise PluginError("caravan-isolation must be chained after the bridge plugin (no prevResult)")
+    kernel = kernel_of(result, env["CNI_CONTAINERID"], session_key(parse_cni_args(env.get("CNI_ARGS", ""))))
+    members.lock()
+    commands = [RULES]
+    stale = [k for k in members.all_kernels()  # left by a client killed before its DEL: the address is reused now
+             if k.address == kernel.address and k.container_id != kernel.container_id]
+    for old in stale:
+        commands += removal_commands(old, members.others(old))
+    commands += element_commands("add", kernel, members.others(kernel), str(config["bridge"]))
+    nft(commands)
+    for old in stale:
+        members.forget(old)
+    members.remember(kernel)
+    return result
+
+
+def delete(env: Mapping[str, str], members: Membership) -> None:
+    """Idempotent, as CNI requires: a kernel already gone (or never added) is no error."""
+    members.lock()
+    kernel = members.recall(env["CNI_CONTAINERID"])
+    if kernel is not None:
+        nft([RULES, *removal_commands(kernel, members.others(kernel))])
+        members.forget(kernel)
+
+
+def check(config: Mapping[str, Any], env: Mapping[str, str], members: Membership) -> None:
+    """CHECK (Nomad runs it when it finds an allocation's namespace after a restart): the kernel is known, and its
+    elements are asserted again, since a reboot or a flush may have emptied the sets."""
+    members.lock()
+    kernel = members.recall(env["CNI_CONTAINERID"])
+    if kernel is None:
+        raise PluginError(f"allocation {env['CNI_CONTAINERID']} is not in a session network on this host")
+    nft([RULES, *element_commands("add", kernel, members.others(kernel), str(config["bridge"]))])
+
+
+def release(subnet: str, members: Membership) -> None:
+    """Forget every kernel of a client's subnet (the client is gone for good, maybe killed before its DELs)."""
+    import ipaddress  # only here: not on the path of every kernel's start
+
+    network = ipaddress.ip_network(subnet)
+    members.lock()
+    gone = [k for k in members.all_kernels() if ipaddress.ip_address(k.address) in network]
+    if gone:
+        nft([RULES, *(c for k in gone for c in removal_commands(k, members.others(k)))])
+    for kernel in gone:
+        members.forget(kernel)
+
+
+def main() -> int:
+    env = os.environ
+    if sys.argv[1:2] == ["release"]:  # caravan.stack.session_network.release: release <subnet> <state dir>
+        release(sys.argv[2], Membership(sys.argv[3]))
+        return 0
+    command = env.get("CNI_COMMAND", "")
+    config: dict[str, Any] = json.loads(sys.stdin.read() or "{}") if command != "VERSION" else {}
+    version = str(config.get("cniVersion", "0.4.0"))
+    try:
+        members = Membership(str(config.get("stateDir", "/run/caravan-cni")))
+        if command == "ADD":
+            print(json.dumps(add(config, env, members)))
+        elif command == "DEL":
+            delete(env, members)
+        elif command == "CHECK":
+            check(config, env, members)
+        elif command == "VERSION":
+            print(json.dumps({"cniVersion": "1.0.0", "supportedVersions": list(CNI_VERSIONS)}))
+        else:
+            raise PluginError(f"unknown CNI_COMMAND {command!r}")
+    except (PluginError, KeyError, ValueError, OSError) as exc:
+        print(json.dumps({"cniVersion": version, "code": 100, "msg": "caravan-isolation", "details": str(exc)}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Where a kernel's traffic goes: a network namespace of its own, its published ports, and its cluster peers. Pure.
+
+- **docker and exec kernels** run in a namespace of their own on the client's session network
+  (``network { mode = "cni/caravan" }``, set up by ``caravan.stack.session_network`` and guarded by
+  ``nomad_jobs/cni_isolation.py``): they reach the other kernels of their session and nothing else. A preopened port
+  (and an INFERENCE service port) is ``port "p<port>" { to = <port> }``: the kernel listens on its own port, Nomad
+  publishes it on a host port, and that host port is what ``Kernel.ports`` reports.
+- **Cluster sessions** (several kernels, not INFERENCE replicas) find each other by hostname: every kernel registers a
+  Nomad service (``address_mode = "alloc"``: its address on the session network, tagged with its hostname), and a
+  template renders the registered addresses into ``/local/caravan-peers``; the kernel's bootstrap waits until every
+  hostname of ``CARAVAN_CLUSTER_HOSTS`` is listed, adds them to ``/etc/hosts`` and exports the kernel's own address as
+  ``CARAVAN_CLUSTER_ADDR`` (``nomad_jobs.session_job.BOOTSTRAP``). Nomad service discovery spans the cluster, so
+  multi-node sessions resolve alike; reaching each other across machines needs the nodes' session subnets routed.
+- **raw_exec kernels** run on the host's network (they are not isolated anyway: SUPERADMIN only), and so does every
+  kernel when the operator turns isolation off (``CARAVAN_SESSION_NETWORK=host``): then each kernel of a cluster gets a
+  loopback address of its own (127.x.y.n) and Docker kernels the others' in ``extra_hosts``, as before networks.
+- **qemu kernels** get no network block: the VM has no network card at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from common.model import Driver, Kernel, Session, SessionType
+from nomad_jobs.hcl import Block
+from nomad_jobs.replica_service import exposed_ports, port_label, service_name
+
+HOST = "host"
+"""``CARAVAN_SESSION_NETWORK`` value for the host's network (no isolation)."""
+SESSION_NETWORK = "cni/caravan"
+"""The default: each kernel in a namespace of its own on the client's ``caravan`` CNI network."""
+PEERS_FILE = "/local/caravan-peers"
+"""Where a cluster kernel finds its peers' addresses, ``<address> <hostname>`` per line (the task directory's
+``local/`` is mounted at ``/local`` by the docker and exec drivers)."""
+PEERS_TEMPLATE = '{{ range nomadService "%s" }}{{ .Address }}{{ range .Tags }} {{ . }}{{ end }}\n{{ end }}'
+
+
+def is_isolated(session: Session, network_mode: str) -> bool:
+    """Whether the session's kernels get a network namespace of their own."""
+    return network_mode != HOST and session.driver in (Driver.DOCKER, Driver.EXEC)
+
+
+def has_peers(session: Session) -> bool:
+    """Kernels that must find each other by hostname: a cluster session (INFERENCE replicas serve alone)."""
+    return len(session.kernels) > 1 and session.type is not SessionType.INFERENCE
+
+
+def peers_service_name(session: Session) -> str:
+    return service_name(session, "caravan-peers-")
+
+
+def add_network(group: Block, session: Session, kernel: Kernel, network_mode: str) -> None:
+    """The group's ``network`` block (and the peers service of an isolated cluster kernel)."""
+    ports = exposed_ports(session)
+    if is_isolated(session, network_mode):
+        # exec cannot set the namespace's hostname (Nomad refuses), docker can: its /etc/hosts then names the kernel
+        hostname = kernel.hostname if session.driver is Driver.DOCKER else None
+        network = group.block("network", mode=network_mode, hostname=hostname)
+        for port in ports:
+            network.block("port", port_label(port), to=port)
+        if has_peers(session):
+            group.block("service", provider="nomad", name=peers_service_name(session), tags=[kernel.hostname],
+                        address_mode="alloc")
+    elif ports:
+        network = group.block("network")
+        for port in ports:
+            network.block("port", port_label(port))
+
+
+def add_peers_template(task: Block, session: Session, network_mode: str) -> None:
+    """The template that keeps ``/local/caravan-peers`` current (a change does not restart the kernel)."""
+    if is_isolated(session, network_mode) and has_peers(session):
+        task.block("template", destination="local/caravan-peers", change_mode="noop",
+                   data=PEERS_TEMPLATE % peers_service_name(session))
+
+
+def network_environment(session: Session, kernel: Kernel, network_mode: str) -> dict[str, str]:
+    """``CARAVAN_CLUSTER_PEERS`` (isolated clusters: the bootstrap resolves the peers and sets the address), else
+    ``CARAVAN_CLUSTER_ADDR``, the kernel's loopback address on the host's network."""
+    if is_isolated(session, network_mode):
+        return {"CARAVAN_CLUSTER_PEERS": PEERS_FILE} if has_peers(session) else {}
+    return {"CARAVAN_CLUSTER_ADDR": loopback_addresses(session)[kernel.hostname]}
+
+
+def loopback_addresses(session: Session) -> dict[str, str]:
+    """Each kernel's address on the host's network: a loopback address of its own (127.x.y.n), so that every kernel
+    of a cluster can listen on the same port. ``x.y`` come from the session id, ``n`` is the kernel's index."""
+    digest = hashlib.sha256(session.id.encode()).digest()
+    first, second = 1 + digest[0] % 254, digest[1]
+    return {k.hostname: f"127.{first}.{second}.{k.index}" for k in session.kernels}
+
+
+def docker_network_config(session: Session, kernel: Kernel, network_mode: str) -> dict[str, object]:
+    """The docker driver's own network settings: none in a namespace of the session network (the group sets it up)."""
+    if is_isolated(session, network_mode):
+        return {}
+    return {"network_mode": "host", "hostname": kernel.hostname,
+            "extra_hosts": [f"{host}:{address}" for host, address in loopback_addresses(session).items()]}
