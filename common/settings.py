@@ -79,8 +79,6 @@ class Settings:
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     idle: IdleSettings = field(default_factory=IdleSettings)
-    allow_raw_exec_for_users: bool = False
-    """raw_exec runs as root without isolation: admins only unless an operator opts in."""
     default_image: str | None = None
     """Image for sessions that name none (``CARAVAN_DEFAULT_IMAGE``; ops/ builds caravan/busybox)."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
@@ -97,8 +95,18 @@ class Settings:
         )
 
 
+REMOVED = {
+    "CARAVAN_ALLOW_RAW_EXEC_FOR_USERS": "raw_exec runs as root on the host: only a SUPERADMIN creates raw_exec "
+                                        "sessions (for another user too, with createSession(input: {owner}))",
+}
+"""Variables that no longer exist, and why: a start with one of them set fails rather than silently ignoring it."""
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
+    for name, why in REMOVED.items():
+        if env.get(name):
+            raise ValueError(f"{name} was removed: {why}. Unset it.")
     home = Path(env.get("CARAVAN_HOME", ".caravan")).absolute()
     return Settings(
         home=home,
@@ -124,7 +132,6 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             config_path=Path(env["CARAVAN_SCHEDULER_CONFIG"]) if env.get("CARAVAN_SCHEDULER_CONFIG") else None,
         ),
         idle=IdleSettings(policy_path=Path(env["CARAVAN_IDLE_POLICY"]) if env.get("CARAVAN_IDLE_POLICY") else None),
-        allow_raw_exec_for_users=env.get("CARAVAN_ALLOW_RAW_EXEC_FOR_USERS", "") in ("1", "true", "yes"),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
         qemu_images=qemu_images_of(env),
     )

@@ -48,7 +48,6 @@ class CreationRules:
 
     known_slots: Mapping[str, SlotType] = field(default_factory=lambda: INTRINSIC_SLOT_TYPES)
     """Slots some agent has offered: a request for another is UNSUPPORTED_RESOURCE."""
-    allow_raw_exec_for_users: bool = False
     default_image: str | None = None
     presets: Mapping[str, ResourcePreset] = field(default_factory=dict)
     """At least the preset the request names (the caller reads it); a preset not in it is unknown."""
@@ -192,8 +191,9 @@ def check_request(
         raise Forbidden("SYSTEM sessions are created by the platform, not by users", field="type")
     if request.type is SessionType.BATCH and not (request.startup_command or "").strip():
         raise InvalidInput("a BATCH session needs a non-empty startupCommand", field="startupCommand")
-    if request.driver is Driver.RAW_EXEC and not (viewer.is_admin or rules.allow_raw_exec_for_users):
-        raise Forbidden("the raw_exec driver runs without isolation and is for admins only", field="driver")
+    if request.driver is Driver.RAW_EXEC and viewer.role is not Role.SUPERADMIN:
+        raise Forbidden("the raw_exec driver runs as root on the host without isolation: only a SUPERADMIN may "
+                        "use it", field="driver")
     if request.driver.value not in allowed_drivers:
         raise Forbidden(f"resource group {request.resource_group!r} allows only the drivers "
                         f"{', '.join(sorted(allowed_drivers)) or 'none'}", field="driver")

@@ -64,7 +64,6 @@ def on_cluster(settings: Settings, nomad_cluster: NomadCluster, tmp_path: Path) 
         path.write_text(scheduler_config(config))
         clustered = dataclasses.replace(
             settings,
-            allow_raw_exec_for_users=True,  # sessions run raw_exec: nothing but placement varies
             nomad=dataclasses.replace(settings.nomad, addr=nomad_cluster.addr),
             scheduler=dataclasses.replace(settings.scheduler, config_path=path, pass_interval=0.5),
         )

@@ -46,8 +46,9 @@ async def refused(caravan: Caravan, query: str, variables: dict[str, Any], token
     return {"code": error["extensions"]["code"], "field": error["extensions"].get("field")}
 
 
-async def test_presets_are_written_by_admins_and_listed_for_everyone(caravan: Caravan) -> None:
+async def test_presets_are_written_by_superadmins_and_listed_for_everyone(caravan: Caravan) -> None:
     alice = await caravan.user("alice")
+    admin = await caravan.user("ada", Role.ADMIN)  # a project's admin: presets are global, not theirs to change
     small = {"name": "small", "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "128m"}]}
     created = (await caravan.gql(CREATE_PRESET, {"input": small}))["createResourcePreset"]
     assert created == {"name": "small", "sharedMemory": None,
@@ -55,7 +56,8 @@ async def test_presets_are_written_by_admins_and_listed_for_everyone(caravan: Ca
     assert (await caravan.gql(PRESETS, token=alice))["resourcePresets"] == [created]
     for query, variables in ((CREATE_PRESET, {"input": {**small, "name": "mine"}}), (UPDATE_PRESET, {"input": small}),
                              (DELETE_PRESET, {"name": "small"})):
-        assert await refused(caravan, query, variables, alice) == {"code": "FORBIDDEN", "field": None}
+        for token in (alice, admin):
+            assert await refused(caravan, query, variables, token) == {"code": "FORBIDDEN", "field": None}
     bad = [
         ({**small, "name": "-x"}, "INVALID_INPUT", "name"),
         ({**small, "resources": [{"slot": "mem", "amount": "1k"}]}, "INVALID_INPUT", "resources.mem"),

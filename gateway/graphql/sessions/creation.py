@@ -22,7 +22,6 @@ async def creation_rules(ctx: Context, *, resource_group: str, preset: str | Non
     redis, keys = ctx.sessions.redis, ctx.sessions.keys
     return CreationRules(
         known_slots=await known_slot_types(redis, keys),
-        allow_raw_exec_for_users=ctx.settings.allow_raw_exec_for_users,
         default_image=ctx.settings.default_image,
         presets=await PresetStore(redis, keys).named(preset),
         qemu_images=ctx.settings.qemu_images,
