@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from common.users import MAX_TOKENS_PER_USER
+
 
 @dataclass(frozen=True)
 class RedisSettings:
@@ -42,6 +44,8 @@ class GatewaySettings:
     workers: int = 1
     """Processes ``caravan gateway`` serves with (``CARAVAN_GATEWAY_WORKERS``, default: one per CPU); they share
     the port and all state is in Redis. ``caravan dev`` always runs one, in its own process."""
+    max_tokens_per_user: int = MAX_TOKENS_PER_USER
+    """Live API tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing more is ``QUOTA_EXCEEDED``."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             port=int(env.get("CARAVAN_GATEWAY_PORT", GatewaySettings.port)),
             admin_token=env.get("CARAVAN_ADMIN_TOKEN") or None,
             workers=max(1, int(env.get("CARAVAN_GATEWAY_WORKERS") or os.cpu_count() or 1)),
+            max_tokens_per_user=_at_least_one(env, "CARAVAN_MAX_TOKENS_PER_USER", GatewaySettings.max_tokens_per_user),
         ),
         scheduler=SchedulerSettings(
             reconcile_interval=float(env.get("CARAVAN_RECONCILE_INTERVAL", SchedulerSettings.reconcile_interval)),
@@ -135,6 +140,13 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
         qemu_images=qemu_images_of(env),
     )
+
+
+def _at_least_one(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name) or str(default)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, not {raw!r}")
+    return int(raw)
 
 
 def qemu_images_of(env: Mapping[str, str]) -> dict[str, str]:

@@ -33,6 +33,7 @@ BOOTSTRAP_ADMIN_ID = "admin"
 BOOTSTRAP_TOKEN_ID = "bootstrap"
 """The bootstrap admin's configured token keeps this id, so a new configured secret replaces the old one."""
 MAX_TOKENS_PER_USER = 50
+"""Live tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing one more is ``QUOTA_EXCEEDED``."""
 LAST_USED_RESOLUTION = 60.0
 """Seconds: a token's last use is written at most this often (not on every request)."""
 
@@ -122,9 +123,11 @@ return doc
 
 
 class UserStore:
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, *, max_tokens: int = MAX_TOKENS_PER_USER) -> None:
         self.redis = redis
         self.keys = keys
+        self.max_tokens = max_tokens
+        """Live tokens per user; a token replacing one of the same id (the bootstrap token) does not count."""
         self._authenticate = redis.register_script(AUTHENTICATE)
 
     # -- users ----------------------------------------------------------------------------------
@@ -280,9 +283,10 @@ class UserStore:
                         raise NotFound(f"no user {user_id}", field="userId")
                     if not User.from_json(raw).active:
                         raise Conflict(f"user {user_id} is deactivated: no new tokens", field="userId")
-                    if await pipe.scard(tokens_key) >= MAX_TOKENS_PER_USER:
-                        raise QuotaExceeded(f"a user has at most {MAX_TOKENS_PER_USER} tokens; revoke some first",
-                                            field="userId")
+                    adding = not await pipe.sismember(tokens_key, token_id)  # else it replaces its namesake
+                    if adding and await pipe.scard(tokens_key) >= self.max_tokens:
+                        raise QuotaExceeded(f"user {user_id} already has {self.max_tokens} tokens, the most a user "
+                                            f"may have: revoke some first", field="userId")
                     replaced = await pipe.hget(self.keys.api_token_ids, token_id)
                     pipe.multi()
                     if replaced and replaced != token_hash:

@@ -85,7 +85,8 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         redis = redis_client(settings.redis)
         keys = Keys(settings.redis.prefix)
         nomad = NomadClient(settings.nomad)
-        state.update(redis=redis, sessions=SessionStore(redis, keys), users=UserStore(redis, keys), nomad=nomad,
+        users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
+        state.update(redis=redis, sessions=SessionStore(redis, keys), users=users, nomad=nomad,
                      hub=EventHub(redis))
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:

@@ -4,13 +4,15 @@ deactivation; who may create and change whom; sessions' projects and creation on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
 
 from common.errors import Conflict
-from common.users import BOOTSTRAP_ADMIN_ID, Role, User
-from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
+from common.settings import Settings
+from common.users import BOOTSTRAP_ADMIN_ID, Role, User, UserStore
+from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors, running_caravan
 from tests.ws_client import authenticated_socket
 
 VIEWER = "{ viewer { id role projects } }"
@@ -119,6 +121,31 @@ async def test_a_token_expires(caravan: Caravan) -> None:
     await asyncio.sleep(1.2)
     assert await refused(caravan, VIEWER, token=issued["secret"]) == ("UNAUTHENTICATED", None)
     assert [t["label"] for t in (await caravan.gql(TOKENS, token=token))["tokens"]] == ["api"]
+
+
+async def test_a_users_tokens_are_capped_per_user(settings: Settings) -> None:
+    capped = dataclasses.replace(settings, gateway=dataclasses.replace(settings.gateway, max_tokens_per_user=3))
+    async with running_caravan(capped, scheduler=False) as caravan:
+        alice = await caravan.user("alice")  # her first token
+        short = (await caravan.gql(ISSUE, {"label": "short", "exp": "1s"}, token=alice))["issueToken"]["token"]
+        kept = (await caravan.gql(ISSUE, {"label": "kept"}, token=alice))["issueToken"]["token"]
+        code, field = await refused(caravan, ISSUE, {"label": "fourth"}, token=alice)
+        assert (code, field) == ("QUOTA_EXCEEDED", "userId")
+        with pytest.raises(GraphQLErrors) as again:  # an admin issuing for her counts against her too
+            await caravan.gql(ISSUE, {"label": "by admin", "u": "alice"})
+        assert "already has 3 tokens" in again.value.errors[0]["message"]
+        bob = await caravan.user("bob")  # the cap is per user, not global
+        assert (await caravan.gql(ISSUE, {"label": "bob's second"}, token=bob))["issueToken"]["token"]["id"]
+        await caravan.gql(REVOKE, {"id": kept["id"]}, token=alice)
+        assert (await caravan.gql(ISSUE, {"label": "after revoking"}, token=alice))["issueToken"]
+        await asyncio.sleep(1.2)  # an expired token no longer counts
+        assert short["id"] not in {t["id"] for t in (await caravan.gql(TOKENS, token=alice))["tokens"]}
+        assert (await caravan.gql(ISSUE, {"label": "after expiry"}, token=alice))["issueToken"]
+        for label in ("b", "c"):  # the bootstrap admin at the cap: a restart's token replaces its own, not an extra
+            await caravan.gql(ISSUE, {"label": label})
+        restarting = UserStore(caravan.store.redis, caravan.store.keys, max_tokens=3)  # as the gateway's start does
+        await restarting.ensure_bootstrap_admin("a-new-configured-token")
+        assert (await caravan.gql(VIEWER, token="a-new-configured-token"))["viewer"]["id"] == BOOTSTRAP_ADMIN_ID
 
 
 async def test_admins_issue_and_revoke_tokens_of_users_they_manage(caravan: Caravan) -> None:
