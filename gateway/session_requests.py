@@ -16,8 +16,8 @@ from types import MappingProxyType
 
 from common.clock import from_iso
 from common.errors import CaravanError, Forbidden, InvalidInput, UnsupportedResource
-from common.model import (KERNEL_ROLES, ClusterMode, Driver, Kernel, RoleSpec, Session, SessionStatus, SessionType,
-                          StatusChange)
+from common.model import (DEFAULT_PRIORITY, KERNEL_ROLES, MAX_PRIORITY, ClusterMode, Driver, Kernel, RoleSpec, Session,
+                          SessionStatus, SessionType, StatusChange)
 from common.presets import ResourcePreset
 from common.durations import duration_input
 from common.inference import replicas_of
@@ -78,7 +78,7 @@ class SessionRequest:
     preopen_ports: Sequence[int] = ()
     shared_memory: str | None = None
     designated_agent: str | None = None
-    priority: int = 10
+    priority: int = DEFAULT_PRIORITY
     preset: str | None = None
     """A resource preset's name: its slots (and shared memory) under the explicit ones."""
     kernel_roles: Mapping[str, RoleSpec] = field(default_factory=dict)
@@ -288,8 +288,8 @@ def _check_shape(request: SessionRequest, viewer: User) -> None:
         raise InvalidInput(f"clusterSize must be between 1 and {MAX_CLUSTER_SIZE}", field="clusterSize")
     if not 1 <= request.count <= MAX_COUNT:
         raise InvalidInput(f"count must be between 1 and {MAX_COUNT}", field="count")
-    if not 0 <= request.priority <= 100:
-        raise InvalidInput("priority must be between 0 and 100", field="priority")
+    if not 0 <= request.priority <= MAX_PRIORITY:
+        raise InvalidInput(f"priority must be between 0 and {MAX_PRIORITY}", field="priority")
     ports = list(request.preopen_ports)
     if len(ports) > MAX_PREOPEN_PORTS or len(set(ports)) != len(ports):
         raise InvalidInput(f"preopenPorts: at most {MAX_PREOPEN_PORTS} distinct ports", field="preopenPorts")

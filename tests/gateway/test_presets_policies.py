@@ -29,6 +29,9 @@ SET_PROJECT = f"""mutation($project: String!, $policy: ProjectResourcePolicyInpu
 DELETE_PROJECT = "mutation($project: String!) { deleteProjectResourcePolicy(project: $project) }"
 POLICIES = f"""{{ resourcePolicies {{ users {{ userId stored maxPendingSessions {POLICY_FIELDS} }}
   projects {{ project {POLICY_FIELDS} }} }} }}"""
+CREATE_TEMPLATE = """mutation { createSessionTemplate(input: {name: "t", spec: {type: INTERACTIVE, driver: EXEC}}) { id } }"""
+FROM_TEMPLATE = """mutation($id: ID!, $overrides: SessionOverridesInput!) {
+  createSessionFromTemplate(templateId: $id, overrides: $overrides) { sessions { id } } }"""
 MIB = 1024 * 1024
 
 
@@ -155,6 +158,37 @@ async def test_creation_is_refused_outside_the_allowed_groups_and_drivers(carava
     assert await refused(caravan, CREATE, exec_session("project-says-no"), alice) == {"code": "FORBIDDEN",
                                                                                       "field": "driver"}
     assert len(await caravan.store.session_ids(owner_id="alice")) == 1
+
+
+async def test_a_users_priority_is_bounded_by_their_policy(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    admin = await caravan.user("ada", Role.ADMIN)
+    template = (await caravan.gql(CREATE_TEMPLATE, token=alice))["createSessionTemplate"]["id"]
+
+    async def outcome(token: str, priority: int, name: str) -> dict[str, Any]:
+        body = await caravan.post(CREATE, exec_session(name, priority=priority), token=token)
+        return body["errors"][0]["extensions"] if body.get("errors") else {"ok": priority}
+
+    # without a policy a USER may lower their priority, not raise it above the default (10)
+    assert [await outcome(alice, p, f"no-policy-{p}") for p in (0, 10)] == [{"ok": 0}, {"ok": 10}]
+    assert await outcome(alice, 11, "too-high") == {"code": "FORBIDDEN", "field": "priority"}
+    body = await caravan.post(FROM_TEMPLATE, {"id": template, "overrides": {"name": "via-template", "priority": 11}},
+                              token=alice)  # a template is no way around it
+    assert body["errors"][0]["extensions"] == {"code": "FORBIDDEN", "field": "priority"}
+    assert "at most the default, 10" in body["errors"][0]["message"]
+    await caravan.gql(SET_USER, {"user": "alice", "policy": {"maxPriority": 50}}, token=admin)
+    assert await outcome(alice, 50, "policy-50") == {"ok": 50}
+    body = await caravan.post(CREATE, exec_session("policy-51", priority=51), token=alice)
+    assert body["errors"][0]["extensions"] == {"code": "FORBIDDEN", "field": "priority"}
+    assert "at most 50, the maxPriority of your resource policy" in body["errors"][0]["message"]
+    # admins are bounded by the global range only
+    assert await outcome(admin, 100, "admin-100") == {"ok": 100}
+    assert await outcome(admin, 101, "admin-101") == {"code": "INVALID_INPUT", "field": "priority"}
+    assert await refused(caravan, SET_USER, {"user": "alice", "policy": {"maxPriority": 101}}, admin) == {
+        "code": "INVALID_INPUT", "field": "maxPriority"}
+    priorities = sorted(s.priority for s in await caravan.store.get_many(await caravan.store.session_ids(owner_id="alice"))
+                        if s is not None)
+    assert priorities == [0, 10, 50]
 
 
 async def test_the_pending_limit_holds_under_racing_creations(caravan: Caravan) -> None:

@@ -15,6 +15,7 @@ import strawberry
 from common.access import administers, can_see_user, manages_user
 from common.durations import duration_input
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound, UnsupportedResource
+from common.model import MAX_PRIORITY
 from common.policies import PolicyStore, ProjectResourcePolicy, UserResourcePolicy
 from common.presets import PresetStore, ResourcePreset, check_preset_name
 from common.users import Role, User
@@ -52,6 +53,8 @@ class ProjectResourcePolicyInput:
 class UserResourcePolicyInput(ProjectResourcePolicyInput):
     max_concurrent_sessions: int | None = None
     max_pending_sessions: int | None = None
+    max_priority: int | None = strawberry.field(
+        default=None, description="The highest session priority (0-100) a USER may ask for; null: the default (10).")
 
 
 # -- inputs checked (pure) --
@@ -87,8 +90,10 @@ def user_policy_of(input: UserResourcePolicyInput, known: Mapping[str, SlotType]
                         ("maxPendingSessions", input.max_pending_sessions)):
         if value is not None and value < 0:
             raise InvalidInput(f"{name} must be 0 or more (null: unlimited)", field=name)
+    if input.max_priority is not None and not 0 <= input.max_priority <= MAX_PRIORITY:
+        raise InvalidInput(f"maxPriority must be between 0 and {MAX_PRIORITY} (null: the default)", field="maxPriority")
     return UserResourcePolicy(**common_fields(input, known), max_concurrent_sessions=input.max_concurrent_sessions,
-                              max_pending_sessions=input.max_pending_sessions)
+                              max_pending_sessions=input.max_pending_sessions, max_priority=input.max_priority)
 
 
 def _slot_limits(given: list[ResourceInput] | None, known: Mapping[str, SlotType]) -> dict[str, str] | None:
