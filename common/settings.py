@@ -85,6 +85,9 @@ class Settings:
     idle: IdleSettings = field(default_factory=IdleSettings)
     default_image: str | None = None
     """Image for sessions that name none (``CARAVAN_DEFAULT_IMAGE``; ops/ builds caravan/busybox)."""
+    docker_images: tuple[str, ...] = ("caravan/*",)
+    """Glob patterns of the Docker images sessions may name (``CARAVAN_DOCKER_IMAGES``, comma-separated), matched
+    against the reference as written; default: the namespace ops/ builds locally. See ``gateway/docker_images.py``."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
     """The qemu driver's VM image allowlist, name → image directory (``CARAVAN_QEMU_IMAGES`` as
     ``name=/dir,name2=/dir2``; else the image ops/build-vm-image built, ``CARAVAN_VM_IMAGE`` at
@@ -138,6 +141,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         idle=IdleSettings(policy_path=Path(env["CARAVAN_IDLE_POLICY"]) if env.get("CARAVAN_IDLE_POLICY") else None),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
+        docker_images=tuple(p.strip() for p in env.get("CARAVAN_DOCKER_IMAGES", "").split(",") if p.strip())
+        or Settings.docker_images,
         qemu_images=qemu_images_of(env),
     )
 

@@ -19,10 +19,12 @@ from common.errors import CaravanError, Forbidden, InvalidInput, UnsupportedReso
 from common.model import (DEFAULT_PRIORITY, KERNEL_ROLES, MAX_PRIORITY, ClusterMode, Driver, Kernel, RoleSpec, Session,
                           SessionStatus, SessionType, StatusChange)
 from common.presets import ResourcePreset
+from common.settings import Settings
 from common.durations import duration_input
 from common.inference import replicas_of
 from common.users import Role, User
 from gateway.user_requests import NAME_RULE as PROJECT_RULE
+from gateway.docker_images import check_docker_image
 from gateway.inference_options import ServiceOptions, checked_service_options
 from nomad_jobs import qemu
 from scheduler.slots import (INTRINSIC_SLOT_TYPES, InvalidQuantityError, SlotType, UnknownSlotError, from_user_input,
@@ -49,6 +51,8 @@ class CreationRules:
     known_slots: Mapping[str, SlotType] = field(default_factory=lambda: INTRINSIC_SLOT_TYPES)
     """Slots some agent has offered: a request for another is UNSUPPORTED_RESOURCE."""
     default_image: str | None = None
+    docker_images: Sequence[str] = Settings.docker_images
+    """The operator's Docker image allowlist (glob patterns, ``gateway.docker_images``)."""
     presets: Mapping[str, ResourcePreset] = field(default_factory=dict)
     """At least the preset the request names (the caller reads it); a preset not in it is unknown."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
@@ -200,6 +204,8 @@ def check_request(
     image = request.image or (_only(qemu_images) if request.driver is Driver.QEMU else rules.default_image)
     if request.driver in (Driver.DOCKER, Driver.QEMU) and not image:
         raise InvalidInput(f"the {request.driver.value} driver needs an image", field="image")
+    if request.driver is Driver.DOCKER and image:
+        check_docker_image(image, rules.docker_images)
     _check_text("startupCommand", request.startup_command or "")
     if request.client_token is not None and not 1 <= len(request.client_token) <= 128:
         raise InvalidInput("clientToken must be 1-128 characters", field="clientToken")
@@ -217,7 +223,8 @@ def check_request(
         cluster_size=request.cluster_size, startup_command=request.startup_command,
     )
     kernels = kernels_of(request.cluster_size, image or "", slots,
-                         _checked_roles(request.kernel_roles, request.driver, image or "", slots, known_slots))
+                         _checked_roles(request.kernel_roles, request.driver, image or "", slots, known_slots,
+                                        rules.docker_images))
     if service is not None:
         kernels = replicas_of(kernels[0], service.replicas)  # INFERENCE: each replica is a kernel (common.inference)
     if request.driver is Driver.QEMU:
@@ -251,7 +258,7 @@ def _preset(name: str | None, presets: Mapping[str, ResourcePreset]) -> Resource
 
 
 def _checked_roles(roles: Mapping[str, RoleSpec], driver: Driver, image: str, slots: dict[str, str],
-                   known: Mapping[str, SlotType]) -> dict[str, tuple[str, dict[str, str]]]:
+                   known: Mapping[str, SlotType], docker_images: Sequence[str]) -> dict[str, tuple[str, dict[str, str]]]:
     """Per role: its image (the session's when it names none) and its slots (the session's, then its own)."""
     checked = {}
     for role, spec in roles.items():
@@ -264,6 +271,8 @@ def _checked_roles(roles: Mapping[str, RoleSpec], driver: Driver, image: str, sl
             if driver not in (Driver.DOCKER, Driver.QEMU):
                 raise InvalidInput(f"the {driver.value} driver runs no image: a role cannot name one",
                                    field=f"kernelRoles.{role}.image")
+            if driver is Driver.DOCKER:
+                check_docker_image(spec.image, docker_images, field=f"kernelRoles.{role}.image")
         try:
             role_slots = _checked_resources({**slots, **spec.resources}, known)
         except CaravanError as exc:

@@ -149,7 +149,7 @@ async def test_creation_is_refused_outside_the_allowed_groups_and_drivers(carava
                                                              "allowedDrivers": ["EXEC"]}})
     cases = [
         (exec_session("in-gpu", resourceGroup="gpu"), "resourceGroup"),
-        (exec_session("in-docker", driver="DOCKER", image="busybox:1"), "driver"),
+        (exec_session("in-docker", driver="DOCKER", image="caravan/busybox:1"), "driver"),
     ]
     for variables, field in cases:
         assert await refused(caravan, CREATE, variables, alice) == {"code": "FORBIDDEN", "field": field}

@@ -23,6 +23,7 @@ async def creation_rules(ctx: Context, *, resource_group: str, preset: str | Non
     return CreationRules(
         known_slots=await known_slot_types(redis, keys),
         default_image=ctx.settings.default_image,
+        docker_images=ctx.settings.docker_images,
         presets=await PresetStore(redis, keys).named(preset),
         qemu_images=ctx.settings.qemu_images,
         allowed_drivers=scheduling_config(ctx.settings.scheduler.config_path).drivers_allowed(resource_group),
