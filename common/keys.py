@@ -160,6 +160,12 @@ class Keys:
         Written by the scheduler, read by the gateway to refuse requests for slots no agent has."""
         return f"{self.prefix}:scheduler:slot-types"
 
+    @property
+    def known_resource_groups(self) -> str:
+        """SET of the resource groups sessions may be created in: the node pools the scheduler has seen a client in
+        and the groups of its configuration; never shrinks. Written by the scheduler, read by the gateway."""
+        return f"{self.prefix}:scheduler:resource-groups"
+
     def user_policy(self, user_id: str) -> str:
         """JSON resource policy of one user (concurrency, pending and slot limits)."""
         return f"{self.prefix}:policy:user:{user_id}"

@@ -27,6 +27,7 @@ from gateway.user_requests import NAME_RULE as PROJECT_RULE
 from gateway.docker_images import check_docker_image
 from gateway.inference_options import ServiceOptions, checked_service_options
 from nomad_jobs import qemu
+from scheduler.known_groups import DEFAULT_GROUP
 from scheduler.slots import (INTRINSIC_SLOT_TYPES, InvalidQuantityError, SlotType, UnknownSlotError, from_user_input,
                              parse_quantity)
 
@@ -59,6 +60,8 @@ class CreationRules:
     """The operator's VM image allowlist: name -> image directory."""
     allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver)
     """The drivers the request's resource group allows."""
+    known_groups: frozenset[str] = frozenset({DEFAULT_GROUP})
+    """Resource groups sessions may be created in (``scheduler.known_groups``): node pools seen, configured groups."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class SessionRequest:
     startup_command: str | None = None
     environ: Mapping[str, str] = field(default_factory=dict)
     resources: Mapping[str, str] = field(default_factory=dict)
-    resource_group: str = "default"
+    resource_group: str = DEFAULT_GROUP
     client_token: str | None = None
     starts_at: str | None = None
     """ISO 8601 moment, or a duration from now such as ``"90s"`` or ``"1h"``."""
@@ -211,6 +214,12 @@ def check_request(
         raise InvalidInput("clientToken must be 1-128 characters", field="clientToken")
     if not GROUP_RULE.match(request.resource_group):
         raise InvalidInput("resourceGroup is not a valid name", field="resourceGroup")
+    if request.resource_group not in rules.known_groups:
+        known = sorted(rules.known_groups)
+        listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+        raise InvalidInput(f"there is no resource group {request.resource_group!r} (no node pool of that name has "
+                           f"a client, and the scheduler's configuration names none): known are {listed}",
+                           field="resourceGroup")
     environ = _checked_environ(request.environ)
     preset = _preset(request.preset, rules.presets)
     slots = _checked_resources({**DEFAULT_RESOURCES, **(preset.resources if preset else {}), **request.resources},

@@ -12,6 +12,7 @@ import pytest
 
 from common.policies import PolicyStore, UserResourcePolicy
 from common.users import Role
+from scheduler.known_groups import record_resource_groups
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
 PRESET_FIELDS = "name sharedMemory resources { slot amount }"
@@ -147,6 +148,7 @@ async def test_creation_is_refused_outside_the_allowed_groups_and_drivers(carava
     alice = await caravan.user("alice")
     await caravan.gql(SET_USER, {"user": "alice", "policy": {"allowedResourceGroups": ["default"],
                                                              "allowedDrivers": ["EXEC"]}})
+    await record_resource_groups(caravan.store.redis, caravan.store.keys, ["gpu"])  # known, but not alice's
     cases = [
         (exec_session("in-gpu", resourceGroup="gpu"), "resourceGroup"),
         (exec_session("in-docker", driver="DOCKER", image="caravan/busybox:1"), "driver"),

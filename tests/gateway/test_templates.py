@@ -10,6 +10,7 @@ import pytest
 
 from common.users import Role
 from gateway.graphql.schema import schema
+from scheduler.known_groups import record_resource_groups
 from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
 
 TEMPLATE_FIELDS = """id name ownerId project scope
@@ -154,6 +155,7 @@ async def test_project_templates_are_used_by_members_and_written_by_admins(carav
     for query, variables in ((UPDATE_TEMPLATE, {**ids, "input": {"name": "mine now"}}), (DELETE_TEMPLATE, ids)):
         assert await refused(caravan, query, variables, member) == {"code": "FORBIDDEN", "field": "id"}
     assert (await refused(caravan, TEMPLATE, ids, outsider))["code"] == "NOT_FOUND"
+    await record_resource_groups(caravan.store.redis, caravan.store.keys, ["gpu"])  # a node pool the scheduler saw
     spec = {**CLUSTER_SPEC, "clusterSize": 2, "resourceGroup": "gpu"}
     updated = await caravan.gql(UPDATE_TEMPLATE, {**ids, "input": {"spec": spec}}, token=admin)
     assert (updated["updateSessionTemplate"]["spec"]["clusterSize"], updated["updateSessionTemplate"]["spec"]["resourceGroup"]) == (2, "gpu")

@@ -14,19 +14,22 @@ from common.presets import PresetStore
 from gateway.graphql.context import Context
 from gateway.scheduling_config import scheduling_config
 from gateway.session_requests import CreationRules
+from scheduler.known_groups import known_resource_groups
 from scheduler.known_slots import known_slot_types
 
 
 async def creation_rules(ctx: Context, *, resource_group: str, preset: str | None) -> CreationRules:
     """The configuration a new session (or a template's spec) is checked against, read for this request."""
     redis, keys = ctx.sessions.redis, ctx.sessions.keys
+    config = scheduling_config(ctx.settings.scheduler.config_path)
     return CreationRules(
         known_slots=await known_slot_types(redis, keys),
         default_image=ctx.settings.default_image,
         docker_images=ctx.settings.docker_images,
         presets=await PresetStore(redis, keys).named(preset),
         qemu_images=ctx.settings.qemu_images,
-        allowed_drivers=scheduling_config(ctx.settings.scheduler.config_path).drivers_allowed(resource_group),
+        allowed_drivers=config.drivers_allowed(resource_group),
+        known_groups=await known_resource_groups(redis, keys, configured=config.core.groups),
     )
 
 
