@@ -246,6 +246,12 @@ class Keys:
         """STREAM of status changes of all of one owner's sessions (``common.events``), capped in length."""
         return f"{self.prefix}:events:owner:{owner_id}"
 
+    @property
+    def rate_limit_prefix(self) -> str:
+        """Start of every rate-limit counter's key (the admission script appends the subject and the window)."""
+        return f"{self.prefix}:rate:"
+
     def rate_limit(self, subject: str, window: int) -> str:
-        """Counter of one API token's (or client address's) GraphQL requests in one fixed window; expires with it."""
-        return f"{self.prefix}:rate:{subject}:{window}"
+        """Counter of one user's (or, without a valid token, one client address's) GraphQL requests in one fixed
+        window (``user:<id>``, ``addr:<address>``); expires with it."""
+        return f"{self.rate_limit_prefix}{subject}:{window}"

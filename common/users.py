@@ -104,22 +104,59 @@ def new_secret() -> str:
     return "cv_" + secrets.token_urlsafe(32)
 
 
-# KEYS[1]: the token record. ARGV: the user key prefix, now (unix seconds), the last-use resolution.
-# Returns the user's JSON document, or false for an unknown or expired token or a user that is gone.
-# The user key is built here from the prefix (it is only known once the record is read): Caravan runs on a
-# single Redis, not a cluster, so a key not passed in KEYS is fine.
-AUTHENTICATE = """
-local record = redis.call('HMGET', KEYS[1], 'user', 'expires', 'last_used')
-if not record[1] then return false end
-local now = tonumber(ARGV[2])
-if record[2] and tonumber(record[2]) <= now then return false end
-local doc = redis.call('GET', ARGV[1] .. record[1])
-if not doc then return false end
-if not record[3] or now - tonumber(record[3]) >= tonumber(ARGV[3]) then
-  redis.call('HSET', KEYS[1], 'last_used', ARGV[2])
+# The token check, as a Lua function other scripts include (the gateway's admission runs it with the rate limit's
+# count: gateway.graphql.protection). token_key: the token record ('' for no token); user_prefix: the user key
+# prefix; now: unix seconds, as text; resolution: the last-use resolution in seconds. Returns the user's JSON
+# document, the user id and the expiry (unix seconds, as text; false if none), or false three times for no token,
+# an unknown or expired token, or a user that is gone. The user key is built here from the prefix (it is only known
+# once the record is read): Caravan runs on a single Redis, not a cluster, so a key not passed in KEYS is fine.
+AUTHENTICATE_FUNCTION = """
+local function authenticate(token_key, user_prefix, now, resolution)
+  if token_key == '' then return false, false, false end
+  local record = redis.call('HMGET', token_key, 'user', 'expires', 'last_used')
+  if not record[1] then return false, false, false end
+  local moment = tonumber(now)
+  if record[2] and tonumber(record[2]) <= moment then return false, false, false end
+  local doc = redis.call('GET', user_prefix .. record[1])
+  if not doc then return false, false, false end
+  if not record[3] or moment - tonumber(record[3]) >= tonumber(resolution) then
+    redis.call('HSET', token_key, 'last_used', now)
+  end
+  return doc, record[1], record[2] or false
 end
-return doc
 """
+# KEYS[1]: the token record. ARGV: the user key prefix, now (unix seconds), the last-use resolution.
+# Returns {the user's JSON document, the expiry or false}, or false.
+AUTHENTICATE = AUTHENTICATE_FUNCTION + """
+local doc, _, expires = authenticate(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
+if not doc then return false end
+return {doc, expires}
+"""
+
+
+@dataclass(frozen=True)
+class Authenticated:
+    """Who a valid token belongs to, and until when it is valid."""
+
+    user: User
+    expires_at: datetime | None
+
+
+def authenticated(doc: str | bytes | None, expires: str | bytes | None) -> Authenticated | None:
+    """What the token check's document and expiry say: None without a document, or for a deactivated user."""
+    if not doc:
+        return None
+    user = User.from_json(doc)
+    if not user.active:
+        return None
+    return Authenticated(user, _moment(expires.decode() if isinstance(expires, bytes) else expires) if expires else None)
+
+
+def token_check_args(keys: Keys, token: str, now: datetime | None = None) -> tuple[str, list[str]]:
+    """The token check function's first argument (the record's key, '' without a token) and its other three."""
+    moment = (now or utcnow()).timestamp()
+    return (keys.api_token(hash_token(token)) if token else "",
+            [keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)])
 
 
 class UserStore:
@@ -245,13 +282,16 @@ class UserStore:
 
     async def by_token(self, token: str, now: datetime | None = None) -> User | None:
         """The active user a token belongs to, or ``None`` (unknown, revoked or expired token; deactivated user)."""
-        moment = (now or utcnow()).timestamp()
-        raw = await self._authenticate(keys=[self.keys.api_token(hash_token(token))],
-                                       args=[self.keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)])
-        if not raw:
+        found = await self.authenticate(token, now)
+        return found.user if found else None
+
+    async def authenticate(self, token: str, now: datetime | None = None) -> Authenticated | None:
+        """``by_token``, with the token's expiry; one round trip."""
+        if not token:
             return None
-        user = User.from_json(raw)
-        return user if user.active else None
+        token_key, args = token_check_args(self.keys, token, now)
+        reply = await self._authenticate(keys=[token_key], args=args)
+        return authenticated(*reply) if reply else None
 
     async def new_token(self, user_id: str, label: str, *, expires_at: datetime | None = None,
                         now: datetime | None = None) -> tuple[str, ApiToken]:

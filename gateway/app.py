@@ -21,7 +21,7 @@ from common.keys import Keys
 from common.redis import client as redis_client
 from common.settings import Settings
 from common.store import SessionStore
-from common.users import UserStore, bootstrap_admin_token
+from common.users import Authenticated, UserStore, bootstrap_admin_token
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
@@ -56,10 +56,13 @@ class CaravanGraphQL(GraphQLOverHTTP):
 
     async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
         users: UserStore = self.state["users"]
-        token = bearer(request.headers.get("authorization", ""))
         user, failure = None, None
+        admitted: Authenticated | None | UnsetType = getattr(request.state, "admitted", UNSET)
         try:
-            user = await users.by_token(token) if token else None
+            if not isinstance(admitted, UnsetType):  # checked with the rate limit's count (Guard.admit)
+                user = admitted.user if admitted else None
+            elif token := bearer(request.headers.get("authorization", "")):
+                user = await users.by_token(token)
         except OUTAGES:
             failure = Unavailable("Redis is unreachable; retry shortly")
         return Context(

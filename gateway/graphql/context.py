@@ -33,8 +33,6 @@ class Context:
     """Why the token could not be checked (e.g. Redis unreachable): reported when a field needs the viewer."""
     connection_params: dict[str, object] | None = None
     """WebSocket only: the ``connection_init`` payload (Strawberry sets it; ``{"authorization": "Bearer …"}``)."""
-    rate_subject: str | None = None
-    """WebSocket only: whom the connection's operations are counted against by the rate limit."""
     token: str | None = None
     """WebSocket only: the connection's API token, checked again at each operation (revoked: the connection closes)."""
     hub: EventHub | None = None
