@@ -130,6 +130,12 @@ class Keys:
         return f"{self.prefix}:user-tokens:{user_id}"
 
     @property
+    def token_revocations(self) -> str:
+        """STREAM of revoked tokens (``token``: the SHA-256 of the secret), appended in the MULTI of each revocation
+        and capped in length; every gateway process reads it to close the revoked tokens' WebSocket connections."""
+        return f"{self.prefix}:token-revocations"
+
+    @property
     def scheduler_wakeup(self) -> str:
         """LIST the gateway pushes to when there is new work; the scheduler blocks on it."""
         return f"{self.prefix}:scheduler:wakeup"

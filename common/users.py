@@ -34,6 +34,8 @@ BOOTSTRAP_TOKEN_ID = "bootstrap"
 """The bootstrap admin's configured token keeps this id, so a new configured secret replaces the old one."""
 MAX_TOKENS_PER_USER = 50
 """Live tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing one more is ``QUOTA_EXCEEDED``."""
+REVOCATIONS_KEPT = 10_000
+"""Entries the token revocation stream keeps (about: trimmed approximately); its readers follow it live."""
 LAST_USED_RESOLUTION = 60.0
 """Seconds: a token's last use is written at most this often (not on every request)."""
 
@@ -257,6 +259,7 @@ class UserStore:
                     for token_hash in hashes:
                         if token_hash:
                             pipe.delete(self.keys.api_token(token_hash))
+                            self._announce_revocation(pipe, token_hash)
                     if token_ids:
                         pipe.hdel(self.keys.api_token_ids, *token_ids)
                     pipe.delete(tokens_key)
@@ -331,6 +334,7 @@ class UserStore:
                     pipe.multi()
                     if replaced and replaced != token_hash:
                         pipe.delete(self.keys.api_token(replaced))
+                        self._announce_revocation(pipe, replaced)
                     pipe.delete(self.keys.api_token(token_hash))
                     pipe.hset(self.keys.api_token(token_hash), mapping=fields)
                     if expires_at:  # Redis drops the record itself once it is of no use
@@ -379,8 +383,13 @@ class UserStore:
             pipe.hdel(self.keys.api_token_ids, token_id)
             if record:
                 pipe.srem(self.keys.user_tokens(record["user"]), token_id)
+            self._announce_revocation(pipe, token_hash)
             await pipe.execute()
         return ApiToken.from_record(record) if record else None
+
+    def _announce_revocation(self, pipe: Redis, token_hash: str) -> None:
+        """In the revocation's MULTI: tell every gateway (``gateway.revocations``) to close the token's connections."""
+        pipe.xadd(self.keys.token_revocations, {"token": token_hash}, maxlen=REVOCATIONS_KEPT, approximate=True)
 
 
 def bootstrap_admin_token(configured: str | None, home: Path) -> str:

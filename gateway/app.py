@@ -31,6 +31,7 @@ from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
 from gateway.metrics import Metrics
+from gateway.revocations import RevocationWatch
 from nomad_jobs.client import NomadClient
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
             request_id=uuid.uuid4().hex[:12],
             auth_failure=failure,
             hub=self.state["hub"],
+            revocations=self.state["revocations"],
         )
 
 
@@ -90,7 +92,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         nomad = NomadClient(settings.nomad)
         users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
         state.update(redis=redis, sessions=SessionStore(redis, keys), users=users, nomad=nomad,
-                     hub=EventHub(redis))
+                     hub=EventHub(redis), revocations=RevocationWatch(redis, keys))
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:
             await state["users"].ensure_bootstrap_admin(token)
@@ -98,6 +100,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             log.warning("could not register the bootstrap admin yet: %s", exc)
         yield
         await state["hub"].aclose()
+        await state["revocations"].aclose()
         await nomad.aclose()
         await redis.aclose()
 

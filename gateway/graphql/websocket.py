@@ -2,7 +2,9 @@
 
 - Authentication: the ``connection_init`` payload ``{"authorization": "Bearer <token>"}``, else the
   upgrade request's ``Authorization`` header. No valid token: the connection closes with 4403
-  Forbidden, as the protocol says, before any operation runs.
+  Forbidden, as the protocol says, before any operation runs. Once open, the connection closes with
+  4403 within about a second of its token being revoked (or its user deactivated), and at its expiry,
+  its running subscriptions ended first (``gateway.revocations``).
 - The legacy ``graphql-ws`` subprotocol is not offered: asking only for it closes with 4406.
 - Every ``subscribe`` message (a subscription, or a query or mutation sent over the socket) checks the
   token again and counts against the same per-user rate limit as an HTTP request, in one round trip; a
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 
@@ -24,13 +27,14 @@ from strawberry.exceptions import ConnectionRejectionError
 from strawberry.extensions import SchemaExtension
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
-from strawberry.subscriptions.protocols.graphql_transport_ws.types import SubscribeMessage
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import ConnectionInitMessage, SubscribeMessage
 from strawberry.types.graphql import OperationType
 
 from common import events
 from common.errors import InvalidInput
 from gateway.graphql.context import Context
 from gateway.graphql.protection import Admission, Guard, RateLimiter, bearer, client_subject
+from gateway.revocations import Watched
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +50,15 @@ async def accept_connection(context: Context) -> None:
     )
     # an outage is not a refusal (4403 would tell the client its token is bad): it propagates, and the
     # server closes the connection as failed (1011), which clients retry
+    watch = context.revocations
+    if watch is not None and token:
+        await watch.open()
+        context.watched = watch.watch(token)  # before the check: no revocation can fall between the two
     found = await context.users.authenticate(token) if token else None
     if found is None:
         raise ConnectionRejectionError({"code": "UNAUTHENTICATED"})
+    if watch is not None and context.watched is not None:
+        watch.expire_at(context.watched, found.expires_at)
     context.user = found.user
     context.auth_failure = None
     context.token = token
@@ -71,7 +81,30 @@ class SubscriptionsOverWebSocket(SchemaExtension):
 
 
 class RateLimitedTransportWS(BaseGraphQLTransportWSHandler[Context, None]):
-    """Strawberry's graphql-transport-ws handler, with each ``subscribe`` admitted as an HTTP request is."""
+    """Strawberry's graphql-transport-ws handler, with each ``subscribe`` admitted as an HTTP request is, and the
+    connection closed when its token is revoked or expires."""
+
+    _closer: asyncio.Task[None] | None = None
+
+    async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
+        await super().handle_connection_init(message)
+        watched = self.context.watched
+        if watched is not None and self.connection_acknowledged and self._closer is None:
+            self._closer = asyncio.create_task(self._close_when_tripped(watched), name="close-when-revoked")
+
+    async def shutdown(self) -> None:
+        if self._closer is not None:
+            self._closer.cancel()
+        if self.context.watched is not None and self.context.revocations is not None:
+            self.context.revocations.forget(self.context.watched)
+        await super().shutdown()
+
+    async def _close_when_tripped(self, watched: Watched) -> None:
+        await watched.tripped.wait()
+        log.info("closing a WebSocket connection: its token was %s", watched.reason)
+        for operation_id in list(self.operations):  # its subscriptions end first, then the connection
+            await self.cleanup_operation(operation_id)
+        await self.websocket.close(code=4403, reason="Forbidden")
 
     async def handle_subscribe(self, message: SubscribeMessage) -> None:
         admission = await self._admission() if self.connection_acknowledged else None
