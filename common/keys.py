@@ -130,6 +130,12 @@ class Keys:
         return f"{self.prefix}:user-tokens:{user_id}"
 
     @property
+    def token_revocations(self) -> str:
+        """STREAM of revoked tokens (``token``: the SHA-256 of the secret), appended in the MULTI of each revocation
+        and capped in length; every gateway process reads it to close the revoked tokens' WebSocket connections."""
+        return f"{self.prefix}:token-revocations"
+
+    @property
     def scheduler_wakeup(self) -> str:
         """LIST the gateway pushes to when there is new work; the scheduler blocks on it."""
         return f"{self.prefix}:scheduler:wakeup"
@@ -159,6 +165,12 @@ class Keys:
 
         Written by the scheduler, read by the gateway to refuse requests for slots no agent has."""
         return f"{self.prefix}:scheduler:slot-types"
+
+    @property
+    def known_resource_groups(self) -> str:
+        """SET of the resource groups sessions may be created in: the node pools the scheduler has seen a client in
+        and the groups of its configuration; never shrinks. Written by the scheduler, read by the gateway."""
+        return f"{self.prefix}:scheduler:resource-groups"
 
     def user_policy(self, user_id: str) -> str:
         """JSON resource policy of one user (concurrency, pending and slot limits)."""
@@ -240,6 +252,12 @@ class Keys:
         """STREAM of status changes of all of one owner's sessions (``common.events``), capped in length."""
         return f"{self.prefix}:events:owner:{owner_id}"
 
+    @property
+    def rate_limit_prefix(self) -> str:
+        """Start of every rate-limit counter's key (the admission script appends the subject and the window)."""
+        return f"{self.prefix}:rate:"
+
     def rate_limit(self, subject: str, window: int) -> str:
-        """Counter of one API token's (or client address's) GraphQL requests in one fixed window; expires with it."""
-        return f"{self.prefix}:rate:{subject}:{window}"
+        """Counter of one user's (or, without a valid token, one client address's) GraphQL requests in one fixed
+        window (``user:<id>``, ``addr:<address>``); expires with it."""
+        return f"{self.rate_limit_prefix}{subject}:{window}"

@@ -37,6 +37,11 @@ class SessionStatus(StrEnum):
         return self in TERMINAL_STATUSES
 
 
+DEFAULT_PRIORITY = 10
+"""A session's priority unless it asks for another; a USER may not go above it without a policy's ``max_priority``."""
+MAX_PRIORITY = 100
+"""Priorities are 0 (last) to this (first)."""
+
 TERMINAL_STATUSES = frozenset({SessionStatus.TERMINATED, SessionStatus.CANCELLED})
 """No way out of these. ERROR is not terminal: an errored session can still be destroyed."""
 
@@ -135,7 +140,7 @@ class Session:
     nomad_job_id: str | None = None
     job_hcl: str | None = None
     client_token: str | None = None
-    priority: int = 10
+    priority: int = DEFAULT_PRIORITY
     retries: int = 0
     """Failed scheduling attempts, shown to the owner (head-of-line avoidance counts them)."""
     wait_reasons: tuple[str, ...] = ()

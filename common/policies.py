@@ -5,7 +5,9 @@ A user policy caps
   the rest PENDING with the reason;
 - ``max_pending_sessions``: sessions queued at once; a creation beyond it is refused with ``QUOTA_EXCEEDED``
   (atomically: see :func:`pending_admission`);
-- ``total_resource_slots``: per slot, what the user's running sessions may hold together, cluster-wide.
+- ``total_resource_slots``: per slot, what the user's running sessions may hold together, cluster-wide;
+- ``max_priority``: the highest ``priority`` a USER may give a session (without it, the default priority: a USER
+  cannot jump the queue by themself); admins are bounded only by the range 0-100 (:func:`check_priority`).
 
 A project policy caps ``total_resource_slots`` of the project's sessions together. Both may also set
 - ``max_session_lifetime`` and ``idle_timeout`` (seconds): the idle checker reclaims a RUNNING session past
@@ -30,8 +32,9 @@ from redis.asyncio import Redis
 
 from common.errors import Forbidden, QuotaExceeded
 from common.keys import Keys
-from common.model import SessionStatus
+from common.model import DEFAULT_PRIORITY, MAX_PRIORITY, SessionStatus
 from common.store import Admission, SessionStore
+from common.users import User
 
 Slots = Mapping[str, Decimal]
 P = TypeVar("P")
@@ -114,15 +117,20 @@ class _Common:
 class UserResourcePolicy(_Common):
     max_concurrent_sessions: int | None = None
     max_pending_sessions: int | None = None
+    max_priority: int | None = None
+    """The highest session priority (0-100) the user may ask for; None: the default priority (a USER)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _limit("max_concurrent_sessions", self.max_concurrent_sessions)
         _limit("max_pending_sessions", self.max_pending_sessions)
+        _limit("max_priority", self.max_priority)
+        if self.max_priority is not None and self.max_priority > MAX_PRIORITY:
+            raise ValueError(f"max_priority must be at most {MAX_PRIORITY}, got {self.max_priority}")
 
     @classmethod
     def from_json(cls, text: str | bytes) -> UserResourcePolicy:
-        names = (*FIELDS_OF_BOTH, "max_concurrent_sessions", "max_pending_sessions")
+        names = (*FIELDS_OF_BOTH, "max_concurrent_sessions", "max_pending_sessions", "max_priority")
         policy: UserResourcePolicy = cls._from_doc(json.loads(text), names)
         return policy
 
@@ -164,6 +172,18 @@ def check_allowed(*, resource_group: str, driver: str, user: UserResourcePolicy 
                             field="resourceGroup")
         if policy.allowed_drivers is not None and driver not in policy.allowed_drivers:
             raise Forbidden(f"{whose} resource policy does not allow the {driver} driver", field="driver")
+
+
+def check_priority(priority: int, *, viewer: User, policy: UserResourcePolicy | None) -> None:
+    """Refuse (``FORBIDDEN`` on ``priority``) a USER's priority above their policy's ``max_priority``, or above the
+    default without one. Admins are bounded only by the range 0-100, which every request is checked against."""
+    if viewer.is_admin:
+        return
+    limit = policy.max_priority if policy is not None and policy.max_priority is not None else None
+    if priority > (DEFAULT_PRIORITY if limit is None else limit):
+        allowed = (f"{limit}, the maxPriority of your resource policy" if limit is not None
+                   else f"the default, {DEFAULT_PRIORITY}: your resource policy sets no maxPriority")
+        raise Forbidden(f"priority {priority} is too high: yours may be at most {allowed}", field="priority")
 
 
 class PolicyStore:

@@ -1,6 +1,6 @@
 """Resource presets: named bundles of slots (and /dev/shm) a creation may name instead of listing resources.
 
-Everyone may list them and name one; admins write them. A preset's slots sit under a request's explicit
+Everyone may list them and name one; they are global, so only a SUPERADMIN writes them. A preset's slots sit under a request's explicit
 resources: ``defaults ⊕ preset ⊕ explicit``, slot by slot. Slots are stored normalized (exact decimal strings, bytes
 for ``mem``), as sessions store theirs; whether a slot exists is checked when the preset is written and again at
 every creation that names it.

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from common.users import MAX_TOKENS_PER_USER
+
 
 @dataclass(frozen=True)
 class RedisSettings:
@@ -42,6 +44,8 @@ class GatewaySettings:
     workers: int = 1
     """Processes ``caravan gateway`` serves with (``CARAVAN_GATEWAY_WORKERS``, default: one per CPU); they share
     the port and all state is in Redis. ``caravan dev`` always runs one, in its own process."""
+    max_tokens_per_user: int = MAX_TOKENS_PER_USER
+    """Live API tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing more is ``QUOTA_EXCEEDED``."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,6 @@ class Settings:
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     idle: IdleSettings = field(default_factory=IdleSettings)
-    allow_raw_exec_for_users: bool = False
-    """raw_exec runs as root without isolation: admins only unless an operator opts in."""
     default_image: str | None = None
     """Image for sessions that name none (``CARAVAN_DEFAULT_IMAGE``; ops/ builds caravan/busybox)."""
     session_network: str = "cni/caravan"
@@ -88,6 +90,9 @@ class Settings:
     network namespace of its own that reaches only its session's kernels (``nomad_jobs/kernel_network.py``; the Nomad
     clients need the ``caravan`` CNI network, see ``caravan/stack/session_network.py``), or ``host``: the host's
     network, no isolation between sessions or from the host's loopback services."""
+    docker_images: tuple[str, ...] = ("caravan/*",)
+    """Glob patterns of the Docker images sessions may name (``CARAVAN_DOCKER_IMAGES``, comma-separated), matched
+    against the reference as written; default: the namespace ops/ builds locally. See ``gateway/docker_images.py``."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
     """The qemu driver's VM image allowlist, name → image directory (``CARAVAN_QEMU_IMAGES`` as
     ``name=/dir,name2=/dir2``; else the image ops/build-vm-image built, ``CARAVAN_VM_IMAGE`` at
@@ -102,8 +107,18 @@ class Settings:
         )
 
 
+REMOVED = {
+    "CARAVAN_ALLOW_RAW_EXEC_FOR_USERS": "raw_exec runs as root on the host: only a SUPERADMIN creates raw_exec "
+                                        "sessions (for another user too, with createSession(input: {owner}))",
+}
+"""Variables that no longer exist, and why: a start with one of them set fails rather than silently ignoring it."""
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
+    for name, why in REMOVED.items():
+        if env.get(name):
+            raise ValueError(f"{name} was removed: {why}. Unset it.")
     home = Path(env.get("CARAVAN_HOME", ".caravan")).absolute()
     return Settings(
         home=home,
@@ -123,17 +138,26 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             port=int(env.get("CARAVAN_GATEWAY_PORT", GatewaySettings.port)),
             admin_token=env.get("CARAVAN_ADMIN_TOKEN") or None,
             workers=max(1, int(env.get("CARAVAN_GATEWAY_WORKERS") or os.cpu_count() or 1)),
+            max_tokens_per_user=_at_least_one(env, "CARAVAN_MAX_TOKENS_PER_USER", GatewaySettings.max_tokens_per_user),
         ),
         scheduler=SchedulerSettings(
             reconcile_interval=float(env.get("CARAVAN_RECONCILE_INTERVAL", SchedulerSettings.reconcile_interval)),
             config_path=Path(env["CARAVAN_SCHEDULER_CONFIG"]) if env.get("CARAVAN_SCHEDULER_CONFIG") else None,
         ),
         idle=IdleSettings(policy_path=Path(env["CARAVAN_IDLE_POLICY"]) if env.get("CARAVAN_IDLE_POLICY") else None),
-        allow_raw_exec_for_users=env.get("CARAVAN_ALLOW_RAW_EXEC_FOR_USERS", "") in ("1", "true", "yes"),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
         session_network=env.get("CARAVAN_SESSION_NETWORK") or Settings.session_network,
+        docker_images=tuple(p.strip() for p in env.get("CARAVAN_DOCKER_IMAGES", "").split(",") if p.strip())
+        or Settings.docker_images,
         qemu_images=qemu_images_of(env),
     )
+
+
+def _at_least_one(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name) or str(default)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, not {raw!r}")
+    return int(raw)
 
 
 def qemu_images_of(env: Mapping[str, str]) -> dict[str, str]:

@@ -33,6 +33,9 @@ BOOTSTRAP_ADMIN_ID = "admin"
 BOOTSTRAP_TOKEN_ID = "bootstrap"
 """The bootstrap admin's configured token keeps this id, so a new configured secret replaces the old one."""
 MAX_TOKENS_PER_USER = 50
+"""Live tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing one more is ``QUOTA_EXCEEDED``."""
+REVOCATIONS_KEPT = 10_000
+"""Entries the token revocation stream keeps (about: trimmed approximately); its readers follow it live."""
 LAST_USED_RESOLUTION = 60.0
 """Seconds: a token's last use is written at most this often (not on every request)."""
 
@@ -103,28 +106,67 @@ def new_secret() -> str:
     return "cv_" + secrets.token_urlsafe(32)
 
 
-# KEYS[1]: the token record. ARGV: the user key prefix, now (unix seconds), the last-use resolution.
-# Returns the user's JSON document, or false for an unknown or expired token or a user that is gone.
-# The user key is built here from the prefix (it is only known once the record is read): Caravan runs on a
-# single Redis, not a cluster, so a key not passed in KEYS is fine.
-AUTHENTICATE = """
-local record = redis.call('HMGET', KEYS[1], 'user', 'expires', 'last_used')
-if not record[1] then return false end
-local now = tonumber(ARGV[2])
-if record[2] and tonumber(record[2]) <= now then return false end
-local doc = redis.call('GET', ARGV[1] .. record[1])
-if not doc then return false end
-if not record[3] or now - tonumber(record[3]) >= tonumber(ARGV[3]) then
-  redis.call('HSET', KEYS[1], 'last_used', ARGV[2])
+# The token check, as a Lua function other scripts include (the gateway's admission runs it with the rate limit's
+# count: gateway.graphql.protection). token_key: the token record ('' for no token); user_prefix: the user key
+# prefix; now: unix seconds, as text; resolution: the last-use resolution in seconds. Returns the user's JSON
+# document, the user id and the expiry (unix seconds, as text; false if none), or false three times for no token,
+# an unknown or expired token, or a user that is gone. The user key is built here from the prefix (it is only known
+# once the record is read): Caravan runs on a single Redis, not a cluster, so a key not passed in KEYS is fine.
+AUTHENTICATE_FUNCTION = """
+local function authenticate(token_key, user_prefix, now, resolution)
+  if token_key == '' then return false, false, false end
+  local record = redis.call('HMGET', token_key, 'user', 'expires', 'last_used')
+  if not record[1] then return false, false, false end
+  local moment = tonumber(now)
+  if record[2] and tonumber(record[2]) <= moment then return false, false, false end
+  local doc = redis.call('GET', user_prefix .. record[1])
+  if not doc then return false, false, false end
+  if not record[3] or moment - tonumber(record[3]) >= tonumber(resolution) then
+    redis.call('HSET', token_key, 'last_used', now)
+  end
+  return doc, record[1], record[2] or false
 end
-return doc
+"""
+# KEYS[1]: the token record. ARGV: the user key prefix, now (unix seconds), the last-use resolution.
+# Returns {the user's JSON document, the expiry or false}, or false.
+AUTHENTICATE = AUTHENTICATE_FUNCTION + """
+local doc, _, expires = authenticate(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
+if not doc then return false end
+return {doc, expires}
 """
 
 
+@dataclass(frozen=True)
+class Authenticated:
+    """Who a valid token belongs to, and until when it is valid."""
+
+    user: User
+    expires_at: datetime | None
+
+
+def authenticated(doc: str | bytes | None, expires: str | bytes | None) -> Authenticated | None:
+    """What the token check's document and expiry say: None without a document, or for a deactivated user."""
+    if not doc:
+        return None
+    user = User.from_json(doc)
+    if not user.active:
+        return None
+    return Authenticated(user, _moment(expires.decode() if isinstance(expires, bytes) else expires) if expires else None)
+
+
+def token_check_args(keys: Keys, token: str, now: datetime | None = None) -> tuple[str, list[str]]:
+    """The token check function's first argument (the record's key, '' without a token) and its other three."""
+    moment = (now or utcnow()).timestamp()
+    return (keys.api_token(hash_token(token)) if token else "",
+            [keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)])
+
+
 class UserStore:
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, *, max_tokens: int = MAX_TOKENS_PER_USER) -> None:
         self.redis = redis
         self.keys = keys
+        self.max_tokens = max_tokens
+        """Live tokens per user; a token replacing one of the same id (the bootstrap token) does not count."""
         self._authenticate = redis.register_script(AUTHENTICATE)
 
     # -- users ----------------------------------------------------------------------------------
@@ -217,6 +259,7 @@ class UserStore:
                     for token_hash in hashes:
                         if token_hash:
                             pipe.delete(self.keys.api_token(token_hash))
+                            self._announce_revocation(pipe, token_hash)
                     if token_ids:
                         pipe.hdel(self.keys.api_token_ids, *token_ids)
                     pipe.delete(tokens_key)
@@ -242,13 +285,16 @@ class UserStore:
 
     async def by_token(self, token: str, now: datetime | None = None) -> User | None:
         """The active user a token belongs to, or ``None`` (unknown, revoked or expired token; deactivated user)."""
-        moment = (now or utcnow()).timestamp()
-        raw = await self._authenticate(keys=[self.keys.api_token(hash_token(token))],
-                                       args=[self.keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)])
-        if not raw:
+        found = await self.authenticate(token, now)
+        return found.user if found else None
+
+    async def authenticate(self, token: str, now: datetime | None = None) -> Authenticated | None:
+        """``by_token``, with the token's expiry; one round trip."""
+        if not token:
             return None
-        user = User.from_json(raw)
-        return user if user.active else None
+        token_key, args = token_check_args(self.keys, token, now)
+        reply = await self._authenticate(keys=[token_key], args=args)
+        return authenticated(*reply) if reply else None
 
     async def new_token(self, user_id: str, label: str, *, expires_at: datetime | None = None,
                         now: datetime | None = None) -> tuple[str, ApiToken]:
@@ -280,13 +326,15 @@ class UserStore:
                         raise NotFound(f"no user {user_id}", field="userId")
                     if not User.from_json(raw).active:
                         raise Conflict(f"user {user_id} is deactivated: no new tokens", field="userId")
-                    if await pipe.scard(tokens_key) >= MAX_TOKENS_PER_USER:
-                        raise QuotaExceeded(f"a user has at most {MAX_TOKENS_PER_USER} tokens; revoke some first",
-                                            field="userId")
+                    adding = not await pipe.sismember(tokens_key, token_id)  # else it replaces its namesake
+                    if adding and await pipe.scard(tokens_key) >= self.max_tokens:
+                        raise QuotaExceeded(f"user {user_id} already has {self.max_tokens} tokens, the most a user "
+                                            f"may have: revoke some first", field="userId")
                     replaced = await pipe.hget(self.keys.api_token_ids, token_id)
                     pipe.multi()
                     if replaced and replaced != token_hash:
                         pipe.delete(self.keys.api_token(replaced))
+                        self._announce_revocation(pipe, replaced)
                     pipe.delete(self.keys.api_token(token_hash))
                     pipe.hset(self.keys.api_token(token_hash), mapping=fields)
                     if expires_at:  # Redis drops the record itself once it is of no use
@@ -335,8 +383,13 @@ class UserStore:
             pipe.hdel(self.keys.api_token_ids, token_id)
             if record:
                 pipe.srem(self.keys.user_tokens(record["user"]), token_id)
+            self._announce_revocation(pipe, token_hash)
             await pipe.execute()
         return ApiToken.from_record(record) if record else None
+
+    def _announce_revocation(self, pipe: Redis, token_hash: str) -> None:
+        """In the revocation's MULTI: tell every gateway (``gateway.revocations``) to close the token's connections."""
+        pipe.xadd(self.keys.token_revocations, {"token": token_hash}, maxlen=REVOCATIONS_KEPT, approximate=True)
 
 
 def bootstrap_admin_token(configured: str | None, home: Path) -> str:

@@ -21,7 +21,7 @@ from common.keys import Keys
 from common.redis import client as redis_client
 from common.settings import Settings
 from common.store import SessionStore
-from common.users import UserStore, bootstrap_admin_token
+from common.users import Authenticated, UserStore, bootstrap_admin_token
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
@@ -31,6 +31,7 @@ from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
 from gateway.metrics import Metrics
+from gateway.revocations import RevocationWatch
 from nomad_jobs.client import NomadClient
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,13 @@ class CaravanGraphQL(GraphQLOverHTTP):
 
     async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
         users: UserStore = self.state["users"]
-        token = bearer(request.headers.get("authorization", ""))
         user, failure = None, None
+        admitted: Authenticated | None | UnsetType = getattr(request.state, "admitted", UNSET)
         try:
-            user = await users.by_token(token) if token else None
+            if not isinstance(admitted, UnsetType):  # checked with the rate limit's count (Guard.admit)
+                user = admitted.user if admitted else None
+            elif token := bearer(request.headers.get("authorization", "")):
+                user = await users.by_token(token)
         except OUTAGES:
             failure = Unavailable("Redis is unreachable; retry shortly")
         return Context(
@@ -72,6 +76,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
             request_id=uuid.uuid4().hex[:12],
             auth_failure=failure,
             hub=self.state["hub"],
+            revocations=self.state["revocations"],
         )
 
 
@@ -85,8 +90,9 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         redis = redis_client(settings.redis)
         keys = Keys(settings.redis.prefix)
         nomad = NomadClient(settings.nomad)
-        state.update(redis=redis, sessions=SessionStore(redis, keys), users=UserStore(redis, keys), nomad=nomad,
-                     hub=EventHub(redis))
+        users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
+        state.update(redis=redis, sessions=SessionStore(redis, keys), users=users, nomad=nomad,
+                     hub=EventHub(redis), revocations=RevocationWatch(redis, keys))
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:
             await state["users"].ensure_bootstrap_admin(token)
@@ -94,6 +100,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             log.warning("could not register the bootstrap admin yet: %s", exc)
         yield
         await state["hub"].aclose()
+        await state["revocations"].aclose()
         await nomad.aclose()
         await redis.aclose()
 

@@ -16,15 +16,18 @@ from types import MappingProxyType
 
 from common.clock import from_iso
 from common.errors import CaravanError, Forbidden, InvalidInput, UnsupportedResource
-from common.model import (KERNEL_ROLES, ClusterMode, Driver, Kernel, RoleSpec, Session, SessionStatus, SessionType,
-                          StatusChange)
+from common.model import (DEFAULT_PRIORITY, KERNEL_ROLES, MAX_PRIORITY, ClusterMode, Driver, Kernel, RoleSpec, Session,
+                          SessionStatus, SessionType, StatusChange)
 from common.presets import ResourcePreset
+from common.settings import Settings
 from common.durations import duration_input
 from common.inference import replicas_of
 from common.users import Role, User
 from gateway.user_requests import NAME_RULE as PROJECT_RULE
+from gateway.docker_images import check_docker_image
 from gateway.inference_options import ServiceOptions, checked_service_options
 from nomad_jobs import qemu
+from scheduler.known_groups import DEFAULT_GROUP
 from scheduler.slots import (INTRINSIC_SLOT_TYPES, InvalidQuantityError, SlotType, UnknownSlotError, from_user_input,
                              parse_quantity)
 
@@ -48,14 +51,17 @@ class CreationRules:
 
     known_slots: Mapping[str, SlotType] = field(default_factory=lambda: INTRINSIC_SLOT_TYPES)
     """Slots some agent has offered: a request for another is UNSUPPORTED_RESOURCE."""
-    allow_raw_exec_for_users: bool = False
     default_image: str | None = None
+    docker_images: Sequence[str] = Settings.docker_images
+    """The operator's Docker image allowlist (glob patterns, ``gateway.docker_images``)."""
     presets: Mapping[str, ResourcePreset] = field(default_factory=dict)
     """At least the preset the request names (the caller reads it); a preset not in it is unknown."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
     """The operator's VM image allowlist: name -> image directory."""
     allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver)
     """The drivers the request's resource group allows."""
+    known_groups: frozenset[str] = frozenset({DEFAULT_GROUP})
+    """Resource groups sessions may be created in (``scheduler.known_groups``): node pools seen, configured groups."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ class SessionRequest:
     startup_command: str | None = None
     environ: Mapping[str, str] = field(default_factory=dict)
     resources: Mapping[str, str] = field(default_factory=dict)
-    resource_group: str = "default"
+    resource_group: str = DEFAULT_GROUP
     client_token: str | None = None
     starts_at: str | None = None
     """ISO 8601 moment, or a duration from now such as ``"90s"`` or ``"1h"``."""
@@ -79,7 +85,7 @@ class SessionRequest:
     preopen_ports: Sequence[int] = ()
     shared_memory: str | None = None
     designated_agent: str | None = None
-    priority: int = 10
+    priority: int = DEFAULT_PRIORITY
     preset: str | None = None
     """A resource preset's name: its slots (and shared memory) under the explicit ones."""
     kernel_roles: Mapping[str, RoleSpec] = field(default_factory=dict)
@@ -192,19 +198,28 @@ def check_request(
         raise Forbidden("SYSTEM sessions are created by the platform, not by users", field="type")
     if request.type is SessionType.BATCH and not (request.startup_command or "").strip():
         raise InvalidInput("a BATCH session needs a non-empty startupCommand", field="startupCommand")
-    if request.driver is Driver.RAW_EXEC and not (viewer.is_admin or rules.allow_raw_exec_for_users):
-        raise Forbidden("the raw_exec driver runs without isolation and is for admins only", field="driver")
+    if request.driver is Driver.RAW_EXEC and viewer.role is not Role.SUPERADMIN:
+        raise Forbidden("the raw_exec driver runs as root on the host without isolation: only a SUPERADMIN may "
+                        "use it", field="driver")
     if request.driver.value not in allowed_drivers:
         raise Forbidden(f"resource group {request.resource_group!r} allows only the drivers "
                         f"{', '.join(sorted(allowed_drivers)) or 'none'}", field="driver")
     image = request.image or (_only(qemu_images) if request.driver is Driver.QEMU else rules.default_image)
     if request.driver in (Driver.DOCKER, Driver.QEMU) and not image:
         raise InvalidInput(f"the {request.driver.value} driver needs an image", field="image")
+    if request.driver is Driver.DOCKER and image:
+        check_docker_image(image, rules.docker_images)
     _check_text("startupCommand", request.startup_command or "")
     if request.client_token is not None and not 1 <= len(request.client_token) <= 128:
         raise InvalidInput("clientToken must be 1-128 characters", field="clientToken")
     if not GROUP_RULE.match(request.resource_group):
         raise InvalidInput("resourceGroup is not a valid name", field="resourceGroup")
+    if request.resource_group not in rules.known_groups:
+        known = sorted(rules.known_groups)
+        listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+        raise InvalidInput(f"there is no resource group {request.resource_group!r} (no node pool of that name has "
+                           f"a client, and the scheduler's configuration names none): known are {listed}",
+                           field="resourceGroup")
     environ = _checked_environ(request.environ)
     preset = _preset(request.preset, rules.presets)
     slots = _checked_resources({**DEFAULT_RESOURCES, **(preset.resources if preset else {}), **request.resources},
@@ -217,7 +232,8 @@ def check_request(
         cluster_size=request.cluster_size, startup_command=request.startup_command,
     )
     kernels = kernels_of(request.cluster_size, image or "", slots,
-                         _checked_roles(request.kernel_roles, request.driver, image or "", slots, known_slots))
+                         _checked_roles(request.kernel_roles, request.driver, image or "", slots, known_slots,
+                                        rules.docker_images))
     if service is not None:
         kernels = replicas_of(kernels[0], service.replicas)  # INFERENCE: each replica is a kernel (common.inference)
     if request.driver is Driver.QEMU:
@@ -251,7 +267,7 @@ def _preset(name: str | None, presets: Mapping[str, ResourcePreset]) -> Resource
 
 
 def _checked_roles(roles: Mapping[str, RoleSpec], driver: Driver, image: str, slots: dict[str, str],
-                   known: Mapping[str, SlotType]) -> dict[str, tuple[str, dict[str, str]]]:
+                   known: Mapping[str, SlotType], docker_images: Sequence[str]) -> dict[str, tuple[str, dict[str, str]]]:
     """Per role: its image (the session's when it names none) and its slots (the session's, then its own)."""
     checked = {}
     for role, spec in roles.items():
@@ -264,6 +280,8 @@ def _checked_roles(roles: Mapping[str, RoleSpec], driver: Driver, image: str, sl
             if driver not in (Driver.DOCKER, Driver.QEMU):
                 raise InvalidInput(f"the {driver.value} driver runs no image: a role cannot name one",
                                    field=f"kernelRoles.{role}.image")
+            if driver is Driver.DOCKER:
+                check_docker_image(spec.image, docker_images, field=f"kernelRoles.{role}.image")
         try:
             role_slots = _checked_resources({**slots, **spec.resources}, known)
         except CaravanError as exc:
@@ -288,8 +306,8 @@ def _check_shape(request: SessionRequest, viewer: User) -> None:
         raise InvalidInput(f"clusterSize must be between 1 and {MAX_CLUSTER_SIZE}", field="clusterSize")
     if not 1 <= request.count <= MAX_COUNT:
         raise InvalidInput(f"count must be between 1 and {MAX_COUNT}", field="count")
-    if not 0 <= request.priority <= 100:
-        raise InvalidInput("priority must be between 0 and 100", field="priority")
+    if not 0 <= request.priority <= MAX_PRIORITY:
+        raise InvalidInput(f"priority must be between 0 and {MAX_PRIORITY}", field="priority")
     ports = list(request.preopen_ports)
     if len(ports) > MAX_PREOPEN_PORTS or len(set(ports)) != len(ports):
         raise InvalidInput(f"preopenPorts: at most {MAX_PREOPEN_PORTS} distinct ports", field="preopenPorts")

@@ -46,21 +46,26 @@ class Follower:
         self.prefix = nomad.settings.job_prefix
 
     async def apply(self, session_id: str, seen: KernelObservation) -> Session | None:
-        ended = False
+        ended = outlived = False
 
         def mutate(session: Session) -> Session | None:
-            nonlocal ended
+            nonlocal ended, outlived
             if session.status not in OBSERVED_STATUSES:
                 return None
             after = observe_kernel(session, for_driver(seen, session.driver), at=utcnow())
             if after is not None:
                 after = forget_stale_health(session, after)  # a replica's next run must pass its checks anew
             ended = after is not None and after.status in RESOURCES_FREED and session.status not in RESOURCES_FREED
+            outlived = after is not None and job_outlives(session, after)
             return after
 
         stored = await self.store.update(session_id, mutate, fence=self.fence)
         if ended:
             await self.store.wake_scheduler("ended")  # what it held may let a pending session start now
+        if outlived and stored is not None and stored.nomad_job_id:
+            log.info("session=%s ended (%s): stopping job=%s, which Nomad would restart or reschedule",
+                     stored.id, stored.status_info, stored.nomad_job_id)
+            await self.nomad.deregister(stored.nomad_job_id)
         if stored is not None and _main_batch_kernel_ended(stored):
             # The main kernel's exit decides a BATCH session: stop the kernels still running.
             code = stored.main_kernel.exit_code
@@ -102,18 +107,24 @@ class Follower:
         await self.stop_orphans(set(ids), jobs)
 
     async def stop_orphans(self, live: set[str], jobs: dict[str, dict[str, Any]] | None = None) -> list[str]:
-        """Stop running Caravan jobs whose session does not exist (e.g. Redis lost it); returns their ids."""
+        """Stop running Caravan jobs whose session does not exist (e.g. Redis lost it) or has ended (its end was
+        observed while Caravan was down, or the stop then failed); returns their ids.
+
+        ``live``: the live session ids read before ``jobs``; the sessions of the other running jobs are read again
+        (one MGET), so a session created meanwhile is seen live and its job kept."""
         if jobs is None:
             jobs = {j["ID"]: j for j in await self.nomad.jobs(self.prefix + "-")}
+        running = {session_id: job["ID"] for job in jobs.values()
+                   if (session_id := session_id_of(self.prefix, job["ID"])) and session_id not in live
+                   and not job.get("Stop") and job.get("Status") != "dead"}
         stopped = []
-        for job in jobs.values():
-            session_id = session_id_of(self.prefix, job["ID"])
-            if not session_id or session_id in live or job.get("Stop") or job.get("Status") == "dead":
+        for session_id, session in zip(running, await self.store.get_many(list(running)), strict=True):
+            if session is not None and not session.status.is_terminal:
                 continue
-            if await self.store.get(session_id) is None:
-                log.warning("job=%s has no session %s: stopping it", job["ID"], session_id)
-                await self.nomad.deregister(job["ID"])
-                stopped.append(job["ID"])
+            why = "has no session" if session is None else f"outlives its {session.status.value} session"
+            log.warning("job=%s %s %s: stopping it", running[session_id], why, session_id)
+            await self.nomad.deregister(running[session_id])
+            stopped.append(running[session_id])
         return stopped
 
     async def read_replica_health(self, session_id: str, allocs: Iterable[dict[str, Any]]) -> None:
@@ -186,6 +197,15 @@ class Follower:
                 await self.nomad.deregister(session.nomad_job_id)  # the stop was lost in a crash
             elif job.get("Stop") and session.status is S.TERMINATING and not allocs:
                 await self.store.update(session.id, _stopped, fence=self.fence)
+
+
+def job_outlives(before: Session, after: Session) -> bool:
+    """Did ``after`` end by what Nomad reported (a task failed or finished), leaving a job Nomad still restarts or
+    reschedules? A service job (INTERACTIVE, INFERENCE) is, per its restart and reschedule policies; a BATCH job never
+    is (``nomad_jobs.session_job``: no restarts, no rescheduling), and a session ended by a request (TERMINATING
+    first) had its job stopped with the request."""
+    return (after.status.is_terminal and not before.status.is_terminal and before.status is not S.TERMINATING
+            and after.type is not SessionType.BATCH)
 
 
 def _main_batch_kernel_ended(session: Session) -> bool:

@@ -7,7 +7,8 @@ Written back, every write fenced by the leader's term:
   after wakes at once, so dependents of the cancelled follow in cascade) and ``pending-timeout``;
 - still PENDING: the added failed attempts (``retries``), the reasons (``wait_reasons``, one line per failed check)
   and the ``queue_position``, only for sessions where one of them changed;
-- the round-robin positions and the slot types the agents report (the gateway admits requests by them).
+- the round-robin positions, the slot types the agents report and the resource groups (node pools and configured
+  groups) seen (the gateway admits requests by them).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from common.store import Fence, Mutation, SessionStore
 from nomad_jobs.client import NomadClient
 from nomad_jobs.session_job import JobContext, render_session_job
 from scheduler.config import SchedulingConfig
+from scheduler.known_groups import record_resource_groups
 from scheduler.known_slots import record_slot_types
 from scheduler.model import KernelPlacement, PassResult, WaitExplanation
 from scheduler.scheduling_pass import run_pass
@@ -70,6 +72,7 @@ class Placer:
         self.reader = SnapshotReader(store, PolicyStore(store.redis, store.keys), nomad, config,
                                      settings.nomad.job_prefix)
         self._recorded: dict[str, SlotType] = {}
+        self._recorded_groups: set[str] = set()
         self._last_read = float("-inf")
 
     async def run_pass(self) -> PassSummary:
@@ -81,6 +84,7 @@ class Placer:
         now = utcnow()
         read = await self.reader.read(now)
         await self._record_slot_types(read.slot_types)
+        await self._record_groups({agent.resource_group for agent in read.snapshot.agents} | set(self.config.core.groups))
         if not read.snapshot.pending and not read.timed_out:
             return PassSummary()
         result = run_pass(read.snapshot, self.config.core, now)
@@ -162,6 +166,12 @@ class Placer:
         if new:
             await record_slot_types(self.store.redis, self.store.keys, new)
             self._recorded.update(new)
+
+
+    async def _record_groups(self, groups: set[str]) -> None:
+        if new := groups - self._recorded_groups:
+            await record_resource_groups(self.store.redis, self.store.keys, new)
+            self._recorded_groups |= new
 
 
 def _on(kernel: Kernel, agent: str) -> Kernel:

@@ -15,16 +15,19 @@ edge     edge       2      1 GiB
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
+import time
 from pathlib import Path
 
 import pytest
 
 from caravan.stack.nomad_cluster import ClientSpec, NomadCluster, start_nomad_cluster
 from common.settings import Settings
+from scheduler.known_groups import known_resource_groups
 from tests.harness import Caravan, running_caravan
 
 CLIENTS = (
@@ -54,6 +57,15 @@ def scheduler_config(body: str = "") -> str:
 OnCluster = Callable[..., AbstractAsyncContextManager[Caravan]]
 
 
+async def _pools_known(caravan: Caravan, timeout: float = 30.0) -> None:
+    """Wait for the scheduler's first pass to record the clients' node pools: creation refuses unknown groups."""
+    pools = {client.node_pool for client in CLIENTS}
+    deadline = time.monotonic() + timeout
+    while not pools <= await known_resource_groups(caravan.store.redis, caravan.store.keys):
+        assert time.monotonic() < deadline, f"the scheduler did not record the node pools {pools}"
+        await asyncio.sleep(0.05)
+
+
 @pytest.fixture
 def on_cluster(settings: Settings, nomad_cluster: NomadCluster, tmp_path: Path) -> OnCluster:
     """``async with on_cluster(config_text) as caravan``: gateway + scheduler on the cluster, with that config."""
@@ -64,11 +76,11 @@ def on_cluster(settings: Settings, nomad_cluster: NomadCluster, tmp_path: Path) 
         path.write_text(scheduler_config(config))
         clustered = dataclasses.replace(
             settings,
-            allow_raw_exec_for_users=True,  # sessions run raw_exec: nothing but placement varies
             nomad=dataclasses.replace(settings.nomad, addr=nomad_cluster.addr),
             scheduler=dataclasses.replace(settings.scheduler, config_path=path, pass_interval=0.5),
         )
         async with running_caravan(clustered) as caravan:
+            await _pools_known(caravan)
             yield caravan
 
     return start

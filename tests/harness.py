@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -107,7 +108,8 @@ mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions 
 async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: bool = True) -> AsyncIterator[Caravan]:
     """A gateway (``serve``) and a scheduler (``scheduler``) for ``settings``' namespace."""
     port = free_port()
-    settings = Settings(**{**settings.__dict__, "gateway": type(settings.gateway)(host="127.0.0.1", port=port, admin_token=ADMIN_TOKEN)})
+    settings = dataclasses.replace(settings, gateway=dataclasses.replace(settings.gateway, host="127.0.0.1", port=port,
+                                                                         admin_token=ADMIN_TOKEN))
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     redis = redis_client(settings.redis)
     nomad = NomadClient(settings.nomad)

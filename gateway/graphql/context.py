@@ -16,6 +16,7 @@ from common.settings import Settings
 from common.store import SessionStore
 from common.users import User, UserStore
 from gateway.graphql.loaders import Loaders, loaders_for
+from gateway.revocations import RevocationWatch, Watched
 from idle.store import IdleStore
 from nomad_jobs.client import NomadClient
 
@@ -33,12 +34,14 @@ class Context:
     """Why the token could not be checked (e.g. Redis unreachable): reported when a field needs the viewer."""
     connection_params: dict[str, object] | None = None
     """WebSocket only: the ``connection_init`` payload (Strawberry sets it; ``{"authorization": "Bearer …"}``)."""
-    rate_subject: str | None = None
-    """WebSocket only: whom the connection's operations are counted against by the rate limit."""
     token: str | None = None
     """WebSocket only: the connection's API token, checked again at each operation (revoked: the connection closes)."""
     hub: EventHub | None = None
     """The process's reader of event streams (subscriptions follow them through it)."""
+    revocations: RevocationWatch | None = None
+    """The process's reader of token revocations (WebSocket connections close when theirs is revoked)."""
+    watched: Watched | None = None
+    """WebSocket only: the connection's token as the revocation watch follows it (tripped: close the connection)."""
     events_from: str | None = None
     """WebSocket only: the viewer's event stream position when the connection was acknowledged (``sessionEvents``
     without ``after`` starts there, so a client that subscribes and then creates a session misses nothing)."""

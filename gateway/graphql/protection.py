@@ -1,8 +1,13 @@
 """What a GraphQL request must stay within: document size and shape, body size, and request rate.
 
 The document limits are schema extensions (Strawberry's depth, token and alias limiters, with an
-``extensions.code`` of their own); the body limit and the per-token rate limit are checked by the
+``extensions.code`` of their own); the body limit and the per-user rate limit are checked by the
 HTTP view before GraphQL sees the request, and refuse it with 413 and 429.
+
+The rate limit counts per user, whatever token they send (ten tokens get one budget), and per client address for
+requests without a valid token (a made-up token does not buy a fresh budget). It needs the token's user, so the
+token check and the count run in one Redis script (:data:`ADMIT`, with the reads the result cache wants): one round
+trip per request for all three.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
 from typing import Any
 
 from graphql import GraphQLError, ValidationContext, ValidationRule
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.types import Message, Receive
@@ -27,7 +34,7 @@ from strawberry.extensions.max_aliases import create_validator as alias_validato
 from strawberry.extensions.query_depth_limiter import create_validator as depth_validator
 
 from common.keys import Keys
-from common.users import hash_token
+from common.users import AUTHENTICATE_FUNCTION, Authenticated, authenticated, token_check_args
 from gateway.graphql.document_cache import DocumentCache
 
 log = logging.getLogger(__name__)
@@ -48,7 +55,7 @@ class Limits:
     max_body_bytes: int = 1 << 20
     """Largest request body in bytes; a larger one is refused with 413 before it is read whole."""
     rate_limit: int = 600
-    """Requests one API token (or one client address, without a token) may make per window; 0: off."""
+    """Requests one user (or one client address, without a valid token) may make per window; 0: off."""
     rate_window: int = 60
     """Length in seconds of the fixed rate-limit window."""
     result_cache: int = 1
@@ -137,33 +144,68 @@ def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
 # -- body size and request rate -----------------------------------------------------------------
 
 
+# KEYS[1]: the token record ('' without a token); KEYS[2..]: keys to read. ARGV[1..3]: the token check's (see
+# common.users); ARGV[4]: the rate-limit key prefix, ARGV[5]: the window's number, ARGV[6]: its length in seconds,
+# ARGV[7]: the limit (0: count nothing), ARGV[8]: the subject without a valid token (the client's address).
+# Returns {the user's document or false, the token's expiry or false, the count (0 when not counted), the reads...}.
+ADMIT = AUTHENTICATE_FUNCTION + """
+local doc, user, expires = authenticate(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
+local count = 0
+if tonumber(ARGV[7]) > 0 then
+  local key = ARGV[4] .. (user and ('user:' .. user) or ARGV[8]) .. ':' .. ARGV[5]
+  count = redis.call('INCR', key)
+  if count == 1 then redis.call('EXPIRE', key, tonumber(ARGV[6]) + 1) end
+end
+local reply = {doc, expires, count}
+for i = 2, #KEYS do reply[#reply + 1] = redis.call('GET', KEYS[i]) end
+return reply
+"""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the admission script found for one request."""
+
+    viewer: Authenticated | None
+    """The token's user and expiry; None without a token, for an unknown, revoked or expired one, or a deactivated
+    user."""
+    retry_after: float | None
+    """Over the rate limit: seconds until the window ends; else None."""
+    values: list[Any]
+    """The keys asked to be read, in order."""
+
+
 class RateLimiter:
-    """A fixed-window request counter per subject in Redis (``Keys.rate_limit``)."""
+    """A fixed-window request counter in Redis (``Keys.rate_limit``) per user, or per client address for requests
+    without a valid token, counted by the script that checks the token."""
 
     def __init__(self, redis: Callable[[], Redis], keys: Keys, limit: int, window: int) -> None:
         self.redis = redis
         self.keys = keys
         self.limit = limit
+        """Requests per window; 0: the token is checked and the keys read, but nothing is counted."""
         self.window = window
+        self._script: AsyncScript | None = None
 
-    async def hit(self, subject: str, now: float | None = None) -> float | None:
-        """Count one request; None if it is within the limit, else the seconds until the window ends."""
-        wait, _ = await self.hit_and_get(subject, (), now)
-        return wait
-
-    async def hit_and_get(self, subject: str, read: Sequence[str],
-                          now: float | None = None) -> tuple[float | None, list[Any]]:
-        """``hit``, and the values of the keys ``read`` in the same round trip (the result cache's version)."""
+    async def admit(self, token: str, anonymous: str, read: Sequence[str] = (), now: float | None = None) -> Admission:
+        """Check ``token`` and count one request against its user (against ``anonymous`` without a valid token),
+        reading the keys ``read`` too: one round trip."""
         now = time.time() if now is None else now
         window = int(now // self.window)
-        key = self.keys.rate_limit(subject, window)
-        async with self.redis().pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, self.window + 1)
-            for other in read:
-                pipe.get(other)
-            count, _, *values = await pipe.execute()
-        return (None if count <= self.limit else (window + 1) * self.window - now), values
+        redis = self.redis()
+        if self._script is None:
+            self._script = redis.register_script(ADMIT)
+        token_key, token_args = token_check_args(self.keys, token, datetime.fromtimestamp(now, UTC))
+        doc, expires, count, *values = await self._script(
+            keys=[token_key, *read], client=redis,
+            args=[*token_args, self.keys.rate_limit_prefix, window, self.window, self.limit, anonymous])
+        over = self.limit and count > self.limit
+        return Admission(authenticated(doc, expires), (window + 1) * self.window - now if over else None, values)
+
+    def refusal(self, wait: float) -> tuple[str, int]:
+        """The message of a refusal over the limit, and the whole seconds to wait (``Retry-After``)."""
+        seconds = max(1, math.ceil(wait))
+        return f"more than {self.limit} requests in {self.window} s; retry in {seconds} s", seconds
 
 
 def bearer(value: object) -> str:
@@ -172,19 +214,18 @@ def bearer(value: object) -> str:
     return text[7:].strip() if text.lower().startswith("bearer ") else ""
 
 
-def rate_subject(request: Request) -> str:
-    """Whom a request is counted against: its bearer token (hashed), else its client address."""
-    if token := bearer(request.headers.get("authorization", "")):
-        return "token:" + hash_token(token)[:32]
-    return "addr:" + (request.client.host if request.client else "unknown")
+def client_subject(address: str | None) -> str:
+    """Whom a request without a valid token is counted against: its client address."""
+    return "addr:" + (address or "unknown")
 
 
 class Guard:
     """The checks a request passes before GraphQL sees it."""
 
-    def __init__(self, limits: Limits, rate_limiter: RateLimiter | None) -> None:
+    def __init__(self, limits: Limits, rate_limiter: RateLimiter) -> None:
         self.limits = limits
-        self.rate_limiter = rate_limiter if limits.rate_limit > 0 else None
+        self.rate_limiter = rate_limiter
+        """Checks the token (and counts the request, unless ``rate_limit`` is 0) for every request."""
 
     def too_large(self) -> RequestError:
         limit = self.limits.max_body_bytes
@@ -206,22 +247,22 @@ class Guard:
         return bounded_receive
 
     async def admit(self, request: Request, read: Sequence[str] = ()) -> list[Any] | None:
-        """Refuses a request over a limit; returns the values of the keys ``read`` if it read them with the rate
-        limit's count (None when it did not: no rate limit, or Redis failed)."""
+        """Refuses a request over a limit; returns the values of the keys ``read``, read with the token check and the
+        rate limit's count (None when Redis failed: the fields that need it answer UNAVAILABLE). The token's user
+        (or None) is left in ``request.state.admitted`` for the GraphQL context."""
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > self.limits.max_body_bytes:
             raise self.too_large()
-        if self.rate_limiter is None:
-            return None
+        token = bearer(request.headers.get("authorization", ""))
         try:
-            wait, values = await self.rate_limiter.hit_and_get(rate_subject(request), read)
+            admission = await self.rate_limiter.admit(token, client_subject(request.client.host if request.client
+                                                                             else None), read)
         except (RedisError, OSError) as exc:  # fail open: an outage is reported by the fields that need Redis
             log.debug("rate limit not checked: %s", exc)
             return None
-        if wait is not None:
-            seconds = max(1, math.ceil(wait))
-            raise RequestError(
-                429, f"more than {self.rate_limiter.limit} requests in {self.rate_limiter.window} s; retry in {seconds} s",
-                "RATE_LIMITED", headers={"Retry-After": str(seconds)}, details={"retryAfter": seconds},
-            )
-        return values
+        request.state.admitted = admission.viewer
+        if admission.retry_after is not None:
+            message, seconds = self.rate_limiter.refusal(admission.retry_after)
+            raise RequestError(429, message, "RATE_LIMITED", headers={"Retry-After": str(seconds)},
+                               details={"retryAfter": seconds})
+        return admission.values

@@ -13,13 +13,14 @@ MULTI of every write of a session document or listing index:
   checker's reports, ``logs`` Nomad, ``viewer``, policies, the clock) has a resolver and is refused.
 - The key is the document text, the operation name, the variables and the viewer's id, role and projects
   (what ``common.access`` decides visibility by): a viewer never gets an answer made for another scope.
-- The version is read before execution (in the rate limiter's MULTI when there is one, else by a GET of its
-  own); a stored answer of that version is the answer. A miss executes and is stored only if the version
-  is still the one read before execution, so an answer that a racing write may have torn is never kept.
-  Answers with errors (or extensions) are never stored. (An answer is kept under the version read *before* it
-  executed, so one torn by a racing write could never be served anyway: the version has moved past it. The check
-  keeps such dead answers from pushing out live ones.) Misses of one key and version that arrive together
-  execute once: the others wait for that answer (after a write, every polling client misses at once).
+- The version is read before execution (by the admission script with the token check and the rate limit's count,
+  ``gateway.graphql.protection.ADMIT``; by a GET of its own when that failed); a stored answer of that version is
+  the answer. A miss executes and is stored only if the version is still the one read before execution, so an answer
+  that a racing write may have torn is never kept. Answers with errors (or extensions) are never stored. (An answer
+  is kept under the version read *before* it executed, so one torn by a racing write could never be served anyway:
+  the version has moved past it. The check keeps such dead answers from pushing out live ones.) Misses of one key
+  and version that arrive together execute once: the others wait for that answer (after a write, every polling
+  client misses at once).
 - The counter only grows while Redis keeps its data (Caravan's runs with ``appendfsync always``). A Redis restored
   from an older backup can count up to a number already seen: restart the gateways with it.
 
@@ -266,11 +267,11 @@ class ResultCache:
 
     @property
     def reads(self) -> tuple[str, ...]:
-        """Keys to read with the rate limit's count, at the start of every request."""
+        """Keys to read at admission (with the token check and the rate limit's count), at the start of every request."""
         return (self.keys.sessions_version,)
 
     def started(self, request: Request, values: Sequence[Any] | None) -> None:
-        """Note the version read with the rate limit (None: not read, the cache reads it if it needs it)."""
+        """Note the version read at admission (None: not read, the cache reads it if it needs it)."""
         request.state.sessions_version = _version(values[0]) if values else None
 
     async def answer(self, request: Request, viewer: User | None, data: GraphQLRequestData,

@@ -2,21 +2,23 @@
 
 - Authentication: the ``connection_init`` payload ``{"authorization": "Bearer <token>"}``, else the
   upgrade request's ``Authorization`` header. No valid token: the connection closes with 4403
-  Forbidden, as the protocol says, before any operation runs.
+  Forbidden, as the protocol says, before any operation runs. Once open, the connection closes with
+  4403 within about a second of its token being revoked (or its user deactivated), and at its expiry,
+  its running subscriptions ended first (``gateway.revocations``).
 - The legacy ``graphql-ws`` subprotocol is not offered: asking only for it closes with 4406.
-- Every ``subscribe`` message (a subscription, or a query or mutation sent over the socket) counts
-  against the same per-token rate limit as an HTTP request; over it, that operation gets an
-  ``error`` message with ``extensions.code`` RATE_LIMITED and the connection stays open.
+- Every ``subscribe`` message (a subscription, or a query or mutation sent over the socket) checks the
+  token again and counts against the same per-user rate limit as an HTTP request, in one round trip; a
+  token no longer valid closes the connection (4403); over the limit, that operation gets an ``error``
+  message with ``extensions.code`` RATE_LIMITED and the connection stays open.
 - Document limits (depth, tokens, aliases) are schema extensions: they apply here as over HTTP.
 - A subscription sent over HTTP is refused (INVALID_INPUT, 400 with graphql-response+json).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
 from collections.abc import Iterator
-from typing import Any
 
 from graphql import ExecutionResult, GraphQLError
 from redis.exceptions import RedisError
@@ -25,14 +27,14 @@ from strawberry.exceptions import ConnectionRejectionError
 from strawberry.extensions import SchemaExtension
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
-from strawberry.subscriptions.protocols.graphql_transport_ws.types import SubscribeMessage
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import ConnectionInitMessage, SubscribeMessage
 from strawberry.types.graphql import OperationType
 
 from common import events
 from common.errors import InvalidInput
-from common.users import hash_token
 from gateway.graphql.context import Context
-from gateway.graphql.protection import Guard, bearer
+from gateway.graphql.protection import Admission, Guard, RateLimiter, bearer, client_subject
+from gateway.revocations import Watched
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +50,18 @@ async def accept_connection(context: Context) -> None:
     )
     # an outage is not a refusal (4403 would tell the client its token is bad): it propagates, and the
     # server closes the connection as failed (1011), which clients retry
-    context.user = await context.users.by_token(token) if token else None
-    if context.user is None:
+    watch = context.revocations
+    if watch is not None and token:
+        await watch.open()
+        context.watched = watch.watch(token)  # before the check: no revocation can fall between the two
+    found = await context.users.authenticate(token) if token else None
+    if found is None:
         raise ConnectionRejectionError({"code": "UNAUTHENTICATED"})
+    if watch is not None and context.watched is not None:
+        watch.expire_at(context.watched, found.expires_at)
+    context.user = found.user
     context.auth_failure = None
     context.token = token
-    context.rate_subject = "token:" + hash_token(token)[:32]
     sessions = context.sessions
     context.events_from = await events.last_id(sessions.redis, sessions.keys.owner_events(context.user.id))
 
@@ -73,48 +81,57 @@ class SubscriptionsOverWebSocket(SchemaExtension):
 
 
 class RateLimitedTransportWS(BaseGraphQLTransportWSHandler[Context, None]):
-    """Strawberry's graphql-transport-ws handler, with each ``subscribe`` counted by the rate limiter."""
+    """Strawberry's graphql-transport-ws handler, with each ``subscribe`` admitted as an HTTP request is, and the
+    connection closed when its token is revoked or expires."""
+
+    _closer: asyncio.Task[None] | None = None
+
+    async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
+        await super().handle_connection_init(message)
+        watched = self.context.watched
+        if watched is not None and self.connection_acknowledged and self._closer is None:
+            self._closer = asyncio.create_task(self._close_when_tripped(watched), name="close-when-revoked")
+
+    async def shutdown(self) -> None:
+        if self._closer is not None:
+            self._closer.cancel()
+        if self.context.watched is not None and self.context.revocations is not None:
+            self.context.revocations.forget(self.context.watched)
+        await super().shutdown()
+
+    async def _close_when_tripped(self, watched: Watched) -> None:
+        await watched.tripped.wait()
+        log.info("closing a WebSocket connection: its token was %s", watched.reason)
+        for operation_id in list(self.operations):  # its subscriptions end first, then the connection
+            await self.cleanup_operation(operation_id)
+        await self.websocket.close(code=4403, reason="Forbidden")
 
     async def handle_subscribe(self, message: SubscribeMessage) -> None:
-        if self.connection_acknowledged and not await self._still_authenticated():
+        admission = await self._admission() if self.connection_acknowledged else None
+        if admission is not None and admission.viewer is None:
             await self.websocket.close(code=4403, reason="Forbidden")  # its running subscriptions end with it
             return
-        if self.connection_acknowledged and (refusal := await self._over_rate_limit()):
-            error = {"id": message["id"], "type": "error", "payload": [refusal]}
-            await self.send_message(error)  # type: ignore[arg-type]
+        if admission is not None and admission.retry_after is not None:
+            message_text, seconds = self._limiter.refusal(admission.retry_after)
+            refusal = {"message": message_text, "extensions": {"code": "RATE_LIMITED", "retryAfter": seconds}}
+            await self.send_message({"id": message["id"], "type": "error", "payload": [refusal]})  # type: ignore[typeddict-item]
             return
+        if admission is not None and admission.viewer is not None:
+            self.context.user = admission.viewer.user  # a changed role or projects apply from this operation on
         await super().handle_subscribe(message)
 
-    async def _still_authenticated(self) -> bool:
-        """Is the connection's token still valid? A revoked or expired token, or a deactivated user, is refused
-        from the next operation on, as over HTTP; a changed role or projects apply from there too."""
-        token = self.context.token
-        if token is None:
-            return True
-        try:
-            user = await self.context.users.by_token(token)
-        except (RedisError, OSError) as exc:  # an outage is not a refusal: the operation reports UNAVAILABLE
-            log.debug("token not checked again: %s", exc)
-            return True
-        if user is None:
-            return False
-        self.context.user = user
-        return True
-
-    async def _over_rate_limit(self) -> dict[str, Any] | None:
+    @property
+    def _limiter(self) -> RateLimiter:
         guard: Guard = self.view.guard  # type: ignore[attr-defined]
-        limiter, subject = guard.rate_limiter, self.context.rate_subject
-        if limiter is None or subject is None:
-            return None
+        return guard.rate_limiter
+
+    async def _admission(self) -> Admission | None:
+        """The connection's token checked again and this operation counted against its user (one round trip). A
+        revoked or expired token, or a deactivated user, is refused from the next operation on, as over HTTP.
+        None when Redis failed: an outage is not a refusal (the operation reports UNAVAILABLE)."""
         try:
-            wait = await limiter.hit(subject)
-        except (RedisError, OSError) as exc:  # fail open, as over HTTP
-            log.debug("rate limit not checked: %s", exc)
+            client = self.context.request.client
+            return await self._limiter.admit(self.context.token or "", client_subject(client.host if client else None))
+        except (RedisError, OSError) as exc:
+            log.debug("token not checked again: %s", exc)
             return None
-        if wait is None:
-            return None
-        seconds = max(1, math.ceil(wait))
-        return {
-            "message": f"more than {limiter.limit} requests in {limiter.window} s; retry in {seconds} s",
-            "extensions": {"code": "RATE_LIMITED", "retryAfter": seconds},
-        }

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from common.users import Role
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
 GOOD = {"name": "fine-name", "type": "BATCH", "startupCommand": "true", "driver": "EXEC"}
@@ -46,11 +47,13 @@ async def test_unknown_type_is_a_validation_error(caravan: Caravan) -> None:
     assert await stored(caravan) == 0
 
 
-async def test_raw_exec_is_forbidden_for_users(caravan: Caravan) -> None:
-    token = await caravan.user("alice")
+@pytest.mark.parametrize("role", [Role.USER, Role.ADMIN])
+async def test_raw_exec_is_forbidden_for_all_but_superadmins(caravan: Caravan, role: Role) -> None:
+    token = await caravan.user("alice", role)  # an ADMIN of a project must not become root on shared hosts
     with pytest.raises(GraphQLErrors) as raised:
         await caravan.gql(CREATE, {"input": {**GOOD, "driver": "RAW_EXEC"}}, token=token)
     assert raised.value.codes == ["FORBIDDEN"]
+    assert raised.value.errors[0]["extensions"]["field"] == "driver"
     assert await stored(caravan) == 0
 
 

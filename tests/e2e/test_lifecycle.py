@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from common.clock import utcnow
+from common.lifecycle import transition
 from common.model import SessionStatus
 from scheduler.follower import Follower
 from tests.conftest import DEFAULT_IMAGE, requires_docker
@@ -174,3 +176,36 @@ async def test_jobs_without_a_session_are_stopped(caravan: Caravan) -> None:
     follower = Follower(caravan.store, caravan.nomad, None)
     assert await follower.stop_orphans(set()) == [session.nomad_job_id]
     assert (await caravan.nomad.job(session.nomad_job_id))["Stop"] is True
+
+
+async def job_stopped(caravan: Caravan, job_id: str, timeout: float = 15.0) -> dict[str, Any]:
+    """The job once Nomad shows it stopped (``Stop``), within ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (job := await caravan.nomad.job(job_id))["Stop"]:
+        assert loop.time() < deadline, f"job {job_id} is still wanted after {timeout}s: {job['Status']}"
+        await asyncio.sleep(0.2)
+    return job
+
+
+async def test_an_interactive_session_whose_command_fails_ends_and_its_job_is_stopped(caravan: Caravan) -> None:
+    # Nomad restarts a service job's failed task twice (15 s apart), then fails the allocation and reschedules it
+    # without end: the session ends with the failed allocation, and its job must end with it.
+    [session_id] = await create(caravan, type="INTERACTIVE", startupCommand="exit 3")
+    session = await caravan.wait_for(session_id, "TERMINATED", "ERROR", timeout=120)
+    assert (session["status"], session["statusInfo"], session["exitCode"]) == ("TERMINATED", "task-failed", 3)
+    await job_stopped(caravan, session["nomadJobId"])
+    allocs = await caravan.nomad.job_allocations(session["nomadJobId"])
+    assert allocs and all(a["DesiredStatus"] != "run" or a["ClientStatus"] in ("failed", "complete") for a in allocs)
+
+
+async def test_reconciliation_stops_the_job_of_an_ended_session(caravan: Caravan) -> None:
+    [session_id] = await create(caravan, type="INTERACTIVE")
+    await caravan.wait_for(session_id, "RUNNING")
+    # The session ended while its job kept running (its end observed while Caravan was down, the stop then lost):
+    ended = await caravan.store.update(
+        session_id, lambda s: transition(s, SessionStatus.TERMINATED, reason="task-failed", at=utcnow()))
+    assert ended is not None and ended.nomad_job_id
+    assert (await caravan.nomad.job(ended.nomad_job_id))["Stop"] is False
+    await Follower(caravan.store, caravan.nomad, None).reconcile()
+    await job_stopped(caravan, ended.nomad_job_id, timeout=1.0)  # the reconciliation itself stopped it

@@ -202,16 +202,16 @@ async def test_resource_groups_are_node_pools(on_cluster: OnCluster, nomad_clust
 
 async def test_user_policy_limits(on_cluster: OnCluster) -> None:
     async with on_cluster() as caravan:
-        alice = await caravan.user("alice")
+        await caravan.user("alice")  # raw_exec is SUPERADMIN-only: the superadmin creates alice's sessions for her
         await PolicyStore(caravan.store.redis, caravan.store.keys).put_user(
             "alice", UserResourcePolicy(max_concurrent_sessions=1, max_pending_sessions=1))
-        running = await create(caravan, token=alice)
+        running = await create(caravan, owner="alice")
         await eventually(caravan, running, status("RUNNING"))
-        queued = await create(caravan, token=alice, clientToken="queued")
+        queued = await create(caravan, owner="alice", clientToken="queued")
         held = await eventually(caravan, queued, lambda s: bool(s["waitReasons"]))
         assert held["waitReasons"] == ["concurrency: user alice already runs 1 of 1 sessions"]
         with pytest.raises(GraphQLErrors) as refused:
-            await create(caravan, token=alice)
+            await create(caravan, owner="alice")
         assert refused.value.codes == ["QUOTA_EXCEEDED"]
-        assert await create(caravan, token=alice, clientToken="queued") == queued  # a retry adds nothing
+        assert await create(caravan, owner="alice", clientToken="queued") == queued  # a retry adds nothing
 

@@ -12,6 +12,7 @@ import pytest
 
 from common.policies import PolicyStore, UserResourcePolicy
 from common.users import Role
+from scheduler.known_groups import record_resource_groups
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
 PRESET_FIELDS = "name sharedMemory resources { slot amount }"
@@ -29,6 +30,9 @@ SET_PROJECT = f"""mutation($project: String!, $policy: ProjectResourcePolicyInpu
 DELETE_PROJECT = "mutation($project: String!) { deleteProjectResourcePolicy(project: $project) }"
 POLICIES = f"""{{ resourcePolicies {{ users {{ userId stored maxPendingSessions {POLICY_FIELDS} }}
   projects {{ project {POLICY_FIELDS} }} }} }}"""
+CREATE_TEMPLATE = """mutation { createSessionTemplate(input: {name: "t", spec: {type: INTERACTIVE, driver: EXEC}}) { id } }"""
+FROM_TEMPLATE = """mutation($id: ID!, $overrides: SessionOverridesInput!) {
+  createSessionFromTemplate(templateId: $id, overrides: $overrides) { sessions { id } } }"""
 MIB = 1024 * 1024
 
 
@@ -46,8 +50,9 @@ async def refused(caravan: Caravan, query: str, variables: dict[str, Any], token
     return {"code": error["extensions"]["code"], "field": error["extensions"].get("field")}
 
 
-async def test_presets_are_written_by_admins_and_listed_for_everyone(caravan: Caravan) -> None:
+async def test_presets_are_written_by_superadmins_and_listed_for_everyone(caravan: Caravan) -> None:
     alice = await caravan.user("alice")
+    admin = await caravan.user("ada", Role.ADMIN)  # a project's admin: presets are global, not theirs to change
     small = {"name": "small", "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "128m"}]}
     created = (await caravan.gql(CREATE_PRESET, {"input": small}))["createResourcePreset"]
     assert created == {"name": "small", "sharedMemory": None,
@@ -55,7 +60,8 @@ async def test_presets_are_written_by_admins_and_listed_for_everyone(caravan: Ca
     assert (await caravan.gql(PRESETS, token=alice))["resourcePresets"] == [created]
     for query, variables in ((CREATE_PRESET, {"input": {**small, "name": "mine"}}), (UPDATE_PRESET, {"input": small}),
                              (DELETE_PRESET, {"name": "small"})):
-        assert await refused(caravan, query, variables, alice) == {"code": "FORBIDDEN", "field": None}
+        for token in (alice, admin):
+            assert await refused(caravan, query, variables, token) == {"code": "FORBIDDEN", "field": None}
     bad = [
         ({**small, "name": "-x"}, "INVALID_INPUT", "name"),
         ({**small, "resources": [{"slot": "mem", "amount": "1k"}]}, "INVALID_INPUT", "resources.mem"),
@@ -142,9 +148,10 @@ async def test_creation_is_refused_outside_the_allowed_groups_and_drivers(carava
     alice = await caravan.user("alice")
     await caravan.gql(SET_USER, {"user": "alice", "policy": {"allowedResourceGroups": ["default"],
                                                              "allowedDrivers": ["EXEC"]}})
+    await record_resource_groups(caravan.store.redis, caravan.store.keys, ["gpu"])  # known, but not alice's
     cases = [
         (exec_session("in-gpu", resourceGroup="gpu"), "resourceGroup"),
-        (exec_session("in-docker", driver="DOCKER", image="busybox:1"), "driver"),
+        (exec_session("in-docker", driver="DOCKER", image="caravan/busybox:1"), "driver"),
     ]
     for variables, field in cases:
         assert await refused(caravan, CREATE, variables, alice) == {"code": "FORBIDDEN", "field": field}
@@ -153,6 +160,37 @@ async def test_creation_is_refused_outside_the_allowed_groups_and_drivers(carava
     assert await refused(caravan, CREATE, exec_session("project-says-no"), alice) == {"code": "FORBIDDEN",
                                                                                       "field": "driver"}
     assert len(await caravan.store.session_ids(owner_id="alice")) == 1
+
+
+async def test_a_users_priority_is_bounded_by_their_policy(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    admin = await caravan.user("ada", Role.ADMIN)
+    template = (await caravan.gql(CREATE_TEMPLATE, token=alice))["createSessionTemplate"]["id"]
+
+    async def outcome(token: str, priority: int, name: str) -> dict[str, Any]:
+        body = await caravan.post(CREATE, exec_session(name, priority=priority), token=token)
+        return body["errors"][0]["extensions"] if body.get("errors") else {"ok": priority}
+
+    # without a policy a USER may lower their priority, not raise it above the default (10)
+    assert [await outcome(alice, p, f"no-policy-{p}") for p in (0, 10)] == [{"ok": 0}, {"ok": 10}]
+    assert await outcome(alice, 11, "too-high") == {"code": "FORBIDDEN", "field": "priority"}
+    body = await caravan.post(FROM_TEMPLATE, {"id": template, "overrides": {"name": "via-template", "priority": 11}},
+                              token=alice)  # a template is no way around it
+    assert body["errors"][0]["extensions"] == {"code": "FORBIDDEN", "field": "priority"}
+    assert "at most the default, 10" in body["errors"][0]["message"]
+    await caravan.gql(SET_USER, {"user": "alice", "policy": {"maxPriority": 50}}, token=admin)
+    assert await outcome(alice, 50, "policy-50") == {"ok": 50}
+    body = await caravan.post(CREATE, exec_session("policy-51", priority=51), token=alice)
+    assert body["errors"][0]["extensions"] == {"code": "FORBIDDEN", "field": "priority"}
+    assert "at most 50, the maxPriority of your resource policy" in body["errors"][0]["message"]
+    # admins are bounded by the global range only
+    assert await outcome(admin, 100, "admin-100") == {"ok": 100}
+    assert await outcome(admin, 101, "admin-101") == {"code": "INVALID_INPUT", "field": "priority"}
+    assert await refused(caravan, SET_USER, {"user": "alice", "policy": {"maxPriority": 101}}, admin) == {
+        "code": "INVALID_INPUT", "field": "maxPriority"}
+    priorities = sorted(s.priority for s in await caravan.store.get_many(await caravan.store.session_ids(owner_id="alice"))
+                        if s is not None)
+    assert priorities == [0, 10, 50]
 
 
 async def test_the_pending_limit_holds_under_racing_creations(caravan: Caravan) -> None:

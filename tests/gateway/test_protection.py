@@ -1,15 +1,18 @@
-"""Document limits, the body limit and the per-token rate limit, each refused with its own code."""
+"""Document limits, the body limit and the per-user rate limit, each refused with its own code."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 from redis.asyncio import Redis
 
+from common.clock import utcnow
 from common.keys import Keys
+from common.users import Role, User, UserStore
 from gateway.graphql.http import GRAPHQL_RESPONSE, JSON
 from gateway.graphql.protection import Limits, RateLimiter
 from tests.gateway.conftest import GatewayWith, error_of, post
@@ -78,20 +81,46 @@ async def test_body_limit_without_content_length(gateway_with: GatewayWith) -> N
 
 
 @pytest.mark.parametrize("accept", [GRAPHQL_RESPONSE, JSON])
-async def test_rate_limit_per_token(gateway_with: GatewayWith, accept: str) -> None:
+async def test_rate_limit_per_user(gateway_with: GatewayWith, accept: str) -> None:
     # A window of years: the counts cannot roll over into a fresh window mid-test.
     async with gateway_with(rate_limit=3, rate_window=10**8) as caravan:
+        first = await caravan.user("alice")
+        tokens = [first, *[await caravan.users.issue_token("alice", f"t{i}") for i in range(9)]]  # ten tokens
+        for token in tokens[:3]:
+            assert (await post(caravan, "{ viewer { id } }", token=token, accept=accept)).status_code == 200
+        for token in tokens[3:]:  # ten tokens, one budget: alice's
+            response = await post(caravan, "{ viewer { id } }", token=token, accept=accept)
+            details = refused(response, 429, "RATE_LIMITED")
+            assert int(response.headers["retry-after"]) == details["retryAfter"] > 0
         other = await caravan.user("other")
-        for _ in range(3):
-            assert (await post(caravan, "{ viewer { id } }", accept=accept)).status_code == 200
-        response = await post(caravan, "{ viewer { id } }", accept=accept)
-        details = refused(response, 429, "RATE_LIMITED")
-        assert int(response.headers["retry-after"]) == details["retryAfter"] > 0
         assert (await post(caravan, "{ viewer { id } }", token=other, accept=accept)).status_code == 200
-        # Without a token, the client's address is counted instead.
-        for _ in range(3):
-            assert (await post(caravan, "{ __typename }", token=None, accept=accept)).status_code == 200
-        refused(await post(caravan, "{ __typename }", token=None, accept=accept), 429, "RATE_LIMITED")
+        # Without a valid token, the client's address is counted instead: made-up tokens buy no fresh budget.
+        for token in (None, "made-up-1", "made-up-2"):
+            assert (await post(caravan, "{ __typename }", token=token, accept=accept)).status_code == 200
+        for token in (None, "made-up-3"):
+            refused(await post(caravan, "{ __typename }", token=token, accept=accept), 429, "RATE_LIMITED")
+
+
+async def commands_served(redis: Redis) -> dict[str, int]:
+    """Calls per command on the Redis server (the commands a script runs count too)."""
+    stats = await redis.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(entry["calls"]) for name, entry in stats.items()}
+
+
+@pytest.mark.parametrize("rate_limit", [600, 0])
+async def test_an_authenticated_request_costs_one_redis_round_trip(gateway_with: GatewayWith, rate_limit: int) -> None:
+    """The token check, the rate limit's count and the result cache's version read are one script call."""
+    async with gateway_with(rate_limit=rate_limit) as caravan:
+        token = await caravan.user("alice")
+        redis = caravan.store.redis
+        assert (await post(caravan, "{ viewer { id } }", token=token)).status_code == 200  # the script is loaded
+        before = await commands_served(redis)
+        for _ in range(5):
+            assert (await post(caravan, "{ viewer { id } }", token=token)).json()["data"]["viewer"]["id"] == "alice"
+        after = await commands_served(redis)
+        served = {name: calls - before.get(name, 0) for name, calls in after.items() if calls != before.get(name, 0)}
+        inside = {"hmget": 5, "get": 10, **({"incr": 5} if rate_limit else {})}  # token, user, version; count
+        assert served == {"evalsha": 5, **inside, "info": 1}
 
 
 async def test_rate_limit_off(gateway_with: GatewayWith) -> None:
@@ -102,10 +131,41 @@ async def test_rate_limit_off(gateway_with: GatewayWith) -> None:
 
 async def test_rate_windows_are_fixed(redis: Redis, keys: Keys) -> None:
     limiter = RateLimiter(lambda: redis, keys, limit=2, window=10)
-    assert [await limiter.hit("t", now=t) for t in (100.0, 101.0)] == [None, None]
-    assert await limiter.hit("t", now=107.5) == pytest.approx(2.5)  # the third in [100, 110)
-    assert await limiter.hit("t", now=110.0) is None  # a new window
-    assert 0 < await redis.ttl(keys.rate_limit("t", 11)) <= 11
+
+    async def wait(now: float) -> float | None:
+        return (await limiter.admit("", "addr:t", now=now)).retry_after
+
+    assert [await wait(t) for t in (100.0, 101.0)] == [None, None]
+    assert await wait(107.5) == pytest.approx(2.5)  # the third in [100, 110)
+    assert await wait(110.0) is None  # a new window
+    assert 0 < await redis.ttl(keys.rate_limit("addr:t", 11)) <= 11
+
+
+async def test_one_round_trip_checks_the_token_counts_and_reads(redis: Redis, keys: Keys) -> None:
+    users = UserStore(redis, keys)
+    await users.put(User(id="alice", name="alice", role=Role.USER))
+    secret, record = await users.new_token("alice", "t", expires_at=utcnow() + timedelta(hours=1))
+    await redis.set(keys.sessions_version, "7")
+    limiter = RateLimiter(lambda: redis, keys, limit=1, window=10**8)
+    await limiter.admit("", "addr:warm-up")  # loads the script on a cold server
+    sent = []
+    original = redis.execute_command
+
+    async def counted(*args: Any, **options: Any) -> Any:
+        sent.append(args[0])
+        return await original(*args, **options)
+
+    redis.execute_command = counted  # type: ignore[method-assign]
+    try:
+        admitted = await limiter.admit(secret, "addr:x", read=[keys.sessions_version])
+        again = await limiter.admit(secret, "addr:x")
+    finally:
+        redis.execute_command = original  # type: ignore[method-assign]
+    assert admitted.viewer is not None and admitted.viewer.user.id == "alice"
+    assert admitted.viewer.expires_at == record.expires_at
+    assert (admitted.retry_after, admitted.values) == (None, ["7"])
+    assert again.retry_after is not None  # the second request of alice in the window
+    assert sent == ["EVALSHA", "EVALSHA"]  # one round trip each
 
 
 def test_limits_from_environment() -> None:

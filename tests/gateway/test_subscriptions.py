@@ -231,8 +231,10 @@ async def test_admins_follow_other_users_sessions_by_id(caravan: Caravan) -> Non
 
 
 async def test_the_rate_limit_counts_subscribe_messages(gateway_with: GatewayWith) -> None:
-    async with gateway_with(rate_limit=2) as caravan:
+    async with gateway_with(rate_limit=3, rate_window=10**8) as caravan:
         token = await caravan.user("eager")
+        over_http = await caravan.users.issue_token("eager", "another")  # another token, the same budget
+        assert (await post(caravan, "{ viewer { id } }", token=over_http)).status_code == 200
         async with authenticated_socket(caravan.url, token) as socket:
             for _ in range(2):
                 operation = await socket.subscribe("{ viewer { id } }")

@@ -10,7 +10,8 @@ import pytest
 
 from common.users import Role
 from gateway.graphql.schema import schema
-from tests.harness import Caravan, GraphQLErrors
+from scheduler.known_groups import record_resource_groups
+from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
 
 TEMPLATE_FIELDS = """id name ownerId project scope
 spec { type driver image startupCommand resourceGroup clusterSize clusterMode preset
@@ -154,6 +155,7 @@ async def test_project_templates_are_used_by_members_and_written_by_admins(carav
     for query, variables in ((UPDATE_TEMPLATE, {**ids, "input": {"name": "mine now"}}), (DELETE_TEMPLATE, ids)):
         assert await refused(caravan, query, variables, member) == {"code": "FORBIDDEN", "field": "id"}
     assert (await refused(caravan, TEMPLATE, ids, outsider))["code"] == "NOT_FOUND"
+    await record_resource_groups(caravan.store.redis, caravan.store.keys, ["gpu"])  # a node pool the scheduler saw
     spec = {**CLUSTER_SPEC, "clusterSize": 2, "resourceGroup": "gpu"}
     updated = await caravan.gql(UPDATE_TEMPLATE, {**ids, "input": {"spec": spec}}, token=admin)
     assert (updated["updateSessionTemplate"]["spec"]["clusterSize"], updated["updateSessionTemplate"]["spec"]["resourceGroup"]) == (2, "gpu")
@@ -161,6 +163,29 @@ async def test_project_templates_are_used_by_members_and_written_by_admins(carav
     found = await refused(caravan, UPDATE_TEMPLATE, {**ids, "input": {"spec": bad}}, admin)
     assert (found["code"], found["field"]) == ("INVALID_INPUT", "spec.resources.cpu")
     assert (await caravan.gql(TEMPLATE, ids, token=admin))["sessionTemplate"]["spec"]["clusterSize"] == 2
+
+
+async def test_a_raw_exec_template_serves_only_superadmins(caravan: Caravan) -> None:
+    """raw_exec is SUPERADMIN-only, and a template is no way around it: a project ADMIN cannot write one, and one a
+    SUPERADMIN wrote for a project is refused at use to its members and admins alike."""
+    admin = await caravan.user("ada", Role.ADMIN, projects=("physics",))
+    member = await caravan.user("max", projects=("physics",))
+    raw = {"type": "INTERACTIVE", "driver": "RAW_EXEC"}
+    found = await refused(caravan, CREATE_TEMPLATE, {"input": {"name": "root", "spec": raw, "scope": "PROJECT",
+                                                               "project": "physics"}}, admin)
+    assert (found["code"], found["field"]) == ("FORBIDDEN", "spec.driver")
+    template = await create_template(caravan, ADMIN_TOKEN, spec=raw, scope="PROJECT", project="physics", name="root")
+    ids = {"id": template["id"]}
+    for token in (member, admin):
+        found = await refused(caravan, FROM_TEMPLATE, {**ids, "overrides": {"name": "as-root"}}, token)
+        assert (found["code"], found["field"]) == ("FORBIDDEN", "driver")
+        exec_instead = {"name": "not-root", "driver": "EXEC"}  # overriding the driver is the way to use it
+        assert (await caravan.gql(FROM_TEMPLATE, {**ids, "overrides": exec_instead}, token=token))
+    assert await caravan.store.session_ids(owner_id="max") and await caravan.store.session_ids(owner_id="ada")
+    data = await caravan.gql(FROM_TEMPLATE, {**ids, "overrides": {"name": "by-super", "project": "physics"}})
+    [made] = data["createSessionFromTemplate"]["sessions"]
+    made_session = await caravan.store.get(made["id"])
+    assert made_session is not None and made_session.driver.value == "raw_exec"
 
 
 async def test_a_template_may_name_a_preset_and_explicit_resources_win(caravan: Caravan) -> None:

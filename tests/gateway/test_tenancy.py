@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from common.policies import PolicyStore
+from common.presets import PresetStore
 from common.templates import TemplateStore
 from common.users import Role, User
 from tests.harness import ADMIN_TOKEN, Caravan
@@ -39,9 +40,11 @@ ADMINISTRATION = (FB, FB, OK, NF, OK, UA)
 
 CREATE = "mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id } } }"
 ISSUE = "mutation($label: String!, $userId: ID) { issueToken(label: $label, userId: $userId) { token { id } } }"
-CREATE_TEMPLATE = """mutation($name: String!, $scope: TemplateScope!, $project: String) {
+CREATE_TEMPLATE = """mutation($name: String!, $scope: TemplateScope!, $project: String, $driver: Driver = EXEC) {
   createSessionTemplate(input: {name: $name, scope: $scope, project: $project,
-                                spec: {type: INTERACTIVE, driver: EXEC}}) { id } }"""
+                                spec: {type: INTERACTIVE, driver: $driver}}) { id } }"""
+FROM_TEMPLATE = ("mutation($id: ID!, $name: String!) { createSessionFromTemplate(templateId: $id, "
+                 "overrides: {name: $name}) { sessions { id } } }")
 USER_POLICY = ("mutation($userId: String!) { setUserResourcePolicy(userId: $userId, policy: {maxPendingSessions: 500})"
                " { userId } }")
 PROJECT_POLICY = ('mutation($project: String!) { setProjectResourcePolicy(project: $project, '
@@ -61,6 +64,8 @@ class World:
     """alice's PERSONAL template in p1."""
     project_template_id: str = ""
     """carol's PROJECT template of p1."""
+    raw_template_id: str = ""
+    """The SUPERADMIN's PROJECT template of p1 running raw_exec (host root): only a SUPERADMIN may use it."""
     numbers: itertools.count[int] = field(default_factory=itertools.count)
 
     def unique(self, prefix: str) -> str:
@@ -79,8 +84,9 @@ class World:
         token_id: str = issued["issueToken"]["token"]["id"]
         return token_id
 
-    async def new_template(self, scope: str = "PERSONAL", caller: str = "owner") -> str:
-        created = await self.gql(CREATE_TEMPLATE, {"name": self.unique("tpl"), "scope": scope, "project": "p1"}, caller)
+    async def new_template(self, scope: str = "PERSONAL", caller: str = "owner", driver: str = "EXEC") -> str:
+        created = await self.gql(CREATE_TEMPLATE, {"name": self.unique("tpl"), "scope": scope, "project": "p1",
+                                                   "driver": driver}, caller)
         template_id: str = created["createSessionTemplate"]["id"]
         return template_id
 
@@ -137,6 +143,10 @@ async def for_alice(world: World, caller: str) -> Variables:
     return {"input": session_input(world.unique("for-alice"), owner="alice")}
 
 
+async def raw_exec(world: World, caller: str) -> Variables:
+    return {"input": session_input(world.unique("raw"), driver="RAW_EXEC")}
+
+
 async def in_p1(world: World, caller: str) -> Variables:
     return {"input": session_input(world.unique("in-p1"), project="p1")}
 
@@ -184,6 +194,7 @@ SESSION_ROWS = [
         (FB, NF, OK, NF, OK, UA), the_session),
     Row("createSession(owner)", CREATE, (OK, FB, FB, FB, OK, UA), for_alice),
     Row("createSession(project)", CREATE, (OK, OK, OK, FB, OK, UA), in_p1),  # a SUPERADMIN acts in any project
+    Row("createSession(raw_exec)", CREATE, (FB, FB, FB, FB, OK, UA), raw_exec),  # root on the host: SUPERADMIN only
     Row("createSession(dependencies)", CREATE, ACCESS, after_alices),
     Row("destroySession", "mutation($id: ID!) { destroySession(ids: [$id]) { id } }", ACCESS, a_fresh_session,
         unchanged=still_pending),
@@ -271,6 +282,10 @@ async def from_template(world: World, caller: str) -> Variables:
     return {"id": world.template_id, "name": world.unique("from-tpl")}
 
 
+async def from_raw_template(world: World, caller: str) -> Variables:
+    return {"id": world.raw_template_id, "name": world.unique("from-raw")}
+
+
 async def personal_in_p1(world: World, caller: str) -> Variables:
     return {"name": world.unique("tpl-p1"), "scope": "PERSONAL", "project": "p1"}
 
@@ -300,11 +315,11 @@ TEMPLATE_ROWS = [
         "input: {name: $name}) { id } }", ACCESS, renaming_template, unchanged=template_not_renamed),
     Row("deleteSessionTemplate", "mutation($id: ID!) { deleteSessionTemplate(id: $id) }", ACCESS, a_fresh_template,
         unchanged=template_kept),
-    Row("createSessionFromTemplate", "mutation($id: ID!, $name: String!) { createSessionFromTemplate(templateId: $id, "
-        "overrides: {name: $name}) { sessions { id } } }", ACCESS, from_template),
+    Row("createSessionFromTemplate", FROM_TEMPLATE, ACCESS, from_template),
     Row("sessionTemplate(PROJECT)", "query($id: ID!) { sessionTemplate(id: $id) { id } }", (OK, OK, OK, NF, OK, UA),
         the_project_template),
     Row("createSessionTemplate(PROJECT)", CREATE_TEMPLATE, (FB, FB, OK, FB, OK, UA), project_template_of_p1),
+    Row("createSessionFromTemplate(raw_exec)", FROM_TEMPLATE, (FB, FB, FB, NF, OK, UA), from_raw_template),
     Row("updateSessionTemplate(PROJECT)", "mutation($id: ID!) { updateSessionTemplate(id: $id, input: {}) { id } }",
         (FB, FB, OK, NF, OK, UA), the_project_template),
 ]
@@ -327,6 +342,21 @@ async def a_new_preset(world: World, caller: str) -> Variables:
     return {"name": world.unique("preset")}
 
 
+async def a_stored_preset(world: World, caller: str) -> Variables:
+    name = world.unique("preset")
+    await world.gql(PRESET % ("createResourcePreset", "1"), {"name": name}, "super")
+    return {"name": name}
+
+
+async def no_preset(world: World, variables: Variables) -> bool:
+    return not await PresetStore(world.caravan.store.redis, world.caravan.store.keys).named(variables["name"])
+
+
+async def preset_kept(world: World, variables: Variables) -> bool:
+    stored = await PresetStore(world.caravan.store.redis, world.caravan.store.keys).named(variables["name"])
+    return stored[variables["name"]].resources == {"cpu": "1"}
+
+
 async def user_policy_kept(world: World, variables: Variables) -> bool:
     return await world.policies.user(variables["userId"]) is not None
 
@@ -343,6 +373,10 @@ def policy_projects(data: dict[str, Any]) -> list[str]:
     return [p["project"] for p in data["resourcePolicies"]["projects"]]
 
 
+PRESET = 'mutation($name: String!) { %s(input: {name: $name, resources: [{slot: "cpu", amount: "%s"}]}) { name } }'
+PRESETS = (FB, FB, FB, FB, OK, UA)
+"""Presets are global: only a SUPERADMIN writes them (a project's admin would change every project's sessions)."""
+
 POLICY_ROWS = [
     Row("resourcePolicies.users", "{ resourcePolicies { users { userId stored } } }", LISTING, alices_policy,
         policy_users, lambda _: "alice"),
@@ -355,8 +389,10 @@ POLICY_ROWS = [
     Row("deleteProjectResourcePolicy", "mutation($project: String!) { deleteProjectResourcePolicy(project: $project) }",
         ADMINISTRATION, p1_policy, unchanged=project_policy_kept),
     Row("resourcePresets", "{ resourcePresets { name } }", (OK, OK, OK, OK, OK, UA), nothing),
-    Row("createResourcePreset", 'mutation($name: String!) { createResourcePreset(input: {name: $name, '
-        'resources: [{slot: "cpu", amount: "1"}]}) { name } }', (FB, FB, OK, OK, OK, UA), a_new_preset),
+    Row("createResourcePreset", PRESET % ("createResourcePreset", "1"), PRESETS, a_new_preset, unchanged=no_preset),
+    Row("updateResourcePreset", PRESET % ("updateResourcePreset", "2"), PRESETS, a_stored_preset, unchanged=preset_kept),
+    Row("deleteResourcePreset", "mutation($name: String!) { deleteResourcePreset(name: $name) }", PRESETS,
+        a_stored_preset, unchanged=preset_kept),
 ]
 
 ROWS = SESSION_ROWS + USER_ROWS + TEMPLATE_ROWS + POLICY_ROWS
@@ -404,6 +440,7 @@ async def test_tenancy_matrix(caravan: Caravan, capsys: pytest.CaptureFixture[st
     world.session_id = await world.new_session()
     world.template_id = await world.new_template()
     world.project_template_id = await world.new_template("PROJECT", caller="admin")
+    world.raw_template_id = await world.new_template("PROJECT", caller="super", driver="RAW_EXEC")
 
     found = {(row.name, caller): await outcome(world, row, caller) for row in ROWS for caller in CALLERS}
 

@@ -4,14 +4,19 @@ deactivation; who may create and change whom; sessions' projects and creation on
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import uuid
 from typing import Any
 
 import pytest
+from websockets.exceptions import ConnectionClosed
 
 from common.errors import Conflict
-from common.users import BOOTSTRAP_ADMIN_ID, Role, User
-from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
-from tests.ws_client import authenticated_socket
+from common.settings import Settings
+from common.users import BOOTSTRAP_ADMIN_ID, Role, User, UserStore
+from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors, running_caravan
+from tests.ws_client import GraphQLSocket, authenticated_socket
 
 VIEWER = "{ viewer { id role projects } }"
 TOKENS = "query($u: ID) { tokens(userId: $u) { id userId label createdAt expiresAt lastUsedAt } }"
@@ -97,8 +102,69 @@ async def test_a_revoked_token_closes_its_websocket_at_the_next_operation(carava
         assert [p["data"] async for p in socket.results(first)] == [{"viewer": {"id": "alice"}}]
         await socket.subscribe("subscription { sessionEvents { sessionId } }")  # runs until the connection ends
         await caravan.gql(REVOKE, {"id": second["token"]["id"]}, token=token)
-        await socket.subscribe("{ viewer { id } }")
+        with contextlib.suppress(ConnectionClosed):  # the revocation itself may have closed it already
+            await socket.subscribe("{ viewer { id } }")
         assert await socket.closed_with() == 4403
+
+
+async def streaming(socket: GraphQLSocket, caravan: Caravan, token: str) -> str:
+    """A sessionEvents subscription of the token's user, with an event delivered: the connection is streaming."""
+    operation = await socket.subscribe("subscription { sessionEvents { sessionId status } }")
+    await caravan.gql(CREATE_SESSION, {"input": session_input("s-" + uuid.uuid4().hex[:6])}, token=token)
+    assert (await socket.message_of(operation))["type"] == "next"
+    return operation
+
+
+async def closed_within(socket: GraphQLSocket, seconds: float) -> float:
+    """How long the server took to close the connection with 4403 (it must, within ``seconds``)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await socket.closed_with(timeout=seconds) == 4403
+    return loop.time() - started
+
+
+async def test_a_revoked_tokens_streaming_connections_close_within_seconds(caravan: Caravan) -> None:
+    token = await caravan.user("alice")
+    revoked = (await caravan.gql(ISSUE, {"label": "revoked"}, token=token))["issueToken"]
+    async with authenticated_socket(caravan.url, revoked["secret"]) as doomed, \
+            authenticated_socket(caravan.url, token) as kept:
+        await streaming(doomed, caravan, revoked["secret"])
+        await caravan.gql(REVOKE, {"id": revoked["token"]["id"]}, token=token)
+        assert await closed_within(doomed, 5.0) < 5.0  # no operation sent: the revocation itself closes it
+        operation = await kept.subscribe("{ viewer { id } }")  # alice's other token's connection stays open
+        assert [p["data"] async for p in kept.results(operation)] == [{"viewer": {"id": "alice"}}]
+
+
+async def test_an_expiring_tokens_streaming_connection_closes_at_its_expiry(caravan: Caravan) -> None:
+    token = await caravan.user("alice")
+    short = (await caravan.gql(ISSUE, {"label": "short", "exp": "2s"}, token=token))["issueToken"]["secret"]
+    async with authenticated_socket(caravan.url, short) as socket:
+        await streaming(socket, caravan, token)
+        assert await closed_within(socket, 6.0) > 0.5  # at its expiry, not before
+
+
+async def test_a_deactivated_users_streaming_connections_close_within_seconds(caravan: Caravan) -> None:
+    token = await caravan.user("bob")
+    async with authenticated_socket(caravan.url, token) as socket:
+        await streaming(socket, caravan, token)
+        await caravan.gql(DEACTIVATE, {"id": "bob"})
+        assert await closed_within(socket, 5.0) < 5.0
+
+
+async def test_open_connections_cost_redis_nothing_while_idle(caravan: Caravan) -> None:
+    """Watching tokens is one reader per gateway process, not a poll per connection."""
+    tokens = [await caravan.user(f"idle{i}") for i in range(10)]
+    async with contextlib.AsyncExitStack() as stack:
+        sockets = [await stack.enter_async_context(authenticated_socket(caravan.url, t)) for t in tokens]
+        for socket in sockets:
+            await socket.subscribe("subscription { sessionEvents { sessionId } }")
+        await asyncio.sleep(0.5)  # the subscriptions have joined the event reader
+        before = await caravan.store.redis.info("commandstats")
+        await asyncio.sleep(3.0)
+        after = await caravan.store.redis.info("commandstats")
+    served = sum(int(v["calls"]) - int(before.get(k, {"calls": 0})["calls"]) for k, v in after.items()
+                 if k != "cmdstat_info")
+    assert served <= 6, served  # a few blocking reads (5 s each) in all, whatever the number of connections
 
 
 async def test_the_bootstrap_admin_token_is_listed_and_keeps_working(caravan: Caravan) -> None:
@@ -119,6 +185,31 @@ async def test_a_token_expires(caravan: Caravan) -> None:
     await asyncio.sleep(1.2)
     assert await refused(caravan, VIEWER, token=issued["secret"]) == ("UNAUTHENTICATED", None)
     assert [t["label"] for t in (await caravan.gql(TOKENS, token=token))["tokens"]] == ["api"]
+
+
+async def test_a_users_tokens_are_capped_per_user(settings: Settings) -> None:
+    capped = dataclasses.replace(settings, gateway=dataclasses.replace(settings.gateway, max_tokens_per_user=3))
+    async with running_caravan(capped, scheduler=False) as caravan:
+        alice = await caravan.user("alice")  # her first token
+        short = (await caravan.gql(ISSUE, {"label": "short", "exp": "1s"}, token=alice))["issueToken"]["token"]
+        kept = (await caravan.gql(ISSUE, {"label": "kept"}, token=alice))["issueToken"]["token"]
+        code, field = await refused(caravan, ISSUE, {"label": "fourth"}, token=alice)
+        assert (code, field) == ("QUOTA_EXCEEDED", "userId")
+        with pytest.raises(GraphQLErrors) as again:  # an admin issuing for her counts against her too
+            await caravan.gql(ISSUE, {"label": "by admin", "u": "alice"})
+        assert "already has 3 tokens" in again.value.errors[0]["message"]
+        bob = await caravan.user("bob")  # the cap is per user, not global
+        assert (await caravan.gql(ISSUE, {"label": "bob's second"}, token=bob))["issueToken"]["token"]["id"]
+        await caravan.gql(REVOKE, {"id": kept["id"]}, token=alice)
+        assert (await caravan.gql(ISSUE, {"label": "after revoking"}, token=alice))["issueToken"]
+        await asyncio.sleep(1.2)  # an expired token no longer counts
+        assert short["id"] not in {t["id"] for t in (await caravan.gql(TOKENS, token=alice))["tokens"]}
+        assert (await caravan.gql(ISSUE, {"label": "after expiry"}, token=alice))["issueToken"]
+        for label in ("b", "c"):  # the bootstrap admin at the cap: a restart's token replaces its own, not an extra
+            await caravan.gql(ISSUE, {"label": label})
+        restarting = UserStore(caravan.store.redis, caravan.store.keys, max_tokens=3)  # as the gateway's start does
+        await restarting.ensure_bootstrap_admin("a-new-configured-token")
+        assert (await caravan.gql(VIEWER, token="a-new-configured-token"))["viewer"]["id"] == BOOTSTRAP_ADMIN_ID
 
 
 async def test_admins_issue_and_revoke_tokens_of_users_they_manage(caravan: Caravan) -> None:

@@ -26,6 +26,7 @@ from common.settings import Settings
 from common.store import Fence, LostLease, SessionStore
 from nomad_jobs.client import NomadClient
 from scheduler.config import SchedulingConfig, parse_scheduler_config
+from scheduler.known_groups import known_resource_groups
 from scheduler.known_slots import known_slot_types
 from scheduler.placement import Placer
 from scheduler.slots import SlotType
@@ -79,6 +80,15 @@ async def test_a_pass_places_explains_and_cancels(redis: Redis, keys: Keys, noma
     cancelled = await store.get(orphan.id)
     assert cancelled is not None and (cancelled.status, cancelled.status_info) == (S.CANCELLED, "dependency-failed")
     assert (await known_slot_types(redis, keys)).keys() >= {"cpu", "mem"}
+
+
+async def test_a_pass_records_the_node_pools_seen_and_the_configured_groups(
+        redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings, fence: Fence) -> None:
+    assert await redis.smembers(keys.known_resource_groups) == set()  # before any pass (the gateway adds default)
+    config = parse_scheduler_config('resource_group "gpu" {\n  agent_selector = "concentrated"\n}\n')
+    await placer(redis, keys, nomad, settings, fence, config).run_pass()  # nothing pending: the first pass still reads
+    assert await redis.smembers(keys.known_resource_groups) == {"default", "gpu"}  # the dev agent's pool, the config's
+    assert await known_resource_groups(redis, keys, configured=["cpu-only"]) == {"default", "gpu", "cpu-only"}
 
 
 async def test_nothing_is_written_when_nothing_changed(redis: Redis, keys: Keys, nomad: NomadClient,

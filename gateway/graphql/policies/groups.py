@@ -6,6 +6,7 @@ from common.model import Driver
 from gateway.graphql.context import Context
 from gateway.graphql.policies.types import Agent, ResourceGroup, resources_of
 from gateway.scheduling_config import scheduling_config
+from scheduler.known_groups import known_resource_groups
 from scheduler.slots import ResourceSlots
 from scheduler.snapshot import current_agents, healthy_drivers
 
@@ -15,7 +16,8 @@ async def resource_groups(ctx: Context) -> list[ResourceGroup]:
     every_driver = frozenset(d.value for d in Driver)
     nodes, agents = await current_agents(ctx.sessions, ctx.nomad, config, ctx.settings.nomad.job_prefix)
     by_id = {str(node["ID"]): node for node in nodes}
-    names = {a.resource_group for a in agents} | set(config.core.groups) | await ctx.sessions.resource_groups()
+    known = await known_resource_groups(ctx.sessions.redis, ctx.sessions.keys, configured=config.core.groups)
+    names = {a.resource_group for a in agents} | known | await ctx.sessions.resource_groups()
     groups = []
     for name in sorted(names):
         members = [a for a in agents if a.resource_group == name]

@@ -1,6 +1,6 @@
 """Admin mutations of resource presets and of user and project resource policies.
 
-Presets are written by any admin. A user's policy by those who manage the user (``common.access.manages_user``:
+Presets are global (every user's sessions and templates name them): only a SUPERADMIN writes them. A user's policy by those who manage the user (``common.access.manages_user``:
 nobody but a SUPERADMIN sets their own); a project's by its admins. A user or project out of the viewer's reach is
 NOT_FOUND; a USER calling any of these is FORBIDDEN.
 """
@@ -15,9 +15,10 @@ import strawberry
 from common.access import administers, can_see_user, manages_user
 from common.durations import duration_input
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound, UnsupportedResource
+from common.model import MAX_PRIORITY
 from common.policies import PolicyStore, ProjectResourcePolicy, UserResourcePolicy
 from common.presets import PresetStore, ResourcePreset, check_preset_name
-from common.users import User
+from common.users import Role, User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.policies.types import (ProjectResourcePolicy as ProjectPolicyType, ResourcePreset as PresetType,
                                             UserResourcePolicy as UserPolicyType, preset_type_of,
@@ -52,6 +53,8 @@ class ProjectResourcePolicyInput:
 class UserResourcePolicyInput(ProjectResourcePolicyInput):
     max_concurrent_sessions: int | None = None
     max_pending_sessions: int | None = None
+    max_priority: int | None = strawberry.field(
+        default=None, description="The highest session priority (0-100) a USER may ask for; null: the default (10).")
 
 
 # -- inputs checked (pure) --
@@ -87,8 +90,10 @@ def user_policy_of(input: UserResourcePolicyInput, known: Mapping[str, SlotType]
                         ("maxPendingSessions", input.max_pending_sessions)):
         if value is not None and value < 0:
             raise InvalidInput(f"{name} must be 0 or more (null: unlimited)", field=name)
+    if input.max_priority is not None and not 0 <= input.max_priority <= MAX_PRIORITY:
+        raise InvalidInput(f"maxPriority must be between 0 and {MAX_PRIORITY} (null: the default)", field="maxPriority")
     return UserResourcePolicy(**common_fields(input, known), max_concurrent_sessions=input.max_concurrent_sessions,
-                              max_pending_sessions=input.max_pending_sessions)
+                              max_pending_sessions=input.max_pending_sessions, max_priority=input.max_priority)
 
 
 def _slot_limits(given: list[ResourceInput] | None, known: Mapping[str, SlotType]) -> dict[str, str] | None:
@@ -119,7 +124,12 @@ def _groups(names: list[str] | None) -> list[str] | None:
 
 def _admin(viewer: User) -> None:
     if not viewer.is_admin:
-        raise Forbidden("only administrators manage presets and resource policies")
+        raise Forbidden("only administrators manage resource policies")
+
+
+def _superadmin(viewer: User) -> None:
+    if viewer.role is not Role.SUPERADMIN:
+        raise Forbidden("resource presets are global: only a SUPERADMIN creates, changes or deletes them")
 
 
 async def _managed_user(ctx: Context, viewer: User, user_id: str) -> None:
@@ -143,28 +153,28 @@ async def _known(ctx: Context) -> dict[str, SlotType]:
 
 @strawberry.type
 class PolicyMutations:
-    @strawberry.mutation(description="Admins: a new resource preset (CONFLICT when the name is taken).")
+    @strawberry.mutation(description="SUPERADMIN: a new resource preset (CONFLICT when the name is taken).")
     async def create_resource_preset(self, info: Info, input: ResourcePresetInput) -> PresetType:
         ctx = info.context
-        _admin(ctx.viewer)
+        _superadmin(ctx.viewer)
         preset = preset_of(input, await _known(ctx))
         if not await PresetStore(ctx.sessions.redis, ctx.sessions.keys).put(preset, create=True):
             raise Conflict(f"a preset named {input.name!r} exists", field="name")
         return preset_type_of(preset)
 
-    @strawberry.mutation(description="Admins: replace a preset's slots and shared memory.")
+    @strawberry.mutation(description="SUPERADMIN: replace a preset's slots and shared memory.")
     async def update_resource_preset(self, info: Info, input: ResourcePresetInput) -> PresetType:
         ctx = info.context
-        _admin(ctx.viewer)
+        _superadmin(ctx.viewer)
         preset = preset_of(input, await _known(ctx))
         if not await PresetStore(ctx.sessions.redis, ctx.sessions.keys).put(preset, create=False):
             raise NotFound(f"no preset named {input.name!r}", field="name")
         return preset_type_of(preset)
 
-    @strawberry.mutation(description="Admins: delete a preset; templates naming it then fail at creation.")
+    @strawberry.mutation(description="SUPERADMIN: delete a preset; templates naming it then fail at creation.")
     async def delete_resource_preset(self, info: Info, name: str) -> bool:
         ctx = info.context
-        _admin(ctx.viewer)
+        _superadmin(ctx.viewer)
         if not await PresetStore(ctx.sessions.redis, ctx.sessions.keys).delete(name):
             raise NotFound(f"no preset named {name[:80]!r}", field="name")
         return True

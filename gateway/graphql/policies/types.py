@@ -24,6 +24,9 @@ class UserResourcePolicy:
     stored: bool = strawberry.field(description="False: nobody stored one, everything is unlimited.")
     max_concurrent_sessions: int | None
     max_pending_sessions: int | None
+    max_priority: int | None = strawberry.field(
+        description="The highest session priority the user may ask for; null: the default (10) for a USER, 100 for "
+        "admins.")
     total_resource_slots: list[Resource] | None = strawberry.field(
         description="What the user's running sessions may hold together; a slot not listed is unlimited.")
     max_session_lifetime: float | None = strawberry.field(description="Seconds a session may stay RUNNING.")
@@ -90,6 +93,7 @@ def user_policy_type_of(user_id: str, p: policies.UserResourcePolicy | None) -> 
     return UserResourcePolicy(
         user_id=user_id, stored=p is not None,
         max_concurrent_sessions=found.max_concurrent_sessions, max_pending_sessions=found.max_pending_sessions,
+        max_priority=found.max_priority,
         total_resource_slots=resources_of(found.total_resource_slots),
         max_session_lifetime=found.max_session_lifetime, idle_timeout=found.idle_timeout,
         allowed_resource_groups=list(found.allowed_resource_groups) if found.allowed_resource_groups is not None else None,

@@ -9,35 +9,39 @@ import asyncio
 from collections.abc import Sequence
 
 from common.model import Session as SessionModel
-from common.policies import PolicyStore, check_allowed, pending_admission
+from common.policies import PolicyStore, check_allowed, check_priority, pending_admission
 from common.presets import PresetStore
 from gateway.graphql.context import Context
 from gateway.scheduling_config import scheduling_config
 from gateway.session_requests import CreationRules
+from scheduler.known_groups import known_resource_groups
 from scheduler.known_slots import known_slot_types
 
 
 async def creation_rules(ctx: Context, *, resource_group: str, preset: str | None) -> CreationRules:
     """The configuration a new session (or a template's spec) is checked against, read for this request."""
     redis, keys = ctx.sessions.redis, ctx.sessions.keys
+    config = scheduling_config(ctx.settings.scheduler.config_path)
     return CreationRules(
         known_slots=await known_slot_types(redis, keys),
-        allow_raw_exec_for_users=ctx.settings.allow_raw_exec_for_users,
         default_image=ctx.settings.default_image,
+        docker_images=ctx.settings.docker_images,
         presets=await PresetStore(redis, keys).named(preset),
         qemu_images=ctx.settings.qemu_images,
-        allowed_drivers=scheduling_config(ctx.settings.scheduler.config_path).drivers_allowed(resource_group),
+        allowed_drivers=config.drivers_allowed(resource_group),
+        known_groups=await known_resource_groups(redis, keys, configured=config.core.groups),
     )
 
 
 async def admit_and_store(ctx: Context, sessions: Sequence[SessionModel], client_token: str | None) -> list[SessionModel]:
-    """Refuse a resource group or driver the policies leave out (``FORBIDDEN``), or sessions past the owner's
-    pending limit (``QUOTA_EXCEEDED``, exact under racing creations); else store them."""
+    """Refuse a resource group or driver the policies leave out or a USER's priority above theirs (``FORBIDDEN``), or
+    sessions past the owner's pending limit (``QUOTA_EXCEEDED``, exact under racing creations); else store them."""
     first = sessions[0]
     policies = PolicyStore(ctx.sessions.redis, ctx.sessions.keys)
     user_policy, project_policy = await asyncio.gather(policies.user(first.owner_id), policies.project(first.project))
     check_allowed(resource_group=first.resource_group, driver=first.driver.value, user=user_policy,
                   project=project_policy, project_name=first.project)
+    check_priority(first.priority, viewer=ctx.viewer, policy=user_policy)
     admit = pending_admission(first.owner_id, user_policy.max_pending_sessions if user_policy else None,
                               adding=len(sessions))
     return await ctx.sessions.create(sessions, client_token=client_token, admit=admit)

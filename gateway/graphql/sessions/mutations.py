@@ -9,6 +9,7 @@ import strawberry
 from common.clock import utcnow
 from common.access import may_create_for
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound
+from common.model import DEFAULT_PRIORITY
 from common.model import ClusterMode as ClusterModeModel
 from common.model import Driver as DriverModel
 from common.model import RoleSpec
@@ -88,7 +89,9 @@ class CreateSessionInput:
     preopen_ports: list[int] = strawberry.field(default_factory=list)
     shared_memory: str | None = strawberry.field(default=None, description="/dev/shm size for Docker kernels ('64m').")
     designated_agent: str | None = strawberry.field(default=None, description="Admins: the Nomad node id to run on.")
-    priority: int = 10
+    priority: int = strawberry.field(
+        default=DEFAULT_PRIORITY, description="0-100, higher is placed first. A USER may ask for at most their resource "
+        "policy's maxPriority, or the default without one; admins for any.")
     preset: str | None = strawberry.field(
         default=None, description="A resource preset: its slots (and shared memory) under the explicit resources.")
     kernel_roles: list[KernelRoleInput] = strawberry.field(

@@ -1,0 +1,121 @@
+"""Open WebSocket connections closed within seconds when their token stops being valid.
+
+A connection's token is checked when it is opened and again at each operation it sends; a subscription that
+streams for hours sends none. So every token revocation (``revokeToken``, ``deactivateUser``, a replaced bootstrap
+token) also appends the token's hash to one Redis stream (``Keys.token_revocations``, in the same MULTI as the
+revocation: ``common.users``), and each gateway process has one :class:`RevocationWatch`: a single reader task
+blocking in ``XREAD`` on that stream (one Redis connection per process, not one poll per connection) that trips the
+local connections of each revoked token. A token's expiry needs no Redis at all: a timer of the event loop trips
+the connection at that moment.
+
+No revocation slips between a connection's token check and its registration: the reader's position is fixed before
+the first registration, and a connection registers (by token hash) *before* its token is checked. A revocation that
+committed before the check makes the check fail; one that committed after it is in the stream after the reader's
+position, and finds the connection registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from common import events
+from common.clock import utcnow
+from common.keys import Keys
+from common.users import hash_token
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 1.0
+"""Pause of the reader after a failed read (Redis unreachable); nothing is missed, it resumes from its position."""
+
+
+@dataclass(eq=False)
+class Watched:
+    """One connection's token, watched: ``tripped`` is set when it is revoked or expires."""
+
+    token_hash: str
+    tripped: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = ""
+    """``revoked`` or ``expired``, once tripped."""
+    _timer: asyncio.TimerHandle | None = None
+
+    def trip(self, reason: str) -> None:
+        if not self.tripped.is_set():
+            self.reason = reason
+            self.tripped.set()
+
+
+class RevocationWatch:
+    def __init__(self, redis: Redis, keys: Keys, *, block_ms: int = events.BLOCK_MS) -> None:
+        self.redis = redis
+        self.stream = keys.token_revocations
+        self.block_ms = block_ms
+        self._watched: dict[str, set[Watched]] = {}
+        self._position: str | None = None
+        """The id of the last stream entry the reader handled (the stream's end when it started)."""
+        self._reader: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        """Make sure the reader runs, from a position fixed now (before the caller registers anything)."""
+        if self._position is None:
+            end = await events.last_id(self.redis, self.stream)
+            if self._position is None:  # another connection may have fixed it meanwhile: the earlier one stays
+                self._position = end
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read(), name="token-revocations")
+
+    def watch(self, token: str) -> Watched:
+        """Register a connection's token (call :meth:`open` first, and this before checking the token)."""
+        watched = Watched(hash_token(token))
+        self._watched.setdefault(watched.token_hash, set()).add(watched)
+        return watched
+
+    def expire_at(self, watched: Watched, moment: datetime | None) -> None:
+        """Trip ``watched`` at ``moment`` (the token's expiry), by a timer of this process's event loop."""
+        if moment is None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, (moment - utcnow()).total_seconds())
+        watched._timer = loop.call_at(loop.time() + delay, watched.trip, "expired")
+
+    def forget(self, watched: Watched) -> None:
+        if watched._timer is not None:
+            watched._timer.cancel()
+        same = self._watched.get(watched.token_hash, set())
+        same.discard(watched)
+        if not same:
+            self._watched.pop(watched.token_hash, None)
+
+    @property
+    def watching(self) -> int:
+        """Connections registered now."""
+        return sum(len(same) for same in self._watched.values())
+
+    async def aclose(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+
+    async def _read(self) -> None:
+        while True:
+            assert self._position is not None
+            try:
+                reply = await self.redis.xread({self.stream: self._position}, count=500, block=self.block_ms)
+            except (RedisError, OSError) as exc:
+                log.warning("token revocations unreadable (%s); retrying in %s s", exc, RETRY_SECONDS)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            for _, entries in reply or ():
+                for entry_id, fields in entries:
+                    self._position = entry_id
+                    for watched in list(self._watched.get(fields.get("token", ""), ())):
+                        watched.trip("revoked")
+
