@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 import uvicorn
 
 from caravan.stack.processes import free_port
@@ -39,7 +39,7 @@ class GraphQLErrors(AssertionError):
 class Caravan:
     settings: Settings
     url: str
-    http: httpx.AsyncClient
+    http: httpx2.AsyncClient
     store: SessionStore
     users: UserStore
     nomad: NomadClient
@@ -117,7 +117,7 @@ async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: 
         tasks.append(asyncio.create_task(Scheduler(settings, redis, nomad).run_forever()))
     while serve and not server.started:
         await asyncio.sleep(0.02)
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx2.AsyncClient(timeout=30) as http:
         try:
             yield Caravan(settings, f"http://127.0.0.1:{port}/graphql", http, SessionStore(redis, keys), UserStore(redis, keys), nomad)
         finally:

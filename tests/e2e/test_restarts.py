@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from caravan.stack.nomad_cluster import SingleNodeNomad, start_nomad_single_node
@@ -303,7 +303,7 @@ async def test_gateway_and_scheduler_killed_at_random_lose_and_double_nothing(ow
     submissions = 60
     acknowledged: dict[int, str] = {}
     async with running_caravan(own_settings, scheduler=False, serve=False) as caravan, \
-            caravan_processes(own_settings, port) as (gateway, scheduler), httpx.AsyncClient(timeout=10) as http:
+            caravan_processes(own_settings, port) as (gateway, scheduler), httpx2.AsyncClient(timeout=10) as http:
 
         async def submit(n: int) -> None:
             """Until acknowledged, retrying with the same client token: a retry never makes a second session."""
@@ -312,7 +312,7 @@ async def test_gateway_and_scheduler_killed_at_random_lose_and_double_nothing(ow
                 try:
                     response = await http.post(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
                                                json={"query": CREATE, "variables": {"input": session_input}})
-                except httpx.TransportError:
+                except httpx2.TransportError:
                     await asyncio.sleep(0.2)  # the gateway is down (or was killed mid-request)
                     continue
                 assert response.status_code != 500, response.text
@@ -328,7 +328,7 @@ async def test_gateway_and_scheduler_killed_at_random_lose_and_double_nothing(ow
 
         async def gateway_up() -> None:
             while True:
-                with contextlib.suppress(httpx.TransportError):
+                with contextlib.suppress(httpx2.TransportError):
                     if (await http.get(url.replace("/graphql", "/healthz"))).status_code == 200:
                         return
                 await asyncio.sleep(0.1)

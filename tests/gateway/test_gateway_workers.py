@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 
 from caravan.stack.processes import free_port
 from common.settings import Settings
@@ -58,12 +58,12 @@ async def test_workers_share_the_port_and_die_with_a_killed_supervisor(settings:
         supervisor = subprocess.Popen([sys.executable, "-m", "caravan.cli", "gateway"], cwd=ROOT, env=env,
                                       stdout=log, stderr=log, start_new_session=True)
     try:
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with httpx2.AsyncClient(timeout=5) as http:
             async def answers() -> bool:
                 try:
                     response = await http.post(f"http://127.0.0.1:{port}/graphql", json={"query": "{ viewer { id } }"},
                                                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-                except httpx.TransportError:
+                except httpx2.TransportError:
                     return False
                 return bool(response.json() == {"data": {"viewer": {"id": "admin"}}})
 
