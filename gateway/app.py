@@ -31,6 +31,7 @@ from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
 from gateway.metrics import Metrics
+from gateway.nomad_shares import NomadShares
 from nomad_jobs.client import NomadClient
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
         super().__init__(schema, guard=Guard(limits, limiter), metrics=metrics, result_cache=results,
                          graphql_ide="graphiql", allow_queries_via_get=True, subscription_protocols=WS_PROTOCOLS)
         self.state = state
+        self.nomad_shares = NomadShares(limits.max_nomad_calls, limits.max_user_nomad_calls)
 
     async def on_ws_connect(self, context: Context) -> UnsetType:
         await accept_connection(context)
@@ -67,7 +69,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
             settings=self.state["settings"],
             sessions=self.state["sessions"],
             users=users,
-            nomad=self.state["nomad"],
+            nomad=self.state["nomad"].admitted(self.nomad_shares.admission(user.id if user else "")),
             user=user,
             request_id=uuid.uuid4().hex[:12],
             auth_failure=failure,
