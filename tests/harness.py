@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -101,6 +102,23 @@ query($id: ID!) { session(id: $id) {
 CREATE = """
 mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id name status } } }
 """
+
+
+def caravan_env(settings: Settings, port: int) -> dict[str, str]:
+    """The environment of a ``caravan`` command serving ``settings``' namespace, its gateway on ``port``."""
+    return {
+        **os.environ,
+        "CARAVAN_HOME": str(settings.home),
+        "CARAVAN_REDIS_URL": settings.redis.url,
+        "CARAVAN_REDIS_PREFIX": settings.redis.prefix,
+        "CARAVAN_NOMAD_ADDR": settings.nomad.addr,
+        "CARAVAN_NOMAD_JOB_PREFIX": settings.nomad.job_prefix,
+        "CARAVAN_ADMIN_TOKEN": ADMIN_TOKEN,
+        "CARAVAN_GATEWAY_HOST": "127.0.0.1",
+        "CARAVAN_GATEWAY_PORT": str(port),
+        "CARAVAN_GATEWAY_WORKERS": "1",  # started and killed often in tests: several worker processes take long
+        "CARAVAN_RECONCILE_INTERVAL": "2",
+    }
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import sys
@@ -32,7 +31,7 @@ from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
 from common.model import Session, SessionResult, SessionStatus
 from common.settings import NomadSettings, RedisSettings, SchedulerSettings, Settings
-from tests.harness import ADMIN_TOKEN, CREATE, Caravan, running_caravan
+from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
 
 S = SessionStatus
 CARAVAN = Path(sys.executable).with_name("caravan")
@@ -264,22 +263,6 @@ class CaravanProcess:
                 await asyncio.wait_for(self.process.wait(), 20)
             except TimeoutError:
                 await self.kill()
-
-
-def caravan_env(settings: Settings, port: int) -> dict[str, str]:
-    return {
-        **os.environ,
-        "CARAVAN_HOME": str(settings.home),
-        "CARAVAN_REDIS_URL": settings.redis.url,
-        "CARAVAN_REDIS_PREFIX": settings.redis.prefix,
-        "CARAVAN_NOMAD_ADDR": settings.nomad.addr,
-        "CARAVAN_NOMAD_JOB_PREFIX": settings.nomad.job_prefix,
-        "CARAVAN_ADMIN_TOKEN": ADMIN_TOKEN,
-        "CARAVAN_GATEWAY_HOST": "127.0.0.1",
-        "CARAVAN_GATEWAY_PORT": str(port),
-        "CARAVAN_GATEWAY_WORKERS": "1",  # killed every second or so: several worker processes take too long to start
-        "CARAVAN_RECONCILE_INTERVAL": "2",
-    }
 
 
 @contextlib.asynccontextmanager
