@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # not a line per Nomad call
 
 
 def serve_gateway(settings: Settings) -> None:

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from caravan.supervisor import FIRST_DELAY, MAX_DELAY, restart_delay
 from common.keys import Keys
 from common.settings import Settings
-from tests.dev_process import ROLES, alive, caravan_dev, until
+from tests.dev_process import ROLES, alive, caravan_dev, children_of, until
 from tests.harness import caravan_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,17 +71,21 @@ def test_a_refused_configuration_stops_dev_before_anything_starts(settings: Sett
     assert "configuration refused" in done.stderr.decode()
 
 
-def test_a_child_refused_later_stops_the_others_and_dev_exits_2(tmp_path: Path) -> None:
-    """Each role a real process: the idle checker's is refused (exit 2) after a moment; the others would run on."""
-    script = textwrap.dedent("""
+def supervising(idle: str, others: str = "import time; time.sleep(300)") -> subprocess.Popen[bytes]:
+    """A real supervisor whose idle checker runs the Python code ``idle``, and its other roles ``others``."""
+    script = textwrap.dedent(f"""
         import sys
         from caravan.supervisor import Supervisor
-        refused = [sys.executable, "-c", "import time, sys; time.sleep(0.5); sys.exit(2)"]
-        forever = [sys.executable, "-c", "import time; time.sleep(300)"]
-        sys.exit(Supervisor(lambda role: refused if role == "idle" else forever, {}).run())
+        idle, others = [sys.executable, "-c", {idle!r}], [sys.executable, "-c", {others!r}]
+        sys.exit(Supervisor(lambda role: idle if role == "idle" else others, {{}}).run())
     """)
-    supervisor = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_a_child_refused_later_stops_the_others_and_dev_exits_2() -> None:
+    """Each role a real process: the idle checker's is refused (exit 2) after a moment; the others would run on."""
+    supervisor = supervising("import time, sys; time.sleep(0.5); sys.exit(2)")
     try:
         output, _ = supervisor.communicate(timeout=60)
         assert supervisor.returncode == 2, output.decode()
@@ -90,3 +94,23 @@ def test_a_child_refused_later_stops_the_others_and_dev_exits_2(tmp_path: Path) 
             os.killpg(supervisor.pid, signal.SIGKILL)
     leftovers = subprocess.run(["pgrep", "-g", str(supervisor.pid)], capture_output=True, text=True).stdout.split()
     assert leftovers == []  # the two that would have run on were stopped
+
+
+async def test_sighup_reaches_the_idle_checker_and_sigterm_stops_everyone(tmp_path: Path) -> None:
+    listening, heard = tmp_path / "listening", tmp_path / "hup"
+    supervisor = supervising("import pathlib, signal, time\n"
+                             f"signal.signal(signal.SIGHUP, lambda *_: pathlib.Path({str(heard)!r}).touch())\n"
+                             f"pathlib.Path({str(listening)!r}).touch()\n"
+                             "time.sleep(300)")
+    try:
+        await until(lambda: len(children_of(supervisor.pid)) == 3 and listening.exists(), 30, "three children")
+        children = children_of(supervisor.pid)
+        supervisor.send_signal(signal.SIGHUP)
+        await until(heard.exists, 10, "the idle checker to get SIGHUP")
+        assert children_of(supervisor.pid) == children  # nobody was restarted or stopped by it
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(30) == 0
+        assert not any(alive(pid) for pid in children)
+    finally:
+        if supervisor.poll() is None:
+            os.killpg(supervisor.pid, signal.SIGKILL)
