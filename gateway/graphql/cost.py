@@ -104,21 +104,8 @@ class _Walk:
     def selections(self, parent: GraphQLObjectType, selection_set: SelectionSetNode | None, times: int,
                    spreading: frozenset[str]) -> int:
         """Cost of a selection set on ``parent`` resolved ``times`` times; ``spreading``: the fragments around it."""
-        total = 0
-        for selection in selection_set.selections if selection_set else ():
-            if self.skipped(selection):
-                continue
-            if isinstance(selection, FieldNode):
-                total += self.field(parent, selection, times, spreading)
-            elif isinstance(selection, InlineFragmentNode):
-                total += self.selections(self.on(selection, parent), selection.selection_set, times, spreading)
-            elif isinstance(selection, FragmentSpreadNode):
-                name = selection.name.value
-                fragment = self.fragments.get(name)
-                if fragment is not None and name not in spreading:  # validation refuses cycles; never loop here
-                    total += self.selections(self.on(fragment, parent), fragment.selection_set, times,
-                                             spreading | {name})
-        return total
+        return sum(self.field(on, node, times, inside) for node, on, inside in self.fields_of(parent, selection_set,
+                                                                                             spreading))
 
     def field(self, parent: GraphQLObjectType, node: FieldNode, times: int, spreading: frozenset[str]) -> int:
         name = node.name.value
@@ -127,8 +114,7 @@ class _Walk:
             return 0
         coordinate = (parent.name, name)
         arguments = {a.name.value: value_from_ast_untyped(a.value, self.variables) for a in node.arguments or ()}
-        items = self.items(coordinate, definition.type, arguments) if is_list_type(
-            get_nullable_type(definition.type)) else 1
+        items = self.items(coordinate, arguments) if is_list_type(get_nullable_type(definition.type)) else 1
         own = _weight(coordinate, definition.extensions) * times * (items if coordinate in SIZED_BY else 1)
         returned = get_named_type(definition.type)
         if not isinstance(returned, GraphQLObjectType) or node.selection_set is None:
@@ -141,32 +127,34 @@ class _Walk:
                    spreading: frozenset[str]) -> int:
         """A connection's selections: its ``edges`` (and what is under them) hold ``page`` items."""
         total = 0
-        for node, on in self.fields_of(connection, selection_set, spreading):
+        for node, on, inside in self.fields_of(connection, selection_set, spreading):
             if node.name.value == "edges":
                 edge = get_named_type(on.fields["edges"].type)
                 assert isinstance(edge, GraphQLObjectType)
-                total += self.selections(edge, node.selection_set, times * page, spreading)
+                total += self.selections(edge, node.selection_set, times * page, inside)
             else:
-                total += self.field(on, node, times, spreading)
+                total += self.field(on, node, times, inside)
         return total
 
-    def fields_of(self, parent: GraphQLObjectType, selection_set: SelectionSetNode,
-                  spreading: frozenset[str]) -> Iterator[tuple[FieldNode, GraphQLObjectType]]:
-        """The fields selected on ``parent``, through its fragments."""
-        for selection in selection_set.selections:
+    def fields_of(self, parent: GraphQLObjectType, selection_set: SelectionSetNode | None,
+                  spreading: frozenset[str]) -> Iterator[tuple[FieldNode, GraphQLObjectType, frozenset[str]]]:
+        """The fields selected on ``parent`` through its fragments, each with the type it is read on and the named
+        fragments it is inside (validation refuses cycles; they are never followed here either)."""
+        for selection in selection_set.selections if selection_set else ():
             if self.skipped(selection):
                 continue
             if isinstance(selection, FieldNode):
-                yield selection, parent
+                yield selection, parent, spreading
             elif isinstance(selection, InlineFragmentNode):
                 yield from self.fields_of(self.on(selection, parent), selection.selection_set, spreading)
             elif isinstance(selection, FragmentSpreadNode):
-                fragment = self.fragments.get(selection.name.value)
-                if fragment is not None and selection.name.value not in spreading:
-                    yield from self.fields_of(self.on(fragment, parent), fragment.selection_set,
-                                              spreading | {selection.name.value})
+                name = selection.name.value
+                fragment = self.fragments.get(name)
+                if fragment is not None and name not in spreading:
+                    yield from self.fields_of(self.on(fragment, parent), fragment.selection_set, spreading | {name})
 
-    def items(self, coordinate: Coordinate, type_: Any, arguments: Mapping[str, Any]) -> int:
+    def items(self, coordinate: Coordinate, arguments: Mapping[str, Any]) -> int:
+        """How many items a list field may hold."""
         if coordinate in SIZED_BY:
             argument, most = SIZED_BY[coordinate]
             value = arguments.get(argument)

@@ -77,6 +77,13 @@ def test_the_named_operation_is_costed() -> None:
     assert operation_cost(schema._schema, document, "Neither", None, PAGE) == 0
 
 
+def test_a_fragment_cycle_is_costed_once_around() -> None:
+    """Validation refuses cycles before the cost is computed; the function alone must still end."""
+    document = parse('{ session(id: "s") { ...A } } fragment A on Session { ...B } '
+                     "fragment B on Session { ...A mainKernel { logs { stdout } } }")
+    assert operation_cost(schema._schema, document, None, None, PAGE) == 1 + 1 + LOGS
+
+
 def test_every_costed_field_is_in_the_schema() -> None:
     """The tables name fields by their schema coordinates: a rename must not silently make a field free."""
     for type_name, field in [*NOMAD_CALLS, *SIZED_BY, *LIST_SIZES]:
