@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("gateway", help="serve the GraphQL API")
     commands.add_parser("scheduler", help="place pending sessions and follow Nomad (one active at a time)")
     commands.add_parser("idle", help="reclaim idle sessions per the idle policy (one active at a time; SIGHUP reloads)")
-    commands.add_parser("dev", help="gateway, scheduler and idle checker in one process, for one machine")
+    commands.add_parser("dev", help="gateway, scheduler and idle checker, each in its own supervised process")
     stack = commands.add_parser("stack", help="start or stop the one-machine stack (Redis, Nomad, Caravan)")
     stack.add_argument("action", choices=["up", "down", "status"])
     args = parser.parse_args(argv)
@@ -30,38 +30,22 @@ def main(argv: list[str] | None = None) -> int:
 
         return {"up": dev_stack.up, "down": dev_stack.down, "status": dev_stack.status}[args.action](settings)
     runner = {
-        "gateway": services.run_gateway,
         "scheduler": services.run_scheduler,
         "idle": services.run_idle,
-        "dev": services.run_all,
     }
     try:
         if args.command == "gateway":
             services.serve_gateway(settings)  # several worker processes: not inside an event loop
+        elif args.command == "dev":
+            return services.run_dev(settings)  # 2 when a child's configuration is refused
         else:
             asyncio.run(runner[args.command](settings))
     except KeyboardInterrupt:
         pass
-    except (PolicyFileError, SchedulerConfigError, ExceptionGroup) as failure:
-        refused = _configuration_refused(failure)
-        if refused is None:
-            raise
+    except (PolicyFileError, SchedulerConfigError) as refused:
         print(f"caravan: configuration refused: {refused}", file=sys.stderr)
         return 2
     return 0
-
-
-def _configuration_refused(failure: BaseException) -> BaseException | None:
-    """The refused configuration file behind ``failure`` (alone, or inside the ``dev`` task group)."""
-    refusals = (PolicyFileError, SchedulerConfigError)
-    if isinstance(failure, refusals):
-        return failure
-    if isinstance(failure, BaseExceptionGroup):
-        matched = failure.subgroup(lambda e: isinstance(e, refusals))
-        while isinstance(matched, BaseExceptionGroup):
-            matched = matched.exceptions[0]
-        return matched
-    return None
 
 
 if __name__ == "__main__":

@@ -1,13 +1,11 @@
-"""Running Caravan's services: each alone, or all in one process for one machine."""
+"""Running Caravan's services: each in its own process (``caravan dev`` supervises the three on one machine)."""
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import multiprocessing
 import os
-import signal
 import sys
 
 import uvicorn
@@ -16,19 +14,20 @@ from starlette.applications import Starlette
 from common.redis import connect
 from common.settings import Settings, load_settings
 from common.users import bootstrap_admin_token
+from caravan.supervisor import Supervisor, die_with_parent
 from gateway.app import create_app
 from idle.reload import PolicySource, reload_on_sighup
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient
+from scheduler.config import load_scheduler_config
 from scheduler.service import Scheduler
 
 log = logging.getLogger(__name__)
 
-PR_SET_PDEATHSIG = 1
-
 
 def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # not a line per Nomad call
 
 
 def serve_gateway(settings: Settings) -> None:
@@ -50,11 +49,9 @@ def gateway_worker_app() -> Starlette:
 
     The worker dies with its supervisor, even a SIGKILLed one (Linux ``PR_SET_PDEATHSIG``): no orphan goes on
     serving the port, just as a killed single-process gateway serves nothing."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        parent = multiprocessing.parent_process()
-        if parent is not None and os.getppid() != parent.pid:  # it died before we asked
-            os._exit(1)
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid is not None:
+        die_with_parent(parent.pid)
     return create_app(load_settings())
 
 
@@ -89,9 +86,11 @@ async def run_idle(settings: Settings, policy: PolicySource | None = None) -> No
         await redis.aclose()
 
 
-async def run_all(settings: Settings) -> None:
-    idle_policy = PolicySource(settings.idle.policy_path)  # a broken file stops us before anything runs
-    async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(run_gateway(settings))
-        tasks.create_task(run_scheduler(settings))
-        tasks.create_task(run_idle(settings, idle_policy))
+def run_dev(settings: Settings) -> int:
+    """``caravan dev``: the gateway (one worker), the scheduler and the idle checker as processes of their own, each
+    ``caravan <role>`` with this process's environment, supervised by :class:`caravan.supervisor.Supervisor`. Their
+    configuration files are read here first: a refused one stops us before anything starts."""
+    load_scheduler_config(settings.scheduler.config_path)
+    PolicySource(settings.idle.policy_path)
+    env = {**os.environ, "CARAVAN_GATEWAY_WORKERS": "1"}
+    return Supervisor(lambda role: [sys.executable, "-m", "caravan.cli", role], env).run()

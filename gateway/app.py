@@ -32,6 +32,7 @@ from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
 from gateway.metrics import Metrics
 from gateway.revocations import RevocationWatch
+from gateway.nomad_shares import NomadShares
 from nomad_jobs.client import NomadClient
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,12 @@ class CaravanGraphQL(GraphQLOverHTTP):
         super().__init__(schema, guard=Guard(limits, limiter), metrics=metrics, result_cache=results,
                          graphql_ide="graphiql", allow_queries_via_get=True, subscription_protocols=WS_PROTOCOLS)
         self.state = state
+        self.nomad_shares = NomadShares(limits.max_nomad_calls, limits.max_user_nomad_calls)
 
     async def on_ws_connect(self, context: Context) -> UnsetType:
         await accept_connection(context)
+        if context.user is not None:  # known only now (the token may come in connection_init): the user's share
+            context.nomad = self.state["nomad"].admitted(self.nomad_shares.admission(context.user.id))
         return UNSET  # a plain connection_ack
 
     async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
@@ -71,7 +75,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
             settings=self.state["settings"],
             sessions=self.state["sessions"],
             users=users,
-            nomad=self.state["nomad"],
+            nomad=self.state["nomad"].admitted(self.nomad_shares.admission(user.id if user else "")),
             user=user,
             request_id=uuid.uuid4().hex[:12],
             auth_failure=failure,

@@ -1,7 +1,11 @@
 """Caravan's async client for the Nomad HTTP API: the only module that talks to Nomad.
 
-Errors are mapped once, here: unreachable or 5xx → :class:`TransientError` (retry with backoff),
+Errors are mapped once, here: unreachable, 5xx or too slow → :class:`TransientError` (retry with backoff),
 404 → :class:`JobNotFound` / :class:`NomadNotFound`, other 4xx → :class:`NomadRejected`.
+
+HTTP is httpx2, pydantic's maintained fork of httpx: the same API, and its pool reclaims the slot of a call
+cancelled while the pool is contended, which httpcore 1.0.9 (pinned by httpx 0.28.1) leaks forever
+(encode/httpcore#1093; ``tests/nomad_jobs/test_client_pool.py``).
 """
 
 from __future__ import annotations
@@ -9,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import copy
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import httpx
+import httpx2
 
 from common.errors import PermanentError, TransientError
 from common.settings import NomadSettings
@@ -25,6 +31,9 @@ log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 
+Admission = Callable[[], AbstractAsyncContextManager[object]]
+"""What a call waits for before it takes a connection (see :meth:`NomadClient.admitted`)."""
+
 LIVE_ALLOCATIONS = (
     'DesiredStatus == "run" and (ClientStatus == "pending" or ClientStatus == "running" or ClientStatus == "unknown")'
 )
@@ -32,6 +41,8 @@ LIVE_ALLOCATIONS = (
 
 TERMINAL_ALLOCATION_STATUSES = frozenset({"complete", "failed", "lost"})
 """Client statuses of an allocation whose tasks will not run (or write logs) again."""
+CONNECTIONS = 64
+"""Connections of a client's pool for calls (besides log follows): more calls at once wait for a free one."""
 LOG_FOLLOWS = 64
 """Log follows open at once per client; more wait for a free connection (Nomad allows 100 per client address)."""
 
@@ -49,32 +60,47 @@ class JobExists(PermanentError):
 
 
 class NomadClient:
-    def __init__(self, settings: NomadSettings, *, timeout: float = 10.0) -> None:
+    def __init__(self, settings: NomadSettings, *, timeout: float = 10.0, max_connections: int = CONNECTIONS) -> None:
+        """``timeout``: seconds one call may take in all (waiting for admission and a connection, sending, reading
+        the answer), and each phase of a log follow or event stream; ``max_connections``: size of the call pool."""
         headers = {"X-Nomad-Token": settings.token} if settings.token else {}
         self.settings = settings
-        self._http = httpx.AsyncClient(
+        self.timeout = timeout
+        self._admission: Admission | None = None
+        self._http = httpx2.AsyncClient(
             base_url=settings.addr,
             headers=headers,
             timeout=timeout,
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections // 2),
         )
         # log follows hold a connection each for as long as someone watches: a pool of their own, so that
         # many watchers cannot starve the calls that run sessions
-        self._follows = httpx.AsyncClient(
+        self._follows = httpx2.AsyncClient(
             base_url=settings.addr, headers=headers, timeout=timeout,
-            limits=httpx.Limits(max_connections=LOG_FOLLOWS, max_keepalive_connections=0),
+            limits=httpx2.Limits(max_connections=LOG_FOLLOWS, max_keepalive_connections=0),
         )
+
+    def admitted(self, admission: Admission) -> NomadClient:
+        """This client (its pools shared) with every call first entering ``admission()`` (a semaphore, say: the
+        gateway's per-request and per-user caps); the wait counts against the call's timeout."""
+        view = copy.copy(self)
+        view._admission = admission
+        return view
 
     async def aclose(self) -> None:
         await self._http.aclose()
         await self._follows.aclose()
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
         params = {"namespace": self.settings.namespace, **kwargs.pop("params", {})}
         try:
-            response = await self._http.request(method, path, params=params, **kwargs)
-        except httpx.TransportError as exc:
-            raise TransientError(f"Nomad at {self.settings.addr} is unreachable: {exc}") from exc
+            async with asyncio.timeout(self.timeout):
+                async with self._admission() if self._admission else contextlib.nullcontext():
+                    response = await self._http.request(method, path, params=params, **kwargs)
+        except TimeoutError as exc:
+            raise TransientError(f"Nomad {method} {path} did not answer within {self.timeout:g} s") from exc
+        except httpx2.TransportError as exc:
+            raise TransientError(f"Nomad at {self.settings.addr} is unreachable: {exc!r}") from exc
         if response.status_code >= 500:
             text = response.text.strip()
             if "job already exists" in text:
@@ -235,7 +261,7 @@ class NomadClient:
         splitter = FrameSplitter()
         try:
             async with self._follows.stream(
-                "GET", f"/v1/client/fs/logs/{alloc_id}", params=params, timeout=httpx.Timeout(10.0, read=None)
+                "GET", f"/v1/client/fs/logs/{alloc_id}", params=params, timeout=httpx2.Timeout(10.0, read=None)
             ) as response:
                 if response.status_code != 200:
                     # 404 before the task starts, 400 before Nomad knows the task: both settle on their own
@@ -245,7 +271,7 @@ class NomadClient:
                     for frame in splitter.feed(chunk):
                         frames.put_nowait(frame)
             frames.put_nowait(None)
-        except (httpx.TransportError, NomadNotFound, ValueError) as exc:
+        except (httpx2.TransportError, NomadNotFound, ValueError) as exc:
             frames.put_nowait(exc)
 
     async def _until_drained(
@@ -261,7 +287,7 @@ class NomadClient:
             except TimeoutError:
                 frame = HEARTBEAT
             if frame is None or isinstance(frame, BaseException):
-                if isinstance(frame, httpx.TransportError | ValueError):
+                if isinstance(frame, httpx2.TransportError | ValueError):
                     log.info("log stream of %s broke (%s); reopening it", alloc_id, frame)
                 return
             now = time.monotonic()
@@ -304,7 +330,7 @@ class NomadClient:
         params += [("topic", t) for t in topics]
         try:
             async with self._http.stream(
-                "GET", "/v1/event/stream", params=params, timeout=httpx.Timeout(10.0, read=60.0)
+                "GET", "/v1/event/stream", params=params, timeout=httpx2.Timeout(10.0, read=60.0)
             ) as response:
                 if response.status_code != 200:
                     raise TransientError(f"event stream answered {response.status_code}")
@@ -314,5 +340,5 @@ class NomadClient:
                     batch = json.loads(line)
                     if batch:
                         yield batch
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             raise TransientError(f"event stream broken: {exc}") from exc

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 import uvicorn
 
 from caravan.stack.processes import free_port
@@ -40,7 +41,7 @@ class GraphQLErrors(AssertionError):
 class Caravan:
     settings: Settings
     url: str
-    http: httpx.AsyncClient
+    http: httpx2.AsyncClient
     store: SessionStore
     users: UserStore
     nomad: NomadClient
@@ -104,6 +105,23 @@ mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions 
 """
 
 
+def caravan_env(settings: Settings, port: int) -> dict[str, str]:
+    """The environment of a ``caravan`` command serving ``settings``' namespace, its gateway on ``port``."""
+    return {
+        **os.environ,
+        "CARAVAN_HOME": str(settings.home),
+        "CARAVAN_REDIS_URL": settings.redis.url,
+        "CARAVAN_REDIS_PREFIX": settings.redis.prefix,
+        "CARAVAN_NOMAD_ADDR": settings.nomad.addr,
+        "CARAVAN_NOMAD_JOB_PREFIX": settings.nomad.job_prefix,
+        "CARAVAN_ADMIN_TOKEN": ADMIN_TOKEN,
+        "CARAVAN_GATEWAY_HOST": "127.0.0.1",
+        "CARAVAN_GATEWAY_PORT": str(port),
+        "CARAVAN_GATEWAY_WORKERS": "1",  # started and killed often in tests: several worker processes take long
+        "CARAVAN_RECONCILE_INTERVAL": "2",
+    }
+
+
 @contextlib.asynccontextmanager
 async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: bool = True) -> AsyncIterator[Caravan]:
     """A gateway (``serve``) and a scheduler (``scheduler``) for ``settings``' namespace."""
@@ -119,7 +137,7 @@ async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: 
         tasks.append(asyncio.create_task(Scheduler(settings, redis, nomad).run_forever()))
     while serve and not server.started:
         await asyncio.sleep(0.02)
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx2.AsyncClient(timeout=30) as http:
         try:
             yield Caravan(settings, f"http://127.0.0.1:{port}/graphql", http, SessionStore(redis, keys), UserStore(redis, keys), nomad)
         finally:

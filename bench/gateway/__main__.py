@@ -38,7 +38,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 from redis.asyncio import Redis
 
 from caravan.stack.processes import free_port
@@ -113,9 +113,9 @@ def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout: fl
         if process.poll() is not None:
             raise SystemExit(f"{url} exited early:\n{log.read_text()[-3000:]}")
         try:
-            httpx.get(url, timeout=1)
+            httpx2.get(url, timeout=1)
             return
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             time.sleep(0.1)
     raise SystemExit(f"{url} did not come up:\n{log.read_text()[-3000:]}")
 
@@ -215,7 +215,7 @@ class Renamer:
 
 
 def page_of(url: str) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.post(url, json={"query": PAGE_QUERY}, headers={"Authorization": f"Bearer {TOKEN}"},
+    body: dict[str, Any] = httpx2.post(url, json={"query": PAGE_QUERY}, headers={"Authorization": f"Bearer {TOKEN}"},
                                       timeout=30).json()
     if body.get("errors") or len(body["data"]["sessions"]["edges"]) != 50:
         raise SystemExit(f"the page query did not answer 50 sessions: {str(body)[:500]}")

@@ -1,8 +1,9 @@
-"""What a GraphQL request must stay within: document size and shape, body size, and request rate.
+"""What a GraphQL request must stay within: document size, shape and cost, body size, request rate, Nomad calls.
 
-The document limits are schema extensions (Strawberry's depth, token and alias limiters, with an
-``extensions.code`` of their own); the body limit and the per-user rate limit are checked by the
-HTTP view before GraphQL sees the request, and refuse it with 413 and 429.
+The document limits are schema extensions (Strawberry's depth, token and alias limiters, and the cost limit of
+:mod:`gateway.graphql.cost`, each with an ``extensions.code`` of its own); the body limit and the per-user rate
+limit are checked by the HTTP view before GraphQL sees the request, and refuse it with 413 and 429. The caps on
+concurrent Nomad calls are :mod:`gateway.nomad_shares`'.
 
 The rate limit counts per user, whatever token they send (ten tokens get one budget), and per client address for
 requests without a valid token (a made-up token does not buy a fresh budget). It needs the token's user, so the
@@ -35,7 +36,9 @@ from strawberry.extensions.query_depth_limiter import create_validator as depth_
 
 from common.keys import Keys
 from common.users import AUTHENTICATE_FUNCTION, Authenticated, authenticated, token_check_args
+from gateway.graphql.cost import CostLimit
 from gateway.graphql.document_cache import DocumentCache
+from nomad_jobs.client import CONNECTIONS
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +64,23 @@ class Limits:
     result_cache: int = 1
     """1: repeated session queries are answered from ``gateway.graphql.result_cache`` while no session changed.
     0: off."""
+    max_cost: int = 5000
+    """Most an operation may cost (``gateway.graphql.cost``: 1 per field that reads Redis, 10 per Nomad call, times
+    the page size or bound of the lists around it); a page of 100 sessions with their main kernel's logs costs 2101."""
+    max_nomad_calls: int = 8
+    """Nomad calls one request (or WebSocket connection) has in flight at once; more wait their turn."""
+    max_user_nomad_calls: int = 16
+    """Nomad calls one user's requests have in flight at once in one gateway process; below the Nomad client's pool
+    (``nomad_jobs.client.CONNECTIONS``), so that one user's heavy queries leave connections to the others."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             if getattr(self, f.name) < (0 if f.name in ("rate_limit", "result_cache") else 1):
                 raise ValueError(f"CARAVAN_GRAPHQL_{f.name.upper()} must be positive, not {getattr(self, f.name)}")
+        if not self.max_nomad_calls <= self.max_user_nomad_calls < CONNECTIONS:
+            raise ValueError(f"CARAVAN_GRAPHQL_MAX_NOMAD_CALLS ({self.max_nomad_calls}) must be at most "
+                             f"CARAVAN_GRAPHQL_MAX_USER_NOMAD_CALLS ({self.max_user_nomad_calls}), which must be "
+                             f"below the Nomad client's {CONNECTIONS} connections")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
@@ -138,7 +153,8 @@ def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
         _coded(alias_validator(limits.max_aliases), "TOO_MANY_ALIASES", limits.max_aliases),
     ]
     # DocumentCache last: it parses with the token limit and validates with the rules the others set
-    return [functools.partial(_MaxTokens, limits.max_tokens), functools.partial(AddValidationRules, rules), DocumentCache]
+    return [functools.partial(_MaxTokens, limits.max_tokens), functools.partial(AddValidationRules, rules), DocumentCache,
+            functools.partial(CostLimit, limits.max_cost, limits.max_page)]
 
 
 # -- body size and request rate -----------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-import httpx
+import httpx2
 import pytest
 
 from common.errors import PermanentError, TransientError
@@ -80,10 +80,10 @@ async def view(caravan: Caravan, session_id: str) -> dict[str, Any]:
     return session
 
 
-async def answer(http: httpx.AsyncClient, endpoint: str) -> str | None:
+async def answer(http: httpx2.AsyncClient, endpoint: str) -> str | None:
     try:
         response = await http.get(f"http://{endpoint}/", timeout=2)
-    except httpx.HTTPError:
+    except httpx2.HTTPError:
         return None
     return response.text if response.status_code == 200 else None
 

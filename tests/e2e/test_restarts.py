@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import sys
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from caravan.stack.nomad_cluster import SingleNodeNomad, start_nomad_single_node
@@ -32,7 +31,7 @@ from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
 from common.model import Session, SessionResult, SessionStatus
 from common.settings import NomadSettings, RedisSettings, SchedulerSettings, Settings
-from tests.harness import ADMIN_TOKEN, CREATE, Caravan, running_caravan
+from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
 
 S = SessionStatus
 CARAVAN = Path(sys.executable).with_name("caravan")
@@ -266,22 +265,6 @@ class CaravanProcess:
                 await self.kill()
 
 
-def caravan_env(settings: Settings, port: int) -> dict[str, str]:
-    return {
-        **os.environ,
-        "CARAVAN_HOME": str(settings.home),
-        "CARAVAN_REDIS_URL": settings.redis.url,
-        "CARAVAN_REDIS_PREFIX": settings.redis.prefix,
-        "CARAVAN_NOMAD_ADDR": settings.nomad.addr,
-        "CARAVAN_NOMAD_JOB_PREFIX": settings.nomad.job_prefix,
-        "CARAVAN_ADMIN_TOKEN": ADMIN_TOKEN,
-        "CARAVAN_GATEWAY_HOST": "127.0.0.1",
-        "CARAVAN_GATEWAY_PORT": str(port),
-        "CARAVAN_GATEWAY_WORKERS": "1",  # killed every second or so: several worker processes take too long to start
-        "CARAVAN_RECONCILE_INTERVAL": "2",
-    }
-
-
 @contextlib.asynccontextmanager
 async def caravan_processes(settings: Settings, port: int) -> AsyncIterator[tuple[CaravanProcess, CaravanProcess]]:
     env = caravan_env(settings, port)
@@ -303,7 +286,7 @@ async def test_gateway_and_scheduler_killed_at_random_lose_and_double_nothing(ow
     submissions = 60
     acknowledged: dict[int, str] = {}
     async with running_caravan(own_settings, scheduler=False, serve=False) as caravan, \
-            caravan_processes(own_settings, port) as (gateway, scheduler), httpx.AsyncClient(timeout=10) as http:
+            caravan_processes(own_settings, port) as (gateway, scheduler), httpx2.AsyncClient(timeout=10) as http:
 
         async def submit(n: int) -> None:
             """Until acknowledged, retrying with the same client token: a retry never makes a second session."""
@@ -312,7 +295,7 @@ async def test_gateway_and_scheduler_killed_at_random_lose_and_double_nothing(ow
                 try:
                     response = await http.post(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
                                                json={"query": CREATE, "variables": {"input": session_input}})
-                except httpx.TransportError:
+                except httpx2.TransportError:
                     await asyncio.sleep(0.2)  # the gateway is down (or was killed mid-request)
                     continue
                 assert response.status_code != 500, response.text
@@ -328,7 +311,7 @@ async def test_gateway_and_scheduler_killed_at_random_lose_and_double_nothing(ow
 
         async def gateway_up() -> None:
             while True:
-                with contextlib.suppress(httpx.TransportError):
+                with contextlib.suppress(httpx2.TransportError):
                     if (await http.get(url.replace("/graphql", "/healthz"))).status_code == 200:
                         return
                 await asyncio.sleep(0.1)

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, AsyncContextManager
 
-import httpx
+import httpx2
 import pytest
 
 from common.settings import Settings
@@ -38,13 +38,13 @@ def gateway_with(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Gateway
 
 
 async def post(caravan: Caravan, body: str | dict[str, Any], *, accept: str | None = GRAPHQL_RESPONSE,
-               token: str | None = ADMIN_TOKEN) -> httpx.Response:
+               token: str | None = ADMIN_TOKEN) -> httpx2.Response:
     """POST a query (or a whole request body) with this ``Accept`` and bearer token."""
     headers = {**({"accept": accept} if accept else {}), **({"authorization": f"Bearer {token}"} if token else {})}
     return await caravan.http.post(caravan.url, json={"query": body} if isinstance(body, str) else body, headers=headers)
 
 
-def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
+def error_of(response: httpx2.Response, status: int) -> dict[str, Any]:
     """The ``extensions`` of the one error of a response that must have this status."""
     assert response.status_code == status, response.text
     [error] = response.json()["errors"]

@@ -11,64 +11,27 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 
 from caravan.stack.processes import free_port
 from common.settings import Settings
-from tests.harness import ADMIN_TOKEN
+from tests.dev_process import alive, children_of, gateway_answers, until
+from tests.harness import caravan_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def children_of(pid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.add(int(entry.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-async def until(check: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.2)
-
-
 async def test_workers_share_the_port_and_die_with_a_killed_supervisor(settings: Settings) -> None:
     port = free_port()
-    env = {**os.environ, "CARAVAN_HOME": str(settings.home), "CARAVAN_REDIS_URL": settings.redis.url,
-           "CARAVAN_REDIS_PREFIX": settings.redis.prefix, "CARAVAN_NOMAD_ADDR": settings.nomad.addr,
-           "CARAVAN_ADMIN_TOKEN": ADMIN_TOKEN, "CARAVAN_GATEWAY_HOST": "127.0.0.1", "CARAVAN_GATEWAY_PORT": str(port),
-           "CARAVAN_GATEWAY_WORKERS": "2"}
+    env = {**caravan_env(settings, port), "CARAVAN_GATEWAY_WORKERS": "2"}
+    url = f"http://127.0.0.1:{port}/graphql"
     with (settings.home / "gateway.log").open("ab") as log:
         supervisor = subprocess.Popen([sys.executable, "-m", "caravan.cli", "gateway"], cwd=ROOT, env=env,
                                       stdout=log, stderr=log, start_new_session=True)
     try:
-        async with httpx.AsyncClient(timeout=5) as http:
-            async def answers() -> bool:
-                try:
-                    response = await http.post(f"http://127.0.0.1:{port}/graphql", json={"query": "{ viewer { id } }"},
-                                               headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-                except httpx.TransportError:
-                    return False
-                return bool(response.json() == {"data": {"viewer": {"id": "admin"}}})
-
+        async with httpx2.AsyncClient(timeout=5) as http:
             deadline = time.monotonic() + 120
-            while not await answers():
+            while not await gateway_answers(http, url):
                 assert supervisor.poll() is None, (settings.home / "gateway.log").read_text()
                 assert time.monotonic() < deadline, "the gateway did not come up"
                 await asyncio.sleep(0.3)
@@ -78,8 +41,8 @@ async def test_workers_share_the_port_and_die_with_a_killed_supervisor(settings:
 
             supervisor.send_signal(signal.SIGKILL)
             supervisor.wait()
-            await until(lambda: not any(alive(pid) for pid in workers), timeout=10)
-            assert not await answers()  # nobody is left serving the port
+            await until(lambda: not any(alive(pid) for pid in workers), 10, "the workers to die")
+            assert not await gateway_answers(http, url)  # nobody is left serving the port
     finally:
         with contextlib.suppress(ProcessLookupError):  # the group outlives a killed supervisor while a worker lives
             os.killpg(supervisor.pid, signal.SIGKILL)

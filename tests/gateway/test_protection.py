@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from redis.asyncio import Redis
 
@@ -22,7 +22,7 @@ DEEP = '{ session(id: "x") { mainKernel { logs { stdout } } } }'  # stdout is at
 SHALLOW = '{ session(id: "x") { mainKernel { hostname } } }'
 
 
-def refused(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+def refused(response: httpx2.Response, status: int, code: str) -> dict[str, Any]:
     extensions = error_of(response, status)
     assert extensions["code"] == code and "data" not in response.json()
     return extensions
