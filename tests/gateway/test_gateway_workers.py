@@ -50,7 +50,8 @@ async def until(check: object, timeout: float) -> None:
 
 async def test_workers_share_the_port_and_die_with_a_killed_supervisor(settings: Settings) -> None:
     port = free_port()
-    env = {**os.environ, "CARAVAN_HOME": str(settings.home), "CARAVAN_REDIS_URL": settings.redis.url,
+    env = {**os.environ, "CARAVAN_HOME": str(settings.home), "CARAVAN_SECRETS_DIR": str(settings.secrets),
+           "CARAVAN_REDIS_URL": settings.redis.url,
            "CARAVAN_REDIS_PREFIX": settings.redis.prefix, "CARAVAN_NOMAD_ADDR": settings.nomad.addr,
            "CARAVAN_ADMIN_TOKEN": ADMIN_TOKEN, "CARAVAN_GATEWAY_HOST": "127.0.0.1", "CARAVAN_GATEWAY_PORT": str(port),
            "CARAVAN_GATEWAY_WORKERS": "2"}
