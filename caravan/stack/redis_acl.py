@@ -1,6 +1,10 @@
 """Redis users for Caravan: the ACL file the stack's Redis starts with.
 
-- ``default`` is off: a connection that has not authenticated can run nothing (``NOAUTH``), not even ``PING``.
+- ``default`` is off: a connection that has not authenticated can run nothing (``NOAUTH``), not even ``PING``, and
+  nobody can authenticate as ``default`` (off, no password). It keeps every permission for one reader only: the
+  client that replays the append-only file at start runs as ``default``, and Redis 7.0-7.2 re-check that user's
+  permissions at each replayed ``EXEC`` (redis/redis#14541, fixed after the 7.0.15 Debian ships): with ``-@all``
+  there, every MULTI/EXEC Caravan wrote (session documents, users) was silently dropped on restart.
 - ``gateway``, ``scheduler`` and ``idle``, one per component, each with its own password: only keys under Caravan's
   prefix (``~<prefix>:*``), no Pub/Sub channel, and only the command categories Caravan uses (reads and writes of
   strings, hashes, sets, sorted sets, lists and streams; ``WATCH``/``MULTI``/``EXEC``; Lua ``EVAL``/``EVALSHA``
@@ -39,7 +43,7 @@ def acl_lines(secrets: dict[Role, str], key_prefixes: Sequence[str]) -> list[str
     """The ACL file's lines: ``default`` off, one user per component limited to ``<prefix>:*`` keys, an admin.
     ``secrets``: each user's password rule (``#<sha256 hex>``)."""
     keys = " ".join(f"~{prefix}:*" for prefix in key_prefixes)
-    lines = ["user default off resetkeys resetchannels -@all"]
+    lines = ["user default off resetpass ~* &* +@all"]  # off: nobody logs in as it; +@all: the AOF replay (above)
     for role in COMPONENT_ROLES:
         lines.append(f"user {role} on {secrets[role]} resetkeys {keys} {COMPONENT_RULES}")
     lines.append(f"user admin on {secrets['admin']} ~* &* +@all")

@@ -3,6 +3,7 @@ Caravan needs (on the tests' session Redis, started by the same code as the dev 
 
 from __future__ import annotations
 
+import signal
 import socket
 import stat
 from collections.abc import AsyncIterator
@@ -13,9 +14,11 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
+from caravan.stack.processes import free_port
 from caravan.stack.redis_acl import describe_users
+from caravan.stack.redis_server import start_redis
 from common.secrets import COMPONENT_ROLES, ROLES, redis_acl_path, redis_password_path
-from common.settings import Settings
+from common.settings import RedisSettings, Settings
 
 
 def raw_reply(port: int, command: bytes) -> bytes:
@@ -84,7 +87,33 @@ def test_the_passwords_and_the_acl_file_are_owner_only(settings: Settings) -> No
     acl = redis_acl_path(settings.secrets).read_text()
     for role in ROLES:
         assert redis_password_path(settings.secrets, role).read_text().strip() not in acl  # hashed only
-    assert "user default off" in acl
+    assert "user default off resetpass " in acl and " nopass" not in acl and ">" not in acl
+
+
+async def test_transactions_survive_a_kill_and_restart(tmp_path: Path) -> None:
+    """Each component writes in MULTI/EXEC; Redis replays them from its AOF as the ``default`` user, whose rights it
+    re-checks at EXEC (redis/redis#14541): with ``default`` at ``-@all`` every transaction was lost on restart."""
+    port, secrets = free_port(), tmp_path / "secrets"
+    service = start_redis(tmp_path / "redis", port, log=tmp_path / "redis.log", secrets_dir=secrets,
+                          key_prefixes=("t",))
+    settings = Settings(home=tmp_path, redis=RedisSettings(url=f"redis://127.0.0.1:{port}/0", prefix="t"))
+    try:
+        for role in COMPONENT_ROLES:
+            client = Redis.from_url(settings.for_role(role).redis.url, decode_responses=True)
+            async with client.pipeline(transaction=True) as pipe:
+                await pipe.set(f"t:{role}:a", "1").hset(f"t:{role}:b", "f", "2").execute()
+            await client.aclose()
+        service.process.send_signal(signal.SIGKILL)
+        service.process.wait(10)
+        service = start_redis(tmp_path / "redis", port, log=tmp_path / "redis.log", secrets_dir=secrets,
+                              key_prefixes=("t",))
+        admin = Redis.from_url(settings.for_role("admin").redis.url, decode_responses=True)
+        for role in COMPONENT_ROLES:
+            assert (await admin.get(f"t:{role}:a"), await admin.hget(f"t:{role}:b", "f")) == ("1", "2")
+        await admin.aclose()
+        assert "CRITICAL" not in (tmp_path / "redis.log").read_text()
+    finally:
+        service.stop()
 
 
 def test_the_users_printed_for_operators_have_the_same_rules(settings: Settings) -> None:
