@@ -19,15 +19,23 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("scheduler", help="place pending sessions and follow Nomad (one active at a time)")
     commands.add_parser("idle", help="reclaim idle sessions per the idle policy (one active at a time; SIGHUP reloads)")
     commands.add_parser("dev", help="gateway, scheduler and idle checker, each in its own supervised process")
-    stack = commands.add_parser("stack", help="start or stop the one-machine stack (Redis, Nomad, Caravan)")
-    stack.add_argument("action", choices=["up", "down", "status"])
+    stack = commands.add_parser(
+        "stack", help="start or stop the one-machine stack (Redis, Nomad, Caravan); print the Nomad ACL policies "
+                      "and Redis users Caravan needs on a Nomad and Redis of your own")
+    stack.add_argument("action", choices=["up", "down", "status", "nomad-policies", "redis-users"])
     args = parser.parse_args(argv)
 
     settings = load_settings()
     services.configure_logging()
     if args.command == "stack":
-        from caravan.stack import dev_stack
+        from caravan.stack import dev_stack, nomad_acl, redis_acl
 
+        if args.action == "nomad-policies":
+            print(nomad_acl.describe_policies(settings.nomad.namespace))
+            return 0
+        if args.action == "redis-users":
+            print(redis_acl.describe_users(settings.redis.prefix))
+            return 0
         return {"up": dev_stack.up, "down": dev_stack.down, "status": dev_stack.status}[args.action](settings)
     runner = {
         "scheduler": services.run_scheduler,

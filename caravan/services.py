@@ -64,6 +64,7 @@ async def run_gateway(settings: Settings) -> None:
 
 
 async def run_scheduler(settings: Settings) -> None:
+    settings = settings.for_role("scheduler")
     redis = await connect(settings.redis, give_up_after=float("inf"))
     nomad = NomadClient(settings.nomad)
     try:
@@ -75,6 +76,7 @@ async def run_scheduler(settings: Settings) -> None:
 
 async def run_idle(settings: Settings, policy: PolicySource | None = None) -> None:
     policy = policy or PolicySource(settings.idle.policy_path)  # a broken file stops us here
+    settings = settings.for_role("idle")
     redis = await connect(settings.redis, give_up_after=float("inf"))
     nomad = NomadClient(settings.nomad)
     try:

@@ -9,6 +9,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from common.secrets import Role, nomad_token_path, read_secret, redis_password_path
 
 from common.users import MAX_TOKENS_PER_USER
 
@@ -78,6 +81,9 @@ class IdleSettings:
 class Settings:
     home: Path = Path(".caravan")
     """State directory: Redis AOF, Nomad data, logs, the bootstrap token (``CARAVAN_HOME``)."""
+    secrets_dir: Path | None = None
+    """Per-role credentials (``CARAVAN_SECRETS_DIR``; None = ``<home>/secrets``): ``nomad-<role>.token`` and
+    ``redis-<role>.password``, written by ``caravan stack up`` (see :mod:`common.secrets`)."""
     redis: RedisSettings = field(default_factory=RedisSettings)
     nomad: NomadSettings = field(default_factory=NomadSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
@@ -97,6 +103,23 @@ class Settings:
     """The qemu driver's VM image allowlist, name → image directory (``CARAVAN_QEMU_IMAGES`` as
     ``name=/dir,name2=/dir2``; else the image ops/build-vm-image built, ``CARAVAN_VM_IMAGE`` at
     ``CARAVAN_VM_IMAGE_DIR``). The Nomad clients' qemu ``image_paths`` must contain the directories."""
+
+    @property
+    def secrets(self) -> Path:
+        """The secrets directory in force."""
+        return self.secrets_dir if self.secrets_dir is not None else self.home / "secrets"
+
+    def for_role(self, role: Role) -> Settings:
+        """The settings a component running as ``role`` connects with: the role's Nomad token and Redis user from
+        the secrets directory when it holds them, else the configured ``CARAVAN_NOMAD_TOKEN`` and credentials in
+        ``CARAVAN_REDIS_URL`` (for operators who give each process its own)."""
+        token = read_secret(nomad_token_path(self.secrets, role))
+        password = read_secret(redis_password_path(self.secrets, role))
+        return replace(
+            self,
+            nomad=replace(self.nomad, token=token) if token else self.nomad,
+            redis=replace(self.redis, url=with_credentials(self.redis.url, role, password)) if password else self.redis,
+        )
 
     def with_prefix(self, prefix: str) -> Settings:
         """The same settings isolated under another Redis key prefix and Nomad job prefix."""
@@ -122,6 +145,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     home = Path(env.get("CARAVAN_HOME", ".caravan")).absolute()
     return Settings(
         home=home,
+        secrets_dir=Path(env["CARAVAN_SECRETS_DIR"]).absolute() if env.get("CARAVAN_SECRETS_DIR") else None,
         redis=RedisSettings(
             url=env.get("CARAVAN_REDIS_URL", RedisSettings.url),
             prefix=env.get("CARAVAN_REDIS_PREFIX", RedisSettings.prefix),
@@ -158,6 +182,13 @@ def _at_least_one(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{name} must be a whole number of at least 1, not {raw!r}")
     return int(raw)
+
+
+def with_credentials(url: str, username: str, password: str) -> str:
+    """``url`` (``redis://host:port/db``) authenticating as ``username`` with ``password``, replacing any given."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{quote(username, safe='')}:{quote(password, safe='')}@{host}"))
 
 
 def qemu_images_of(env: Mapping[str, str]) -> dict[str, str]:

@@ -91,9 +91,10 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        redis = redis_client(settings.redis)
+        connect_as = settings.for_role("gateway")  # its own Nomad token and Redis user
+        redis = redis_client(connect_as.redis)
         keys = Keys(settings.redis.prefix)
-        nomad = NomadClient(settings.nomad)
+        nomad = NomadClient(connect_as.nomad)
         users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
         state.update(redis=redis, sessions=SessionStore(redis, keys), users=users, nomad=nomad,
                      hub=EventHub(redis), revocations=RevocationWatch(redis, keys))

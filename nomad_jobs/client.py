@@ -105,6 +105,8 @@ class NomadClient:
             text = response.text.strip()
             if "job already exists" in text:
                 raise JobExists(text)
+            if "is not allowed in namespace" in text:  # the namespace's capabilities refuse its driver or network
+                raise NomadRejected(f"Nomad {method} {path} refused: {text}")
             raise TransientError(f"Nomad {method} {path} answered {response.status_code}: {text}")
         if response.status_code == 404:
             raise NomadNotFound(f"{path}: {response.text.strip()}")

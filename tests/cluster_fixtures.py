@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from caravan.stack.nomad_cluster import ClientSpec, NomadCluster, start_nomad_cluster
+from common.secrets import ROLES, redis_password_path
 from common.settings import Settings
 from scheduler.known_groups import known_resource_groups
 from tests.harness import Caravan, running_caravan
@@ -44,9 +46,21 @@ def nomad_cluster(state_dir: Path) -> Iterator[NomadCluster]:
     from tests.conftest import STACK  # not at import time: conftest imports this module
 
     cluster = start_nomad_cluster(state_dir / "cluster", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
-                                  rootfs=Path(STACK["CARAVAN_ROOTFS"]), clients=CLIENTS)
+                                  rootfs=Path(STACK["CARAVAN_ROOTFS"]), clients=CLIENTS,
+                                  secrets_dir=state_dir / "cluster" / "secrets")
     yield cluster
     cluster.stop()
+
+
+def on_the_cluster(settings: Settings, cluster: NomadCluster) -> Settings:
+    """``settings`` pointed at the cluster: its management token for the test, its component tokens for Caravan's
+    components (its secrets directory, given a copy of the Redis passwords)."""
+    assert cluster.secrets_dir is not None
+    for role in ROLES:
+        if not redis_password_path(cluster.secrets_dir, role).exists():
+            shutil.copy2(redis_password_path(settings.secrets, role), redis_password_path(cluster.secrets_dir, role))
+    return dataclasses.replace(settings, secrets_dir=cluster.secrets_dir,
+                               nomad=dataclasses.replace(settings.nomad, addr=cluster.addr, token=cluster.token))
 
 
 def scheduler_config(body: str = "") -> str:
@@ -75,8 +89,7 @@ def on_cluster(settings: Settings, nomad_cluster: NomadCluster, tmp_path: Path) 
         path = tmp_path / "scheduler.hcl"
         path.write_text(scheduler_config(config))
         clustered = dataclasses.replace(
-            settings,
-            nomad=dataclasses.replace(settings.nomad, addr=nomad_cluster.addr),
+            on_the_cluster(settings, nomad_cluster),
             scheduler=dataclasses.replace(settings.scheduler, config_path=path, pass_interval=0.5),
         )
         async with running_caravan(clustered) as caravan:

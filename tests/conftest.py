@@ -1,7 +1,10 @@
 """Shared test fixtures: one real Redis and one real Nomad dev agent per test session.
 
 Tests are isolated by namespace (a Redis key prefix and a Nomad job prefix of their own), not by
-restarting services.
+restarting services. Both run as the stack runs them: Nomad with ACLs on, Redis with users only. The ``settings``
+of a test carry the admin credentials (Nomad's management token, Redis' admin user) for the test's own reads and
+writes, and the secrets directory where each component finds its own (``Settings.for_role``): the gateway, scheduler
+and idle checker under test connect with their role's token and user, so the tests prove those are sufficient.
 """
 
 from __future__ import annotations
@@ -43,21 +46,34 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("stack")
 
 
+TEST_KEY_PREFIXES = ("t*",)
+"""Key prefixes the components' Redis users may reach: every test namespace (``namespace``) starts with ``t``."""
+
+
 @pytest.fixture(scope="session")
-def redis_server(state_dir: Path) -> Iterator[str]:
+def secrets_dir(state_dir: Path) -> Path:
+    """The test stack's secrets: Redis passwords and the dev agent's Nomad tokens, by role."""
+    return state_dir / "secrets"
+
+
+@pytest.fixture(scope="session")
+def redis_server(state_dir: Path, secrets_dir: Path) -> Iterator[str]:
+    """The URL of the session's Redis, without credentials (``Settings.for_role`` adds them)."""
     port = free_port()
-    service: Service = start_redis(state_dir / "redis", port, log=state_dir / "redis.log")
+    service: Service = start_redis(state_dir / "redis", port, log=state_dir / "redis.log", secrets_dir=secrets_dir,
+                                   key_prefixes=TEST_KEY_PREFIXES)
     yield f"redis://127.0.0.1:{port}/0"
     service.stop()
 
 
 @pytest.fixture(scope="session")
-def nomad_agent(state_dir: Path) -> Iterator[NomadAgent]:
+def nomad_agent(state_dir: Path, secrets_dir: Path) -> Iterator[NomadAgent]:
     drivers = ("raw_exec", "exec") + (("docker",) if DOCKER else ()) + (("qemu",) if QEMU else ())
     agent = start_nomad_dev(
         state_dir / "nomad", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]), rootfs=Path(STACK["CARAVAN_ROOTFS"]),
         want_drivers=drivers, log=state_dir / "nomad.log",
         qemu_image_dirs=tuple(Path(d) for d in QEMU_IMAGES.values()), pause_image=STACK.get("CARAVAN_PAUSE_IMAGE"),
+        secrets_dir=secrets_dir,
     )
     yield agent
     agent.stop()
@@ -69,14 +85,15 @@ def namespace() -> str:
 
 
 @pytest.fixture
-def settings(redis_server: str, nomad_agent: NomadAgent, namespace: str, tmp_path: Path) -> Settings:
+def settings(redis_server: str, nomad_agent: NomadAgent, secrets_dir: Path, namespace: str, tmp_path: Path) -> Settings:
     return Settings(
         home=tmp_path,
+        secrets_dir=secrets_dir,
         redis=RedisSettings(url=redis_server, prefix=namespace),
         nomad=NomadSettings(addr=nomad_agent.addr, job_prefix=namespace),
         default_image=DEFAULT_IMAGE or None,
         qemu_images=QEMU_IMAGES,
-    ).with_prefix(namespace)
+    ).with_prefix(namespace).for_role("admin")
 
 
 @pytest.fixture

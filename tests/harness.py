@@ -110,6 +110,7 @@ def caravan_env(settings: Settings, port: int) -> dict[str, str]:
     return {
         **os.environ,
         "CARAVAN_HOME": str(settings.home),
+        "CARAVAN_SECRETS_DIR": str(settings.secrets),  # each process connects as its role
         "CARAVAN_REDIS_URL": settings.redis.url,
         "CARAVAN_REDIS_PREFIX": settings.redis.prefix,
         "CARAVAN_NOMAD_ADDR": settings.nomad.addr,
@@ -129,12 +130,14 @@ async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: 
     settings = dataclasses.replace(settings, gateway=dataclasses.replace(settings.gateway, host="127.0.0.1", port=port,
                                                                          admin_token=ADMIN_TOKEN))
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    redis = redis_client(settings.redis)
+    redis = redis_client(settings.redis)  # the test's own, with the settings' (admin) credentials
     nomad = NomadClient(settings.nomad)
     keys = Keys(settings.redis.prefix)
+    as_scheduler = settings.for_role("scheduler")  # the component under test connects as its role
+    scheduler_redis, scheduler_nomad = redis_client(as_scheduler.redis), NomadClient(as_scheduler.nomad)
     tasks = [asyncio.create_task(server.serve())] if serve else []
     if scheduler:
-        tasks.append(asyncio.create_task(Scheduler(settings, redis, nomad).run_forever()))
+        tasks.append(asyncio.create_task(Scheduler(as_scheduler, scheduler_redis, scheduler_nomad).run_forever()))
     while serve and not server.started:
         await asyncio.sleep(0.02)
     async with httpx2.AsyncClient(timeout=30) as http:
@@ -151,3 +154,5 @@ async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: 
                         await nomad.deregister(job["ID"], purge=True)
             await nomad.aclose()
             await redis.aclose()
+            await scheduler_nomad.aclose()
+            await scheduler_redis.aclose()

@@ -34,9 +34,8 @@ from typing import Any
 from redis.asyncio import Redis
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.gateway.__main__ import spawn, stop, wait_http
+from bench.gateway.__main__ import own_redis, spawn, stop, wait_http
 from caravan.stack.processes import free_port
-from caravan.stack.redis_server import start_redis
 from common.keys import Keys
 from common.lifecycle import transition
 from common.model import Driver, Kernel, Session, SessionStatus, SessionType
@@ -169,13 +168,14 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-events-") as tmp:
         work = Path(tmp)
-        redis_port = free_port()
-        redis_service = start_redis(work / "redis", redis_port, log=work / "redis.log")
-        redis_url = f"redis://127.0.0.1:{redis_port}/0"
         prefix = "bench" + uuid.uuid4().hex[:8]
+        redis_service, redis_settings = own_redis(work, prefix)
+        plain_url = redis_settings.redis.url
+        redis_url = redis_settings.for_role("admin").redis.url  # the bench's own writes
         port = free_port()
         env = {
-            "CARAVAN_HOME": str(work / "home"), "CARAVAN_REDIS_URL": redis_url, "CARAVAN_REDIS_PREFIX": prefix,
+            "CARAVAN_HOME": str(work / "home"), "CARAVAN_REDIS_URL": plain_url, "CARAVAN_REDIS_PREFIX": prefix,
+            "CARAVAN_SECRETS_DIR": str(work / "secrets"),
             "CARAVAN_GATEWAY_HOST": "127.0.0.1", "CARAVAN_GATEWAY_PORT": str(port), "CARAVAN_GATEWAY_WORKERS": "1",
             "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
         }

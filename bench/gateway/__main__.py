@@ -41,9 +41,10 @@ from typing import Any
 import httpx2
 from redis.asyncio import Redis
 
-from caravan.stack.processes import free_port
+from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
 from common.keys import Keys
+from common.settings import RedisSettings, Settings
 from common.model import Driver, Kernel, Session, SessionStatus, SessionType
 from common.store import SessionStore
 
@@ -240,6 +241,16 @@ async def mget_calls(redis_url: str) -> int:
         await redis.aclose()
 
 
+def own_redis(work: Path, prefix: str) -> tuple[Service, Settings]:
+    """A Redis as the stack starts it (users only, passwords in ``work/secrets``), and settings whose URL has no
+    credentials (for ``CARAVAN_REDIS_URL``: the gateway connects as its own user from ``CARAVAN_SECRETS_DIR``) and
+    give each role's by :meth:`Settings.for_role` (``admin`` for the bench's own seeding and counting)."""
+    port = free_port()
+    service = start_redis(work / "redis", port, log=work / "redis.log", secrets_dir=work / "secrets",
+                          key_prefixes=(prefix,))
+    return service, Settings(secrets_dir=work / "secrets", redis=RedisSettings(f"redis://127.0.0.1:{port}/0", prefix))
+
+
 def calibration() -> dict[str, Any]:
     """How fast this machine runs plain Python right now (the numbers above depend on it): seconds for
     10 million additions (about 0.4 s on one unloaded core of a recent server), and the load average."""
@@ -275,10 +286,10 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         work = Path(tmp)
-        redis_port = free_port()
-        redis_service = start_redis(work / "redis", redis_port, log=work / "redis.log")
-        redis_url = f"redis://127.0.0.1:{redis_port}/0"
         prefix = "bench" + uuid.uuid4().hex[:8]
+        redis_service, redis_settings = own_redis(work, prefix)
+        plain_url = redis_settings.redis.url
+        redis_url = redis_settings.for_role("admin").redis.url  # the bench's own reads and writes
         processes: list[subprocess.Popen[bytes]] = []
         try:
             started = time.perf_counter()
@@ -288,8 +299,8 @@ def main() -> None:
 
             cached_port, uncached_port, bare_port = free_port(), free_port(), free_port()
             gateway_env = {
-                "CARAVAN_HOME": str(work / "home"), "CARAVAN_REDIS_URL": redis_url, "CARAVAN_REDIS_PREFIX": prefix,
-                "CARAVAN_ADMIN_TOKEN": TOKEN, "CARAVAN_GATEWAY_HOST": "127.0.0.1",
+                "CARAVAN_HOME": str(work / "home"), "CARAVAN_REDIS_URL": plain_url, "CARAVAN_REDIS_PREFIX": prefix,
+                "CARAVAN_SECRETS_DIR": str(work / "secrets"), "CARAVAN_ADMIN_TOKEN": TOKEN, "CARAVAN_GATEWAY_HOST": "127.0.0.1",
                 "CARAVAN_GATEWAY_WORKERS": str(args.workers),
                 "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
                 "CARAVAN_GRAPHQL_RATE_LIMIT": str(10**9),  # on, so its round trip counts, but never refusing
@@ -304,7 +315,7 @@ def main() -> None:
             processes.append(spawn(
                 [sys.executable, "-m", "uvicorn", "bench.gateway.bare:create", "--factory", "--host", "127.0.0.1",
                  "--port", str(bare_port), "--workers", str(args.workers), "--log-level", "warning", "--no-access-log"],
-                {"BENCH_REDIS_URL": redis_url, "BENCH_REDIS_PREFIX": prefix}, bare_log,
+                {"BENCH_REDIS_URL": redis_settings.for_role("gateway").redis.url, "BENCH_REDIS_PREFIX": prefix}, bare_log,
             ))
             cached_url = f"http://127.0.0.1:{cached_port}/graphql"
             uncached_url = f"http://127.0.0.1:{uncached_port}/graphql"

@@ -1,6 +1,8 @@
 """A Nomad agent in dev mode (server and client in one) with Caravan's configuration.
 
-Readiness is polled: agent health (server and client), the node ready, the wanted drivers healthy.
+ACLs are on (:mod:`caravan.stack.nomad_acl`): the agent is bootstrapped with Caravan's secret and given its policies
+and tokens as soon as it has a leader. Readiness is polled: agent health (server and client), then, with the
+management token, the node ready and the wanted drivers healthy.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caravan.stack.nomad_acl import lock_down
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, unmount_under, wait_until
 from caravan.stack.session_network import SessionNetwork, release, session_network
 
@@ -30,6 +33,9 @@ ports {{
 }}
 limits {{
   http_max_conns_per_client = 0
+}}
+acl {{
+  enabled = true
 }}
 client {{
   network_interface = "lo"
@@ -85,12 +91,14 @@ class NomadAgent:
     data_dir: Path | None = None
     network: SessionNetwork | None = None
     """The client's session network (bridge, subnet, CNI configuration)."""
+    token: str | None = None
+    """The management token (``nomad-admin.token`` in the secrets directory)."""
 
     def stop(self, drain_timeout: float = 20.0) -> None:
         """Purge every job and wait for its tasks to end first: an exec task's executor outlives a stopped agent."""
         if self.service.alive() and self.data_dir:
             with contextlib.suppress(Exception):
-                drain(self.addr, self.data_dir, drain_timeout)
+                drain(self.addr, self.data_dir, drain_timeout, token=self.token)
         self.service.stop()
         if self.data_dir:
             unmount_under(self.data_dir)
@@ -98,13 +106,13 @@ class NomadAgent:
             release(self.network)
 
 
-def drain(addr: str, state_dir: Path, timeout: float) -> None:
+def drain(addr: str, state_dir: Path, timeout: float, *, token: str | None) -> None:
     """Purge every job, then wait until the clients have torn their allocations down (no mount left under
     ``state_dir``): tasks end first, and no secrets/private tmpfs outlives the test run."""
-    jobs = _get(f"{addr}/v1/jobs?namespace=*")
+    jobs = _get(f"{addr}/v1/jobs?namespace=*", token)
     for job in jobs if isinstance(jobs, list) else []:
         url = f"{addr}/v1/job/{urllib.parse.quote(job['ID'])}?purge=true&namespace={job['Namespace']}"
-        urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=5).close()
+        urllib.request.urlopen(_request(url, token, method="DELETE"), timeout=5).close()
 
     def unmounted() -> bool:
         return f" {state_dir}/" not in Path("/proc/self/mounts").read_text()
@@ -112,8 +120,15 @@ def drain(addr: str, state_dir: Path, timeout: float) -> None:
     wait_until(unmounted, what="allocations of the Nomad cluster to be torn down", timeout=timeout)
 
 
-def _get(url: str) -> object:
-    with urllib.request.urlopen(url, timeout=2) as response:
+def _request(url: str, token: str | None, *, method: str = "GET") -> urllib.request.Request:
+    request = urllib.request.Request(url, method=method)
+    if token:
+        request.add_header("X-Nomad-Token", token)
+    return request
+
+
+def _get(url: str, token: str | None = None) -> object:
+    with urllib.request.urlopen(_request(url, token), timeout=2) as response:
         return json.loads(response.read())
 
 
@@ -142,8 +157,10 @@ def start_nomad_dev(
     state_dir: Path, *, nomad_home: Path, rootfs: Path, http: int | None = None,
     want_drivers: tuple[str, ...] = ("raw_exec", "exec"), log: Path, timeout: float = 120.0,
     qemu_image_dirs: tuple[Path, ...] = (), pause_image: str | None = None,
+    secrets_dir: Path | None = None, namespace: str = "default",
 ) -> NomadAgent:
-    """Start ``nomad agent -dev`` from ``nomad_home`` (bin/nomad, plugins/) on loopback ports."""
+    """Start ``nomad agent -dev`` from ``nomad_home`` (bin/nomad, plugins/) on loopback ports, ACLs on, its tokens in
+    ``secrets_dir`` (default ``<state_dir>/secrets``); ``raw_exec`` is disabled in ``namespace`` unless wanted."""
     binary = nomad_home / "bin" / "nomad"
     if not binary.exists():
         found = shutil.which("nomad")
@@ -168,13 +185,14 @@ def start_nomad_dev(
         return isinstance(health, dict) and all(part.get("ok") for part in health.values())
 
     node: dict[str, object] = {}
+    token: str | None = None
 
     def node_ready() -> bool:
-        nodes = _get(f"{addr}/v1/nodes")
+        nodes = _get(f"{addr}/v1/nodes", token)
         ready = [n for n in nodes if n.get("Status") == "ready"] if isinstance(nodes, list) else []
         if not ready:
             return False
-        detail = _get(f"{addr}/v1/node/{ready[0]['ID']}")
+        detail = _get(f"{addr}/v1/node/{ready[0]['ID']}", token)
         assert isinstance(detail, dict)
         drivers = detail.get("Drivers") or {}
         if all((drivers.get(d) or {}).get("Healthy") for d in want_drivers):
@@ -184,6 +202,8 @@ def start_nomad_dev(
 
     try:
         wait_until(healthy, what="Nomad agent health", timeout=timeout, log=log)
+        token = lock_down(addr, secrets_dir or state_dir / "secrets", namespace=namespace,
+                          allow_raw_exec="raw_exec" in want_drivers, timeout=timeout, log=log)
         wait_until(node_ready, what=f"Nomad node with drivers {', '.join(want_drivers)}", timeout=timeout, log=log)
     except BaseException:
         service.stop()  # an agent that never became ready must not outlive the failed start
@@ -192,4 +212,4 @@ def start_nomad_dev(
         raise
     drivers = {name: bool(d.get("Healthy")) for name, d in (node.get("Drivers") or {}).items()}  # type: ignore[union-attr]
     return NomadAgent(service=service, addr=addr, node_id=str(node["ID"]), drivers=drivers, data_dir=state_dir / "data",
-                      network=network)
+                      network=network, token=token)

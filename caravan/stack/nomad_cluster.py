@@ -5,8 +5,10 @@ Each client gets its own name, data directory, ports and cgroup parent, advertis
 Nomad's example device plugin (``nomad/file/mock``, one instance per file). Used by the tests that check where the
 scheduler puts sessions; everything listens on 127.0.0.1.
 
-Readiness is polled: the server has a leader and an initialized keyring (clients registering earlier are refused
-and back off for many seconds), then every client's node is ready with its drivers healthy and its devices seen.
+ACLs are on in the server and every client (:mod:`caravan.stack.nomad_acl`): the server is bootstrapped with
+Caravan's secret as soon as it has a leader, and given Caravan's policies and tokens. Readiness is polled: the server
+has a leader and an initialized keyring (clients registering earlier are refused and back off for many seconds), then
+every client's node is ready with its drivers healthy and its devices seen.
 
 :func:`start_nomad_single_node` starts one agent that is both server (``bootstrap_expect = 1``) and client, with
 the dev agent's client configuration but its state on disk (a ``-dev`` agent keeps it in memory): killed and
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caravan.stack.nomad_acl import lock_down
 from caravan.stack.nomad_agent import CLEAN_ENV, _get, drain, write_config
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
 from caravan.stack.session_network import SessionNetwork, release, session_network
@@ -48,6 +51,9 @@ advertise {{
 }}
 limits {{
   http_max_conns_per_client = 0
+}}
+acl {{
+  enabled = true
 }}
 """
 
@@ -123,6 +129,13 @@ class NomadCluster:
     """Client name -> Nomad node id."""
     networks: dict[str, SessionNetwork] = field(default_factory=dict)
     """Client name -> its session network (each client has a bridge and subnet of its own)."""
+    secrets_dir: Path | None = None
+    """Where the management token and the components' tokens are (``<state_dir>/secrets`` if None)."""
+    namespace: str = "default"
+    """The namespace Caravan's policies are written for."""
+    allow_raw_exec: bool = True
+    token: str | None = None
+    """The management token, once bootstrapped."""
 
     @property
     def node_names(self) -> dict[str, str]:
@@ -133,7 +146,7 @@ class NomadCluster:
         """Stop every job first and wait for its tasks to end: a client that stops leaves its tasks running."""
         if self.server.alive() and self.clients:
             with contextlib.suppress(Exception):
-                drain(self.addr, self.state_dir, drain_timeout)
+                drain(self.addr, self.state_dir, drain_timeout, token=self.token)
         for service in self.clients.values():
             service.stop()
         self.server.stop()
@@ -184,8 +197,7 @@ class SingleNodeNomad(NomadCluster):
         self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
-        wait_until(lambda: _server_ready(self), what="Nomad server leader and keyring", timeout=timeout,
-                   log=self.server.log)
+        _wait_server(self, timeout)
         spec = ClientSpec(self.name, cpu_mhz=0, memory_mb=0, mock_devices=1)  # only the name and devices are read
         wait_until(lambda: _clients_ready(self, [spec], self.want_drivers), what="the Nomad node", timeout=timeout,
                    log=self.server.log)
@@ -193,7 +205,7 @@ class SingleNodeNomad(NomadCluster):
     def stop(self, drain_timeout: float = 20.0) -> None:
         if self.server.alive():
             with contextlib.suppress(Exception):
-                drain(self.addr, self.state_dir, drain_timeout)
+                drain(self.addr, self.state_dir, drain_timeout, token=self.token)
         self.server.stop()
         for pid in _leftover_executors(self.argv[0], set(self.earlier_groups)):
             with contextlib.suppress(ProcessLookupError):
@@ -220,15 +232,18 @@ def start_nomad_single_node(state_dir: Path, *, nomad_home: Path, rootfs: Path,
                             want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0,
                             http: int | None = None, qemu_image_dirs: tuple[Path, ...] = (),
                             log: Path | None = None, pause_image: str | None = None,
-                            raw_exec: bool = True) -> SingleNodeNomad:
-    """A non-dev agent (server + client) on loopback ports of its own, with one ``nomad/file/mock`` device.
+                            raw_exec: bool = True, secrets_dir: Path | None = None,
+                            namespace: str = "default") -> SingleNodeNomad:
+    """A non-dev agent (server + client) on loopback ports of its own, with one ``nomad/file/mock`` device, ACLs on
+    and its tokens in ``secrets_dir`` (default ``<state_dir>/secrets``; a restart reuses them). ``raw_exec``: whether
+    the client runs the raw_exec driver at all (the namespace then refuses raw_exec jobs too).
 
     With ``http`` given, RPC and Serf take the next two ports: a server that keeps its state must come back on
     the same addresses, or its Raft peer (itself, as stored) is unreachable and no leader is elected.
     """
     binary = _binary(nomad_home)
     state_dir.mkdir(parents=True, exist_ok=True)
-    rpc, serf = (http + 1, http + 2) if http else (free_port(), free_port())
+    rpc, serf = single_node_ports(http) if http else (free_port(), free_port())
     http = http or free_port()
     network = session_network(state_dir)
     write_config(state_dir / "nomad.hcl", data_dir=state_dir / "data", plugin_dir=nomad_home / "plugins",
@@ -240,13 +255,19 @@ def start_nomad_single_node(state_dir: Path, *, nomad_home: Path, rootfs: Path,
     argv = (str(binary), "agent", f"-config={state_dir / 'nomad.hcl'}", f"-config={state_dir / 'single.hcl'}")
     server = spawn("nomad", argv, log or state_dir / "nomad.log", env=CLEAN_ENV, clean=True)
     agent = SingleNodeNomad(addr=f"http://127.0.0.1:{http}", server=server, state_dir=state_dir, argv=argv, name=name,
-                            want_drivers=want_drivers, networks={name: network})
+                            want_drivers=want_drivers, networks={name: network}, secrets_dir=secrets_dir,
+                            namespace=namespace, allow_raw_exec=raw_exec)
     try:
         agent._wait_ready(timeout)
     except BaseException:
         agent.server.stop()  # not stop(): that purges every job, and a persisted agent's jobs are the user's
         raise
     return agent
+
+
+def single_node_ports(http: int) -> tuple[int, int]:
+    """RPC and Serf ports of a single-node agent given its HTTP port: the next two."""
+    return http + 1, http + 2
 
 
 def _binary(nomad_home: Path) -> Path:
@@ -265,7 +286,8 @@ def _cgroup_parent(name: str) -> str:
 
 
 def start_nomad_cluster(state_dir: Path, *, nomad_home: Path, rootfs: Path, clients: Sequence[ClientSpec],
-                        want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0) -> NomadCluster:
+                        want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0,
+                        secrets_dir: Path | None = None, namespace: str = "default") -> NomadCluster:
     binary = _binary(nomad_home)
     state_dir.mkdir(parents=True, exist_ok=True)
     http, rpc = free_port(), free_port()
@@ -275,10 +297,10 @@ def start_nomad_cluster(state_dir: Path, *, nomad_home: Path, rootfs: Path, clie
                              serf=free_port()) + SERVER_CONFIG)
     server = spawn("nomad-server", [str(binary), "agent", f"-config={state_dir / 'server.hcl'}"], server_log,
                    env=CLEAN_ENV, clean=True)
-    cluster = NomadCluster(addr=f"http://127.0.0.1:{http}", server=server, state_dir=state_dir)
+    cluster = NomadCluster(addr=f"http://127.0.0.1:{http}", server=server, state_dir=state_dir,
+                           secrets_dir=secrets_dir, namespace=namespace, allow_raw_exec="raw_exec" in want_drivers)
     try:
-        wait_until(lambda: _server_ready(cluster), what="Nomad server leader and keyring", timeout=timeout,
-                   log=server_log)
+        _wait_server(cluster, timeout)
         for spec in clients:
             cluster.networks[spec.name] = session_network(state_dir / spec.name)
             cluster.clients[spec.name] = _start_client(binary, state_dir, spec, rpc, nomad_home, rootfs,
@@ -312,18 +334,30 @@ def _start_client(binary: Path, state_dir: Path, spec: ClientSpec, server_rpc: i
                  env=CLEAN_ENV, clean=True)
 
 
-def _server_ready(cluster: NomadCluster) -> bool:
-    if not cluster.server.alive():
-        raise StartupFailed("the Nomad server exited")
-    keys = _get(f"{cluster.addr}/v1/operator/keyring/keys")
-    return bool(_get(f"{cluster.addr}/v1/status/leader")) and isinstance(keys, list) and bool(keys)
+def _wait_server(cluster: NomadCluster, timeout: float) -> None:
+    """A leader, the ACLs bootstrapped and configured, then an initialized keyring (read with the management token)."""
+
+    def leader() -> bool:
+        if not cluster.server.alive():
+            raise StartupFailed("the Nomad server exited")
+        return bool(_get(f"{cluster.addr}/v1/status/leader"))
+
+    def keyring() -> bool:
+        keys = _get(f"{cluster.addr}/v1/operator/keyring/keys", cluster.token)
+        return isinstance(keys, list) and bool(keys)
+
+    wait_until(leader, what="a Nomad server leader", timeout=timeout, log=cluster.server.log)
+    cluster.token = lock_down(cluster.addr, cluster.secrets_dir or cluster.state_dir / "secrets",
+                              namespace=cluster.namespace, allow_raw_exec=cluster.allow_raw_exec, timeout=timeout,
+                              log=cluster.server.log)
+    wait_until(keyring, what="the Nomad keyring", timeout=timeout, log=cluster.server.log)
 
 
 def _clients_ready(cluster: NomadCluster, specs: Sequence[ClientSpec], want_drivers: tuple[str, ...]) -> bool:
     for name, service in cluster.clients.items():
         if not service.alive():
             raise StartupFailed(f"Nomad client {name} exited")
-    nodes = _get(f"{cluster.addr}/v1/nodes?resources=true")
+    nodes = _get(f"{cluster.addr}/v1/nodes?resources=true", cluster.token)
     by_name = {n["Name"]: n for n in nodes if n.get("Status") == "ready"} if isinstance(nodes, list) else {}
     for spec in specs:
         node = by_name.get(spec.name)

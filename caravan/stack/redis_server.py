@@ -1,4 +1,5 @@
-"""A private Redis on loopback with append-only persistence under the state directory.
+"""A private Redis on loopback with append-only persistence under the state directory, and users from an ACL file
+(:mod:`caravan.stack.redis_acl`): nothing answers without a password, not even ``PING``.
 
 Durability choice (issue #3, "no acknowledged session is lost"): ``appendfsync always``.
 
@@ -19,30 +20,45 @@ sequentially waits for each fsync: 34 -> 23/s in one run on a busy disk, no diff
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
 
+from caravan.stack.nomad_agent import CLEAN_ENV
 from caravan.stack.processes import Service, StartupFailed, spawn, wait_until
+from caravan.stack.redis_acl import write_acl_file
+from common.secrets import read_secret, redis_password_path
 
 APPENDFSYNC = "always"
 
 
-def start_redis(state_dir: Path, port: int, *, log: Path, appendfsync: str = APPENDFSYNC) -> Service:
-    """Start Redis on 127.0.0.1:``port`` with its AOF in ``state_dir``; starting it again there replays the AOF."""
+def start_redis(state_dir: Path, port: int, *, log: Path, secrets_dir: Path, key_prefixes: Sequence[str] = ("caravan",),
+                appendfsync: str = APPENDFSYNC) -> Service:
+    """Start Redis on 127.0.0.1:``port`` with its AOF in ``state_dir``; starting it again there replays the AOF.
+
+    Its users are Caravan's (``redis-<role>.password`` in ``secrets_dir``, generated once): the components' users
+    reach only keys under ``key_prefixes`` (``<prefix>:*``; glob patterns allowed)."""
     binary = shutil.which("redis-server")
     if not binary:
         raise StartupFailed("redis-server is not installed (ops/install installs Debian's redis-server)")
     state_dir.mkdir(parents=True, exist_ok=True)
+    acl_file = write_acl_file(secrets_dir, key_prefixes)
+    admin_password = read_secret(redis_password_path(secrets_dir, "admin"))
     argv = [
         binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(state_dir),
         "--appendonly", "yes", "--appendfsync", appendfsync, "--save", "",
-        "--protected-mode", "yes", "--daemonize", "no",
+        "--protected-mode", "yes", "--daemonize", "no", "--aclfile", str(acl_file),
     ]
-    service = spawn("redis", argv, log)
+    service = spawn("redis", argv, log, env=CLEAN_ENV, clean=True)  # nothing of ours in its environment
+
+    def ready() -> bool:
+        with redis.Redis(host="127.0.0.1", port=port, username="admin", password=admin_password,
+                         socket_timeout=1) as client:
+            return bool(client.ping())
+
     try:
-        wait_until(lambda: redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).ping(), what="Redis",
-                   timeout=30, log=log)
+        wait_until(ready, what="Redis", timeout=30, log=log)
     except BaseException:
         service.stop()  # a server that never answered must not outlive the failed start
         raise

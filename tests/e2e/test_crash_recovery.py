@@ -24,6 +24,7 @@ def scheduler_env(settings: Settings) -> dict[str, str]:
         "CARAVAN_NOMAD_ADDR": settings.nomad.addr,
         "CARAVAN_NOMAD_JOB_PREFIX": settings.nomad.job_prefix,
         "CARAVAN_HOME": str(settings.home),
+        "CARAVAN_SECRETS_DIR": str(settings.secrets),  # it connects as the scheduler role
         "CARAVAN_RECONCILE_INTERVAL": "2",
     }
 

@@ -31,6 +31,7 @@ from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
 from common.model import Session, SessionResult, SessionStatus
 from common.settings import NomadSettings, RedisSettings, SchedulerSettings, Settings
+from tests.conftest import TEST_KEY_PREFIXES
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
 
 S = SessionStatus
@@ -44,6 +45,7 @@ class RestartableRedis:
     directory: Path
     port: int
     log: Path
+    secrets_dir: Path
     service: Service | None = None
 
     @property
@@ -51,7 +53,8 @@ class RestartableRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.service = start_redis(self.directory, self.port, log=self.log)
+        self.service = start_redis(self.directory, self.port, log=self.log, secrets_dir=self.secrets_dir,
+                                   key_prefixes=TEST_KEY_PREFIXES)
 
     def kill(self) -> None:
         assert self.service is not None
@@ -74,11 +77,11 @@ def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnStack]:
     from tests.conftest import STACK
 
     state = tmp_path_factory.mktemp("restarts")
-    redis = RestartableRedis(state / "redis", free_port(), state / "redis.log")
+    redis = RestartableRedis(state / "redis", free_port(), state / "redis.log", state / "secrets")
     redis.start()
     try:
         nomad = start_nomad_single_node(state / "nomad", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
-                                        rootfs=Path(STACK["CARAVAN_ROOTFS"]))
+                                        rootfs=Path(STACK["CARAVAN_ROOTFS"]), secrets_dir=state / "secrets")
     except BaseException:
         redis.stop()
         raise
@@ -91,10 +94,11 @@ def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnStack]:
 def own_settings(own_stack: OwnStack, namespace: str, tmp_path: Path) -> Settings:
     return Settings(
         home=tmp_path,
+        secrets_dir=own_stack.redis.secrets_dir,
         redis=RedisSettings(url=own_stack.redis.url, prefix=namespace),
         nomad=NomadSettings(addr=own_stack.nomad.addr, job_prefix=namespace),
         scheduler=SchedulerSettings(reconcile_interval=2.0, pass_interval=0.5),
-    )
+    ).for_role("admin")
 
 
 def batch(name: str, command: str, **fields: Any) -> dict[str, Any]:

@@ -47,7 +47,7 @@ async def running_idle(
     settings = replace(
         settings,
         idle=replace(settings.idle, policy_path=policy, window_persist_interval=persist_every, lease_ttl=lease_ttl),
-    )
+    ).for_role("idle")  # connects as the idle checker does
     redis = redis_client(settings.redis)
     nomad = NomadClient(settings.nomad)
     service = IdleService(settings, redis, nomad)

@@ -30,7 +30,7 @@ from scheduler.known_groups import known_resource_groups
 from scheduler.known_slots import known_slot_types
 from scheduler.placement import Placer
 from scheduler.slots import SlotType
-from tests.cluster_fixtures import scheduler_config
+from tests.cluster_fixtures import on_the_cluster, scheduler_config
 
 S = SessionStatus
 
@@ -45,7 +45,7 @@ def new_session(*, cpu: str = "0.1", group: str = "default", owner: str = "u", *
 
 @pytest.fixture
 async def nomad(settings: Settings) -> AsyncIterator[NomadClient]:
-    client = NomadClient(settings.nomad)
+    client = NomadClient(settings.for_role("scheduler").nomad)  # the placer reads Nomad with the scheduler's token
     yield client
     await client.aclose()
 
@@ -142,7 +142,7 @@ async def test_pending_timeout_and_policies_from_redis(redis: Redis, keys: Keys,
 
 async def test_round_robin_resumes_where_the_last_leader_stopped(redis: Redis, keys: Keys, settings: Settings,
                                                                  nomad_cluster: NomadCluster, fence: Fence) -> None:
-    clustered = dataclasses.replace(settings, nomad=dataclasses.replace(settings.nomad, addr=nomad_cluster.addr))
+    clustered = on_the_cluster(settings, nomad_cluster).for_role("scheduler")
     config = parse_scheduler_config(scheduler_config('default {\n  agent_selector = "roundrobin"\n}'), "s.hcl")
     store = SessionStore(redis, keys)
     in_id_order = sorted(nomad_cluster.node_ids[name] for name in ("small", "medium", "large"))

@@ -1,0 +1,180 @@
+"""Nomad as the stack starts it has ACLs on: nobody without a token gets anything, each component's token only what
+its policy grants, and the secrets live in files only their owner can read.
+
+The agent here is the dev stack's kind (``start_nomad_single_node``: state on disk), started for this module with the
+``exec`` driver only, as the dev stack runs when the operator has not enabled ``raw_exec``.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from caravan.stack.nomad_acl import GATEWAY_WRITES, describe_policies, policies, policy_rules
+from caravan.stack.nomad_agent import NomadAgent
+from caravan.stack.nomad_cluster import SingleNodeNomad, start_nomad_single_node
+from common.secrets import COMPONENT_ROLES, ROLES, nomad_token_path, read_secret
+from common.settings import NomadSettings
+from nomad_jobs.client import NomadClient, NomadRejected
+from tests.conftest import STACK
+
+pytestmark = pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad")
+
+JOB = """
+job "{name}" {{
+  datacenters = ["dc1"]
+  type        = "batch"
+  group "g" {{
+    task "t" {{
+      driver = "{driver}"
+      config {{
+        command = "/bin/true"
+      }}
+      resources {{
+        cpu    = 50
+        memory = 32
+      }}
+    }}
+  }}
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def single_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SingleNodeNomad]:
+    state = tmp_path_factory.mktemp("acl-single")
+    agent = start_nomad_single_node(state / "nomad", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
+                                    rootfs=Path(STACK["CARAVAN_ROOTFS"]), want_drivers=("exec",),
+                                    secrets_dir=state / "secrets")
+    yield agent
+    agent.stop()
+
+
+def status_of(addr: str, method: str, path: str, *, token: str | None = None, body: Any = None) -> int:
+    request = urllib.request.Request(addr + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode())
+    if token:
+        request.add_header("X-Nomad-Token", token)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def token(agent: SingleNodeNomad, role: str) -> str:
+    assert agent.secrets_dir is not None
+    found = read_secret(nomad_token_path(agent.secrets_dir, role))  # type: ignore[arg-type]
+    assert found
+    return found
+
+
+ANONYMOUS_REFUSED = [
+    ("GET", "/v1/jobs?namespace=*"), ("GET", "/v1/nodes"), ("GET", "/v1/agent/self"), ("GET", "/v1/allocations"),
+    ("GET", "/v1/acl/tokens"), ("GET", "/v1/operator/keyring/keys"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), ANONYMOUS_REFUSED)
+def test_anonymous_requests_are_refused(single_node: SingleNodeNomad, method: str, path: str) -> None:
+    assert status_of(single_node.addr, method, path) == 403
+    assert status_of(single_node.addr, method, path, token=token(single_node, "admin")) == 200
+
+
+async def test_anonymous_cannot_register_a_job_on_the_test_agent_either(nomad_agent: NomadAgent) -> None:
+    admin = NomadClient(NomadSettings(addr=nomad_agent.addr, token=nomad_agent.token))
+    job = await admin.parse(JOB.format(name="anon", driver="raw_exec"))  # valid: Nomad validates before the ACL check
+    await admin.aclose()
+    assert status_of(nomad_agent.addr, "POST", "/v1/jobs", body={"Job": job}) == 403
+    assert status_of(nomad_agent.addr, "POST", "/v1/jobs/parse", body={"JobHCL": JOB}) == 403
+    assert status_of(nomad_agent.addr, "GET", "/v1/jobs") == 403
+
+
+def test_secrets_are_readable_by_their_owner_only(single_node: SingleNodeNomad) -> None:
+    assert single_node.secrets_dir is not None
+    assert stat.S_IMODE(single_node.secrets_dir.stat().st_mode) == 0o700
+    files = {path.name: stat.S_IMODE(path.stat().st_mode) for path in single_node.secrets_dir.iterdir()}
+    assert files == {f"nomad-{role}.token": 0o600 for role in ROLES}
+    assert token(single_node, "admin") == single_node.token
+
+
+@pytest.mark.parametrize("role", COMPONENT_ROLES)
+def test_no_component_token_manages_acls_agents_or_operators(single_node: SingleNodeNomad, role: str) -> None:
+    secret = token(single_node, role)
+    for method, path, body in [
+        ("GET", "/v1/acl/tokens", None),
+        ("GET", f"/v1/acl/policy/{'caravan-gateway' if role != 'gateway' else 'caravan-idle'}", None),
+        ("POST", "/v1/acl/policy/mine", {"Name": "mine", "Rules": 'namespace "*" { policy = "write" }'}),
+        ("POST", "/v1/acl/token", {"Type": "management"}),
+        ("POST", "/v1/acl/bootstrap", {}),
+        ("GET", "/v1/agent/self", None),
+        ("GET", "/v1/operator/keyring/keys", None),
+        ("POST", "/v1/namespace/other", {"Name": "other"}),
+    ]:
+        assert status_of(single_node.addr, method, path, token=secret, body=body) in (400, 403), (role, path)
+    assert status_of(single_node.addr, "GET", "/v1/acl/token/self", token=secret) == 200  # the token itself is valid
+    request = urllib.request.Request(f"{single_node.addr}/v1/acl/policies", headers={"X-Nomad-Token": secret})
+    with urllib.request.urlopen(request, timeout=10) as response:  # a client token lists its own policies only
+        assert [p["Name"] for p in json.loads(response.read())] == [f"caravan-{role}"]
+
+
+@pytest.mark.parametrize("role", ["gateway", "idle"])
+async def test_the_gateway_and_idle_tokens_cannot_register_or_parse_jobs(single_node: SingleNodeNomad,
+                                                                       role: str) -> None:
+    admin = NomadClient(NomadSettings(addr=single_node.addr, token=single_node.token))
+    job = await admin.parse(JOB.format(name=f"by-{role}", driver="exec"))
+    await admin.aclose()
+    nomad = NomadClient(NomadSettings(addr=single_node.addr, token=token(single_node, role)))
+    try:
+        with pytest.raises(NomadRejected, match="Permission denied"):
+            await nomad.register(job)
+        with pytest.raises(NomadRejected, match="Permission denied"):
+            await nomad.parse(JOB.format(name=f"by-{role}", driver="exec"))
+    finally:
+        await nomad.aclose()
+
+
+async def test_the_scheduler_registers_exec_jobs_but_raw_exec_is_off_in_the_namespace(
+        single_node: SingleNodeNomad) -> None:
+    nomad = NomadClient(NomadSettings(addr=single_node.addr, token=token(single_node, "scheduler")))
+    try:
+        exec_job = await nomad.parse(JOB.format(name="acl-exec", driver="exec"))
+        await nomad.register(exec_job)
+        await nomad.deregister("acl-exec", purge=True)
+        raw = await nomad.parse(JOB.format(name="acl-raw", driver="raw_exec"))
+        with pytest.raises(NomadRejected, match='task driver "raw_exec" is not allowed'):
+            await nomad.register(raw)
+    finally:
+        await nomad.aclose()
+
+
+def test_a_restarted_agent_keeps_its_acls_and_tokens(single_node: SingleNodeNomad) -> None:
+    assert single_node.secrets_dir is not None
+    before = {path.name: path.read_text() for path in single_node.secrets_dir.iterdir()}
+    single_node.kill()
+    single_node.restart()
+    assert {path.name: path.read_text() for path in single_node.secrets_dir.iterdir()} == before
+    assert status_of(single_node.addr, "GET", "/v1/jobs") == 403
+    for role in COMPONENT_ROLES:
+        assert status_of(single_node.addr, "GET", "/v1/acl/token/self", token=token(single_node, role)) == 200
+    assert status_of(single_node.addr, "GET", "/v1/acl/tokens", token=single_node.token) == 200
+
+
+def test_the_policies_printed_for_operators_are_the_ones_applied(single_node: SingleNodeNomad) -> None:
+    printed = describe_policies("default")
+    for role, rules in policies("default").items():
+        assert rules in printed
+        request = urllib.request.Request(f"{single_node.addr}/v1/acl/policy/caravan-{role}")
+        request.add_header("X-Nomad-Token", str(single_node.token))
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert json.loads(response.read())["Rules"] == rules
+    assert all(write in policy_rules("gateway", "default") for write in GATEWAY_WRITES)
+    with pytest.raises(ValueError, match="namespace"):
+        policy_rules("gateway", 'x" { policy = "write" } namespace "y')
