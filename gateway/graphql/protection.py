@@ -136,6 +136,9 @@ def _coded(rule: type[ValidationRule], code: str, limit: int) -> type[Validation
     return Coded
 
 
+TOO_MANY_TOKENS = "TOO_MANY_TOKENS"
+
+
 class _MaxTokens(MaxTokensLimiter):
     """Strawberry's token limit, with the parser's refusal coded TOO_MANY_TOKENS."""
 
@@ -143,7 +146,7 @@ class _MaxTokens(MaxTokensLimiter):
         yield
         for error in self.execution_context.pre_execution_errors or ():
             if f"contains more than {self.max_token_count} tokens" in error.message:
-                error.extensions = {**(error.extensions or {}), "code": "TOO_MANY_TOKENS", "limit": self.max_token_count}
+                error.extensions = {**(error.extensions or {}), "code": TOO_MANY_TOKENS, "limit": self.max_token_count}
 
 
 def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
