@@ -68,8 +68,9 @@ class CaravanGraphQL(GraphQLOverHTTP):
                 user = admitted.user if admitted else None
             elif token := bearer(request.headers.get("authorization", "")):
                 user = await users.by_token(token)
-        except OUTAGES:
+        except OUTAGES as exc:
             failure = Unavailable("Redis is unreachable; retry shortly")
+            failure.__cause__ = exc  # what failed, for the log of outages (gateway.outage_log)
         return Context(
             request=request,
             settings=self.state["settings"],

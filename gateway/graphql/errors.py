@@ -12,10 +12,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from strawberry.extensions import SchemaExtension
 
 from common.errors import CaravanError, TransientError, Unavailable
+from gateway.outage_log import OutageReporter
 
 log = logging.getLogger(__name__)
 
 OUTAGES = (RedisConnectionError, RedisTimeoutError, TransientError, ConnectionError)
+REPORTER = OutageReporter()
+"""The process's log of UNAVAILABLE errors: a few lines per outage, whatever the number of errors."""
 
 
 def coded(error: GraphQLError, request_id: str) -> GraphQLError:
@@ -26,6 +29,8 @@ def coded(error: GraphQLError, request_id: str) -> GraphQLError:
             return error
         return GraphQLError(error.message, error.nodes, error.source, error.positions, error.path,
                             original, {**(error.extensions or {}), "code": "INVALID_INPUT"})
+    if isinstance(original, (*OUTAGES, Unavailable)) and not (error.extensions or {}).get("code"):  # once per error
+        REPORTER.answered(original)
     if isinstance(original, OUTAGES):
         original = Unavailable("a backing service (Redis or Nomad) is unreachable; retry shortly")
     if isinstance(original, CaravanError):
