@@ -30,10 +30,11 @@ from gateway.graphql.result_cache import ResultCache
 from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
+from gateway.log_follows import LogFollows
 from gateway.metrics import Metrics
 from gateway.revocations import RevocationWatch
 from gateway.nomad_shares import NomadShares
-from nomad_jobs.client import NomadClient
+from nomad_jobs.client import LOG_FOLLOWS, NomadClient
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
                          graphql_ide="graphiql", allow_queries_via_get=True, subscription_protocols=WS_PROTOCOLS)
         self.state = state
         self.nomad_shares = NomadShares(limits.max_nomad_calls, limits.max_user_nomad_calls)
+        self.log_follows = LogFollows(LOG_FOLLOWS, limits.max_log_follows)
 
     async def on_ws_connect(self, context: Context) -> UnsetType:
         await accept_connection(context)
@@ -82,6 +84,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
             auth_failure=failure,
             hub=self.state["hub"],
             revocations=self.state["revocations"],
+            log_follows=self.log_follows.connection(),
         )
 
 

@@ -34,9 +34,10 @@ def coded(error: GraphQLError, request_id: str) -> GraphQLError:
     if isinstance(original, OUTAGES):
         original = Unavailable("a backing service (Redis or Nomad) is unreachable; retry shortly")
     if isinstance(original, CaravanError):
-        extensions = {"code": original.code}
+        extensions: dict[str, object] = {"code": original.code}
         if original.field:
             extensions["field"] = original.field
+        extensions.update(original.details)  # what the code needs said (a limit, ...)
         return GraphQLError(original.message, error.nodes, error.source, error.positions, error.path,
                             original, extensions)
     log.error("request=%s unexpected error at %s", request_id, error.path, exc_info=original)

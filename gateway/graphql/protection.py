@@ -38,7 +38,7 @@ from common.keys import Keys
 from common.users import AUTHENTICATE_FUNCTION, Authenticated, authenticated, token_check_args
 from gateway.graphql.cost import CostLimit
 from gateway.graphql.document_cache import DocumentCache
-from nomad_jobs.client import CONNECTIONS
+from nomad_jobs.client import CONNECTIONS, LOG_FOLLOWS
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,9 @@ class Limits:
     max_user_nomad_calls: int = 16
     """Nomad calls one user's requests have in flight at once in one gateway process; below the Nomad client's pool
     (``nomad_jobs.client.CONNECTIONS``), so that one user's heavy queries leave connections to the others."""
+    max_log_follows: int = 32
+    """``kernelLogs`` subscriptions one WebSocket connection follows at once; at most the process's follow pool
+    (``nomad_jobs.client.LOG_FOLLOWS``), which caps the process (``gateway.log_follows``)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -81,6 +84,9 @@ class Limits:
             raise ValueError(f"CARAVAN_GRAPHQL_MAX_NOMAD_CALLS ({self.max_nomad_calls}) must be at most "
                              f"CARAVAN_GRAPHQL_MAX_USER_NOMAD_CALLS ({self.max_user_nomad_calls}), which must be "
                              f"below the Nomad client's {CONNECTIONS} connections")
+        if self.max_log_follows > LOG_FOLLOWS:
+            raise ValueError(f"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS ({self.max_log_follows}) must be at most the gateway "
+                             f"process's {LOG_FOLLOWS} log follows")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
