@@ -1,4 +1,5 @@
-"""The gateway's ASGI app: GraphQL at /graphql, health at /healthz and /readyz, Prometheus at /metrics."""
+"""The gateway's ASGI app: GraphQL at /graphql (GraphiQL for a browser, its assets at /graphiql/), health at /healthz
+and /readyz, Prometheus at /metrics."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from common.redis import client as redis_client
 from common.settings import Settings
 from common.store import SessionStore
 from common.users import Authenticated, UserStore, bootstrap_admin_token
+from gateway import ide
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
@@ -54,6 +56,11 @@ class CaravanGraphQL(GraphQLOverHTTP):
         self.state = state
         self.nomad_shares = NomadShares(limits.max_nomad_calls, limits.max_user_nomad_calls)
         self.log_follows = LogFollows(LOG_FOLLOWS, limits.max_log_follows)
+
+    @property
+    def graphql_ide_html(self) -> str:
+        """GraphiQL with its assets served by this gateway (Strawberry's page loads them from a CDN)."""
+        return ide.page()
 
     async def on_ws_connect(self, context: Context) -> UnsetType:
         await accept_connection(context)
@@ -137,6 +144,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics.endpoint(lambda: state["sessions"])),
+            Route(ide.PREFIX + "{name:path}", ide.asset),
             Route("/graphql", graphql),  # the view answers other methods itself: 405 with Allow
             WebSocketRoute("/graphql", graphql),
         ],
