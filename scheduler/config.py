@@ -20,7 +20,7 @@ The file is ``CARAVAN_SCHEDULER_CONFIG``: HCL, or JSON when its name ends in ``.
       selector_options  = {}             # free-form, handed to a custom selector
       allowed_drivers   = ["docker", "exec", "qemu", "raw_exec"]  # what sessions of the group may run on; others
                                          # are refused at creation (FORBIDDEN on driver)
-      default_resources = { cpu = "0.25", mem = "128m" }  # what each kernel of a session gets of a slot its
+      default_resources = { cpu = "0.25", mem = "256m" }  # what each kernel of a session gets of a slot its
                                          # request (and preset) leaves out; merged slot by slot over the built-in
                                          # defaults and, in a group, over this block's
     }
@@ -28,10 +28,10 @@ The file is ``CARAVAN_SCHEDULER_CONFIG``: HCL, or JSON when its name ends in ``.
       agent_selector = "concentrated"    # keys not set here are taken from `default`
     }
 
-The built-in defaults, 0.25 cpu and 128 MiB per kernel, let a small machine (2 cores, a few GiB) hold eight sessions
-that ask for nothing: Nomad's ``cpu`` is a share, not a cap, so a lone session still uses the whole machine, while
-``mem`` is a hard limit that a shell or a small batch job stays far below (a VM needs 128 MiB, the qemu driver's
-minimum).
+The built-in defaults, 0.25 cpu and 256 MiB per kernel, let a small machine (2 cores, 2-4 GiB) hold eight sessions
+that ask for nothing (with 1 cpu it held two): Nomad's ``cpu`` is a share, not a cap, so a lone session still uses
+the whole machine. ``mem`` is a hard limit and stays at 256 MiB: less breaks real work (the VM image ``ops/`` builds
+does not boot in 144 MiB, though the qemu driver takes 128), and memory was not what filled the machine.
 
 Durations are seconds or strings such as ``"90s"``, ``"10m"``, ``"1h30m"``. A broken file stops the scheduler from
 starting with ``file:line: key: reason``; a selector plugin named here is loaded once, at startup.
@@ -65,7 +65,7 @@ from scheduler.slots import InvalidQuantityError, ResourceSlots, guess_slot_type
 __all__ = ["DEFAULT_RESOURCES", "DEVICE_SLOTS", "MIN_MEM_BYTES", "SchedulerConfigError", "SchedulingConfig",
            "load_scheduler_config", "parse_scheduler_config"]
 
-DEFAULT_RESOURCES: Mapping[str, str] = MappingProxyType({"cpu": "0.25", "mem": str(128 * 1024 * 1024)})
+DEFAULT_RESOURCES: Mapping[str, str] = MappingProxyType({"cpu": "0.25", "mem": str(256 * 1024 * 1024)})
 """Built-in: what each kernel gets of a slot its request leaves out, unless the configuration says otherwise."""
 MIN_MEM_BYTES = 16 * 1024 * 1024
 """The least ``mem`` a kernel may have (asked for, or by default)."""

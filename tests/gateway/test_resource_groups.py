@@ -109,11 +109,11 @@ resource_group "other" {
   agent_selector = "concentrated"
 }
 """
-BUILT_IN = {"cpu": Decimal("0.25"), "mem": Decimal(128 << 20)}
+BUILT_IN = {"cpu": Decimal("0.25"), "mem": Decimal(256 << 20)}
 
 
 async def test_a_session_that_names_no_resources_gets_its_groups_defaults(settings: Settings, tmp_path: Path) -> None:
-    """Built in: 0.25 cpu and 128 MiB per kernel (a 2-core machine holds eight such sessions, not two); a group of the
+    """Built in: 0.25 cpu and 256 MiB per kernel (a 2-core machine holds eight such sessions, not two); a group of the
     scheduler's configuration may set its own, slot by slot; the request's own slots win."""
     configured = configured_with(settings, tmp_path / "scheduler.hcl", GROUP_DEFAULTS)
     async with running_caravan(configured, scheduler=False) as caravan:

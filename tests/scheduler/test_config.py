@@ -111,8 +111,8 @@ def test_a_broken_file_is_refused_with_line_and_reason(text: str, line: int, rea
 
 @pytest.mark.parametrize("suffix", ["hcl", "json"])
 def test_default_resources_merge_slot_by_slot_over_the_built_in_ones(tmp_path: Path, suffix: str) -> None:
-    """Built-in 0.25 cpu and 128 MiB; the default block's over them, a group's over the default block's."""
-    assert dict(load_scheduler_config(None).default_resources("any")) == {"cpu": "0.25", "mem": str(128 << 20)}
+    """Built-in 0.25 cpu and 256 MiB; the default block's over them, a group's over the default block's."""
+    assert dict(load_scheduler_config(None).default_resources("any")) == {"cpu": "0.25", "mem": str(256 << 20)}
     hcl = """
 default {
   default_resources = { cpu = 0.5 }
@@ -132,7 +132,7 @@ resource_group "plain" {
     config = load_scheduler_config(path)
     assert dict(config.default_resources("gpu")) == {"cpu": "0.5", "mem": str(1 << 30), "cuda.device": "1"}
     assert dict(config.default_resources("plain")) == dict(config.default_resources("unconfigured")) == {
-        "cpu": "0.5", "mem": str(128 << 20)}
+        "cpu": "0.5", "mem": str(256 << 20)}
 
 
 def test_json_errors_name_the_key(tmp_path: Path) -> None:

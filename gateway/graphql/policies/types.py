@@ -70,7 +70,7 @@ class ResourceGroup:
         description="The drivers its sessions may use, when the scheduler configuration limits them (else null).")
     default_resources: list[Resource] = strawberry.field(
         description="What each kernel of a session created here gets of a slot its request (and preset) leaves out "
-        "(the scheduler configuration's default_resources; built in: 0.25 cpu, 128 MiB of mem). Amounts: cores for "
+        "(the scheduler configuration's default_resources; built in: 0.25 cpu, 256 MiB of mem). Amounts: cores for "
         "cpu, bytes for mem, a count for devices.")
     agents: list[Agent] | None = strawberry.field(description="Admins only (null for others): its Nomad clients.")
     capacity: list[Resource] = strawberry.field(description="Of its schedulable agents together.")
