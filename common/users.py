@@ -28,6 +28,7 @@ from redis.exceptions import WatchError
 from common.clock import utcnow
 from common.errors import Conflict, NotFound, QuotaExceeded
 from common.keys import Keys
+from common.secrets import write_private
 
 BOOTSTRAP_ADMIN_ID = "admin"
 BOOTSTRAP_TOKEN_ID = "bootstrap"
@@ -401,6 +402,5 @@ def bootstrap_admin_token(configured: str | None, home: Path) -> str:
         return path.read_text().strip()
     home.mkdir(parents=True, exist_ok=True)
     token = new_secret()
-    path.write_text(token + "\n")
-    path.chmod(0o600)
+    write_private(path, token)
     return token
