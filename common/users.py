@@ -28,6 +28,7 @@ from redis.exceptions import WatchError
 from common.clock import utcnow
 from common.errors import Conflict, NotFound, QuotaExceeded
 from common.keys import Keys
+from common.secrets import write_private
 
 BOOTSTRAP_ADMIN_ID = "admin"
 BOOTSTRAP_TOKEN_ID = "bootstrap"
@@ -114,7 +115,6 @@ def new_secret() -> str:
 # once the record is read): Caravan runs on a single Redis, not a cluster, so a key not passed in KEYS is fine.
 AUTHENTICATE_FUNCTION = """
 local function authenticate(token_key, user_prefix, now, resolution)
-  if token_key == '' then return false, false, false end
   local record = redis.call('HMGET', token_key, 'user', 'expires', 'last_used')
   if not record[1] then return false, false, false end
   local moment = tonumber(now)
@@ -155,10 +155,11 @@ def authenticated(doc: str | bytes | None, expires: str | bytes | None) -> Authe
 
 
 def token_check_args(keys: Keys, token: str, now: datetime | None = None) -> tuple[str, list[str]]:
-    """The token check function's first argument (the record's key, '' without a token) and its other three."""
+    """The token check function's first argument (the record's key) and its other three. Without a token the key is
+    that of the empty secret's hash, which holds no record: still a key under Caravan's prefix, as Redis' ACL wants
+    of every key a script is given (an empty key name is refused, and the request would go uncounted)."""
     moment = (now or utcnow()).timestamp()
-    return (keys.api_token(hash_token(token)) if token else "",
-            [keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)])
+    return keys.api_token(hash_token(token)), [keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)]
 
 
 class UserStore:
@@ -401,6 +402,5 @@ def bootstrap_admin_token(configured: str | None, home: Path) -> str:
         return path.read_text().strip()
     home.mkdir(parents=True, exist_ok=True)
     token = new_secret()
-    path.write_text(token + "\n")
-    path.chmod(0o600)
+    write_private(path, token)
     return token
