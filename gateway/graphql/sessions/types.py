@@ -61,7 +61,8 @@ class Kernel:
     role: str
     index: int
     hostname: str
-    image: str
+    image: str = strawberry.field(description="docker: the image; qemu: the VM image; '' for exec and raw_exec, "
+                                  "which run none.")
     status: SessionStatus
     status_info: str
     agent: str | None
@@ -116,7 +117,8 @@ class Session:
     project: str
     resource_group: str
     driver: Driver
-    image: str
+    image: str = strawberry.field(description="docker: the image; qemu: the VM image; '' for exec and raw_exec, "
+                                  "which run none (main1's: a kernel role may have its own).")
     startup_command: str | None
     environ: list[EnvVar]
     resources: list[Resource]
