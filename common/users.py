@@ -199,7 +199,8 @@ class UserStore:
 
         def new(before: User | None) -> User:
             if before is not None:
-                raise Conflict(f"a user named {user.id!r} already exists", field="name")
+                raise Conflict(f"a user named {user.id!r} already exists" + (
+                    "" if before.active else " (deactivated: reactivateUser makes them active again)"), field="name")
             return user
 
         created = await self._write(user.id, new)
