@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from cross_web import HTTPException, StarletteRequestAdapter
+from graphql import GraphQLError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
-from graphql import GraphQLError
 from strawberry.asgi import GraphQL
 from strawberry.extensions import SchemaExtension
 from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
@@ -49,10 +49,10 @@ JSON = "application/json"
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 
 CODES = {400: "BAD_REQUEST", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
+"""Codes of the refusals Strawberry raises itself (as ``HTTPException``)."""
 OPERATION_MEMBERS = (("query", (str, type(None)), "a string"), ("operationName", (str, type(None)), "a string"),
                      ("variables", (dict, type(None)), "an object"), ("extensions", (dict, type(None)), "an object"))
 """The members of an operation in a request body, their types and how a refusal names them."""
-"""Codes of the refusals Strawberry raises itself (as ``HTTPException``)."""
 REQUEST_ERROR_STATUS = {"INTERNAL": 500, "UNAVAILABLE": 503}
 """With graphql-response+json, a request error is 400 unless it is one of these."""
 

@@ -170,9 +170,9 @@ def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
 # -- body size and request rate -----------------------------------------------------------------
 
 
-# KEYS[1]: the token record (Keys.no_token without a token); KEYS[2..]: keys to read. ARGV[1..3]: the token check's (see
-# common.users); ARGV[4]: the rate-limit key prefix, ARGV[5]: the window's number, ARGV[6]: its length in seconds,
-# ARGV[7]: the limit (0: count nothing), ARGV[8]: the subject without a valid token (the client's address).
+# KEYS[1]: the token record (Keys.no_token without a token); KEYS[2..]: keys to read. ARGV[1..3]: the token
+# check's (see common.users); ARGV[4]: the rate-limit key prefix, ARGV[5]: the window's number, ARGV[6]: its length
+# in seconds, ARGV[7]: the limit (0: count nothing), ARGV[8]: the subject without a valid token (the client's address).
 # Returns {the user's document or false, the token's expiry or false, the count (0 when not counted), the reads...}.
 ADMIT = AUTHENTICATE_FUNCTION + """
 local doc, user, expires = authenticate(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
