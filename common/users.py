@@ -108,7 +108,7 @@ def new_secret() -> str:
 
 
 # The token check, as a Lua function other scripts include (the gateway's admission runs it with the rate limit's
-# count: gateway.graphql.protection). token_key: the token record ('' for no token); user_prefix: the user key
+# count: gateway.graphql.protection). token_key: the token record (Keys.no_token for none); user_prefix: the user key
 # prefix; now: unix seconds, as text; resolution: the last-use resolution in seconds. Returns the user's JSON
 # document, the user id and the expiry (unix seconds, as text; false if none), or false three times for no token,
 # an unknown or expired token, or a user that is gone. The user key is built here from the prefix (it is only known
@@ -155,11 +155,11 @@ def authenticated(doc: str | bytes | None, expires: str | bytes | None) -> Authe
 
 
 def token_check_args(keys: Keys, token: str, now: datetime | None = None) -> tuple[str, list[str]]:
-    """The token check function's first argument (the record's key) and its other three. Without a token the key is
-    that of the empty secret's hash, which holds no record: still a key under Caravan's prefix, as Redis' ACL wants
-    of every key a script is given (an empty key name is refused, and the request would go uncounted)."""
+    """The token check function's first argument (the record's key; without a token, one that never exists) and its
+    other three."""
     moment = (now or utcnow()).timestamp()
-    return keys.api_token(hash_token(token)), [keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)]
+    return (keys.api_token(hash_token(token)) if token else keys.no_token,
+            [keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)])
 
 
 class UserStore:
@@ -200,7 +200,8 @@ class UserStore:
 
         def new(before: User | None) -> User:
             if before is not None:
-                raise Conflict(f"a user named {user.id!r} already exists", field="name")
+                raise Conflict(f"a user named {user.id!r} already exists" + (
+                    "" if before.active else " (deactivated: reactivateUser makes them active again)"), field="name")
             return user
 
         created = await self._write(user.id, new)

@@ -21,6 +21,7 @@ from common.settings import Settings
 from common.store import SessionStore
 from common.users import Role, User, UserStore
 from gateway.app import create_app
+from gateway.http_server import GatewayHttpProtocol
 from nomad_jobs.client import NomadClient
 from scheduler.service import Scheduler
 
@@ -129,7 +130,8 @@ async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: 
     port = free_port()
     settings = dataclasses.replace(settings, gateway=dataclasses.replace(settings.gateway, host="127.0.0.1", port=port,
                                                                          admin_token=ADMIN_TOKEN))
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="on", http=GatewayHttpProtocol))
     redis = redis_client(settings.redis)  # the test's own, with the settings' (admin) credentials
     nomad = NomadClient(settings.nomad)
     keys = Keys(settings.redis.prefix)

@@ -22,7 +22,8 @@ def secrets_of(settings: Settings) -> dict[str, str]:
 
 async def run(caravan: Caravan, driver: str, command: str) -> dict[str, object]:
     data = await caravan.gql(CREATE, {"input": {"type": "BATCH", "name": f"peek-{driver.lower()}", "driver": driver,
-                                                "image": DEFAULT_IMAGE, "startupCommand": command}})
+                                                "startupCommand": command,
+                                                **({"image": DEFAULT_IMAGE} if driver == "DOCKER" else {})}})
     session = await caravan.wait_for(data["createSession"]["sessions"][0]["id"], "TERMINATED", "ERROR")
     assert session["status"] == "TERMINATED", session
     return session

@@ -16,12 +16,10 @@ from common.event_hub import EventHub
 from common.model import Session as SessionModel
 from common.store import SessionStore
 from gateway.graphql.context import Info
+from gateway.graphql.sessions.log_tail import checked_tail_bytes
 from gateway.graphql.sessions.types import SessionStatus
 from idle.activity import record_activity
 from nomad_jobs.meta import TASK_NAME
-
-MAX_TAIL_BYTES = 4 * 1024 * 1024
-
 
 @strawberry.enum(name="LogStream")
 class LogStream(Enum):
@@ -120,8 +118,8 @@ class SessionSubscriptions:
             yield event_type_of(owned)
 
     @strawberry.subscription(
-        description="A kernel's stdout or stderr as text chunks as it is written, starting `tailBytes` before its "
-        "end (0: only what comes next). Waits for the kernel to start; completes when it has ended and all of its "
+        description="A kernel's stdout or stderr as text chunks as it is written, starting `tailBytes` (0 to 4 MiB) "
+        "before its end (0: only what comes next). Waits for the kernel to start; completes when it has ended and all of its "
         "output was sent (at once if it never started)."
     )
     async def kernel_logs(
@@ -129,8 +127,7 @@ class SessionSubscriptions:
         tail_bytes: int = 0,
     ) -> AsyncGenerator[str, None]:
         session = await visible_session(info, str(session_id))
-        if not 0 <= tail_bytes <= MAX_TAIL_BYTES:
-            raise InvalidInput(f"tailBytes must be between 0 and {MAX_TAIL_BYTES}", field="tailBytes")
+        checked_tail_bytes(tail_bytes)
         if not any(k.hostname == kernel for k in session.kernels):
             raise NotFound(f"session {session_id} has no kernel {kernel!r}", field="kernel")
         store = info.context.sessions

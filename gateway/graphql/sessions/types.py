@@ -13,6 +13,7 @@ from common.inference import endpoints_of, is_inference
 from gateway.graphql.context import Info
 from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
+from gateway.graphql.sessions.log_tail import checked_tail_bytes
 from idle.activity import record_activity
 from nomad_jobs.client import NomadNotFound
 from nomad_jobs.meta import TASK_NAME
@@ -61,7 +62,8 @@ class Kernel:
     role: str
     index: int
     hostname: str
-    image: str
+    image: str = strawberry.field(description="docker: the image; qemu: the VM image; '' for exec and raw_exec, "
+                                  "which run none.")
     status: SessionStatus
     status_info: str
     agent: str | None
@@ -78,14 +80,17 @@ class Kernel:
     resources: list[Resource] = strawberry.field(
         default_factory=list, description="This kernel's slots (a cluster's main and sub kernels may differ).")
 
-    @strawberry.field(description="The kernel's stdout and stderr from Nomad (the last tailBytes of each).")
+    @strawberry.field(description="The kernel's stdout and stderr from Nomad: the last tailBytes (0 to 4 MiB) of each; "
+                      "null before the kernel has run.")
     async def logs(self, info: Info, tail_bytes: int = 65536) -> KernelLogs | None:
+        tail = checked_tail_bytes(tail_bytes)
         if not self.alloc_id:
             return None
         sessions = info.context.sessions
         await record_activity(sessions.redis, sessions.keys, self.session_id, utcnow())  # reading logs is using it
+        if tail == 0:
+            return KernelLogs(stdout="", stderr="")  # (Nomad reads an offset of 0 from the end as the whole last file)
         nomad = info.context.nomad
-        tail = max(1, min(tail_bytes, 4 * 1024 * 1024))
         try:
             stdout = await nomad.logs(self.alloc_id, TASK_NAME, "stdout", tail_bytes=tail)
             stderr = await nomad.logs(self.alloc_id, TASK_NAME, "stderr", tail_bytes=tail)
@@ -116,7 +121,8 @@ class Session:
     project: str
     resource_group: str
     driver: Driver
-    image: str
+    image: str = strawberry.field(description="docker: the image; qemu: the VM image; '' for exec and raw_exec, "
+                                  "which run none (main1's: a kernel role may have its own).")
     startup_command: str | None
     environ: list[EnvVar]
     resources: list[Resource]
