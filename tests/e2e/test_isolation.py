@@ -77,7 +77,6 @@ def probe_script(ports: dict[str, int], other: dict[str, str], state_dir: str, j
         'echo "ENVIRON $(cat /proc/1/environ 2>/dev/null | base64 | tr -d "\\n")"',
         'echo "ENVIRON $(env | base64 | tr -d "\\n")"',
         'echo PROBE-DONE',
-        'sleep 1',  # Nomad stops copying a docker task's output when it exits: its tail can be lost (nomad#6931)
     ]
     return "\n".join(lines) + "\n"
 
