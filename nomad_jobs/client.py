@@ -159,6 +159,12 @@ class NomadClient:
         allocs: list[Json] = await self._json("GET", f"/v1/job/{job_id}/allocations", params={"all": "true"})
         return allocs
 
+    async def job_evaluations(self, job_id: str) -> list[Json]:
+        """The job's evaluations: each with ``Status`` (``blocked`` while one waits for room), ``FailedTGAllocs``
+        (task group -> why it could not be placed) and ``CreateIndex``/``ModifyIndex``."""
+        evaluations: list[Json] = await self._json("GET", f"/v1/job/{job_id}/evaluations")
+        return evaluations
+
     # -- allocations -----------------------------------------------------------------------------
 
     async def allocation(self, alloc_id: str) -> Json:
