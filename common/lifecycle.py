@@ -180,8 +180,7 @@ def _restated(session: Session, at: datetime) -> Session:
     """A PREPARING session's reason, kept to why its kernels do not start yet: the first kernel Nomad cannot place
     or that restarts after a failure gives it its reason and detail; once none has one, the reason is a kernel's
     again (``allocation-pending``…)."""
-    troubled = next((k for k in session.kernels if k.status is S.PREPARING and k.status_detail), None)
-    if troubled is not None:
+    if (troubled := _troubled(session)) is not None:
         reason, detail = troubled.status_info, _kernel_detail(session, troubled)
     elif session.status_detail is not None:
         waiting = next((k for k in session.kernels if k.status is S.PREPARING), None)
@@ -191,6 +190,11 @@ def _restated(session: Session, at: datetime) -> Session:
     if (reason, detail) == (session.status_info, session.status_detail):
         return session
     return restate(session, reason=reason, detail=detail, at=at)
+
+
+def _troubled(session: Session) -> Kernel | None:
+    """The first kernel that does not start yet for a reason Nomad gave (it cannot be placed, it restarts)."""
+    return next((k for k in session.kernels if k.status is S.PREPARING and k.status_detail), None)
 
 
 def _kernel_detail(session: Session, kernel: Kernel) -> str | None:
@@ -211,8 +215,7 @@ def _reason_for(before: Session, after: Session, target: SessionStatus) -> tuple
         failed = next((k for k in after.kernels if k.status is S.ERROR), None)
         return (failed.status_info, _kernel_detail(after, failed)) if failed else ("kernel-error", None)
     if target is S.PREPARING:
-        troubled = next((k for k in after.kernels if k.status is S.PREPARING and k.status_detail), None)
-        if troubled is not None:
+        if (troubled := _troubled(after)) is not None:
             return troubled.status_info, _kernel_detail(after, troubled)
         return "job-registered", None
     return {S.RUNNING: "kernels-running"}.get(target, target.value.lower()), None
