@@ -31,10 +31,10 @@ class Driver(Enum):
     RAW_EXEC = "raw_exec"
 
 
-DETAIL = ("Why, in Nomad's words when Nomad said it (its task event: 'Driver Failure: Failed to pull ...', "
-          "'Terminated: Exit Code: 127 (...)', 'Not Restarting: ...'; or why it cannot place a kernel: 'Nomad cannot "
-          "place it: constraint ... excluded 1 node'), or Nomad's refusal of the job; null when the code says all. Free "
-          "text for people: match on the code, not on this.")
+DETAIL = ("Why, for a person, in Nomad's words when Nomad said it: a task event ('Driver Failure: Failed to pull ...; "
+          "not restarted: ...', 'Terminated: Exit Code: 127 (...)'), why it cannot place a kernel ('Nomad cannot place "
+          "it: constraint ... excluded 1 node'), or its refusal of the job; null when the code says all. Free text: "
+          "match on the code, not on this.")
 
 
 @strawberry.type(description="One entry of a session's history: a status change, or a PREPARING session's new "
@@ -77,7 +77,7 @@ class Kernel:
     status_info: str = strawberry.field(description="A short machine-readable code of the kernel's status: "
                                         "allocation-pending, unplaceable, restarting, kernel-running, task-finished, "
                                         "task-failed, failed-to-start, job-lost, ...")
-    status_detail: str | None = strawberry.field(description="The kernel's latest " + DETAIL[0].lower() + DETAIL[1:])
+    status_detail: str | None = strawberry.field(description="What Nomad last said about this kernel beyond its code. " + DETAIL)
     started_at: datetime | None = strawberry.field(
         description="When the kernel's task first started, by Nomad's task state (also for a kernel that ran and ended "
         "between two observations); null: not started.")
