@@ -33,13 +33,16 @@ class KernelState:
     status: SessionStatus
 
 
-@strawberry.type(description="One status change of one session.")
+@strawberry.type(description="One status change of one session, or a PREPARING session's new reason (an entry of its "
+                 "statusHistory).")
 class SessionEvent:
     event_id: str = strawberry.field(
         description="This event's position: pass it as `after` to resume right after it (same subscription arguments).")
     session_id: strawberry.ID
     status: SessionStatus
-    reason: str = strawberry.field(description="Why the status changed (the session's statusInfo).")
+    reason: str = strawberry.field(description="Why the status changed (the session's statusInfo): a short code.")
+    detail: str | None = strawberry.field(description="Why, for a person (the session's statusDetail), e.g. Nomad's "
+                                          "'Driver Failure: Failed to pull ...'; null when the code says all.")
     at: datetime
     kernels: list[KernelState]
 
@@ -47,7 +50,7 @@ class SessionEvent:
 def event_type_of(event: events.SessionEvent) -> SessionEvent:
     return SessionEvent(
         event_id=event.id, session_id=strawberry.ID(event.session_id), status=event.status, reason=event.reason,
-        at=event.at, kernels=[KernelState(hostname=k.hostname, status=k.status) for k in event.kernels],
+        detail=event.detail, at=event.at, kernels=[KernelState(hostname=k.hostname, status=k.status) for k in event.kernels],
     )
 
 
