@@ -9,6 +9,7 @@ import sys
 from caravan import services
 from scheduler.config import SchedulerConfigError
 from common.settings import load_settings
+from gateway.graphql.protection import Limits
 from idle.policy_file import PolicyFileError
 
 
@@ -26,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     stack.add_argument("--yes", action="store_true", help="reset: delete every session and all state without asking")
     args = parser.parse_args(argv)
 
-    settings = load_settings()
+    try:
+        settings = load_settings()
+        if args.command in ("gateway", "dev"):
+            Limits.from_env()  # the gateway reads them again; a bad CARAVAN_GRAPHQL_* value stops us here
+    except ValueError as refused:  # a malformed CARAVAN_* value
+        print(f"caravan: configuration refused: {refused}", file=sys.stderr)
+        return 2
     services.configure_logging()
     if args.command == "stack":
         from caravan.stack import dev_stack, nomad_acl, redis_acl

@@ -16,6 +16,7 @@ from common.settings import Settings, load_settings
 from common.users import bootstrap_admin_token
 from caravan.supervisor import Supervisor, die_with_parent
 from gateway.app import create_app
+from gateway.http_server import GatewayHttpProtocol
 from idle.reload import PolicySource, reload_on_sighup
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient
@@ -41,6 +42,7 @@ def serve_gateway(settings: Settings) -> None:
     uvicorn.run(
         "caravan.services:gateway_worker_app", factory=True, workers=settings.gateway.workers,
         host=settings.gateway.host, port=settings.gateway.port, log_level="warning", access_log=False, lifespan="on",
+        http=GatewayHttpProtocol,
     )
 
 
@@ -58,7 +60,7 @@ def gateway_worker_app() -> Starlette:
 async def run_gateway(settings: Settings) -> None:
     config = uvicorn.Config(
         create_app(settings), host=settings.gateway.host, port=settings.gateway.port,
-        log_level="warning", access_log=False, lifespan="on",
+        log_level="warning", access_log=False, lifespan="on", http=GatewayHttpProtocol,
     )
     await uvicorn.Server(config).serve()
 

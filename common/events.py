@@ -1,7 +1,8 @@
 """Session status events: written to Redis Streams with the status change, read back without gaps.
 
 Pub/sub drops whatever is published while a subscriber is not listening (not yet subscribed, slow,
-reconnecting). So every status change is appended to two Redis Streams *in the same MULTI as the
+reconnecting). So every status change (and every new reason of a PREPARING session, ``common.lifecycle.restate``:
+each entry of its status history) is appended to two Redis Streams *in the same MULTI as the
 change itself* (``SessionStore._publish``): one per session (its whole short history; expires a
 while after the session ends) and one per owner (capped at about ``OWNER_STREAM_LENGTH`` entries).
 A reader reads from a cursor, the id of the last entry it delivered (``common.event_hub`` blocks on
@@ -44,7 +45,7 @@ class KernelState:
 
 @dataclass(frozen=True)
 class SessionEvent:
-    """One status change of one session."""
+    """One status change of one session (or a new reason of a PREPARING one): an entry of its status history."""
 
     id: str
     """The stream entry id: the cursor to resume after this event."""
@@ -54,6 +55,8 @@ class SessionEvent:
     reason: str
     at: datetime
     kernels: tuple[KernelState, ...]
+    detail: str | None = None
+    """Why, for a person (``StatusChange.detail``)."""
 
 
 def is_cursor(text: str) -> bool:
@@ -71,6 +74,7 @@ def event_fields(session: Session) -> dict[str, str]:
                 "ownerId": session.owner_id,
                 "status": session.status.value,
                 "reason": session.status_info,
+                "detail": session.status_detail,
                 "at": to_iso(change.at if change else session.created_at),
                 "kernels": [{"hostname": k.hostname, "status": k.status.value} for k in session.kernels],
             }
@@ -88,6 +92,7 @@ def decode(entry_id: str, fields: dict[str, str]) -> SessionEvent:
         reason=doc["reason"],
         at=from_iso(doc["at"]),
         kernels=tuple(KernelState(k["hostname"], SessionStatus(k["status"])) for k in doc.get("kernels", ())),
+        detail=doc.get("detail"),
     )
 
 

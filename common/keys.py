@@ -121,6 +121,12 @@ class Keys:
         return f"{self.prefix}:api-token:{token_hash}"
 
     @property
+    def no_token(self) -> str:
+        """A token record key that never exists (no SHA-256 is "none"): what the token check reads for a request
+        without a token. Not "": Redis' ACL refuses a key outside the component's ``<prefix>:*``."""
+        return self.api_token("none")
+
+    @property
     def api_token_ids(self) -> str:
         """HASH API token id -> SHA-256 of its secret (revoking by id)."""
         return f"{self.prefix}:api-token-ids"

@@ -69,9 +69,14 @@ class Driver(StrEnum):
 
 @dataclass(frozen=True)
 class StatusChange:
+    """One entry of a session's history: a status change, or (while PREPARING) a change of the reason it waits."""
+
     status: SessionStatus
     at: datetime
     reason: str
+    """A short machine-readable code (``failed-to-start``, ``task-failed``, ``user-requested``…)."""
+    detail: str | None = None
+    """Why, for a person: what Nomad reported (its task event, its placement failure); None when the code says all."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,13 @@ class Kernel:
     alloc_id: str | None = None
     exit_code: int | None = None
     status_info: str = ""
+    status_detail: str | None = None
+    """What Nomad last reported about this kernel that its status code does not say (a driver failure, an exit code
+    and its cause, why it cannot be placed, why it restarts); None when there is nothing to add."""
+    started_at: datetime | None = None
+    """When the kernel's task first started, by Nomad's task state (not when Caravan noticed)."""
+    finished_at: datetime | None = None
+    """When the kernel's task ended for good, by Nomad's task state; None while it runs or may run again."""
     ports: tuple[str, ...] = ()
     """Preopened ports as ``port=host:port`` (the Nomad dynamic host port the kernel listens on)."""
     restarts: int = 0
@@ -100,6 +112,9 @@ class Kernel:
     def is_main(self) -> bool:
         return self.role == "main"
 
+
+KERNEL_MOMENTS = ("started_at", "finished_at")
+"""A kernel's datetime fields (ISO 8601 in its stored JSON)."""
 
 KERNEL_ROLES = ("main", "sub")
 """The roles a request may give their own image and resources: ``main`` (main1) and ``sub`` (every sub kernel)."""
@@ -129,6 +144,8 @@ class Session:
     created_at: datetime
     status: SessionStatus = SessionStatus.PENDING
     status_info: str = "created"
+    status_detail: str | None = None
+    """The detail of the latest status change (``StatusChange.detail``)."""
     status_history: tuple[StatusChange, ...] = ()
     resource_group: str = "default"
     project: str = "default"
@@ -160,7 +177,8 @@ class Session:
     shared_memory: str | None = None
     """Bytes of /dev/shm for Docker kernels, as an exact decimal string."""
     started_at: datetime | None = None
-    """When the session first became RUNNING."""
+    """When its first kernel's task started, by Nomad's task state (a quick BATCH may end before Caravan sees it
+    run); failing that, when it was seen RUNNING."""
     service_port: int | None = None
     """INFERENCE: the port each replica serves (a Nomad dynamic host port, health-checked); see common.inference."""
     health_check_path: str | None = None
@@ -192,8 +210,12 @@ class Session:
         for moment in ("created_at", "starts_at", "started_at"):
             doc[moment] = to_iso(doc[moment]) if doc[moment] else None
         doc["status_history"] = [
-            {"status": c.status.value, "at": to_iso(c.at), "reason": c.reason} for c in self.status_history
+            {"status": c.status.value, "at": to_iso(c.at), "reason": c.reason, "detail": c.detail}
+            for c in self.status_history
         ]
+        for kernel in doc["kernels"]:
+            for moment in KERNEL_MOMENTS:
+                kernel[moment] = to_iso(kernel[moment]) if kernel[moment] else None
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
@@ -207,10 +229,12 @@ class Session:
         for moment in ("created_at", "starts_at", "started_at"):
             doc[moment] = from_iso(doc[moment]) if doc.get(moment) else None
         doc["status_history"] = tuple(
-            StatusChange(SessionStatus(c["status"]), from_iso(c["at"]), c["reason"]) for c in doc["status_history"]
+            StatusChange(SessionStatus(c["status"]), from_iso(c["at"]), c["reason"], c.get("detail"))
+            for c in doc["status_history"]
         )
         doc["kernels"] = tuple(
-            Kernel(**{**k, "status": SessionStatus(k["status"]), "ports": tuple(k.get("ports", ()))})
+            Kernel(**{**k, "status": SessionStatus(k["status"]), "ports": tuple(k.get("ports", ())),
+                      **{m: from_iso(k[m]) if k.get(m) else None for m in KERNEL_MOMENTS}})
             for k in doc["kernels"]
         )
         for listed in ("wait_reasons", "dependencies", "preopen_ports"):
@@ -230,3 +254,11 @@ class KernelObservation:
     exit_code: int | None = None
     ports: tuple[str, ...] = ()
     restarts: int = 0
+    detail: str | None = None
+    """What Nomad said beyond the status (its failure event, why it cannot place the kernel); None: nothing."""
+    started_at: datetime | None = None
+    """When the task last (re)started in this allocation (Nomad's ``TaskState.StartedAt``)."""
+    finished_at: datetime | None = None
+    """When the task ended for good (Nomad's ``TaskState.FinishedAt``); None while it runs or may restart."""
+    placed: bool = True
+    """False: read from an evaluation that could not place the kernel (there is no allocation to speak for it)."""

@@ -58,9 +58,14 @@ def ensure_secrets_dir(secrets_dir: Path) -> Path:
 
 
 def write_secret(path: Path, value: str) -> None:
-    """Write ``value`` to ``path`` with mode 0600: a temporary file created 0600 in the same directory, renamed over
-    ``path``."""
+    """Write ``value`` to ``path`` in a secrets directory (made 0700) with mode 0600 (:func:`write_private`)."""
     ensure_secrets_dir(path.parent)
+    write_private(path, value)
+
+
+def write_private(path: Path, value: str) -> None:
+    """Write ``value`` to ``path`` with mode 0600 from the start: a temporary file created 0600 in the same directory,
+    renamed over ``path`` (never readable by others, not even for a moment)."""
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:

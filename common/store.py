@@ -235,8 +235,8 @@ class SessionStore:
                 pipe.delete(owned_name_key)
             pipe.set(self.keys.live_name(after.owner_id, after.name), after.id)
         self._reindex_for_listing(pipe, before, after)
-        if after.status is not before.status:
-            self._publish(pipe, after)
+        if after.status is not before.status or after.status_history[-1:] != before.status_history[-1:]:
+            self._publish(pipe, after)  # a status change, or a PREPARING session's new reason (lifecycle.restate)
 
     async def overdue_batch_sessions(self, now: float) -> list[str]:
         ids: list[str] = await self.redis.zrangebyscore(self.keys.batch_deadlines, "-inf", now)

@@ -12,7 +12,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -23,7 +23,7 @@ from common.access import administers, can_access
 from common.clock import from_iso, to_iso
 from common.errors import InvalidInput
 from common.keys import Keys
-from common.model import ClusterMode, Driver, RoleSpec, SessionType
+from common.model import DEFAULT_PRIORITY, ClusterMode, Driver, RoleSpec, SessionType
 from common.users import Role, User
 
 TEMPLATE_NAME_RULE = re.compile(r"^[A-Za-z0-9_.-](?:[A-Za-z0-9 _.-]{0,62}[A-Za-z0-9_.-])?$")
@@ -36,7 +36,9 @@ class TemplateScope(StrEnum):
 
 @dataclass(frozen=True)
 class TemplateSpec:
-    """The creation parameters a template stores, as the user gave them (slots unnormalized)."""
+    """The creation parameters a template stores, as the user gave them (slots and durations unnormalized): every
+    option of a creation but those of one creation (its session name, idempotency key, dependencies, owner and
+    project). The names are ``gateway.session_requests.SessionRequest``'s."""
 
     type: SessionType = SessionType.INTERACTIVE
     driver: Driver = Driver.DOCKER
@@ -45,32 +47,53 @@ class TemplateSpec:
     environ: dict[str, str] = field(default_factory=dict)
     resources: dict[str, str] = field(default_factory=dict)
     resource_group: str = "default"
+    starts_at: str | None = None
+    """BATCH: an ISO 8601 moment, or a duration counted from each creation (``"1h"``)."""
+    batch_timeout: str | None = None
+    """BATCH: a duration (``"30s"``)."""
     cluster_size: int = 1
     cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
+    count: int = 1
+    """Sessions each creation makes."""
+    preopen_ports: tuple[int, ...] = ()
+    shared_memory: str | None = None
+    """/dev/shm of docker kernels, as written (``"64m"``)."""
+    designated_agent: str | None = None
+    priority: int = DEFAULT_PRIORITY
     preset: str | None = None
     kernel_roles: dict[str, RoleSpec] = field(default_factory=dict)
     """Role (``main``, ``sub``) -> its own image and slots."""
+    replicas: int | None = None
+    service_port: int | None = None
+    health_check_path: str | None = None
+    health_check_grace: str | None = None
+    """INFERENCE: a duration (``"30s"``)."""
+
+    def given(self) -> frozenset[str]:
+        """The fields whose value is not the default: what the template sets."""
+        blank = TemplateSpec()
+        return frozenset(f.name for f in fields(self) if getattr(self, f.name) != getattr(blank, f.name))
 
     def to_doc(self) -> dict[str, Any]:
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
         return {
-            "type": self.type.value, "driver": self.driver.value, "image": self.image,
-            "startup_command": self.startup_command, "environ": self.environ, "resources": self.resources,
-            "resource_group": self.resource_group, "cluster_size": self.cluster_size,
-            "cluster_mode": self.cluster_mode.value, "preset": self.preset,
+            **doc, "type": self.type.value, "driver": self.driver.value, "cluster_mode": self.cluster_mode.value,
+            "preopen_ports": list(self.preopen_ports),
             "kernel_roles": {role: {"image": r.image, "resources": r.resources} for role, r in self.kernel_roles.items()},
         }  # fmt: skip
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> TemplateSpec:
-        return cls(
-            type=SessionType(doc["type"]), driver=Driver(doc["driver"]), image=doc.get("image"),
-            startup_command=doc.get("startup_command"), environ=dict(doc.get("environ") or {}),
-            resources=dict(doc.get("resources") or {}), resource_group=doc.get("resource_group", "default"),
-            cluster_size=int(doc.get("cluster_size", 1)), cluster_mode=ClusterMode(doc.get("cluster_mode", "SINGLE_NODE")),
-            preset=doc.get("preset"),
-            kernel_roles={role: RoleSpec(r.get("image"), dict(r.get("resources") or {}))
-                          for role, r in (doc.get("kernel_roles") or {}).items()},
-        )  # fmt: skip
+        """A stored spec; fields it lacks (written before they existed) take their defaults."""
+        values = {f.name: doc[f.name] for f in fields(cls) if doc.get(f.name) is not None}
+        return cls(**{
+            **values, "type": SessionType(doc["type"]), "driver": Driver(doc["driver"]),
+            "environ": dict(values.get("environ", {})), "resources": dict(values.get("resources", {})),
+            "cluster_mode": ClusterMode(values.get("cluster_mode", ClusterMode.SINGLE_NODE.value)),
+            "preopen_ports": tuple(values.get("preopen_ports", ())),
+            "kernel_roles": {role: RoleSpec(r.get("image"), dict(r.get("resources") or {}))
+                             for role, r in values.get("kernel_roles", {}).items()},
+        })  # fmt: skip
 
 
 @dataclass(frozen=True)

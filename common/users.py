@@ -28,6 +28,7 @@ from redis.exceptions import WatchError
 from common.clock import utcnow
 from common.errors import Conflict, NotFound, QuotaExceeded
 from common.keys import Keys
+from common.secrets import write_private
 
 BOOTSTRAP_ADMIN_ID = "admin"
 BOOTSTRAP_TOKEN_ID = "bootstrap"
@@ -107,14 +108,13 @@ def new_secret() -> str:
 
 
 # The token check, as a Lua function other scripts include (the gateway's admission runs it with the rate limit's
-# count: gateway.graphql.protection). token_key: the token record ('' for no token); user_prefix: the user key
+# count: gateway.graphql.protection). token_key: the token record (Keys.no_token for none); user_prefix: the user key
 # prefix; now: unix seconds, as text; resolution: the last-use resolution in seconds. Returns the user's JSON
 # document, the user id and the expiry (unix seconds, as text; false if none), or false three times for no token,
 # an unknown or expired token, or a user that is gone. The user key is built here from the prefix (it is only known
 # once the record is read): Caravan runs on a single Redis, not a cluster, so a key not passed in KEYS is fine.
 AUTHENTICATE_FUNCTION = """
 local function authenticate(token_key, user_prefix, now, resolution)
-  if token_key == '' then return false, false, false end
   local record = redis.call('HMGET', token_key, 'user', 'expires', 'last_used')
   if not record[1] then return false, false, false end
   local moment = tonumber(now)
@@ -155,9 +155,10 @@ def authenticated(doc: str | bytes | None, expires: str | bytes | None) -> Authe
 
 
 def token_check_args(keys: Keys, token: str, now: datetime | None = None) -> tuple[str, list[str]]:
-    """The token check function's first argument (the record's key, '' without a token) and its other three."""
+    """The token check function's first argument (the record's key; without a token, one that never exists) and its
+    other three."""
     moment = (now or utcnow()).timestamp()
-    return (keys.api_token(hash_token(token)) if token else "",
+    return (keys.api_token(hash_token(token)) if token else keys.no_token,
             [keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)])
 
 
@@ -199,7 +200,8 @@ class UserStore:
 
         def new(before: User | None) -> User:
             if before is not None:
-                raise Conflict(f"a user named {user.id!r} already exists", field="name")
+                raise Conflict(f"a user named {user.id!r} already exists" + (
+                    "" if before.active else " (deactivated: reactivateUser makes them active again)"), field="name")
             return user
 
         created = await self._write(user.id, new)
@@ -401,6 +403,5 @@ def bootstrap_admin_token(configured: str | None, home: Path) -> str:
         return path.read_text().strip()
     home.mkdir(parents=True, exist_ok=True)
     token = new_secret()
-    path.write_text(token + "\n")
-    path.chmod(0o600)
+    write_private(path, token)
     return token

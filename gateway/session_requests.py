@@ -42,6 +42,8 @@ MAX_COUNT = 50
 MAX_DEPENDENCIES = 64
 MAX_PREOPEN_PORTS = 16
 BATCH_ONLY = ("startsAt", "batchTimeout", "dependencies")
+IMAGE_DRIVERS = (Driver.DOCKER, Driver.QEMU)
+"""The drivers that run an image; exec and raw_exec run none, and refuse one (``image``, a kernel role's)."""
 
 
 @dataclass(frozen=True)
@@ -206,11 +208,7 @@ def check_request(
     if request.driver.value not in allowed_drivers:
         raise Forbidden(f"resource group {request.resource_group!r} allows only the drivers "
                         f"{', '.join(sorted(allowed_drivers)) or 'none'}", field="driver")
-    image = request.image or (_only(qemu_images) if request.driver is Driver.QEMU else rules.default_image)
-    if request.driver in (Driver.DOCKER, Driver.QEMU) and not image:
-        raise InvalidInput(f"the {request.driver.value} driver needs an image", field="image")
-    if request.driver is Driver.DOCKER and image:
-        check_docker_image(image, rules.docker_images)
+    image = _checked_image(request, rules)
     _check_text("startupCommand", request.startup_command or "")
     if request.client_token is not None and not 1 <= len(request.client_token) <= 128:
         raise InvalidInput("clientToken must be 1-128 characters", field="clientToken")
@@ -233,18 +231,34 @@ def check_request(
         health_check_path=request.health_check_path, health_check_grace=request.health_check_grace,
         cluster_size=request.cluster_size, startup_command=request.startup_command,
     )
-    kernels = kernels_of(request.cluster_size, image or "", slots,
-                         _checked_roles(request.kernel_roles, request.driver, image or "", slots, known_slots,
+    kernels = kernels_of(request.cluster_size, image, slots,
+                         _checked_roles(request.kernel_roles, request.driver, image, slots, known_slots,
                                         rules.docker_images))
     if service is not None:
         kernels = replicas_of(kernels[0], service.replicas)  # INFERENCE: each replica is a kernel (common.inference)
     if request.driver is Driver.QEMU:
         _check_vm(request, kernels, environ, qemu_images)
-    shared_memory = _checked_shared_memory(request.shared_memory or (preset.shared_memory if preset else None),
-                                           kernels)
+    shared_memory = _checked_shared_memory(request, preset, kernels)
     starts_at = _checked_start(request.starts_at, now)
     timeout = duration_input("batchTimeout", request.batch_timeout, minimum=1)
-    return CheckedRequest(image or "", slots, kernels, environ, shared_memory, starts_at, timeout, service)
+    return CheckedRequest(image, slots, kernels, environ, shared_memory, starts_at, timeout, service)
+
+
+def _checked_image(request: SessionRequest, rules: CreationRules) -> str:
+    """The image the kernels run: the request's, else the driver's default; "" for the drivers that run none (exec,
+    raw_exec), which refuse one rather than ignore it."""
+    if request.driver not in IMAGE_DRIVERS:
+        if request.image:
+            raise InvalidInput(f"the {request.driver.value} driver runs no image (its kernels run in the Nomad client's "
+                               "chroot, or on the host for raw_exec): image is for the docker and qemu drivers",
+                               field="image")
+        return ""
+    image = request.image or (_only(rules.qemu_images) if request.driver is Driver.QEMU else rules.default_image)
+    if not image:
+        raise InvalidInput(f"the {request.driver.value} driver needs an image", field="image")
+    if request.driver is Driver.DOCKER:
+        check_docker_image(image, rules.docker_images)
+    return image
 
 
 def kernels_of(cluster_size: int, image: str, slots: dict[str, str],
@@ -279,7 +293,7 @@ def _checked_roles(roles: Mapping[str, RoleSpec], driver: Driver, image: str, sl
             _check_text(f"kernelRoles.{role}.image", spec.image)
             if not spec.image.strip():
                 raise InvalidInput("a kernel role's image cannot be empty", field=f"kernelRoles.{role}.image")
-            if driver not in (Driver.DOCKER, Driver.QEMU):
+            if driver not in IMAGE_DRIVERS:
                 raise InvalidInput(f"the {driver.value} driver runs no image: a role cannot name one",
                                    field=f"kernelRoles.{role}.image")
             if driver is Driver.DOCKER:
@@ -332,8 +346,17 @@ def _checked_start(value: str | None, now: datetime) -> datetime | None:
     return moment
 
 
-def _checked_shared_memory(value: str | None, kernels: Sequence[Kernel]) -> str | None:
-    if value is None:
+def _checked_shared_memory(request: SessionRequest, preset: ResourcePreset | None,
+                           kernels: Sequence[Kernel]) -> str | None:
+    """/dev/shm of docker kernels: the request's, else its preset's. Other drivers refuse it when asked, and a
+    preset's does not apply to them (no driver but docker sizes /dev/shm)."""
+    if request.driver is not Driver.DOCKER:
+        if request.shared_memory:
+            raise InvalidInput(f"only docker kernels get a /dev/shm of a set size: the {request.driver.value} driver "
+                               "cannot honour sharedMemory", field="sharedMemory")
+        return None
+    value = request.shared_memory or (preset.shared_memory if preset else None)
+    if not value:
         return None
     try:
         amount = parse_quantity("sharedMemory", value, SlotType.BYTES)

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from common.access import manages_user
 from common.durations import duration_input
-from common.errors import Forbidden, InvalidInput
+from common.errors import Conflict, Forbidden, InvalidInput
 from common.users import BOOTSTRAP_ADMIN_ID, Role, User
 
 NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -94,13 +94,26 @@ def updated_user(viewer: User, target: User, role: Role | None, projects: Sequen
 
 
 def check_deactivation(viewer: User, target: User) -> None:
-    _check_administrator(viewer)
-    if target.id == viewer.id:
-        raise Forbidden("you cannot deactivate yourself", field="id")
+    _check_activation_change(viewer, target, "deactivate")
     if target.id == BOOTSTRAP_ADMIN_ID:
         raise Forbidden("the bootstrap admin cannot be deactivated (it is the configured way in)", field="id")
+
+
+def reactivated(viewer: User, target: User) -> User:
+    """``target`` active again, if ``viewer`` may deactivate them (the same rules); CONFLICT if they are active. Their
+    tokens stay revoked: they get new ones from ``issueToken``."""
+    _check_activation_change(viewer, target, "reactivate")
+    if target.active:
+        raise Conflict(f"user {target.id} is active", field="id")
+    return replace(target, active=True)
+
+
+def _check_activation_change(viewer: User, target: User, verb: str) -> None:
+    _check_administrator(viewer)
+    if target.id == viewer.id:
+        raise Forbidden(f"you cannot {verb} yourself", field="id")
     if not manages_user(viewer, target):
-        raise Forbidden(f"you may not deactivate user {target.id}", field="id")
+        raise Forbidden(f"you may not {verb} user {target.id}", field="id")
 
 
 def _check_administrator(viewer: User) -> None:

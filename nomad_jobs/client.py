@@ -47,6 +47,13 @@ LOG_FOLLOWS = 64
 """Log follows open at once per client; more wait for a free connection (Nomad allows 100 per client address)."""
 
 
+REFUSALS_AS_500 = (
+    "is not allowed in namespace",  # the namespace's capabilities refuse the job's driver or network
+    "validation failed",  # the job breaks Nomad's rules ("Task group main1 validation failed: ... minimum MemoryMB")
+)
+"""What Nomad answers with a 500 when it refuses a job for good: retrying would never succeed."""
+
+
 class NomadRejected(PermanentError):
     """Nomad refused the request (bad job, bad parameter)."""
 
@@ -105,7 +112,7 @@ class NomadClient:
             text = response.text.strip()
             if "job already exists" in text:
                 raise JobExists(text)
-            if "is not allowed in namespace" in text:  # the namespace's capabilities refuse its driver or network
+            if any(refusal in text for refusal in REFUSALS_AS_500):
                 raise NomadRejected(f"Nomad {method} {path} refused: {text}")
             raise TransientError(f"Nomad {method} {path} answered {response.status_code}: {text}")
         if response.status_code == 404:
@@ -158,6 +165,12 @@ class NomadClient:
     async def job_allocations(self, job_id: str) -> list[Json]:
         allocs: list[Json] = await self._json("GET", f"/v1/job/{job_id}/allocations", params={"all": "true"})
         return allocs
+
+    async def job_evaluations(self, job_id: str) -> list[Json]:
+        """The job's evaluations: each with ``Status`` (``blocked`` while one waits for room), ``FailedTGAllocs``
+        (task group -> why it could not be placed) and ``CreateIndex``/``ModifyIndex``."""
+        evaluations: list[Json] = await self._json("GET", f"/v1/job/{job_id}/evaluations")
+        return evaluations
 
     # -- allocations -----------------------------------------------------------------------------
 

@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
+from common.clock import from_iso
 from common.model import Driver, KernelObservation, SessionStatus
+from nomad_jobs.explain import clipped, exit_code_hint, placement_failure, task_failure
 from nomad_jobs.meta import TASK_NAME
 from nomad_jobs.qemu import guest_exit_code
 
 S = SessionStatus
 
 
+UNPLACEABLE = "unplaceable"
+"""A kernel's reason while Nomad cannot place it (its evaluation failed; a blocked evaluation waits for a change)."""
+EXPLAINED = frozenset({S.PREPARING, S.TERMINATED, S.ERROR})
+"""Statuses whose observation carries Nomad's reason: one waiting on a restart, one that ended, one that failed."""
+
+
+def task_state_of(alloc: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (alloc.get("TaskStates") or {}).get(TASK_NAME) or {}
+
+
+def moment(text: str | None) -> datetime | None:
+    """A Nomad timestamp (RFC 3339, nanoseconds); None for none, or Go's zero time (a task never started)."""
+    if not text or text.startswith("0001-"):
+        return None
+    return from_iso(text)
+
+
 def exit_code_of(alloc: dict[str, Any]) -> int | None:
     """The kernel task's exit code: Nomad records it on the task's last ``Terminated`` event."""
-    state = (alloc.get("TaskStates") or {}).get(TASK_NAME) or {}
+    state = task_state_of(alloc)
     for event in reversed(state.get("Events") or []):
         if event.get("Type") == "Terminated":
             details = event.get("Details") or {}
@@ -26,8 +46,7 @@ def exit_code_of(alloc: dict[str, Any]) -> int | None:
 
 def restarts_of(alloc: dict[str, Any]) -> int:
     """How often Nomad restarted the kernel task in this allocation (after a crash or a failing health check)."""
-    state = (alloc.get("TaskStates") or {}).get(TASK_NAME) or {}
-    return int(state.get("Restarts") or 0)
+    return int(task_state_of(alloc).get("Restarts") or 0)
 
 
 def is_superseded(alloc: dict[str, Any]) -> bool:
@@ -41,8 +60,10 @@ def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
     desired = alloc.get("DesiredStatus")
     code = exit_code_of(alloc)
     restarts = restarts_of(alloc)
+    state = task_state_of(alloc)
     common = {"hostname": hostname, "agent": alloc.get("NodeID"), "alloc_id": alloc.get("ID"), "exit_code": code,
-              "ports": ports_of(alloc), "restarts": restarts}
+              "ports": ports_of(alloc), "restarts": restarts, "started_at": moment(state.get("StartedAt")),
+              "finished_at": moment(state.get("FinishedAt"))}
     if client == "pending":
         # Between a task's exit and its restart Nomad shows the allocation pending again.
         waiting = "restarting" if restarts else "allocation-pending"
@@ -55,13 +76,50 @@ def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
         status, reason = (S.TERMINATED, "task-failed") if code is not None else (S.ERROR, "failed-to-start")
     else:  # lost, unknown
         status, reason = S.ERROR, "job-lost"
-    return KernelObservation(status=status, reason=reason, **common)
+    return KernelObservation(status=status, reason=reason, detail=allocation_detail(alloc, status), **common)
+
+
+def allocation_detail(alloc: Mapping[str, Any], status: SessionStatus) -> str | None:
+    """What Nomad says about a kernel in ``status`` beyond the code: its task's failure (restarting, failed, ended
+    with a non-zero code), else, for an allocation that failed or was lost, Nomad's description of the allocation."""
+    if status not in EXPLAINED:
+        return None
+    if found := task_failure(task_state_of(alloc)):
+        return found
+    if status is S.ERROR:
+        described = [str(alloc.get(f) or "").strip() for f in ("ClientDescription", "DesiredDescription")]
+        return clipped("; ".join(d for d in described if d)) or None
+    return None
+
+
+def placement_failures(evaluations: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Task group -> why Nomad cannot place it, from the newest of a job's evaluations (a later one that placed it
+    clears what an earlier one failed); empty when the newest placed everything."""
+    newest = max(evaluations, key=lambda e: (e.get("ModifyIndex", 0), e.get("CreateIndex", 0)), default=None)
+    if newest is None:
+        return {}
+    return {str(group): placement_failure(metric) for group, metric in (newest.get("FailedTGAllocs") or {}).items()}
+
+
+def observe_unplaced(group: str, detail: str) -> KernelObservation:
+    """A kernel Nomad cannot place (no allocation): it waits, PREPARING, until a node fits."""
+    return KernelObservation(hostname=group, status=S.PREPARING, reason=UNPLACEABLE, detail=detail, placed=False)
 
 
 def for_driver(seen: KernelObservation, driver: Driver) -> KernelObservation:
-    """``seen`` with the command's own exit code: a qemu task's exit code is QEMU's, which encodes the guest's."""
-    if driver is not Driver.QEMU or seen.exit_code is None:
+    """``seen`` with the command's own exit code: a qemu task's exit code is QEMU's, which encodes the guest's (its
+    detail then says the code it quotes is QEMU's); other drivers run the command through a shell, whose codes 126
+    and 127 mean it could not run the command (its detail then says so)."""
+    if seen.exit_code is None:
         return seen
+    quoted = f"Exit Code: {seen.exit_code}"
+    if driver is not Driver.QEMU:
+        hint = exit_code_hint(seen.exit_code)
+        if hint and seen.detail and quoted in seen.detail:
+            return replace(seen, detail=seen.detail.replace(quoted, f"{quoted} ({hint})", 1))
+        return seen
+    if seen.detail:
+        seen = replace(seen, detail=seen.detail.replace(quoted, f"QEMU {quoted}", 1))
     code = guest_exit_code(seen.exit_code)
     if seen.status is not S.TERMINATED:
         return replace(seen, exit_code=code)

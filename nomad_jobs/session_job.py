@@ -72,13 +72,37 @@ if [ -n "${CARAVAN_CLUSTER_PEERS:-}" ]; then
   unset -f caravan_listed
   unset caravan_rest caravan_host caravan_found caravan_ip caravan_peer caravan_tries caravan_hosts
 fi
+if [ -n "${CARAVAN_OUTPUT_LINGER:-}" ]; then
+  caravan_linger=$CARAVAN_OUTPUT_LINGER
+  unset CARAVAN_OUTPUT_LINGER
+  /bin/sh -c "$1" <&0 &
+  caravan_child=$!
+  for caravan_signal in TERM INT HUP QUIT USR1 USR2; do
+    trap "kill -$caravan_signal $caravan_child 2>/dev/null" "$caravan_signal"
+  done
+  while :; do
+    wait "$caravan_child"
+    caravan_code=$?
+    kill -0 "$caravan_child" 2>/dev/null || break
+  done
+  sleep "$caravan_linger"
+  exit "$caravan_code"
+fi
 exec /bin/sh -c "$1"
 """
 """Every kernel starts as ``sh -c BOOTSTRAP caravan-kernel <command>``: the bootstrap restores encoded
 environment values; in a cluster session on the session network it waits (up to 120 s) until every peer's address
 is known and writes them to ``/etc/hosts`` (``rm`` first: an exec kernel's ``/etc`` may hold hard links into the
 shared root filesystem; Docker's ``/etc/hosts`` is a per-allocation bind mount, written in place); then it replaces
-itself with ``/bin/sh -c <command>``, so the user's command reaches its shell byte for byte."""
+itself with ``/bin/sh -c <command>``, so the user's command reaches its shell byte for byte.
+
+A docker kernel (``CARAVAN_OUTPUT_LINGER``) instead runs the command as its child, passes signals on to it, and
+lingers :data:`OUTPUT_LINGER_SECONDS` after it ends before exiting with its status: Nomad stops copying a container's
+output the moment the container exits (hashicorp/nomad#6931), which lost the last lines of kernels that print and
+exit at once."""
+
+OUTPUT_LINGER_SECONDS = "0.5"
+"""How long a docker kernel stays up after its command ends, for Nomad to copy the last of its output."""
 
 
 HPC_THREAD_VARIABLES = (
@@ -202,6 +226,8 @@ def _environment(session: Session, kernel: Kernel, network_mode: str) -> dict[st
         "CARAVAN_CLUSTER_SIZE": str(session.cluster_size),
         "CARAVAN_CLUSTER_HOSTS": hosts,
     }
+    if session.driver is Driver.DOCKER:
+        env["CARAVAN_OUTPUT_LINGER"] = OUTPUT_LINGER_SECONDS
     env |= network_environment(session, kernel, network_mode)
     env |= service_environment(session)
     encoded = []

@@ -1,4 +1,4 @@
-"""Keeping sessions true to Nomad: the allocation event stream, and a periodic reconciliation.
+"""Keeping sessions true to Nomad: the allocation and evaluation event stream, and a periodic reconciliation.
 
 The event stream gives changes as they happen (resuming from the last applied index after a
 disconnect); reconciliation walks every live session and its job's allocations, so anything the
@@ -9,6 +9,10 @@ its late updates are dropped, and reconciliation reads the newest allocation of 
 INFERENCE session reads a replica going down (recovering, not ending) is decided in ``common.inference``.
 Replicas not yet known healthy have their checks read more often than reconciliation runs, so that they join
 ``endpoints`` within seconds of passing.
+
+A kernel Nomad cannot place has no allocation to speak for it: its job's evaluations say why (an evaluation event,
+or, when reconciliation finds the job's summary with a queued group and no allocation, one read of the job's
+evaluations), and it waits PREPARING with that reason (``nomad_jobs.observe.observe_unplaced``).
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from common.lifecycle import observe_kernel, transition
 from common.model import KernelObservation, Session, SessionStatus, SessionType
 from common.retry import stop_if_cancelled
 from common.store import Fence, SessionStore
-from nomad_jobs.client import NomadClient
+from nomad_jobs.client import TERMINAL_ALLOCATION_STATUSES, NomadClient
 from nomad_jobs.meta import session_id_of
-from nomad_jobs.observe import for_driver, is_superseded, latest_per_group, observe_allocation, restarts_of
+from nomad_jobs.observe import (for_driver, is_superseded, latest_per_group, observe_allocation, observe_unplaced,
+                                placement_failures, restarts_of)
 from nomad_jobs.replica_service import run_started_at
 from scheduler.termination import terminate
 
@@ -35,6 +40,8 @@ log = logging.getLogger(__name__)
 
 S = SessionStatus
 OBSERVED_STATUSES = frozenset({S.SCHEDULED, S.PREPARING, S.RUNNING, S.TERMINATING, S.ERROR})
+NOT_STARTED = frozenset({S.SCHEDULED, S.PREPARING})
+"""Sessions whose jobs may have kernels Nomad has not placed (and says why, in its evaluations)."""
 RESOURCES_FREED = frozenset({S.TERMINATED, S.CANCELLED, S.ERROR})
 
 
@@ -78,14 +85,27 @@ class Follower:
         if session_id and not is_superseded(alloc):
             await self.apply(session_id, observe_allocation(alloc))
 
+    async def on_evaluation(self, evaluation: dict[str, Any]) -> None:
+        """An evaluation that could not place some of a session's kernels: they wait, and say why."""
+        session_id = session_id_of(self.prefix, str(evaluation.get("JobID", "")))
+        if session_id:
+            await self.apply_placement_failures(session_id, [evaluation])
+
+    async def apply_placement_failures(self, session_id: str, evaluations: list[dict[str, Any]]) -> None:
+        for group, detail in sorted(placement_failures(evaluations).items()):
+            await self.apply(session_id, observe_unplaced(group, detail))
+
     async def follow_events(self) -> None:
         """Apply allocation events until the stream breaks (raises TransientError)."""
         index = int(await self.store.redis.get(self.store.keys.nomad_event_index) or 0)
-        async for batch in self.nomad.event_stream(index=index + 1 if index else 0, topics=["Allocation", "Node"]):
+        topics = ["Allocation", "Evaluation", "Node"]
+        async for batch in self.nomad.event_stream(index=index + 1 if index else 0, topics=topics):
             for event in batch.get("Events") or []:
-                alloc = (event.get("Payload") or {}).get("Allocation")
-                if alloc:
+                payload = event.get("Payload") or {}
+                if alloc := payload.get("Allocation"):
                     await self.on_allocation(alloc)
+                elif evaluation := payload.get("Evaluation"):
+                    await self.on_evaluation(evaluation)
                 elif event.get("Topic") == "Node":
                     await self.store.wake_scheduler("node-changed")  # capacity came, went or changed
             if batch.get("Index"):
@@ -191,12 +211,35 @@ class Follower:
             latest = latest_per_group(allocs)
             for alloc in latest.values():
                 await self.apply(session.id, observe_allocation(alloc))
+            if session.status in NOT_STARTED and unplaced_groups(job, latest):
+                await self._read_placement_failures(session.id, session.nomad_job_id)
             if is_inference(session):
                 await self.read_replica_health(session.id, latest.values())
             if session.status is S.TERMINATING and not job.get("Stop"):
                 await self.nomad.deregister(session.nomad_job_id)  # the stop was lost in a crash
-            elif job.get("Stop") and session.status is S.TERMINATING and not allocs:
+            elif job.get("Stop") and session.status is S.TERMINATING and not any(map(is_live, allocs)):
                 await self.store.update(session.id, _stopped, fence=self.fence)
+
+    async def _read_placement_failures(self, session_id: str, job_id: str) -> None:
+        """Why Nomad has not placed some of the job's kernels, from its evaluations (one call; only for a job whose
+        summary shows a queued kernel with no allocation: the event stream may have missed its evaluation)."""
+        try:
+            evaluations = await self.nomad.job_evaluations(job_id)
+        except (PermanentError, TransientError) as exc:
+            log.warning("evaluations of %s unreadable: %s", job_id, exc)
+            return
+        await self.apply_placement_failures(session_id, evaluations)
+
+
+def unplaced_groups(job: dict[str, Any], latest: dict[str, dict[str, Any]]) -> list[str]:
+    """Task groups of ``job`` (a job list stub) that Nomad has queued and not placed: no allocation yet."""
+    summary = (job.get("JobSummary") or {}).get("Summary") or {}
+    return sorted(group for group, counts in summary.items() if (counts or {}).get("Queued") and group not in latest)
+
+
+def is_live(alloc: dict[str, Any]) -> bool:
+    """May the allocation still run a task (or restart one)?"""
+    return str(alloc.get("ClientStatus")) not in TERMINAL_ALLOCATION_STATUSES
 
 
 def job_outlives(before: Session, after: Session) -> bool:

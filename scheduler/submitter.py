@@ -7,6 +7,8 @@ repeated after a crash finds the job already there instead of making a second on
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from common.clock import utcnow
@@ -15,6 +17,7 @@ from common.lifecycle import transition
 from common.model import Session, SessionStatus
 from common.store import Fence, SessionStore
 from nomad_jobs.client import JobExists, NomadClient
+from nomad_jobs.explain import clipped
 from nomad_jobs.meta import SESSION_ID, TASK_NAME
 
 log = logging.getLogger(__name__)
@@ -54,7 +57,7 @@ async def submit(store: SessionStore, nomad: NomadClient, session: Session, fenc
         log.info("session=%s job=%s was already registered", session.id, session.nomad_job_id)
     except PermanentError as exc:
         log.error("session=%s job=%s refused: %s", session.id, session.nomad_job_id, exc)
-        await store.update(session.id, _failed_to_start, fence=fence)
+        await store.update(session.id, lambda s: refused(s, clipped(f"Nomad refused the job: {exc}"), at=utcnow()), fence=fence)
         await store.mark_submitted(session.id)
         return
     after = await store.update(session.id, _registered, fence=fence)
@@ -70,7 +73,12 @@ def _registered(session: Session) -> Session | None:
     return transition(session, SessionStatus.PREPARING, reason="job-registered", at=utcnow())
 
 
-def _failed_to_start(session: Session) -> Session | None:
+def refused(session: Session, detail: str, *, at: datetime) -> Session | None:
+    """A SCHEDULED session whose job Nomad refused: ERROR ``failed-to-start`` with Nomad's answer as the detail, and so
+    each kernel (none will run: a destroy ends it at once)."""
     if session.status is not SessionStatus.SCHEDULED:
         return None
-    return transition(session, SessionStatus.ERROR, reason="failed-to-start", at=utcnow())
+    kernels = tuple(replace(k, status=SessionStatus.ERROR, status_info="failed-to-start", status_detail=detail)
+                    for k in session.kernels)
+    return transition(session.evolve(kernels=kernels), SessionStatus.ERROR, reason="failed-to-start", detail=detail,
+                      at=at)

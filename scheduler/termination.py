@@ -1,8 +1,10 @@
 """Ending sessions: the one path every termination takes (user destroy, idle reclaim, timeouts).
 
 A live session goes TERMINATING with its reason and its Nomad job is stopped; the follower moves it
-to TERMINATED when the allocations are gone, keeping the reason. ``forced`` does not wait: the job is
-purged and the session is TERMINATED at once. A session that never started is CANCELLED.
+to TERMINATED when none of its kernels runs any more, keeping the reason. A session in ERROR is ended the same way
+(a plain destroy ends it; ``forced`` is for jobs stuck in Nomad): at once when none of its kernels may still run,
+else through TERMINATING. ``forced`` does not wait: the job is purged and the session is TERMINATED at once. A
+session that never started is CANCELLED.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 
 from common.clock import utcnow
 from common.lifecycle import transition
-from common.model import Session, SessionResult, SessionStatus
+from common.model import Kernel, Session, SessionResult, SessionStatus
 from common.store import Fence, SessionStore
 from nomad_jobs.client import NomadClient
 
@@ -31,11 +33,16 @@ def begin_termination(session: Session, *, reason: str, forced: bool = False,
         session = session.evolve(result=result)
     if session.status in NEVER_STARTED:
         return transition(session, S.CANCELLED, reason=reason, at=now)
-    if forced:
+    if forced or (session.status is S.ERROR and not any(map(may_run, session.kernels))):
         return transition(session, S.TERMINATED, reason=reason, at=now)
     if session.status is S.TERMINATING:
         return None
     return transition(session, S.TERMINATING, reason=reason, at=now)
+
+
+def may_run(kernel: Kernel) -> bool:
+    """Might Nomad still run (or restart, or place) this kernel? Not once it ended or failed."""
+    return not (kernel.status.is_terminal or kernel.status is S.ERROR)
 
 
 async def terminate(

@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,10 +17,11 @@ import uvicorn
 from caravan.stack.processes import free_port
 from common.keys import Keys
 from common.redis import client as redis_client
-from common.settings import Settings
+from common.settings import NomadSettings, Settings
 from common.store import SessionStore
 from common.users import Role, User, UserStore
 from gateway.app import create_app
+from gateway.http_server import GatewayHttpProtocol
 from nomad_jobs.client import NomadClient
 from scheduler.service import Scheduler
 
@@ -124,20 +125,24 @@ def caravan_env(settings: Settings, port: int) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: bool = True) -> AsyncIterator[Caravan]:
-    """A gateway (``serve``) and a scheduler (``scheduler``) for ``settings``' namespace."""
+async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: bool = True,
+                          scheduler_nomad: Callable[[NomadSettings], NomadClient] = NomadClient,
+                          ) -> AsyncIterator[Caravan]:
+    """A gateway (``serve``) and a scheduler (``scheduler``, its Nomad client made by ``scheduler_nomad``: a fault
+    injector may stand in) for ``settings``' namespace."""
     port = free_port()
     settings = dataclasses.replace(settings, gateway=dataclasses.replace(settings.gateway, host="127.0.0.1", port=port,
                                                                          admin_token=ADMIN_TOKEN))
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="on", http=GatewayHttpProtocol))
     redis = redis_client(settings.redis)  # the test's own, with the settings' (admin) credentials
     nomad = NomadClient(settings.nomad)
     keys = Keys(settings.redis.prefix)
     as_scheduler = settings.for_role("scheduler")  # the component under test connects as its role
-    scheduler_redis, scheduler_nomad = redis_client(as_scheduler.redis), NomadClient(as_scheduler.nomad)
+    scheduler_redis, scheduler_client = redis_client(as_scheduler.redis), scheduler_nomad(as_scheduler.nomad)
     tasks = [asyncio.create_task(server.serve())] if serve else []
     if scheduler:
-        tasks.append(asyncio.create_task(Scheduler(as_scheduler, scheduler_redis, scheduler_nomad).run_forever()))
+        tasks.append(asyncio.create_task(Scheduler(as_scheduler, scheduler_redis, scheduler_client).run_forever()))
     while serve and not server.started:
         await asyncio.sleep(0.02)
     async with httpx2.AsyncClient(timeout=30) as http:
@@ -154,5 +159,5 @@ async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: 
                         await nomad.deregister(job["ID"], purge=True)
             await nomad.aclose()
             await redis.aclose()
-            await scheduler_nomad.aclose()
+            await scheduler_client.aclose()
             await scheduler_redis.aclose()

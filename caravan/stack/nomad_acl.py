@@ -15,6 +15,7 @@ call                                           capability                       
 ``DELETE /v1/job/:id?purge=true``              ``purge-job``                       scheduler, gateway (forced)
 ``GET /v1/jobs?prefix=``                       ``list-jobs``                       scheduler
 ``GET /v1/job/:id/allocations``                ``read-job``                        scheduler
+``GET /v1/job/:id/evaluations``                ``read-job``                        scheduler
 ``GET /v1/allocations`` (own namespace)        ``read-job``                        scheduler
 ``GET /v1/allocations?namespace=*`` (live)     ``read-job`` in every namespace     scheduler, gateway (groups)
 ``GET /v1/allocation/:id``                     ``read-job``                        gateway (log follows)
@@ -24,7 +25,7 @@ call                                           capability                       
 ``GET /v1/client/fs/logs/:id``                 ``read-logs``                       gateway
 ``GET /v1/client/fs/ls/:id`` (log offsets)     ``read-fs``                         gateway
 ``GET /v1/nodes``, ``/v1/node/:id``            ``node { policy = "read" }``        scheduler, gateway (groups)
-``GET /v1/event/stream`` Allocation, Node      ``read-job``; node read             scheduler
+``GET /v1/event/stream`` Alloc., Eval., Node   ``read-job``; node read             scheduler
 ``GET /v1/status/leader`` (readiness)          none                                gateway
 =============================================  ==================================  ===========================
 

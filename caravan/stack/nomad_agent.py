@@ -55,8 +55,10 @@ plugin "raw_exec" {{
 }}
 plugin "docker" {{
   config {{
-{infra_image}    volumes {{
-      enabled = true
+{infra_image}    # No host paths into containers: a job spec (even one registered with a leaked token) cannot bind-mount the
+    # host's files; Caravan's own jobs never ask for it.
+    volumes {{
+      enabled = false
     }}
     gc {{
       image = false

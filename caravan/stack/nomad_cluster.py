@@ -232,15 +232,16 @@ def start_nomad_single_node(state_dir: Path, *, nomad_home: Path, rootfs: Path,
                             want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0,
                             http: int | None = None, qemu_image_dirs: tuple[Path, ...] = (),
                             log: Path | None = None, pause_image: str | None = None,
-                            raw_exec: bool = True, secrets_dir: Path | None = None,
+                            raw_exec: bool | None = None, secrets_dir: Path | None = None,
                             namespace: str = "default") -> SingleNodeNomad:
     """A non-dev agent (server + client) on loopback ports of its own, with one ``nomad/file/mock`` device, ACLs on
     and its tokens in ``secrets_dir`` (default ``<state_dir>/secrets``; a restart reuses them). ``raw_exec``: whether
-    the client runs the raw_exec driver at all (the namespace then refuses raw_exec jobs too).
+    the client runs the raw_exec driver at all, and the namespace allows raw_exec jobs (default: when it is wanted).
 
     With ``http`` given, RPC and Serf take the next two ports: a server that keeps its state must come back on
     the same addresses, or its Raft peer (itself, as stored) is unreachable and no leader is elected.
     """
+    raw_exec = "raw_exec" in want_drivers if raw_exec is None else raw_exec
     binary = _binary(nomad_home)
     state_dir.mkdir(parents=True, exist_ok=True)
     rpc, serf = single_node_ports(http) if http else (free_port(), free_port())

@@ -9,8 +9,11 @@ What Strawberry leaves out and this view adds:
   ``application/json`` (the legacy media type) with 200.
 - A mutation over GET is 405 with ``Allow: POST``; a POST that is not ``application/json`` is 415.
 - A body that is not a JSON object, or whose ``operationName`` is not a string, is 400.
+- Batches: a JSON array of operations (as npm ``graphql-request``'s ``batchRequests`` sends) of at most
+  ``CARAVAN_GRAPHQL_MAX_BATCH``, run one after the other, each counted by the rate limit and held to the cost limit;
+  the answer is the array of their answers, in order (200; an operation's request error is its own element).
 - Every refusal has a JSON body of GraphQL errors with ``extensions.code``, like every other error.
-- The body-size and rate limits of :mod:`gateway.graphql.protection`, and request metrics.
+- The URL, body-size and rate limits of :mod:`gateway.graphql.protection`, and request metrics.
 - Repeated session queries answered by :mod:`gateway.graphql.result_cache` while no session changed.
 
 ``tests/gateway/test_audit.py`` holds it to every audit of npm ``graphql-http``'s ``serverAudits``.
@@ -23,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cross_web import HTTPException, StarletteRequestAdapter
+from graphql import GraphQLError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -46,6 +50,9 @@ GRAPHQL_RESPONSE = "application/graphql-response+json"
 
 CODES = {400: "BAD_REQUEST", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
 """Codes of the refusals Strawberry raises itself (as ``HTTPException``)."""
+OPERATION_MEMBERS = (("query", (str, type(None)), "a string"), ("operationName", (str, type(None)), "a string"),
+                     ("variables", (dict, type(None)), "an object"), ("extensions", (dict, type(None)), "an object"))
+"""The members of an operation in a request body, their types and how a refusal names them."""
 REQUEST_ERROR_STATUS = {"INTERNAL": 500, "UNAVAILABLE": 503}
 """With graphql-response+json, a request error is 400 unless it is one of these."""
 
@@ -122,6 +129,7 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         status = 500  # unless an answer is made: a bug, which uvicorn answers with 500
         try:
             try:
+                self.guard.check_url(request)
                 read = await self.guard.admit(request, self.result_cache.reads if self.result_cache else ())
                 if self.result_cache is not None:
                     self.result_cache.started(request, read)
@@ -161,16 +169,51 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
             parsed = self.decode_json(data)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, absurd nesting
             raise HTTPException(400, "the request is not valid JSON") from exc
-        if not isinstance(parsed, dict):
-            raise HTTPException(400, "the request must be a JSON object")
+        if not isinstance(parsed, dict | list):
+            raise HTTPException(400, "the request must be a JSON object (or, to batch operations, an array of them)")
         return parsed
 
-    async def parse_http_body(self, request: Any) -> GraphQLRequestData:  # type: ignore[override]
+    async def parse_http_body(self, request: Any) -> GraphQLRequestData | list[GraphQLRequestData]:  # type: ignore[override]
         data = await super().parse_http_body(request)
-        assert isinstance(data, GraphQLRequestData)  # batching is off: parse_json refuses arrays
-        if not isinstance(data.operation_name, str | None):
+        if isinstance(data, GraphQLRequestData) and not isinstance(data.operation_name, str | None):
             raise HTTPException(400, "The GraphQL operation's `operationName` must be a string or null, if provided.")
         return data
+
+    def _validate_batch_request(self, request_data: list[Any], protocol: Any) -> None:  # type: ignore[override]
+        """Strawberry's hook for a batch (a JSON array body, not parsed further yet): refused when batching is off,
+        past the size cap, or when an operation is malformed (none runs then)."""
+        limit = self.guard.limits.max_batch
+        if limit == 0:
+            raise RequestError(400, "batched requests (a JSON array of operations) are off here: send one operation "
+                               "per request", "BATCHING_DISABLED")
+        if not request_data:
+            raise RequestError(400, f"an empty batch: give 1 to {limit} operations", "BAD_REQUEST")
+        if len(request_data) > limit:
+            raise RequestError(400, f"a batch holds at most {limit} operations, not {len(request_data)}",
+                               "BATCH_TOO_LARGE", details={"limit": limit})
+        for index, item in enumerate(request_data):
+            check_operation(item, f"operation {index} of the batch")
+
+    async def execute_operation(self, request: Request, request_adapter: Any,  # type: ignore[override]
+                                request_data: GraphQLRequestData | list[GraphQLRequestData], context: Context,
+                                root_value: None, sub_response: Response) -> Any:
+        """A batch's operations run one after the other, each counted by the rate limit (the request was counted
+        once at admission) and each with its own cost limit; a refusal of one is its answer, not the batch's."""
+        if not isinstance(request_data, list):
+            return await super().execute_operation(request, request_adapter, request_data, context, root_value,
+                                                   sub_response)
+        request.state.batch = True
+        await self.guard.count_more(request, len(request_data) - 1)
+        results = []
+        for data in request_data:
+            if results and self.result_cache is not None:  # the version read at admission: an operation may have
+                self.result_cache.started(request, None)     # written since, so the cache reads it again
+            try:
+                results.append(await self.execute_single(request, request_adapter, sub_response, context, root_value,
+                                                         data))
+            except HTTPException as exc:  # no operation to run (a missing query, an unknown operationName...)
+                results.append(refused_operation(exc.reason, CODES.get(exc.status_code, "BAD_REQUEST")))
+        return results
 
     async def execute_single(self, request: Request, request_adapter: Any, sub_response: Response,  # type: ignore[override]
                              context: Context, root_value: None, request_data: GraphQLRequestData) -> ExecutionResult:
@@ -195,15 +238,36 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         body = await super().process_result(request, result)
         if is_request_error(result):
             body.pop("data", None)
-            if request.state.media_type == GRAPHQL_RESPONSE:
+            if request.state.media_type == GRAPHQL_RESPONSE and not getattr(request.state, "batch", False):
                 codes = [(e.extensions or {}).get("code") for e in result.errors or ()]
                 request.state.sub_response.status_code = max(REQUEST_ERROR_STATUS.get(str(c), 400) for c in codes)
         return body
 
     def create_response(self, response_data: Any, sub_response: Response) -> Response:
-        content = response_data.encoded if isinstance(response_data, EncodedBody) else self.encode_json(response_data)
+        if isinstance(response_data, list):  # a batch: its answers in order, each encoded once
+            content = b"[" + b",".join(self._encoded(item) for item in response_data) + b"]"
+        else:
+            content = self._encoded(response_data)
         response = Response(content, sub_response.status_code or 200,
                             media_type=with_charset(sub_response.media_type or JSON))
         response.headers.raw.extend(sub_response.headers.raw)
         response.background = sub_response.background
         return response
+
+    def _encoded(self, body: Any) -> bytes:
+        encoded = body.encoded if isinstance(body, EncodedBody) else self.encode_json(body)
+        return encoded.encode() if isinstance(encoded, str) else encoded
+
+
+def check_operation(item: Any, where: str) -> None:
+    """An operation of a batch is an object whose members have the types GraphQL over HTTP says."""
+    if not isinstance(item, dict):
+        raise HTTPException(400, f"{where} must be a JSON object")
+    for member, types, what in OPERATION_MEMBERS:
+        if not isinstance(item.get(member), types):
+            raise HTTPException(400, f"{where}: `{member}` must be {what} or null, if provided")
+
+
+def refused_operation(message: str, code: str) -> ExecutionResult:
+    """The answer of a batch's operation that cannot run: a request error of its own."""
+    return PreExecutionError(data=None, errors=[GraphQLError(message, extensions={"code": code})])

@@ -38,6 +38,7 @@ from common.keys import Keys
 from common.users import AUTHENTICATE_FUNCTION, Authenticated, authenticated, token_check_args
 from gateway.graphql.cost import CostLimit
 from gateway.graphql.document_cache import DocumentCache
+from gateway.http_server import PARSER_MAX_URL_BYTES
 from nomad_jobs.client import CONNECTIONS, LOG_FOLLOWS
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,12 @@ class Limits:
     """Most items one page of a Relay connection returns (Strawberry's ``relay_max_results``)."""
     max_body_bytes: int = 1 << 20
     """Largest request body in bytes; a larger one is refused with 413 before it is read whole."""
+    max_batch: int = 10
+    """Most operations one batched request (a JSON array body) may hold; each counts against the rate limit and is
+    held to the cost limit. 0: batching off (refused with BATCHING_DISABLED)."""
+    max_url_bytes: int = 32768
+    """Longest request target (path and query string) in bytes, a GET's query included; a longer one is refused with
+    414. At most 65535: the HTTP server refuses longer ones itself (``gateway.http_server``)."""
     rate_limit: int = 600
     """Requests one user (or one client address, without a valid token) may make per window; 0: off."""
     rate_window: int = 60
@@ -78,8 +85,11 @@ class Limits:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if getattr(self, f.name) < (0 if f.name in ("rate_limit", "result_cache") else 1):
+            if getattr(self, f.name) < (0 if f.name in ("rate_limit", "result_cache", "max_batch") else 1):
                 raise ValueError(f"CARAVAN_GRAPHQL_{f.name.upper()} must be positive, not {getattr(self, f.name)}")
+        if self.max_url_bytes > PARSER_MAX_URL_BYTES:
+            raise ValueError(f"CARAVAN_GRAPHQL_MAX_URL_BYTES must be at most {PARSER_MAX_URL_BYTES}, the longest URL "
+                             f"the HTTP server parses, not {self.max_url_bytes}")
         if not self.max_nomad_calls <= self.max_user_nomad_calls < CONNECTIONS:
             raise ValueError(f"CARAVAN_GRAPHQL_MAX_NOMAD_CALLS ({self.max_nomad_calls}) must be at most "
                              f"CARAVAN_GRAPHQL_MAX_USER_NOMAD_CALLS ({self.max_user_nomad_calls}), which must be "
@@ -169,9 +179,9 @@ def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
 # -- body size and request rate -----------------------------------------------------------------
 
 
-# KEYS[1]: the token record ('' without a token); KEYS[2..]: keys to read. ARGV[1..3]: the token check's (see
-# common.users); ARGV[4]: the rate-limit key prefix, ARGV[5]: the window's number, ARGV[6]: its length in seconds,
-# ARGV[7]: the limit (0: count nothing), ARGV[8]: the subject without a valid token (the client's address).
+# KEYS[1]: the token record (Keys.no_token without a token); KEYS[2..]: keys to read. ARGV[1..3]: the token
+# check's (see common.users); ARGV[4]: the rate-limit key prefix, ARGV[5]: the window's number, ARGV[6]: its length
+# in seconds, ARGV[7]: the limit (0: count nothing), ARGV[8]: the subject without a valid token (the client's address).
 # Returns {the user's document or false, the token's expiry or false, the count (0 when not counted), the reads...}.
 ADMIT = AUTHENTICATE_FUNCTION + """
 local doc, user, expires = authenticate(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
@@ -227,6 +237,18 @@ class RateLimiter:
         over = self.limit and count > self.limit
         return Admission(authenticated(doc, expires), (window + 1) * self.window - now if over else None, values)
 
+    async def count_more(self, subject: str, requests: int, now: float | None = None) -> float | None:
+        """Count ``requests`` more against ``subject`` (a batch's operations beyond the request admitted); seconds to
+        wait when that goes over the limit, else None."""
+        now = time.time() if now is None else now
+        window = int(now // self.window)
+        key = f"{self.keys.rate_limit_prefix}{subject}:{window}"
+        async with self.redis().pipeline(transaction=True) as pipe:
+            pipe.incrby(key, requests)
+            pipe.expire(key, self.window + 1)
+            count, _ = await pipe.execute()
+        return (window + 1) * self.window - now if count > self.limit else None
+
     def refusal(self, wait: float) -> tuple[str, int]:
         """The message of a refusal over the limit, and the whole seconds to wait (``Retry-After``)."""
         seconds = max(1, math.ceil(wait))
@@ -244,6 +266,13 @@ def client_subject(address: str | None) -> str:
     return "addr:" + (address or "unknown")
 
 
+def rate_subject(viewer: Authenticated | None, request: Request) -> str:
+    """Whom a request is counted against, as the admission script keys it: its user, else its client address."""
+    if viewer is not None:
+        return "user:" + viewer.user.id
+    return client_subject(request.client.host if request.client else None)
+
+
 class Guard:
     """The checks a request passes before GraphQL sees it."""
 
@@ -256,6 +285,14 @@ class Guard:
         limit = self.limits.max_body_bytes
         return RequestError(413, f"the request body is larger than {limit} bytes", "PAYLOAD_TOO_LARGE",
                             details={"limit": limit})
+
+    def check_url(self, request: Request) -> None:
+        """Refuses a request target longer than the limit (a GET carries its query there) with 414."""
+        target = len(request.scope.get("raw_path") or b"") + len(request.scope.get("query_string") or b"") + 1
+        if target > self.limits.max_url_bytes:
+            limit = self.limits.max_url_bytes
+            raise RequestError(414, f"the URL is longer than {limit} bytes: send the query in a POST body",
+                               "URI_TOO_LONG", details={"limit": limit})
 
     def bounded(self, receive: Receive) -> Receive:
         """``receive`` that refuses a body growing past the limit (bodies without Content-Length)."""
@@ -286,8 +323,24 @@ class Guard:
             log.debug("rate limit not checked: %s", exc)
             return None
         request.state.admitted = admission.viewer
-        if admission.retry_after is not None:
-            message, seconds = self.rate_limiter.refusal(admission.retry_after)
+        request.state.rate_subject = rate_subject(admission.viewer, request)
+        self._check_rate(admission.retry_after)
+        return admission.values
+
+    async def count_more(self, request: Request, requests: int) -> None:
+        """Count a batch's operations beyond the first against the same budget as the request; 429 when over."""
+        subject = getattr(request.state, "rate_subject", None)
+        if requests <= 0 or not self.rate_limiter.limit or subject is None:  # None: Redis failed at admission
+            return
+        try:
+            retry_after = await self.rate_limiter.count_more(subject, requests)
+        except (RedisError, OSError) as exc:  # fail open, as at admission
+            log.debug("rate limit not checked: %s", exc)
+            return
+        self._check_rate(retry_after)
+
+    def _check_rate(self, retry_after: float | None) -> None:
+        if retry_after is not None:
+            message, seconds = self.rate_limiter.refusal(retry_after)
             raise RequestError(429, message, "RATE_LIMITED", headers={"Retry-After": str(seconds)},
                                details={"retryAfter": seconds})
-        return admission.values

@@ -13,6 +13,7 @@ from gateway.graphql.context import Info
 from gateway.graphql.errors import ErrorCodes
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
+from gateway.graphql.operation_name import OperationNameRequired
 from gateway.graphql.policies.mutations import PolicyMutations
 from gateway.graphql.policies.queries import PolicyQueries
 from gateway.graphql.protection import Limits, schema_extensions
@@ -66,7 +67,8 @@ def build_schema(limits: Limits = Limits()) -> strawberry.Schema:
     """The schema with ``limits``' document limits (the SDL is the same for any limits)."""
     return CaravanSchema(
         query=Query, mutation=Mutation, subscription=Subscription,
-        extensions=[*schema_extensions(limits), ErrorCodes, RecordOperation, SubscriptionsOverWebSocket],
+        extensions=[OperationNameRequired, *schema_extensions(limits), ErrorCodes, RecordOperation,
+                    SubscriptionsOverWebSocket],
         config=StrawberryConfig(relay_max_results=limits.max_page),
     )
 

@@ -8,7 +8,7 @@ from redis.asyncio import Redis
 
 from common import events
 from common.keys import Keys
-from common.lifecycle import transition
+from common.lifecycle import restate, transition
 from common.model import Driver, Kernel, Session, SessionStatus, SessionType
 from common.store import SessionStore
 
@@ -67,3 +67,16 @@ async def test_a_cursor_the_cap_trimmed_away_is_not_kept(redis: Redis, keys: Key
     assert [await events.is_kept(redis, stream, i) for i in ids] == [False, False, False, True, True]
     assert await events.is_kept(redis, stream, events.BEGINNING)
     assert await events.is_kept(redis, keys.owner_events("nobody"), ids[0])
+
+
+async def test_a_preparing_sessions_new_reason_is_an_event_with_its_detail(redis: Redis, keys: Keys) -> None:
+    store = SessionStore(redis, keys)
+    [created] = await store.create([session()])
+    for target, reason in ((SessionStatus.SCHEDULED, "scheduled"), (SessionStatus.PREPARING, "job-registered")):
+        await store.update(created.id, lambda s, t=target, r=reason: transition(s, t, reason=r, at=T0))  # type: ignore[misc]
+    why = "Nomad cannot place it: constraint '${node.unique.id} = x' excluded 1 node"
+    await store.update(created.id, lambda s: restate(s, reason="unplaceable", detail=why, at=T0))
+    await store.update(created.id, lambda s: s.evolve(name="renamed"))  # not a change of status or reason: no event
+    read = await events.read_after(redis, keys.session_events(created.id), events.BEGINNING)
+    assert [(e.status, e.reason, e.detail) for e in read][-2:] == [
+        (SessionStatus.PREPARING, "job-registered", None), (SessionStatus.PREPARING, "unplaceable", why)]

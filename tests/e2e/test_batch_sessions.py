@@ -11,6 +11,8 @@ DRIVERS = [pytest.param("DOCKER", marks=requires_docker, id="docker"), pytest.pa
 
 
 async def create(caravan: Caravan, **fields: object) -> str:
+    if fields.get("driver") != "DOCKER":
+        fields.pop("image", None)  # the other drivers run no image (and refuse one)
     data = await caravan.gql(CREATE, {"input": {"type": "BATCH", **fields}})
     [session] = data["createSession"]["sessions"]
     assert session["status"] == "PENDING"
@@ -52,3 +54,20 @@ async def test_raw_exec_runs_for_admins(caravan: Caravan) -> None:
     session_id = await create(caravan, name="admin-raw", driver="RAW_EXEC", startupCommand="exit 0")
     session = await caravan.wait_for(session_id, "TERMINATED", "ERROR")
     assert session["result"] == "SUCCESS"
+
+
+@pytest.mark.parametrize("run", range(4))
+@requires_docker
+async def test_a_docker_kernels_last_output_is_not_lost_when_it_exits(caravan: Caravan, run: int) -> None:
+    """Nomad stops copying a container's output as soon as the container exits (hashicorp/nomad#6931): a kernel that
+    prints and exits at once could lose its last lines. Docker kernels linger a moment after their command, so the
+    output arrives whole, and the exit code is still the command's."""
+    lines = 2000
+    session_id = await create(
+        caravan, name=f"burst-{run}", driver="DOCKER", image=DEFAULT_IMAGE,
+        startupCommand=f'i=0; while [ $i -lt {lines} ]; do echo "line $i"; i=$((i+1)); done; echo last; exit 7',
+    )
+    session = await caravan.wait_for(session_id, "TERMINATED", "ERROR")
+    assert (session["status"], session["exitCode"]) == ("TERMINATED", 7)
+    out = session["mainKernel"]["logs"]["stdout"].splitlines()
+    assert out[-1] == "last" and len(out) == lines + 1, out[-3:]

@@ -13,7 +13,6 @@ from common.model import Driver, Kernel, Session, SessionType, StatusChange, Ses
 from nomad_jobs.client import NomadClient
 from nomad_jobs.hcl import runtime_text
 from nomad_jobs.session_job import NOMAD_ENV_REFERENCE, JobContext, render_session_job
-from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan
 
 HOSTILE = [
@@ -99,7 +98,7 @@ async def test_hostile_env_and_command_reach_the_task_byte_for_byte(caravan: Car
     # exits before it reads the hostile lines that follow.
     command = 'od -An -tx1 -v /proc/$$/cmdline; echo; printf %s "$EVIL" | od -An -tx1 -v; exit 0\n' + evil
     data = await caravan.gql(CREATE, {"input": {
-        "name": "hostile-" + uuid.uuid4().hex[:6], "type": "BATCH", "driver": "EXEC", "image": DEFAULT_IMAGE,
+        "name": "hostile-" + uuid.uuid4().hex[:6], "type": "BATCH", "driver": "EXEC",
         "startupCommand": command, "environ": [{"name": "EVIL", "value": evil}],
     }})
     session_id = data["createSession"]["sessions"][0]["id"]

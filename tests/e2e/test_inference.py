@@ -259,6 +259,29 @@ async def test_replica_is_an_endpoint_only_while_its_check_passes(caravan: Carav
     assert (await view(caravan, session_id))["endpoints"] == []
 
 
+async def test_an_inference_session_from_a_template_serves(caravan: Caravan) -> None:
+    """A template holds every INFERENCE option (servicePort, replicas, the health check); a creation from it runs
+    replicas that serve, with an override of the replica count."""
+    spec = {"type": "INFERENCE", "driver": "EXEC", "startupCommand": SERVE, "servicePort": 8000, "replicas": 1,
+            "healthCheckPath": "/", "healthCheckGrace": "5s",
+            "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "64m"}]}
+    created = await caravan.gql(
+        """mutation($input: CreateSessionTemplateInput!) { createSessionTemplate(input: $input) {
+             id spec { servicePort replicas healthCheckPath healthCheckGrace } } }""",
+        {"input": {"name": "web server", "spec": spec}})
+    template = created["createSessionTemplate"]
+    assert template["spec"] == {"servicePort": 8000, "replicas": 1, "healthCheckPath": "/", "healthCheckGrace": "5s"}
+    data = await caravan.gql(
+        """mutation($id: ID!, $overrides: SessionOverridesInput!) {
+             createSessionFromTemplate(templateId: $id, overrides: $overrides) { sessions { id } } }""",
+        {"id": template["id"], "overrides": {"name": "inf-" + uuid.uuid4().hex[:8], "replicas": 2}})
+    session_id = data["createSessionFromTemplate"]["sessions"][0]["id"]
+    running = await serving(caravan, session_id, 2)
+    assert (running["replicas"], running["servicePort"], running["healthCheckPath"]) == (2, 8000, "/")
+    final = await destroy(caravan, session_id)
+    assert final["status"] == "TERMINATED"
+
+
 REFUSED = [
     ("INFERENCE without a service port", {"servicePort": None}, "servicePort"),
     ("service port on INTERACTIVE", {"type": "INTERACTIVE"}, "servicePort"),

@@ -185,11 +185,14 @@ async def unisolated(settings: Settings) -> AsyncIterator[Caravan]:
 
 async def test_without_isolation_the_probe_does_reach_them(unisolated: Caravan) -> None:
     """The control: the same probe on the host's network reaches the other tenant's app and the control plane's
-    listeners (which then answer only what their credentials allow): the escape test above would fail."""
+    listeners, so the escape test above would fail; Nomad and Redis then refuse it everything (no credentials)."""
     _, other = await other_tenant_app(unisolated)
     found, _ = await run_probe(unisolated, "EXEC", other)
-    reached = {f.name for f in found if f.kind == "NET" and answered(f)}
-    assert {"other-published", "nomad-jobs", "redis", "gateway"} <= reached, found
+    reached = {f.name: f.text for f in found if f.kind == "NET" and answered(f)}
+    assert {"other-published", "nomad-jobs", "nomad-register", "redis", "gateway"} <= set(reached), found
+    # ... and the control plane, reached, gives nothing without its secrets: ACLs on Nomad, users on Redis
+    assert reached["nomad-jobs"].startswith("HTTP/1.0 403") and reached["nomad-register"].startswith("HTTP/1.0 403")
+    assert reached["redis"].startswith("-NOAUTH")
 
 
 async def test_kernels_of_a_multi_node_session_reach_each_other_across_clients_by_hostname(

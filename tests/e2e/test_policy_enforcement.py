@@ -11,7 +11,6 @@ from pathlib import Path
 
 from common.model import SessionStatus
 from common.users import Role
-from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan
 from tests.idle.running import policy_file, running_idle
 
@@ -21,7 +20,7 @@ EFFECTIVE = "query($id: ID!) { effectiveIdlePolicy(sessionId: $id) { maxSessionL
 
 
 async def start(caravan: Caravan, name: str, token: str) -> str:
-    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC", "image": DEFAULT_IMAGE,
+    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC",
               "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "32m"}]}
     data = await caravan.gql(CREATE, {"input": fields}, token=token)
     session_id = str(data["createSession"]["sessions"][0]["id"])

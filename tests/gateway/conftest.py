@@ -37,9 +37,10 @@ def gateway_with(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Gateway
     return start
 
 
-async def post(caravan: Caravan, body: str | dict[str, Any], *, accept: str | None = GRAPHQL_RESPONSE,
+async def post(caravan: Caravan, body: str | dict[str, Any] | list[dict[str, Any]], *,
+               accept: str | None = GRAPHQL_RESPONSE,
                token: str | None = ADMIN_TOKEN) -> httpx2.Response:
-    """POST a query (or a whole request body) with this ``Accept`` and bearer token."""
+    """POST a query (or a whole request body, a batch's array too) with this ``Accept`` and bearer token."""
     headers = {**({"accept": accept} if accept else {}), **({"authorization": f"Bearer {token}"} if token else {})}
     return await caravan.http.post(caravan.url, json={"query": body} if isinstance(body, str) else body, headers=headers)
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 from typing import Any
+from urllib.parse import quote, urlparse
 
 import pytest
 
@@ -61,6 +65,22 @@ async def test_request_errors(caravan: Caravan, accept: str, body: dict[str, Any
 
 
 @BOTH
+@pytest.mark.parametrize("operation_name", [None, "B"])
+async def test_several_operations_need_an_operation_name(caravan: Caravan, accept: str,
+                                                         operation_name: str | None) -> None:
+    """GraphQL's GetOperation: without operationName a document must hold one operation; it is a request error
+    (Strawberry used to run the first)."""
+    document = "query A { viewer { id } } query B { __typename }"
+    response = await post(caravan, {"query": document, "operationName": operation_name}, accept=accept)
+    if operation_name == "B":
+        assert response.status_code == 200 and response.json() == {"data": {"__typename": "Query"}}
+        return
+    error = error_of(response, LEGACY_STATUS[accept])
+    assert error == {"code": "INVALID_INPUT", "field": "operationName"}
+    assert "data" not in response.json()
+
+
+@BOTH
 async def test_field_errors_are_200_with_data(caravan: Caravan, accept: str) -> None:
     response = await post(caravan, "{ viewer { id } }", accept=accept, token=None)
     assert error_of(response, 200)["code"] == "UNAUTHENTICATED"
@@ -83,6 +103,44 @@ async def test_query_over_get(caravan: Caravan) -> None:
     assert response.json() == {"data": {"__type": {"name": "Session"}}}
 
 
+async def raw_get(caravan: Caravan, target: str) -> tuple[int, str, dict[str, Any]]:
+    """Status, media type and JSON body of a GET of ``target`` written on the socket (HTTP clients refuse URLs this
+    long before sending them)."""
+    url = urlparse(caravan.url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+
+    async def send() -> None:
+        with contextlib.suppress(ConnectionError):  # the server may answer and close before reading it all
+            writer.write(f"GET {target} HTTP/1.1\r\nHost: {url.netloc}\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+
+    sending = asyncio.create_task(send())
+    answer = await reader.read()
+    await sending
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *headers = head.decode().split("\r\n")
+    media_type = next(h.split(":", 1)[1].strip() for h in headers if h.lower().startswith("content-type:"))
+    return int(status_line.split()[1]), media_type, json.loads(body)
+
+
+@pytest.mark.parametrize("length", [40_000, 70_000, 5_000_000])
+async def test_a_url_over_the_limit_is_414_with_a_code(caravan: Caravan, length: int) -> None:
+    """Over CARAVAN_GRAPHQL_MAX_URL_BYTES (32768) the gateway refuses it; over 65535 the HTTP server's parser cannot
+    take it, and answers the same way (it used to be 400 text/plain)."""
+    query = "{ __typename " + " " * length + "}"
+    status, media_type, body = await raw_get(caravan, f"{urlparse(caravan.url).path}?query={quote(query)}")
+    assert (status, media_type) == (414, "application/json; charset=utf-8")
+    [error] = body["errors"]
+    assert error["extensions"]["code"] == "URI_TOO_LONG", body
+
+
+async def test_a_request_the_server_cannot_parse_is_400_with_a_code(caravan: Caravan) -> None:
+    status, media_type, body = await raw_get(caravan, "/graphql?query=x y")  # a space inside the request target
+    assert (status, media_type) == (400, "application/json; charset=utf-8")
+    assert body["errors"][0]["extensions"]["code"] == "BAD_REQUEST"
+
+
 async def test_other_methods_are_405_with_allow(caravan: Caravan) -> None:
     response = await caravan.http.put(caravan.url, json={"query": "{ __typename }"})
     assert error_of(response, 405)["code"] == "METHOD_NOT_ALLOWED"
@@ -103,7 +161,10 @@ async def test_graphiql_for_browsers(caravan: Caravan) -> None:
     pytest.param('{"query": ', JSON_BODY, 400, "BAD_REQUEST", id="bad-json"),
     pytest.param(b'{"query": "\xff"}', JSON_BODY, 400, "BAD_REQUEST", id="bad-utf8"),
     pytest.param("[" * 100_000 + "]" * 100_000, JSON_BODY, 400, "BAD_REQUEST", id="absurd-nesting"),
-    pytest.param('[{"query": "{ __typename }"}]', JSON_BODY, 400, "BAD_REQUEST", id="batch"),
+    pytest.param('[]', JSON_BODY, 400, "BAD_REQUEST", id="empty-batch"),
+    pytest.param('[{"query": "{ __typename }"}, 7]', JSON_BODY, 400, "BAD_REQUEST", id="batch-of-a-number"),
+    pytest.param('[{"query": "{ __typename }", "variables": [1]}]', JSON_BODY, 400, "BAD_REQUEST",
+                 id="batch-variables"),
     pytest.param('"{ __typename }"', JSON_BODY, 400, "BAD_REQUEST", id="not-an-object"),
     pytest.param('{"query": "{ __typename }", "operationName": 7}', JSON_BODY, 400, "BAD_REQUEST", id="operation-name"),
     pytest.param('{"query": "{ __typename }", "variables": [1]}', JSON_BODY, 400, "BAD_REQUEST", id="variables"),

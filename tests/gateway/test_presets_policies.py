@@ -88,12 +88,16 @@ async def test_a_creation_naming_a_preset_takes_its_slots_under_the_explicit_one
               "resources": [{"slot": "cpu", "amount": "2"}, {"slot": "mem", "amount": "512m"}]}
     await caravan.gql(CREATE_PRESET, {"input": preset})
     alice = await caravan.user("alice")
-    data = await caravan.gql(CREATE, exec_session("preset-run", preset="medium",
+    data = await caravan.gql(CREATE, exec_session("preset-run", preset="medium", driver="DOCKER",
+                                                  image="caravan/busybox:1",
                                                   resources=[{"slot": "mem", "amount": "256m"}]), token=alice)
     session = await caravan.store.get(data["createSession"]["sessions"][0]["id"])
     assert session is not None
     assert {k: Decimal(v) for k, v in session.resources.items()} == {"cpu": 2, "mem": 256 * MIB}
     assert session.shared_memory == str(32 * MIB)
+    data = await caravan.gql(CREATE, exec_session("preset-exec", preset="medium"), token=alice)
+    session = await caravan.store.get(data["createSession"]["sessions"][0]["id"])
+    assert session is not None and session.shared_memory is None  # only docker sizes /dev/shm
     assert await refused(caravan, CREATE, exec_session("no-preset", preset="huge"), alice) == {
         "code": "INVALID_INPUT", "field": "preset"}
 

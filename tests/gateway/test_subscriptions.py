@@ -130,6 +130,23 @@ async def test_bad_arguments_are_invalid_input(caravan: Caravan) -> None:
         assert await error_of(socket, kernel) == {"code": "NOT_FOUND", "field": "kernel"}
 
 
+async def test_logs_and_kernel_logs_hold_tail_bytes_to_one_rule(caravan: Caravan) -> None:
+    """0 to 4 MiB for both (logs used to take any number and clamp it)."""
+    alice = await caravan.user("alice")
+    session_id = await create(caravan, alice, "tailed")
+    logs = "query($id: ID!, $tail: Int!) { session(id: $id) { mainKernel { logs(tailBytes: $tail) { stdout } } } }"
+    async with authenticated_socket(caravan.url, alice) as socket:
+        for tail in (-5, 4 * 1024 * 1024 + 1):
+            refused = await socket.subscribe(LOGS, {"id": session_id, "kernel": "main1", "tail": tail})
+            assert await error_of(socket, refused) == {"code": "INVALID_INPUT", "field": "tailBytes"}
+            body = (await post(caravan, {"query": logs, "variables": {"id": session_id, "tail": tail}},
+                               token=alice)).json()
+            assert [e["extensions"] for e in body["errors"]] == [{"code": "INVALID_INPUT", "field": "tailBytes"}]
+    for tail in (0, 4 * 1024 * 1024):  # accepted: nothing to read before the kernel has run
+        body = (await post(caravan, {"query": logs, "variables": {"id": session_id, "tail": tail}}, token=alice)).json()
+        assert body == {"data": {"session": {"mainKernel": {"logs": None}}}}
+
+
 async def test_one_sessions_events_arrive_in_order_and_the_subscription_completes(caravan: Caravan) -> None:
     alice = await caravan.user("alice")
     session_id = await create(caravan, alice, "watched")

@@ -10,6 +10,7 @@ import pytest
 
 from common.users import Role
 from gateway.graphql.schema import schema
+from scheduler.config import DEFAULT_RESOURCES
 from scheduler.known_groups import record_resource_groups
 from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
 
@@ -192,7 +193,8 @@ async def test_a_template_may_name_a_preset_and_explicit_resources_win(caravan: 
     await caravan.gql("""mutation { createResourcePreset(input: {name: "small", sharedMemory: "8m",
         resources: [{slot: "cpu", amount: "0.5"}, {slot: "mem", amount: "128m"}]}) { name } }""")
     alice = await caravan.user("alice")
-    spec = {"type": "INTERACTIVE", "driver": "EXEC", "preset": "small", "resources": [{"slot": "mem", "amount": "96m"}]}
+    spec = {"type": "INTERACTIVE", "driver": "DOCKER", "image": "caravan/busybox:1", "preset": "small",
+            "resources": [{"slot": "mem", "amount": "96m"}]}
     template = await create_template(caravan, alice, spec=spec)
     data = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "preset-run"}}, token=alice)
     session = await caravan.store.get(data["createSessionFromTemplate"]["sessions"][0]["id"])
@@ -201,10 +203,122 @@ async def test_a_template_may_name_a_preset_and_explicit_resources_win(caravan: 
     assert session.shared_memory == str(8 * 1024 * 1024)
 
 
+def field_names(type_name: str) -> set[str]:
+    found = schema._schema.get_type(type_name)
+    assert found is not None, type_name
+    return set(found.fields)  # type: ignore[union-attr]
+
+
 def test_every_create_session_option_can_be_overridden() -> None:
-    create = schema.get_type_by_name("CreateSessionInput")
-    overrides = schema.get_type_by_name("SessionOverridesInput")
-    assert create is not None and overrides is not None
-    names = {f.graphql_name or f.python_name for f in overrides.fields}  # type: ignore[union-attr]
-    missing = {f.graphql_name or f.python_name for f in create.fields} - names  # type: ignore[union-attr]
+    missing = field_names("CreateSessionInput") - field_names("SessionOverridesInput")
     assert not missing, f"SessionOverridesInput lacks {missing}"
+
+
+def test_a_template_holds_every_create_session_option_but_those_of_one_creation() -> None:
+    """Nothing but the options of one creation is left out of a template's spec, and the spec reads back whole."""
+    per_creation = {"name", "clientToken", "dependencies", "project", "owner"}
+    assert field_names("CreateSessionInput") - field_names("SessionSpecInput") == per_creation
+    assert field_names("SessionSpecInput") <= field_names("CreateSessionInput")
+    assert field_names("SessionSpec") == field_names("SessionSpecInput")
+
+
+EVERY_OPTION = {
+    "type": "BATCH", "driver": "DOCKER", "image": "caravan/busybox:1", "startupCommand": "echo hi",
+    "environ": [{"name": "MODE", "value": "train"}], "resources": [{"slot": "cpu", "amount": "0.5"}],
+    "resourceGroup": "default", "startsAt": "1h", "batchTimeout": "2h", "clusterSize": 2,
+    "clusterMode": "SINGLE_NODE", "count": 2, "preopenPorts": [8080], "sharedMemory": "32m",
+    "designatedAgent": "node-7", "priority": 40, "preset": None,
+    "kernelRoles": [{"role": "SUB", "image": None, "resources": [{"slot": "mem", "amount": "128m"}]}],
+    "replicas": None, "servicePort": None, "healthCheckPath": None, "healthCheckGrace": None,
+}  # fmt: skip
+"""A value for every option a template holds (the INFERENCE ones are in tests/e2e/test_inference.py)."""
+EVERY_FIELD = ("type driver image startupCommand environ { name value } resources { slot amount } resourceGroup "
+               "startsAt batchTimeout clusterSize clusterMode count preopenPorts sharedMemory designatedAgent priority "
+               "preset kernelRoles { role image resources { slot amount } } replicas servicePort healthCheckPath "
+               "healthCheckGrace")
+
+
+async def test_a_template_keeps_every_option_and_a_creation_gets_them(caravan: Caravan) -> None:
+    created = await caravan.gql(
+        f"mutation($input: CreateSessionTemplateInput!) {{ createSessionTemplate(input: $input) {{ id spec {{ "
+        f"{EVERY_FIELD} }} }} }}", {"input": {"name": "everything", "spec": EVERY_OPTION}})
+    template = created["createSessionTemplate"]
+    assert template["spec"] == EVERY_OPTION
+    data = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "every"}})
+    made = [await caravan.store.get(s["id"]) for s in data["createSessionFromTemplate"]["sessions"]]
+    assert [s.name for s in made if s] == ["every-1", "every-2"]  # count
+    session = made[0]
+    assert session is not None
+    assert (session.batch_timeout, session.preopen_ports, session.shared_memory, session.designated_agent,
+            session.priority) == (7200.0, (8080,), str(32 * 1024 * 1024), "node-7", 40)
+    assert session.starts_at is not None and 3500 < (session.starts_at - session.created_at).total_seconds() <= 3600
+    # a USER may not hold what only admins may ask for: checked when written
+    alice = await caravan.user("alice")
+    found = await refused(caravan, CREATE_TEMPLATE, {"input": {"name": "mine", "spec": EVERY_OPTION}}, alice)
+    assert (found["code"], found["field"]) == ("FORBIDDEN", "spec.designatedAgent")
+
+
+async def test_an_override_clears_a_template_value_with_null(caravan: Caravan) -> None:
+    """null clears (createSession's default applies), left out keeps the template's value."""
+    await caravan.gql("""mutation { createResourcePreset(input: {name: "small",
+        resources: [{slot: "cpu", amount: "0.5"}, {slot: "mem", amount: "128m"}]}) { name } }""")
+    alice = await caravan.user("alice")
+    spec = {"type": "BATCH", "driver": "EXEC", "startupCommand": "true", "preset": "small", "batchTimeout": "1h",
+            "environ": [{"name": "MODE", "value": "train"}], "priority": 5}
+    template = await create_template(caravan, alice, spec=spec)
+    kept = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "kept"}}, token=alice)
+    cleared = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {
+        "name": "cleared", "preset": None, "batchTimeout": None, "environ": None, "priority": None}}, token=alice)
+    before, after = [await caravan.store.get(d["createSessionFromTemplate"]["sessions"][0]["id"]) for d in (kept, cleared)]
+    assert before is not None and after is not None
+    assert (Decimal(before.resources["cpu"]), before.batch_timeout, before.environ, before.priority) == (
+        Decimal("0.5"), 3600.0, {"MODE": "train"}, 5)
+    assert (Decimal(after.resources["cpu"]), after.batch_timeout, after.environ, after.priority) == (
+        Decimal(DEFAULT_RESOURCES["cpu"]), None, {}, 10)  # createSession's defaults
+    found = await refused(caravan, FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "x-1", "type": None}},
+                          alice)
+    assert (found["code"], found["field"]) == ("INVALID_INPUT", "type")
+
+
+async def test_a_deleted_preset_names_the_template_and_an_override_clearing_it_makes_it_usable(caravan: Caravan) -> None:
+    await caravan.gql("""mutation { createResourcePreset(input: {name: "small",
+        resources: [{slot: "cpu", amount: "0.5"}]}) { name } }""")
+    alice = await caravan.user("alice")
+    template = await create_template(caravan, alice, spec={"type": "INTERACTIVE", "driver": "EXEC", "preset": "small"},
+                                     name="notebook")
+    await caravan.gql('mutation { deleteResourcePreset(name: "small") }')
+    with pytest.raises(GraphQLErrors) as failed:
+        await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "run-1"}}, token=alice)
+    [error] = failed.value.errors
+    assert (error["extensions"]["code"], error["extensions"]["field"]) == ("INVALID_INPUT", "preset")
+    assert "'small'" in error["message"] and "template 'notebook'" in error["message"], error["message"]
+    assert "preset: null" in error["message"]
+    data = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "run-1", "preset": None}},
+                             token=alice)
+    session = await caravan.store.get(data["createSessionFromTemplate"]["sessions"][0]["id"])
+    assert session is not None and Decimal(session.resources["cpu"]) == Decimal(DEFAULT_RESOURCES["cpu"])  # the default
+
+
+async def test_a_template_image_meeting_an_overriding_driver_that_runs_none_is_refused(caravan: Caravan) -> None:
+    """exec runs no image: a docker template's image is refused under driver: EXEC (naming the template), until the
+    override clears it."""
+    alice = await caravan.user("alice")
+    template = await create_template(caravan, alice, name="boxed", spec={
+        "type": "INTERACTIVE", "driver": "DOCKER", "image": "caravan/busybox:1",
+        "kernelRoles": [{"role": "MAIN", "image": "caravan/busybox:2"}]})
+    ids = {"id": template["id"]}
+    with pytest.raises(GraphQLErrors) as failed:
+        await caravan.gql(FROM_TEMPLATE, {**ids, "overrides": {"name": "as-exec", "driver": "EXEC"}}, token=alice)
+    [error] = failed.value.errors
+    assert (error["extensions"]["code"], error["extensions"]["field"]) == ("INVALID_INPUT", "image")
+    assert "template 'boxed'" in error["message"], error["message"]
+    without_image = {"name": "as-exec", "driver": "EXEC", "image": None}
+    found = await refused(caravan, FROM_TEMPLATE, {**ids, "overrides": without_image}, alice)
+    assert (found["code"], found["field"]) == ("INVALID_INPUT", "kernelRoles.main.image")
+    role_cleared = {**without_image, "kernelRoles": [{"role": "MAIN", "image": None}]}
+    data = await caravan.gql(FROM_TEMPLATE, {**ids, "overrides": role_cleared}, token=alice)
+    session = await caravan.store.get(data["createSessionFromTemplate"]["sessions"][0]["id"])
+    assert session is not None and (session.driver.value, session.image, session.main_kernel.image) == ("exec", "", "")
+    spec_found = await refused(caravan, CREATE_TEMPLATE, {"input": {"name": "t2", "spec": {
+        "type": "INTERACTIVE", "driver": "EXEC", "image": "caravan/busybox:1"}}}, alice)
+    assert (spec_found["code"], spec_found["field"]) == ("INVALID_INPUT", "spec.image")

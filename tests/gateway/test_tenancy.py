@@ -229,6 +229,17 @@ async def a_fresh_member(world: World, caller: str) -> Variables:
     return {"id": "alice" if caller == "owner" else await world.new_member()}
 
 
+async def a_deactivated_member(world: World, caller: str) -> Variables:
+    user_id = await world.new_member()
+    await world.caravan.users.deactivate(user_id)
+    return {"id": user_id}
+
+
+async def still_deactivated(world: World, variables: Variables) -> bool:
+    user = await world.caravan.users.get(variables["id"])
+    return user is not None and not user.active
+
+
 async def token_kept(world: World, variables: Variables) -> bool:
     return await world.caravan.users.token(variables["id"]) is not None
 
@@ -256,6 +267,8 @@ USER_ROWS = [
         "{ id } }", (FB, NF, OK, NF, OK, UA), alice_into_p1, unchanged=user_unchanged),
     Row("deactivateUser", "mutation($id: ID!) { deactivateUser(id: $id) { id } }", (FB, NF, OK, NF, OK, UA),
         a_fresh_member, unchanged=user_unchanged),
+    Row("reactivateUser", "mutation($id: ID!) { reactivateUser(id: $id) { id } }", (NF, NF, OK, NF, OK, UA),
+        a_deactivated_member, unchanged=still_deactivated),  # by deactivation's rules; a USER sees no other user
 ]
 
 

@@ -276,6 +276,41 @@ async def test_deactivation_rules(caravan: Caravan) -> None:
     assert (await caravan.gql(DEACTIVATE, {"id": "alice"}, token=carol))["deactivateUser"]["active"] is False
 
 
+REACTIVATE = "mutation($id: ID!) { reactivateUser(id: $id) { id active } }"
+
+
+async def test_a_deactivated_user_is_reactivated_by_who_may_deactivate_them(caravan: Caravan) -> None:
+    """Reactivation follows deactivation's rules; the revoked tokens stay revoked, new ones work; the name is kept."""
+    alice = await caravan.user("alice", projects=("ml",))
+    carol = await caravan.user("carol", Role.ADMIN, projects=("ml",))
+    erin = await caravan.user("erin", Role.ADMIN, projects=("cv",))
+    await caravan.gql(DEACTIVATE, {"id": "alice"}, token=carol)
+    taken = await refused(caravan, CREATE_USER, {"name": "alice", "role": "USER", "projects": ["ml"]})
+    assert taken == ("CONFLICT", "name")
+    assert await refused(caravan, REACTIVATE, {"id": "alice"}, token=erin) == ("NOT_FOUND", "id")  # not her project
+    assert await refused(caravan, REACTIVATE, {"id": "carol"}, token=carol) == ("FORBIDDEN", "id")  # herself
+    assert await refused(caravan, REACTIVATE, {"id": "nobody"}) == ("NOT_FOUND", "id")
+
+    assert (await caravan.gql(REACTIVATE, {"id": "alice"}, token=carol))["reactivateUser"] == {
+        "id": "alice", "active": True}
+    assert await refused(caravan, VIEWER, token=alice) == ("UNAUTHENTICATED", None)  # her old token stays revoked
+    fresh = (await caravan.gql(ISSUE, {"label": "back", "u": "alice"}, token=carol))["issueToken"]["secret"]
+    assert (await caravan.gql(VIEWER, token=fresh))["viewer"]["id"] == "alice"
+    assert await refused(caravan, REACTIVATE, {"id": "alice"}, token=carol) == ("CONFLICT", "id")  # already active
+
+
+async def test_user_names_follow_the_documented_rule_and_the_error_states_it(caravan: Caravan) -> None:
+    with pytest.raises(GraphQLErrors) as raised:
+        await caravan.gql(CREATE_USER, {"name": "no spaces", "role": "USER", "projects": ["ml"]})
+    [error] = raised.value.errors
+    rule = "1-64 characters: letters, digits, '_', '.' and '-', starting with a letter or digit"
+    assert (error["extensions"]["code"], error["extensions"]["field"]) == ("INVALID_INPUT", "name")
+    assert rule in error["message"]
+    described = await caravan.gql('{ __type(name: "CreateUserInput") { inputFields { name description } } }')
+    descriptions = {f["name"]: f["description"] for f in described["__type"]["inputFields"]}
+    assert rule in descriptions["name"] and rule in descriptions["projects"]
+
+
 async def test_issuing_races_deactivation_without_leaving_a_live_token(caravan: Caravan) -> None:
     await caravan.users.put(User(id="alice", name="alice", role=Role.USER))
     outcomes = await asyncio.gather(*(caravan.users.issue_token("alice", f"t{i}") for i in range(20)),

@@ -21,7 +21,6 @@ from common.users import Role, User
 from gateway.session_requests import SessionRequest, build_sessions
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient
-from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan
 
 T = TypeVar("T")
@@ -114,8 +113,7 @@ async def start_interactive(caravan: Caravan, name: str, command: str | None = N
     Without ``command`` the kernel runs the job renderer's keep-alive loop: up, and idle.
     """
     resources = [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}]
-    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC", "image": DEFAULT_IMAGE, "startupCommand": command,
-              "resources": resources}  # fmt: skip
+    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC", "startupCommand": command, "resources": resources}  # fmt: skip
     data = await caravan.gql(CREATE, {"input": fields})
     session_id = str(data["createSession"]["sessions"][0]["id"])
     await caravan.wait_for(session_id, "RUNNING", timeout=60)

@@ -71,6 +71,15 @@ def test_a_refused_configuration_stops_dev_before_anything_starts(settings: Sett
     assert "configuration refused" in done.stderr.decode()
 
 
+@pytest.mark.parametrize("command", ["gateway", "dev"])
+def test_a_malformed_graphql_limit_is_a_refused_configuration(settings: Settings, command: str) -> None:
+    env = {**caravan_env(settings, 1), "CARAVAN_GRAPHQL_MAX_COST": "lots"}
+    done = subprocess.run([sys.executable, "-m", "caravan.cli", command], env=env, capture_output=True, timeout=60)
+    assert done.returncode == 2, done.stderr.decode()
+    assert "configuration refused: CARAVAN_GRAPHQL_MAX_COST must be a whole number" in done.stderr.decode()
+    assert b"Traceback" not in done.stderr
+
+
 def supervising(idle: str, others: str = "import time; time.sleep(300)") -> subprocess.Popen[bytes]:
     """A real supervisor whose idle checker runs the Python code ``idle``, and its other roles ``others``."""
     script = textwrap.dedent(f"""

@@ -23,7 +23,7 @@ from gateway.graphql.context import Context, Info
 from gateway.graphql.policies.types import (ProjectResourcePolicy as ProjectPolicyType, ResourcePreset as PresetType,
                                             UserResourcePolicy as UserPolicyType, preset_type_of,
                                             project_policy_type_of, user_policy_type_of)
-from gateway.graphql.sessions.mutations import ResourceInput
+from gateway.graphql.sessions.inputs import ResourceInput
 from gateway.graphql.sessions.types import Driver
 from gateway.session_requests import GROUP_RULE, checked_preset_slots
 from scheduler.known_slots import known_slot_types

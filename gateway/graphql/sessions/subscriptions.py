@@ -16,12 +16,10 @@ from common.event_hub import EventHub
 from common.model import Session as SessionModel
 from common.store import SessionStore
 from gateway.graphql.context import Info
+from gateway.graphql.sessions.log_tail import checked_tail_bytes
 from gateway.graphql.sessions.types import SessionStatus
 from idle.activity import record_activity
 from nomad_jobs.meta import TASK_NAME
-
-MAX_TAIL_BYTES = 4 * 1024 * 1024
-
 
 @strawberry.enum(name="LogStream")
 class LogStream(Enum):
@@ -35,13 +33,16 @@ class KernelState:
     status: SessionStatus
 
 
-@strawberry.type(description="One status change of one session.")
+@strawberry.type(description="One status change of one session, or a PREPARING session's new reason (an entry of its "
+                 "statusHistory).")
 class SessionEvent:
     event_id: str = strawberry.field(
         description="This event's position: pass it as `after` to resume right after it (same subscription arguments).")
     session_id: strawberry.ID
     status: SessionStatus
-    reason: str = strawberry.field(description="Why the status changed (the session's statusInfo).")
+    reason: str = strawberry.field(description="Why the status changed (the session's statusInfo): a short code.")
+    detail: str | None = strawberry.field(description="Why, for a person (the session's statusDetail), e.g. Nomad's "
+                                          "'Driver Failure: Failed to pull ...'; null when the code says all.")
     at: datetime
     kernels: list[KernelState]
 
@@ -49,7 +50,7 @@ class SessionEvent:
 def event_type_of(event: events.SessionEvent) -> SessionEvent:
     return SessionEvent(
         event_id=event.id, session_id=strawberry.ID(event.session_id), status=event.status, reason=event.reason,
-        at=event.at, kernels=[KernelState(hostname=k.hostname, status=k.status) for k in event.kernels],
+        detail=event.detail, at=event.at, kernels=[KernelState(hostname=k.hostname, status=k.status) for k in event.kernels],
     )
 
 
@@ -120,18 +121,18 @@ class SessionSubscriptions:
             yield event_type_of(owned)
 
     @strawberry.subscription(
-        description="A kernel's stdout or stderr as text chunks as it is written, starting `tailBytes` before its "
-        "end (0: only what comes next). Waits for the kernel to start; completes when it has ended and all of its "
-        "output was sent (at once if it never started). A connection follows at most CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS "
-        "(32) logs at once and a gateway process 64: beyond, TOO_MANY_LOG_FOLLOWS (with `limit` and `per`)."
+        description="A kernel's stdout or stderr as text chunks as it is written, starting `tailBytes` (0 to 4 MiB) "
+        "before its end (0: only what comes next). Waits for the kernel to start; completes when it has ended and all "
+        "of its output was sent (at once if it never started). A connection follows at most "
+        "CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS (32) logs at once and a gateway process 64: beyond, TOO_MANY_LOG_FOLLOWS (with "
+        "`limit` and `per`)."
     )
     async def kernel_logs(
         self, info: Info, session_id: strawberry.ID, kernel: str = "main1", stream: LogStream = LogStream.STDOUT,
         tail_bytes: int = 0,
     ) -> AsyncGenerator[str, None]:
         session = await visible_session(info, str(session_id))
-        if not 0 <= tail_bytes <= MAX_TAIL_BYTES:
-            raise InvalidInput(f"tailBytes must be between 0 and {MAX_TAIL_BYTES}", field="tailBytes")
+        checked_tail_bytes(tail_bytes)
         if not any(k.hostname == kernel for k in session.kernels):
             raise NotFound(f"session {session_id} has no kernel {kernel!r}", field="kernel")
         store, follows = info.context.sessions, info.context.log_follows

@@ -13,6 +13,7 @@ from common.inference import endpoints_of, is_inference
 from gateway.graphql.context import Info
 from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
+from gateway.graphql.sessions.log_tail import checked_tail_bytes
 from idle.activity import record_activity
 from nomad_jobs.client import NomadNotFound
 from nomad_jobs.meta import TASK_NAME
@@ -31,11 +32,22 @@ class Driver(Enum):
     RAW_EXEC = "raw_exec"
 
 
-@strawberry.type
+DETAIL = ("Why, for a person, in Nomad's words when Nomad said it: a task event ('Driver Failure: Failed to pull ...; "
+          "not restarted: ...', 'Terminated: Exit Code: 127 (...)'), why it cannot place a kernel ('Nomad cannot place "
+          "it: constraint ... excluded 1 node'), or its refusal of the job; null when the code says all. Free text: "
+          "match on the code, not on this.")
+
+
+@strawberry.type(description="One entry of a session's history: a status change, or a PREPARING session's new "
+                 "reason (why it does not start yet).")
 class StatusChange:
     status: SessionStatus
-    at: datetime
-    reason: str
+    at: datetime = strawberry.field(description="When, by Nomad's task times where they say (a kernel's start or end), "
+                                    "else when Caravan saw it; never before the previous entry.")
+    reason: str = strawberry.field(description="A short machine-readable code: created, scheduled, job-registered, "
+                                   "unplaceable, restarting, kernels-running, task-finished, task-failed, "
+                                   "failed-to-start, job-lost, user-requested, ...")
+    detail: str | None = strawberry.field(description=DETAIL)
 
 
 @strawberry.type
@@ -61,9 +73,18 @@ class Kernel:
     role: str
     index: int
     hostname: str
-    image: str
+    image: str = strawberry.field(description="docker: the image; qemu: the VM image; '' for exec and raw_exec, "
+                                  "which run none.")
     status: SessionStatus
-    status_info: str
+    status_info: str = strawberry.field(description="A short machine-readable code of the kernel's status: "
+                                        "allocation-pending, unplaceable, restarting, kernel-running, task-finished, "
+                                        "task-failed, failed-to-start, job-lost, ...")
+    status_detail: str | None = strawberry.field(description="What Nomad last said about this kernel beyond its code. " + DETAIL)
+    started_at: datetime | None = strawberry.field(
+        description="When the kernel's task first started, by Nomad's task state (also for a kernel that ran and ended "
+        "between two observations); null: not started.")
+    finished_at: datetime | None = strawberry.field(
+        description="When the kernel's task ended for good, by Nomad's task state; null while it runs or may run again.")
     agent: str | None
     alloc_id: strawberry.Private[str | None]
     session_id: strawberry.Private[str]
@@ -78,14 +99,17 @@ class Kernel:
     resources: list[Resource] = strawberry.field(
         default_factory=list, description="This kernel's slots (a cluster's main and sub kernels may differ).")
 
-    @strawberry.field(description="The kernel's stdout and stderr from Nomad (the last tailBytes of each).")
+    @strawberry.field(description="The kernel's stdout and stderr from Nomad: the last tailBytes (0 to 4 MiB) of each; "
+                      "null before the kernel has run.")
     async def logs(self, info: Info, tail_bytes: int = 65536) -> KernelLogs | None:
+        tail = checked_tail_bytes(tail_bytes)
         if not self.alloc_id:
             return None
         sessions = info.context.sessions
         await record_activity(sessions.redis, sessions.keys, self.session_id, utcnow())  # reading logs is using it
+        if tail == 0:
+            return KernelLogs(stdout="", stderr="")  # (Nomad reads an offset of 0 from the end as the whole last file)
         nomad = info.context.nomad
-        tail = max(1, min(tail_bytes, 4 * 1024 * 1024))
         try:
             stdout = await nomad.logs(self.alloc_id, TASK_NAME, "stdout", tail_bytes=tail)
             stderr = await nomad.logs(self.alloc_id, TASK_NAME, "stderr", tail_bytes=tail)
@@ -106,7 +130,9 @@ class Session:
     name: str
     type: SessionType
     status: SessionStatus
-    status_info: str
+    status_info: str = strawberry.field(description="The reason of the latest status change: a short machine-readable "
+                                        "code (see StatusChange.reason).")
+    status_detail: str | None = strawberry.field(description="The detail of the latest status change. " + DETAIL)
     status_history: list[StatusChange]
     result: SessionResult
     exit_code: int | None
@@ -116,7 +142,8 @@ class Session:
     project: str
     resource_group: str
     driver: Driver
-    image: str
+    image: str = strawberry.field(description="docker: the image; qemu: the VM image; '' for exec and raw_exec, "
+                                  "which run none (main1's: a kernel role may have its own).")
     startup_command: str | None
     environ: list[EnvVar]
     resources: list[Resource]
@@ -132,7 +159,9 @@ class Session:
     cluster_mode: ClusterMode
     cluster_size: int
     starts_at: datetime | None
-    started_at: datetime | None
+    started_at: datetime | None = strawberry.field(
+        description="When its first kernel's task started, by Nomad (set even for a session that ended before Caravan "
+        "saw it RUNNING); null: none started.")
     batch_timeout: float | None = strawberry.field(description="Seconds a BATCH session may run.")
     dependencies: list[strawberry.ID]
     preopen_ports: list[int]
@@ -171,7 +200,9 @@ def session_type_of(s: model.Session) -> Session:
         type=s.type,
         status=s.status,
         status_info=s.status_info,
-        status_history=[StatusChange(status=c.status, at=c.at, reason=c.reason) for c in s.status_history],
+        status_detail=s.status_detail,
+        status_history=[StatusChange(status=c.status, at=c.at, reason=c.reason, detail=c.detail)
+                        for c in s.status_history],
         result=s.result,
         exit_code=s.exit_code,
         created_at=s.created_at,
@@ -187,7 +218,8 @@ def session_type_of(s: model.Session) -> Session:
         kernels=[
             Kernel(
                 role=k.role, index=k.index, hostname=k.hostname, image=k.image, status=k.status,
-                status_info=k.status_info, agent=k.agent, alloc_id=k.alloc_id, session_id=s.id, exit_code=k.exit_code,
+                status_info=k.status_info, status_detail=k.status_detail, started_at=k.started_at,
+                finished_at=k.finished_at, agent=k.agent, alloc_id=k.alloc_id, session_id=s.id, exit_code=k.exit_code,
                 ports=list(k.ports), restarts=k.restarts, healthy=k.healthy,
                 resources=[Resource(slot=slot, amount=amount) for slot, amount in k.resources.items()],
             )

@@ -11,20 +11,21 @@ import dataclasses
 from typing import Any
 
 import strawberry
+from strawberry.types.unset import UNSET
+from strawberry.utils.str_converters import to_camel_case
 
 from common.access import administers
 from common.clock import utcnow
 from common.errors import CaravanError, Forbidden, InvalidInput
-from common.model import ClusterMode as ClusterModeModel
-from common.model import Driver as DriverModel
 from common.templates import TemplateScope as Scope
-from common.templates import TemplateSpec, TemplateStore, check_template_name, may_write, new_template
+from common.templates import Template, TemplateSpec, TemplateStore, check_template_name, may_write, new_template
 from common.users import Role, User
 from gateway.graphql.context import Context, Info
-from gateway.graphql.sessions.mutations import (CreateSessionInput, CreateSessionPayload, EnvVarInput, KernelRole,
-                                                KernelRoleInput, ResourceInput, create_from_input, role_specs_of)
-from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType, session_type_of
 from gateway.graphql.sessions.creation import creation_rules
+from gateway.graphql.sessions.inputs import (CreateSessionInput, EnvVarInput, KernelRoleInput, ResourceInput,
+                                             SessionSpecInput, input_values_of, options_of)
+from gateway.graphql.sessions.mutations import CreateSessionPayload, create_from_input
+from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType, session_type_of
 from gateway.graphql.templates.queries import usable
 from gateway.graphql.templates.types import SessionTemplate, TemplateScope, template_type_of
 from gateway.session_requests import SessionRequest, check_request
@@ -33,21 +34,6 @@ SPEC_CHECK_NAME = "template"
 """A valid session name: a spec is checked as a creation would be, the session name aside."""
 MERGED_BY_KEY = {"environ": "name", "resources": "slot"}
 """Override lists merged into the template's item by item (keyed by this attribute) rather than replacing them."""
-
-
-@strawberry.input(description="A template's creation parameters: those of createSession a template may hold.")
-class SessionSpecInput:
-    type: SessionType
-    driver: Driver = Driver.DOCKER
-    image: str | None = None
-    startup_command: str | None = None
-    environ: list[EnvVarInput] = strawberry.field(default_factory=list)
-    resources: list[ResourceInput] = strawberry.field(default_factory=list)
-    resource_group: str = "default"
-    cluster_size: int = 1
-    cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
-    preset: str | None = None
-    kernel_roles: list[KernelRoleInput] = strawberry.field(default_factory=list)
 
 
 @strawberry.input
@@ -66,65 +52,50 @@ class UpdateSessionTemplateInput:
     spec: SessionSpecInput | None = None
 
 
-@strawberry.input(description="Any createSession option, over the template's values: lists of environ and "
-                  "resources (and each kernel role's) are merged item by item, everything else replaced.")
+@strawberry.input(description="Any createSession option, over the template's values. Left out: the template's value. "
+                  "null: cleared, as if the template did not set it (createSession's default; type cannot be "
+                  "cleared). Lists of environ and resources (and each kernel role's slots) are merged item by item "
+                  "into the template's; every other value replaces the template's.")
 class SessionOverridesInput:
     name: str
-    type: SessionType | None = None
-    driver: Driver | None = None
-    image: str | None = None
-    startup_command: str | None = None
-    environ: list[EnvVarInput] | None = None
-    resources: list[ResourceInput] | None = None
-    resource_group: str | None = None
-    client_token: str | None = None
-    starts_at: str | None = None
-    batch_timeout: str | None = None
-    dependencies: list[strawberry.ID] | None = None
-    cluster_size: int | None = None
-    cluster_mode: ClusterMode | None = None
-    count: int | None = None
-    preopen_ports: list[int] | None = None
-    shared_memory: str | None = None
-    designated_agent: str | None = None
-    priority: int | None = None
-    preset: str | None = None
-    kernel_roles: list[KernelRoleInput] | None = None
-    replicas: int | None = None
-    service_port: int | None = None
-    health_check_path: str | None = None
-    health_check_grace: str | None = None
-    project: str | None = None
-    owner: strawberry.ID | None = None
+    type: SessionType | None = UNSET
+    driver: Driver | None = UNSET
+    image: str | None = UNSET
+    startup_command: str | None = UNSET
+    environ: list[EnvVarInput] | None = UNSET
+    resources: list[ResourceInput] | None = UNSET
+    resource_group: str | None = UNSET
+    client_token: str | None = UNSET
+    starts_at: str | None = UNSET
+    batch_timeout: str | None = UNSET
+    dependencies: list[strawberry.ID] | None = UNSET
+    cluster_size: int | None = UNSET
+    cluster_mode: ClusterMode | None = UNSET
+    count: int | None = UNSET
+    preopen_ports: list[int] | None = UNSET
+    shared_memory: str | None = UNSET
+    designated_agent: str | None = UNSET
+    priority: int | None = UNSET
+    preset: str | None = UNSET
+    kernel_roles: list[KernelRoleInput] | None = UNSET
+    replicas: int | None = UNSET
+    service_port: int | None = UNSET
+    health_check_path: str | None = UNSET
+    health_check_grace: str | None = UNSET
+    project: str | None = UNSET
+    owner: strawberry.ID | None = UNSET
 
 
 def spec_of(input: SessionSpecInput) -> TemplateSpec:
-    environ = {e.name: e.value for e in input.environ}
-    if len(environ) != len(input.environ):
-        raise InvalidInput("each environment variable may be given once", field="spec.environ")
-    resources = {r.slot: r.amount for r in input.resources}
-    if len(resources) != len(input.resources):
-        raise InvalidInput("each slot may be given once", field="spec.resources")
     try:
-        roles = role_specs_of(input.kernel_roles)
+        return TemplateSpec(**options_of(input))
     except CaravanError as exc:
         raise _in_spec(exc) from exc
-    return TemplateSpec(
-        type=input.type, driver=DriverModel(input.driver.value), image=input.image,
-        startup_command=input.startup_command, environ=environ, resources=resources,
-        resource_group=input.resource_group, cluster_size=input.cluster_size,
-        cluster_mode=ClusterModeModel(input.cluster_mode.value), preset=input.preset, kernel_roles=roles,
-    )  # fmt: skip
 
 
 async def check_spec(ctx: Context, spec: TemplateSpec, viewer: User) -> None:
     """The creation rules on ``spec`` (errors name ``spec.<field>``): a template that could never create is refused."""
-    request = SessionRequest(
-        name=SPEC_CHECK_NAME, type=spec.type, driver=spec.driver, image=spec.image,
-        startup_command=spec.startup_command, environ=spec.environ, resources=spec.resources,
-        resource_group=spec.resource_group, cluster_size=spec.cluster_size, cluster_mode=spec.cluster_mode,
-        preset=spec.preset, kernel_roles=spec.kernel_roles,
-    )  # fmt: skip
+    request = SessionRequest(name=SPEC_CHECK_NAME, **spec_values(spec))
     rules = await creation_rules(ctx, resource_group=spec.resource_group, preset=spec.preset)
     try:
         check_request(request, viewer=viewer, now=utcnow(), rules=rules)
@@ -132,36 +103,42 @@ async def check_spec(ctx: Context, spec: TemplateSpec, viewer: User) -> None:
         raise _in_spec(exc) from exc
 
 
-def template_values(spec: TemplateSpec) -> dict[str, Any]:
-    """The template's values as ``CreateSessionInput`` fields."""
-    return {
-        "type": spec.type, "driver": Driver(spec.driver.value), "image": spec.image,
-        "startup_command": spec.startup_command,
-        "environ": [EnvVarInput(name=k, value=v) for k, v in spec.environ.items()],
-        "resources": [ResourceInput(slot=k, amount=v) for k, v in spec.resources.items()],
-        "resource_group": spec.resource_group, "cluster_size": spec.cluster_size, "cluster_mode": spec.cluster_mode,
-        "preset": spec.preset,
-        "kernel_roles": [
-            KernelRoleInput(role=KernelRole(role), image=r.image,
-                            resources=[ResourceInput(slot=k, amount=v) for k, v in r.resources.items()])
-            for role, r in spec.kernel_roles.items()
-        ],
-    }  # fmt: skip
+def spec_values(spec: TemplateSpec) -> dict[str, Any]:
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
 
 
 def merged_input(spec: TemplateSpec, overrides: SessionOverridesInput) -> CreateSessionInput:
-    """The template's values, then the overrides given (not null): what ``createSession`` would have received."""
-    values = template_values(spec)
+    """The template's values, then the overrides given (null: cleared): what ``createSession`` would have received."""
+    values = input_values_of(spec_values(spec))
     for f in dataclasses.fields(overrides):
         given = getattr(overrides, f.name)
+        if given is UNSET:
+            continue
         if given is None:
+            if f.name == "type":
+                raise InvalidInput("type cannot be cleared: give the sessions' type, or leave it out", field="type")
+            values.pop(f.name, None)  # createSession's default
             continue
         if f.name in MERGED_BY_KEY:
             given = _merged(values.get(f.name, []), given, MERGED_BY_KEY[f.name])
         elif f.name == "kernel_roles":
-            given = _merged_roles(values["kernel_roles"], given)
+            given = _merged_roles(values.get("kernel_roles", []), given)
         values[f.name] = given
     return CreateSessionInput(**values)
+
+
+def from_template(spec: TemplateSpec, overrides: SessionOverridesInput) -> frozenset[str]:
+    """The options (by their GraphQL names) whose value the template gave: set there, and not overridden."""
+    return frozenset(to_camel_case(name) for name in spec.given() if getattr(overrides, name) is UNSET)
+
+
+def blamed_on_template(exc: CaravanError, template: Template, given: frozenset[str]) -> CaravanError:
+    """``exc`` saying so when the field it names took the template's value: override it, or clear it with null."""
+    option = (exc.field or "").split(".")[0]
+    if option not in given:
+        return exc
+    return type(exc)(f"{exc.message} ({option} comes from template {template.name!r}: override it, or clear it "
+                     f"with {option}: null)", field=exc.field, **exc.details)
 
 
 def _merged(base: list[Any], over: list[Any], key: str) -> list[Any]:
@@ -175,7 +152,7 @@ def _merged_roles(base: list[KernelRoleInput], over: list[KernelRoleInput]) -> l
     for role in over:
         under = merged.get(role.role)
         merged[role.role] = role if under is None else KernelRoleInput(
-            role=role.role, image=role.image if role.image is not None else under.image,
+            role=role.role, image=under.image if role.image is UNSET else role.image,
             resources=_merged(under.resources, role.resources, "slot"))
     return list(merged.values())
 
@@ -248,5 +225,8 @@ class TemplateMutations:
                                            overrides: SessionOverridesInput) -> CreateSessionPayload:
         ctx = info.context
         template = await usable(ctx, str(template_id), ctx.viewer, field="templateId")
-        stored = await create_from_input(ctx, merged_input(template.spec, overrides))
+        try:
+            stored = await create_from_input(ctx, merged_input(template.spec, overrides))
+        except CaravanError as exc:
+            raise blamed_on_template(exc, template, from_template(template.spec, overrides)) from exc
         return CreateSessionPayload(sessions=[session_type_of(s) for s in stored])

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 
 import strawberry
 
 from common import templates
-from gateway.graphql.sessions.mutations import KernelRole
+from gateway.graphql.sessions.inputs import KernelRole
 from gateway.graphql.sessions.types import ClusterMode, Driver, EnvVar, Resource, SessionType
 
 TemplateScope = strawberry.enum(templates.TemplateScope, name="TemplateScope",
@@ -21,7 +22,8 @@ class KernelRoleSpec:
     resources: list[Resource]
 
 
-@strawberry.type(description="A template's creation parameters, as written (amounts unnormalized).")
+@strawberry.type(description="A template's creation parameters, as written (amounts and durations unnormalized): "
+                 "the fields of SessionSpecInput.")
 class SessionSpec:
     type: SessionType
     driver: Driver
@@ -30,10 +32,21 @@ class SessionSpec:
     environ: list[EnvVar]
     resources: list[Resource]
     resource_group: str
+    starts_at: str | None = strawberry.field(description="BATCH: an ISO 8601 moment, or a duration from each creation.")
+    batch_timeout: str | None = strawberry.field(description="BATCH: a duration, as written ('2h').")
     cluster_size: int
     cluster_mode: ClusterMode
+    count: int
+    preopen_ports: list[int]
+    shared_memory: str | None = strawberry.field(description="docker: /dev/shm size, as written ('64m').")
+    designated_agent: str | None
+    priority: int
     preset: str | None
     kernel_roles: list[KernelRoleSpec]
+    replicas: int | None
+    service_port: int | None
+    health_check_path: str | None
+    health_check_grace: str | None = strawberry.field(description="INFERENCE: a duration, as written ('30s').")
 
 
 @strawberry.type
@@ -49,23 +62,17 @@ class SessionTemplate:
 
 
 def spec_type_of(spec: templates.TemplateSpec) -> SessionSpec:
-    return SessionSpec(
-        type=spec.type,
-        driver=Driver(spec.driver.value),
-        image=spec.image,
-        startup_command=spec.startup_command,
-        environ=[EnvVar(name=k, value=v) for k, v in spec.environ.items()],
-        resources=[Resource(slot=k, amount=v) for k, v in spec.resources.items()],
-        resource_group=spec.resource_group,
-        cluster_size=spec.cluster_size,
-        cluster_mode=spec.cluster_mode,
-        preset=spec.preset,
-        kernel_roles=[
-            KernelRoleSpec(role=KernelRole(role), image=r.image,
-                           resources=[Resource(slot=k, amount=v) for k, v in r.resources.items()])
-            for role, r in spec.kernel_roles.items()
-        ],
-    )
+    values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    return SessionSpec(**{
+        **values,
+        "driver": Driver(spec.driver.value),
+        "environ": [EnvVar(name=k, value=v) for k, v in spec.environ.items()],
+        "resources": [Resource(slot=k, amount=v) for k, v in spec.resources.items()],
+        "preopen_ports": list(spec.preopen_ports),
+        "kernel_roles": [KernelRoleSpec(role=KernelRole(role), image=r.image,
+                                        resources=[Resource(slot=k, amount=v) for k, v in r.resources.items()])
+                         for role, r in spec.kernel_roles.items()],
+    })
 
 
 def template_type_of(t: templates.Template) -> SessionTemplate:

@@ -1,2 +1,2 @@
 """Users and API tokens in the API: ``users``/``user``/``tokens`` queries; createUser, updateUser, deactivateUser,
-issueToken and revokeToken mutations."""
+reactivateUser, issueToken and revokeToken mutations."""

@@ -1,4 +1,4 @@
-"""User and token mutations: create, update, deactivate users; issue and revoke API tokens."""
+"""User and token mutations: create, update, deactivate and reactivate users; issue and revoke API tokens."""
 
 from __future__ import annotations
 
@@ -11,22 +11,25 @@ from common.users import User
 from gateway.graphql.context import Info
 from gateway.graphql.users.queries import visible_user
 from gateway.graphql.users.types import ApiToken, IssuedToken, Role, UserType, token_type_of, user_type_of
-from gateway.user_requests import (check_acts_for, check_deactivation, checked_expiry, checked_label, new_user,
-                                   updated_user)
+from gateway.user_requests import (MAX_PROJECTS, NAME_HELP, check_acts_for, check_deactivation, checked_expiry,
+                                   checked_label, new_user, reactivated, updated_user)
 
 
 @strawberry.input
 class CreateUserInput:
-    name: str = strawberry.field(description="Also the user's id: unique and fixed.")
+    name: str = strawberry.field(description=f"{NAME_HELP[0].upper()}{NAME_HELP[1:]}. Also the user's id: unique and "
+                                 "fixed, and kept by a deactivated user (reactivateUser brings them back).")
     role: Role = Role.USER
-    projects: list[str] = strawberry.field(default_factory=lambda: ["default"])
+    projects: list[str] = strawberry.field(default_factory=lambda: ["default"],
+                                           description=f"1-{MAX_PROJECTS} project names, each {NAME_HELP}.")
 
 
 @strawberry.input
 class UpdateUserInput:
     id: strawberry.ID
     role: Role | None = None
-    projects: list[str] | None = strawberry.field(default=None, description="Replaces the user's projects.")
+    projects: list[str] | None = strawberry.field(
+        default=None, description=f"Replaces the user's projects: 1-{MAX_PROJECTS} names, each {NAME_HELP}.")
 
 
 @strawberry.type
@@ -65,6 +68,24 @@ class UserMutations:
         if deactivated is None:
             raise NotFound(f"no user {id}", field="id")
         return user_type_of(deactivated)
+
+    @strawberry.mutation(description="Make a deactivated user active again (who may deactivate them may "
+                                     "reactivate them). The tokens revoked at deactivation stay revoked: issue new "
+                                     "ones.")
+    async def reactivate_user(self, info: Info, id: strawberry.ID) -> UserType:
+        ctx = info.context
+        viewer = ctx.viewer
+        await visible_user(ctx, str(id), "id")
+
+        def reactivate(stored: User) -> User:  # decided on the stored user, inside the transaction
+            if not can_see_user(viewer, stored):
+                raise NotFound(f"no user {id}", field="id")
+            return reactivated(viewer, stored)
+
+        updated = await ctx.users.update(str(id), reactivate)
+        if updated is None:
+            raise NotFound(f"no user {id}", field="id")
+        return user_type_of(updated)
 
     @strawberry.mutation(description="A new API token for you, or for a user you manage. Its secret is returned "
                                      "only now. expiresIn: a duration such as '30d'; none: it never expires.")

@@ -17,7 +17,8 @@ class UserType:
     name: str
     role: Role
     projects: list[str] = strawberry.field(description="The projects the user belongs to (an ADMIN administers them).")
-    active: bool = strawberry.field(description="False once deactivated: no tokens; their sessions are left running.")
+    active: bool = strawberry.field(description="False once deactivated: no tokens; their sessions are left running. "
+                                    "reactivateUser makes them active again.")
 
 
 @strawberry.type(description="An API token's record; its secret is shown only once, by issueToken.")
