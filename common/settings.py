@@ -22,6 +22,8 @@ class RedisSettings:
     """Where Caravan's state and queues live (``CARAVAN_REDIS_URL``)."""
     prefix: str = "caravan"
     """Prefix of every Redis key (``CARAVAN_REDIS_PREFIX``); tests give each test its own."""
+    idle_timeout: float = 30.0
+    """Seconds a pooled connection may stay idle before it is closed (``CARAVAN_REDIS_IDLE_TIMEOUT``)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         redis=RedisSettings(
             url=env.get("CARAVAN_REDIS_URL", RedisSettings.url),
             prefix=env.get("CARAVAN_REDIS_PREFIX", RedisSettings.prefix),
+            idle_timeout=_positive_seconds(env, "CARAVAN_REDIS_IDLE_TIMEOUT", RedisSettings.idle_timeout),
         ),
         nomad=NomadSettings(
             addr=env.get("CARAVAN_NOMAD_ADDR", NomadSettings.addr),
@@ -182,6 +185,17 @@ def _at_least_one(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{name} must be a whole number of at least 1, not {raw!r}")
     return int(raw)
+
+
+def _positive_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name) or str(default)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{name} must be a number of seconds > 0, not {raw!r}")
+    return seconds
 
 
 def with_credentials(url: str, username: str, password: str) -> str:

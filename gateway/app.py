@@ -1,4 +1,5 @@
-"""The gateway's ASGI app: GraphQL at /graphql, health at /healthz and /readyz, Prometheus at /metrics."""
+"""The gateway's ASGI app: GraphQL at /graphql (GraphiQL for a browser, its assets at /graphiql/), health at /healthz
+and /readyz, Prometheus at /metrics."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from common.redis import client as redis_client
 from common.settings import Settings
 from common.store import SessionStore
 from common.users import Authenticated, UserStore, bootstrap_admin_token
+from gateway import ide
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
@@ -30,10 +32,11 @@ from gateway.graphql.result_cache import ResultCache
 from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
+from gateway.log_follows import LogFollows
 from gateway.metrics import Metrics
 from gateway.revocations import RevocationWatch
 from gateway.nomad_shares import NomadShares
-from nomad_jobs.client import NomadClient
+from nomad_jobs.client import LOG_FOLLOWS, NomadClient
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,12 @@ class CaravanGraphQL(GraphQLOverHTTP):
                          graphql_ide="graphiql", allow_queries_via_get=True, subscription_protocols=WS_PROTOCOLS)
         self.state = state
         self.nomad_shares = NomadShares(limits.max_nomad_calls, limits.max_user_nomad_calls)
+        self.log_follows = LogFollows(LOG_FOLLOWS, limits.max_log_follows)
+
+    @property
+    def graphql_ide_html(self) -> str:
+        """GraphiQL with its assets served by this gateway (Strawberry's page loads them from a CDN)."""
+        return ide.page()
 
     async def on_ws_connect(self, context: Context) -> UnsetType:
         await accept_connection(context)
@@ -68,8 +77,9 @@ class CaravanGraphQL(GraphQLOverHTTP):
                 user = admitted.user if admitted else None
             elif token := bearer(request.headers.get("authorization", "")):
                 user = await users.by_token(token)
-        except OUTAGES:
+        except OUTAGES as exc:
             failure = Unavailable("Redis is unreachable; retry shortly")
+            failure.__cause__ = exc  # what failed, for the log of outages (gateway.outage_log)
         return Context(
             request=request,
             settings=self.state["settings"],
@@ -81,6 +91,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
             auth_failure=failure,
             hub=self.state["hub"],
             revocations=self.state["revocations"],
+            log_follows=self.log_follows.connection(),
         )
 
 
@@ -133,6 +144,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics.endpoint(lambda: state["sessions"])),
+            Route(ide.PREFIX + "{name:path}", ide.asset),
             Route("/graphql", graphql),  # the view answers other methods itself: 405 with Allow
             WebSocketRoute("/graphql", graphql),
         ],

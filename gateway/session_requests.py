@@ -27,6 +27,7 @@ from gateway.user_requests import NAME_RULE as PROJECT_RULE
 from gateway.docker_images import check_docker_image
 from gateway.inference_options import ServiceOptions, checked_service_options
 from nomad_jobs import qemu
+from scheduler.config import DEFAULT_RESOURCES, MIN_MEM_BYTES
 from scheduler.known_groups import DEFAULT_GROUP
 from scheduler.slots import (INTRINSIC_SLOT_TYPES, InvalidQuantityError, SlotType, UnknownSlotError, from_user_input,
                              parse_quantity)
@@ -36,8 +37,6 @@ ENV_NAME_RULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 GROUP_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 RESERVED_ENV_PREFIXES = ("CARAVAN_", "NOMAD_")
 MAX_VALUE_BYTES = 32 * 1024
-DEFAULT_RESOURCES = {"cpu": "1", "mem": "256m"}
-MIN_MEM_BYTES = 16 * 1024 * 1024
 MAX_CLUSTER_SIZE = 32
 MAX_COUNT = 50
 MAX_DEPENDENCIES = 64
@@ -64,6 +63,9 @@ class CreationRules:
     """The drivers the request's resource group allows."""
     known_groups: frozenset[str] = frozenset({DEFAULT_GROUP})
     """Resource groups sessions may be created in (``scheduler.known_groups``): node pools seen, configured groups."""
+    default_resources: Mapping[str, str] = field(default_factory=lambda: DEFAULT_RESOURCES)
+    """What each kernel gets of a slot the request (and its preset) leaves out: the request's resource group's
+    ``default_resources`` in the scheduler configuration."""
 
 
 @dataclass(frozen=True)
@@ -220,8 +222,8 @@ def check_request(
                            field="resourceGroup")
     environ = _checked_environ(request.environ)
     preset = _preset(request.preset, rules.presets)
-    slots = _checked_resources({**DEFAULT_RESOURCES, **(preset.resources if preset else {}), **request.resources},
-                               known_slots)
+    slots = _checked_resources({**rules.default_resources, **(preset.resources if preset else {}),
+                                **request.resources}, known_slots)
     _check_batch_options(request)
     _check_shape(request, viewer)
     service = checked_service_options(

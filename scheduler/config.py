@@ -20,10 +20,18 @@ The file is ``CARAVAN_SCHEDULER_CONFIG``: HCL, or JSON when its name ends in ``.
       selector_options  = {}             # free-form, handed to a custom selector
       allowed_drivers   = ["docker", "exec", "qemu", "raw_exec"]  # what sessions of the group may run on; others
                                          # are refused at creation (FORBIDDEN on driver)
+      default_resources = { cpu = "0.25", mem = "256m" }  # what each kernel of a session gets of a slot its
+                                         # request (and preset) leaves out; merged slot by slot over the built-in
+                                         # defaults and, in a group, over this block's
     }
     resource_group "gpu" {               # one block per resource group (= Nomad node pool);
       agent_selector = "concentrated"    # keys not set here are taken from `default`
     }
+
+The built-in defaults, 0.25 cpu and 256 MiB per kernel, let a small machine (2 cores, 2-4 GiB) hold eight sessions
+that ask for nothing (with 1 cpu it held two): Nomad's ``cpu`` is a share, not a cap, so a lone session still uses
+the whole machine. ``mem`` is a hard limit and stays at 256 MiB: less breaks real work (the VM image ``ops/`` builds
+does not boot in 144 MiB, though the qemu driver takes 128), and memory was not what filled the machine.
 
 Durations are seconds or strings such as ``"90s"``, ``"10m"``, ``"1h30m"``. A broken file stops the scheduler from
 starting with ``file:line: key: reason``; a selector plugin named here is loaded once, at startup.
@@ -36,6 +44,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -51,9 +60,15 @@ from scheduler.agents import BUILTIN_SELECTORS, ROUNDROBIN, UnknownSelectorError
 from scheduler.model import GroupConfig, SchedulerConfig
 from scheduler.scheduling_pass import validate_config
 from scheduler.selection import STRATEGIES
+from scheduler.slots import InvalidQuantityError, ResourceSlots, guess_slot_type, parse_quantity
 
-__all__ = ["DEVICE_SLOTS", "SchedulerConfigError", "SchedulingConfig", "load_scheduler_config",
-           "parse_scheduler_config"]
+__all__ = ["DEFAULT_RESOURCES", "DEVICE_SLOTS", "MIN_MEM_BYTES", "SchedulerConfigError", "SchedulingConfig",
+           "load_scheduler_config", "parse_scheduler_config"]
+
+DEFAULT_RESOURCES: Mapping[str, str] = MappingProxyType({"cpu": "0.25", "mem": str(256 * 1024 * 1024)})
+"""Built-in: what each kernel gets of a slot its request leaves out, unless the configuration says otherwise."""
+MIN_MEM_BYTES = 16 * 1024 * 1024
+"""The least ``mem`` a kernel may have (asked for, or by default)."""
 
 DEVICE_SLOTS: Mapping[str, str] = MappingProxyType({
     "nvidia/gpu": "cuda.device",
@@ -63,7 +78,7 @@ DEVICE_SLOTS: Mapping[str, str] = MappingProxyType({
 """Built-in names of Nomad devices as slots; any other device is ``<vendor>.<type>`` (``intel/gpu`` -> ``intel.gpu``)."""
 
 GROUP_KEYS = ("session_strategy", "agent_selector", "retries_to_skip", "reserve_after", "max_reservations",
-              "resource_priority", "pending_timeout", "selector_options", "allowed_drivers")
+              "resource_priority", "pending_timeout", "selector_options", "allowed_drivers", "default_resources")
 TOP_LEVEL_KEYS = ("cpu_mhz_per_core", "device_slots", "default", "resource_group")
 Where = tuple[str, ...]
 
@@ -91,12 +106,20 @@ class SchedulingConfig:
     allowed_drivers: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Resource group -> the drivers its sessions may use; groups not listed use ``default_allowed_drivers``."""
     default_allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver)
+    group_default_resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Resource group -> what its sessions' kernels get of a slot they leave out (normalized amounts); groups not
+    listed use ``default_default_resources``."""
+    default_default_resources: Mapping[str, str] = field(default_factory=lambda: DEFAULT_RESOURCES)
 
     def pending_timeout(self, group: str) -> timedelta | None:
         return self.pending_timeouts.get(group, self.default_pending_timeout)
 
     def drivers_allowed(self, group: str) -> frozenset[str]:
         return self.allowed_drivers.get(group, self.default_allowed_drivers)
+
+    def default_resources(self, group: str) -> Mapping[str, str]:
+        """What a kernel of a session in ``group`` gets of each slot its request leaves out."""
+        return self.group_default_resources.get(group, self.default_default_resources)
 
     def device_slot(self, vendor: str, kind: str, name: str) -> str:
         """The slot a Nomad device counts as: the configured names (most specific id first), then the built-in
@@ -226,12 +249,15 @@ class _Reader:
             source=self.source,
             allowed_drivers={name: g["allowed_drivers"] for name, g in groups.items()},
             default_allowed_drivers=default["allowed_drivers"],
+            group_default_resources={name: g["default_resources"] for name, g in groups.items()},
+            default_default_resources=default["default_resources"],
         )
 
     def group(self, body: Mapping[str, Any], where: Where, inherited: Mapping[str, Any]) -> dict[str, Any]:
         self.known_keys(body, where, GROUP_KEYS)
         found = dict(inherited or {**{f.name: getattr(GroupConfig(), f.name) for f in fields(GroupConfig)},
-                                   "pending_timeout": None, "allowed_drivers": frozenset(d.value for d in Driver)})
+                                   "pending_timeout": None, "allowed_drivers": frozenset(d.value for d in Driver),
+                                   "default_resources": DEFAULT_RESOURCES})
         for key in ("session_strategy", "agent_selector"):
             if key in body:
                 found[key] = self.string(body[key], (*where, key))
@@ -251,6 +277,9 @@ class _Reader:
             found["resource_priority"] = tuple(self.string(item, (*where, "resource_priority")) for item in value)
         if "allowed_drivers" in body:
             found["allowed_drivers"] = self.drivers(body["allowed_drivers"], (*where, "allowed_drivers"))
+        if "default_resources" in body:
+            found["default_resources"] = self.resources(body["default_resources"], (*where, "default_resources"),
+                                                        found["default_resources"])
         if "selector_options" in body:
             found["selector_options"] = MappingProxyType(dict(self.mapping(body["selector_options"],
                                                                            (*where, "selector_options"))))
@@ -283,6 +312,25 @@ class _Reader:
             if self.string(item, where) not in known:
                 raise self.fail(where, f"unknown driver {item!r} (valid: {', '.join(known)})")
         return frozenset(value)
+
+    def resources(self, value: Any, where: Where, under: Mapping[str, str]) -> Mapping[str, str]:
+        """Default amounts per slot, over ``under`` slot by slot; each a number or a string such as "0.5" or "512m"
+        (a slot's type as a request's: memory-like names are bytes, the others counts)."""
+        amounts = dict(under)
+        for slot, raw in self.mapping(value, where).items():
+            if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+                raise self.fail((*where, slot), f"expected an amount such as 0.5 or \"512m\", got {raw!r}")
+            try:
+                amount = parse_quantity(slot, raw, guess_slot_type(slot))
+            except InvalidQuantityError as exc:
+                raise self.fail((*where, slot), exc.reason) from None
+            amounts[slot] = format(amount, "f")
+        checked = ResourceSlots({slot: Decimal(amount) for slot, amount in amounts.items()})
+        if checked.amount("cpu") <= 0:
+            raise self.fail((*where, "cpu"), "must be more than 0")
+        if checked.amount("mem") < MIN_MEM_BYTES:
+            raise self.fail((*where, "mem"), "must be at least 16m")
+        return MappingProxyType(amounts)
 
     def known_keys(self, body: Mapping[str, Any], where: Where, allowed: tuple[str, ...]) -> None:
         for key in body:
@@ -322,5 +370,5 @@ def _attributes(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _group_config(found: Mapping[str, Any]) -> GroupConfig:
-    edge_only = ("pending_timeout", "allowed_drivers")  # read by the I/O edges, not by the pure core
+    edge_only = ("pending_timeout", "allowed_drivers", "default_resources")  # read by the edges, not the core
     return GroupConfig(**{key: value for key, value in found.items() if key not in edge_only})

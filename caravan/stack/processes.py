@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -67,13 +68,32 @@ class Service:
             self.process.wait(5)
 
 
+def mounts_under(path: Path) -> list[Path]:
+    """Mount points strictly below ``path`` in this process's mount namespace."""
+    root = path.resolve()
+    found = []
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            target = Path(_unescaped(line.split()[1]))
+            if target.is_relative_to(root) and target != root:
+                found.append(target)
+    return found
+
+
+def unmount(targets: Sequence[Path]) -> None:
+    """Lazily unmount ``targets``, the deepest first (a mount inside another goes before it)."""
+    for target in sorted(set(targets), key=lambda t: len(t.parts), reverse=True):
+        subprocess.run(["umount", "-l", str(target)], check=False, capture_output=True)
+
+
 def unmount_under(path: Path) -> None:
     """Lazily unmount what a stopped Nomad client left mounted (task dirs of exec allocations)."""
-    root = str(path.resolve())
-    with open("/proc/mounts") as mounts:
-        targets = [line.split()[1] for line in mounts if line.split()[1].startswith(root + "/")]
-    for target in sorted(targets, reverse=True):
-        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+    unmount(mounts_under(path))
+
+
+def _unescaped(field: str) -> str:
+    """A /proc/mounts field with its octal escapes (``\\040`` for a space ...) decoded."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def spawn(

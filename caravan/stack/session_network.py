@@ -98,6 +98,12 @@ def session_network(client_dir: Path) -> SessionNetwork:
     return network
 
 
+def recorded_network(client_dir: Path) -> SessionNetwork | None:
+    """The session network a client directory has (None if it never had one), without making one."""
+    record = client_dir.resolve() / "session-network.json"
+    return SessionNetwork(**json.loads(record.read_text())) if record.exists() else None
+
+
 def release(network: SessionNetwork) -> None:
     """After the client stopped for good: remove its bridge (its kernels are gone), whatever membership records a
     killed client left, and its subnet's reservation. A persisted agent that is only restarted keeps its network."""

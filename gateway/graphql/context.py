@@ -16,6 +16,7 @@ from common.settings import Settings
 from common.store import SessionStore
 from common.users import User, UserStore
 from gateway.graphql.loaders import Loaders, loaders_for
+from gateway.log_follows import ConnectionFollows
 from gateway.revocations import RevocationWatch, Watched
 from idle.store import IdleStore
 from nomad_jobs.client import NomadClient
@@ -42,6 +43,8 @@ class Context:
     """The process's reader of token revocations (WebSocket connections close when theirs is revoked)."""
     watched: Watched | None = None
     """WebSocket only: the connection's token as the revocation watch follows it (tripped: close the connection)."""
+    log_follows: ConnectionFollows | None = None
+    """The kernel logs this connection (or request) follows, within its and the process's caps."""
     events_from: str | None = None
     """WebSocket only: the viewer's event stream position when the connection was acknowledged (``sessionEvents``
     without ``after`` starts there, so a client that subscribes and then creates a session misses nothing)."""

@@ -12,10 +12,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from strawberry.extensions import SchemaExtension
 
 from common.errors import CaravanError, TransientError, Unavailable
+from gateway.outage_log import OutageReporter
 
 log = logging.getLogger(__name__)
 
 OUTAGES = (RedisConnectionError, RedisTimeoutError, TransientError, ConnectionError)
+REPORTER = OutageReporter()
+"""The process's log of UNAVAILABLE errors: a few lines per outage, whatever the number of errors."""
 
 
 def coded(error: GraphQLError, request_id: str) -> GraphQLError:
@@ -26,12 +29,15 @@ def coded(error: GraphQLError, request_id: str) -> GraphQLError:
             return error
         return GraphQLError(error.message, error.nodes, error.source, error.positions, error.path,
                             original, {**(error.extensions or {}), "code": "INVALID_INPUT"})
+    if isinstance(original, (*OUTAGES, Unavailable)) and not (error.extensions or {}).get("code"):  # once per error
+        REPORTER.answered(original)
     if isinstance(original, OUTAGES):
         original = Unavailable("a backing service (Redis or Nomad) is unreachable; retry shortly")
     if isinstance(original, CaravanError):
-        extensions = {"code": original.code}
+        extensions: dict[str, object] = {"code": original.code}
         if original.field:
             extensions["field"] = original.field
+        extensions.update(original.details)  # what the code needs said (a limit, ...)
         return GraphQLError(original.message, error.nodes, error.source, error.positions, error.path,
                             original, extensions)
     log.error("request=%s unexpected error at %s", request_id, error.path, exc_info=original)

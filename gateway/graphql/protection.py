@@ -39,7 +39,7 @@ from common.users import AUTHENTICATE_FUNCTION, Authenticated, authenticated, to
 from gateway.graphql.cost import CostLimit
 from gateway.graphql.document_cache import DocumentCache
 from gateway.http_server import PARSER_MAX_URL_BYTES
-from nomad_jobs.client import CONNECTIONS
+from nomad_jobs.client import CONNECTIONS, LOG_FOLLOWS
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,9 @@ class Limits:
     max_user_nomad_calls: int = 16
     """Nomad calls one user's requests have in flight at once in one gateway process; below the Nomad client's pool
     (``nomad_jobs.client.CONNECTIONS``), so that one user's heavy queries leave connections to the others."""
+    max_log_follows: int = 32
+    """``kernelLogs`` subscriptions one WebSocket connection follows at once; at most the process's follow pool
+    (``nomad_jobs.client.LOG_FOLLOWS``), which caps the process (``gateway.log_follows``)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -91,6 +94,9 @@ class Limits:
             raise ValueError(f"CARAVAN_GRAPHQL_MAX_NOMAD_CALLS ({self.max_nomad_calls}) must be at most "
                              f"CARAVAN_GRAPHQL_MAX_USER_NOMAD_CALLS ({self.max_user_nomad_calls}), which must be "
                              f"below the Nomad client's {CONNECTIONS} connections")
+        if self.max_log_follows > LOG_FOLLOWS:
+            raise ValueError(f"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS ({self.max_log_follows}) must be at most the gateway "
+                             f"process's {LOG_FOLLOWS} log follows")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
@@ -146,6 +152,9 @@ def _coded(rule: type[ValidationRule], code: str, limit: int) -> type[Validation
     return Coded
 
 
+TOO_MANY_TOKENS = "TOO_MANY_TOKENS"
+
+
 class _MaxTokens(MaxTokensLimiter):
     """Strawberry's token limit, with the parser's refusal coded TOO_MANY_TOKENS."""
 
@@ -153,7 +162,7 @@ class _MaxTokens(MaxTokensLimiter):
         yield
         for error in self.execution_context.pre_execution_errors or ():
             if f"contains more than {self.max_token_count} tokens" in error.message:
-                error.extensions = {**(error.extensions or {}), "code": "TOO_MANY_TOKENS", "limit": self.max_token_count}
+                error.extensions = {**(error.extensions or {}), "code": TOO_MANY_TOKENS, "limit": self.max_token_count}
 
 
 def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:

@@ -10,7 +10,9 @@
   token again and counts against the same per-user rate limit as an HTTP request, in one round trip; a
   token no longer valid closes the connection (4403); over the limit, that operation gets an ``error``
   message with ``extensions.code`` RATE_LIMITED and the connection stays open.
-- Document limits (depth, tokens, aliases) are schema extensions: they apply here as over HTTP.
+- Document limits (depth, tokens, aliases) are schema extensions: they apply here as over HTTP. A document over
+  the token limit (which stops the parser) gets an ``error`` message with TOO_MANY_TOKENS for that operation, and the
+  connection stays open (Strawberry closes it with 4400 for a syntax error, which the parser's refusal is).
 - A subscription sent over HTTP is refused (INVALID_INPUT, 400 with graphql-response+json).
 """
 
@@ -33,7 +35,7 @@ from strawberry.types.graphql import OperationType
 from common import events
 from common.errors import InvalidInput
 from gateway.graphql.context import Context
-from gateway.graphql.protection import Admission, Guard, RateLimiter, bearer, client_subject
+from gateway.graphql.protection import TOO_MANY_TOKENS, Admission, Guard, RateLimiter, bearer, client_subject
 from gateway.revocations import Watched
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,14 @@ class RateLimitedTransportWS(BaseGraphQLTransportWSHandler[Context, None]):
         if admission is not None and admission.viewer is not None:
             self.context.user = admission.viewer.user  # a changed role or projects apply from this operation on
         await super().handle_subscribe(message)
+
+    @staticmethod
+    def _get_pre_execution_close_reason(error: GraphQLError) -> str | None:
+        """Strawberry closes the connection (4400) on a syntax error; a document refused for its size is answered
+        like any other limit, with an ``error`` message for its operation."""
+        if (error.extensions or {}).get("code") == TOO_MANY_TOKENS:
+            return None
+        return BaseGraphQLTransportWSHandler._get_pre_execution_close_reason(error)
 
     @property
     def _limiter(self) -> RateLimiter:

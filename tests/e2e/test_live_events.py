@@ -11,7 +11,7 @@ from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import TASK_NAME
 from tests.faults import NetworkCut
 from tests.harness import CREATE, Caravan
-from tests.ws_client import authenticated_socket
+from tests.ws_client import GraphQLSocket, authenticated_socket
 
 EVENTS = """subscription($id: ID) {
   sessionEvents(sessionId: $id) { eventId sessionId status reason kernels { hostname status } }
@@ -126,3 +126,47 @@ async def test_a_log_follow_cut_off_midway_carries_on_where_it_stopped(caravan: 
             await nomad.aclose()
     assert severed == 2
     assert received.splitlines() == [f"line {i}" for i in range(1, 31)]
+
+
+async def first_answers(socket: GraphQLSocket, operations: list[str]) -> tuple[int, list[dict[str, Any]]]:
+    """How many of the subscriptions got log data first, and the error extensions of those refused (each refusal
+    then completes its operation)."""
+    followed, refused = 0, []
+    for operation in operations:
+        message = await socket.message_of(operation, timeout=30)  # an answer for each: none waits unanswered
+        assert message["type"] == "next", message
+        if "errors" in message["payload"]:
+            [error] = message["payload"]["errors"]
+            refused.append(error["extensions"])
+            assert (await socket.message_of(operation))["type"] == "complete"
+        else:
+            assert "tick" in message["payload"]["data"]["kernelLogs"]
+            followed += 1
+    return followed, refused
+
+
+async def test_log_follows_beyond_the_connection_and_gateway_caps_are_refused_with_a_code(caravan: Caravan) -> None:
+    """A connection follows at most 32 logs at once (CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS) and a gateway process 64, the
+    Nomad client's follow pool: each subscription beyond gets TOO_MANY_LOG_FOLLOWS at once (without the caps, 64 of
+    100 on one connection got data and 36 got nothing, ever)."""
+    alice = await caravan.user("alice")
+    data = await caravan.gql(CREATE, {"input": {"name": "ticking", "type": "INTERACTIVE", "driver": "EXEC",
+                                                "startupCommand": "while true; do echo tick; sleep 0.5; done"}},
+                             token=alice)
+    session_id = data["createSession"]["sessions"][0]["id"]
+    await caravan.wait_for(session_id, "RUNNING")
+    variables = {"id": session_id, "tail": 4096}
+    async with (authenticated_socket(caravan.url, alice) as first, authenticated_socket(caravan.url, alice) as second,
+                authenticated_socket(caravan.url, alice) as third):
+        many = [await first.subscribe(LOGS, variables) for _ in range(100)]
+        followed, refused = await first_answers(first, many)
+        assert followed == 32 and len(refused) == 68
+        assert refused[0] == {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 32, "per": "connection"}
+        assert await first_answers(second, [await second.subscribe(LOGS, variables) for _ in range(20)]) == (20, [])
+        followed, refused = await first_answers(third, [await third.subscribe(LOGS, variables) for _ in range(20)])
+        assert followed == 12 and len(refused) == 8  # 64 in the process: the gateway's cap
+        assert refused[0] == {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 64, "per": "gateway"}
+        for operation in many[:10]:
+            await first.complete(operation)
+        await asyncio.sleep(0.5)  # the completed follows end (their places are free once they have)
+        assert await first_answers(third, [await third.subscribe(LOGS, variables) for _ in range(10)]) == (10, [])

@@ -175,3 +175,6 @@ def test_limits_from_environment() -> None:
         Limits.from_env({"CARAVAN_GRAPHQL_MAX_ALIASES": "many"})
     with pytest.raises(ValueError, match="CARAVAN_GRAPHQL_RATE_WINDOW must be positive"):
         Limits.from_env({"CARAVAN_GRAPHQL_RATE_WINDOW": "0"})
+    with pytest.raises(ValueError, match=r"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS \(65\) must be at most .* 64 log follows"):
+        Limits.from_env({"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS": "65"})
+    assert Limits.from_env({"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS": "8"}).max_log_follows == 8

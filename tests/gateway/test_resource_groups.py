@@ -1,5 +1,6 @@
 """``resourceGroups`` against the real Nomad dev agent: its one agent's capacity, drivers and occupancy as the
-scheduler counts them, the groups only configured or once seen, creation only in known groups, and admins only."""
+scheduler counts them, the groups only configured or once seen, creation only in known groups, each group's default
+resources, and what a user sees (the groups they may use, without agents)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,22 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from common.settings import Settings
 from common.users import Role
 from scheduler.known_groups import record_resource_groups
-from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
+from tests.harness import CREATE, Caravan, running_caravan
 
 GROUPS = """{ resourceGroups { name allowedDrivers capacity { slot amount } occupied { slot amount }
+  free { slot amount } defaultResources { slot amount }
   agents { id name schedulable drivers capacity { slot amount } occupied { slot amount } } } }"""
+USER_GROUPS = """{ resourceGroups { name allowedDrivers capacity { slot amount } occupied { slot amount }
+  free { slot amount } defaultResources { slot amount } agents { id } } }"""
 
 
+SET_USER = """mutation($user: String!, $policy: UserResourcePolicyInput!) {
+  setUserResourcePolicy(userId: $user, policy: $policy) { userId } }"""
+SET_PROJECT = """mutation($project: String!, $policy: ProjectResourcePolicyInput!) {
+  setProjectResourcePolicy(project: $project, policy: $policy) { project } }"""
 TEMPLATE = "mutation($input: CreateSessionTemplateInput!) { createSessionTemplate(input: $input) { id } }"
 
 
@@ -90,10 +96,60 @@ async def test_creation_in_an_unknown_group_is_refused(settings: Settings, tmp_p
         assert len(await caravan.store.session_ids()) == 3
 
 
-async def test_only_admins_read_resource_groups(caravan: Caravan) -> None:
-    alice = await caravan.user("alice")
-    with pytest.raises(GraphQLErrors) as refused:
-        await caravan.gql(GROUPS, token=alice)
-    assert refused.value.codes == ["FORBIDDEN"]
-    admin = await caravan.user("ada", Role.ADMIN)
-    assert "default" in {g["name"] for g in (await caravan.gql(GROUPS, token=admin))["resourceGroups"]}
+def configured_with(settings: Settings, path: Path, text: str) -> Settings:
+    path.write_text(text)
+    return dataclasses.replace(settings, scheduler=dataclasses.replace(settings.scheduler, config_path=path))
+
+
+GROUP_DEFAULTS = """
+resource_group "big" {
+  default_resources = { cpu = 2, mem = "1g" }
+}
+resource_group "other" {
+  agent_selector = "concentrated"
+}
+"""
+BUILT_IN = {"cpu": Decimal("0.25"), "mem": Decimal(256 << 20)}
+
+
+async def test_a_session_that_names_no_resources_gets_its_groups_defaults(settings: Settings, tmp_path: Path) -> None:
+    """Built in: 0.25 cpu and 256 MiB per kernel (a 2-core machine holds eight such sessions, not two); a group of the
+    scheduler's configuration may set its own, slot by slot; the request's own slots win."""
+    configured = configured_with(settings, tmp_path / "scheduler.hcl", GROUP_DEFAULTS)
+    async with running_caravan(configured, scheduler=False) as caravan:
+        alice = await caravan.user("alice")
+        made = {}
+        for name, group, resources in (("plain", "default", []), ("big-one", "big", []),
+                                       ("big-small", "big", [{"slot": "mem", "amount": "64m"}])):
+            fields = {"name": name, "type": "INTERACTIVE", "driver": "EXEC", "resourceGroup": group,
+                      "resources": resources}
+            made[name] = (await caravan.gql(CREATE, {"input": fields}, token=alice))["createSession"]["sessions"][0]
+        stored = {name: await caravan.store.get(s["id"]) for name, s in made.items()}
+        slots = {name: {k: Decimal(v) for k, v in s.kernels[0].resources.items()} for name, s in stored.items() if s}
+        assert slots == {"plain": BUILT_IN, "big-one": {"cpu": Decimal(2), "mem": Decimal(1 << 30)},
+                         "big-small": {"cpu": Decimal(2), "mem": Decimal(64 << 20)}}
+
+
+async def test_a_user_sees_the_groups_they_may_use_with_capacity_and_defaults_but_no_agents(
+        settings: Settings, tmp_path: Path) -> None:
+    configured = configured_with(settings, tmp_path / "scheduler.hcl", GROUP_DEFAULTS)
+    async with running_caravan(configured, scheduler=False) as caravan:
+        alice, bob = await caravan.user("alice"), await caravan.user("bob", projects=("lab",))
+        as_admin = await groups(caravan)
+        seen = {g["name"]: g for g in (await caravan.gql(USER_GROUPS, token=alice))["resourceGroups"]}
+        assert set(seen) == {"default", "big", "other"}  # no policy: every known group
+        for name, group in seen.items():
+            assert group["agents"] is None
+            assert (group["capacity"], group["occupied"]) == (as_admin[name]["capacity"], as_admin[name]["occupied"])
+            capacity, occupied = amounts(group["capacity"]), amounts(group["occupied"])
+            assert amounts(group["free"]) == {slot: max(Decimal(0), c - occupied.get(slot, 0))
+                                             for slot, c in capacity.items()}
+        assert amounts(seen["default"]["capacity"])["cpu"] > 0 and amounts(seen["default"]["free"])["mem"] > 0
+        assert amounts(seen["default"]["defaultResources"]) == amounts(seen["other"]["defaultResources"]) == BUILT_IN
+        assert amounts(seen["big"]["defaultResources"]) == {"cpu": Decimal(2), "mem": Decimal(1 << 30)}
+        assert as_admin["default"]["agents"] and amounts(as_admin["big"]["defaultResources"])["cpu"] == 2
+
+        # their own policy and their projects' narrow it: bob's allows default and big, his project's big and other
+        await caravan.gql(SET_USER, {"user": "bob", "policy": {"allowedResourceGroups": ["default", "big"]}})
+        await caravan.gql(SET_PROJECT, {"project": "lab", "policy": {"allowedResourceGroups": ["big", "other"]}})
+        assert [g["name"] for g in (await caravan.gql(USER_GROUPS, token=bob))["resourceGroups"]] == ["big"]

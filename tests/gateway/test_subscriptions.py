@@ -273,6 +273,24 @@ async def test_the_depth_limit_applies_to_subscriptions(gateway_with: GatewayWit
             assert {e["extensions"]["code"] for e in message["payload"]} == {"QUERY_TOO_DEEP"}
 
 
+async def test_a_document_over_the_token_limit_is_answered_and_the_connection_stays_open(
+        gateway_with: GatewayWith) -> None:
+    async with gateway_with(max_tokens=50) as caravan:
+        token = await caravan.user("wordy")
+        async with authenticated_socket(caravan.url, token) as socket:
+            long = await socket.subscribe("{ viewer { " + "id " * 60 + "} }")
+            message = await socket.message_of(long)
+            assert message["type"] == "error", message
+            [error] = message["payload"]
+            assert error["extensions"] == {"code": "TOO_MANY_TOKENS", "limit": 50}
+            short = await socket.subscribe("{ viewer { id } }")  # the same connection goes on
+            assert [r async for r in socket.results(short)] == [{"data": {"viewer": {"id": "wordy"}}}]
+            broken = await socket.subscribe("{ viewer { id ")  # as a syntax error is
+            assert (await socket.message_of(broken))["payload"][0]["extensions"] == {"code": "INVALID_INPUT"}
+            again = await socket.subscribe("{ viewer { id } }")
+            assert [r async for r in socket.results(again)] == [{"data": {"viewer": {"id": "wordy"}}}]
+
+
 async def test_a_cursor_older_than_the_kept_events_is_refused(caravan: Caravan) -> None:
     alice = await caravan.user("alice")
     async with authenticated_socket(caravan.url, alice) as socket:

@@ -10,6 +10,7 @@ import pytest
 
 from common.users import Role
 from gateway.graphql.schema import schema
+from scheduler.config import DEFAULT_RESOURCES
 from scheduler.known_groups import record_resource_groups
 from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
 
@@ -273,7 +274,7 @@ async def test_an_override_clears_a_template_value_with_null(caravan: Caravan) -
     assert (Decimal(before.resources["cpu"]), before.batch_timeout, before.environ, before.priority) == (
         Decimal("0.5"), 3600.0, {"MODE": "train"}, 5)
     assert (Decimal(after.resources["cpu"]), after.batch_timeout, after.environ, after.priority) == (
-        Decimal("1"), None, {}, 10)  # createSession's defaults
+        Decimal(DEFAULT_RESOURCES["cpu"]), None, {}, 10)  # createSession's defaults
     found = await refused(caravan, FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "x-1", "type": None}},
                           alice)
     assert (found["code"], found["field"]) == ("INVALID_INPUT", "type")
@@ -295,7 +296,7 @@ async def test_a_deleted_preset_names_the_template_and_an_override_clearing_it_m
     data = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "run-1", "preset": None}},
                              token=alice)
     session = await caravan.store.get(data["createSessionFromTemplate"]["sessions"][0]["id"])
-    assert session is not None and Decimal(session.resources["cpu"]) == 1
+    assert session is not None and Decimal(session.resources["cpu"]) == Decimal(DEFAULT_RESOURCES["cpu"])  # the default
 
 
 async def test_a_template_image_meeting_an_overriding_driver_that_runs_none_is_refused(caravan: Caravan) -> None:

@@ -382,6 +382,11 @@ def policy_users(data: dict[str, Any]) -> list[str]:
     return [p["userId"] for p in data["resourcePolicies"]["users"] if p["stored"]]
 
 
+def agents_shown(data: dict[str, Any]) -> list[str]:
+    """Everyone reads the groups they may use and their capacity; only admins their agents."""
+    return ["agents"] if any(g["agents"] is not None for g in data["resourceGroups"]) else []
+
+
 def policy_projects(data: dict[str, Any]) -> list[str]:
     return [p["project"] for p in data["resourcePolicies"]["projects"]]
 
@@ -402,6 +407,8 @@ POLICY_ROWS = [
     Row("deleteProjectResourcePolicy", "mutation($project: String!) { deleteProjectResourcePolicy(project: $project) }",
         ADMINISTRATION, p1_policy, unchanged=project_policy_kept),
     Row("resourcePresets", "{ resourcePresets { name } }", (OK, OK, OK, OK, OK, UA), nothing),
+    Row("resourceGroups.agents", "{ resourceGroups { name free { slot } agents { id } } }",
+        (HIDDEN, HIDDEN, LISTED, LISTED, LISTED, UA), nothing, agents_shown, lambda _: "agents"),
     Row("createResourcePreset", PRESET % ("createResourcePreset", "1"), PRESETS, a_new_preset, unchanged=no_preset),
     Row("updateResourcePreset", PRESET % ("updateResourcePreset", "2"), PRESETS, a_stored_preset, unchanged=preset_kept),
     Row("deleteResourcePreset", "mutation($name: String!) { deleteResourcePreset(name: $name) }", PRESETS,

@@ -90,6 +90,14 @@ def test_device_slots_extend_the_built_in_names() -> None:
         ("cpu_mhz_per_core = 0", 1, "expected a whole number of MHz > 0"),
         ('device_slots = { "nvidia/gpu" = "cpu" }', 1, "cannot count a device as 'cpu'"),
         ("default {\n  retries_to_skip = \n}", 2, "syntax error"),
+        ('default {\n  default_resources = {\n    mem = "lots"\n  }\n}', 3,
+         "default.default_resources.mem: expected a size such as"),
+        ('resource_group "a" {\n  default_resources = { cpu = 0 }\n}', 2,
+         "resource_group.a.default_resources.cpu: must be more than 0"),
+        ('default {\n  default_resources = { mem = "8m" }\n}', 2, "default.default_resources.mem: must be at least 16m"),
+        ('default {\n  default_resources = { cpu = "-1" }\n}', 2, "default_resources.cpu: must not be negative"),
+        ('default {\n  default_resources = { cpu = true }\n}', 2, "default_resources.cpu: expected an amount"),
+        ('default {\n  default_resources = "1 cpu"\n}', 2, "default.default_resources: expected a block or object"),
     ],
     ids=lambda v: v if isinstance(v, str) and "\n" not in v and len(v) < 40 else "",
 )
@@ -99,6 +107,32 @@ def test_a_broken_file_is_refused_with_line_and_reason(text: str, line: int, rea
     assert refused.value.line == line
     assert reason in refused.value.reason
     assert str(refused.value).startswith(f"scheduler.hcl:{line}: ")
+
+
+@pytest.mark.parametrize("suffix", ["hcl", "json"])
+def test_default_resources_merge_slot_by_slot_over_the_built_in_ones(tmp_path: Path, suffix: str) -> None:
+    """Built-in 0.25 cpu and 256 MiB; the default block's over them, a group's over the default block's."""
+    assert dict(load_scheduler_config(None).default_resources("any")) == {"cpu": "0.25", "mem": str(256 << 20)}
+    hcl = """
+default {
+  default_resources = { cpu = 0.5 }
+}
+resource_group "gpu" {
+  default_resources = { mem = "1g", "cuda.device" = 1 }
+}
+resource_group "plain" {
+  agent_selector = "concentrated"
+}
+"""
+    doc = {"default": {"default_resources": {"cpu": 0.5}},
+           "resource_group": {"gpu": {"default_resources": {"mem": "1g", "cuda.device": 1}},
+                              "plain": {"agent_selector": "concentrated"}}}
+    path = tmp_path / f"scheduler.{suffix}"
+    path.write_text(hcl if suffix == "hcl" else json.dumps(doc))
+    config = load_scheduler_config(path)
+    assert dict(config.default_resources("gpu")) == {"cpu": "0.5", "mem": str(1 << 30), "cuda.device": "1"}
+    assert dict(config.default_resources("plain")) == dict(config.default_resources("unconfigured")) == {
+        "cpu": "0.5", "mem": str(256 << 20)}
 
 
 def test_json_errors_name_the_key(tmp_path: Path) -> None:

@@ -1,15 +1,13 @@
 """Queries of presets (everyone), resource policies (admins: theirs to manage; users: their own) and resource
-groups (admins)."""
+groups (admins: all, with their agents; users: those they may use)."""
 
 from __future__ import annotations
 
 import strawberry
 
 from common.access import administers, manages_user
-from common.errors import Forbidden
 from common.policies import PolicyStore
 from common.presets import PresetStore
-from common.users import Role
 from gateway.graphql.context import Info
 from gateway.graphql.policies.groups import resource_groups
 from gateway.graphql.policies.types import (ResourceGroup, ResourcePolicies, ResourcePreset, preset_type_of,
@@ -43,10 +41,9 @@ class PolicyQueries:
             projects=[project_policy_type_of(p, found) for p, found in sorted((await store.projects(projects)).items())],
         )
 
-    @strawberry.field(description="Admins: the resource groups (Nomad node pools, the configured ones, and those "
-                      "sessions were queued in) with their agents' capacity and occupancy right now.")
+    @strawberry.field(description="Resource groups with their capacity, occupancy, free capacity and default "
+                      "resources right now. Admins: every group (Nomad node pools, the configured ones, and those "
+                      "sessions were queued in) with its agents. Others: the groups they may create sessions in (their "
+                      "own and their projects' resource policies allow them), without agents.")
     async def resource_groups(self, info: Info) -> list[ResourceGroup]:
-        ctx = info.context
-        if ctx.viewer.role not in (Role.ADMIN, Role.SUPERADMIN):
-            raise Forbidden("only administrators can read resource groups")
-        return await resource_groups(ctx)
+        return await resource_groups(info.context)

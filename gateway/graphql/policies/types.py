@@ -68,9 +68,17 @@ class ResourceGroup:
     name: str
     allowed_drivers: list[str] | None = strawberry.field(
         description="The drivers its sessions may use, when the scheduler configuration limits them (else null).")
-    agents: list[Agent]
+    default_resources: list[Resource] = strawberry.field(
+        description="What each kernel of a session created here gets of a slot its request (and preset) leaves out "
+        "(the scheduler configuration's default_resources; built in: 0.25 cpu, 256 MiB of mem). Amounts: cores for "
+        "cpu, bytes for mem, a count for devices.")
+    agents: list[Agent] | None = strawberry.field(description="Admins only (null for others): its Nomad clients.")
     capacity: list[Resource] = strawberry.field(description="Of its schedulable agents together.")
-    occupied: list[Resource] = strawberry.field(description="On its schedulable agents together.")
+    occupied: list[Resource] = strawberry.field(
+        description="On its schedulable agents together, by anyone's sessions and by what else Nomad runs there.")
+    free: list[Resource] = strawberry.field(
+        description="Capacity minus occupancy, per slot: what its agents have left together (a session's kernel must "
+        "fit on one agent).")
 
 
 def resources_of(slots: Mapping[str, Decimal | str] | None) -> list[Resource] | None:

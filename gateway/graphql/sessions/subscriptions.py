@@ -122,8 +122,10 @@ class SessionSubscriptions:
 
     @strawberry.subscription(
         description="A kernel's stdout or stderr as text chunks as it is written, starting `tailBytes` (0 to 4 MiB) "
-        "before its end (0: only what comes next). Waits for the kernel to start; completes when it has ended and all of its "
-        "output was sent (at once if it never started)."
+        "before its end (0: only what comes next). Waits for the kernel to start; completes when it has ended and all "
+        "of its output was sent (at once if it never started). A connection follows at most "
+        "CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS (32) logs at once and a gateway process 64: beyond, TOO_MANY_LOG_FOLLOWS (with "
+        "`limit` and `per`)."
     )
     async def kernel_logs(
         self, info: Info, session_id: strawberry.ID, kernel: str = "main1", stream: LogStream = LogStream.STDOUT,
@@ -133,13 +135,16 @@ class SessionSubscriptions:
         checked_tail_bytes(tail_bytes)
         if not any(k.hostname == kernel for k in session.kernels):
             raise NotFound(f"session {session_id} has no kernel {kernel!r}", field="kernel")
-        store = info.context.sessions
-        await record_activity(store.redis, store.keys, session.id, utcnow())  # watching logs is using it
-        alloc_id = await allocation_of(store, hub_of(info), session.id, kernel)
-        if alloc_id is None:
-            return  # it ended without ever running
-        async for chunk in info.context.nomad.follow_logs(alloc_id, TASK_NAME, stream.value, tail_bytes=tail_bytes):
-            yield chunk
+        store, follows = info.context.sessions, info.context.log_follows
+        assert follows is not None, "the gateway's context has one"
+        with follows.claimed():  # TOO_MANY_LOG_FOLLOWS beyond the connection's or the process's cap
+            await record_activity(store.redis, store.keys, session.id, utcnow())  # watching logs is using it
+            alloc_id = await allocation_of(store, hub_of(info), session.id, kernel)
+            if alloc_id is None:
+                return  # it ended without ever running
+            async for chunk in info.context.nomad.follow_logs(alloc_id, TASK_NAME, stream.value,
+                                                              tail_bytes=tail_bytes):
+                yield chunk
 
 
 async def allocation_of(store: SessionStore, hub: EventHub, session_id: str, hostname: str) -> str | None:
