@@ -155,7 +155,7 @@ def test_a_vm_session_without_an_image_gets_the_only_allowlisted_one() -> None:
     ({}, {"image": "caravan/vm:1"}, "image"),
     ({}, {}, "image"),  # nothing allowlisted: no default either
     ({"a": "/a", "b": "/b"}, {}, "image"),  # several allowlisted: the session must name one
-    (IMAGES, {"resources": {"mem": "127m"}}, "resources.mem"),
+    (IMAGES, {"resources": {"mem": "191m"}}, "resources.mem"),  # boots from about 160m: 128m stopped at once
     (IMAGES, {"preopen_ports": (8080,)}, "preopenPorts"),
     (IMAGES, {"environ": {f"V{i}": "x" * 30000 for i in range(4)}}, "environ"),
 ])
