@@ -7,8 +7,8 @@ import asyncio
 import sys
 
 from caravan import services
-from scheduler.config import SchedulerConfigError
-from common.settings import load_settings
+from domain.scheduling_config import SchedulerConfigError
+from core.settings import load_settings
 from gateway.graphql.protection import Limits
 from idle.policy_file import PolicyFileError
 

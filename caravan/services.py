@@ -11,16 +11,16 @@ import sys
 import uvicorn
 from starlette.applications import Starlette
 
-from common.redis import connect
-from common.settings import Settings, load_settings
-from common.users import bootstrap_admin_token
+from core.redis import connect
+from core.settings import Settings, load_settings
+from stores.users import bootstrap_admin_token
 from caravan.supervisor import Supervisor, die_with_parent
 from gateway.app import create_app
 from gateway.http_server import GatewayHttpProtocol
 from idle.reload import PolicySource, reload_on_sighup
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient
-from scheduler.config import load_scheduler_config
+from domain.scheduling_config import load_scheduler_config
 from scheduler.service import Scheduler
 
 log = logging.getLogger(__name__)

@@ -16,13 +16,13 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from strawberry.types.unset import UNSET, UnsetType
 
-from common.errors import TransientError, Unavailable
-from common.event_hub import EventHub
-from common.keys import Keys
-from common.redis import client as redis_client
-from common.settings import Settings
-from common.store import SessionStore
-from common.users import Authenticated, UserStore, bootstrap_admin_token
+from core.errors import TransientError, Unavailable
+from stores.event_hub import EventHub
+from core.keys import Keys
+from core.redis import client as redis_client
+from core.settings import Settings
+from stores.sessions import SessionStore
+from stores.users import Authenticated, UserStore, bootstrap_admin_token
 from gateway import ide
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
@@ -33,7 +33,7 @@ from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
 from gateway.log_follows import LogFollows
-from gateway.metrics import Metrics
+from gateway.prometheus import Metrics
 from gateway.revocations import RevocationWatch
 from gateway.nomad_shares import NomadShares
 from nomad_jobs.client import LOG_FOLLOWS, NomadClient

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from common.errors import CaravanError
+from core.errors import CaravanError
 
 
 class TooManyLogFollows(CaravanError):

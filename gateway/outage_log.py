@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from common.errors import TransientError, Unavailable
+from core.errors import TransientError, Unavailable
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 A connection's token is checked when it is opened and again at each operation it sends; a subscription that
 streams for hours sends none. So every token revocation (``revokeToken``, ``deactivateUser``, a replaced bootstrap
 token) also appends the token's hash to one Redis stream (``Keys.token_revocations``, in the same MULTI as the
-revocation: ``common.users``), and each gateway process has one :class:`RevocationWatch`: a single reader task
+revocation: ``stores.users``), and each gateway process has one :class:`RevocationWatch`: a single reader task
 blocking in ``XREAD`` on that stream (one Redis connection per process, not one poll per connection) that trips the
 local connections of each revoked token. A token's expiry needs no Redis at all: a timer of the event loop trips
 the connection at that moment.
@@ -25,10 +25,10 @@ from datetime import datetime
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from common import events
-from common.clock import utcnow
-from common.keys import Keys
-from common.users import hash_token
+from stores import events
+from core.clock import utcnow
+from core.keys import Keys
+from stores.users import hash_token
 
 log = logging.getLogger(__name__)
 

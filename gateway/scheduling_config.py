@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from common.errors import Unavailable
-from scheduler.config import SchedulerConfigError, SchedulingConfig, load_scheduler_config
+from core.errors import Unavailable
+from domain.scheduling_config import SchedulerConfigError, SchedulingConfig, load_scheduler_config
 
 _loaded: dict[str, tuple[tuple[int, int], SchedulingConfig]] = {}
 

@@ -12,9 +12,9 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from common.errors import PermanentError, TransientError
-from common.model import Kernel, Session
-from idle.facts import kernel_allocation
+from core.errors import PermanentError, TransientError
+from domain.model import Kernel, Session
+from domain.idle.facts import kernel_allocation
 from idle.samples import kernel_sample, session_sample
 from nomad_jobs.client import NomadClient
 

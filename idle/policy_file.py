@@ -22,7 +22,7 @@ Format (see ``idle/policy.example.hcl`` for a commented example)::
     user_policy "research" { ... }                  # same keys; one block per user policy name
 
 Durations are numbers of seconds or strings such as ``"30s"``, ``"10m"``, ``"2h"``, ``"1d"``, ``"1h30m"``.
-Metric names are those of :data:`idle.metrics.KNOWN_METRICS`. How the layers combine is in :mod:`idle.config`.
+Metric names are those of :data:`domain.idle.metrics.KNOWN_METRICS`. How the layers combine is in :mod:`domain.idle.config`.
 
 Anything else is refused with :class:`PolicyFileError` naming the file, the line and the reason: syntax
 errors (line from lark), unknown keys or blocks, wrong types, negative or malformed durations, unknown
@@ -42,10 +42,10 @@ import hcl2
 from hcl2 import SerializationOptions
 from lark.exceptions import LarkError, UnexpectedInput
 
-from idle.config import DEFAULT_CHECK_INTERVAL, CheckName, IdlePolicyConfig, PolicyLayer, ThresholdOperator
-from common.durations import parse_duration
-from idle.metrics import KNOWN_METRICS
-from common.source_lines import Path, SourceLines, scan
+from domain.idle.config import DEFAULT_CHECK_INTERVAL, CheckName, IdlePolicyConfig, PolicyLayer, ThresholdOperator
+from core.durations import parse_duration
+from domain.idle.metrics import KNOWN_METRICS
+from core.source_lines import Path, SourceLines, scan
 
 TOP_LEVEL_KEYS = ("check_interval", "enabled", "defaults", "resource_group", "user_policy")
 LAYER_KEYS = ("max_session_lifetime", "network_idle_timeout", "utilization")

@@ -6,7 +6,7 @@ before every sweep and at once on SIGHUP. A changed file that parses replaces th
 does not is refused with ``file:line: reason`` in the log (once per distinct content) and the previous
 policy stays in force.
 
-Without a file the built-in defaults apply (:data:`idle.config.BUILTIN_DEFAULTS`, a 15 s sweep): every
+Without a file the built-in defaults apply (:data:`domain.idle.config.BUILTIN_DEFAULTS`, a 15 s sweep): every
 check is off, so the checker reports but reclaims nothing. Backend.AI does the same: sessions are
 reclaimed only once an administrator configures its idle checkers.
 """
@@ -20,9 +20,9 @@ import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from idle.config import IdlePolicyConfig
+from domain.idle.config import IdlePolicyConfig
 from idle.policy_file import PolicyFileError, parse_policy, read_policy_text
-from idle.store import PublishedPolicy
+from stores.idle import PublishedPolicy
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from statistics import fmean
 from typing import Any
 
-from idle.metrics import CPU_UTIL, DEVICE_METRIC_PREFIXES, MEM
+from domain.idle.metrics import CPU_UTIL, DEVICE_METRIC_PREFIXES, MEM
 
 Json = Mapping[str, Any]
 

@@ -27,21 +27,21 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from common.clock import utcnow
-from common.errors import TransientError
-from common.keys import Keys
-from common.lease import Lease, lead_forever
-from common.model import Session, SessionStatus
-from common.retry import forever
-from common.settings import Settings
-from common.store import Fence, SessionStore
-from idle.activity import forget_activity
-from idle.policy import Arbiter, evaluate
+from core.clock import utcnow
+from core.errors import TransientError
+from core.keys import Keys
+from core.lease import Lease, lead_forever
+from domain.model import Session, SessionStatus
+from core.retry import forever
+from core.settings import Settings
+from stores.sessions import Fence, SessionStore
+from stores.activity import forget_activity
+from domain.idle.arbiter import Arbiter, evaluate
 from idle.reload import PolicySource
-from idle.store import IdleStore, report_ttl
+from stores.idle import IdleStore, report_ttl
 from idle.sweep import check_once
-from idle.verdict import Verdict
-from idle.window import UtilizationWindow
+from domain.idle.verdict import Verdict
+from domain.idle.window import UtilizationWindow
 from nomad_jobs.client import NomadClient
 from scheduler.termination import terminate
 

@@ -16,17 +16,17 @@ from typing import NamedTuple
 
 from redis.asyncio import Redis
 
-from common.keys import Keys
-from common.model import Session
-from common.policies import SessionLimits
-from idle.activity import Activity, read_activity
+from core.keys import Keys
+from domain.model import Session
+from stores.resource_policies import SessionLimits
+from stores.activity import Activity, read_activity
 from idle.collect import Sample, collect_samples
-from idle.config import IdlePolicyConfig
-from idle.facts import checked_metrics, policy_for, session_facts
-from idle.owner_limits import read_limits
-from idle.policy import Arbiter, evaluate
-from idle.verdict import Verdict
-from idle.window import UtilizationWindow, record_sample
+from domain.idle.config import IdlePolicyConfig
+from domain.idle.facts import checked_metrics, policy_for, session_facts
+from domain.idle.owner_limits import read_limits
+from domain.idle.arbiter import Arbiter, evaluate
+from domain.idle.verdict import Verdict
+from domain.idle.window import UtilizationWindow, record_sample
 from nomad_jobs.client import NomadClient
 
 
@@ -48,7 +48,7 @@ def judge(
     arbiter: Arbiter = evaluate,
     limits: Mapping[str, SessionLimits] = MappingProxyType({}),
 ) -> Sweep:
-    """``limits``: session id -> its owner's and project's resource-policy limits (:mod:`idle.owner_limits`)."""
+    """``limits``: session id -> its owner's and project's resource-policy limits (:mod:`domain.idle.owner_limits`)."""
     verdicts: dict[str, Verdict] = {}
     updated: dict[str, UtilizationWindow] = {}
     for session in sessions:

@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx2
 
-from common.errors import PermanentError, TransientError
-from common.settings import NomadSettings
+from core.errors import PermanentError, TransientError
+from core.settings import NomadSettings
 from nomad_jobs.log_frames import HEARTBEAT, FrameSplitter, LogFrame, absolute_offset
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 
-from common.model import Driver, Kernel, Session, SessionType
+from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs.hcl import Block
 from nomad_jobs.replica_service import exposed_ports, port_label, service_name
 

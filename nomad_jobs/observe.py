@@ -7,8 +7,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from common.clock import from_iso
-from common.model import Driver, KernelObservation, SessionStatus
+from core.clock import from_iso
+from domain.model import Driver, KernelObservation, SessionStatus
 from nomad_jobs.explain import clipped, exit_code_hint, placement_failure, task_failure
 from nomad_jobs.meta import TASK_NAME
 from nomad_jobs.qemu import guest_exit_code

@@ -1,6 +1,6 @@
 """What makes an INFERENCE replica's task group a recovering, health-checked service. Pure.
 
-Each replica is a task group of its own (see ``common.inference``); this module adds to it:
+Each replica is a task group of its own (see ``domain.inference``); this module adds to it:
 
 - the **service port** as a Nomad dynamic host port labelled ``p<port>``, like preopened ports, so it is
   reported in ``Kernel.ports`` the same way. Kernels use host networking, so the replica must listen on the
@@ -12,7 +12,7 @@ Each replica is a task group of its own (see ``common.inference``); this module 
 - **restart** in place after a crash or a failing check, a few times, then the allocation fails and
   **reschedule** places a new one, without limit: a replica comes back without user action.
 
-Reading the check back (whether a replica gets traffic) is ``common.inference.replica_health``; what it needs of the
+Reading the check back (whether a replica gets traffic) is ``domain.inference.replica_health``; what it needs of the
 allocation, when the task's current run started, is read here.
 """
 
@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from common.clock import from_iso
-from common.inference import SERVICE_PORT_ENV
-from common.model import Session
+from core.clock import from_iso
+from domain.inference import SERVICE_PORT_ENV
+from domain.model import Session
 from nomad_jobs.hcl import Block
 from nomad_jobs.meta import TASK_NAME
 

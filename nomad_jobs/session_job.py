@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from common.model import Driver, Kernel, Session, SessionType
+from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs import meta, qemu
 from nomad_jobs.hcl import Block, render, runtime_text
 from nomad_jobs.kernel_network import (HOST, SESSION_NETWORK, add_network, add_peers_template, docker_network_config,

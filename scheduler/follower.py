@@ -6,7 +6,7 @@ stream missed (Caravan was down, the event buffer wrapped) still converges.
 
 An allocation Nomad has replaced (a rescheduled INFERENCE replica, say) no longer speaks for its kernel:
 its late updates are dropped, and reconciliation reads the newest allocation of each task group. How a live
-INFERENCE session reads a replica going down (recovering, not ending) is decided in ``common.inference``.
+INFERENCE session reads a replica going down (recovering, not ending) is decided in ``domain.inference``.
 Replicas not yet known healthy have their checks read more often than reconciliation runs, so that they join
 ``endpoints`` within seconds of passing.
 
@@ -22,13 +22,13 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from common.clock import utcnow
-from common.errors import PermanentError, TransientError
-from common.inference import HealthReading, forget_stale_health, is_inference, replica_health, with_replica_health
-from common.lifecycle import observe_kernel, transition
-from common.model import KernelObservation, Session, SessionStatus, SessionType
-from common.retry import stop_if_cancelled
-from common.store import Fence, SessionStore
+from core.clock import utcnow
+from core.errors import PermanentError, TransientError
+from domain.inference import HealthReading, forget_stale_health, is_inference, replica_health, with_replica_health
+from domain.lifecycle import observe_kernel, transition
+from domain.model import KernelObservation, Session, SessionStatus, SessionType
+from core.retry import stop_if_cancelled
+from stores.sessions import Fence, SessionStore
 from nomad_jobs.client import TERMINAL_ALLOCATION_STATUSES, NomadClient
 from nomad_jobs.meta import session_id_of
 from nomad_jobs.observe import (for_driver, is_superseded, latest_per_group, observe_allocation, observe_unplaced,

@@ -5,9 +5,9 @@ and the retry counts go in with the snapshot and come out with the result). Per 
 
 1. Order the sessions (``scheduler.selection``: priority bands, push-back, the group's strategy).
 2. Overdue pushed-back sessions reserve an agent before anything is placed, and are attempted first.
-3. Walk the order: non-resource checks (``scheduler.checks``) first - a failed dependency cancels, other failures
+3. Walk the order: non-resource checks (``scheduler.wait_checks``) first - a failed dependency cancels, other failures
    just wait; then, unless an earlier session short of resources blocks the line, try to place it
-   (``scheduler.agents.placement``) and fold the placement into the in-memory occupancy, DRF shares and usage.
+   (``scheduler.agents.fit``) and fold the placement into the in-memory occupancy, DRF shares and usage.
 4. Explain every session still waiting and number them in attempt order.
 
 Cost: the order is a sort; a placement is O(log agents) with the packing index; once the line is blocked a session
@@ -25,10 +25,10 @@ from scheduler.agents import resolve_selector
 from scheduler.agents.base import SelectorConfig
 from scheduler.agents.explain import explain_never_fits, explain_no_fit
 from scheduler.agents.occupancy import GroupOccupancy
-from scheduler.agents.placement import Attempt, Chooser, RoundRobinChooser, make_chooser, packing_direction, place, reserve
+from scheduler.agents.fit import Attempt, Chooser, RoundRobinChooser, make_chooser, packing_direction, place, reserve
 from scheduler.agents.vectors import Demand, SlotCodec
-from scheduler.checks import CheckContext, CheckResult, Usage, failed_checks
-from scheduler.model import (
+from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks
+from scheduler.pass_model import (
     Agent,
     Cancellation,
     ClusterMode,

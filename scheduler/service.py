@@ -8,17 +8,17 @@ import logging
 
 from redis.asyncio import Redis
 
-from common.clock import utcnow
-from common.keys import Keys
-from common.model import SessionResult
-from common.lease import Lease, lead_forever
-from common.retry import forever
-from common.settings import Settings
-from common.store import Fence, SessionStore
+from core.clock import utcnow
+from core.keys import Keys
+from domain.model import SessionResult
+from core.lease import Lease, lead_forever
+from core.retry import forever
+from core.settings import Settings
+from stores.sessions import Fence, SessionStore
 from nomad_jobs.client import NomadClient
-from scheduler.config import load_scheduler_config
+from domain.scheduling_config import load_scheduler_config
 from scheduler.follower import Follower
-from scheduler.placement import Placer
+from scheduler.placer import Placer
 from scheduler.submitter import submit
 from scheduler.termination import terminate
 

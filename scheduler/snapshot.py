@@ -32,15 +32,15 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from common.model import ClusterMode as SessionClusterMode
-from common.model import Kernel, Session, SessionResult, SessionStatus
-from common.policies import PolicyStore
-from common.store import SessionStore
+from domain.model import ClusterMode as SessionClusterMode
+from domain.model import Kernel, Session, SessionResult, SessionStatus
+from stores.resource_policies import PolicyStore
+from stores.sessions import SessionStore
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import session_id_of
 from scheduler.agents.ranking import DRIVER_MARKER
-from scheduler.config import SchedulingConfig
-from scheduler.model import (
+from domain.scheduling_config import SchedulingConfig
+from scheduler.pass_model import (
     Agent,
     ClusterMode,
     DependencyState,
@@ -51,7 +51,7 @@ from scheduler.model import (
     Snapshot,
     UserPolicy,
 )
-from scheduler.slots import ResourceSlots, SlotType, accumulate_slot_types
+from domain.slots import ResourceSlots, SlotType, accumulate_slot_types
 
 __all__ = ["PassInput", "SnapshotReader", "agents_of", "alloc_slots", "dependency_state", "device_ids",
            "healthy_drivers", "is_schedulable", "kernel_request", "mhz_per_core", "node_capacity", "pending_session",

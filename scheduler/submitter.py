@@ -11,11 +11,11 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from common.clock import utcnow
-from common.errors import PermanentError
-from common.lifecycle import transition
-from common.model import Session, SessionStatus
-from common.store import Fence, SessionStore
+from core.clock import utcnow
+from core.errors import PermanentError
+from domain.lifecycle import transition
+from domain.model import Session, SessionStatus
+from stores.sessions import Fence, SessionStore
 from nomad_jobs.client import JobExists, NomadClient
 from nomad_jobs.explain import clipped
 from nomad_jobs.meta import SESSION_ID, TASK_NAME

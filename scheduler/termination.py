@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from common.clock import utcnow
-from common.lifecycle import transition
-from common.model import Kernel, Session, SessionResult, SessionStatus
-from common.store import Fence, SessionStore
+from core.clock import utcnow
+from domain.lifecycle import transition
+from domain.model import Kernel, Session, SessionResult, SessionStatus
+from stores.sessions import Fence, SessionStore
 from nomad_jobs.client import NomadClient
 
 log = logging.getLogger(__name__)

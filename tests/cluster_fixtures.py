@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 
 from caravan.stack.nomad_cluster import ClientSpec, NomadCluster, start_nomad_cluster
-from common.secrets import ROLES, redis_password_path
-from common.settings import Settings
-from scheduler.known_groups import known_resource_groups
+from core.secrets import ROLES, redis_password_path
+from core.settings import Settings
+from stores.known_groups import known_resource_groups
 from tests.harness import Caravan, running_caravan
 
 CLIENTS = (

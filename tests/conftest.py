@@ -21,8 +21,8 @@ from redis.asyncio import Redis
 from caravan.stack.nomad_agent import NomadAgent, start_nomad_dev
 from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
-from common.keys import Keys
-from common.settings import NomadSettings, RedisSettings, Settings, qemu_images_of
+from core.keys import Keys
+from core.settings import NomadSettings, RedisSettings, Settings, qemu_images_of
 from tests.harness import Caravan, running_caravan
 
 

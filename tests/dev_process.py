@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2
 
 from caravan.stack.processes import free_port
-from common.settings import Settings
+from core.settings import Settings
 from tests.harness import ADMIN_TOKEN, caravan_env
 
 ROLES = ("gateway", "scheduler", "idle")

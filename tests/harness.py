@@ -15,11 +15,11 @@ import httpx2
 import uvicorn
 
 from caravan.stack.processes import free_port
-from common.keys import Keys
-from common.redis import client as redis_client
-from common.settings import NomadSettings, Settings
-from common.store import SessionStore
-from common.users import Role, User, UserStore
+from core.keys import Keys
+from core.redis import client as redis_client
+from core.settings import NomadSettings, Settings
+from stores.sessions import SessionStore
+from stores.users import Role, User, UserStore
 from gateway.app import create_app
 from gateway.http_server import GatewayHttpProtocol
 from nomad_jobs.client import NomadClient

@@ -36,11 +36,11 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from bench.gateway.__main__ import own_redis, spawn, stop, wait_http
 from caravan.stack.processes import free_port
-from common.keys import Keys
-from common.lifecycle import transition
-from common.model import Driver, Kernel, Session, SessionStatus, SessionType
-from common.store import SessionStore
-from common.users import Role, User, UserStore
+from core.keys import Keys
+from domain.lifecycle import transition
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
+from stores.sessions import SessionStore
+from stores.users import Role, User, UserStore
 
 SUBSCRIPTION = "subscription { sessionEvents { sessionId status } }"
 

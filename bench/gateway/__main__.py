@@ -43,10 +43,10 @@ from redis.asyncio import Redis
 
 from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
-from common.keys import Keys
-from common.settings import RedisSettings, Settings
-from common.model import Driver, Kernel, Session, SessionStatus, SessionType
-from common.store import SessionStore
+from core.keys import Keys
+from core.settings import RedisSettings, Settings
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
+from stores.sessions import SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "bench-admin-token"

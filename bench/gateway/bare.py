@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from common.keys import Keys
+from core.keys import Keys
 
 PAGE = 50
 FIELDS = {"id": "id", "name": "name", "status": "status", "type": "type", "createdAt": "created_at", "ownerId": "owner_id"}

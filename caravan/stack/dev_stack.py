@@ -29,8 +29,8 @@ from caravan.stack.processes import (Service, StartupFailed, mounts_under, spawn
                                      wait_until)
 from caravan.stack.redis_server import start_redis
 from caravan.stack.session_network import recorded_network, release
-from common.secrets import nomad_token_path, read_secret
-from common.settings import Settings
+from core.secrets import nomad_token_path, read_secret
+from core.settings import Settings
 
 PARTS = ("caravan", "nomad", "redis")
 ROOT = Path(__file__).resolve().parents[2]

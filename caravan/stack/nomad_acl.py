@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from caravan.stack.processes import StartupFailed, wait_until
-from common.secrets import COMPONENT_ROLES, Role, ensure_secret, nomad_token_path, read_secret, write_secret
+from core.secrets import COMPONENT_ROLES, Role, ensure_secret, nomad_token_path, read_secret, write_secret
 
 POLICY_PREFIX = "caravan-"
 

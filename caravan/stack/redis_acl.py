@@ -25,7 +25,15 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.secrets import COMPONENT_ROLES, ROLES, Role, ensure_secret, redis_acl_path, redis_password_path, write_secret
+from core.secrets import (
+    COMPONENT_ROLES,
+    ROLES,
+    Role,
+    ensure_secret,
+    redis_acl_path,
+    redis_password_path,
+    write_secret,
+)
 
 COMPONENT_RULES = (
     "resetchannels -@all +@read +@write +@transaction +@scripting +@blocking +@connection "

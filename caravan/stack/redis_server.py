@@ -28,7 +28,7 @@ import redis
 from caravan.stack.nomad_agent import CLEAN_ENV
 from caravan.stack.processes import Service, StartupFailed, spawn, wait_until
 from caravan.stack.redis_acl import write_acl_file
-from common.secrets import read_secret, redis_password_path
+from core.secrets import read_secret, redis_password_path
 
 APPENDFSYNC = "always"
 

@@ -10,15 +10,15 @@ import strawberry
 from starlette.requests import Request
 from starlette.websockets import WebSocket
 
-from common.errors import CaravanError, Unauthenticated
-from common.event_hub import EventHub
-from common.settings import Settings
-from common.store import SessionStore
-from common.users import User, UserStore
+from core.errors import CaravanError, Unauthenticated
+from stores.event_hub import EventHub
+from core.settings import Settings
+from stores.sessions import SessionStore
+from stores.users import User, UserStore
 from gateway.graphql.loaders import Loaders, loaders_for
 from gateway.log_follows import ConnectionFollows
 from gateway.revocations import RevocationWatch, Watched
-from idle.store import IdleStore
+from stores.idle import IdleStore
 from nomad_jobs.client import NomadClient
 
 

@@ -43,9 +43,9 @@ from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types.graphql import OperationType
 
-from common.inference import MAX_REPLICAS
+from domain.inference import MAX_REPLICAS
 from gateway.graphql.sessions.mutations import MAX_DESTROY
-from gateway.session_requests import MAX_CLUSTER_SIZE, MAX_COUNT
+from domain.session_requests import MAX_CLUSTER_SIZE, MAX_COUNT
 
 Coordinate = tuple[str, str]
 """A field of the schema: (type name, field name)."""

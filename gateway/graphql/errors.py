@@ -11,7 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from strawberry.extensions import SchemaExtension
 
-from common.errors import CaravanError, TransientError, Unavailable
+from core.errors import CaravanError, TransientError, Unavailable
 from gateway.outage_log import OutageReporter
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from strawberry.types.graphql import OperationType
 from gateway.graphql.context import Context
 from gateway.graphql.protection import Guard, RequestError
 from gateway.graphql.result_cache import CachedResult, EncodedBody, ResultCache
-from gateway.metrics import Metrics
+from gateway.prometheus import Metrics
 
 JSON = "application/json"
 GRAPHQL_RESPONSE = "application/graphql-response+json"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from strawberry.dataloader import DataLoader
 
-from common.users import User, UserStore
-from idle.store import IdleStore, StoredVerdict
+from stores.users import User, UserStore
+from stores.idle import IdleStore, StoredVerdict
 
 
 @dataclass(frozen=True)

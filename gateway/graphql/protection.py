@@ -34,8 +34,8 @@ from strawberry.extensions.add_validation_rules import AddValidationRules
 from strawberry.extensions.max_aliases import create_validator as alias_validator
 from strawberry.extensions.query_depth_limiter import create_validator as depth_validator
 
-from common.keys import Keys
-from common.users import AUTHENTICATE_FUNCTION, Authenticated, authenticated, token_check_args
+from core.keys import Keys
+from stores.users import AUTHENTICATE_FUNCTION, Authenticated, authenticated, token_check_args
 from gateway.graphql.cost import CostLimit
 from gateway.graphql.document_cache import DocumentCache
 from gateway.http_server import PARSER_MAX_URL_BYTES
@@ -180,7 +180,7 @@ def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
 
 
 # KEYS[1]: the token record (Keys.no_token without a token); KEYS[2..]: keys to read. ARGV[1..3]: the token
-# check's (see common.users); ARGV[4]: the rate-limit key prefix, ARGV[5]: the window's number, ARGV[6]: its length
+# check's (see stores.users); ARGV[4]: the rate-limit key prefix, ARGV[5]: the window's number, ARGV[6]: its length
 # in seconds, ARGV[7]: the limit (0: count nothing), ARGV[8]: the subject without a valid token (the client's address).
 # Returns {the user's document or false, the token's expiry or false, the count (0 when not counted), the reads...}.
 ADMIT = AUTHENTICATE_FUNCTION + """

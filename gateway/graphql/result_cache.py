@@ -12,7 +12,7 @@ MULTI of every write of a session document or listing index:
   :data:`PURE_RESOLVERS`. Anything reaching other data (``owner`` reads users, ``idleChecks`` the idle
   checker's reports, ``logs`` Nomad, ``viewer``, policies, the clock) has a resolver and is refused.
 - The key is the document text, the operation name, the variables and the viewer's id, role and projects
-  (what ``common.access`` decides visibility by): a viewer never gets an answer made for another scope.
+  (what ``domain.access`` decides visibility by): a viewer never gets an answer made for another scope.
 - The version is read before execution (by the admission script with the token check and the rate limit's count,
   ``gateway.graphql.protection.ADMIT``; by a GET of its own when that failed); a stored answer of that version is
   the answer. A miss executes and is stored only if the version is still the one read before execution, so an answer
@@ -59,8 +59,8 @@ from strawberry.http import GraphQLRequestData
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types import ExecutionResult
 
-from common.keys import Keys
-from common.users import User
+from core.keys import Keys
+from stores.users import User
 from gateway.graphql.document_cache import CACHED_DOCUMENTS, parsed_document
 
 log = logging.getLogger(__name__)

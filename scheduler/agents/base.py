@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scheduler.slots import ResourceSlots
+from domain.slots import ResourceSlots
 
 __all__ = ["AgentSelector", "AgentView", "SelectionRequest", "SelectorConfig"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from scheduler.agents.occupancy import GroupOccupancy
 from scheduler.agents.vectors import Demand
-from scheduler.model import WaitExplanation, WaitKind
-from scheduler.slots import format_slots
+from scheduler.pass_model import WaitExplanation, WaitKind
+from domain.slots import format_slots
 
 __all__ = ["explain_never_fits", "explain_no_fit"]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 from scheduler.agents.ranking import order_slots
-from scheduler.slots import ResourceSlots
+from domain.slots import ResourceSlots
 
 __all__ = ["MILLI", "Demand", "SlotCodec", "amounts_of", "positions_of"]
 

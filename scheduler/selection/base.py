@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from scheduler.agents.vectors import Demand
-from scheduler.model import PendingSession
+from scheduler.pass_model import PendingSession
 
 __all__ = ["QueueEntry", "SessionOrder", "ShareView"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 
-from scheduler.model import GroupConfig, PendingSession
+from scheduler.pass_model import GroupConfig, PendingSession
 from scheduler.selection.base import QueueEntry, SessionOrder, ShareView
 
 __all__ = ["attempt_order", "is_overdue", "is_pushed_back"]

@@ -9,8 +9,8 @@ import signal
 import sys
 import time
 
-from common.model import SessionResult, SessionStatus
-from common.settings import Settings
+from domain.model import SessionResult, SessionStatus
+from core.settings import Settings
 from tests.harness import CREATE, running_caravan
 
 SESSIONS = 200

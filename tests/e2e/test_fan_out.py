@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from common.keys import Keys
-from common.settings import Settings
+from core.keys import Keys
+from core.settings import Settings
 from gateway.graphql.protection import Limits
 from tests.dev_process import caravan_dev
 from tests.harness import Caravan, running_caravan

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common.model import Driver, Kernel, Session, SessionType, StatusChange, SessionStatus
+from domain.model import Driver, Kernel, Session, SessionType, StatusChange, SessionStatus
 from nomad_jobs.client import NomadClient
 from nomad_jobs.hcl import runtime_text
 from nomad_jobs.session_job import NOMAD_ENV_REFERENCE, JobContext, render_session_job

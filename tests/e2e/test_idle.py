@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from common.model import SessionStatus
+from domain.model import SessionStatus
 from tests.harness import Caravan
 from tests.idle.running import BUSY, eventually, policy_file, running_idle, start_interactive
 

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 import httpx2
 import pytest
 
-from common.errors import PermanentError, TransientError
-from common.settings import Settings
+from core.errors import PermanentError, TransientError
+from core.settings import Settings
 from nomad_jobs.meta import TASK_NAME
 from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
 

@@ -26,7 +26,7 @@ import pytest
 
 from caravan.stack.nomad_cluster import NomadCluster
 from caravan.stack.session_network import SESSION_SUPERNET
-from common.settings import Settings
+from core.settings import Settings
 from tests.cluster_fixtures import OnCluster
 from tests.conftest import DEFAULT_IMAGE, QEMU, requires_docker
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan, running_caravan

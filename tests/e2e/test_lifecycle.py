@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from common.clock import utcnow
-from common.lifecycle import transition
-from common.model import SessionStatus
+from core.clock import utcnow
+from domain.lifecycle import transition
+from domain.model import SessionStatus
 from scheduler.follower import Follower
 from tests.conftest import DEFAULT_IMAGE, requires_docker
 from tests.harness import CREATE, Caravan, GraphQLErrors

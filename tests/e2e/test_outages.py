@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import replace
 from urllib.parse import urlparse
 
-from common.settings import Settings
+from core.settings import Settings
 from tests.faults import NetworkCut
 from tests.harness import CREATE, GraphQLErrors, running_caravan
 

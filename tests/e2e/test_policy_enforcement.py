@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from common.model import SessionStatus
-from common.users import Role
+from domain.model import SessionStatus
+from stores.users import Role
 from tests.harness import CREATE, Caravan
 from tests.idle.running import policy_file, running_idle
 

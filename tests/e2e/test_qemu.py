@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import QEMU, QEMU_IMAGES
 from tests.e2e.test_hostile_strings import HOSTILE, hex_of, session_with
-from common.model import Driver
-from common.settings import Settings
+from domain.model import Driver
+from core.settings import Settings
 from nomad_jobs.client import NomadClient
 from nomad_jobs.session_job import JobContext, render_session_job
 from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan

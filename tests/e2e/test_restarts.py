@@ -29,8 +29,8 @@ import pytest
 from caravan.stack.nomad_cluster import SingleNodeNomad, start_nomad_single_node
 from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
-from common.model import Session, SessionResult, SessionStatus
-from common.settings import NomadSettings, RedisSettings, SchedulerSettings, Settings
+from domain.model import Session, SessionResult, SessionStatus
+from core.settings import NomadSettings, RedisSettings, SchedulerSettings, Settings
 from tests.conftest import TEST_KEY_PREFIXES
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
 

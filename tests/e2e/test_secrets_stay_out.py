@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from common.settings import Settings
+from core.settings import Settings
 from tests.conftest import DEFAULT_IMAGE, requires_docker
 from tests.harness import CREATE, Caravan
 

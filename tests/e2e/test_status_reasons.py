@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.clock import utcnow
-from common.lifecycle import transition
-from common.model import SessionStatus
-from common.settings import NomadSettings, Settings
+from core.clock import utcnow
+from domain.lifecycle import transition
+from domain.model import SessionStatus
+from core.settings import NomadSettings, Settings
 from nomad_jobs.client import Json, NomadClient
 from nomad_jobs.meta import TASK_NAME
 from nomad_jobs.session_job import JobContext, render_session_job

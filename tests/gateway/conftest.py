@@ -9,7 +9,7 @@ from typing import Any, AsyncContextManager
 import httpx2
 import pytest
 
-from common.settings import Settings
+from core.settings import Settings
 from gateway.graphql.http import GRAPHQL_RESPONSE
 from tests.harness import ADMIN_TOKEN, Caravan, running_caravan
 

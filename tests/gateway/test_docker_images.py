@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from common.errors import InvalidInput
-from common.settings import Settings, load_settings
-from gateway.docker_images import check_docker_image
+from core.errors import InvalidInput
+from core.settings import Settings, load_settings
+from domain.docker_images import check_docker_image
 from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
 
 ALLOWED = ("caravan/*", "registry.internal:5000/ml/*")

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx2
 
 from caravan.stack.processes import free_port
-from common.settings import Settings
+from core.settings import Settings
 from tests.dev_process import alive, children_of, gateway_answers, until
 from tests.harness import caravan_env
 

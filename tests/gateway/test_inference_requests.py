@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from common.errors import InvalidInput
-from common.model import Driver, SessionType
-from common.users import Role, User
-from gateway.session_requests import SessionRequest, build_sessions
+from core.errors import InvalidInput
+from domain.model import Driver, SessionType
+from stores.users import Role, User
+from domain.session_requests import SessionRequest, build_sessions
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 ALICE = User(id="alice", name="alice", role=Role.USER)

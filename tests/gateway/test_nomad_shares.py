@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from common.errors import TransientError
-from common.settings import Settings
+from core.errors import TransientError
+from core.settings import Settings
 from gateway.nomad_shares import NomadShares
 from nomad_jobs.client import Admission, NomadClient
 

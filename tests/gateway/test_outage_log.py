@@ -11,8 +11,8 @@ from urllib.parse import urlparse
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from common.errors import TransientError, Unavailable
-from common.settings import Settings
+from core.errors import TransientError, Unavailable
+from core.settings import Settings
 from gateway.graphql import errors
 from gateway.outage_log import OutageLog, OutageReporter, outage_of
 from tests.faults import NetworkCut

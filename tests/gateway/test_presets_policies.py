@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from common.policies import PolicyStore, UserResourcePolicy
-from common.users import Role
-from scheduler.known_groups import record_resource_groups
+from stores.resource_policies import PolicyStore, UserResourcePolicy
+from stores.users import Role
+from stores.known_groups import record_resource_groups
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
 PRESET_FIELDS = "name sharedMemory resources { slot amount }"

@@ -10,9 +10,9 @@ import httpx2
 import pytest
 from redis.asyncio import Redis
 
-from common.clock import utcnow
-from common.keys import Keys
-from common.users import Role, User, UserStore
+from core.clock import utcnow
+from core.keys import Keys
+from stores.users import Role, User, UserStore
 from gateway.graphql.http import GRAPHQL_RESPONSE, JSON
 from gateway.graphql.protection import Limits, RateLimiter
 from tests.gateway.conftest import GatewayWith, error_of, post

@@ -9,9 +9,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from common.settings import Settings
-from common.users import Role
-from scheduler.known_groups import record_resource_groups
+from core.settings import Settings
+from stores.users import Role
+from stores.known_groups import record_resource_groups
 from tests.harness import CREATE, Caravan, running_caravan
 
 GROUPS = """{ resourceGroups { name allowedDrivers capacity { slot amount } occupied { slot amount }

@@ -17,11 +17,11 @@ import pytest
 from graphql import parse
 from redis.asyncio import Redis
 
-from common.lifecycle import transition
-from common.listing_store import SessionListing
-from common.model import Driver, Kernel, Session, SessionStatus, SessionType
-from common.settings import Settings
-from common.users import Role, User
+from domain.lifecycle import transition
+from stores.session_listing import SessionListing
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
+from core.settings import Settings
+from stores.users import Role, User
 from gateway.graphql.http import GRAPHQL_RESPONSE, JSON
 from gateway.graphql.result_cache import Answers, cacheable_operation
 from gateway.graphql.schema import CaravanSchema, schema

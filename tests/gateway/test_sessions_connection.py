@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from common.lifecycle import transition
-from common.listing import NAME_SCAN_BATCH
-from common.model import Driver, Kernel, Session, SessionStatus, SessionType
-from common.users import Role, User
+from domain.lifecycle import transition
+from domain.listing import NAME_SCAN_BATCH
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
+from stores.users import Role, User
 from tests.gateway.conftest import GatewayWith
 from tests.harness import Caravan, GraphQLErrors
 

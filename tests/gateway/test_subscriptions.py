@@ -7,9 +7,9 @@ import asyncio
 import contextlib
 from typing import Any
 
-from common.clock import utcnow
-from common.lifecycle import transition
-from common.model import SessionStatus
+from core.clock import utcnow
+from domain.lifecycle import transition
+from domain.model import SessionStatus
 from tests.gateway.conftest import GatewayWith, post
 from tests.gateway.conftest import error_of as error_of_response
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan

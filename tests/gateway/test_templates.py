@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from common.users import Role
+from stores.users import Role
 from gateway.graphql.schema import schema
-from scheduler.config import DEFAULT_RESOURCES
-from scheduler.known_groups import record_resource_groups
+from domain.scheduling_config import DEFAULT_RESOURCES
+from stores.known_groups import record_resource_groups
 from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
 
 TEMPLATE_FIELDS = """id name ownerId project scope

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from common.policies import PolicyStore
-from common.presets import PresetStore
-from common.templates import TemplateStore
-from common.users import Role, User
+from stores.resource_policies import PolicyStore
+from stores.presets import PresetStore
+from stores.templates import TemplateStore
+from stores.users import Role, User
 from tests.harness import ADMIN_TOKEN, Caravan
 
 CALLERS = ("owner", "user", "admin", "admin'", "super", "anon")

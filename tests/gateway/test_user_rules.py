@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from common.access import can_see_user, manages_user, may_create_for
-from common.errors import CaravanError, Forbidden, InvalidInput
-from common.users import BOOTSTRAP_ADMIN_ID, Role, User
-from gateway.session_requests import session_project
-from gateway.user_requests import checked_projects, new_user, updated_user
+from domain.access import can_see_user, manages_user, may_create_for
+from core.errors import CaravanError, Forbidden, InvalidInput
+from stores.users import BOOTSTRAP_ADMIN_ID, Role, User
+from domain.session_requests import session_project
+from domain.user_requests import checked_projects, new_user, updated_user
 
 ROOT = User("root", "root", Role.SUPERADMIN, ("ops",))
 CAROL = User("carol", "carol", Role.ADMIN, ("ml", "cv"))

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from common.errors import Conflict
-from common.settings import Settings
-from common.users import BOOTSTRAP_ADMIN_ID, Role, User, UserStore
+from core.errors import Conflict
+from core.settings import Settings
+from stores.users import BOOTSTRAP_ADMIN_ID, Role, User, UserStore
 from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors, running_caravan
 from tests.ws_client import GraphQLSocket, authenticated_socket
 

@@ -11,14 +11,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
-from common.clock import utcnow
-from common.lifecycle import transition
-from common.model import Driver, Session, SessionStatus, SessionType
-from common.redis import client as redis_client
-from common.settings import Settings
-from common.store import SessionStore
-from common.users import Role, User
-from gateway.session_requests import SessionRequest, build_sessions
+from core.clock import utcnow
+from domain.lifecycle import transition
+from domain.model import Driver, Session, SessionStatus, SessionType
+from core.redis import client as redis_client
+from core.settings import Settings
+from stores.sessions import SessionStore
+from stores.users import Role, User
+from domain.session_requests import SessionRequest, build_sessions
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient
 from tests.harness import CREATE, Caravan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from idle.config import EffectivePolicy, ThresholdOperator, UtilizationPolicy
+from domain.idle.config import EffectivePolicy, ThresholdOperator, UtilizationPolicy
 from idle.policy_file import parse_policy
 
 LAYERED = """

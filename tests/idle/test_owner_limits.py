@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from common.clock import utcnow
-from common.keys import Keys
-from common.model import SessionStatus
-from common.policies import PolicyStore, ProjectResourcePolicy, SessionLimits, UserResourcePolicy
-from common.settings import Settings
-from common.store import SessionStore
-from common.users import Role, User
-from idle.config import CheckName, EffectivePolicy
-from idle.owner_limits import tightened
+from core.clock import utcnow
+from core.keys import Keys
+from domain.model import SessionStatus
+from stores.resource_policies import PolicyStore, ProjectResourcePolicy, SessionLimits, UserResourcePolicy
+from core.settings import Settings
+from stores.sessions import SessionStore
+from stores.users import Role, User
+from domain.idle.config import CheckName, EffectivePolicy
+from domain.idle.owner_limits import tightened
 from tests.idle.running import eventually, policy_file, running_idle, stored_session
 
 ALL = frozenset(CheckName)

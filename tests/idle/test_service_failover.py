@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.clock import utcnow
+from core.clock import utcnow
 from tests.harness import Caravan
 from tests.idle.running import BUSY, eventually, policy_file, running_idle, start_interactive
 

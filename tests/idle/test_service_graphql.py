@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from common.clock import utcnow
-from common.model import SessionType
-from common.settings import Settings
+from core.clock import utcnow
+from domain.model import SessionType
+from core.settings import Settings
 from tests.harness import Caravan, GraphQLErrors, running_caravan
 from tests.idle.running import OWNER, eventually, policy_file, running_idle, stored_session
 

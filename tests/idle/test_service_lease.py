@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from common.clock import utcnow
-from common.keys import Keys
-from common.lease import Lease
-from common.model import SessionStatus
-from common.settings import Settings
-from common.store import LostLease, SessionStore
-from idle.store import IdleStore
-from idle.verdict import TerminationReason, Verdict
+from core.clock import utcnow
+from core.keys import Keys
+from core.lease import Lease
+from domain.model import SessionStatus
+from core.settings import Settings
+from stores.sessions import LostLease, SessionStore
+from stores.idle import IdleStore
+from domain.idle.verdict import TerminationReason, Verdict
 from nomad_jobs.client import NomadClient
 from scheduler.termination import terminate
 from tests.idle.running import eventually, policy_file, running_idle, stored_session

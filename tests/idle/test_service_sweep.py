@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from common.clock import utcnow
-from common.keys import Keys
-from common.model import Session, SessionStatus, SessionType
-from common.settings import Settings
-from common.store import SessionStore
-from idle.activity import open_connection, record_activity
-from idle.config import CheckName
-from idle.store import IdleStore, StoredVerdict, report_ttl
-from idle.verdict import RemainingBasis
+from core.clock import utcnow
+from core.keys import Keys
+from domain.model import Session, SessionStatus, SessionType
+from core.settings import Settings
+from stores.sessions import SessionStore
+from stores.activity import open_connection, record_activity
+from domain.idle.config import CheckName
+from stores.idle import IdleStore, StoredVerdict, report_ttl
+from domain.idle.verdict import RemainingBasis
 from tests.idle.running import eventually, policy_file, running_idle, stored_session
 
 FAST = 'check_interval = "0.2s"\n'

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from common.settings import Settings
+from core.settings import Settings
 from nomad_jobs.client import NomadClient
 
 POOL = 4

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from common.model import Driver, Kernel, Session, SessionType
+from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs.kernel_network import PEERS_FILE, peers_service_name
 from nomad_jobs.session_job import JobContext, render_session_job
 from tests.nomad_jobs.test_session_job_inference import plain, task

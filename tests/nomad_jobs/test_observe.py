@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from common.model import Driver, SessionStatus as S
+from domain.model import Driver, SessionStatus as S
 from nomad_jobs.explain import MAX_DETAIL, placement_failure, task_failure
 from nomad_jobs.observe import for_driver, moment, observe_allocation, observe_unplaced, placement_failures
 

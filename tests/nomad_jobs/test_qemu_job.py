@@ -11,15 +11,15 @@ from decimal import Decimal
 
 import pytest
 
-from common.errors import Forbidden, InvalidInput
-from common.model import Driver, Kernel, KernelObservation, Session, SessionStatus, SessionType
-from common.settings import qemu_images_of
-from common.users import Role, User
-from gateway.session_requests import CreationRules, SessionRequest, build_sessions
+from core.errors import Forbidden, InvalidInput
+from domain.model import Driver, Kernel, KernelObservation, Session, SessionStatus, SessionType
+from core.settings import qemu_images_of
+from stores.users import Role, User
+from domain.session_requests import CreationRules, SessionRequest, build_sessions
 from nomad_jobs import qemu
 from nomad_jobs.observe import for_driver
 from nomad_jobs.session_job import JobContext, render_session_job, vm_environment
-from scheduler.config import SchedulerConfigError, parse_scheduler_config
+from domain.scheduling_config import SchedulerConfigError, parse_scheduler_config
 
 IMAGES = {"caravan/vm:1": "/images/vm-1"}
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

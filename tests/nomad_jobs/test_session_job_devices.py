@@ -9,7 +9,7 @@ from typing import Any
 import hcl2
 import pytest
 
-from common.model import Driver, Kernel, Session, SessionType
+from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs.session_job import JobContext, render_session_job
 
 MIB = 1024 * 1024

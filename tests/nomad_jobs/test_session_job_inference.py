@@ -10,8 +10,8 @@ from typing import Any
 import hcl2
 import pytest
 
-from common.inference import replicas_of
-from common.model import Driver, Kernel, Session, SessionStatus, SessionType
+from domain.inference import replicas_of
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from nomad_jobs.observe import is_superseded, observe_allocation, restarts_of
 from nomad_jobs.replica_service import RESCHEDULE, RESTART, service_name
 from nomad_jobs.session_job import JobContext, render_session_job

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from scheduler.model import Agent, ClusterMode, GroupConfig, PassResult, PendingSession, SchedulerConfig, Snapshot
+from scheduler.pass_model import (
+    Agent,
+    ClusterMode,
+    GroupConfig,
+    PassResult,
+    PendingSession,
+    SchedulerConfig,
+    Snapshot,
+)
 from scheduler.scheduling_pass import run_pass
-from scheduler.slots import ResourceSlots
+from domain.slots import ResourceSlots
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 GROUP = "g"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
-from scheduler.model import Agent, PendingSession, RunningSession, SchedulerConfig, Snapshot
+from scheduler.pass_model import Agent, PendingSession, RunningSession, SchedulerConfig, Snapshot
 from scheduler.scheduling_pass import run_pass
-from scheduler.slots import ResourceSlots
+from domain.slots import ResourceSlots
 from tests.scheduler.builders import T0
 
 

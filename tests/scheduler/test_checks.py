@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from scheduler.checks import (
+from scheduler.wait_checks import (
     DEPENDENCY_FAILED,
     Check,
     CheckContext,
@@ -20,7 +20,7 @@ from scheduler.checks import (
     check_user_quota,
     failed_checks,
 )
-from scheduler.model import (
+from scheduler.pass_model import (
     DependencyState,
     PendingSession,
     ProjectPolicy,

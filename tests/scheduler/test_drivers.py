@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from common.model import Driver, Kernel, Session, SessionStatus, SessionType
-from scheduler.config import SchedulingConfig, parse_scheduler_config
-from scheduler.model import PassResult, Snapshot, WaitKind
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
+from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
+from scheduler.pass_model import PassResult, Snapshot, WaitKind
 from scheduler.scheduling_pass import run_pass
 from scheduler.snapshot import (
     agents_of,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.model import GroupConfig, SchedulerConfig, Snapshot, WaitKind
+from scheduler.pass_model import GroupConfig, SchedulerConfig, Snapshot, WaitKind
 from scheduler.scheduling_pass import run_pass
-from scheduler.slots import ResourceSlots
+from domain.slots import ResourceSlots
 from tests.scheduler.builders import T0, agent, placed_on, run, session, slots
 
 

@@ -10,9 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.agents import concentrated, dispersed
-from scheduler.model import Agent, ClusterMode, GroupConfig, PassResult, PendingSession, SchedulerConfig, Snapshot, WaitKind
+from scheduler.pass_model import (
+    Agent,
+    ClusterMode,
+    GroupConfig,
+    PassResult,
+    PendingSession,
+    SchedulerConfig,
+    Snapshot,
+    WaitKind,
+)
 from scheduler.scheduling_pass import run_pass
-from scheduler.slots import ResourceSlots
+from domain.slots import ResourceSlots
 from tests.scheduler.builders import T0, agent, session
 from tests.scheduler.simulation import simulate
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from scheduler.model import GroupConfig, PendingSession, Reservation, RunningSession, SchedulerConfig, WaitKind
+from scheduler.pass_model import GroupConfig, PendingSession, Reservation, RunningSession, SchedulerConfig, WaitKind
 from scheduler.selection import UnknownStrategyError, get_strategy
 from tests.scheduler.builders import T0, agent, placed_on, run, session, slots
 from tests.scheduler.simulation import simulate

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from common.model import ClusterMode as SessionClusterMode
-from common.model import Driver, Kernel, Session, SessionResult, SessionStatus, SessionType
-from scheduler.config import SchedulingConfig, parse_scheduler_config
-from scheduler.model import ClusterMode, DependencyState
-from scheduler.slots import ResourceSlots
+from domain.model import ClusterMode as SessionClusterMode
+from domain.model import Driver, Kernel, Session, SessionResult, SessionStatus, SessionType
+from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
+from scheduler.pass_model import ClusterMode, DependencyState
+from domain.slots import ResourceSlots
 from scheduler.snapshot import (
     agents_of,
     alloc_slots,

@@ -18,18 +18,18 @@ from redis.asyncio import Redis
 
 from caravan.stack.nomad_agent import NomadAgent
 from caravan.stack.nomad_cluster import NomadCluster
-from common.clock import utcnow
-from common.keys import Keys
-from common.model import Driver, Kernel, Session, SessionStatus, SessionType
-from common.policies import PolicyStore, UserResourcePolicy
-from common.settings import Settings
-from common.store import Fence, LostLease, SessionStore
+from core.clock import utcnow
+from core.keys import Keys
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
+from stores.resource_policies import PolicyStore, UserResourcePolicy
+from core.settings import Settings
+from stores.sessions import Fence, LostLease, SessionStore
 from nomad_jobs.client import NomadClient
-from scheduler.config import SchedulingConfig, parse_scheduler_config
-from scheduler.known_groups import known_resource_groups
-from scheduler.known_slots import known_slot_types
-from scheduler.placement import Placer
-from scheduler.slots import SlotType
+from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
+from stores.known_groups import known_resource_groups
+from stores.known_slots import known_slot_types
+from scheduler.placer import Placer
+from domain.slots import SlotType
 from tests.cluster_fixtures import on_the_cluster, scheduler_config
 
 S = SessionStatus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.model import SessionStatus as S
+from domain.model import SessionStatus as S
 from scheduler.termination import begin_termination
 from tests.common.test_lifecycle import kernel, session
 

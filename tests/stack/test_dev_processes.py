@@ -15,8 +15,8 @@ import pytest
 from redis.asyncio import Redis
 
 from caravan.supervisor import FIRST_DELAY, MAX_DELAY, restart_delay
-from common.keys import Keys
-from common.settings import Settings
+from core.keys import Keys
+from core.settings import Settings
 from tests.dev_process import ROLES, alive, caravan_dev, children_of, until
 from tests.harness import caravan_env
 

@@ -20,8 +20,8 @@ import pytest
 from caravan.stack.nomad_acl import GATEWAY_WRITES, describe_policies, policies, policy_rules
 from caravan.stack.nomad_agent import NomadAgent
 from caravan.stack.nomad_cluster import SingleNodeNomad, start_nomad_single_node
-from common.secrets import COMPONENT_ROLES, ROLES, nomad_token_path, read_secret
-from common.settings import NomadSettings
+from core.secrets import COMPONENT_ROLES, ROLES, nomad_token_path, read_secret
+from core.settings import NomadSettings
 from nomad_jobs.client import NomadClient, NomadRejected
 from tests.conftest import STACK
 

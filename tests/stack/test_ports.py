@@ -15,7 +15,7 @@ import pytest
 from caravan.stack.dev_stack import check_ports
 from caravan.stack.ports import PortNeed, holders, taken
 from caravan.stack.processes import free_port
-from common.settings import load_settings
+from core.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,8 +17,8 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 from caravan.stack.processes import free_port
 from caravan.stack.redis_acl import describe_users
 from caravan.stack.redis_server import start_redis
-from common.secrets import COMPONENT_ROLES, ROLES, redis_acl_path, redis_password_path
-from common.settings import RedisSettings, Settings
+from core.secrets import COMPONENT_ROLES, ROLES, redis_acl_path, redis_password_path
+from core.settings import RedisSettings, Settings
 
 
 def raw_reply(port: int, command: bytes) -> bytes:

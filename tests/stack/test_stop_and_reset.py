@@ -21,7 +21,7 @@ import pytest
 
 from caravan.stack.processes import free_port, mounts_under
 from caravan.stack.session_network import recorded_network
-from common.secrets import nomad_token_path, read_secret
+from core.secrets import nomad_token_path, read_secret
 from tests.conftest import STACK
 
 pytestmark = pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import strawberry
 
-from common.access import administers
-from common.errors import Forbidden, NotFound
-from common.model import Session
-from common.policies import SessionLimits
+from domain.access import administers
+from core.errors import Forbidden, NotFound
+from domain.model import Session
+from stores.resource_policies import SessionLimits
 from gateway.graphql.context import Info
 from gateway.graphql.idle.types import (
     EffectiveIdlePolicy,
@@ -19,11 +19,11 @@ from gateway.graphql.idle.types import (
     UtilizationThreshold,
 )
 from gateway.graphql.sessions.queries import visible
-from idle.config import CheckName, IdlePolicyConfig
-from idle.facts import checked_metrics, policy_for
-from idle.owner_limits import read_limits
-from idle.policy import LIFETIME_EXEMPT, NETWORK_EXEMPT
-from idle.store import IdleStore
+from domain.idle.config import CheckName, IdlePolicyConfig
+from domain.idle.facts import checked_metrics, policy_for
+from domain.idle.owner_limits import read_limits
+from domain.idle.arbiter import LIFETIME_EXEMPT, NETWORK_EXEMPT
+from stores.idle import IdleStore
 
 
 @strawberry.type

@@ -6,8 +6,8 @@ from datetime import datetime
 
 import strawberry
 
-from idle import config, verdict
-from idle.store import StoredVerdict
+from domain.idle import config, verdict
+from stores.idle import StoredVerdict
 
 IdleCheckName = strawberry.enum(config.CheckName, name="IdleCheckName")
 IdleThresholdOperator = strawberry.enum(config.ThresholdOperator, name="IdleThresholdOperator")

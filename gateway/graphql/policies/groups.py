@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from decimal import Decimal
 
-from common.model import Driver
-from common.policies import PolicyStore
-from common.users import User
+from domain.model import Driver
+from stores.resource_policies import PolicyStore
+from stores.users import User
 from gateway.graphql.context import Context
 from gateway.graphql.policies.types import Agent, ResourceGroup, resources_of
 from gateway.scheduling_config import scheduling_config
-from scheduler.known_groups import known_resource_groups
-from scheduler.slots import ResourceSlots
+from stores.known_groups import known_resource_groups
+from domain.slots import ResourceSlots
 from scheduler.snapshot import current_agents, healthy_drivers
 
 

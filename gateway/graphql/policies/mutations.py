@@ -1,6 +1,6 @@
 """Admin mutations of resource presets and of user and project resource policies.
 
-Presets are global (every user's sessions and templates name them): only a SUPERADMIN writes them. A user's policy by those who manage the user (``common.access.manages_user``:
+Presets are global (every user's sessions and templates name them): only a SUPERADMIN writes them. A user's policy by those who manage the user (``domain.access.manages_user``:
 nobody but a SUPERADMIN sets their own); a project's by its admins. A user or project out of the viewer's reach is
 NOT_FOUND; a USER calling any of these is FORBIDDEN.
 """
@@ -12,22 +12,22 @@ from typing import Any
 
 import strawberry
 
-from common.access import administers, can_see_user, manages_user
-from common.durations import duration_input
-from common.errors import Conflict, Forbidden, InvalidInput, NotFound, UnsupportedResource
-from common.model import MAX_PRIORITY
-from common.policies import PolicyStore, ProjectResourcePolicy, UserResourcePolicy
-from common.presets import PresetStore, ResourcePreset, check_preset_name
-from common.users import Role, User
+from domain.access import administers, can_see_user, manages_user
+from core.durations import duration_input
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound, UnsupportedResource
+from domain.model import MAX_PRIORITY
+from stores.resource_policies import PolicyStore, ProjectResourcePolicy, UserResourcePolicy
+from stores.presets import PresetStore, ResourcePreset, check_preset_name
+from stores.users import Role, User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.policies.types import (ProjectResourcePolicy as ProjectPolicyType, ResourcePreset as PresetType,
                                             UserResourcePolicy as UserPolicyType, preset_type_of,
                                             project_policy_type_of, user_policy_type_of)
 from gateway.graphql.sessions.inputs import ResourceInput
 from gateway.graphql.sessions.types import Driver
-from gateway.session_requests import GROUP_RULE, checked_preset_slots
-from scheduler.known_slots import known_slot_types
-from scheduler.slots import InvalidQuantityError, SlotType, UnknownSlotError, from_user_input, parse_quantity
+from domain.session_requests import GROUP_RULE, checked_preset_slots
+from stores.known_slots import known_slot_types
+from domain.slots import InvalidQuantityError, SlotType, UnknownSlotError, from_user_input, parse_quantity
 
 MAX_ALLOWED_GROUPS = 64
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import strawberry
 
-from common.access import administers, manages_user
-from common.policies import PolicyStore
-from common.presets import PresetStore
+from domain.access import administers, manages_user
+from stores.resource_policies import PolicyStore
+from stores.presets import PresetStore
 from gateway.graphql.context import Info
 from gateway.graphql.policies.groups import resource_groups
 from gateway.graphql.policies.types import (ResourceGroup, ResourcePolicies, ResourcePreset, preset_type_of,

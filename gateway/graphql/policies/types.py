@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import strawberry
 
-from common import policies, presets
+from stores import resource_policies as policies, presets
 from gateway.graphql.sessions.types import Driver, Resource
 
 

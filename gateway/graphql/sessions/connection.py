@@ -17,8 +17,8 @@ from datetime import datetime
 import strawberry
 from strawberry.relay import PageInfo
 
-from common.errors import InvalidInput
-from common.listing import ListingFilter, ListingOrder, Position
+from core.errors import InvalidInput
+from domain.listing import ListingFilter, ListingOrder, Position
 from gateway.graphql.sessions.types import Session, SessionStatus, SessionType
 
 DEFAULT_PAGE = 50

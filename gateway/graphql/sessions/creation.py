@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from common.model import Session as SessionModel
-from common.policies import PolicyStore, check_allowed, check_priority, pending_admission
-from common.presets import PresetStore
+from domain.model import Session as SessionModel
+from stores.resource_policies import PolicyStore, check_allowed, check_priority, pending_admission
+from stores.presets import PresetStore
 from gateway.graphql.context import Context
 from gateway.scheduling_config import scheduling_config
-from gateway.session_requests import CreationRules
-from scheduler.known_groups import known_resource_groups
-from scheduler.known_slots import known_slot_types
+from domain.session_requests import CreationRules
+from stores.known_groups import known_resource_groups
+from stores.known_slots import known_slot_types
 
 
 async def creation_rules(ctx: Context, *, resource_group: str, preset: str | None) -> CreationRules:

@@ -13,10 +13,10 @@ from typing import Any
 import strawberry
 from strawberry.types.unset import UNSET
 
-from common.errors import InvalidInput
-from common.model import DEFAULT_PRIORITY, RoleSpec
-from common.model import ClusterMode as ClusterModeModel
-from common.model import Driver as DriverModel
+from core.errors import InvalidInput
+from domain.model import DEFAULT_PRIORITY, RoleSpec
+from domain.model import ClusterMode as ClusterModeModel
+from domain.model import Driver as DriverModel
 from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType
 
 PER_CREATION = ("name", "client_token", "dependencies", "project", "owner")
@@ -119,7 +119,7 @@ def role_specs_of(roles: list[KernelRoleInput]) -> dict[str, RoleSpec]:
 
 
 def options_of(input: SessionSpecInput) -> dict[str, Any]:
-    """The shared options as ``common.templates.TemplateSpec`` and ``gateway.session_requests.SessionRequest`` take
+    """The shared options as ``stores.templates.TemplateSpec`` and ``domain.session_requests.SessionRequest`` take
     them (same names): lists as mappings (a name or slot given twice is INVALID_INPUT), enums as the model's."""
     environ = {e.name: e.value for e in input.environ}
     if len(environ) != len(input.environ):

@@ -3,7 +3,7 @@ one rule for both."""
 
 from __future__ import annotations
 
-from common.errors import InvalidInput
+from core.errors import InvalidInput
 
 MAX_TAIL_BYTES = 4 * 1024 * 1024
 """Bytes: the most of a log's end one answer (or a subscription's start) carries."""

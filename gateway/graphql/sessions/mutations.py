@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import strawberry
 
-from common.clock import utcnow
-from common.access import may_create_for
-from common.errors import Conflict, Forbidden, InvalidInput, NotFound
-from common.model import Session as SessionModel
-from common.model import SessionStatus as Status
-from common.users import User
+from core.clock import utcnow
+from domain.access import may_create_for
+from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from domain.model import Session as SessionModel
+from domain.model import SessionStatus as Status
+from stores.users import User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.creation import admit_and_store, creation_rules
 from gateway.graphql.sessions.inputs import CreateSessionInput, options_of
 from gateway.graphql.sessions.queries import visible
 from gateway.graphql.sessions.types import Session, session_type_of
-from gateway.session_requests import NAME_RULE, SessionRequest, build_sessions
-from idle.activity import record_activity
+from domain.session_requests import NAME_RULE, SessionRequest, build_sessions
+from stores.activity import record_activity
 from nomad_jobs.meta import TASK_NAME
 from scheduler.termination import terminate
 

@@ -1,6 +1,6 @@
 """Session queries: one session by id, and the ``sessions`` connection (see ``connection.py``).
 
-Visibility is ``common.access``'s: a USER sees their own sessions, an ADMIN also those of their
+Visibility is ``domain.access``'s: a USER sees their own sessions, an ADMIN also those of their
 projects, a SUPERADMIN all; a session you may not see is NOT_FOUND.
 """
 
@@ -12,12 +12,12 @@ from functools import lru_cache
 import strawberry
 from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 
-from common.access import can_access, listing_scope
-from common.errors import NotFound
-from common.listing import ListingOrder, plan_listing
-from common.listing_store import SessionListing
-from common.model import Session as SessionModel
-from common.users import User
+from domain.access import can_access, listing_scope
+from core.errors import NotFound
+from domain.listing import ListingOrder, plan_listing
+from stores.session_listing import SessionListing
+from domain.model import Session as SessionModel
+from stores.users import User
 from gateway.graphql.context import Info
 from strawberry.relay import PageInfo
 

@@ -8,17 +8,17 @@ from enum import Enum
 
 import strawberry
 
-from common import events
-from common.access import can_access
-from common.clock import utcnow
-from common.errors import InvalidInput, NotFound
-from common.event_hub import EventHub
-from common.model import Session as SessionModel
-from common.store import SessionStore
+from stores import events
+from domain.access import can_access
+from core.clock import utcnow
+from core.errors import InvalidInput, NotFound
+from stores.event_hub import EventHub
+from domain.model import Session as SessionModel
+from stores.sessions import SessionStore
 from gateway.graphql.context import Info
 from gateway.graphql.sessions.log_tail import checked_tail_bytes
 from gateway.graphql.sessions.types import SessionStatus
-from idle.activity import record_activity
+from stores.activity import record_activity
 from nomad_jobs.meta import TASK_NAME
 
 @strawberry.enum(name="LogStream")

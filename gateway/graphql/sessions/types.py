@@ -7,14 +7,14 @@ from enum import Enum
 
 import strawberry
 
-from common import model
-from common.clock import utcnow
-from common.inference import endpoints_of, is_inference
+from domain import model
+from core.clock import utcnow
+from domain.inference import endpoints_of, is_inference
 from gateway.graphql.context import Info
 from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
 from gateway.graphql.sessions.log_tail import checked_tail_bytes
-from idle.activity import record_activity
+from stores.activity import record_activity
 from nomad_jobs.client import NomadNotFound
 from nomad_jobs.meta import TASK_NAME
 

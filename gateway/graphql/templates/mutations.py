@@ -14,12 +14,12 @@ import strawberry
 from strawberry.types.unset import UNSET
 from strawberry.utils.str_converters import to_camel_case
 
-from common.access import administers
-from common.clock import utcnow
-from common.errors import CaravanError, Forbidden, InvalidInput
-from common.templates import TemplateScope as Scope
-from common.templates import Template, TemplateSpec, TemplateStore, check_template_name, may_write, new_template
-from common.users import Role, User
+from domain.access import administers
+from core.clock import utcnow
+from core.errors import CaravanError, Forbidden, InvalidInput
+from stores.templates import TemplateScope as Scope
+from stores.templates import Template, TemplateSpec, TemplateStore, check_template_name, may_write, new_template
+from stores.users import Role, User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.creation import creation_rules
 from gateway.graphql.sessions.inputs import (CreateSessionInput, EnvVarInput, KernelRoleInput, ResourceInput,
@@ -28,7 +28,7 @@ from gateway.graphql.sessions.mutations import CreateSessionPayload, create_from
 from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType, session_type_of
 from gateway.graphql.templates.queries import usable
 from gateway.graphql.templates.types import SessionTemplate, TemplateScope, template_type_of
-from gateway.session_requests import SessionRequest, check_request
+from domain.session_requests import SessionRequest, check_request
 
 SPEC_CHECK_NAME = "template"
 """A valid session name: a spec is checked as a creation would be, the session name aside."""

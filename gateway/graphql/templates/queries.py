@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import strawberry
 
-from common.errors import NotFound
-from common.templates import Template, TemplateStore, may_use
-from common.users import User
+from core.errors import NotFound
+from stores.templates import Template, TemplateStore, may_use
+from stores.users import User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.templates.types import SessionTemplate, template_type_of
 

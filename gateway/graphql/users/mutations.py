@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import strawberry
 
-from common.access import can_see_user, manages_user
-from common.clock import utcnow
-from common.errors import NotFound
-from common.users import User
+from domain.access import can_see_user, manages_user
+from core.clock import utcnow
+from core.errors import NotFound
+from stores.users import User
 from gateway.graphql.context import Info
 from gateway.graphql.users.queries import visible_user
 from gateway.graphql.users.types import ApiToken, IssuedToken, Role, UserType, token_type_of, user_type_of
-from gateway.user_requests import (MAX_PROJECTS, NAME_HELP, check_acts_for, check_deactivation, checked_expiry,
-                                   checked_label, new_user, reactivated, updated_user)
+from domain.user_requests import (
+    MAX_PROJECTS,
+    NAME_HELP,
+    check_acts_for,
+    check_deactivation,
+    checked_expiry,
+    checked_label,
+    new_user,
+    reactivated,
+    updated_user,
+)
 
 
 @strawberry.input

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import strawberry
 
-from common.access import can_see_user
-from common.errors import Forbidden, NotFound
-from common.users import Role, User
+from domain.access import can_see_user
+from core.errors import Forbidden, NotFound
+from stores.users import Role, User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.users.types import ApiToken, UserType, token_type_of, user_type_of
-from gateway.user_requests import check_acts_for
+from domain.user_requests import check_acts_for
 
 
 async def visible_user(ctx: Context, user_id: str, field: str) -> User:

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import strawberry
 
-from common import users
+from stores import users
 
 Role = strawberry.enum(users.Role, name="Role")
 

@@ -1,0 +1,269 @@
+"""Every Redis key Caravan uses, in one place (as arq's ``constants.py``).
+
+All keys live under one prefix so that tests (and several Caravans on one Redis) stay apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str
+
+    def session(self, session_id: str) -> str:
+        """JSON document of one session."""
+        return f"{self.prefix}:session:{session_id}"
+
+    @property
+    def sessions_by_created(self) -> str:
+        """ZSET of every session id scored by creation time (listing, paging)."""
+        return f"{self.prefix}:sessions:by-created"
+
+    def sessions_of_owner(self, owner_id: str) -> str:
+        """ZSET of one owner's session ids scored by creation time."""
+        return f"{self.prefix}:sessions:owner:{owner_id}"
+
+    def sessions_of_project(self, project: str) -> str:
+        """ZSET of one project's session ids scored by creation time (admins' listing scope)."""
+        return f"{self.prefix}:sessions:project:{project}"
+
+    def sessions_with_status(self, status: str) -> str:
+        """SET of the session ids now in one status (listing filter; moved in the same MULTI as the document)."""
+        return f"{self.prefix}:sessions:status:{status}"
+
+    def sessions_of_type(self, session_type: str) -> str:
+        """SET of the session ids of one session type (listing filter)."""
+        return f"{self.prefix}:sessions:type:{session_type}"
+
+    def sessions_in_group(self, resource_group: str) -> str:
+        """SET of the session ids of one resource group, whatever their status (listing filter)."""
+        return f"{self.prefix}:sessions:group:{resource_group}"
+
+    @property
+    def sessions_by_terminated(self) -> str:
+        """ZSET of ended (TERMINATED/CANCELLED) session ids scored by when they ended (listing order and filter)."""
+        return f"{self.prefix}:sessions:by-terminated"
+
+    @property
+    def session_names(self) -> str:
+        """HASH session id -> name, so that a name filter scans names without reading whole documents."""
+        return f"{self.prefix}:sessions:names"
+
+    @property
+    def listing_indexes_version(self) -> str:
+        """Which version of the listing indexes every stored session is in (``SessionStore.ensure_listing_indexes``)."""
+        return f"{self.prefix}:sessions:listing-indexes-version"
+
+    @property
+    def sessions_version(self) -> str:
+        """Counter incremented in the MULTI of every write of a session document or listing index; the gateway's
+        result cache (``gateway.graphql.result_cache``) serves a stored answer only while it is unchanged."""
+        return f"{self.prefix}:sessions:version"
+
+    def listing_scratch(self, request_id: str) -> str:
+        """Short-lived ZSET combining indexes for one filtered listing request (deleted after it; expires anyway)."""
+        return f"{self.prefix}:sessions:scratch:{request_id}"
+
+    @property
+    def sessions_live(self) -> str:
+        """SET of session ids not yet in a terminal status (reconciliation walks it)."""
+        return f"{self.prefix}:sessions:live"
+
+    def pending_queue(self, resource_group: str) -> str:
+        """ZSET of PENDING session ids of a resource group scored by creation time."""
+        return f"{self.prefix}:queue:{resource_group}"
+
+    @property
+    def resource_groups(self) -> str:
+        """SET of resource groups that have (or had) pending sessions."""
+        return f"{self.prefix}:resource-groups"
+
+    @property
+    def work_to_submit(self) -> str:
+        """SET of SCHEDULED session ids whose Nomad job may not be registered yet."""
+        return f"{self.prefix}:sessions:to-submit"
+
+    @property
+    def batch_deadlines(self) -> str:
+        """ZSET of RUNNING BATCH session ids scored by when their batch timeout expires."""
+        return f"{self.prefix}:sessions:batch-deadlines"
+
+    def live_name(self, owner_id: str, name: str) -> str:
+        """Claim on a session name, unique per owner among live sessions."""
+        return f"{self.prefix}:name:{owner_id}:{name}"
+
+    def client_token(self, owner_id: str, token: str) -> str:
+        """Idempotency record: a creation request's client token → the session id(s) it made."""
+        return f"{self.prefix}:client-token:{owner_id}:{token}"
+
+    @property
+    def user_prefix(self) -> str:
+        """Start of every user document's key (the token check script appends the user id it finds)."""
+        return f"{self.prefix}:user:"
+
+    def user(self, user_id: str) -> str:
+        """JSON document of one user."""
+        return f"{self.user_prefix}{user_id}"
+
+    @property
+    def all_users(self) -> str:
+        """SET of every user id."""
+        return f"{self.prefix}:users"
+
+    def project_members(self, project: str) -> str:
+        """SET of the ids of one project's users."""
+        return f"{self.prefix}:project-members:{project}"
+
+    def api_token(self, token_hash: str) -> str:
+        """HASH record of one API token, by the SHA-256 of its secret: id, user, label, created, expires, last_used."""
+        return f"{self.prefix}:api-token:{token_hash}"
+
+    @property
+    def no_token(self) -> str:
+        """A token record key that never exists (no SHA-256 is "none"): what the token check reads for a request
+        without a token. Not "": Redis' ACL refuses a key outside the component's ``<prefix>:*``."""
+        return self.api_token("none")
+
+    @property
+    def api_token_ids(self) -> str:
+        """HASH API token id -> SHA-256 of its secret (revoking by id)."""
+        return f"{self.prefix}:api-token-ids"
+
+    def user_tokens(self, user_id: str) -> str:
+        """SET of the ids of one user's API tokens."""
+        return f"{self.prefix}:user-tokens:{user_id}"
+
+    @property
+    def token_revocations(self) -> str:
+        """STREAM of revoked tokens (``token``: the SHA-256 of the secret), appended in the MULTI of each revocation
+        and capped in length; every gateway process reads it to close the revoked tokens' WebSocket connections."""
+        return f"{self.prefix}:token-revocations"
+
+    @property
+    def scheduler_wakeup(self) -> str:
+        """LIST the gateway pushes to when there is new work; the scheduler blocks on it."""
+        return f"{self.prefix}:scheduler:wakeup"
+
+    @property
+    def scheduler_lease(self) -> str:
+        return f"{self.prefix}:lease:scheduler"
+
+    @property
+    def scheduler_fence(self) -> str:
+        """Monotonic fencing counter: each new leadership term takes the next number."""
+        return f"{self.prefix}:lease:scheduler:fence"
+
+    @property
+    def nomad_event_index(self) -> str:
+        """Last Nomad event-stream index applied, to resume after a disconnect."""
+        return f"{self.prefix}:nomad:event-index"
+
+    @property
+    def scheduler_roundrobin(self) -> str:
+        """HASH resource group -> next agent index of the round-robin selector (survives a new leader)."""
+        return f"{self.prefix}:scheduler:roundrobin"
+
+    @property
+    def known_slot_types(self) -> str:
+        """HASH slot name -> slot type (``count``/``bytes``) of every slot any agent ever reported; never shrinks.
+
+        Written by the scheduler, read by the gateway to refuse requests for slots no agent has."""
+        return f"{self.prefix}:scheduler:slot-types"
+
+    @property
+    def known_resource_groups(self) -> str:
+        """SET of the resource groups sessions may be created in: the node pools the scheduler has seen a client in
+        and the groups of its configuration; never shrinks. Written by the scheduler, read by the gateway."""
+        return f"{self.prefix}:scheduler:resource-groups"
+
+    def user_policy(self, user_id: str) -> str:
+        """JSON resource policy of one user (concurrency, pending and slot limits)."""
+        return f"{self.prefix}:policy:user:{user_id}"
+
+    def project_policy(self, project: str) -> str:
+        """JSON resource policy of one project (slot limits)."""
+        return f"{self.prefix}:policy:project:{project}"
+
+    @property
+    def users_with_policy(self) -> str:
+        """SET of the user ids that have a stored resource policy (``resourcePolicies`` lists them)."""
+        return f"{self.prefix}:policies:users"
+
+    @property
+    def projects_with_policy(self) -> str:
+        """SET of the projects that have a stored resource policy."""
+        return f"{self.prefix}:policies:projects"
+
+    @property
+    def resource_presets(self) -> str:
+        """HASH preset name -> JSON resource preset."""
+        return f"{self.prefix}:presets"
+
+    def template(self, template_id: str) -> str:
+        """JSON document of one session template."""
+        return f"{self.prefix}:template:{template_id}"
+
+    @property
+    def templates(self) -> str:
+        """SET of every template id (superadmins' listing)."""
+        return f"{self.prefix}:templates"
+
+    def templates_of_owner(self, owner_id: str) -> str:
+        """SET of the ids of the templates one user created (personal and project ones)."""
+        return f"{self.prefix}:templates:owner:{owner_id}"
+
+    def templates_of_project(self, project: str) -> str:
+        """SET of the ids of one project's templates: its project templates and its members' personal ones."""
+        return f"{self.prefix}:templates:project:{project}"
+
+    @property
+    def idle_lease(self) -> str:
+        return f"{self.prefix}:lease:idle"
+
+    @property
+    def idle_fence(self) -> str:
+        """Fencing counter of the idle checker's leadership terms."""
+        return f"{self.prefix}:lease:idle:fence"
+
+    @property
+    def idle_last_activity(self) -> str:
+        """ZSET of session ids scored by their last user traffic (unix seconds), written by the gateway."""
+        return f"{self.prefix}:idle:last-activity"
+
+    def idle_connections(self, session_id: str) -> str:
+        """ZSET of a session's open app connections, scored by when each lapses unless refreshed."""
+        return f"{self.prefix}:idle:connections:{session_id}"
+
+    def idle_report(self, session_id: str) -> str:
+        """JSON of the idle checker's last verdict on a session (short TTL; GraphQL ``idleChecks``)."""
+        return f"{self.prefix}:idle:report:{session_id}"
+
+    @property
+    def idle_windows(self) -> str:
+        """HASH session id -> utilization window JSON, saved now and then so a new leader resumes."""
+        return f"{self.prefix}:idle:windows"
+
+    @property
+    def idle_policy(self) -> str:
+        """HASH of the policy the idle checker enforces: ``source`` (file path or "built-in") and ``text``."""
+        return f"{self.prefix}:idle:policy"
+
+    def session_events(self, session_id: str) -> str:
+        """STREAM of one session's status changes (``stores.events``); expires a while after the session ends."""
+        return f"{self.prefix}:events:session:{session_id}"
+
+    def owner_events(self, owner_id: str) -> str:
+        """STREAM of status changes of all of one owner's sessions (``stores.events``), capped in length."""
+        return f"{self.prefix}:events:owner:{owner_id}"
+
+    @property
+    def rate_limit_prefix(self) -> str:
+        """Start of every rate-limit counter's key (the admission script appends the subject and the window)."""
+        return f"{self.prefix}:rate:"
+
+    def rate_limit(self, subject: str, window: int) -> str:
+        """Counter of one user's (or, without a valid token, one client address's) GraphQL requests in one fixed
+        window (``user:<id>``, ``addr:<address>``); expires with it."""
+        return f"{self.rate_limit_prefix}{subject}:{window}"

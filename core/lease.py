@@ -1,0 +1,135 @@
+"""One active instance of a service across processes: a Redis lease with a fencing token.
+
+Whoever holds the lease key is the leader; each new term takes the next fencing number, and
+every write of a leader carries it (see :class:`stores.sessions.Fence`), so a paused old leader
+that wakes up after losing the lease cannot write. The scheduler and the idle checker each
+lead through :func:`lead_forever` with a lease of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import WatchError
+
+from core.retry import TRANSIENT, stop_if_cancelled, with_backoff
+from stores.sessions import Fence, LostLease
+
+log = logging.getLogger(__name__)
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class Lease:
+    def __init__(self, redis: Redis, key: str, fence_key: str, *, ttl: float) -> None:
+        self.redis = redis
+        self.key = key
+        self.fence_key = fence_key
+        self.ttl_ms = int(ttl * 1000)
+        self.holder = uuid.uuid4().hex
+
+    async def try_acquire(self) -> Fence | None:
+        if not await self.redis.set(self.key, self.holder, nx=True, px=self.ttl_ms):
+            return None
+        token = int(await self.redis.incr(self.fence_key))
+        return Fence(key=self.fence_key, token=token)
+
+    async def acquire(self, *, poll: float = 0.5) -> Fence:
+        while (fence := await self.try_acquire()) is None:
+            stop_if_cancelled()
+            await asyncio.sleep(poll)
+        return fence
+
+    async def renew(self) -> bool:
+        return bool(await self.redis.eval(_RENEW, 1, self.key, self.holder, str(self.ttl_ms)))
+
+    async def release(self) -> None:
+        await self.redis.eval(_RELEASE, 1, self.key, self.holder)
+
+    async def hold(self) -> None:
+        """Renew until the lease is lost (then raise :class:`LostLease`); the caller stops leading.
+
+        While Redis is unreachable the lease may still be ours: keep trying until a full TTL has
+        passed since the last successful renewal, after which another holder may have taken it.
+        """
+        renewed_at = time.monotonic()
+        while True:
+            try:
+                if not await self.renew():
+                    break
+                renewed_at = time.monotonic()
+            except TRANSIENT:
+                if time.monotonic() - renewed_at > self.ttl_ms / 1000:
+                    break
+            stop_if_cancelled()
+            await asyncio.sleep(self.ttl_ms / 3000)
+        raise LostLease("lease expired or taken")
+
+
+async def lead_forever(name: str, lease: Lease, lead: Callable[[Fence], Awaitable[None]]) -> None:
+    """Wait for the lease, run ``lead`` while holding it, stand by again once it is lost; never returns.
+
+    ``lead`` is cancelled as soon as renewal fails, and ends a term itself by raising :class:`LostLease`
+    (a fenced write was refused). A term also ends on any other failure; the next one starts clean.
+    """
+    while True:
+        fence = await with_backoff("acquire lease", lease.acquire)
+        log.info("%s leading (fencing token %d)", name, fence.token)
+        ended = await _term(lease.hold(), lead(fence))
+        if isinstance(ended, LostLease):
+            log.warning("%s lost its lease; standing by", name)
+        elif ended is not None:
+            log.error("%s term %d failed; standing by", name, fence.token, exc_info=ended)
+            await asyncio.sleep(1)
+
+
+async def _term(holding: Awaitable[None], leading: Awaitable[None]) -> BaseException | None:
+    """Run both until one ends, then stop the other; what ended the term (None: ``leading`` returned).
+
+    Not a TaskGroup: on Python 3.11 a TaskGroup whose child fails while it waits leaves a cancellation
+    request on the calling task (it calls ``uncancel`` too early), which would stop the next term at once.
+    """
+    tasks = [asyncio.ensure_future(holding), asyncio.ensure_future(leading)]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    first = next(task for task in tasks if task in done)
+    return asyncio.CancelledError() if first.cancelled() else first.exception()
+
+
+async def write_fenced(redis: Redis, fence: Fence, write: Callable[[Pipeline], object]) -> None:
+    """Run the commands ``write`` queues as one transaction, only while ``fence`` is the current term.
+
+    Raises :class:`LostLease` when a newer term has started, before or during the transaction.
+    """
+    async with redis.pipeline(transaction=True) as pipe:
+        await pipe.watch(fence.key)
+        if int(await pipe.get(fence.key) or 0) != fence.token:
+            raise LostLease(f"fencing token {fence.token} is stale")
+        pipe.multi()
+        write(pipe)
+        try:
+            await pipe.execute()
+        except WatchError as exc:  # the fencing counter only moves when a new term starts
+            raise LostLease(f"fencing token {fence.token} went stale during the write") from exc

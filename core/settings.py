@@ -1,0 +1,221 @@
+"""Caravan's settings, read once from the environment and passed down explicitly.
+
+Every variable is prefixed ``CARAVAN_``; nothing deeper in the code reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from core.secrets import Role, nomad_token_path, read_secret, redis_password_path
+
+from stores.users import MAX_TOKENS_PER_USER
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    url: str = "redis://127.0.0.1:6390/0"
+    """Where Caravan's state and queues live (``CARAVAN_REDIS_URL``)."""
+    prefix: str = "caravan"
+    """Prefix of every Redis key (``CARAVAN_REDIS_PREFIX``); tests give each test its own."""
+    idle_timeout: float = 30.0
+    """Seconds a pooled connection may stay idle before it is closed (``CARAVAN_REDIS_IDLE_TIMEOUT``)."""
+
+
+@dataclass(frozen=True)
+class NomadSettings:
+    addr: str = "http://127.0.0.1:4646"
+    """Nomad HTTP API (``CARAVAN_NOMAD_ADDR``)."""
+    token: str | None = None
+    """Nomad ACL token, if ACLs are on (``CARAVAN_NOMAD_TOKEN``)."""
+    job_prefix: str = "caravan"
+    """Every Caravan job id starts with ``<job_prefix>-`` (``CARAVAN_NOMAD_JOB_PREFIX``)."""
+    datacenter: str = "dc1"
+    """Datacenter jobs are placed in (``CARAVAN_NOMAD_DATACENTER``)."""
+    namespace: str = "default"
+    """Nomad namespace of Caravan's jobs (``CARAVAN_NOMAD_NAMESPACE``)."""
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    host: str = "127.0.0.1"
+    port: int = 8420
+    admin_token: str | None = None
+    """Bootstrap admin token (``CARAVAN_ADMIN_TOKEN``); else generated once into the state directory."""
+    workers: int = 1
+    """Processes ``caravan gateway`` serves with (``CARAVAN_GATEWAY_WORKERS``, default: one per CPU); they share
+    the port and all state is in Redis. ``caravan dev`` always runs one, in its own process."""
+    max_tokens_per_user: int = MAX_TOKENS_PER_USER
+    """Live API tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing more is ``QUOTA_EXCEEDED``."""
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    reconcile_interval: float = 10.0
+    """Seconds between full reconciliations with Nomad, the safety net behind the event stream."""
+    lease_ttl: float = 10.0
+    """Seconds a scheduler's leadership lease lives without renewal."""
+    config_path: Path | None = None
+    """Per-resource-group scheduling configuration, HCL or JSON (``CARAVAN_SCHEDULER_CONFIG``, see
+    ``domain/scheduling_config.py``); None = the defaults (FIFO, strict head-of-line, dispersed)."""
+    pass_interval: float = 1.0
+    """Seconds between scheduling passes when no event (session created or ended, node changed) comes first."""
+
+
+@dataclass(frozen=True)
+class IdleSettings:
+    policy_path: Path | None = None
+    """The idle policy file (``CARAVAN_IDLE_POLICY``, HCL, see ``idle/policy.example.hcl``); None = the
+    built-in defaults, under which nothing is reclaimed (:mod:`idle.reload`)."""
+    lease_ttl: float = 10.0
+    """Seconds the idle checker's leadership lease lives without renewal."""
+    stats_concurrency: int = 32
+    """Nomad allocation-stats requests in flight at once during a sweep."""
+    window_persist_interval: float = 60.0
+    """Seconds between saves of the utilization windows to Redis: a new leader resumes from them."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path = Path(".caravan")
+    """State directory: Redis AOF, Nomad data, logs, the bootstrap token (``CARAVAN_HOME``)."""
+    secrets_dir: Path | None = None
+    """Per-role credentials (``CARAVAN_SECRETS_DIR``; None = ``<home>/secrets``): ``nomad-<role>.token`` and
+    ``redis-<role>.password``, written by ``caravan stack up`` (see :mod:`core.secrets`)."""
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    nomad: NomadSettings = field(default_factory=NomadSettings)
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    idle: IdleSettings = field(default_factory=IdleSettings)
+    default_image: str | None = None
+    """Image for sessions that name none (``CARAVAN_DEFAULT_IMAGE``; ops/ builds caravan/busybox)."""
+    session_network: str = "cni/caravan"
+    """Nomad network mode of docker and exec kernels (``CARAVAN_SESSION_NETWORK``): ``cni/caravan``, each kernel in a
+    network namespace of its own that reaches only its session's kernels (``nomad_jobs/kernel_network.py``; the Nomad
+    clients need the ``caravan`` CNI network, see ``caravan/stack/session_network.py``), or ``host``: the host's
+    network, no isolation between sessions or from the host's loopback services."""
+    docker_images: tuple[str, ...] = ("caravan/*",)
+    """Glob patterns of the Docker images sessions may name (``CARAVAN_DOCKER_IMAGES``, comma-separated), matched
+    against the reference as written; default: the namespace ops/ builds locally. See ``domain/docker_images.py``."""
+    qemu_images: Mapping[str, str] = field(default_factory=dict)
+    """The qemu driver's VM image allowlist, name → image directory (``CARAVAN_QEMU_IMAGES`` as
+    ``name=/dir,name2=/dir2``; else the image ops/build-vm-image built, ``CARAVAN_VM_IMAGE`` at
+    ``CARAVAN_VM_IMAGE_DIR``). The Nomad clients' qemu ``image_paths`` must contain the directories."""
+
+    @property
+    def secrets(self) -> Path:
+        """The secrets directory in force."""
+        return self.secrets_dir if self.secrets_dir is not None else self.home / "secrets"
+
+    def for_role(self, role: Role) -> Settings:
+        """The settings a component running as ``role`` connects with: the role's Nomad token and Redis user from
+        the secrets directory when it holds them, else the configured ``CARAVAN_NOMAD_TOKEN`` and credentials in
+        ``CARAVAN_REDIS_URL`` (for operators who give each process its own)."""
+        token = read_secret(nomad_token_path(self.secrets, role))
+        password = read_secret(redis_password_path(self.secrets, role))
+        return replace(
+            self,
+            nomad=replace(self.nomad, token=token) if token else self.nomad,
+            redis=replace(self.redis, url=with_credentials(self.redis.url, role, password)) if password else self.redis,
+        )
+
+    def with_prefix(self, prefix: str) -> Settings:
+        """The same settings isolated under another Redis key prefix and Nomad job prefix."""
+        return replace(
+            self,
+            redis=replace(self.redis, prefix=prefix),
+            nomad=replace(self.nomad, job_prefix=prefix),
+        )
+
+
+REMOVED = {
+    "CARAVAN_ALLOW_RAW_EXEC_FOR_USERS": "raw_exec runs as root on the host: only a SUPERADMIN creates raw_exec "
+                                        "sessions (for another user too, with createSession(input: {owner}))",
+}
+"""Variables that no longer exist, and why: a start with one of them set fails rather than silently ignoring it."""
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    for name, why in REMOVED.items():
+        if env.get(name):
+            raise ValueError(f"{name} was removed: {why}. Unset it.")
+    home = Path(env.get("CARAVAN_HOME", ".caravan")).absolute()
+    return Settings(
+        home=home,
+        secrets_dir=Path(env["CARAVAN_SECRETS_DIR"]).absolute() if env.get("CARAVAN_SECRETS_DIR") else None,
+        redis=RedisSettings(
+            url=env.get("CARAVAN_REDIS_URL", RedisSettings.url),
+            prefix=env.get("CARAVAN_REDIS_PREFIX", RedisSettings.prefix),
+            idle_timeout=_positive_seconds(env, "CARAVAN_REDIS_IDLE_TIMEOUT", RedisSettings.idle_timeout),
+        ),
+        nomad=NomadSettings(
+            addr=env.get("CARAVAN_NOMAD_ADDR", NomadSettings.addr),
+            token=env.get("CARAVAN_NOMAD_TOKEN") or None,
+            job_prefix=env.get("CARAVAN_NOMAD_JOB_PREFIX", NomadSettings.job_prefix),
+            datacenter=env.get("CARAVAN_NOMAD_DATACENTER", NomadSettings.datacenter),
+            namespace=env.get("CARAVAN_NOMAD_NAMESPACE", NomadSettings.namespace),
+        ),
+        gateway=GatewaySettings(
+            host=env.get("CARAVAN_GATEWAY_HOST", GatewaySettings.host),
+            port=int(env.get("CARAVAN_GATEWAY_PORT", GatewaySettings.port)),
+            admin_token=env.get("CARAVAN_ADMIN_TOKEN") or None,
+            workers=max(1, int(env.get("CARAVAN_GATEWAY_WORKERS") or os.cpu_count() or 1)),
+            max_tokens_per_user=_at_least_one(env, "CARAVAN_MAX_TOKENS_PER_USER", GatewaySettings.max_tokens_per_user),
+        ),
+        scheduler=SchedulerSettings(
+            reconcile_interval=float(env.get("CARAVAN_RECONCILE_INTERVAL", SchedulerSettings.reconcile_interval)),
+            config_path=Path(env["CARAVAN_SCHEDULER_CONFIG"]) if env.get("CARAVAN_SCHEDULER_CONFIG") else None,
+        ),
+        idle=IdleSettings(policy_path=Path(env["CARAVAN_IDLE_POLICY"]) if env.get("CARAVAN_IDLE_POLICY") else None),
+        default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
+        session_network=env.get("CARAVAN_SESSION_NETWORK") or Settings.session_network,
+        docker_images=tuple(p.strip() for p in env.get("CARAVAN_DOCKER_IMAGES", "").split(",") if p.strip())
+        or Settings.docker_images,
+        qemu_images=qemu_images_of(env),
+    )
+
+
+def _at_least_one(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name) or str(default)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, not {raw!r}")
+    return int(raw)
+
+
+def _positive_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name) or str(default)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{name} must be a number of seconds > 0, not {raw!r}")
+    return seconds
+
+
+def with_credentials(url: str, username: str, password: str) -> str:
+    """``url`` (``redis://host:port/db``) authenticating as ``username`` with ``password``, replacing any given."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{quote(username, safe='')}:{quote(password, safe='')}@{host}"))
+
+
+def qemu_images_of(env: Mapping[str, str]) -> dict[str, str]:
+    """``CARAVAN_QEMU_IMAGES`` (``name=/dir,...``), else the one built image ops/ recorded."""
+    listed = env.get("CARAVAN_QEMU_IMAGES", "").strip()
+    if listed:
+        images = {}
+        for entry in filter(None, (e.strip() for e in listed.split(","))):
+            name, _, directory = entry.partition("=")
+            if not name.strip() or not directory.strip().startswith("/"):
+                raise ValueError(f"CARAVAN_QEMU_IMAGES: {entry!r} is not name=/absolute/directory")
+            images[name.strip()] = directory.strip()
+        return images
+    if env.get("CARAVAN_VM_IMAGE") and env.get("CARAVAN_VM_IMAGE_DIR"):
+        return {env["CARAVAN_VM_IMAGE"]: env["CARAVAN_VM_IMAGE_DIR"]}
+    return {}

@@ -1,0 +1,149 @@
+"""The idle arbiter: a pure, keyword-only judgement of one running session at a given ``now``.
+
+Like jupyterhub-idle-culler's ``default_cull_arbiter``, it reads no clock and does no I/O; the idle
+service gathers :class:`SessionFacts`, resolves the :class:`~domain.idle.config.EffectivePolicy` and acts on
+the :class:`~domain.idle.verdict.Verdict`.
+
+Semantics (a deadline is reached *at* its instant: "expired" means ``remaining <= 0``):
+
+* **session_lifetime** — expired once ``now >= started_at + max_session_lifetime``. The clock starts when
+  the session became RUNNING, not when it was created: Backend.AI counts from creation and so charges
+  time spent queued to the user. BATCH sessions are exempt (their batch timeout bounds them).
+* **network_timeout** — expired once ``now >= baseline + network_idle_timeout``, baseline = the last user
+  activity the gateway recorded (the start time if none, and never before it). An open app connection
+  counts as continuous activity: never idle. BATCH and INFERENCE sessions are exempt.
+* **utilization** — no verdict before ``started_at + grace_period``, nor until every checked metric has a
+  full, fresh window (see :mod:`domain.idle.window`; samples taken during the grace period count, the grace
+  period only guarantees no termination). Checked metrics = thresholds of the policy whose device the
+  session requested (:mod:`domain.idle.metrics`). A metric is *below* when its window average is strictly less
+  than its threshold (equal is enough utilization). Operator ``all``: idle when every checked metric is
+  below; ``any``: when one is. No checked metric, or no samples, means no verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from domain.model import SessionType
+from domain.idle.config import CheckName, EffectivePolicy, ThresholdOperator, UtilizationPolicy
+from domain.idle.metrics import ALWAYS_APPLICABLE, SlotAmounts, metric_applies, requested_device_prefixes
+from domain.idle.verdict import CheckReport, MetricReading, RemainingBasis, Verdict
+from domain.idle.window import UtilizationWindow
+
+NETWORK_EXEMPT = frozenset({SessionType.BATCH, SessionType.INFERENCE})
+LIFETIME_EXEMPT = frozenset({SessionType.BATCH})
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFacts:
+    """What the idle service knows about one RUNNING session at sweep time (timezone-aware datetimes)."""
+
+    type: SessionType
+    started_at: datetime
+    """When the session became RUNNING."""
+    last_activity: datetime | None = None
+    """Last user traffic recorded by the gateway; None if none yet."""
+    open_connections: int = 0
+    """App connections open through the gateway right now."""
+    requested_slots: SlotAmounts = field(default_factory=dict)
+    """Slot -> amount per the session's request; which devices it uses."""
+    window: UtilizationWindow | None = None
+    """Recent utilization samples, already normalized by allocated cores and memory (:mod:`idle.samples`)."""
+
+    def __post_init__(self) -> None:
+        for moment in (self.started_at, self.last_activity):
+            if moment is not None and moment.tzinfo is None:
+                raise ValueError("SessionFacts needs timezone-aware datetimes")
+
+
+class Arbiter(Protocol):
+    """What the idle service calls per session: :func:`evaluate`, or a replacement taking the same keywords."""
+
+    def __call__(self, *, now: datetime, session: SessionFacts, policy: EffectivePolicy) -> Verdict: ...
+
+
+def evaluate(*, now: datetime, session: SessionFacts, policy: EffectivePolicy) -> Verdict:
+    """Judge ``session`` at ``now`` under ``policy``; reports come in precedence order."""
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    at, started = now.timestamp(), session.started_at.timestamp()
+    return Verdict.of_ordered(
+        (
+            check_lifetime(now=at, started=started, session=session, limit=policy.max_session_lifetime),
+            check_network(now=at, started=started, session=session, timeout=policy.network_idle_timeout),
+            check_utilization(
+                now=at, started=started, session=session, policy=policy.utilization, interval=policy.check_interval
+            ),
+        )
+    )
+
+
+def check_lifetime(*, now: float, started: float, session: SessionFacts, limit: float | None) -> CheckReport:
+    name = CheckName.SESSION_LIFETIME
+    if session.type in LIFETIME_EXEMPT:
+        return _no_deadline(name, "bounded by its batch timeout instead")
+    if limit is None:
+        return _no_deadline(name, "no lifetime limit")
+    return _countdown(name, started + limit - now, RemainingBasis.LIFETIME)
+
+
+def check_network(*, now: float, started: float, session: SessionFacts, timeout: float | None) -> CheckReport:
+    name = CheckName.NETWORK_TIMEOUT
+    if session.type in NETWORK_EXEMPT:
+        return _no_deadline(name, f"{session.type.value} sessions are exempt")
+    if timeout is None:
+        return _no_deadline(name, "no network idle timeout")
+    if session.open_connections > 0:
+        return CheckReport(name, False, timeout, RemainingBasis.IDLENESS, "app connections open")
+    activity = session.last_activity.timestamp() if session.last_activity is not None else started
+    return _countdown(name, max(activity, started) + timeout - now, RemainingBasis.IDLENESS)
+
+
+def check_utilization(
+    *, now: float, started: float, session: SessionFacts, policy: UtilizationPolicy | None, interval: float
+) -> CheckReport:
+    name = CheckName.UTILIZATION
+    if policy is None:
+        return _no_deadline(name, "utilization check disabled")
+    checked = checked_thresholds(policy, session.requested_slots)
+    if not checked:
+        return _no_deadline(name, "no threshold applies to this session")
+    window, operator = session.window, policy.operator
+    readings = tuple(
+        [MetricReading(metric, window.average(metric) if window else None, t) for metric, t in checked.items()]
+    )
+    grace_left = started + policy.grace_period - now
+    if grace_left > 0:
+        return CheckReport(name, False, grace_left, RemainingBasis.GRACE_PERIOD, "in grace period", operator, readings)
+    if window is None or not window.matches(window_seconds=policy.window, interval=interval):
+        return CheckReport(name, False, policy.window, RemainingBasis.WINDOW, "collecting samples", operator, readings)
+    to_fill = max([window.seconds_until_full(metric, now=now) for metric in checked])
+    if to_fill > 0:
+        return CheckReport(name, False, to_fill, RemainingBasis.WINDOW, "collecting samples", operator, readings)
+    below = [r.average is not None and r.average < r.threshold for r in readings]
+    if all(below) if operator is ThresholdOperator.ALL else any(below):
+        return CheckReport(name, True, 0.0, RemainingBasis.WINDOW, "below thresholds", operator, readings)
+    return CheckReport(name, False, None, RemainingBasis.WINDOW, "utilized", operator, readings)
+
+
+def checked_thresholds(policy: UtilizationPolicy, requested_slots: SlotAmounts) -> dict[str, float]:
+    """The thresholds judged for a session requesting ``requested_slots``: the only metrics worth sampling."""
+    devices: frozenset[str] | None = None  # only worked out when a device metric has a threshold
+    checked = {}
+    for metric, threshold in policy.thresholds.items():
+        if metric not in ALWAYS_APPLICABLE:
+            devices = requested_device_prefixes(requested_slots) if devices is None else devices
+            if not metric_applies(metric, devices):
+                continue
+        checked[metric] = threshold
+    return checked
+
+
+def _countdown(name: CheckName, remaining: float, basis: RemainingBasis) -> CheckReport:
+    return CheckReport(name, remaining <= 0, max(remaining, 0.0), basis)
+
+
+def _no_deadline(name: CheckName, note: str) -> CheckReport:
+    return CheckReport(name, False, None, None, note)

@@ -1,0 +1,52 @@
+"""The owners' resource policies in the idle checks.
+
+A user or project resource policy may set ``max_session_lifetime`` and ``idle_timeout`` (``stores.resource_policies``). The
+idle checker judges a session by the strictest of its idle policy (the file's, per resource group) and those: a
+policy can shorten a check's deadline, or set one the file leaves off, never lengthen one. A check the file turns
+off for everyone (not in ``enabled``) stays off: the operator's switch wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from redis.asyncio import Redis
+
+from core.keys import Keys
+from domain.model import Session
+from stores.resource_policies import PolicyStore, SessionLimits, session_limits
+from domain.idle.config import CheckName, EffectivePolicy
+
+
+def tightened(policy: EffectivePolicy, limits: SessionLimits | None, enabled: Iterable[CheckName]) -> EffectivePolicy:
+    """``policy`` with the owner's limits where they are stricter (pure)."""
+    if limits is None:
+        return policy
+    on = frozenset(enabled)
+    lifetime = _stricter(policy.max_session_lifetime, limits.max_session_lifetime,
+                         CheckName.SESSION_LIFETIME in on)
+    network = _stricter(policy.network_idle_timeout, limits.idle_timeout, CheckName.NETWORK_TIMEOUT in on)
+    if (lifetime, network) == (policy.max_session_lifetime, policy.network_idle_timeout):
+        return policy
+    return replace(policy, max_session_lifetime=lifetime, network_idle_timeout=network)
+
+
+def _stricter(seconds: float | None, limit: float | None, enabled: bool) -> float | None:
+    if limit is None or not enabled:
+        return seconds
+    return limit if seconds is None else min(seconds, limit)
+
+
+async def read_limits(redis: Redis, keys: Keys, sessions: Sequence[Session]) -> dict[str, SessionLimits]:
+    """Session id -> the limits its owner's and project's policies set; sessions without any are left out.
+    Two Redis reads, however many sessions."""
+    store = PolicyStore(redis, keys)
+    users = await store.users({s.owner_id for s in sessions})
+    projects = await store.projects({s.project for s in sessions})
+    found = {}
+    for session in sessions:
+        limits = session_limits(users.get(session.owner_id), projects.get(session.project))
+        if limits != (None, None):
+            found[session.id] = limits
+    return found

@@ -1,0 +1,185 @@
+"""A session's recent utilization samples: an immutable, JSON-serializable sliding window.
+
+One sample per sweep (every ``interval`` seconds) maps metric -> percent. Each metric keeps its own
+series, because a device may miss a reading while the CPU does not.
+
+Rules, chosen so that a window is "full" only when it really observed ``window_seconds`` of the session
+(Backend.AI judged after the window's *time* had passed even with samples missing, PR #2205):
+
+* A sample is taken to stand for the ``interval`` before it, so a series covers
+  ``(first - interval, last]`` and is **full** once ``last - first >= window_seconds - interval``
+  (40 samples for 600 s at 15 s) and its newest sample is fresh (at most ``1.5 × interval`` old).
+* A gap of more than ``1.5 × interval`` between two samples (a missed sweep) restarts that series:
+  the samples before the hole no longer count toward a full window.
+* Adding trims samples older than needed, keeping one sample at or before the window's start, so the
+  series never spans much more than the window. The average is the plain mean of the kept samples.
+* Samples are stored in fixed point (milliseconds, thousandths of a percent): sums are exact and the JSON
+  is small and quick to write, which matters for 10,000 sessions per sweep.
+* A sample no newer than the last one is ignored (re-running a sweep is harmless).
+
+The window records its own ``window_seconds`` and ``interval``; when the policy changes them,
+:func:`record_sample` starts a fresh window rather than reinterpreting old samples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from bisect import bisect_right
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from itertools import accumulate
+from operator import sub
+
+MAX_GAP_INTERVALS = 1.5
+"""A sample this many intervals after the previous one means a sweep was missed (jitter stays below)."""
+
+JSON_VERSION = 1
+SCALE = 1000
+"""Fixed point: timestamps in milliseconds, values in thousandths of a percent (exact, compact JSON)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSeries:
+    stamps: tuple[int, ...]
+    """Unix milliseconds, strictly increasing."""
+    values: tuple[int, ...]
+    """Thousandths of a percent, one per stamp."""
+
+    def samples(self) -> tuple[tuple[float, float], ...]:
+        """(unix seconds, percent) pairs, oldest first."""
+        return tuple((stamp / SCALE, value / SCALE) for stamp, value in zip(self.stamps, self.values, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationWindow:
+    window_seconds: float
+    interval: float
+    series: Mapping[str, MetricSeries] = field(default_factory=dict)
+    max_gap_ms: int = field(init=False, repr=False, compare=False)
+    """A newer sample further than this from the last one restarts the series."""
+    span_needed_ms: int = field(init=False, repr=False, compare=False)
+    """How far apart the first and last sample of a full series are."""
+
+    def __post_init__(self) -> None:
+        # derived once here: evaluate() reads them for every session of every sweep
+        object.__setattr__(self, "max_gap_ms", round(self.interval * MAX_GAP_INTERVALS * SCALE))
+        object.__setattr__(self, "span_needed_ms", round(max(self.window_seconds - self.interval, 0.0) * SCALE))
+
+    @classmethod
+    def empty(cls, *, window_seconds: float, interval: float) -> UtilizationWindow:
+        if not (0 < window_seconds < math.inf and 0 < interval < math.inf):
+            raise ValueError("window_seconds and interval must be positive")
+        return cls(window_seconds=float(window_seconds), interval=float(interval))
+
+    def matches(self, *, window_seconds: float, interval: float) -> bool:
+        return self.window_seconds == window_seconds and self.interval == interval
+
+    def add(self, ts: float, metrics: Mapping[str, float]) -> UtilizationWindow:
+        """A new window with the sample taken at ``ts`` (unix seconds) appended."""
+        stamp, max_gap, forget_after = round(ts * SCALE), self.max_gap_ms, round(self.window_seconds * SCALE)
+        series = {
+            # forget metrics the session stopped reporting long ago (a device detached)
+            metric: kept
+            for metric, kept in self.series.items()
+            if metric in metrics or stamp - kept.stamps[-1] <= forget_after + max_gap
+        }
+        for metric, percent in metrics.items():
+            if not math.isfinite(percent):  # a broken reading; a gap is better than a poisoned average
+                continue
+            value, current = round(percent * SCALE), series.get(metric)
+            if current is None or stamp - current.stamps[-1] > max_gap:
+                series[metric] = MetricSeries((stamp,), (value,))
+            elif stamp > current.stamps[-1]:
+                series[metric] = self._appended(current, stamp, value)
+        return UtilizationWindow(self.window_seconds, self.interval, series)
+
+    def _appended(self, current: MetricSeries, stamp: int, value: int) -> MetricSeries:
+        stamps = current.stamps + (stamp,)
+        values = current.values + (value,)
+        # keep the newest sample at or before the window's start, and everything after it
+        first = bisect_right(stamps, stamp - self.span_needed_ms) - 1
+        if first > 0:
+            return MetricSeries(stamps[first:], values[first:])
+        return MetricSeries(stamps, values)
+
+    def seconds_until_full(self, metric: str, *, now: float) -> float:
+        """0 when ``metric`` has a full, fresh window; otherwise the least time still to observe."""
+        current = self.series.get(metric)
+        if current is None or now * SCALE - current.stamps[-1] > self.max_gap_ms:
+            return self.window_seconds  # the next sample starts a new run
+        return max(self.span_needed_ms - (current.stamps[-1] - current.stamps[0]), 0) / SCALE
+
+    def is_full(self, metric: str, *, now: float) -> bool:
+        return self.seconds_until_full(metric, now=now) == 0.0
+
+    def average(self, metric: str) -> float | None:
+        """The mean of ``metric``'s kept samples in percent (full or not: :meth:`is_full` says whether to trust it)."""
+        current = self.series.get(metric)
+        return sum(current.values) / (len(current.values) * SCALE) if current is not None else None
+
+    def averages(self) -> dict[str, float]:
+        return {metric: sum(s.values) / (len(s.values) * SCALE) for metric, s in self.series.items()}
+
+    # -- serialization (the idle service keeps one window per session in Redis) --
+
+    def to_json(self) -> str:
+        """Compact JSON: metrics sampled together share one stamp list, stored as first stamp + deltas."""
+        tables: dict[tuple[int, ...], int] = {}
+        series = {m: [tables.setdefault(s.stamps, len(tables)), list(s.values)] for m, s in self.series.items()}
+        stamps = [[s[0], *map(sub, s[1:], s)] for s in tables]
+        doc = {"v": JSON_VERSION, "window_seconds": self.window_seconds, "interval": self.interval}
+        return json.dumps({**doc, "stamps": stamps, "series": series}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> UtilizationWindow:
+        """Raise ``ValueError`` on anything malformed; the caller then starts an empty window."""
+        try:
+            doc = json.loads(text)
+            if doc["v"] != JSON_VERSION:
+                raise ValueError(f"unsupported window version {doc['v']!r}")
+            tables = [tuple(accumulate(_ints(deltas))) for deltas in doc["stamps"]]
+            series = {
+                str(metric): MetricSeries(tables[_table_index(index, len(tables))], tuple(_ints(values)))
+                for metric, (index, values) in doc["series"].items()
+            }
+            window = cls.empty(window_seconds=float(doc["window_seconds"]), interval=float(doc["interval"]))
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise ValueError(f"malformed utilization window: {exc!r}") from exc
+        for metric, s in series.items():
+            if not s.stamps or len(s.stamps) != len(s.values):
+                raise ValueError(f"malformed utilization window: series {metric!r} is empty or uneven")
+        return replace(window, series=series)
+
+
+def _ints(items: list[object]) -> list[int]:
+    if not set(map(type, items)) <= {int}:
+        raise ValueError("malformed utilization window: expected whole numbers")
+    return items  # type: ignore[return-value]  # checked just above
+
+
+def _table_index(index: object, tables: int) -> int:
+    if type(index) is not int or not 0 <= index < tables:
+        raise ValueError(f"malformed utilization window: no stamp list {index!r}")
+    return index
+
+
+def record_sample(
+    window: UtilizationWindow | None,
+    *,
+    ts: float,
+    sample: Mapping[str, float],
+    window_seconds: float,
+    interval: float,
+    metrics: Collection[str] | None = None,
+) -> UtilizationWindow:
+    """The window after one sweep's sample; a fresh one if there was none or the policy changed its shape.
+
+    ``metrics`` (the session's checked metrics, :func:`domain.idle.arbiter.checked_thresholds`) keeps only those:
+    the others would cost storage and time every sweep without ever being judged.
+    """
+    if window is None or not window.matches(window_seconds=window_seconds, interval=interval):
+        window = UtilizationWindow.empty(window_seconds=window_seconds, interval=interval)
+    if metrics is not None:
+        sample = {metric: value for metric, value in sample.items() if metric in metrics}
+    return window.add(ts, sample)

@@ -1,0 +1,264 @@
+"""The session model: sessions, their kernels, and how they serialize to Redis.
+
+A session is what a user asks for; each kernel is one isolated unit of it (a Docker container,
+an ``exec`` process, a QEMU VM), run as one task group of the session's Nomad job.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from core.clock import from_iso, to_iso
+
+
+class SessionType(StrEnum):
+    INTERACTIVE = "INTERACTIVE"
+    BATCH = "BATCH"
+    INFERENCE = "INFERENCE"
+    SYSTEM = "SYSTEM"
+
+
+class SessionStatus(StrEnum):
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    PREPARING = "PREPARING"
+    RUNNING = "RUNNING"
+    TERMINATING = "TERMINATING"
+    TERMINATED = "TERMINATED"
+    CANCELLED = "CANCELLED"
+    ERROR = "ERROR"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+DEFAULT_PRIORITY = 10
+"""A session's priority unless it asks for another; a USER may not go above it without a policy's ``max_priority``."""
+MAX_PRIORITY = 100
+"""Priorities are 0 (last) to this (first)."""
+
+TERMINAL_STATUSES = frozenset({SessionStatus.TERMINATED, SessionStatus.CANCELLED})
+"""No way out of these. ERROR is not terminal: an errored session can still be destroyed."""
+
+KernelStatus = SessionStatus
+"""Kernels move through the same statuses; a session's status is derived from its kernels'."""
+
+
+class SessionResult(StrEnum):
+    UNDEFINED = "UNDEFINED"
+    SUCCESS = "SUCCESS"
+    FAILURE = "FAILURE"
+
+
+class ClusterMode(StrEnum):
+    SINGLE_NODE = "SINGLE_NODE"
+    MULTI_NODE = "MULTI_NODE"
+
+
+class Driver(StrEnum):
+    DOCKER = "docker"
+    EXEC = "exec"
+    QEMU = "qemu"
+    RAW_EXEC = "raw_exec"
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    """One entry of a session's history: a status change, or (while PREPARING) a change of the reason it waits."""
+
+    status: SessionStatus
+    at: datetime
+    reason: str
+    """A short machine-readable code (``failed-to-start``, ``task-failed``, ``user-requested``…)."""
+    detail: str | None = None
+    """Why, for a person: what Nomad reported (its task event, its placement failure); None when the code says all."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One isolated unit of a session; ``hostname`` is ``main1``, ``sub1`` … and names its task group."""
+
+    role: str
+    index: int
+    hostname: str
+    image: str
+    resources: dict[str, str]
+    status: SessionStatus = SessionStatus.PENDING
+    agent: str | None = None
+    alloc_id: str | None = None
+    exit_code: int | None = None
+    status_info: str = ""
+    status_detail: str | None = None
+    """What Nomad last reported about this kernel that its status code does not say (a driver failure, an exit code
+    and its cause, why it cannot be placed, why it restarts); None when there is nothing to add."""
+    started_at: datetime | None = None
+    """When the kernel's task first started, by Nomad's task state (not when Caravan noticed)."""
+    finished_at: datetime | None = None
+    """When the kernel's task ended for good, by Nomad's task state; None while it runs or may run again."""
+    ports: tuple[str, ...] = ()
+    """Preopened ports as ``port=host:port`` (the Nomad dynamic host port the kernel listens on)."""
+    restarts: int = 0
+    """Times Nomad restarted the kernel's task in its current allocation (a crash, or a failing health check)."""
+    healthy: bool | None = None
+    """INFERENCE: whether this run of the replica passes its service check (None: not known yet, or not a replica);
+    read from Nomad at each reconciliation, forgotten when the replica stops, restarts or moves (domain.inference)."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.role == "main"
+
+
+KERNEL_MOMENTS = ("started_at", "finished_at")
+"""A kernel's datetime fields (ISO 8601 in its stored JSON)."""
+
+KERNEL_ROLES = ("main", "sub")
+"""The roles a request may give their own image and resources: ``main`` (main1) and ``sub`` (every sub kernel)."""
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """What a request (or a template) asks for the kernels of one role, over the session's image and resources."""
+
+    image: str | None = None
+    """None: the session's image."""
+    resources: dict[str, str] = field(default_factory=dict)
+    """Slot -> amount as the user wrote it; these slots replace the session's for this role's kernels."""
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    name: str
+    owner_id: str
+    type: SessionType
+    driver: Driver
+    image: str
+    resources: dict[str, str]
+    """Requested slots per kernel, as exact decimal strings (``{"cpu": "1", "mem": "268435456"}``)."""
+    kernels: tuple[Kernel, ...]
+    created_at: datetime
+    status: SessionStatus = SessionStatus.PENDING
+    status_info: str = "created"
+    status_detail: str | None = None
+    """The detail of the latest status change (``StatusChange.detail``)."""
+    status_history: tuple[StatusChange, ...] = ()
+    resource_group: str = "default"
+    project: str = "default"
+    startup_command: str | None = None
+    environ: dict[str, str] = field(default_factory=dict)
+    cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
+    result: SessionResult = SessionResult.UNDEFINED
+    exit_code: int | None = None
+    nomad_job_id: str | None = None
+    job_hcl: str | None = None
+    client_token: str | None = None
+    priority: int = DEFAULT_PRIORITY
+    retries: int = 0
+    """Failed scheduling attempts, shown to the owner (head-of-line avoidance counts them)."""
+    wait_reasons: tuple[str, ...] = ()
+    """Why a PENDING session still waits: the checks that held it back at the last pass."""
+    queue_position: int | None = None
+    """1-based position in its resource group's queue at the last pass (PENDING only)."""
+    starts_at: datetime | None = None
+    """BATCH: never started before this moment."""
+    batch_timeout: float | None = None
+    """BATCH: seconds the startup command may run before the session ends FAILED with task-timeout."""
+    dependencies: tuple[str, ...] = ()
+    """BATCH: ids of sessions that must end TERMINATED with SUCCESS first."""
+    designated_agent: str | None = None
+    """Admins only: the Nomad node id the session must run on."""
+    preopen_ports: tuple[int, ...] = ()
+    """Container ports to expose (1024-65535); each gets a Nomad dynamic host port."""
+    shared_memory: str | None = None
+    """Bytes of /dev/shm for Docker kernels, as an exact decimal string."""
+    started_at: datetime | None = None
+    """When its first kernel's task started, by Nomad's task state (a quick BATCH may end before Caravan sees it
+    run); failing that, when it was seen RUNNING."""
+    service_port: int | None = None
+    """INFERENCE: the port each replica serves (a Nomad dynamic host port, health-checked); see domain.inference."""
+    health_check_path: str | None = None
+    """INFERENCE: the HTTP path the health check GETs; None: a TCP connect check."""
+    health_check_grace: float | None = None
+    """INFERENCE: seconds after a replica (re)starts before failing checks count against it."""
+
+    @property
+    def main_kernel(self) -> Kernel:
+        return next(k for k in self.kernels if k.is_main)
+
+    @property
+    def cluster_size(self) -> int:
+        return len(self.kernels)
+
+    @property
+    def terminated_at(self) -> datetime | None:
+        if not self.status.is_terminal:
+            return None
+        return self.status_history[-1].at if self.status_history else None
+
+    def evolve(self, **changes: Any) -> Session:
+        return replace(self, **changes)
+
+    # -- serialization -------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        for moment in ("created_at", "starts_at", "started_at"):
+            doc[moment] = to_iso(doc[moment]) if doc[moment] else None
+        doc["status_history"] = [
+            {"status": c.status.value, "at": to_iso(c.at), "reason": c.reason, "detail": c.detail}
+            for c in self.status_history
+        ]
+        for kernel in doc["kernels"]:
+            for moment in KERNEL_MOMENTS:
+                kernel[moment] = to_iso(kernel[moment]) if kernel[moment] else None
+        return json.dumps(doc, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Session:
+        doc = json.loads(text)
+        doc["type"] = SessionType(doc["type"])
+        doc["driver"] = Driver(doc["driver"])
+        doc["status"] = SessionStatus(doc["status"])
+        doc["result"] = SessionResult(doc["result"])
+        doc["cluster_mode"] = ClusterMode(doc["cluster_mode"])
+        for moment in ("created_at", "starts_at", "started_at"):
+            doc[moment] = from_iso(doc[moment]) if doc.get(moment) else None
+        doc["status_history"] = tuple(
+            StatusChange(SessionStatus(c["status"]), from_iso(c["at"]), c["reason"], c.get("detail"))
+            for c in doc["status_history"]
+        )
+        doc["kernels"] = tuple(
+            Kernel(**{**k, "status": SessionStatus(k["status"]), "ports": tuple(k.get("ports", ())),
+                      **{m: from_iso(k[m]) if k.get(m) else None for m in KERNEL_MOMENTS}})
+            for k in doc["kernels"]
+        )
+        for listed in ("wait_reasons", "dependencies", "preopen_ports"):
+            doc[listed] = tuple(doc.get(listed, ()))
+        return cls(**doc)
+
+
+@dataclass(frozen=True)
+class KernelObservation:
+    """What the executor says about one kernel right now (from a Nomad allocation)."""
+
+    hostname: str
+    status: SessionStatus
+    reason: str
+    agent: str | None = None
+    alloc_id: str | None = None
+    exit_code: int | None = None
+    ports: tuple[str, ...] = ()
+    restarts: int = 0
+    detail: str | None = None
+    """What Nomad said beyond the status (its failure event, why it cannot place the kernel); None: nothing."""
+    started_at: datetime | None = None
+    """When the task last (re)started in this allocation (Nomad's ``TaskState.StartedAt``)."""
+    finished_at: datetime | None = None
+    """When the task ended for good (Nomad's ``TaskState.FinishedAt``); None while it runs or may restart."""
+    placed: bool = True
+    """False: read from an evaluation that could not place the kernel (there is no allocation to speak for it)."""

@@ -1,0 +1,157 @@
+"""Placing one session on a group's agents (all or nothing) and making reservations, over ``GroupOccupancy``.
+
+A ``Chooser`` picks one agent for one demand: the packing index for concentrated/dispersed, the cyclic scan for
+round-robin, or a custom ``AgentSelector`` given ``AgentView`` candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from scheduler.agents import ROUNDROBIN, resolve_selector, roundrobin
+from scheduler.agents.base import AgentSelector, AgentView, SelectionRequest, SelectorConfig
+from scheduler.agents.index import CONCENTRATED, DISPERSED
+from scheduler.agents.occupancy import GroupOccupancy, dominates
+from scheduler.agents.vectors import Demand, amounts_of, positions_of
+from scheduler.pass_model import ClusterMode, PendingSession
+
+__all__ = ["Attempt", "Chooser", "make_chooser", "packing_direction", "place", "reserve"]
+
+
+class Chooser(Protocol):
+    none_means_full: bool
+    """True when ``choose`` returning None proves that no agent fits (feeds the failed-request cache)."""
+
+    def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
+        """An agent ordinal that fits ``demand`` now, or None."""
+
+
+@dataclass
+class PackedChooser:
+    occupancy: GroupOccupancy
+    none_means_full = True
+
+    def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
+        return self.occupancy.find_packed(demand)
+
+
+@dataclass
+class RoundRobinChooser:
+    occupancy: GroupOccupancy
+    next_index: int
+    none_means_full = True
+
+    def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
+        picked, self.next_index = roundrobin.select(
+            len(self.occupancy), self.next_index, lambda ordinal: self.occupancy.fits(ordinal, demand)
+        )
+        return picked
+
+
+@dataclass
+class PluginChooser:
+    occupancy: GroupOccupancy
+    selector: AgentSelector
+    config: SelectorConfig
+    none_means_full = False  # a plugin may decline although agents fit
+
+    def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
+        occupancy, codec = self.occupancy, self.occupancy.codec
+        fitting = list(occupancy.fitting(demand))
+        if not fitting:
+            return None
+        candidates = [  # a slot held for a reservation may be below zero for others: they see none of it
+            AgentView(occupancy.ids[o], codec.dense_to_slots(occupancy.capacity[o]),
+                      codec.dense_to_slots([max(amount, 0) for amount in occupancy.avail[o]]))
+            for o in fitting
+        ]
+        role = session.kernels[kernel].role if session.cluster_mode is ClusterMode.MULTI_NODE else "main1"
+        request = SelectionRequest(session.id, session.user, role, codec.to_slots(demand))
+        picked = self.selector(request, candidates, self.config)
+        if picked is None:
+            return None
+        by_id = {occupancy.ids[o]: o for o in fitting}
+        if picked not in by_id:
+            raise ValueError(f"agent selector returned {picked!r}, which is not one of the {len(fitting)} candidates")
+        return by_id[picked]
+
+
+def packing_direction(selector_name: str) -> int | None:
+    return {"concentrated": CONCENTRATED, "dispersed": DISPERSED}.get(selector_name)
+
+
+def make_chooser(name: str, occupancy: GroupOccupancy, plugins: Mapping[str, AgentSelector],
+                 config: SelectorConfig, roundrobin_next: int) -> Chooser:
+    """The chooser for a configured selector name; unknown names raise with the list of valid ones."""
+    selector = resolve_selector(name, plugins)
+    if name == ROUNDROBIN:
+        return RoundRobinChooser(occupancy, roundrobin_next)
+    if packing_direction(name) is not None:
+        return PackedChooser(occupancy)
+    assert selector is not None
+    return PluginChooser(occupancy, selector, config)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    agents: tuple[int, ...] | None
+    """One ordinal per kernel when placed (single-node: the same agent for all), else None."""
+    failed_kernel: int = 0
+    """Index into the demands of the one that found no agent."""
+
+
+def place(occupancy: GroupOccupancy, chooser: Chooser, session: PendingSession, demands: Sequence[Demand],
+          *, use_cache: bool) -> Attempt:
+    """Place every demand in order against the state after the previous ones; roll all back if one fails.
+
+    ``demands`` holds one summed demand for a single-node session, one per kernel for a multi-node one. Only a failure
+    of the first demand (nothing tentative consumed) feeds the "smallest failed request" cache.
+    """
+    consumed: list[tuple[int, Demand]] = []
+    for kernel, demand in enumerate(demands):
+        first = not consumed
+        if use_cache and first and occupancy.known_to_fail(demand):
+            picked = None
+        else:
+            picked = chooser.choose(session, kernel, demand)
+            if picked is None and use_cache and first and chooser.none_means_full:
+                occupancy.remember_failure(demand)
+        if picked is None:
+            for ordinal, done in reversed(consumed):
+                occupancy.rollback(ordinal, done)
+            return Attempt(None, kernel)
+        occupancy.consume(picked, demand)
+        consumed.append((picked, demand))
+    agents = tuple(ordinal for ordinal, _ in consumed)
+    return Attempt(agents * len(session.kernels) if len(demands) == 1 else agents)
+
+
+def reserve(occupancy: GroupOccupancy, session_id: str, demands: Sequence[Demand]) -> list[tuple[int, Demand]]:
+    """Hold, for each demand, the unreserved agent it fits best (would fit when empty; most of it available now).
+
+    All or nothing; returns the holds made (empty when some demand found no agent to reserve).
+    """
+    chosen: list[tuple[int, Demand]] = []
+    for demand in demands:
+        positions = positions_of(demand)
+        need = amounts_of(demand)
+        taken = {ordinal for ordinal, _ in chosen}
+        candidates = [
+            ordinal for ordinal in occupancy.members(positions)
+            if ordinal not in occupancy.holds and ordinal not in taken
+            and dominates([occupancy.capacity[ordinal][p] for p in positions], need)
+        ]
+        if not candidates:
+            return []
+
+        def rank(ordinal: int) -> tuple[float, int, int]:
+            avail = occupancy.avail[ordinal]
+            progress = min((min(max(avail[p], 0), amount) / amount for p, amount in demand), default=1.0)
+            return -progress, occupancy.unused_kinds(ordinal, positions), ordinal
+
+        chosen.append((min(candidates, key=rank), demand))
+    for ordinal, demand in chosen:
+        occupancy.hold(ordinal, session_id, demand)
+    return chosen

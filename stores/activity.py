@@ -1,0 +1,83 @@
+"""User traffic to sessions, as the gateway records it and the idle checker reads it (Redis).
+
+The network idle check needs two facts per session:
+
+* **last activity**: when a user last did something with the session through the gateway. One ZSET
+  (``Keys.idle_last_activity``) holds every session's timestamp; writes use ``ZADD GT``, so concurrent
+  gateways and late requests can only move it forward.
+* **open app connections**: a connection held open through the gateway (a terminal, a notebook) is
+  continuous activity. Each is a member of a per-session ZSET scored by when it *lapses*: an open
+  connection must be refreshed (``open_connection`` again) within ``ttl`` seconds, so a gateway that
+  dies with connections open cannot keep a session alive for ever. Closing one is activity too: the
+  idle timeout starts over from the close, not from when it was opened.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import NamedTuple
+
+from redis.asyncio import Redis
+
+from core.keys import Keys
+
+CONNECTION_TTL = 60.0
+"""Seconds an open connection counts without being refreshed."""
+
+
+class Activity(NamedTuple):
+    last: datetime | None
+    """The last recorded user traffic; None if none was recorded."""
+    open_connections: int
+
+
+async def record_activity(redis: Redis, keys: Keys, session_id: str, now: datetime) -> None:
+    """A user acted on ``session_id`` at ``now`` (what every gateway path that acts on a session calls)."""
+    await redis.zadd(keys.idle_last_activity, {session_id: now.timestamp()}, gt=True)
+
+
+async def open_connection(
+    redis: Redis, keys: Keys, session_id: str, connection_id: str, now: datetime, *, ttl: float = CONNECTION_TTL
+) -> None:
+    """Count ``connection_id`` as open until ``now + ttl``; call again (same id) to keep it open longer."""
+    key = keys.idle_connections(session_id)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.zadd(key, {connection_id: now.timestamp() + ttl})
+        # the key goes when its last connection lapses: set an expiry if none, else only ever extend it
+        seconds = math.ceil(ttl) + 1
+        pipe.expire(key, seconds, nx=True)
+        pipe.expire(key, seconds, gt=True)
+        pipe.zadd(keys.idle_last_activity, {session_id: now.timestamp()}, gt=True)
+        await pipe.execute()
+
+
+async def close_connection(redis: Redis, keys: Keys, session_id: str, connection_id: str, now: datetime) -> None:
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.zrem(keys.idle_connections(session_id), connection_id)
+        pipe.zadd(keys.idle_last_activity, {session_id: now.timestamp()}, gt=True)
+        await pipe.execute()
+
+
+async def read_activity(redis: Redis, keys: Keys, session_ids: Sequence[str], now: datetime) -> dict[str, Activity]:
+    """Every session's activity in one round trip."""
+    if not session_ids:
+        return {}
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zmscore(keys.idle_last_activity, list(session_ids))
+        for session_id in session_ids:
+            pipe.zcount(keys.idle_connections(session_id), f"({now.timestamp()}", "+inf")
+        scores, *counts = await pipe.execute()
+    return {
+        session_id: Activity(datetime.fromtimestamp(score, UTC) if score is not None else None, int(count))
+        for session_id, score, count in zip(session_ids, scores, counts, strict=True)
+    }
+
+
+async def forget_activity(redis: Redis, keys: Keys, keep: set[str]) -> None:
+    """Drop the last-activity records of sessions not in ``keep`` (those that ended)."""
+    recorded: list[str] = await redis.zrange(keys.idle_last_activity, 0, -1)
+    gone = [session_id for session_id in recorded if session_id not in keep]
+    if gone:
+        await redis.zrem(keys.idle_last_activity, *gone)

@@ -1,0 +1,197 @@
+"""Runs a listing :class:`~domain.listing.Plan` against Redis: one page of sessions from a position.
+
+Round trips per page: one range read (with the count, when asked, in the same pipeline) and one
+MGET of the page's documents; a plan that combines indexes adds one MULTI that builds a scratch set
+and one that deletes it; ``nameContains`` adds one HMGET of names per scanned batch. Ties in an
+order's time (sessions created together) are resolved by id, exactly as Redis orders them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from redis.asyncio import Redis
+
+from domain.listing import NAME_SCAN_BATCH, Plan, Position, ScoreRange, past
+from stores.sessions import SessionStore
+
+SCRATCH_TTL = 30
+"""Seconds a scratch set outlives a request that died before deleting it."""
+TIE_SLACK = 8
+"""Extra entries read past a cursor for the ones sharing its time (read again, more, if all are ties)."""
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    entries: list[tuple[Position, T]]
+    """In the order read (the plan's direction), each session as the listing's ``decode`` made it."""
+    has_more: bool
+    """Whether more sessions follow the page in that direction."""
+    total: int | None
+    """Sessions matching the whole listing (not only the page), when asked for."""
+
+
+class SessionListing(Generic[T]):
+    """Pages of sessions, each document turned into a ``T`` by ``decode`` (a caller may cache it by document)."""
+
+    def __init__(self, store: SessionStore, decode: Callable[[str], T]) -> None:
+        self.store = store
+        self.redis: Redis = store.redis
+        self.keys = store.keys
+        self.decode = decode
+
+    async def page(self, plan: Plan, *, size: int, after: Position | None = None, until: Position | None = None,
+                   count: bool = False) -> Page[T]:
+        """Up to ``size`` sessions past ``after`` (and before ``until``) in the plan's direction."""
+        if plan.empty:
+            return Page([], False, 0 if count else None)
+        async with self._sources(plan) as sources:
+            total: int | None = None
+            if plan.name_contains is not None:
+                positions = await self._scan_names(plan, sources, after, until, size + 1)
+                if count:
+                    total = await self._count_names(plan, sources)
+            else:
+                positions, total = await self._read(sources, plan.scores, plan.descending, after, until, size + 1,
+                                                    count=count)
+        has_more = len(positions) > size
+        positions = positions[:size]
+        raws = await self.redis.mget([self.keys.session(p.id) for p in positions]) if positions else []
+        entries = [(p, self.decode(raw)) for p, raw in zip(positions, raws, strict=True) if raw is not None]
+        return Page(entries, has_more, total)
+
+    # -- where the candidates come from ---------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _sources(self, plan: Plan) -> AsyncIterator[tuple[str, ...]]:
+        """The ordered ZSETs to read: the plan's own, or one scratch set combining its indexes."""
+        if plan.direct or plan.merged:
+            yield plan.sources
+            return
+        base = self.keys.listing_scratch(uuid.uuid4().hex)
+        parts: list[str] = []
+        async with self.redis.pipeline(transaction=True) as pipe:
+            inputs: list[str] = []
+            for i, union in enumerate((plan.sources, *plan.filters)):
+                if len(union) == 1:
+                    inputs.append(union[0])
+                    continue
+                part = f"{base}:{i}"
+                pipe.zunionstore(part, list(union), aggregate="MIN")
+                parts.append(part)
+                inputs.append(part)
+            if plan.other_range is not None:
+                key, scores = plan.other_range
+                part = f"{base}:range"
+                pipe.zrangestore(part, key, scores.redis_low(), scores.redis_high(), byscore=True)
+                parts.append(part)
+                inputs.append(part)
+            # the sources' scores are the order's times; every other input only narrows (weight 0)
+            weights: dict[str, int] = {}
+            for i, key in enumerate(inputs):
+                weights.setdefault(key, 1 if i == 0 else 0)  # a set intersected with itself is itself
+            pipe.zinterstore(base, weights)
+            pipe.expire(base, SCRATCH_TTL)
+            if parts:
+                pipe.delete(*parts)
+            await pipe.execute()
+        try:
+            yield (base,)
+        finally:
+            await self.redis.delete(base)
+
+    # -- reading in order -----------------------------------------------------------------------
+
+    async def _read(self, sources: Sequence[str], scores: ScoreRange, descending: bool, after: Position | None,
+                    until: Position | None, limit: int, *, count: bool = False) -> tuple[list[Position], int | None]:
+        """Up to ``limit`` positions past ``after`` merged over ``sources``, and their count if asked."""
+        window = scores.from_position(after, descending) if after else scores
+        want = limit + (TIE_SLACK if after else 0)
+        total: int | None = None
+        while True:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key in sources:
+                    if descending:
+                        pipe.zrange(key, window.redis_high(), window.redis_low(), desc=True, byscore=True,
+                                    offset=0, num=want, withscores=True)
+                    else:
+                        pipe.zrange(key, window.redis_low(), window.redis_high(), byscore=True,
+                                    offset=0, num=want, withscores=True)
+                if count and total is None:
+                    self._queue_count(pipe, sources, scores)
+                replies = await pipe.execute()
+            if count and total is None:
+                total = int(replies[len(sources) if len(sources) == 1 else -2])
+            batches = [[Position(score, member) for member, score in reply] for reply in replies[:len(sources)]]
+            positions, complete = merge(batches, want, descending)
+            if until is not None and positions and not past(until, positions[-1], descending):
+                complete = True  # read up to the end bound: nothing more is wanted
+            positions = [p for p in positions if (after is None or past(p, after, descending))
+                         and (until is None or past(until, p, descending))]
+            if len(positions) >= limit or complete:
+                return positions[:limit], total
+            want *= 4
+
+    def _queue_count(self, pipe: Redis, sources: Sequence[str], scores: ScoreRange) -> None:
+        if len(sources) == 1:
+            pipe.zcount(sources[0], scores.redis_low(), scores.redis_high())
+            return
+        union = self.keys.listing_scratch(uuid.uuid4().hex)
+        pipe.zunionstore(union, list(sources), aggregate="MIN")
+        pipe.zcount(union, scores.redis_low(), scores.redis_high())
+        pipe.delete(union)
+
+    # -- nameContains: scanned in batches ------------------------------------------------------
+
+    async def _scan_names(self, plan: Plan, sources: Sequence[str], after: Position | None, until: Position | None,
+                          limit: int) -> list[Position]:
+        assert plan.name_contains is not None
+        found: list[Position] = []
+        while len(found) < limit:
+            batch, _ = await self._read(sources, plan.scores, plan.descending, after, until, NAME_SCAN_BATCH)
+            if not batch:
+                break
+            names = await self.redis.hmget(self.keys.session_names, [p.id for p in batch])
+            found += [p for p, n in zip(batch, names, strict=True) if n is not None and plan.name_contains in n.casefold()]
+            if len(batch) < NAME_SCAN_BATCH:
+                break
+            after = batch[-1]
+        return found[:limit]
+
+    async def _count_names(self, plan: Plan, sources: Sequence[str]) -> int:
+        assert plan.name_contains is not None
+        total, after = 0, None
+        while True:
+            batch, _ = await self._read(sources, plan.scores, plan.descending, after, None, NAME_SCAN_BATCH)
+            if not batch:
+                return total
+            names = await self.redis.hmget(self.keys.session_names, [p.id for p in batch])
+            total += sum(1 for n in names if n is not None and plan.name_contains in n.casefold())
+            if len(batch) < NAME_SCAN_BATCH:
+                return total
+            after = batch[-1]
+
+
+def merge(batches: Sequence[list[Position]], want: int, descending: bool) -> tuple[list[Position], bool]:
+    """Positions of several ordered batches (each read with a limit of ``want``) merged in order, without repeats.
+
+    Only what is certainly in order is kept: nothing past the end of a batch that hit its limit (that
+    index may hold more before it). ``complete`` when no batch hit its limit.
+    """
+    full_ends = [b[-1] for b in batches if len(b) >= want]
+    horizon = (max(full_ends) if descending else min(full_ends)) if full_ends else None
+    seen: dict[str, Position] = {}
+    for batch in batches:
+        for position in batch:
+            seen.setdefault(position.id, position)
+    ordered = sorted(seen.values(), reverse=descending)
+    if horizon is not None:
+        ordered = [p for p in ordered if not past(p, horizon, descending)]
+    return ordered, horizon is None

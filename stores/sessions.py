@@ -1,0 +1,262 @@
+"""Sessions in Redis: creation, reads, and validated status updates that keep every index in step.
+
+Each write is one optimistic transaction (WATCH … MULTI/EXEC, retried on conflict), so a
+session document and its indexes (live set, pending queue, name claim) never disagree. Each also increments
+``Keys.sessions_version`` in its MULTI: the gateway's result cache serves a stored answer only while it is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from stores import events
+from core.errors import Conflict
+from core.keys import Keys
+from domain.model import Session, SessionStatus
+
+WAKEUP_BACKLOG = 64
+LISTING_INDEXES_VERSION = "1"
+"""Bump when the listing indexes change shape: the scheduler then indexes every stored session again, once."""
+REINDEX_BATCH = 500
+"""The wakeup list only signals 'there is work'; a few entries are as good as many."""
+
+
+class LostLease(Exception):
+    """A scheduler tried to write after another took over (its fencing token is stale)."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A leadership term: writes carrying it are refused once a newer term has started."""
+
+    key: str
+    token: int
+
+
+Mutation = Callable[[Session], Session | None]
+Admission = Callable[["SessionStore"], Awaitable[None]]
+"""A creation-time check that raises to refuse (``stores.resource_policies.pending_admission``)."""
+
+
+class SessionStore:
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def get(self, session_id: str) -> Session | None:
+        raw = await self.redis.get(self.keys.session(session_id))
+        return Session.from_json(raw) if raw else None
+
+    async def get_many(self, session_ids: Sequence[str]) -> list[Session | None]:
+        if not session_ids:
+            return []
+        raws = await self.redis.mget([self.keys.session(i) for i in session_ids])
+        return [Session.from_json(r) if r else None for r in raws]
+
+    async def pending_ids(self, resource_group: str) -> list[str]:
+        ids: list[str] = await self.redis.zrange(self.keys.pending_queue(resource_group), 0, -1)
+        return ids
+
+    async def resource_groups(self) -> set[str]:
+        groups: set[str] = await self.redis.smembers(self.keys.resource_groups)
+        return groups
+
+    async def live_ids(self) -> set[str]:
+        ids: set[str] = await self.redis.smembers(self.keys.sessions_live)
+        return ids
+
+    async def ids_to_submit(self) -> set[str]:
+        ids: set[str] = await self.redis.smembers(self.keys.work_to_submit)
+        return ids
+
+    async def session_ids(self, *, owner_id: str | None = None) -> list[str]:
+        """Ids newest first, of everyone or of one owner."""
+        key = self.keys.sessions_of_owner(owner_id) if owner_id else self.keys.sessions_by_created
+        ids: list[str] = await self.redis.zrevrange(key, 0, -1)
+        return ids
+
+    # -- creation -------------------------------------------------------------------------------
+
+    async def create(self, sessions: Sequence[Session], *, client_token: str | None = None,
+                     admit: Admission | None = None) -> list[Session]:
+        """Store new PENDING sessions atomically; a repeated ``client_token`` returns the first call's sessions.
+
+        ``admit`` (a quota check) runs under a WATCH of the owner's session index and raises to refuse: a creation
+        of the same owner racing this one makes it run again, so two racing requests cannot both slip under a limit.
+        """
+        owner = sessions[0].owner_id
+        token_key = self.keys.client_token(owner, client_token) if client_token else None
+        name_keys = [self.keys.live_name(s.owner_id, s.name) for s in sessions]
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    owner_index = self.keys.sessions_of_owner(owner) if admit else None
+                    watched = [k for k in (token_key, *name_keys, owner_index) if k]
+                    await pipe.watch(*watched)
+                    if token_key and (earlier := await pipe.get(token_key)):
+                        found = await self.get_many(json.loads(earlier))
+                        return [s for s in found if s is not None]
+                    if admit:
+                        await admit(self)
+                    for session, name_key in zip(sessions, name_keys, strict=True):
+                        if await pipe.exists(name_key):
+                            raise Conflict(
+                                f"you already have a live session named {session.name!r}", field="name"
+                            )
+                    pipe.multi()
+                    for session, name_key in zip(sessions, name_keys, strict=True):
+                        self._write_new(pipe, session, name_key)
+                    if token_key:
+                        pipe.set(token_key, json.dumps([s.id for s in sessions]))
+                    pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
+                    pipe.rpush(self.keys.scheduler_wakeup, "created")
+                    pipe.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
+                    await pipe.execute()
+                    return list(sessions)
+                except WatchError:
+                    continue
+
+    def _write_new(self, pipe: Redis, session: Session, name_key: str) -> None:
+        created = session.created_at.timestamp()
+        pipe.set(self.keys.session(session.id), session.to_json())
+        pipe.set(name_key, session.id)
+        pipe.zadd(self.keys.sessions_by_created, {session.id: created})
+        pipe.zadd(self.keys.sessions_of_owner(session.owner_id), {session.id: created})
+        self._index_for_listing(pipe, session)
+        pipe.sadd(self.keys.sessions_live, session.id)
+        pipe.zadd(self.keys.pending_queue(session.resource_group), {session.id: created})
+        pipe.sadd(self.keys.resource_groups, session.resource_group)
+        self._publish(pipe, session)
+
+    async def ensure_listing_indexes(self) -> int:
+        """Put every stored session in the listing indexes, once per ``LISTING_INDEXES_VERSION`` (sessions stored
+        before an index existed are otherwise missing from filtered listings and quota counts); idempotent, and
+        each batch is WATCHed, so sessions changing meanwhile are indexed as they are. Returns how many were read."""
+        if await self.redis.get(self.keys.listing_indexes_version) == LISTING_INDEXES_VERSION:
+            return 0
+        ids: list[str] = await self.redis.zrange(self.keys.sessions_by_created, 0, -1)
+        for start in range(0, len(ids), REINDEX_BATCH):
+            doc_keys = [self.keys.session(i) for i in ids[start:start + REINDEX_BATCH]]
+            while True:
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    try:
+                        await pipe.watch(*doc_keys)
+                        raws = await pipe.mget(doc_keys)
+                        pipe.multi()
+                        for session in (Session.from_json(raw) for raw in raws if raw):
+                            self._index_for_listing(pipe, session)
+                            if session.terminated_at:
+                                pipe.zadd(self.keys.sessions_by_terminated,
+                                          {session.id: session.terminated_at.timestamp()})
+                        pipe.incr(self.keys.sessions_version)
+                        await pipe.execute()
+                        break
+                    except WatchError:
+                        continue
+        await self.redis.set(self.keys.listing_indexes_version, LISTING_INDEXES_VERSION)
+        return len(ids)
+
+    def _index_for_listing(self, pipe: Redis, session: Session) -> None:
+        """The listing's indexes of a new session (``domain.listing`` plans queries over them)."""
+        pipe.zadd(self.keys.sessions_of_project(session.project), {session.id: session.created_at.timestamp()})
+        pipe.sadd(self.keys.sessions_with_status(session.status.value), session.id)
+        pipe.sadd(self.keys.sessions_of_type(session.type.value), session.id)
+        pipe.sadd(self.keys.sessions_in_group(session.resource_group), session.id)
+        pipe.hset(self.keys.session_names, session.id, session.name)
+
+    def _reindex_for_listing(self, pipe: Redis, before: Session, after: Session) -> None:
+        if after.status is not before.status:
+            pipe.srem(self.keys.sessions_with_status(before.status.value), after.id)
+            pipe.sadd(self.keys.sessions_with_status(after.status.value), after.id)
+        if after.status.is_terminal and not before.status.is_terminal and after.terminated_at:
+            pipe.zadd(self.keys.sessions_by_terminated, {after.id: after.terminated_at.timestamp()})
+        if after.name != before.name:
+            pipe.hset(self.keys.session_names, after.id, after.name)
+
+    # -- updates --------------------------------------------------------------------------------
+
+    async def update(self, session_id: str, mutate: Mutation, *, fence: Fence | None = None) -> Session | None:
+        """Apply ``mutate`` to the stored session atomically; returns the stored result.
+
+        ``mutate`` is pure and may run more than once (on a conflict); returning ``None`` means
+        "no change". Raises :class:`LostLease` when ``fence`` is no longer the current term.
+        """
+        key = self.keys.session(session_id)
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(key, *([fence.key] if fence else []))
+                    if fence and int(await pipe.get(fence.key) or 0) != fence.token:
+                        raise LostLease(f"fencing token {fence.token} is stale")
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        return None
+                    before = Session.from_json(raw)
+                    after = mutate(before)
+                    if after is None or after == before:
+                        return before
+                    name_key = self.keys.live_name(before.owner_id, before.name)
+                    name_owner = await pipe.get(name_key)
+                    new_name_key = self.keys.live_name(after.owner_id, after.name)
+                    if after.name != before.name and await pipe.exists(new_name_key):
+                        raise Conflict(f"you already have a live session named {after.name!r}", field="name")
+                    pipe.multi()
+                    pipe.set(key, after.to_json())
+                    self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
+                    pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
+                    await pipe.execute()
+                    return after
+                except WatchError:
+                    continue
+
+    def _reindex(self, pipe: Redis, before: Session, after: Session, owned_name_key: str | None) -> None:
+        if before.status is SessionStatus.PENDING and after.status is not SessionStatus.PENDING:
+            pipe.zrem(self.keys.pending_queue(before.resource_group), before.id)
+        if after.status is SessionStatus.SCHEDULED and before.status is not SessionStatus.SCHEDULED:
+            pipe.sadd(self.keys.work_to_submit, after.id)
+        if after.status is SessionStatus.RUNNING and after.batch_timeout and after.started_at:
+            pipe.zadd(self.keys.batch_deadlines, {after.id: after.started_at.timestamp() + after.batch_timeout})
+        elif after.status is not SessionStatus.RUNNING:
+            pipe.zrem(self.keys.batch_deadlines, after.id)
+        if after.status.is_terminal:
+            pipe.srem(self.keys.sessions_live, after.id)
+            pipe.srem(self.keys.work_to_submit, after.id)
+            if owned_name_key:
+                pipe.delete(owned_name_key)
+        elif after.name != before.name:
+            if owned_name_key:
+                pipe.delete(owned_name_key)
+            pipe.set(self.keys.live_name(after.owner_id, after.name), after.id)
+        self._reindex_for_listing(pipe, before, after)
+        if after.status is not before.status or after.status_history[-1:] != before.status_history[-1:]:
+            self._publish(pipe, after)  # a status change, or a PREPARING session's new reason (lifecycle.restate)
+
+    async def overdue_batch_sessions(self, now: float) -> list[str]:
+        ids: list[str] = await self.redis.zrangebyscore(self.keys.batch_deadlines, "-inf", now)
+        return ids
+
+    async def mark_submitted(self, session_id: str) -> None:
+        await self.redis.srem(self.keys.work_to_submit, session_id)
+
+    async def wake_scheduler(self, reason: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(self.keys.scheduler_wakeup, reason)
+            pipe.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
+            await pipe.execute()
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _publish(self, pipe: Redis, session: Session) -> None:
+        """Append the status change to the session's and the owner's event streams, in the caller's MULTI."""
+        events.append(pipe, self.keys, session)
+
+
+def ids_of(sessions: Iterable[Session]) -> list[str]:
+    return [s.id for s in sessions]

@@ -1,0 +1,407 @@
+"""Users, their projects and their API tokens, in Redis.
+
+A user has one role and belongs to one or more projects. An API token is a record (id, label, when it was
+created, last used and expires) kept under the SHA-256 of its secret: the secret is shown once, when issued,
+and never stored. Checking a token is one Redis round trip (a script reads the record, checks its expiry,
+reads the user and notes the use), since the gateway checks one on every request.
+
+Every write is one optimistic transaction (WATCH … MULTI/EXEC), so a user document, the user and project
+indexes and the token records never disagree; in particular a token cannot be issued to a user being
+deactivated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from core.clock import utcnow
+from core.errors import Conflict, NotFound, QuotaExceeded
+from core.keys import Keys
+from core.secrets import write_private
+
+BOOTSTRAP_ADMIN_ID = "admin"
+BOOTSTRAP_TOKEN_ID = "bootstrap"
+"""The bootstrap admin's configured token keeps this id, so a new configured secret replaces the old one."""
+MAX_TOKENS_PER_USER = 50
+"""Live tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing one more is ``QUOTA_EXCEEDED``."""
+REVOCATIONS_KEPT = 10_000
+"""Entries the token revocation stream keeps (about: trimmed approximately); its readers follow it live."""
+LAST_USED_RESOLUTION = 60.0
+"""Seconds: a token's last use is written at most this often (not on every request)."""
+
+
+class Role(StrEnum):
+    SUPERADMIN = "SUPERADMIN"
+    ADMIN = "ADMIN"
+    USER = "USER"
+
+    @property
+    def rank(self) -> int:
+        """Higher ranks may do more: USER 0, ADMIN 1, SUPERADMIN 2."""
+        return (Role.USER, Role.ADMIN, Role.SUPERADMIN).index(self)
+
+
+@dataclass(frozen=True)
+class User:
+    id: str
+    name: str
+    role: Role
+    projects: tuple[str, ...] = field(default=("default",))
+    active: bool = True
+    """A deactivated user's tokens are revoked and no new ones are issued; their sessions are left alone."""
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role in (Role.ADMIN, Role.SUPERADMIN)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> User:
+        doc = json.loads(text)
+        return cls(id=doc["id"], name=doc["name"], role=Role(doc["role"]), projects=tuple(doc["projects"]),
+                   active=doc.get("active", True))
+
+
+@dataclass(frozen=True)
+class ApiToken:
+    """What is known of a token besides its secret."""
+
+    id: str
+    user_id: str
+    label: str
+    created_at: datetime
+    expires_at: datetime | None = None
+    last_used_at: datetime | None = None
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, str]) -> ApiToken:
+        return cls(
+            id=record["id"], user_id=record["user"], label=record["label"], created_at=_moment(record["created"]),
+            expires_at=_moment(record["expires"]) if record.get("expires") else None,
+            last_used_at=_moment(record["last_used"]) if record.get("last_used") else None,
+        )
+
+
+def _moment(seconds: str) -> datetime:
+    return datetime.fromtimestamp(float(seconds), UTC)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_secret() -> str:
+    return "cv_" + secrets.token_urlsafe(32)
+
+
+# The token check, as a Lua function other scripts include (the gateway's admission runs it with the rate limit's
+# count: gateway.graphql.protection). token_key: the token record (Keys.no_token for none); user_prefix: the user key
+# prefix; now: unix seconds, as text; resolution: the last-use resolution in seconds. Returns the user's JSON
+# document, the user id and the expiry (unix seconds, as text; false if none), or false three times for no token,
+# an unknown or expired token, or a user that is gone. The user key is built here from the prefix (it is only known
+# once the record is read): Caravan runs on a single Redis, not a cluster, so a key not passed in KEYS is fine.
+AUTHENTICATE_FUNCTION = """
+local function authenticate(token_key, user_prefix, now, resolution)
+  local record = redis.call('HMGET', token_key, 'user', 'expires', 'last_used')
+  if not record[1] then return false, false, false end
+  local moment = tonumber(now)
+  if record[2] and tonumber(record[2]) <= moment then return false, false, false end
+  local doc = redis.call('GET', user_prefix .. record[1])
+  if not doc then return false, false, false end
+  if not record[3] or moment - tonumber(record[3]) >= tonumber(resolution) then
+    redis.call('HSET', token_key, 'last_used', now)
+  end
+  return doc, record[1], record[2] or false
+end
+"""
+# KEYS[1]: the token record. ARGV: the user key prefix, now (unix seconds), the last-use resolution.
+# Returns {the user's JSON document, the expiry or false}, or false.
+AUTHENTICATE = AUTHENTICATE_FUNCTION + """
+local doc, _, expires = authenticate(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
+if not doc then return false end
+return {doc, expires}
+"""
+
+
+@dataclass(frozen=True)
+class Authenticated:
+    """Who a valid token belongs to, and until when it is valid."""
+
+    user: User
+    expires_at: datetime | None
+
+
+def authenticated(doc: str | bytes | None, expires: str | bytes | None) -> Authenticated | None:
+    """What the token check's document and expiry say: None without a document, or for a deactivated user."""
+    if not doc:
+        return None
+    user = User.from_json(doc)
+    if not user.active:
+        return None
+    return Authenticated(user, _moment(expires.decode() if isinstance(expires, bytes) else expires) if expires else None)
+
+
+def token_check_args(keys: Keys, token: str, now: datetime | None = None) -> tuple[str, list[str]]:
+    """The token check function's first argument (the record's key; without a token, one that never exists) and its
+    other three."""
+    moment = (now or utcnow()).timestamp()
+    return (keys.api_token(hash_token(token)) if token else keys.no_token,
+            [keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)])
+
+
+class UserStore:
+    def __init__(self, redis: Redis, keys: Keys, *, max_tokens: int = MAX_TOKENS_PER_USER) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.max_tokens = max_tokens
+        """Live tokens per user; a token replacing one of the same id (the bootstrap token) does not count."""
+        self._authenticate = redis.register_script(AUTHENTICATE)
+
+    # -- users ----------------------------------------------------------------------------------
+
+    async def get(self, user_id: str) -> User | None:
+        raw = await self.redis.get(self.keys.user(user_id))
+        return User.from_json(raw) if raw else None
+
+    async def get_many(self, user_ids: Iterable[str]) -> list[User]:
+        """The users that exist among ``user_ids``, sorted by id."""
+        ids = sorted(set(user_ids))
+        raws = await self.redis.mget([self.keys.user(i) for i in ids]) if ids else []
+        return [User.from_json(r) for r in raws if r]
+
+    async def ids(self, projects: Iterable[str] | None = None) -> set[str]:
+        """Every user id, or the ids of the members of any of ``projects``."""
+        if projects is None:
+            everyone: set[str] = await self.redis.smembers(self.keys.all_users)
+            return everyone
+        keys = [self.keys.project_members(p) for p in projects]
+        members: set[str] = await self.redis.sunion(keys) if keys else set()
+        return members
+
+    async def put(self, user: User) -> None:
+        """Store ``user`` as given, new or not."""
+        await self._write(user.id, lambda _: user)
+
+    async def create(self, user: User) -> User:
+        """Store a new user; CONFLICT if the id is taken."""
+
+        def new(before: User | None) -> User:
+            if before is not None:
+                raise Conflict(f"a user named {user.id!r} already exists" + (
+                    "" if before.active else " (deactivated: reactivateUser makes them active again)"), field="name")
+            return user
+
+        created = await self._write(user.id, new)
+        assert created is not None
+        return created
+
+    async def update(self, user_id: str, mutate: Callable[[User], User]) -> User | None:
+        """Apply ``mutate`` (pure; it may run more than once, and may raise to refuse) to a stored user."""
+        return await self._write(user_id, lambda before: mutate(before) if before is not None else None)
+
+    async def _write(self, user_id: str, decide: Callable[[User | None], User | None]) -> User | None:
+        key = self.keys.user(user_id)
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    before = User.from_json(raw) if raw else None
+                    after = decide(before)
+                    if after is None:
+                        return None
+                    pipe.multi()
+                    self._write_user(pipe, before, after)
+                    await pipe.execute()
+                    return after
+                except WatchError:
+                    continue
+
+    def _write_user(self, pipe: Redis, before: User | None, after: User) -> None:
+        pipe.set(self.keys.user(after.id), after.to_json())
+        pipe.sadd(self.keys.all_users, after.id)
+        for project in set(before.projects if before else ()) - set(after.projects):
+            pipe.srem(self.keys.project_members(project), after.id)
+        for project in after.projects:
+            pipe.sadd(self.keys.project_members(project), after.id)
+
+    async def deactivate(self, user_id: str, check: Callable[[User], None] | None = None) -> User | None:
+        """Mark the user inactive and revoke all their tokens, at once; ``None`` if there is no such user.
+
+        ``check`` (pure; it may raise to refuse) is run on the stored user inside the transaction."""
+        key, tokens_key = self.keys.user(user_id), self.keys.user_tokens(user_id)
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(key, tokens_key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        return None
+                    before = User.from_json(raw)
+                    if check is not None:
+                        check(before)
+                    token_ids = sorted(await pipe.smembers(tokens_key))
+                    hashes = await pipe.hmget(self.keys.api_token_ids, token_ids) if token_ids else []
+                    after = replace(before, active=False)
+                    pipe.multi()
+                    self._write_user(pipe, before, after)
+                    for token_hash in hashes:
+                        if token_hash:
+                            pipe.delete(self.keys.api_token(token_hash))
+                            self._announce_revocation(pipe, token_hash)
+                    if token_ids:
+                        pipe.hdel(self.keys.api_token_ids, *token_ids)
+                    pipe.delete(tokens_key)
+                    await pipe.execute()
+                    return after
+                except WatchError:
+                    continue
+
+    async def ensure_bootstrap_admin(self, token: str) -> User:
+        """The configured superadmin, active, with ``token`` as its bootstrap token (replacing an earlier one).
+
+        Its projects are kept across restarts; its role and activity are not: it is the way back in."""
+        def restored(before: User | None) -> User:
+            projects = before.projects if before else ("default",)
+            return User(id=BOOTSTRAP_ADMIN_ID, name="admin", role=Role.SUPERADMIN, projects=projects)
+
+        admin = await self._write(BOOTSTRAP_ADMIN_ID, restored)
+        assert admin is not None
+        await self._store_token(admin.id, token, label="bootstrap", token_id=BOOTSTRAP_TOKEN_ID, now=utcnow())
+        return admin
+
+    # -- tokens ---------------------------------------------------------------------------------
+
+    async def by_token(self, token: str, now: datetime | None = None) -> User | None:
+        """The active user a token belongs to, or ``None`` (unknown, revoked or expired token; deactivated user)."""
+        found = await self.authenticate(token, now)
+        return found.user if found else None
+
+    async def authenticate(self, token: str, now: datetime | None = None) -> Authenticated | None:
+        """``by_token``, with the token's expiry; one round trip."""
+        if not token:
+            return None
+        token_key, args = token_check_args(self.keys, token, now)
+        reply = await self._authenticate(keys=[token_key], args=args)
+        return authenticated(*reply) if reply else None
+
+    async def new_token(self, user_id: str, label: str, *, expires_at: datetime | None = None,
+                        now: datetime | None = None) -> tuple[str, ApiToken]:
+        """A new token for an active user: its secret (shown once) and its record."""
+        secret = new_secret()
+        record = await self._store_token(user_id, secret, label=label, token_id=uuid.uuid4().hex[:16],
+                                         expires_at=expires_at, now=now or utcnow())
+        return secret, record
+
+    async def issue_token(self, user_id: str, label: str = "api") -> str:
+        """A new token's secret."""
+        secret, _ = await self.new_token(user_id, label)
+        return secret
+
+    async def _store_token(self, user_id: str, secret: str, *, label: str, token_id: str, now: datetime,
+                           expires_at: datetime | None = None) -> ApiToken:
+        await self.tokens_of(user_id)  # drops the ids of expired records, which must not count below
+        user_key, tokens_key = self.keys.user(user_id), self.keys.user_tokens(user_id)
+        token_hash = hash_token(secret)
+        record = ApiToken(id=token_id, user_id=user_id, label=label, created_at=now, expires_at=expires_at)
+        fields = {"id": token_id, "user": user_id, "label": label, "created": repr(now.timestamp()),
+                  **({"expires": repr(expires_at.timestamp())} if expires_at else {})}
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(user_key, tokens_key)
+                    raw = await pipe.get(user_key)
+                    if raw is None:
+                        raise NotFound(f"no user {user_id}", field="userId")
+                    if not User.from_json(raw).active:
+                        raise Conflict(f"user {user_id} is deactivated: no new tokens", field="userId")
+                    adding = not await pipe.sismember(tokens_key, token_id)  # else it replaces its namesake
+                    if adding and await pipe.scard(tokens_key) >= self.max_tokens:
+                        raise QuotaExceeded(f"user {user_id} already has {self.max_tokens} tokens, the most a user "
+                                            f"may have: revoke some first", field="userId")
+                    replaced = await pipe.hget(self.keys.api_token_ids, token_id)
+                    pipe.multi()
+                    if replaced and replaced != token_hash:
+                        pipe.delete(self.keys.api_token(replaced))
+                        self._announce_revocation(pipe, replaced)
+                    pipe.delete(self.keys.api_token(token_hash))
+                    pipe.hset(self.keys.api_token(token_hash), mapping=fields)
+                    if expires_at:  # Redis drops the record itself once it is of no use
+                        pipe.pexpireat(self.keys.api_token(token_hash), int(expires_at.timestamp() * 1000))
+                    pipe.hset(self.keys.api_token_ids, token_id, token_hash)
+                    pipe.sadd(tokens_key, token_id)
+                    await pipe.execute()
+                    return record
+                except WatchError:
+                    continue
+
+    async def token(self, token_id: str) -> ApiToken | None:
+        token_hash = await self.redis.hget(self.keys.api_token_ids, token_id)
+        if not token_hash:
+            return None
+        record = await self.redis.hgetall(self.keys.api_token(token_hash))
+        return ApiToken.from_record(record) if record else None
+
+    async def tokens_of(self, user_id: str) -> list[ApiToken]:
+        """A user's live tokens, oldest first; ids of records Redis has expired are dropped on the way."""
+        token_ids = sorted(await self.redis.smembers(self.keys.user_tokens(user_id)))
+        if not token_ids:
+            return []
+        hashes = await self.redis.hmget(self.keys.api_token_ids, token_ids)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for token_hash in hashes:
+                pipe.hgetall(self.keys.api_token(token_hash or "-"))
+            records: list[dict[str, str]] = await pipe.execute()
+        gone = [i for i, r in zip(token_ids, records, strict=True) if not r]
+        if gone:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.srem(self.keys.user_tokens(user_id), *gone)
+                pipe.hdel(self.keys.api_token_ids, *gone)
+                await pipe.execute()
+        tokens = [ApiToken.from_record(r) for r in records if r]
+        return sorted(tokens, key=lambda t: (t.created_at, t.id))
+
+    async def revoke_token(self, token_id: str) -> ApiToken | None:
+        """Delete a token: it is refused from the next request on. ``None`` if there is no such token."""
+        token_hash = await self.redis.hget(self.keys.api_token_ids, token_id)
+        if not token_hash:
+            return None
+        record = await self.redis.hgetall(self.keys.api_token(token_hash))
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.api_token(token_hash))
+            pipe.hdel(self.keys.api_token_ids, token_id)
+            if record:
+                pipe.srem(self.keys.user_tokens(record["user"]), token_id)
+            self._announce_revocation(pipe, token_hash)
+            await pipe.execute()
+        return ApiToken.from_record(record) if record else None
+
+    def _announce_revocation(self, pipe: Redis, token_hash: str) -> None:
+        """In the revocation's MULTI: tell every gateway (``gateway.revocations``) to close the token's connections."""
+        pipe.xadd(self.keys.token_revocations, {"token": token_hash}, maxlen=REVOCATIONS_KEPT, approximate=True)
+
+
+def bootstrap_admin_token(configured: str | None, home: Path) -> str:
+    """The configured token, else one generated on first start and kept in the state directory."""
+    if configured:
+        return configured
+    path = home / "admin-token"
+    if path.exists():
+        return path.read_text().strip()
+    home.mkdir(parents=True, exist_ok=True)
+    token = new_secret()
+    write_private(path, token)
+    return token

@@ -1,0 +1,91 @@
+"""The per-process reader of event streams, against the real Redis: many followers on few connections, catching up
+from a cursor without gaps or repeats, and a slow follower catching up from Redis instead of losing events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+from stores import event_hub
+from stores.event_hub import EventHub
+from core.keys import Keys
+from core.settings import Settings
+
+
+def entry(n: int) -> dict[str, str]:
+    return {"event": json.dumps({"sessionId": f"s{n}", "ownerId": "alice", "status": "PENDING", "reason": str(n),
+                                 "at": "2026-01-01T00:00:00Z"})}
+
+
+async def take(stream: object, count: int) -> list[str]:
+    reasons = []
+    async for event in stream:  # type: ignore[attr-defined]
+        reasons.append(event.reason)
+        if len(reasons) == count:
+            break
+    return reasons
+
+
+async def test_many_followers_share_one_reading_connection(settings: Settings, keys: Keys) -> None:
+    redis = Redis.from_url(settings.redis.url, decode_responses=True, max_connections=8)
+    hub = EventHub(redis, block_ms=200)
+    streams = [keys.owner_events(f"user{i}") for i in range(10)]
+    followers = []
+    for i in range(150):  # a pool of 8 would be long exhausted if each follower blocked in XREAD itself
+        followers.append(asyncio.create_task(take(hub.follow(streams[i % 10], "0-0"), 2)))
+        await asyncio.sleep(0.005)  # (joins one by one: redis-py refuses, not queues, a command past the pool)
+    await asyncio.sleep(0.3)
+    for stream in streams:
+        await redis.xadd(stream, entry(1))
+        await redis.xadd(stream, entry(2))
+    assert await asyncio.wait_for(asyncio.gather(*followers), 20) == [["1", "2"]] * 150
+    await hub.aclose()
+    await redis.aclose()
+
+
+async def test_a_follower_catches_up_from_its_cursor_then_follows_live_without_repeats(redis: Redis, keys: Keys) -> None:
+    hub = EventHub(redis, block_ms=200)
+    stream = keys.session_events("s1")
+    ids = [await redis.xadd(stream, entry(n)) for n in range(1, 4)]
+    followed = hub.follow(stream, ids[0])
+    first = await anext(followed)  # caught up from Redis: 2 (then 3 is waiting)
+    await redis.xadd(stream, entry(4))
+    rest = [(await anext(followed)).reason for _ in range(2)]
+    assert [first.reason, *rest] == ["2", "3", "4"]
+    await followed.aclose()
+    await hub.aclose()
+
+
+async def test_a_slow_follower_rereads_from_redis_instead_of_losing_events(
+    redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(event_hub, "QUEUE_LENGTH", 3)
+    hub = EventHub(redis, block_ms=200)
+    stream = keys.owner_events("alice")
+    followed = hub.follow(stream, "0-0")
+    await redis.xadd(stream, entry(0))
+    assert (await anext(followed)).reason == "0"
+    for n in range(1, 21):  # while the follower reads nothing
+        await redis.xadd(stream, entry(n))
+    await asyncio.sleep(0.5)
+    assert [(await anext(followed)).reason for _ in range(20)] == [str(n) for n in range(1, 21)]
+    await followed.aclose()
+    await hub.aclose()
+
+
+async def test_a_follower_waits_for_a_change_or_a_timeout(redis: Redis, keys: Keys) -> None:
+    hub = EventHub(redis, block_ms=200)
+    stream = keys.session_events("s2")
+    async with hub.follower(stream) as follower:
+        started = time.monotonic()
+        await follower.wait(timeout=0.3)
+        assert time.monotonic() - started >= 0.3
+        asyncio.get_running_loop().call_later(0.1, lambda: asyncio.ensure_future(redis.xadd(stream, entry(1))))
+        started = time.monotonic()
+        await follower.wait(timeout=10)
+        assert time.monotonic() - started < 5
+    await hub.aclose()
