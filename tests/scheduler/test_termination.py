@@ -6,7 +6,7 @@ import pytest
 
 from domain.model import SessionStatus as S
 from scheduler.termination import begin_termination
-from tests.common.test_lifecycle import kernel, session
+from tests.domain.test_lifecycle import kernel, session
 
 
 @pytest.mark.parametrize(("kernels", "forced", "expected"), [
