@@ -15,3 +15,8 @@ def to_iso(moment: datetime) -> str:
 
 def from_iso(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def from_unix(seconds: str | float) -> datetime:
+    """A moment given as unix seconds (a number, or its text as Redis keeps it), in UTC."""
+    return datetime.fromtimestamp(float(seconds), UTC)

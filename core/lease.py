@@ -1,7 +1,7 @@
 """One active instance of a service across processes: a Redis lease with a fencing token.
 
 Whoever holds the lease key is the leader; each new term takes the next fencing number, and
-every write of a leader carries it (see :class:`stores.sessions.Fence`), so a paused old leader
+every write of a leader carries it (:class:`Fence`), so a paused old leader
 that wakes up after losing the lease cannot write. The scheduler and the idle checker each
 lead through :func:`lead_forever` with a lease of their own.
 """
@@ -13,15 +13,27 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from core.retry import TRANSIENT, stop_if_cancelled, with_backoff
-from stores.sessions import Fence, LostLease
 
 log = logging.getLogger(__name__)
+
+
+class LostLease(Exception):
+    """A leader tried to write after another took over (its fencing token is stale)."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A leadership term: writes carrying it are refused once a newer term has started."""
+
+    key: str
+    token: int
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then

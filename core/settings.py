@@ -13,7 +13,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from core.secrets import Role, nomad_token_path, read_secret, redis_password_path
 
-from stores.users import MAX_TOKENS_PER_USER
+from domain.users import MAX_TOKENS_PER_USER
 
 
 @dataclass(frozen=True)

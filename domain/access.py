@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stores.users import Role, User
+from domain.users import Role, User
 
 
 def can_access(viewer: User, owner_id: str, project: str) -> bool:

@@ -29,11 +29,11 @@ from domain.model import (
     SessionType,
     StatusChange,
 )
-from stores.presets import ResourcePreset
+from domain.presets import ResourcePreset
 from core.settings import Settings
 from core.durations import duration_input
 from domain.inference import replicas_of
-from stores.users import Role, User
+from domain.users import Role, User
 from domain.user_requests import NAME_RULE as PROJECT_RULE
 from domain.docker_images import check_docker_image
 from domain.inference_options import ServiceOptions, checked_service_options

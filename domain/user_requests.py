@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from domain.access import manages_user
 from core.durations import duration_input
 from core.errors import Conflict, Forbidden, InvalidInput
-from stores.users import BOOTSTRAP_ADMIN_ID, Role, User
+from domain.users import BOOTSTRAP_ADMIN_ID, Role, User
 
 NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 """User and project names: they are ids, and appear in Redis keys and Nomad job metadata."""

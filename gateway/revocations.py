@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from stores import events
 from core.clock import utcnow
 from core.keys import Keys
-from stores.users import hash_token
+from domain.users import hash_token
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ from core.lease import Lease, lead_forever
 from domain.model import Session, SessionStatus
 from core.retry import forever
 from core.settings import Settings
-from stores.sessions import Fence, SessionStore
+from core.lease import Fence
+from stores.sessions import SessionStore
 from stores.activity import forget_activity
 from domain.idle.arbiter import Arbiter, evaluate
 from idle.reload import PolicySource

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from core.keys import Keys
 from domain.model import Session
-from stores.resource_policies import SessionLimits
+from domain.resource_policies import SessionLimits
 from stores.activity import Activity, read_activity
 from idle.collect import Sample, collect_samples
 from domain.idle.config import IdlePolicyConfig

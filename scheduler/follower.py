@@ -28,7 +28,8 @@ from domain.inference import HealthReading, forget_stale_health, is_inference, r
 from domain.lifecycle import observe_kernel, transition
 from domain.model import KernelObservation, Session, SessionStatus, SessionType
 from core.retry import stop_if_cancelled
-from stores.sessions import Fence, SessionStore
+from core.lease import Fence
+from stores.sessions import SessionStore
 from nomad_jobs.client import TERMINAL_ALLOCATION_STATUSES, NomadClient
 from nomad_jobs.meta import session_id_of
 from nomad_jobs.observe import (for_driver, is_superseded, latest_per_group, observe_allocation, observe_unplaced,

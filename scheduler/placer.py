@@ -26,7 +26,8 @@ from domain.model import Kernel, Session, SessionStatus
 from core.lease import write_fenced
 from stores.resource_policies import PolicyStore
 from core.settings import Settings
-from stores.sessions import Fence, Mutation, SessionStore
+from core.lease import Fence
+from stores.sessions import Mutation, SessionStore
 from nomad_jobs.client import NomadClient
 from nomad_jobs.session_job import JobContext, render_session_job
 from domain.scheduling_config import SchedulingConfig

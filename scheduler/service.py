@@ -14,7 +14,8 @@ from domain.model import SessionResult
 from core.lease import Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
-from stores.sessions import Fence, SessionStore
+from core.lease import Fence
+from stores.sessions import SessionStore
 from nomad_jobs.client import NomadClient
 from domain.scheduling_config import load_scheduler_config
 from scheduler.follower import Follower

@@ -15,7 +15,8 @@ from core.clock import utcnow
 from core.errors import PermanentError
 from domain.lifecycle import transition
 from domain.model import Session, SessionStatus
-from stores.sessions import Fence, SessionStore
+from core.lease import Fence
+from stores.sessions import SessionStore
 from nomad_jobs.client import JobExists, NomadClient
 from nomad_jobs.explain import clipped
 from nomad_jobs.meta import SESSION_ID, TASK_NAME

@@ -14,7 +14,8 @@ import logging
 from core.clock import utcnow
 from domain.lifecycle import transition
 from domain.model import Kernel, Session, SessionResult, SessionStatus
-from stores.sessions import Fence, SessionStore
+from core.lease import Fence
+from stores.sessions import SessionStore
 from nomad_jobs.client import NomadClient
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from redis.asyncio.client import Pipeline
 from core.clock import from_iso, to_iso
 from core.keys import Keys
 from core.lease import write_fenced
-from stores.sessions import Fence
+from core.lease import Fence
 from domain.idle.config import IdlePolicyConfig
 from idle.policy_file import parse_policy
 from domain.idle.verdict import Verdict

@@ -8,39 +8,13 @@ every creation that names it.
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from core.errors import InvalidInput
 from core.keys import Keys
+from domain.presets import ResourcePreset
 
-PRESET_NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-@dataclass(frozen=True)
-class ResourcePreset:
-    name: str
-    resources: dict[str, str] = field(default_factory=dict)
-    """Slot -> exact amount (cores, bytes, devices)."""
-    shared_memory: str | None = None
-    """Bytes of /dev/shm, exact; a request's own ``sharedMemory`` wins."""
-
-    def to_json(self) -> str:
-        return json.dumps({"name": self.name, "resources": self.resources, "shared_memory": self.shared_memory})
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> ResourcePreset:
-        doc = json.loads(text)
-        return cls(doc["name"], dict(doc.get("resources") or {}), doc.get("shared_memory"))
-
-
-def check_preset_name(name: str) -> None:
-    if not PRESET_NAME_RULE.match(name):
-        raise InvalidInput("a preset name is 1-64 characters: letters, digits, '_', '.', '-', not first", field="name")
 
 
 class PresetStore:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
@@ -17,25 +16,15 @@ from redis.exceptions import WatchError
 from stores import events
 from core.errors import Conflict
 from core.keys import Keys
+from core.lease import Fence, LostLease
 from domain.model import Session, SessionStatus
 
 WAKEUP_BACKLOG = 64
+"""The wakeup list only signals 'there is work'; a few entries are as good as many."""
 LISTING_INDEXES_VERSION = "1"
 """Bump when the listing indexes change shape: the scheduler then indexes every stored session again, once."""
 REINDEX_BATCH = 500
-"""The wakeup list only signals 'there is work'; a few entries are as good as many."""
-
-
-class LostLease(Exception):
-    """A scheduler tried to write after another took over (its fencing token is stale)."""
-
-
-@dataclass(frozen=True)
-class Fence:
-    """A leadership term: writes carrying it are refused once a newer term has started."""
-
-    key: str
-    token: int
+"""Sessions indexed per WATCHed transaction when the listing indexes are rebuilt."""
 
 
 Mutation = Callable[[Session], Session | None]

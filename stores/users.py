@@ -12,99 +12,34 @@ deactivated.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import secrets
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
-from enum import StrEnum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from core.clock import utcnow
+from core.clock import from_unix, utcnow
 from core.errors import Conflict, NotFound, QuotaExceeded
 from core.keys import Keys
 from core.secrets import write_private
+from domain.users import (
+    BOOTSTRAP_ADMIN_ID,
+    BOOTSTRAP_TOKEN_ID,
+    MAX_TOKENS_PER_USER,
+    ApiToken,
+    Role,
+    User,
+    hash_token,
+    new_secret,
+)
 
-BOOTSTRAP_ADMIN_ID = "admin"
-BOOTSTRAP_TOKEN_ID = "bootstrap"
-"""The bootstrap admin's configured token keeps this id, so a new configured secret replaces the old one."""
-MAX_TOKENS_PER_USER = 50
-"""Live tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing one more is ``QUOTA_EXCEEDED``."""
 REVOCATIONS_KEPT = 10_000
 """Entries the token revocation stream keeps (about: trimmed approximately); its readers follow it live."""
 LAST_USED_RESOLUTION = 60.0
 """Seconds: a token's last use is written at most this often (not on every request)."""
-
-
-class Role(StrEnum):
-    SUPERADMIN = "SUPERADMIN"
-    ADMIN = "ADMIN"
-    USER = "USER"
-
-    @property
-    def rank(self) -> int:
-        """Higher ranks may do more: USER 0, ADMIN 1, SUPERADMIN 2."""
-        return (Role.USER, Role.ADMIN, Role.SUPERADMIN).index(self)
-
-
-@dataclass(frozen=True)
-class User:
-    id: str
-    name: str
-    role: Role
-    projects: tuple[str, ...] = field(default=("default",))
-    active: bool = True
-    """A deactivated user's tokens are revoked and no new ones are issued; their sessions are left alone."""
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role in (Role.ADMIN, Role.SUPERADMIN)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> User:
-        doc = json.loads(text)
-        return cls(id=doc["id"], name=doc["name"], role=Role(doc["role"]), projects=tuple(doc["projects"]),
-                   active=doc.get("active", True))
-
-
-@dataclass(frozen=True)
-class ApiToken:
-    """What is known of a token besides its secret."""
-
-    id: str
-    user_id: str
-    label: str
-    created_at: datetime
-    expires_at: datetime | None = None
-    last_used_at: datetime | None = None
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, str]) -> ApiToken:
-        return cls(
-            id=record["id"], user_id=record["user"], label=record["label"], created_at=_moment(record["created"]),
-            expires_at=_moment(record["expires"]) if record.get("expires") else None,
-            last_used_at=_moment(record["last_used"]) if record.get("last_used") else None,
-        )
-
-
-def _moment(seconds: str) -> datetime:
-    return datetime.fromtimestamp(float(seconds), UTC)
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def new_secret() -> str:
-    return "cv_" + secrets.token_urlsafe(32)
 
 
 # The token check, as a Lua function other scripts include (the gateway's admission runs it with the rate limit's
@@ -151,7 +86,7 @@ def authenticated(doc: str | bytes | None, expires: str | bytes | None) -> Authe
     user = User.from_json(doc)
     if not user.active:
         return None
-    return Authenticated(user, _moment(expires.decode() if isinstance(expires, bytes) else expires) if expires else None)
+    return Authenticated(user, from_unix(expires.decode() if isinstance(expires, bytes) else expires) if expires else None)
 
 
 def token_check_args(keys: Keys, token: str, now: datetime | None = None) -> tuple[str, list[str]]:

@@ -19,7 +19,8 @@ from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import NomadSettings, Settings
 from stores.sessions import SessionStore
-from stores.users import Role, User, UserStore
+from domain.users import Role, User
+from stores.users import UserStore
 from gateway.app import create_app
 from gateway.http_server import GatewayHttpProtocol
 from nomad_jobs.client import NomadClient

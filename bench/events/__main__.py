@@ -40,7 +40,8 @@ from core.keys import Keys
 from domain.lifecycle import transition
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from stores.sessions import SessionStore
-from stores.users import Role, User, UserStore
+from domain.users import Role, User
+from stores.users import UserStore
 
 SUBSCRIPTION = "subscription { sessionEvents { sessionId status } }"
 

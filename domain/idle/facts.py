@@ -10,7 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from domain.model import Kernel, Session, SessionStatus
-from stores.resource_policies import SessionLimits
+from domain.resource_policies import SessionLimits
 from stores.activity import Activity
 from domain.idle.config import EffectivePolicy, IdlePolicyConfig
 from domain.idle.owner_limits import tightened

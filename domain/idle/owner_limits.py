@@ -15,7 +15,8 @@ from redis.asyncio import Redis
 
 from core.keys import Keys
 from domain.model import Session
-from stores.resource_policies import PolicyStore, SessionLimits, session_limits
+from stores.resource_policies import PolicyStore
+from domain.resource_policies import SessionLimits, session_limits
 from domain.idle.config import CheckName, EffectivePolicy
 
 

@@ -14,7 +14,8 @@ from core.errors import CaravanError, Unauthenticated
 from stores.event_hub import EventHub
 from core.settings import Settings
 from stores.sessions import SessionStore
-from stores.users import User, UserStore
+from domain.users import User
+from stores.users import UserStore
 from gateway.graphql.loaders import Loaders, loaders_for
 from gateway.log_follows import ConnectionFollows
 from gateway.revocations import RevocationWatch, Watched

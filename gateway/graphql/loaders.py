@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from strawberry.dataloader import DataLoader
 
-from stores.users import User, UserStore
+from domain.users import User
+from stores.users import UserStore
 from stores.idle import IdleStore, StoredVerdict
 
 

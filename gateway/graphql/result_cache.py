@@ -60,7 +60,7 @@ from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types import ExecutionResult
 
 from core.keys import Keys
-from stores.users import User
+from domain.users import User
 from gateway.graphql.document_cache import CACHED_DOCUMENTS, parsed_document
 
 log = logging.getLogger(__name__)

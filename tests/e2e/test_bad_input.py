@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from stores.users import Role
+from domain.users import Role
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
 GOOD = {"name": "fine-name", "type": "BATCH", "startupCommand": "true", "driver": "EXEC"}

@@ -10,7 +10,7 @@ import asyncio
 from pathlib import Path
 
 from domain.model import SessionStatus
-from stores.users import Role
+from domain.users import Role
 from tests.harness import CREATE, Caravan
 from tests.idle.running import policy_file, running_idle
 

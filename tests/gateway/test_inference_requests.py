@@ -11,7 +11,7 @@ import pytest
 
 from core.errors import InvalidInput
 from domain.model import Driver, SessionType
-from stores.users import Role, User
+from domain.users import Role, User
 from domain.session_requests import SessionRequest, build_sessions
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from stores.resource_policies import PolicyStore, UserResourcePolicy
-from stores.users import Role
+from stores.resource_policies import PolicyStore
+from domain.resource_policies import UserResourcePolicy
+from domain.users import Role
 from stores.known_groups import record_resource_groups
 from tests.harness import CREATE, Caravan, GraphQLErrors
 

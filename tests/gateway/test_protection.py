@@ -12,7 +12,8 @@ from redis.asyncio import Redis
 
 from core.clock import utcnow
 from core.keys import Keys
-from stores.users import Role, User, UserStore
+from domain.users import Role, User
+from stores.users import UserStore
 from gateway.graphql.http import GRAPHQL_RESPONSE, JSON
 from gateway.graphql.protection import Limits, RateLimiter
 from tests.gateway.conftest import GatewayWith, error_of, post

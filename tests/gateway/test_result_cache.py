@@ -21,7 +21,7 @@ from domain.lifecycle import transition
 from stores.session_listing import SessionListing
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from core.settings import Settings
-from stores.users import Role, User
+from domain.users import Role, User
 from gateway.graphql.http import GRAPHQL_RESPONSE, JSON
 from gateway.graphql.result_cache import Answers, cacheable_operation
 from gateway.graphql.schema import CaravanSchema, schema

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from domain.lifecycle import transition
 from domain.listing import NAME_SCAN_BATCH
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
-from stores.users import Role, User
+from domain.users import Role, User
 from tests.gateway.conftest import GatewayWith
 from tests.harness import Caravan, GraphQLErrors
 

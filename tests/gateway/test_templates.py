@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stores.users import Role
+from domain.users import Role
 from gateway.graphql.schema import schema
 from domain.scheduling_config import DEFAULT_RESOURCES
 from stores.known_groups import record_resource_groups

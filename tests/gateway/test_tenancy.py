@@ -21,7 +21,7 @@ import pytest
 from stores.resource_policies import PolicyStore
 from stores.presets import PresetStore
 from stores.templates import TemplateStore
-from stores.users import Role, User
+from domain.users import Role, User
 from tests.harness import ADMIN_TOKEN, Caravan
 
 CALLERS = ("owner", "user", "admin", "admin'", "super", "anon")

@@ -6,7 +6,7 @@ import pytest
 
 from domain.access import can_see_user, manages_user, may_create_for
 from core.errors import CaravanError, Forbidden, InvalidInput
-from stores.users import BOOTSTRAP_ADMIN_ID, Role, User
+from domain.users import BOOTSTRAP_ADMIN_ID, Role, User
 from domain.session_requests import session_project
 from domain.user_requests import checked_projects, new_user, updated_user
 

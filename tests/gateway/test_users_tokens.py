@@ -14,7 +14,8 @@ from websockets.exceptions import ConnectionClosed
 
 from core.errors import Conflict
 from core.settings import Settings
-from stores.users import BOOTSTRAP_ADMIN_ID, Role, User, UserStore
+from domain.users import BOOTSTRAP_ADMIN_ID, Role, User
+from stores.users import UserStore
 from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors, running_caravan
 from tests.ws_client import GraphQLSocket, authenticated_socket
 

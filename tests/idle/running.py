@@ -17,7 +17,7 @@ from domain.model import Driver, Session, SessionStatus, SessionType
 from core.redis import client as redis_client
 from core.settings import Settings
 from stores.sessions import SessionStore
-from stores.users import Role, User
+from domain.users import Role, User
 from domain.session_requests import SessionRequest, build_sessions
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient

@@ -14,10 +14,11 @@ from redis.asyncio import Redis
 from core.clock import utcnow
 from core.keys import Keys
 from domain.model import SessionStatus
-from stores.resource_policies import PolicyStore, ProjectResourcePolicy, SessionLimits, UserResourcePolicy
+from stores.resource_policies import PolicyStore
+from domain.resource_policies import ProjectResourcePolicy, SessionLimits, UserResourcePolicy
 from core.settings import Settings
 from stores.sessions import SessionStore
-from stores.users import Role, User
+from domain.users import Role, User
 from domain.idle.config import CheckName, EffectivePolicy
 from domain.idle.owner_limits import tightened
 from tests.idle.running import eventually, policy_file, running_idle, stored_session

@@ -14,7 +14,8 @@ from core.keys import Keys
 from core.lease import Lease
 from domain.model import SessionStatus
 from core.settings import Settings
-from stores.sessions import LostLease, SessionStore
+from core.lease import LostLease
+from stores.sessions import SessionStore
 from stores.idle import IdleStore
 from domain.idle.verdict import TerminationReason, Verdict
 from nomad_jobs.client import NomadClient

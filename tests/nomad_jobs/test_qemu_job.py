@@ -14,7 +14,7 @@ import pytest
 from core.errors import Forbidden, InvalidInput
 from domain.model import Driver, Kernel, KernelObservation, Session, SessionStatus, SessionType
 from core.settings import qemu_images_of
-from stores.users import Role, User
+from domain.users import Role, User
 from domain.session_requests import CreationRules, SessionRequest, build_sessions
 from nomad_jobs import qemu
 from nomad_jobs.observe import for_driver

@@ -21,9 +21,11 @@ from caravan.stack.nomad_cluster import NomadCluster
 from core.clock import utcnow
 from core.keys import Keys
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
-from stores.resource_policies import PolicyStore, UserResourcePolicy
+from stores.resource_policies import PolicyStore
+from domain.resource_policies import UserResourcePolicy
 from core.settings import Settings
-from stores.sessions import Fence, LostLease, SessionStore
+from core.lease import Fence, LostLease
+from stores.sessions import SessionStore
 from nomad_jobs.client import NomadClient
 from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
 from stores.known_groups import known_resource_groups

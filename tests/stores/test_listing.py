@@ -9,7 +9,7 @@ from core.keys import Keys
 from domain.listing import ListingFilter, ListingOrder, Position, plan_listing
 from stores.session_listing import merge
 from domain.model import SessionStatus
-from stores.users import Role, User
+from domain.users import Role, User
 
 K = Keys("p")
 SUPER = User(id="root", name="root", role=Role.SUPERADMIN)

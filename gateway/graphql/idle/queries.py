@@ -11,7 +11,7 @@ import strawberry
 from domain.access import administers
 from core.errors import Forbidden, NotFound
 from domain.model import Session
-from stores.resource_policies import SessionLimits
+from domain.resource_policies import SessionLimits
 from gateway.graphql.context import Info
 from gateway.graphql.idle.types import (
     EffectiveIdlePolicy,

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 from domain.model import Driver
 from stores.resource_policies import PolicyStore
-from stores.users import User
+from domain.users import User
 from gateway.graphql.context import Context
 from gateway.graphql.policies.types import Agent, ResourceGroup, resources_of
 from gateway.scheduling_config import scheduling_config

@@ -16,9 +16,11 @@ from domain.access import administers, can_see_user, manages_user
 from core.durations import duration_input
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound, UnsupportedResource
 from domain.model import MAX_PRIORITY
-from stores.resource_policies import PolicyStore, ProjectResourcePolicy, UserResourcePolicy
-from stores.presets import PresetStore, ResourcePreset, check_preset_name
-from stores.users import Role, User
+from stores.resource_policies import PolicyStore
+from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy
+from stores.presets import PresetStore
+from domain.presets import ResourcePreset, check_preset_name
+from domain.users import Role, User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.policies.types import (ProjectResourcePolicy as ProjectPolicyType, ResourcePreset as PresetType,
                                             UserResourcePolicy as UserPolicyType, preset_type_of,

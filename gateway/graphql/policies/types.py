@@ -7,7 +7,8 @@ from decimal import Decimal
 
 import strawberry
 
-from stores import resource_policies as policies, presets
+from domain import presets
+from domain import resource_policies as policies
 from gateway.graphql.sessions.types import Driver, Resource
 
 

@@ -9,7 +9,8 @@ import asyncio
 from collections.abc import Sequence
 
 from domain.model import Session as SessionModel
-from stores.resource_policies import PolicyStore, check_allowed, check_priority, pending_admission
+from stores.resource_policies import PolicyStore, pending_admission
+from domain.resource_policies import check_allowed, check_priority
 from stores.presets import PresetStore
 from gateway.graphql.context import Context
 from gateway.scheduling_config import scheduling_config

@@ -9,7 +9,7 @@ from domain.access import may_create_for
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from domain.model import Session as SessionModel
 from domain.model import SessionStatus as Status
-from stores.users import User
+from domain.users import User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.creation import admit_and_store, creation_rules
 from gateway.graphql.sessions.inputs import CreateSessionInput, options_of

@@ -17,7 +17,7 @@ from core.errors import NotFound
 from domain.listing import ListingOrder, plan_listing
 from stores.session_listing import SessionListing
 from domain.model import Session as SessionModel
-from stores.users import User
+from domain.users import User
 from gateway.graphql.context import Info
 from strawberry.relay import PageInfo
 

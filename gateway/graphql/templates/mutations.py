@@ -17,9 +17,10 @@ from strawberry.utils.str_converters import to_camel_case
 from domain.access import administers
 from core.clock import utcnow
 from core.errors import CaravanError, Forbidden, InvalidInput
-from stores.templates import TemplateScope as Scope
-from stores.templates import Template, TemplateSpec, TemplateStore, check_template_name, may_write, new_template
-from stores.users import Role, User
+from domain.templates import TemplateScope as Scope
+from domain.templates import Template, TemplateSpec, check_template_name, may_write, new_template
+from stores.templates import TemplateStore
+from domain.users import Role, User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.creation import creation_rules
 from gateway.graphql.sessions.inputs import (CreateSessionInput, EnvVarInput, KernelRoleInput, ResourceInput,

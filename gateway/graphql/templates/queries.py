@@ -5,8 +5,9 @@ from __future__ import annotations
 import strawberry
 
 from core.errors import NotFound
-from stores.templates import Template, TemplateStore, may_use
-from stores.users import User
+from domain.templates import Template, may_use
+from stores.templates import TemplateStore
+from domain.users import User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.templates.types import SessionTemplate, template_type_of
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import strawberry
 
-from stores import templates
+from domain import templates
 from gateway.graphql.sessions.inputs import KernelRole
 from gateway.graphql.sessions.types import ClusterMode, Driver, EnvVar, Resource, SessionType
 

@@ -7,7 +7,7 @@ import strawberry
 from domain.access import can_see_user, manages_user
 from core.clock import utcnow
 from core.errors import NotFound
-from stores.users import User
+from domain.users import User
 from gateway.graphql.context import Info
 from gateway.graphql.users.queries import visible_user
 from gateway.graphql.users.types import ApiToken, IssuedToken, Role, UserType, token_type_of, user_type_of

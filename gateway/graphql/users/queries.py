@@ -6,7 +6,7 @@ import strawberry
 
 from domain.access import can_see_user
 from core.errors import Forbidden, NotFound
-from stores.users import Role, User
+from domain.users import Role, User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.users.types import ApiToken, UserType, token_type_of, user_type_of
 from domain.user_requests import check_acts_for

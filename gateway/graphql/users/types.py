@@ -6,7 +6,7 @@ from datetime import datetime
 
 import strawberry
 
-from stores import users
+from domain import users
 
 Role = strawberry.enum(users.Role, name="Role")
 

@@ -1,0 +1,152 @@
+"""Session templates: a named set of creation parameters, overridable at creation: the model and who may use and
+write which (pure). Kept in Redis by ``stores.templates``.
+
+A template is PERSONAL (its owner's; like any object of theirs, their project's admins reach it too) or PROJECT
+(usable by every member of its project, written by the project's admins). The spec's values are checked with the
+creation rules (``domain.session_requests.check_request``) when the template is written, and again at every creation
+from it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+from domain.access import administers, can_access
+from core.clock import from_iso, to_iso
+from core.errors import InvalidInput
+from domain.model import DEFAULT_PRIORITY, ClusterMode, Driver, RoleSpec, SessionType
+from domain.users import Role, User
+
+TEMPLATE_NAME_RULE = re.compile(r"^[A-Za-z0-9_.-](?:[A-Za-z0-9 _.-]{0,62}[A-Za-z0-9_.-])?$")
+
+
+class TemplateScope(StrEnum):
+    PERSONAL = "PERSONAL"
+    PROJECT = "PROJECT"
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """The creation parameters a template stores, as the user gave them (slots and durations unnormalized): every
+    option of a creation but those of one creation (its session name, idempotency key, dependencies, owner and
+    project). The names are ``domain.session_requests.SessionRequest``'s."""
+
+    type: SessionType = SessionType.INTERACTIVE
+    driver: Driver = Driver.DOCKER
+    image: str | None = None
+    startup_command: str | None = None
+    environ: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, str] = field(default_factory=dict)
+    resource_group: str = "default"
+    starts_at: str | None = None
+    """BATCH: an ISO 8601 moment, or a duration counted from each creation (``"1h"``)."""
+    batch_timeout: str | None = None
+    """BATCH: a duration (``"30s"``)."""
+    cluster_size: int = 1
+    cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
+    count: int = 1
+    """Sessions each creation makes."""
+    preopen_ports: tuple[int, ...] = ()
+    shared_memory: str | None = None
+    """/dev/shm of docker kernels, as written (``"64m"``)."""
+    designated_agent: str | None = None
+    priority: int = DEFAULT_PRIORITY
+    preset: str | None = None
+    kernel_roles: dict[str, RoleSpec] = field(default_factory=dict)
+    """Role (``main``, ``sub``) -> its own image and slots."""
+    replicas: int | None = None
+    service_port: int | None = None
+    health_check_path: str | None = None
+    health_check_grace: str | None = None
+    """INFERENCE: a duration (``"30s"``)."""
+
+    def given(self) -> frozenset[str]:
+        """The fields whose value is not the default: what the template sets."""
+        blank = TemplateSpec()
+        return frozenset(f.name for f in fields(self) if getattr(self, f.name) != getattr(blank, f.name))
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {
+            **doc, "type": self.type.value, "driver": self.driver.value, "cluster_mode": self.cluster_mode.value,
+            "preopen_ports": list(self.preopen_ports),
+            "kernel_roles": {role: {"image": r.image, "resources": r.resources} for role, r in self.kernel_roles.items()},
+        }  # fmt: skip
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> TemplateSpec:
+        """A stored spec; fields it lacks (written before they existed) take their defaults."""
+        values = {f.name: doc[f.name] for f in fields(cls) if doc.get(f.name) is not None}
+        return cls(**{
+            **values, "type": SessionType(doc["type"]), "driver": Driver(doc["driver"]),
+            "environ": dict(values.get("environ", {})), "resources": dict(values.get("resources", {})),
+            "cluster_mode": ClusterMode(values.get("cluster_mode", ClusterMode.SINGLE_NODE.value)),
+            "preopen_ports": tuple(values.get("preopen_ports", ())),
+            "kernel_roles": {role: RoleSpec(r.get("image"), dict(r.get("resources") or {}))
+                             for role, r in values.get("kernel_roles", {}).items()},
+        })  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Template:
+    id: str
+    name: str
+    owner_id: str
+    project: str
+    scope: TemplateScope
+    spec: TemplateSpec
+    created_at: datetime
+    updated_at: datetime
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "id": self.id, "name": self.name, "owner_id": self.owner_id, "project": self.project,
+            "scope": self.scope.value, "spec": self.spec.to_doc(),
+            "created_at": to_iso(self.created_at), "updated_at": to_iso(self.updated_at),
+        })  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Template:
+        doc = json.loads(text)
+        return cls(doc["id"], doc["name"], doc["owner_id"], doc["project"], TemplateScope(doc["scope"]),
+                   TemplateSpec.from_doc(doc["spec"]), from_iso(doc["created_at"]), from_iso(doc["updated_at"]))
+
+    def evolve(self, **changes: Any) -> Template:
+        return replace(self, **changes)
+
+
+# -- decisions (pure) --
+
+
+def may_use(viewer: User, template: Template) -> bool:
+    """May ``viewer`` see ``template`` and create sessions from it? (Not: NOT_FOUND.)"""
+    if template.scope is TemplateScope.PROJECT:
+        return viewer.role is Role.SUPERADMIN or template.project in viewer.projects
+    return can_access(viewer, template.owner_id, template.project)
+
+
+def may_write(viewer: User, template: Template) -> bool:
+    """May ``viewer`` update or delete ``template``? (Usable but not writable: FORBIDDEN.)"""
+    if template.scope is TemplateScope.PROJECT:
+        return administers(viewer, template.project)
+    return can_access(viewer, template.owner_id, template.project)
+
+
+def check_template_name(name: str) -> None:
+    if not TEMPLATE_NAME_RULE.match(name):
+        raise InvalidInput("a template name is 1-64 characters: letters, digits, spaces, '_', '.', '-'", field="name")
+
+
+def new_template(*, name: str, owner: User, project: str, scope: TemplateScope, spec: TemplateSpec,
+                 now: datetime) -> Template:
+    """A template to store, once the caller has checked the spec and that ``owner`` may write it there."""
+    check_template_name(name)
+    return Template(str(uuid.uuid4()), name, owner.id, project, scope, spec, now, now)
