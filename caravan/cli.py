@@ -10,7 +10,7 @@ from caravan import services
 from domain.scheduling_config import SchedulerConfigError
 from core.settings import load_settings
 from gateway.graphql.protection import Limits
-from idle.policy_file import PolicyFileError
+from domain.idle.policy_file import PolicyFileError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from idle.reload import PolicySource, reload_on_sighup
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient
 from domain.scheduling_config import load_scheduler_config
+from scheduler.config import scheduler_core
 from scheduler.service import Scheduler
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ async def run_scheduler(settings: Settings) -> None:
 
 
 async def run_idle(settings: Settings, policy: PolicySource | None = None) -> None:
-    policy = policy or PolicySource(settings.idle.policy_path)  # a broken file stops us here
+    devices = load_scheduler_config(settings.scheduler.config_path).devices  # a broken file stops us here
+    policy = policy or PolicySource(settings.idle.policy_path, devices)  # and so does a broken policy
     settings = settings.for_role("idle")
     redis = await connect(settings.redis, give_up_after=float("inf"))
     nomad = NomadClient(settings.nomad)
@@ -94,7 +96,8 @@ def run_dev(settings: Settings) -> int:
     """``caravan dev``: the gateway (one worker), the scheduler and the idle checker as processes of their own, each
     ``caravan <role>`` with this process's environment, supervised by :class:`caravan.supervisor.Supervisor`. Their
     configuration files are read here first: a refused one stops us before anything starts."""
-    load_scheduler_config(settings.scheduler.config_path)
-    PolicySource(settings.idle.policy_path)
+    config = load_scheduler_config(settings.scheduler.config_path)
+    scheduler_core(config)
+    PolicySource(settings.idle.policy_path, config.devices)
     env = {**os.environ, "CARAVAN_GATEWAY_WORKERS": "1"}
     return Supervisor(lambda role: [sys.executable, "-m", "caravan.cli", role], env).run()

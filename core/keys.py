@@ -86,6 +86,22 @@ class Keys:
         return f"{self.prefix}:sessions:to-submit"
 
     @property
+    def jobs_to_stop(self) -> str:
+        """HASH session id -> ``stop`` or ``purge``: sessions whose Nomad job the job owner must stop (written in the
+        MULTI that moves a session with a job to TERMINATING or TERMINATED, or that forces its end)."""
+        return f"{self.prefix}:jobs:to-stop"
+
+    @property
+    def jobs_to_restart(self) -> str:
+        """HASH session id -> when a restart was asked (unix seconds): sessions whose kernels the job owner restarts."""
+        return f"{self.prefix}:jobs:to-restart"
+
+    @property
+    def job_owner_wakeup(self) -> str:
+        """LIST pushed to (in the same MULTI) whenever the job owner has new work: a job to register, stop or restart."""
+        return f"{self.prefix}:jobs:wakeup"
+
+    @property
     def batch_deadlines(self) -> str:
         """ZSET of RUNNING BATCH session ids scored by when their batch timeout expires."""
         return f"{self.prefix}:sessions:batch-deadlines"

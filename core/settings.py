@@ -13,7 +13,6 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from core.secrets import Role, nomad_token_path, read_secret, redis_password_path
 
-from domain.users import MAX_TOKENS_PER_USER
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class GatewaySettings:
     workers: int = 1
     """Processes ``caravan gateway`` serves with (``CARAVAN_GATEWAY_WORKERS``, default: one per CPU); they share
     the port and all state is in Redis. ``caravan dev`` always runs one, in its own process."""
-    max_tokens_per_user: int = MAX_TOKENS_PER_USER
+    max_tokens_per_user: int = 50
     """Live API tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing more is ``QUOTA_EXCEEDED``."""
 
 

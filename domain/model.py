@@ -15,6 +15,10 @@ from typing import Any
 from core.clock import from_iso, to_iso
 
 
+DEFAULT_GROUP = "default"
+"""The resource group sessions go to when they name none (Nomad's default node pool): always known."""
+
+
 class SessionType(StrEnum):
     INTERACTIVE = "INTERACTIVE"
     BATCH = "BATCH"

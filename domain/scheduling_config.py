@@ -5,7 +5,7 @@ The file is ``CARAVAN_SCHEDULER_CONFIG``: HCL, or JSON when its name ends in ``.
 
     cpu_mhz_per_core = 1000              # Nomad MHz that make one Caravan core; default: the smallest
                                          # MHz per core any node reports (CpuShares / TotalCpuCores)
-    device_slots = {                     # Nomad device "vendor/type[/name]" -> Caravan slot (more in DEVICE_SLOTS)
+    device_slots = {                     # Nomad device "vendor/type[/name]" -> Caravan slot (more built in: devices/catalog.py)
       "nomad/file/mock" = "mock.device"
     }
     default {
@@ -34,7 +34,8 @@ the whole machine. ``mem`` is a hard limit and stays at 256 MiB: less breaks rea
 does not boot in 144 MiB, though the qemu driver takes 128), and memory was not what filled the machine.
 
 Durations are seconds or strings such as ``"90s"``, ``"10m"``, ``"1h30m"``. A broken file stops the scheduler from
-starting with ``file:line: key: reason``; a selector plugin named here is loaded once, at startup.
+starting with ``file:line: key: reason`` (read by ``core.config_file``, like the idle policy); a strategy or selector
+name is checked, and a selector plugin named here loaded, by the scheduler at startup (``scheduler.config``).
 """
 
 from __future__ import annotations
@@ -45,24 +46,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import hcl2
-from hcl2 import SerializationOptions
-from lark.exceptions import LarkError, UnexpectedInput
-
 from core.durations import parse_duration
 from domain.model import Driver
-from core.source_lines import scan
-from scheduler.agents import BUILTIN_SELECTORS, ROUNDROBIN, UnknownSelectorError, load_plugin_selectors
-from scheduler.pass_model import GroupConfig, SchedulerConfig
-from scheduler.scheduling_pass import validate_config
-from scheduler.selection import STRATEGIES
+from core.config_file import ConfigFileError, ConfigReader, attributes, has_interpolation, parse_hcl, read_text
+from core.source_lines import SourceLines
 from domain.slots import InvalidQuantityError, ResourceSlots, guess_slot_type, parse_quantity
+from devices.catalog import DeviceCatalog
 
-__all__ = ["DEFAULT_RESOURCES", "DEVICE_SLOTS", "MIN_MEM_BYTES", "SchedulerConfigError", "SchedulingConfig",
+__all__ = ["DEFAULT_RESOURCES", "MIN_MEM_BYTES", "SchedulerConfigError", "SchedulingConfig",
            "load_scheduler_config", "parse_scheduler_config"]
 
 DEFAULT_RESOURCES: Mapping[str, str] = MappingProxyType({"cpu": "0.25", "mem": str(256 * 1024 * 1024)})
@@ -70,12 +64,7 @@ DEFAULT_RESOURCES: Mapping[str, str] = MappingProxyType({"cpu": "0.25", "mem": s
 MIN_MEM_BYTES = 16 * 1024 * 1024
 """The least ``mem`` a kernel may have (asked for, or by default)."""
 
-DEVICE_SLOTS: Mapping[str, str] = MappingProxyType({
-    "nvidia/gpu": "cuda.device",
-    "amd/gpu": "rocm.device",
-    "nomad/file/mock": "mock.device",  # Nomad's example device plugin: fake devices for tests and demos
-})
-"""Built-in names of Nomad devices as slots; any other device is ``<vendor>.<type>`` (``intel/gpu`` -> ``intel.gpu``)."""
+
 
 GROUP_KEYS = ("session_strategy", "agent_selector", "retries_to_skip", "reserve_after", "max_reservations",
               "resource_priority", "pending_timeout", "selector_options", "allowed_drivers", "default_resources")
@@ -83,24 +72,60 @@ TOP_LEVEL_KEYS = ("cpu_mhz_per_core", "device_slots", "default", "resource_group
 Where = tuple[str, ...]
 
 
-class SchedulerConfigError(ValueError):
-    def __init__(self, source: str, line: int | None, reason: str) -> None:
-        super().__init__(f"{source}:{line if line is not None else '-'}: {reason}")
-        self.source = source
-        self.line = line
-        self.reason = reason
+DEFAULT_RESOURCE_PRIORITY = ("cuda", "rocm", "tpu", "cpu", "mem")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupConfig:
+    """How one resource group schedules. Names are checked against the registries when a pass starts."""
+
+    session_strategy: str = "fifo"
+    """``fifo``, ``lifo`` or ``drf`` (see ``scheduler.selection``)."""
+    agent_selector: str = "dispersed"
+    """``concentrated``, ``dispersed``, ``roundrobin`` or a plugin of ``caravan.agent_selectors``."""
+    retries_to_skip: int = 0
+    """0 = strict: a session short of resources blocks everything behind it. N > 0: after N failed attempts it is
+    pushed behind the others of its band and stops blocking."""
+    reserve_after: timedelta | None = None
+    """A pushed-back session older than this reserves the agent it fits best; None = never reserve."""
+    max_reservations: int = 1
+    """Overdue sessions holding a reservation at once, oldest first (1 = EASY backfill: the oldest overdue session
+    gets an agent held, the rest wait their turn; more holds keep more agents idle)."""
+    resource_priority: tuple[str, ...] = DEFAULT_RESOURCE_PRIORITY
+    """Slot order used to compare agents' remaining amounts; ``cuda.shares`` ranks with ``cuda``."""
+    selector_options: Mapping[str, object] = field(default_factory=dict)
+    """Free-form options handed to a custom agent selector."""
+
+    def __post_init__(self) -> None:
+        if self.retries_to_skip < 0:
+            raise ValueError(f"retries_to_skip must be >= 0, got {self.retries_to_skip}")
+        if self.max_reservations < 0:
+            raise ValueError(f"max_reservations must be >= 0, got {self.max_reservations}")
+        if self.reserve_after is not None and self.reserve_after < timedelta(0):
+            raise ValueError(f"reserve_after must not be negative, got {self.reserve_after}")
+
+
+
+
+class SchedulerConfigError(ConfigFileError):
+    """A scheduler configuration file that cannot be used (``file:line: key.path: reason``)."""
 
 
 @dataclass(frozen=True)
 class SchedulingConfig:
-    """The pure core's ``SchedulerConfig`` plus what only the I/O edge uses."""
+    """The file's configuration: each group's scheduling (``GroupConfig``: the scheduler resolves its strategy and
+    selector names, ``scheduler.config``) and what the platform's edges read (drivers, default resources, pending
+    timeouts, device names)."""
 
-    core: SchedulerConfig = field(default_factory=SchedulerConfig)
+    default_group: GroupConfig = field(default_factory=GroupConfig)
+    groups: Mapping[str, GroupConfig] = field(default_factory=dict)
+    """Per resource group overrides of ``default_group`` (whole configs: keys a group leaves out come from the
+    ``default`` block)."""
     pending_timeouts: Mapping[str, timedelta | None] = field(default_factory=dict)
     """Resource group -> its pending timeout; groups not listed use ``default_pending_timeout``."""
     default_pending_timeout: timedelta | None = None
     device_slots: Mapping[str, str] = field(default_factory=dict)
-    """The file's device names; they win over ``DEVICE_SLOTS``."""
+    """The file's device names; they win over the built-in ones (``devices.catalog.BUILTIN_SLOTS``)."""
     cpu_mhz_per_core: int | None = None
     source: str = "built-in"
     allowed_drivers: Mapping[str, frozenset[str]] = field(default_factory=dict)
@@ -121,26 +146,30 @@ class SchedulingConfig:
         """What a kernel of a session in ``group`` gets of each slot its request leaves out."""
         return self.group_default_resources.get(group, self.default_default_resources)
 
-    def device_slot(self, vendor: str, kind: str, name: str) -> str:
-        """The slot a Nomad device counts as: the configured names (most specific id first), then the built-in
-        ones, else ``<vendor>.<type>``."""
-        for names in (self.device_slots, DEVICE_SLOTS):
-            for device_id in (f"{vendor}/{kind}/{name}", f"{vendor}/{kind}", kind):
-                if device_id in names:
-                    return names[device_id]
-        return f"{vendor}.{kind}"
+    lines: SourceLines | None = field(default=None, compare=False, repr=False)
+    """Where each key is in the file (HCL only), for errors found after reading it (``refuse``)."""
+
+    def refuse(self, where: Where, reason: str) -> SchedulerConfigError:
+        """An error about a key of this file (a strategy or selector the scheduler does not know), with its line."""
+        line = self.lines.line_of(where) if self.lines is not None else None
+        return SchedulerConfigError(self.source, line, f"{'.'.join(where)}: {reason}")
+
+    def group_sites(self) -> list[tuple[Where, GroupConfig]]:
+        """Each group's configuration with where it is in the file: ``default``, then ``resource_group.<name>``."""
+        return [(("default",), self.default_group),
+                *((("resource_group", name), group) for name, group in sorted(self.groups.items()))]
+
+    @property
+    def devices(self) -> DeviceCatalog:
+        """Which Nomad device is which slot: the file's ``device_slots``, then the built-in names."""
+        return DeviceCatalog(self.device_slots)
 
 
 def load_scheduler_config(path: str | os.PathLike[str] | None) -> SchedulingConfig:
     """The configuration in force: the defaults when ``path`` is None, else the file's (``SchedulerConfigError``)."""
     if path is None:
         return parse_scheduler_config({}, "built-in")
-    source = os.fspath(path)
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SchedulerConfigError(source, None, f"cannot read the file: {exc}") from exc
-    return parse_scheduler_config(text, source)
+    return parse_scheduler_config(read_text(path, SchedulerConfigError), os.fspath(path))
 
 
 def parse_scheduler_config(text: str | Mapping[str, Any], source: str = "<config>") -> SchedulingConfig:
@@ -155,36 +184,22 @@ def parse_scheduler_config(text: str | Mapping[str, Any], source: str = "<config
         if not isinstance(doc, dict):
             raise SchedulerConfigError(source, 1, "expected a JSON object")
         return _Reader(source, None).config(doc)
-    try:
-        raw = hcl2.loads(text, serialization_options=SerializationOptions(with_comments=False, strip_string_quotes=True))
-    except UnexpectedInput as exc:
-        line = exc.line if exc.line > 0 else text.count("\n") + 1  # lark says -1 at the end of input
-        raise SchedulerConfigError(source, line, f"syntax error: {_first_line(exc)}") from exc
-    except (LarkError, ValueError) as exc:
-        raise SchedulerConfigError(source, None, f"syntax error: {_first_line(exc)}") from exc
     reader = _Reader(source, text)
-    return reader.config(reader.from_hcl(raw))
+    return reader.config(reader.from_hcl(parse_hcl(text, source, SchedulerConfigError, strip_quotes=True)))
 
 
-class _Reader:
+class _Reader(ConfigReader):
     """Checks every value, naming the key path (and, for HCL, the line) of whatever is wrong."""
 
-    def __init__(self, source: str, hcl_text: str | None) -> None:
-        self.source = source
-        self.lines = scan(hcl_text) if hcl_text is not None else None
-
-    def fail(self, where: Where, reason: str, occurrence: int = 0) -> SchedulerConfigError:
-        line = self.lines.line_of(where, occurrence) if self.lines is not None else None
-        return SchedulerConfigError(self.source, line, f"{'.'.join(where)}: {reason}" if where else reason)
+    error = SchedulerConfigError
 
     # -- HCL -> the plain structure JSON gives directly --
 
     def from_hcl(self, doc: Mapping[str, Any]) -> dict[str, Any]:
-        assert self.lines is not None
-        for where, line in self.lines.duplicate_keys():
-            raise SchedulerConfigError(self.source, line, f"{'.'.join(where)}: assigned more than once")
+        for duplicate in self.duplicates():
+            raise duplicate
         plain: dict[str, Any] = {}
-        for key, value in _attributes(doc).items():
+        for key, value in attributes(doc).items():
             if key == "default":
                 bodies = value if isinstance(value, list) else [value]
                 if len(bodies) > 1:
@@ -213,10 +228,10 @@ class _Reader:
 
     def value(self, value: Any, where: Where) -> Any:
         """Plain values out of python-hcl2's (block markers dropped); no interpolation."""
-        if isinstance(value, str) and ("${" in value or "%{" in value):
+        if has_interpolation(value):
             raise self.fail(where, "interpolation is not allowed in the scheduler configuration")
         if isinstance(value, Mapping):
-            return {key: self.value(item, (*where, key)) for key, item in _attributes(value).items()}
+            return {key: self.value(item, (*where, key)) for key, item in attributes(value).items()}
         if isinstance(value, list):
             return [self.value(item, where) for item in value]
         return value
@@ -230,23 +245,18 @@ class _Reader:
         groups_doc = self.mapping(doc.get("resource_group", {}), ("resource_group",))
         groups = {name: self.group(self.mapping(body, ("resource_group", name)), ("resource_group", name), default)
                   for name, body in groups_doc.items()}
-        plugins = self.plugins({("default",): default, **{("resource_group", n): g for n, g in groups.items()}})
-        core = SchedulerConfig(
-            default=_group_config(default),
-            groups={name: _group_config(g) for name, g in groups.items()},
-            plugin_selectors=plugins,
-        )
-        validate_config(core)
         mhz = doc.get("cpu_mhz_per_core")
         if mhz is not None and (isinstance(mhz, bool) or not isinstance(mhz, int) or mhz <= 0):
             raise self.fail(("cpu_mhz_per_core",), f"expected a whole number of MHz > 0, got {mhz!r}")
         return SchedulingConfig(
-            core=core,
+            default_group=_group_config(default),
+            groups={name: _group_config(g) for name, g in groups.items()},
+            lines=self.lines,
             pending_timeouts={name: g["pending_timeout"] for name, g in groups.items()},
             default_pending_timeout=default["pending_timeout"],
             device_slots=MappingProxyType(self.device_slots(doc.get("device_slots", {}))),
             cpu_mhz_per_core=mhz,
-            source=self.source,
+            source=self.path,
             allowed_drivers={name: g["allowed_drivers"] for name, g in groups.items()},
             default_allowed_drivers=default["allowed_drivers"],
             group_default_resources={name: g["default_resources"] for name, g in groups.items()},
@@ -261,9 +271,6 @@ class _Reader:
         for key in ("session_strategy", "agent_selector"):
             if key in body:
                 found[key] = self.string(body[key], (*where, key))
-        if found["session_strategy"] not in STRATEGIES:
-            raise self.fail((*where, "session_strategy"), f"unknown strategy {found['session_strategy']!r} "
-                            f"(valid: {', '.join(sorted(STRATEGIES))})")
         for key in ("retries_to_skip", "max_reservations"):
             if key in body:
                 found[key] = self.count(body[key], (*where, key))
@@ -284,14 +291,6 @@ class _Reader:
             found["selector_options"] = MappingProxyType(dict(self.mapping(body["selector_options"],
                                                                            (*where, "selector_options"))))
         return found
-
-    def plugins(self, groups: Mapping[Where, Mapping[str, Any]]) -> dict[str, Any]:
-        wanted = {g["agent_selector"]: where for where, g in groups.items()
-                  if g["agent_selector"] not in BUILTIN_SELECTORS and g["agent_selector"] != ROUNDROBIN}
-        try:
-            return load_plugin_selectors(wanted)
-        except UnknownSelectorError as exc:
-            raise self.fail((*wanted.get(exc.name, ()), "agent_selector"), str(exc)) from None
 
     def device_slots(self, value: Any) -> dict[str, str]:
         found = {}
@@ -332,16 +331,6 @@ class _Reader:
             raise self.fail((*where, "mem"), "must be at least 16m")
         return MappingProxyType(amounts)
 
-    def known_keys(self, body: Mapping[str, Any], where: Where, allowed: tuple[str, ...]) -> None:
-        for key in body:
-            if key not in allowed:
-                raise self.fail((*where, key), f"unknown key (expected one of: {', '.join(allowed)})")
-
-    def mapping(self, value: Any, where: Where) -> Mapping[str, Any]:
-        if not isinstance(value, Mapping):
-            raise self.fail(where, f"expected a block or object, got {value!r}")
-        return value
-
     def string(self, value: Any, where: Where) -> str:
         if not isinstance(value, str):
             raise self.fail(where, f"expected a string, got {value!r}")
@@ -358,15 +347,6 @@ class _Reader:
         except ValueError as exc:
             raise self.fail(where, str(exc)) from None
         return timedelta(seconds=seconds) if seconds else None
-
-
-def _first_line(exc: Exception) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _attributes(body: Mapping[str, Any]) -> dict[str, Any]:
-    # python-hcl2's markers (__is_block__ ...) are not the operator's keys
-    return {key: value for key, value in body.items() if not (key.startswith("__") and key.endswith("__"))}
 
 
 def _group_config(found: Mapping[str, Any]) -> GroupConfig:

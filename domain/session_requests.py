@@ -37,9 +37,9 @@ from domain.users import Role, User
 from domain.user_requests import NAME_RULE as PROJECT_RULE
 from domain.docker_images import check_docker_image
 from domain.inference_options import ServiceOptions, checked_service_options
-from nomad_jobs import qemu
+from domain import vm
 from domain.scheduling_config import DEFAULT_RESOURCES, MIN_MEM_BYTES
-from stores.known_groups import DEFAULT_GROUP
+from domain.model import DEFAULT_GROUP
 from domain.slots import (
     INTRINSIC_SLOT_TYPES,
     InvalidQuantityError,
@@ -438,13 +438,13 @@ def _check_vm(request: SessionRequest, kernels: Sequence[Kernel], environ: Mappi
             allowed = ", ".join(sorted(images)) or "none"
             raise InvalidInput(f"{kernel.image!r} is not an allowlisted VM image (allowed: {allowed})",
                                field=f"{where}image")
-        if Decimal(kernel.resources["mem"]) < qemu.MIN_MEMORY_MIB * 1024 * 1024:
-            raise InvalidInput(f"a VM needs at least {qemu.MIN_MEMORY_MIB}m of mem", field=f"{where}resources.mem")
+        if Decimal(kernel.resources["mem"]) < vm.MIN_MEMORY_MIB * 1024 * 1024:
+            raise InvalidInput(f"a VM needs at least {vm.MIN_MEMORY_MIB}m of mem", field=f"{where}resources.mem")
     if request.preopen_ports:
         raise InvalidInput("qemu VMs have no network: preopenPorts are not supported", field="preopenPorts")
     if request.type is SessionType.INFERENCE:
         raise InvalidInput("INFERENCE sessions serve on a network, which qemu VMs do not have", field="driver")
     try:
-        qemu.environ_item(environ, limit=qemu.USER_ENVIRON_BYTES)
-    except qemu.PayloadTooLarge as exc:
+        vm.environ_item(environ, limit=vm.USER_ENVIRON_BYTES)
+    except vm.PayloadTooLarge as exc:
         raise InvalidInput(str(exc), field="environ") from exc

@@ -18,6 +18,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Union
 
+
 __all__ = [
     "INTRINSIC_SLOT_TYPES",
     "InvalidQuantityError",
@@ -27,7 +28,6 @@ __all__ = [
     "SlotType",
     "UnknownSlotError",
     "accumulate_slot_types",
-    "device_prefix",
     "format_amount",
     "format_slots",
     "from_user_input",
@@ -153,9 +153,6 @@ def guess_slot_type(slot: str) -> SlotType:
     return SlotType.BYTES if slot.endswith(("mem", "memory")) else SlotType.COUNT
 
 
-def device_prefix(slot: str) -> str:
-    """The device kind a slot belongs to: ``cuda.shares`` -> ``cuda``, ``cpu`` -> ``cpu``."""
-    return slot.split(".", 1)[0]
 
 
 _BINARY_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")

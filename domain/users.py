@@ -16,8 +16,6 @@ from enum import StrEnum
 BOOTSTRAP_ADMIN_ID = "admin"
 BOOTSTRAP_TOKEN_ID = "bootstrap"
 """The bootstrap admin's configured token keeps this id, so a new configured secret replaces the old one."""
-MAX_TOKENS_PER_USER = 50
-"""Live tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing one more is ``QUOTA_EXCEEDED``."""
 
 
 class Role(StrEnum):

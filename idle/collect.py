@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from core.errors import PermanentError, TransientError
 from domain.model import Kernel, Session
 from domain.idle.facts import kernel_allocation
+from devices.catalog import DeviceCatalog
 from idle.samples import kernel_sample, session_sample
 from nomad_jobs.client import NomadClient
 
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 Sample = dict[str, float]
 
 
-async def collect_samples(nomad: NomadClient, sessions: Sequence[Session], *, concurrency: int) -> dict[str, Sample]:
+async def collect_samples(nomad: NomadClient, sessions: Sequence[Session], *, concurrency: int,
+                          devices: DeviceCatalog | None = None) -> dict[str, Sample]:
     """Session id -> metric -> percent; a session none of whose kernels answered maps to ``{}``."""
     limit = asyncio.Semaphore(concurrency)
 
@@ -37,7 +39,7 @@ async def collect_samples(nomad: NomadClient, sessions: Sequence[Session], *, co
                 log.debug("session=%s kernel=%s no stats: %s", session.id, kernel.hostname, exc)
                 return None
         cores, memory = kernel_allocation(kernel)
-        return kernel_sample(stats, cores=cores, memory_bytes=memory)
+        return kernel_sample(stats, cores=cores, memory_bytes=memory, devices=devices)
 
     async def one(session: Session) -> Sample:
         samples = await asyncio.gather(*(kernel(session, k) for k in session.kernels))

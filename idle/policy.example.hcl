@@ -1,4 +1,4 @@
-# Caravan idle policy (read by the idle checker; format in idle/policy_file.py).
+# Caravan idle policy (read by the idle checker; format in domain/idle/policy_file.py).
 # Layers: defaults, then the session's resource_group, then its owner's user_policy; later wins per key.
 # Durations: seconds, or "30s", "10m", "2h", "1d", "1h30m". 0 turns a limit off.
 

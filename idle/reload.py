@@ -20,8 +20,9 @@ import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from devices.catalog import DeviceCatalog
 from domain.idle.config import IdlePolicyConfig
-from idle.policy_file import PolicyFileError, parse_policy, read_policy_text
+from domain.idle.policy_file import PolicyFileError, parse_policy, read_policy_text
 from stores.idle import PublishedPolicy
 
 log = logging.getLogger(__name__)
@@ -30,12 +31,14 @@ BUILT_IN = "built-in"
 
 
 class PolicySource:
-    def __init__(self, path: Path | None) -> None:
-        """Load the policy at ``path`` (or the built-in one); raises :class:`PolicyFileError` if it is broken."""
+    def __init__(self, path: Path | None, devices: DeviceCatalog | None = None) -> None:
+        """Load the policy at ``path`` (or the built-in one); raises :class:`PolicyFileError` if it is broken.
+        ``devices``: the device names in force (their metrics may have thresholds)."""
         self.path = path
+        self.devices = devices
         text = read_policy_text(path) if path is not None else ""
         self.published = PublishedPolicy(source=str(path) if path is not None else BUILT_IN, text=text)
-        self.config: IdlePolicyConfig = parse_policy(text, self.published.source)
+        self.config: IdlePolicyConfig = parse_policy(text, self.published.source, devices)
         self._refused: str | None = None
         """What was last refused (the broken text, or why the file could not be read): reported once, not every sweep."""
         log.info("idle policy from %s: check every %gs", self.published.source, self.config.check_interval)
@@ -55,7 +58,7 @@ class PolicySource:
         if text == self._refused:
             return False
         try:
-            config = parse_policy(text, str(self.path))
+            config = parse_policy(text, str(self.path), self.devices)
         except PolicyFileError as exc:
             self._refuse(exc, text)
             return False

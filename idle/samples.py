@@ -17,7 +17,7 @@ How each metric is computed (and which Backend.AI bugs this avoids):
 * ``mem`` = memory in use / allocated bytes × 100, computed once (Backend.AI 24.09.14 added it on top of
   a summed percentage). In use = RSS where the driver measures it (cgroups v1); otherwise
   ``Usage - Cache`` (cgroups v2 measures no RSS), so page cache of files read once does not look busy.
-* ``<prefix>_util`` / ``<prefix>_mem`` per accelerator (prefix from :data:`DEVICE_METRIC_PREFIXES`):
+* ``<prefix>_util`` / ``<prefix>_mem`` per accelerator (the device prefix of the slot ``devices.catalog`` names it):
   the mean over the allocation's device instances of "GPU utilization" and of "Memory state"
   (used / total × 100; falls back to the instance's Summary, which the NVIDIA plugin sets to it).
   "Memory utilization" is memory *bandwidth* in the NVIDIA plugin and is deliberately not used.
@@ -33,7 +33,8 @@ from collections.abc import Iterable, Mapping
 from statistics import fmean
 from typing import Any
 
-from domain.idle.metrics import CPU_UTIL, DEVICE_METRIC_PREFIXES, MEM
+from devices.catalog import DeviceCatalog
+from domain.idle.metrics import CPU_UTIL, MEM
 
 Json = Mapping[str, Any]
 
@@ -46,7 +47,7 @@ def kernel_sample(
     *,
     cores: float,
     memory_bytes: float,
-    device_prefixes: Mapping[str, str] = DEVICE_METRIC_PREFIXES,
+    devices: DeviceCatalog | None = None,
 ) -> dict[str, float]:
     """One kernel's (allocation's) metrics in percent, normalized by what it was allocated."""
     usage = alloc_stats.get("ResourceUsage")
@@ -59,7 +60,7 @@ def kernel_sample(
     in_use = _memory_in_use(usage.get("MemoryStats"))
     if in_use is not None and memory_bytes > 0:
         sample[MEM] = in_use / memory_bytes * 100
-    sample.update(_device_metrics(usage.get("DeviceStats") or (), device_prefixes))
+    sample.update(_device_metrics(usage.get("DeviceStats") or (), devices or DeviceCatalog()))
     return sample
 
 
@@ -99,12 +100,10 @@ def _memory_in_use(stats: Json | None) -> float | None:
     return max(usage - (_number(stats.get("Cache")) or 0.0), 0.0)
 
 
-def _device_metrics(groups: Iterable[Json], device_prefixes: Mapping[str, str]) -> dict[str, float]:
+def _device_metrics(groups: Iterable[Json], devices: DeviceCatalog) -> dict[str, float]:
     readings: dict[str, list[float]] = {}
     for group in groups:
-        prefix = device_prefixes.get(f"{group.get('Vendor')}/{group.get('Type')}")
-        if prefix is None:
-            continue
+        prefix = devices.metric_prefix_of(str(group.get("Vendor")), str(group.get("Type")), str(group.get("Name")))
         for instance in (group.get("InstanceStats") or {}).values():
             attributes = (instance.get("Stats") or {}).get("Attributes") or {}
             util = _stat_percent(attributes.get(GPU_UTILIZATION), ratio=False)

@@ -9,10 +9,10 @@ of the policy in force:
    activity the gateway records, utilization from Nomad's allocation stats;
 3. store each verdict as the session's idle report (GraphQL ``idleChecks``), and every
    ``window_persist_interval`` the utilization windows, for the next leader;
-4. reclaim the sessions found idle through the one termination path (:func:`scheduler.termination.terminate`):
-   TERMINATING with the reason (``idle-session-lifetime``, ``idle-timeout``, ``idle-utilization``), a fenced
-   write through the state machine, then the job is stopped. The scheduler's follower moves the session
-   to TERMINATED keeping that reason, and stops the job again if this stop was lost.
+4. reclaim the sessions found idle through the one termination path (``domain.termination``, written by
+   ``SessionStore.request_termination``): TERMINATING with the reason (``idle-session-lifetime``, ``idle-timeout``,
+   ``idle-utilization``), a fenced write that also asks the scheduler's job owner to stop the job (the idle
+   checker writes nothing to Nomad). The scheduler's follower moves the session to TERMINATED keeping that reason.
 
 Windows live in the leader's memory between saves; a new leader starts from the last save.
 """
@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from core.clock import utcnow
-from core.errors import TransientError
 from core.keys import Keys
 from core.lease import Lease, lead_forever
 from domain.model import Session, SessionStatus
 from core.retry import forever
 from core.settings import Settings
+from domain.scheduling_config import load_scheduler_config
 from core.lease import Fence
 from stores.sessions import SessionStore
 from stores.activity import forget_activity
@@ -44,7 +44,6 @@ from idle.sweep import check_once
 from domain.idle.verdict import Verdict
 from domain.idle.window import UtilizationWindow
 from nomad_jobs.client import NomadClient
-from scheduler.termination import terminate
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +69,16 @@ class IdleService:
         policy: PolicySource | None = None,
         arbiter: Arbiter = evaluate,
     ) -> None:
-        """Raises :class:`idle.policy_file.PolicyFileError` when the policy file is broken at start."""
+        """Raises :class:`domain.idle.policy_file.PolicyFileError` when the policy file is broken at start, and
+        :class:`domain.scheduling_config.SchedulerConfigError` when the scheduling configuration is (its device names
+        name the device metrics)."""
         self.settings = settings
         self.keys = Keys(settings.redis.prefix)
         self.store = SessionStore(redis, self.keys)
         self.idle_store = IdleStore(redis, self.keys)
         self.nomad = nomad
-        self.policy = policy or PolicySource(settings.idle.policy_path)
+        self.devices = load_scheduler_config(settings.scheduler.config_path).devices  # the operator's device names
+        self.policy = policy or PolicySource(settings.idle.policy_path, self.devices)
         self.arbiter = arbiter
         self.lease = Lease(redis, self.keys.idle_lease, self.keys.idle_fence, ttl=settings.idle.lease_ttl)
         self._wake = asyncio.Event()
@@ -120,7 +122,7 @@ class IdleService:
         result = await check_once(
             now=now, sessions=sessions, config=config, windows=term.windows,
             redis=self.store.redis, keys=self.keys, nomad=self.nomad,
-            concurrency=self.settings.idle.stats_concurrency, arbiter=self.arbiter,
+            concurrency=self.settings.idle.stats_concurrency, arbiter=self.arbiter, devices=self.devices,
         )  # fmt: skip
         term.windows = result.windows
         save_windows = time.monotonic() - term.saved_at >= self.settings.idle.window_persist_interval
@@ -142,11 +144,7 @@ class IdleService:
         if verdict.reason is None:
             return
         reason = verdict.reason.value
-        try:
-            after = await terminate(self.store, self.nomad, session.id, reason=reason, fence=term.fence)
-        except TransientError as exc:  # the session is TERMINATING; the follower stops the job later
-            log.warning("session=%s reclaimed (%s) but its job could not be stopped yet: %s", session.id, reason, exc)
-            return
+        after = await self.store.request_termination(session.id, reason=reason, at=utcnow(), fence=term.fence)
         if after is not None and after.status_info == reason:
             expired = next(r for r in verdict.reports if r.expired)
             log.info("session=%s reclaimed: %s (%s)", session.id, reason, expired.note or expired.name.value)

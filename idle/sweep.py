@@ -19,11 +19,13 @@ from redis.asyncio import Redis
 from core.keys import Keys
 from domain.model import Session
 from domain.resource_policies import SessionLimits
-from stores.activity import Activity, read_activity
+from domain.idle.facts import Activity
+from stores.activity import read_activity
+from devices.catalog import DeviceCatalog
 from idle.collect import Sample, collect_samples
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.facts import checked_metrics, policy_for, session_facts
-from domain.idle.owner_limits import read_limits
+from stores.resource_policies import PolicyStore
 from domain.idle.arbiter import Arbiter, evaluate
 from domain.idle.verdict import Verdict
 from domain.idle.window import UtilizationWindow, record_sample
@@ -80,13 +82,14 @@ async def check_once(
     nomad: NomadClient,
     concurrency: int,
     arbiter: Arbiter = evaluate,
+    devices: DeviceCatalog | None = None,
 ) -> Sweep:
     """Verdicts on ``sessions`` (all RUNNING) at ``now``, with this sweep's samples recorded."""
     sampled = [s for s in sessions if checked_metrics(s, policy_for(config, s))]  # limits never touch utilization
     samples, activity, limits = await asyncio.gather(
-        collect_samples(nomad, sampled, concurrency=concurrency),
+        collect_samples(nomad, sampled, concurrency=concurrency, devices=devices),
         read_activity(redis, keys, [s.id for s in sessions], now),
-        read_limits(redis, keys, sessions),
+        PolicyStore(redis, keys).limits_of(sessions),
     )
     return judge(
         now=now, sessions=sessions, config=config, windows=windows, activity=activity, samples=samples,

@@ -16,24 +16,16 @@ syntax (``,``), Nomad's interpolation (``${``) nor a shell ever sees a user byte
 
 from __future__ import annotations
 
-import base64
 import math
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import PurePosixPath
 
+from domain.vm import command_item, environ_item
 from nomad_jobs.hcl import runtime_text
 
 KERNEL_FILE = "vmlinux"
 INITRD_FILE = "initrd.img"
-MIN_MEMORY_MIB = 192
-"""The least memory a VM gets. Nomad's qemu driver refuses less than 128 MiB, but the image ops/build-vm-image builds
-needs about 160 MiB (its kernel and the unpacked initramfs): with 128 or 144 MiB it stopped at once with no output
-(exit 67), so a margin above what boots."""
-MAX_ITEM_BYTES = 120 * 1024
-"""A fw_cfg item travels as one QEMU argument, and Linux caps one argument at 128 KiB (MAX_ARG_STRLEN)."""
-USER_ENVIRON_BYTES = MAX_ITEM_BYTES - 16 * 1024
-"""What a user's environment may take encoded: the rest is kept for Caravan's own variables."""
 KERNEL_COMMAND_LINE = "console=ttyS0 quiet loglevel=1 panic=-1 cryptomgr.notests"
 """Only panics reach the console; a panic reboots, which ``-no-reboot`` turns into QEMU exiting."""
 EXIT_PORT = 0xF4
@@ -41,10 +33,6 @@ HIGHEST_EXIT_CODE = 126
 """The init writes ``min(code, 126) + 1``: QEMU then exits with an odd status of at least 3 (8 bits hold
 up to 255), apart from its own 0 (stopped from outside) and 1 (failed to start). So 0-125 arrive exactly,
 and 126 means 126 or more (137 after a SIGKILL reads as 126)."""
-
-
-class PayloadTooLarge(ValueError):
-    """The command or the environment does not fit in one QEMU argument."""
 
 
 def driver_config(image_dir: str, command: str, environ: Mapping[str, str], cores: Decimal) -> dict[str, object]:
@@ -72,21 +60,6 @@ def driver_config(image_dir: str, command: str, environ: Mapping[str, str], core
         "accelerator": "tcg",
         "args": [runtime_text(a) for a in args],
     }
-
-
-def command_item(command: str) -> str:
-    item = base64.b64encode(command.encode()).decode()
-    if len(item) > MAX_ITEM_BYTES:
-        raise PayloadTooLarge(f"the command is {len(command.encode())} bytes, more than a VM takes")
-    return item
-
-
-def environ_item(environ: Mapping[str, str], limit: int = MAX_ITEM_BYTES) -> str:
-    """``NAME BASE64`` lines (names are identifiers: no space, no newline)."""
-    item = "".join(f"{name} {base64.b64encode(value.encode()).decode()}\n" for name, value in environ.items())
-    if len(item) > limit:
-        raise PayloadTooLarge(f"the environment takes {len(item)} bytes encoded, more than a VM takes")
-    return item
 
 
 def guest_exit_code(qemu_status: int) -> int | None:

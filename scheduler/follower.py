@@ -35,7 +35,7 @@ from nomad_jobs.meta import session_id_of
 from nomad_jobs.observe import (for_driver, is_superseded, latest_per_group, observe_allocation, observe_unplaced,
                                 placement_failures, restarts_of)
 from nomad_jobs.replica_service import run_started_at
-from scheduler.termination import terminate
+from scheduler.job_owner import JobOwner
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,13 @@ RESOURCES_FREED = frozenset({S.TERMINATED, S.CANCELLED, S.ERROR})
 
 
 class Follower:
-    def __init__(self, store: SessionStore, nomad: NomadClient, fence: Fence | None) -> None:
+    def __init__(self, store: SessionStore, nomad: NomadClient, fence: Fence | None,
+                 owner: JobOwner | None = None) -> None:
+        """``owner``: who stops a job that has no session (the follower itself only reads Nomad)."""
         self.store = store
         self.nomad = nomad
         self.fence = fence
+        self.owner = owner or JobOwner(store, nomad, fence)
         self.prefix = nomad.settings.job_prefix
 
     async def apply(self, session_id: str, seen: KernelObservation) -> Session | None:
@@ -71,14 +74,13 @@ class Follower:
         if ended:
             await self.store.wake_scheduler("ended")  # what it held may let a pending session start now
         if outlived and stored is not None and stored.nomad_job_id:
-            log.info("session=%s ended (%s): stopping job=%s, which Nomad would restart or reschedule",
-                     stored.id, stored.status_info, stored.nomad_job_id)
-            await self.nomad.deregister(stored.nomad_job_id)
+            # its job was asked to stop in the same write (stores.sessions): Nomad would restart or reschedule it
+            log.info("session=%s ended (%s): its job=%s is stopped", stored.id, stored.status_info, stored.nomad_job_id)
         if stored is not None and _main_batch_kernel_ended(stored):
             # The main kernel's exit decides a BATCH session: stop the kernels still running.
             code = stored.main_kernel.exit_code
-            await terminate(self.store, self.nomad, stored.id, reason="task-finished" if code == 0 else "task-failed",
-                            fence=self.fence)
+            await self.store.request_termination(stored.id, reason="task-finished" if code == 0 else "task-failed",
+                                                 at=utcnow(), fence=self.fence)
         return stored
 
     async def on_allocation(self, alloc: dict[str, Any]) -> None:
@@ -144,7 +146,10 @@ class Follower:
                 continue
             why = "has no session" if session is None else f"outlives its {session.status.value} session"
             log.warning("job=%s %s %s: stopping it", running[session_id], why, session_id)
-            await self.nomad.deregister(running[session_id])
+            if session is None:
+                await self.owner.stop_orphan(running[session_id])
+            else:
+                await self.store.request_stop(session_id)
             stopped.append(running[session_id])
         return stopped
 
@@ -217,7 +222,7 @@ class Follower:
             if is_inference(session):
                 await self.read_replica_health(session.id, latest.values())
             if session.status is S.TERMINATING and not job.get("Stop"):
-                await self.nomad.deregister(session.nomad_job_id)  # the stop was lost in a crash
+                await self.store.request_stop(session.id)  # asked, but not done yet (or lost before the owner existed)
             elif job.get("Stop") and session.status is S.TERMINATING and not any(map(is_live, allocs)):
                 await self.store.update(session.id, _stopped, fence=self.fence)
 

@@ -16,12 +16,13 @@ from enum import Enum
 from functools import cached_property
 
 from scheduler.agents.base import AgentSelector
+from domain.agents import Agent
+from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
 
 __all__ = [
     "Agent",
     "Cancellation",
-    "GroupConfig",
     "KernelPlacement",
     "PassResult",
     "Reservation",
@@ -57,19 +58,6 @@ class DependencyState(str, Enum):
     """Pending, scheduled or running: the dependent waits."""
     FAILED = "failed"
     """Failed, errored or cancelled: the dependent is cancelled with ``dependency-failed``."""
-
-
-@dataclass(frozen=True)
-class Agent:
-    """A Nomad client node as the scheduler sees it."""
-
-    id: str
-    resource_group: str
-    capacity: ResourceSlots
-    occupied: ResourceSlots = ResourceSlots()
-    """Everything allocated on the node (Caravan's or not) plus Caravan placements Nomad does not show yet."""
-    schedulable: bool = True
-    """False when down, draining or ineligible: such agents are dropped before any selection."""
 
 
 def kernel_roles(cluster_size: int) -> tuple[str, ...]:
@@ -160,39 +148,6 @@ class Snapshot:
     project_policies: Mapping[str, ProjectPolicy] = field(default_factory=dict)
     roundrobin_state: Mapping[str, int] = field(default_factory=dict)
     """Resource group -> next agent index of the round-robin selector (from the previous ``PassResult``)."""
-
-
-DEFAULT_RESOURCE_PRIORITY = ("cuda", "rocm", "tpu", "cpu", "mem")
-
-
-@dataclass(frozen=True, kw_only=True)
-class GroupConfig:
-    """How one resource group schedules. Names are checked against the registries when a pass starts."""
-
-    session_strategy: str = "fifo"
-    """``fifo``, ``lifo`` or ``drf`` (see ``scheduler.selection``)."""
-    agent_selector: str = "dispersed"
-    """``concentrated``, ``dispersed``, ``roundrobin`` or a plugin of ``caravan.agent_selectors``."""
-    retries_to_skip: int = 0
-    """0 = strict: a session short of resources blocks everything behind it. N > 0: after N failed attempts it is
-    pushed behind the others of its band and stops blocking."""
-    reserve_after: timedelta | None = None
-    """A pushed-back session older than this reserves the agent it fits best; None = never reserve."""
-    max_reservations: int = 1
-    """Overdue sessions holding a reservation at once, oldest first (1 = EASY backfill: the oldest overdue session
-    gets an agent held, the rest wait their turn; more holds keep more agents idle)."""
-    resource_priority: tuple[str, ...] = DEFAULT_RESOURCE_PRIORITY
-    """Slot order used to compare agents' remaining amounts; ``cuda.shares`` ranks with ``cuda``."""
-    selector_options: Mapping[str, object] = field(default_factory=dict)
-    """Free-form options handed to a custom agent selector."""
-
-    def __post_init__(self) -> None:
-        if self.retries_to_skip < 0:
-            raise ValueError(f"retries_to_skip must be >= 0, got {self.retries_to_skip}")
-        if self.max_reservations < 0:
-            raise ValueError(f"max_reservations must be >= 0, got {self.max_reservations}")
-        if self.reserve_after is not None and self.reserve_after < timedelta(0):
-            raise ValueError(f"reserve_after must not be negative, got {self.reserve_after}")
 
 
 @dataclass(frozen=True)

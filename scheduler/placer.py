@@ -31,6 +31,8 @@ from stores.sessions import Mutation, SessionStore
 from nomad_jobs.client import NomadClient
 from nomad_jobs.session_job import JobContext, render_session_job
 from domain.scheduling_config import SchedulingConfig
+from scheduler.config import scheduler_core
+from scheduler.pass_model import SchedulerConfig
 from stores.known_groups import record_resource_groups
 from stores.known_slots import record_slot_types
 from scheduler.pass_model import KernelPlacement, PassResult, WaitExplanation
@@ -65,11 +67,13 @@ class PassSummary:
 
 class Placer:
     def __init__(self, store: SessionStore, nomad: NomadClient, fence: Fence | None, settings: Settings,
-                 config: SchedulingConfig) -> None:
+                 config: SchedulingConfig, core: SchedulerConfig | None = None) -> None:
+        """``core``: the pass's configuration (resolved from ``config`` when not given)."""
         self.store = store
         self.fence = fence
         self.settings = settings
         self.config = config
+        self.core = core if core is not None else scheduler_core(config)
         self.reader = SnapshotReader(store, PolicyStore(store.redis, store.keys), nomad, config,
                                      settings.nomad.job_prefix)
         self._recorded: dict[str, SlotType] = {}
@@ -85,10 +89,10 @@ class Placer:
         now = utcnow()
         read = await self.reader.read(now)
         await self._record_slot_types(read.slot_types)
-        await self._record_groups({agent.resource_group for agent in read.snapshot.agents} | set(self.config.core.groups))
+        await self._record_groups({agent.resource_group for agent in read.snapshot.agents} | set(self.config.groups))
         if not read.snapshot.pending and not read.timed_out:
             return PassSummary()
-        result = run_pass(read.snapshot, self.config.core, now)
+        result = run_pass(read.snapshot, self.core, now)
         summary = await self._apply(read, result, now)
         if summary.cancelled:
             await self.store.wake_scheduler("cancelled")  # their dependents are cancelled in the next pass

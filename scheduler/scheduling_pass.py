@@ -28,11 +28,10 @@ from scheduler.agents.occupancy import GroupOccupancy
 from scheduler.agents.fit import Attempt, Chooser, RoundRobinChooser, make_chooser, packing_direction, place, reserve
 from scheduler.agents.vectors import Demand, SlotCodec
 from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks
+from domain.agents import Agent
 from scheduler.pass_model import (
-    Agent,
     Cancellation,
     ClusterMode,
-    GroupConfig,
     KernelPlacement,
     PassResult,
     PendingSession,
@@ -43,6 +42,7 @@ from scheduler.pass_model import (
     WaitExplanation,
     WaitKind,
 )
+from domain.scheduling_config import GroupConfig
 from scheduler.selection import get_strategy
 from scheduler.selection.base import QueueEntry
 from scheduler.selection.drf import DominantShares

@@ -18,14 +18,13 @@ from core.lease import Fence
 from stores.sessions import SessionStore
 from nomad_jobs.client import NomadClient
 from domain.scheduling_config import load_scheduler_config
+from scheduler.config import scheduler_core
 from scheduler.follower import Follower
 from scheduler.placer import Placer
-from scheduler.submitter import submit
-from scheduler.termination import terminate
+from scheduler.job_owner import JobOwner
 
 log = logging.getLogger(__name__)
 
-SUBMIT_CONCURRENCY = 32
 REPLICA_HEALTH_INTERVAL = 1.0
 """Seconds between reads of the checks of INFERENCE replicas not yet known healthy (a replica joins ``endpoints``
 within about this long of passing; Nomad's event stream carries no check results)."""
@@ -38,7 +37,8 @@ class Scheduler:
         self.store = SessionStore(redis, self.keys)
         self.nomad = nomad
         self.lease = Lease(redis, self.keys.scheduler_lease, self.keys.scheduler_fence, ttl=settings.scheduler.lease_ttl)
-        self.config = load_scheduler_config(settings.scheduler.config_path)  # a broken file stops us here
+        self.config = load_scheduler_config(settings.scheduler.config_path)  # a broken file stops us here,
+        self.core = scheduler_core(self.config)  # and so does a strategy or selector nobody provides
 
     async def run_forever(self) -> None:
         await lead_forever("scheduler", self.lease, self.lead)
@@ -46,10 +46,12 @@ class Scheduler:
     async def lead(self, fence: Fence) -> None:
         if indexed := await self.store.ensure_listing_indexes():
             log.info("indexed %d stored sessions for listing", indexed)
-        follower = Follower(self.store, self.nomad, fence)
-        placer = Placer(self.store, self.nomad, fence, self.settings, self.config)
+        owner = JobOwner(self.store, self.nomad, fence)
+        follower = Follower(self.store, self.nomad, fence, owner)
+        placer = Placer(self.store, self.nomad, fence, self.settings, self.config, self.core)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(forever("schedule", lambda: self._schedule_once(placer, fence)))
+            tasks.create_task(forever("jobs", owner.run_forever))
             tasks.create_task(forever("follow", follower.follow_events, pause=0.5))
             tasks.create_task(
                 forever("reconcile", follower.reconcile, pause=self.settings.scheduler.reconcile_interval)
@@ -58,7 +60,6 @@ class Scheduler:
 
     async def _schedule_once(self, placer: Placer, fence: Fence) -> None:
         await placer.run_pass()
-        await self.submit_pending(fence)
         await self.end_overdue_batches(fence)
         # Sleep until there is news (a session created or ended, a node changed) or the pass interval is over.
         await self.store.redis.blpop([self.keys.scheduler_wakeup], timeout=self.settings.scheduler.pass_interval)
@@ -67,19 +68,5 @@ class Scheduler:
     async def end_overdue_batches(self, fence: Fence | None) -> None:
         """BATCH sessions past their batch timeout end FAILED with ``task-timeout``."""
         for session_id in await self.store.overdue_batch_sessions(utcnow().timestamp()):
-            await terminate(self.store, self.nomad, session_id, reason="task-timeout",
-                            result=SessionResult.FAILURE, fence=fence)
-
-    async def submit_pending(self, fence: Fence | None) -> None:
-        ids = sorted(await self.store.ids_to_submit())
-        limit = asyncio.Semaphore(SUBMIT_CONCURRENCY)
-
-        async def one(session_id: str) -> None:
-            async with limit:
-                session = await self.store.get(session_id)
-                if session is None or session.nomad_job_id is None:
-                    await self.store.mark_submitted(session_id)
-                    return
-                await submit(self.store, self.nomad, session, fence)
-
-        await asyncio.gather(*(one(i) for i in ids))
+            await self.store.request_termination(session_id, reason="task-timeout", at=utcnow(),
+                                                 result=SessionResult.FAILURE, fence=fence)

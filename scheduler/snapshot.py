@@ -1,16 +1,8 @@
 """A pass's input, read from Redis and Nomad: two Nomad calls (nodes, live allocations) and a handful of Redis reads
 per pass, however many sessions wait.
 
-Agents are Nomad client nodes; an agent's resource group is its node pool.
+Agents are Nomad client nodes, their capacity and occupancy read as ``nomad_jobs.agents`` reads them. On top:
 
-- capacity: ``cpu`` = (CpuShares − reserved) / MHz per core, ``mem`` = (MemoryMB − reserved) MiB, and per device
-  group its healthy instances, as the slot ``SchedulingConfig.device_slot`` names (``nomad/file/mock`` ->
-  ``mock.device``). MHz per core is the configured ``cpu_mhz_per_core`` or the smallest CpuShares / TotalCpuCores any
-  node reports, so a core asked for is the MHz the job asks Nomad for and both count alike.
-- occupied: every allocation Nomad counts on the node (Caravan's or not, any namespace); a Caravan kernel's
-  allocation counts at least what the kernel asked for (what Nomad does not track, such as a rounding, still counts),
-  and the kernels of SCHEDULED / PREPARING sessions whose allocation Nomad does not show yet count on their agent.
-- schedulable: ready, eligible and not draining.
 - drivers: a session needs its task driver detected and healthy on the node. Like a designated agent, it asks for one
   unit of a slot ``driver:<name>`` that only such agents have (added only for drivers some pending session wants, and
   never recorded as a slot type), so a session whose driver no agent offers waits with ``never-fits: no schedulable
@@ -24,8 +16,6 @@ with a kind of slot a session does not use ranks after those without).
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -33,11 +23,11 @@ from decimal import Decimal
 from typing import Any
 
 from domain.model import ClusterMode as SessionClusterMode
-from domain.model import Kernel, Session, SessionResult, SessionStatus
+from domain.model import Session, SessionResult, SessionStatus
 from stores.resource_policies import PolicyStore
 from stores.sessions import SessionStore
 from nomad_jobs.client import NomadClient
-from nomad_jobs.meta import session_id_of
+from nomad_jobs.agents import OCCUPYING, agents_of, devices_of, healthy_drivers, kernel_request, mhz_per_core
 from scheduler.agents.ranking import DRIVER_MARKER
 from domain.scheduling_config import SchedulingConfig
 from scheduler.pass_model import (
@@ -53,16 +43,10 @@ from scheduler.pass_model import (
 )
 from domain.slots import ResourceSlots, SlotType, accumulate_slot_types
 
-__all__ = ["PassInput", "SnapshotReader", "agents_of", "alloc_slots", "dependency_state", "device_ids",
-           "healthy_drivers", "is_schedulable", "kernel_request", "mhz_per_core", "node_capacity", "pending_session",
-           "requiring_driver", "timed_out", "with_wanted_slots"]
+__all__ = ["PassInput", "SnapshotReader", "dependency_state", "pending_session", "requiring_driver", "timed_out",
+           "with_wanted_slots"]
 
 S = SessionStatus
-MIB = 1024 * 1024
-MIN_MEM_MIB = 16
-DEFAULT_MHZ_PER_CORE = 1000
-OCCUPYING = frozenset({S.SCHEDULED, S.PREPARING, S.RUNNING, S.TERMINATING})
-NOT_YET_VISIBLE = frozenset({S.SCHEDULED, S.PREPARING})
 DESIGNATED = "designated:"
 DESIGNATED_CAPACITY = 1_000_000
 DRIVER = DRIVER_MARKER
@@ -72,82 +56,7 @@ Json = Mapping[str, Any]
 # -- Nomad's view, converted --
 
 
-def mhz_per_core(nodes: Iterable[Json], configured: int | None) -> int:
-    if configured:
-        return configured
-    ratios = [
-        int(cpu["CpuShares"]) // int(cpu["TotalCpuCores"])
-        for cpu in (_dig(node, "NodeResources", "Cpu") for node in nodes)
-        if cpu.get("CpuShares") and cpu.get("TotalCpuCores")
-    ]
-    return max(1, min(ratios)) if ratios else DEFAULT_MHZ_PER_CORE
-
-
-def is_schedulable(node: Json) -> bool:
-    return node.get("Status") == "ready" and node.get("SchedulingEligibility") == "eligible" and not node.get("Drain")
-
-
-def healthy_drivers(node: Json) -> frozenset[str]:
-    """Task drivers the node has detected and reports healthy (``/v1/nodes`` carries them per node)."""
-    drivers: Json = node.get("Drivers") or {}
-    return frozenset(name for name, info in drivers.items()
-                     if isinstance(info, Mapping) and info.get("Detected") and info.get("Healthy"))
-
-
-def device_ids(nodes: Iterable[Json], config: SchedulingConfig) -> dict[str, str]:
-    """Device slot -> the Nomad device id a job asks for to reserve it: ``vendor/type/name`` when every device
-    counted as that slot is the same, else the part they share (``vendor/type``, then ``type``)."""
-    seen: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
-    for node in nodes:
-        for group in _dig(node, "NodeResources").get("Devices") or []:
-            device = (str(group.get("Vendor")), str(group.get("Type")), str(group.get("Name")))
-            seen[config.device_slot(*device)].add(device)
-    found: dict[str, str] = {}
-    for slot, devices in seen.items():
-        vendors, kinds = {d[0] for d in devices}, {d[1] for d in devices}
-        if len(kinds) != 1:
-            continue  # different kinds of device under one slot: no single device block asks for them
-        (vendor, kind, name) = next(iter(devices))
-        found[slot] = (f"{vendor}/{kind}/{name}" if len(devices) == 1 else
-                       f"{vendor}/{kind}" if len(vendors) == 1 else kind)
-    return found
-
-
-def node_capacity(node: Json, mhz: int, config: SchedulingConfig) -> ResourceSlots:
-    shares = int(_dig(node, "NodeResources", "Cpu").get("CpuShares") or 0)
-    shares -= int(_dig(node, "ReservedResources", "Cpu").get("CpuShares") or 0)
-    memory = int(_dig(node, "NodeResources", "Memory").get("MemoryMB") or 0)
-    memory -= int(_dig(node, "ReservedResources", "Memory").get("MemoryMB") or 0)
-    amounts: dict[str, Decimal] = defaultdict(Decimal)
-    amounts["cpu"] = Decimal(max(shares, 0)) / mhz
-    amounts["mem"] = Decimal(max(memory, 0) * MIB)
-    for group in _dig(node, "NodeResources").get("Devices") or []:
-        slot = config.device_slot(str(group.get("Vendor")), str(group.get("Type")), str(group.get("Name")))
-        amounts[slot] += sum(1 for instance in group.get("Instances") or [] if instance.get("Healthy"))
-    return ResourceSlots(amounts)
-
-
-def alloc_slots(alloc: Json, mhz: int, config: SchedulingConfig) -> ResourceSlots:
-    """What an allocation holds on its node (every task; Nomad's ``MB`` are MiB)."""
-    amounts: dict[str, Decimal] = defaultdict(Decimal)
-    for task in (_dig(alloc, "AllocatedResources").get("Tasks") or {}).values():
-        amounts["cpu"] += Decimal(int(_dig(task, "Cpu").get("CpuShares") or 0)) / mhz
-        amounts["mem"] += int(_dig(task, "Memory").get("MemoryMB") or 0) * MIB
-        for device in task.get("Devices") or []:
-            slot = config.device_slot(str(device.get("Vendor")), str(device.get("Type")), str(device.get("Name")))
-            amounts[slot] += len(device.get("DeviceIDs") or [])
-    return ResourceSlots(amounts)
-
-
 # -- Caravan's sessions, converted --
-
-
-def kernel_request(kernel: Kernel) -> ResourceSlots:
-    """What the kernel takes on its agent: its slots, with ``mem`` as Nomad reserves it (whole MiB, at least 16)."""
-    requested = ResourceSlots.from_json(kernel.resources)
-    mem = requested.amount("mem")
-    reserved = max(MIN_MEM_MIB, math.ceil(mem / MIB)) * MIB
-    return requested + {"mem": Decimal(reserved) - mem}
 
 
 def pending_session(session: Session) -> PendingSession:
@@ -199,30 +108,6 @@ def timed_out(session: Session, config: SchedulingConfig, now: datetime) -> bool
     return timeout is not None and now - waiting_since > timeout
 
 
-def agents_of(nodes: Sequence[Json], allocs: Iterable[Json], sessions: Mapping[str, Session], job_prefix: str,
-              mhz: int, config: SchedulingConfig) -> tuple[Agent, ...]:
-    occupied: dict[str, ResourceSlots] = defaultdict(ResourceSlots)
-    seen: set[tuple[str, str]] = set()  # (session id, kernel hostname) whose allocation Nomad shows
-    for alloc in allocs:
-        used = alloc_slots(alloc, mhz, config)
-        session = sessions.get(session_id_of(job_prefix, str(alloc.get("JobID", ""))) or "")
-        kernel = _kernel(session, str(alloc.get("TaskGroup"))) if session and session.status in OCCUPYING else None
-        if session is not None and kernel is not None:
-            used = _at_least(used, kernel_request(kernel))
-            seen.add((session.id, kernel.hostname))
-        occupied[str(alloc.get("NodeID"))] += used
-    for session in sessions.values():
-        if session.status in NOT_YET_VISIBLE:
-            for kernel in session.kernels:
-                if kernel.agent and (session.id, kernel.hostname) not in seen:
-                    occupied[kernel.agent] += kernel_request(kernel)
-    return tuple(
-        Agent(str(node["ID"]), str(node.get("NodePool") or "default"), node_capacity(node, mhz, config),
-              occupied[str(node["ID"])], is_schedulable(node))
-        for node in sorted(nodes, key=lambda n: str(n["ID"]))
-    )
-
-
 def with_wanted_slots(agents: tuple[Agent, ...], drivers: Mapping[str, frozenset[str]],
                       pending: Iterable[PendingSession]) -> tuple[Agent, ...]:
     """Agents with the marker slots pending sessions ask for: ``designated:<own id>``, and ``driver:<name>`` for each
@@ -239,20 +124,6 @@ def with_wanted_slots(agents: tuple[Agent, ...], drivers: Mapping[str, frozenset
     return tuple(marked)
 
 
-def _kernel(session: Session, hostname: str) -> Kernel | None:
-    return next((k for k in session.kernels if k.hostname == hostname), None)
-
-
-def _at_least(a: ResourceSlots, b: ResourceSlots) -> ResourceSlots:
-    return ResourceSlots({slot: max(a.amount(slot), b.amount(slot)) for slot in {*a, *b}})
-
-
-def _dig(doc: Json, *path: str) -> Json:
-    for key in path:
-        doc = doc.get(key) or {}
-    return doc
-
-
 # -- reading it all --
 
 
@@ -267,7 +138,7 @@ class PassInput:
     slot_types: Mapping[str, SlotType]
     """Slot types of every agent's capacity (to record for the gateway)."""
     device_ids: Mapping[str, str]
-    """Device slot -> Nomad device id, for the jobs' ``device`` blocks (see ``device_ids``)."""
+    """Device slot -> Nomad device id, for the jobs' ``device`` blocks (``DeviceCatalog.device_ids``)."""
 
 
 class SnapshotReader:
@@ -286,7 +157,7 @@ class SnapshotReader:
         nodes = await self.nomad.nodes()
         mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
         allocs = await self.nomad.live_allocations() if pending else []
-        agents = agents_of(nodes, allocs, sessions, self.job_prefix, mhz, self.config)
+        agents = agents_of(nodes, allocs, sessions, self.job_prefix, mhz, self.config.devices)
         snapshot = Snapshot(
             agents=with_wanted_slots(agents, {str(n["ID"]): healthy_drivers(n) for n in nodes}, pending),
             pending=pending,
@@ -295,7 +166,7 @@ class SnapshotReader:
             roundrobin_state=await self._roundrobin(),
         )
         slot_types = accumulate_slot_types(agent.capacity for agent in agents)
-        return PassInput(snapshot, sessions, expired, mhz, slot_types, device_ids(nodes, self.config))
+        return PassInput(snapshot, sessions, expired, mhz, slot_types, self.config.devices.device_ids(devices_of(nodes)))
 
     async def _checks_input(self, pending: Sequence[PendingSession], sessions: Mapping[str, Session]) -> dict[str, Any]:
         wanted = {dep for session in pending for dep in session.dependencies}
@@ -312,14 +183,3 @@ class SnapshotReader:
     async def _roundrobin(self) -> dict[str, int]:
         stored: dict[str, str] = await self.store.redis.hgetall(self.store.keys.scheduler_roundrobin)
         return {group: int(index) for group, index in stored.items()}
-
-
-async def current_agents(store: SessionStore, nomad: NomadClient, config: SchedulingConfig,
-                         job_prefix: str) -> tuple[list[Json], tuple[Agent, ...]]:
-    """Nomad's client nodes and the agents they are now, occupancy counted as a pass counts it. Read-only: for the
-    gateway's ``resourceGroups`` (two Nomad calls and two Redis reads)."""
-    live = [s for s in await store.get_many(sorted(await store.live_ids())) if s is not None]
-    nodes = await nomad.nodes()
-    mhz = mhz_per_core(nodes, config.cpu_mhz_per_core)
-    agents = agents_of(nodes, await nomad.live_allocations(), {s.id: s for s in live}, job_prefix, mhz, config)
-    return list(nodes), agents

@@ -17,20 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import NamedTuple
 
 from redis.asyncio import Redis
 
 from core.keys import Keys
+from domain.idle.facts import Activity
 
 CONNECTION_TTL = 60.0
 """Seconds an open connection counts without being refreshed."""
-
-
-class Activity(NamedTuple):
-    last: datetime | None
-    """The last recorded user traffic; None if none was recorded."""
-    open_connections: int
 
 
 async def record_activity(redis: Redis, keys: Keys, session_id: str, now: datetime) -> None:

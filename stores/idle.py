@@ -28,7 +28,7 @@ from core.keys import Keys
 from core.lease import write_fenced
 from core.lease import Fence
 from domain.idle.config import IdlePolicyConfig
-from idle.policy_file import parse_policy
+from domain.idle.policy_file import parse_policy
 from domain.idle.verdict import Verdict
 from domain.idle.window import UtilizationWindow
 
@@ -135,4 +135,4 @@ def _stored_verdict(raw: str) -> StoredVerdict:
 @lru_cache(maxsize=8)
 def _parsed(text: str, source: str) -> IdlePolicyConfig:
     # the checker published only text it parsed, so this does not fail; cached: the gateway asks per request
-    return parse_policy(text, source)
+    return parse_policy(text, source, published=True)

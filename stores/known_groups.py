@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from redis.asyncio import Redis
 
 from core.keys import Keys
+from domain.model import DEFAULT_GROUP
 
-__all__ = ["DEFAULT_GROUP", "known_resource_groups", "record_resource_groups"]
+__all__ = ["known_resource_groups", "record_resource_groups"]
 
-DEFAULT_GROUP = "default"
 
 
 async def known_resource_groups(redis: Redis, keys: Keys, configured: Iterable[str] = ()) -> frozenset[str]:

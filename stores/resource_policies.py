@@ -5,16 +5,16 @@ atomically, under a WATCH of the owner's index."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from redis.asyncio import Redis
 
 from core.errors import QuotaExceeded
 from core.keys import Keys
-from domain.model import SessionStatus
+from domain.model import Session, SessionStatus
 from stores.sessions import Admission, SessionStore
-from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy
+from domain.resource_policies import ProjectResourcePolicy, SessionLimits, UserResourcePolicy, session_limits
 
 P = TypeVar("P")
 
@@ -83,6 +83,18 @@ class PolicyStore:
             return {}
         raws = await self.redis.mget([key(name) for name in ordered])
         return {name: parse(raw) for name, raw in zip(ordered, raws, strict=True) if raw}
+
+    async def limits_of(self, sessions: Sequence[Session]) -> dict[str, SessionLimits]:
+        """Session id -> the limits its owner's and project's policies set (the idle checks apply them); sessions
+        without any are left out. Two Redis reads, however many sessions."""
+        users = await self.users({s.owner_id for s in sessions})
+        projects = await self.projects({s.project for s in sessions})
+        found = {}
+        for session in sessions:
+            limits = session_limits(users.get(session.owner_id), projects.get(session.project))
+            if limits != (None, None):
+                found[session.id] = limits
+        return found
 
 
 def pending_admission(owner_id: str, limit: int | None, adding: int) -> Admission | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Literal
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
@@ -17,7 +19,8 @@ from stores import events
 from core.errors import Conflict
 from core.keys import Keys
 from core.lease import Fence, LostLease
-from domain.model import Session, SessionStatus
+from domain.model import Session, SessionResult, SessionStatus
+from domain.termination import STOPPING, begin_termination
 
 WAKEUP_BACKLOG = 64
 """The wakeup list only signals 'there is work'; a few entries are as good as many."""
@@ -27,6 +30,13 @@ REINDEX_BATCH = 500
 """Sessions indexed per WATCHed transaction when the listing indexes are rebuilt."""
 
 
+StopMode = Literal["stop", "purge"]
+"""How the job owner stops a session's job: ``stop`` keeps it in Nomad (its allocations' logs stay readable),
+``purge`` removes it (a forced destroy)."""
+_FORGET_IF_UNCHANGED = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
+"""
 Mutation = Callable[[Session], Session | None]
 Admission = Callable[["SessionStore"], Awaitable[None]]
 """A creation-time check that raises to refuse (``stores.resource_policies.pending_admission``)."""
@@ -171,11 +181,13 @@ class SessionStore:
 
     # -- updates --------------------------------------------------------------------------------
 
-    async def update(self, session_id: str, mutate: Mutation, *, fence: Fence | None = None) -> Session | None:
+    async def update(self, session_id: str, mutate: Mutation, *, fence: Fence | None = None,
+                     stop_job: StopMode | None = None) -> Session | None:
         """Apply ``mutate`` to the stored session atomically; returns the stored result.
 
         ``mutate`` is pure and may run more than once (on a conflict); returning ``None`` means
-        "no change". Raises :class:`LostLease` when ``fence`` is no longer the current term.
+        "no change". Raises :class:`LostLease` when ``fence`` is no longer the current term. ``stop_job``: ask the
+        job owner, in the same transaction, to stop (or purge) the session's job if it has one and is now stopping.
         """
         key = self.keys.session(session_id)
         while True:
@@ -199,6 +211,8 @@ class SessionStore:
                     pipe.multi()
                     pipe.set(key, after.to_json())
                     self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
+                    if stop_job is not None and after.nomad_job_id and after.status in STOPPING:
+                        self._ask_to_stop(pipe, after.id, stop_job)
                     pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
                     await pipe.execute()
                     return after
@@ -210,6 +224,10 @@ class SessionStore:
             pipe.zrem(self.keys.pending_queue(before.resource_group), before.id)
         if after.status is SessionStatus.SCHEDULED and before.status is not SessionStatus.SCHEDULED:
             pipe.sadd(self.keys.work_to_submit, after.id)
+            self._wake_owner(pipe)
+        if after.nomad_job_id and after.status in STOPPING and before.status not in STOPPING:
+            # however it came to end (a destroy, a reclaim, a timeout, its kernels ending), its job is stopped
+            self._ask_to_stop(pipe, after.id, "stop")
         if after.status is SessionStatus.RUNNING and after.batch_timeout and after.started_at:
             pipe.zadd(self.keys.batch_deadlines, {after.id: after.started_at.timestamp() + after.batch_timeout})
         elif after.status is not SessionStatus.RUNNING:
@@ -233,6 +251,64 @@ class SessionStore:
 
     async def mark_submitted(self, session_id: str) -> None:
         await self.redis.srem(self.keys.work_to_submit, session_id)
+
+    # -- asking the job owner (scheduler.job_owner), the one writer of sessions' Nomad jobs --------------------
+
+    async def request_termination(self, session_id: str, *, reason: str, at: datetime, forced: bool = False,
+                                  result: SessionResult | None = None, fence: Fence | None = None) -> Session | None:
+        """End one session (``domain.termination``); its job is stopped (purged if ``forced``) by the job owner,
+        asked in the same transaction. Returns the session as stored afterwards (``None`` if it does not exist)."""
+        return await self.update(
+            session_id, lambda s: begin_termination(s, reason=reason, at=at, forced=forced, result=result),
+            fence=fence, stop_job="purge" if forced else "stop",
+        )
+
+    async def request_stop(self, session_id: str) -> None:
+        """Ask the job owner to stop the job of a session that ended (reconciliation's safety net)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            self._ask_to_stop(pipe, session_id, "stop")
+            await pipe.execute()
+
+    async def request_restart(self, session_id: str, at: datetime) -> None:
+        """Ask the job owner to restart the running kernels of a session in place."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.jobs_to_restart, session_id, repr(at.timestamp()))
+            self._wake_owner(pipe)
+            await pipe.execute()
+
+    async def owner_work(self) -> tuple[set[str], dict[str, StopMode], set[str]]:
+        """What the job owner has to do, in one round trip: sessions to register, to stop (how), to restart."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.smembers(self.keys.work_to_submit)
+            pipe.hgetall(self.keys.jobs_to_stop)
+            pipe.hkeys(self.keys.jobs_to_restart)
+            submit, stop, restart = await pipe.execute()
+        return set(submit), {k: ("purge" if v == "purge" else "stop") for k, v in stop.items()}, set(restart)
+
+    async def stopped(self, session_id: str, mode: StopMode) -> None:
+        """The job owner stopped the session's job as asked: forget the request, unless a stronger one (a purge
+        asked meanwhile) replaced it."""
+        await self.redis.eval(_FORGET_IF_UNCHANGED, 1, self.keys.jobs_to_stop, session_id, mode)
+
+    async def restarted(self, session_id: str) -> None:
+        await self.redis.hdel(self.keys.jobs_to_restart, session_id)
+
+    async def wait_for_owner_work(self, timeout: float) -> None:
+        """Block until the job owner is woken (new work), at most ``timeout`` seconds."""
+        await self.redis.blpop([self.keys.job_owner_wakeup], timeout=timeout)
+        await self.redis.delete(self.keys.job_owner_wakeup)
+
+    def _ask_to_stop(self, pipe: Redis, session_id: str, mode: StopMode) -> None:
+        """A purge replaces a plain stop asked before; a plain stop never weakens a purge."""
+        if mode == "purge":
+            pipe.hset(self.keys.jobs_to_stop, session_id, mode)
+        else:
+            pipe.hsetnx(self.keys.jobs_to_stop, session_id, mode)
+        self._wake_owner(pipe)
+
+    def _wake_owner(self, pipe: Redis) -> None:
+        pipe.rpush(self.keys.job_owner_wakeup, "work")
+        pipe.ltrim(self.keys.job_owner_wakeup, -WAKEUP_BACKLOG, -1)
 
     async def wake_scheduler(self, reason: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:

@@ -25,16 +25,8 @@ from core.clock import from_unix, utcnow
 from core.errors import Conflict, NotFound, QuotaExceeded
 from core.keys import Keys
 from core.secrets import write_private
-from domain.users import (
-    BOOTSTRAP_ADMIN_ID,
-    BOOTSTRAP_TOKEN_ID,
-    MAX_TOKENS_PER_USER,
-    ApiToken,
-    Role,
-    User,
-    hash_token,
-    new_secret,
-)
+from domain.users import BOOTSTRAP_ADMIN_ID, BOOTSTRAP_TOKEN_ID, ApiToken, Role, User, hash_token, new_secret
+from core.settings import GatewaySettings
 
 REVOCATIONS_KEPT = 10_000
 """Entries the token revocation stream keeps (about: trimmed approximately); its readers follow it live."""
@@ -98,7 +90,7 @@ def token_check_args(keys: Keys, token: str, now: datetime | None = None) -> tup
 
 
 class UserStore:
-    def __init__(self, redis: Redis, keys: Keys, *, max_tokens: int = MAX_TOKENS_PER_USER) -> None:
+    def __init__(self, redis: Redis, keys: Keys, *, max_tokens: int = GatewaySettings.max_tokens_per_user) -> None:
         self.redis = redis
         self.keys = keys
         self.max_tokens = max_tokens

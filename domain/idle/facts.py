@@ -7,15 +7,24 @@ from creation: time spent queued is not the user's.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import NamedTuple
 from decimal import Decimal
 
 from domain.model import Kernel, Session, SessionStatus
 from domain.resource_policies import SessionLimits
-from stores.activity import Activity
 from domain.idle.config import EffectivePolicy, IdlePolicyConfig
 from domain.idle.owner_limits import tightened
 from domain.idle.arbiter import SessionFacts, checked_thresholds
 from domain.idle.window import UtilizationWindow
+
+
+class Activity(NamedTuple):
+    """A session's user traffic as the gateway records it (``stores.activity``)."""
+
+    last: datetime | None
+    """The last recorded user traffic; None if none was recorded."""
+    open_connections: int
+
 
 
 def policy_for(config: IdlePolicyConfig, session: Session, limits: SessionLimits | None = None) -> EffectivePolicy:

@@ -3,7 +3,7 @@
 A metric is a percentage named ``<prefix>_<what>``: ``cpu_util`` (percent of the allocated cores), ``mem``
 (percent of the allocated memory), and per accelerator ``<prefix>_util`` (busy time) and ``<prefix>_mem``
 (device memory in use), where ``<prefix>`` is the device prefix of the resource slots (``cuda`` for
-``cuda.device`` / ``cuda.shares``).
+``cuda.device`` / ``cuda.shares``; which Nomad device is which slot: ``devices.catalog``).
 
 A device metric applies only to a session that requests a non-zero amount of some slot with that prefix:
 judging ``cuda_util`` of a CPU-only session would always find it "idle" (Backend.AI excludes these too).
@@ -13,30 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal
-from types import MappingProxyType
 
-from domain.slots import device_prefix
+from devices.catalog import DeviceCatalog, device_prefix, metric_prefix
 
 CPU_UTIL = "cpu_util"
 MEM = "mem"
 ALWAYS_APPLICABLE = frozenset({CPU_UTIL, MEM})
 """Every session has cores and memory, so these are checked whatever it requested."""
 
-DEVICE_METRIC_PREFIXES: Mapping[str, str] = MappingProxyType({"nvidia/gpu": "cuda", "amd/gpu": "rocm"})
-"""Nomad device ``<Vendor>/<Type>`` → the slot/metric prefix Caravan uses for it."""
 
-DEVICE_METRIC_KINDS = ("util", "mem")
-
-KNOWN_METRICS = frozenset(
-    ALWAYS_APPLICABLE
-    | {f"{prefix}_{kind}" for prefix in DEVICE_METRIC_PREFIXES.values() for kind in DEVICE_METRIC_KINDS}
-)
-"""Every metric a policy file may name a threshold for."""
-
-
-def metric_prefix(metric: str) -> str:
-    """``cuda_util`` -> ``cuda``; ``mem`` -> ``mem``."""
-    return metric.split("_", 1)[0]
+def known_metrics(devices: DeviceCatalog | None = None) -> frozenset[str]:
+    """Every metric a policy file may name a threshold for: CPU, memory, and each named device's (``devices``: the
+    built-in names and the operator's ``device_slots``)."""
+    return ALWAYS_APPLICABLE | (devices or DeviceCatalog()).device_metrics()
 
 
 SlotAmounts = Mapping[str, Decimal | float | int]

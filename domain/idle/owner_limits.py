@@ -1,4 +1,5 @@
-"""The owners' resource policies in the idle checks.
+"""The owners' resource policies in the idle checks (pure; ``stores.resource_policies.PolicyStore.limits_of`` reads
+them).
 
 A user or project resource policy may set ``max_session_lifetime`` and ``idle_timeout`` (``stores.resource_policies``). The
 idle checker judges a session by the strictest of its idle policy (the file's, per resource group) and those: a
@@ -8,15 +9,10 @@ off for everyone (not in ``enabled``) stays off: the operator's switch wins.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import replace
 
-from redis.asyncio import Redis
-
-from core.keys import Keys
-from domain.model import Session
-from stores.resource_policies import PolicyStore
-from domain.resource_policies import SessionLimits, session_limits
+from domain.resource_policies import SessionLimits
 from domain.idle.config import CheckName, EffectivePolicy
 
 
@@ -37,17 +33,3 @@ def _stricter(seconds: float | None, limit: float | None, enabled: bool) -> floa
     if limit is None or not enabled:
         return seconds
     return limit if seconds is None else min(seconds, limit)
-
-
-async def read_limits(redis: Redis, keys: Keys, sessions: Sequence[Session]) -> dict[str, SessionLimits]:
-    """Session id -> the limits its owner's and project's policies set; sessions without any are left out.
-    Two Redis reads, however many sessions."""
-    store = PolicyStore(redis, keys)
-    users = await store.users({s.owner_id for s in sessions})
-    projects = await store.projects({s.project for s in sessions})
-    found = {}
-    for session in sessions:
-        limits = session_limits(users.get(session.owner_id), projects.get(session.project))
-        if limits != (None, None):
-            found[session.id] = limits
-    return found

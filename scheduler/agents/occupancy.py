@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from scheduler.agents.index import PackingIndex
 from scheduler.agents.ranking import accelerator_kinds
 from scheduler.agents.vectors import Demand, SlotCodec, amounts_of, positions_of
-from scheduler.pass_model import Agent
-from domain.slots import device_prefix
+from domain.agents import Agent
+from devices.catalog import device_prefix
 
 __all__ = ["GroupOccupancy", "dominates"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from domain.slots import device_prefix
+from devices.catalog import device_prefix
 
 __all__ = ["NON_ACCELERATOR_PREFIXES", "accelerator_kinds", "order_slots", "unused_accelerator_kinds"]
 

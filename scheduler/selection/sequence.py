@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 
-from scheduler.pass_model import GroupConfig, PendingSession
+from domain.scheduling_config import GroupConfig
+from scheduler.pass_model import PendingSession
 from scheduler.selection.base import QueueEntry, SessionOrder, ShareView
 
 __all__ = ["attempt_order", "is_overdue", "is_pushed_back"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from domain.scheduling_config import DEVICE_SLOTS, SchedulerConfigError, load_scheduler_config, parse_scheduler_config
-from scheduler.pass_model import DEFAULT_RESOURCE_PRIORITY, GroupConfig
+from domain.scheduling_config import DEFAULT_RESOURCE_PRIORITY, GroupConfig
 
 FULL_HCL = """
 cpu_mhz_per_core = 1000

@@ -13,11 +13,11 @@ from domain.slots import (
     SlotType,
     UnknownSlotError,
     accumulate_slot_types,
-    device_prefix,
     format_amount,
     from_user_input,
     parse_quantity,
 )
+from devices.catalog import device_prefix
 
 COUNT, BYTES = SlotType.COUNT, SlotType.BYTES
 KiB, MiB, GiB, TiB, PiB = (1024**n for n in range(1, 6))

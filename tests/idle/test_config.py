@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from domain.idle.config import EffectivePolicy, ThresholdOperator, UtilizationPolicy
-from idle.policy_file import parse_policy
+from domain.idle.policy_file import parse_policy
 
 LAYERED = """
 check_interval = "30s"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from domain.idle.config import CheckName, PolicyLayer, ThresholdOperator
 from core.durations import parse_duration
-from idle.policy_file import PolicyFileError, load_policy_file, parse_policy
+from domain.idle.policy_file import PolicyFileError, load_policy_file, parse_policy
 
 EXAMPLE = Path(__file__).parents[2] / "idle" / "policy.example.hcl"
 

@@ -12,7 +12,7 @@ import pytest
 
 from core.settings import Settings
 from domain.idle.config import DEFAULT_CHECK_INTERVAL
-from idle.policy_file import PolicyFileError
+from domain.idle.policy_file import PolicyFileError
 from idle.reload import BUILT_IN, PolicySource, reload_on_sighup
 from tests.idle.running import eventually, policy_file, running_idle
 

@@ -16,6 +16,7 @@ from domain.model import Driver, Kernel, KernelObservation, Session, SessionStat
 from core.settings import qemu_images_of
 from domain.users import Role, User
 from domain.session_requests import CreationRules, SessionRequest, build_sessions
+from domain import vm
 from nomad_jobs import qemu
 from nomad_jobs.observe import for_driver
 from nomad_jobs.session_job import JobContext, render_session_job, vm_environment
@@ -96,8 +97,8 @@ def test_an_image_no_longer_allowlisted_renders_no_path() -> None:
 
 
 def test_an_environment_too_large_for_one_argument_is_refused() -> None:
-    with pytest.raises(qemu.PayloadTooLarge):
-        qemu.environ_item({"V": "x" * qemu.MAX_ITEM_BYTES})
+    with pytest.raises(vm.PayloadTooLarge):
+        vm.environ_item({"V": "x" * vm.MAX_ITEM_BYTES})
 
 
 @pytest.mark.parametrize(("qemu_status", "code"), [

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from scheduler.pass_model import (
-    Agent,
-    ClusterMode,
-    GroupConfig,
-    PassResult,
-    PendingSession,
-    SchedulerConfig,
-    Snapshot,
-)
+from domain.agents import Agent
+from scheduler.pass_model import ClusterMode, PassResult, PendingSession, SchedulerConfig, Snapshot
+from domain.scheduling_config import GroupConfig
 from scheduler.scheduling_pass import run_pass
 from domain.slots import ResourceSlots
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
-from scheduler.pass_model import Agent, PendingSession, RunningSession, SchedulerConfig, Snapshot
+from domain.agents import Agent
+from scheduler.pass_model import PendingSession, RunningSession, SchedulerConfig, Snapshot
 from scheduler.scheduling_pass import run_pass
 from domain.slots import ResourceSlots
 from tests.scheduler.builders import T0

@@ -13,7 +13,9 @@ import scheduler.agents
 from scheduler.agents import UnknownSelectorError, load_plugin_selectors
 from scheduler.agents.base import AgentView, SelectionRequest, SelectorConfig
 from scheduler.agents.ranking import order_slots
-from scheduler.pass_model import Agent, ClusterMode, GroupConfig, SchedulerConfig, WaitKind
+from domain.agents import Agent
+from scheduler.pass_model import ClusterMode, SchedulerConfig, WaitKind
+from domain.scheduling_config import GroupConfig
 from scheduler.scheduling_pass import validate_config
 from tests.scheduler.builders import agent, placed_on, run, session
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.pass_model import GroupConfig, SchedulerConfig, Snapshot, WaitKind
+from domain.scheduling_config import GroupConfig
+from scheduler.pass_model import SchedulerConfig, Snapshot, WaitKind
 from scheduler.scheduling_pass import run_pass
 from domain.slots import ResourceSlots
 from tests.scheduler.builders import T0, agent, placed_on, run, session, slots

@@ -10,16 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.agents import concentrated, dispersed
-from scheduler.pass_model import (
-    Agent,
-    ClusterMode,
-    GroupConfig,
-    PassResult,
-    PendingSession,
-    SchedulerConfig,
-    Snapshot,
-    WaitKind,
-)
+from domain.agents import Agent
+from scheduler.pass_model import ClusterMode, PassResult, PendingSession, SchedulerConfig, Snapshot, WaitKind
+from domain.scheduling_config import GroupConfig
 from scheduler.scheduling_pass import run_pass
 from domain.slots import ResourceSlots
 from tests.scheduler.builders import T0, agent, session

@@ -7,7 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from scheduler.pass_model import GroupConfig, PendingSession, Reservation, RunningSession, SchedulerConfig, WaitKind
+from domain.scheduling_config import GroupConfig
+from scheduler.pass_model import PendingSession, Reservation, RunningSession, SchedulerConfig, WaitKind
 from scheduler.selection import UnknownStrategyError, get_strategy
 from tests.scheduler.builders import T0, agent, placed_on, run, session, slots
 from tests.scheduler.simulation import simulate

@@ -8,14 +8,8 @@ from redis.asyncio import Redis
 
 from core.clock import utcnow
 from core.keys import Keys
-from stores.activity import (
-    Activity,
-    close_connection,
-    forget_activity,
-    open_connection,
-    read_activity,
-    record_activity,
-)
+from domain.idle.facts import Activity
+from stores.activity import close_connection, forget_activity, open_connection, read_activity, record_activity
 
 
 async def test_unknown_sessions_have_no_activity(redis: Redis, keys: Keys) -> None:

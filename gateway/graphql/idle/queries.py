@@ -21,7 +21,7 @@ from gateway.graphql.idle.types import (
 from gateway.graphql.sessions.queries import visible
 from domain.idle.config import CheckName, IdlePolicyConfig
 from domain.idle.facts import checked_metrics, policy_for
-from domain.idle.owner_limits import read_limits
+from stores.resource_policies import PolicyStore
 from domain.idle.arbiter import LIFETIME_EXEMPT, NETWORK_EXEMPT
 from stores.idle import IdleStore
 
@@ -44,7 +44,7 @@ class IdleQueries:
         if published is None:
             return None
         source, config = published
-        limits = (await read_limits(store.redis, store.keys, [session])).get(session.id)
+        limits = (await PolicyStore(store.redis, store.keys).limits_of([session])).get(session.id)
         return effective_policy_type(source.source, config, session, limits)
 
 

@@ -18,16 +18,20 @@ from gateway.graphql.policies.types import Agent, ResourceGroup, resources_of
 from gateway.scheduling_config import scheduling_config
 from stores.known_groups import known_resource_groups
 from domain.slots import ResourceSlots
-from scheduler.snapshot import current_agents, healthy_drivers
+from nomad_jobs.agents import agents_of, healthy_drivers, mhz_per_core
 
 
 async def resource_groups(ctx: Context) -> list[ResourceGroup]:
     viewer = ctx.viewer
     config = scheduling_config(ctx.settings.scheduler.config_path)
     every_driver = frozenset(d.value for d in Driver)
-    nodes, agents = await current_agents(ctx.sessions, ctx.nomad, config, ctx.settings.nomad.job_prefix)
+    # occupancy counted as the scheduler's pass counts it (two Nomad calls and two Redis reads)
+    live = [s for s in await ctx.sessions.get_many(sorted(await ctx.sessions.live_ids())) if s is not None]
+    nodes = await ctx.nomad.nodes()
+    agents = agents_of(nodes, await ctx.nomad.live_allocations(), {s.id: s for s in live},
+                       ctx.settings.nomad.job_prefix, mhz_per_core(nodes, config.cpu_mhz_per_core), config.devices)
     by_id = {str(node["ID"]): node for node in nodes}
-    known = await known_resource_groups(ctx.sessions.redis, ctx.sessions.keys, configured=config.core.groups)
+    known = await known_resource_groups(ctx.sessions.redis, ctx.sessions.keys, configured=config.groups)
     if viewer.is_admin:
         names = {a.resource_group for a in agents} | known | await ctx.sessions.resource_groups()
     else:

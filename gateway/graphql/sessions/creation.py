@@ -30,7 +30,7 @@ async def creation_rules(ctx: Context, *, resource_group: str, preset: str | Non
         presets=await PresetStore(redis, keys).named(preset),
         qemu_images=ctx.settings.qemu_images,
         allowed_drivers=config.drivers_allowed(resource_group),
-        known_groups=await known_resource_groups(redis, keys, configured=config.core.groups),
+        known_groups=await known_resource_groups(redis, keys, configured=config.groups),
         default_resources=config.default_resources(resource_group),
     )
 

@@ -17,8 +17,6 @@ from gateway.graphql.sessions.queries import visible
 from gateway.graphql.sessions.types import Session, session_type_of
 from domain.session_requests import NAME_RULE, SessionRequest, build_sessions
 from stores.activity import record_activity
-from nomad_jobs.meta import TASK_NAME
-from scheduler.termination import terminate
 
 MAX_DESTROY = 100
 
@@ -81,8 +79,9 @@ class SessionMutations:
         for session_id in ids:
             await _owned(ctx, str(session_id), viewer)
         ended = []
-        for session_id in ids:
-            after = await terminate(ctx.sessions, ctx.nomad, str(session_id), reason="user-requested", forced=forced)
+        for session_id in ids:  # the scheduler's job owner stops the jobs, asked in the same write
+            after = await ctx.sessions.request_termination(str(session_id), reason="user-requested", at=utcnow(),
+                                                           forced=forced)
             if after is not None:
                 ended.append(session_type_of(after))
         await ctx.sessions.wake_scheduler("destroyed")
@@ -100,14 +99,14 @@ class SessionMutations:
         assert renamed is not None
         return session_type_of(renamed)
 
-    @strawberry.mutation(description="Restart the kernels of a RUNNING interactive session in place.")
+    @strawberry.mutation(description="Restart the kernels of a RUNNING session in place (within a second or so: the "
+                                      "scheduler restarts them; see each kernel's restarts).")
     async def restart_session(self, info: Info, id: strawberry.ID) -> Session:
         ctx = info.context
         session = await _owned(ctx, str(id), ctx.viewer)
         if session.status is not Status.RUNNING:
             raise Conflict(f"only a RUNNING session can be restarted; this one is {session.status.value}", field="id")
-        await record_activity(ctx.sessions.redis, ctx.sessions.keys, session.id, utcnow())  # using it, for idleness
-        for kernel in session.kernels:
-            if kernel.alloc_id:
-                await ctx.nomad.restart_allocation(kernel.alloc_id, TASK_NAME)
+        now = utcnow()
+        await record_activity(ctx.sessions.redis, ctx.sessions.keys, session.id, now)  # using it, for idleness
+        await ctx.sessions.request_restart(session.id, now)  # the scheduler's job owner restarts its kernels
         return session_type_of(session)

@@ -22,7 +22,7 @@ Format (see ``idle/policy.example.hcl`` for a commented example)::
     user_policy "research" { ... }                  # same keys; one block per user policy name
 
 Durations are numbers of seconds or strings such as ``"30s"``, ``"10m"``, ``"2h"``, ``"1d"``, ``"1h30m"``.
-Metric names are those of :data:`domain.idle.metrics.KNOWN_METRICS`. How the layers combine is in :mod:`domain.idle.config`.
+Metric names are those of :func:`domain.idle.metrics.known_metrics` (CPU, memory, and each named device's). How the layers combine is in :mod:`domain.idle.config`.
 
 Anything else is refused with :class:`PolicyFileError` naming the file, the line and the reason: syntax
 errors (line from lark), unknown keys or blocks, wrong types, negative or malformed durations, unknown
@@ -33,77 +33,50 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
-from pathlib import Path as FilePath
 from typing import Any
-
-import hcl2
-from hcl2 import SerializationOptions
-from lark.exceptions import LarkError, UnexpectedInput
 
 from domain.idle.config import DEFAULT_CHECK_INTERVAL, CheckName, IdlePolicyConfig, PolicyLayer, ThresholdOperator
 from core.durations import parse_duration
-from domain.idle.metrics import KNOWN_METRICS
-from core.source_lines import Path, SourceLines, scan
+from devices.catalog import DeviceCatalog
+from domain.idle.metrics import known_metrics
+from core.config_file import ConfigFileError, ConfigReader, attributes, parse_hcl, read_text, shown
+from core.source_lines import Path
 
 TOP_LEVEL_KEYS = ("check_interval", "enabled", "defaults", "resource_group", "user_policy")
 LAYER_KEYS = ("max_session_lifetime", "network_idle_timeout", "utilization")
 UTILIZATION_KEYS = ("grace_period", "window", "operator", "thresholds")
 
 
-class PolicyFileError(ValueError):
-    """A policy file that cannot be used; ``line`` is 1-based, or None when no line is to blame."""
-
-    def __init__(self, path: str, line: int | None, reason: str) -> None:
-        super().__init__(f"{path}:{line if line is not None else '-'}: {reason}")
-        self.path = path
-        self.line = line
-        self.reason = reason
+class PolicyFileError(ConfigFileError):
+    """An idle policy file that cannot be used (``file:line: key.path: reason``)."""
 
 
-def load_policy_file(path: str | os.PathLike[str]) -> IdlePolicyConfig:
-    return parse_policy(read_policy_text(path), os.fspath(path))
+def load_policy_file(path: str | os.PathLike[str], devices: DeviceCatalog | None = None) -> IdlePolicyConfig:
+    return parse_policy(read_policy_text(path), os.fspath(path), devices)
 
 
 def read_policy_text(path: str | os.PathLike[str]) -> str:
     """The file's text; :class:`PolicyFileError` when it cannot be read or is not UTF-8."""
-    name = os.fspath(path)
-    try:
-        return FilePath(name).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyFileError(name, None, f"cannot read the file: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise PolicyFileError(name, None, f"not UTF-8 text: {exc.reason}") from exc
+    return read_text(path, PolicyFileError)
 
 
-def parse_policy(text: str, path: str = "<policy>") -> IdlePolicyConfig:
-    try:
-        doc = hcl2.loads(text, serialization_options=SerializationOptions(with_comments=False))
-    except UnexpectedInput as exc:
-        line = exc.line if exc.line > 0 else text.count("\n") + 1  # lark says -1 at the end of input
-        raise PolicyFileError(path, line, f"syntax error at column {exc.column}: {_first_line(exc)}") from exc
-    except (LarkError, ValueError) as exc:
-        raise PolicyFileError(path, None, f"syntax error: {_first_line(exc)}") from exc
-    return _Reader(path, scan(text)).config(doc)
+def parse_policy(text: str, path: str = "<policy>", devices: DeviceCatalog | None = None, *,
+                 published: bool = False) -> IdlePolicyConfig:
+    """``devices``: the device names in force (the metrics of named devices may have thresholds). ``published``: the
+    text the idle checker published after parsing it with its own device names: any metric name is taken."""
+    return _Reader(path, text, None if published else known_metrics(devices)).config(
+        parse_hcl(text, path, PolicyFileError))
 
 
-def _first_line(exc: Exception) -> str:
-    # lark's first line repeats the position ("... at line 2, column 26."), which the error already carries
-    text = str(exc).strip()
-    return re.sub(r" at line \d+, column \d+\.?$", "", text.splitlines()[0]) if text else type(exc).__name__
-
-
-class _Reader:
+class _Reader(ConfigReader):
     """Walks python-hcl2's dict, checking every value and naming the line of whatever is wrong."""
 
-    def __init__(self, path: str, source: SourceLines) -> None:
-        self.path = path
-        self.source = source
+    error = PolicyFileError
 
-    def fail(self, where: Path, reason: str, occurrence: int = 0) -> PolicyFileError:
-        line = self.source.line_of(where, occurrence)
-        return PolicyFileError(self.path, line, f"{_dotted(where)}: {reason}" if where else reason)
+    def __init__(self, path: str, text: str, metrics: frozenset[str] | None) -> None:
+        super().__init__(path, text)
+        self.known_metrics = metrics
 
     def config(self, doc: Mapping[str, Any]) -> IdlePolicyConfig:
         self.known_keys(doc, (), TOP_LEVEL_KEYS)
@@ -117,15 +90,15 @@ class _Reader:
             resource_groups=self.labeled_layers(doc, "resource_group"),
             user_policies=self.labeled_layers(doc, "user_policy"),
         )
-        for where, line in self.source.duplicate_keys():
-            raise PolicyFileError(self.path, line, f"{_dotted(where)}: assigned more than once")
+        for duplicate in self.duplicates():
+            raise duplicate
         return config
 
     def enabled(self, value: object) -> frozenset[CheckName]:
         if value is None:
             return frozenset(CheckName)
         if not isinstance(value, list):
-            raise self.fail(("enabled",), f"expected a list of check names, got {_shown(value)}")
+            raise self.fail(("enabled",), f"expected a list of check names, got {shown(value)}")
         names = [self.string(item, ("enabled",)) for item in value]
         unknown = sorted(set(names) - set(CheckName))
         if unknown:
@@ -176,13 +149,13 @@ class _Reader:
 
     def thresholds(self, body: Mapping[str, Any], where: Path) -> dict[str, float | None]:
         found: dict[str, float | None] = {}
-        for key, value in _attributes(body).items():
+        for key, value in attributes(body).items():
             metric = _unquoted_key(key)
             at = where + (metric,)
-            if metric not in KNOWN_METRICS:
-                raise self.fail(at, f"unknown metric {metric!r} (known: {', '.join(sorted(KNOWN_METRICS))})")
+            if self.known_metrics is not None and metric not in self.known_metrics:
+                raise self.fail(at, f"unknown metric {metric!r} (known: {', '.join(sorted(self.known_metrics))})")
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise self.fail(at, f"expected a percentage (a number from 0 to 100) or null, got {_shown(value)}")
+                raise self.fail(at, f"expected a percentage (a number from 0 to 100) or null, got {shown(value)}")
             if value is not None and not 0 <= value <= 100:
                 raise self.fail(at, f"must be a percentage from 0 to 100, got {value}")
             found[metric] = None if value is None else float(value)
@@ -194,19 +167,19 @@ class _Reader:
         at = where + (key,)
         raw = body[key]
         if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
-            raise self.fail(at, f'expected a duration such as "10m" or a number of seconds, got {_shown(raw)}')
+            raise self.fail(at, f'expected a duration such as "10m" or a number of seconds, got {shown(raw)}')
         try:
             seconds = parse_duration(self.string(raw, at) if isinstance(raw, str) else raw)
         except ValueError as exc:
             raise self.fail(at, str(exc)) from None
         if positive and seconds <= 0:
-            raise self.fail(at, f"must be longer than 0, got {_shown(raw)}")
+            raise self.fail(at, f"must be longer than 0, got {shown(raw)}")
         return seconds
 
     def string(self, value: object, where: Path) -> str:
         """A quoted HCL string without its quotes (python-hcl2 8.x keeps them); no interpolation allowed."""
         if not isinstance(value, str):
-            raise self.fail(where, f"expected a quoted string, got {_shown(value)}")
+            raise self.fail(where, f"expected a quoted string, got {shown(value)}")
         if len(value) < 2 or not value.startswith('"') or not value.endswith('"'):
             raise self.fail(where, f"expected a quoted string, got the expression {value}")
         if "${" in value or "%{" in value:
@@ -215,11 +188,6 @@ class _Reader:
             return str(json.loads(value)) if "\\" in value else value[1:-1]
         except ValueError:
             raise self.fail(where, f"unsupported escape in {value}") from None
-
-    def known_keys(self, body: Mapping[str, Any], where: Path, allowed: tuple[str, ...]) -> None:
-        for key in _attributes(body):
-            if key not in allowed:
-                raise self.fail(where + (key,), f"unknown key {key!r} (expected one of: {', '.join(allowed)})")
 
     def single_block(self, body: Mapping[str, Any], where: Path, name: str) -> Mapping[str, Any] | None:
         found = self.blocks(body, where, name)
@@ -238,25 +206,8 @@ class _Reader:
             return [value]
         if isinstance(value, list) and all(isinstance(item, Mapping) for item in value):
             return value
-        raise self.fail(where + (name,), f"expected a block, got {_shown(value)}")
-
-
-def _attributes(body: Mapping[str, Any]) -> dict[str, Any]:
-    # python-hcl2's markers (__is_block__, __comments__ ...) are not the operator's keys
-    return {key: value for key, value in body.items() if not (key.startswith("__") and key.endswith("__"))}
+        raise self.fail(where + (name,), f"expected a block, got {shown(value)}")
 
 
 def _unquoted_key(key: str) -> str:
     return key[1:-1] if len(key) >= 2 and key.startswith('"') and key.endswith('"') else key
-
-
-def _dotted(where: Path) -> str:
-    return ".".join(where)
-
-
-def _shown(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, Mapping)):
-        return "a list" if isinstance(value, list) else "a block or object"
-    return "null" if value is None else str(value)

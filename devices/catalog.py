@@ -1,0 +1,84 @@
+"""Which Nomad device is which Caravan slot, and which utilization metrics belong to it: the one home of device
+knowledge. The scheduler counts and reserves devices by it, the gateway admits requests by the slots it yields, and
+the idle checker names device utilization by it.
+
+A Nomad client reports device groups as ``vendor/type/name`` (``nvidia/gpu/Tesla T4``) with healthy instances. A
+group counts as the slot the operator's ``device_slots`` names for it (most specific id first: ``vendor/type/name``,
+then ``vendor/type``, then ``type``; scheduler configuration file), else the built-in names (:data:`BUILTIN_SLOTS`),
+else ``<vendor>.<type>`` (``intel/gpu`` -> ``intel.gpu``). A slot's *device prefix* is what comes before its first dot
+(``cuda.device`` and ``cuda.shares`` are both ``cuda``), and a device's utilization metrics are
+``<prefix>_util`` (busy time, percent) and ``<prefix>_mem`` (device memory in use, percent).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+BUILTIN_SLOTS: Mapping[str, str] = MappingProxyType({
+    "nvidia/gpu": "cuda.device",
+    "amd/gpu": "rocm.device",
+    "nomad/file/mock": "mock.device",  # Nomad's example device plugin: fake devices for tests and demos
+})
+"""Built-in slot names of Nomad devices (``vendor/type``)."""
+METRIC_KINDS = ("util", "mem")
+"""What is measured of every device: ``<prefix>_util`` and ``<prefix>_mem``."""
+
+Device = tuple[str, str, str]
+"""(vendor, type, name) as Nomad reports a device group."""
+
+
+@dataclass(frozen=True)
+class DeviceCatalog:
+    names: Mapping[str, str] = field(default_factory=dict)
+    """The operator's device names (``device_slots`` of the scheduler configuration): Nomad device id -> slot; they
+    win over :data:`BUILTIN_SLOTS`."""
+
+    def slot_of(self, vendor: str, kind: str, name: str) -> str:
+        """The slot a Nomad device counts as."""
+        for names in (self.names, BUILTIN_SLOTS):
+            for device_id in (f"{vendor}/{kind}/{name}", f"{vendor}/{kind}", kind):
+                if device_id in names:
+                    return names[device_id]
+        return f"{vendor}.{kind}"
+
+    def metric_prefix_of(self, vendor: str, kind: str, name: str) -> str:
+        """The prefix of the device's utilization metrics: its slot's device prefix (``nvidia/gpu`` -> ``cuda``)."""
+        return device_prefix(self.slot_of(vendor, kind, name))
+
+    def metric_prefixes(self) -> frozenset[str]:
+        """Every device prefix a named device has (built-in and the operator's)."""
+        return frozenset(device_prefix(slot) for slot in (*BUILTIN_SLOTS.values(), *self.names.values()))
+
+    def device_metrics(self) -> frozenset[str]:
+        """The utilization metrics of every named device (an idle policy may set thresholds for them)."""
+        return frozenset(f"{prefix}_{kind}" for prefix in self.metric_prefixes() for kind in METRIC_KINDS)
+
+    def device_ids(self, devices: Iterable[Device]) -> dict[str, str]:
+        """Device slot -> the Nomad device id a job asks for to reserve it, given every device the clients report:
+        ``vendor/type/name`` when every device counted as that slot is the same, else the part they share
+        (``vendor/type``, then ``type``). A slot whose devices are of different types gets none."""
+        seen: dict[str, set[Device]] = defaultdict(set)
+        for device in devices:
+            seen[self.slot_of(*device)].add(device)
+        found: dict[str, str] = {}
+        for slot, same_slot in seen.items():
+            vendors, kinds = {d[0] for d in same_slot}, {d[1] for d in same_slot}
+            if len(kinds) != 1:
+                continue  # different kinds of device under one slot: no single device block asks for them
+            (vendor, kind, name) = next(iter(same_slot))
+            found[slot] = (f"{vendor}/{kind}/{name}" if len(same_slot) == 1 else
+                           f"{vendor}/{kind}" if len(vendors) == 1 else kind)
+        return found
+
+
+def device_prefix(slot: str) -> str:
+    """The device kind a slot belongs to: ``cuda.shares`` -> ``cuda``, ``cpu`` -> ``cpu``."""
+    return slot.split(".", 1)[0]
+
+
+def metric_prefix(metric: str) -> str:
+    """``cuda_util`` -> ``cuda``; ``mem`` -> ``mem``."""
+    return metric.split("_", 1)[0]

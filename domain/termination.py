@@ -1,0 +1,42 @@
+"""How a session is asked to end: the one rule every termination follows (user destroy, idle reclaim, timeouts, a
+batch's main kernel ending). Pure.
+
+A live session goes TERMINATING with its reason; its Nomad job is then stopped by the scheduler's job owner
+(``scheduler.job_owner``), and the follower moves it to TERMINATED when none of its kernels runs any more, keeping the
+reason. A session in ERROR is ended the same way (a plain destroy ends it; ``forced`` is for jobs stuck in Nomad): at
+once when none of its kernels may still run, else through TERMINATING. ``forced`` does not wait: the session is
+TERMINATED at once and its job purged. A session that never started is CANCELLED.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from domain.lifecycle import transition
+from domain.model import Kernel, Session, SessionResult, SessionStatus
+
+S = SessionStatus
+NEVER_STARTED = frozenset({S.PENDING})
+STOPPING = frozenset({S.TERMINATING, S.TERMINATED})
+"""A session with a job in these statuses must have its job stopped (``stores.sessions`` records it for the owner)."""
+
+
+def begin_termination(session: Session, *, reason: str, at: datetime, forced: bool = False,
+                      result: SessionResult | None = None) -> Session | None:
+    """The session as it should be stored when asked to end, or ``None`` if it already has ended."""
+    if session.status.is_terminal:
+        return None
+    if result is not None and session.result is SessionResult.UNDEFINED:
+        session = session.evolve(result=result)
+    if session.status in NEVER_STARTED:
+        return transition(session, S.CANCELLED, reason=reason, at=at)
+    if forced or (session.status is S.ERROR and not any(map(may_run, session.kernels))):
+        return transition(session, S.TERMINATED, reason=reason, at=at)
+    if session.status is S.TERMINATING:
+        return None
+    return transition(session, S.TERMINATING, reason=reason, at=at)
+
+
+def may_run(kernel: Kernel) -> bool:
+    """Might Nomad still run (or restart, or place) this kernel? Not once it ended or failed."""
+    return not (kernel.status.is_terminal or kernel.status is S.ERROR)
