@@ -136,6 +136,9 @@ class SchedulingConfig:
     listed use ``default_default_resources``."""
     default_default_resources: Mapping[str, str] = field(default_factory=lambda: DEFAULT_RESOURCES)
 
+    def for_group(self, group: str) -> GroupConfig:
+        return self.groups.get(group, self.default_group)
+
     def pending_timeout(self, group: str) -> timedelta | None:
         return self.pending_timeouts.get(group, self.default_pending_timeout)
 

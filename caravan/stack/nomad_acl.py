@@ -11,8 +11,8 @@ call                                           capability                       
 =============================================  ==================================  ===========================
 ``POST /v1/jobs/parse``                        ``parse-job``                       scheduler
 ``POST /v1/jobs`` (register)                   ``register-job``                    scheduler
-``DELETE /v1/job/:id`` (stop)                  ``deregister-job``                  scheduler, idle, gateway
-``DELETE /v1/job/:id?purge=true``              ``purge-job``                       scheduler, gateway (forced)
+``DELETE /v1/job/:id`` (stop)                  ``deregister-job``                  scheduler
+``DELETE /v1/job/:id?purge=true``              ``purge-job``                       scheduler (forced destroy)
 ``GET /v1/jobs?prefix=``                       ``list-jobs``                       scheduler
 ``GET /v1/job/:id/allocations``                ``read-job``                        scheduler
 ``GET /v1/job/:id/evaluations``                ``read-job``                        scheduler
@@ -21,7 +21,7 @@ call                                           capability                       
 ``GET /v1/allocation/:id``                     ``read-job``                        gateway (log follows)
 ``GET /v1/client/allocation/:id/checks``       ``read-job``                        scheduler
 ``GET /v1/client/allocation/:id/stats``        ``read-job``                        idle
-``POST /v1/client/allocation/:id/restart``     ``alloc-lifecycle``                 gateway (restartSession)
+``POST /v1/client/allocation/:id/restart``     ``alloc-lifecycle``                 scheduler (restartSession)
 ``GET /v1/client/fs/logs/:id``                 ``read-logs``                       gateway
 ``GET /v1/client/fs/ls/:id`` (log offsets)     ``read-fs``                         gateway
 ``GET /v1/nodes``, ``/v1/node/:id``            ``node { policy = "read" }``        scheduler, gateway (groups)
@@ -29,8 +29,10 @@ call                                           capability                       
 ``GET /v1/status/leader`` (readiness)          none                                gateway
 =============================================  ==================================  ===========================
 
-Node pools are read from the node list (each node's ``NodePool``); no node-pool endpoint is called, so no
-``node_pool`` rule is given. Nothing may touch ACLs, agents, operators or other namespaces' jobs.
+Only the scheduler writes to Nomad (its job owner, ``scheduler.job_owner``): the gateway and the idle checker ask it
+through Redis, so their tokens only read. Node pools are read from the node list (each node's ``NodePool``); no
+node-pool endpoint is called, so no ``node_pool`` rule is given. Nothing may touch ACLs, agents, operators or other
+namespaces' jobs.
 """
 
 from __future__ import annotations
@@ -50,15 +52,11 @@ from core.secrets import COMPONENT_ROLES, Role, ensure_secret, nomad_token_path,
 
 POLICY_PREFIX = "caravan-"
 
-GATEWAY_WRITES = ("deregister-job", "purge-job", "alloc-lifecycle")
-"""The gateway's writes to Nomad today: stopping a session's job on ``terminateSession`` (purged when forced) and
-restarting its task on ``restartSession``. Kept here, apart, for the day the scheduler becomes Nomad's only writer:
-then this is emptied and the gateway only reads."""
-
 _NAMESPACE_CAPABILITIES: dict[Role, tuple[str, ...]] = {
-    "scheduler": ("list-jobs", "read-job", "parse-job", "register-job", "deregister-job", "purge-job"),
-    "gateway": ("read-job", "read-logs", "read-fs", *GATEWAY_WRITES),
-    "idle": ("read-job", "deregister-job"),
+    "scheduler": ("list-jobs", "read-job", "parse-job", "register-job", "deregister-job", "purge-job",
+                  "alloc-lifecycle"),
+    "gateway": ("read-job", "read-logs", "read-fs"),
+    "idle": ("read-job",),
 }
 _READS_EVERY_NAMESPACE: frozenset[Role] = frozenset({"scheduler", "gateway"})
 """Who counts live allocations of every namespace (a node's occupancy includes jobs that are not Caravan's)."""

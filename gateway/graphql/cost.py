@@ -58,11 +58,10 @@ MAX_KERNELS = max(MAX_CLUSTER_SIZE, MAX_REPLICAS)
 NOMAD_CALLS: Mapping[Coordinate, int] = {
     ("Kernel", "logs"): 2,  # stdout and stderr
     ("Query", "resourceGroups"): 2,  # the nodes and their live allocations
-    ("Mutation", "destroySession"): 1,  # a deregistration per id (sized by ids, below)
-    ("Mutation", "restartSession"): MAX_KERNELS,  # a restart per kernel
     ("Subscription", "kernelLogs"): 2,  # its log files, then the follow
 }
-"""Nomad calls one resolution of the field makes (at most)."""
+"""Nomad calls one resolution of the field makes (at most). Mutations make none: the gateway only asks the scheduler's
+job owner to stop or restart jobs (``scheduler.job_owner``), in Redis."""
 SIZED_BY: Mapping[Coordinate, tuple[str, int]] = {
     ("Mutation", "destroySession"): ("ids", MAX_DESTROY),
 }

@@ -12,13 +12,12 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.clock import utcnow
 from domain.lifecycle import transition
 from domain.model import SessionStatus
-from core.settings import NomadSettings, Settings
+from core.settings import Settings
 from nomad_jobs.client import Json, NomadClient
 from nomad_jobs.meta import TASK_NAME
 from nomad_jobs.session_job import JobContext, render_session_job

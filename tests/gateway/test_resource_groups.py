@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from core.settings import Settings
-from domain.users import Role
 from stores.known_groups import record_resource_groups
 from tests.harness import CREATE, Caravan, running_caravan
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from devices.catalog import DeviceCatalog
 from idle.samples import kernel_sample, session_sample
 
 GIB = 2**30
@@ -74,9 +75,14 @@ def test_unreadable_gpu_utilization_is_left_out_not_zero() -> None:
     assert sample["cuda_mem"] == 25.0
 
 
-def test_unknown_device_kind_is_ignored() -> None:
-    group = {"Vendor": "nomad", "Type": "file", "Name": "mock", "InstanceStats": gpu("a", 10, 1, 2)}
-    assert set(kernel_sample(stats(devices=[group]), cores=1, memory_bytes=GIB)) == {"cpu_util", "mem"}
+def test_any_device_is_named_by_its_slots_prefix_the_operators_names_included() -> None:
+    mock = {"Vendor": "nomad", "Type": "file", "Name": "mock", "InstanceStats": gpu("a", 10, 1, 2)}
+    assert set(kernel_sample(stats(devices=[mock]), cores=1, memory_bytes=GIB)) == {"cpu_util", "mem", "mock_util",
+                                                                                    "mock_mem"}
+    npu = {"Vendor": "acme", "Type": "npu", "Name": "N1", "InstanceStats": gpu("a", 30, 1, 4)}
+    sample = kernel_sample(stats(devices=[npu]), cores=1, memory_bytes=GIB,
+                           devices=DeviceCatalog({"acme/npu": "npu.device"}))
+    assert (sample["npu_util"], sample["npu_mem"]) == (30.0, 25.0)
 
 
 def test_missing_inputs_give_no_metric() -> None:

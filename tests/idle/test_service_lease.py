@@ -18,8 +18,6 @@ from core.lease import LostLease
 from stores.sessions import SessionStore
 from stores.idle import IdleStore
 from domain.idle.verdict import TerminationReason, Verdict
-from nomad_jobs.client import NomadClient
-from scheduler.termination import terminate
 from tests.idle.running import eventually, policy_file, running_idle, stored_session
 
 FAST = 'check_interval = "0.2s"\n'
@@ -56,10 +54,10 @@ async def test_a_deposed_leaders_writes_are_refused(settings: Settings, redis: R
     verdict = Verdict(terminate=False, reason=None, reports=())
     with pytest.raises(LostLease):
         await idle_store.save_sweep(old_fence, checked_at=utcnow(), verdicts={session.id: verdict}, ttl=30)
-    nomad = NomadClient(settings.nomad)
     with pytest.raises(LostLease):
-        await terminate(store, nomad, session.id, reason=TerminationReason.NETWORK_TIMEOUT.value, fence=old_fence)
-    await nomad.aclose()
+        await store.request_termination(session.id, reason=TerminationReason.NETWORK_TIMEOUT.value, at=utcnow(),
+                                        fence=old_fence)
+    assert await redis.hlen(keys.jobs_to_stop) == 0  # nor was its job asked to stop
     assert await idle_store.verdict(session.id) is None
     found = await store.get(session.id)
     assert found is not None and found.status is SessionStatus.RUNNING

@@ -1,5 +1,5 @@
 """Task drivers in the snapshot: a session goes only to agents whose node has its driver detected and healthy, and a
-session no agent can run says which driver is missing (and blocks nobody). Also the device ids jobs reserve.
+session no agent can run says which driver is missing (and blocks nobody).
 
 Nodes are shaped as ``/v1/nodes?resources=true`` returns them (only the fields read); the pass is the real pure core.
 """
@@ -12,17 +12,12 @@ from typing import Any
 import pytest
 
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
-from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
+from domain.scheduling_config import SchedulingConfig
 from scheduler.pass_model import PassResult, Snapshot, WaitKind
+from scheduler.config import scheduler_core
 from scheduler.scheduling_pass import run_pass
-from scheduler.snapshot import (
-    agents_of,
-    device_ids,
-    healthy_drivers,
-    pending_session,
-    requiring_driver,
-    with_wanted_slots,
-)
+from nomad_jobs.agents import agents_of, healthy_drivers
+from scheduler.snapshot import pending_session, requiring_driver, with_wanted_slots
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 CONFIG = SchedulingConfig()
@@ -51,9 +46,9 @@ def session(session_id: str, driver: Driver, *, cpu: str = "1", at: int = 0) -> 
 def schedule(nodes: list[dict[str, Any]], sessions: list[Session]) -> PassResult:
     """What the snapshot reader does with these nodes and sessions, then one pass."""
     pending = tuple(requiring_driver(pending_session(s), s.driver.value) for s in sessions)
-    agents = agents_of(nodes, [], {s.id: s for s in sessions}, "cv", 1000, CONFIG)
+    agents = agents_of(nodes, [], {s.id: s for s in sessions}, "cv", 1000, CONFIG.devices)
     drivers = {str(n["ID"]): healthy_drivers(n) for n in nodes}
-    return run_pass(Snapshot(with_wanted_slots(agents, drivers, pending), pending), CONFIG.core, T0 + timedelta(1))
+    return run_pass(Snapshot(with_wanted_slots(agents, drivers, pending), pending), scheduler_core(CONFIG), T0 + timedelta(1))
 
 
 @pytest.mark.parametrize(
@@ -106,27 +101,8 @@ def test_sessions_of_different_drivers_share_a_pass() -> None:
 
 
 def test_driver_marker_slots_are_only_added_when_wanted() -> None:
-    agents = agents_of([node("a", {"docker": OK})], [], {}, "cv", 1000, CONFIG)
+    agents = agents_of([node("a", {"docker": OK})], [], {}, "cv", 1000, CONFIG.devices)
     assert with_wanted_slots(agents, {"a": frozenset({"docker"})}, ()) == agents
-
-
-@pytest.mark.parametrize(
-    ("devices", "config", "ids"),
-    [
-        ([("nomad", "file", "mock")], CONFIG, {"mock.device": "nomad/file/mock"}),
-        ([("nvidia", "gpu", "A100"), ("nvidia", "gpu", "H100")], CONFIG, {"cuda.device": "nvidia/gpu"}),
-        ([("intel", "gpu", "arc")], CONFIG, {"intel.gpu": "intel/gpu/arc"}),
-        ([("acme", "gpu", "x"), ("other", "gpu", "y")],
-         parse_scheduler_config('device_slots = { "gpu" = "any.gpu" }', "s.hcl"), {"any.gpu": "gpu"}),
-        ([("acme", "fpga", "x"), ("acme", "gpu", "y")],
-         parse_scheduler_config('device_slots = { "acme/fpga" = "acme.dev", "acme/gpu" = "acme.dev" }', "s.hcl"),
-         {}),  # one slot, two kinds of device: no single device block can ask for it
-    ],
-)
-def test_device_ids_jobs_reserve(devices: list[tuple[str, str, str]], config: SchedulingConfig,
-                                 ids: dict[str, str]) -> None:
-    nodes = [node(f"n{i}", {}, devices=(device,)) for i, device in enumerate(devices)]
-    assert device_ids(nodes, config) == ids
 
 
 def test_a_driver_is_not_an_accelerator_kind_agents_are_spared_for() -> None:

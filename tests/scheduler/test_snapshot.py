@@ -17,17 +17,8 @@ from domain.model import Driver, Kernel, Session, SessionResult, SessionStatus, 
 from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
 from scheduler.pass_model import ClusterMode, DependencyState
 from domain.slots import ResourceSlots
-from scheduler.snapshot import (
-    agents_of,
-    alloc_slots,
-    dependency_state,
-    is_schedulable,
-    kernel_request,
-    mhz_per_core,
-    node_capacity,
-    pending_session,
-    timed_out,
-)
+from nomad_jobs.agents import agents_of, alloc_slots, is_schedulable, kernel_request, mhz_per_core, node_capacity
+from scheduler.snapshot import dependency_state, pending_session, timed_out
 
 S = SessionStatus
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -76,19 +67,19 @@ def slots(**amounts: object) -> ResourceSlots:
 
 def test_capacity_is_what_the_node_reports_minus_its_reservation() -> None:
     reported = node("n1", shares=5000, mem_mb=4096, reserved_shares=1000, reserved_mb=1024, mock=(True, False, True))
-    assert node_capacity(reported, 1000, CONFIG) == slots(cpu=4, mem="3g", **{"mock.device": 2})  # unhealthy: not
+    assert node_capacity(reported, 1000, CONFIG.devices) == slots(cpu=4, mem="3g", **{"mock.device": 2})  # unhealthy: not
 
 
 def test_cpu_cores_are_mhz_over_the_clusters_mhz_per_core() -> None:
     assert mhz_per_core([node("a", shares=4890, cores=2), node("b", shares=8000, cores=4)], None) == 2000
     assert mhz_per_core([node("a", shares=4890, cores=2)], configured=1000) == 1000
     assert mhz_per_core([], None) == 1000
-    assert node_capacity(node("a", shares=4890, cores=2), 2445, CONFIG).amount("cpu") == 2
+    assert node_capacity(node("a", shares=4890, cores=2), 2445, CONFIG.devices).amount("cpu") == 2
 
 
 def test_configured_device_names_are_used() -> None:
     config = parse_scheduler_config('device_slots = { "nomad/file" = "fpga.device" }', "s.hcl")
-    assert node_capacity(node("n", mock=(True,)), 1000, config).amount("fpga.device") == 1
+    assert node_capacity(node("n", mock=(True,)), 1000, config.devices).amount("fpga.device") == 1
 
 
 @pytest.mark.parametrize(
@@ -105,10 +96,10 @@ def test_only_ready_eligible_undrained_nodes_take_sessions(status: str, eligibil
 
 
 def test_allocations_count_whoever_started_them() -> None:
-    assert alloc_slots(alloc("n", "etl", shares=500, mem_mb=100, mock_ids=("d0",)), 1000, CONFIG) == slots(
+    assert alloc_slots(alloc("n", "etl", shares=500, mem_mb=100, mock_ids=("d0",)), 1000, CONFIG.devices) == slots(
         cpu="0.5", mem=100 * MIB, **{"mock.device": 1})
     [agent] = agents_of([node("n")], [alloc("n", "etl", shares=1500, mem_mb=512), alloc("n", "web", shares=500)],
-                        {}, PREFIX, 1000, CONFIG)
+                        {}, PREFIX, 1000, CONFIG.devices)
     assert agent.occupied == slots(cpu=2, mem=768 * MIB)
 
 
@@ -117,7 +108,7 @@ def test_a_caravan_kernel_counts_at_least_what_it_asked_for() -> None:
     running = session("s1", S.RUNNING, Kernel(role="main", index=1, hostname="main1", image="",
                                               resources={"cpu": "2", "mem": str(100 * MIB), "mock.device": "1"}))
     [agent] = agents_of([node("n", mock=(True, True))], [alloc("n", f"{PREFIX}-s1", shares=1999, mem_mb=100)],
-                        {"s1": running}, PREFIX, 1000, CONFIG)
+                        {"s1": running}, PREFIX, 1000, CONFIG.devices)
     assert agent.occupied == slots(cpu=2, mem=100 * MIB, **{"mock.device": 1})
 
 
@@ -129,14 +120,14 @@ def test_placements_nomad_does_not_show_yet_count_on_their_agent() -> None:
     pending = session("s4", S.PENDING, kernel(agent=None))
     other_prefix = alloc("a", "other-s2", shares=500, mem_mb=16)  # another Caravan's job: foreign work
     agents = agents_of([node("a"), node("b")], [alloc("a", f"{PREFIX}-s2"), other_prefix],
-                       {s.id: s for s in (scheduled, preparing_visible, running_gone, pending)}, PREFIX, 1000, CONFIG)
+                       {s.id: s for s in (scheduled, preparing_visible, running_gone, pending)}, PREFIX, 1000, CONFIG.devices)
     occupied = {a.id: a.occupied for a in agents}
     assert occupied["a"] == slots(cpu="2.5", mem=528 * MIB)  # s1's main1 + s2 once + the foreign job
     assert occupied["b"] == slots(cpu=2, mem=256 * MIB)
 
 
 def test_agents_are_sorted_and_carry_their_node_pool() -> None:
-    agents = agents_of([node("b", pool="gpu"), node("a", drain=True)], [], {}, PREFIX, 1000, CONFIG)
+    agents = agents_of([node("b", pool="gpu"), node("a", drain=True)], [], {}, PREFIX, 1000, CONFIG.devices)
     assert [(a.id, a.resource_group, a.schedulable) for a in agents] == [("a", "default", False), ("b", "gpu", True)]
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 
 from domain.model import SessionStatus as S
-from scheduler.termination import begin_termination
+from datetime import UTC, datetime
+
+from domain.termination import begin_termination
 from tests.domain.test_lifecycle import kernel, session
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(("kernels", "forced", "expected"), [
@@ -19,7 +23,7 @@ from tests.domain.test_lifecycle import kernel, session
 def test_a_plain_destroy_ends_an_error_session(kernels: tuple[S, ...], forced: bool, expected: S) -> None:
     errored = session(*(kernel(f"k{i}", status, role="main" if i == 0 else "sub") for i, status in enumerate(kernels)),
                       status=S.ERROR)
-    after = begin_termination(errored, reason="user-requested", forced=forced)
+    after = begin_termination(errored, reason="user-requested", at=NOW, forced=forced)
     assert after is not None and (after.status, after.status_info) == (expected, "user-requested")
     assert (after.terminated_at is not None) == (expected is S.TERMINATED)
 
@@ -28,5 +32,5 @@ def test_a_plain_destroy_ends_an_error_session(kernels: tuple[S, ...], forced: b
                                                   (S.PREPARING, S.TERMINATING), (S.TERMINATING, None),
                                                   (S.TERMINATED, None)])
 def test_other_sessions(status: S, expected: S | None) -> None:
-    after = begin_termination(session(kernel("main1", S.RUNNING, role="main"), status=status), reason="user-requested")
+    after = begin_termination(session(kernel("main1", S.RUNNING, role="main"), status=status), reason="user-requested", at=NOW)
     assert (after.status if after else None) is expected
