@@ -25,8 +25,9 @@ DESTROY = "mutation($ids: [ID!]!) { destroySession(ids: $ids) { id status status
 
 
 async def create(caravan: Caravan, **fields: Any) -> str:
+    image = {"image": IMAGE} if fields.get("driver", "QEMU") == "QEMU" else {}  # other drivers run no image
     data = await caravan.gql(CREATE, {"input": {
-        "name": "vm-" + uuid.uuid4().hex[:8], "type": "BATCH", "driver": "QEMU", "image": IMAGE, **fields}})
+        "name": "vm-" + uuid.uuid4().hex[:8], "type": "BATCH", "driver": "QEMU", **image, **fields}})
     [session] = data["createSession"]["sessions"]
     return str(session["id"])
 
