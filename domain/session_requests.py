@@ -79,7 +79,7 @@ class CreationRules:
     allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver)
     """The drivers the request's resource group allows."""
     known_groups: frozenset[str] = frozenset({DEFAULT_GROUP})
-    """Resource groups sessions may be created in (``stores.known_groups``): node pools seen, configured groups."""
+    """Resource groups sessions may be created in (``stores.known_resources``): node pools seen, configured groups."""
     default_resources: Mapping[str, str] = field(default_factory=lambda: DEFAULT_RESOURCES)
     """What each kernel gets of a slot the request (and its preset) leaves out: the request's resource group's
     ``default_resources`` in the scheduler configuration."""

@@ -33,8 +33,8 @@ from nomad_jobs.session_job import JobContext, render_session_job
 from domain.scheduling_config import SchedulingConfig
 from scheduler.config import scheduler_core
 from scheduler.pass_model import SchedulerConfig
-from stores.known_groups import record_resource_groups
-from stores.known_slots import record_slot_types
+from stores.known_resources import record_resource_groups
+from stores.known_resources import record_slot_types
 from scheduler.pass_model import KernelPlacement, PassResult, WaitExplanation
 from scheduler.scheduling_pass import run_pass
 from domain.slots import SlotType

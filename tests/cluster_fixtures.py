@@ -29,7 +29,7 @@ import pytest
 from caravan.stack.nomad_cluster import ClientSpec, NomadCluster, start_nomad_cluster
 from core.secrets import ROLES, redis_password_path
 from core.settings import Settings
-from stores.known_groups import known_resource_groups
+from stores.known_resources import known_resource_groups
 from tests.harness import Caravan, running_caravan
 
 CLIENTS = (

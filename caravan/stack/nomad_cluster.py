@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -8,7 +8,7 @@ import asyncio
 import time
 from typing import Any
 
-from stores.known_slots import known_slot_types
+from stores.known_resources import known_slot_types
 from tests.harness import CREATE, Caravan
 
 DESTROY = "mutation($ids: [ID!]!) { destroySession(ids: $ids) { id status } }"

@@ -18,7 +18,7 @@ import pytest
 from caravan.stack.nomad_cluster import NomadCluster
 from stores.resource_policies import PolicyStore
 from domain.resource_policies import UserResourcePolicy
-from stores.known_slots import known_slot_types
+from stores.known_resources import known_slot_types
 from tests.cluster_fixtures import OnCluster
 from tests.harness import CREATE, Caravan, GraphQLErrors
 

@@ -13,7 +13,7 @@ import pytest
 from stores.resource_policies import PolicyStore
 from domain.resource_policies import UserResourcePolicy
 from domain.users import Role
-from stores.known_groups import record_resource_groups
+from stores.known_resources import record_resource_groups
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
 PRESET_FIELDS = "name sharedMemory resources { slot amount }"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core.settings import Settings
-from stores.known_groups import record_resource_groups
+from stores.known_resources import record_resource_groups
 from tests.harness import CREATE, Caravan, running_caravan
 
 GROUPS = """{ resourceGroups { name allowedDrivers capacity { slot amount } occupied { slot amount }

@@ -11,7 +11,7 @@ import pytest
 from domain.users import Role
 from gateway.graphql.schema import schema
 from domain.scheduling_config import DEFAULT_RESOURCES
-from stores.known_groups import record_resource_groups
+from stores.known_resources import record_resource_groups
 from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
 
 TEMPLATE_FIELDS = """id name ownerId project scope

@@ -28,8 +28,8 @@ from core.lease import Fence, LostLease
 from stores.sessions import SessionStore
 from nomad_jobs.client import NomadClient
 from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
-from stores.known_groups import known_resource_groups
-from stores.known_slots import known_slot_types
+from stores.known_resources import known_resource_groups
+from stores.known_resources import known_slot_types
 from scheduler.placer import Placer
 from domain.slots import SlotType
 from tests.cluster_fixtures import on_the_cluster, scheduler_config

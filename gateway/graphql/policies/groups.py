@@ -16,7 +16,7 @@ from domain.users import User
 from gateway.graphql.context import Context
 from gateway.graphql.policies.types import Agent, ResourceGroup, resources_of
 from gateway.scheduling_config import scheduling_config
-from stores.known_groups import known_resource_groups
+from stores.known_resources import known_resource_groups
 from domain.slots import ResourceSlots
 from nomad_jobs.agents import agents_of, healthy_drivers, mhz_per_core
 

@@ -28,7 +28,7 @@ from gateway.graphql.policies.types import (ProjectResourcePolicy as ProjectPoli
 from gateway.graphql.sessions.inputs import ResourceInput
 from gateway.graphql.sessions.types import Driver
 from domain.session_requests import GROUP_RULE, checked_preset_slots
-from stores.known_slots import known_slot_types
+from stores.known_resources import known_slot_types
 from domain.slots import InvalidQuantityError, SlotType, UnknownSlotError, from_user_input, parse_quantity
 
 MAX_ALLOWED_GROUPS = 64

@@ -15,8 +15,8 @@ from stores.presets import PresetStore
 from gateway.graphql.context import Context
 from gateway.scheduling_config import scheduling_config
 from domain.session_requests import CreationRules
-from stores.known_groups import known_resource_groups
-from stores.known_slots import known_slot_types
+from stores.known_resources import known_resource_groups
+from stores.known_resources import known_slot_types
 
 
 async def creation_rules(ctx: Context, *, resource_group: str, preset: str | None) -> CreationRules:
