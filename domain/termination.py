@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from domain.lifecycle import transition
-from domain.model import Kernel, Session, SessionResult, SessionStatus
+from domain.model import Kernel, Session, SessionResult, SessionStatus, SessionType
 
 S = SessionStatus
 NEVER_STARTED = frozenset({S.PENDING})
@@ -40,3 +40,12 @@ def begin_termination(session: Session, *, reason: str, at: datetime, forced: bo
 def may_run(kernel: Kernel) -> bool:
     """Might Nomad still run (or restart, or place) this kernel? Not once it ended or failed."""
     return not (kernel.status.is_terminal or kernel.status is S.ERROR)
+
+
+def job_outlives(before: Session, after: Session) -> bool:
+    """Did ``after`` end by what Nomad reported (a task failed or finished), leaving a job Nomad still restarts or
+    reschedules? A service job (INTERACTIVE, INFERENCE) is, per its restart and reschedule policies; a BATCH job never
+    is (``nomad_jobs.session_job``: no restarts, no rescheduling), and a session ended by a request (TERMINATING
+    first) had its job stopped with the request."""
+    return (after.status.is_terminal and not before.status.is_terminal and before.status is not S.TERMINATING
+            and after.type is not SessionType.BATCH)

@@ -35,6 +35,7 @@ from nomad_jobs.meta import session_id_of
 from nomad_jobs.observe import (for_driver, is_superseded, latest_per_group, observe_allocation, observe_unplaced,
                                 placement_failures, restarts_of)
 from nomad_jobs.replica_service import run_started_at
+from domain.termination import job_outlives
 from scheduler.job_owner import JobOwner
 
 log = logging.getLogger(__name__)
@@ -246,15 +247,6 @@ def unplaced_groups(job: dict[str, Any], latest: dict[str, dict[str, Any]]) -> l
 def is_live(alloc: dict[str, Any]) -> bool:
     """May the allocation still run a task (or restart one)?"""
     return str(alloc.get("ClientStatus")) not in TERMINAL_ALLOCATION_STATUSES
-
-
-def job_outlives(before: Session, after: Session) -> bool:
-    """Did ``after`` end by what Nomad reported (a task failed or finished), leaving a job Nomad still restarts or
-    reschedules? A service job (INTERACTIVE, INFERENCE) is, per its restart and reschedule policies; a BATCH job never
-    is (``nomad_jobs.session_job``: no restarts, no rescheduling), and a session ended by a request (TERMINATING
-    first) had its job stopped with the request."""
-    return (after.status.is_terminal and not before.status.is_terminal and before.status is not S.TERMINATING
-            and after.type is not SessionType.BATCH)
 
 
 def _main_batch_kernel_ended(session: Session) -> bool:

@@ -20,7 +20,7 @@ from core.errors import Conflict
 from core.keys import Keys
 from core.lease import Fence, LostLease
 from domain.model import Session, SessionResult, SessionStatus
-from domain.termination import STOPPING, begin_termination
+from domain.termination import STOPPING, begin_termination, job_outlives
 
 WAKEUP_BACKLOG = 64
 """The wakeup list only signals 'there is work'; a few entries are as good as many."""
@@ -225,8 +225,8 @@ class SessionStore:
         if after.status is SessionStatus.SCHEDULED and before.status is not SessionStatus.SCHEDULED:
             pipe.sadd(self.keys.work_to_submit, after.id)
             self._wake_owner(pipe)
-        if after.nomad_job_id and after.status in STOPPING and before.status not in STOPPING:
-            # however it came to end (a destroy, a reclaim, a timeout, its kernels ending), its job is stopped
+        if after.nomad_job_id and job_outlives(before, after):
+            # ended by what Nomad reported while Nomad would restart or reschedule it (an ended request asks itself)
             self._ask_to_stop(pipe, after.id, "stop")
         if after.status is SessionStatus.RUNNING and after.batch_timeout and after.started_at:
             pipe.zadd(self.keys.batch_deadlines, {after.id: after.started_at.timestamp() + after.batch_timeout})

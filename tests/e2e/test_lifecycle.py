@@ -12,8 +12,13 @@ from core.clock import utcnow
 from domain.lifecycle import transition
 from domain.model import SessionStatus
 from scheduler.follower import Follower
+from core.settings import Settings
+from scheduler.job_owner import JobOwner
+from scheduler.placer import Placer
+from domain.scheduling_config import SchedulingConfig
+from nomad_jobs.client import NomadClient
 from tests.conftest import DEFAULT_IMAGE, requires_docker
-from tests.harness import CREATE, Caravan, GraphQLErrors
+from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
 
 DESTROY = "mutation($ids: [ID!]!, $forced: Boolean! = false) { destroySession(ids: $ids, forced: $forced) { id status statusInfo } }"
 RENAME = "mutation($id: ID!, $name: String!) { renameSession(id: $id, name: $name) { id name } }"
@@ -199,13 +204,27 @@ async def test_an_interactive_session_whose_command_fails_ends_and_its_job_is_st
     assert allocs and all(a["DesiredStatus"] != "run" or a["ClientStatus"] in ("failed", "complete") for a in allocs)
 
 
-async def test_reconciliation_stops_the_job_of_an_ended_session(caravan: Caravan) -> None:
-    [session_id] = await create(caravan, type="INTERACTIVE")
-    await caravan.wait_for(session_id, "RUNNING")
-    # The session ended while its job kept running (its end observed while Caravan was down, the stop then lost):
-    ended = await caravan.store.update(
-        session_id, lambda s: transition(s, SessionStatus.TERMINATED, reason="task-failed", at=utcnow()))
-    assert ended is not None and ended.nomad_job_id
-    assert (await caravan.nomad.job(ended.nomad_job_id))["Stop"] is False
-    await Follower(caravan.store, caravan.nomad, None).reconcile()
-    await job_stopped(caravan, ended.nomad_job_id, timeout=1.0)  # the reconciliation itself stopped it
+async def test_reconciliation_stops_the_job_of_an_ended_session(settings: Settings) -> None:
+    async with running_caravan(settings, scheduler=False) as caravan:  # the scheduler's parts, driven step by step
+        scheduler = NomadClient(caravan.settings.for_role("scheduler").nomad)
+        owner = JobOwner(caravan.store, scheduler, None)
+        follower = Follower(caravan.store, scheduler, None, owner)
+        [session_id] = await create(caravan, type="INTERACTIVE")
+        await Placer(caravan.store, scheduler, None, caravan.settings, SchedulingConfig()).run_pass()
+        await owner.act()  # registered
+        for _ in range(150):
+            await follower.reconcile()
+            if (running := await caravan.store.get(session_id)) and running.status is SessionStatus.RUNNING:
+                break
+            await asyncio.sleep(0.2)
+        # The session ended while its job kept running (its end observed while the scheduler was down, the request
+        # to stop its job then lost):
+        ended = await caravan.store.update(
+            session_id, lambda s: transition(s, SessionStatus.TERMINATED, reason="task-failed", at=utcnow()))
+        assert ended is not None and ended.nomad_job_id
+        await caravan.store.redis.delete(caravan.store.keys.jobs_to_stop)  # lost
+        assert (await caravan.nomad.job(ended.nomad_job_id))["Stop"] is False
+        await follower.reconcile()  # the safety net asks again,
+        await owner.act()  # and the job owner stops it
+        await scheduler.aclose()
+        await job_stopped(caravan, ended.nomad_job_id, timeout=5.0)

@@ -55,11 +55,20 @@ async def test_a_forced_end_asks_for_a_purge_and_a_plain_one_never_weakens_it(re
     assert (await store.owner_work())[1] == {}
 
 
-async def test_a_session_ended_by_observation_also_has_its_job_stopped(redis: Redis, keys: Keys) -> None:
+async def test_a_service_session_ended_by_observation_has_its_job_stopped_a_batch_one_not(
+        redis: Redis, keys: Keys) -> None:
+    """Nomad would restart or reschedule the job of an INTERACTIVE session whose task failed; a BATCH job ends with
+    its task (stopping it would only register a new version of it)."""
     store = SessionStore(redis, keys)
     running = await stored(store, S.RUNNING)
     await store.update(running.id, lambda s: replace(s, status=S.TERMINATED))
     assert (await store.owner_work())[1] == {running.id: "stop"}
+    batch = session(S.PENDING)
+    batch = replace(batch, type=SessionType.BATCH)
+    await store.create([batch])
+    await store.update(batch.id, lambda s: replace(s, status=S.RUNNING))
+    await store.update(batch.id, lambda s: replace(s, status=S.TERMINATED))
+    assert batch.id not in (await store.owner_work())[1]
 
 
 async def test_nothing_is_asked_for_a_session_without_a_job(redis: Redis, keys: Keys) -> None:
