@@ -27,7 +27,6 @@ Compatibility, both ways:
 from __future__ import annotations
 
 import json
-from functools import cache
 from typing import Any, TypeVar
 
 import msgspec
@@ -40,6 +39,8 @@ class MalformedDocument(ValueError):
 
 
 _ENCODER = msgspec.json.Encoder()
+_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
+"""One decoder per type, made on first use (a decoder compiles its type once)."""
 
 
 def encode(document: object) -> bytes:
@@ -52,19 +53,17 @@ def encode(document: object) -> bytes:
 
 def decode(data: str | bytes, kind: type[T]) -> T:
     """The document ``data`` as a ``kind``; :class:`MalformedDocument` if it is not one."""
+    decoder: msgspec.json.Decoder[T] | None = _DECODERS.get(kind)
+    if decoder is None:
+        decoder = _DECODERS[kind] = msgspec.json.Decoder(kind)
     try:
-        return _decoder(kind).decode(data)
+        return decoder.decode(data)
     except msgspec.DecodeError as exc:
         try:  # msgspec refuses escaped lone surrogates, which json.dumps wrote and json.loads reads
             converted: T = msgspec.convert(json.loads(data), kind)
         except (ValueError, msgspec.ValidationError):
             raise MalformedDocument(f"malformed {_name(kind)} document: {exc}") from exc
         return converted
-
-
-@cache
-def _decoder(kind: Any) -> msgspec.json.Decoder[Any]:
-    return msgspec.json.Decoder(kind)
 
 
 def _name(kind: Any) -> str:

@@ -8,7 +8,7 @@ rolled-back Caravan) reads it as the same session, and the codec reads the old w
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest

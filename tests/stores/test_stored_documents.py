@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, Field, fields, replace
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from domain.model import ClusterMode, Driver, Kernel, RoleSpec, Session, Session
 from domain.presets import ResourcePreset
 from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy
 from domain.templates import Template, TemplateScope, TemplateSpec
-from domain.users import Role, User
+from domain.users import User
 from stores import events
 from stores.idle import IdleStore, ReportDoc, StoredVerdict
 from stores.presets import PresetStore
@@ -65,12 +66,13 @@ def test_every_field_of_the_full_session_is_set() -> None:
     assert defaulted(session.kernels[0]) & defaulted(session.kernels[1]) == set()
 
 
-def defaulted(value: object) -> set[str]:
-    """The fields of dataclass ``value`` that hold their default."""
+def defaulted(value: Session | Kernel) -> set[str]:
+    """The fields of ``value`` that hold their default."""
+
     def default(f: Field[object]) -> object:
         return f.default_factory() if f.default_factory is not MISSING else f.default
 
-    return {f.name for f in fields(value) if default(f) is not MISSING and getattr(value, f.name) == default(f)}  # type: ignore[arg-type]
+    return {f.name for f in fields(value) if default(f) is not MISSING and getattr(value, f.name) == default(f)}
 
 
 def test_users_templates_presets_and_policies_read_back_exactly() -> None:
@@ -127,7 +129,7 @@ def test_a_session_from_the_first_version_reads_with_the_newer_fields_defaulted(
 
 def test_a_policy_and_a_template_from_before_their_newer_fields_read_with_them_defaulted() -> None:
     assert decode(stored("user_policy_bae4576.json"), UserResourcePolicy) == UserResourcePolicy(
-        total_resource_slots={"cpu": "4"}, idle_timeout=300.0, max_concurrent_sessions=2,
+        total_resource_slots={"cpu": Decimal("4")}, idle_timeout=300.0, max_concurrent_sessions=2,
     )
     spec = TemplateSpec(type=SessionType.BATCH, driver=Driver.DOCKER, image="busybox:1", resources={"cpu": "1"},
                         cluster_size=2, cluster_mode=ClusterMode.MULTI_NODE,

@@ -2,9 +2,9 @@
 
 Run under a checkout of the commit named, first on the path (``git archive <commit> | tar -x -C DIR``)::
 
-    PYTHONPATH=DIR python tests/stores/stored_documents/generate.py current      # at 1171ae4 (last before the codec)
-    PYTHONPATH=DIR python tests/stores/stored_documents/generate.py foundation   # at c75d824 (the first sessions)
-    PYTHONPATH=DIR python tests/stores/stored_documents/generate.py checkpoint   # at bae4576 (first policies, templates)
+    PYTHONPATH=DIR python tests/stores/stored_documents/generate.py current     # at 1171ae4 (the last before the codec)
+    PYTHONPATH=DIR python tests/stores/stored_documents/generate.py foundation  # at c75d824 (the first sessions)
+    PYTHONPATH=DIR python tests/stores/stored_documents/generate.py checkpoint  # at bae4576 (the first policies)
 
 ``current`` writes every kind of document with ``values.py``'s values through the models' own ``to_json`` (and the
 stores' expressions for idle reports, events and client-token ids, copied from that commit); the others write
@@ -23,8 +23,8 @@ T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 T1 = datetime(2026, 3, 1, 12, 0, 7, 250000, tzinfo=UTC)
 
 
-def write(name: str, text: str) -> None:
-    (HERE / name).write_bytes(text.encode())
+def write(name: str, text: str | bytes) -> None:
+    (HERE / name).write_bytes(text.encode() if isinstance(text, str) else text)
 
 
 def current() -> None:

@@ -99,7 +99,7 @@ def user_policy() -> UserResourcePolicy:
 
 
 def project_policy() -> ProjectResourcePolicy:
-    return ProjectResourcePolicy(total_resource_slots={"cpu": "64"}, allowed_drivers=())
+    return ProjectResourcePolicy(total_resource_slots={"cpu": Decimal("64")}, allowed_drivers=())
 
 
 def verdict() -> Verdict:
