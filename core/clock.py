@@ -14,7 +14,10 @@ def to_iso(moment: datetime) -> str:
 
 
 def from_iso(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    """An ISO 8601 moment; one with an offset comes back in UTC, like every moment Caravan holds (``core.codec`` then
+    writes it with a trailing ``Z``). One without an offset comes back naive: callers that need a zone refuse it."""
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment.astimezone(UTC) if moment.tzinfo is not None and moment.tzinfo is not UTC else moment
 
 
 def from_unix(seconds: str | float) -> datetime:

@@ -1,18 +1,17 @@
-"""The session model: sessions, their kernels, and how they serialize to Redis.
+"""The session model: sessions and their kernels.
 
 A session is what a user asks for; each kernel is one isolated unit of it (a Docker container,
-an ``exec`` process, a QEMU VM), run as one task group of the session's Nomad job.
+an ``exec`` process, a QEMU VM), run as one task group of the session's Nomad job. The dataclasses are also the
+schema of the documents kept in Redis (``core.codec``): a field added here needs a default, so that documents
+written before it read back.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
-
-from core.clock import from_iso, to_iso
 
 
 DEFAULT_GROUP = "default"
@@ -117,9 +116,6 @@ class Kernel:
         return self.role == "main"
 
 
-KERNEL_MOMENTS = ("started_at", "finished_at")
-"""A kernel's datetime fields (ISO 8601 in its stored JSON)."""
-
 KERNEL_ROLES = ("main", "sub")
 """The roles a request may give their own image and resources: ``main`` (main1) and ``sub`` (every sub kernel)."""
 
@@ -206,44 +202,6 @@ class Session:
 
     def evolve(self, **changes: Any) -> Session:
         return replace(self, **changes)
-
-    # -- serialization -------------------------------------------------------------------------
-
-    def to_json(self) -> str:
-        doc = asdict(self)
-        for moment in ("created_at", "starts_at", "started_at"):
-            doc[moment] = to_iso(doc[moment]) if doc[moment] else None
-        doc["status_history"] = [
-            {"status": c.status.value, "at": to_iso(c.at), "reason": c.reason, "detail": c.detail}
-            for c in self.status_history
-        ]
-        for kernel in doc["kernels"]:
-            for moment in KERNEL_MOMENTS:
-                kernel[moment] = to_iso(kernel[moment]) if kernel[moment] else None
-        return json.dumps(doc, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Session:
-        doc = json.loads(text)
-        doc["type"] = SessionType(doc["type"])
-        doc["driver"] = Driver(doc["driver"])
-        doc["status"] = SessionStatus(doc["status"])
-        doc["result"] = SessionResult(doc["result"])
-        doc["cluster_mode"] = ClusterMode(doc["cluster_mode"])
-        for moment in ("created_at", "starts_at", "started_at"):
-            doc[moment] = from_iso(doc[moment]) if doc.get(moment) else None
-        doc["status_history"] = tuple(
-            StatusChange(SessionStatus(c["status"]), from_iso(c["at"]), c["reason"], c.get("detail"))
-            for c in doc["status_history"]
-        )
-        doc["kernels"] = tuple(
-            Kernel(**{**k, "status": SessionStatus(k["status"]), "ports": tuple(k.get("ports", ())),
-                      **{m: from_iso(k[m]) if k.get(m) else None for m in KERNEL_MOMENTS}})
-            for k in doc["kernels"]
-        )
-        for listed in ("wait_reasons", "dependencies", "preopen_ports"):
-            doc[listed] = tuple(doc.get(listed, ()))
-        return cls(**doc)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ model. Kept in Redis by ``stores.presets``.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 
@@ -21,14 +20,6 @@ class ResourcePreset:
     """Slot -> exact amount (cores, bytes, devices)."""
     shared_memory: str | None = None
     """Bytes of /dev/shm, exact; a request's own ``sharedMemory`` wins."""
-
-    def to_json(self) -> str:
-        return json.dumps({"name": self.name, "resources": self.resources, "shared_memory": self.shared_memory})
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> ResourcePreset:
-        doc = json.loads(text)
-        return cls(doc["name"], dict(doc.get("resources") or {}), doc.get("shared_memory"))
 
 
 def check_preset_name(name: str) -> None:

@@ -22,8 +22,7 @@ unlimited, a listed 0 allows none; an empty allowed list allows nothing. Stored 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
@@ -35,8 +34,6 @@ from domain.model import DEFAULT_PRIORITY, MAX_PRIORITY
 from domain.users import User
 
 Slots = Mapping[str, Decimal]
-FIELDS_OF_BOTH = ("total_resource_slots", "max_session_lifetime", "idle_timeout", "allowed_resource_groups",
-                  "allowed_drivers")
 
 
 def _limit(name: str, value: int | None) -> None:
@@ -100,14 +97,12 @@ class _Common:
         for name in ("allowed_resource_groups", "allowed_drivers"):
             object.__setattr__(self, name, _names(name, getattr(self, name)))
 
-    def to_json(self) -> str:
+    def to_doc(self) -> dict[str, Any]:
+        """The stored document (``core.codec`` writes it; a policy reads back with ``core.codec.decode``): the fields,
+        with slot amounts as exact decimal strings in plain notation (``"10000000000"``, never ``"1E+10"``)."""
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         doc["total_resource_slots"] = _slots_json(self.total_resource_slots)
-        return json.dumps(doc)
-
-    @classmethod
-    def _from_doc(cls, doc: Mapping[str, Any], names: Sequence[str]) -> Any:
-        return cls(**{name: doc.get(name) for name in names})
+        return doc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,19 +120,10 @@ class UserResourcePolicy(_Common):
         if self.max_priority is not None and self.max_priority > MAX_PRIORITY:
             raise ValueError(f"max_priority must be at most {MAX_PRIORITY}, got {self.max_priority}")
 
-    @classmethod
-    def from_json(cls, text: str | bytes) -> UserResourcePolicy:
-        names = (*FIELDS_OF_BOTH, "max_concurrent_sessions", "max_pending_sessions", "max_priority")
-        policy: UserResourcePolicy = cls._from_doc(json.loads(text), names)
-        return policy
-
 
 @dataclass(frozen=True, kw_only=True)
 class ProjectResourcePolicy(_Common):
-    @classmethod
-    def from_json(cls, text: str | bytes) -> ProjectResourcePolicy:
-        policy: ProjectResourcePolicy = cls._from_doc(json.loads(text), FIELDS_OF_BOTH)
-        return policy
+    pass
 
 
 # -- decisions (pure) --

@@ -9,10 +9,8 @@ from it.
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import StrEnum
@@ -20,7 +18,6 @@ from typing import Any
 
 
 from domain.access import administers, can_access
-from core.clock import from_iso, to_iso
 from core.errors import InvalidInput
 from domain.model import DEFAULT_PRIORITY, ClusterMode, Driver, RoleSpec, SessionType
 from domain.users import Role, User
@@ -73,27 +70,6 @@ class TemplateSpec:
         blank = TemplateSpec()
         return frozenset(f.name for f in fields(self) if getattr(self, f.name) != getattr(blank, f.name))
 
-    def to_doc(self) -> dict[str, Any]:
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {
-            **doc, "type": self.type.value, "driver": self.driver.value, "cluster_mode": self.cluster_mode.value,
-            "preopen_ports": list(self.preopen_ports),
-            "kernel_roles": {role: {"image": r.image, "resources": r.resources} for role, r in self.kernel_roles.items()},
-        }  # fmt: skip
-
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> TemplateSpec:
-        """A stored spec; fields it lacks (written before they existed) take their defaults."""
-        values = {f.name: doc[f.name] for f in fields(cls) if doc.get(f.name) is not None}
-        return cls(**{
-            **values, "type": SessionType(doc["type"]), "driver": Driver(doc["driver"]),
-            "environ": dict(values.get("environ", {})), "resources": dict(values.get("resources", {})),
-            "cluster_mode": ClusterMode(values.get("cluster_mode", ClusterMode.SINGLE_NODE.value)),
-            "preopen_ports": tuple(values.get("preopen_ports", ())),
-            "kernel_roles": {role: RoleSpec(r.get("image"), dict(r.get("resources") or {}))
-                             for role, r in values.get("kernel_roles", {}).items()},
-        })  # fmt: skip
-
 
 @dataclass(frozen=True)
 class Template:
@@ -105,19 +81,6 @@ class Template:
     spec: TemplateSpec
     created_at: datetime
     updated_at: datetime
-
-    def to_json(self) -> str:
-        return json.dumps({
-            "id": self.id, "name": self.name, "owner_id": self.owner_id, "project": self.project,
-            "scope": self.scope.value, "spec": self.spec.to_doc(),
-            "created_at": to_iso(self.created_at), "updated_at": to_iso(self.updated_at),
-        })  # fmt: skip
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Template:
-        doc = json.loads(text)
-        return cls(doc["id"], doc["name"], doc["owner_id"], doc["project"], TemplateScope(doc["scope"]),
-                   TemplateSpec.from_doc(doc["spec"]), from_iso(doc["created_at"]), from_iso(doc["updated_at"]))
 
     def evolve(self, **changes: Any) -> Template:
         return replace(self, **changes)

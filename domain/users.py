@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from core.clock import from_unix
@@ -41,15 +40,6 @@ class User:
     @property
     def is_admin(self) -> bool:
         return self.role in (Role.ADMIN, Role.SUPERADMIN)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> User:
-        doc = json.loads(text)
-        return cls(id=doc["id"], name=doc["name"], role=Role(doc["role"]), projects=tuple(doc["projects"]),
-                   active=doc.get("active", True))
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,15 @@ I have not seen yet", on any gateway replica, across reconnects.
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NotRequired, TypedDict
 
 from redis.asyncio import Redis
 
-from core.clock import from_iso, to_iso
+from core import codec
 from core.keys import Keys
 from domain.model import Session, SessionStatus
 
@@ -59,39 +60,49 @@ class SessionEvent:
     """Why, for a person (``StatusChange.detail``)."""
 
 
+class EventDoc(TypedDict):
+    """An event as a stream entry keeps it (its ``event`` field), in GraphQL's camelCase."""
+
+    sessionId: str
+    ownerId: str
+    status: SessionStatus
+    reason: str
+    detail: NotRequired[str | None]
+    at: datetime
+    kernels: NotRequired[list[KernelState]]
+
+
 def is_cursor(text: str) -> bool:
     """Is ``text`` a stream entry id (``<milliseconds>-<sequence>``)?"""
     return _CURSOR.fullmatch(text) is not None
 
 
-def event_fields(session: Session) -> dict[str, str]:
+def event_fields(session: Session) -> dict[str, bytes]:
     """The stream entry of ``session``'s latest status change (pure)."""
     change = session.status_history[-1] if session.status_history else None
-    return {
-        "event": json.dumps(
-            {
-                "sessionId": session.id,
-                "ownerId": session.owner_id,
-                "status": session.status.value,
-                "reason": session.status_info,
-                "detail": session.status_detail,
-                "at": to_iso(change.at if change else session.created_at),
-                "kernels": [{"hostname": k.hostname, "status": k.status.value} for k in session.kernels],
-            }
-        )
+    doc: EventDoc = {
+        "sessionId": session.id,
+        "ownerId": session.owner_id,
+        "status": session.status,
+        "reason": session.status_info,
+        "detail": session.status_detail,
+        "at": change.at if change else session.created_at,
+        "kernels": [KernelState(k.hostname, k.status) for k in session.kernels],
     }
+    return {"event": codec.encode(doc)}
 
 
-def decode(entry_id: str, fields: dict[str, str]) -> SessionEvent:
-    doc = json.loads(fields["event"])
+def decode(entry_id: str, fields: Mapping[str, str | bytes]) -> SessionEvent:
+    """The event of a stream entry (``entry_id`` and its fields)."""
+    doc = codec.decode(fields["event"], EventDoc)
     return SessionEvent(
         id=entry_id,
         session_id=doc["sessionId"],
         owner_id=doc["ownerId"],
-        status=SessionStatus(doc["status"]),
+        status=doc["status"],
         reason=doc["reason"],
-        at=from_iso(doc["at"]),
-        kernels=tuple(KernelState(k["hostname"], SessionStatus(k["status"])) for k in doc.get("kernels", ())),
+        at=doc["at"],
+        kernels=tuple(doc.get("kernels", ())),
         detail=doc.get("detail"),
     )
 

@@ -13,7 +13,6 @@ The checker's writes carry its fencing token (:func:`core.lease.write_fenced`).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,14 +22,14 @@ from functools import lru_cache
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from core.clock import from_iso, to_iso
+from core.codec import decode, encode
 from core.keys import Keys
 from core.lease import write_fenced
 from core.lease import Fence
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.policy_file import parse_policy
-from domain.idle.verdict import Verdict
-from domain.idle.window import UtilizationWindow
+from domain.idle.verdict import Verdict, VerdictDoc
+from domain.idle.window import UtilizationWindow, WindowDoc
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +47,12 @@ class StoredVerdict:
     checked_at: datetime
     """When the sweep reached it: ``remaining`` times in the reports are as of this moment."""
     verdict: Verdict
+
+
+class ReportDoc(VerdictDoc):
+    """A session's idle report as stored: its verdict and when the sweep reached it."""
+
+    checked_at: datetime
 
 
 @dataclass(frozen=True)
@@ -75,16 +80,15 @@ class IdleStore:
         forget_windows: Collection[str] = (),
     ) -> None:
         """One sweep's reports, and (when given) the windows to save and those to drop, in one transaction."""
-        at = to_iso(checked_at)
 
         def write(pipe: Pipeline) -> None:
             for session_id, verdict in verdicts.items():
-                doc = {"checked_at": at, **verdict.to_dict()}
-                pipe.set(self.keys.idle_report(session_id), json.dumps(doc, separators=(",", ":")), ex=ttl)
+                report: ReportDoc = {"checked_at": checked_at, **verdict.to_dict()}
+                pipe.set(self.keys.idle_report(session_id), encode(report), ex=ttl)
             if forget_windows:
                 pipe.hdel(self.keys.idle_windows, *forget_windows)
             if windows:
-                pipe.hset(self.keys.idle_windows, mapping={i: w.to_json() for i, w in windows.items()})
+                pipe.hset(self.keys.idle_windows, mapping={i: encode(w.to_doc()) for i, w in windows.items()})
 
         await write_fenced(self.redis, fence, write)
 
@@ -102,7 +106,7 @@ class IdleStore:
         windows = {}
         for session_id, text in raw.items():
             try:
-                windows[session_id] = UtilizationWindow.from_json(text)
+                windows[session_id] = UtilizationWindow.from_doc(decode(text, WindowDoc))
             except ValueError as exc:
                 log.warning("session=%s saved utilization window unreadable, starting afresh: %s", session_id, exc)
         return windows
@@ -128,8 +132,8 @@ class IdleStore:
 
 
 def _stored_verdict(raw: str) -> StoredVerdict:
-    doc = json.loads(raw)
-    return StoredVerdict(checked_at=from_iso(doc["checked_at"]), verdict=Verdict.from_dict(doc))
+    report = decode(raw, ReportDoc)
+    return StoredVerdict(checked_at=report["checked_at"], verdict=Verdict.from_dict(report))
 
 
 @lru_cache(maxsize=8)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
+from core.codec import decode, encode
 from core.keys import Keys
 from domain.presets import ResourcePreset
 
@@ -26,11 +27,11 @@ class PresetStore:
 
     async def all(self) -> list[ResourcePreset]:
         raws: dict[str, str] = await self.redis.hgetall(self.keys.resource_presets)
-        return sorted((ResourcePreset.from_json(raw) for raw in raws.values()), key=lambda p: p.name)
+        return sorted((decode(raw, ResourcePreset) for raw in raws.values()), key=lambda p: p.name)
 
     async def get(self, name: str) -> ResourcePreset | None:
         raw = await self.redis.hget(self.keys.resource_presets, name)
-        return ResourcePreset.from_json(raw) if raw else None
+        return decode(raw, ResourcePreset) if raw else None
 
     async def named(self, name: str | None) -> dict[str, ResourcePreset]:
         """``{name: preset}`` when it exists; empty for None or an unknown name (what ``check_request`` takes)."""
@@ -40,7 +41,7 @@ class PresetStore:
     async def put(self, preset: ResourcePreset, *, create: bool) -> bool:
         """Store ``preset``; with ``create`` only when the name is free, else only when it exists. False otherwise."""
         if create:
-            return bool(await self.redis.hsetnx(self.keys.resource_presets, preset.name, preset.to_json()))
+            return bool(await self.redis.hsetnx(self.keys.resource_presets, preset.name, encode(preset)))
         while True:
             async with self.redis.pipeline(transaction=True) as pipe:
                 try:
@@ -48,7 +49,7 @@ class PresetStore:
                     if not await pipe.hexists(self.keys.resource_presets, preset.name):
                         return False
                     pipe.multi()
-                    pipe.hset(self.keys.resource_presets, preset.name, preset.to_json())
+                    pipe.hset(self.keys.resource_presets, preset.name, encode(preset))
                     await pipe.execute()
                     return True
                 except WatchError:

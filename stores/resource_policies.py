@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from redis.asyncio import Redis
 
+from core.codec import decode, encode
 from core.errors import QuotaExceeded
 from core.keys import Keys
 from domain.model import Session, SessionStatus
@@ -32,11 +33,11 @@ class PolicyStore:
 
     async def users(self, user_ids: Iterable[str]) -> dict[str, UserResourcePolicy]:
         """The stored policies of ``user_ids`` (users without one are left out)."""
-        return await self._many(user_ids, self.keys.user_policy, UserResourcePolicy.from_json)
+        return await self._many(user_ids, self.keys.user_policy, UserResourcePolicy)
 
     async def put_user(self, user_id: str, policy: UserResourcePolicy) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.user_policy(user_id), policy.to_json())
+            pipe.set(self.keys.user_policy(user_id), encode(policy.to_doc()))
             pipe.sadd(self.keys.users_with_policy, user_id)
             await pipe.execute()
 
@@ -57,11 +58,11 @@ class PolicyStore:
         return (await self.projects([project])).get(project)
 
     async def projects(self, projects: Iterable[str]) -> dict[str, ProjectResourcePolicy]:
-        return await self._many(projects, self.keys.project_policy, ProjectResourcePolicy.from_json)
+        return await self._many(projects, self.keys.project_policy, ProjectResourcePolicy)
 
     async def put_project(self, project: str, policy: ProjectResourcePolicy) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.project_policy(project), policy.to_json())
+            pipe.set(self.keys.project_policy(project), encode(policy.to_doc()))
             pipe.sadd(self.keys.projects_with_policy, project)
             await pipe.execute()
 
@@ -77,12 +78,12 @@ class PolicyStore:
         names: set[str] = await self.redis.smembers(self.keys.projects_with_policy)
         return names
 
-    async def _many(self, names: Iterable[str], key: Callable[[str], str], parse: Callable[[str], P]) -> dict[str, P]:
+    async def _many(self, names: Iterable[str], key: Callable[[str], str], kind: type[P]) -> dict[str, P]:
         ordered = sorted(set(names))
         if not ordered:
             return {}
         raws = await self.redis.mget([key(name) for name in ordered])
-        return {name: parse(raw) for name, raw in zip(ordered, raws, strict=True) if raw}
+        return {name: decode(raw, kind) for name, raw in zip(ordered, raws, strict=True) if raw}
 
     async def limits_of(self, sessions: Sequence[Session]) -> dict[str, SessionLimits]:
         """Session id -> the limits its owner's and project's policies set (the idle checks apply them); sessions

@@ -7,7 +7,6 @@ session document and its indexes (live set, pending queue, name claim) never dis
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Literal
@@ -16,6 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from stores import events
+from core.codec import decode, encode
 from core.errors import Conflict
 from core.keys import Keys
 from core.lease import Fence, LostLease
@@ -51,13 +51,13 @@ class SessionStore:
 
     async def get(self, session_id: str) -> Session | None:
         raw = await self.redis.get(self.keys.session(session_id))
-        return Session.from_json(raw) if raw else None
+        return decode(raw, Session) if raw else None
 
     async def get_many(self, session_ids: Sequence[str]) -> list[Session | None]:
         if not session_ids:
             return []
         raws = await self.redis.mget([self.keys.session(i) for i in session_ids])
-        return [Session.from_json(r) if r else None for r in raws]
+        return [decode(r, Session) if r else None for r in raws]
 
     async def pending_ids(self, resource_group: str) -> list[str]:
         ids: list[str] = await self.redis.zrange(self.keys.pending_queue(resource_group), 0, -1)
@@ -100,7 +100,7 @@ class SessionStore:
                     watched = [k for k in (token_key, *name_keys, owner_index) if k]
                     await pipe.watch(*watched)
                     if token_key and (earlier := await pipe.get(token_key)):
-                        found = await self.get_many(json.loads(earlier))
+                        found = await self.get_many(decode(earlier, list[str]))
                         return [s for s in found if s is not None]
                     if admit:
                         await admit(self)
@@ -113,7 +113,7 @@ class SessionStore:
                     for session, name_key in zip(sessions, name_keys, strict=True):
                         self._write_new(pipe, session, name_key)
                     if token_key:
-                        pipe.set(token_key, json.dumps([s.id for s in sessions]))
+                        pipe.set(token_key, encode([s.id for s in sessions]))
                     pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
                     pipe.rpush(self.keys.scheduler_wakeup, "created")
                     pipe.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
@@ -124,7 +124,7 @@ class SessionStore:
 
     def _write_new(self, pipe: Redis, session: Session, name_key: str) -> None:
         created = session.created_at.timestamp()
-        pipe.set(self.keys.session(session.id), session.to_json())
+        pipe.set(self.keys.session(session.id), encode(session))
         pipe.set(name_key, session.id)
         pipe.zadd(self.keys.sessions_by_created, {session.id: created})
         pipe.zadd(self.keys.sessions_of_owner(session.owner_id), {session.id: created})
@@ -149,7 +149,7 @@ class SessionStore:
                         await pipe.watch(*doc_keys)
                         raws = await pipe.mget(doc_keys)
                         pipe.multi()
-                        for session in (Session.from_json(raw) for raw in raws if raw):
+                        for session in (decode(raw, Session) for raw in raws if raw):
                             self._index_for_listing(pipe, session)
                             if session.terminated_at:
                                 pipe.zadd(self.keys.sessions_by_terminated,
@@ -199,7 +199,7 @@ class SessionStore:
                     raw = await pipe.get(key)
                     if raw is None:
                         return None
-                    before = Session.from_json(raw)
+                    before = decode(raw, Session)
                     after = mutate(before)
                     if after is None or after == before:
                         return before
@@ -209,7 +209,7 @@ class SessionStore:
                     if after.name != before.name and await pipe.exists(new_name_key):
                         raise Conflict(f"you already have a live session named {after.name!r}", field="name")
                     pipe.multi()
-                    pipe.set(key, after.to_json())
+                    pipe.set(key, encode(after))
                     self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
                     if stop_job is not None and after.nomad_job_id and after.status in STOPPING:
                         self._ask_to_stop(pipe, after.id, stop_job)

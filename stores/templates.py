@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from redis.asyncio import Redis
 
+from core.codec import decode, encode
 from core.keys import Keys
 from domain.users import Role, User
 from domain.templates import Template, may_use
@@ -30,12 +31,12 @@ class TemplateStore:
 
     async def get(self, template_id: str) -> Template | None:
         raw = await self.redis.get(self.keys.template(template_id))
-        return Template.from_json(raw) if raw else None
+        return decode(raw, Template) if raw else None
 
     async def put(self, template: Template) -> None:
         """Create or replace (owner and project never change, so neither do the indexes)."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.template(template.id), template.to_json())
+            pipe.set(self.keys.template(template.id), encode(template))
             pipe.sadd(self.keys.templates, template.id)
             pipe.sadd(self.keys.templates_of_owner(template.owner_id), template.id)
             pipe.sadd(self.keys.templates_of_project(template.project), template.id)
@@ -64,4 +65,4 @@ class TemplateStore:
         if not ordered:
             return []
         raws = await self.redis.mget([self.keys.template(i) for i in ordered])
-        return [Template.from_json(raw) for raw in raws if raw]
+        return [decode(raw, Template) for raw in raws if raw]

@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from core.clock import from_unix, utcnow
+from core.codec import decode, encode
 from core.errors import Conflict, NotFound, QuotaExceeded
 from core.keys import Keys
 from core.secrets import write_private
@@ -75,7 +76,7 @@ def authenticated(doc: str | bytes | None, expires: str | bytes | None) -> Authe
     """What the token check's document and expiry say: None without a document, or for a deactivated user."""
     if not doc:
         return None
-    user = User.from_json(doc)
+    user = decode(doc, User)
     if not user.active:
         return None
     return Authenticated(user, from_unix(expires.decode() if isinstance(expires, bytes) else expires) if expires else None)
@@ -101,13 +102,13 @@ class UserStore:
 
     async def get(self, user_id: str) -> User | None:
         raw = await self.redis.get(self.keys.user(user_id))
-        return User.from_json(raw) if raw else None
+        return decode(raw, User) if raw else None
 
     async def get_many(self, user_ids: Iterable[str]) -> list[User]:
         """The users that exist among ``user_ids``, sorted by id."""
         ids = sorted(set(user_ids))
         raws = await self.redis.mget([self.keys.user(i) for i in ids]) if ids else []
-        return [User.from_json(r) for r in raws if r]
+        return [decode(r, User) for r in raws if r]
 
     async def ids(self, projects: Iterable[str] | None = None) -> set[str]:
         """Every user id, or the ids of the members of any of ``projects``."""
@@ -146,7 +147,7 @@ class UserStore:
                 try:
                     await pipe.watch(key)
                     raw = await pipe.get(key)
-                    before = User.from_json(raw) if raw else None
+                    before = decode(raw, User) if raw else None
                     after = decide(before)
                     if after is None:
                         return None
@@ -158,7 +159,7 @@ class UserStore:
                     continue
 
     def _write_user(self, pipe: Redis, before: User | None, after: User) -> None:
-        pipe.set(self.keys.user(after.id), after.to_json())
+        pipe.set(self.keys.user(after.id), encode(after))
         pipe.sadd(self.keys.all_users, after.id)
         for project in set(before.projects if before else ()) - set(after.projects):
             pipe.srem(self.keys.project_members(project), after.id)
@@ -177,7 +178,7 @@ class UserStore:
                     raw = await pipe.get(key)
                     if raw is None:
                         return None
-                    before = User.from_json(raw)
+                    before = decode(raw, User)
                     if check is not None:
                         check(before)
                     token_ids = sorted(await pipe.smembers(tokens_key))
@@ -253,7 +254,7 @@ class UserStore:
                     raw = await pipe.get(user_key)
                     if raw is None:
                         raise NotFound(f"no user {user_id}", field="userId")
-                    if not User.from_json(raw).active:
+                    if not decode(raw, User).active:
                         raise Conflict(f"user {user_id} is deactivated: no new tokens", field="userId")
                     adding = not await pipe.sismember(tokens_key, token_id)  # else it replaces its namesake
                     if adding and await pipe.scard(tokens_key) >= self.max_tokens:

@@ -11,9 +11,9 @@ its decision time by a fifth (``bench/idle``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict
 
 from domain.idle.config import CheckName, ThresholdOperator
 
@@ -45,6 +45,32 @@ class RemainingBasis(StrEnum):
     """A full utilization window (no verdict before it), or the window's verdict itself."""
 
 
+class ReadingDoc(TypedDict):
+    metric: str
+    average: float | None
+    threshold: float
+
+
+class CheckReportDoc(TypedDict):
+    """A check's report as stored (plain data: enums by value)."""
+
+    name: str
+    expired: bool
+    remaining: float | None
+    measured_against: str | None
+    note: str
+    operator: str | None
+    readings: list[ReadingDoc]
+
+
+class VerdictDoc(TypedDict):
+    """A verdict as stored in the idle checker's reports (``stores.idle``)."""
+
+    terminate: bool
+    reason: str | None
+    reports: list[CheckReportDoc]
+
+
 class MetricReading(NamedTuple):
     metric: str
     average: float | None
@@ -63,7 +89,7 @@ class CheckReport(NamedTuple):
     operator: ThresholdOperator | None = None
     readings: tuple[MetricReading, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CheckReportDoc:
         return {
             "name": self.name.value,
             "expired": self.expired,
@@ -75,7 +101,7 @@ class CheckReport(NamedTuple):
         }
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> CheckReport:
+    def from_dict(cls, doc: CheckReportDoc) -> CheckReport:
         """The inverse of :meth:`to_dict`; ``KeyError``/``ValueError`` on anything else."""
         basis, operator = doc["measured_against"], doc["operator"]
         return cls(
@@ -117,7 +143,7 @@ class Verdict(NamedTuple):
                 return cls(True, REASON_OF_CHECK[report.name], reports)
         return cls(False, None, reports)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VerdictDoc:
         return {
             "terminate": self.terminate,
             "reason": self.reason.value if self.reason else None,
@@ -125,7 +151,7 @@ class Verdict(NamedTuple):
         }
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> Verdict:
+    def from_dict(cls, doc: VerdictDoc) -> Verdict:
         reason = doc["reason"]
         return cls(
             terminate=bool(doc["terminate"]),

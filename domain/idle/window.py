@@ -1,4 +1,4 @@
-"""A session's recent utilization samples: an immutable, JSON-serializable sliding window.
+"""A session's recent utilization samples: an immutable sliding window, stored as a compact document.
 
 One sample per sweep (every ``interval`` seconds) maps metric -> percent. Each metric keeps its own
 series, because a device may miss a reading while the CPU does not.
@@ -14,7 +14,8 @@ Rules, chosen so that a window is "full" only when it really observed ``window_s
 * Adding trims samples older than needed, keeping one sample at or before the window's start, so the
   series never spans much more than the window. The average is the plain mean of the kept samples.
 * Samples are stored in fixed point (milliseconds, thousandths of a percent): sums are exact and the JSON
-  is small and quick to write, which matters for 10,000 sessions per sweep.
+  (:class:`WindowDoc`, written and read by ``core.codec``) is small and quick to write, which matters for 10,000
+  sessions per sweep.
 * A sample no newer than the last one is ignored (re-running a sweep is harmless).
 
 The window records its own ``window_seconds`` and ``interval``; when the policy changes them,
@@ -23,11 +24,10 @@ The window records its own ``window_seconds`` and ``interval``; when the policy 
 
 from __future__ import annotations
 
-import json
 import math
 from bisect import bisect_right
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import sub
 
@@ -68,8 +68,7 @@ class UtilizationWindow:
 
     @classmethod
     def empty(cls, *, window_seconds: float, interval: float) -> UtilizationWindow:
-        if not (0 < window_seconds < math.inf and 0 < interval < math.inf):
-            raise ValueError("window_seconds and interval must be positive")
+        _check_shape(window_seconds, interval)
         return cls(window_seconds=float(window_seconds), interval=float(interval))
 
     def matches(self, *, window_seconds: float, interval: float) -> bool:
@@ -121,47 +120,52 @@ class UtilizationWindow:
     def averages(self) -> dict[str, float]:
         return {metric: sum(s.values) / (len(s.values) * SCALE) for metric, s in self.series.items()}
 
-    # -- serialization (the idle service keeps one window per session in Redis) --
+    # -- the stored form (the idle service keeps one window per session in Redis, through core.codec) --
 
-    def to_json(self) -> str:
-        """Compact JSON: metrics sampled together share one stamp list, stored as first stamp + deltas."""
+    def to_doc(self) -> WindowDoc:
+        """Metrics sampled together share one stamp list, stored as its first stamp then the differences."""
         tables: dict[tuple[int, ...], int] = {}
-        series = {m: [tables.setdefault(s.stamps, len(tables)), list(s.values)] for m, s in self.series.items()}
+        series = {m: (tables.setdefault(s.stamps, len(tables)), s.values) for m, s in self.series.items()}
         stamps = [[s[0], *map(sub, s[1:], s)] for s in tables]
-        doc = {"v": JSON_VERSION, "window_seconds": self.window_seconds, "interval": self.interval}
-        return json.dumps({**doc, "stamps": stamps, "series": series}, separators=(",", ":"))
+        return WindowDoc(JSON_VERSION, self.window_seconds, self.interval, stamps, series)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> UtilizationWindow:
-        """Raise ``ValueError`` on anything malformed; the caller then starts an empty window."""
-        try:
-            doc = json.loads(text)
-            if doc["v"] != JSON_VERSION:
-                raise ValueError(f"unsupported window version {doc['v']!r}")
-            tables = [tuple(accumulate(_ints(deltas))) for deltas in doc["stamps"]]
-            series = {
-                str(metric): MetricSeries(tables[_table_index(index, len(tables))], tuple(_ints(values)))
-                for metric, (index, values) in doc["series"].items()
-            }
-            window = cls.empty(window_seconds=float(doc["window_seconds"]), interval=float(doc["interval"]))
-        except (KeyError, TypeError, AttributeError, IndexError) as exc:
-            raise ValueError(f"malformed utilization window: {exc!r}") from exc
-        for metric, s in series.items():
-            if not s.stamps or len(s.stamps) != len(s.values):
+    def from_doc(cls, doc: WindowDoc) -> UtilizationWindow:
+        """Raise ``ValueError`` on anything malformed (``core.codec`` has checked the types); the caller then starts
+        an empty window."""
+        if doc.v != JSON_VERSION:
+            raise ValueError(f"unsupported window version {doc.v!r}")
+        _check_shape(doc.window_seconds, doc.interval)
+        tables = [tuple(accumulate(deltas)) for deltas in doc.stamps]
+        series = {}
+        for metric, (index, values) in doc.series.items():
+            if not 0 <= index < len(tables):
+                raise ValueError(f"malformed utilization window: no stamp list {index!r}")
+            stamps = tables[index]
+            if not stamps or len(stamps) != len(values):
                 raise ValueError(f"malformed utilization window: series {metric!r} is empty or uneven")
-        return replace(window, series=series)
+            series[metric] = MetricSeries(stamps, tuple(values))
+        return cls(doc.window_seconds, doc.interval, series)
 
 
-def _ints(items: list[object]) -> list[int]:
-    if not set(map(type, items)) <= {int}:
-        raise ValueError("malformed utilization window: expected whole numbers")
-    return items  # type: ignore[return-value]  # checked just above
+@dataclass(frozen=True, slots=True)
+class WindowDoc:
+    """A window as Redis keeps it (version 1 of its JSON; ``UtilizationWindow.to_doc`` / ``from_doc``)."""
+
+    v: int
+    """The version: 1."""
+    window_seconds: float
+    interval: float
+    """Seconds, as the window's own."""
+    stamps: Sequence[Sequence[int]]
+    """Stamp lists: each the unix milliseconds of its first sample, then the milliseconds since the one before."""
+    series: Mapping[str, tuple[int, Sequence[int]]]
+    """Metric -> (the index of its stamp list, its values in thousandths of a percent, one per stamp)."""
 
 
-def _table_index(index: object, tables: int) -> int:
-    if type(index) is not int or not 0 <= index < tables:
-        raise ValueError(f"malformed utilization window: no stamp list {index!r}")
-    return index
+def _check_shape(window_seconds: float, interval: float) -> None:
+    if not (0 < window_seconds < math.inf and 0 < interval < math.inf):
+        raise ValueError("window_seconds and interval must be positive")
 
 
 def record_sample(

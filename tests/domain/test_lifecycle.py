@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from core.codec import decode, encode
 from domain.lifecycle import ALLOWED, IllegalTransition, derive_session_status, observe_kernel, restate, transition
 from domain.model import (
     Driver,
@@ -97,7 +98,7 @@ def test_started_at_is_recorded_once() -> None:
 
 def test_json_round_trip() -> None:
     original = session().evolve(starts_at=T0, dependencies=("a", "b"), preopen_ports=(8080,), batch_timeout=3.5)
-    assert Session.from_json(original.to_json()) == original
+    assert decode(encode(original), Session) == original
 
 
 # -- Nomad's reasons and times (issue 11) ---------------------------------------------------------------------------
@@ -219,4 +220,4 @@ def test_json_round_trip_keeps_reasons_and_kernel_times() -> None:
     seen = KernelObservation(hostname="main1", status=S.TERMINATED, reason="task-failed", exit_code=3, alloc_id="a",
                              detail="Terminated: Exit Code: 3", started_at=T1, finished_at=T2)
     after = observe_kernel(start, seen, at=T3)
-    assert after is not None and Session.from_json(after.to_json()) == after
+    assert after is not None and decode(encode(after), Session) == after

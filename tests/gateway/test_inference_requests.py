@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from core.codec import decode, encode
 from core.errors import InvalidInput
 from domain.model import Driver, SessionType
 from domain.users import Role, User
@@ -85,4 +86,4 @@ def test_other_types_have_no_service() -> None:
 
 def test_an_inference_session_round_trips_through_json() -> None:
     [session] = build(replicas=3, health_check_path="/h", health_check_grace="5s")
-    assert type(session).from_json(session.to_json()) == session
+    assert decode(encode(session), type(session)) == session

@@ -12,6 +12,7 @@ from functools import lru_cache
 import strawberry
 from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 
+from core.codec import decode
 from domain.access import can_access, listing_scope
 from core.errors import NotFound
 from domain.listing import ListingOrder, plan_listing
@@ -45,7 +46,7 @@ def listed_session(document: str) -> Session:
     (resolvers only read them), so requests may share them. Decoding and converting cost more than
     executing the page's fields.
     """
-    return session_type_of(SessionModel.from_json(document))
+    return session_type_of(decode(document, SessionModel))
 
 
 def visible(session: SessionModel | None, viewer: User) -> bool:

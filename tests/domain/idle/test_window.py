@@ -1,4 +1,4 @@
-"""UtilizationWindow: fullness, trimming, gaps, JSON round trips."""
+"""UtilizationWindow: fullness, trimming, gaps, round trips through its stored form (core.codec)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.idle.window import UtilizationWindow, record_sample
+from core.codec import decode, encode
+from domain.idle.window import UtilizationWindow, WindowDoc, record_sample
 
 EMPTY = UtilizationWindow.empty(window_seconds=60, interval=15)
+
+
+def read(stored: str | bytes) -> UtilizationWindow:
+    """A window as the idle store reads it (``stores.idle.IdleStore.load_windows``)."""
+    return UtilizationWindow.from_doc(decode(stored, WindowDoc))
 
 
 def fed(values: list[float], *, every: float = 15.0, start: float = 1000.0) -> UtilizationWindow:
@@ -77,13 +83,13 @@ def test_metric_gone_for_longer_than_the_window_is_forgotten() -> None:
 def test_json_round_trip() -> None:
     window = EMPTY.add(1.5, {"cpu_util": 0.1, "mem": 33.3}).add(16.5, {"cpu_util": 1e-9, "mem": 100.0})
     window = window.add(31.5, {"cpu_util": 2.0, "cuda_util": 50.0})
-    assert UtilizationWindow.from_json(window.to_json()) == window
-    assert UtilizationWindow.from_json(window.to_json().encode()) == window
+    assert read(encode(window.to_doc())) == window
+    assert read(encode(window.to_doc()).decode()) == window
 
 
 def test_json_shares_stamps_of_metrics_sampled_together() -> None:
     window = fed([1.0, 2.0, 3.0]).add(1045.0, {"cpu_util": 4.0, "mem": 5.0})
-    doc = json.loads(window.to_json())
+    doc = json.loads(encode(window.to_doc()))
     assert doc["stamps"] == [[1000000, 15000, 15000, 15000], [1045000]]
     assert doc["series"] == {"cpu_util": [0, [1000, 2000, 3000, 4000]], "mem": [1, [5000]]}
 
@@ -120,7 +126,7 @@ GOOD = '"v": 1, "window_seconds": 60, "interval": 15'
 )
 def test_malformed_json_is_a_value_error(text: str) -> None:
     with pytest.raises(ValueError):
-        UtilizationWindow.from_json(text)
+        read(text)
 
 
 def test_record_sample_starts_over_when_the_policy_changes_the_shape() -> None:
