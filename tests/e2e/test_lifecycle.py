@@ -12,7 +12,7 @@ from core.clock import utcnow
 from domain.lifecycle import transition
 from domain.model import SessionStatus
 from scheduler.follower import Follower
-from tests.conftest import DEFAULT_IMAGE, requires_docker
+from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
 DESTROY = "mutation($ids: [ID!]!, $forced: Boolean! = false) { destroySession(ids: $ids, forced: $forced) { id status statusInfo } }"
@@ -49,8 +49,9 @@ async def test_destroying_a_pending_session_cancels_it(caravan: Caravan) -> None
     [session_id] = await create(caravan, type="BATCH", startupCommand="true", startsAt="1h")
     [ended] = (await caravan.gql(DESTROY, {"ids": [session_id]}))["destroySession"]
     assert (ended["status"], ended["statusInfo"]) == ("CANCELLED", "user-requested")
-    await asyncio.sleep(1.5)  # a scheduler pass later it is still cancelled and never got a job
-    session = await caravan.store.get(session_id)
+    [witness] = await create(caravan, type="BATCH", startupCommand="true")
+    await caravan.wait_for(witness, "SCHEDULED", "PREPARING", "RUNNING", "TERMINATED")  # placed by a later pass
+    session = await caravan.store.get(session_id)  # a pass later, it is still cancelled and never got a job
     assert session and session.status is SessionStatus.CANCELLED and session.nomad_job_id is None
 
 
@@ -144,7 +145,7 @@ async def test_preopen_port_is_reported_and_served(caravan: Caravan) -> None:
     await caravan.gql(DESTROY, {"ids": [session_id], "forced": True})
 
 
-@requires_docker
+@pytest.mark.docker
 async def test_cluster_kernels_resolve_each_other_and_connect(caravan: Caravan) -> None:
     # Every sub kernel serves on port 7000 at its own address; main1 fetches from each by hostname. The
     # subs would serve forever: a BATCH session ends when its main kernel does.
