@@ -14,8 +14,10 @@ import asyncio
 import codecs
 import contextlib
 import copy
+import functools
 import json
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -54,6 +56,13 @@ REFUSALS_AS_500 = (
 """What Nomad answers with a 500 when it refuses a job for good: retrying would never succeed."""
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default TLS context, built once per process and shared by every client's pools: building one reads the
+    system's CA bundle (about 50 ms), and each client has two pools (a test suite makes hundreds of clients)."""
+    return httpx2.create_ssl_context()
+
+
 class NomadRejected(PermanentError):
     """Nomad refused the request (bad job, bad parameter)."""
 
@@ -78,12 +87,13 @@ class NomadClient:
             base_url=settings.addr,
             headers=headers,
             timeout=timeout,
+            verify=tls_context(),
             limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections // 2),
         )
         # log follows hold a connection each for as long as someone watches: a pool of their own, so that
         # many watchers cannot starve the calls that run sessions
         self._follows = httpx2.AsyncClient(
-            base_url=settings.addr, headers=headers, timeout=timeout,
+            base_url=settings.addr, headers=headers, timeout=timeout, verify=tls_context(),
             limits=httpx2.Limits(max_connections=LOG_FOLLOWS, max_keepalive_connections=0),
         )
 

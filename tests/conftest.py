@@ -1,14 +1,19 @@
-"""Shared test fixtures: one real Redis and one real Nomad dev agent per test session.
+"""Shared test fixtures: one real Redis and one real Nomad dev agent per test session, each started on first use.
 
 Tests are isolated by namespace (a Redis key prefix and a Nomad job prefix of their own), not by
-restarting services. Both run as the stack runs them: Nomad with ACLs on, Redis with users only. The ``settings``
-of a test carry the admin credentials (Nomad's management token, Redis' admin user) for the test's own reads and
-writes, and the secrets directory where each component finds its own (``Settings.for_role``): the gateway, scheduler
-and idle checker under test connect with their role's token and user, so the tests prove those are sufficient.
+restarting services. ``redis_settings`` (and ``redis``, ``keys``) give a test Redis alone: Nomad is not booted for it
+and its Nomad address is a tripwire (``tests/no_nomad.py``); ``settings`` adds the Nomad agent. The tiers a test needs
+are marked from the fixtures it uses (``tests/tiers.py``).
+
+Both run as the stack runs them: Nomad with ACLs on, Redis with users only. The settings of a test carry the admin
+credentials (Nomad's management token, Redis' admin user) for the test's own reads and writes, and the secrets
+directory where each component finds its own (``Settings.for_role``): the gateway, scheduler and idle checker under
+test connect with their role's token and user, so the tests prove those are sufficient.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import uuid
@@ -24,6 +29,8 @@ from caravan.stack.redis_server import start_redis
 from core.keys import Keys
 from core.settings import NomadSettings, RedisSettings, Settings, qemu_images_of
 from tests.harness import Caravan, running_caravan
+from tests.no_nomad import NoNomad
+from tests.tiers import Tiers
 
 
 def _stack_env() -> dict[str, str]:
@@ -84,28 +91,49 @@ def namespace() -> str:
     return "t" + uuid.uuid4().hex[:10]
 
 
+@pytest.fixture(scope="session")
+def no_nomad() -> Iterator[NoNomad]:
+    tripwire = NoNomad()
+    yield tripwire
+    tripwire.close()
+
+
 @pytest.fixture
-def settings(redis_server: str, nomad_agent: NomadAgent, secrets_dir: Path, namespace: str, tmp_path: Path) -> Settings:
-    return Settings(
+def redis_settings(redis_server: str, secrets_dir: Path, namespace: str, tmp_path: Path,
+                   no_nomad: NoNomad) -> Iterator[Settings]:
+    """The test's settings with Redis alone (admin credentials): its Nomad address is the tripwire, which refuses
+    every call (a permanent error) and fails the test at teardown if it was called."""
+    yield Settings(
         home=tmp_path,
         secrets_dir=secrets_dir,
         redis=RedisSettings(url=redis_server, prefix=namespace),
-        nomad=NomadSettings(addr=nomad_agent.addr, job_prefix=namespace),
+        nomad=NomadSettings(addr=no_nomad.address(namespace), job_prefix=namespace),
         default_image=DEFAULT_IMAGE or None,
         qemu_images=QEMU_IMAGES,
     ).with_prefix(namespace).for_role("admin")
+    if called := no_nomad.calls(namespace):
+        pytest.fail(f"this test called Nomad ({', '.join(called[:3])}) but was given Redis alone (redis_settings, "
+                    "redis, keys): give it the settings fixture, which boots the Nomad agent", pytrace=False)
 
 
 @pytest.fixture
-async def redis(settings: Settings) -> AsyncIterator[Redis]:
-    client = Redis.from_url(settings.redis.url, decode_responses=True)
+def settings(redis_settings: Settings, nomad_agent: NomadAgent) -> Settings:
+    """The test's settings with Redis and the Nomad dev agent (admin credentials: Nomad's management token)."""
+    return dataclasses.replace(
+        redis_settings, nomad=dataclasses.replace(redis_settings.nomad, addr=nomad_agent.addr),
+    ).for_role("admin")
+
+
+@pytest.fixture
+async def redis(redis_settings: Settings) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_settings.redis.url, decode_responses=True)
     yield client
     await client.aclose()
 
 
 @pytest.fixture
-def keys(settings: Settings) -> Keys:
-    return Keys(settings.redis.prefix)
+def keys(redis_settings: Settings) -> Keys:
+    return Keys(redis_settings.redis.prefix)
 
 
 @pytest.fixture
@@ -114,6 +142,8 @@ async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
         yield running
 
 
-requires_docker = pytest.mark.skipif(not DOCKER, reason="no Docker engine could be started on this machine")
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(Tiers(docker=DOCKER, qemu=QEMU), "caravan-tiers")
+
 
 from tests.cluster_fixtures import nomad_cluster, on_cluster  # noqa: E402,F401  (several Nomad clients; on demand)

@@ -18,6 +18,8 @@ class NetworkCut:
         self.target_port = target_port
         self.port = free_port()
         self.cut = False
+        self.refused = 0
+        """Connections refused while cut, in all: each one a client's try to get through."""
         self._server: asyncio.Server | None = None
         self._streams: set[asyncio.StreamWriter] = set()
 
@@ -42,8 +44,15 @@ class NetworkCut:
         if cut:
             self.sever()
 
+    async def refused_at_least(self, count: int, *, timeout: float = 60.0) -> None:
+        """Return once ``count`` connections in all were refused while cut (its clients kept trying and failing)."""
+        async with asyncio.timeout(timeout):
+            while self.refused < count:
+                await asyncio.sleep(0.05)
+
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.cut:
+            self.refused += 1
             writer.transport.abort()
             return
         try:

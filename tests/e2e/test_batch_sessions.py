@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import DEFAULT_IMAGE, requires_docker
+from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan
 
-DRIVERS = [pytest.param("DOCKER", marks=requires_docker, id="docker"), pytest.param("EXEC", id="exec")]
+DRIVERS = [pytest.param("DOCKER", marks=pytest.mark.docker, id="docker"), pytest.param("EXEC", id="exec")]
 
 
 async def create(caravan: Caravan, **fields: object) -> str:
@@ -57,7 +57,7 @@ async def test_raw_exec_runs_for_admins(caravan: Caravan) -> None:
 
 
 @pytest.mark.parametrize("run", range(4))
-@requires_docker
+@pytest.mark.docker
 async def test_a_docker_kernels_last_output_is_not_lost_when_it_exits(caravan: Caravan, run: int) -> None:
     """Nomad stops copying a container's output as soon as the container exits (hashicorp/nomad#6931): a kernel that
     prints and exits at once could lose its last lines. Docker kernels linger a moment after their command, so the

@@ -11,15 +11,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from core.clock import utcnow
 from domain.model import SessionStatus
 from tests.harness import Caravan
-from tests.idle.running import BUSY, eventually, policy_file, running_idle, start_interactive
+from tests.idle.running import BUSY, eventually, policy_file, running_idle, start_interactive, swept_since
 
 SWEEP = 'check_interval = "1s"\n'
 
@@ -82,10 +83,10 @@ async def test_a_busy_session_survives_the_utilization_check_while_an_idle_one_i
     body = 'utilization {\n  window = "2s"\n  thresholds {\n    cpu_util = 10\n  }\n}'
     busy = await start_interactive(caravan, "busy", BUSY)
     idle = await start_interactive(caravan, "idle")
-    async with running_idle(caravan.settings, policy_file(tmp_path, policy(body))):
+    async with running_idle(caravan.settings, policy_file(tmp_path, policy(body))) as service:
         session = await ended(caravan, idle)
         assert (session["status"], session["statusInfo"]) == ("TERMINATED", "idle-utilization")
-        await asyncio.sleep(3)  # three more verdicts on the busy one
+        await swept_since(service.idle_store, busy, utcnow() + timedelta(seconds=2))  # a window on, judged and acted on
         assert await status(caravan, busy) is SessionStatus.RUNNING
         utilization = await check(caravan, busy, "UTILIZATION")
     assert (utilization["expired"], utilization["measuredAgainst"], utilization["note"]) == (False, "WINDOW", "utilized")
@@ -98,11 +99,12 @@ async def test_a_session_without_traffic_is_reclaimed_while_one_in_use_survives(
 ) -> None:
     used = await start_interactive(caravan, "used")
     unused = await start_interactive(caravan, "unused")
-    async with running_idle(caravan.settings, policy_file(tmp_path, policy('network_idle_timeout = "3s"'))):
+    path = policy_file(tmp_path, policy('network_idle_timeout = "3s"'))
+    async with running_idle(caravan.settings, path) as service:
         async with using(caravan, used):
             session = await ended(caravan, unused)
             assert (session["status"], session["statusInfo"]) == ("TERMINATED", "idle-timeout")
-            await asyncio.sleep(1)
+            await swept_since(service.idle_store, used, utcnow())  # judged since, and acted on
             assert await status(caravan, used) is SessionStatus.RUNNING
             network = await check(caravan, used, "NETWORK_TIMEOUT")
     assert (network["expired"], network["measuredAgainst"]) == (False, "IDLENESS")
@@ -120,8 +122,8 @@ async def test_a_session_past_its_lifetime_is_reclaimed(caravan: Caravan, tmp_pa
 async def test_a_policy_edit_takes_effect_without_a_restart(caravan: Caravan, tmp_path: Path) -> None:
     session_id = await start_interactive(caravan, "long-lived")
     path = policy_file(tmp_path, policy("max_session_lifetime = 0"))
-    async with running_idle(caravan.settings, path):
-        await asyncio.sleep(3)
+    async with running_idle(caravan.settings, path) as service:
+        await swept_since(service.idle_store, session_id, utcnow())  # judged by the first policy, and acted on
         assert await status(caravan, session_id) is SessionStatus.RUNNING
         path.write_text(policy('max_session_lifetime = "2s"'))
         session = await ended(caravan, session_id)

@@ -28,7 +28,7 @@ from caravan.stack.nomad_cluster import NomadCluster
 from caravan.stack.session_network import SESSION_SUPERNET
 from core.settings import Settings
 from tests.cluster_fixtures import OnCluster
-from tests.conftest import DEFAULT_IMAGE, QEMU, requires_docker
+from tests.conftest import DEFAULT_IMAGE
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan, running_caravan
 
 OTHER_PORT = 8080
@@ -160,8 +160,8 @@ async def isolated(settings: Settings) -> AsyncIterator[Caravan]:
         yield caravan
 
 
-DRIVERS = [pytest.param("EXEC", id="exec"), pytest.param("DOCKER", id="docker", marks=requires_docker),
-           pytest.param("QEMU", id="qemu", marks=pytest.mark.skipif(not QEMU, reason="no qemu image"))]
+DRIVERS = [pytest.param("EXEC", id="exec"), pytest.param("DOCKER", id="docker", marks=pytest.mark.docker),
+           pytest.param("QEMU", id="qemu", marks=pytest.mark.qemu)]
 
 
 @pytest.mark.parametrize("driver", DRIVERS)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import DEFAULT_IMAGE, requires_docker
+from tests.conftest import DEFAULT_IMAGE
 from tests.harness import Caravan
 
 CREATE_TEMPLATE = "mutation($input: CreateSessionTemplateInput!) { createSessionTemplate(input: $input) { id } }"
@@ -75,7 +75,7 @@ async def second_tag() -> AsyncIterator[str]:
     await untagged.wait()
 
 
-@requires_docker
+@pytest.mark.docker
 async def test_main_and_sub_kernels_run_their_own_image_tags(caravan: Caravan, second_tag: str) -> None:
     spec = {"type": "INTERACTIVE", "driver": "DOCKER", "image": DEFAULT_IMAGE, "clusterSize": 2,
             "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "64m"}],

@@ -17,7 +17,7 @@ from scheduler.job_owner import JobOwner
 from scheduler.placer import Placer
 from domain.scheduling_config import SchedulingConfig
 from nomad_jobs.client import NomadClient
-from tests.conftest import DEFAULT_IMAGE, requires_docker
+from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
 
 DESTROY = "mutation($ids: [ID!]!, $forced: Boolean! = false) { destroySession(ids: $ids, forced: $forced) { id status statusInfo } }"
@@ -54,8 +54,9 @@ async def test_destroying_a_pending_session_cancels_it(caravan: Caravan) -> None
     [session_id] = await create(caravan, type="BATCH", startupCommand="true", startsAt="1h")
     [ended] = (await caravan.gql(DESTROY, {"ids": [session_id]}))["destroySession"]
     assert (ended["status"], ended["statusInfo"]) == ("CANCELLED", "user-requested")
-    await asyncio.sleep(1.5)  # a scheduler pass later it is still cancelled and never got a job
-    session = await caravan.store.get(session_id)
+    [witness] = await create(caravan, type="BATCH", startupCommand="true")
+    await caravan.wait_for(witness, "SCHEDULED", "PREPARING", "RUNNING", "TERMINATED")  # placed by a later pass
+    session = await caravan.store.get(session_id)  # a pass later, it is still cancelled and never got a job
     assert session and session.status is SessionStatus.CANCELLED and session.nomad_job_id is None
 
 
@@ -149,7 +150,7 @@ async def test_preopen_port_is_reported_and_served(caravan: Caravan) -> None:
     await caravan.gql(DESTROY, {"ids": [session_id], "forced": True})
 
 
-@requires_docker
+@pytest.mark.docker
 async def test_cluster_kernels_resolve_each_other_and_connect(caravan: Caravan) -> None:
     # Every sub kernel serves on port 7000 at its own address; main1 fetches from each by hostname. The
     # subs would serve forever: a BATCH session ends when its main kernel does.

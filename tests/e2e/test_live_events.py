@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from typing import Any
 from urllib.parse import urlparse
@@ -77,30 +78,47 @@ async def test_kernel_logs_arrive_live_in_order_before_the_session_ends(caravan:
     assert session["result"] == "SUCCESS"
 
 
+SIGNALLED = ("n=0; trap 'n=$((n+1)); echo \"late $n\" >&2' USR1; trap 'exit 0' USR2; echo early >&2; "
+             "while :; do sleep 0.2; done")
+"""Writes ``early`` to stderr, then ``late <n>`` at each SIGUSR1, and ends at SIGUSR2: it writes when the test says."""
+
+
 async def test_kernel_logs_of_stderr_from_now_on_and_of_an_ended_kernel(caravan: Caravan) -> None:
     alice = await caravan.user("alice")
-    session_id = await create(caravan, alice, "stderr-job", "echo early >&2; sleep 4; echo late >&2")
+    session_id = await create(caravan, alice, "stderr-job", SIGNALLED)
     query = """subscription($id: ID!) { kernelLogs(sessionId: $id, stream: STDERR, tailBytes: 0) }"""
     async with authenticated_socket(caravan.url, alice) as socket:
-        await caravan.wait_for(session_id, "RUNNING", "TERMINATED")
-        await written(caravan, session_id, "early\n")  # Nomad's log collector may lag behind the task
+        await caravan.wait_for(session_id, "RUNNING")
+        alloc_id = await written(caravan, session_id, "early\n")  # Nomad's log collector may lag behind the task
         live = await socket.subscribe(query, {"id": session_id})
-        chunks = [r["data"]["kernelLogs"] async for r in socket.results(live, timeout=60)]
-        assert "".join(chunks) == "late\n"  # tailBytes 0: only what came after subscribing
+        # The subscription starts following at a moment of the gateway's: a line per signal until one comes through,
+        # however slow the machine (none is lost: each is either before that moment or delivered).
+        chunks: list[str] = []
+        while not chunks:
+            await caravan.nomad.signal_allocation(alloc_id, TASK_NAME, "SIGUSR1")
+            with contextlib.suppress(TimeoutError):
+                message = await socket.message_of(live, timeout=1.0)
+                assert message["type"] == "next", message
+                chunks.append(message["payload"]["data"]["kernelLogs"])
+        await caravan.nomad.signal_allocation(alloc_id, TASK_NAME, "SIGUSR2")
+        chunks += [r["data"]["kernelLogs"] async for r in socket.results(live, timeout=60)]  # completes as it ends
         await caravan.wait_for(session_id, "TERMINATED")
         ended = await socket.subscribe(LOGS.replace("tailBytes: $tail", "stream: STDERR, tailBytes: $tail"),
                                        {"id": session_id, "tail": 1024})
-        chunks = [r["data"]["kernelLogs"] async for r in socket.results(ended, timeout=30)]
-    assert "".join(chunks) == "early\nlate\n"  # an ended kernel: its tail, then the subscription completes
+        whole = "".join([r["data"]["kernelLogs"] async for r in socket.results(ended, timeout=30)])
+    lines = whole.splitlines()  # an ended kernel: its tail, then the subscription completes
+    assert lines == ["early", *(f"late {n}" for n in range(1, len(lines)))], whole
+    followed = "".join(chunks)  # tailBytes 0: only what came after subscribing, and all of it
+    assert followed.startswith("late ") and whole.endswith(followed), (followed, whole)
 
 
-async def written(caravan: Caravan, session_id: str, text: str) -> None:
-    """Wait until the main kernel's stderr log file holds ``text``."""
+async def written(caravan: Caravan, session_id: str, text: str) -> str:
+    """Wait until the main kernel's stderr log file holds ``text``; the kernel's allocation."""
     stored = await caravan.store.get(session_id)
     assert stored is not None and stored.main_kernel.alloc_id
     for _ in range(100):
         if await caravan.nomad.logs(stored.main_kernel.alloc_id, TASK_NAME, "stderr") == text:
-            return
+            return stored.main_kernel.alloc_id
         await asyncio.sleep(0.05)
     raise AssertionError(f"{text!r} never reached the log file")
 
@@ -168,5 +186,12 @@ async def test_log_follows_beyond_the_connection_and_gateway_caps_are_refused_wi
         assert refused[0] == {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 64, "per": "gateway"}
         for operation in many[:10]:
             await first.complete(operation)
-        await asyncio.sleep(0.5)  # the completed follows end (their places are free once they have)
-        assert await first_answers(third, [await third.subscribe(LOGS, variables) for _ in range(10)]) == (10, [])
+        followed = 0  # the completed follows end, and their places are free once they have: ten more follow
+        async with asyncio.timeout(30):
+            while followed < 10:
+                more, refused = await first_answers(third, [await third.subscribe(LOGS, variables)
+                                                            for _ in range(10 - followed)])
+                assert all(r == {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 64, "per": "gateway"} for r in refused)
+                followed += more
+                if refused:  # not ended yet
+                    await asyncio.sleep(0.1)

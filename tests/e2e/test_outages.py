@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from urllib.parse import urlparse
 
@@ -47,14 +46,14 @@ async def test_scheduler_rides_out_nomad_and_redis_outages(settings: Settings) -
             async with running_caravan(scheduler_settings, serve=False):
                 nomad_cut.set_cut(True)
                 first = [await create(caravan, f"during-nomad-{i}") for i in range(3)]
-                await asyncio.sleep(3)  # the scheduler keeps failing to reach Nomad meanwhile
+                await nomad_cut.refused_at_least(3)  # the scheduler tried to reach Nomad, and failed, three times
                 for session_id in first:
                     session = await caravan.store.get(session_id)
                     assert session and session.status.value in ("PENDING", "SCHEDULED")
                 nomad_cut.set_cut(False)
                 redis_cut.set_cut(True)
                 second = [await create(caravan, f"during-redis-{i}") for i in range(3)]
-                await asyncio.sleep(3)
+                await redis_cut.refused_at_least(3)  # and Redis, three times
                 redis_cut.set_cut(False)
                 for session_id in first + second:
                     session = await caravan.wait_for(session_id, "TERMINATED", "ERROR", timeout=120)

@@ -6,13 +6,13 @@ session at the policy's idle timeout while an unlimited user's session keeps run
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
+from core.clock import utcnow
 from domain.model import SessionStatus
 from domain.users import Role
 from tests.harness import CREATE, Caravan
-from tests.idle.running import policy_file, running_idle
+from tests.idle.running import policy_file, running_idle, swept_since
 
 SET_USER = """mutation($user: String!, $policy: UserResourcePolicyInput!) {
   setUserResourcePolicy(userId: $user, policy: $policy) { idleTimeout } }"""
@@ -37,10 +37,10 @@ async def test_a_users_idle_timeout_reclaims_their_idle_session(caravan: Caravan
     limited = await start(caravan, "limited", alice)
     unlimited = await start(caravan, "unlimited", bob)
     path = policy_file(tmp_path, 'check_interval = "1s"\ndefaults {\n  max_session_lifetime = "1h"\n}\n')
-    async with running_idle(caravan.settings, path):
+    async with running_idle(caravan.settings, path) as service:
         ended = await caravan.wait_for(limited, "TERMINATED", "ERROR", timeout=30)
         effective = (await caravan.gql(EFFECTIVE, {"id": limited}))["effectiveIdlePolicy"]
-        await asyncio.sleep(2)
+        await swept_since(service.idle_store, unlimited, utcnow())  # judged since, and acted on
         still = await caravan.store.get(unlimited)
     assert (ended["status"], ended["statusInfo"]) == ("TERMINATED", "idle-timeout")
     assert effective == {"maxSessionLifetime": 3600.0, "networkIdleTimeout": 3.0}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import QEMU, QEMU_IMAGES
+from tests.conftest import QEMU_IMAGES
 from tests.e2e.test_hostile_strings import HOSTILE, hex_of, session_with
 from domain.model import Driver
 from core.settings import Settings
@@ -18,7 +18,7 @@ from nomad_jobs.client import NomadClient
 from nomad_jobs.session_job import JobContext, render_session_job
 from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
 
-pytestmark = pytest.mark.skipif(not QEMU, reason="qemu-system-x86_64 or a VM image (ops/build-vm-image) is missing")
+pytestmark = pytest.mark.qemu
 
 IMAGE = next(iter(QEMU_IMAGES), "")
 DESTROY = "mutation($ids: [ID!]!) { destroySession(ids: $ids) { id status statusInfo } }"

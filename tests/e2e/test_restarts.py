@@ -34,6 +34,8 @@ from core.settings import NomadSettings, RedisSettings, SchedulerSettings, Setti
 from tests.conftest import TEST_KEY_PREFIXES
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
 
+pytestmark = [pytest.mark.nomad, pytest.mark.redis]  # a Redis and a Nomad agent of its own, restarted
+
 S = SessionStatus
 CARAVAN = Path(sys.executable).with_name("caravan")
 
@@ -195,7 +197,8 @@ async def test_redis_killed_mid_stream_loses_no_acknowledged_session(own_stack: 
 
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
 async def test_nomad_stopped_and_restarted_every_session_converges(own_stack: OwnStack, own_settings: Settings,
-                                                                   stop: signal.Signals) -> None:
+                                                                   stop: signal.Signals,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     async with running_caravan(own_settings) as caravan:
         interactive = [await create(caravan, {"name": f"box-{n}", "type": "INTERACTIVE", "driver": "RAW_EXEC",
                                               "resources": [{"slot": "cpu", "amount": "0.25"}]}) for n in range(2)]
@@ -208,8 +211,11 @@ async def test_nomad_stopped_and_restarted_every_session_converges(own_stack: Ow
                               for i in interactive}
 
         await asyncio.to_thread(own_stack.nomad.kill, stop)
+        logged = len(caplog.records)
         queued_while_down = [await create(caravan, batch(f"down-{n}", f"exit {n % 3}")) for n in range(3)]
-        await asyncio.sleep(2)  # the follower's stream broke; the scheduler fails to reach Nomad meanwhile
+        async with asyncio.timeout(60):  # the follower's stream broke; the scheduler fails to reach Nomad meanwhile
+            while not any("unreachable" in r.getMessage() for r in caplog.records[logged:]):
+                await asyncio.sleep(0.1)
         await asyncio.to_thread(own_stack.nomad.restart)
 
         sessions = await converged(caravan)

@@ -133,7 +133,7 @@ async def test_a_big_head_session_and_small_ones_behind_it(on_cluster: OnCluster
             assert (await read(caravan, big))["status"] == "PENDING"
         else:
             waiting = await eventually(caravan, small, lambda s: s["queuePosition"] is not None)
-            await asyncio.sleep(2)  # several passes
+            await eventually(caravan, big, lambda s: s["retries"] >= first_try["retries"] + 2)  # two passes more
             waiting = await read(caravan, small)
             assert (waiting["status"], waiting["queuePosition"]) == ("PENDING", 2)
             assert waiting["waitReasons"] == [f"blocked: waiting behind {big}, which is first in line"]

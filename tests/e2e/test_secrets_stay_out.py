@@ -8,10 +8,10 @@ import json
 import pytest
 
 from core.settings import Settings
-from tests.conftest import DEFAULT_IMAGE, requires_docker
+from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan
 
-ISOLATED = [pytest.param("DOCKER", marks=requires_docker, id="docker"), pytest.param("EXEC", id="exec")]
+ISOLATED = [pytest.param("DOCKER", marks=pytest.mark.docker, id="docker"), pytest.param("EXEC", id="exec")]
 
 
 def secrets_of(settings: Settings) -> dict[str, str]:

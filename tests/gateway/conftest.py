@@ -17,21 +17,29 @@ GatewayWith = Callable[..., AsyncContextManager[Caravan]]
 
 
 @pytest.fixture
-async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
-    """The gateway alone: these tests need no scheduler (and so cannot be held up by one)."""
+async def caravan(redis_settings: Settings) -> AsyncIterator[Caravan]:
+    """The gateway alone, on Redis alone: these tests need no scheduler (and so cannot be held up by one) and no
+    Nomad (a call to it fails the test: see ``caravan_on_nomad``)."""
+    async with running_caravan(redis_settings, scheduler=False) as running:
+        yield running
+
+
+@pytest.fixture
+async def caravan_on_nomad(settings: Settings) -> AsyncIterator[Caravan]:
+    """The gateway alone, with the Nomad agent: for what the gateway reads from Nomad (its agents, logs)."""
     async with running_caravan(settings, scheduler=False) as running:
         yield running
 
 
 @pytest.fixture
-def gateway_with(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> GatewayWith:
-    """``async with gateway_with(rate_limit=3) as caravan``: a gateway (no scheduler) with those limits."""
+def gateway_with(redis_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> GatewayWith:
+    """``async with gateway_with(rate_limit=3) as caravan``: a gateway (no scheduler, no Nomad) with those limits."""
 
     @contextlib.asynccontextmanager
     async def start(**limits: int) -> AsyncIterator[Caravan]:
         for name, value in limits.items():
             monkeypatch.setenv(f"CARAVAN_GRAPHQL_{name.upper()}", str(value))
-        async with running_caravan(settings, scheduler=False) as caravan:
+        async with running_caravan(redis_settings, scheduler=False) as caravan:
             yield caravan
 
     return start

@@ -77,8 +77,9 @@ async def test_creation_refuses_bad_images_by_field_and_stores_nothing(caravan: 
     await caravan.gql(CREATE, docker_session("allowed", image="caravan/busybox:1"))  # not run: no scheduler here
 
 
-async def test_the_operators_allowlist_and_default_image_are_applied(settings: Settings) -> None:
-    ours = dataclasses.replace(settings, docker_images=("registry.internal/ml/*",), default_image="caravan/busybox:1")
+async def test_the_operators_allowlist_and_default_image_are_applied(redis_settings: Settings) -> None:
+    ours = dataclasses.replace(redis_settings, docker_images=("registry.internal/ml/*",),
+                               default_image="caravan/busybox:1")
     async with running_caravan(ours, scheduler=False) as caravan:
         assert await code_and_field(caravan, docker_session("default-image")) == ("INVALID_INPUT", "image")
         await caravan.gql(CREATE, docker_session("theirs", image="registry.internal/ml/trainer:3"))

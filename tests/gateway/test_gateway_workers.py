@@ -21,18 +21,18 @@ from tests.harness import caravan_env
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def test_workers_share_the_port_and_die_with_a_killed_supervisor(settings: Settings) -> None:
+async def test_workers_share_the_port_and_die_with_a_killed_supervisor(redis_settings: Settings) -> None:
     port = free_port()
-    env = {**caravan_env(settings, port), "CARAVAN_GATEWAY_WORKERS": "2"}
+    env = {**caravan_env(redis_settings, port), "CARAVAN_GATEWAY_WORKERS": "2"}
     url = f"http://127.0.0.1:{port}/graphql"
-    with (settings.home / "gateway.log").open("ab") as log:
+    with (redis_settings.home / "gateway.log").open("ab") as log:
         supervisor = subprocess.Popen([sys.executable, "-m", "caravan.cli", "gateway"], cwd=ROOT, env=env,
                                       stdout=log, stderr=log, start_new_session=True)
     try:
         async with httpx2.AsyncClient(timeout=5) as http:
             deadline = time.monotonic() + 120
             while not await gateway_answers(http, url):
-                assert supervisor.poll() is None, (settings.home / "gateway.log").read_text()
+                assert supervisor.poll() is None, (redis_settings.home / "gateway.log").read_text()
                 assert time.monotonic() < deadline, "the gateway did not come up"
                 await asyncio.sleep(0.3)
             workers = {pid for pid in children_of(supervisor.pid) if "uvicorn" in Path(f"/proc/{pid}/cmdline").read_text()

@@ -58,7 +58,6 @@ async def test_one_users_requests_share_one_cap_and_leave_room_for_another_user(
     assert calls.peak == 3
 
 
-@pytest.mark.nomad
 async def test_a_call_waiting_too_long_fails_as_transient_and_the_client_serves_on(settings: Settings) -> None:
     nomad = NomadClient(settings.nomad, timeout=0.5)
     shut = asyncio.Semaphore(0)

@@ -69,12 +69,14 @@ def test_an_unavailable_error_is_named_after_what_failed_beneath_it() -> None:
     assert outage_of(wrapped) == ("Redis", "Connection refused")
 
 
-async def test_a_redis_outage_logs_a_few_lines_not_one_per_error(settings: Settings, caplog: pytest.LogCaptureFixture,
+@pytest.mark.slow  # 20 s: an outage long enough for the 5 s reports
+async def test_a_redis_outage_logs_a_few_lines_not_one_per_error(redis_settings: Settings,
+                                                                caplog: pytest.LogCaptureFixture,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(errors, "REPORTER", OutageReporter(interval=5.0))  # > the time one error takes
     caplog.set_level(logging.INFO, logger="gateway.outage_log")
-    async with NetworkCut(urlparse(settings.redis.url).port or 6379) as cut:
-        behind_cut = replace(settings, redis=replace(settings.redis, url=f"redis://127.0.0.1:{cut.port}/0"))
+    async with NetworkCut(urlparse(redis_settings.redis.url).port or 6379) as cut:
+        behind_cut = replace(redis_settings, redis=replace(redis_settings.redis, url=f"redis://127.0.0.1:{cut.port}/0"))
         async with running_caravan(behind_cut, scheduler=False) as caravan:
             cut.set_cut(True)
             for _ in range(ERRORS):

@@ -69,11 +69,12 @@ async def test_configured_and_queued_groups_are_listed_without_agents(settings: 
         assert (found["gpu"]["allowedDrivers"], found["default"]["allowedDrivers"]) == (["docker", "exec"], None)
 
 
-async def test_creation_in_an_unknown_group_is_refused(settings: Settings, tmp_path: Path) -> None:
+async def test_creation_in_an_unknown_group_is_refused(redis_settings: Settings, tmp_path: Path) -> None:
     """Known: default, the node pools the scheduler has seen, the groups of the scheduler's configuration."""
     config = tmp_path / "scheduler.hcl"
     config.write_text('resource_group "configured" {\n  agent_selector = "concentrated"\n}\n')
-    configured = dataclasses.replace(settings, scheduler=dataclasses.replace(settings.scheduler, config_path=config))
+    configured = dataclasses.replace(redis_settings,
+                                     scheduler=dataclasses.replace(redis_settings.scheduler, config_path=config))
     async with running_caravan(configured, scheduler=False) as caravan:
         alice = await caravan.user("alice")
 
@@ -111,10 +112,11 @@ resource_group "other" {
 BUILT_IN = {"cpu": Decimal("0.25"), "mem": Decimal(256 << 20)}
 
 
-async def test_a_session_that_names_no_resources_gets_its_groups_defaults(settings: Settings, tmp_path: Path) -> None:
+async def test_a_session_that_names_no_resources_gets_its_groups_defaults(redis_settings: Settings,
+                                                                        tmp_path: Path) -> None:
     """Built in: 0.25 cpu and 256 MiB per kernel (a 2-core machine holds eight such sessions, not two); a group of the
     scheduler's configuration may set its own, slot by slot; the request's own slots win."""
-    configured = configured_with(settings, tmp_path / "scheduler.hcl", GROUP_DEFAULTS)
+    configured = configured_with(redis_settings, tmp_path / "scheduler.hcl", GROUP_DEFAULTS)
     async with running_caravan(configured, scheduler=False) as caravan:
         alice = await caravan.user("alice")
         made = {}

@@ -262,11 +262,12 @@ async def test_without_a_rate_limit_the_version_is_read_on_its_own(gateway_with:
         assert names(await caravan.gql(PAGE)) == ["two"]
 
 
-async def test_without_redis_nothing_stored_is_served(settings: Settings) -> None:
+async def test_without_redis_nothing_stored_is_served(redis_settings: Settings) -> None:
     """Neither the token nor the version can be checked: the answer is UNAVAILABLE, not the last page."""
-    async with NetworkCut(urlparse(settings.redis.url).port or 6379) as cut:
-        through_cut = settings.redis.url.replace(f":{urlparse(settings.redis.url).port}/", f":{cut.port}/")  # same user
-        behind_cut = replace(settings, redis=replace(settings.redis, url=through_cut))
+    async with NetworkCut(urlparse(redis_settings.redis.url).port or 6379) as cut:
+        url = redis_settings.redis.url
+        through_cut = url.replace(f":{urlparse(url).port}/", f":{cut.port}/")  # same user
+        behind_cut = replace(redis_settings, redis=replace(redis_settings.redis, url=through_cut))
         async with running_caravan(behind_cut, scheduler=False) as caravan:
             await caravan.store.create([new_session("kept", T0)])
             for _ in range(2):

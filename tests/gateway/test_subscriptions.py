@@ -318,7 +318,10 @@ async def test_more_subscriptions_than_redis_connections_in_the_pool(caravan: Ca
     async with contextlib.AsyncExitStack() as stack:
         sockets = [await stack.enter_async_context(authenticated_socket(caravan.url, alice)) for _ in range(3)]
         operations = [(socket, await socket.subscribe(EVENTS)) for socket in sockets for _ in range(40)]
-        await asyncio.sleep(1.0)
+        first = await create(caravan, alice, "joined")
+        for socket, operation in operations:  # each has seen an event: all 120 follow (and wait) now
+            [event] = await take(socket, operation, 1)
+            assert event["sessionId"] == first
         session_id = await create(caravan, alice, "watched-by-many")
         for socket, operation in operations:
             [event] = await take(socket, operation, 1)

@@ -448,7 +448,8 @@ def table(found: dict[tuple[str, str], str]) -> str:
     return "\n".join(lines)
 
 
-async def test_tenancy_matrix(caravan: Caravan, capsys: pytest.CaptureFixture[str]) -> None:
+async def test_tenancy_matrix(caravan_on_nomad: Caravan, capsys: pytest.CaptureFixture[str]) -> None:
+    caravan = caravan_on_nomad  # resourceGroups.agents reads Nomad's nodes
     world = World(caravan, {
         "owner": await caravan.user("alice", projects=("p1",)),
         "user": await caravan.user("bob", projects=("p1",)),

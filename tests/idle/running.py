@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from core.clock import utcnow
+from core.lease import Fence
 from domain.lifecycle import transition
 from domain.model import Driver, Session, SessionStatus, SessionType
 from core.redis import client as redis_client
 from core.settings import Settings
+from stores.idle import IdleStore, StoredVerdict
 from stores.sessions import SessionStore
 from domain.users import Role, User
 from domain.session_requests import SessionRequest, build_sessions
@@ -95,6 +97,21 @@ async def stored_session(
     return stored
 
 
+def acquire_tries(service: IdleService) -> list[bool]:
+    """From now on, one entry per try of ``service`` to take its lease (True: it got it). The lease's own
+    ``try_acquire``, wrapped to count: the service leads and stands by as it always does."""
+    tries: list[bool] = []
+    try_acquire = service.lease.try_acquire
+
+    async def counted() -> Fence | None:
+        fence = await try_acquire()
+        tries.append(fence is not None)
+        return fence
+
+    service.lease.try_acquire = counted  # type: ignore[method-assign]
+    return tries
+
+
 async def eventually(probe: Callable[[], Awaitable[T | None]], *, timeout: float, every: float = 0.1) -> T:
     """``probe``'s first truthy answer, or AssertionError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -105,6 +122,20 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], *, timeout: float
         if time.monotonic() > deadline:
             raise AssertionError(f"nothing after {timeout}s")
         await asyncio.sleep(every)
+
+
+async def swept_since(idle_store: IdleStore, session_id: str, moment: datetime, *,
+                      timeout: float = 10.0) -> StoredVerdict:
+    """The verdict on ``session_id`` of a sweep that judged it after ``moment``, once that sweep has acted on it: when
+    the next sweep has judged it too (a sweep acts on its verdicts before the next one starts)."""
+
+    async def judged_after(when: datetime) -> StoredVerdict | None:
+        found = await idle_store.verdict(session_id)
+        return found if found is not None and found.checked_at > when else None
+
+    verdict = await eventually(lambda: judged_after(moment), timeout=timeout)
+    await eventually(lambda: judged_after(verdict.checked_at), timeout=timeout)
+    return verdict
 
 
 async def start_interactive(caravan: Caravan, name: str, command: str | None = None) -> str:

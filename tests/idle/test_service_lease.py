@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from core.lease import LostLease
 from stores.sessions import SessionStore
 from stores.idle import IdleStore
 from domain.idle.verdict import TerminationReason, Verdict
-from tests.idle.running import eventually, policy_file, running_idle, stored_session
+from tests.idle.running import acquire_tries, eventually, policy_file, running_idle, stored_session
 
 FAST = 'check_interval = "0.2s"\n'
 
@@ -29,25 +28,33 @@ async def holder(redis: Redis, keys: Keys) -> str | None:
 
 
 async def test_one_leader_and_a_standby_that_takes_over_at_once(
-    settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
+    redis_settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
 ) -> None:
     path = policy_file(tmp_path, FAST)
-    async with running_idle(settings, path, lease_ttl=30) as first:
-        async with running_idle(settings, path, lease_ttl=30) as second:
+    async with running_idle(redis_settings, path, lease_ttl=30) as first:
+        first_tries = acquire_tries(first)
+        async with running_idle(redis_settings, path, lease_ttl=30) as second:
+            second_tries = acquire_tries(second)
             leader = await eventually(lambda: holder(redis, keys), timeout=5)
-            await asyncio.sleep(0.5)
-            assert await holder(redis, keys) == leader in {first.lease.holder, second.lease.holder}
+            assert leader in {first.lease.holder, second.lease.holder}
+            standby_tries = second_tries if leader == first.lease.holder else first_tries
+
+            async def standby_refused_twice() -> bool:
+                return standby_tries.count(False) >= 2
+
+            await eventually(standby_refused_twice, timeout=5)
+            assert await holder(redis, keys) == leader
             assert await redis.get(keys.idle_fence) == "1"  # one term only
         # the second stopped: if it led, it released the lease and the first leads without waiting 30 s
         assert await eventually(lambda: holder(redis, keys), timeout=3) == first.lease.holder
 
 
-async def test_a_deposed_leaders_writes_are_refused(settings: Settings, redis: Redis, keys: Keys) -> None:
+async def test_a_deposed_leaders_writes_are_refused(redis_settings: Settings, redis: Redis, keys: Keys) -> None:
     store, idle_store = SessionStore(redis, keys), IdleStore(redis, keys)
     session = await stored_session(store)
-    old = Lease(redis, keys.idle_lease, keys.idle_fence, ttl=0.2)
+    old = Lease(redis, keys.idle_lease, keys.idle_fence, ttl=30)
     old_fence = await old.acquire()
-    await asyncio.sleep(0.3)  # the old leader stalls past its lease's life; another takes over
+    await redis.delete(keys.idle_lease)  # the old leader stalls past its lease's life; another takes over
     new_fence = await Lease(redis, keys.idle_lease, keys.idle_fence, ttl=10).acquire()
     assert new_fence.token == old_fence.token + 1
 
@@ -67,21 +74,26 @@ async def test_a_deposed_leaders_writes_are_refused(settings: Settings, redis: R
 
 
 async def test_a_checker_that_lost_its_lease_stops_acting_until_it_leads_again(
-    settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
+    redis_settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
 ) -> None:
     store = SessionStore(redis, keys)
     session = await stored_session(store, running_since=utcnow() - timedelta(seconds=60))
     path = policy_file(tmp_path, FAST + "defaults {\n  max_session_lifetime = 3600\n}\n")
-    async with running_idle(settings, path, lease_ttl=0.6) as service:
+    async with running_idle(redis_settings, path, lease_ttl=0.6) as service:
+        tries = acquire_tries(service)
         await eventually(lambda: holder(redis, keys), timeout=5)
         await redis.delete(keys.idle_lease)  # as if its lease had expired while it stalled
         usurper = Lease(redis, keys.idle_lease, keys.idle_fence, ttl=30)
         await usurper.acquire()
         path.write_text(FAST + "defaults {\n  max_session_lifetime = 1\n}\n")
         service.request_reload()
-        await asyncio.sleep(1.5)
+
+        async def standing_by() -> bool:
+            return False in tries  # it tried to lead again, and could not: its term (and any sweep) is over
+
+        await eventually(standing_by, timeout=5)
         found = await store.get(session.id)
-        assert found is not None and found.status is SessionStatus.RUNNING  # standing by: no verdicts acted on
+        assert found is not None and found.status is SessionStatus.RUNNING  # no verdict was acted on
         await usurper.release()
 
         async def reclaimed() -> bool:

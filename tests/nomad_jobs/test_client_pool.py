@@ -12,8 +12,6 @@ import asyncio
 import random
 import time
 
-import pytest
-
 from core.settings import Settings
 from nomad_jobs.client import NomadClient
 
@@ -26,7 +24,6 @@ CHURN = 5.0
 """Seconds of rounds at most (a leaking pool makes each round wait for its timeout)."""
 
 
-@pytest.mark.nomad
 async def test_calls_cancelled_under_contention_leave_the_pool_serving(settings: Settings) -> None:
     nomad = NomadClient(settings.nomad, timeout=1.0, max_connections=POOL)
     shuffle = random.Random(1093)

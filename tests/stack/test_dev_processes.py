@@ -62,18 +62,18 @@ async def until_set(redis: Redis, key: str, *, above: int | None = None) -> None
         await asyncio.sleep(0.2)
 
 
-def test_a_refused_configuration_stops_dev_before_anything_starts(settings: Settings, tmp_path: Path) -> None:
+def test_a_refused_configuration_stops_dev_before_anything_starts(redis_settings: Settings, tmp_path: Path) -> None:
     broken = tmp_path / "idle.hcl"
     broken.write_text("check_interval = \n")
-    env = {**caravan_env(settings, 1), "CARAVAN_IDLE_POLICY": str(broken)}
+    env = {**caravan_env(redis_settings, 1), "CARAVAN_IDLE_POLICY": str(broken)}
     done = subprocess.run([sys.executable, "-m", "caravan.cli", "dev"], env=env, capture_output=True, timeout=60)
     assert done.returncode == 2, done.stderr.decode()
     assert "configuration refused" in done.stderr.decode()
 
 
 @pytest.mark.parametrize("command", ["gateway", "dev"])
-def test_a_malformed_graphql_limit_is_a_refused_configuration(settings: Settings, command: str) -> None:
-    env = {**caravan_env(settings, 1), "CARAVAN_GRAPHQL_MAX_COST": "lots"}
+def test_a_malformed_graphql_limit_is_a_refused_configuration(redis_settings: Settings, command: str) -> None:
+    env = {**caravan_env(redis_settings, 1), "CARAVAN_GRAPHQL_MAX_COST": "lots"}
     done = subprocess.run([sys.executable, "-m", "caravan.cli", command], env=env, capture_output=True, timeout=60)
     assert done.returncode == 2, done.stderr.decode()
     assert "configuration refused: CARAVAN_GRAPHQL_MAX_COST must be a whole number" in done.stderr.decode()

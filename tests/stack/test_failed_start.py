@@ -24,6 +24,7 @@ def running_with(marker: str) -> list[int]:
 
 
 @pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad")
+@pytest.mark.nomad  # starts an agent of its own
 def test_a_nomad_agent_that_never_gets_ready_is_stopped(tmp_path: Path) -> None:
     state = tmp_path / "never-ready"
     with pytest.raises(StartupFailed, match="no-such-driver"):

@@ -27,7 +27,8 @@ from core.settings import NomadSettings
 from nomad_jobs.client import NomadClient, NomadRejected
 from tests.conftest import STACK
 
-pytestmark = pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad")
+pytestmark = [pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad"),
+              pytest.mark.nomad]  # its own single-node agent
 
 JOB = """
 job "{name}" {{

@@ -37,16 +37,16 @@ def test_an_unauthenticated_connection_gets_nothing(redis_server: str) -> None:
     assert raw_reply(port, b"AUTH default \r\n").startswith(b"-WRONGPASS")
 
 
-async def test_a_wrong_password_is_refused(settings: Settings) -> None:
-    client = Redis.from_url(settings.redis.url.replace("admin:", "gateway:"), decode_responses=True)
+async def test_a_wrong_password_is_refused(redis_settings: Settings) -> None:
+    client = Redis.from_url(redis_settings.redis.url.replace("admin:", "gateway:"), decode_responses=True)
     with pytest.raises(AuthenticationError):
         await client.ping()
     await client.aclose()
 
 
 @pytest.fixture(params=COMPONENT_ROLES)
-async def as_role(request: pytest.FixtureRequest, settings: Settings) -> AsyncIterator[Redis]:
-    client = Redis.from_url(settings.for_role(request.param).redis.url, decode_responses=True)
+async def as_role(request: pytest.FixtureRequest, redis_settings: Settings) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_settings.for_role(request.param).redis.url, decode_responses=True)
     yield client
     await client.aclose()
 
@@ -66,8 +66,8 @@ async def test_a_component_user_cannot_run_admin_or_dangerous_commands(as_role: 
         await as_role.execute_command(*command)
 
 
-async def test_a_component_user_reaches_only_keys_under_the_prefix(as_role: Redis, settings: Settings) -> None:
-    mine = f"{settings.redis.prefix}:acl-probe"
+async def test_a_component_user_reaches_only_keys_under_the_prefix(as_role: Redis, redis_settings: Settings) -> None:
+    mine = f"{redis_settings.redis.prefix}:acl-probe"
     await as_role.set(mine, "1")
     assert await as_role.get(mine) == "1"
     assert await as_role.eval("return redis.call('GET', KEYS[1])", 1, mine) == "1"
@@ -80,16 +80,18 @@ async def test_a_component_user_reaches_only_keys_under_the_prefix(as_role: Redi
         await as_role.eval("return redis.call('GET', 'other')", 0)
 
 
-def test_the_passwords_and_the_acl_file_are_owner_only(settings: Settings) -> None:
-    assert stat.S_IMODE(settings.secrets.stat().st_mode) == 0o700
-    paths = [redis_password_path(settings.secrets, role) for role in ROLES] + [redis_acl_path(settings.secrets)]
+def test_the_passwords_and_the_acl_file_are_owner_only(redis_settings: Settings) -> None:
+    assert stat.S_IMODE(redis_settings.secrets.stat().st_mode) == 0o700
+    secrets = redis_settings.secrets
+    paths = [redis_password_path(secrets, role) for role in ROLES] + [redis_acl_path(secrets)]
     assert {stat.S_IMODE(path.stat().st_mode) for path in paths} == {0o600}
-    acl = redis_acl_path(settings.secrets).read_text()
+    acl = redis_acl_path(redis_settings.secrets).read_text()
     for role in ROLES:
-        assert redis_password_path(settings.secrets, role).read_text().strip() not in acl  # hashed only
+        assert redis_password_path(redis_settings.secrets, role).read_text().strip() not in acl  # hashed only
     assert "user default off resetpass " in acl and " nopass" not in acl and ">" not in acl
 
 
+@pytest.mark.redis  # starts a Redis of its own
 async def test_transactions_survive_a_kill_and_restart(tmp_path: Path) -> None:
     """Each component writes in MULTI/EXEC; Redis replays them from its AOF as the ``default`` user, whose rights it
     re-checks at EXEC (redis/redis#14541): with ``default`` at ``-@all`` every transaction was lost on restart."""
@@ -116,11 +118,11 @@ async def test_transactions_survive_a_kill_and_restart(tmp_path: Path) -> None:
         service.stop()
 
 
-def test_the_users_printed_for_operators_have_the_same_rules(settings: Settings) -> None:
+def test_the_users_printed_for_operators_have_the_same_rules(redis_settings: Settings) -> None:
     def without_passwords(lines: list[str]) -> list[list[str]]:
         return [[word for word in line.split() if not word.startswith("#")] for line in lines if line.startswith("user")]
 
-    applied = redis_acl_path(settings.secrets).read_text().splitlines()
+    applied = redis_acl_path(redis_settings.secrets).read_text().splitlines()
     assert without_passwords(describe_users("t*").splitlines()) == without_passwords(applied)
 
 

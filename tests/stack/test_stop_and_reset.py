@@ -24,7 +24,8 @@ from caravan.stack.session_network import recorded_network
 from core.secrets import nomad_token_path, read_secret
 from tests.conftest import STACK
 
-pytestmark = pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad")
+pytestmark = [pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad"),
+              pytest.mark.nomad, pytest.mark.redis]  # `caravan stack up` starts both
 
 TOKEN = "stack-test-admin-token"
 CREATE = """mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id } } }"""

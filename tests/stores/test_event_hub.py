@@ -30,15 +30,19 @@ async def take(stream: object, count: int) -> list[str]:
     return reasons
 
 
-async def test_many_followers_share_one_reading_connection(settings: Settings, keys: Keys) -> None:
-    redis = Redis.from_url(settings.redis.url, decode_responses=True, max_connections=8)
+async def test_many_followers_share_one_reading_connection(redis_settings: Settings, keys: Keys) -> None:
+    redis = Redis.from_url(redis_settings.redis.url, decode_responses=True, max_connections=8)
     hub = EventHub(redis, block_ms=200)
     streams = [keys.owner_events(f"user{i}") for i in range(10)]
+    for stream in streams:
+        await redis.xadd(stream, entry(0))
     followers = []
     for i in range(150):  # a pool of 8 would be long exhausted if each follower blocked in XREAD itself
-        followers.append(asyncio.create_task(take(hub.follow(streams[i % 10], "0-0"), 2)))
-        await asyncio.sleep(0.005)  # (joins one by one: redis-py refuses, not queues, a command past the pool)
-    await asyncio.sleep(0.3)
+        followed = hub.follow(streams[i % 10], "0-0")
+        # its first event, caught up from Redis: it has joined, and the next waits for the hub's reader (one by one:
+        # redis-py refuses, not queues, a command past the pool)
+        assert (await anext(followed)).reason == "0"
+        followers.append(asyncio.create_task(take(followed, 2)))
     for stream in streams:
         await redis.xadd(stream, entry(1))
         await redis.xadd(stream, entry(2))
@@ -69,9 +73,12 @@ async def test_a_slow_follower_rereads_from_redis_instead_of_losing_events(
     followed = hub.follow(stream, "0-0")
     await redis.xadd(stream, entry(0))
     assert (await anext(followed)).reason == "0"
-    for n in range(1, 21):  # while the follower reads nothing
-        await redis.xadd(stream, entry(n))
-    await asyncio.sleep(0.5)
+    async with hub.follower(stream) as witness:  # offered the same events: it falls behind when the other does
+        for n in range(1, 21):  # while the follower reads nothing
+            await redis.xadd(stream, entry(n))
+        async with asyncio.timeout(10):
+            while not witness.behind:
+                await asyncio.sleep(0.01)
     assert [(await anext(followed)).reason for _ in range(20)] == [str(n) for n in range(1, 21)]
     await followed.aclose()
     await hub.aclose()
