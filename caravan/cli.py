@@ -7,10 +7,10 @@ import asyncio
 import sys
 
 from caravan import services
-from domain.scheduling_config import SchedulerConfigError
 from core.settings import load_settings
-from gateway.graphql.protection import Limits
 from domain.idle.policy_file import PolicyFileError
+from domain.scheduling_config import SchedulerConfigError
+from gateway.graphql.protection import Limits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,8 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("idle", help="reclaim idle sessions per the idle policy (one active at a time; SIGHUP reloads)")
     commands.add_parser("dev", help="gateway, scheduler and idle checker, each in its own supervised process")
     stack = commands.add_parser(
-        "stack", help="start, stop or reset the one-machine stack (Redis, Nomad, Caravan); print the Nomad ACL "
-                      "policies and Redis users Caravan needs on a Nomad and Redis of your own")
+        "stack",
+        help="start, stop or reset the one-machine stack (Redis, Nomad, Caravan); print the Nomad ACL "
+        "policies and Redis users Caravan needs on a Nomad and Redis of your own",
+    )
     stack.add_argument("action", choices=["up", "down", "reset", "status", "nomad-policies", "redis-users"])
     stack.add_argument("--yes", action="store_true", help="reset: delete every session and all state without asking")
     args = parser.parse_args(argv)
@@ -45,11 +47,15 @@ def main(argv: list[str] | None = None) -> int:
             print(redis_acl.describe_users(settings.redis.prefix))
             return 0
         if args.action == "reset" and not args.yes:
-            print(f"caravan: reset stops the stack, ends every session and deletes {settings.home} (sessions, users, "
-                  f"tokens, logs, secrets): run it again with --yes to do it", file=sys.stderr)
+            print(
+                f"caravan: reset stops the stack, ends every session and deletes {settings.home} (sessions, users, "
+                f"tokens, logs, secrets): run it again with --yes to do it",
+                file=sys.stderr,
+            )
             return 2
-        return {"up": dev_stack.up, "down": dev_stack.down, "reset": dev_stack.reset,
-                "status": dev_stack.status}[args.action](settings)
+        return {"up": dev_stack.up, "down": dev_stack.down, "reset": dev_stack.reset, "status": dev_stack.status}[
+            args.action
+        ](settings)
     runner = {
         "scheduler": services.run_scheduler,
         "idle": services.run_idle,

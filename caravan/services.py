@@ -11,18 +11,18 @@ import sys
 import uvicorn
 from starlette.applications import Starlette
 
+from caravan.supervisor import Supervisor, die_with_parent
 from core.redis import connect
 from core.settings import Settings, load_settings
-from stores.users import bootstrap_admin_token
-from caravan.supervisor import Supervisor, die_with_parent
+from domain.scheduling_config import load_scheduler_config
 from gateway.app import create_app
 from gateway.http_server import GatewayHttpProtocol
 from idle.reload import PolicySource, reload_on_sighup
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient
-from domain.scheduling_config import load_scheduler_config
 from scheduler.config import scheduler_core
 from scheduler.service import Scheduler
+from stores.users import bootstrap_admin_token
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,14 @@ def serve_gateway(settings: Settings) -> None:
         return
     bootstrap_admin_token(settings.gateway.admin_token, settings.home)  # generated here once, not raced by workers
     uvicorn.run(
-        "caravan.services:gateway_worker_app", factory=True, workers=settings.gateway.workers,
-        host=settings.gateway.host, port=settings.gateway.port, log_level="warning", access_log=False, lifespan="on",
+        "caravan.services:gateway_worker_app",
+        factory=True,
+        workers=settings.gateway.workers,
+        host=settings.gateway.host,
+        port=settings.gateway.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
         http=GatewayHttpProtocol,
     )
 
@@ -60,8 +66,13 @@ def gateway_worker_app() -> Starlette:
 
 async def run_gateway(settings: Settings) -> None:
     config = uvicorn.Config(
-        create_app(settings), host=settings.gateway.host, port=settings.gateway.port,
-        log_level="warning", access_log=False, lifespan="on", http=GatewayHttpProtocol,
+        create_app(settings),
+        host=settings.gateway.host,
+        port=settings.gateway.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        http=GatewayHttpProtocol,
     )
     await uvicorn.Server(config).serve()
 

@@ -110,8 +110,9 @@ class Supervisor:
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
             die_with_parent(parent)
 
-        child.process = subprocess.Popen(list(self.argv(child.role)), env=dict(self.env), preexec_fn=prepare,
-                                         stdin=subprocess.DEVNULL)
+        child.process = subprocess.Popen(
+            list(self.argv(child.role)), env=dict(self.env), preexec_fn=prepare, stdin=subprocess.DEVNULL
+        )
         child.started, child.restart_at = self.clock(), None
         log.info("%s started (pid %d)", child.role, child.process.pid)
 
@@ -128,8 +129,13 @@ class Supervisor:
             now = self.clock()
             child.quick_deaths = child.quick_deaths + 1 if now - child.started < QUICK else 0
             child.restart_at = now + restart_delay(child.quick_deaths)
-            log.warning("%s (pid %d) exited with %s; restarting it in %.1f s", child.role, child.process.pid,
-                        status, child.restart_at - now)
+            log.warning(
+                "%s (pid %d) exited with %s; restarting it in %.1f s",
+                child.role,
+                child.process.pid,
+                status,
+                child.restart_at - now,
+            )
         return None
 
     def _wait(self) -> float:

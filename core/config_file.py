@@ -43,8 +43,9 @@ def read_text(path: str | os.PathLike[str], error: type[ConfigFileError] = Confi
         raise error(name, None, f"not UTF-8 text: {exc.reason}") from exc
 
 
-def parse_hcl(text: str, path: str, error: type[ConfigFileError] = ConfigFileError, *,
-              strip_quotes: bool = False) -> dict[str, Any]:
+def parse_hcl(
+    text: str, path: str, error: type[ConfigFileError] = ConfigFileError, *, strip_quotes: bool = False
+) -> dict[str, Any]:
     """python-hcl2's reading of ``text`` (``strip_quotes``: strings without their quotes), syntax errors refused with
     their line and column."""
     options = SerializationOptions(with_comments=False, strip_string_quotes=strip_quotes)

@@ -36,8 +36,7 @@ def _parse_text(text: str) -> float:
     return float(sum(float(number) * UNIT_SECONDS[unit] for number, unit in _PART.findall(compact)))
 
 
-def duration_input(field: str, value: str | None, *, minimum: float = 0.0,
-                   maximum: float = math.inf) -> float | None:
+def duration_input(field: str, value: str | None, *, minimum: float = 0.0, maximum: float = math.inf) -> float | None:
     """A duration a user gave for ``field``, in seconds (``None`` stays ``None``); INVALID_INPUT naming the field when
     it does not parse or lies outside ``minimum``..``maximum``."""
     if value is None:

@@ -35,6 +35,7 @@ class Fence:
     key: str
     token: int
 
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])

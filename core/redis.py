@@ -17,7 +17,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from core.retry import backoff
 from core.settings import RedisSettings
 
-
 MAX_CONNECTIONS = 200
 POOL_WAIT = 5.0
 """A command waits this long for a free pooled connection in a burst (redis-py's default pool refuses at once with

@@ -14,7 +14,6 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from core.secrets import Role, nomad_token_path, read_secret, redis_password_path
 
 
-
 @dataclass(frozen=True)
 class RedisSettings:
     url: str = "redis://127.0.0.1:6390/0"
@@ -133,7 +132,7 @@ class Settings:
 
 REMOVED = {
     "CARAVAN_ALLOW_RAW_EXEC_FOR_USERS": "raw_exec runs as root on the host: only a SUPERADMIN creates raw_exec "
-                                        "sessions (for another user too, with createSession(input: {owner}))",
+    "sessions (for another user too, with createSession(input: {owner}))",
 }
 """Variables that no longer exist, and why: a start with one of them set fails rather than silently ignoring it."""
 

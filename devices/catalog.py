@@ -17,11 +17,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-BUILTIN_SLOTS: Mapping[str, str] = MappingProxyType({
-    "nvidia/gpu": "cuda.device",
-    "amd/gpu": "rocm.device",
-    "nomad/file/mock": "mock.device",  # Nomad's example device plugin: fake devices for tests and demos
-})
+BUILTIN_SLOTS: Mapping[str, str] = MappingProxyType(
+    {
+        "nvidia/gpu": "cuda.device",
+        "amd/gpu": "rocm.device",
+        "nomad/file/mock": "mock.device",  # Nomad's example device plugin: fake devices for tests and demos
+    }
+)
 """Built-in slot names of Nomad devices (``vendor/type``)."""
 METRIC_KINDS = ("util", "mem")
 """What is measured of every device: ``<prefix>_util`` and ``<prefix>_mem``."""
@@ -69,8 +71,9 @@ class DeviceCatalog:
             if len(kinds) != 1:
                 continue  # different kinds of device under one slot: no single device block asks for them
             (vendor, kind, name) = next(iter(same_slot))
-            found[slot] = (f"{vendor}/{kind}/{name}" if len(same_slot) == 1 else
-                           f"{vendor}/{kind}" if len(vendors) == 1 else kind)
+            found[slot] = (
+                f"{vendor}/{kind}/{name}" if len(same_slot) == 1 else f"{vendor}/{kind}" if len(vendors) == 1 else kind
+            )
         return found
 
 

@@ -38,13 +38,15 @@ def check_docker_image(reference: str, allowed: Sequence[str], *, field: str = "
             raise InvalidReference("invalid reference format: unprintable characters")
         parsed = Reference.parse_normalized_named(reference)
     except InvalidReference as exc:
-        raise InvalidInput(f"{shown!r} is not a Docker image reference ([host[:port]/]path:tag, lowercase path): "
-                           f"{exc}", field=field) from exc
+        raise InvalidInput(
+            f"{shown!r} is not a Docker image reference ([host[:port]/]path:tag, lowercase path): {exc}", field=field
+        ) from exc
     if not parsed["tag"]:
         raise InvalidInput(f"{shown!r} names no tag: add a fixed one (name:tag, not {UNPINNED_TAG!r})", field=field)
     if parsed["tag"] == UNPINNED_TAG:
-        raise InvalidInput(f"{shown!r} uses the tag {UNPINNED_TAG!r}, which Nomad pulls again at every start: "
-                           f"name a fixed tag", field=field)
+        raise InvalidInput(
+            f"{shown!r} uses the tag {UNPINNED_TAG!r}, which Nomad pulls again at every start: name a fixed tag",
+            field=field,
+        )
     if not any(fnmatchcase(reference, pattern) for pattern in allowed):
         raise InvalidInput(f"{shown!r} is not an allowed image (allowed: {', '.join(allowed) or 'none'})", field=field)
-

@@ -88,7 +88,7 @@ def service_endpoint(session: Session, kernel: Kernel) -> str | None:
     if session.service_port is None:
         return None
     head = f"{session.service_port}="
-    return next((p[len(head):] for p in kernel.ports if p.startswith(head)), None)
+    return next((p[len(head) :] for p in kernel.ports if p.startswith(head)), None)
 
 
 def endpoints_of(session: Session) -> tuple[str, ...]:
@@ -132,8 +132,12 @@ def forget_stale_health(before: Session, after: Session) -> Session:
 
     def still_valid(kernel: Kernel) -> bool:
         old = was.get(kernel.hostname)
-        return (old is not None and kernel.status is S.RUNNING and kernel.alloc_id == old.alloc_id
-                and kernel.restarts == old.restarts)
+        return (
+            old is not None
+            and kernel.status is S.RUNNING
+            and kernel.alloc_id == old.alloc_id
+            and kernel.restarts == old.restarts
+        )
 
     kernels = tuple(k if k.healthy is None or still_valid(k) else replace(k, healthy=None) for k in after.kernels)
     return after if kernels == after.kernels else after.evolve(kernels=kernels)
@@ -151,8 +155,12 @@ def with_replica_health(session: Session, readings: Iterable[HealthReading]) -> 
 
     def read(kernel: Kernel) -> Kernel:
         reading = by_host.get(kernel.hostname)
-        if (reading is None or kernel.status is not S.RUNNING or kernel.alloc_id != reading.alloc_id
-                or kernel.restarts != reading.restarts):
+        if (
+            reading is None
+            or kernel.status is not S.RUNNING
+            or kernel.alloc_id != reading.alloc_id
+            or kernel.restarts != reading.restarts
+        ):
             return kernel
         return replace(kernel, healthy=reading.healthy)
 

@@ -54,14 +54,18 @@ def checked_service_options(
                 raise InvalidInput(f"{field_name} is only for INFERENCE sessions", field=field_name)
         return None
     if not (startup_command or "").strip():
-        raise InvalidInput("an INFERENCE session needs a startupCommand: the server its replicas run",
-                           field="startupCommand")
+        raise InvalidInput(
+            "an INFERENCE session needs a startupCommand: the server its replicas run", field="startupCommand"
+        )
     if service_port is None:
-        raise InvalidInput("an INFERENCE session needs a servicePort: the port its replicas serve and are "
-                           "health-checked on", field="servicePort")
+        raise InvalidInput(
+            "an INFERENCE session needs a servicePort: the port its replicas serve and are health-checked on",
+            field="servicePort",
+        )
     if not MIN_SERVICE_PORT <= service_port <= MAX_SERVICE_PORT:
-        raise InvalidInput(f"servicePort {service_port} is outside {MIN_SERVICE_PORT}-{MAX_SERVICE_PORT}",
-                           field="servicePort")
+        raise InvalidInput(
+            f"servicePort {service_port} is outside {MIN_SERVICE_PORT}-{MAX_SERVICE_PORT}", field="servicePort"
+        )
     count = 1 if replicas is None else replicas
     if not 1 <= count <= MAX_REPLICAS:
         raise InvalidInput(f"replicas must be between 1 and {MAX_REPLICAS}", field="replicas")
@@ -70,7 +74,10 @@ def checked_service_options(
     if health_check_path is not None and (
         len(health_check_path) > MAX_PATH_LENGTH or not HEALTH_CHECK_PATH_RULE.match(health_check_path)
     ):
-        raise InvalidInput(f"healthCheckPath must be an absolute HTTP path such as /healthz (at most "
-                           f"{MAX_PATH_LENGTH} characters, no spaces or braces)", field="healthCheckPath")
+        raise InvalidInput(
+            f"healthCheckPath must be an absolute HTTP path such as /healthz (at most "
+            f"{MAX_PATH_LENGTH} characters, no spaces or braces)",
+            field="healthCheckPath",
+        )
     grace = duration_input("healthCheckGrace", health_check_grace, minimum=MIN_GRACE_SECONDS, maximum=MAX_GRACE_SECONDS)
     return ServiceOptions(count, service_port, health_check_path, grace)

@@ -42,15 +42,20 @@ def can_transition(current: SessionStatus, target: SessionStatus) -> bool:
     return target in ALLOWED[current]
 
 
-def transition(session: Session, target: SessionStatus, *, reason: str, at: datetime,
-               detail: str | None = None) -> Session:
+def transition(
+    session: Session, target: SessionStatus, *, reason: str, at: datetime, detail: str | None = None
+) -> Session:
     """The session in ``target``, with the change recorded (``detail``: why, for a person; see ``StatusChange``);
     raises :class:`IllegalTransition`."""
     if not can_transition(session.status, target):
         raise IllegalTransition(session.status, target)
     history = (*session.status_history, StatusChange(target, at, reason, detail))
-    changes: dict[str, object] = {"status": target, "status_info": reason, "status_detail": detail,
-                                  "status_history": history}
+    changes: dict[str, object] = {
+        "status": target,
+        "status_info": reason,
+        "status_detail": detail,
+        "status_history": history,
+    }
     if target is not S.PENDING:
         changes["wait_reasons"] = ()
         changes["queue_position"] = None
@@ -65,8 +70,9 @@ def restate(session: Session, *, reason: str, detail: str | None, at: datetime) 
     """The session in the same status with a new reason, recorded like a change (a history entry, an event): a
     PREPARING session learning why it does not start yet (a kernel Nomad cannot place, or restarts after a failure)."""
     if session.status is not S.PREPARING:
-        raise ValueError(f"only a PREPARING session changes its reason without changing its status, not a "
-                         f"{session.status.value} one")
+        raise ValueError(
+            f"only a PREPARING session changes its reason without changing its status, not a {session.status.value} one"
+        )
     history = (*session.status_history, StatusChange(session.status, at, reason, detail))
     return session.evolve(status_info=reason, status_detail=detail, status_history=history)
 

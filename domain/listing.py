@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from domain.access import Scope
 from core.keys import Keys
+from domain.access import Scope
 from domain.model import SessionStatus, SessionType
 
 NAME_SCAN_BATCH = 256
@@ -88,8 +88,10 @@ class ScoreRange:
     @classmethod
     def between(cls, after: datetime | None, before: datetime | None) -> ScoreRange:
         return cls(
-            low=after.timestamp() if after else float("-inf"), low_open=after is not None,
-            high=before.timestamp() if before else float("inf"), high_open=before is not None,
+            low=after.timestamp() if after else float("-inf"),
+            low_open=after is not None,
+            high=before.timestamp() if before else float("inf"),
+            high_open=before is not None,
         )
 
     @property

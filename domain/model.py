@@ -13,7 +13,6 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-
 DEFAULT_GROUP = "default"
 """The resource group sessions go to when they name none (Nomad's default node pool): always known."""
 

@@ -28,7 +28,6 @@ from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-
 from core.errors import Forbidden
 from domain.model import DEFAULT_PRIORITY, MAX_PRIORITY
 from domain.users import User
@@ -144,15 +143,22 @@ def session_limits(*policies: _Common | None) -> SessionLimits:
     return SessionLimits(strictest("max_session_lifetime"), strictest("idle_timeout"))
 
 
-def check_allowed(*, resource_group: str, driver: str, user: UserResourcePolicy | None,
-                  project: ProjectResourcePolicy | None, project_name: str) -> None:
+def check_allowed(
+    *,
+    resource_group: str,
+    driver: str,
+    user: UserResourcePolicy | None,
+    project: ProjectResourcePolicy | None,
+    project_name: str,
+) -> None:
     """Refuse (``FORBIDDEN`` on the field) a resource group or driver the owner's or the project's policy leaves out."""
     for whose, policy in (("your", user), (f"project {project_name}'s", project)):
         if policy is None:
             continue
         if policy.allowed_resource_groups is not None and resource_group not in policy.allowed_resource_groups:
-            raise Forbidden(f"{whose} resource policy does not allow resource group {resource_group!r}",
-                            field="resourceGroup")
+            raise Forbidden(
+                f"{whose} resource policy does not allow resource group {resource_group!r}", field="resourceGroup"
+            )
         if policy.allowed_drivers is not None and driver not in policy.allowed_drivers:
             raise Forbidden(f"{whose} resource policy does not allow the {driver} driver", field="driver")
 
@@ -164,6 +170,9 @@ def check_priority(priority: int, *, viewer: User, policy: UserResourcePolicy | 
         return
     limit = policy.max_priority if policy is not None and policy.max_priority is not None else None
     if priority > (DEFAULT_PRIORITY if limit is None else limit):
-        allowed = (f"{limit}, the maxPriority of your resource policy" if limit is not None
-                   else f"the default, {DEFAULT_PRIORITY}: your resource policy sets no maxPriority")
+        allowed = (
+            f"{limit}, the maxPriority of your resource policy"
+            if limit is not None
+            else f"the default, {DEFAULT_PRIORITY}: your resource policy sets no maxPriority"
+        )
         raise Forbidden(f"priority {priority} is too high: yours may be at most {allowed}", field="priority")

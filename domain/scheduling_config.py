@@ -49,15 +49,21 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
-from core.durations import parse_duration
-from domain.model import Driver
 from core.config_file import ConfigFileError, ConfigReader, attributes, has_interpolation, parse_hcl, read_text
+from core.durations import parse_duration
 from core.source_lines import SourceLines
-from domain.slots import InvalidQuantityError, ResourceSlots, guess_slot_type, parse_quantity
 from devices.catalog import DeviceCatalog
+from domain.model import Driver
+from domain.slots import InvalidQuantityError, ResourceSlots, guess_slot_type, parse_quantity
 
-__all__ = ["DEFAULT_RESOURCES", "MIN_MEM_BYTES", "SchedulerConfigError", "SchedulingConfig",
-           "load_scheduler_config", "parse_scheduler_config"]
+__all__ = [
+    "DEFAULT_RESOURCES",
+    "MIN_MEM_BYTES",
+    "SchedulerConfigError",
+    "SchedulingConfig",
+    "load_scheduler_config",
+    "parse_scheduler_config",
+]
 
 DEFAULT_RESOURCES: Mapping[str, str] = MappingProxyType({"cpu": "0.25", "mem": str(256 * 1024 * 1024)})
 """Built-in: what each kernel gets of a slot its request leaves out, unless the configuration says otherwise."""
@@ -65,9 +71,18 @@ MIN_MEM_BYTES = 16 * 1024 * 1024
 """The least ``mem`` a kernel may have (asked for, or by default)."""
 
 
-
-GROUP_KEYS = ("session_strategy", "agent_selector", "retries_to_skip", "reserve_after", "max_reservations",
-              "resource_priority", "pending_timeout", "selector_options", "allowed_drivers", "default_resources")
+GROUP_KEYS = (
+    "session_strategy",
+    "agent_selector",
+    "retries_to_skip",
+    "reserve_after",
+    "max_reservations",
+    "resource_priority",
+    "pending_timeout",
+    "selector_options",
+    "allowed_drivers",
+    "default_resources",
+)
 TOP_LEVEL_KEYS = ("cpu_mhz_per_core", "device_slots", "default", "resource_group")
 Where = tuple[str, ...]
 
@@ -103,8 +118,6 @@ class GroupConfig:
             raise ValueError(f"max_reservations must be >= 0, got {self.max_reservations}")
         if self.reserve_after is not None and self.reserve_after < timedelta(0):
             raise ValueError(f"reserve_after must not be negative, got {self.reserve_after}")
-
-
 
 
 class SchedulerConfigError(ConfigFileError):
@@ -159,8 +172,10 @@ class SchedulingConfig:
 
     def group_sites(self) -> list[tuple[Where, GroupConfig]]:
         """Each group's configuration with where it is in the file: ``default``, then ``resource_group.<name>``."""
-        return [(("default",), self.default_group),
-                *((("resource_group", name), group) for name, group in sorted(self.groups.items()))]
+        return [
+            (("default",), self.default_group),
+            *((("resource_group", name), group) for name, group in sorted(self.groups.items())),
+        ]
 
     @property
     def devices(self) -> DeviceCatalog:
@@ -246,8 +261,10 @@ class _Reader(ConfigReader):
         default_body = self.mapping(doc.get("default", {}), ("default",))
         default = self.group(default_body, ("default",), {})
         groups_doc = self.mapping(doc.get("resource_group", {}), ("resource_group",))
-        groups = {name: self.group(self.mapping(body, ("resource_group", name)), ("resource_group", name), default)
-                  for name, body in groups_doc.items()}
+        groups = {
+            name: self.group(self.mapping(body, ("resource_group", name)), ("resource_group", name), default)
+            for name, body in groups_doc.items()
+        }
         mhz = doc.get("cpu_mhz_per_core")
         if mhz is not None and (isinstance(mhz, bool) or not isinstance(mhz, int) or mhz <= 0):
             raise self.fail(("cpu_mhz_per_core",), f"expected a whole number of MHz > 0, got {mhz!r}")
@@ -268,9 +285,15 @@ class _Reader(ConfigReader):
 
     def group(self, body: Mapping[str, Any], where: Where, inherited: Mapping[str, Any]) -> dict[str, Any]:
         self.known_keys(body, where, GROUP_KEYS)
-        found = dict(inherited or {**{f.name: getattr(GroupConfig(), f.name) for f in fields(GroupConfig)},
-                                   "pending_timeout": None, "allowed_drivers": frozenset(d.value for d in Driver),
-                                   "default_resources": DEFAULT_RESOURCES})
+        found = dict(
+            inherited
+            or {
+                **{f.name: getattr(GroupConfig(), f.name) for f in fields(GroupConfig)},
+                "pending_timeout": None,
+                "allowed_drivers": frozenset(d.value for d in Driver),
+                "default_resources": DEFAULT_RESOURCES,
+            }
+        )
         for key in ("session_strategy", "agent_selector"):
             if key in body:
                 found[key] = self.string(body[key], (*where, key))
@@ -288,11 +311,13 @@ class _Reader(ConfigReader):
         if "allowed_drivers" in body:
             found["allowed_drivers"] = self.drivers(body["allowed_drivers"], (*where, "allowed_drivers"))
         if "default_resources" in body:
-            found["default_resources"] = self.resources(body["default_resources"], (*where, "default_resources"),
-                                                        found["default_resources"])
+            found["default_resources"] = self.resources(
+                body["default_resources"], (*where, "default_resources"), found["default_resources"]
+            )
         if "selector_options" in body:
-            found["selector_options"] = MappingProxyType(dict(self.mapping(body["selector_options"],
-                                                                           (*where, "selector_options"))))
+            found["selector_options"] = MappingProxyType(
+                dict(self.mapping(body["selector_options"], (*where, "selector_options")))
+            )
         return found
 
     def device_slots(self, value: Any) -> dict[str, str]:
@@ -321,7 +346,7 @@ class _Reader(ConfigReader):
         amounts = dict(under)
         for slot, raw in self.mapping(value, where).items():
             if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-                raise self.fail((*where, slot), f"expected an amount such as 0.5 or \"512m\", got {raw!r}")
+                raise self.fail((*where, slot), f'expected an amount such as 0.5 or "512m", got {raw!r}')
             try:
                 amount = parse_quantity(slot, raw, guess_slot_type(slot))
             except InvalidQuantityError as exc:

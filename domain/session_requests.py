@@ -9,14 +9,21 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from types import MappingProxyType
 
 from core.clock import from_iso
+from core.durations import duration_input
 from core.errors import CaravanError, Forbidden, InvalidInput, UnsupportedResource
+from core.settings import Settings
+from domain import vm
+from domain.docker_images import check_docker_image
+from domain.inference import replicas_of
+from domain.inference_options import ServiceOptions, checked_service_options
 from domain.model import (
+    DEFAULT_GROUP,
     DEFAULT_PRIORITY,
     KERNEL_ROLES,
     MAX_PRIORITY,
@@ -30,16 +37,7 @@ from domain.model import (
     StatusChange,
 )
 from domain.presets import ResourcePreset
-from core.settings import Settings
-from core.durations import duration_input
-from domain.inference import replicas_of
-from domain.users import Role, User
-from domain.user_requests import NAME_RULE as PROJECT_RULE
-from domain.docker_images import check_docker_image
-from domain.inference_options import ServiceOptions, checked_service_options
-from domain import vm
 from domain.scheduling_config import DEFAULT_RESOURCES, MIN_MEM_BYTES
-from domain.model import DEFAULT_GROUP
 from domain.slots import (
     INTRINSIC_SLOT_TYPES,
     InvalidQuantityError,
@@ -48,6 +46,8 @@ from domain.slots import (
     from_user_input,
     parse_quantity,
 )
+from domain.user_requests import NAME_RULE as PROJECT_RULE
+from domain.users import Role, User
 
 NAME_RULE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{2,62}[A-Za-z0-9_]$")
 ENV_NAME_RULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -131,9 +131,7 @@ def build_sessions(
     """``owner``: whom the sessions are for, if not ``viewer`` (a SUPERADMIN acting for them; the caller checks)."""
     owner = owner or viewer
     if not NAME_RULE.match(request.name):
-        raise InvalidInput(
-            "name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name"
-        )
+        raise InvalidInput("name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name")
     checked = check_request(request, viewer=viewer, now=now, rules=rules)
     project = session_project(request.project, owner=owner, viewer=viewer)
     names = [request.name] if request.count == 1 else [f"{request.name}-{i}" for i in range(1, request.count + 1)]
@@ -220,11 +218,16 @@ def check_request(
     if request.type is SessionType.BATCH and not (request.startup_command or "").strip():
         raise InvalidInput("a BATCH session needs a non-empty startupCommand", field="startupCommand")
     if request.driver is Driver.RAW_EXEC and viewer.role is not Role.SUPERADMIN:
-        raise Forbidden("the raw_exec driver runs as root on the host without isolation: only a SUPERADMIN may "
-                        "use it", field="driver")
+        raise Forbidden(
+            "the raw_exec driver runs as root on the host without isolation: only a SUPERADMIN may use it",
+            field="driver",
+        )
     if request.driver.value not in allowed_drivers:
-        raise Forbidden(f"resource group {request.resource_group!r} allows only the drivers "
-                        f"{', '.join(sorted(allowed_drivers)) or 'none'}", field="driver")
+        raise Forbidden(
+            f"resource group {request.resource_group!r} allows only the drivers "
+            f"{', '.join(sorted(allowed_drivers)) or 'none'}",
+            field="driver",
+        )
     image = _checked_image(request, rules)
     _check_text("startupCommand", request.startup_command or "")
     if request.client_token is not None and not 1 <= len(request.client_token) <= 128:
@@ -234,23 +237,33 @@ def check_request(
     if request.resource_group not in rules.known_groups:
         known = sorted(rules.known_groups)
         listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
-        raise InvalidInput(f"there is no resource group {request.resource_group!r} (no node pool of that name has "
-                           f"a client, and the scheduler's configuration names none): known are {listed}",
-                           field="resourceGroup")
+        raise InvalidInput(
+            f"there is no resource group {request.resource_group!r} (no node pool of that name has "
+            f"a client, and the scheduler's configuration names none): known are {listed}",
+            field="resourceGroup",
+        )
     environ = _checked_environ(request.environ)
     preset = _preset(request.preset, rules.presets)
-    slots = _checked_resources({**rules.default_resources, **(preset.resources if preset else {}),
-                                **request.resources}, known_slots)
+    slots = _checked_resources(
+        {**rules.default_resources, **(preset.resources if preset else {}), **request.resources}, known_slots
+    )
     _check_batch_options(request)
     _check_shape(request, viewer)
     service = checked_service_options(
-        request.type, replicas=request.replicas, service_port=request.service_port,
-        health_check_path=request.health_check_path, health_check_grace=request.health_check_grace,
-        cluster_size=request.cluster_size, startup_command=request.startup_command,
+        request.type,
+        replicas=request.replicas,
+        service_port=request.service_port,
+        health_check_path=request.health_check_path,
+        health_check_grace=request.health_check_grace,
+        cluster_size=request.cluster_size,
+        startup_command=request.startup_command,
     )
-    kernels = kernels_of(request.cluster_size, image, slots,
-                         _checked_roles(request.kernel_roles, request.driver, image, slots, known_slots,
-                                        rules.docker_images))
+    kernels = kernels_of(
+        request.cluster_size,
+        image,
+        slots,
+        _checked_roles(request.kernel_roles, request.driver, image, slots, known_slots, rules.docker_images),
+    )
     if service is not None:
         kernels = replicas_of(kernels[0], service.replicas)  # INFERENCE: each replica is a kernel (domain.inference)
     if request.driver is Driver.QEMU:
@@ -266,9 +279,11 @@ def _checked_image(request: SessionRequest, rules: CreationRules) -> str:
     raw_exec), which refuse one rather than ignore it."""
     if request.driver not in IMAGE_DRIVERS:
         if request.image:
-            raise InvalidInput(f"the {request.driver.value} driver runs no image (its kernels run in the Nomad client's "
-                               "chroot, or on the host for raw_exec): image is for the docker and qemu drivers",
-                               field="image")
+            raise InvalidInput(
+                f"the {request.driver.value} driver runs no image (its kernels run in the Nomad client's "
+                "chroot, or on the host for raw_exec): image is for the docker and qemu drivers",
+                field="image",
+            )
         return ""
     image = request.image or (_only(rules.qemu_images) if request.driver is Driver.QEMU else rules.default_image)
     if not image:
@@ -278,16 +293,22 @@ def _checked_image(request: SessionRequest, rules: CreationRules) -> str:
     return image
 
 
-def kernels_of(cluster_size: int, image: str, slots: dict[str, str],
-               roles: Mapping[str, tuple[str, dict[str, str]]] = MappingProxyType({})) -> tuple[Kernel, ...]:
+def kernels_of(
+    cluster_size: int,
+    image: str,
+    slots: dict[str, str],
+    roles: Mapping[str, tuple[str, dict[str, str]]] = MappingProxyType({}),
+) -> tuple[Kernel, ...]:
     """``main1`` then ``sub1`` … ``sub{N-1}``: users interact with main1, which reaches the others.
 
     ``roles`` gives a role (``main``, ``sub``) its own (image, slots); other kernels get the session's."""
     main_image, main_slots = roles.get("main", (image, slots))
     sub_image, sub_slots = roles.get("sub", (image, slots))
     main = Kernel(role="main", index=1, hostname="main1", image=main_image, resources=main_slots)
-    subs = (Kernel(role="sub", index=i + 1, hostname=f"sub{i}", image=sub_image, resources=dict(sub_slots))
-            for i in range(1, cluster_size))
+    subs = (
+        Kernel(role="sub", index=i + 1, hostname=f"sub{i}", image=sub_image, resources=dict(sub_slots))
+        for i in range(1, cluster_size)
+    )
     return (main, *subs)
 
 
@@ -299,8 +320,14 @@ def _preset(name: str | None, presets: Mapping[str, ResourcePreset]) -> Resource
     return presets[name]
 
 
-def _checked_roles(roles: Mapping[str, RoleSpec], driver: Driver, image: str, slots: dict[str, str],
-                   known: Mapping[str, SlotType], docker_images: Sequence[str]) -> dict[str, tuple[str, dict[str, str]]]:
+def _checked_roles(
+    roles: Mapping[str, RoleSpec],
+    driver: Driver,
+    image: str,
+    slots: dict[str, str],
+    known: Mapping[str, SlotType],
+    docker_images: Sequence[str],
+) -> dict[str, tuple[str, dict[str, str]]]:
     """Per role: its image (the session's when it names none) and its slots (the session's, then its own)."""
     checked = {}
     for role, spec in roles.items():
@@ -311,8 +338,10 @@ def _checked_roles(roles: Mapping[str, RoleSpec], driver: Driver, image: str, sl
             if not spec.image.strip():
                 raise InvalidInput("a kernel role's image cannot be empty", field=f"kernelRoles.{role}.image")
             if driver not in IMAGE_DRIVERS:
-                raise InvalidInput(f"the {driver.value} driver runs no image: a role cannot name one",
-                                   field=f"kernelRoles.{role}.image")
+                raise InvalidInput(
+                    f"the {driver.value} driver runs no image: a role cannot name one",
+                    field=f"kernelRoles.{role}.image",
+                )
             if driver is Driver.DOCKER:
                 check_docker_image(spec.image, docker_images, field=f"kernelRoles.{role}.image")
         try:
@@ -324,8 +353,7 @@ def _checked_roles(roles: Mapping[str, RoleSpec], driver: Driver, image: str, sl
 
 
 def _check_batch_options(request: SessionRequest) -> None:
-    given = {"startsAt": request.starts_at, "batchTimeout": request.batch_timeout,
-             "dependencies": request.dependencies}
+    given = {"startsAt": request.starts_at, "batchTimeout": request.batch_timeout, "dependencies": request.dependencies}
     if request.type is not SessionType.BATCH:
         for field_name in BATCH_ONLY:
             if given[field_name]:
@@ -363,14 +391,18 @@ def _checked_start(value: str | None, now: datetime) -> datetime | None:
     return moment
 
 
-def _checked_shared_memory(request: SessionRequest, preset: ResourcePreset | None,
-                           kernels: Sequence[Kernel]) -> str | None:
+def _checked_shared_memory(
+    request: SessionRequest, preset: ResourcePreset | None, kernels: Sequence[Kernel]
+) -> str | None:
     """/dev/shm of docker kernels: the request's, else its preset's. Other drivers refuse it when asked, and a
     preset's does not apply to them (no driver but docker sizes /dev/shm)."""
     if request.driver is not Driver.DOCKER:
         if request.shared_memory:
-            raise InvalidInput(f"only docker kernels get a /dev/shm of a set size: the {request.driver.value} driver "
-                               "cannot honour sharedMemory", field="sharedMemory")
+            raise InvalidInput(
+                f"only docker kernels get a /dev/shm of a set size: the {request.driver.value} driver "
+                "cannot honour sharedMemory",
+                field="sharedMemory",
+            )
         return None
     value = request.shared_memory or (preset.shared_memory if preset else None)
     if not value:
@@ -422,22 +454,22 @@ def _checked_resources(raw: Mapping[str, str], known: Mapping[str, SlotType]) ->
     return slots.to_json()
 
 
-
-
 def _only(images: Mapping[str, str]) -> str | None:
     """The VM image a qemu session gets when it names none: the allowlist's, when it holds exactly one."""
     return next(iter(images)) if len(images) == 1 else None
 
 
-def _check_vm(request: SessionRequest, kernels: Sequence[Kernel], environ: Mapping[str, str],
-              images: Mapping[str, str]) -> None:
+def _check_vm(
+    request: SessionRequest, kernels: Sequence[Kernel], environ: Mapping[str, str], images: Mapping[str, str]
+) -> None:
     """The qemu driver: allowlisted images, the memory Nomad's driver needs, what a VM's fw_cfg carries."""
     for kernel in kernels:
         where = f"kernelRoles.{kernel.role}." if kernel.role in request.kernel_roles else ""
         if kernel.image not in images:
             allowed = ", ".join(sorted(images)) or "none"
-            raise InvalidInput(f"{kernel.image!r} is not an allowlisted VM image (allowed: {allowed})",
-                               field=f"{where}image")
+            raise InvalidInput(
+                f"{kernel.image!r} is not an allowlisted VM image (allowed: {allowed})", field=f"{where}image"
+            )
         if Decimal(kernel.resources["mem"]) < vm.MIN_MEMORY_MIB * 1024 * 1024:
             raise InvalidInput(f"a VM needs at least {vm.MIN_MEMORY_MIB}m of mem", field=f"{where}resources.mem")
     if request.preopen_ports:

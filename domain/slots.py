@@ -18,7 +18,6 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Union
 
-
 __all__ = [
     "INTRINSIC_SLOT_TYPES",
     "InvalidQuantityError",
@@ -153,8 +152,6 @@ def guess_slot_type(slot: str) -> SlotType:
     return SlotType.BYTES if slot.endswith(("mem", "memory")) else SlotType.COUNT
 
 
-
-
 _BINARY_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -211,7 +208,9 @@ class ResourceSlots(Mapping[str, Decimal]):
         amounts: dict[str, Decimal] = {}
         for slot, raw in data.items():
             try:
-                amounts[slot] = Decimal(raw) if isinstance(raw, (str, int)) and not isinstance(raw, bool) else Decimal("nan")
+                amounts[slot] = (
+                    Decimal(raw) if isinstance(raw, (str, int)) and not isinstance(raw, bool) else Decimal("nan")
+                )
             except InvalidOperation as exc:
                 raise InvalidQuantityError(slot, raw, "not a number") from exc
             if not amounts[slot].is_finite():

@@ -16,9 +16,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-
-from domain.access import administers, can_access
 from core.errors import InvalidInput
+from domain.access import administers, can_access
 from domain.model import DEFAULT_PRIORITY, ClusterMode, Driver, RoleSpec, SessionType
 from domain.users import Role, User
 
@@ -108,8 +107,9 @@ def check_template_name(name: str) -> None:
         raise InvalidInput("a template name is 1-64 characters: letters, digits, spaces, '_', '.', '-'", field="name")
 
 
-def new_template(*, name: str, owner: User, project: str, scope: TemplateScope, spec: TemplateSpec,
-                 now: datetime) -> Template:
+def new_template(
+    *, name: str, owner: User, project: str, scope: TemplateScope, spec: TemplateSpec, now: datetime
+) -> Template:
     """A template to store, once the caller has checked the spec and that ``owner`` may write it there."""
     check_template_name(name)
     return Template(str(uuid.uuid4()), name, owner.id, project, scope, spec, now, now)

@@ -21,8 +21,9 @@ STOPPING = frozenset({S.TERMINATING, S.TERMINATED})
 """A session with a job in these statuses must have its job stopped (``stores.sessions`` records it for the owner)."""
 
 
-def begin_termination(session: Session, *, reason: str, at: datetime, forced: bool = False,
-                      result: SessionResult | None = None) -> Session | None:
+def begin_termination(
+    session: Session, *, reason: str, at: datetime, forced: bool = False, result: SessionResult | None = None
+) -> Session | None:
     """The session as it should be stored when asked to end, or ``None`` if it already has ended."""
     if session.status.is_terminal:
         return None
@@ -47,5 +48,9 @@ def job_outlives(before: Session, after: Session) -> bool:
     reschedules? A service job (INTERACTIVE, INFERENCE) is, per its restart and reschedule policies; a BATCH job never
     is (``nomad_jobs.session_job``: no restarts, no rescheduling), and a session ended by a request (TERMINATING
     first) had its job stopped with the request."""
-    return (after.status.is_terminal and not before.status.is_terminal and before.status is not S.TERMINATING
-            and after.type is not SessionType.BATCH)
+    return (
+        after.status.is_terminal
+        and not before.status.is_terminal
+        and before.status is not S.TERMINATING
+        and after.type is not SessionType.BATCH
+    )

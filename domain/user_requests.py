@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from domain.access import manages_user
 from core.durations import duration_input
 from core.errors import Conflict, Forbidden, InvalidInput
+from domain.access import manages_user
 from domain.users import BOOTSTRAP_ADMIN_ID, Role, User
 
 NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -76,8 +76,11 @@ def new_user(viewer: User, name: str, role: Role, projects: Sequence[str]) -> Us
 def updated_user(viewer: User, target: User, role: Role | None, projects: Sequence[str] | None) -> User:
     """``target`` with a new role and/or projects, if ``viewer`` may make that change."""
     _check_administrator(viewer)
-    after = replace(target, role=role or target.role,
-                    projects=checked_projects(projects) if projects is not None else target.projects)
+    after = replace(
+        target,
+        role=role or target.role,
+        projects=checked_projects(projects) if projects is not None else target.projects,
+    )
     if target.id == BOOTSTRAP_ADMIN_ID and after.role is not target.role:
         raise Forbidden("the bootstrap admin stays a SUPERADMIN (it is the configured way in)", field="role")
     if target.id == viewer.id:

@@ -8,9 +8,9 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 
 from core.clock import from_unix
-from enum import StrEnum
 
 BOOTSTRAP_ADMIN_ID = "admin"
 BOOTSTRAP_TOKEN_ID = "bootstrap"
@@ -56,7 +56,10 @@ class ApiToken:
     @classmethod
     def from_record(cls, record: Mapping[str, str]) -> ApiToken:
         return cls(
-            id=record["id"], user_id=record["user"], label=record["label"], created_at=from_unix(record["created"]),
+            id=record["id"],
+            user_id=record["user"],
+            label=record["label"],
+            created_at=from_unix(record["created"]),
             expires_at=from_unix(record["expires"]) if record.get("expires") else None,
             last_used_at=from_unix(record["last_used"]) if record.get("last_used") else None,
         )

@@ -18,6 +18,8 @@ MAX_ITEM_BYTES = 120 * 1024
 """A fw_cfg item travels as one QEMU argument, and Linux caps one argument at 128 KiB (MAX_ARG_STRLEN)."""
 USER_ENVIRON_BYTES = MAX_ITEM_BYTES - 16 * 1024
 """What a user's environment may take encoded: the rest is kept for Caravan's own variables."""
+
+
 class PayloadTooLarge(ValueError):
     """The command or the environment does not fit in one QEMU argument."""
 

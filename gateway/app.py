@@ -17,12 +17,9 @@ from starlette.websockets import WebSocket
 from strawberry.types.unset import UNSET, UnsetType
 
 from core.errors import TransientError, Unavailable
-from stores.event_hub import EventHub
 from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
-from stores.sessions import SessionStore
-from stores.users import Authenticated, UserStore, bootstrap_admin_token
 from gateway import ide
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
@@ -33,10 +30,13 @@ from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
 from gateway.log_follows import LogFollows
+from gateway.nomad_shares import NomadShares
 from gateway.prometheus import Metrics
 from gateway.revocations import RevocationWatch
-from gateway.nomad_shares import NomadShares
 from nomad_jobs.client import LOG_FOLLOWS, NomadClient
+from stores.event_hub import EventHub
+from stores.sessions import SessionStore
+from stores.users import Authenticated, UserStore, bootstrap_admin_token
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,20 @@ class CaravanGraphQL(GraphQLOverHTTP):
         keys = Keys(settings.redis.prefix)
         limiter = RateLimiter(lambda: state["redis"], keys, limits.rate_limit, limits.rate_window)
         schema = build_schema(limits)
-        results = (ResultCache(lambda: state["redis"], keys, schema._schema, limits.max_tokens)
-                   if limits.result_cache else None)
-        super().__init__(schema, guard=Guard(limits, limiter), metrics=metrics, result_cache=results,
-                         graphql_ide="graphiql", allow_queries_via_get=True, subscription_protocols=WS_PROTOCOLS)
+        results = (
+            ResultCache(lambda: state["redis"], keys, schema._schema, limits.max_tokens)
+            if limits.result_cache
+            else None
+        )
+        super().__init__(
+            schema,
+            guard=Guard(limits, limiter),
+            metrics=metrics,
+            result_cache=results,
+            graphql_ide="graphiql",
+            allow_queries_via_get=True,
+            subscription_protocols=WS_PROTOCOLS,
+        )
         self.state = state
         self.nomad_shares = NomadShares(limits.max_nomad_calls, limits.max_user_nomad_calls)
         self.log_follows = LogFollows(LOG_FOLLOWS, limits.max_log_follows)
@@ -107,8 +117,14 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         keys = Keys(settings.redis.prefix)
         nomad = NomadClient(connect_as.nomad)
         users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
-        state.update(redis=redis, sessions=SessionStore(redis, keys), users=users, nomad=nomad,
-                     hub=EventHub(redis), revocations=RevocationWatch(redis, keys))
+        state.update(
+            redis=redis,
+            sessions=SessionStore(redis, keys),
+            users=users,
+            nomad=nomad,
+            hub=EventHub(redis),
+            revocations=RevocationWatch(redis, keys),
+        )
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:
             await state["users"].ensure_bootstrap_admin(token)

@@ -47,16 +47,28 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         if len(getattr(self, "url", b"")) > PARSER_MAX_URL_BYTES:
-            status, body = 414, refusal_body(f"the URL is longer than {PARSER_MAX_URL_BYTES} bytes: send the query "
-                                             "in a POST body", "URI_TOO_LONG", limit=PARSER_MAX_URL_BYTES)
+            status, body = (
+                414,
+                refusal_body(
+                    f"the URL is longer than {PARSER_MAX_URL_BYTES} bytes: send the query in a POST body",
+                    "URI_TOO_LONG",
+                    limit=PARSER_MAX_URL_BYTES,
+                ),
+            )
         else:
             status, body = 400, refusal_body(f"the request is not valid HTTP/1.1 ({msg.rstrip('.')})", "BAD_REQUEST")
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
-        content.extend([b"content-type: application/json; charset=utf-8\r\n",
-                        b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
-                        b"connection: close\r\n", b"\r\n", body])
+        content.extend(
+            [
+                b"content-type: application/json; charset=utf-8\r\n",
+                b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
+                b"connection: close\r\n",
+                b"\r\n",
+                body,
+            ]
+        )
         self.transport.write(b"".join(content))
         # Closing now, with the client's request still arriving, would make the kernel answer it with a reset that
         # can destroy the refusal before the client reads it: end our side, drop what comes, close a little later.

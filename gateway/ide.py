@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 
 PACKAGES = Path(__file__).resolve().parent / "ide_assets" / "node_modules"
 """Where ``ops/install`` puts the npm packages (``gateway/ide_assets/package-lock.json``)."""
@@ -54,8 +54,10 @@ def _refusal(status: int, message: str, code: str) -> Response:
     return JSONResponse({"errors": [{"message": message, "extensions": {"code": code}}]}, status_code=status)
 
 
-NOT_INSTALLED = ("GraphiQL's assets are not installed on this gateway: run ops/install (npm ci in gateway/ide_assets); "
-                 "the GraphQL API itself works without them")
+NOT_INSTALLED = (
+    "GraphiQL's assets are not installed on this gateway: run ops/install (npm ci in gateway/ide_assets); "
+    "the GraphQL API itself works without them"
+)
 
 MISSING_PAGE = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Caravan GraphiQL</title></head>

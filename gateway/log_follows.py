@@ -44,12 +44,17 @@ class ConnectionFollows:
         if self.open >= process.per_connection:
             raise TooManyLogFollows(
                 f"this connection already follows {self.open} kernel logs, the most one connection may follow at "
-                f"once (CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS): complete one first", limit=process.per_connection,
-                per="connection")
+                f"once (CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS): complete one first",
+                limit=process.per_connection,
+                per="connection",
+            )
         if process.open >= process.per_process:
             raise TooManyLogFollows(
                 f"this gateway already follows {process.open} kernel logs, the most it follows at once: retry later "
-                f"or read the logs without following them (Kernel.logs)", limit=process.per_process, per="gateway")
+                f"or read the logs without following them (Kernel.logs)",
+                limit=process.per_process,
+                per="gateway",
+            )
         self.open += 1
         process.open += 1
         try:

@@ -65,8 +65,13 @@ class OutageLog:
             outage = None
         if outage is None:
             self._outages[cause] = _Outage(began=now, last=now, reported=now)
-            lines.append(Line(logging.WARNING, f"answering UNAVAILABLE: {cause} ({detail}); a count of these errors "
-                                               f"follows every {self.interval:g} s while they last"))
+            lines.append(
+                Line(
+                    logging.WARNING,
+                    f"answering UNAVAILABLE: {cause} ({detail}); a count of these errors "
+                    f"follows every {self.interval:g} s while they last",
+                )
+            )
         else:
             outage.last, outage.total, outage.unreported = now, outage.total + 1, outage.unreported + 1
         return [*lines, *self.tick(now)]
@@ -75,21 +80,30 @@ class OutageLog:
         """The lines due at ``now``: counts of the outages going on, ends of those that went quiet."""
         lines = []
         for cause, outage in list(self._outages.items()):
-            lines.extend([self._end(cause, outage, now)] if now - outage.last >= self.interval
-                         else self._count(cause, outage, now))
+            lines.extend(
+                [self._end(cause, outage, now)]
+                if now - outage.last >= self.interval
+                else self._count(cause, outage, now)
+            )
         return lines
 
     def _end(self, cause: str, outage: _Outage, now: float) -> Line:
         del self._outages[cause]
-        return Line(logging.INFO, f"no more UNAVAILABLE errors for {cause}: none for {now - outage.last:.0f} s; "
-                                  f"{outage.total} in all over {outage.last - outage.began:.0f} s")
+        return Line(
+            logging.INFO,
+            f"no more UNAVAILABLE errors for {cause}: none for {now - outage.last:.0f} s; "
+            f"{outage.total} in all over {outage.last - outage.began:.0f} s",
+        )
 
     def _count(self, cause: str, outage: _Outage, now: float) -> list[Line]:
         if not outage.unreported or now - outage.reported < self.interval:
             return []
-        line = Line(logging.WARNING, f"still answering UNAVAILABLE: {cause}: {outage.unreported} errors in the last "
-                                     f"{now - outage.reported:.0f} s, {outage.total} since it began "
-                                     f"{now - outage.began:.0f} s ago")
+        line = Line(
+            logging.WARNING,
+            f"still answering UNAVAILABLE: {cause}: {outage.unreported} errors in the last "
+            f"{now - outage.reported:.0f} s, {outage.total} since it began "
+            f"{now - outage.began:.0f} s ago",
+        )
         outage.reported, outage.unreported = now, 0
         return [line]
 
@@ -110,8 +124,9 @@ def outage_of(error: BaseException) -> tuple[str, str]:
 class OutageReporter:
     """Logs what :class:`OutageLog` decides, with the monotonic clock; one per gateway process."""
 
-    def __init__(self, interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic,
-                 logger: logging.Logger = log) -> None:
+    def __init__(
+        self, interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic, logger: logging.Logger = log
+    ) -> None:
         self.outages = OutageLog(interval)
         self.clock = clock
         self.logger = logger

@@ -44,17 +44,32 @@ class Metrics:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         labels = ["operation", "status"]
-        self.requests = Counter("caravan_graphql_requests", "GraphQL HTTP requests by operation type and HTTP status.",
-                                labels, registry=registry)
-        self.latency = Histogram("caravan_graphql_request_duration_seconds",
-                                 "Time to answer a GraphQL HTTP request, by operation type and HTTP status.",
-                                 labels, registry=registry)
-        self.sessions = Gauge("caravan_sessions", "Live (not terminal) sessions by status.", ["status"], registry=registry)
+        self.requests = Counter(
+            "caravan_graphql_requests",
+            "GraphQL HTTP requests by operation type and HTTP status.",
+            labels,
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "caravan_graphql_request_duration_seconds",
+            "Time to answer a GraphQL HTTP request, by operation type and HTTP status.",
+            labels,
+            registry=registry,
+        )
+        self.sessions = Gauge(
+            "caravan_sessions", "Live (not terminal) sessions by status.", ["status"], registry=registry
+        )
         self.live = Gauge("caravan_sessions_live", "Live (not terminal) sessions.", registry=registry)
-        self.queue = Gauge("caravan_queue_depth", "PENDING sessions waiting in a resource group's queue.",
-                           ["resource_group"], registry=registry)
+        self.queue = Gauge(
+            "caravan_queue_depth",
+            "PENDING sessions waiting in a resource group's queue.",
+            ["resource_group"],
+            registry=registry,
+        )
         self.queued = Gauge("caravan_queue_depth_total", "PENDING sessions waiting in all queues.", registry=registry)
-        self.store_up = Gauge("caravan_metrics_store_up", "1 if the last scrape could read Redis, else 0.", registry=registry)
+        self.store_up = Gauge(
+            "caravan_metrics_store_up", "1 if the last scrape could read Redis, else 0.", registry=registry
+        )
 
     def observe(self, operation: str, status: int, seconds: float) -> None:
         self.requests.labels(operation, str(status)).inc()
@@ -104,5 +119,5 @@ async def live_statuses(store: SessionStore) -> tuple[int, Tally[str] | None]:
     ids = sorted(await store.live_ids())
     statuses: Tally[str] = Tally()
     for start in range(0, len(ids), CHUNK):
-        statuses.update(s.status.value for s in await store.get_many(ids[start:start + CHUNK]) if s is not None)
+        statuses.update(s.status.value for s in await store.get_many(ids[start : start + CHUNK]) if s is not None)
     return total, statuses

@@ -25,10 +25,10 @@ from datetime import datetime
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from stores import events
 from core.clock import utcnow
 from core.keys import Keys
 from domain.users import hash_token
+from stores import events
 
 log = logging.getLogger(__name__)
 
@@ -118,4 +118,3 @@ class RevocationWatch:
                     self._position = entry_id
                     for watched in list(self._watched.get(fields.get("token", ""), ())):
                         watched.trip("revoked")
-

@@ -13,9 +13,9 @@ import logging
 from collections.abc import Sequence
 
 from core.errors import PermanentError, TransientError
-from domain.model import Kernel, Session
-from domain.idle.facts import kernel_allocation
 from devices.catalog import DeviceCatalog
+from domain.idle.facts import kernel_allocation
+from domain.model import Kernel, Session
 from idle.samples import kernel_sample, session_sample
 from nomad_jobs.client import NomadClient
 
@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 Sample = dict[str, float]
 
 
-async def collect_samples(nomad: NomadClient, sessions: Sequence[Session], *, concurrency: int,
-                          devices: DeviceCatalog | None = None) -> dict[str, Sample]:
+async def collect_samples(
+    nomad: NomadClient, sessions: Sequence[Session], *, concurrency: int, devices: DeviceCatalog | None = None
+) -> dict[str, Sample]:
     """Session id -> metric -> percent; a session none of whose kernels answered maps to ``{}``."""
     limit = asyncio.Semaphore(concurrency)
 

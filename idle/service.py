@@ -29,21 +29,20 @@ from redis.asyncio import Redis
 
 from core.clock import utcnow
 from core.keys import Keys
-from core.lease import Lease, lead_forever
-from domain.model import Session, SessionStatus
+from core.lease import Fence, Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
-from domain.scheduling_config import load_scheduler_config
-from core.lease import Fence
-from stores.sessions import SessionStore
-from stores.activity import forget_activity
 from domain.idle.arbiter import Arbiter, evaluate
-from idle.reload import PolicySource
-from stores.idle import IdleStore, report_ttl
-from idle.sweep import check_once
 from domain.idle.verdict import Verdict
 from domain.idle.window import UtilizationWindow
+from domain.model import Session, SessionStatus
+from domain.scheduling_config import load_scheduler_config
+from idle.reload import PolicySource
+from idle.sweep import check_once
 from nomad_jobs.client import NomadClient
+from stores.activity import forget_activity
+from stores.idle import IdleStore, report_ttl
+from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 

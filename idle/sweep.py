@@ -17,19 +17,18 @@ from typing import NamedTuple
 from redis.asyncio import Redis
 
 from core.keys import Keys
-from domain.model import Session
-from domain.resource_policies import SessionLimits
-from domain.idle.facts import Activity
-from stores.activity import read_activity
 from devices.catalog import DeviceCatalog
-from idle.collect import Sample, collect_samples
-from domain.idle.config import IdlePolicyConfig
-from domain.idle.facts import checked_metrics, policy_for, session_facts
-from stores.resource_policies import PolicyStore
 from domain.idle.arbiter import Arbiter, evaluate
+from domain.idle.config import IdlePolicyConfig
+from domain.idle.facts import Activity, checked_metrics, policy_for, session_facts
 from domain.idle.verdict import Verdict
 from domain.idle.window import UtilizationWindow, record_sample
+from domain.model import Session
+from domain.resource_policies import SessionLimits
+from idle.collect import Sample, collect_samples
 from nomad_jobs.client import NomadClient
+from stores.activity import read_activity
+from stores.resource_policies import PolicyStore
 
 
 class Sweep(NamedTuple):
@@ -92,6 +91,12 @@ async def check_once(
         PolicyStore(redis, keys).limits_of(sessions),
     )
     return judge(
-        now=now, sessions=sessions, config=config, windows=windows, activity=activity, samples=samples,
-        arbiter=arbiter, limits=limits,
+        now=now,
+        sessions=sessions,
+        config=config,
+        windows=windows,
+        activity=activity,
+        samples=samples,
+        arbiter=arbiter,
+        limits=limits,
     )

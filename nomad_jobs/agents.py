@@ -54,10 +54,11 @@ def is_schedulable(node: Json) -> bool:
 def healthy_drivers(node: Json) -> frozenset[str]:
     """Task drivers the node has detected and reports healthy (``/v1/nodes`` carries them per node)."""
     drivers: Json = node.get("Drivers") or {}
-    return frozenset(name for name, info in drivers.items()
-                     if isinstance(info, Mapping) and info.get("Detected") and info.get("Healthy"))
-
-
+    return frozenset(
+        name
+        for name, info in drivers.items()
+        if isinstance(info, Mapping) and info.get("Detected") and info.get("Healthy")
+    )
 
 
 def node_capacity(node: Json, mhz: int, devices: DeviceCatalog) -> ResourceSlots:
@@ -88,8 +89,11 @@ def alloc_slots(alloc: Json, mhz: int, devices: DeviceCatalog) -> ResourceSlots:
 
 def devices_of(nodes: Iterable[Json]) -> list[Device]:
     """Every device group the nodes report, as (vendor, type, name)."""
-    return [(str(group.get("Vendor")), str(group.get("Type")), str(group.get("Name")))
-            for node in nodes for group in _dig(node, "NodeResources").get("Devices") or []]
+    return [
+        (str(group.get("Vendor")), str(group.get("Type")), str(group.get("Name")))
+        for node in nodes
+        for group in _dig(node, "NodeResources").get("Devices") or []
+    ]
 
 
 def kernel_request(kernel: Kernel) -> ResourceSlots:
@@ -100,8 +104,14 @@ def kernel_request(kernel: Kernel) -> ResourceSlots:
     return requested + {"mem": Decimal(reserved) - mem}
 
 
-def agents_of(nodes: Sequence[Json], allocs: Iterable[Json], sessions: Mapping[str, Session], job_prefix: str,
-              mhz: int, devices: DeviceCatalog) -> tuple[Agent, ...]:
+def agents_of(
+    nodes: Sequence[Json],
+    allocs: Iterable[Json],
+    sessions: Mapping[str, Session],
+    job_prefix: str,
+    mhz: int,
+    devices: DeviceCatalog,
+) -> tuple[Agent, ...]:
     occupied: dict[str, ResourceSlots] = defaultdict(ResourceSlots)
     seen: set[tuple[str, str]] = set()  # (session id, kernel hostname) whose allocation Nomad shows
     for alloc in allocs:
@@ -118,8 +128,13 @@ def agents_of(nodes: Sequence[Json], allocs: Iterable[Json], sessions: Mapping[s
                 if kernel.agent and (session.id, kernel.hostname) not in seen:
                     occupied[kernel.agent] += kernel_request(kernel)
     return tuple(
-        Agent(str(node["ID"]), str(node.get("NodePool") or "default"), node_capacity(node, mhz, devices),
-              occupied[str(node["ID"])], is_schedulable(node))
+        Agent(
+            str(node["ID"]),
+            str(node.get("NodePool") or "default"),
+            node_capacity(node, mhz, devices),
+            occupied[str(node["ID"])],
+            is_schedulable(node),
+        )
         for node in sorted(nodes, key=lambda n: str(n["ID"]))
     )
 

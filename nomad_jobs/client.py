@@ -93,7 +93,10 @@ class NomadClient:
         # log follows hold a connection each for as long as someone watches: a pool of their own, so that
         # many watchers cannot starve the calls that run sessions
         self._follows = httpx2.AsyncClient(
-            base_url=settings.addr, headers=headers, timeout=timeout, verify=tls_context(),
+            base_url=settings.addr,
+            headers=headers,
+            timeout=timeout,
+            verify=tls_context(),
             limits=httpx2.Limits(max_connections=LOG_FOLLOWS, max_keepalive_connections=0),
         )
 
@@ -277,12 +280,22 @@ class NomadClient:
         return [(name, size) for name, size in listing if name.startswith(f"{task}.{stream}.")]
 
     async def _read_log_frames(
-        self, alloc_id: str, task: str, stream: str, start: dict[str, str],
+        self,
+        alloc_id: str,
+        task: str,
+        stream: str,
+        start: dict[str, str],
         frames: asyncio.Queue[LogFrame | BaseException | None],
     ) -> None:
         """Put each frame of one follow request on ``frames``; then None (the stream ended) or the error."""
-        params = {"namespace": self.settings.namespace, "task": task, "type": stream, "follow": "true",
-                  "plain": "false", **start}
+        params = {
+            "namespace": self.settings.namespace,
+            "task": task,
+            "type": stream,
+            "follow": "true",
+            "plain": "false",
+            **start,
+        }
         splitter = FrameSplitter()
         try:
             async with self._follows.stream(

@@ -53,39 +53,39 @@ CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0")
 TABLE = "caravan_isolation"
 """The nftables table of this plugin, in both the ``inet`` and the ``bridge`` family."""
 
-RULES = """\
-add table inet {table} {{ comment "caravan session isolation: sessions reach their own kernels only"; }}
-add set inet {table} bridges {{ type ifname; comment "bridges of session networks"; }}
-add set inet {table} peers {{ type ipv4_addr . ipv4_addr; comment "(source, destination) of one session's kernels"; }}
-add chain inet {table} input {{ type filter hook input priority filter - 10; policy accept; }}
-add chain inet {table} forward {{ type filter hook forward priority filter - 10; policy accept; }}
-flush chain inet {table} input
-flush chain inet {table} forward
-add rule inet {table} input iifname @bridges ct state established,related accept
-add rule inet {table} input iifname @bridges drop
-add rule inet {table} forward iifname @bridges ct state established,related accept
-add rule inet {table} forward iifname @bridges ip saddr . ip daddr @peers accept
-add rule inet {table} forward iifname @bridges drop
-add rule inet {table} forward oifname @bridges ct state established,related accept
-add rule inet {table} forward oifname @bridges ct status dnat accept
-add rule inet {table} forward oifname @bridges drop
-add table bridge {table} {{ comment "caravan session isolation: no spoofing, no traffic between sessions"; }}
-add set bridge {table} kernel_ports {{ type ifname; comment "host ends of kernels' veth pairs"; }}
-add set bridge {table} ports {{ type ifname . ipv4_addr; comment "each kernel port with its one address"; }}
-add set bridge {table} peers {{ type ipv4_addr . ipv4_addr; }}
-add chain bridge {table} prerouting {{ type filter hook prerouting priority filter - 10; policy accept; }}
-add chain bridge {table} forward {{ type filter hook forward priority filter - 10; policy accept; }}
-flush chain bridge {table} prerouting
-flush chain bridge {table} forward
-add rule bridge {table} prerouting iifname != @kernel_ports accept
-add rule bridge {table} prerouting ether type arp iifname . arp saddr ip @ports accept
-add rule bridge {table} prerouting ether type ip iifname . ip saddr @ports accept
-add rule bridge {table} prerouting drop
-add rule bridge {table} forward iifname != @kernel_ports accept
-add rule bridge {table} forward ether type arp accept
-add rule bridge {table} forward ether type ip ip saddr . ip daddr @peers accept
-add rule bridge {table} forward drop
-""".format(table=TABLE)
+RULES = f"""\
+add table inet {TABLE} {{ comment "caravan session isolation: sessions reach their own kernels only"; }}
+add set inet {TABLE} bridges {{ type ifname; comment "bridges of session networks"; }}
+add set inet {TABLE} peers {{ type ipv4_addr . ipv4_addr; comment "(source, destination) of one session's kernels"; }}
+add chain inet {TABLE} input {{ type filter hook input priority filter - 10; policy accept; }}
+add chain inet {TABLE} forward {{ type filter hook forward priority filter - 10; policy accept; }}
+flush chain inet {TABLE} input
+flush chain inet {TABLE} forward
+add rule inet {TABLE} input iifname @bridges ct state established,related accept
+add rule inet {TABLE} input iifname @bridges drop
+add rule inet {TABLE} forward iifname @bridges ct state established,related accept
+add rule inet {TABLE} forward iifname @bridges ip saddr . ip daddr @peers accept
+add rule inet {TABLE} forward iifname @bridges drop
+add rule inet {TABLE} forward oifname @bridges ct state established,related accept
+add rule inet {TABLE} forward oifname @bridges ct status dnat accept
+add rule inet {TABLE} forward oifname @bridges drop
+add table bridge {TABLE} {{ comment "caravan session isolation: no spoofing, no traffic between sessions"; }}
+add set bridge {TABLE} kernel_ports {{ type ifname; comment "host ends of kernels' veth pairs"; }}
+add set bridge {TABLE} ports {{ type ifname . ipv4_addr; comment "each kernel port with its one address"; }}
+add set bridge {TABLE} peers {{ type ipv4_addr . ipv4_addr; }}
+add chain bridge {TABLE} prerouting {{ type filter hook prerouting priority filter - 10; policy accept; }}
+add chain bridge {TABLE} forward {{ type filter hook forward priority filter - 10; policy accept; }}
+flush chain bridge {TABLE} prerouting
+flush chain bridge {TABLE} forward
+add rule bridge {TABLE} prerouting iifname != @kernel_ports accept
+add rule bridge {TABLE} prerouting ether type arp iifname . arp saddr ip @ports accept
+add rule bridge {TABLE} prerouting ether type ip iifname . ip saddr @ports accept
+add rule bridge {TABLE} prerouting drop
+add rule bridge {TABLE} forward iifname != @kernel_ports accept
+add rule bridge {TABLE} forward ether type arp accept
+add rule bridge {TABLE} forward ether type ip ip saddr . ip daddr @peers accept
+add rule bridge {TABLE} forward drop
+"""
 
 
 class PluginError(Exception):
@@ -120,8 +120,10 @@ def session_key(args: Mapping[str, str]) -> str:
 
 def kernel_of(result: Mapping[str, Any], container_id: str, session: str) -> Kernel:
     """The kernel's address and bridge port from the bridge plugin's result (``prevResult``)."""
-    address = next((str(ip["address"]).split("/")[0] for ip in result.get("ips") or []
-                    if ":" not in str(ip.get("address", ":"))), None)
+    address = next(
+        (str(ip["address"]).split("/")[0] for ip in result.get("ips") or [] if ":" not in str(ip.get("address", ":"))),
+        None,
+    )
     if address is None:
         raise PluginError("the previous plugin gave the kernel no IPv4 address")
     host_side = [str(i["name"]) for i in result.get("interfaces") or [] if not i.get("sandbox")]
@@ -141,10 +143,14 @@ def element_commands(verb: str, kernel: Kernel, others: Sequence[str], bridge: s
     commands = [f'add element inet {TABLE} bridges {{ "{bridge}" }}'] if verb == "add" else []
     if peer_pairs := pairs(kernel.address, others):
         joined = ", ".join(peer_pairs)
-        commands += [f"{verb} element inet {TABLE} peers {{ {joined} }}",
-                     f"{verb} element bridge {TABLE} peers {{ {joined} }}"]
-    commands += [f'{verb} element bridge {TABLE} kernel_ports {{ "{kernel.port}" }}',
-                 f'{verb} element bridge {TABLE} ports {{ "{kernel.port}" . {kernel.address} }}']
+        commands += [
+            f"{verb} element inet {TABLE} peers {{ {joined} }}",
+            f"{verb} element bridge {TABLE} peers {{ {joined} }}",
+        ]
+    commands += [
+        f'{verb} element bridge {TABLE} kernel_ports {{ "{kernel.port}" }}',
+        f'{verb} element bridge {TABLE} ports {{ "{kernel.port}" . {kernel.address} }}',
+    ]
     return commands
 
 
@@ -176,8 +182,11 @@ class Membership:
         directory = self._session_dir(kernel.session)
         if not os.path.isdir(directory):
             return []
-        return [self._read(os.path.join(directory, name)).address for name in sorted(os.listdir(directory))
-                if name != kernel.container_id]
+        return [
+            self._read(os.path.join(directory, name)).address
+            for name in sorted(os.listdir(directory))
+            if name != kernel.container_id
+        ]
 
     def remember(self, kernel: Kernel) -> None:
         record = json.dumps(kernel._asdict())
@@ -198,8 +207,10 @@ class Membership:
 
     def forget(self, kernel: Kernel) -> None:
         directory = self._session_dir(kernel.session)
-        for path in (os.path.join(directory, kernel.container_id),
-                     os.path.join(self.root, "containers", kernel.container_id)):
+        for path in (
+            os.path.join(directory, kernel.container_id),
+            os.path.join(self.root, "containers", kernel.container_id),
+        ):
             if os.path.exists(path):
                 os.unlink(path)
         try:
@@ -227,8 +238,11 @@ def add(config: Mapping[str, Any], env: Mapping[str, str], members: Membership) 
     kernel = kernel_of(result, env["CNI_CONTAINERID"], session_key(parse_cni_args(env.get("CNI_ARGS", ""))))
     members.lock()
     commands = [RULES]
-    stale = [k for k in members.all_kernels()  # left by a client killed before its DEL: the address is reused now
-             if k.address == kernel.address and k.container_id != kernel.container_id]
+    stale = [
+        k
+        for k in members.all_kernels()  # left by a client killed before its DEL: the address is reused now
+        if k.address == kernel.address and k.container_id != kernel.container_id
+    ]
     for old in stale:
         commands += removal_commands(old, members.others(old))
     commands += element_commands("add", kernel, members.others(kernel), str(config["bridge"]))

@@ -11,14 +11,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-FAILURE_EVENTS = frozenset({
-    "Driver Failure", "Setup Failure", "Failed Artifact Download", "Failed Validation", "Task hook failed",
-    "Sibling Task Failed", "Failed Restoring Task", "Plugin became unhealthy",
-})
+FAILURE_EVENTS = frozenset(
+    {
+        "Driver Failure",
+        "Setup Failure",
+        "Failed Artifact Download",
+        "Failed Validation",
+        "Task hook failed",
+        "Sibling Task Failed",
+        "Failed Restoring Task",
+        "Plugin became unhealthy",
+    }
+)
 """Task event types that are a failure by themselves (``api/tasks.go``)."""
 GAVE_UP = "Not Restarting"
-SHELL_EXIT_CODES = {126: "the shell's code for a command it cannot execute",
-                    127: "the shell's code for a command not found"}
+SHELL_EXIT_CODES = {
+    126: "the shell's code for a command it cannot execute",
+    127: "the shell's code for a command not found",
+}
 """Every docker, exec and raw_exec kernel runs its command through ``/bin/sh -c`` (``nomad_jobs.session_job``)."""
 MAX_DETAIL = 1000
 """Characters of a detail kept (a driver's error may quote a whole daemon answer)."""
@@ -34,8 +44,11 @@ def _message(event: Mapping[str, Any]) -> str:
 
 def _abnormal_exit(event: Mapping[str, Any]) -> bool:
     details = _details(event)
-    return (details.get("exit_code", "0") not in ("", "0") or details.get("signal", "0") not in ("", "0")
-            or details.get("oom_killed") == "true")
+    return (
+        details.get("exit_code", "0") not in ("", "0")
+        or details.get("signal", "0") not in ("", "0")
+        or details.get("oom_killed") == "true"
+    )
 
 
 def is_cause(event: Mapping[str, Any]) -> bool:
@@ -72,7 +85,7 @@ def task_failure(state: Mapping[str, Any] | None) -> str | None:
     for position in range(len(events) - 1, -1, -1):
         if is_cause(events[position]):
             text = describe_event(events[position])
-            gave_up = next((e for e in events[position + 1:] if e.get("Type") == GAVE_UP), None)
+            gave_up = next((e for e in events[position + 1 :] if e.get("Type") == GAVE_UP), None)
             if gave_up is not None and (reason := _details(gave_up).get("restart_reason") or _message(gave_up)):
                 text += f"; not restarted: {reason}"
             return clipped(text)
@@ -110,4 +123,4 @@ def _nodes(count: int) -> str:
 
 
 def clipped(text: str) -> str:
-    return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL - 1] + "…"
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"

@@ -59,8 +59,13 @@ def add_network(group: Block, session: Session, kernel: Kernel, network_mode: st
         for port in ports:
             network.block("port", port_label(port), to=port)
         if has_peers(session):
-            group.block("service", provider="nomad", name=peers_service_name(session), tags=[kernel.hostname],
-                        address_mode="alloc")
+            group.block(
+                "service",
+                provider="nomad",
+                name=peers_service_name(session),
+                tags=[kernel.hostname],
+                address_mode="alloc",
+            )
     elif ports:
         network = group.block("network")
         for port in ports:
@@ -70,8 +75,12 @@ def add_network(group: Block, session: Session, kernel: Kernel, network_mode: st
 def add_peers_template(task: Block, session: Session, network_mode: str) -> None:
     """The template that keeps ``/local/caravan-peers`` current (a change does not restart the kernel)."""
     if is_isolated(session, network_mode) and has_peers(session):
-        task.block("template", destination="local/caravan-peers", change_mode="noop",
-                   data=PEERS_TEMPLATE % peers_service_name(session))
+        task.block(
+            "template",
+            destination="local/caravan-peers",
+            change_mode="noop",
+            data=PEERS_TEMPLATE % peers_service_name(session),
+        )
 
 
 def network_environment(session: Session, kernel: Kernel, network_mode: str) -> dict[str, str]:
@@ -94,5 +103,8 @@ def docker_network_config(session: Session, kernel: Kernel, network_mode: str) -
     """The docker driver's own network settings: none in a namespace of the session network (the group sets it up)."""
     if is_isolated(session, network_mode):
         return {}
-    return {"network_mode": "host", "hostname": kernel.hostname,
-            "extra_hosts": [f"{host}:{address}" for host, address in loopback_addresses(session).items()]}
+    return {
+        "network_mode": "host",
+        "hostname": kernel.hostname,
+        "extra_hosts": [f"{host}:{address}" for host, address in loopback_addresses(session).items()],
+    }

@@ -19,4 +19,4 @@ def job_id(job_prefix: str, session_id: str) -> str:
 
 def session_id_of(job_prefix: str, nomad_job_id: str) -> str | None:
     head = f"{job_prefix}-"
-    return nomad_job_id[len(head):] if nomad_job_id.startswith(head) else None
+    return nomad_job_id[len(head) :] if nomad_job_id.startswith(head) else None

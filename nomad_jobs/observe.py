@@ -61,9 +61,16 @@ def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
     code = exit_code_of(alloc)
     restarts = restarts_of(alloc)
     state = task_state_of(alloc)
-    common = {"hostname": hostname, "agent": alloc.get("NodeID"), "alloc_id": alloc.get("ID"), "exit_code": code,
-              "ports": ports_of(alloc), "restarts": restarts, "started_at": moment(state.get("StartedAt")),
-              "finished_at": moment(state.get("FinishedAt"))}
+    common = {
+        "hostname": hostname,
+        "agent": alloc.get("NodeID"),
+        "alloc_id": alloc.get("ID"),
+        "exit_code": code,
+        "ports": ports_of(alloc),
+        "restarts": restarts,
+        "started_at": moment(state.get("StartedAt")),
+        "finished_at": moment(state.get("FinishedAt")),
+    }
     if client == "pending":
         # Between a task's exit and its restart Nomad shows the allocation pending again.
         waiting = "restarting" if restarts else "allocation-pending"

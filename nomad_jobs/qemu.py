@@ -39,15 +39,26 @@ def driver_config(image_dir: str, command: str, environ: Mapping[str, str], core
     """The qemu task's ``config``: the allowlisted image at ``image_dir`` running ``command`` with ``environ``."""
     image = PurePosixPath(image_dir)
     args = [
-        "-bios", "qboot.rom",  # QEMU's minimal firmware: boots the PVH kernel directly and prints nothing
-        "-nodefaults", "-no-user-config",  # no default NIC (the guest must not reach the host's loopback), no VGA
+        "-bios",
+        "qboot.rom",  # QEMU's minimal firmware: boots the PVH kernel directly and prints nothing
+        "-nodefaults",
+        "-no-user-config",  # no default NIC (the guest must not reach the host's loopback), no VGA
         "-snapshot",  # the image file is shared by every VM: never written, never write-locked
         "-no-reboot",
-        "-serial", "stdio", "-serial", "file:/dev/stderr",
-        "-device", f"isa-debug-exit,iobase={EXIT_PORT:#x},iosize=0x01",
-        "-kernel", str(image / KERNEL_FILE), "-initrd", str(image / INITRD_FILE),
-        "-append", KERNEL_COMMAND_LINE,
-        "-fw_cfg", f"name=opt/caravan/command,string={command_item(command)}",
+        "-serial",
+        "stdio",
+        "-serial",
+        "file:/dev/stderr",
+        "-device",
+        f"isa-debug-exit,iobase={EXIT_PORT:#x},iosize=0x01",
+        "-kernel",
+        str(image / KERNEL_FILE),
+        "-initrd",
+        str(image / INITRD_FILE),
+        "-append",
+        KERNEL_COMMAND_LINE,
+        "-fw_cfg",
+        f"name=opt/caravan/command,string={command_item(command)}",
     ]
     if environ:  # QEMU refuses an empty string item
         args += ["-fw_cfg", f"name=opt/caravan/environ,string={environ_item(environ)}"]

@@ -80,8 +80,14 @@ def add_service(task: Block, session: Session, hostname: str) -> None:
     label = port_label(session.service_port)
     service = task.block("service", provider="nomad", name=service_name(session), port=label, tags=[hostname])
     if session.health_check_path is not None:
-        check = service.block("check", name=CHECK_NAME, type="http", path=session.health_check_path,
-                              interval=CHECK_INTERVAL, timeout=CHECK_TIMEOUT)
+        check = service.block(
+            "check",
+            name=CHECK_NAME,
+            type="http",
+            path=session.health_check_path,
+            interval=CHECK_INTERVAL,
+            timeout=CHECK_TIMEOUT,
+        )
     else:
         check = service.block("check", name=CHECK_NAME, type="tcp", interval=CHECK_INTERVAL, timeout=CHECK_TIMEOUT)
     grace = session.health_check_grace if session.health_check_grace is not None else DEFAULT_GRACE_SECONDS

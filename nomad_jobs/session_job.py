@@ -21,8 +21,14 @@ from decimal import Decimal
 from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs import meta, qemu
 from nomad_jobs.hcl import Block, render, runtime_text
-from nomad_jobs.kernel_network import (HOST, SESSION_NETWORK, add_network, add_peers_template, docker_network_config,
-                                       network_environment)
+from nomad_jobs.kernel_network import (
+    HOST,
+    SESSION_NETWORK,
+    add_network,
+    add_peers_template,
+    docker_network_config,
+    network_environment,
+)
 from nomad_jobs.replica_service import add_recovery, add_service, service_environment
 
 MIB = 1024 * 1024
@@ -106,8 +112,12 @@ OUTPUT_LINGER_SECONDS = "0.5"
 
 
 HPC_THREAD_VARIABLES = (
-    "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS", "NPROC",
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "NPROC",
 )
 """Set to the kernel's allocated cores unless the user set them: libraries otherwise start one thread per
 host core and oversubscribe the CPU share the kernel actually has."""
@@ -181,8 +191,7 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
     add_service(task, session, kernel.hostname)
     cores = Decimal(kernel.resources.get("cpu", "1"))
     mem = Decimal(kernel.resources.get("mem", str(256 * MIB)))
-    resources = task.block("resources", cpu=max(1, int(cores * ctx.mhz_per_core)),
-                           memory=max(16, math.ceil(mem / MIB)))
+    resources = task.block("resources", cpu=max(1, int(cores * ctx.mhz_per_core)), memory=max(16, math.ceil(mem / MIB)))
     for slot, device in sorted(ctx.devices.items()):
         count = math.ceil(Decimal(kernel.resources.get(slot, "0")))
         if count > 0:
@@ -193,12 +202,20 @@ def _driver_config(session: Session, kernel: Kernel, ctx: JobContext) -> dict[st
     command = session.startup_command if session.startup_command else KEEP_ALIVE
     if session.driver is Driver.QEMU:
         # An image no longer allowlisted renders as no image ("": files missing), so the VM fails to start.
-        return qemu.driver_config(ctx.qemu_images.get(kernel.image, ""), command, vm_environment(session, kernel),
-                                  Decimal(kernel.resources.get("cpu", "1")))
+        return qemu.driver_config(
+            ctx.qemu_images.get(kernel.image, ""),
+            command,
+            vm_environment(session, kernel),
+            Decimal(kernel.resources.get("cpu", "1")),
+        )
     args = [runtime_text(a) for a in ("-c", BOOTSTRAP, "caravan-kernel", command)]
     if session.driver is Driver.DOCKER:
-        config: dict[str, object] = {"image": runtime_text(kernel.image), "command": SHELL, "args": args,
-                                     **docker_network_config(session, kernel, ctx.network_mode)}
+        config: dict[str, object] = {
+            "image": runtime_text(kernel.image),
+            "command": SHELL,
+            "args": args,
+            **docker_network_config(session, kernel, ctx.network_mode),
+        }
         if session.shared_memory:
             config["shm_size"] = int(session.shared_memory)
         return config
@@ -208,8 +225,11 @@ def _driver_config(session: Session, kernel: Kernel, ctx: JobContext) -> dict[st
 def vm_environment(session: Session, kernel: Kernel) -> dict[str, str]:
     """A VM's environment: the same variables, the user's as written (they reach the guest base64-encoded). A VM has
     no network card, so it is on no session network."""
-    env = {k: v for k, v in _environment(session, kernel, HOST).items()
-           if not k.startswith("CARAVAN_B64_") and k != "CARAVAN_ENCODED_ENV"}
+    env = {
+        k: v
+        for k, v in _environment(session, kernel, HOST).items()
+        if not k.startswith("CARAVAN_B64_") and k != "CARAVAN_ENCODED_ENV"
+    }
     return env | session.environ
 
 

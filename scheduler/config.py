@@ -22,8 +22,10 @@ def scheduler_core(config: SchedulingConfig) -> SchedulerConfig:
     wanted: dict[str, tuple[str, ...]] = {}
     for where, group in config.group_sites():
         if group.session_strategy not in STRATEGIES:
-            raise config.refuse((*where, "session_strategy"), f"unknown strategy {group.session_strategy!r} "
-                                f"(valid: {', '.join(sorted(STRATEGIES))})")
+            raise config.refuse(
+                (*where, "session_strategy"),
+                f"unknown strategy {group.session_strategy!r} (valid: {', '.join(sorted(STRATEGIES))})",
+            )
         if group.agent_selector not in BUILTIN_SELECTORS and group.agent_selector != ROUNDROBIN:
             wanted.setdefault(group.agent_selector, where)
     try:

@@ -24,19 +24,26 @@ from typing import Any
 
 from core.clock import utcnow
 from core.errors import PermanentError, TransientError
+from core.lease import Fence
+from core.retry import stop_if_cancelled
 from domain.inference import HealthReading, forget_stale_health, is_inference, replica_health, with_replica_health
 from domain.lifecycle import observe_kernel, transition
 from domain.model import KernelObservation, Session, SessionStatus, SessionType
-from core.retry import stop_if_cancelled
-from core.lease import Fence
-from stores.sessions import SessionStore
+from domain.termination import job_outlives
 from nomad_jobs.client import TERMINAL_ALLOCATION_STATUSES, NomadClient
 from nomad_jobs.meta import session_id_of
-from nomad_jobs.observe import (for_driver, is_superseded, latest_per_group, observe_allocation, observe_unplaced,
-                                placement_failures, restarts_of)
+from nomad_jobs.observe import (
+    for_driver,
+    is_superseded,
+    latest_per_group,
+    observe_allocation,
+    observe_unplaced,
+    placement_failures,
+    restarts_of,
+)
 from nomad_jobs.replica_service import run_started_at
-from domain.termination import job_outlives
 from scheduler.job_owner import JobOwner
+from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +55,9 @@ RESOURCES_FREED = frozenset({S.TERMINATED, S.CANCELLED, S.ERROR})
 
 
 class Follower:
-    def __init__(self, store: SessionStore, nomad: NomadClient, fence: Fence | None,
-                 owner: JobOwner | None = None) -> None:
+    def __init__(
+        self, store: SessionStore, nomad: NomadClient, fence: Fence | None, owner: JobOwner | None = None
+    ) -> None:
         """``owner``: who stops a job that has no session (the follower itself only reads Nomad)."""
         self.store = store
         self.nomad = nomad
@@ -80,8 +88,9 @@ class Follower:
         if stored is not None and _main_batch_kernel_ended(stored):
             # The main kernel's exit decides a BATCH session: stop the kernels still running.
             code = stored.main_kernel.exit_code
-            await self.store.request_termination(stored.id, reason="task-finished" if code == 0 else "task-failed",
-                                                 at=utcnow(), fence=self.fence)
+            await self.store.request_termination(
+                stored.id, reason="task-finished" if code == 0 else "task-failed", at=utcnow(), fence=self.fence
+            )
         return stored
 
     async def on_allocation(self, alloc: dict[str, Any]) -> None:
@@ -138,9 +147,14 @@ class Follower:
         (one MGET), so a session created meanwhile is seen live and its job kept."""
         if jobs is None:
             jobs = {j["ID"]: j for j in await self.nomad.jobs(self.prefix + "-")}
-        running = {session_id: job["ID"] for job in jobs.values()
-                   if (session_id := session_id_of(self.prefix, job["ID"])) and session_id not in live
-                   and not job.get("Stop") and job.get("Status") != "dead"}
+        running = {
+            session_id: job["ID"]
+            for job in jobs.values()
+            if (session_id := session_id_of(self.prefix, job["ID"]))
+            and session_id not in live
+            and not job.get("Stop")
+            and job.get("Status") != "dead"
+        }
         stopped = []
         for session_id, session in zip(running, await self.store.get_many(list(running)), strict=True):
             if session is not None and not session.status.is_terminal:
@@ -164,10 +178,14 @@ class Follower:
         running = [a for a in allocs if a.get("ClientStatus") == "running" and a.get("DesiredStatus") == "run"]
         answers = await asyncio.gather(*(self._checks_of(str(a["ID"])) for a in running))
         readings = [
-            HealthReading(hostname=str(alloc.get("TaskGroup", "")), alloc_id=str(alloc["ID"]),
-                          restarts=restarts_of(alloc),
-                          healthy=replica_health(checks.values(), run_started=run_started_at(alloc)))
-            for alloc, checks in zip(running, answers, strict=True) if checks is not None
+            HealthReading(
+                hostname=str(alloc.get("TaskGroup", "")),
+                alloc_id=str(alloc["ID"]),
+                restarts=restarts_of(alloc),
+                healthy=replica_health(checks.values(), run_started=run_started_at(alloc)),
+            )
+            for alloc, checks in zip(running, answers, strict=True)
+            if checks is not None
         ]
         if readings:
             await self.store.update(session_id, lambda s: with_replica_health(s, readings), fence=self.fence)

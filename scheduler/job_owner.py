@@ -55,8 +55,9 @@ class JobOwner:
 
         async def one(session_id: str) -> None:
             async with limit:
-                await self._act_on(session_id, session_id in to_submit, to_stop.get(session_id),
-                                   session_id in to_restart)
+                await self._act_on(
+                    session_id, session_id in to_submit, to_stop.get(session_id), session_id in to_restart
+                )
 
         await asyncio.gather(*(one(i) for i in sorted(to_submit | to_stop.keys() | to_restart)))
 
@@ -84,8 +85,13 @@ class JobOwner:
         except PermanentError as exc:  # refused: kept, and tried again at the next request or reconciliation
             log.error("session=%s job=%s could not be stopped: %s", session.id, session.nomad_job_id, exc)
             return
-        log.info("session=%s job=%s %s (%s)", session.id, session.nomad_job_id,
-                 "purged" if mode == "purge" else "stopping", session.status_info)
+        log.info(
+            "session=%s job=%s %s (%s)",
+            session.id,
+            session.nomad_job_id,
+            "purged" if mode == "purge" else "stopping",
+            session.status_info,
+        )
         await self.store.stopped(session.id, mode)
 
     async def _restart(self, session: Session) -> None:

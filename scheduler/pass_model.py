@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from enum import Enum
 from functools import cached_property
 
-from scheduler.agents.base import AgentSelector
 from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
+from scheduler.agents.base import AgentSelector
 
 __all__ = [
     "Agent",
@@ -103,8 +103,17 @@ class PendingSession:
         return total
 
     @classmethod
-    def single(cls, id: str, user: str, resource_group: str, created_at: datetime, requested: ResourceSlots,
-               *, cluster_size: int = 1, **fields: object) -> PendingSession:
+    def single(
+        cls,
+        id: str,
+        user: str,
+        resource_group: str,
+        created_at: datetime,
+        requested: ResourceSlots,
+        *,
+        cluster_size: int = 1,
+        **fields: object,
+    ) -> PendingSession:
         """A session whose ``cluster_size`` kernels all request ``requested`` (the common case)."""
         kernels = tuple(KernelRequest(role, requested) for role in kernel_roles(cluster_size))
         return cls(id, user, resource_group, created_at, kernels, **fields)  # type: ignore[arg-type]

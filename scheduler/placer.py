@@ -21,23 +21,20 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from core.clock import utcnow
+from core.lease import Fence, write_fenced
+from core.settings import Settings
 from domain.lifecycle import transition
 from domain.model import Kernel, Session, SessionStatus
-from core.lease import write_fenced
-from stores.resource_policies import PolicyStore
-from core.settings import Settings
-from core.lease import Fence
-from stores.sessions import Mutation, SessionStore
+from domain.scheduling_config import SchedulingConfig
+from domain.slots import SlotType
 from nomad_jobs.client import NomadClient
 from nomad_jobs.session_job import JobContext, render_session_job
-from domain.scheduling_config import SchedulingConfig
 from scheduler.config import scheduler_core
-from scheduler.pass_model import SchedulerConfig
-from stores.known_resources import record_resource_groups
-from stores.known_resources import record_slot_types
-from scheduler.pass_model import KernelPlacement, PassResult, WaitExplanation
+from scheduler.pass_model import KernelPlacement, PassResult, SchedulerConfig, WaitExplanation
 from scheduler.scheduling_pass import run_pass
-from domain.slots import SlotType
+from stores.known_resources import record_resource_groups, record_slot_types
+from stores.resource_policies import PolicyStore
+from stores.sessions import Mutation, SessionStore
 
 IDLE_REFRESH_SECONDS = 10.0
 """With an empty queue, the node snapshot is still read this often (known slot types, capacity)."""
@@ -66,16 +63,24 @@ class PassSummary:
 
 
 class Placer:
-    def __init__(self, store: SessionStore, nomad: NomadClient, fence: Fence | None, settings: Settings,
-                 config: SchedulingConfig, core: SchedulerConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        nomad: NomadClient,
+        fence: Fence | None,
+        settings: Settings,
+        config: SchedulingConfig,
+        core: SchedulerConfig | None = None,
+    ) -> None:
         """``core``: the pass's configuration (resolved from ``config`` when not given)."""
         self.store = store
         self.fence = fence
         self.settings = settings
         self.config = config
         self.core = core if core is not None else scheduler_core(config)
-        self.reader = SnapshotReader(store, PolicyStore(store.redis, store.keys), nomad, config,
-                                     settings.nomad.job_prefix)
+        self.reader = SnapshotReader(
+            store, PolicyStore(store.redis, store.keys), nomad, config, settings.nomad.job_prefix
+        )
         self._recorded: dict[str, SlotType] = {}
         self._recorded_groups: set[str] = set()
         self._last_read = float("-inf")
@@ -131,8 +136,9 @@ class Placer:
         cancelled = len(read.timed_out) + len(result.cancellations)
         return PassSummary(len(result.placements), cancelled, waiting)
 
-    def _place(self, kernels: Sequence[KernelPlacement], mhz: int, devices: Mapping[str, str],
-               now: datetime) -> Mutation:
+    def _place(
+        self, kernels: Sequence[KernelPlacement], mhz: int, devices: Mapping[str, str], now: datetime
+    ) -> Mutation:
         on = {p.role: p.agent_id for p in kernels}  # roles are the kernels' hostnames (see scheduler.snapshot)
         nomad = self.settings.nomad
 
@@ -140,10 +146,17 @@ class Placer:
             if session.status is not SessionStatus.PENDING:
                 return None
             placed = session.evolve(kernels=tuple(_on(k, on[k.hostname]) for k in session.kernels))
-            ctx = JobContext(job_prefix=nomad.job_prefix, datacenter=nomad.datacenter, namespace=nomad.namespace,
-                             mhz_per_core=mhz, pinned_nodes=dict(on), node_pool=session.resource_group,
-                             devices=devices, qemu_images=self.settings.qemu_images,
-                             network_mode=self.settings.session_network)
+            ctx = JobContext(
+                job_prefix=nomad.job_prefix,
+                datacenter=nomad.datacenter,
+                namespace=nomad.namespace,
+                mhz_per_core=mhz,
+                pinned_nodes=dict(on),
+                node_pool=session.resource_group,
+                devices=devices,
+                qemu_images=self.settings.qemu_images,
+                network_mode=self.settings.session_network,
+            )
             rendered = render_session_job(placed, ctx)
             placed = placed.evolve(nomad_job_id=rendered.job_id, job_hcl=rendered.hcl)
             return transition(placed, SessionStatus.SCHEDULED, reason="scheduled", at=now)
@@ -171,7 +184,6 @@ class Placer:
         if new:
             await record_slot_types(self.store.redis, self.store.keys, new)
             self._recorded.update(new)
-
 
     async def _record_groups(self, groups: set[str]) -> None:
         if new := groups - self._recorded_groups:

@@ -21,14 +21,14 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from itertools import chain
 
+from domain.agents import Agent
+from domain.scheduling_config import GroupConfig
 from scheduler.agents import resolve_selector
 from scheduler.agents.base import SelectorConfig
 from scheduler.agents.explain import explain_never_fits, explain_no_fit
-from scheduler.agents.occupancy import GroupOccupancy
 from scheduler.agents.fit import Attempt, Chooser, RoundRobinChooser, make_chooser, packing_direction, place, reserve
+from scheduler.agents.occupancy import GroupOccupancy
 from scheduler.agents.vectors import Demand, SlotCodec
-from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks
-from domain.agents import Agent
 from scheduler.pass_model import (
     Cancellation,
     ClusterMode,
@@ -42,11 +42,11 @@ from scheduler.pass_model import (
     WaitExplanation,
     WaitKind,
 )
-from domain.scheduling_config import GroupConfig
 from scheduler.selection import get_strategy
 from scheduler.selection.base import QueueEntry
 from scheduler.selection.drf import DominantShares
 from scheduler.selection.sequence import attempt_order, is_overdue, is_pushed_back
+from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks
 
 __all__ = ["run_pass", "validate_config"]
 
@@ -64,8 +64,15 @@ class _Outcomes:
         self.roundrobin_state = roundrobin_state
 
     def result(self) -> PassResult:
-        return PassResult(self.placements, self.waiting, self.retries, tuple(self.reservations), self.cancellations,
-                          self.positions, self.roundrobin_state)
+        return PassResult(
+            self.placements,
+            self.waiting,
+            self.retries,
+            tuple(self.reservations),
+            self.cancellations,
+            self.positions,
+            self.roundrobin_state,
+        )
 
 
 def validate_config(config: SchedulerConfig) -> None:
@@ -77,8 +84,13 @@ def validate_config(config: SchedulerConfig) -> None:
 
 def run_pass(snapshot: Snapshot, config: SchedulerConfig, now: datetime) -> PassResult:
     outcomes = _Outcomes(dict(snapshot.roundrobin_state))
-    context = CheckContext(now, snapshot.dependency_states, snapshot.user_policies, snapshot.project_policies,
-                           Usage.from_snapshot(snapshot))
+    context = CheckContext(
+        now,
+        snapshot.dependency_states,
+        snapshot.user_policies,
+        snapshot.project_policies,
+        Usage.from_snapshot(snapshot),
+    )
     slot_names = _slot_names(snapshot)
     pending: dict[str, list[PendingSession]] = defaultdict(list)
     for session in snapshot.pending:
@@ -91,8 +103,9 @@ def run_pass(snapshot: Snapshot, config: SchedulerConfig, now: datetime) -> Pass
     for session in snapshot.running:
         running[session.resource_group].append(session)
     for group in sorted(pending):  # groups share user/project usage, so a fixed order keeps passes reproducible
-        _schedule_group(group, pending[group], agents[group], running[group], config, slot_names, context, now,
-                        outcomes)
+        _schedule_group(
+            group, pending[group], agents[group], running[group], config, slot_names, context, now, outcomes
+        )
     return outcomes.result()
 
 
@@ -138,16 +151,29 @@ def _role(entry: QueueEntry, demand_index: int) -> str | None:
     return entry.session.kernels[demand_index].role if len(entry.demands) > 1 else None
 
 
-def _schedule_group(group: str, sessions: Sequence[PendingSession], agents: Sequence[Agent],
-                    running: Sequence[RunningSession], config: SchedulerConfig, slot_names: set[str],
-                    context: CheckContext, now: datetime, outcomes: _Outcomes) -> None:
+def _schedule_group(
+    group: str,
+    sessions: Sequence[PendingSession],
+    agents: Sequence[Agent],
+    running: Sequence[RunningSession],
+    config: SchedulerConfig,
+    slot_names: set[str],
+    context: CheckContext,
+    now: datetime,
+    outcomes: _Outcomes,
+) -> None:
     group_config = config.for_group(group)
     order = get_strategy(group_config.session_strategy)
     codec = SlotCodec(slot_names, group_config.resource_priority)
     occupancy = GroupOccupancy(agents, codec, packing_direction(group_config.agent_selector))
     selector_config = SelectorConfig(group_config.resource_priority, group_config.selector_options)
-    chooser = make_chooser(group_config.agent_selector, occupancy, config.plugin_selectors, selector_config,
-                           outcomes.roundrobin_state.get(group, 0))
+    chooser = make_chooser(
+        group_config.agent_selector,
+        occupancy,
+        config.plugin_selectors,
+        selector_config,
+        outcomes.roundrobin_state.get(group, 0),
+    )
     shares = _shares(occupancy, running)
     entries = [_entry(session, codec, group_config) for session in sessions]
     holders = _reserve_for_overdue(entries, occupancy, group_config, context, now)
@@ -166,8 +192,16 @@ def _schedule_group(group: str, sessions: Sequence[PendingSession], agents: Sequ
 class _GroupWalk:
     """One walk over a group's attempt order; mutable, lives for one group of one pass."""
 
-    def __init__(self, group: str, occupancy: GroupOccupancy, chooser: Chooser, shares: DominantShares,
-                 context: CheckContext, outcomes: _Outcomes, holders: set[str]) -> None:
+    def __init__(
+        self,
+        group: str,
+        occupancy: GroupOccupancy,
+        chooser: Chooser,
+        shares: DominantShares,
+        context: CheckContext,
+        outcomes: _Outcomes,
+        holders: set[str],
+    ) -> None:
         self.group, self.occupancy, self.chooser, self.shares = group, occupancy, chooser, shares
         self.context, self.outcomes, self.holders = context, outcomes, holders
         self.blocker: str | None = None
@@ -179,7 +213,9 @@ class _GroupWalk:
         failures = failed_checks(session, self.context)
         cancel = next((failure for failure in failures if failure.cancel_reason), None)
         if cancel is not None:
-            self.outcomes.cancellations[session.id] = Cancellation(session.id, str(cancel.cancel_reason), cancel.message)
+            self.outcomes.cancellations[session.id] = Cancellation(
+                session.id, str(cancel.cancel_reason), cancel.message
+            )
             return
         self.still_waiting.append(session.id)
         not_attempted = self._not_attempted(entry, failures)
@@ -225,14 +261,16 @@ class _GroupWalk:
         reserved_agent = {holder: occupancy.ids[ordinal] for ordinal, (holder, _) in occupancy.holds.items()}
         for entry, kernel in self.short:
             outcomes.waiting[entry.session.id] = explain_no_fit(
-                occupancy, entry.demands[kernel], _role(entry, kernel), reserved_agent.get(entry.session.id))
+                occupancy, entry.demands[kernel], _role(entry, kernel), reserved_agent.get(entry.session.id)
+            )
         for ordinal, (holder, demand) in sorted(occupancy.holds.items()):
             outcomes.reservations.append(Reservation(holder, occupancy.ids[ordinal], occupancy.codec.to_slots(demand)))
         outcomes.positions.update((session_id, n) for n, session_id in enumerate(self.still_waiting, 1))
 
 
-def _reserve_for_overdue(entries: Sequence[QueueEntry], occupancy: GroupOccupancy, config: GroupConfig,
-                         context: CheckContext, now: datetime) -> set[str]:
+def _reserve_for_overdue(
+    entries: Sequence[QueueEntry], occupancy: GroupOccupancy, config: GroupConfig, context: CheckContext, now: datetime
+) -> set[str]:
     """Reserve agents for overdue sessions, highest band and oldest first, up to ``max_reservations``; an agent holds
     one reservation at most."""
     overdue = sorted((entry for entry in entries if is_overdue(entry.session, config, now)), key=_reservation_order)

@@ -10,18 +10,17 @@ from redis.asyncio import Redis
 
 from core.clock import utcnow
 from core.keys import Keys
-from domain.model import SessionResult
-from core.lease import Lease, lead_forever
+from core.lease import Fence, Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
-from core.lease import Fence
-from stores.sessions import SessionStore
-from nomad_jobs.client import NomadClient
+from domain.model import SessionResult
 from domain.scheduling_config import load_scheduler_config
+from nomad_jobs.client import NomadClient
 from scheduler.config import scheduler_core
 from scheduler.follower import Follower
-from scheduler.placer import Placer
 from scheduler.job_owner import JobOwner
+from scheduler.placer import Placer
+from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +35,9 @@ class Scheduler:
         self.keys = Keys(settings.redis.prefix)
         self.store = SessionStore(redis, self.keys)
         self.nomad = nomad
-        self.lease = Lease(redis, self.keys.scheduler_lease, self.keys.scheduler_fence, ttl=settings.scheduler.lease_ttl)
+        self.lease = Lease(
+            redis, self.keys.scheduler_lease, self.keys.scheduler_fence, ttl=settings.scheduler.lease_ttl
+        )
         self.config = load_scheduler_config(settings.scheduler.config_path)  # a broken file stops us here,
         self.core = scheduler_core(self.config)  # and so does a strategy or selector nobody provides
 
@@ -68,5 +69,6 @@ class Scheduler:
     async def end_overdue_batches(self, fence: Fence | None) -> None:
         """BATCH sessions past their batch timeout end FAILED with ``task-timeout``."""
         for session_id in await self.store.overdue_batch_sessions(utcnow().timestamp()):
-            await self.store.request_termination(session_id, reason="task-timeout", at=utcnow(),
-                                                 result=SessionResult.FAILURE, fence=fence)
+            await self.store.request_termination(
+                session_id, reason="task-timeout", at=utcnow(), result=SessionResult.FAILURE, fence=fence
+            )

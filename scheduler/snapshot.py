@@ -24,12 +24,11 @@ from typing import Any
 
 from domain.model import ClusterMode as SessionClusterMode
 from domain.model import Session, SessionResult, SessionStatus
-from stores.resource_policies import PolicyStore
-from stores.sessions import SessionStore
-from nomad_jobs.client import NomadClient
-from nomad_jobs.agents import OCCUPYING, agents_of, devices_of, healthy_drivers, kernel_request, mhz_per_core
-from scheduler.agents.ranking import DRIVER_MARKER
 from domain.scheduling_config import SchedulingConfig
+from domain.slots import ResourceSlots, SlotType, accumulate_slot_types
+from nomad_jobs.agents import OCCUPYING, agents_of, devices_of, healthy_drivers, kernel_request, mhz_per_core
+from nomad_jobs.client import NomadClient
+from scheduler.agents.ranking import DRIVER_MARKER
 from scheduler.pass_model import (
     Agent,
     ClusterMode,
@@ -41,10 +40,18 @@ from scheduler.pass_model import (
     Snapshot,
     UserPolicy,
 )
-from domain.slots import ResourceSlots, SlotType, accumulate_slot_types
+from stores.resource_policies import PolicyStore
+from stores.sessions import SessionStore
 
-__all__ = ["PassInput", "SnapshotReader", "dependency_state", "pending_session", "requiring_driver", "timed_out",
-           "with_wanted_slots"]
+__all__ = [
+    "PassInput",
+    "SnapshotReader",
+    "dependency_state",
+    "pending_session",
+    "requiring_driver",
+    "timed_out",
+    "with_wanted_slots",
+]
 
 S = SessionStatus
 DESIGNATED = "designated:"
@@ -69,7 +76,8 @@ def pending_session(session: Session) -> PendingSession:
         kernels=tuple(KernelRequest(k.hostname, kernel_request(k) + designated) for k in session.kernels),
         project=session.project,
         priority=session.priority,
-        cluster_mode=ClusterMode.MULTI_NODE if session.cluster_mode is SessionClusterMode.MULTI_NODE
+        cluster_mode=ClusterMode.MULTI_NODE
+        if session.cluster_mode is SessionClusterMode.MULTI_NODE
         else ClusterMode.SINGLE_NODE,
         starts_at=session.starts_at,
         dependencies=session.dependencies,
@@ -108,12 +116,18 @@ def timed_out(session: Session, config: SchedulingConfig, now: datetime) -> bool
     return timeout is not None and now - waiting_since > timeout
 
 
-def with_wanted_slots(agents: tuple[Agent, ...], drivers: Mapping[str, frozenset[str]],
-                      pending: Iterable[PendingSession]) -> tuple[Agent, ...]:
+def with_wanted_slots(
+    agents: tuple[Agent, ...], drivers: Mapping[str, frozenset[str]], pending: Iterable[PendingSession]
+) -> tuple[Agent, ...]:
     """Agents with the marker slots pending sessions ask for: ``designated:<own id>``, and ``driver:<name>`` for each
     wanted driver that ``drivers`` (agent id -> healthy drivers) says the agent has. Unlimited: only presence counts."""
-    wanted = {slot for session in pending for kernel in session.kernels for slot in kernel.requested
-              if slot.startswith((DESIGNATED, DRIVER))}
+    wanted = {
+        slot
+        for session in pending
+        for kernel in session.kernels
+        for slot in kernel.requested
+        if slot.startswith((DESIGNATED, DRIVER))
+    }
     if not wanted:
         return agents
     marked = []
@@ -142,8 +156,9 @@ class PassInput:
 
 
 class SnapshotReader:
-    def __init__(self, store: SessionStore, policies: PolicyStore, nomad: NomadClient, config: SchedulingConfig,
-                 job_prefix: str) -> None:
+    def __init__(
+        self, store: SessionStore, policies: PolicyStore, nomad: NomadClient, config: SchedulingConfig, job_prefix: str
+    ) -> None:
         self.store, self.policies, self.nomad = store, policies, nomad
         self.config, self.job_prefix = config, job_prefix
 
@@ -152,8 +167,7 @@ class SnapshotReader:
         sessions = {s.id: s for s in live}
         waiting = sorted((s for s in live if s.status is S.PENDING), key=lambda s: (s.created_at, s.id))
         expired = tuple(s.id for s in waiting if timed_out(s, self.config, now))
-        pending = tuple(requiring_driver(pending_session(s), s.driver.value)
-                        for s in waiting if s.id not in expired)
+        pending = tuple(requiring_driver(pending_session(s), s.driver.value) for s in waiting if s.id not in expired)
         nodes = await self.nomad.nodes()
         mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
         allocs = await self.nomad.live_allocations() if pending else []
@@ -166,7 +180,9 @@ class SnapshotReader:
             roundrobin_state=await self._roundrobin(),
         )
         slot_types = accumulate_slot_types(agent.capacity for agent in agents)
-        return PassInput(snapshot, sessions, expired, mhz, slot_types, self.config.devices.device_ids(devices_of(nodes)))
+        return PassInput(
+            snapshot, sessions, expired, mhz, slot_types, self.config.devices.device_ids(devices_of(nodes))
+        )
 
     async def _checks_input(self, pending: Sequence[PendingSession], sessions: Mapping[str, Session]) -> dict[str, Any]:
         wanted = {dep for session in pending for dep in session.dependencies}
@@ -176,7 +192,9 @@ class SnapshotReader:
         projects = await self.policies.projects(s.project for s in pending if s.project)
         return {
             "dependency_states": {dep: dependency_state(found.get(dep)) for dep in wanted},
-            "user_policies": {u: UserPolicy(p.max_concurrent_sessions, p.total_resource_slots) for u, p in users.items()},
+            "user_policies": {
+                u: UserPolicy(p.max_concurrent_sessions, p.total_resource_slots) for u, p in users.items()
+            },
             "project_policies": {name: ProjectPolicy(p.total_resource_slots) for name, p in projects.items()},
         }
 

@@ -13,13 +13,13 @@ from typing import Any
 
 from core.clock import utcnow
 from core.errors import PermanentError
+from core.lease import Fence
 from domain.lifecycle import transition
 from domain.model import Session, SessionStatus
-from core.lease import Fence
-from stores.sessions import SessionStore
 from nomad_jobs.client import JobExists, NomadClient
 from nomad_jobs.explain import clipped
 from nomad_jobs.meta import SESSION_ID, TASK_NAME
+from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,9 @@ async def submit(store: SessionStore, nomad: NomadClient, session: Session, fenc
         log.info("session=%s job=%s was already registered", session.id, session.nomad_job_id)
     except PermanentError as exc:
         log.error("session=%s job=%s refused: %s", session.id, session.nomad_job_id, exc)
-        await store.update(session.id, lambda s: refused(s, clipped(f"Nomad refused the job: {exc}"), at=utcnow()), fence=fence)
+        await store.update(
+            session.id, lambda s: refused(s, clipped(f"Nomad refused the job: {exc}"), at=utcnow()), fence=fence
+        )
         await store.mark_submitted(session.id)
         return
     after = await store.update(session.id, _registered, fence=fence)
@@ -79,7 +81,10 @@ def refused(session: Session, detail: str, *, at: datetime) -> Session | None:
     each kernel (none will run: a destroy ends it at once)."""
     if session.status is not SessionStatus.SCHEDULED:
         return None
-    kernels = tuple(replace(k, status=SessionStatus.ERROR, status_info="failed-to-start", status_detail=detail)
-                    for k in session.kernels)
-    return transition(session.evolve(kernels=kernels), SessionStatus.ERROR, reason="failed-to-start", detail=detail,
-                      at=at)
+    kernels = tuple(
+        replace(k, status=SessionStatus.ERROR, status_info="failed-to-start", status_detail=detail)
+        for k in session.kernels
+    )
+    return transition(
+        session.evolve(kernels=kernels), SessionStatus.ERROR, reason="failed-to-start", detail=detail, at=at
+    )

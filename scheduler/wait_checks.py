@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from scheduler.pass_model import DependencyState, PendingSession, ProjectPolicy, Snapshot, UserPolicy
 from domain.slots import ResourceSlots, format_amount
+from scheduler.pass_model import DependencyState, PendingSession, ProjectPolicy, Snapshot, UserPolicy
 
 __all__ = ["CHECKS", "DEPENDENCY_FAILED", "CheckContext", "CheckResult", "Usage", "failed_checks"]
 
@@ -107,8 +107,9 @@ def _over_quota(held: ResourceSlots, requested: ResourceSlots, limits: Mapping[s
     return sorted(slot for slot, limit in limits.items() if held.amount(slot) + requested.amount(slot) > limit)
 
 
-def _quota_result(name: str, scope: str, held: ResourceSlots | None, session: PendingSession,
-                  limits: Mapping[str, Decimal] | None) -> CheckResult:
+def _quota_result(
+    name: str, scope: str, held: ResourceSlots | None, session: PendingSession, limits: Mapping[str, Decimal] | None
+) -> CheckResult:
     if not limits or held is None:
         return CheckResult(name, True)
     over = _over_quota(held, session.requested, limits)
@@ -137,11 +138,18 @@ def check_project_quota(session: PendingSession, context: CheckContext) -> Check
     return _quota_result("project-quota", f"project {session.project}", held, session, limits)
 
 
-CHECKS: tuple[Check, ...] = (check_start_time, check_dependencies, check_concurrency, check_user_quota,
-                             check_project_quota)
+CHECKS: tuple[Check, ...] = (
+    check_start_time,
+    check_dependencies,
+    check_concurrency,
+    check_user_quota,
+    check_project_quota,
+)
 
 
-def failed_checks(session: PendingSession, context: CheckContext, checks: Iterable[Check] = CHECKS) -> list[CheckResult]:
+def failed_checks(
+    session: PendingSession, context: CheckContext, checks: Iterable[Check] = CHECKS
+) -> list[CheckResult]:
     """Every failing check (all are evaluated, none short-circuits)."""
     if checks is CHECKS and not _may_fail(session, context):
         return []

@@ -24,8 +24,7 @@ from redis.asyncio.client import Pipeline
 
 from core.codec import decode, encode
 from core.keys import Keys
-from core.lease import write_fenced
-from core.lease import Fence
+from core.lease import Fence, write_fenced
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.policy_file import parse_policy
 from domain.idle.verdict import Verdict, VerdictDoc

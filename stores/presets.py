@@ -8,14 +8,12 @@ every creation that names it.
 
 from __future__ import annotations
 
-
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from core.codec import decode, encode
 from core.keys import Keys
 from domain.presets import ResourcePreset
-
 
 
 class PresetStore:

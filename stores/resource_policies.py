@@ -14,11 +14,10 @@ from core.codec import decode, encode
 from core.errors import QuotaExceeded
 from core.keys import Keys
 from domain.model import Session, SessionStatus
-from stores.sessions import Admission, SessionStore
 from domain.resource_policies import ProjectResourcePolicy, SessionLimits, UserResourcePolicy, session_limits
+from stores.sessions import Admission, SessionStore
 
 P = TypeVar("P")
-
 
 
 class PolicyStore:
@@ -110,12 +109,18 @@ def pending_admission(owner_id: str, limit: int | None, adding: int) -> Admissio
         return None
 
     async def admit(sessions: SessionStore) -> None:
-        pending = await sessions.redis.zintercard(2, [sessions.keys.sessions_of_owner(owner_id),
-                                                      sessions.keys.sessions_with_status(SessionStatus.PENDING.value)])
+        pending = await sessions.redis.zintercard(
+            2,
+            [
+                sessions.keys.sessions_of_owner(owner_id),
+                sessions.keys.sessions_with_status(SessionStatus.PENDING.value),
+            ],
+        )
         if pending + adding > limit:
             raise QuotaExceeded(
                 f"you have {pending} pending session(s) and may queue at most {limit}: "
-                f"wait for some to start or destroy them", field="count" if adding > 1 else None,
+                f"wait for some to start or destroy them",
+                field="count" if adding > 1 else None,
             )
 
     return admit

@@ -47,8 +47,15 @@ class SessionListing(Generic[T]):
         self.keys = store.keys
         self.decode = decode
 
-    async def page(self, plan: Plan, *, size: int, after: Position | None = None, until: Position | None = None,
-                   count: bool = False) -> Page[T]:
+    async def page(
+        self,
+        plan: Plan,
+        *,
+        size: int,
+        after: Position | None = None,
+        until: Position | None = None,
+        count: bool = False,
+    ) -> Page[T]:
         """Up to ``size`` sessions past ``after`` (and before ``until``) in the plan's direction."""
         if plan.empty:
             return Page([], False, 0 if count else None)
@@ -59,8 +66,9 @@ class SessionListing(Generic[T]):
                 if count:
                     total = await self._count_names(plan, sources)
             else:
-                positions, total = await self._read(sources, plan.scores, plan.descending, after, until, size + 1,
-                                                    count=count)
+                positions, total = await self._read(
+                    sources, plan.scores, plan.descending, after, until, size + 1, count=count
+                )
         has_more = len(positions) > size
         positions = positions[:size]
         raws = await self.redis.mget([self.keys.session(p.id) for p in positions]) if positions else []
@@ -109,8 +117,17 @@ class SessionListing(Generic[T]):
 
     # -- reading in order -----------------------------------------------------------------------
 
-    async def _read(self, sources: Sequence[str], scores: ScoreRange, descending: bool, after: Position | None,
-                    until: Position | None, limit: int, *, count: bool = False) -> tuple[list[Position], int | None]:
+    async def _read(
+        self,
+        sources: Sequence[str],
+        scores: ScoreRange,
+        descending: bool,
+        after: Position | None,
+        until: Position | None,
+        limit: int,
+        *,
+        count: bool = False,
+    ) -> tuple[list[Position], int | None]:
         """Up to ``limit`` positions past ``after`` merged over ``sources``, and their count if asked."""
         window = scores.from_position(after, descending) if after else scores
         want = limit + (TIE_SLACK if after else 0)
@@ -119,22 +136,40 @@ class SessionListing(Generic[T]):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for key in sources:
                     if descending:
-                        pipe.zrange(key, window.redis_high(), window.redis_low(), desc=True, byscore=True,
-                                    offset=0, num=want, withscores=True)
+                        pipe.zrange(
+                            key,
+                            window.redis_high(),
+                            window.redis_low(),
+                            desc=True,
+                            byscore=True,
+                            offset=0,
+                            num=want,
+                            withscores=True,
+                        )
                     else:
-                        pipe.zrange(key, window.redis_low(), window.redis_high(), byscore=True,
-                                    offset=0, num=want, withscores=True)
+                        pipe.zrange(
+                            key,
+                            window.redis_low(),
+                            window.redis_high(),
+                            byscore=True,
+                            offset=0,
+                            num=want,
+                            withscores=True,
+                        )
                 if count and total is None:
                     self._queue_count(pipe, sources, scores)
                 replies = await pipe.execute()
             if count and total is None:
                 total = int(replies[len(sources) if len(sources) == 1 else -2])
-            batches = [[Position(score, member) for member, score in reply] for reply in replies[:len(sources)]]
+            batches = [[Position(score, member) for member, score in reply] for reply in replies[: len(sources)]]
             positions, complete = merge(batches, want, descending)
             if until is not None and positions and not past(until, positions[-1], descending):
                 complete = True  # read up to the end bound: nothing more is wanted
-            positions = [p for p in positions if (after is None or past(p, after, descending))
-                         and (until is None or past(until, p, descending))]
+            positions = [
+                p
+                for p in positions
+                if (after is None or past(p, after, descending)) and (until is None or past(until, p, descending))
+            ]
             if len(positions) >= limit or complete:
                 return positions[:limit], total
             want *= 4
@@ -150,8 +185,9 @@ class SessionListing(Generic[T]):
 
     # -- nameContains: scanned in batches ------------------------------------------------------
 
-    async def _scan_names(self, plan: Plan, sources: Sequence[str], after: Position | None, until: Position | None,
-                          limit: int) -> list[Position]:
+    async def _scan_names(
+        self, plan: Plan, sources: Sequence[str], after: Position | None, until: Position | None, limit: int
+    ) -> list[Position]:
         assert plan.name_contains is not None
         found: list[Position] = []
         while len(found) < limit:
@@ -159,7 +195,9 @@ class SessionListing(Generic[T]):
             if not batch:
                 break
             names = await self.redis.hmget(self.keys.session_names, [p.id for p in batch])
-            found += [p for p, n in zip(batch, names, strict=True) if n is not None and plan.name_contains in n.casefold()]
+            found += [
+                p for p, n in zip(batch, names, strict=True) if n is not None and plan.name_contains in n.casefold()
+            ]
             if len(batch) < NAME_SCAN_BATCH:
                 break
             after = batch[-1]

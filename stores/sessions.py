@@ -14,13 +14,13 @@ from typing import Literal
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from stores import events
 from core.codec import decode, encode
 from core.errors import Conflict
 from core.keys import Keys
 from core.lease import Fence, LostLease
 from domain.model import Session, SessionResult, SessionStatus
 from domain.termination import STOPPING, begin_termination, job_outlives
+from stores import events
 
 WAKEUP_BACKLOG = 64
 """The wakeup list only signals 'there is work'; a few entries are as good as many."""
@@ -83,8 +83,9 @@ class SessionStore:
 
     # -- creation -------------------------------------------------------------------------------
 
-    async def create(self, sessions: Sequence[Session], *, client_token: str | None = None,
-                     admit: Admission | None = None) -> list[Session]:
+    async def create(
+        self, sessions: Sequence[Session], *, client_token: str | None = None, admit: Admission | None = None
+    ) -> list[Session]:
         """Store new PENDING sessions atomically; a repeated ``client_token`` returns the first call's sessions.
 
         ``admit`` (a quota check) runs under a WATCH of the owner's session index and raises to refuse: a creation
@@ -106,9 +107,7 @@ class SessionStore:
                         await admit(self)
                     for session, name_key in zip(sessions, name_keys, strict=True):
                         if await pipe.exists(name_key):
-                            raise Conflict(
-                                f"you already have a live session named {session.name!r}", field="name"
-                            )
+                            raise Conflict(f"you already have a live session named {session.name!r}", field="name")
                     pipe.multi()
                     for session, name_key in zip(sessions, name_keys, strict=True):
                         self._write_new(pipe, session, name_key)
@@ -142,7 +141,7 @@ class SessionStore:
             return 0
         ids: list[str] = await self.redis.zrange(self.keys.sessions_by_created, 0, -1)
         for start in range(0, len(ids), REINDEX_BATCH):
-            doc_keys = [self.keys.session(i) for i in ids[start:start + REINDEX_BATCH]]
+            doc_keys = [self.keys.session(i) for i in ids[start : start + REINDEX_BATCH]]
             while True:
                 async with self.redis.pipeline(transaction=True) as pipe:
                     try:
@@ -152,8 +151,9 @@ class SessionStore:
                         for session in (decode(raw, Session) for raw in raws if raw):
                             self._index_for_listing(pipe, session)
                             if session.terminated_at:
-                                pipe.zadd(self.keys.sessions_by_terminated,
-                                          {session.id: session.terminated_at.timestamp()})
+                                pipe.zadd(
+                                    self.keys.sessions_by_terminated, {session.id: session.terminated_at.timestamp()}
+                                )
                         pipe.incr(self.keys.sessions_version)
                         await pipe.execute()
                         break
@@ -181,8 +181,9 @@ class SessionStore:
 
     # -- updates --------------------------------------------------------------------------------
 
-    async def update(self, session_id: str, mutate: Mutation, *, fence: Fence | None = None,
-                     stop_job: StopMode | None = None) -> Session | None:
+    async def update(
+        self, session_id: str, mutate: Mutation, *, fence: Fence | None = None, stop_job: StopMode | None = None
+    ) -> Session | None:
         """Apply ``mutate`` to the stored session atomically; returns the stored result.
 
         ``mutate`` is pure and may run more than once (on a conflict); returning ``None`` means
@@ -254,13 +255,23 @@ class SessionStore:
 
     # -- asking the job owner (scheduler.job_owner), the one writer of sessions' Nomad jobs --------------------
 
-    async def request_termination(self, session_id: str, *, reason: str, at: datetime, forced: bool = False,
-                                  result: SessionResult | None = None, fence: Fence | None = None) -> Session | None:
+    async def request_termination(
+        self,
+        session_id: str,
+        *,
+        reason: str,
+        at: datetime,
+        forced: bool = False,
+        result: SessionResult | None = None,
+        fence: Fence | None = None,
+    ) -> Session | None:
         """End one session (``domain.termination``); its job is stopped (purged if ``forced``) by the job owner,
         asked in the same transaction. Returns the session as stored afterwards (``None`` if it does not exist)."""
         return await self.update(
-            session_id, lambda s: begin_termination(s, reason=reason, at=at, forced=forced, result=result),
-            fence=fence, stop_job="purge" if forced else "stop",
+            session_id,
+            lambda s: begin_termination(s, reason=reason, at=at, forced=forced, result=result),
+            fence=fence,
+            stop_job="purge" if forced else "stop",
         )
 
     async def request_stop(self, session_id: str) -> None:

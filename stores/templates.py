@@ -14,10 +14,8 @@ from redis.asyncio import Redis
 
 from core.codec import decode, encode
 from core.keys import Keys
-from domain.users import Role, User
 from domain.templates import Template, may_use
-
-
+from domain.users import Role, User
 
 # -- storage --
 
@@ -55,8 +53,9 @@ class TemplateStore:
         if viewer.role is Role.SUPERADMIN:
             ids: set[str] = await self.redis.smembers(self.keys.templates)
         else:
-            ids = await self.redis.sunion([self.keys.templates_of_owner(viewer.id),
-                                           *(self.keys.templates_of_project(p) for p in viewer.projects)])
+            ids = await self.redis.sunion(
+                [self.keys.templates_of_owner(viewer.id), *(self.keys.templates_of_project(p) for p in viewer.projects)]
+            )
         found = await self._many(sorted(ids))
         return sorted((t for t in found if may_use(viewer, t)), key=lambda t: (t.name, t.id))
 

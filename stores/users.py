@@ -26,8 +26,8 @@ from core.codec import decode, encode
 from core.errors import Conflict, NotFound, QuotaExceeded
 from core.keys import Keys
 from core.secrets import write_private
-from domain.users import BOOTSTRAP_ADMIN_ID, BOOTSTRAP_TOKEN_ID, ApiToken, Role, User, hash_token, new_secret
 from core.settings import GatewaySettings
+from domain.users import BOOTSTRAP_ADMIN_ID, BOOTSTRAP_TOKEN_ID, ApiToken, Role, User, hash_token, new_secret
 
 REVOCATIONS_KEPT = 10_000
 """Entries the token revocation stream keeps (about: trimmed approximately); its readers follow it live."""
@@ -57,11 +57,14 @@ end
 """
 # KEYS[1]: the token record. ARGV: the user key prefix, now (unix seconds), the last-use resolution.
 # Returns {the user's JSON document, the expiry or false}, or false.
-AUTHENTICATE = AUTHENTICATE_FUNCTION + """
+AUTHENTICATE = (
+    AUTHENTICATE_FUNCTION
+    + """
 local doc, _, expires = authenticate(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
 if not doc then return false end
 return {doc, expires}
 """
+)
 
 
 @dataclass(frozen=True)
@@ -79,15 +82,19 @@ def authenticated(doc: str | bytes | None, expires: str | bytes | None) -> Authe
     user = decode(doc, User)
     if not user.active:
         return None
-    return Authenticated(user, from_unix(expires.decode() if isinstance(expires, bytes) else expires) if expires else None)
+    return Authenticated(
+        user, from_unix(expires.decode() if isinstance(expires, bytes) else expires) if expires else None
+    )
 
 
 def token_check_args(keys: Keys, token: str, now: datetime | None = None) -> tuple[str, list[str]]:
     """The token check function's first argument (the record's key; without a token, one that never exists) and its
     other three."""
     moment = (now or utcnow()).timestamp()
-    return (keys.api_token(hash_token(token)) if token else keys.no_token,
-            [keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)])
+    return (
+        keys.api_token(hash_token(token)) if token else keys.no_token,
+        [keys.user_prefix, repr(moment), repr(LAST_USED_RESOLUTION)],
+    )
 
 
 class UserStore:
@@ -128,8 +135,11 @@ class UserStore:
 
         def new(before: User | None) -> User:
             if before is not None:
-                raise Conflict(f"a user named {user.id!r} already exists" + (
-                    "" if before.active else " (deactivated: reactivateUser makes them active again)"), field="name")
+                raise Conflict(
+                    f"a user named {user.id!r} already exists"
+                    + ("" if before.active else " (deactivated: reactivateUser makes them active again)"),
+                    field="name",
+                )
             return user
 
         created = await self._write(user.id, new)
@@ -202,6 +212,7 @@ class UserStore:
         """The configured superadmin, active, with ``token`` as its bootstrap token (replacing an earlier one).
 
         Its projects are kept across restarts; its role and activity are not: it is the way back in."""
+
         def restored(before: User | None) -> User:
             projects = before.projects if before else ("default",)
             return User(id=BOOTSTRAP_ADMIN_ID, name="admin", role=Role.SUPERADMIN, projects=projects)
@@ -226,12 +237,14 @@ class UserStore:
         reply = await self._authenticate(keys=[token_key], args=args)
         return authenticated(*reply) if reply else None
 
-    async def new_token(self, user_id: str, label: str, *, expires_at: datetime | None = None,
-                        now: datetime | None = None) -> tuple[str, ApiToken]:
+    async def new_token(
+        self, user_id: str, label: str, *, expires_at: datetime | None = None, now: datetime | None = None
+    ) -> tuple[str, ApiToken]:
         """A new token for an active user: its secret (shown once) and its record."""
         secret = new_secret()
-        record = await self._store_token(user_id, secret, label=label, token_id=uuid.uuid4().hex[:16],
-                                         expires_at=expires_at, now=now or utcnow())
+        record = await self._store_token(
+            user_id, secret, label=label, token_id=uuid.uuid4().hex[:16], expires_at=expires_at, now=now or utcnow()
+        )
         return secret, record
 
     async def issue_token(self, user_id: str, label: str = "api") -> str:
@@ -239,14 +252,20 @@ class UserStore:
         secret, _ = await self.new_token(user_id, label)
         return secret
 
-    async def _store_token(self, user_id: str, secret: str, *, label: str, token_id: str, now: datetime,
-                           expires_at: datetime | None = None) -> ApiToken:
+    async def _store_token(
+        self, user_id: str, secret: str, *, label: str, token_id: str, now: datetime, expires_at: datetime | None = None
+    ) -> ApiToken:
         await self.tokens_of(user_id)  # drops the ids of expired records, which must not count below
         user_key, tokens_key = self.keys.user(user_id), self.keys.user_tokens(user_id)
         token_hash = hash_token(secret)
         record = ApiToken(id=token_id, user_id=user_id, label=label, created_at=now, expires_at=expires_at)
-        fields = {"id": token_id, "user": user_id, "label": label, "created": repr(now.timestamp()),
-                  **({"expires": repr(expires_at.timestamp())} if expires_at else {})}
+        fields = {
+            "id": token_id,
+            "user": user_id,
+            "label": label,
+            "created": repr(now.timestamp()),
+            **({"expires": repr(expires_at.timestamp())} if expires_at else {}),
+        }
         while True:
             async with self.redis.pipeline(transaction=True) as pipe:
                 try:
@@ -258,8 +277,11 @@ class UserStore:
                         raise Conflict(f"user {user_id} is deactivated: no new tokens", field="userId")
                     adding = not await pipe.sismember(tokens_key, token_id)  # else it replaces its namesake
                     if adding and await pipe.scard(tokens_key) >= self.max_tokens:
-                        raise QuotaExceeded(f"user {user_id} already has {self.max_tokens} tokens, the most a user "
-                                            f"may have: revoke some first", field="userId")
+                        raise QuotaExceeded(
+                            f"user {user_id} already has {self.max_tokens} tokens, the most a user "
+                            f"may have: revoke some first",
+                            field="userId",
+                        )
                     replaced = await pipe.hget(self.keys.api_token_ids, token_id)
                     pipe.multi()
                     if replaced and replaced != token_hash:

@@ -19,9 +19,9 @@ import asyncio
 import contextlib
 import dataclasses
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
-import time
 from pathlib import Path
 
 import pytest
@@ -45,9 +45,13 @@ MHZ_PER_CORE = 1000
 def nomad_cluster(state_dir: Path) -> Iterator[NomadCluster]:
     from tests.conftest import STACK  # not at import time: conftest imports this module
 
-    cluster = start_nomad_cluster(state_dir / "cluster", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
-                                  rootfs=Path(STACK["CARAVAN_ROOTFS"]), clients=CLIENTS,
-                                  secrets_dir=state_dir / "cluster" / "secrets")
+    cluster = start_nomad_cluster(
+        state_dir / "cluster",
+        nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
+        rootfs=Path(STACK["CARAVAN_ROOTFS"]),
+        clients=CLIENTS,
+        secrets_dir=state_dir / "cluster" / "secrets",
+    )
     yield cluster
     cluster.stop()
 
@@ -59,8 +63,11 @@ def on_the_cluster(settings: Settings, cluster: NomadCluster) -> Settings:
     for role in ROLES:
         if not redis_password_path(cluster.secrets_dir, role).exists():
             shutil.copy2(redis_password_path(settings.secrets, role), redis_password_path(cluster.secrets_dir, role))
-    return dataclasses.replace(settings, secrets_dir=cluster.secrets_dir,
-                               nomad=dataclasses.replace(settings.nomad, addr=cluster.addr, token=cluster.token))
+    return dataclasses.replace(
+        settings,
+        secrets_dir=cluster.secrets_dir,
+        nomad=dataclasses.replace(settings.nomad, addr=cluster.addr, token=cluster.token),
+    )
 
 
 def scheduler_config(body: str = "") -> str:

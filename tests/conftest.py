@@ -67,8 +67,9 @@ def secrets_dir(state_dir: Path) -> Path:
 def redis_server(state_dir: Path, secrets_dir: Path) -> Iterator[str]:
     """The URL of the session's Redis, without credentials (``Settings.for_role`` adds them)."""
     port = free_port()
-    service: Service = start_redis(state_dir / "redis", port, log=state_dir / "redis.log", secrets_dir=secrets_dir,
-                                   key_prefixes=TEST_KEY_PREFIXES)
+    service: Service = start_redis(
+        state_dir / "redis", port, log=state_dir / "redis.log", secrets_dir=secrets_dir, key_prefixes=TEST_KEY_PREFIXES
+    )
     yield f"redis://127.0.0.1:{port}/0"
     service.stop()
 
@@ -77,9 +78,13 @@ def redis_server(state_dir: Path, secrets_dir: Path) -> Iterator[str]:
 def nomad_agent(state_dir: Path, secrets_dir: Path) -> Iterator[NomadAgent]:
     drivers = ("raw_exec", "exec") + (("docker",) if DOCKER else ()) + (("qemu",) if QEMU else ())
     agent = start_nomad_dev(
-        state_dir / "nomad", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]), rootfs=Path(STACK["CARAVAN_ROOTFS"]),
-        want_drivers=drivers, log=state_dir / "nomad.log",
-        qemu_image_dirs=tuple(Path(d) for d in QEMU_IMAGES.values()), pause_image=STACK.get("CARAVAN_PAUSE_IMAGE"),
+        state_dir / "nomad",
+        nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
+        rootfs=Path(STACK["CARAVAN_ROOTFS"]),
+        want_drivers=drivers,
+        log=state_dir / "nomad.log",
+        qemu_image_dirs=tuple(Path(d) for d in QEMU_IMAGES.values()),
+        pause_image=STACK.get("CARAVAN_PAUSE_IMAGE"),
         secrets_dir=secrets_dir,
     )
     yield agent
@@ -99,28 +104,37 @@ def no_nomad() -> Iterator[NoNomad]:
 
 
 @pytest.fixture
-def redis_settings(redis_server: str, secrets_dir: Path, namespace: str, tmp_path: Path,
-                   no_nomad: NoNomad) -> Iterator[Settings]:
+def redis_settings(
+    redis_server: str, secrets_dir: Path, namespace: str, tmp_path: Path, no_nomad: NoNomad
+) -> Iterator[Settings]:
     """The test's settings with Redis alone (admin credentials): its Nomad address is the tripwire, which refuses
     every call (a permanent error) and fails the test at teardown if it was called."""
-    yield Settings(
-        home=tmp_path,
-        secrets_dir=secrets_dir,
-        redis=RedisSettings(url=redis_server, prefix=namespace),
-        nomad=NomadSettings(addr=no_nomad.address(namespace), job_prefix=namespace),
-        default_image=DEFAULT_IMAGE or None,
-        qemu_images=QEMU_IMAGES,
-    ).with_prefix(namespace).for_role("admin")
+    yield (
+        Settings(
+            home=tmp_path,
+            secrets_dir=secrets_dir,
+            redis=RedisSettings(url=redis_server, prefix=namespace),
+            nomad=NomadSettings(addr=no_nomad.address(namespace), job_prefix=namespace),
+            default_image=DEFAULT_IMAGE or None,
+            qemu_images=QEMU_IMAGES,
+        )
+        .with_prefix(namespace)
+        .for_role("admin")
+    )
     if called := no_nomad.calls(namespace):
-        pytest.fail(f"this test called Nomad ({', '.join(called[:3])}) but was given Redis alone (redis_settings, "
-                    "redis, keys): give it the settings fixture, which boots the Nomad agent", pytrace=False)
+        pytest.fail(
+            f"this test called Nomad ({', '.join(called[:3])}) but was given Redis alone (redis_settings, "
+            "redis, keys): give it the settings fixture, which boots the Nomad agent",
+            pytrace=False,
+        )
 
 
 @pytest.fixture
 def settings(redis_settings: Settings, nomad_agent: NomadAgent) -> Settings:
     """The test's settings with Redis and the Nomad dev agent (admin credentials: Nomad's management token)."""
     return dataclasses.replace(
-        redis_settings, nomad=dataclasses.replace(redis_settings.nomad, addr=nomad_agent.addr),
+        redis_settings,
+        nomad=dataclasses.replace(redis_settings.nomad, addr=nomad_agent.addr),
     ).for_role("admin")
 
 

@@ -62,8 +62,9 @@ async def until(check: object, timeout: float, what: str) -> None:
 async def gateway_answers(http: httpx2.AsyncClient, url: str) -> bool:
     """Does a gateway at ``url`` answer the admin's ``viewer``?"""
     try:
-        response = await http.post(url, json={"query": "{ viewer { id } }"},
-                                   headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        response = await http.post(
+            url, json={"query": "{ viewer { id } }"}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
     except httpx2.TransportError:
         return False
     return bool(response.json() == {"data": {"viewer": {"id": "admin"}}})
@@ -90,8 +91,13 @@ async def caravan_dev(settings: Settings, **env: str) -> AsyncIterator[DevProces
     port = free_port()
     log = settings.home / "caravan-dev.log"
     with log.open("ab") as out:
-        supervisor = subprocess.Popen([sys.executable, "-m", "caravan.cli", "dev"], stdout=out, stderr=out,
-                                      env={**caravan_env(settings, port), **env}, start_new_session=True)
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "caravan.cli", "dev"],
+            stdout=out,
+            stderr=out,
+            env={**caravan_env(settings, port), **env},
+            start_new_session=True,
+        )
     dev = DevProcess(supervisor, f"http://127.0.0.1:{port}/graphql", log)
     try:
         async with httpx2.AsyncClient(timeout=5) as http:

@@ -18,13 +18,13 @@ from caravan.stack.processes import free_port
 from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import NomadSettings, Settings
-from stores.sessions import SessionStore
 from domain.users import Role, User
-from stores.users import UserStore
 from gateway.app import create_app
 from gateway.http_server import GatewayHttpProtocol
 from nomad_jobs.client import NomadClient, tls_context
 from scheduler.service import Scheduler
+from stores.sessions import SessionStore
+from stores.users import UserStore
 from tests.no_nomad import is_tripwire
 
 ADMIN_TOKEN = "test-admin-token"
@@ -49,13 +49,17 @@ class Caravan:
     users: UserStore
     nomad: NomadClient
 
-    async def post(self, query: str, variables: dict[str, Any] | None = None, *, token: str | None = ADMIN_TOKEN) -> dict[str, Any]:
+    async def post(
+        self, query: str, variables: dict[str, Any] | None = None, *, token: str | None = ADMIN_TOKEN
+    ) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         response = await self.http.post(self.url, json={"query": query, "variables": variables or {}}, headers=headers)
         body: dict[str, Any] = response.json()
         return body
 
-    async def gql(self, query: str, variables: dict[str, Any] | None = None, *, token: str | None = ADMIN_TOKEN) -> dict[str, Any]:
+    async def gql(
+        self, query: str, variables: dict[str, Any] | None = None, *, token: str | None = ADMIN_TOKEN
+    ) -> dict[str, Any]:
         body = await self.post(query, variables, token=token)
         if body.get("errors"):
             raise GraphQLErrors(body["errors"])
@@ -147,16 +151,29 @@ def caravan_env(settings: Settings, port: int) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: bool = True,
-                          scheduler_nomad: Callable[[NomadSettings], NomadClient] = NomadClient,
-                          ) -> AsyncIterator[Caravan]:
+async def running_caravan(
+    settings: Settings,
+    *,
+    scheduler: bool = True,
+    serve: bool = True,
+    scheduler_nomad: Callable[[NomadSettings], NomadClient] = NomadClient,
+) -> AsyncIterator[Caravan]:
     """A gateway (``serve``) and a scheduler (``scheduler``, its Nomad client made by ``scheduler_nomad``: a fault
     injector may stand in) for ``settings``' namespace."""
     port = free_port()
-    settings = dataclasses.replace(settings, gateway=dataclasses.replace(settings.gateway, host="127.0.0.1", port=port,
-                                                                         admin_token=ADMIN_TOKEN))
-    server = PromptServer(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning",
-                                         lifespan="on", http=GatewayHttpProtocol))
+    settings = dataclasses.replace(
+        settings, gateway=dataclasses.replace(settings.gateway, host="127.0.0.1", port=port, admin_token=ADMIN_TOKEN)
+    )
+    server = PromptServer(
+        uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            http=GatewayHttpProtocol,
+        )
+    )
     redis = redis_client(settings.redis)  # the test's own, with the settings' (admin) credentials
     nomad = NomadClient(settings.nomad)
     keys = Keys(settings.redis.prefix)
@@ -169,10 +186,17 @@ async def running_caravan(settings: Settings, *, scheduler: bool = True, serve: 
         await asyncio.sleep(0.02)
     async with httpx2.AsyncClient(timeout=30, verify=tls_context()) as http:
         try:
-            yield Caravan(settings, f"http://127.0.0.1:{port}/graphql", http, SessionStore(redis, keys), UserStore(redis, keys), nomad)
+            yield Caravan(
+                settings,
+                f"http://127.0.0.1:{port}/graphql",
+                http,
+                SessionStore(redis, keys),
+                UserStore(redis, keys),
+                nomad,
+            )
         finally:
             server.stop()
-            for task in tasks[1 if serve else 0:]:
+            for task in tasks[1 if serve else 0 :]:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if serve and not is_tripwire(settings.nomad.addr):  # a Redis-tier test's gateway reached no Nomad

@@ -16,8 +16,10 @@ from urllib.parse import urlsplit
 
 PATH = "/no-nomad/"
 """Every tripwire address has this path: :func:`is_tripwire` tells them from a real Nomad's."""
-ANSWER = ("no Nomad here: this test was given Redis alone (redis_settings); a test that reaches Nomad uses the "
-          "settings fixture (Nomad tier)")
+ANSWER = (
+    "no Nomad here: this test was given Redis alone (redis_settings); a test that reaches Nomad uses the "
+    "settings fixture (Nomad tier)"
+)
 
 
 def is_tripwire(addr: str) -> bool:
@@ -52,8 +54,9 @@ class NoNomad:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="no-nomad", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.5}, name="no-nomad", daemon=True
+        )
         self._thread.start()
 
     def address(self, namespace: str) -> str:

@@ -125,30 +125,35 @@ def test_settings_reach_the_nomad_agent(settings: Settings) -> None:
 NOMAD = b"/root/.cache/caravan/nomad/bin/nomad"
 
 
-@pytest.mark.parametrize(("comm", "argv", "tier"), [
-    (b"nomad", [NOMAD, b"agent", b"-dev", b"-config=/tmp/x/nomad.hcl"], "nomad"),  # start_nomad_dev
-    (b"nomad", [NOMAD, b"agent", b"-config=/tmp/x/server.hcl"], "nomad"),  # a cluster's server or client
-    (b"nomad", [NOMAD, b"logmon"], None),  # an agent's plugin process, not an agent
-    (b"nomad", [NOMAD, b"job", b"run", b"-output", b"job.hcl"], None),  # the CLI
-    (b"redis-server", [b"redis-server 127.0.0.1:6390"], "redis"),  # as Redis rewrites its command line
-    (b"sleep", [b"sleep", b"300"], None),
-    (b"", [], None),  # gone before it was read
-])
+@pytest.mark.parametrize(
+    ("comm", "argv", "tier"),
+    [
+        (b"nomad", [NOMAD, b"agent", b"-dev", b"-config=/tmp/x/nomad.hcl"], "nomad"),  # start_nomad_dev
+        (b"nomad", [NOMAD, b"agent", b"-config=/tmp/x/server.hcl"], "nomad"),  # a cluster's server or client
+        (b"nomad", [NOMAD, b"logmon"], None),  # an agent's plugin process, not an agent
+        (b"nomad", [NOMAD, b"job", b"run", b"-output", b"job.hcl"], None),  # the CLI
+        (b"redis-server", [b"redis-server 127.0.0.1:6390"], "redis"),  # as Redis rewrites its command line
+        (b"sleep", [b"sleep", b"300"], None),
+        (b"", [], None),  # gone before it was read
+    ],
+)
 def test_the_watch_knows_an_agent_and_a_redis_server(comm: bytes, argv: list[bytes], tier: str | None) -> None:
     assert service_of(comm, argv) == tier
 
 
 @pytest.mark.redis  # the inner run starts Redis servers (below this process, so this test must say so too)
-def test_a_test_starting_redis_unmarked_fails_and_marked_passes(pytester: pytest.Pytester,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_test_starting_redis_unmarked_fails_and_marked_passes(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     pytester.makeconftest(CONFTEST)
     pytester.makeini(INI)
     pytester.makepyfile(test_inner=STARTS_REDIS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=3, errors=1)  # the unmarked test passes, then errs at its teardown
-    result.stdout.fnmatch_lines(["*test_unmarked started a redis process (pid *redis-server*) but is not marked "
-                                 "redis: mark it*"])
+    result.stdout.fnmatch_lines(
+        ["*test_unmarked started a redis process (pid *redis-server*) but is not marked redis: mark it*"]
+    )
     selected = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "-m", "not redis")
     selected.assert_outcomes(passed=2, errors=1, deselected=1)  # a quick run of the pure tier still catches it
 

@@ -79,7 +79,7 @@ def descendants(root: int) -> set[Process]:
                 stat = Path(f"/proc/{name}/stat").read_bytes()
             except OSError:
                 continue
-            fields = stat[stat.rindex(b")") + 2:].split()
+            fields = stat[stat.rindex(b")") + 2 :].split()
             parents[(int(name), int(fields[19]))] = int(fields[1])
     below: set[Process] = set()
     frontier = {root}
@@ -135,7 +135,8 @@ class ServiceWatch:
                 continue
             with self._lock:
                 self.unmarked.setdefault(item.nodeid, []).append(
-                    f"a {tier} process (pid {pid}: {b' '.join(argv[:3]).decode(errors='replace')})")
+                    f"a {tier} process (pid {pid}: {b' '.join(argv[:3]).decode(errors='replace')})"
+                )
 
     def charged_to(self, item: pytest.Item) -> list[str]:
         """What ``item`` started without its marker (and forget it)."""
@@ -149,9 +150,11 @@ class ServiceWatch:
 
 def unmarked_message(item: pytest.Item, started: list[str]) -> str:
     tiers = sorted({text.split()[1] for text in started})
-    return (f"{item.nodeid} started {', '.join(started)} but is not marked {' or '.join(tiers)}: mark it "
-            f"(@pytest.mark.{tiers[0]}, or pytestmark in its module) so that the tiers (./ops/test --quick, -m) "
-            "select it rightly; see tests/tiers.py")
+    return (
+        f"{item.nodeid} started {', '.join(started)} but is not marked {' or '.join(tiers)}: mark it "
+        f"(@pytest.mark.{tiers[0]}, or pytestmark in its module) so that the tiers (./ops/test --quick, -m) "
+        "select it rightly; see tests/tiers.py"
+    )
 
 
 class Tiers:

@@ -76,8 +76,9 @@ class GraphQLSocket:
 
 
 @contextlib.asynccontextmanager
-async def graphql_socket(http_url: str, *, protocols: tuple[str, ...] = (PROTOCOL,),
-                         headers: dict[str, str] | None = None) -> AsyncIterator[GraphQLSocket]:
+async def graphql_socket(
+    http_url: str, *, protocols: tuple[str, ...] = (PROTOCOL,), headers: dict[str, str] | None = None
+) -> AsyncIterator[GraphQLSocket]:
     url = http_url.replace("http://", "ws://", 1)
     subprotocols: list[Any] = list(protocols)
     async with connect(url, subprotocols=subprotocols, additional_headers=headers or {}, open_timeout=10) as ws:

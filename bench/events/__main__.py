@@ -39,8 +39,8 @@ from caravan.stack.processes import free_port
 from core.keys import Keys
 from domain.lifecycle import transition
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
-from stores.sessions import SessionStore
 from domain.users import Role, User
+from stores.sessions import SessionStore
 from stores.users import UserStore
 
 SUBSCRIPTION = "subscription { sessionEvents { sessionId status } }"
@@ -48,9 +48,17 @@ SUBSCRIPTION = "subscription { sessionEvents { sessionId status } }"
 
 def new_session(owner: str, i: int) -> Session:
     kernel = Kernel(role="main", index=1, hostname="main1", image="busybox", resources={"cpu": "1"})
-    return Session(id=uuid.uuid4().hex, name=f"bench-{i:06d}", owner_id=owner, type=SessionType.BATCH,
-                   driver=Driver.EXEC, image="busybox", resources={"cpu": "1"}, kernels=(kernel,),
-                   created_at=datetime.now(UTC))
+    return Session(
+        id=uuid.uuid4().hex,
+        name=f"bench-{i:06d}",
+        owner_id=owner,
+        type=SessionType.BATCH,
+        driver=Driver.EXEC,
+        image="busybox",
+        resources={"cpu": "1"},
+        kernels=(kernel,),
+        created_at=datetime.now(UTC),
+    )
 
 
 class Subscriber:
@@ -97,8 +105,9 @@ async def write_changes(store: SessionStore, owner: str, count: int, pace: float
             await asyncio.sleep(pace)
         if len(written) < count:
             written[(session.id, "CANCELLED")] = time.perf_counter()
-            await store.update(session.id, lambda s: transition(s, SessionStatus.CANCELLED, reason="bench",
-                                                                 at=datetime.now(UTC)))
+            await store.update(
+                session.id, lambda s: transition(s, SessionStatus.CANCELLED, reason="bench", at=datetime.now(UTC))
+            )
             if pace:
                 await asyncio.sleep(pace)
     return written
@@ -121,8 +130,9 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-async def run(redis_url: str, prefix: str, url: str, subscribers_count: int, events: int,
-              gateway_pid: int) -> list[dict[str, Any]]:
+async def run(
+    redis_url: str, prefix: str, url: str, subscribers_count: int, events: int, gateway_pid: int
+) -> list[dict[str, Any]]:
     redis = Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(prefix)
     store, users = SessionStore(redis, keys), UserStore(redis, keys)
@@ -140,17 +150,25 @@ async def run(redis_url: str, prefix: str, url: str, subscribers_count: int, eve
         written = await write_changes(store, owner, events, pace)
         await wait_delivered(subscribers, written, timeout=60)
         finished = max((max(s.arrivals.values(), default=started) for s in subscribers), default=started)
-        latencies = sorted((s.arrivals[k] - at) * 1000 for s in subscribers for k, at in written.items()
-                           if k in s.arrivals)
+        latencies = sorted(
+            (s.arrivals[k] - at) * 1000 for s in subscribers for k, at in written.items() if k in s.arrivals
+        )
         missed = len(written) * len(subscribers) - len(latencies)
-        line: dict[str, Any] = {"mode": mode, "subscribers": subscribers_count, "events": len(written),
-                                "missed": missed, "redis_clients": redis_clients,
-                                "gateway_cpu_s": round(cpu_seconds(gateway_pid) - gateway_cpu, 2),
-                                "bench_cpu_s": round(time.process_time() - bench_cpu, 2)}
+        line: dict[str, Any] = {
+            "mode": mode,
+            "subscribers": subscribers_count,
+            "events": len(written),
+            "missed": missed,
+            "redis_clients": redis_clients,
+            "gateway_cpu_s": round(cpu_seconds(gateway_pid) - gateway_cpu, 2),
+            "bench_cpu_s": round(time.process_time() - bench_cpu, 2),
+        }
         if mode == "paced":
-            line |= {"p50_ms": round(statistics.median(latencies), 2),
-                     "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1], 2),
-                     "max_ms": round(latencies[-1], 2)}
+            line |= {
+                "p50_ms": round(statistics.median(latencies), 2),
+                "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1], 2),
+                "max_ms": round(latencies[-1], 2),
+            }
         else:
             seconds = finished - started
             line |= {"seconds": round(seconds, 3), "deliveries_per_s": round(len(latencies) / seconds)}
@@ -175,9 +193,13 @@ def main() -> None:
         redis_url = redis_settings.for_role("admin").redis.url  # the bench's own writes
         port = free_port()
         env = {
-            "CARAVAN_HOME": str(work / "home"), "CARAVAN_REDIS_URL": plain_url, "CARAVAN_REDIS_PREFIX": prefix,
+            "CARAVAN_HOME": str(work / "home"),
+            "CARAVAN_REDIS_URL": plain_url,
+            "CARAVAN_REDIS_PREFIX": prefix,
             "CARAVAN_SECRETS_DIR": str(work / "secrets"),
-            "CARAVAN_GATEWAY_HOST": "127.0.0.1", "CARAVAN_GATEWAY_PORT": str(port), "CARAVAN_GATEWAY_WORKERS": "1",
+            "CARAVAN_GATEWAY_HOST": "127.0.0.1",
+            "CARAVAN_GATEWAY_PORT": str(port),
+            "CARAVAN_GATEWAY_WORKERS": "1",
             "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
         }
         log = work / "gateway.log"
@@ -186,8 +208,9 @@ def main() -> None:
             wait_http(f"http://127.0.0.1:{port}/healthz", gateway, log)
             for count in args.subscribers:
                 try:
-                    asyncio.run(run(redis_url, prefix, f"ws://127.0.0.1:{port}/graphql", count, args.events,
-                                    gateway.pid))
+                    asyncio.run(
+                        run(redis_url, prefix, f"ws://127.0.0.1:{port}/graphql", count, args.events, gateway.pid)
+                    )
                 except Exception:
                     print(log.read_text()[-4000:], file=sys.stderr)
                     raise

@@ -54,9 +54,7 @@ PAGE_QUERY = (
     "{ sessions(first: 50) { totalCount pageInfo { hasNextPage endCursor } "
     "edges { cursor node { id name status type createdAt ownerId } } } }"
 )
-CREATE_MUTATION = (
-    "mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id status } } }"
-)
+CREATE_MUTATION = "mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id status } } }"
 OWNERS = 100
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -68,10 +66,18 @@ def stored_session(i: int) -> Session:
     resources = {"cpu": "1", "mem": str(256 << 20)}
     kernel = Kernel(role="main", index=1, hostname="main1", image="caravan/busybox:1", resources=resources)
     return Session(
-        id=uuid.uuid4().hex, name=f"bench-{i:06d}", owner_id=f"user-{i % OWNERS:03d}",
-        type=[SessionType.BATCH, SessionType.INTERACTIVE][i % 2], driver=Driver.DOCKER, image="caravan/busybox:1",
-        resources=resources, kernels=(kernel,), created_at=T0 + timedelta(seconds=i), status=SessionStatus.PENDING,
-        project=["default", "research"][i % 2], startup_command="sleep 60" if i % 2 == 0 else None,
+        id=uuid.uuid4().hex,
+        name=f"bench-{i:06d}",
+        owner_id=f"user-{i % OWNERS:03d}",
+        type=[SessionType.BATCH, SessionType.INTERACTIVE][i % 2],
+        driver=Driver.DOCKER,
+        image="caravan/busybox:1",
+        resources=resources,
+        kernels=(kernel,),
+        created_at=T0 + timedelta(seconds=i),
+        status=SessionStatus.PENDING,
+        project=["default", "research"][i % 2],
+        startup_command="sleep 60" if i % 2 == 0 else None,
         environ={"OMP_NUM_THREADS": "1"},
     )
 
@@ -85,7 +91,7 @@ async def seed(redis_url: str, prefix: str, count: int) -> None:
         by_owner.setdefault(session.owner_id, []).append(session)
     for sessions in by_owner.values():
         for start in range(0, len(sessions), 500):
-            await store.create(sessions[start:start + 500])
+            await store.create(sessions[start : start + 500])
     await redis.aclose()
 
 
@@ -94,8 +100,9 @@ async def seed(redis_url: str, prefix: str, count: int) -> None:
 
 def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -130,16 +137,28 @@ def lua_string(text: str) -> str:
 
 def page_script(body: dict[str, Any], token: str | None) -> str:
     headers = f'wrk.headers["Authorization"] = "Bearer {token}"\n' if token else ""
-    return (f'wrk.method = "POST"\nwrk.body = {lua_string(json.dumps(body))}\n'
-            f'wrk.headers["Content-Type"] = "application/json"\n{headers}')
+    return (
+        f'wrk.method = "POST"\nwrk.body = {lua_string(json.dumps(body))}\n'
+        f'wrk.headers["Content-Type"] = "application/json"\n{headers}'
+    )
 
 
 def create_script(token: str) -> str:
     """Each request a new name (names are unique per owner among live sessions): thread number and counter."""
-    template = json.dumps({"query": CREATE_MUTATION, "variables": {"input": {
-        "name": "load-%d-%d", "type": "BATCH", "driver": "RAW_EXEC", "startupCommand": "true",
-        "resources": [{"slot": "cpu", "amount": "0.1"}, {"slot": "mem", "amount": "64m"}],
-    }}})
+    template = json.dumps(
+        {
+            "query": CREATE_MUTATION,
+            "variables": {
+                "input": {
+                    "name": "load-%d-%d",
+                    "type": "BATCH",
+                    "driver": "RAW_EXEC",
+                    "startupCommand": "true",
+                    "resources": [{"slot": "cpu", "amount": "0.1"}, {"slot": "mem", "amount": "64m"}],
+                }
+            },
+        }
+    )
     return f"""
 local threads, thread_id, counter = 0, 0, 0
 local headers = {{["Content-Type"] = "application/json", ["Authorization"] = "Bearer {token}"}}
@@ -168,9 +187,11 @@ def run_wrk(url: str, script: str, workdir: Path, *, duration: int, connections:
     errors = re.search(r"Socket errors: (.*)", out)
     return {
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1]),  # type: ignore[index]
-        "p50_ms": round(latency["50"], 2), "p99_ms": round(latency["99"], 2),
+        "p50_ms": round(latency["50"], 2),
+        "p99_ms": round(latency["99"], 2),
         "requests": int(requests[1]) if requests else None,
-        "non_2xx": int(bad[1]) if bad else 0, **({"socket_errors": errors[1]} if errors else {}),
+        "non_2xx": int(bad[1]) if bad else 0,
+        **({"socket_errors": errors[1]} if errors else {}),
     }
 
 
@@ -216,8 +237,9 @@ class Renamer:
 
 
 def page_of(url: str) -> dict[str, Any]:
-    body: dict[str, Any] = httpx2.post(url, json={"query": PAGE_QUERY}, headers={"Authorization": f"Bearer {TOKEN}"},
-                                      timeout=30).json()
+    body: dict[str, Any] = httpx2.post(
+        url, json={"query": PAGE_QUERY}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+    ).json()
     if body.get("errors") or len(body["data"]["sessions"]["edges"]) != 50:
         raise SystemExit(f"the page query did not answer 50 sessions: {str(body)[:500]}")
     return body
@@ -246,8 +268,9 @@ def own_redis(work: Path, prefix: str) -> tuple[Service, Settings]:
     credentials (for ``CARAVAN_REDIS_URL``: the gateway connects as its own user from ``CARAVAN_SECRETS_DIR``) and
     give each role's by :meth:`Settings.for_role` (``admin`` for the bench's own seeding and counting)."""
     port = free_port()
-    service = start_redis(work / "redis", port, log=work / "redis.log", secrets_dir=work / "secrets",
-                          key_prefixes=(prefix,))
+    service = start_redis(
+        work / "redis", port, log=work / "redis.log", secrets_dir=work / "secrets", key_prefixes=(prefix,)
+    )
     return service, Settings(secrets_dir=work / "secrets", redis=RedisSettings(f"redis://127.0.0.1:{port}/0", prefix))
 
 
@@ -258,13 +281,19 @@ def calibration() -> dict[str, Any]:
     total = 0
     for i in range(10_000_000):
         total += i
-    return {"python_loop_10M_s": round(time.perf_counter() - started, 2), "cpus": os.cpu_count(),
-            "loadavg_1m": os.getloadavg()[0]}
+    return {
+        "python_loop_10M_s": round(time.perf_counter() - started, 2),
+        "cpus": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+    }
 
 
 def ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
-    return {"rps": round(a["rps"] / b["rps"], 3), "p50": round(a["p50_ms"] / b["p50_ms"], 2),
-            "p99": round(a["p99_ms"] / b["p99_ms"], 2)}
+    return {
+        "rps": round(a["rps"] / b["rps"], 3),
+        "p50": round(a["p50_ms"] / b["p50_ms"], 2),
+        "p99": round(a["p99_ms"] / b["p99_ms"], 2),
+    }
 
 
 TARGETS = ["bare", "page", "cached", "churn", "create"]
@@ -294,13 +323,25 @@ def main() -> None:
         try:
             started = time.perf_counter()
             asyncio.run(seed(redis_url, prefix, args.sessions))
-            print(json.dumps({"seeded": args.sessions, "seconds": round(time.perf_counter() - started, 2),
-                              "machine": calibration()}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "seeded": args.sessions,
+                        "seconds": round(time.perf_counter() - started, 2),
+                        "machine": calibration(),
+                    }
+                ),
+                flush=True,
+            )
 
             cached_port, uncached_port, bare_port = free_port(), free_port(), free_port()
             gateway_env = {
-                "CARAVAN_HOME": str(work / "home"), "CARAVAN_REDIS_URL": plain_url, "CARAVAN_REDIS_PREFIX": prefix,
-                "CARAVAN_SECRETS_DIR": str(work / "secrets"), "CARAVAN_ADMIN_TOKEN": TOKEN, "CARAVAN_GATEWAY_HOST": "127.0.0.1",
+                "CARAVAN_HOME": str(work / "home"),
+                "CARAVAN_REDIS_URL": plain_url,
+                "CARAVAN_REDIS_PREFIX": prefix,
+                "CARAVAN_SECRETS_DIR": str(work / "secrets"),
+                "CARAVAN_ADMIN_TOKEN": TOKEN,
+                "CARAVAN_GATEWAY_HOST": "127.0.0.1",
                 "CARAVAN_GATEWAY_WORKERS": str(args.workers),
                 "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
                 "CARAVAN_GRAPHQL_RATE_LIMIT": str(10**9),  # on, so its round trip counts, but never refusing
@@ -312,11 +353,28 @@ def main() -> None:
                 processes.append(spawn([sys.executable, "-m", "caravan.cli", "gateway"], env, log))
                 wait_http(f"http://127.0.0.1:{port}/healthz", processes[-1], log)
             bare_log = work / "bare.log"
-            processes.append(spawn(
-                [sys.executable, "-m", "uvicorn", "bench.gateway.bare:create", "--factory", "--host", "127.0.0.1",
-                 "--port", str(bare_port), "--workers", str(args.workers), "--log-level", "warning", "--no-access-log"],
-                {"BENCH_REDIS_URL": redis_settings.for_role("gateway").redis.url, "BENCH_REDIS_PREFIX": prefix}, bare_log,
-            ))
+            processes.append(
+                spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "uvicorn",
+                        "bench.gateway.bare:create",
+                        "--factory",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(bare_port),
+                        "--workers",
+                        str(args.workers),
+                        "--log-level",
+                        "warning",
+                        "--no-access-log",
+                    ],
+                    {"BENCH_REDIS_URL": redis_settings.for_role("gateway").redis.url, "BENCH_REDIS_PREFIX": prefix},
+                    bare_log,
+                )
+            )
             cached_url = f"http://127.0.0.1:{cached_port}/graphql"
             uncached_url = f"http://127.0.0.1:{uncached_port}/graphql"
             bare_url = f"http://127.0.0.1:{bare_port}/sessions"
@@ -325,8 +383,12 @@ def main() -> None:
                 raise SystemExit("the cached and the uncached gateway answer the page differently")
 
             common = {"duration": args.duration, "connections": args.connections, "threads": args.threads}
-            setup = {"workers": args.workers, "connections": args.connections, "duration_s": args.duration,
-                     "sessions": args.sessions}
+            setup = {
+                "workers": args.workers,
+                "connections": args.connections,
+                "duration_s": args.duration,
+                "sessions": args.sessions,
+            }
             page = page_script({"query": PAGE_QUERY}, TOKEN)
             results: dict[str, dict[str, Any]] = {}
 
@@ -348,19 +410,37 @@ def main() -> None:
             if "churn" in only:
                 with Renamer(redis_url, prefix, args.churn_ms / 1000) as renamer:
                     started = time.monotonic()
-                    result = measure("churn", f"graphql sessions(first: 50), result cache on, a rename every "
-                                              f"{args.churn_ms:g} ms", cached_url, page)
+                    result = measure(
+                        "churn",
+                        f"graphql sessions(first: 50), result cache on, a rename every {args.churn_ms:g} ms",
+                        cached_url,
+                        page,
+                    )
                     writes_per_s = renamer.renames / (time.monotonic() - started)
                 newest = page_of(cached_url)["data"]["sessions"]["edges"][0]["node"]["name"]
-                print(json.dumps({"churn": {"renames": renamer.renames, "writes_per_s": round(writes_per_s, 1),
-                                            "answers_per_write": round(result["requests"] / max(1, renamer.renames), 1),
-                                            "fresh_after": newest == renamer.last_name}}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "churn": {
+                                "renames": renamer.renames,
+                                "writes_per_s": round(writes_per_s, 1),
+                                "answers_per_write": round(result["requests"] / max(1, renamer.renames), 1),
+                                "fresh_after": newest == renamer.last_name,
+                            }
+                        }
+                    ),
+                    flush=True,
+                )
             if "create" in only:
                 before = asyncio.run(count_sessions(redis_url, prefix))
                 results["create"] = run_wrk(cached_url, create_script(TOKEN), work, **common)
                 made = asyncio.run(count_sessions(redis_url, prefix)) - before
-                print(json.dumps({"target": "graphql createSession", **results["create"], "sessions_created": made,
-                                  **setup}), flush=True)
+                print(
+                    json.dumps(
+                        {"target": "graphql createSession", **results["create"], "sessions_created": made, **setup}
+                    ),
+                    flush=True,
+                )
             ratios: dict[str, Any] = {}
             if "bare" in results:
                 for name in ("page", "cached", "churn"):
@@ -368,8 +448,11 @@ def main() -> None:
                         ratios[f"{name}_to_bare"] = ratio(results[name], results["bare"])
             if "page" in results and "cached" in results:
                 ratios["cached_to_page"] = ratio(results["cached"], results["page"])
-            goal = {name: results[name]["rps"] >= 1000 and results[name]["p99_ms"] < 50
-                    for name in ("page", "cached", "churn") if name in results}
+            goal = {
+                name: results[name]["rps"] >= 1000 and results[name]["p99_ms"] < 50
+                for name in ("page", "cached", "churn")
+                if name in results
+            }
             if ratios or goal:
                 print(json.dumps({"ratios": ratios, "goal": {"rps": 1000, "p99_ms": 50, "met": goal}}), flush=True)
         finally:

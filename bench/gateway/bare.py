@@ -22,7 +22,14 @@ from starlette.routing import Route
 from core.keys import Keys
 
 PAGE = 50
-FIELDS = {"id": "id", "name": "name", "status": "status", "type": "type", "createdAt": "created_at", "ownerId": "owner_id"}
+FIELDS = {
+    "id": "id",
+    "name": "name",
+    "status": "status",
+    "type": "type",
+    "createdAt": "created_at",
+    "ownerId": "owner_id",
+}
 
 
 def create() -> Starlette:

@@ -25,8 +25,7 @@ from caravan.stack.allocation_mounts import ended_allocation_mounts, live_alloca
 from caravan.stack.nomad_agent import drain
 from caravan.stack.nomad_cluster import single_node_ports, start_nomad_single_node
 from caravan.stack.ports import PortNeed, taken
-from caravan.stack.processes import (Service, StartupFailed, mounts_under, spawn, unmount, unmount_under,
-                                     wait_until)
+from caravan.stack.processes import Service, StartupFailed, mounts_under, spawn, unmount, unmount_under, wait_until
 from caravan.stack.redis_server import start_redis
 from caravan.stack.session_network import recorded_network, release
 from core.secrets import nomad_token_path, read_secret
@@ -68,8 +67,11 @@ def _ports(settings: Settings) -> dict[str, list[PortNeed]]:
     rpc, serf = single_node_ports(nomad)
     return {
         "redis": [PortNeed(redis, "Redis")],
-        "nomad": [PortNeed(nomad, "the Nomad HTTP API"), PortNeed(rpc, "Nomad RPC"),
-                  PortNeed(serf, "Nomad Serf", udp=True)],
+        "nomad": [
+            PortNeed(nomad, "the Nomad HTTP API"),
+            PortNeed(rpc, "Nomad RPC"),
+            PortNeed(serf, "Nomad Serf", udp=True),
+        ],
         "caravan": [PortNeed(settings.gateway.port, "the Caravan gateway")],
     }
 
@@ -85,22 +87,37 @@ def up(settings: Settings) -> int:
     if conflicts := check_ports(settings):
         for line in conflicts:
             print(f"caravan: {line}", file=sys.stderr)
-        print("caravan: nothing started: another stack (or program) uses these ports; stop it, or give this one "
-              "other ports (CARAVAN_REDIS_URL, CARAVAN_NOMAD_ADDR, CARAVAN_GATEWAY_PORT)", file=sys.stderr)
+        print(
+            "caravan: nothing started: another stack (or program) uses these ports; stop it, or give this one "
+            "other ports (CARAVAN_REDIS_URL, CARAVAN_NOMAD_ADDR, CARAVAN_GATEWAY_PORT)",
+            file=sys.stderr,
+        )
         return 1
     try:
         if not _running(settings, "redis"):
             port = urlparse(settings.redis.url).port or 6379
-            _remember(settings, start_redis(settings.home / "redis", port, log=logs / "redis.log",
-                                            secrets_dir=settings.secrets, key_prefixes=(settings.redis.prefix,)))
+            _remember(
+                settings,
+                start_redis(
+                    settings.home / "redis",
+                    port,
+                    log=logs / "redis.log",
+                    secrets_dir=settings.secrets,
+                    key_prefixes=(settings.redis.prefix,),
+                ),
+            )
         if not _running(settings, "nomad"):
             _start_nomad(settings)
         if not _running(settings, "caravan"):
             service = spawn("caravan", [sys.executable, "-m", "caravan.cli", "dev"], logs / "caravan.log")
             _remember(settings, service)
             url = f"http://{settings.gateway.host}:{settings.gateway.port}/readyz"
-            wait_until(lambda: urllib.request.urlopen(url, timeout=2).status == 200, what="Caravan gateway",
-                       timeout=60, log=logs / "caravan.log")
+            wait_until(
+                lambda: urllib.request.urlopen(url, timeout=2).status == 200,
+                what="Caravan gateway",
+                timeout=60,
+                log=logs / "caravan.log",
+            )
     except StartupFailed as exc:
         print(f"caravan: {exc}", file=sys.stderr)
         return 1
@@ -113,15 +130,23 @@ def _start_nomad(settings: Settings) -> None:
     docker = env.get("CARAVAN_DOCKER_AVAILABLE") == "1"
     drivers = ("exec",) + (("raw_exec",) if raw_exec else ()) + (("docker",) if docker else ())
     if "CARAVAN_NOMAD_HOME" not in env or "CARAVAN_ROOTFS" not in env:
-        raise StartupFailed("CARAVAN_NOMAD_HOME and CARAVAN_ROOTFS are not set: run this through ops/ (ops/dev, "
-                            "ops/reset), which set them")
+        raise StartupFailed(
+            "CARAVAN_NOMAD_HOME and CARAVAN_ROOTFS are not set: run this through ops/ (ops/dev, "
+            "ops/reset), which set them"
+        )
     # Not a -dev agent: its state is on disk, so sessions survive ./ops/stop and a Nomad restart.
     agent = start_nomad_single_node(
-        settings.home / "nomad", nomad_home=Path(env["CARAVAN_NOMAD_HOME"]), rootfs=Path(env["CARAVAN_ROOTFS"]),
-        http=urlparse(settings.nomad.addr).port or 4646, want_drivers=drivers, log=settings.home / "logs" / "nomad.log",
+        settings.home / "nomad",
+        nomad_home=Path(env["CARAVAN_NOMAD_HOME"]),
+        rootfs=Path(env["CARAVAN_ROOTFS"]),
+        http=urlparse(settings.nomad.addr).port or 4646,
+        want_drivers=drivers,
+        log=settings.home / "logs" / "nomad.log",
         qemu_image_dirs=tuple(Path(d) for d in settings.qemu_images.values()),
-        pause_image=env.get("CARAVAN_PAUSE_IMAGE") if docker else None, raw_exec=raw_exec,
-        secrets_dir=settings.secrets, namespace=settings.nomad.namespace,
+        pause_image=env.get("CARAVAN_PAUSE_IMAGE") if docker else None,
+        raw_exec=raw_exec,
+        secrets_dir=settings.secrets,
+        namespace=settings.nomad.namespace,
     )
     _remember(settings, agent.server)
 
@@ -138,8 +163,11 @@ def down(settings: Settings) -> int:
     if live is not None:
         unmount(ended_allocation_mounts(data, live))
     elif left := mounts_under(data):
-        print(f"caravan: Nomad did not say which of its allocations run: their {len(left)} mounts under {data} are "
-              f"left as they are (./ops/reset removes everything)", file=sys.stderr)
+        print(
+            f"caravan: Nomad did not say which of its allocations run: their {len(left)} mounts under {data} are "
+            f"left as they are (./ops/reset removes everything)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -177,8 +205,10 @@ def reset(settings: Settings) -> int:
                 _start_nomad(settings)
             drain(settings.nomad.addr, nomad_dir, 60, token=_nomad_admin_token(settings))
         except (StartupFailed, OSError) as exc:
-            print(f"caravan: the sessions' tasks could not all be stopped through Nomad ({exc}); going on",
-                  file=sys.stderr)
+            print(
+                f"caravan: the sessions' tasks could not all be stopped through Nomad ({exc}); going on",
+                file=sys.stderr,
+            )
     down(settings)
     unmount_under(home)
     network = recorded_network(nomad_dir)

@@ -53,8 +53,15 @@ from core.secrets import COMPONENT_ROLES, Role, ensure_secret, nomad_token_path,
 POLICY_PREFIX = "caravan-"
 
 _NAMESPACE_CAPABILITIES: dict[Role, tuple[str, ...]] = {
-    "scheduler": ("list-jobs", "read-job", "parse-job", "register-job", "deregister-job", "purge-job",
-                  "alloc-lifecycle"),
+    "scheduler": (
+        "list-jobs",
+        "read-job",
+        "parse-job",
+        "register-job",
+        "deregister-job",
+        "purge-job",
+        "alloc-lifecycle",
+    ),
     "gateway": ("read-job", "read-logs", "read-fs"),
     "idle": ("read-job",),
 }
@@ -127,8 +134,9 @@ class NomadAdmin:
             with urllib.request.urlopen(request, timeout=10) as response:
                 text = response.read()
         except urllib.error.HTTPError as exc:
-            raise NomadACLError(f"Nomad {method} {path}: {exc.code} {exc.read().decode(errors='replace').strip()}") \
-                from exc
+            raise NomadACLError(
+                f"Nomad {method} {path}: {exc.code} {exc.read().decode(errors='replace').strip()}"
+            ) from exc
         return json.loads(text) if text.strip() else None
 
 
@@ -148,15 +156,18 @@ def bootstrap(addr: str, secrets_dir: Path) -> str:
         try:
             self_token = admin.call("GET", "/v1/acl/token/self", token=secret)
         except NomadACLError as refused:
-            raise ForeignNomad(f"the Nomad at {addr} was bootstrapped with another secret than "
-                                f"{nomad_token_path(secrets_dir, 'admin')}: {refused}") from refused
+            raise ForeignNomad(
+                f"the Nomad at {addr} was bootstrapped with another secret than "
+                f"{nomad_token_path(secrets_dir, 'admin')}: {refused}"
+            ) from refused
         if self_token.get("Type") != "management":
             raise ForeignNomad(f"{nomad_token_path(secrets_dir, 'admin')} is not a management token of {addr}")
     return secret
 
 
-def configure(addr: str, management: str, secrets_dir: Path, *, namespace: str = "default",
-              allow_raw_exec: bool = True) -> dict[Role, str]:
+def configure(
+    addr: str, management: str, secrets_dir: Path, *, namespace: str = "default", allow_raw_exec: bool = True
+) -> dict[Role, str]:
     """Apply Caravan's namespace and policies to the Nomad at ``addr`` and make sure each component has a valid client
     token of its policy in ``secrets_dir`` (``nomad-<role>.token``, 0600). Returns the tokens by role.
 
@@ -165,8 +176,11 @@ def configure(addr: str, management: str, secrets_dir: Path, *, namespace: str =
     admin = NomadAdmin(addr, management)
     capabilities = None if allow_raw_exec else {"DisabledTaskDrivers": ["raw_exec"]}
     description = "Default shared namespace" if namespace == "default" else "Caravan's sessions"
-    admin.call("POST", f"/v1/namespace/{urllib.parse.quote(namespace)}",
-               {"Name": namespace, "Description": description, "Capabilities": capabilities})
+    admin.call(
+        "POST",
+        f"/v1/namespace/{urllib.parse.quote(namespace)}",
+        {"Name": namespace, "Description": description, "Capabilities": capabilities},
+    )
     tokens: dict[Role, str] = {}
     for role, rules in policies(namespace).items():
         name = policy_name(role)
@@ -186,15 +200,23 @@ def _ensure_token(admin: NomadAdmin, secrets_dir: Path, role: Role) -> str:
                 return existing
         except NomadACLError:
             pass  # an agent whose state is gone (a -dev agent) or a token revoked: make a new one
-    created = admin.call("POST", "/v1/acl/token", {"Name": policy_name(role), "Type": "client",
-                                                   "Policies": [policy_name(role)]})
+    created = admin.call(
+        "POST", "/v1/acl/token", {"Name": policy_name(role), "Type": "client", "Policies": [policy_name(role)]}
+    )
     secret = str(created["SecretID"])
     write_secret(path, secret)
     return secret
 
 
-def lock_down(addr: str, secrets_dir: Path, *, namespace: str = "default", allow_raw_exec: bool = True,
-              timeout: float = 60.0, log: Path | None = None) -> str:
+def lock_down(
+    addr: str,
+    secrets_dir: Path,
+    *,
+    namespace: str = "default",
+    allow_raw_exec: bool = True,
+    timeout: float = 60.0,
+    log: Path | None = None,
+) -> str:
     """Bootstrap (retried while the new server settles) and :func:`configure` the Nomad at ``addr``; returns the
     management token. Anonymous requests stay denied: no ``anonymous`` policy is ever written."""
     management: list[str] = []

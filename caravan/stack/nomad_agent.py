@@ -134,10 +134,22 @@ def _get(url: str, token: str | None = None) -> object:
         return json.loads(response.read())
 
 
-def write_config(path: Path, *, data_dir: Path, plugin_dir: Path, rootfs: Path, image_dir: Path,
-                 device_dir: Path, http: int, rpc: int, serf: int, network: SessionNetwork,
-                 qemu_image_dirs: tuple[Path, ...] = (), pause_image: str | None = None,
-                 raw_exec: bool = True) -> None:
+def write_config(
+    path: Path,
+    *,
+    data_dir: Path,
+    plugin_dir: Path,
+    rootfs: Path,
+    image_dir: Path,
+    device_dir: Path,
+    http: int,
+    rpc: int,
+    serf: int,
+    network: SessionNetwork,
+    qemu_image_dirs: tuple[Path, ...] = (),
+    pause_image: str | None = None,
+    raw_exec: bool = True,
+) -> None:
     """``pause_image``: the docker driver's infra container image for kernels in a network of their own (no
     registry serves Nomad's default here; ops/build-images builds one). ``raw_exec``: whether the client runs the
     unisolated raw_exec driver at all."""
@@ -146,20 +158,36 @@ def write_config(path: Path, *, data_dir: Path, plugin_dir: Path, rootfs: Path, 
     # One fake device (nomad/file/mock): with an empty directory the client waits ~50 s for the
     # example device plugin's first fingerprint before it reports ready.
     (device_dir / "mock0").touch()
-    path.write_text(NOMAD_AGENT_CONFIG.format(
-        data_dir=data_dir, plugin_dir=plugin_dir, rootfs=rootfs, device_dir=device_dir,
-        image_paths=json.dumps([str(image_dir), *map(str, qemu_image_dirs)]),  # a JSON string list is HCL too
-        http=http, rpc=rpc, serf=serf, network_config=network.client_config(),
-        infra_image=f'    infra_image = "{pause_image}"\n' if pause_image else "",
-        raw_exec="true" if raw_exec else "false",
-    ))
+    path.write_text(
+        NOMAD_AGENT_CONFIG.format(
+            data_dir=data_dir,
+            plugin_dir=plugin_dir,
+            rootfs=rootfs,
+            device_dir=device_dir,
+            image_paths=json.dumps([str(image_dir), *map(str, qemu_image_dirs)]),  # a JSON string list is HCL too
+            http=http,
+            rpc=rpc,
+            serf=serf,
+            network_config=network.client_config(),
+            infra_image=f'    infra_image = "{pause_image}"\n' if pause_image else "",
+            raw_exec="true" if raw_exec else "false",
+        )
+    )
 
 
 def start_nomad_dev(
-    state_dir: Path, *, nomad_home: Path, rootfs: Path, http: int | None = None,
-    want_drivers: tuple[str, ...] = ("raw_exec", "exec"), log: Path, timeout: float = 120.0,
-    qemu_image_dirs: tuple[Path, ...] = (), pause_image: str | None = None,
-    secrets_dir: Path | None = None, namespace: str = "default",
+    state_dir: Path,
+    *,
+    nomad_home: Path,
+    rootfs: Path,
+    http: int | None = None,
+    want_drivers: tuple[str, ...] = ("raw_exec", "exec"),
+    log: Path,
+    timeout: float = 120.0,
+    qemu_image_dirs: tuple[Path, ...] = (),
+    pause_image: str | None = None,
+    secrets_dir: Path | None = None,
+    namespace: str = "default",
 ) -> NomadAgent:
     """Start ``nomad agent -dev`` from ``nomad_home`` (bin/nomad, plugins/) on loopback ports, ACLs on, its tokens in
     ``secrets_dir`` (default ``<state_dir>/secrets``); ``raw_exec`` is disabled in ``namespace`` unless wanted."""
@@ -173,9 +201,20 @@ def start_nomad_dev(
     config = state_dir / "nomad.hcl"
     state_dir.mkdir(parents=True, exist_ok=True)
     network = session_network(state_dir)
-    write_config(config, data_dir=state_dir / "data", plugin_dir=nomad_home / "plugins", rootfs=rootfs,
-                 image_dir=state_dir / "images", device_dir=state_dir / "devices", qemu_image_dirs=qemu_image_dirs,
-                 http=http, rpc=free_port(), serf=free_port(), network=network, pause_image=pause_image)
+    write_config(
+        config,
+        data_dir=state_dir / "data",
+        plugin_dir=nomad_home / "plugins",
+        rootfs=rootfs,
+        image_dir=state_dir / "images",
+        device_dir=state_dir / "devices",
+        qemu_image_dirs=qemu_image_dirs,
+        http=http,
+        rpc=free_port(),
+        serf=free_port(),
+        network=network,
+        pause_image=pause_image,
+    )
     # Nomad hands its own environment to exec and raw_exec tasks: start it with a clean one.
     service = spawn("nomad", [str(binary), "agent", "-dev", f"-config={config}"], log, env=CLEAN_ENV, clean=True)
     addr = f"http://127.0.0.1:{http}"
@@ -204,8 +243,14 @@ def start_nomad_dev(
 
     try:
         wait_until(healthy, what="Nomad agent health", timeout=timeout, log=log)
-        token = lock_down(addr, secrets_dir or state_dir / "secrets", namespace=namespace,
-                          allow_raw_exec="raw_exec" in want_drivers, timeout=timeout, log=log)
+        token = lock_down(
+            addr,
+            secrets_dir or state_dir / "secrets",
+            namespace=namespace,
+            allow_raw_exec="raw_exec" in want_drivers,
+            timeout=timeout,
+            log=log,
+        )
         wait_until(node_ready, what=f"Nomad node with drivers {', '.join(want_drivers)}", timeout=timeout, log=log)
     except BaseException:
         service.stop()  # an agent that never became ready must not outlive the failed start
@@ -213,5 +258,12 @@ def start_nomad_dev(
         release(network)
         raise
     drivers = {name: bool(d.get("Healthy")) for name, d in (node.get("Drivers") or {}).items()}  # type: ignore[union-attr]
-    return NomadAgent(service=service, addr=addr, node_id=str(node["ID"]), drivers=drivers, data_dir=state_dir / "data",
-                      network=network, token=token)
+    return NomadAgent(
+        service=service,
+        addr=addr,
+        node_id=str(node["ID"]),
+        drivers=drivers,
+        data_dir=state_dir / "data",
+        network=network,
+        token=token,
+    )

@@ -21,7 +21,6 @@ import contextlib
 import os
 import shutil
 import signal
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,8 +197,12 @@ class SingleNodeNomad(NomadCluster):
     def _wait_ready(self, timeout: float) -> None:
         _wait_server(self, timeout)
         spec = ClientSpec(self.name, cpu_mhz=0, memory_mb=0, mock_devices=1)  # only the name and devices are read
-        wait_until(lambda: _clients_ready(self, [spec], self.want_drivers), what="the Nomad node", timeout=timeout,
-                   log=self.server.log)
+        wait_until(
+            lambda: _clients_ready(self, [spec], self.want_drivers),
+            what="the Nomad node",
+            timeout=timeout,
+            log=self.server.log,
+        )
 
     def stop(self, drain_timeout: float = 20.0) -> None:
         if self.server.alive():
@@ -227,12 +230,21 @@ def _leftover_executors(binary: str, groups: set[int]) -> list[int]:
     return found
 
 
-def start_nomad_single_node(state_dir: Path, *, nomad_home: Path, rootfs: Path,
-                            want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0,
-                            http: int | None = None, qemu_image_dirs: tuple[Path, ...] = (),
-                            log: Path | None = None, pause_image: str | None = None,
-                            raw_exec: bool | None = None, secrets_dir: Path | None = None,
-                            namespace: str = "default") -> SingleNodeNomad:
+def start_nomad_single_node(
+    state_dir: Path,
+    *,
+    nomad_home: Path,
+    rootfs: Path,
+    want_drivers: tuple[str, ...] = ("raw_exec",),
+    timeout: float = 120.0,
+    http: int | None = None,
+    qemu_image_dirs: tuple[Path, ...] = (),
+    log: Path | None = None,
+    pause_image: str | None = None,
+    raw_exec: bool | None = None,
+    secrets_dir: Path | None = None,
+    namespace: str = "default",
+) -> SingleNodeNomad:
     """A non-dev agent (server + client) on loopback ports of its own, with one ``nomad/file/mock`` device, ACLs on
     and its tokens in ``secrets_dir`` (default ``<state_dir>/secrets``; a restart reuses them). ``raw_exec``: whether
     the client runs the raw_exec driver at all, and the namespace allows raw_exec jobs (default: when it is wanted).
@@ -246,17 +258,37 @@ def start_nomad_single_node(state_dir: Path, *, nomad_home: Path, rootfs: Path,
     rpc, serf = single_node_ports(http) if http else (free_port(), free_port())
     http = http or free_port()
     network = session_network(state_dir)
-    write_config(state_dir / "nomad.hcl", data_dir=state_dir / "data", plugin_dir=nomad_home / "plugins",
-                 rootfs=rootfs, image_dir=state_dir / "images", device_dir=state_dir / "devices",
-                 http=http, rpc=rpc, serf=serf, qemu_image_dirs=qemu_image_dirs, network=network,
-                 pause_image=pause_image, raw_exec=raw_exec)
+    write_config(
+        state_dir / "nomad.hcl",
+        data_dir=state_dir / "data",
+        plugin_dir=nomad_home / "plugins",
+        rootfs=rootfs,
+        image_dir=state_dir / "images",
+        device_dir=state_dir / "devices",
+        http=http,
+        rpc=rpc,
+        serf=serf,
+        qemu_image_dirs=qemu_image_dirs,
+        network=network,
+        pause_image=pause_image,
+        raw_exec=raw_exec,
+    )
     name = f"caravan-single-{state_dir.name}"
     (state_dir / "single.hcl").write_text(SINGLE_NODE_CONFIG.format(name=name, cgroup_parent=_cgroup_parent(name)))
     argv = (str(binary), "agent", f"-config={state_dir / 'nomad.hcl'}", f"-config={state_dir / 'single.hcl'}")
     server = spawn("nomad", argv, log or state_dir / "nomad.log", env=CLEAN_ENV, clean=True)
-    agent = SingleNodeNomad(addr=f"http://127.0.0.1:{http}", server=server, state_dir=state_dir, argv=argv, name=name,
-                            want_drivers=want_drivers, networks={name: network}, secrets_dir=secrets_dir,
-                            namespace=namespace, allow_raw_exec=raw_exec)
+    agent = SingleNodeNomad(
+        addr=f"http://127.0.0.1:{http}",
+        server=server,
+        state_dir=state_dir,
+        argv=argv,
+        name=name,
+        want_drivers=want_drivers,
+        networks={name: network},
+        secrets_dir=secrets_dir,
+        namespace=namespace,
+        allow_raw_exec=raw_exec,
+    )
     try:
         agent._wait_ready(timeout)
     except BaseException:
@@ -285,53 +317,97 @@ def _cgroup_parent(name: str) -> str:
     return f"caravan-{name}.slice" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else f"/caravan-{name}"
 
 
-def start_nomad_cluster(state_dir: Path, *, nomad_home: Path, rootfs: Path, clients: Sequence[ClientSpec],
-                        want_drivers: tuple[str, ...] = ("raw_exec",), timeout: float = 120.0,
-                        secrets_dir: Path | None = None, namespace: str = "default") -> NomadCluster:
+def start_nomad_cluster(
+    state_dir: Path,
+    *,
+    nomad_home: Path,
+    rootfs: Path,
+    clients: Sequence[ClientSpec],
+    want_drivers: tuple[str, ...] = ("raw_exec",),
+    timeout: float = 120.0,
+    secrets_dir: Path | None = None,
+    namespace: str = "default",
+) -> NomadCluster:
     binary = _binary(nomad_home)
     state_dir.mkdir(parents=True, exist_ok=True)
     http, rpc = free_port(), free_port()
     server_log = state_dir / "server.log"
     (state_dir / "server.hcl").write_text(
-        COMMON_CONFIG.format(name="caravan-server", data_dir=state_dir / "server", http=http, rpc=rpc,
-                             serf=free_port()) + SERVER_CONFIG)
-    server = spawn("nomad-server", [str(binary), "agent", f"-config={state_dir / 'server.hcl'}"], server_log,
-                   env=CLEAN_ENV, clean=True)
-    cluster = NomadCluster(addr=f"http://127.0.0.1:{http}", server=server, state_dir=state_dir,
-                           secrets_dir=secrets_dir, namespace=namespace, allow_raw_exec="raw_exec" in want_drivers)
+        COMMON_CONFIG.format(name="caravan-server", data_dir=state_dir / "server", http=http, rpc=rpc, serf=free_port())
+        + SERVER_CONFIG
+    )
+    server = spawn(
+        "nomad-server",
+        [str(binary), "agent", f"-config={state_dir / 'server.hcl'}"],
+        server_log,
+        env=CLEAN_ENV,
+        clean=True,
+    )
+    cluster = NomadCluster(
+        addr=f"http://127.0.0.1:{http}",
+        server=server,
+        state_dir=state_dir,
+        secrets_dir=secrets_dir,
+        namespace=namespace,
+        allow_raw_exec="raw_exec" in want_drivers,
+    )
     try:
         _wait_server(cluster, timeout)
         for spec in clients:
             cluster.networks[spec.name] = session_network(state_dir / spec.name)
-            cluster.clients[spec.name] = _start_client(binary, state_dir, spec, rpc, nomad_home, rootfs,
-                                                       cluster.networks[spec.name])
-        wait_until(lambda: _clients_ready(cluster, clients, want_drivers), what="Nomad client nodes",
-                   timeout=timeout, log=state_dir / f"{clients[-1].name}.log" if clients else None)
+            cluster.clients[spec.name] = _start_client(
+                binary, state_dir, spec, rpc, nomad_home, rootfs, cluster.networks[spec.name]
+            )
+        wait_until(
+            lambda: _clients_ready(cluster, clients, want_drivers),
+            what="Nomad client nodes",
+            timeout=timeout,
+            log=state_dir / f"{clients[-1].name}.log" if clients else None,
+        )
     except BaseException:
         cluster.stop()
         raise
     return cluster
 
 
-def _start_client(binary: Path, state_dir: Path, spec: ClientSpec, server_rpc: int, nomad_home: Path,
-                  rootfs: Path, network: SessionNetwork) -> Service:
+def _start_client(
+    binary: Path,
+    state_dir: Path,
+    spec: ClientSpec,
+    server_rpc: int,
+    nomad_home: Path,
+    rootfs: Path,
+    network: SessionNetwork,
+) -> Service:
     data_dir = state_dir / spec.name
     device_dir = data_dir / "devices"
     device_dir.mkdir(parents=True, exist_ok=True)
     for n in range(spec.mock_devices):
         (device_dir / f"mock{n}").touch(mode=0o644)
-    config = COMMON_CONFIG.format(name=spec.name, data_dir=data_dir, http=free_port(), rpc=free_port(),
-                                  serf=free_port())
-    config += CLIENT_CONFIG.format(plugin_dir=nomad_home / "plugins", server_rpc=server_rpc, node_pool=spec.node_pool,
-                                   cpu_mhz=spec.cpu_mhz, memory_mb=spec.memory_mb,
-                                   cgroup_parent=_cgroup_parent(spec.name), rootfs=rootfs,
-                                   network_config=network.client_config())
+    config = COMMON_CONFIG.format(
+        name=spec.name, data_dir=data_dir, http=free_port(), rpc=free_port(), serf=free_port()
+    )
+    config += CLIENT_CONFIG.format(
+        plugin_dir=nomad_home / "plugins",
+        server_rpc=server_rpc,
+        node_pool=spec.node_pool,
+        cpu_mhz=spec.cpu_mhz,
+        memory_mb=spec.memory_mb,
+        cgroup_parent=_cgroup_parent(spec.name),
+        rootfs=rootfs,
+        network_config=network.client_config(),
+    )
     if spec.mock_devices:
         config += DEVICE_PLUGIN.format(device_dir=device_dir)
     path = state_dir / f"{spec.name}.hcl"
     path.write_text(config)
-    return spawn(f"nomad-{spec.name}", [str(binary), "agent", f"-config={path}"], state_dir / f"{spec.name}.log",
-                 env=CLEAN_ENV, clean=True)
+    return spawn(
+        f"nomad-{spec.name}",
+        [str(binary), "agent", f"-config={path}"],
+        state_dir / f"{spec.name}.log",
+        env=CLEAN_ENV,
+        clean=True,
+    )
 
 
 def _wait_server(cluster: NomadCluster, timeout: float) -> None:
@@ -347,9 +423,14 @@ def _wait_server(cluster: NomadCluster, timeout: float) -> None:
         return isinstance(keys, list) and bool(keys)
 
     wait_until(leader, what="a Nomad server leader", timeout=timeout, log=cluster.server.log)
-    cluster.token = lock_down(cluster.addr, cluster.secrets_dir or cluster.state_dir / "secrets",
-                              namespace=cluster.namespace, allow_raw_exec=cluster.allow_raw_exec, timeout=timeout,
-                              log=cluster.server.log)
+    cluster.token = lock_down(
+        cluster.addr,
+        cluster.secrets_dir or cluster.state_dir / "secrets",
+        namespace=cluster.namespace,
+        allow_raw_exec=cluster.allow_raw_exec,
+        timeout=timeout,
+        log=cluster.server.log,
+    )
     wait_until(keyring, what="the Nomad keyring", timeout=timeout, log=cluster.server.log)
 
 

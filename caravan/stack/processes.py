@@ -103,8 +103,13 @@ def spawn(
     log.parent.mkdir(parents=True, exist_ok=True)
     out = log.open("ab")
     process = subprocess.Popen(
-        list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True, env={**({} if clean else os.environ), **(env or {})}, close_fds=True,
+        list(argv),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**({} if clean else os.environ), **(env or {})},
+        close_fds=True,
     )
     out.close()
     return Service(name=name, process=process, log=log)

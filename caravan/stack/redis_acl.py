@@ -69,10 +69,12 @@ def write_acl_file(secrets_dir: Path, key_prefixes: Sequence[str]) -> Path:
 def describe_users(prefix: str) -> str:
     """The users as an operator adds them to a Redis of their own (``caravan stack redis-users``)."""
     placeholders: dict[Role, str] = {role: f"#<sha256-hex-of-the-{role}-password>" for role in ROLES}
-    return "\n".join([
-        f"# Caravan's Redis users for key prefix {prefix!r} (CARAVAN_REDIS_PREFIX), in ACL file syntax.",
-        "# Give each component its user in its URL (redis://<role>:<password>@host:port/db) or its password in",
-        "# $CARAVAN_SECRETS_DIR/redis-<role>.password (mode 0600). Keep your own admin user instead of ours if you",
-        "# have one, and turn the default user off.",
-        *acl_lines(placeholders, (prefix,)),
-    ])
+    return "\n".join(
+        [
+            f"# Caravan's Redis users for key prefix {prefix!r} (CARAVAN_REDIS_PREFIX), in ACL file syntax.",
+            "# Give each component its user in its URL (redis://<role>:<password>@host:port/db) or its password in",
+            "# $CARAVAN_SECRETS_DIR/redis-<role>.password (mode 0600). Keep your own admin user instead of ours if you",
+            "# have one, and turn the default user off.",
+            *acl_lines(placeholders, (prefix,)),
+        ]
+    )

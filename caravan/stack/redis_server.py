@@ -33,8 +33,15 @@ from core.secrets import read_secret, redis_password_path
 APPENDFSYNC = "always"
 
 
-def start_redis(state_dir: Path, port: int, *, log: Path, secrets_dir: Path, key_prefixes: Sequence[str] = ("caravan",),
-                appendfsync: str = APPENDFSYNC) -> Service:
+def start_redis(
+    state_dir: Path,
+    port: int,
+    *,
+    log: Path,
+    secrets_dir: Path,
+    key_prefixes: Sequence[str] = ("caravan",),
+    appendfsync: str = APPENDFSYNC,
+) -> Service:
     """Start Redis on 127.0.0.1:``port`` with its AOF in ``state_dir``; starting it again there replays the AOF.
 
     Its users are Caravan's (``redis-<role>.password`` in ``secrets_dir``, generated once): the components' users
@@ -46,15 +53,32 @@ def start_redis(state_dir: Path, port: int, *, log: Path, secrets_dir: Path, key
     acl_file = write_acl_file(secrets_dir, key_prefixes)
     admin_password = read_secret(redis_password_path(secrets_dir, "admin"))
     argv = [
-        binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(state_dir),
-        "--appendonly", "yes", "--appendfsync", appendfsync, "--save", "",
-        "--protected-mode", "yes", "--daemonize", "no", "--aclfile", str(acl_file),
+        binary,
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dir",
+        str(state_dir),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        appendfsync,
+        "--save",
+        "",
+        "--protected-mode",
+        "yes",
+        "--daemonize",
+        "no",
+        "--aclfile",
+        str(acl_file),
     ]
     service = spawn("redis", argv, log, env=CLEAN_ENV, clean=True)  # nothing of ours in its environment
 
     def ready() -> bool:
-        with redis.Redis(host="127.0.0.1", port=port, username="admin", password=admin_password,
-                         socket_timeout=1) as client:
+        with redis.Redis(
+            host="127.0.0.1", port=port, username="admin", password=admin_password, socket_timeout=1
+        ) as client:
             return bool(client.ping())
 
     try:

@@ -68,10 +68,20 @@ class SessionNetwork:
             "name": CNI_NETWORK,
             "plugins": [
                 {"type": "loopback"},
-                {"type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": False, "hairpinMode": True,
-                 "forceAddress": True,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": self.subnet}]],
-                          "routes": [{"dst": "0.0.0.0/0"}], "dataDir": self.ipam_dir}},
+                {
+                    "type": "bridge",
+                    "bridge": self.bridge,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "forceAddress": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": self.subnet}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": self.ipam_dir,
+                    },
+                },
                 {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
                 {"type": "caravan-isolation", "bridge": self.bridge, "stateDir": str(MEMBERSHIP_DIR)},
             ],
@@ -88,9 +98,13 @@ def session_network(client_dir: Path) -> SessionNetwork:
             network = SessionNetwork(**json.loads(record.read_text()))
         else:
             bridge = "cv" + hashlib.sha256(str(client_dir).encode()).hexdigest()[:6]
-            network = SessionNetwork(bridge=bridge, subnet=str(_free_subnet(bridge, _taken(reserved))),
-                                     config_dir=str(client_dir / "cni"), bin_dir=str(client_dir / "cni-bin"),
-                                     ipam_dir=str(client_dir / "cni-ipam"))
+            network = SessionNetwork(
+                bridge=bridge,
+                subnet=str(_free_subnet(bridge, _taken(reserved))),
+                config_dir=str(client_dir / "cni"),
+                bin_dir=str(client_dir / "cni-bin"),
+                ipam_dir=str(client_dir / "cni-ipam"),
+            )
         (reserved / _reservation_name(network.subnet)).write_text(str(client_dir))
         _write(network)
         record.parent.mkdir(parents=True, exist_ok=True)
@@ -108,8 +122,11 @@ def release(network: SessionNetwork) -> None:
     """After the client stopped for good: remove its bridge (its kernels are gone), whatever membership records a
     killed client left, and its subnet's reservation. A persisted agent that is only restarted keeps its network."""
     subprocess.run(["ip", "link", "delete", network.bridge], capture_output=True, check=False)
-    subprocess.run([sys.executable, "-I", str(ISOLATION_MODULE), "release", network.subnet, str(MEMBERSHIP_DIR)],
-                   capture_output=True, check=False)
+    subprocess.run(
+        [sys.executable, "-I", str(ISOLATION_MODULE), "release", network.subnet, str(MEMBERSHIP_DIR)],
+        capture_output=True,
+        check=False,
+    )
     with _reservations() as reserved:
         (reserved / _reservation_name(network.subnet)).unlink(missing_ok=True)
 
@@ -159,8 +176,12 @@ def _free_subnet(bridge: str, reserved: list[ipaddress.IPv4Network]) -> ipaddres
 
 
 def _routed_networks() -> list[ipaddress.IPv4Network]:
-    routes = json.loads(subprocess.run(["ip", "-j", "-4", "route", "show", "table", "all"], capture_output=True,
-                                       text=True, check=True).stdout or "[]")
+    routes = json.loads(
+        subprocess.run(
+            ["ip", "-j", "-4", "route", "show", "table", "all"], capture_output=True, text=True, check=True
+        ).stdout
+        or "[]"
+    )
     found = []
     for route in routes:
         destination = route.get("dst", "")

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from domain.model import SessionType
 from domain.idle.config import CheckName, EffectivePolicy, ThresholdOperator, UtilizationPolicy
 from domain.idle.metrics import ALWAYS_APPLICABLE, SlotAmounts, metric_applies, requested_device_prefixes
 from domain.idle.verdict import CheckReport, MetricReading, RemainingBasis, Verdict
 from domain.idle.window import UtilizationWindow
+from domain.model import SessionType
 
 NETWORK_EXEMPT = frozenset({SessionType.BATCH, SessionType.INFERENCE})
 LIFETIME_EXEMPT = frozenset({SessionType.BATCH})

@@ -7,15 +7,15 @@ from creation: time spent queued is not the user's.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import NamedTuple
 from decimal import Decimal
+from typing import NamedTuple
 
-from domain.model import Kernel, Session, SessionStatus
-from domain.resource_policies import SessionLimits
+from domain.idle.arbiter import SessionFacts, checked_thresholds
 from domain.idle.config import EffectivePolicy, IdlePolicyConfig
 from domain.idle.owner_limits import tightened
-from domain.idle.arbiter import SessionFacts, checked_thresholds
 from domain.idle.window import UtilizationWindow
+from domain.model import Kernel, Session, SessionStatus
+from domain.resource_policies import SessionLimits
 
 
 class Activity(NamedTuple):
@@ -24,7 +24,6 @@ class Activity(NamedTuple):
     last: datetime | None
     """The last recorded user traffic; None if none was recorded."""
     open_connections: int
-
 
 
 def policy_for(config: IdlePolicyConfig, session: Session, limits: SessionLimits | None = None) -> EffectivePolicy:

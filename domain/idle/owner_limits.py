@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from domain.resource_policies import SessionLimits
 from domain.idle.config import CheckName, EffectivePolicy
+from domain.resource_policies import SessionLimits
 
 
 def tightened(policy: EffectivePolicy, limits: SessionLimits | None, enabled: Iterable[CheckName]) -> EffectivePolicy:
@@ -21,8 +21,7 @@ def tightened(policy: EffectivePolicy, limits: SessionLimits | None, enabled: It
     if limits is None:
         return policy
     on = frozenset(enabled)
-    lifetime = _stricter(policy.max_session_lifetime, limits.max_session_lifetime,
-                         CheckName.SESSION_LIFETIME in on)
+    lifetime = _stricter(policy.max_session_lifetime, limits.max_session_lifetime, CheckName.SESSION_LIFETIME in on)
     network = _stricter(policy.network_idle_timeout, limits.idle_timeout, CheckName.NETWORK_TIMEOUT in on)
     if (lifetime, network) == (policy.max_session_lifetime, policy.network_idle_timeout):
         return policy

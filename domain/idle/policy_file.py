@@ -36,12 +36,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from domain.idle.config import DEFAULT_CHECK_INTERVAL, CheckName, IdlePolicyConfig, PolicyLayer, ThresholdOperator
-from core.durations import parse_duration
-from devices.catalog import DeviceCatalog
-from domain.idle.metrics import known_metrics
 from core.config_file import ConfigFileError, ConfigReader, attributes, parse_hcl, read_text, shown
+from core.durations import parse_duration
 from core.source_lines import Path
+from devices.catalog import DeviceCatalog
+from domain.idle.config import DEFAULT_CHECK_INTERVAL, CheckName, IdlePolicyConfig, PolicyLayer, ThresholdOperator
+from domain.idle.metrics import known_metrics
 
 TOP_LEVEL_KEYS = ("check_interval", "enabled", "defaults", "resource_group", "user_policy")
 LAYER_KEYS = ("max_session_lifetime", "network_idle_timeout", "utilization")
@@ -61,12 +61,14 @@ def read_policy_text(path: str | os.PathLike[str]) -> str:
     return read_text(path, PolicyFileError)
 
 
-def parse_policy(text: str, path: str = "<policy>", devices: DeviceCatalog | None = None, *,
-                 published: bool = False) -> IdlePolicyConfig:
+def parse_policy(
+    text: str, path: str = "<policy>", devices: DeviceCatalog | None = None, *, published: bool = False
+) -> IdlePolicyConfig:
     """``devices``: the device names in force (the metrics of named devices may have thresholds). ``published``: the
     text the idle checker published after parsing it with its own device names: any metric name is taken."""
     return _Reader(path, text, None if published else known_metrics(devices)).config(
-        parse_hcl(text, path, PolicyFileError))
+        parse_hcl(text, path, PolicyFileError)
+    )
 
 
 class _Reader(ConfigReader):

@@ -112,7 +112,9 @@ class CheckReport(NamedTuple):
             note=str(doc["note"]),
             operator=ThresholdOperator(operator) if operator is not None else None,
             readings=tuple(
-                MetricReading(str(r["metric"]), None if r["average"] is None else float(r["average"]), float(r["threshold"]))
+                MetricReading(
+                    str(r["metric"]), None if r["average"] is None else float(r["average"]), float(r["threshold"])
+                )
                 for r in doc["readings"]
             ),
         )

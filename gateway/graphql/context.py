@@ -11,16 +11,16 @@ from starlette.requests import Request
 from starlette.websockets import WebSocket
 
 from core.errors import CaravanError, Unauthenticated
-from stores.event_hub import EventHub
 from core.settings import Settings
-from stores.sessions import SessionStore
 from domain.users import User
-from stores.users import UserStore
 from gateway.graphql.loaders import Loaders, loaders_for
 from gateway.log_follows import ConnectionFollows
 from gateway.revocations import RevocationWatch, Watched
-from stores.idle import IdleStore
 from nomad_jobs.client import NomadClient
+from stores.event_hub import EventHub
+from stores.idle import IdleStore
+from stores.sessions import SessionStore
+from stores.users import UserStore
 
 
 @dataclass

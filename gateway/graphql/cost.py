@@ -44,8 +44,8 @@ from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types.graphql import OperationType
 
 from domain.inference import MAX_REPLICAS
-from gateway.graphql.sessions.mutations import MAX_DESTROY
 from domain.session_requests import MAX_CLUSTER_SIZE, MAX_COUNT
+from gateway.graphql.sessions.mutations import MAX_DESTROY
 
 Coordinate = tuple[str, str]
 """A field of the schema: (type name, field name)."""
@@ -74,8 +74,13 @@ LIST_SIZES: Mapping[Coordinate, int] = {
 """The most items of other lists whose items may cost something; any other list counts as the largest page."""
 
 
-def operation_cost(schema: GraphQLSchema, document: DocumentNode, operation_name: str | None,
-                   variables: Mapping[str, Any] | None, max_page: int) -> int:
+def operation_cost(
+    schema: GraphQLSchema,
+    document: DocumentNode,
+    operation_name: str | None,
+    variables: Mapping[str, Any] | None,
+    max_page: int,
+) -> int:
     """The cost of the operation ``operation_name`` of ``document`` (0 if there is no such operation).
 
     ``variables`` as sent (uncoerced; a missing one takes its default); ``max_page``: the largest page of a connection.
@@ -91,20 +96,31 @@ def operation_cost(schema: GraphQLSchema, document: DocumentNode, operation_name
 
 
 class _Walk:
-    def __init__(self, schema: GraphQLSchema, document: DocumentNode, operation: OperationDefinitionNode,
-                 variables: Mapping[str, Any], max_page: int) -> None:
+    def __init__(
+        self,
+        schema: GraphQLSchema,
+        document: DocumentNode,
+        operation: OperationDefinitionNode,
+        variables: Mapping[str, Any],
+        max_page: int,
+    ) -> None:
         self.schema = schema
         self.max_page = max_page
         self.fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
-        defaults = {v.variable.name.value: value_from_ast_untyped(v.default_value)
-                    for v in operation.variable_definitions or () if v.default_value is not None}
+        defaults = {
+            v.variable.name.value: value_from_ast_untyped(v.default_value)
+            for v in operation.variable_definitions or ()
+            if v.default_value is not None
+        }
         self.variables = {**defaults, **variables}
 
-    def selections(self, parent: GraphQLObjectType, selection_set: SelectionSetNode | None, times: int,
-                   spreading: frozenset[str]) -> int:
+    def selections(
+        self, parent: GraphQLObjectType, selection_set: SelectionSetNode | None, times: int, spreading: frozenset[str]
+    ) -> int:
         """Cost of a selection set on ``parent`` resolved ``times`` times; ``spreading``: the fragments around it."""
-        return sum(self.field(on, node, times, inside) for node, on, inside in self.fields_of(parent, selection_set,
-                                                                                             spreading))
+        return sum(
+            self.field(on, node, times, inside) for node, on, inside in self.fields_of(parent, selection_set, spreading)
+        )
 
     def field(self, parent: GraphQLObjectType, node: FieldNode, times: int, spreading: frozenset[str]) -> int:
         name = node.name.value
@@ -119,11 +135,19 @@ class _Walk:
         if not isinstance(returned, GraphQLObjectType) or node.selection_set is None:
             return own
         if _is_connection(returned):
-            return own + self.connection(returned, node.selection_set, times, _page(arguments, self.max_page), spreading)
+            return own + self.connection(
+                returned, node.selection_set, times, _page(arguments, self.max_page), spreading
+            )
         return own + self.selections(returned, node.selection_set, times * items, spreading)
 
-    def connection(self, connection: GraphQLObjectType, selection_set: SelectionSetNode, times: int, page: int,
-                   spreading: frozenset[str]) -> int:
+    def connection(
+        self,
+        connection: GraphQLObjectType,
+        selection_set: SelectionSetNode,
+        times: int,
+        page: int,
+        spreading: frozenset[str],
+    ) -> int:
         """A connection's selections: its ``edges`` (and what is under them) hold ``page`` items."""
         total = 0
         for node, on, inside in self.fields_of(connection, selection_set, spreading):
@@ -135,8 +159,9 @@ class _Walk:
                 total += self.field(on, node, times, inside)
         return total
 
-    def fields_of(self, parent: GraphQLObjectType, selection_set: SelectionSetNode | None,
-                  spreading: frozenset[str]) -> Iterator[tuple[FieldNode, GraphQLObjectType, frozenset[str]]]:
+    def fields_of(
+        self, parent: GraphQLObjectType, selection_set: SelectionSetNode | None, spreading: frozenset[str]
+    ) -> Iterator[tuple[FieldNode, GraphQLObjectType, frozenset[str]]]:
         """The fields selected on ``parent`` through its fragments, each with the type it is read on and the named
         fragments it is inside (validation refuses cycles; they are never followed here either)."""
         for selection in selection_set.selections if selection_set else ():
@@ -173,8 +198,14 @@ class _Walk:
         """Left out by ``@skip(if: true)`` or ``@include(if: false)`` (an unknown condition counts it in)."""
         for directive in getattr(selection, "directives", None) or ():
             if directive.name.value in ("skip", "include"):
-                condition = next((value_from_ast_untyped(a.value, self.variables)
-                                  for a in directive.arguments or () if a.name.value == "if"), None)
+                condition = next(
+                    (
+                        value_from_ast_untyped(a.value, self.variables)
+                        for a in directive.arguments or ()
+                        if a.name.value == "if"
+                    ),
+                    None,
+                )
                 if condition is (directive.name.value == "skip"):
                     return True
         return False
@@ -210,8 +241,13 @@ class CostLimit(SchemaExtension):
     def on_execute(self) -> Iterator[None]:
         context = self.execution_context
         if context.graphql_document is not None and context.operation_type is not OperationType.SUBSCRIPTION:
-            cost = operation_cost(context.schema._schema, context.graphql_document, context.operation_name,
-                                  context.variables, self.max_page)
+            cost = operation_cost(
+                context.schema._schema,
+                context.graphql_document,
+                context.operation_name,
+                context.variables,
+                self.max_page,
+            )
             if cost > self.max_cost:
                 error = GraphQLError(
                     f"the operation costs {cost}, more than the limit of {self.max_cost}: ask for smaller pages, "

@@ -39,8 +39,9 @@ def parsed_document(query: str, max_tokens: int | None) -> DocumentNode | None:
 
 
 @lru_cache(maxsize=CACHED_DOCUMENTS)
-def _validated(schema: GraphQLSchema, query: str, max_tokens: int | None,
-               rules: tuple[type[ASTValidationRule], ...]) -> list[GraphQLError]:
+def _validated(
+    schema: GraphQLSchema, query: str, max_tokens: int | None, rules: tuple[type[ASTValidationRule], ...]
+) -> list[GraphQLError]:
     return validate_document(schema, _parsed(query, max_tokens), rules)
 
 

@@ -27,8 +27,15 @@ def coded(error: GraphQLError, request_id: str) -> GraphQLError:
         # A syntax, validation or variable-coercion error: the request itself is malformed.
         if (error.extensions or {}).get("code"):
             return error
-        return GraphQLError(error.message, error.nodes, error.source, error.positions, error.path,
-                            original, {**(error.extensions or {}), "code": "INVALID_INPUT"})
+        return GraphQLError(
+            error.message,
+            error.nodes,
+            error.source,
+            error.positions,
+            error.path,
+            original,
+            {**(error.extensions or {}), "code": "INVALID_INPUT"},
+        )
     if isinstance(original, (*OUTAGES, Unavailable)) and not (error.extensions or {}).get("code"):  # once per error
         REPORTER.answered(original)
     if isinstance(original, OUTAGES):
@@ -38,12 +45,18 @@ def coded(error: GraphQLError, request_id: str) -> GraphQLError:
         if original.field:
             extensions["field"] = original.field
         extensions.update(original.details)  # what the code needs said (a limit, ...)
-        return GraphQLError(original.message, error.nodes, error.source, error.positions, error.path,
-                            original, extensions)
+        return GraphQLError(
+            original.message, error.nodes, error.source, error.positions, error.path, original, extensions
+        )
     log.error("request=%s unexpected error at %s", request_id, error.path, exc_info=original)
     return GraphQLError(
-        f"internal error (request id {request_id})", error.nodes, error.source, error.positions, error.path,
-        None, {"code": "INTERNAL", "requestId": request_id},
+        f"internal error (request id {request_id})",
+        error.nodes,
+        error.source,
+        error.positions,
+        error.path,
+        None,
+        {"code": "INTERNAL", "requestId": request_id},
     )
 
 

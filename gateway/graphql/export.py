@@ -1,7 +1,7 @@
 """Writes the schema's SDL to ``gateway/graphql/schema.graphql``, which is committed so that changes show in review.
 
-    .venv/bin/python -m gateway.graphql.export           # regenerate
-    .venv/bin/python -m gateway.graphql.export --check   # exit 1 if the committed file is stale
+.venv/bin/python -m gateway.graphql.export           # regenerate
+.venv/bin/python -m gateway.graphql.export --check   # exit 1 if the committed file is stale
 """
 
 from __future__ import annotations

@@ -50,8 +50,12 @@ GRAPHQL_RESPONSE = "application/graphql-response+json"
 
 CODES = {400: "BAD_REQUEST", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
 """Codes of the refusals Strawberry raises itself (as ``HTTPException``)."""
-OPERATION_MEMBERS = (("query", (str, type(None)), "a string"), ("operationName", (str, type(None)), "a string"),
-                     ("variables", (dict, type(None)), "an object"), ("extensions", (dict, type(None)), "an object"))
+OPERATION_MEMBERS = (
+    ("query", (str, type(None)), "a string"),
+    ("operationName", (str, type(None)), "a string"),
+    ("variables", (dict, type(None)), "an object"),
+    ("extensions", (dict, type(None)), "an object"),
+)
 """The members of an operation in a request body, their types and how a refusal names them."""
 REQUEST_ERROR_STATUS = {"INTERNAL": 500, "UNAVAILABLE": 503}
 """With graphql-response+json, a request error is 400 unless it is one of these."""
@@ -111,8 +115,15 @@ class RecordOperation(SchemaExtension):
 
 
 class GraphQLOverHTTP(GraphQL[Context, None]):
-    def __init__(self, schema: BaseSchema, *, guard: Guard, metrics: Metrics, result_cache: ResultCache | None = None,
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        schema: BaseSchema,
+        *,
+        guard: Guard,
+        metrics: Metrics,
+        result_cache: ResultCache | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(schema, **options)
         self.guard = guard
         self.metrics = metrics
@@ -184,52 +195,78 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         past the size cap, or when an operation is malformed (none runs then)."""
         limit = self.guard.limits.max_batch
         if limit == 0:
-            raise RequestError(400, "batched requests (a JSON array of operations) are off here: send one operation "
-                               "per request", "BATCHING_DISABLED")
+            raise RequestError(
+                400,
+                "batched requests (a JSON array of operations) are off here: send one operation per request",
+                "BATCHING_DISABLED",
+            )
         if not request_data:
             raise RequestError(400, f"an empty batch: give 1 to {limit} operations", "BAD_REQUEST")
         if len(request_data) > limit:
-            raise RequestError(400, f"a batch holds at most {limit} operations, not {len(request_data)}",
-                               "BATCH_TOO_LARGE", details={"limit": limit})
+            raise RequestError(
+                400,
+                f"a batch holds at most {limit} operations, not {len(request_data)}",
+                "BATCH_TOO_LARGE",
+                details={"limit": limit},
+            )
         for index, item in enumerate(request_data):
             check_operation(item, f"operation {index} of the batch")
 
-    async def execute_operation(self, request: Request, request_adapter: Any,  # type: ignore[override]
-                                request_data: GraphQLRequestData | list[GraphQLRequestData], context: Context,
-                                root_value: None, sub_response: Response) -> Any:
+    async def execute_operation(
+        self,
+        request: Request,
+        request_adapter: Any,  # type: ignore[override]
+        request_data: GraphQLRequestData | list[GraphQLRequestData],
+        context: Context,
+        root_value: None,
+        sub_response: Response,
+    ) -> Any:
         """A batch's operations run one after the other, each counted by the rate limit (the request was counted
         once at admission) and each with its own cost limit; a refusal of one is its answer, not the batch's."""
         if not isinstance(request_data, list):
-            return await super().execute_operation(request, request_adapter, request_data, context, root_value,
-                                                   sub_response)
+            return await super().execute_operation(
+                request, request_adapter, request_data, context, root_value, sub_response
+            )
         request.state.batch = True
         await self.guard.count_more(request, len(request_data) - 1)
         results = []
         for data in request_data:
             if results and self.result_cache is not None:  # the version read at admission: an operation may have
-                self.result_cache.started(request, None)     # written since, so the cache reads it again
+                self.result_cache.started(request, None)  # written since, so the cache reads it again
             try:
-                results.append(await self.execute_single(request, request_adapter, sub_response, context, root_value,
-                                                         data))
+                results.append(
+                    await self.execute_single(request, request_adapter, sub_response, context, root_value, data)
+                )
             except HTTPException as exc:  # no operation to run (a missing query, an unknown operationName...)
                 results.append(refused_operation(exc.reason, CODES.get(exc.status_code, "BAD_REQUEST")))
         return results
 
-    async def execute_single(self, request: Request, request_adapter: Any, sub_response: Response,  # type: ignore[override]
-                             context: Context, root_value: None, request_data: GraphQLRequestData) -> ExecutionResult:
+    async def execute_single(
+        self,
+        request: Request,
+        request_adapter: Any,
+        sub_response: Response,  # type: ignore[override]
+        context: Context,
+        root_value: None,
+        request_data: GraphQLRequestData,
+    ) -> ExecutionResult:
         async def execute() -> ExecutionResult:
-            return await super(GraphQLOverHTTP, self).execute_single(request, request_adapter, sub_response, context,
-                                                                     root_value, request_data)
+            return await super(GraphQLOverHTTP, self).execute_single(
+                request, request_adapter, sub_response, context, root_value, request_data
+            )
 
         try:
             if self.result_cache is None:
                 return await execute()
-            return await self.result_cache.answer(request, context.user if context.auth_failure is None else None,
-                                                  request_data, execute, self.encode_json)
+            return await self.result_cache.answer(
+                request, context.user if context.auth_failure is None else None, request_data, execute, self.encode_json
+            )
         except HTTPException as exc:
             cause = exc.__cause__
             if isinstance(cause, InvalidOperationTypeError) and cause.operation_type == OperationType.MUTATION:
-                raise RequestError(405, "mutations must be sent with POST", "METHOD_NOT_ALLOWED", {"Allow": "POST"}) from exc
+                raise RequestError(
+                    405, "mutations must be sent with POST", "METHOD_NOT_ALLOWED", {"Allow": "POST"}
+                ) from exc
             raise
 
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:  # type: ignore[override]
@@ -248,8 +285,9 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
             content = b"[" + b",".join(self._encoded(item) for item in response_data) + b"]"
         else:
             content = self._encoded(response_data)
-        response = Response(content, sub_response.status_code or 200,
-                            media_type=with_charset(sub_response.media_type or JSON))
+        response = Response(
+            content, sub_response.status_code or 200, media_type=with_charset(sub_response.media_type or JSON)
+        )
         response.headers.raw.extend(sub_response.headers.raw)
         response.background = sub_response.background
         return response

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from strawberry.dataloader import DataLoader
 
 from domain.users import User
-from stores.users import UserStore
 from stores.idle import IdleStore, StoredVerdict
+from stores.users import UserStore
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,10 @@ class OperationNameRequired(SchemaExtension):
         if document is not None and context._provided_operation_name is None:  # Strawberry keeps the given name here
             count = sum(isinstance(d, OperationDefinitionNode) for d in document.definitions)
             if count > 1 and not context.pre_execution_errors:
-                context.pre_execution_errors = [GraphQLError(
-                    f"the document has {count} operations: name the one to run in operationName",
-                    extensions={"code": "INVALID_INPUT", "field": "operationName"})]
+                context.pre_execution_errors = [
+                    GraphQLError(
+                        f"the document has {count} operations: name the one to run in operationName",
+                        extensions={"code": "INVALID_INPUT", "field": "operationName"},
+                    )
+                ]
         yield

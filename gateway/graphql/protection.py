@@ -35,11 +35,11 @@ from strawberry.extensions.max_aliases import create_validator as alias_validato
 from strawberry.extensions.query_depth_limiter import create_validator as depth_validator
 
 from core.keys import Keys
-from stores.users import AUTHENTICATE_FUNCTION, Authenticated, authenticated, token_check_args
 from gateway.graphql.cost import CostLimit
 from gateway.graphql.document_cache import DocumentCache
 from gateway.http_server import PARSER_MAX_URL_BYTES
 from nomad_jobs.client import CONNECTIONS, LOG_FOLLOWS
+from stores.users import AUTHENTICATE_FUNCTION, Authenticated, authenticated, token_check_args
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +88,21 @@ class Limits:
             if getattr(self, f.name) < (0 if f.name in ("rate_limit", "result_cache", "max_batch") else 1):
                 raise ValueError(f"CARAVAN_GRAPHQL_{f.name.upper()} must be positive, not {getattr(self, f.name)}")
         if self.max_url_bytes > PARSER_MAX_URL_BYTES:
-            raise ValueError(f"CARAVAN_GRAPHQL_MAX_URL_BYTES must be at most {PARSER_MAX_URL_BYTES}, the longest URL "
-                             f"the HTTP server parses, not {self.max_url_bytes}")
+            raise ValueError(
+                f"CARAVAN_GRAPHQL_MAX_URL_BYTES must be at most {PARSER_MAX_URL_BYTES}, the longest URL "
+                f"the HTTP server parses, not {self.max_url_bytes}"
+            )
         if not self.max_nomad_calls <= self.max_user_nomad_calls < CONNECTIONS:
-            raise ValueError(f"CARAVAN_GRAPHQL_MAX_NOMAD_CALLS ({self.max_nomad_calls}) must be at most "
-                             f"CARAVAN_GRAPHQL_MAX_USER_NOMAD_CALLS ({self.max_user_nomad_calls}), which must be "
-                             f"below the Nomad client's {CONNECTIONS} connections")
+            raise ValueError(
+                f"CARAVAN_GRAPHQL_MAX_NOMAD_CALLS ({self.max_nomad_calls}) must be at most "
+                f"CARAVAN_GRAPHQL_MAX_USER_NOMAD_CALLS ({self.max_user_nomad_calls}), which must be "
+                f"below the Nomad client's {CONNECTIONS} connections"
+            )
         if self.max_log_follows > LOG_FOLLOWS:
-            raise ValueError(f"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS ({self.max_log_follows}) must be at most the gateway "
-                             f"process's {LOG_FOLLOWS} log follows")
+            raise ValueError(
+                f"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS ({self.max_log_follows}) must be at most the gateway "
+                f"process's {LOG_FOLLOWS} log follows"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
@@ -172,8 +178,12 @@ def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
         _coded(alias_validator(limits.max_aliases), "TOO_MANY_ALIASES", limits.max_aliases),
     ]
     # DocumentCache last: it parses with the token limit and validates with the rules the others set
-    return [functools.partial(_MaxTokens, limits.max_tokens), functools.partial(AddValidationRules, rules), DocumentCache,
-            functools.partial(CostLimit, limits.max_cost, limits.max_page)]
+    return [
+        functools.partial(_MaxTokens, limits.max_tokens),
+        functools.partial(AddValidationRules, rules),
+        DocumentCache,
+        functools.partial(CostLimit, limits.max_cost, limits.max_page),
+    ]
 
 
 # -- body size and request rate -----------------------------------------------------------------
@@ -183,7 +193,9 @@ def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
 # check's (see stores.users); ARGV[4]: the rate-limit key prefix, ARGV[5]: the window's number, ARGV[6]: its length
 # in seconds, ARGV[7]: the limit (0: count nothing), ARGV[8]: the subject without a valid token (the client's address).
 # Returns {the user's document or false, the token's expiry or false, the count (0 when not counted), the reads...}.
-ADMIT = AUTHENTICATE_FUNCTION + """
+ADMIT = (
+    AUTHENTICATE_FUNCTION
+    + """
 local doc, user, expires = authenticate(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
 local count = 0
 if tonumber(ARGV[7]) > 0 then
@@ -195,6 +207,7 @@ local reply = {doc, expires, count}
 for i = 2, #KEYS do reply[#reply + 1] = redis.call('GET', KEYS[i]) end
 return reply
 """
+)
 
 
 @dataclass(frozen=True)
@@ -232,8 +245,10 @@ class RateLimiter:
             self._script = redis.register_script(ADMIT)
         token_key, token_args = token_check_args(self.keys, token, datetime.fromtimestamp(now, UTC))
         doc, expires, count, *values = await self._script(
-            keys=[token_key, *read], client=redis,
-            args=[*token_args, self.keys.rate_limit_prefix, window, self.window, self.limit, anonymous])
+            keys=[token_key, *read],
+            client=redis,
+            args=[*token_args, self.keys.rate_limit_prefix, window, self.window, self.limit, anonymous],
+        )
         over = self.limit and count > self.limit
         return Admission(authenticated(doc, expires), (window + 1) * self.window - now if over else None, values)
 
@@ -283,16 +298,21 @@ class Guard:
 
     def too_large(self) -> RequestError:
         limit = self.limits.max_body_bytes
-        return RequestError(413, f"the request body is larger than {limit} bytes", "PAYLOAD_TOO_LARGE",
-                            details={"limit": limit})
+        return RequestError(
+            413, f"the request body is larger than {limit} bytes", "PAYLOAD_TOO_LARGE", details={"limit": limit}
+        )
 
     def check_url(self, request: Request) -> None:
         """Refuses a request target longer than the limit (a GET carries its query there) with 414."""
         target = len(request.scope.get("raw_path") or b"") + len(request.scope.get("query_string") or b"") + 1
         if target > self.limits.max_url_bytes:
             limit = self.limits.max_url_bytes
-            raise RequestError(414, f"the URL is longer than {limit} bytes: send the query in a POST body",
-                               "URI_TOO_LONG", details={"limit": limit})
+            raise RequestError(
+                414,
+                f"the URL is longer than {limit} bytes: send the query in a POST body",
+                "URI_TOO_LONG",
+                details={"limit": limit},
+            )
 
     def bounded(self, receive: Receive) -> Receive:
         """``receive`` that refuses a body growing past the limit (bodies without Content-Length)."""
@@ -317,8 +337,9 @@ class Guard:
             raise self.too_large()
         token = bearer(request.headers.get("authorization", ""))
         try:
-            admission = await self.rate_limiter.admit(token, client_subject(request.client.host if request.client
-                                                                             else None), read)
+            admission = await self.rate_limiter.admit(
+                token, client_subject(request.client.host if request.client else None), read
+            )
         except (RedisError, OSError) as exc:  # fail open: an outage is reported by the fields that need Redis
             log.debug("rate limit not checked: %s", exc)
             return None
@@ -342,5 +363,6 @@ class Guard:
     def _check_rate(self, retry_after: float | None) -> None:
         if retry_after is not None:
             message, seconds = self.rate_limiter.refusal(retry_after)
-            raise RequestError(429, message, "RATE_LIMITED", headers={"Retry-After": str(seconds)},
-                               details={"retryAfter": seconds})
+            raise RequestError(
+                429, message, "RATE_LIMITED", headers={"Retry-After": str(seconds)}, details={"retryAfter": seconds}
+            )

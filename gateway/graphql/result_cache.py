@@ -94,8 +94,9 @@ def cacheable_operation(schema: GraphQLSchema, document: DocumentNode, operation
         return False
     operation = operations[0]
     fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
-    return _only_transparent(operation) and _pure(schema, schema.query_type, operation.selection_set, fragments,
-                                                  root=True, spreading=frozenset())
+    return _only_transparent(operation) and _pure(
+        schema, schema.query_type, operation.selection_set, fragments, root=True, spreading=frozenset()
+    )
 
 
 def _only_transparent(node: Any) -> bool:
@@ -109,12 +110,23 @@ def _pure_field(parent: GraphQLObjectType, name: str, *, root: bool) -> bool:
         return True
     field = parent.fields[name]
     definition = field.extensions.get(GraphQLCoreConverter.DEFINITION_BACKREF)
-    return (definition is not None and definition.base_resolver is None and not definition.extensions
-            and not definition.permission_classes)
+    return (
+        definition is not None
+        and definition.base_resolver is None
+        and not definition.extensions
+        and not definition.permission_classes
+    )
 
 
-def _pure(schema: GraphQLSchema, parent: GraphQLObjectType, selection_set: SelectionSetNode,
-          fragments: dict[str, FragmentDefinitionNode], *, root: bool, spreading: frozenset[str]) -> bool:
+def _pure(
+    schema: GraphQLSchema,
+    parent: GraphQLObjectType,
+    selection_set: SelectionSetNode,
+    fragments: dict[str, FragmentDefinitionNode],
+    *,
+    root: bool,
+    spreading: frozenset[str],
+) -> bool:
     for selection in selection_set.selections:
         if not _only_transparent(selection):
             return False
@@ -133,16 +145,20 @@ def _pure(schema: GraphQLSchema, parent: GraphQLObjectType, selection_set: Selec
                 return False
         elif isinstance(selection, InlineFragmentNode):
             on = schema.get_type(selection.type_condition.name.value) if selection.type_condition else parent
-            if on is not parent or not _pure(schema, parent, selection.selection_set, fragments, root=root,
-                                             spreading=spreading):
+            if on is not parent or not _pure(
+                schema, parent, selection.selection_set, fragments, root=root, spreading=spreading
+            ):
                 return False
         elif isinstance(selection, FragmentSpreadNode):
             name = selection.name.value
             fragment = fragments.get(name)
-            if (fragment is None or name in spreading or not _only_transparent(fragment)
-                    or schema.get_type(fragment.type_condition.name.value) is not parent
-                    or not _pure(schema, parent, fragment.selection_set, fragments, root=root,
-                                 spreading=spreading | {name})):
+            if (
+                fragment is None
+                or name in spreading
+                or not _only_transparent(fragment)
+                or schema.get_type(fragment.type_condition.name.value) is not parent
+                or not _pure(schema, parent, fragment.selection_set, fragments, root=root, spreading=spreading | {name})
+            ):
                 return False
         else:
             return False
@@ -252,8 +268,14 @@ class ResultCache:
     for its answer (polling dashboards all miss at once after each write).
     """
 
-    def __init__(self, redis: Callable[[], Redis], keys: Keys, schema: GraphQLSchema, max_tokens: int | None,
-                 answers: Answers | None = None) -> None:
+    def __init__(
+        self,
+        redis: Callable[[], Redis],
+        keys: Keys,
+        schema: GraphQLSchema,
+        max_tokens: int | None,
+        answers: Answers | None = None,
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.schema = schema
@@ -274,11 +296,20 @@ class ResultCache:
         """Note the version read at admission (None: not read, the cache reads it if it needs it)."""
         request.state.sessions_version = _version(values[0]) if values else None
 
-    async def answer(self, request: Request, viewer: User | None, data: GraphQLRequestData,
-                     execute: Callable[[], Awaitable[ExecutionResult]], encode: Encode) -> ExecutionResult:
+    async def answer(
+        self,
+        request: Request,
+        viewer: User | None,
+        data: GraphQLRequestData,
+        execute: Callable[[], Awaitable[ExecutionResult]],
+        encode: Encode,
+    ) -> ExecutionResult:
         """The stored answer if it is current, else ``execute()`` (kept if clean and nothing was written meanwhile)."""
-        if viewer is None or data.query is None or not cacheable(self.schema, data.query, self.max_tokens,
-                                                                  data.operation_name):
+        if (
+            viewer is None
+            or data.query is None
+            or not cacheable(self.schema, data.query, self.max_tokens, data.operation_name)
+        ):
             return await execute()
         key = cache_key(data, viewer)
         version = getattr(request.state, "sessions_version", None) or await self._current_version()
@@ -301,8 +332,9 @@ class ResultCache:
             return await self._execute_and_keep(key, version, execute, encode)
         return await execute()
 
-    async def _execute_and_keep(self, key: CacheKey, version: str, execute: Callable[[], Awaitable[ExecutionResult]],
-                                encode: Encode) -> ExecutionResult:
+    async def _execute_and_keep(
+        self, key: CacheKey, version: str, execute: Callable[[], Awaitable[ExecutionResult]], encode: Encode
+    ) -> ExecutionResult:
         executing: asyncio.Future[Shared] = asyncio.get_running_loop().create_future()
         self._executing[(key, version)] = executing
         shared = Shared(None, outdated=False)

@@ -20,11 +20,11 @@ from gateway.graphql.protection import Limits, schema_extensions
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
 from gateway.graphql.sessions.subscriptions import SessionSubscriptions
-from gateway.graphql.websocket import SubscriptionsOverWebSocket
 from gateway.graphql.templates.mutations import TemplateMutations
 from gateway.graphql.templates.queries import TemplateQueries
 from gateway.graphql.users.mutations import UserMutations
 from gateway.graphql.users.queries import UserQueries
+from gateway.graphql.websocket import SubscriptionsOverWebSocket
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,16 @@ class CaravanSchema(strawberry.Schema):
 def build_schema(limits: Limits = Limits()) -> strawberry.Schema:
     """The schema with ``limits``' document limits (the SDL is the same for any limits)."""
     return CaravanSchema(
-        query=Query, mutation=Mutation, subscription=Subscription,
-        extensions=[OperationNameRequired, *schema_extensions(limits), ErrorCodes, RecordOperation,
-                    SubscriptionsOverWebSocket],
+        query=Query,
+        mutation=Mutation,
+        subscription=Subscription,
+        extensions=[
+            OperationNameRequired,
+            *schema_extensions(limits),
+            ErrorCodes,
+            RecordOperation,
+            SubscriptionsOverWebSocket,
+        ],
         config=StrawberryConfig(relay_max_results=limits.max_page),
     )
 

@@ -32,11 +32,11 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import Bas
 from strawberry.subscriptions.protocols.graphql_transport_ws.types import ConnectionInitMessage, SubscribeMessage
 from strawberry.types.graphql import OperationType
 
-from stores import events
 from core.errors import InvalidInput
 from gateway.graphql.context import Context
 from gateway.graphql.protection import TOO_MANY_TOKENS, Admission, Guard, RateLimiter, bearer, client_subject
 from gateway.revocations import Watched
+from stores import events
 
 log = logging.getLogger(__name__)
 

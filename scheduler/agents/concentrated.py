@@ -18,7 +18,9 @@ def select(request: SelectionRequest, candidates: Sequence[AgentView], config: S
     return _best(request, candidates, config, direction=1)
 
 
-def _best(request: SelectionRequest, candidates: Sequence[AgentView], config: SelectorConfig, direction: int) -> str | None:
+def _best(
+    request: SelectionRequest, candidates: Sequence[AgentView], config: SelectorConfig, direction: int
+) -> str | None:
     """The candidate with the smallest (unused kinds, direction * remaining[k1], ..., id); only agents that fit."""
     slots = order_slots(request.requested, config.resource_priority)
     fitting = [agent for agent in candidates if request.requested.fits_in(agent.remaining)]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from domain.slots import format_slots
 from scheduler.agents.occupancy import GroupOccupancy
 from scheduler.agents.vectors import Demand
 from scheduler.pass_model import WaitExplanation, WaitKind
-from domain.slots import format_slots
 
 __all__ = ["explain_never_fits", "explain_no_fit"]
 
@@ -28,12 +28,16 @@ def explain_never_fits(occupancy: GroupOccupancy, group: str, demand: Demand, ro
     agent, short = occupancy.closest(demand, when_empty=True)
     shortfall = occupancy.codec.to_slots(short)
     agent_id = None if agent is None else occupancy.ids[agent]
-    message = (f"{what} is bigger than any schedulable agent of resource group {group}: even empty, "
-               f"the closest ({agent_id}) lacks {format_slots(shortfall)}")
+    message = (
+        f"{what} is bigger than any schedulable agent of resource group {group}: even empty, "
+        f"the closest ({agent_id}) lacks {format_slots(shortfall)}"
+    )
     return WaitExplanation(WaitKind.NEVER_FITS, message, shortfall=shortfall, best_agent=agent_id)
 
 
-def explain_no_fit(occupancy: GroupOccupancy, demand: Demand, role: str | None, reserved: str | None) -> WaitExplanation:
+def explain_no_fit(
+    occupancy: GroupOccupancy, demand: Demand, role: str | None, reserved: str | None
+) -> WaitExplanation:
     what = _what(occupancy, demand, role)
     agent, short = occupancy.closest(demand)
     shortfall = occupancy.codec.to_slots(short)

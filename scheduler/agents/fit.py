@@ -63,8 +63,11 @@ class PluginChooser:
         if not fitting:
             return None
         candidates = [  # a slot held for a reservation may be below zero for others: they see none of it
-            AgentView(occupancy.ids[o], codec.dense_to_slots(occupancy.capacity[o]),
-                      codec.dense_to_slots([max(amount, 0) for amount in occupancy.avail[o]]))
+            AgentView(
+                occupancy.ids[o],
+                codec.dense_to_slots(occupancy.capacity[o]),
+                codec.dense_to_slots([max(amount, 0) for amount in occupancy.avail[o]]),
+            )
             for o in fitting
         ]
         role = session.kernels[kernel].role if session.cluster_mode is ClusterMode.MULTI_NODE else "main1"
@@ -82,8 +85,13 @@ def packing_direction(selector_name: str) -> int | None:
     return {"concentrated": CONCENTRATED, "dispersed": DISPERSED}.get(selector_name)
 
 
-def make_chooser(name: str, occupancy: GroupOccupancy, plugins: Mapping[str, AgentSelector],
-                 config: SelectorConfig, roundrobin_next: int) -> Chooser:
+def make_chooser(
+    name: str,
+    occupancy: GroupOccupancy,
+    plugins: Mapping[str, AgentSelector],
+    config: SelectorConfig,
+    roundrobin_next: int,
+) -> Chooser:
     """The chooser for a configured selector name; unknown names raise with the list of valid ones."""
     selector = resolve_selector(name, plugins)
     if name == ROUNDROBIN:
@@ -102,8 +110,9 @@ class Attempt:
     """Index into the demands of the one that found no agent."""
 
 
-def place(occupancy: GroupOccupancy, chooser: Chooser, session: PendingSession, demands: Sequence[Demand],
-          *, use_cache: bool) -> Attempt:
+def place(
+    occupancy: GroupOccupancy, chooser: Chooser, session: PendingSession, demands: Sequence[Demand], *, use_cache: bool
+) -> Attempt:
     """Place every demand in order against the state after the previous ones; roll all back if one fails.
 
     ``demands`` holds one summed demand for a single-node session, one per kernel for a multi-node one. Only a failure
@@ -139,8 +148,10 @@ def reserve(occupancy: GroupOccupancy, session_id: str, demands: Sequence[Demand
         need = amounts_of(demand)
         taken = {ordinal for ordinal, _ in chosen}
         candidates = [
-            ordinal for ordinal in occupancy.members(positions)
-            if ordinal not in occupancy.holds and ordinal not in taken
+            ordinal
+            for ordinal in occupancy.members(positions)
+            if ordinal not in occupancy.holds
+            and ordinal not in taken
             and dominates([occupancy.capacity[ordinal][p] for p in positions], need)
         ]
         if not candidates:

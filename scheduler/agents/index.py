@@ -27,7 +27,11 @@ DISPERSED = -1
 
 class PackingIndex:
     def __init__(
-        self, positions: tuple[int, ...], direction: int, members: Iterable[tuple[int, int]], avail: Sequence[Sequence[int]]
+        self,
+        positions: tuple[int, ...],
+        direction: int,
+        members: Iterable[tuple[int, int]],
+        avail: Sequence[Sequence[int]],
     ) -> None:
         """``members``: (agent ordinal, unused accelerator kinds) of every agent having all ``positions``."""
         self.positions = positions

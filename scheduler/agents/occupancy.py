@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from devices.catalog import device_prefix
+from domain.agents import Agent
 from scheduler.agents.index import PackingIndex
 from scheduler.agents.ranking import accelerator_kinds
 from scheduler.agents.vectors import Demand, SlotCodec, amounts_of, positions_of
-from domain.agents import Agent
-from devices.catalog import device_prefix
 
 __all__ = ["GroupOccupancy", "dominates"]
 

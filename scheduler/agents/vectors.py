@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
-from scheduler.agents.ranking import order_slots
 from domain.slots import ResourceSlots
+from scheduler.agents.ranking import order_slots
 
 __all__ = ["MILLI", "Demand", "SlotCodec", "amounts_of", "positions_of"]
 
@@ -60,7 +60,9 @@ class SlotCodec:
         return demand
 
     def to_slots(self, pairs: Iterable[tuple[int, int]]) -> ResourceSlots:
-        return ResourceSlots({self.names[position]: Decimal(amount).scaleb(-3).normalize() for position, amount in pairs})
+        return ResourceSlots(
+            {self.names[position]: Decimal(amount).scaleb(-3).normalize() for position, amount in pairs}
+        )
 
     def dense_to_slots(self, vector: Sequence[int]) -> ResourceSlots:
         return self.to_slots(enumerate(vector))

@@ -19,7 +19,14 @@ from core.clock import from_iso
 from core.codec import MalformedDocument, decode, encode
 from domain.idle.window import MetricSeries, UtilizationWindow, WindowDoc
 from domain.model import (
-    ClusterMode, Driver, Kernel, Session, SessionResult, SessionStatus, SessionType, StatusChange,
+    ClusterMode,
+    Driver,
+    Kernel,
+    Session,
+    SessionResult,
+    SessionStatus,
+    SessionType,
+    StatusChange,
 )
 from domain.presets import ResourcePreset
 from domain.templates import Template, TemplateScope, TemplateSpec
@@ -40,21 +47,38 @@ INT = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 SMALL = st.integers(min_value=0, max_value=2**31)
 SECONDS = st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False)
 MOMENT = st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC))
-AMOUNTS = st.dictionaries(st.sampled_from(["cpu", "mem", "cuda.shares", "rocm.device"]),
-                          st.decimals(min_value=0, max_value=10**12, allow_nan=False).map(lambda d: format(d, "f")))
+AMOUNTS = st.dictionaries(
+    st.sampled_from(["cpu", "mem", "cuda.shares", "rocm.device"]),
+    st.decimals(min_value=0, max_value=10**12, allow_nan=False).map(lambda d: format(d, "f")),
+)
 
 
 def kernels(text: st.SearchStrategy[str]) -> st.SearchStrategy[Kernel]:
     return st.builds(
-        Kernel, role=st.sampled_from(["main", "sub"]), index=SMALL, hostname=text, image=text, resources=AMOUNTS,
-        status=st.sampled_from(SessionStatus), agent=text, alloc_id=text, exit_code=INT, status_info=text,
-        status_detail=text, started_at=MOMENT, finished_at=MOMENT, ports=st.tuples(text, text), restarts=SMALL,
+        Kernel,
+        role=st.sampled_from(["main", "sub"]),
+        index=SMALL,
+        hostname=text,
+        image=text,
+        resources=AMOUNTS,
+        status=st.sampled_from(SessionStatus),
+        agent=text,
+        alloc_id=text,
+        exit_code=INT,
+        status_info=text,
+        status_detail=text,
+        started_at=MOMENT,
+        finished_at=MOMENT,
+        ports=st.tuples(text, text),
+        restarts=SMALL,
         healthy=st.booleans(),
     )
 
 
-def sessions(text: st.SearchStrategy[str] = TEXT, seconds: st.SearchStrategy[float] = SECONDS,
-             ) -> st.SearchStrategy[Session]:
+def sessions(
+    text: st.SearchStrategy[str] = TEXT,
+    seconds: st.SearchStrategy[float] = SECONDS,
+) -> st.SearchStrategy[Session]:
     """Sessions with every field set (none left None or empty)."""
     return st.builds(
         Session, id=text, name=text, owner_id=text, type=st.sampled_from(SessionType),
@@ -126,11 +150,24 @@ def test_a_moment_in_another_zone_is_still_the_same_moment() -> None:
 # -- the other documents ----------------------------------------------------------------------------------
 
 
-@given(st.builds(User, id=CLEAN_TEXT, name=CLEAN_TEXT, role=st.sampled_from(Role),
-                 projects=st.lists(CLEAN_TEXT).map(tuple), active=st.booleans()))
+@given(
+    st.builds(
+        User,
+        id=CLEAN_TEXT,
+        name=CLEAN_TEXT,
+        role=st.sampled_from(Role),
+        projects=st.lists(CLEAN_TEXT).map(tuple),
+        active=st.booleans(),
+    )
+)
 def test_users_round_trip(user: User) -> None:
-    assert json.loads(encode(user)) == {"id": user.id, "name": user.name, "role": user.role.value,
-                                        "projects": list(user.projects), "active": user.active}
+    assert json.loads(encode(user)) == {
+        "id": user.id,
+        "name": user.name,
+        "role": user.role.value,
+        "projects": list(user.projects),
+        "active": user.active,
+    }
     assert decode(encode(user), User) == user
 
 
@@ -139,19 +176,35 @@ def test_presets_round_trip(preset: ResourcePreset) -> None:
     assert decode(encode(preset), ResourcePreset) == preset
 
 
-@given(st.builds(TemplateSpec, type=st.sampled_from(SessionType), driver=st.sampled_from(Driver),
-                 environ=st.dictionaries(CLEAN_TEXT, CLEAN_TEXT), preopen_ports=st.lists(SMALL).map(tuple),
-                 count=SMALL, starts_at=st.none() | CLEAN_TEXT), MOMENT)
+@given(
+    st.builds(
+        TemplateSpec,
+        type=st.sampled_from(SessionType),
+        driver=st.sampled_from(Driver),
+        environ=st.dictionaries(CLEAN_TEXT, CLEAN_TEXT),
+        preopen_ports=st.lists(SMALL).map(tuple),
+        count=SMALL,
+        starts_at=st.none() | CLEAN_TEXT,
+    ),
+    MOMENT,
+)
 def test_templates_round_trip(spec: TemplateSpec, at: datetime) -> None:
     template = Template("t", "name", "owner", "default", TemplateScope.PERSONAL, spec, at, at + timedelta(seconds=1))
     assert decode(encode(template), Template) == template
 
 
-@given(st.dictionaries(st.sampled_from(["cpu_util", "mem", "cuda_util"]),
-                       st.lists(st.integers(0, 100_000), min_size=1, max_size=50), min_size=1))
+@given(
+    st.dictionaries(
+        st.sampled_from(["cpu_util", "mem", "cuda_util"]),
+        st.lists(st.integers(0, 100_000), min_size=1, max_size=50),
+        min_size=1,
+    )
+)
 def test_windows_round_trip(values_of: dict[str, list[int]]) -> None:
-    series = {metric: MetricSeries(tuple(1_700_000_000_000 + 15_000 * i for i in range(len(v))), tuple(v))
-              for metric, v in values_of.items()}
+    series = {
+        metric: MetricSeries(tuple(1_700_000_000_000 + 15_000 * i for i in range(len(v))), tuple(v))
+        for metric, v in values_of.items()
+    }
     window = UtilizationWindow(window_seconds=900.0, interval=15.0, series=series)
     assert UtilizationWindow.from_doc(decode(encode(window.to_doc()), WindowDoc)) == window
 
@@ -171,10 +224,19 @@ def test_a_missing_field_takes_its_default_and_an_unknown_one_is_ignored() -> No
     assert decode(b'{"name": "a", "at": "2026-01-01T00:00:00Z"}', Doc) == Doc("a", at=datetime(2026, 1, 1, tzinfo=UTC))
 
 
-@pytest.mark.parametrize("text, where", [
-    ("", "Doc"), ("not json", "Doc"), ("[]", "Doc"), ("{}", "name"), ('{"name": 3}', "name"),
-    ('{"name": "a", "count": "3"}', "count"), ('{"name": "a", "at": "yesterday"}', "at"), (b"\xff\xfe", "Doc"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("", "Doc"),
+        ("not json", "Doc"),
+        ("[]", "Doc"),
+        ("{}", "name"),
+        ('{"name": 3}', "name"),
+        ('{"name": "a", "count": "3"}', "count"),
+        ('{"name": "a", "at": "yesterday"}', "at"),
+        (b"\xff\xfe", "Doc"),
+    ],
+)
 def test_a_malformed_document_is_a_value_error_naming_the_type_and_the_field(text: str | bytes, where: str) -> None:
     with pytest.raises(MalformedDocument, match=f"malformed Doc document: .*{where}|malformed {where}") as caught:
         decode(text, Doc)

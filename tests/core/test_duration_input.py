@@ -18,8 +18,12 @@ def test_accepted(value: str | None, minimum: float, maximum: float, seconds: fl
 
 @pytest.mark.parametrize(
     ("value", "minimum", "maximum", "message"),
-    [("soon", 0, float("inf"), "f: "), ("-5s", 0, float("inf"), "f: "), ("0s", 1, float("inf"), "at least 1s"),
-     ("2h", 1, 3600, "between 1s and 3600s")],
+    [
+        ("soon", 0, float("inf"), "f: "),
+        ("-5s", 0, float("inf"), "f: "),
+        ("0s", 1, float("inf"), "at least 1s"),
+        ("2h", 1, 3600, "between 1s and 3600s"),
+    ],
 )
 def test_refused_naming_the_field(value: str, minimum: float, maximum: float, message: str) -> None:
     with pytest.raises(InvalidInput, match=message) as refused:

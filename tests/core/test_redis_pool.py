@@ -29,8 +29,9 @@ async def until_at_most(redis: Redis, name: str, count: int, timeout: float) -> 
     return time.monotonic() - started
 
 
-async def test_connections_idle_past_the_timeout_are_closed_after_a_burst(redis_settings: Settings,
-                                                                          redis: Redis) -> None:
+async def test_connections_idle_past_the_timeout_are_closed_after_a_burst(
+    redis_settings: Settings, redis: Redis
+) -> None:
     name = "pool-" + uuid.uuid4().hex[:8]
     url = f"{redis_settings.redis.url}{'&' if '?' in redis_settings.redis.url else '?'}client_name={name}"
     pooled = client(replace(redis_settings.redis, url=url, idle_timeout=1.0))

@@ -13,8 +13,13 @@ def test_a_role_takes_its_token_and_redis_user_from_the_secrets_directory(tmp_pa
     secrets = tmp_path / "secrets"
     write_secret(nomad_token_path(secrets, "scheduler"), "nomad-secret")
     write_secret(redis_password_path(secrets, "scheduler"), "redis-secret")
-    settings = load_settings({"CARAVAN_HOME": str(tmp_path), "CARAVAN_REDIS_URL": "redis://127.0.0.1:7000/2",
-                              "CARAVAN_NOMAD_TOKEN": "operator-token"})
+    settings = load_settings(
+        {
+            "CARAVAN_HOME": str(tmp_path),
+            "CARAVAN_REDIS_URL": "redis://127.0.0.1:7000/2",
+            "CARAVAN_NOMAD_TOKEN": "operator-token",
+        }
+    )
     assert settings.secrets == secrets  # the default: <home>/secrets
     scheduler = settings.for_role("scheduler")
     assert scheduler.nomad.token == "nomad-secret"
@@ -23,9 +28,14 @@ def test_a_role_takes_its_token_and_redis_user_from_the_secrets_directory(tmp_pa
 
 
 def test_without_files_the_configured_credentials_stay(tmp_path: Path) -> None:
-    settings = load_settings({"CARAVAN_HOME": str(tmp_path), "CARAVAN_SECRETS_DIR": str(tmp_path / "none"),
-                              "CARAVAN_REDIS_URL": "redis://me:pw@redis.internal:6379/0",
-                              "CARAVAN_NOMAD_TOKEN": "operator-token"})
+    settings = load_settings(
+        {
+            "CARAVAN_HOME": str(tmp_path),
+            "CARAVAN_SECRETS_DIR": str(tmp_path / "none"),
+            "CARAVAN_REDIS_URL": "redis://me:pw@redis.internal:6379/0",
+            "CARAVAN_NOMAD_TOKEN": "operator-token",
+        }
+    )
     gateway = settings.for_role("gateway")
     assert (gateway.nomad.token, gateway.redis.url) == ("operator-token", "redis://me:pw@redis.internal:6379/0")
 

@@ -7,18 +7,22 @@ import pytest
 from devices.catalog import DeviceCatalog, device_prefix, metric_prefix
 
 
-@pytest.mark.parametrize(("names", "device", "slot"), [
-    ({}, ("nvidia", "gpu", "Tesla T4"), "cuda.device"),
-    ({}, ("amd", "gpu", "MI100"), "rocm.device"),
-    ({}, ("nomad", "file", "mock"), "mock.device"),
-    ({}, ("intel", "gpu", "Arc"), "intel.gpu"),
-    ({"nomad/file/mock": "fake.device"}, ("nomad", "file", "mock"), "fake.device"),
-    ({"nvidia/gpu/A100": "a100.device"}, ("nvidia", "gpu", "A100"), "a100.device"),  # most specific first
-    ({"nvidia/gpu/A100": "a100.device"}, ("nvidia", "gpu", "T4"), "cuda.device"),
-    ({"gpu": "any.gpu"}, ("acme", "gpu", "X"), "any.gpu"),
-])
-def test_a_device_counts_as_the_slot_named_for_it(names: dict[str, str], device: tuple[str, str, str],
-                                                  slot: str) -> None:
+@pytest.mark.parametrize(
+    ("names", "device", "slot"),
+    [
+        ({}, ("nvidia", "gpu", "Tesla T4"), "cuda.device"),
+        ({}, ("amd", "gpu", "MI100"), "rocm.device"),
+        ({}, ("nomad", "file", "mock"), "mock.device"),
+        ({}, ("intel", "gpu", "Arc"), "intel.gpu"),
+        ({"nomad/file/mock": "fake.device"}, ("nomad", "file", "mock"), "fake.device"),
+        ({"nvidia/gpu/A100": "a100.device"}, ("nvidia", "gpu", "A100"), "a100.device"),  # most specific first
+        ({"nvidia/gpu/A100": "a100.device"}, ("nvidia", "gpu", "T4"), "cuda.device"),
+        ({"gpu": "any.gpu"}, ("acme", "gpu", "X"), "any.gpu"),
+    ],
+)
+def test_a_device_counts_as_the_slot_named_for_it(
+    names: dict[str, str], device: tuple[str, str, str], slot: str
+) -> None:
     assert DeviceCatalog(names).slot_of(*device) == slot
 
 
@@ -30,13 +34,16 @@ def test_metrics_are_named_by_the_slots_device_prefix_including_the_operators_na
     assert device_prefix("cuda.shares") == "cuda" and metric_prefix("cuda_util") == "cuda"
 
 
-@pytest.mark.parametrize(("names", "devices", "ids"), [
-    ({}, [("nvidia", "gpu", "T4")], {"cuda.device": "nvidia/gpu/T4"}),
-    ({}, [("nvidia", "gpu", "T4"), ("nvidia", "gpu", "A100")], {"cuda.device": "nvidia/gpu"}),
-    ({"gpu": "any.gpu"}, [("acme", "gpu", "X"), ("other", "gpu", "Y")], {"any.gpu": "gpu"}),
-    ({"acme/fpga": "acme.dev", "acme/gpu": "acme.dev"}, [("acme", "fpga", "F"), ("acme", "gpu", "G")], {}),
-])
-def test_a_job_reserves_a_slot_by_the_device_id_its_devices_share(names: dict[str, str],
-                                                                  devices: list[tuple[str, str, str]],
-                                                                  ids: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("names", "devices", "ids"),
+    [
+        ({}, [("nvidia", "gpu", "T4")], {"cuda.device": "nvidia/gpu/T4"}),
+        ({}, [("nvidia", "gpu", "T4"), ("nvidia", "gpu", "A100")], {"cuda.device": "nvidia/gpu"}),
+        ({"gpu": "any.gpu"}, [("acme", "gpu", "X"), ("other", "gpu", "Y")], {"any.gpu": "gpu"}),
+        ({"acme/fpga": "acme.dev", "acme/gpu": "acme.dev"}, [("acme", "fpga", "F"), ("acme", "gpu", "G")], {}),
+    ],
+)
+def test_a_job_reserves_a_slot_by_the_device_id_its_devices_share(
+    names: dict[str, str], devices: list[tuple[str, str, str]], ids: dict[str, str]
+) -> None:
     assert DeviceCatalog(names).device_ids(devices) == ids

@@ -17,7 +17,8 @@ from domain.inference import (
     with_replica_health,
 )
 from domain.lifecycle import observe_kernel, transition
-from domain.model import Driver, Kernel, KernelObservation, Session, SessionStatus as S, SessionType, StatusChange
+from domain.model import Driver, Kernel, KernelObservation, Session, SessionType, StatusChange
+from domain.model import SessionStatus as S
 from nomad_jobs.meta import TASK_NAME
 from nomad_jobs.replica_service import run_started_at
 
@@ -25,14 +26,33 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 MAIN = Kernel(role="main", index=1, hostname="main1", image="img", resources={"cpu": "1"})
 
 
-def inference(status: S = S.RUNNING, *, replicas: int = 2, started: bool = True,
-              type: SessionType = SessionType.INFERENCE, healthy: bool | None = True) -> Session:
-    kernels = tuple(replace(k, status=status, ports=(f"8000=127.0.0.1:{20000 + k.index}",), alloc_id=f"a{k.index}",
-                            healthy=healthy)
-                    for k in replicas_of(MAIN, replicas))
-    return Session(id="s", name="name", owner_id="u", type=type, driver=Driver.EXEC, image="", resources={},
-                   kernels=kernels, created_at=T0, status=status, service_port=8000,
-                   status_history=(StatusChange(S.PENDING, T0, "created"),), started_at=T0 if started else None)
+def inference(
+    status: S = S.RUNNING,
+    *,
+    replicas: int = 2,
+    started: bool = True,
+    type: SessionType = SessionType.INFERENCE,
+    healthy: bool | None = True,
+) -> Session:
+    kernels = tuple(
+        replace(k, status=status, ports=(f"8000=127.0.0.1:{20000 + k.index}",), alloc_id=f"a{k.index}", healthy=healthy)
+        for k in replicas_of(MAIN, replicas)
+    )
+    return Session(
+        id="s",
+        name="name",
+        owner_id="u",
+        type=type,
+        driver=Driver.EXEC,
+        image="",
+        resources={},
+        kernels=kernels,
+        created_at=T0,
+        status=status,
+        service_port=8000,
+        status_history=(StatusChange(S.PENDING, T0, "created"),),
+        started_at=T0 if started else None,
+    )
 
 
 def seen(status: S, reason: str, hostname: str = "main2", **fields: object) -> KernelObservation:
@@ -52,8 +72,14 @@ CASES = [
     ("task crashed", S.RUNNING, True, seen(S.TERMINATED, "task-failed"), S.PREPARING, "recovering: task-failed"),
     ("allocation stopped", S.RUNNING, True, seen(S.TERMINATING, "stopping"), S.PREPARING, "recovering: stopping"),
     ("node lost", S.RUNNING, True, seen(S.ERROR, "job-lost"), S.PREPARING, "recovering: job-lost"),
-    ("failed to start after running", S.RUNNING, True, seen(S.ERROR, "failed-to-start"), S.PREPARING,
-     "recovering: failed-to-start"),
+    (
+        "failed to start after running",
+        S.RUNNING,
+        True,
+        seen(S.ERROR, "failed-to-start"),
+        S.PREPARING,
+        "recovering: failed-to-start",
+    ),
     ("never started", S.PREPARING, False, seen(S.ERROR, "failed-to-start"), S.ERROR, "failed-to-start"),
     ("running is running", S.RUNNING, True, seen(S.RUNNING, "kernel-running"), S.RUNNING, "kernel-running"),
     ("restarting", S.RUNNING, True, seen(S.PREPARING, "restarting"), S.PREPARING, "restarting"),
@@ -62,10 +88,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("status", "started", "observation", "expected", "reason"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])
-def test_a_live_replica_going_down_is_recovering(status: S, started: bool, observation: KernelObservation,
-                                                 expected: S, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("status", "started", "observation", "expected", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_a_live_replica_going_down_is_recovering(
+    status: S, started: bool, observation: KernelObservation, expected: S, reason: str
+) -> None:
     read = replica_observation(inference(status, started=started), observation)
     assert (read.status, read.reason) == (expected, reason)
 
@@ -152,8 +180,9 @@ def test_replica_health_without_a_run_start_takes_every_result() -> None:
     assert replica_health([result("success", at=0)], run_started=None) is True
 
 
-def reading(hostname: str = "main2", healthy: bool | None = True, alloc_id: str = "a2",
-            restarts: int = 0) -> HealthReading:
+def reading(
+    hostname: str = "main2", healthy: bool | None = True, alloc_id: str = "a2", restarts: int = 0
+) -> HealthReading:
     return HealthReading(hostname=hostname, alloc_id=alloc_id, restarts=restarts, healthy=healthy)
 
 
@@ -176,8 +205,9 @@ STALE_READINGS = [
 
 
 @pytest.mark.parametrize(("stored", "read"), [c[1:] for c in STALE_READINGS], ids=[c[0] for c in STALE_READINGS])
-def test_a_reading_changes_nothing_unless_new_and_of_the_current_run(stored: dict[str, object],
-                                                                     read: HealthReading) -> None:
+def test_a_reading_changes_nothing_unless_new_and_of_the_current_run(
+    stored: dict[str, object], read: HealthReading
+) -> None:
     session = inference()
     changed = replace(session.kernels[1], **stored)  # type: ignore[arg-type]
     session = session.evolve(kernels=(session.kernels[0], changed))
@@ -201,8 +231,9 @@ FORGOTTEN = [
 
 
 @pytest.mark.parametrize(("observation", "healthy"), [c[1:] for c in FORGOTTEN], ids=[c[0] for c in FORGOTTEN])
-def test_health_is_forgotten_when_the_replica_stops_restarts_or_moves(observation: KernelObservation,
-                                                                      healthy: bool | None) -> None:
+def test_health_is_forgotten_when_the_replica_stops_restarts_or_moves(
+    observation: KernelObservation, healthy: bool | None
+) -> None:
     before = inference()
     after = observe_kernel(before, observation, at=T0)
     after = forget_stale_health(before, after if after is not None else before)

@@ -14,9 +14,11 @@ from domain.model import (
     KernelObservation,
     Session,
     SessionResult,
-    SessionStatus as S,
     SessionType,
     StatusChange,
+)
+from domain.model import (
+    SessionStatus as S,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -28,9 +30,19 @@ def kernel(hostname: str, status: S = S.PENDING, role: str = "sub") -> Kernel:
 
 def session(*kernels: Kernel, type: SessionType = SessionType.BATCH, status: S = S.PENDING) -> Session:
     ks = kernels or (kernel("main1", role="main"),)
-    return Session(id="s", name="name", owner_id="u", type=type, driver=Driver.EXEC, image="", resources={},
-                   kernels=ks, created_at=T0, status=status,
-                   status_history=(StatusChange(S.PENDING, T0, "created"),))
+    return Session(
+        id="s",
+        name="name",
+        owner_id="u",
+        type=type,
+        driver=Driver.EXEC,
+        image="",
+        resources={},
+        kernels=ks,
+        created_at=T0,
+        status=status,
+        status_history=(StatusChange(S.PENDING, T0, "created"),),
+    )
 
 
 @pytest.mark.parametrize("current", list(S), ids=str)
@@ -67,8 +79,10 @@ def test_slowest_kernel_wins_and_error_wins(kernel_statuses: tuple[S, ...], expe
     assert derive_session_status(kernel("k", s) for s in kernel_statuses) is expected
 
 
-@pytest.mark.parametrize(("code", "result", "reason"), [(0, SessionResult.SUCCESS, "task-finished"),
-                                                         (3, SessionResult.FAILURE, "task-failed")])
+@pytest.mark.parametrize(
+    ("code", "result", "reason"),
+    [(0, SessionResult.SUCCESS, "task-finished"), (3, SessionResult.FAILURE, "task-failed")],
+)
 def test_batch_result_follows_the_main_kernel(code: int, result: SessionResult, reason: str) -> None:
     running = session(kernel("main1", S.RUNNING, role="main"), status=S.RUNNING)
     seen = KernelObservation(hostname="main1", status=S.TERMINATED, reason="x", exit_code=code)
@@ -83,10 +97,15 @@ def test_late_reports_do_not_revive_a_finished_kernel() -> None:
 
 
 def test_a_stopping_session_keeps_the_reason_it_was_stopped_for() -> None:
-    stopping = transition(session(kernel("main1", S.RUNNING, role="main"), status=S.RUNNING),
-                          S.TERMINATING, reason="user-requested", at=T0)
-    after = observe_kernel(stopping, KernelObservation(hostname="main1", status=S.TERMINATED, reason="x",
-                                                       exit_code=0), at=T0)
+    stopping = transition(
+        session(kernel("main1", S.RUNNING, role="main"), status=S.RUNNING),
+        S.TERMINATING,
+        reason="user-requested",
+        at=T0,
+    )
+    after = observe_kernel(
+        stopping, KernelObservation(hostname="main1", status=S.TERMINATED, reason="x", exit_code=0), at=T0
+    )
     assert after is not None and (after.status, after.status_info) == (S.TERMINATED, "user-requested")
 
 
@@ -107,13 +126,24 @@ T1, T2, T3 = (T0 + timedelta(seconds=s) for s in (1, 2, 3))
 
 
 def preparing(*kernels: Kernel, type: SessionType = SessionType.BATCH) -> Session:
-    return transition(transition(session(*kernels, type=type), S.SCHEDULED, reason="scheduled", at=T0),
-                      S.PREPARING, reason="job-registered", at=T0)
+    return transition(
+        transition(session(*kernels, type=type), S.SCHEDULED, reason="scheduled", at=T0),
+        S.PREPARING,
+        reason="job-registered",
+        at=T0,
+    )
 
 
 def test_a_batch_that_ran_between_two_observations_has_nomads_start_and_end() -> None:
-    seen = KernelObservation(hostname="main1", status=S.TERMINATED, reason="task-finished", exit_code=0, alloc_id="a",
-                             started_at=T1, finished_at=T2)
+    seen = KernelObservation(
+        hostname="main1",
+        status=S.TERMINATED,
+        reason="task-finished",
+        exit_code=0,
+        alloc_id="a",
+        started_at=T1,
+        finished_at=T2,
+    )
     after = observe_kernel(preparing(), seen, at=T3)
     assert after is not None and after.status is S.TERMINATED
     assert (after.started_at, after.main_kernel.started_at, after.main_kernel.finished_at) == (T1, T1, T2)
@@ -122,13 +152,21 @@ def test_a_batch_that_ran_between_two_observations_has_nomads_start_and_end() ->
 
 
 def test_a_change_is_never_recorded_before_the_previous_one_nor_after_now() -> None:
-    early = KernelObservation(hostname="main1", status=S.RUNNING, reason="kernel-running", alloc_id="a",
-                              started_at=T0 - timedelta(seconds=5))  # a Nomad client's clock behind ours
+    early = KernelObservation(
+        hostname="main1", status=S.RUNNING, reason="kernel-running", alloc_id="a", started_at=T0 - timedelta(seconds=5)
+    )  # a Nomad client's clock behind ours
     running = observe_kernel(preparing(), early, at=T3)
     assert running is not None and running.status_history[-1].at == T0
     assert running.started_at == T0 - timedelta(seconds=5)  # the start itself is Nomad's
-    late = KernelObservation(hostname="main1", status=S.TERMINATED, reason="task-finished", exit_code=0, alloc_id="a",
-                             started_at=T1, finished_at=T3 + timedelta(hours=1))
+    late = KernelObservation(
+        hostname="main1",
+        status=S.TERMINATED,
+        reason="task-finished",
+        exit_code=0,
+        alloc_id="a",
+        started_at=T1,
+        finished_at=T3 + timedelta(hours=1),
+    )
     ended = observe_kernel(running, late, at=T3)
     assert ended is not None and ended.terminated_at == T3
 
@@ -137,34 +175,57 @@ def test_a_kernel_keeps_its_first_start_across_restarts() -> None:
     first = KernelObservation(hostname="main1", status=S.RUNNING, reason="kernel-running", alloc_id="a", started_at=T1)
     running = observe_kernel(preparing(type=SessionType.INTERACTIVE), first, at=T1)
     assert running is not None
-    again = observe_kernel(running, KernelObservation(hostname="main1", status=S.RUNNING, reason="kernel-running",
-                                                      alloc_id="a", restarts=1, started_at=T3), at=T3)
+    again = observe_kernel(
+        running,
+        KernelObservation(
+            hostname="main1", status=S.RUNNING, reason="kernel-running", alloc_id="a", restarts=1, started_at=T3
+        ),
+        at=T3,
+    )
     assert again is not None and again.main_kernel.started_at == T1 and again.main_kernel.finished_at is None
 
 
 def test_a_failure_gives_the_session_the_kernels_detail_naming_it_among_several() -> None:
     start = preparing(kernel("main1", S.PREPARING, role="main"), kernel("sub1", S.PREPARING))
-    seen = KernelObservation(hostname="sub1", status=S.ERROR, reason="failed-to-start", alloc_id="b",
-                             detail="Driver Failure: Failed to pull `x:1`", finished_at=T1)
+    seen = KernelObservation(
+        hostname="sub1",
+        status=S.ERROR,
+        reason="failed-to-start",
+        alloc_id="b",
+        detail="Driver Failure: Failed to pull `x:1`",
+        finished_at=T1,
+    )
     after = observe_kernel(start, seen, at=T2)
     assert after is not None
-    assert (after.status, after.status_info, after.status_detail) == (S.ERROR, "failed-to-start",
-                                                                       "sub1: Driver Failure: Failed to pull `x:1`")
+    assert (after.status, after.status_info, after.status_detail) == (
+        S.ERROR,
+        "failed-to-start",
+        "sub1: Driver Failure: Failed to pull `x:1`",
+    )
     assert after.kernels[1].status_detail == "Driver Failure: Failed to pull `x:1`"
-    assert after.status_history[-1] == StatusChange(S.ERROR, T1, "failed-to-start",
-                                                    "sub1: Driver Failure: Failed to pull `x:1`")
+    assert after.status_history[-1] == StatusChange(
+        S.ERROR, T1, "failed-to-start", "sub1: Driver Failure: Failed to pull `x:1`"
+    )
 
 
 def test_a_preparing_session_says_why_it_waits_and_stops_saying_it_once_placed() -> None:
     start = preparing()
-    unplaced = KernelObservation(hostname="main1", status=S.PREPARING, reason="unplaceable", placed=False,
-                                 detail="Nomad cannot place it: constraint 'x' excluded 1 node")
+    unplaced = KernelObservation(
+        hostname="main1",
+        status=S.PREPARING,
+        reason="unplaceable",
+        placed=False,
+        detail="Nomad cannot place it: constraint 'x' excluded 1 node",
+    )
     waiting = observe_kernel(start, unplaced, at=T1)
     assert waiting is not None and waiting.status is S.PREPARING
     assert waiting.status_history[-1] == StatusChange(S.PREPARING, T1, "unplaceable", unplaced.detail)
     assert observe_kernel(waiting, unplaced, at=T2) is None  # said once
-    placed = observe_kernel(waiting, KernelObservation(hostname="main1", status=S.PREPARING,
-                                                       reason="allocation-pending", alloc_id="a"), at=T2)
+    placed = observe_kernel(
+        waiting,
+        KernelObservation(hostname="main1", status=S.PREPARING, reason="allocation-pending", alloc_id="a"),
+        at=T2,
+    )
     assert placed is not None
     assert (placed.status_info, placed.status_detail, placed.status_history[-1].at) == ("allocation-pending", None, T2)
     # an evaluation's failure reported after Nomad placed the kernel does not take it back
@@ -173,24 +234,44 @@ def test_a_preparing_session_says_why_it_waits_and_stops_saying_it_once_placed()
 
 def test_a_scheduled_session_becomes_preparing_with_the_reason_it_waits() -> None:
     scheduled = transition(session(), S.SCHEDULED, reason="scheduled", at=T0)
-    unplaced = KernelObservation(hostname="main1", status=S.PREPARING, reason="unplaceable", placed=False,
-                                 detail="Nomad cannot place it: no nodes were eligible for evaluation")
+    unplaced = KernelObservation(
+        hostname="main1",
+        status=S.PREPARING,
+        reason="unplaceable",
+        placed=False,
+        detail="Nomad cannot place it: no nodes were eligible for evaluation",
+    )
     after = observe_kernel(scheduled, unplaced, at=T1)
     assert after is not None and (after.status, after.status_info, after.status_detail) == (
-        S.PREPARING, "unplaceable", unplaced.detail)
+        S.PREPARING,
+        "unplaceable",
+        unplaced.detail,
+    )
 
 
 def test_a_restarting_kernel_gives_a_preparing_session_its_failure() -> None:
-    seen = KernelObservation(hostname="main1", status=S.PREPARING, reason="restarting", alloc_id="a", restarts=1,
-                             detail="Driver Failure: Failed to pull `x:1`")
+    seen = KernelObservation(
+        hostname="main1",
+        status=S.PREPARING,
+        reason="restarting",
+        alloc_id="a",
+        restarts=1,
+        detail="Driver Failure: Failed to pull `x:1`",
+    )
     after = observe_kernel(preparing(type=SessionType.INTERACTIVE), seen, at=T1)
     assert after is not None and (after.status_info, after.status_detail) == ("restarting", seen.detail)
 
 
 def test_a_running_session_is_not_restated() -> None:
     running = session(kernel("main1", S.RUNNING, role="main"), status=S.RUNNING, type=SessionType.INTERACTIVE)
-    seen = KernelObservation(hostname="main1", status=S.PREPARING, reason="restarting", alloc_id="a", restarts=1,
-                             detail="Terminated: Exit Code: 1")
+    seen = KernelObservation(
+        hostname="main1",
+        status=S.PREPARING,
+        reason="restarting",
+        alloc_id="a",
+        restarts=1,
+        detail="Terminated: Exit Code: 1",
+    )
     after = observe_kernel(running, seen, at=T1)
     assert after is not None and after.status_history == running.status_history
     assert after.main_kernel.status_detail == "Terminated: Exit Code: 1"
@@ -204,20 +285,37 @@ def test_restate_is_for_preparing_sessions_only() -> None:
 def test_a_kernel_failing_while_its_session_is_stopped_ends_the_session() -> None:
     # An ERROR session destroyed goes TERMINATING; its failed kernel's allocation is reported again: it ends.
     failed = KernelObservation(hostname="sub1", status=S.ERROR, reason="failed-to-start", alloc_id="b", finished_at=T1)
-    errored = observe_kernel(preparing(kernel("main1", S.RUNNING, role="main"), kernel("sub1", S.PREPARING)), failed,
-                             at=T1)
+    errored = observe_kernel(
+        preparing(kernel("main1", S.RUNNING, role="main"), kernel("sub1", S.PREPARING)), failed, at=T1
+    )
     assert errored is not None and errored.status is S.ERROR
     stopping = transition(errored, S.TERMINATING, reason="user-requested", at=T2)
     assert observe_kernel(stopping, failed, at=T2) is None  # main1 still runs: still TERMINATING
-    ended = observe_kernel(stopping, KernelObservation(hostname="main1", status=S.TERMINATED, reason="task-finished",
-                                                       exit_code=0, alloc_id="a", finished_at=T3), at=T3)
+    ended = observe_kernel(
+        stopping,
+        KernelObservation(
+            hostname="main1", status=S.TERMINATED, reason="task-finished", exit_code=0, alloc_id="a", finished_at=T3
+        ),
+        at=T3,
+    )
     assert ended is not None and (ended.status, ended.status_info, ended.terminated_at) == (
-        S.TERMINATED, "user-requested", T3)
+        S.TERMINATED,
+        "user-requested",
+        T3,
+    )
 
 
 def test_json_round_trip_keeps_reasons_and_kernel_times() -> None:
     start = preparing()
-    seen = KernelObservation(hostname="main1", status=S.TERMINATED, reason="task-failed", exit_code=3, alloc_id="a",
-                             detail="Terminated: Exit Code: 3", started_at=T1, finished_at=T2)
+    seen = KernelObservation(
+        hostname="main1",
+        status=S.TERMINATED,
+        reason="task-failed",
+        exit_code=3,
+        alloc_id="a",
+        detail="Terminated: Exit Code: 3",
+        started_at=T1,
+        finished_at=T2,
+    )
     after = observe_kernel(start, seen, at=T3)
     assert after is not None and decode(encode(after), Session) == after

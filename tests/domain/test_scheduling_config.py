@@ -37,8 +37,14 @@ FULL_JSON = {
     "cpu_mhz_per_core": 1000,
     "device_slots": {"nomad/file/mock": "fake.device"},
     "default": {"session_strategy": "drf", "retries_to_skip": 3, "reserve_after": "10m", "pending_timeout": "1h"},
-    "resource_group": {"gpu": {"agent_selector": "concentrated", "pending_timeout": 0,
-                               "resource_priority": ["cuda", "mem", "cpu"], "selector_options": {"spread": 2}}},
+    "resource_group": {
+        "gpu": {
+            "agent_selector": "concentrated",
+            "pending_timeout": 0,
+            "resource_priority": ["cuda", "mem", "cpu"],
+            "selector_options": {"spread": 2},
+        }
+    },
 }
 
 
@@ -81,10 +87,10 @@ def test_device_slots_extend_the_built_in_names() -> None:
         ("bogus = 1", 1, "bogus: unknown key"),
         ("default {\n  retries_to_skip = -1\n}", 2, "default.retries_to_skip: expected a whole number >= 0"),
         ("default {\n  retries_to_skip = 1.5\n}", 2, "default.retries_to_skip: expected a whole number >= 0"),
-        ("default {\n  reserve_after = \"soon\"\n}", 2, "default.reserve_after: invalid duration 'soon'"),
-        ("default {\n  pending_timeout = \"-5m\"\n}", 2, "default.pending_timeout: duration must not be negative"),
+        ('default {\n  reserve_after = "soon"\n}', 2, "default.reserve_after: invalid duration 'soon'"),
+        ('default {\n  pending_timeout = "-5m"\n}', 2, "default.pending_timeout: duration must not be negative"),
         ('default {\n  agent_selector = "${x}"\n}', 2, "interpolation is not allowed"),
-        ("default {\n  resource_priority = \"cpu\"\n}", 2, "expected a list of slot names"),
+        ('default {\n  resource_priority = "cpu"\n}', 2, "expected a list of slot names"),
         ("default {}\ndefault {}", 2, "default: given more than once"),
         ('resource_group "a" {}\nresource_group "a" {}', 2, "resource_group.a: defined more than once"),
         ("resource_group {}", 1, 'needs one name, as in resource_group "gpu"'),
@@ -92,13 +98,23 @@ def test_device_slots_extend_the_built_in_names() -> None:
         ("cpu_mhz_per_core = 0", 1, "expected a whole number of MHz > 0"),
         ('device_slots = { "nvidia/gpu" = "cpu" }', 1, "cannot count a device as 'cpu'"),
         ("default {\n  retries_to_skip = \n}", 2, "syntax error"),
-        ('default {\n  default_resources = {\n    mem = "lots"\n  }\n}', 3,
-         "default.default_resources.mem: expected a size such as"),
-        ('resource_group "a" {\n  default_resources = { cpu = 0 }\n}', 2,
-         "resource_group.a.default_resources.cpu: must be more than 0"),
-        ('default {\n  default_resources = { mem = "8m" }\n}', 2, "default.default_resources.mem: must be at least 16m"),
+        (
+            'default {\n  default_resources = {\n    mem = "lots"\n  }\n}',
+            3,
+            "default.default_resources.mem: expected a size such as",
+        ),
+        (
+            'resource_group "a" {\n  default_resources = { cpu = 0 }\n}',
+            2,
+            "resource_group.a.default_resources.cpu: must be more than 0",
+        ),
+        (
+            'default {\n  default_resources = { mem = "8m" }\n}',
+            2,
+            "default.default_resources.mem: must be at least 16m",
+        ),
         ('default {\n  default_resources = { cpu = "-1" }\n}', 2, "default_resources.cpu: must not be negative"),
-        ('default {\n  default_resources = { cpu = true }\n}', 2, "default_resources.cpu: expected an amount"),
+        ("default {\n  default_resources = { cpu = true }\n}", 2, "default_resources.cpu: expected an amount"),
         ('default {\n  default_resources = "1 cpu"\n}', 2, "default.default_resources: expected a block or object"),
     ],
     ids=lambda v: v if isinstance(v, str) and "\n" not in v and len(v) < 40 else "",
@@ -126,15 +142,22 @@ resource_group "plain" {
   agent_selector = "concentrated"
 }
 """
-    doc = {"default": {"default_resources": {"cpu": 0.5}},
-           "resource_group": {"gpu": {"default_resources": {"mem": "1g", "cuda.device": 1}},
-                              "plain": {"agent_selector": "concentrated"}}}
+    doc = {
+        "default": {"default_resources": {"cpu": 0.5}},
+        "resource_group": {
+            "gpu": {"default_resources": {"mem": "1g", "cuda.device": 1}},
+            "plain": {"agent_selector": "concentrated"},
+        },
+    }
     path = tmp_path / f"scheduler.{suffix}"
     path.write_text(hcl if suffix == "hcl" else json.dumps(doc))
     config = load_scheduler_config(path)
     assert dict(config.default_resources("gpu")) == {"cpu": "0.5", "mem": str(1 << 30), "cuda.device": "1"}
-    assert dict(config.default_resources("plain")) == dict(config.default_resources("unconfigured")) == {
-        "cpu": "0.5", "mem": str(256 << 20)}
+    assert (
+        dict(config.default_resources("plain"))
+        == dict(config.default_resources("unconfigured"))
+        == {"cpu": "0.5", "mem": str(256 << 20)}
+    )
 
 
 def test_json_errors_name_the_key(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devices.catalog import device_prefix
 from domain.slots import (
     INTRINSIC_SLOT_TYPES,
     InvalidQuantityError,
@@ -17,7 +18,6 @@ from domain.slots import (
     from_user_input,
     parse_quantity,
 )
-from devices.catalog import device_prefix
 
 COUNT, BYTES = SlotType.COUNT, SlotType.BYTES
 KiB, MiB, GiB, TiB, PiB = (1024**n for n in range(1, 6))
@@ -79,7 +79,9 @@ PARSE_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("value", "slot_type", "reason"), [c[1:] for c in PARSE_ERRORS], ids=[c[0] for c in PARSE_ERRORS])
+@pytest.mark.parametrize(
+    ("value", "slot_type", "reason"), [c[1:] for c in PARSE_ERRORS], ids=[c[0] for c in PARSE_ERRORS]
+)
 def test_parse_quantity_errors(value: object, slot_type: SlotType, reason: str) -> None:
     with pytest.raises(InvalidQuantityError) as raised:
         parse_quantity("cuda.shares", value, slot_type)  # type: ignore[arg-type]
@@ -134,7 +136,9 @@ def test_json_has_no_scientific_notation_and_round_trips() -> None:
 
 def test_from_user_input_refuses_unknown_nonzero_slots() -> None:
     known = {**INTRINSIC_SLOT_TYPES, "cuda.shares": COUNT}
-    parsed = from_user_input({"cpu": "2", "mem": "4g", "cuda.shares": "0.5", "tpu.device": 0, "rocm.device": "0"}, known)
+    parsed = from_user_input(
+        {"cpu": "2", "mem": "4g", "cuda.shares": "0.5", "tpu.device": 0, "rocm.device": "0"}, known
+    )
     assert parsed == ResourceSlots({"cpu": Decimal(2), "mem": Decimal(4 * GiB), "cuda.shares": Decimal("0.5")})
     with pytest.raises(UnknownSlotError) as raised:
         from_user_input({"cpu": 1, "tpu.device": 1}, known)
@@ -150,30 +154,44 @@ def test_from_user_input_reports_bad_amount_of_known_slot() -> None:
 
 SLOT_TYPE_CASES = [
     ("intrinsic", [], {}, {"cpu": COUNT, "mem": BYTES}),
-    ("mixed-agents-accumulate", [{"cpu": 1, "cuda.shares": 4}, {"rocm.device": 1, "cuda.mem": 1}], {},
-     {"cpu": COUNT, "mem": BYTES, "cuda.shares": COUNT, "rocm.device": COUNT, "cuda.mem": BYTES}),
+    (
+        "mixed-agents-accumulate",
+        [{"cpu": 1, "cuda.shares": 4}, {"rocm.device": 1, "cuda.mem": 1}],
+        {},
+        {"cpu": COUNT, "mem": BYTES, "cuda.shares": COUNT, "rocm.device": COUNT, "cuda.mem": BYTES},
+    ),
     ("memory-suffix-is-bytes", [{"tpu.memory": 1, "hbm.mem": 1}], {}, {"tpu.memory": BYTES, "hbm.mem": BYTES}),
     ("configured-wins-over-guess", [{"cuda.smp": 2}], {"cuda.smp": BYTES}, {"cuda.smp": BYTES}),
     ("intrinsic-cannot-be-overridden", [], {"cpu": BYTES}, {"cpu": COUNT}),
 ]
 
 
-@pytest.mark.parametrize(("capacities", "configured", "expected"), [c[1:] for c in SLOT_TYPE_CASES],
-                         ids=[c[0] for c in SLOT_TYPE_CASES])
-def test_accumulate_slot_types(capacities: list[dict[str, int]], configured: dict[str, SlotType],
-                               expected: dict[str, SlotType]) -> None:
+@pytest.mark.parametrize(
+    ("capacities", "configured", "expected"), [c[1:] for c in SLOT_TYPE_CASES], ids=[c[0] for c in SLOT_TYPE_CASES]
+)
+def test_accumulate_slot_types(
+    capacities: list[dict[str, int]], configured: dict[str, SlotType], expected: dict[str, SlotType]
+) -> None:
     types = accumulate_slot_types(capacities, configured)
     assert {slot: types[slot] for slot in expected} == expected
 
 
-@pytest.mark.parametrize(("slot", "prefix"), [("cuda.shares", "cuda"), ("cpu", "cpu"), ("rocm.device", "rocm"),
-                                              ("a.b.c", "a")])
+@pytest.mark.parametrize(
+    ("slot", "prefix"), [("cuda.shares", "cuda"), ("cpu", "cpu"), ("rocm.device", "rocm"), ("a.b.c", "a")]
+)
 def test_device_prefix(slot: str, prefix: str) -> None:
     assert device_prefix(slot) == prefix
 
 
-@pytest.mark.parametrize(("slot", "amount", "text"), [("mem", 3 * GiB // 2, "1.5 GiB"), ("mem", 1000, "1000"),
-                                                      ("cpu", Decimal("2.500"), "2.5"), ("cpu", Decimal(0), "0")])
+@pytest.mark.parametrize(
+    ("slot", "amount", "text"),
+    [
+        ("mem", 3 * GiB // 2, "1.5 GiB"),
+        ("mem", 1000, "1000"),
+        ("cpu", Decimal("2.500"), "2.5"),
+        ("cpu", Decimal(0), "0"),
+    ],
+)
 def test_format_amount(slot: str, amount: int | Decimal, text: str) -> None:
     assert format_amount(slot, Decimal(amount)) == text
 

@@ -2,35 +2,49 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from domain.model import SessionStatus as S
-from datetime import UTC, datetime
-
 from domain.termination import begin_termination
 from tests.domain.test_lifecycle import kernel, session
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-@pytest.mark.parametrize(("kernels", "forced", "expected"), [
-    ((S.ERROR,), False, S.TERMINATED),  # failed to start: nothing runs, nothing to wait for
-    ((S.TERMINATED, S.ERROR), False, S.TERMINATED),
-    ((S.RUNNING, S.ERROR), False, S.TERMINATING),  # a kernel still runs: stopped first
-    ((S.PREPARING, S.ERROR), False, S.TERMINATING),  # one may still be placed or restarted
-    ((S.RUNNING, S.ERROR), True, S.TERMINATED),
-], ids=["failed", "ended-and-failed", "one-running", "one-preparing", "forced"])
+@pytest.mark.parametrize(
+    ("kernels", "forced", "expected"),
+    [
+        ((S.ERROR,), False, S.TERMINATED),  # failed to start: nothing runs, nothing to wait for
+        ((S.TERMINATED, S.ERROR), False, S.TERMINATED),
+        ((S.RUNNING, S.ERROR), False, S.TERMINATING),  # a kernel still runs: stopped first
+        ((S.PREPARING, S.ERROR), False, S.TERMINATING),  # one may still be placed or restarted
+        ((S.RUNNING, S.ERROR), True, S.TERMINATED),
+    ],
+    ids=["failed", "ended-and-failed", "one-running", "one-preparing", "forced"],
+)
 def test_a_plain_destroy_ends_an_error_session(kernels: tuple[S, ...], forced: bool, expected: S) -> None:
-    errored = session(*(kernel(f"k{i}", status, role="main" if i == 0 else "sub") for i, status in enumerate(kernels)),
-                      status=S.ERROR)
+    errored = session(
+        *(kernel(f"k{i}", status, role="main" if i == 0 else "sub") for i, status in enumerate(kernels)), status=S.ERROR
+    )
     after = begin_termination(errored, reason="user-requested", at=NOW, forced=forced)
     assert after is not None and (after.status, after.status_info) == (expected, "user-requested")
     assert (after.terminated_at is not None) == (expected is S.TERMINATED)
 
 
-@pytest.mark.parametrize(("status", "expected"), [(S.PENDING, S.CANCELLED), (S.RUNNING, S.TERMINATING),
-                                                  (S.PREPARING, S.TERMINATING), (S.TERMINATING, None),
-                                                  (S.TERMINATED, None)])
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (S.PENDING, S.CANCELLED),
+        (S.RUNNING, S.TERMINATING),
+        (S.PREPARING, S.TERMINATING),
+        (S.TERMINATING, None),
+        (S.TERMINATED, None),
+    ],
+)
 def test_other_sessions(status: S, expected: S | None) -> None:
-    after = begin_termination(session(kernel("main1", S.RUNNING, role="main"), status=status), reason="user-requested", at=NOW)
+    after = begin_termination(
+        session(kernel("main1", S.RUNNING, role="main"), status=status), reason="user-requested", at=NOW
+    )
     assert (after.status if after else None) is expected

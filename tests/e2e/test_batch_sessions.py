@@ -22,7 +22,10 @@ async def create(caravan: Caravan, **fields: object) -> str:
 @pytest.mark.parametrize("driver", DRIVERS)
 async def test_exit_zero_is_success_with_logs(caravan: Caravan, driver: str) -> None:
     session_id = await create(
-        caravan, name="ok-job", driver=driver, image=DEFAULT_IMAGE,
+        caravan,
+        name="ok-job",
+        driver=driver,
+        image=DEFAULT_IMAGE,
         startupCommand="echo hello from $CARAVAN_SESSION_NAME; echo oops >&2",
     )
     session = await caravan.wait_for(session_id, "TERMINATED", "ERROR")
@@ -64,7 +67,10 @@ async def test_a_docker_kernels_last_output_is_not_lost_when_it_exits(caravan: C
     output arrives whole, and the exit code is still the command's."""
     lines = 2000
     session_id = await create(
-        caravan, name=f"burst-{run}", driver="DOCKER", image=DEFAULT_IMAGE,
+        caravan,
+        name=f"burst-{run}",
+        driver="DOCKER",
+        image=DEFAULT_IMAGE,
         startupCommand=f'i=0; while [ $i -lt {lines} ]; do echo "line $i"; i=$((i+1)); done; echo last; exit 7',
     )
     session = await caravan.wait_for(session_id, "TERMINATED", "ERROR")

@@ -9,8 +9,8 @@ import signal
 import sys
 import time
 
-from domain.model import SessionResult, SessionStatus
 from core.settings import Settings
+from domain.model import SessionResult, SessionStatus
 from tests.harness import CREATE, running_caravan
 
 SESSIONS = 200
@@ -45,10 +45,17 @@ async def test_scheduler_killed_at_random_loses_and_doubles_nothing(settings: Se
         async def submit_all() -> list[str]:
             ids = []
             for i in range(SESSIONS):
-                data = await caravan.gql(CREATE, {"input": {
-                    "name": f"crash-{i:03d}", "type": "BATCH", "driver": "RAW_EXEC",
-                    "startupCommand": f"exit {i % 3}",
-                }})
+                data = await caravan.gql(
+                    CREATE,
+                    {
+                        "input": {
+                            "name": f"crash-{i:03d}",
+                            "type": "BATCH",
+                            "driver": "RAW_EXEC",
+                            "startupCommand": f"exit {i % 3}",
+                        }
+                    },
+                )
                 ids.append(data["createSession"]["sessions"][0]["id"])
                 await asyncio.sleep(rng.uniform(0, 0.02))
             return ids

@@ -12,15 +12,22 @@ from stores.known_resources import known_slot_types
 from tests.harness import CREATE, Caravan
 
 DESTROY = "mutation($ids: [ID!]!) { destroySession(ids: $ids) { id status } }"
-WAITING = 'query($id: ID!) { session(id: $id) { status waitReasons } }'
+WAITING = "query($id: ID!) { session(id: $id) { status waitReasons } }"
 
 
 async def create_with_device(caravan: Caravan, name: str) -> str:
     resources = {"cpu": "0.1", "mem": "32m", "mock.device": "1"}
-    data = await caravan.gql(CREATE, {"input": {
-        "name": name, "type": "INTERACTIVE", "driver": "RAW_EXEC",
-        "resources": [{"slot": slot, "amount": amount} for slot, amount in resources.items()],
-    }})
+    data = await caravan.gql(
+        CREATE,
+        {
+            "input": {
+                "name": name,
+                "type": "INTERACTIVE",
+                "driver": "RAW_EXEC",
+                "resources": [{"slot": slot, "amount": amount} for slot, amount in resources.items()],
+            }
+        },
+    )
     return str(data["createSession"]["sessions"][0]["id"])
 
 

@@ -15,6 +15,7 @@ async def test_a_session_whose_driver_no_node_has_waits_naming_it(on_cluster: On
         waiting = await eventually(caravan, docker, lambda s: bool(s["waitReasons"]))
         assert waiting["status"] == "PENDING"
         assert waiting["waitReasons"] == [
-            "never-fits: no schedulable agent of resource group default has driver:docker"], waiting["waitReasons"]
+            "never-fits: no schedulable agent of resource group default has driver:docker"
+        ], waiting["waitReasons"]
         await eventually(caravan, behind, status("TERMINATED"))
         assert (await eventually(caravan, docker, status("PENDING")))["kernels"][0]["agent"] is None

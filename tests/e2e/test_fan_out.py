@@ -42,14 +42,22 @@ alone it answers in milliseconds; a starved gateway took 18-54 s, or never)."""
 
 LOGS = "mainKernel { logs { stdout stderr } }"
 FAN_OUT = "{ " + " ".join(f"a{i}: sessions(first: 100) {{ edges {{ node {{ {LOGS} }} }} }}" for i in range(15)) + " }"
-ADMITTED = "{ " + " ".join(f"a{i}: sessions(first: 100) {{ edges {{ node {{ id {LOGS} }} }} }}" for i in range(2)) + " }"
+ADMITTED = (
+    "{ " + " ".join(f"a{i}: sessions(first: 100) {{ edges {{ node {{ id {LOGS} }} }} }}" for i in range(2)) + " }"
+)
 """The heaviest shape the default cost limit admits: 2 × (1 + 100 × 21) = 4202."""
 BOBS = "query($id: ID!) { session(id: $id) { status mainKernel { logs { stdout } } } }"
 
 
 def batch(name: str, command: str, **fields: Any) -> dict[str, Any]:
-    return {"name": name, "type": "BATCH", "driver": "RAW_EXEC", "startupCommand": command,
-            "resources": [{"slot": "cpu", "amount": "0.1"}, {"slot": "mem", "amount": "32m"}], **fields}
+    return {
+        "name": name,
+        "type": "BATCH",
+        "driver": "RAW_EXEC",
+        "startupCommand": command,
+        "resources": [{"slot": "cpu", "amount": "0.1"}, {"slot": "mem", "amount": "32m"}],
+        **fields,
+    }
 
 
 @contextlib.asynccontextmanager
@@ -73,12 +81,14 @@ async def test_one_users_fan_out_is_bounded_and_starves_nobody(settings: Setting
     assert Limits().max_cost >= 4202  # ADMITTED is admitted by the default limit
     async with dev_stack(settings) as caravan:
         alice, bob = await caravan.user("alice"), await caravan.user("bob")
-        created = await caravan.gql("mutation($input: CreateSessionInput!) { createSession(input: $input) { "
-                                    "sessions { id } } }",
-                                    {"input": batch("alice-batch", "echo alice-was-here", owner="alice",
-                                                    count=SESSIONS)})
-        bobs = await caravan.gql("mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { "
-                                 "id } } }", {"input": batch("bob-batch", "echo bob-was-here", owner="bob")})
+        created = await caravan.gql(
+            "mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id } } }",
+            {"input": batch("alice-batch", "echo alice-was-here", owner="alice", count=SESSIONS)},
+        )
+        bobs = await caravan.gql(
+            "mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id } } }",
+            {"input": batch("bob-batch", "echo bob-was-here", owner="bob")},
+        )
         [bob_session] = [s["id"] for s in bobs["createSession"]["sessions"]]
         for session in [*created["createSession"]["sessions"], {"id": bob_session}]:
             await caravan.wait_for(session["id"], "TERMINATED", timeout=180)
@@ -118,8 +128,10 @@ async def test_one_users_fan_out_is_bounded_and_starves_nobody(settings: Setting
             assert len(nodes) == 2 * SESSIONS
             assert {n["mainKernel"]["logs"]["stdout"] for n in nodes} == {"alice-was-here\n"}
         assert {e["extensions"]["code"] for a in answered for e in a.get("errors", ())} <= {"UNAVAILABLE"}
-        print(f"alice: {len(answered)} heavy queries ({len(full)} whole, {len(full) * 4 * SESSIONS} log reads); "
-              f"bob: {len(bob_waited)} requests, slowest {max(bob_waited):.3f} s")
+        print(
+            f"alice: {len(answered)} heavy queries ({len(full)} whole, {len(full) * 4 * SESSIONS} log reads); "
+            f"bob: {len(bob_waited)} requests, slowest {max(bob_waited):.3f} s"
+        )
 
         # the gateway's Nomad client is whole afterwards, and no lease changed hands or term
         async with asyncio.timeout(LIVENESS):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from domain.model import Driver, Kernel, Session, SessionType, StatusChange, SessionStatus
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType, StatusChange
 from nomad_jobs.client import NomadClient
 from nomad_jobs.hcl import runtime_text
 from nomad_jobs.session_job import NOMAD_ENV_REFERENCE, JobContext, render_session_job
@@ -44,11 +44,18 @@ def session_with(text: str, placeholder: bool) -> Session:
     now = datetime.now(UTC)
     value = placeholder_for(text) if placeholder else text
     return Session(
-        id="00000000-0000-0000-0000-000000000001", name=value, owner_id="u", type=SessionType.BATCH,
-        driver=Driver.DOCKER, image="img:1", resources={"cpu": "1", "mem": "268435456"},
+        id="00000000-0000-0000-0000-000000000001",
+        name=value,
+        owner_id="u",
+        type=SessionType.BATCH,
+        driver=Driver.DOCKER,
+        image="img:1",
+        resources={"cpu": "1", "mem": "268435456"},
         kernels=(Kernel(role="main", index=1, hostname="main1", image="img:1", resources={"cpu": "1"}),),
-        created_at=now, status_history=(StatusChange(SessionStatus.PENDING, now, "created"),),
-        startup_command=value, environ={"EVIL": value},
+        created_at=now,
+        status_history=(StatusChange(SessionStatus.PENDING, now, "created"),),
+        startup_command=value,
+        environ={"EVIL": value},
     )
 
 
@@ -97,10 +104,18 @@ async def test_hostile_env_and_command_reach_the_task_byte_for_byte(caravan: Car
     # The shell prints its own command line (the command arrives as argv[2]) and $EVIL as hex, then
     # exits before it reads the hostile lines that follow.
     command = 'od -An -tx1 -v /proc/$$/cmdline; echo; printf %s "$EVIL" | od -An -tx1 -v; exit 0\n' + evil
-    data = await caravan.gql(CREATE, {"input": {
-        "name": "hostile-" + uuid.uuid4().hex[:6], "type": "BATCH", "driver": "EXEC",
-        "startupCommand": command, "environ": [{"name": "EVIL", "value": evil}],
-    }})
+    data = await caravan.gql(
+        CREATE,
+        {
+            "input": {
+                "name": "hostile-" + uuid.uuid4().hex[:6],
+                "type": "BATCH",
+                "driver": "EXEC",
+                "startupCommand": command,
+                "environ": [{"name": "EVIL", "value": evil}],
+            }
+        },
+    )
     session_id = data["createSession"]["sessions"][0]["id"]
     session = await caravan.wait_for(session_id, "TERMINATED", "ERROR")
     assert session["result"] == "SUCCESS", session

@@ -89,7 +89,11 @@ async def test_a_busy_session_survives_the_utilization_check_while_an_idle_one_i
         await swept_since(service.idle_store, busy, utcnow() + timedelta(seconds=2))  # a window on, judged and acted on
         assert await status(caravan, busy) is SessionStatus.RUNNING
         utilization = await check(caravan, busy, "UTILIZATION")
-    assert (utilization["expired"], utilization["measuredAgainst"], utilization["note"]) == (False, "WINDOW", "utilized")
+    assert (utilization["expired"], utilization["measuredAgainst"], utilization["note"]) == (
+        False,
+        "WINDOW",
+        "utilized",
+    )
     [reading] = utilization["utilization"]
     assert reading["metric"] == "cpu_util" and reading["threshold"] == 10 and reading["average"] >= 10
 
@@ -100,13 +104,12 @@ async def test_a_session_without_traffic_is_reclaimed_while_one_in_use_survives(
     used = await start_interactive(caravan, "used")
     unused = await start_interactive(caravan, "unused")
     path = policy_file(tmp_path, policy('network_idle_timeout = "3s"'))
-    async with running_idle(caravan.settings, path) as service:
-        async with using(caravan, used):
-            session = await ended(caravan, unused)
-            assert (session["status"], session["statusInfo"]) == ("TERMINATED", "idle-timeout")
-            await swept_since(service.idle_store, used, utcnow())  # judged since, and acted on
-            assert await status(caravan, used) is SessionStatus.RUNNING
-            network = await check(caravan, used, "NETWORK_TIMEOUT")
+    async with running_idle(caravan.settings, path) as service, using(caravan, used):
+        session = await ended(caravan, unused)
+        assert (session["status"], session["statusInfo"]) == ("TERMINATED", "idle-timeout")
+        await swept_since(service.idle_store, used, utcnow())  # judged since, and acted on
+        assert await status(caravan, used) is SessionStatus.RUNNING
+        network = await check(caravan, used, "NETWORK_TIMEOUT")
     assert (network["expired"], network["measuredAgainst"]) == (False, "IDLENESS")
     assert 1.5 < network["remaining"] <= 3  # the last read was at most half a second (plus a sweep) ago
 

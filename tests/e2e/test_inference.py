@@ -34,11 +34,14 @@ query($id: ID!) { session(id: $id) {
   kernels { hostname status statusInfo restarts ports healthy }
 } }
 """
-SERVE = ('mkdir -p /tmp/www && echo "replica $CARAVAN_CLUSTER_HOST" > /tmp/www/index.html && '
-         'exec httpd -f -p "$CARAVAN_SERVICE_PORT" -h /tmp/www')
+SERVE = (
+    'mkdir -p /tmp/www && echo "replica $CARAVAN_CLUSTER_HOST" > /tmp/www/index.html && '
+    'exec httpd -f -p "$CARAVAN_SERVICE_PORT" -h /tmp/www'
+)
 """Each replica answers GET / with its own hostname, on its service port (Nomad publishes it on a host port)."""
-UNHEALTHY_FIRST = (f'if [ -e "$NOMAD_TASK_DIR/ran-once" ]; then {SERVE}; '
-                   'else touch "$NOMAD_TASK_DIR/ran-once"; exec sleep 3600; fi')
+UNHEALTHY_FIRST = (
+    f'if [ -e "$NOMAD_TASK_DIR/ran-once" ]; then {SERVE}; else touch "$NOMAD_TASK_DIR/ran-once"; exec sleep 3600; fi'
+)
 """Listens on nothing in its first run (the task dir outlives a restart), serves from its second run on."""
 LOADING_SECONDS = 6
 LOADING_MAIN2 = f'if [ "$CARAVAN_CLUSTER_HOST" = main2 ]; then sleep {LOADING_SECONDS}; fi; {SERVE}'
@@ -52,6 +55,8 @@ async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
     scheduler = replace(settings.scheduler, reconcile_interval=RECONCILE_INTERVAL)
     async with running_caravan(replace(settings, scheduler=scheduler)) as running:
         yield running
+
+
 RUNNING_HISTORY = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING"]
 
 
@@ -68,8 +73,14 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeou
 
 
 async def create(caravan: Caravan, **fields: Any) -> str:
-    request = {"name": "inf-" + uuid.uuid4().hex[:8], "type": "INFERENCE", "driver": "EXEC", "servicePort": 8000,
-               "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "64m"}], **fields}
+    request = {
+        "name": "inf-" + uuid.uuid4().hex[:8],
+        "type": "INFERENCE",
+        "driver": "EXEC",
+        "servicePort": 8000,
+        "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "64m"}],
+        **fields,
+    }
     data = await caravan.gql(CREATE, {"input": request})
     [session] = data["createSession"]["sessions"]
     return str(session["id"])
@@ -143,7 +154,9 @@ async def test_killed_replica_is_restarted_and_serves_again(caravan: Caravan) ->
     killed = await alloc_of(caravan, session_id, "main2")
     job = await caravan.nomad.job(killed["JobID"])
     services = [s for g in job["TaskGroups"] for s in g["Tasks"][0]["Services"]]
-    assert {(s["Provider"], s["Checks"][0]["Type"], s["Checks"][0]["Path"]) for s in services} == {("nomad", "http", "/")}
+    assert {(s["Provider"], s["Checks"][0]["Type"], s["Checks"][0]["Path"]) for s in services} == {
+        ("nomad", "http", "/")
+    }
 
     await kill(caravan, killed["ID"])
 
@@ -212,8 +225,9 @@ async def test_replica_failing_its_health_check_is_restarted(caravan: Caravan) -
 
 
 async def test_replica_is_an_endpoint_only_while_its_check_passes(caravan: Caravan) -> None:
-    session_id = await create(caravan, replicas=2, healthCheckPath="/", healthCheckGrace="30s",
-                              startupCommand=LOADING_MAIN2)
+    session_id = await create(
+        caravan, replicas=2, healthCheckPath="/", healthCheckGrace="30s", startupCommand=LOADING_MAIN2
+    )
 
     async def loading() -> dict[str, Any] | None:
         session = await view(caravan, session_id)
@@ -262,19 +276,28 @@ async def test_replica_is_an_endpoint_only_while_its_check_passes(caravan: Carav
 async def test_an_inference_session_from_a_template_serves(caravan: Caravan) -> None:
     """A template holds every INFERENCE option (servicePort, replicas, the health check); a creation from it runs
     replicas that serve, with an override of the replica count."""
-    spec = {"type": "INFERENCE", "driver": "EXEC", "startupCommand": SERVE, "servicePort": 8000, "replicas": 1,
-            "healthCheckPath": "/", "healthCheckGrace": "5s",
-            "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "64m"}]}
+    spec = {
+        "type": "INFERENCE",
+        "driver": "EXEC",
+        "startupCommand": SERVE,
+        "servicePort": 8000,
+        "replicas": 1,
+        "healthCheckPath": "/",
+        "healthCheckGrace": "5s",
+        "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "64m"}],
+    }
     created = await caravan.gql(
         """mutation($input: CreateSessionTemplateInput!) { createSessionTemplate(input: $input) {
              id spec { servicePort replicas healthCheckPath healthCheckGrace } } }""",
-        {"input": {"name": "web server", "spec": spec}})
+        {"input": {"name": "web server", "spec": spec}},
+    )
     template = created["createSessionTemplate"]
     assert template["spec"] == {"servicePort": 8000, "replicas": 1, "healthCheckPath": "/", "healthCheckGrace": "5s"}
     data = await caravan.gql(
         """mutation($id: ID!, $overrides: SessionOverridesInput!) {
              createSessionFromTemplate(templateId: $id, overrides: $overrides) { sessions { id } } }""",
-        {"id": template["id"], "overrides": {"name": "inf-" + uuid.uuid4().hex[:8], "replicas": 2}})
+        {"id": template["id"], "overrides": {"name": "inf-" + uuid.uuid4().hex[:8], "replicas": 2}},
+    )
     session_id = data["createSessionFromTemplate"]["sessions"][0]["id"]
     running = await serving(caravan, session_id, 2)
     assert (running["replicas"], running["servicePort"], running["healthCheckPath"]) == (2, 8000, "/")

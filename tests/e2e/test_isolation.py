@@ -32,8 +32,10 @@ from tests.conftest import DEFAULT_IMAGE
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan, running_caravan
 
 OTHER_PORT = 8080
-OTHER_APP = (f'mkdir -p /tmp/w && echo "secret of the other tenant" > /tmp/w/index.html && '
-             f'exec httpd -f -p "${{NOMAD_PORT_p{OTHER_PORT}}}" -h /tmp/w')
+OTHER_APP = (
+    f'mkdir -p /tmp/w && echo "secret of the other tenant" > /tmp/w/index.html && '
+    f'exec httpd -f -p "${{NOMAD_PORT_p{OTHER_PORT}}}" -h /tmp/w'
+)
 """The other tenant's app: serves a page on its preopened port (its own port on the session network; the Nomad
 host port on the host's network)."""
 
@@ -47,10 +49,20 @@ def http(method: str, path: str, body: str = "") -> str:
 
 def probe_script(ports: dict[str, int], other: dict[str, str], state_dir: str, job_id: str) -> str:
     """The probe as a shell script for busybox: one line per attempt, ``<name> <target> => <what came back>``."""
-    job = json.dumps({"Job": {"ID": job_id, "Name": job_id, "Type": "batch", "Datacenters": ["dc1"],
-                              "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec",
-                                                                      "Config": {"command": "/bin/true"}}]}]}},
-                     separators=(",", ":"))
+    job = json.dumps(
+        {
+            "Job": {
+                "ID": job_id,
+                "Name": job_id,
+                "Type": "batch",
+                "Datacenters": ["dc1"],
+                "TaskGroups": [
+                    {"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/true"}}]}
+                ],
+            }
+        },
+        separators=(",", ":"),
+    )
     attempts = [
         ("nomad-jobs", "{host}", ports["nomad"], http("GET", "/v1/jobs")),
         ("nomad-agent-self", "{host}", ports["nomad"], http("GET", "/v1/agent/self")),
@@ -60,15 +72,17 @@ def probe_script(ports: dict[str, int], other: dict[str, str], state_dir: str, j
         ("other-published", "{host}", int(other["published"]), http("GET", "/")),
     ]
     lines = [
-        'gw=$(ip route 2>/dev/null | awk \'/^default/ {print $3}\')',
+        "gw=$(ip route 2>/dev/null | awk '/^default/ {print $3}')",
         # only the host's end of a session network (the stack's own): never the host's own default gateway
         f'case "$gw" in {SESSION_SUPERNET.network_address.exploded.rsplit(".", 2)[0]}.*) ;; *) gw= ;; esac',
         'probe() { out=$(printf "%b" "$4" | timeout 6 nc -w 2 "$2" "$3" 2>&1 | head -c 300 | tr "\\r\\n" "  ");'
         ' echo "NET $1 $2:$3 => $out"; }',
     ]
     for host in ("127.0.0.1", "$gw"):
-        lines += [f'[ -n "{host}" ] && probe {name} "{target.format(host=host)}" {port} "{payload}"'
-                  for name, target, port, payload in attempts]
+        lines += [
+            f'[ -n "{host}" ] && probe {name} "{target.format(host=host)}" {port} "{payload}"'
+            for name, target, port, payload in attempts
+        ]
     if other.get("address"):
         lines.append(f'probe other-direct "{other["address"]}" {OTHER_PORT} "{http("GET", "/")}"')
     lines += [
@@ -76,7 +90,7 @@ def probe_script(ports: dict[str, int], other: dict[str, str], state_dir: str, j
         f'ls "{state_dir}" >/dev/null 2>&1 && echo "FILE {state_dir} readable"',
         'echo "ENVIRON $(cat /proc/1/environ 2>/dev/null | base64 | tr -d "\\n")"',
         'echo "ENVIRON $(env | base64 | tr -d "\\n")"',
-        'echo PROBE-DONE',
+        "echo PROBE-DONE",
     ]
     return "\n".join(lines) + "\n"
 
@@ -96,8 +110,13 @@ def findings(stdout: str) -> list[Finding]:
             attempt, _, answer = rest.partition(" => ")
             found.append(Finding(kind, attempt.split(" ", 1)[0], answer.strip()))
         elif kind in ("FILE", "ENVIRON"):
-            found.append(Finding(kind, rest.split(" ", 1)[0],
-                                 base64.b64decode(rest).decode(errors="replace") if kind == "ENVIRON" else rest))
+            found.append(
+                Finding(
+                    kind,
+                    rest.split(" ", 1)[0],
+                    base64.b64decode(rest).decode(errors="replace") if kind == "ENVIRON" else rest,
+                )
+            )
     return found
 
 
@@ -109,9 +128,19 @@ def answered(finding: Finding) -> bool:
 async def other_tenant_app(caravan: Caravan) -> tuple[str, dict[str, str]]:
     """Another USER's INTERACTIVE session serving a page; its session-network address (if any) and published port."""
     bob = await caravan.user("bob-" + uuid.uuid4().hex[:6])
-    data = await caravan.gql(CREATE, {"input": {"name": "bobs-app", "type": "INTERACTIVE", "driver": "EXEC",
-                                                "preopenPorts": [OTHER_PORT], "startupCommand": OTHER_APP}},
-                             token=bob)
+    data = await caravan.gql(
+        CREATE,
+        {
+            "input": {
+                "name": "bobs-app",
+                "type": "INTERACTIVE",
+                "driver": "EXEC",
+                "preopenPorts": [OTHER_PORT],
+                "startupCommand": OTHER_APP,
+            }
+        },
+        token=bob,
+    )
     [session] = data["createSession"]["sessions"]
     await caravan.wait_for(session["id"], "RUNNING")
     stored = await caravan.store.get(session["id"])
@@ -136,11 +165,19 @@ async def run_probe(caravan: Caravan, driver: str, other: dict[str, str]) -> tup
     """The probe's findings in a USER's session of ``driver``, and the secrets it must not have seen."""
     alice = await caravan.user("alice-" + uuid.uuid4().hex[:6])
     settings = caravan.settings
-    ports = {"nomad": urlparse(settings.nomad.addr).port or 4646, "redis": urlparse(settings.redis.url).port or 6379,
-             "gateway": urlparse(caravan.url).port or 80}
+    ports = {
+        "nomad": urlparse(settings.nomad.addr).port or 4646,
+        "redis": urlparse(settings.redis.url).port or 6379,
+        "gateway": urlparse(caravan.url).port or 80,
+    }
     script = probe_script(ports, other, str(settings.home), f"{settings.nomad.job_prefix}-escape-{driver.lower()}")
-    request: dict[str, Any] = {"name": f"probe-{driver.lower()}", "type": "BATCH", "driver": driver,
-                               "startupCommand": script, "batchTimeout": "5m"}
+    request: dict[str, Any] = {
+        "name": f"probe-{driver.lower()}",
+        "type": "BATCH",
+        "driver": driver,
+        "startupCommand": script,
+        "batchTimeout": "5m",
+    }
     if driver == "DOCKER":
         request["image"] = DEFAULT_IMAGE
     if driver == "QEMU":
@@ -160,8 +197,11 @@ async def isolated(settings: Settings) -> AsyncIterator[Caravan]:
         yield caravan
 
 
-DRIVERS = [pytest.param("EXEC", id="exec"), pytest.param("DOCKER", id="docker", marks=pytest.mark.docker),
-           pytest.param("QEMU", id="qemu", marks=pytest.mark.qemu)]
+DRIVERS = [
+    pytest.param("EXEC", id="exec"),
+    pytest.param("DOCKER", id="docker", marks=pytest.mark.docker),
+    pytest.param("QEMU", id="qemu", marks=pytest.mark.qemu),
+]
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -202,15 +242,27 @@ async def test_kernels_of_a_multi_node_session_reach_each_other_across_clients_b
     (concentrated: main1 fills small, sub1 goes to medium) and still talk by hostname, while another session's
     kernel, on a third client (large), cannot reach them: traffic routed between bridges is checked too (placing
     the intruder on a chosen client takes an admin: isolation is per session, whoever owns it)."""
-    serve = ('mkdir -p /tmp/w && echo "from $CARAVAN_CLUSTER_HOST" > /tmp/w/index.html && httpd -p 7000 -h /tmp/w; '
-             'if [ "$CARAVAN_CLUSTER_ROLE" = main ]; then for i in $(seq 100); do '
-             'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 2 sub1 7000 | tail -1 | grep . && break; sleep 0.2; done; '
-             'echo "me=$CARAVAN_CLUSTER_ADDR"; fi; exec sleep 3600')
+    serve = (
+        'mkdir -p /tmp/w && echo "from $CARAVAN_CLUSTER_HOST" > /tmp/w/index.html && httpd -p 7000 -h /tmp/w; '
+        'if [ "$CARAVAN_CLUSTER_ROLE" = main ]; then for i in $(seq 100); do '
+        'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 2 sub1 7000 | tail -1 | grep . && break; sleep 0.2; done; '
+        'echo "me=$CARAVAN_CLUSTER_ADDR"; fi; exec sleep 3600'
+    )
     async with on_cluster('default {\n  agent_selector = "concentrated"\n}') as caravan:
-        data = await caravan.gql(CREATE, {"input": {
-            "name": "multi", "type": "INTERACTIVE", "driver": "EXEC", "clusterSize": 2, "clusterMode": "MULTI_NODE",
-            "resources": [{"slot": "cpu", "amount": "2"}, {"slot": "mem", "amount": "256m"}],
-            "startupCommand": serve}})
+        data = await caravan.gql(
+            CREATE,
+            {
+                "input": {
+                    "name": "multi",
+                    "type": "INTERACTIVE",
+                    "driver": "EXEC",
+                    "clusterSize": 2,
+                    "clusterMode": "MULTI_NODE",
+                    "resources": [{"slot": "cpu", "amount": "2"}, {"slot": "mem", "amount": "256m"}],
+                    "startupCommand": serve,
+                }
+            },
+        )
         [session] = data["createSession"]["sessions"]
         await caravan.wait_for(session["id"], "RUNNING", timeout=120)
         stored = await caravan.store.get(session["id"])
@@ -219,9 +271,18 @@ async def test_kernels_of_a_multi_node_session_reach_each_other_across_clients_b
         assert {k.hostname: names[k.agent or ""] for k in stored.kernels} == {"main1": "small", "sub1": "medium"}
         sub1 = next(k for k in stored.kernels if k.hostname == "sub1")
         address = (await caravan.nomad.allocation(sub1.alloc_id or ""))["NetworkStatus"]["Address"]
-        intruder = await caravan.gql(CREATE, {"input": {
-            "name": "intruder", "type": "BATCH", "driver": "EXEC", "designatedAgent": nomad_cluster.node_ids["large"],
-            "startupCommand": f'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 3 {address} 7000; echo "rc=$?"'}})
+        intruder = await caravan.gql(
+            CREATE,
+            {
+                "input": {
+                    "name": "intruder",
+                    "type": "BATCH",
+                    "driver": "EXEC",
+                    "designatedAgent": nomad_cluster.node_ids["large"],
+                    "startupCommand": f'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 3 {address} 7000; echo "rc=$?"',
+                }
+            },
+        )
         [probe] = intruder["createSession"]["sessions"]
         probed = await caravan.wait_for(probe["id"], "TERMINATED", "ERROR", timeout=120)
         assert "from sub1" not in probed["mainKernel"]["logs"]["stdout"]

@@ -58,8 +58,11 @@ async def test_main_and_sub_kernels_get_their_own_resources(caravan: Caravan) ->
     assert hcl is not None and "memory = 96" in hcl and "memory = 48" in hcl
     kernels = (await caravan.gql(KERNELS, {"id": session_id}))["session"]["kernels"]
     shown = {k["hostname"]: {r["slot"]: Decimal(r["amount"]) for r in k["resources"]} for k in kernels}
-    assert shown == {"main1": {"cpu": Decimal("0.5"), "mem": 96 * MIB},
-                     "sub1": {"cpu": Decimal("0.25"), "mem": 48 * MIB}, "sub2": {"cpu": Decimal("0.25"), "mem": 48 * MIB}}
+    assert shown == {
+        "main1": {"cpu": Decimal("0.5"), "mem": 96 * MIB},
+        "sub1": {"cpu": Decimal("0.25"), "mem": 48 * MIB},
+        "sub2": {"cpu": Decimal("0.25"), "mem": 48 * MIB},
+    }
 
 
 @pytest.fixture
@@ -70,8 +73,9 @@ async def second_tag() -> AsyncIterator[str]:
     tagged = await asyncio.create_subprocess_exec("docker", "tag", DEFAULT_IMAGE, tag)
     assert await tagged.wait() == 0
     yield tag
-    untagged = await asyncio.create_subprocess_exec("docker", "rmi", tag, stdout=asyncio.subprocess.DEVNULL,
-                                                    stderr=asyncio.subprocess.DEVNULL)
+    untagged = await asyncio.create_subprocess_exec(
+        "docker", "rmi", tag, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
     await untagged.wait()
 
 

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from core.clock import utcnow
+from core.settings import Settings
 from domain.lifecycle import transition
 from domain.model import SessionStatus
-from scheduler.follower import Follower
-from core.settings import Settings
-from scheduler.job_owner import JobOwner
-from scheduler.placer import Placer
 from domain.scheduling_config import SchedulingConfig
 from nomad_jobs.client import NomadClient
+from scheduler.follower import Follower
+from scheduler.job_owner import JobOwner
+from scheduler.placer import Placer
 from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
 
@@ -26,7 +26,9 @@ RENAME = "mutation($id: ID!, $name: String!) { renameSession(id: $id, name: $nam
 
 async def create(caravan: Caravan, token: str | None = None, **fields: Any) -> list[str]:
     kwargs = {"token": token} if token else {}
-    data = await caravan.gql(CREATE, {"input": {"name": "s-" + uuid.uuid4().hex[:8], "driver": "EXEC", **fields}}, **kwargs)
+    data = await caravan.gql(
+        CREATE, {"input": {"name": "s-" + uuid.uuid4().hex[:8], "driver": "EXEC", **fields}}, **kwargs
+    )
     return [s["id"] for s in data["createSession"]["sessions"]]
 
 
@@ -120,7 +122,9 @@ async def test_batch_timeout_ends_failed(caravan: Caravan) -> None:
 
 async def test_hpc_thread_variables_default_to_allocated_cores(caravan: Caravan) -> None:
     [session_id] = await create(
-        caravan, type="BATCH", resources=[{"slot": "cpu", "amount": "1.5"}],
+        caravan,
+        type="BATCH",
+        resources=[{"slot": "cpu", "amount": "1.5"}],
         startupCommand='echo "$OMP_NUM_THREADS $MKL_NUM_THREADS $NPROC $OPENBLAS_NUM_THREADS"',
         environ=[{"name": "OPENBLAS_NUM_THREADS", "value": "7"}],
     )
@@ -129,9 +133,12 @@ async def test_hpc_thread_variables_default_to_allocated_cores(caravan: Caravan)
 
 
 async def test_preopen_port_is_reported_and_served(caravan: Caravan) -> None:
-    [session_id] = await create(caravan, type="INTERACTIVE", preopenPorts=[8080],
-                                startupCommand='echo -e "HTTP/1.0 200 OK\\r\\n\\r\\nhello" > /tmp/r; '
-                                               'while :; do nc -l -p 8080 < /tmp/r; done')
+    [session_id] = await create(
+        caravan,
+        type="INTERACTIVE",
+        preopenPorts=[8080],
+        startupCommand='echo -e "HTTP/1.0 200 OK\\r\\n\\r\\nhello" > /tmp/r; while :; do nc -l -p 8080 < /tmp/r; done',
+    )
     await caravan.wait_for(session_id, "RUNNING")
     session = await caravan.store.get(session_id)
     assert session is not None
@@ -160,8 +167,15 @@ async def test_cluster_kernels_resolve_each_other_and_connect(caravan: Caravan) 
         'else for h in sub1 sub2; do for i in $(seq 100); do wget -q -O - "http://$h:7000/" && break; sleep 0.2; done; done; '
         'echo "hosts=$CARAVAN_CLUSTER_HOSTS size=$CARAVAN_CLUSTER_SIZE"; fi'
     )
-    [session_id] = await create(caravan, type="BATCH", driver="DOCKER", image=DEFAULT_IMAGE, clusterSize=3,
-                                resources=[{"slot": "cpu", "amount": "0.25"}], startupCommand=command)
+    [session_id] = await create(
+        caravan,
+        type="BATCH",
+        driver="DOCKER",
+        image=DEFAULT_IMAGE,
+        clusterSize=3,
+        resources=[{"slot": "cpu", "amount": "0.25"}],
+        startupCommand=command,
+    )
     session = await caravan.wait_for(session_id, "TERMINATED", "ERROR", timeout=90)
     assert session["result"] == "SUCCESS", session
     out = session["mainKernel"]["logs"]["stdout"].splitlines()
@@ -221,7 +235,8 @@ async def test_reconciliation_stops_the_job_of_an_ended_session(settings: Settin
         # The session ended while its job kept running (its end observed while the scheduler was down, the request
         # to stop its job then lost):
         ended = await caravan.store.update(
-            session_id, lambda s: transition(s, SessionStatus.TERMINATED, reason="task-failed", at=utcnow()))
+            session_id, lambda s: transition(s, SessionStatus.TERMINATED, reason="task-failed", at=utcnow())
+        )
         assert ended is not None and ended.nomad_job_id
         await caravan.store.redis.delete(caravan.store.keys.jobs_to_stop)  # lost
         assert (await caravan.nomad.job(ended.nomad_job_id))["Stop"] is False

@@ -25,8 +25,9 @@ COUNTING = 'i=1; while [ $i -le 20 ]; do echo "line $i"; i=$((i+1)); sleep 0.2; 
 
 
 async def create(caravan: Caravan, token: str, name: str, command: str) -> str:
-    data = await caravan.gql(CREATE, {"input": {"name": name, "type": "BATCH", "driver": "EXEC",
-                                                "startupCommand": command}}, token=token)
+    data = await caravan.gql(
+        CREATE, {"input": {"name": name, "type": "BATCH", "driver": "EXEC", "startupCommand": command}}, token=token
+    )
     return str(data["createSession"]["sessions"][0]["id"])
 
 
@@ -78,8 +79,9 @@ async def test_kernel_logs_arrive_live_in_order_before_the_session_ends(caravan:
     assert session["result"] == "SUCCESS"
 
 
-SIGNALLED = ("n=0; trap 'n=$((n+1)); echo \"late $n\" >&2' USR1; trap 'exit 0' USR2; echo early >&2; "
-             "while :; do sleep 0.2; done")
+SIGNALLED = (
+    "n=0; trap 'n=$((n+1)); echo \"late $n\" >&2' USR1; trap 'exit 0' USR2; echo early >&2; while :; do sleep 0.2; done"
+)
 """Writes ``early`` to stderr, then ``late <n>`` at each SIGUSR1, and ends at SIGUSR2: it writes when the test says."""
 
 
@@ -103,8 +105,9 @@ async def test_kernel_logs_of_stderr_from_now_on_and_of_an_ended_kernel(caravan:
         await caravan.nomad.signal_allocation(alloc_id, TASK_NAME, "SIGUSR2")
         chunks += [r["data"]["kernelLogs"] async for r in socket.results(live, timeout=60)]  # completes as it ends
         await caravan.wait_for(session_id, "TERMINATED")
-        ended = await socket.subscribe(LOGS.replace("tailBytes: $tail", "stream: STDERR, tailBytes: $tail"),
-                                       {"id": session_id, "tail": 1024})
+        ended = await socket.subscribe(
+            LOGS.replace("tailBytes: $tail", "stream: STDERR, tailBytes: $tail"), {"id": session_id, "tail": 1024}
+        )
         whole = "".join([r["data"]["kernelLogs"] async for r in socket.results(ended, timeout=30)])
     lines = whole.splitlines()  # an ended kernel: its tail, then the subscription completes
     assert lines == ["early", *(f"late {n}" for n in range(1, len(lines)))], whole
@@ -168,14 +171,26 @@ async def test_log_follows_beyond_the_connection_and_gateway_caps_are_refused_wi
     Nomad client's follow pool: each subscription beyond gets TOO_MANY_LOG_FOLLOWS at once (without the caps, 64 of
     100 on one connection got data and 36 got nothing, ever)."""
     alice = await caravan.user("alice")
-    data = await caravan.gql(CREATE, {"input": {"name": "ticking", "type": "INTERACTIVE", "driver": "EXEC",
-                                                "startupCommand": "while true; do echo tick; sleep 0.5; done"}},
-                             token=alice)
+    data = await caravan.gql(
+        CREATE,
+        {
+            "input": {
+                "name": "ticking",
+                "type": "INTERACTIVE",
+                "driver": "EXEC",
+                "startupCommand": "while true; do echo tick; sleep 0.5; done",
+            }
+        },
+        token=alice,
+    )
     session_id = data["createSession"]["sessions"][0]["id"]
     await caravan.wait_for(session_id, "RUNNING")
     variables = {"id": session_id, "tail": 4096}
-    async with (authenticated_socket(caravan.url, alice) as first, authenticated_socket(caravan.url, alice) as second,
-                authenticated_socket(caravan.url, alice) as third):
+    async with (
+        authenticated_socket(caravan.url, alice) as first,
+        authenticated_socket(caravan.url, alice) as second,
+        authenticated_socket(caravan.url, alice) as third,
+    ):
         many = [await first.subscribe(LOGS, variables) for _ in range(100)]
         followed, refused = await first_answers(first, many)
         assert followed == 32 and len(refused) == 68
@@ -189,8 +204,9 @@ async def test_log_follows_beyond_the_connection_and_gateway_caps_are_refused_wi
         followed = 0  # the completed follows end, and their places are free once they have: ten more follow
         async with asyncio.timeout(30):
             while followed < 10:
-                more, refused = await first_answers(third, [await third.subscribe(LOGS, variables)
-                                                            for _ in range(10 - followed)])
+                more, refused = await first_answers(
+                    third, [await third.subscribe(LOGS, variables) for _ in range(10 - followed)]
+                )
                 assert all(r == {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 64, "per": "gateway"} for r in refused)
                 followed += more
                 if refused:  # not ended yet

@@ -20,8 +20,12 @@ EFFECTIVE = "query($id: ID!) { effectiveIdlePolicy(sessionId: $id) { maxSessionL
 
 
 async def start(caravan: Caravan, name: str, token: str) -> str:
-    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC",
-              "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "32m"}]}
+    fields = {
+        "type": "INTERACTIVE",
+        "name": name,
+        "driver": "EXEC",
+        "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "32m"}],
+    }
     data = await caravan.gql(CREATE, {"input": fields}, token=token)
     session_id = str(data["createSession"]["sessions"][0]["id"])
     await caravan.wait_for(session_id, "RUNNING", timeout=60)
@@ -32,8 +36,9 @@ async def test_a_users_idle_timeout_reclaims_their_idle_session(caravan: Caravan
     alice = await caravan.user("alice")
     bob = await caravan.user("bob")
     await caravan.user("ada", Role.ADMIN)
-    assert (await caravan.gql(SET_USER, {"user": "alice", "policy": {"idleTimeout": "3s"}}))["setUserResourcePolicy"] == {
-        "idleTimeout": 3.0}
+    assert (await caravan.gql(SET_USER, {"user": "alice", "policy": {"idleTimeout": "3s"}}))[
+        "setUserResourcePolicy"
+    ] == {"idleTimeout": 3.0}
     limited = await start(caravan, "limited", alice)
     unlimited = await start(caravan, "unlimited", bob)
     path = policy_file(tmp_path, 'check_interval = "1s"\ndefaults {\n  max_session_lifetime = "1h"\n}\n')

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import QEMU_IMAGES
-from tests.e2e.test_hostile_strings import HOSTILE, hex_of, session_with
-from domain.model import Driver
 from core.settings import Settings
+from domain.model import Driver
 from nomad_jobs.client import NomadClient
 from nomad_jobs.session_job import JobContext, render_session_job
+from tests.conftest import QEMU_IMAGES
+from tests.e2e.test_hostile_strings import HOSTILE, hex_of, session_with
 from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
 
 pytestmark = pytest.mark.qemu
@@ -26,15 +26,17 @@ DESTROY = "mutation($ids: [ID!]!) { destroySession(ids: $ids) { id status status
 
 async def create(caravan: Caravan, **fields: Any) -> str:
     image = {"image": IMAGE} if fields.get("driver", "QEMU") == "QEMU" else {}  # other drivers run no image
-    data = await caravan.gql(CREATE, {"input": {
-        "name": "vm-" + uuid.uuid4().hex[:8], "type": "BATCH", "driver": "QEMU", **image, **fields}})
+    data = await caravan.gql(
+        CREATE, {"input": {"name": "vm-" + uuid.uuid4().hex[:8], "type": "BATCH", "driver": "QEMU", **image, **fields}}
+    )
     [session] = data["createSession"]["sessions"]
     return str(session["id"])
 
 
 async def test_a_batch_vm_prints_and_succeeds(caravan: Caravan) -> None:
-    session_id = await create(caravan, name="vm-hello",
-                              startupCommand="echo hello from $CARAVAN_SESSION_NAME in $(uname -s); echo oops >&2")
+    session_id = await create(
+        caravan, name="vm-hello", startupCommand="echo hello from $CARAVAN_SESSION_NAME in $(uname -s); echo oops >&2"
+    )
     session = await caravan.wait_for(session_id, "TERMINATED", "ERROR")
     assert (session["status"], session["result"], session["exitCode"]) == ("TERMINATED", "SUCCESS", 0), session
     assert session["statusInfo"] == "task-finished"
@@ -77,20 +79,34 @@ async def test_an_interactive_vm_runs_until_destroyed(caravan: Caravan) -> None:
 
 
 async def test_without_an_image_the_allowlisted_one_is_used(caravan: Caravan) -> None:
-    data = await caravan.gql(CREATE, {"input": {"name": "vm-default", "type": "BATCH", "driver": "QEMU",
-                                                "startupCommand": "true", "startsAt": "1h"}})
+    data = await caravan.gql(
+        CREATE,
+        {
+            "input": {
+                "name": "vm-default",
+                "type": "BATCH",
+                "driver": "QEMU",
+                "startupCommand": "true",
+                "startsAt": "1h",
+            }
+        },
+    )
     [created] = data["createSession"]["sessions"]
     session = await caravan.store.get(created["id"])
     assert session is not None and session.image == IMAGE
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ({"image": "debian:12"}, "image"),
-    ({"image": QEMU_IMAGES.get(IMAGE, "/")}, "image"),  # a path is not a name in the allowlist
-    ({"resources": [{"slot": "mem", "amount": "64m"}]}, "resources.mem"),
-    ({"preopenPorts": [8080]}, "preopenPorts"),
-    ({"environ": [{"name": f"V{i}", "value": "x" * 30000} for i in range(4)]}, "environ"),
-], ids=["unknown-image", "image-path", "too-little-mem", "ports", "environ-too-large"])
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"image": "debian:12"}, "image"),
+        ({"image": QEMU_IMAGES.get(IMAGE, "/")}, "image"),  # a path is not a name in the allowlist
+        ({"resources": [{"slot": "mem", "amount": "64m"}]}, "resources.mem"),
+        ({"preopenPorts": [8080]}, "preopenPorts"),
+        ({"environ": [{"name": f"V{i}", "value": "x" * 30000} for i in range(4)]}, "environ"),
+    ],
+    ids=["unknown-image", "image-path", "too-little-mem", "ports", "environ-too-large"],
+)
 async def test_what_a_vm_cannot_take_is_refused(caravan: Caravan, change: dict[str, Any], field: str) -> None:
     with pytest.raises(GraphQLErrors) as raised:
         await create(caravan, startupCommand="true", **change)
@@ -101,8 +117,9 @@ async def test_what_a_vm_cannot_take_is_refused(caravan: Caravan, change: dict[s
 
 async def test_resource_groups_allow_only_their_drivers(settings: Settings, tmp_path: Path) -> None:
     config = tmp_path / "scheduler.hcl"
-    config.write_text('default {\n  allowed_drivers = ["exec"]\n}\n'
-                      'resource_group "vms" {\n  allowed_drivers = ["qemu"]\n}\n')
+    config.write_text(
+        'default {\n  allowed_drivers = ["exec"]\n}\nresource_group "vms" {\n  allowed_drivers = ["qemu"]\n}\n'
+    )
     configured = replace(settings, scheduler=replace(settings.scheduler, config_path=config))
     async with running_caravan(configured, scheduler=False) as caravan:
         for group, driver in (("default", "QEMU"), ("vms", "EXEC")):

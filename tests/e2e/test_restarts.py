@@ -29,8 +29,8 @@ import pytest
 from caravan.stack.nomad_cluster import SingleNodeNomad, start_nomad_single_node
 from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
-from domain.model import Session, SessionResult, SessionStatus
 from core.settings import NomadSettings, RedisSettings, SchedulerSettings, Settings
+from domain.model import Session, SessionResult, SessionStatus
 from tests.conftest import TEST_KEY_PREFIXES
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
 
@@ -55,8 +55,9 @@ class RestartableRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.service = start_redis(self.directory, self.port, log=self.log, secrets_dir=self.secrets_dir,
-                                   key_prefixes=TEST_KEY_PREFIXES)
+        self.service = start_redis(
+            self.directory, self.port, log=self.log, secrets_dir=self.secrets_dir, key_prefixes=TEST_KEY_PREFIXES
+        )
 
     def kill(self) -> None:
         assert self.service is not None
@@ -82,8 +83,12 @@ def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnStack]:
     redis = RestartableRedis(state / "redis", free_port(), state / "redis.log", state / "secrets")
     redis.start()
     try:
-        nomad = start_nomad_single_node(state / "nomad", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
-                                        rootfs=Path(STACK["CARAVAN_ROOTFS"]), secrets_dir=state / "secrets")
+        nomad = start_nomad_single_node(
+            state / "nomad",
+            nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
+            rootfs=Path(STACK["CARAVAN_ROOTFS"]),
+            secrets_dir=state / "secrets",
+        )
     except BaseException:
         redis.stop()
         raise
@@ -104,8 +109,14 @@ def own_settings(own_stack: OwnStack, namespace: str, tmp_path: Path) -> Setting
 
 
 def batch(name: str, command: str, **fields: Any) -> dict[str, Any]:
-    return {"name": name, "type": "BATCH", "driver": "RAW_EXEC", "startupCommand": command,
-            "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "32m"}], **fields}
+    return {
+        "name": name,
+        "type": "BATCH",
+        "driver": "RAW_EXEC",
+        "startupCommand": command,
+        "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "32m"}],
+        **fields,
+    }
 
 
 def exit_code_of(session: Session) -> int:
@@ -118,8 +129,12 @@ async def converged(caravan: Caravan, *, timeout: float = 120.0) -> list[Session
     deadline = time.monotonic() + timeout
     while True:
         sessions = [s for s in await caravan.store.get_many(await caravan.store.session_ids()) if s is not None]
-        settling = [s for s in sessions if s.status in (S.PENDING, S.SCHEDULED, S.PREPARING, S.TERMINATING)
-                    or (s.type.value == "BATCH" and s.status is S.RUNNING)]
+        settling = [
+            s
+            for s in sessions
+            if s.status in (S.PENDING, S.SCHEDULED, S.PREPARING, S.TERMINATING)
+            or (s.type.value == "BATCH" and s.status is S.RUNNING)
+        ]
         if not settling:
             return sessions
         if time.monotonic() > deadline:
@@ -142,14 +157,19 @@ def assert_batch_results(sessions: list[Session]) -> None:
     for session in sessions:
         expected = SessionResult.SUCCESS if exit_code_of(session) == 0 else SessionResult.FAILURE
         assert (session.status, session.result, session.exit_code) == (S.TERMINATED, expected, exit_code_of(session)), (
-            session.id, session.name, session.status, session.status_info)
+            session.id,
+            session.name,
+            session.status,
+            session.status_info,
+        )
 
 
 # -- Redis --
 
 
-async def test_redis_killed_mid_stream_loses_no_acknowledged_session(own_stack: OwnStack,
-                                                                     own_settings: Settings) -> None:
+async def test_redis_killed_mid_stream_loses_no_acknowledged_session(
+    own_stack: OwnStack, own_settings: Settings
+) -> None:
     rng = random.Random(3)
     acknowledged: list[str] = []
     refused: list[str] = []
@@ -158,8 +178,9 @@ async def test_redis_killed_mid_stream_loses_no_acknowledged_session(own_stack: 
         async def submit(name: str) -> None:
             n = int(name.rsplit("-", 1)[1])
             request = {"query": CREATE, "variables": {"input": batch(name, f"exit {n % 3}")}}
-            response = await caravan.http.post(caravan.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                                               json=request)
+            response = await caravan.http.post(
+                caravan.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, json=request
+            )
             assert response.status_code != 500, response.text
             body = response.json()
             if body.get("errors"):
@@ -196,19 +217,35 @@ async def test_redis_killed_mid_stream_loses_no_acknowledged_session(own_stack: 
 
 
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
-async def test_nomad_stopped_and_restarted_every_session_converges(own_stack: OwnStack, own_settings: Settings,
-                                                                   stop: signal.Signals,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+async def test_nomad_stopped_and_restarted_every_session_converges(
+    own_stack: OwnStack, own_settings: Settings, stop: signal.Signals, caplog: pytest.LogCaptureFixture
+) -> None:
     async with running_caravan(own_settings) as caravan:
-        interactive = [await create(caravan, {"name": f"box-{n}", "type": "INTERACTIVE", "driver": "RAW_EXEC",
-                                              "resources": [{"slot": "cpu", "amount": "0.25"}]}) for n in range(2)]
-        batches = [await create(caravan, batch(f"batch-{n}", f"sleep 4; exit {n % 3}",
-                                               resources=[{"slot": "cpu", "amount": "0.5"}])) for n in range(6)]
+        interactive = [
+            await create(
+                caravan,
+                {
+                    "name": f"box-{n}",
+                    "type": "INTERACTIVE",
+                    "driver": "RAW_EXEC",
+                    "resources": [{"slot": "cpu", "amount": "0.25"}],
+                },
+            )
+            for n in range(2)
+        ]
+        batches = [
+            await create(
+                caravan, batch(f"batch-{n}", f"sleep 4; exit {n % 3}", resources=[{"slot": "cpu", "amount": "0.5"}])
+            )
+            for n in range(6)
+        ]
         for session_id in interactive:
             await caravan.wait_for(session_id, "RUNNING")
         await caravan.wait_for(batches[0], "RUNNING", "TERMINATED")  # others still run or wait: 1.5 cores for 3
-        allocations_before = {i: await caravan.nomad.job_allocations((await session_of(caravan, i)).nomad_job_id or "")
-                              for i in interactive}
+        allocations_before = {
+            i: await caravan.nomad.job_allocations((await session_of(caravan, i)).nomad_job_id or "")
+            for i in interactive
+        }
 
         await asyncio.to_thread(own_stack.nomad.kill, stop)
         logged = len(caplog.records)
@@ -257,8 +294,9 @@ class CaravanProcess:
 
     async def start(self) -> None:
         with self.log.open("ab") as out:
-            self.process = await asyncio.create_subprocess_exec(str(CARAVAN), self.command, env=self.env, stdout=out,
-                                                                stderr=out, start_new_session=True)
+            self.process = await asyncio.create_subprocess_exec(
+                str(CARAVAN), self.command, env=self.env, stdout=out, stderr=out, start_new_session=True
+            )
 
     async def kill(self) -> None:
         assert self.process is not None
@@ -295,16 +333,22 @@ async def test_gateway_and_scheduler_killed_at_random_lose_and_double_nothing(ow
     url = f"http://127.0.0.1:{port}/graphql"
     submissions = 60
     acknowledged: dict[int, str] = {}
-    async with running_caravan(own_settings, scheduler=False, serve=False) as caravan, \
-            caravan_processes(own_settings, port) as (gateway, scheduler), httpx2.AsyncClient(timeout=10) as http:
+    async with (
+        running_caravan(own_settings, scheduler=False, serve=False) as caravan,
+        caravan_processes(own_settings, port) as (gateway, scheduler),
+        httpx2.AsyncClient(timeout=10) as http,
+    ):
 
         async def submit(n: int) -> None:
             """Until acknowledged, retrying with the same client token: a retry never makes a second session."""
             session_input = batch(f"proc-{n}", f"exit {n % 3}", clientToken=f"submission-{n}")
             while True:
                 try:
-                    response = await http.post(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                                               json={"query": CREATE, "variables": {"input": session_input}})
+                    response = await http.post(
+                        url,
+                        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                        json={"query": CREATE, "variables": {"input": session_input}},
+                    )
                 except httpx2.TransportError:
                     await asyncio.sleep(0.2)  # the gateway is down (or was killed mid-request)
                     continue

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from caravan.stack.nomad_cluster import NomadCluster
-from stores.resource_policies import PolicyStore
 from domain.resource_policies import UserResourcePolicy
 from stores.known_resources import known_slot_types
+from stores.resource_policies import PolicyStore
 from tests.cluster_fixtures import OnCluster
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
@@ -42,8 +42,9 @@ async def read(caravan: Caravan, session_id: str) -> dict[str, Any]:
     return session
 
 
-async def eventually(caravan: Caravan, session_id: str, ok: Callable[[dict[str, Any]], bool],
-                     timeout: float = 30.0) -> dict[str, Any]:
+async def eventually(
+    caravan: Caravan, session_id: str, ok: Callable[[dict[str, Any]], bool], timeout: float = 30.0
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         session = await read(caravan, session_id)
@@ -89,8 +90,9 @@ LANDS = {
 
 
 @pytest.mark.parametrize("selector", ["concentrated", "dispersed"])
-async def test_sessions_land_where_the_selector_says(on_cluster: OnCluster, nomad_cluster: NomadCluster,
-                                                    selector: str) -> None:
+async def test_sessions_land_where_the_selector_says(
+    on_cluster: OnCluster, nomad_cluster: NomadCluster, selector: str
+) -> None:
     async with on_cluster(f'default {{\n  agent_selector = "{selector}"\n}}') as caravan:
         await known_slots_include(caravan, "mock.device")
         ids = {}
@@ -107,15 +109,21 @@ async def test_a_multi_node_session_spreads_its_kernels(on_cluster: OnCluster, n
     async with on_cluster('default {\n  agent_selector = "dispersed"\n}') as caravan:
         # each kernel goes where the most cpu (then mem) is left after the ones before it: medium (4 cores),
         # medium again (2 cores and 3.5 GiB beat small's 2 cores and 2 GiB), then small
-        session_id = await create(caravan, clusterSize=3, clusterMode="MULTI_NODE", resources={"cpu": "2", "mem": "512m"})
+        session_id = await create(
+            caravan, clusterSize=3, clusterMode="MULTI_NODE", resources={"cpu": "2", "mem": "512m"}
+        )
         await eventually(caravan, session_id, status("RUNNING"))
-        assert await ran_on(caravan, nomad_cluster, session_id) == {"main1": "medium", "sub1": "medium",
-                                                                   "sub2": "small"}
+        assert await ran_on(caravan, nomad_cluster, session_id) == {
+            "main1": "medium",
+            "sub1": "medium",
+            "sub2": "small",
+        }
 
 
 @pytest.mark.parametrize("retries_to_skip", [0, 1], ids=["strict-fifo", "skip-after-1"])
-async def test_a_big_head_session_and_small_ones_behind_it(on_cluster: OnCluster, nomad_cluster: NomadCluster,
-                                                           retries_to_skip: int) -> None:
+async def test_a_big_head_session_and_small_ones_behind_it(
+    on_cluster: OnCluster, nomad_cluster: NomadCluster, retries_to_skip: int
+) -> None:
     async with on_cluster(f"default {{\n  retries_to_skip = {retries_to_skip}\n}}") as caravan:
         # one core of large taken: 8 cores now fit nowhere, though large could hold them once empty
         holder = await create(caravan, designatedAgent=nomad_cluster.node_ids["large"])
@@ -125,7 +133,8 @@ async def test_a_big_head_session_and_small_ones_behind_it(on_cluster: OnCluster
         assert first_try["status"] == "PENDING"
         assert first_try["waitReasons"] == [
             "no-agent-fits: no agent has cpu 8, mem 1 GiB free now; the closest "
-            f"({nomad_cluster.node_ids['large']}) lacks cpu 1"]
+            f"({nomad_cluster.node_ids['large']}) lacks cpu 1"
+        ]
         small = await create(caravan)
         if retries_to_skip:
             await eventually(caravan, small, status("RUNNING"))
@@ -205,7 +214,8 @@ async def test_user_policy_limits(on_cluster: OnCluster) -> None:
     async with on_cluster() as caravan:
         await caravan.user("alice")  # raw_exec is SUPERADMIN-only: the superadmin creates alice's sessions for her
         await PolicyStore(caravan.store.redis, caravan.store.keys).put_user(
-            "alice", UserResourcePolicy(max_concurrent_sessions=1, max_pending_sessions=1))
+            "alice", UserResourcePolicy(max_concurrent_sessions=1, max_pending_sessions=1)
+        )
         running = await create(caravan, owner="alice")
         await eventually(caravan, running, status("RUNNING"))
         queued = await create(caravan, owner="alice", clientToken="queued")
@@ -215,4 +225,3 @@ async def test_user_policy_limits(on_cluster: OnCluster) -> None:
             await create(caravan, owner="alice")
         assert refused.value.codes == ["QUOTA_EXCEEDED"]
         assert await create(caravan, owner="alice", clientToken="queued") == queued  # a retry adds nothing
-

@@ -21,16 +21,31 @@ def secrets_of(settings: Settings) -> dict[str, str]:
 
 
 async def run(caravan: Caravan, driver: str, command: str) -> dict[str, object]:
-    data = await caravan.gql(CREATE, {"input": {"type": "BATCH", "name": f"peek-{driver.lower()}", "driver": driver,
-                                                "startupCommand": command,
-                                                **({"image": DEFAULT_IMAGE} if driver == "DOCKER" else {})}})
+    data = await caravan.gql(
+        CREATE,
+        {
+            "input": {
+                "type": "BATCH",
+                "name": f"peek-{driver.lower()}",
+                "driver": driver,
+                "startupCommand": command,
+                **({"image": DEFAULT_IMAGE} if driver == "DOCKER" else {}),
+            }
+        },
+    )
     session = await caravan.wait_for(data["createSession"]["sessions"][0]["id"], "TERMINATED", "ERROR")
     assert session["status"] == "TERMINATED", session
     return session
 
 
-CREDENTIAL_VARIABLES = {"CARAVAN_NOMAD_TOKEN", "NOMAD_TOKEN", "CARAVAN_REDIS_URL", "CARAVAN_SECRETS_DIR", "CARAVAN_HOME",
-                        "CARAVAN_ADMIN_TOKEN"}
+CREDENTIAL_VARIABLES = {
+    "CARAVAN_NOMAD_TOKEN",
+    "NOMAD_TOKEN",
+    "CARAVAN_REDIS_URL",
+    "CARAVAN_SECRETS_DIR",
+    "CARAVAN_HOME",
+    "CARAVAN_ADMIN_TOKEN",
+}
 
 
 def names_of(env_output: str) -> set[str]:
@@ -47,8 +62,9 @@ async def test_an_isolated_task_sees_no_secret(caravan: Caravan, driver: str) ->
     secrets = secrets_of(caravan.settings)
     directory = caravan.settings.secrets
     # "done" shows the whole output arrived (docker kernels linger for it: nomad_jobs.session_job.BOOTSTRAP)
-    session = await run(caravan, driver,
-                        f"printf '%s\\ndone\\n' \"$(env; cat {directory}/* 2>&1; ls -la {directory} 2>&1)\"")
+    session = await run(
+        caravan, driver, f"printf '%s\\ndone\\n' \"$(env; cat {directory}/* 2>&1; ls -la {directory} 2>&1)\""
+    )
     stdout = session["mainKernel"]["logs"]["stdout"]  # type: ignore[index]
     assert "done" in stdout and "PATH=" in stdout, session
     assert_no_secret_in(stdout, secrets)

@@ -16,9 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.clock import utcnow
+from core.settings import Settings
 from domain.lifecycle import transition
 from domain.model import SessionStatus
-from core.settings import Settings
 from nomad_jobs.client import Json, NomadClient
 from nomad_jobs.meta import TASK_NAME
 from nomad_jobs.session_job import JobContext, render_session_job
@@ -29,8 +29,10 @@ from tests.harness import CREATE, Caravan, running_caravan
 from tests.ws_client import authenticated_socket
 
 MISSING_IMAGE = "caravan/does-not-exist:1"
-PULL_FAILED = (f"Driver Failure: Failed to pull `{MISSING_IMAGE}`: Error response from daemon: Get "
-               '"https://registry-1.docker.io/v2/": proxyconnect tcp: dial tcp 127.0.0.1:1: connect: connection refused')
+PULL_FAILED = (
+    f"Driver Failure: Failed to pull `{MISSING_IMAGE}`: Error response from daemon: Get "
+    '"https://registry-1.docker.io/v2/": proxyconnect tcp: dial tcp 127.0.0.1:1: connect: connection refused'
+)
 SESSION = """query($id: ID!) { session(id: $id) {
   id name status statusInfo statusDetail exitCode startedAt terminatedAt
   statusHistory { status at reason detail }
@@ -50,8 +52,9 @@ async def session_of(caravan: Caravan, session_id: str) -> dict[str, Any]:
     return found
 
 
-async def events_until(caravan: Caravan, session_id: str, last: dict[str, str | None],
-                       timeout: float = 60.0) -> list[dict[str, Any]]:
+async def events_until(
+    caravan: Caravan, session_id: str, last: dict[str, str | None], timeout: float = 60.0
+) -> list[dict[str, Any]]:
     """The session's events from its creation, read from the subscription until one has ``last``'s fields."""
     found: list[dict[str, Any]] = []
     async with authenticated_socket(caravan.url, "test-admin-token") as socket:
@@ -88,12 +91,18 @@ async def task_state(caravan: Caravan, session_id: str) -> dict[str, Any]:
 async def live_metrics(caravan: Caravan) -> tuple[float, float]:
     """``caravan_sessions_live`` and ``caravan_sessions{status="ERROR"}`` as /metrics shows them now."""
     response = await caravan.http.get(caravan.url.replace("/graphql", "/metrics"))
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(response.text) for s in family.samples}
-    return samples.get(("caravan_sessions_live", ()), 0.0), samples.get(("caravan_sessions", (("status", "ERROR"),)), 0.0)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+    return samples.get(("caravan_sessions_live", ()), 0.0), samples.get(
+        ("caravan_sessions", (("status", "ERROR"),)), 0.0
+    )
 
 
 # -- 1. a session that fails to start says why ---------------------------------------------------------------------
+
 
 @pytest.mark.docker
 async def test_an_image_the_engine_lacks_fails_with_nomads_pull_failure(caravan: Caravan) -> None:
@@ -106,8 +115,12 @@ async def test_an_image_the_engine_lacks_fails_with_nomads_pull_failure(caravan:
     assert (kernel["status"], kernel["statusInfo"], kernel["statusDetail"]) == ("ERROR", "failed-to-start", detail)
     assert kernel["startedAt"] is None and kernel["finishedAt"] is not None  # it never started; Nomad gave up then
     assert found["startedAt"] is None
-    assert found["statusHistory"][-1] == {"status": "ERROR", "reason": "failed-to-start", "detail": detail,
-                                          "at": found["statusHistory"][-1]["at"]}
+    assert found["statusHistory"][-1] == {
+        "status": "ERROR",
+        "reason": "failed-to-start",
+        "detail": detail,
+        "at": found["statusHistory"][-1]["at"],
+    }
     events = await events_until(caravan, session_id, {"status": "ERROR"})
     assert events[-1] == {**found["statusHistory"][-1]}
 
@@ -121,20 +134,29 @@ async def test_an_interactive_session_says_why_it_restarts_then_why_it_failed(ca
     preparing = [(e["reason"], e["detail"]) for e in events if e["status"] == "PREPARING"]
     assert preparing == [("job-registered", None), ("restarting", PULL_FAILED)], events
     assert (events[-1]["reason"], events[-1]["detail"]) == (
-        "failed-to-start", f'{PULL_FAILED}; not restarted: Exceeded allowed attempts 2 in interval 30m0s and mode is "fail"')
+        "failed-to-start",
+        f'{PULL_FAILED}; not restarted: Exceeded allowed attempts 2 in interval 30m0s and mode is "fail"',
+    )
     found = await session_of(caravan, session_id)
     assert [(c["status"], c["reason"], c["detail"]) for c in found["statusHistory"]][-3:] == [
-        (e["status"], e["reason"], e["detail"]) for e in events[-3:]]
+        (e["status"], e["reason"], e["detail"]) for e in events[-3:]
+    ]
 
 
 async def test_an_exec_command_that_cannot_start_says_so(caravan: Caravan) -> None:
     session_id = await create(caravan, driver="EXEC", startupCommand="no-such-command --help")
     await caravan.wait_for(session_id, "TERMINATED", "ERROR")
     found = await session_of(caravan, session_id)
-    detail = ("Terminated: Exit Code: 127 (the shell's code for a command not found); "
-              "not restarted: Policy allows no restarts")
+    detail = (
+        "Terminated: Exit Code: 127 (the shell's code for a command not found); "
+        "not restarted: Policy allows no restarts"
+    )
     assert (found["status"], found["statusInfo"], found["exitCode"], found["statusDetail"]) == (
-        "TERMINATED", "task-failed", 127, detail)
+        "TERMINATED",
+        "task-failed",
+        127,
+        detail,
+    )
     [kernel] = found["kernels"]
     assert kernel["statusDetail"] == detail and "no-such-command: not found" in kernel["logs"]["stderr"]
     events = await events_until(caravan, session_id, {"status": "TERMINATED"})
@@ -155,9 +177,12 @@ class NodeLeftAfterThePass(NomadClient):
 
 async def test_a_kernel_nomad_cannot_place_waits_saying_why(settings: Settings) -> None:
     async with running_caravan(settings, scheduler_nomad=NodeLeftAfterThePass) as caravan:
-        session_id = await create(caravan, driver="EXEC", startupCommand="true",
-                                  designatedAgent=NodeLeftAfterThePass.GONE)
-        detail = f"Nomad cannot place it: constraint '${{node.unique.id}} = {NodeLeftAfterThePass.GONE}' excluded 1 node"
+        session_id = await create(
+            caravan, driver="EXEC", startupCommand="true", designatedAgent=NodeLeftAfterThePass.GONE
+        )
+        detail = (
+            f"Nomad cannot place it: constraint '${{node.unique.id}} = {NodeLeftAfterThePass.GONE}' excluded 1 node"
+        )
         events = await events_until(caravan, session_id, {"reason": "unplaceable"})
         assert (events[-1]["status"], events[-1]["detail"]) == ("PREPARING", detail)
         found = await session_of(caravan, session_id)
@@ -175,12 +200,25 @@ async def test_reconciliation_finds_why_a_kernel_is_not_placed(caravan: Caravan)
     session_id = await create(caravan, driver="EXEC", startupCommand="true", startsAt="1h")  # the scheduler keeps it
     stored = await caravan.store.get(session_id)
     assert stored is not None
-    job = render_session_job(stored, JobContext(job_prefix=caravan.settings.nomad.job_prefix,
-                                                pinned_nodes={"main1": NodeLeftAfterThePass.GONE}))
+    job = render_session_job(
+        stored,
+        JobContext(job_prefix=caravan.settings.nomad.job_prefix, pinned_nodes={"main1": NodeLeftAfterThePass.GONE}),
+    )
     await caravan.nomad.register(await caravan.nomad.parse(job.hcl))
-    await caravan.store.update(session_id, lambda s: transition(
-        transition(s.evolve(nomad_job_id=job.job_id, job_hcl=job.hcl, starts_at=None), SessionStatus.SCHEDULED,
-                   reason="scheduled", at=utcnow()), SessionStatus.PREPARING, reason="job-registered", at=utcnow()))
+    await caravan.store.update(
+        session_id,
+        lambda s: transition(
+            transition(
+                s.evolve(nomad_job_id=job.job_id, job_hcl=job.hcl, starts_at=None),
+                SessionStatus.SCHEDULED,
+                reason="scheduled",
+                at=utcnow(),
+            ),
+            SessionStatus.PREPARING,
+            reason="job-registered",
+            at=utcnow(),
+        ),
+    )
     follower = Follower(caravan.store, caravan.nomad, None)
     for _ in range(50):  # until Nomad has evaluated the job
         await follower.reconcile()
@@ -200,9 +238,15 @@ async def test_a_job_nomad_refuses_fails_with_nomads_answer_and_a_destroy_ends_i
         job = render_session_job(stored, JobContext(job_prefix=caravan.settings.nomad.job_prefix))
         refusable = job.hcl.replace("memory = 256", "memory = 1")  # FAULT: below Nomad's minimum, which Caravan keeps
         assert refusable != job.hcl
-        scheduled = await caravan.store.update(session_id, lambda s: transition(
-            s.evolve(nomad_job_id=job.job_id, job_hcl=refusable), SessionStatus.SCHEDULED, reason="scheduled",
-            at=utcnow()))
+        scheduled = await caravan.store.update(
+            session_id,
+            lambda s: transition(
+                s.evolve(nomad_job_id=job.job_id, job_hcl=refusable),
+                SessionStatus.SCHEDULED,
+                reason="scheduled",
+                at=utcnow(),
+            ),
+        )
         assert scheduled is not None
         await submit(caravan.store, caravan.nomad, scheduled, None)
         found = await session_of(caravan, session_id)
@@ -215,6 +259,7 @@ async def test_a_job_nomad_refuses_fails_with_nomads_answer_and_a_destroy_ends_i
 
 
 # -- 2. start and end times are Nomad's ----------------------------------------------------------------------------
+
 
 async def test_a_batch_that_ends_before_any_reconciliation_has_nomads_start_and_end(settings: Settings) -> None:
     slow = dataclasses.replace(settings, scheduler=dataclasses.replace(settings.scheduler, reconcile_interval=3600))
@@ -235,6 +280,7 @@ async def test_a_batch_that_ends_before_any_reconciliation_has_nomads_start_and_
 
 # -- 3. a plain destroy ends an ERROR session ----------------------------------------------------------------------
 
+
 @pytest.mark.docker
 async def test_destroying_a_session_that_failed_to_start_ends_it_and_frees_its_name(caravan: Caravan) -> None:
     session_id = await create(caravan, name="will-fail", driver="DOCKER", image=MISSING_IMAGE, startupCommand="true")
@@ -254,9 +300,15 @@ async def test_destroying_a_session_that_failed_to_start_ends_it_and_frees_its_n
 @pytest.mark.docker
 async def test_destroying_an_error_session_with_a_kernel_still_running_stops_it_and_ends(caravan: Caravan) -> None:
     # sub1's image is missing, main1 runs: the session is ERROR while main1 runs on, until destroyed.
-    session_id = await create(caravan, driver="DOCKER", image=DEFAULT_IMAGE, clusterSize=2, startupCommand="sleep 300",
-                              kernelRoles=[{"role": "SUB", "image": MISSING_IMAGE}],
-                              resources=[{"slot": "cpu", "amount": "0.25"}])
+    session_id = await create(
+        caravan,
+        driver="DOCKER",
+        image=DEFAULT_IMAGE,
+        clusterSize=2,
+        startupCommand="sleep 300",
+        kernelRoles=[{"role": "SUB", "image": MISSING_IMAGE}],
+        resources=[{"slot": "cpu", "amount": "0.25"}],
+    )
     errored = await until(caravan, session_id, lambda s: s["status"] == "ERROR", timeout=60)
     assert errored["statusDetail"].startswith(f"sub1: {PULL_FAILED}")
     await until(caravan, session_id, lambda s: s["kernels"][0]["status"] == "RUNNING", timeout=60)

@@ -45,12 +45,18 @@ def gateway_with(redis_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> G
     return start
 
 
-async def post(caravan: Caravan, body: str | dict[str, Any] | list[dict[str, Any]], *,
-               accept: str | None = GRAPHQL_RESPONSE,
-               token: str | None = ADMIN_TOKEN) -> httpx2.Response:
+async def post(
+    caravan: Caravan,
+    body: str | dict[str, Any] | list[dict[str, Any]],
+    *,
+    accept: str | None = GRAPHQL_RESPONSE,
+    token: str | None = ADMIN_TOKEN,
+) -> httpx2.Response:
     """POST a query (or a whole request body, a batch's array too) with this ``Accept`` and bearer token."""
     headers = {**({"accept": accept} if accept else {}), **({"authorization": f"Bearer {token}"} if token else {})}
-    return await caravan.http.post(caravan.url, json={"query": body} if isinstance(body, str) else body, headers=headers)
+    return await caravan.http.post(
+        caravan.url, json={"query": body} if isinstance(body, str) else body, headers=headers
+    )
 
 
 def error_of(response: httpx2.Response, status: int) -> dict[str, Any]:

@@ -20,7 +20,11 @@ async def run_audit(url: str) -> list[dict[str, object]]:
         pytest.fail("Node.js and the audit's node modules are needed: run ./ops/install")
     # Asynchronously: the gateway under audit answers from this same event loop.
     process = await asyncio.create_subprocess_exec(
-        node, str(AUDIT / "audit.mjs"), url, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        node,
+        str(AUDIT / "audit.mjs"),
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=120)
     assert process.returncode == 0, stderr.decode()
@@ -32,8 +36,10 @@ async def test_graphql_http_server_audits_all_pass(caravan: Caravan, capsys: pyt
     results = await run_audit(caravan.url)
     tally = {status: sum(r["status"] == status for r in results) for status in ("ok", "notice", "warn", "error")}
     with capsys.disabled():
-        print(f"\ngraphql-http audit: {tally['ok']} passed, {tally['notice']} notices, "
-              f"{tally['warn']} warnings, {tally['error']} errors")
+        print(
+            f"\ngraphql-http audit: {tally['ok']} passed, {tally['notice']} notices, "
+            f"{tally['warn']} warnings, {tally['error']} errors"
+        )
     failed = [r for r in results if r["status"] != "ok"]
     assert not failed, json.dumps(failed, indent=2)
     assert len(results) >= 60  # the suite did run (graphql-http 1.23.1 has 61 audits)

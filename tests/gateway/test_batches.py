@@ -27,8 +27,14 @@ async def graphql_request(url: str, documents: list[dict[str, Any]], token: str 
         pytest.fail("Node.js and graphql-request's node modules are needed: run ./ops/install")
     # Asynchronously: the gateway answers from this same event loop.
     process = await asyncio.create_subprocess_exec(
-        node, str(CLIENT / "batch.mjs"), url, token or "", stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        node,
+        str(CLIENT / "batch.mjs"),
+        url,
+        token or "",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     stdout, stderr = await asyncio.wait_for(process.communicate(json.dumps(documents).encode()), timeout=60)
     assert process.returncode == 0, stderr.decode()
     answer: dict[str, Any] = json.loads(stdout)
@@ -38,26 +44,34 @@ async def graphql_request(url: str, documents: list[dict[str, Any]], token: str 
 async def test_graphql_request_batches_run_in_order_and_see_each_others_writes(caravan: Caravan) -> None:
     before = await graphql_request(caravan.url, [{"document": SESSIONS}])
     assert before == {"results": [{"data": {"sessions": {"edges": []}}}]}  # an answer the result cache now keeps
-    answer = await graphql_request(caravan.url, [
-        {"document": "{ viewer { id } }"},
-        {"document": CREATE % "batched-1"},
-        {"document": SESSIONS},
-        {"document": "query($n: String!) { __type(name: $n) { name } }", "variables": {"n": "Session"}},
-    ])
-    assert answer == {"results": [
-        {"data": {"viewer": {"id": "admin"}}},
-        {"data": {"createSession": {"sessions": [{"name": "batched-1"}]}}},
-        {"data": {"sessions": {"edges": [{"node": {"name": "batched-1"}}]}}},  # not the kept answer of before
-        {"data": {"__type": {"name": "Session"}}},
-    ]}
+    answer = await graphql_request(
+        caravan.url,
+        [
+            {"document": "{ viewer { id } }"},
+            {"document": CREATE % "batched-1"},
+            {"document": SESSIONS},
+            {"document": "query($n: String!) { __type(name: $n) { name } }", "variables": {"n": "Session"}},
+        ],
+    )
+    assert answer == {
+        "results": [
+            {"data": {"viewer": {"id": "admin"}}},
+            {"data": {"createSession": {"sessions": [{"name": "batched-1"}]}}},
+            {"data": {"sessions": {"edges": [{"node": {"name": "batched-1"}}]}}},  # not the kept answer of before
+            {"data": {"__type": {"name": "Session"}}},
+        ]
+    }
 
 
 async def test_graphql_request_gets_each_operations_errors_in_place(caravan: Caravan) -> None:
-    answer = await graphql_request(caravan.url, [
-        {"document": "{ viewer { id } }"},
-        {"document": "{ nope }"},
-        {"document": "query A { viewer { id } } query B { __typename }"},
-    ])
+    answer = await graphql_request(
+        caravan.url,
+        [
+            {"document": "{ viewer { id } }"},
+            {"document": "{ nope }"},
+            {"document": "query A { viewer { id } } query B { __typename }"},
+        ],
+    )
     error = answer["error"]  # graphql-request throws a ClientError when any operation has errors
     assert error["status"] == 200
     body = json.loads(error["response"]["body"])
@@ -69,12 +83,16 @@ async def test_graphql_request_gets_each_operations_errors_in_place(caravan: Car
 
 
 async def test_a_batch_answers_an_array_in_order_with_each_operations_request_errors(caravan: Caravan) -> None:
-    response = await post(caravan, [
-        {"query": "{ viewer { id } }"},
-        {"query": "{"},
-        {"query": "query A { __typename } query B { __typename }", "operationName": "C"},
-        {"query": "{ __typename }"},
-    ], accept=GRAPHQL_RESPONSE)
+    response = await post(
+        caravan,
+        [
+            {"query": "{ viewer { id } }"},
+            {"query": "{"},
+            {"query": "query A { __typename } query B { __typename }", "operationName": "C"},
+            {"query": "{ __typename }"},
+        ],
+        accept=GRAPHQL_RESPONSE,
+    )
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == f"{GRAPHQL_RESPONSE}; charset=utf-8"
     ok, unparsed, unknown, last = response.json()
@@ -104,10 +122,13 @@ async def test_each_operation_of_a_batch_counts_against_the_rate_limit(gateway_w
 
 async def test_each_operation_of_a_batch_is_held_to_the_cost_limit(gateway_with: GatewayWith) -> None:
     async with gateway_with(max_cost=50) as caravan:
-        response = await post(caravan, [
-            {"query": "{ sessions(first: 100) { edges { node { owner { id } } } } }"},  # 101
-            {"query": CREATE % "cheap-1"},
-        ])
+        response = await post(
+            caravan,
+            [
+                {"query": "{ sessions(first: 100) { edges { node { owner { id } } } } }"},  # 101
+                {"query": CREATE % "cheap-1"},
+            ],
+        )
         costly, created = response.json()
         assert costly["errors"][0]["extensions"]["code"] == "QUERY_TOO_COSTLY" and "data" not in costly
         assert created == {"data": {"createSession": {"sessions": [{"name": "cheap-1"}]}}}

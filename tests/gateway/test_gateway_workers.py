@@ -26,8 +26,14 @@ async def test_workers_share_the_port_and_die_with_a_killed_supervisor(redis_set
     env = {**caravan_env(redis_settings, port), "CARAVAN_GATEWAY_WORKERS": "2"}
     url = f"http://127.0.0.1:{port}/graphql"
     with (redis_settings.home / "gateway.log").open("ab") as log:
-        supervisor = subprocess.Popen([sys.executable, "-m", "caravan.cli", "gateway"], cwd=ROOT, env=env,
-                                      stdout=log, stderr=log, start_new_session=True)
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "caravan.cli", "gateway"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
     try:
         async with httpx2.AsyncClient(timeout=5) as http:
             deadline = time.monotonic() + 120
@@ -35,8 +41,12 @@ async def test_workers_share_the_port_and_die_with_a_killed_supervisor(redis_set
                 assert supervisor.poll() is None, (redis_settings.home / "gateway.log").read_text()
                 assert time.monotonic() < deadline, "the gateway did not come up"
                 await asyncio.sleep(0.3)
-            workers = {pid for pid in children_of(supervisor.pid) if "uvicorn" in Path(f"/proc/{pid}/cmdline").read_text()
-                       or "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()}
+            workers = {
+                pid
+                for pid in children_of(supervisor.pid)
+                if "uvicorn" in Path(f"/proc/{pid}/cmdline").read_text()
+                or "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
+            }
             assert len(workers) >= 2, workers
 
             supervisor.send_signal(signal.SIGKILL)

@@ -57,8 +57,17 @@ async def test_only_the_listed_assets_are_served(caravan: Caravan) -> None:
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium is not installed (apt package chromium)")
 async def test_graphiql_renders_in_a_headless_browser(caravan: Caravan) -> None:
     browser = await asyncio.create_subprocess_exec(
-        "chromium", "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--virtual-time-budget=15000",
-        "--dump-dom", caravan.url, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        "chromium",
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--virtual-time-budget=15000",
+        "--dump-dom",
+        caravan.url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     dom, _ = await asyncio.wait_for(browser.communicate(), 120)
     rendered = dom.decode()
     assert "graphiql-editor" in rendered and "graphiql-execute-button" in rendered, rendered[-2000:]

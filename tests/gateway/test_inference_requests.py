@@ -12,13 +12,18 @@ import pytest
 from core.codec import decode, encode
 from core.errors import InvalidInput
 from domain.model import Driver, SessionType
-from domain.users import Role, User
 from domain.session_requests import SessionRequest, build_sessions
+from domain.users import Role, User
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 ALICE = User(id="alice", name="alice", role=Role.USER)
-GOOD: dict[str, Any] = {"name": "serve-it", "type": SessionType.INFERENCE, "driver": Driver.EXEC,
-                        "startup_command": "serve", "service_port": 8000}
+GOOD: dict[str, Any] = {
+    "name": "serve-it",
+    "type": SessionType.INFERENCE,
+    "driver": Driver.EXEC,
+    "startup_command": "serve",
+    "service_port": 8000,
+}
 
 
 def build(**change: Any) -> list[Any]:
@@ -44,10 +49,15 @@ REFUSED = [
     ("grace garbage", {"health_check_grace": "soon"}, "healthCheckGrace"),
     ("grace too short", {"health_check_grace": "0.5s"}, "healthCheckGrace"),
     ("grace too long", {"health_check_grace": "2h"}, "healthCheckGrace"),
-    *[(f"{field} on INTERACTIVE", {"type": SessionType.INTERACTIVE, "service_port": None, name: value}, field)
-      for name, field, value in (("replicas", "replicas", 1), ("service_port", "servicePort", 8000),
-                                 ("health_check_path", "healthCheckPath", "/"),
-                                 ("health_check_grace", "healthCheckGrace", "10s"))],
+    *[
+        (f"{field} on INTERACTIVE", {"type": SessionType.INTERACTIVE, "service_port": None, name: value}, field)
+        for name, field, value in (
+            ("replicas", "replicas", 1),
+            ("service_port", "servicePort", 8000),
+            ("health_check_path", "healthCheckPath", "/"),
+            ("health_check_grace", "healthCheckGrace", "10s"),
+        )
+    ],
     ("service port on BATCH", {"type": SessionType.BATCH}, "servicePort"),
 ]
 
@@ -68,10 +78,12 @@ ACCEPTED = [
 ]
 
 
-@pytest.mark.parametrize(("change", "replicas", "path", "grace"), [c[1:] for c in ACCEPTED],
-                         ids=[c[0] for c in ACCEPTED])
-def test_accepted_sessions_carry_their_replicas_and_check(change: dict[str, Any], replicas: int, path: str | None,
-                                                         grace: float | None) -> None:
+@pytest.mark.parametrize(
+    ("change", "replicas", "path", "grace"), [c[1:] for c in ACCEPTED], ids=[c[0] for c in ACCEPTED]
+)
+def test_accepted_sessions_carry_their_replicas_and_check(
+    change: dict[str, Any], replicas: int, path: str | None, grace: float | None
+) -> None:
     [session] = build(**change, resources={"cpu": "0.5"})
     assert [k.hostname for k in session.kernels] == [f"main{i}" for i in range(1, replicas + 1)]
     assert all(k.role == "main" and k.resources == session.resources for k in session.kernels)

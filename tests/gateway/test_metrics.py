@@ -14,8 +14,11 @@ async def scrape(caravan: Caravan) -> dict[tuple[str, frozenset[tuple[str, str]]
     response = await caravan.http.get(caravan.url.replace("/graphql", "/metrics"))
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 def sample(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:

@@ -20,23 +20,26 @@ LEGACY_STATUS = {GRAPHQL_RESPONSE: 400, JSON: 200}
 JSON_BODY = {"content-type": JSON}
 
 
-@pytest.mark.parametrize(("accept", "chosen"), [
-    (None, JSON),
-    ("", JSON),
-    ("*/*", JSON),
-    ("application/*", JSON),
-    (JSON, JSON),
-    (GRAPHQL_RESPONSE, GRAPHQL_RESPONSE),
-    (f"{GRAPHQL_RESPONSE}, {JSON};q=0.9", GRAPHQL_RESPONSE),  # what the spec's legacy-aware clients send
-    (f"{JSON}, {GRAPHQL_RESPONSE}", GRAPHQL_RESPONSE),  # a tie goes to the named graphql-response+json
-    (f"{JSON}, {GRAPHQL_RESPONSE};q=0.5", JSON),
-    (f"{GRAPHQL_RESPONSE};charset=utf-8", GRAPHQL_RESPONSE),
-    (f"*/*;q=0.8, {GRAPHQL_RESPONSE};q=0", JSON),  # explicitly refused
-    ("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", JSON),  # a browser
-    ("text/html", None),
-    (f"{JSON};q=0, {GRAPHQL_RESPONSE};q=0", None),
-    (f"{JSON};q=nonsense", None),
-])
+@pytest.mark.parametrize(
+    ("accept", "chosen"),
+    [
+        (None, JSON),
+        ("", JSON),
+        ("*/*", JSON),
+        ("application/*", JSON),
+        (JSON, JSON),
+        (GRAPHQL_RESPONSE, GRAPHQL_RESPONSE),
+        (f"{GRAPHQL_RESPONSE}, {JSON};q=0.9", GRAPHQL_RESPONSE),  # what the spec's legacy-aware clients send
+        (f"{JSON}, {GRAPHQL_RESPONSE}", GRAPHQL_RESPONSE),  # a tie goes to the named graphql-response+json
+        (f"{JSON}, {GRAPHQL_RESPONSE};q=0.5", JSON),
+        (f"{GRAPHQL_RESPONSE};charset=utf-8", GRAPHQL_RESPONSE),
+        (f"*/*;q=0.8, {GRAPHQL_RESPONSE};q=0", JSON),  # explicitly refused
+        ("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", JSON),  # a browser
+        ("text/html", None),
+        (f"{JSON};q=0, {GRAPHQL_RESPONSE};q=0", None),
+        (f"{JSON};q=nonsense", None),
+    ],
+)
 def test_accept_negotiation(accept: str | None, chosen: str | None) -> None:
     assert negotiate(accept) == chosen
 
@@ -50,13 +53,20 @@ async def test_success_matches_the_accepted_media_type(caravan: Caravan, accept:
 
 
 @BOTH
-@pytest.mark.parametrize("body", [
-    pytest.param({"query": "{"}, id="parse-error"),
-    pytest.param({"query": "{ nope }"}, id="validation-error"),
-    pytest.param({"query": "query($id: ID!) { session(id: $id) { id } }", "variables": {"id": None}}, id="bad-variables"),
-    pytest.param({"query": "query($id: ID!) { session(id: $id) { id } }", "variables": {"id": {"an": "object"}}},
-                 id="uncoercible-variables"),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"query": "{"}, id="parse-error"),
+        pytest.param({"query": "{ nope }"}, id="validation-error"),
+        pytest.param(
+            {"query": "query($id: ID!) { session(id: $id) { id } }", "variables": {"id": None}}, id="bad-variables"
+        ),
+        pytest.param(
+            {"query": "query($id: ID!) { session(id: $id) { id } }", "variables": {"id": {"an": "object"}}},
+            id="uncoercible-variables",
+        ),
+    ],
+)
 async def test_request_errors(caravan: Caravan, accept: str, body: dict[str, Any]) -> None:
     response = await post(caravan, body, accept=accept)
     assert error_of(response, LEGACY_STATUS[accept])["code"] == "INVALID_INPUT"
@@ -66,8 +76,9 @@ async def test_request_errors(caravan: Caravan, accept: str, body: dict[str, Any
 
 @BOTH
 @pytest.mark.parametrize("operation_name", [None, "B"])
-async def test_several_operations_need_an_operation_name(caravan: Caravan, accept: str,
-                                                         operation_name: str | None) -> None:
+async def test_several_operations_need_an_operation_name(
+    caravan: Caravan, accept: str, operation_name: str | None
+) -> None:
     """GraphQL's GetOperation: without operationName a document must hold one operation; it is a request error
     (Strawberry used to run the first)."""
     document = "query A { viewer { id } } query B { __typename }"
@@ -97,8 +108,10 @@ async def test_mutation_over_get_is_405(caravan: Caravan, accept: str) -> None:
 
 
 async def test_query_over_get(caravan: Caravan) -> None:
-    response = await caravan.http.get(caravan.url, params={"query": "query Q($n: String!) { __type(name: $n) { name } }",
-                                                           "variables": '{"n": "Session"}'})
+    response = await caravan.http.get(
+        caravan.url,
+        params={"query": "query Q($n: String!) { __type(name: $n) { name } }", "variables": '{"n": "Session"}'},
+    )
     assert response.status_code == 200
     assert response.json() == {"data": {"__type": {"name": "Session"}}}
 
@@ -154,22 +167,38 @@ async def test_graphiql_for_browsers(caravan: Caravan) -> None:
     assert "graphiql" in response.text.lower()
 
 
-@pytest.mark.parametrize(("content", "headers", "status", "code"), [
-    pytest.param('{"query": "{ __typename }"}', {**JSON_BODY, "accept": "text/plain"}, 406, "NOT_ACCEPTABLE", id="not-acceptable"),
-    pytest.param('{"query": "{ __typename }"}', {"content-type": "text/plain"}, 415, "UNSUPPORTED_MEDIA_TYPE", id="text-body"),
-    pytest.param('{"query": "{ __typename }"}', {}, 415, "UNSUPPORTED_MEDIA_TYPE", id="no-content-type"),
-    pytest.param('{"query": ', JSON_BODY, 400, "BAD_REQUEST", id="bad-json"),
-    pytest.param(b'{"query": "\xff"}', JSON_BODY, 400, "BAD_REQUEST", id="bad-utf8"),
-    pytest.param("[" * 100_000 + "]" * 100_000, JSON_BODY, 400, "BAD_REQUEST", id="absurd-nesting"),
-    pytest.param('[]', JSON_BODY, 400, "BAD_REQUEST", id="empty-batch"),
-    pytest.param('[{"query": "{ __typename }"}, 7]', JSON_BODY, 400, "BAD_REQUEST", id="batch-of-a-number"),
-    pytest.param('[{"query": "{ __typename }", "variables": [1]}]', JSON_BODY, 400, "BAD_REQUEST",
-                 id="batch-variables"),
-    pytest.param('"{ __typename }"', JSON_BODY, 400, "BAD_REQUEST", id="not-an-object"),
-    pytest.param('{"query": "{ __typename }", "operationName": 7}', JSON_BODY, 400, "BAD_REQUEST", id="operation-name"),
-    pytest.param('{"query": "{ __typename }", "variables": [1]}', JSON_BODY, 400, "BAD_REQUEST", id="variables"),
-    pytest.param('{"qeury": "{ __typename }"}', JSON_BODY, 400, "BAD_REQUEST", id="no-query"),
-])
-async def test_malformed_requests(caravan: Caravan, content: str | bytes, headers: dict[str, str], status: int, code: str) -> None:
+@pytest.mark.parametrize(
+    ("content", "headers", "status", "code"),
+    [
+        pytest.param(
+            '{"query": "{ __typename }"}',
+            {**JSON_BODY, "accept": "text/plain"},
+            406,
+            "NOT_ACCEPTABLE",
+            id="not-acceptable",
+        ),
+        pytest.param(
+            '{"query": "{ __typename }"}', {"content-type": "text/plain"}, 415, "UNSUPPORTED_MEDIA_TYPE", id="text-body"
+        ),
+        pytest.param('{"query": "{ __typename }"}', {}, 415, "UNSUPPORTED_MEDIA_TYPE", id="no-content-type"),
+        pytest.param('{"query": ', JSON_BODY, 400, "BAD_REQUEST", id="bad-json"),
+        pytest.param(b'{"query": "\xff"}', JSON_BODY, 400, "BAD_REQUEST", id="bad-utf8"),
+        pytest.param("[" * 100_000 + "]" * 100_000, JSON_BODY, 400, "BAD_REQUEST", id="absurd-nesting"),
+        pytest.param("[]", JSON_BODY, 400, "BAD_REQUEST", id="empty-batch"),
+        pytest.param('[{"query": "{ __typename }"}, 7]', JSON_BODY, 400, "BAD_REQUEST", id="batch-of-a-number"),
+        pytest.param(
+            '[{"query": "{ __typename }", "variables": [1]}]', JSON_BODY, 400, "BAD_REQUEST", id="batch-variables"
+        ),
+        pytest.param('"{ __typename }"', JSON_BODY, 400, "BAD_REQUEST", id="not-an-object"),
+        pytest.param(
+            '{"query": "{ __typename }", "operationName": 7}', JSON_BODY, 400, "BAD_REQUEST", id="operation-name"
+        ),
+        pytest.param('{"query": "{ __typename }", "variables": [1]}', JSON_BODY, 400, "BAD_REQUEST", id="variables"),
+        pytest.param('{"qeury": "{ __typename }"}', JSON_BODY, 400, "BAD_REQUEST", id="no-query"),
+    ],
+)
+async def test_malformed_requests(
+    caravan: Caravan, content: str | bytes, headers: dict[str, str], status: int, code: str
+) -> None:
     response = await caravan.http.post(caravan.url, content=content, headers=headers)
     assert error_of(response, status)["code"] == code

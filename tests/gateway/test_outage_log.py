@@ -32,8 +32,10 @@ def test_the_first_error_of_a_cause_is_logged_then_counts_every_interval_then_it
     for t in range(1, 30):  # 29 more within the interval: silent
         assert outages.answered("Redis", "refused", t) == []
     [count] = outages.answered("Redis", "refused", 30)
-    assert (count.level, count.message) == (W, "still answering UNAVAILABLE: Redis: 30 errors in the last 30 s, "
-                                               "31 since it began 30 s ago")
+    assert (count.level, count.message) == (
+        W,
+        "still answering UNAVAILABLE: Redis: 30 errors in the last 30 s, 31 since it began 30 s ago",
+    )
     assert outages.tick(45) == []  # quiet for 15 s: not over yet
     [end] = outages.tick(60)
     assert (end.level, end.message) == (I, "no more UNAVAILABLE errors for Redis: none for 30 s; 31 in all over 30 s")
@@ -49,16 +51,22 @@ def test_causes_are_logged_apart() -> None:
     assert [line.message.split(":")[1].strip() for line in outages.tick(11)] == ["Redis", "Nomad"]  # counts
     assert sorted(line.message for line in outages.tick(13)) == [
         "no more UNAVAILABLE errors for Nomad: none for 10 s; 2 in all over 2 s",
-        "no more UNAVAILABLE errors for Redis: none for 11 s; 2 in all over 2 s"]
+        "no more UNAVAILABLE errors for Redis: none for 11 s; 2 in all over 2 s",
+    ]
 
 
-@pytest.mark.parametrize(("error", "cause"), [
-    (RedisConnectionError("Error 111 connecting to 127.0.0.1:6390"), "Redis"),
-    (TransientError("Nomad GET /v1/nodes did not answer within 10 s"), "Nomad"),
-    (Unavailable("the scheduler configuration cannot be read: /etc/s.hcl: gone"),
-     "the scheduler configuration cannot be read"),
-    (ConnectionResetError("reset"), "network"),
-])
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        (RedisConnectionError("Error 111 connecting to 127.0.0.1:6390"), "Redis"),
+        (TransientError("Nomad GET /v1/nodes did not answer within 10 s"), "Nomad"),
+        (
+            Unavailable("the scheduler configuration cannot be read: /etc/s.hcl: gone"),
+            "the scheduler configuration cannot be read",
+        ),
+        (ConnectionResetError("reset"), "network"),
+    ],
+)
 def test_causes_are_named(error: BaseException, cause: str) -> None:
     assert outage_of(error)[0] == cause
 
@@ -70,9 +78,9 @@ def test_an_unavailable_error_is_named_after_what_failed_beneath_it() -> None:
 
 
 @pytest.mark.slow  # 20 s: an outage long enough for the 5 s reports
-async def test_a_redis_outage_logs_a_few_lines_not_one_per_error(redis_settings: Settings,
-                                                                caplog: pytest.LogCaptureFixture,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_redis_outage_logs_a_few_lines_not_one_per_error(
+    redis_settings: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(errors, "REPORTER", OutageReporter(interval=5.0))  # > the time one error takes
     caplog.set_level(logging.INFO, logger="gateway.outage_log")
     async with NetworkCut(urlparse(redis_settings.redis.url).port or 6379) as cut:

@@ -10,18 +10,24 @@ from typing import Any
 
 import pytest
 
-from stores.resource_policies import PolicyStore
 from domain.resource_policies import UserResourcePolicy
 from domain.users import Role
 from stores.known_resources import record_resource_groups
+from stores.resource_policies import PolicyStore
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
 PRESET_FIELDS = "name sharedMemory resources { slot amount }"
-CREATE_PRESET = f"mutation($input: ResourcePresetInput!) {{ createResourcePreset(input: $input) {{ {PRESET_FIELDS} }} }}"
-UPDATE_PRESET = f"mutation($input: ResourcePresetInput!) {{ updateResourcePreset(input: $input) {{ {PRESET_FIELDS} }} }}"
+CREATE_PRESET = (
+    f"mutation($input: ResourcePresetInput!) {{ createResourcePreset(input: $input) {{ {PRESET_FIELDS} }} }}"
+)
+UPDATE_PRESET = (
+    f"mutation($input: ResourcePresetInput!) {{ updateResourcePreset(input: $input) {{ {PRESET_FIELDS} }} }}"
+)
 DELETE_PRESET = "mutation($name: String!) { deleteResourcePreset(name: $name) }"
 PRESETS = f"{{ resourcePresets {{ {PRESET_FIELDS} }} }}"
-POLICY_FIELDS = """maxSessionLifetime idleTimeout allowedResourceGroups allowedDrivers totalResourceSlots { slot amount }"""
+POLICY_FIELDS = (
+    """maxSessionLifetime idleTimeout allowedResourceGroups allowedDrivers totalResourceSlots { slot amount }"""
+)
 SET_USER = f"""mutation($user: String!, $policy: UserResourcePolicyInput!) {{
   setUserResourcePolicy(userId: $user, policy: $policy) {{ userId stored maxConcurrentSessions maxPendingSessions
   {POLICY_FIELDS} }} }}"""
@@ -31,7 +37,9 @@ SET_PROJECT = f"""mutation($project: String!, $policy: ProjectResourcePolicyInpu
 DELETE_PROJECT = "mutation($project: String!) { deleteProjectResourcePolicy(project: $project) }"
 POLICIES = f"""{{ resourcePolicies {{ users {{ userId stored maxPendingSessions {POLICY_FIELDS} }}
   projects {{ project {POLICY_FIELDS} }} }} }}"""
-CREATE_TEMPLATE = """mutation { createSessionTemplate(input: {name: "t", spec: {type: INTERACTIVE, driver: EXEC}}) { id } }"""
+CREATE_TEMPLATE = (
+    """mutation { createSessionTemplate(input: {name: "t", spec: {type: INTERACTIVE, driver: EXEC}}) { id } }"""
+)
 FROM_TEMPLATE = """mutation($id: ID!, $overrides: SessionOverridesInput!) {
   createSessionFromTemplate(templateId: $id, overrides: $overrides) { sessions { id } } }"""
 MIB = 1024 * 1024
@@ -56,11 +64,17 @@ async def test_presets_are_written_by_superadmins_and_listed_for_everyone(carava
     admin = await caravan.user("ada", Role.ADMIN)  # a project's admin: presets are global, not theirs to change
     small = {"name": "small", "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "128m"}]}
     created = (await caravan.gql(CREATE_PRESET, {"input": small}))["createResourcePreset"]
-    assert created == {"name": "small", "sharedMemory": None,
-                       "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": str(128 * MIB)}]}
+    assert created == {
+        "name": "small",
+        "sharedMemory": None,
+        "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": str(128 * MIB)}],
+    }
     assert (await caravan.gql(PRESETS, token=alice))["resourcePresets"] == [created]
-    for query, variables in ((CREATE_PRESET, {"input": {**small, "name": "mine"}}), (UPDATE_PRESET, {"input": small}),
-                             (DELETE_PRESET, {"name": "small"})):
+    for query, variables in (
+        (CREATE_PRESET, {"input": {**small, "name": "mine"}}),
+        (UPDATE_PRESET, {"input": small}),
+        (DELETE_PRESET, {"name": "small"}),
+    ):
         for token in (alice, admin):
             assert await refused(caravan, query, variables, token) == {"code": "FORBIDDEN", "field": None}
     bad = [
@@ -75,8 +89,10 @@ async def test_presets_are_written_by_superadmins_and_listed_for_everyone(carava
     ]  # fmt: skip
     for preset, code, field in bad:
         assert await refused(caravan, CREATE_PRESET, {"input": preset}) == {"code": code, "field": field}, preset
-    assert await refused(caravan, UPDATE_PRESET, {"input": {**small, "name": "nope"}}) == {"code": "NOT_FOUND",
-                                                                                          "field": "name"}
+    assert await refused(caravan, UPDATE_PRESET, {"input": {**small, "name": "nope"}}) == {
+        "code": "NOT_FOUND",
+        "field": "name",
+    }
     bigger = {**small, "resources": [{"slot": "cpu", "amount": "2"}], "sharedMemory": "16m"}
     updated = (await caravan.gql(UPDATE_PRESET, {"input": bigger}))["updateResourcePreset"]
     assert updated == {"name": "small", "sharedMemory": str(16 * MIB), "resources": [{"slot": "cpu", "amount": "2"}]}
@@ -85,13 +101,24 @@ async def test_presets_are_written_by_superadmins_and_listed_for_everyone(carava
 
 
 async def test_a_creation_naming_a_preset_takes_its_slots_under_the_explicit_ones(caravan: Caravan) -> None:
-    preset = {"name": "medium", "sharedMemory": "32m",
-              "resources": [{"slot": "cpu", "amount": "2"}, {"slot": "mem", "amount": "512m"}]}
+    preset = {
+        "name": "medium",
+        "sharedMemory": "32m",
+        "resources": [{"slot": "cpu", "amount": "2"}, {"slot": "mem", "amount": "512m"}],
+    }
     await caravan.gql(CREATE_PRESET, {"input": preset})
     alice = await caravan.user("alice")
-    data = await caravan.gql(CREATE, exec_session("preset-run", preset="medium", driver="DOCKER",
-                                                  image="caravan/busybox:1",
-                                                  resources=[{"slot": "mem", "amount": "256m"}]), token=alice)
+    data = await caravan.gql(
+        CREATE,
+        exec_session(
+            "preset-run",
+            preset="medium",
+            driver="DOCKER",
+            image="caravan/busybox:1",
+            resources=[{"slot": "mem", "amount": "256m"}],
+        ),
+        token=alice,
+    )
     session = await caravan.store.get(data["createSession"]["sessions"][0]["id"])
     assert session is not None
     assert {k: Decimal(v) for k, v in session.resources.items()} == {"cpu": 2, "mem": 256 * MIB}
@@ -100,24 +127,38 @@ async def test_a_creation_naming_a_preset_takes_its_slots_under_the_explicit_one
     session = await caravan.store.get(data["createSession"]["sessions"][0]["id"])
     assert session is not None and session.shared_memory is None  # only docker sizes /dev/shm
     assert await refused(caravan, CREATE, exec_session("no-preset", preset="huge"), alice) == {
-        "code": "INVALID_INPUT", "field": "preset"}
+        "code": "INVALID_INPUT",
+        "field": "preset",
+    }
 
 
 async def test_policies_are_set_by_those_who_manage_the_user_or_administer_the_project(caravan: Caravan) -> None:
     alice = await caravan.user("alice")
     await caravan.user("pete", projects=("physics",))
     admin = await caravan.user("ada", Role.ADMIN)
-    policy = {"maxPendingSessions": 2, "maxSessionLifetime": "1h", "idleTimeout": "90s",
-              "allowedResourceGroups": ["default", "gpu"], "allowedDrivers": ["EXEC", "DOCKER"],
-              "totalResourceSlots": [{"slot": "cpu", "amount": "4"}, {"slot": "mem", "amount": "8g"}]}
+    policy = {
+        "maxPendingSessions": 2,
+        "maxSessionLifetime": "1h",
+        "idleTimeout": "90s",
+        "allowedResourceGroups": ["default", "gpu"],
+        "allowedDrivers": ["EXEC", "DOCKER"],
+        "totalResourceSlots": [{"slot": "cpu", "amount": "4"}, {"slot": "mem", "amount": "8g"}],
+    }
     stored = (await caravan.gql(SET_USER, {"user": "alice", "policy": policy}, token=admin))["setUserResourcePolicy"]
-    assert stored == {"userId": "alice", "stored": True, "maxConcurrentSessions": None, "maxPendingSessions": 2,
-                      "maxSessionLifetime": 3600.0, "idleTimeout": 90.0, "allowedResourceGroups": ["default", "gpu"],
-                      "allowedDrivers": ["DOCKER", "EXEC"],
-                      "totalResourceSlots": [{"slot": "cpu", "amount": "4"}, {"slot": "mem", "amount": str(8 * 1024 * MIB)}]}
+    assert stored == {
+        "userId": "alice",
+        "stored": True,
+        "maxConcurrentSessions": None,
+        "maxPendingSessions": 2,
+        "maxSessionLifetime": 3600.0,
+        "idleTimeout": 90.0,
+        "allowedResourceGroups": ["default", "gpu"],
+        "allowedDrivers": ["DOCKER", "EXEC"],
+        "totalResourceSlots": [{"slot": "cpu", "amount": "4"}, {"slot": "mem", "amount": str(8 * 1024 * MIB)}],
+    }
     mine = (await caravan.gql(POLICIES, token=alice))["resourcePolicies"]
     assert [u["userId"] for u in mine["users"]] == ["alice"] and mine["users"][0]["maxPendingSessions"] == 2
-    project = (await caravan.gql(SET_PROJECT, {"project": "default", "policy": {"idleTimeout": "1m"}}, token=admin))
+    project = await caravan.gql(SET_PROJECT, {"project": "default", "policy": {"idleTimeout": "1m"}}, token=admin)
     assert project["setProjectResourcePolicy"]["idleTimeout"] == 60.0
     seen = (await caravan.gql(POLICIES, token=admin))["resourcePolicies"]
     assert [u["userId"] for u in seen["users"]] == ["ada", "alice"]  # its own (unset) and alice's; not pete's
@@ -151,8 +192,9 @@ async def test_policies_are_set_by_those_who_manage_the_user_or_administer_the_p
 
 async def test_creation_is_refused_outside_the_allowed_groups_and_drivers(caravan: Caravan) -> None:
     alice = await caravan.user("alice")
-    await caravan.gql(SET_USER, {"user": "alice", "policy": {"allowedResourceGroups": ["default"],
-                                                             "allowedDrivers": ["EXEC"]}})
+    await caravan.gql(
+        SET_USER, {"user": "alice", "policy": {"allowedResourceGroups": ["default"], "allowedDrivers": ["EXEC"]}}
+    )
     await record_resource_groups(caravan.store.redis, caravan.store.keys, ["gpu"])  # known, but not alice's
     cases = [
         (exec_session("in-gpu", resourceGroup="gpu"), "resourceGroup"),
@@ -162,8 +204,10 @@ async def test_creation_is_refused_outside_the_allowed_groups_and_drivers(carava
         assert await refused(caravan, CREATE, variables, alice) == {"code": "FORBIDDEN", "field": field}
     await caravan.gql(CREATE, exec_session("allowed"), token=alice)
     await caravan.gql(SET_PROJECT, {"project": "default", "policy": {"allowedDrivers": ["DOCKER"]}})
-    assert await refused(caravan, CREATE, exec_session("project-says-no"), alice) == {"code": "FORBIDDEN",
-                                                                                      "field": "driver"}
+    assert await refused(caravan, CREATE, exec_session("project-says-no"), alice) == {
+        "code": "FORBIDDEN",
+        "field": "driver",
+    }
     assert len(await caravan.store.session_ids(owner_id="alice")) == 1
 
 
@@ -179,8 +223,9 @@ async def test_a_users_priority_is_bounded_by_their_policy(caravan: Caravan) -> 
     # without a policy a USER may lower their priority, not raise it above the default (10)
     assert [await outcome(alice, p, f"no-policy-{p}") for p in (0, 10)] == [{"ok": 0}, {"ok": 10}]
     assert await outcome(alice, 11, "too-high") == {"code": "FORBIDDEN", "field": "priority"}
-    body = await caravan.post(FROM_TEMPLATE, {"id": template, "overrides": {"name": "via-template", "priority": 11}},
-                              token=alice)  # a template is no way around it
+    body = await caravan.post(
+        FROM_TEMPLATE, {"id": template, "overrides": {"name": "via-template", "priority": 11}}, token=alice
+    )  # a template is no way around it
     assert body["errors"][0]["extensions"] == {"code": "FORBIDDEN", "field": "priority"}
     assert "at most the default, 10" in body["errors"][0]["message"]
     await caravan.gql(SET_USER, {"user": "alice", "policy": {"maxPriority": 50}}, token=admin)
@@ -192,9 +237,14 @@ async def test_a_users_priority_is_bounded_by_their_policy(caravan: Caravan) -> 
     assert await outcome(admin, 100, "admin-100") == {"ok": 100}
     assert await outcome(admin, 101, "admin-101") == {"code": "INVALID_INPUT", "field": "priority"}
     assert await refused(caravan, SET_USER, {"user": "alice", "policy": {"maxPriority": 101}}, admin) == {
-        "code": "INVALID_INPUT", "field": "maxPriority"}
-    priorities = sorted(s.priority for s in await caravan.store.get_many(await caravan.store.session_ids(owner_id="alice"))
-                        if s is not None)
+        "code": "INVALID_INPUT",
+        "field": "maxPriority",
+    }
+    priorities = sorted(
+        s.priority
+        for s in await caravan.store.get_many(await caravan.store.session_ids(owner_id="alice"))
+        if s is not None
+    )
     assert priorities == [0, 10, 50]
 
 

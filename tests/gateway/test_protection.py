@@ -13,9 +13,9 @@ from redis.asyncio import Redis
 from core.clock import utcnow
 from core.keys import Keys
 from domain.users import Role, User
-from stores.users import UserStore
 from gateway.graphql.http import GRAPHQL_RESPONSE, JSON
 from gateway.graphql.protection import Limits, RateLimiter
+from stores.users import UserStore
 from tests.gateway.conftest import GatewayWith, error_of, post
 from tests.harness import Caravan
 
@@ -171,7 +171,9 @@ async def test_one_round_trip_checks_the_token_counts_and_reads(redis: Redis, ke
 
 def test_limits_from_environment() -> None:
     assert Limits.from_env({}) == Limits()
-    assert Limits.from_env({"CARAVAN_GRAPHQL_MAX_DEPTH": "4", "CARAVAN_GRAPHQL_RATE_LIMIT": "0"}) == Limits(max_depth=4, rate_limit=0)
+    assert Limits.from_env({"CARAVAN_GRAPHQL_MAX_DEPTH": "4", "CARAVAN_GRAPHQL_RATE_LIMIT": "0"}) == Limits(
+        max_depth=4, rate_limit=0
+    )
     with pytest.raises(ValueError, match="CARAVAN_GRAPHQL_MAX_ALIASES"):
         Limits.from_env({"CARAVAN_GRAPHQL_MAX_ALIASES": "many"})
     with pytest.raises(ValueError, match="CARAVAN_GRAPHQL_RATE_WINDOW must be positive"):

@@ -42,8 +42,12 @@ async def test_the_agent_shows_its_capacity_drivers_and_what_a_running_session_o
         assert {"exec", "raw_exec"} <= set(agent["drivers"])
         capacity, before = amounts(agent["capacity"]), amounts(agent["occupied"])
         assert capacity["cpu"] > 0 and capacity["mem"] > 0
-        fields = {"name": "occupant", "type": "INTERACTIVE", "driver": "EXEC",
-                  "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}]}
+        fields = {
+            "name": "occupant",
+            "type": "INTERACTIVE",
+            "driver": "EXEC",
+            "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}],
+        }
         data = await caravan.gql(CREATE, {"input": fields})
         await caravan.wait_for(data["createSession"]["sessions"][0]["id"], "RUNNING", timeout=60)
         default = (await groups(caravan))["default"]
@@ -73,8 +77,9 @@ async def test_creation_in_an_unknown_group_is_refused(redis_settings: Settings,
     """Known: default, the node pools the scheduler has seen, the groups of the scheduler's configuration."""
     config = tmp_path / "scheduler.hcl"
     config.write_text('resource_group "configured" {\n  agent_selector = "concentrated"\n}\n')
-    configured = dataclasses.replace(redis_settings,
-                                     scheduler=dataclasses.replace(redis_settings.scheduler, config_path=config))
+    configured = dataclasses.replace(
+        redis_settings, scheduler=dataclasses.replace(redis_settings.scheduler, config_path=config)
+    )
     async with running_caravan(configured, scheduler=False) as caravan:
         alice = await caravan.user("alice")
 
@@ -86,8 +91,11 @@ async def test_creation_in_an_unknown_group_is_refused(redis_settings: Settings,
         assert refused["extensions"] == {"code": "INVALID_INPUT", "field": "resourceGroup"}
         assert "there is no resource group 'defualt'" in refused["message"]
         assert "known are configured, default" in refused["message"]
-        template = await caravan.post(TEMPLATE, {"input": {"name": "t", "spec": {"type": "INTERACTIVE", "driver": "EXEC",
-                                                                                  "resourceGroup": "pool"}}}, token=alice)
+        template = await caravan.post(
+            TEMPLATE,
+            {"input": {"name": "t", "spec": {"type": "INTERACTIVE", "driver": "EXEC", "resourceGroup": "pool"}}},
+            token=alice,
+        )
         assert template["errors"][0]["extensions"] == {"code": "INVALID_INPUT", "field": "spec.resourceGroup"}
         assert await caravan.store.session_ids() == []
         await record_resource_groups(caravan.store.redis, caravan.store.keys, ["pool"])  # the scheduler saw it
@@ -112,27 +120,40 @@ resource_group "other" {
 BUILT_IN = {"cpu": Decimal("0.25"), "mem": Decimal(256 << 20)}
 
 
-async def test_a_session_that_names_no_resources_gets_its_groups_defaults(redis_settings: Settings,
-                                                                        tmp_path: Path) -> None:
+async def test_a_session_that_names_no_resources_gets_its_groups_defaults(
+    redis_settings: Settings, tmp_path: Path
+) -> None:
     """Built in: 0.25 cpu and 256 MiB per kernel (a 2-core machine holds eight such sessions, not two); a group of the
     scheduler's configuration may set its own, slot by slot; the request's own slots win."""
     configured = configured_with(redis_settings, tmp_path / "scheduler.hcl", GROUP_DEFAULTS)
     async with running_caravan(configured, scheduler=False) as caravan:
         alice = await caravan.user("alice")
         made = {}
-        for name, group, resources in (("plain", "default", []), ("big-one", "big", []),
-                                       ("big-small", "big", [{"slot": "mem", "amount": "64m"}])):
-            fields = {"name": name, "type": "INTERACTIVE", "driver": "EXEC", "resourceGroup": group,
-                      "resources": resources}
+        for name, group, resources in (
+            ("plain", "default", []),
+            ("big-one", "big", []),
+            ("big-small", "big", [{"slot": "mem", "amount": "64m"}]),
+        ):
+            fields = {
+                "name": name,
+                "type": "INTERACTIVE",
+                "driver": "EXEC",
+                "resourceGroup": group,
+                "resources": resources,
+            }
             made[name] = (await caravan.gql(CREATE, {"input": fields}, token=alice))["createSession"]["sessions"][0]
         stored = {name: await caravan.store.get(s["id"]) for name, s in made.items()}
         slots = {name: {k: Decimal(v) for k, v in s.kernels[0].resources.items()} for name, s in stored.items() if s}
-        assert slots == {"plain": BUILT_IN, "big-one": {"cpu": Decimal(2), "mem": Decimal(1 << 30)},
-                         "big-small": {"cpu": Decimal(2), "mem": Decimal(64 << 20)}}
+        assert slots == {
+            "plain": BUILT_IN,
+            "big-one": {"cpu": Decimal(2), "mem": Decimal(1 << 30)},
+            "big-small": {"cpu": Decimal(2), "mem": Decimal(64 << 20)},
+        }
 
 
 async def test_a_user_sees_the_groups_they_may_use_with_capacity_and_defaults_but_no_agents(
-        settings: Settings, tmp_path: Path) -> None:
+    settings: Settings, tmp_path: Path
+) -> None:
     configured = configured_with(settings, tmp_path / "scheduler.hcl", GROUP_DEFAULTS)
     async with running_caravan(configured, scheduler=False) as caravan:
         alice, bob = await caravan.user("alice"), await caravan.user("bob", projects=("lab",))
@@ -143,8 +164,9 @@ async def test_a_user_sees_the_groups_they_may_use_with_capacity_and_defaults_bu
             assert group["agents"] is None
             assert (group["capacity"], group["occupied"]) == (as_admin[name]["capacity"], as_admin[name]["occupied"])
             capacity, occupied = amounts(group["capacity"]), amounts(group["occupied"])
-            assert amounts(group["free"]) == {slot: max(Decimal(0), c - occupied.get(slot, 0))
-                                             for slot, c in capacity.items()}
+            assert amounts(group["free"]) == {
+                slot: max(Decimal(0), c - occupied.get(slot, 0)) for slot, c in capacity.items()
+            }
         assert amounts(seen["default"]["capacity"])["cpu"] > 0 and amounts(seen["default"]["free"])["mem"] > 0
         assert amounts(seen["default"]["defaultResources"]) == amounts(seen["other"]["defaultResources"]) == BUILT_IN
         assert amounts(seen["big"]["defaultResources"]) == {"cpu": Decimal(2), "mem": Decimal(1 << 30)}

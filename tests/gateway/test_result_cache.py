@@ -17,14 +17,14 @@ import pytest
 from graphql import parse
 from redis.asyncio import Redis
 
-from domain.lifecycle import transition
-from stores.session_listing import SessionListing
-from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from core.settings import Settings
+from domain.lifecycle import transition
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from domain.users import Role, User
 from gateway.graphql.http import GRAPHQL_RESPONSE, JSON
 from gateway.graphql.result_cache import Answers, cacheable_operation
 from gateway.graphql.schema import CaravanSchema, schema
+from stores.session_listing import SessionListing
 from tests.faults import NetworkCut
 from tests.gateway.conftest import GatewayWith, post
 from tests.harness import Caravan, GraphQLErrors, running_caravan
@@ -39,9 +39,18 @@ ONE = "query($id: ID!) { session(id: $id) { id name status } }"
 def new_session(name: str, at: datetime, *, owner: str = "admin", project: str = "default") -> Session:
     resources = {"cpu": "1", "mem": str(64 << 20)}
     kernel = Kernel(role="main", index=1, hostname="main1", image="", resources=resources)
-    return Session(id=uuid.uuid4().hex, name=name, owner_id=owner, type=SessionType.BATCH,
-                   driver=Driver.RAW_EXEC, image="", resources=resources, kernels=(kernel,), created_at=at,
-                   project=project)
+    return Session(
+        id=uuid.uuid4().hex,
+        name=name,
+        owner_id=owner,
+        type=SessionType.BATCH,
+        driver=Driver.RAW_EXEC,
+        image="",
+        resources=resources,
+        kernels=(kernel,),
+        created_at=at,
+        project=project,
+    )
 
 
 class Executions:
@@ -77,7 +86,8 @@ def names(data: dict[str, Any]) -> list[str]:
 
 
 async def test_a_repeated_page_is_answered_without_executing_or_reading_sessions(
-        caravan: Caravan, redis: Redis, executions: Executions) -> None:
+    caravan: Caravan, redis: Redis, executions: Executions
+) -> None:
     await caravan.store.create([new_session(f"s-{i}", T0 + timedelta(seconds=i)) for i in range(5)])
     first = await post(caravan, {"query": PAGE, "variables": {"first": 3}})
     reads, executed = await listing_reads(redis), executions.count
@@ -93,8 +103,11 @@ async def test_a_repeated_page_is_answered_without_executing_or_reading_sessions
     legacy = await post(caravan, {"query": PAGE, "variables": {"first": 3}}, accept=JSON)
     assert legacy.headers["content-type"].startswith(JSON) and legacy.content == first.content
     assert first.headers["content-type"].startswith(GRAPHQL_RESPONSE)
-    by_get = await caravan.http.get(caravan.url, params={"query": PAGE, "variables": '{"first": 3}'},
-                                    headers={"authorization": "Bearer test-admin-token"})
+    by_get = await caravan.http.get(
+        caravan.url,
+        params={"query": PAGE, "variables": '{"first": 3}'},
+        headers={"authorization": "Bearer test-admin-token"},
+    )
     assert by_get.content == first.content and executions.count == executed + 1
 
 
@@ -154,14 +167,18 @@ async def test_each_viewer_gets_the_answer_of_their_own_scope(caravan: Caravan, 
 # -- what is never cached --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("selection", [
-    "owner { id name }",
-    "idleChecks { checkedAt }",
-    "mainKernel { logs { stdout } }",
-    "kernels { logs(tailBytes: 10) { stderr } }",
-])
-async def test_fields_reading_other_data_are_executed_every_time(caravan: Caravan, redis: Redis,
-                                                                 executions: Executions, selection: str) -> None:
+@pytest.mark.parametrize(
+    "selection",
+    [
+        "owner { id name }",
+        "idleChecks { checkedAt }",
+        "mainKernel { logs { stdout } }",
+        "kernels { logs(tailBytes: 10) { stderr } }",
+    ],
+)
+async def test_fields_reading_other_data_are_executed_every_time(
+    caravan: Caravan, redis: Redis, executions: Executions, selection: str
+) -> None:
     [session] = await caravan.store.create([new_session("watched", T0)])
     query = "query { sessions(first: 5) { edges { node { id name %s } } } }" % selection
     await caravan.gql(query)
@@ -183,7 +200,7 @@ async def test_an_owner_renamed_shows_at_once(caravan: Caravan) -> None:
 
 async def test_mutations_are_executed_every_time(caravan: Caravan, executions: Executions) -> None:
     [session] = await caravan.store.create([new_session("before", T0)])
-    rename = "mutation($id: ID!) { renameSession(id: $id, name: \"after\") { id name } }"
+    rename = 'mutation($id: ID!) { renameSession(id: $id, name: "after") { id name } }'
     for _ in range(3):
         assert (await caravan.gql(rename, {"id": session.id}))["renameSession"]["name"] == "after"
     assert executions.count == 3
@@ -205,8 +222,9 @@ async def test_errors_are_not_kept(caravan: Caravan, executions: Executions) -> 
     assert executions.count == 6
 
 
-async def test_a_write_racing_an_execution_is_not_kept(caravan: Caravan, executions: Executions,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_write_racing_an_execution_is_not_kept(
+    caravan: Caravan, executions: Executions, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A rename lands through the store right after the page's sessions were read, before the answer is stored."""
     [session] = await caravan.store.create([new_session("old-name", T0)])
     real_page = SessionListing.page
@@ -239,8 +257,9 @@ async def test_misses_arriving_together_execute_once(caravan: Caravan, execution
         assert executions.count == executed + 1
 
 
-async def test_turned_off_every_request_executes_and_answers_the_same(caravan: Caravan, gateway_with: GatewayWith,
-                                                                       executions: Executions) -> None:
+async def test_turned_off_every_request_executes_and_answers_the_same(
+    caravan: Caravan, gateway_with: GatewayWith, executions: Executions
+) -> None:
     await caravan.store.create([new_session(f"s-{i}", T0 + timedelta(seconds=i)) for i in range(3)])
     cached = [await post(caravan, {"query": PAGE, "variables": {"first": 2}}) for _ in range(2)]
     assert executions.count == 1
@@ -251,8 +270,9 @@ async def test_turned_off_every_request_executes_and_answers_the_same(caravan: C
         assert executions.count == 4
 
 
-async def test_without_a_rate_limit_the_version_is_read_on_its_own(gateway_with: GatewayWith,
-                                                                   executions: Executions) -> None:
+async def test_without_a_rate_limit_the_version_is_read_on_its_own(
+    gateway_with: GatewayWith, executions: Executions
+) -> None:
     async with gateway_with(rate_limit=0) as caravan:
         [session] = await caravan.store.create([new_session("one", T0)])
         for _ in range(3):
@@ -283,26 +303,29 @@ async def test_without_redis_nothing_stored_is_served(redis_settings: Settings) 
 # -- the decision and the bounds, pure -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("document", "operation", "expected"), [
-    ("{ sessions { totalCount edges { cursor node { id name status } } pageInfo { hasNextPage } } }", None, True),
-    ("query($id: ID!) { session(id: $id) { __typename id kernels { hostname resources { slot } } } }", None, True),
-    ("{ a: sessions(first: 1) { edges { node { id } } } b: session(id: \"x\") { name } }", None, True),
-    ("{ sessions { edges { node { ...F } } } } fragment F on Session { id mainKernel { status } }", None, True),
-    ("{ sessions { edges { node { ... on Session { id } } } } }", None, True),
-    ("query($all: Boolean!) { sessions { edges { node { id name @include(if: $all) } } } }", None, True),
-    ("query A { sessions { totalCount } } mutation B { destroySession(ids: []) { id } }", "A", True),
-    ("query A { sessions { totalCount } } mutation B { destroySession(ids: []) { id } }", "B", False),
-    ("query A { sessions { totalCount } } query C { viewer { id } }", None, False),  # which one: left to execution
-    ("{ viewer { id } }", None, False),
-    ("{ sessions { totalCount } viewer { id } }", None, False),
-    ("{ __schema { types { name } } }", None, False),
-    ("{ sessions { edges { node { ...F } } } } fragment F on Session { owner { name } }", None, False),
-    ("{ sessions { edges { node { ...F } } } } fragment F on Session { ...F }", None, False),  # a cycle
-    ("{ sessions { edges { node { idleChecks { checkedAt } } } } }", None, False),
-    ("{ sessions { noSuchField } }", None, False),
-    ("subscription { sessionEvents { status } }", None, False),
-    ("mutation { renameSession(id: \"x\", name: \"y\") { id } }", None, False),
-])
+@pytest.mark.parametrize(
+    ("document", "operation", "expected"),
+    [
+        ("{ sessions { totalCount edges { cursor node { id name status } } pageInfo { hasNextPage } } }", None, True),
+        ("query($id: ID!) { session(id: $id) { __typename id kernels { hostname resources { slot } } } }", None, True),
+        ('{ a: sessions(first: 1) { edges { node { id } } } b: session(id: "x") { name } }', None, True),
+        ("{ sessions { edges { node { ...F } } } } fragment F on Session { id mainKernel { status } }", None, True),
+        ("{ sessions { edges { node { ... on Session { id } } } } }", None, True),
+        ("query($all: Boolean!) { sessions { edges { node { id name @include(if: $all) } } } }", None, True),
+        ("query A { sessions { totalCount } } mutation B { destroySession(ids: []) { id } }", "A", True),
+        ("query A { sessions { totalCount } } mutation B { destroySession(ids: []) { id } }", "B", False),
+        ("query A { sessions { totalCount } } query C { viewer { id } }", None, False),  # which one: left to execution
+        ("{ viewer { id } }", None, False),
+        ("{ sessions { totalCount } viewer { id } }", None, False),
+        ("{ __schema { types { name } } }", None, False),
+        ("{ sessions { edges { node { ...F } } } } fragment F on Session { owner { name } }", None, False),
+        ("{ sessions { edges { node { ...F } } } } fragment F on Session { ...F }", None, False),  # a cycle
+        ("{ sessions { edges { node { idleChecks { checkedAt } } } } }", None, False),
+        ("{ sessions { noSuchField } }", None, False),
+        ("subscription { sessionEvents { status } }", None, False),
+        ('mutation { renameSession(id: "x", name: "y") { id } }', None, False),
+    ],
+)
 def test_which_operations_may_be_cached(document: str, operation: str | None, expected: bool) -> None:
     assert cacheable_operation(schema._schema, parse(document), operation) is expected
 

@@ -12,8 +12,11 @@ from gateway.graphql.export import COMMAND, SCHEMA_FILE, main, sdl
 def test_committed_schema_is_current() -> None:
     committed = SCHEMA_FILE.read_text() if SCHEMA_FILE.exists() else ""
     if committed != sdl():
-        diff = "".join(difflib.unified_diff(committed.splitlines(True), sdl().splitlines(True),
-                                            "schema.graphql (committed)", "schema.as_str()", n=1))
+        diff = "".join(
+            difflib.unified_diff(
+                committed.splitlines(True), sdl().splitlines(True), "schema.graphql (committed)", "schema.as_str()", n=1
+            )
+        )
         pytest.fail(f"{SCHEMA_FILE.name} is stale; regenerate it with: {COMMAND}\n{diff[:4000]}", pytrace=False)
 
 

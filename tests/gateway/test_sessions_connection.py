@@ -37,12 +37,30 @@ query($first: Int, $after: String, $last: Int, $before: String, $filter: Session
 """
 
 
-def new_session(name: str, at: datetime, *, owner: str = "admin", project: str = "default",
-                type: SessionType = SessionType.BATCH, group: str = "default") -> Session:
+def new_session(
+    name: str,
+    at: datetime,
+    *,
+    owner: str = "admin",
+    project: str = "default",
+    type: SessionType = SessionType.BATCH,
+    group: str = "default",
+) -> Session:
     resources = {"cpu": "1", "mem": str(64 << 20)}
     kernel = Kernel(role="main", index=1, hostname="main1", image="", resources=resources)
-    return Session(id=uuid.uuid4().hex, name=name, owner_id=owner, type=type, driver=Driver.RAW_EXEC, image="",
-                   resources=resources, kernels=(kernel,), created_at=at, project=project, resource_group=group)
+    return Session(
+        id=uuid.uuid4().hex,
+        name=name,
+        owner_id=owner,
+        type=type,
+        driver=Driver.RAW_EXEC,
+        image="",
+        resources=resources,
+        kernels=(kernel,),
+        created_at=at,
+        project=project,
+        resource_group=group,
+    )
 
 
 async def seed(caravan: Caravan, sessions: Iterable[Session]) -> list[Session]:
@@ -53,7 +71,11 @@ async def seed(caravan: Caravan, sessions: Iterable[Session]) -> list[Session]:
 
 
 async def end(caravan: Caravan, session: Session, status: SessionStatus, at: datetime) -> Session:
-    path = [S.CANCELLED] if status is S.CANCELLED else [S.SCHEDULED, S.RUNNING, status][:3 if status is not S.RUNNING else 2]
+    path = (
+        [S.CANCELLED]
+        if status is S.CANCELLED
+        else [S.SCHEDULED, S.RUNNING, status][: 3 if status is not S.RUNNING else 2]
+    )
     after = None
     for step in path:
         after = await caravan.store.update(session.id, lambda s, step=step: transition(s, step, reason="test", at=at))
@@ -61,7 +83,9 @@ async def end(caravan: Caravan, session: Session, status: SessionStatus, at: dat
     return after
 
 
-async def page(caravan: Caravan, *, token: str | None = None, order: str = "CREATED_AT_DESC", **arguments: Any) -> dict[str, Any]:
+async def page(
+    caravan: Caravan, *, token: str | None = None, order: str = "CREATED_AT_DESC", **arguments: Any
+) -> dict[str, Any]:
     variables = {"order": order, **arguments}
     kwargs = {"token": token} if token else {}
     connection: dict[str, Any] = (await caravan.gql(PAGE, variables, **kwargs))["sessions"]
@@ -76,8 +100,9 @@ def newest_first(sessions: Iterable[Session]) -> list[str]:
     return [s.id for s in sorted(sessions, key=lambda s: (s.created_at.timestamp(), s.id), reverse=True)]
 
 
-async def walk(caravan: Caravan, size: int, *, backward: bool = False, between: Callable[[], Any] | None = None,
-               **arguments: Any) -> list[str]:
+async def walk(
+    caravan: Caravan, size: int, *, backward: bool = False, between: Callable[[], Any] | None = None, **arguments: Any
+) -> list[str]:
     """Every id, page by page (forwards with first/after or backwards with last/before)."""
     seen: list[str] = []
     cursor = None
@@ -115,7 +140,9 @@ async def test_pages_forwards_and_backwards_with_stable_cursors_while_sessions_a
     created: list[Session] = []
 
     async def create_newer() -> None:  # newer than everything: before the first page in this order
-        created.extend(await seed(caravan, [new_session(f"new-{len(created)}", T0 + timedelta(days=1, seconds=len(created)))]))
+        created.extend(
+            await seed(caravan, [new_session(f"new-{len(created)}", T0 + timedelta(days=1, seconds=len(created)))])
+        )
 
     assert await walk(caravan, 3, between=create_newer) == expected
     assert await walk(caravan, 3, backward=True, between=create_newer) == newest_first(seeded + created)
@@ -154,12 +181,16 @@ async def varied(caravan: Caravan) -> list[Session]:
     """Sessions of several owners, projects, types, groups and statuses; some ended at known times."""
     sessions = []
     for i in range(24):
-        sessions.append(new_session(
-            f"{['train', 'eval', 'Notebook'][i % 3]}-{i:02d}", T0 + timedelta(minutes=i),
-            owner=["alice", "bob", "carol"][i % 3], project=["p1", "p2"][i % 2],
-            type=[SessionType.BATCH, SessionType.INTERACTIVE, SessionType.INFERENCE, SessionType.BATCH][i % 4],
-            group=["default", "gpu"][(i // 2) % 2],
-        ))
+        sessions.append(
+            new_session(
+                f"{['train', 'eval', 'Notebook'][i % 3]}-{i:02d}",
+                T0 + timedelta(minutes=i),
+                owner=["alice", "bob", "carol"][i % 3],
+                project=["p1", "p2"][i % 2],
+                type=[SessionType.BATCH, SessionType.INTERACTIVE, SessionType.INFERENCE, SessionType.BATCH][i % 4],
+                group=["default", "gpu"][(i // 2) % 2],
+            )
+        )
     stored = await seed(caravan, sessions)
     by_id = {s.id: s for s in stored}
     for i, session in enumerate(stored[:12]):
@@ -183,16 +214,33 @@ FILTERS: list[tuple[str, dict[str, Any], Callable[[Session], bool]]] = [
     ("owner", {"owner": "bob"}, lambda s: s.owner_id == "bob"),
     ("project", {"project": "p2"}, lambda s: s.project == "p2"),
     ("resourceGroup", {"resourceGroup": "gpu"}, lambda s: s.resource_group == "gpu"),
-    ("createdAfter", {"createdAfter": (T0 + timedelta(minutes=10)).isoformat()},
-     lambda s: s.created_at > T0 + timedelta(minutes=10)),
-    ("createdBefore", {"createdBefore": (T0 + timedelta(minutes=5)).isoformat()},
-     lambda s: s.created_at < T0 + timedelta(minutes=5)),
-    ("terminatedAfter", {"terminatedAfter": (T0 + timedelta(hours=1, minutes=55)).isoformat()},
-     lambda s: s.terminated_at is not None and s.terminated_at > T0 + timedelta(hours=1, minutes=55)),
-    ("terminatedBefore", {"terminatedBefore": (T0 + timedelta(hours=1, minutes=55)).isoformat()},
-     lambda s: s.terminated_at is not None and s.terminated_at < T0 + timedelta(hours=1, minutes=55)),
-    ("combined", {"owner": "alice", "project": "p1", "statuses": ["PENDING", "CANCELLED"], "nameContains": "train"},
-     lambda s: s.owner_id == "alice" and s.project == "p1" and s.status in (S.PENDING, S.CANCELLED) and "train" in s.name),
+    (
+        "createdAfter",
+        {"createdAfter": (T0 + timedelta(minutes=10)).isoformat()},
+        lambda s: s.created_at > T0 + timedelta(minutes=10),
+    ),
+    (
+        "createdBefore",
+        {"createdBefore": (T0 + timedelta(minutes=5)).isoformat()},
+        lambda s: s.created_at < T0 + timedelta(minutes=5),
+    ),
+    (
+        "terminatedAfter",
+        {"terminatedAfter": (T0 + timedelta(hours=1, minutes=55)).isoformat()},
+        lambda s: s.terminated_at is not None and s.terminated_at > T0 + timedelta(hours=1, minutes=55),
+    ),
+    (
+        "terminatedBefore",
+        {"terminatedBefore": (T0 + timedelta(hours=1, minutes=55)).isoformat()},
+        lambda s: s.terminated_at is not None and s.terminated_at < T0 + timedelta(hours=1, minutes=55),
+    ),
+    (
+        "combined",
+        {"owner": "alice", "project": "p1", "statuses": ["PENDING", "CANCELLED"], "nameContains": "train"},
+        lambda s: (
+            s.owner_id == "alice" and s.project == "p1" and s.status in (S.PENDING, S.CANCELLED) and "train" in s.name
+        ),
+    ),
     ("no-match", {"owner": "nobody"}, lambda s: False),
 ]
 
@@ -210,15 +258,21 @@ async def test_each_order(caravan: Caravan, varied: list[Session]) -> None:
     created = sorted(varied, key=lambda s: (s.created_at.timestamp(), s.id))
     ended = sorted((s for s in varied if s.terminated_at), key=lambda s: (s.terminated_at.timestamp(), s.id))  # type: ignore[union-attr]
     assert len(ended) == 6
-    cases = {"CREATED_AT_ASC": created, "CREATED_AT_DESC": created[::-1],
-             "TERMINATED_AT_ASC": ended, "TERMINATED_AT_DESC": ended[::-1]}
+    cases = {
+        "CREATED_AT_ASC": created,
+        "CREATED_AT_DESC": created[::-1],
+        "TERMINATED_AT_ASC": ended,
+        "TERMINATED_AT_DESC": ended[::-1],
+    }
     for order, expected in cases.items():
         assert await walk(caravan, 5, order=order) == [s.id for s in expected], order
         assert await walk(caravan, 4, order=order, backward=True) == [s.id for s in expected], order
         assert (await page(caravan, first=1, order=order))["totalCount"] == len(expected), order
     # the terminated order with a filter on the other time, and the other way round
     after = T0 + timedelta(minutes=3)
-    narrowed = await page(caravan, first=50, order="TERMINATED_AT_ASC", filter={"createdAfter": after.isoformat(), "owner": "alice"})
+    narrowed = await page(
+        caravan, first=50, order="TERMINATED_AT_ASC", filter={"createdAfter": after.isoformat(), "owner": "alice"}
+    )
     assert ids(narrowed) == [s.id for s in ended if s.created_at > after and s.owner_id == "alice"]
 
 
@@ -234,7 +288,9 @@ async def test_status_filters_follow_status_changes(caravan: Caravan) -> None:
 
 async def test_name_filter_scans_in_batches_across_pages(caravan: Caravan) -> None:
     count = NAME_SCAN_BATCH * 2 + 40
-    sessions = [new_session(f"{'needle' if i % 97 == 0 else 'hay'}-{i:04d}", T0 + timedelta(seconds=i)) for i in range(count)]
+    sessions = [
+        new_session(f"{'needle' if i % 97 == 0 else 'hay'}-{i:04d}", T0 + timedelta(seconds=i)) for i in range(count)
+    ]
     await seed(caravan, sessions)
     expected = newest_first(s for s in sessions if "needle" in s.name)
     assert len(expected) == 6
@@ -275,13 +331,16 @@ async def test_page_size_limit_and_bad_arguments(gateway_with: GatewayWith) -> N
 
 
 async def test_users_see_their_own_and_admins_also_their_projects(caravan: Caravan) -> None:
-    sessions = await seed(caravan, [
-        new_session("alice-p1", T0, owner="alice", project="p1"),
-        new_session("bob-p1", T0 + timedelta(minutes=1), owner="bob", project="p1"),
-        new_session("carol-p2", T0 + timedelta(minutes=2), owner="carol", project="p2"),
-        new_session("dave-p3", T0 + timedelta(minutes=3), owner="dave", project="p3"),
-        new_session("dave-p2", T0 + timedelta(minutes=4), owner="dave", project="p2"),
-    ])
+    sessions = await seed(
+        caravan,
+        [
+            new_session("alice-p1", T0, owner="alice", project="p1"),
+            new_session("bob-p1", T0 + timedelta(minutes=1), owner="bob", project="p1"),
+            new_session("carol-p2", T0 + timedelta(minutes=2), owner="carol", project="p2"),
+            new_session("dave-p3", T0 + timedelta(minutes=3), owner="dave", project="p3"),
+            new_session("dave-p2", T0 + timedelta(minutes=4), owner="dave", project="p2"),
+        ],
+    )
     by_name = {s.name: s.id for s in sessions}
     alice = await caravan.user("alice")
     await caravan.users.put(User(id="dave", name="dave", role=Role.ADMIN, projects=("p1", "p3")))

@@ -3,7 +3,6 @@ sessions through their statuses with the store, as the scheduler would)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any
 
@@ -27,8 +26,9 @@ LOGS = """subscription($id: ID!, $kernel: String!, $tail: Int!) {
 
 
 async def create(caravan: Caravan, token: str, name: str) -> str:
-    data = await caravan.gql(CREATE, {"input": {"name": name, "type": "BATCH", "driver": "EXEC",
-                                                "startupCommand": "exit 0"}}, token=token)
+    data = await caravan.gql(
+        CREATE, {"input": {"name": name, "type": "BATCH", "driver": "EXEC", "startupCommand": "exit 0"}}, token=token
+    )
     return str(data["createSession"]["sessions"][0]["id"])
 
 
@@ -139,8 +139,9 @@ async def test_logs_and_kernel_logs_hold_tail_bytes_to_one_rule(caravan: Caravan
         for tail in (-5, 4 * 1024 * 1024 + 1):
             refused = await socket.subscribe(LOGS, {"id": session_id, "kernel": "main1", "tail": tail})
             assert await error_of(socket, refused) == {"code": "INVALID_INPUT", "field": "tailBytes"}
-            body = (await post(caravan, {"query": logs, "variables": {"id": session_id, "tail": tail}},
-                               token=alice)).json()
+            body = (
+                await post(caravan, {"query": logs, "variables": {"id": session_id, "tail": tail}}, token=alice)
+            ).json()
             assert [e["extensions"] for e in body["errors"]] == [{"code": "INVALID_INPUT", "field": "tailBytes"}]
     for tail in (0, 4 * 1024 * 1024):  # accepted: nothing to read before the kernel has run
         body = (await post(caravan, {"query": logs, "variables": {"id": session_id, "tail": tail}}, token=alice)).json()
@@ -154,9 +155,16 @@ async def test_one_sessions_events_arrive_in_order_and_the_subscription_complete
         operation = await socket.subscribe(EVENTS, {"id": session_id})
         [created] = await take(socket, operation, 1)  # replayed from the session's stream: nothing is missed
         assert (created["sessionId"], created["status"], created["kernels"]) == (
-            session_id, "PENDING", [{"hostname": "main1", "status": "PENDING"}])
-        steps = [(S.SCHEDULED, "scheduled"), (S.PREPARING, "pulling"), (S.RUNNING, "started"),
-                 (S.TERMINATED, "task-finished")]
+            session_id,
+            "PENDING",
+            [{"hostname": "main1", "status": "PENDING"}],
+        )
+        steps = [
+            (S.SCHEDULED, "scheduled"),
+            (S.PREPARING, "pulling"),
+            (S.RUNNING, "started"),
+            (S.TERMINATED, "task-finished"),
+        ]
         for status, reason in steps:
             await move(caravan, session_id, status, reason)
         rest = [r["data"]["sessionEvents"] async for r in socket.results(operation)]  # ends: the session is TERMINATED
@@ -182,7 +190,10 @@ async def test_all_sessions_subscription_sees_only_the_viewers_sessions_created_
         await move(caravan, first, S.CANCELLED, "user-requested")
         events = await take(socket, operation, 3)
     assert [(e["sessionId"], e["status"], e["reason"]) for e in events] == [
-        (first, "PENDING", "created"), (second, "PENDING", "created"), (first, "CANCELLED", "user-requested")]
+        (first, "PENDING", "created"),
+        (second, "PENDING", "created"),
+        (first, "CANCELLED", "user-requested"),
+    ]
 
 
 async def test_a_reconnecting_client_resumes_after_its_last_event(caravan: Caravan) -> None:
@@ -274,7 +285,8 @@ async def test_the_depth_limit_applies_to_subscriptions(gateway_with: GatewayWit
 
 
 async def test_a_document_over_the_token_limit_is_answered_and_the_connection_stays_open(
-        gateway_with: GatewayWith) -> None:
+    gateway_with: GatewayWith,
+) -> None:
     async with gateway_with(max_tokens=50) as caravan:
         token = await caravan.user("wordy")
         async with authenticated_socket(caravan.url, token) as socket:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from domain.scheduling_config import DEFAULT_RESOURCES
 from domain.users import Role
 from gateway.graphql.schema import schema
-from domain.scheduling_config import DEFAULT_RESOURCES
 from stores.known_resources import record_resource_groups
 from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
 
@@ -37,7 +37,9 @@ CLUSTER_SPEC = {
 }  # fmt: skip
 
 
-async def create_template(caravan: Caravan, token: str, spec: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+async def create_template(
+    caravan: Caravan, token: str, spec: dict[str, Any] | None = None, **fields: Any
+) -> dict[str, Any]:
     payload = {"name": "trainer", "spec": spec or CLUSTER_SPEC, **fields}
     return dict((await caravan.gql(CREATE_TEMPLATE, {"input": payload}, token=token))["createSessionTemplate"])
 
@@ -54,20 +56,37 @@ async def test_a_session_from_a_template_takes_its_values_then_the_overrides(car
     alice = await caravan.user("alice")
     template = await create_template(caravan, alice)
     assert (template["ownerId"], template["project"], template["scope"]) == ("alice", "default", "PERSONAL")
-    assert template["spec"]["kernelRoles"] == [{"role": "SUB", "image": None,
-                                                "resources": [{"slot": "mem", "amount": "128m"}]}]
-    overrides = {"name": "run-1", "environ": [{"name": "LEVEL", "value": "2"}],
-                 "resources": [{"slot": "cpu", "amount": "0.25"}], "clusterSize": 2,
-                 "kernelRoles": [{"role": "MAIN", "resources": [{"slot": "mem", "amount": "96m"}]}]}
+    assert template["spec"]["kernelRoles"] == [
+        {"role": "SUB", "image": None, "resources": [{"slot": "mem", "amount": "128m"}]}
+    ]
+    overrides = {
+        "name": "run-1",
+        "environ": [{"name": "LEVEL", "value": "2"}],
+        "resources": [{"slot": "cpu", "amount": "0.25"}],
+        "clusterSize": 2,
+        "kernelRoles": [{"role": "MAIN", "resources": [{"slot": "mem", "amount": "96m"}]}],
+    }
     data = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": overrides}, token=alice)
     [created] = data["createSessionFromTemplate"]["sessions"]
     session = await caravan.store.get(created["id"])
-    assert session is not None and (session.name, session.owner_id, session.status.value) == ("run-1", "alice", "PENDING")
+    assert session is not None and (session.name, session.owner_id, session.status.value) == (
+        "run-1",
+        "alice",
+        "PENDING",
+    )
     assert session.environ == {"MODE": "train", "LEVEL": "2"}
     main, sub = session.kernels
     mib = 1024 * 1024
-    assert (main.hostname, Decimal(main.resources["cpu"]), Decimal(main.resources["mem"])) == ("main1", Decimal("0.25"), 96 * mib)
-    assert (sub.hostname, Decimal(sub.resources["cpu"]), Decimal(sub.resources["mem"])) == ("sub1", Decimal("0.25"), 128 * mib)
+    assert (main.hostname, Decimal(main.resources["cpu"]), Decimal(main.resources["mem"])) == (
+        "main1",
+        Decimal("0.25"),
+        96 * mib,
+    )
+    assert (sub.hostname, Decimal(sub.resources["cpu"]), Decimal(sub.resources["mem"])) == (
+        "sub1",
+        Decimal("0.25"),
+        128 * mib,
+    )
 
 
 async def test_overrides_are_checked_in_full_and_nothing_is_created_when_they_are_wrong(caravan: Caravan) -> None:
@@ -125,8 +144,12 @@ async def test_personal_templates_are_their_owners_and_their_project_admins(cara
     ids = {"id": template["id"]}
     for token in (bob, outsider_admin):
         assert (await caravan.gql(TEMPLATES, token=token))["sessionTemplates"] == []
-        for query, variables in ((TEMPLATE, ids), (DELETE_TEMPLATE, ids), (UPDATE_TEMPLATE, {**ids, "input": {"name": "x"}}),
-                                 (FROM_TEMPLATE, {**ids, "overrides": {"name": "stolen"}})):
+        for query, variables in (
+            (TEMPLATE, ids),
+            (DELETE_TEMPLATE, ids),
+            (UPDATE_TEMPLATE, {**ids, "input": {"name": "x"}}),
+            (FROM_TEMPLATE, {**ids, "overrides": {"name": "stolen"}}),
+        ):
             found = await refused(caravan, query, variables, token)
             assert found["code"] == "NOT_FOUND" and found["field"] in ("id", "templateId")
     assert [t["id"] for t in (await caravan.gql(TEMPLATES, token=admin))["sessionTemplates"]] == [template["id"]]
@@ -149,7 +172,9 @@ async def test_project_templates_are_used_by_members_and_written_by_admins(carav
     ids = {"id": template["id"]}
     assert (template["scope"], template["project"]) == ("PROJECT", "physics")
     assert [t["name"] for t in (await caravan.gql(TEMPLATES, token=member))["sessionTemplates"]] == ["physics trainer"]
-    data = await caravan.gql(FROM_TEMPLATE, {**ids, "overrides": {"name": "max-run", "project": "physics"}}, token=member)
+    data = await caravan.gql(
+        FROM_TEMPLATE, {**ids, "overrides": {"name": "max-run", "project": "physics"}}, token=member
+    )
     [made] = data["createSessionFromTemplate"]["sessions"]
     made_session = await caravan.store.get(made["id"])
     assert made_session is not None and (made_session.owner_id, made_session.project) == ("max", "physics")
@@ -159,7 +184,10 @@ async def test_project_templates_are_used_by_members_and_written_by_admins(carav
     await record_resource_groups(caravan.store.redis, caravan.store.keys, ["gpu"])  # a node pool the scheduler saw
     spec = {**CLUSTER_SPEC, "clusterSize": 2, "resourceGroup": "gpu"}
     updated = await caravan.gql(UPDATE_TEMPLATE, {**ids, "input": {"spec": spec}}, token=admin)
-    assert (updated["updateSessionTemplate"]["spec"]["clusterSize"], updated["updateSessionTemplate"]["spec"]["resourceGroup"]) == (2, "gpu")
+    assert (
+        updated["updateSessionTemplate"]["spec"]["clusterSize"],
+        updated["updateSessionTemplate"]["spec"]["resourceGroup"],
+    ) == (2, "gpu")
     bad = {**spec, "resources": [{"slot": "cpu", "amount": "zero"}]}
     found = await refused(caravan, UPDATE_TEMPLATE, {**ids, "input": {"spec": bad}}, admin)
     assert (found["code"], found["field"]) == ("INVALID_INPUT", "spec.resources.cpu")
@@ -172,8 +200,12 @@ async def test_a_raw_exec_template_serves_only_superadmins(caravan: Caravan) -> 
     admin = await caravan.user("ada", Role.ADMIN, projects=("physics",))
     member = await caravan.user("max", projects=("physics",))
     raw = {"type": "INTERACTIVE", "driver": "RAW_EXEC"}
-    found = await refused(caravan, CREATE_TEMPLATE, {"input": {"name": "root", "spec": raw, "scope": "PROJECT",
-                                                               "project": "physics"}}, admin)
+    found = await refused(
+        caravan,
+        CREATE_TEMPLATE,
+        {"input": {"name": "root", "spec": raw, "scope": "PROJECT", "project": "physics"}},
+        admin,
+    )
     assert (found["code"], found["field"]) == ("FORBIDDEN", "spec.driver")
     template = await create_template(caravan, ADMIN_TOKEN, spec=raw, scope="PROJECT", project="physics", name="root")
     ids = {"id": template["id"]}
@@ -181,7 +213,7 @@ async def test_a_raw_exec_template_serves_only_superadmins(caravan: Caravan) -> 
         found = await refused(caravan, FROM_TEMPLATE, {**ids, "overrides": {"name": "as-root"}}, token)
         assert (found["code"], found["field"]) == ("FORBIDDEN", "driver")
         exec_instead = {"name": "not-root", "driver": "EXEC"}  # overriding the driver is the way to use it
-        assert (await caravan.gql(FROM_TEMPLATE, {**ids, "overrides": exec_instead}, token=token))
+        assert await caravan.gql(FROM_TEMPLATE, {**ids, "overrides": exec_instead}, token=token)
     assert await caravan.store.session_ids(owner_id="max") and await caravan.store.session_ids(owner_id="ada")
     data = await caravan.gql(FROM_TEMPLATE, {**ids, "overrides": {"name": "by-super", "project": "physics"}})
     [made] = data["createSessionFromTemplate"]["sessions"]
@@ -193,8 +225,13 @@ async def test_a_template_may_name_a_preset_and_explicit_resources_win(caravan: 
     await caravan.gql("""mutation { createResourcePreset(input: {name: "small", sharedMemory: "8m",
         resources: [{slot: "cpu", amount: "0.5"}, {slot: "mem", amount: "128m"}]}) { name } }""")
     alice = await caravan.user("alice")
-    spec = {"type": "INTERACTIVE", "driver": "DOCKER", "image": "caravan/busybox:1", "preset": "small",
-            "resources": [{"slot": "mem", "amount": "96m"}]}
+    spec = {
+        "type": "INTERACTIVE",
+        "driver": "DOCKER",
+        "image": "caravan/busybox:1",
+        "preset": "small",
+        "resources": [{"slot": "mem", "amount": "96m"}],
+    }
     template = await create_template(caravan, alice, spec=spec)
     data = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "preset-run"}}, token=alice)
     session = await caravan.store.get(data["createSessionFromTemplate"]["sessions"][0]["id"])
@@ -232,16 +269,20 @@ EVERY_OPTION = {
     "replicas": None, "servicePort": None, "healthCheckPath": None, "healthCheckGrace": None,
 }  # fmt: skip
 """A value for every option a template holds (the INFERENCE ones are in tests/e2e/test_inference.py)."""
-EVERY_FIELD = ("type driver image startupCommand environ { name value } resources { slot amount } resourceGroup "
-               "startsAt batchTimeout clusterSize clusterMode count preopenPorts sharedMemory designatedAgent priority "
-               "preset kernelRoles { role image resources { slot amount } } replicas servicePort healthCheckPath "
-               "healthCheckGrace")
+EVERY_FIELD = (
+    "type driver image startupCommand environ { name value } resources { slot amount } resourceGroup "
+    "startsAt batchTimeout clusterSize clusterMode count preopenPorts sharedMemory designatedAgent priority "
+    "preset kernelRoles { role image resources { slot amount } } replicas servicePort healthCheckPath "
+    "healthCheckGrace"
+)
 
 
 async def test_a_template_keeps_every_option_and_a_creation_gets_them(caravan: Caravan) -> None:
     created = await caravan.gql(
         f"mutation($input: CreateSessionTemplateInput!) {{ createSessionTemplate(input: $input) {{ id spec {{ "
-        f"{EVERY_FIELD} }} }} }}", {"input": {"name": "everything", "spec": EVERY_OPTION}})
+        f"{EVERY_FIELD} }} }} }}",
+        {"input": {"name": "everything", "spec": EVERY_OPTION}},
+    )
     template = created["createSessionTemplate"]
     assert template["spec"] == EVERY_OPTION
     data = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "every"}})
@@ -249,8 +290,13 @@ async def test_a_template_keeps_every_option_and_a_creation_gets_them(caravan: C
     assert [s.name for s in made if s] == ["every-1", "every-2"]  # count
     session = made[0]
     assert session is not None
-    assert (session.batch_timeout, session.preopen_ports, session.shared_memory, session.designated_agent,
-            session.priority) == (7200.0, (8080,), str(32 * 1024 * 1024), "node-7", 40)
+    assert (
+        session.batch_timeout,
+        session.preopen_ports,
+        session.shared_memory,
+        session.designated_agent,
+        session.priority,
+    ) == (7200.0, (8080,), str(32 * 1024 * 1024), "node-7", 40)
     assert session.starts_at is not None and 3500 < (session.starts_at - session.created_at).total_seconds() <= 3600
     # a USER may not hold what only admins may ask for: checked when written
     alice = await caravan.user("alice")
@@ -263,29 +309,56 @@ async def test_an_override_clears_a_template_value_with_null(caravan: Caravan) -
     await caravan.gql("""mutation { createResourcePreset(input: {name: "small",
         resources: [{slot: "cpu", amount: "0.5"}, {slot: "mem", amount: "128m"}]}) { name } }""")
     alice = await caravan.user("alice")
-    spec = {"type": "BATCH", "driver": "EXEC", "startupCommand": "true", "preset": "small", "batchTimeout": "1h",
-            "environ": [{"name": "MODE", "value": "train"}], "priority": 5}
+    spec = {
+        "type": "BATCH",
+        "driver": "EXEC",
+        "startupCommand": "true",
+        "preset": "small",
+        "batchTimeout": "1h",
+        "environ": [{"name": "MODE", "value": "train"}],
+        "priority": 5,
+    }
     template = await create_template(caravan, alice, spec=spec)
     kept = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "kept"}}, token=alice)
-    cleared = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {
-        "name": "cleared", "preset": None, "batchTimeout": None, "environ": None, "priority": None}}, token=alice)
-    before, after = [await caravan.store.get(d["createSessionFromTemplate"]["sessions"][0]["id"]) for d in (kept, cleared)]
+    cleared = await caravan.gql(
+        FROM_TEMPLATE,
+        {
+            "id": template["id"],
+            "overrides": {"name": "cleared", "preset": None, "batchTimeout": None, "environ": None, "priority": None},
+        },
+        token=alice,
+    )
+    before, after = [
+        await caravan.store.get(d["createSessionFromTemplate"]["sessions"][0]["id"]) for d in (kept, cleared)
+    ]
     assert before is not None and after is not None
     assert (Decimal(before.resources["cpu"]), before.batch_timeout, before.environ, before.priority) == (
-        Decimal("0.5"), 3600.0, {"MODE": "train"}, 5)
+        Decimal("0.5"),
+        3600.0,
+        {"MODE": "train"},
+        5,
+    )
     assert (Decimal(after.resources["cpu"]), after.batch_timeout, after.environ, after.priority) == (
-        Decimal(DEFAULT_RESOURCES["cpu"]), None, {}, 10)  # createSession's defaults
-    found = await refused(caravan, FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "x-1", "type": None}},
-                          alice)
+        Decimal(DEFAULT_RESOURCES["cpu"]),
+        None,
+        {},
+        10,
+    )  # createSession's defaults
+    found = await refused(
+        caravan, FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "x-1", "type": None}}, alice
+    )
     assert (found["code"], found["field"]) == ("INVALID_INPUT", "type")
 
 
-async def test_a_deleted_preset_names_the_template_and_an_override_clearing_it_makes_it_usable(caravan: Caravan) -> None:
+async def test_a_deleted_preset_names_the_template_and_an_override_clearing_it_makes_it_usable(
+    caravan: Caravan,
+) -> None:
     await caravan.gql("""mutation { createResourcePreset(input: {name: "small",
         resources: [{slot: "cpu", amount: "0.5"}]}) { name } }""")
     alice = await caravan.user("alice")
-    template = await create_template(caravan, alice, spec={"type": "INTERACTIVE", "driver": "EXEC", "preset": "small"},
-                                     name="notebook")
+    template = await create_template(
+        caravan, alice, spec={"type": "INTERACTIVE", "driver": "EXEC", "preset": "small"}, name="notebook"
+    )
     await caravan.gql('mutation { deleteResourcePreset(name: "small") }')
     with pytest.raises(GraphQLErrors) as failed:
         await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "run-1"}}, token=alice)
@@ -293,8 +366,9 @@ async def test_a_deleted_preset_names_the_template_and_an_override_clearing_it_m
     assert (error["extensions"]["code"], error["extensions"]["field"]) == ("INVALID_INPUT", "preset")
     assert "'small'" in error["message"] and "template 'notebook'" in error["message"], error["message"]
     assert "preset: null" in error["message"]
-    data = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "run-1", "preset": None}},
-                             token=alice)
+    data = await caravan.gql(
+        FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "run-1", "preset": None}}, token=alice
+    )
     session = await caravan.store.get(data["createSessionFromTemplate"]["sessions"][0]["id"])
     assert session is not None and Decimal(session.resources["cpu"]) == Decimal(DEFAULT_RESOURCES["cpu"])  # the default
 
@@ -303,9 +377,17 @@ async def test_a_template_image_meeting_an_overriding_driver_that_runs_none_is_r
     """exec runs no image: a docker template's image is refused under driver: EXEC (naming the template), until the
     override clears it."""
     alice = await caravan.user("alice")
-    template = await create_template(caravan, alice, name="boxed", spec={
-        "type": "INTERACTIVE", "driver": "DOCKER", "image": "caravan/busybox:1",
-        "kernelRoles": [{"role": "MAIN", "image": "caravan/busybox:2"}]})
+    template = await create_template(
+        caravan,
+        alice,
+        name="boxed",
+        spec={
+            "type": "INTERACTIVE",
+            "driver": "DOCKER",
+            "image": "caravan/busybox:1",
+            "kernelRoles": [{"role": "MAIN", "image": "caravan/busybox:2"}],
+        },
+    )
     ids = {"id": template["id"]}
     with pytest.raises(GraphQLErrors) as failed:
         await caravan.gql(FROM_TEMPLATE, {**ids, "overrides": {"name": "as-exec", "driver": "EXEC"}}, token=alice)
@@ -319,6 +401,10 @@ async def test_a_template_image_meeting_an_overriding_driver_that_runs_none_is_r
     data = await caravan.gql(FROM_TEMPLATE, {**ids, "overrides": role_cleared}, token=alice)
     session = await caravan.store.get(data["createSessionFromTemplate"]["sessions"][0]["id"])
     assert session is not None and (session.driver.value, session.image, session.main_kernel.image) == ("exec", "", "")
-    spec_found = await refused(caravan, CREATE_TEMPLATE, {"input": {"name": "t2", "spec": {
-        "type": "INTERACTIVE", "driver": "EXEC", "image": "caravan/busybox:1"}}}, alice)
+    spec_found = await refused(
+        caravan,
+        CREATE_TEMPLATE,
+        {"input": {"name": "t2", "spec": {"type": "INTERACTIVE", "driver": "EXEC", "image": "caravan/busybox:1"}}},
+        alice,
+    )
     assert (spec_found["code"], spec_found["field"]) == ("INVALID_INPUT", "spec.image")

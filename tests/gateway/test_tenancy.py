@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from stores.resource_policies import PolicyStore
-from stores.presets import PresetStore
-from stores.templates import TemplateStore
 from domain.users import Role, User
+from stores.presets import PresetStore
+from stores.resource_policies import PolicyStore
+from stores.templates import TemplateStore
 from tests.harness import ADMIN_TOKEN, Caravan
 
 CALLERS = ("owner", "user", "admin", "admin'", "super", "anon")
@@ -43,12 +43,18 @@ ISSUE = "mutation($label: String!, $userId: ID) { issueToken(label: $label, user
 CREATE_TEMPLATE = """mutation($name: String!, $scope: TemplateScope!, $project: String, $driver: Driver = EXEC) {
   createSessionTemplate(input: {name: $name, scope: $scope, project: $project,
                                 spec: {type: INTERACTIVE, driver: $driver}}) { id } }"""
-FROM_TEMPLATE = ("mutation($id: ID!, $name: String!) { createSessionFromTemplate(templateId: $id, "
-                 "overrides: {name: $name}) { sessions { id } } }")
-USER_POLICY = ("mutation($userId: String!) { setUserResourcePolicy(userId: $userId, policy: {maxPendingSessions: 500})"
-               " { userId } }")
-PROJECT_POLICY = ('mutation($project: String!) { setProjectResourcePolicy(project: $project, '
-                  'policy: {idleTimeout: "8h"}) { project } }')
+FROM_TEMPLATE = (
+    "mutation($id: ID!, $name: String!) { createSessionFromTemplate(templateId: $id, "
+    "overrides: {name: $name}) { sessions { id } } }"
+)
+USER_POLICY = (
+    "mutation($userId: String!) { setUserResourcePolicy(userId: $userId, policy: {maxPendingSessions: 500})"
+    " { userId } }"
+)
+PROJECT_POLICY = (
+    "mutation($project: String!) { setProjectResourcePolicy(project: $project, "
+    'policy: {idleTimeout: "8h"}) { project } }'
+)
 
 
 def session_input(name: str, **more: Any) -> dict[str, Any]:
@@ -85,8 +91,9 @@ class World:
         return token_id
 
     async def new_template(self, scope: str = "PERSONAL", caller: str = "owner", driver: str = "EXEC") -> str:
-        created = await self.gql(CREATE_TEMPLATE, {"name": self.unique("tpl"), "scope": scope, "project": "p1",
-                                                   "driver": driver}, caller)
+        created = await self.gql(
+            CREATE_TEMPLATE, {"name": self.unique("tpl"), "scope": scope, "project": "p1", "driver": driver}, caller
+        )
         template_id: str = created["createSessionTemplate"]["id"]
         return template_id
 
@@ -152,8 +159,11 @@ async def in_p1(world: World, caller: str) -> Variables:
 
 
 async def after_alices(world: World, caller: str) -> Variables:
-    return {"input": session_input(world.unique("after"), type="BATCH", startupCommand="true",
-                                   dependencies=[world.session_id])}
+    return {
+        "input": session_input(
+            world.unique("after"), type="BATCH", startupCommand="true", dependencies=[world.session_id]
+        )
+    }
 
 
 async def nothing(world: World, caller: str) -> Variables:
@@ -181,27 +191,52 @@ def alices_session(world: World) -> str:
 SESSIONS_PAGE = "{ sessions(first: 100%s) { edges { node { id } } } }"
 SESSION_ROWS = [
     Row("session", "query($id: ID!) { session(id: $id) { id } }", ACCESS, the_session),
-    Row("session.logs", "query($id: ID!) { session(id: $id) { mainKernel { logs { stdout } } } }", ACCESS,
-        the_session),
-    Row("session.idleChecks", "query($id: ID!) { session(id: $id) { idleChecks { checkedAt } } }", ACCESS,
-        the_session),
+    Row("session.logs", "query($id: ID!) { session(id: $id) { mainKernel { logs { stdout } } } }", ACCESS, the_session),
+    Row("session.idleChecks", "query($id: ID!) { session(id: $id) { idleChecks { checkedAt } } }", ACCESS, the_session),
     Row("sessions", SESSIONS_PAGE % "", LISTING, nothing, session_ids, alices_session),
-    Row("sessions(filter: owner)", SESSIONS_PAGE % ', filter: {owner: "alice"}', LISTING, nothing, session_ids,
-        alices_session),
-    Row("sessions(filter: project)", SESSIONS_PAGE % ', filter: {project: "p1"}', LISTING, nothing, session_ids,
-        alices_session),
-    Row("effectiveIdlePolicy", "query($id: ID!) { effectiveIdlePolicy(sessionId: $id) { source } }",
-        (FB, NF, OK, NF, OK, UA), the_session),
+    Row(
+        "sessions(filter: owner)",
+        SESSIONS_PAGE % ', filter: {owner: "alice"}',
+        LISTING,
+        nothing,
+        session_ids,
+        alices_session,
+    ),
+    Row(
+        "sessions(filter: project)",
+        SESSIONS_PAGE % ', filter: {project: "p1"}',
+        LISTING,
+        nothing,
+        session_ids,
+        alices_session,
+    ),
+    Row(
+        "effectiveIdlePolicy",
+        "query($id: ID!) { effectiveIdlePolicy(sessionId: $id) { source } }",
+        (FB, NF, OK, NF, OK, UA),
+        the_session,
+    ),
     Row("createSession(owner)", CREATE, (OK, FB, FB, FB, OK, UA), for_alice),
     Row("createSession(project)", CREATE, (OK, OK, OK, FB, OK, UA), in_p1),  # a SUPERADMIN acts in any project
     Row("createSession(raw_exec)", CREATE, (FB, FB, FB, FB, OK, UA), raw_exec),  # root on the host: SUPERADMIN only
     Row("createSession(dependencies)", CREATE, ACCESS, after_alices),
-    Row("destroySession", "mutation($id: ID!) { destroySession(ids: [$id]) { id } }", ACCESS, a_fresh_session,
-        unchanged=still_pending),
-    Row("renameSession", "mutation($id: ID!, $name: String!) { renameSession(id: $id, name: $name) { id } }", ACCESS,
-        renaming, unchanged=not_renamed),
-    Row("restartSession", "mutation($id: ID!) { restartSession(id: $id) { id } }", (CF, NF, CF, NF, CF, UA),
-        the_session),  # CONFLICT: allowed, but a PENDING session has nothing to restart
+    Row(
+        "destroySession",
+        "mutation($id: ID!) { destroySession(ids: [$id]) { id } }",
+        ACCESS,
+        a_fresh_session,
+        unchanged=still_pending,
+    ),
+    Row(
+        "renameSession",
+        "mutation($id: ID!, $name: String!) { renameSession(id: $id, name: $name) { id } }",
+        ACCESS,
+        renaming,
+        unchanged=not_renamed,
+    ),
+    Row(
+        "restartSession", "mutation($id: ID!) { restartSession(id: $id) { id } }", (CF, NF, CF, NF, CF, UA), the_session
+    ),  # CONFLICT: allowed, but a PENDING session has nothing to restart
 ]
 
 
@@ -255,20 +290,44 @@ def user_ids(data: dict[str, Any]) -> list[str]:
 
 USER_ROWS = [
     Row("tokens(userId)", "query($userId: ID) { tokens(userId: $userId) { id } }", ACCESS, alice),
-    Row("issueToken(userId)", 'mutation($userId: ID) { issueToken(label: "m", userId: $userId) { token { id } } }',
-        ACCESS, alice),
-    Row("revokeToken", "mutation($id: ID!) { revokeToken(id: $id) { id } }", ACCESS, a_fresh_token,
-        unchanged=token_kept),
+    Row(
+        "issueToken(userId)",
+        'mutation($userId: ID) { issueToken(label: "m", userId: $userId) { token { id } } }',
+        ACCESS,
+        alice,
+    ),
+    Row(
+        "revokeToken", "mutation($id: ID!) { revokeToken(id: $id) { id } }", ACCESS, a_fresh_token, unchanged=token_kept
+    ),
     Row("user", "query($id: ID!) { user(id: $id) { id } }", ACCESS, alice),
     Row("users", "{ users { id } }", (FB, FB, LISTED, HIDDEN, LISTED, UA), nothing, user_ids, lambda _: "alice"),
-    Row("createUser", 'mutation($name: String!) { createUser(input: {name: $name, projects: ["p1"]}) { id } }',
-        (FB, FB, OK, FB, OK, UA), a_new_name),
-    Row("updateUser", "mutation($id: ID!, $projects: [String!]) { updateUser(input: {id: $id, projects: $projects}) "
-        "{ id } }", (FB, NF, OK, NF, OK, UA), alice_into_p1, unchanged=user_unchanged),
-    Row("deactivateUser", "mutation($id: ID!) { deactivateUser(id: $id) { id } }", (FB, NF, OK, NF, OK, UA),
-        a_fresh_member, unchanged=user_unchanged),
-    Row("reactivateUser", "mutation($id: ID!) { reactivateUser(id: $id) { id } }", (NF, NF, OK, NF, OK, UA),
-        a_deactivated_member, unchanged=still_deactivated),  # by deactivation's rules; a USER sees no other user
+    Row(
+        "createUser",
+        'mutation($name: String!) { createUser(input: {name: $name, projects: ["p1"]}) { id } }',
+        (FB, FB, OK, FB, OK, UA),
+        a_new_name,
+    ),
+    Row(
+        "updateUser",
+        "mutation($id: ID!, $projects: [String!]) { updateUser(input: {id: $id, projects: $projects}) { id } }",
+        (FB, NF, OK, NF, OK, UA),
+        alice_into_p1,
+        unchanged=user_unchanged,
+    ),
+    Row(
+        "deactivateUser",
+        "mutation($id: ID!) { deactivateUser(id: $id) { id } }",
+        (FB, NF, OK, NF, OK, UA),
+        a_fresh_member,
+        unchanged=user_unchanged,
+    ),
+    Row(
+        "reactivateUser",
+        "mutation($id: ID!) { reactivateUser(id: $id) { id } }",
+        (NF, NF, OK, NF, OK, UA),
+        a_deactivated_member,
+        unchanged=still_deactivated,
+    ),  # by deactivation's rules; a USER sees no other user
 ]
 
 
@@ -324,17 +383,35 @@ TEMPLATE_ROWS = [
     Row("sessionTemplate", "query($id: ID!) { sessionTemplate(id: $id) { id } }", ACCESS, the_template),
     Row("sessionTemplates", "{ sessionTemplates { id } }", LISTING, nothing, template_ids, lambda w: w.template_id),
     Row("createSessionTemplate(project)", CREATE_TEMPLATE, (OK, OK, OK, FB, OK, UA), personal_in_p1),
-    Row("updateSessionTemplate", "mutation($id: ID!, $name: String) { updateSessionTemplate(id: $id, "
-        "input: {name: $name}) { id } }", ACCESS, renaming_template, unchanged=template_not_renamed),
-    Row("deleteSessionTemplate", "mutation($id: ID!) { deleteSessionTemplate(id: $id) }", ACCESS, a_fresh_template,
-        unchanged=template_kept),
+    Row(
+        "updateSessionTemplate",
+        "mutation($id: ID!, $name: String) { updateSessionTemplate(id: $id, input: {name: $name}) { id } }",
+        ACCESS,
+        renaming_template,
+        unchanged=template_not_renamed,
+    ),
+    Row(
+        "deleteSessionTemplate",
+        "mutation($id: ID!) { deleteSessionTemplate(id: $id) }",
+        ACCESS,
+        a_fresh_template,
+        unchanged=template_kept,
+    ),
     Row("createSessionFromTemplate", FROM_TEMPLATE, ACCESS, from_template),
-    Row("sessionTemplate(PROJECT)", "query($id: ID!) { sessionTemplate(id: $id) { id } }", (OK, OK, OK, NF, OK, UA),
-        the_project_template),
+    Row(
+        "sessionTemplate(PROJECT)",
+        "query($id: ID!) { sessionTemplate(id: $id) { id } }",
+        (OK, OK, OK, NF, OK, UA),
+        the_project_template,
+    ),
     Row("createSessionTemplate(PROJECT)", CREATE_TEMPLATE, (FB, FB, OK, FB, OK, UA), project_template_of_p1),
     Row("createSessionFromTemplate(raw_exec)", FROM_TEMPLATE, (FB, FB, FB, NF, OK, UA), from_raw_template),
-    Row("updateSessionTemplate(PROJECT)", "mutation($id: ID!) { updateSessionTemplate(id: $id, input: {}) { id } }",
-        (FB, FB, OK, NF, OK, UA), the_project_template),
+    Row(
+        "updateSessionTemplate(PROJECT)",
+        "mutation($id: ID!) { updateSessionTemplate(id: $id, input: {}) { id } }",
+        (FB, FB, OK, NF, OK, UA),
+        the_project_template,
+    ),
 ]
 
 
@@ -396,23 +473,58 @@ PRESETS = (FB, FB, FB, FB, OK, UA)
 """Presets are global: only a SUPERADMIN writes them (a project's admin would change every project's sessions)."""
 
 POLICY_ROWS = [
-    Row("resourcePolicies.users", "{ resourcePolicies { users { userId stored } } }", LISTING, alices_policy,
-        policy_users, lambda _: "alice"),
-    Row("resourcePolicies.projects", "{ resourcePolicies { projects { project } } }",
-        (LISTED, LISTED, LISTED, HIDDEN, LISTED, UA), p1_policy, policy_projects, lambda _: "p1"),
+    Row(
+        "resourcePolicies.users",
+        "{ resourcePolicies { users { userId stored } } }",
+        LISTING,
+        alices_policy,
+        policy_users,
+        lambda _: "alice",
+    ),
+    Row(
+        "resourcePolicies.projects",
+        "{ resourcePolicies { projects { project } } }",
+        (LISTED, LISTED, LISTED, HIDDEN, LISTED, UA),
+        p1_policy,
+        policy_projects,
+        lambda _: "p1",
+    ),
     Row("setUserResourcePolicy", USER_POLICY, ADMINISTRATION, alice),
-    Row("deleteUserResourcePolicy", "mutation($userId: String!) { deleteUserResourcePolicy(userId: $userId) }",
-        ADMINISTRATION, alices_policy, unchanged=user_policy_kept),
+    Row(
+        "deleteUserResourcePolicy",
+        "mutation($userId: String!) { deleteUserResourcePolicy(userId: $userId) }",
+        ADMINISTRATION,
+        alices_policy,
+        unchanged=user_policy_kept,
+    ),
     Row("setProjectResourcePolicy", PROJECT_POLICY, ADMINISTRATION, p1_policy),
-    Row("deleteProjectResourcePolicy", "mutation($project: String!) { deleteProjectResourcePolicy(project: $project) }",
-        ADMINISTRATION, p1_policy, unchanged=project_policy_kept),
+    Row(
+        "deleteProjectResourcePolicy",
+        "mutation($project: String!) { deleteProjectResourcePolicy(project: $project) }",
+        ADMINISTRATION,
+        p1_policy,
+        unchanged=project_policy_kept,
+    ),
     Row("resourcePresets", "{ resourcePresets { name } }", (OK, OK, OK, OK, OK, UA), nothing),
-    Row("resourceGroups.agents", "{ resourceGroups { name free { slot } agents { id } } }",
-        (HIDDEN, HIDDEN, LISTED, LISTED, LISTED, UA), nothing, agents_shown, lambda _: "agents"),
+    Row(
+        "resourceGroups.agents",
+        "{ resourceGroups { name free { slot } agents { id } } }",
+        (HIDDEN, HIDDEN, LISTED, LISTED, LISTED, UA),
+        nothing,
+        agents_shown,
+        lambda _: "agents",
+    ),
     Row("createResourcePreset", PRESET % ("createResourcePreset", "1"), PRESETS, a_new_preset, unchanged=no_preset),
-    Row("updateResourcePreset", PRESET % ("updateResourcePreset", "2"), PRESETS, a_stored_preset, unchanged=preset_kept),
-    Row("deleteResourcePreset", "mutation($name: String!) { deleteResourcePreset(name: $name) }", PRESETS,
-        a_stored_preset, unchanged=preset_kept),
+    Row(
+        "updateResourcePreset", PRESET % ("updateResourcePreset", "2"), PRESETS, a_stored_preset, unchanged=preset_kept
+    ),
+    Row(
+        "deleteResourcePreset",
+        "mutation($name: String!) { deleteResourcePreset(name: $name) }",
+        PRESETS,
+        a_stored_preset,
+        unchanged=preset_kept,
+    ),
 ]
 
 ROWS = SESSION_ROWS + USER_ROWS + TEMPLATE_ROWS + POLICY_ROWS
@@ -450,14 +562,17 @@ def table(found: dict[tuple[str, str], str]) -> str:
 
 async def test_tenancy_matrix(caravan_on_nomad: Caravan, capsys: pytest.CaptureFixture[str]) -> None:
     caravan = caravan_on_nomad  # resourceGroups.agents reads Nomad's nodes
-    world = World(caravan, {
-        "owner": await caravan.user("alice", projects=("p1",)),
-        "user": await caravan.user("bob", projects=("p1",)),
-        "admin": await caravan.user("carol", Role.ADMIN, projects=("p1",)),
-        "admin'": await caravan.user("dave", Role.ADMIN, projects=("p2",)),
-        "super": ADMIN_TOKEN,
-        "anon": None,
-    })
+    world = World(
+        caravan,
+        {
+            "owner": await caravan.user("alice", projects=("p1",)),
+            "user": await caravan.user("bob", projects=("p1",)),
+            "admin": await caravan.user("carol", Role.ADMIN, projects=("p1",)),
+            "admin'": await caravan.user("dave", Role.ADMIN, projects=("p2",)),
+            "super": ADMIN_TOKEN,
+            "anon": None,
+        },
+    )
     world.session_id = await world.new_session()
     world.template_id = await world.new_template()
     world.project_template_id = await world.new_template("PROJECT", caller="admin")
@@ -465,10 +580,16 @@ async def test_tenancy_matrix(caravan_on_nomad: Caravan, capsys: pytest.CaptureF
 
     found = {(row.name, caller): await outcome(world, row, caller) for row in ROWS for caller in CALLERS}
 
-    wrong = [(row.name, caller, found[row.name, caller], expected) for row in ROWS
-             for caller, expected in zip(CALLERS, row.expected, strict=True) if found[row.name, caller] != expected]
+    wrong = [
+        (row.name, caller, found[row.name, caller], expected)
+        for row in ROWS
+        for caller, expected in zip(CALLERS, row.expected, strict=True)
+        if found[row.name, caller] != expected
+    ]
     report = table(found)
     with capsys.disabled():
-        print(f"\ntenancy matrix: {len(ROWS)} operations × {len(CALLERS)} callers = {len(found)} cases, "
-              f"{len(found) - len(wrong)} as expected, {len(wrong)} not\n{report}")
+        print(
+            f"\ntenancy matrix: {len(ROWS)} operations × {len(CALLERS)} callers = {len(found)} cases, "
+            f"{len(found) - len(wrong)} as expected, {len(wrong)} not\n{report}"
+        )
     assert not wrong, f"{wrong}\n{report}"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from domain.access import can_see_user, manages_user, may_create_for
 from core.errors import CaravanError, Forbidden, InvalidInput
-from domain.users import BOOTSTRAP_ADMIN_ID, Role, User
+from domain.access import can_see_user, manages_user, may_create_for
 from domain.session_requests import session_project
 from domain.user_requests import checked_projects, new_user, updated_user
+from domain.users import BOOTSTRAP_ADMIN_ID, Role, User
 
 ROOT = User("root", "root", Role.SUPERADMIN, ("ops",))
 CAROL = User("carol", "carol", Role.ADMIN, ("ml", "cv"))
@@ -19,17 +19,20 @@ BOB = User("bob", "bob", Role.USER, ("web",))
 BOOTSTRAP = User(BOOTSTRAP_ADMIN_ID, "admin", Role.SUPERADMIN)
 
 
-@pytest.mark.parametrize(("viewer", "target", "sees", "manages"), [
-    (ALICE, ALICE, True, False),     # oneself: seen; one's own tokens are allowed by their own rule
-    (ALICE, FRANK, False, False),    # a USER sees no one else, even in the same project
-    (CAROL, ALICE, True, True),      # a USER wholly inside carol's projects
-    (CAROL, FRANK, True, False),     # shares ml, but is also in web, which carol does not administer
-    (CAROL, BOB, False, False),
-    (CAROL, ERIN, True, False),      # a fellow ADMIN: seen, not managed
-    (CAROL, ROOT, False, False),
-    (ROOT, BOB, True, True),
-    (ROOT, CAROL, True, True),
-])
+@pytest.mark.parametrize(
+    ("viewer", "target", "sees", "manages"),
+    [
+        (ALICE, ALICE, True, False),  # oneself: seen; one's own tokens are allowed by their own rule
+        (ALICE, FRANK, False, False),  # a USER sees no one else, even in the same project
+        (CAROL, ALICE, True, True),  # a USER wholly inside carol's projects
+        (CAROL, FRANK, True, False),  # shares ml, but is also in web, which carol does not administer
+        (CAROL, BOB, False, False),
+        (CAROL, ERIN, True, False),  # a fellow ADMIN: seen, not managed
+        (CAROL, ROOT, False, False),
+        (ROOT, BOB, True, True),
+        (ROOT, CAROL, True, True),
+    ],
+)
 def test_who_sees_and_manages_whom(viewer: User, target: User, sees: bool, manages: bool) -> None:
     assert (can_see_user(viewer, target), manages_user(viewer, target)) == (sees, manages)
 
@@ -39,24 +42,32 @@ def test_only_a_superadmin_creates_sessions_for_others() -> None:
     assert not may_create_for(CAROL, "alice")
 
 
-@pytest.mark.parametrize(("viewer", "target", "role", "projects", "refused"), [
-    (CAROL, ALICE, None, ["ml", "cv"], None),
-    (CAROL, ALICE, Role.ADMIN, None, (Forbidden, "role")),
-    (CAROL, ALICE, None, ["web"], (Forbidden, "projects")),
-    (CAROL, FRANK, None, ["ml"], (Forbidden, "id")),             # not wholly hers
-    (CAROL, ERIN, None, ["ml"], (Forbidden, "id")),              # a fellow ADMIN
-    (CAROL, CAROL, Role.SUPERADMIN, None, (Forbidden, "role")),  # raising oneself
-    (CAROL, CAROL, None, ["ml", "cv", "web"], (Forbidden, "projects")),
-    (CAROL, CAROL, Role.USER, ["ml"], None),                     # lowering oneself is fine
-    (ALICE, ALICE, None, ["ml"], (Forbidden, None)),             # USERs change nobody, themselves included
-    (ROOT, ALICE, Role.SUPERADMIN, ["x", "y"], None),
-    (ROOT, ROOT, None, ["anything"], None),
-    (ROOT, BOOTSTRAP, Role.ADMIN, None, (Forbidden, "role")),
-    (ROOT, ALICE, None, [], (InvalidInput, "projects")),
-    (ROOT, ALICE, None, ["not valid"], (InvalidInput, "projects")),
-])
-def test_who_changes_whom(viewer: User, target: User, role: Role | None, projects: list[str] | None,
-                          refused: tuple[type[CaravanError], str | None] | None) -> None:
+@pytest.mark.parametrize(
+    ("viewer", "target", "role", "projects", "refused"),
+    [
+        (CAROL, ALICE, None, ["ml", "cv"], None),
+        (CAROL, ALICE, Role.ADMIN, None, (Forbidden, "role")),
+        (CAROL, ALICE, None, ["web"], (Forbidden, "projects")),
+        (CAROL, FRANK, None, ["ml"], (Forbidden, "id")),  # not wholly hers
+        (CAROL, ERIN, None, ["ml"], (Forbidden, "id")),  # a fellow ADMIN
+        (CAROL, CAROL, Role.SUPERADMIN, None, (Forbidden, "role")),  # raising oneself
+        (CAROL, CAROL, None, ["ml", "cv", "web"], (Forbidden, "projects")),
+        (CAROL, CAROL, Role.USER, ["ml"], None),  # lowering oneself is fine
+        (ALICE, ALICE, None, ["ml"], (Forbidden, None)),  # USERs change nobody, themselves included
+        (ROOT, ALICE, Role.SUPERADMIN, ["x", "y"], None),
+        (ROOT, ROOT, None, ["anything"], None),
+        (ROOT, BOOTSTRAP, Role.ADMIN, None, (Forbidden, "role")),
+        (ROOT, ALICE, None, [], (InvalidInput, "projects")),
+        (ROOT, ALICE, None, ["not valid"], (InvalidInput, "projects")),
+    ],
+)
+def test_who_changes_whom(
+    viewer: User,
+    target: User,
+    role: Role | None,
+    projects: list[str] | None,
+    refused: tuple[type[CaravanError], str | None] | None,
+) -> None:
     if refused is None:
         after = updated_user(viewer, target, role, projects)
         assert after.role is (role or target.role)

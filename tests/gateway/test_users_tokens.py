@@ -37,8 +37,9 @@ CREATE_SESSION = """mutation($input: CreateSessionInput!) {
   createSession(input: $input) { sessions { id ownerId project status } } }"""
 
 
-async def refused(caravan: Caravan, query: str, variables: dict[str, Any] | None = None, *,
-                  token: str | None = ADMIN_TOKEN) -> tuple[str, str | None]:
+async def refused(
+    caravan: Caravan, query: str, variables: dict[str, Any] | None = None, *, token: str | None = ADMIN_TOKEN
+) -> tuple[str, str | None]:
     """The code and field of the one error a request must get."""
     with pytest.raises(GraphQLErrors) as refusal:
         await caravan.gql(query, variables, token=token)
@@ -53,8 +54,11 @@ def session_input(name: str, **more: Any) -> dict[str, Any]:
 
 async def test_viewer_shows_role_and_projects(caravan: Caravan) -> None:
     token = await caravan.user("alice", projects=("ml", "web"))
-    assert (await caravan.gql(VIEWER, token=token))["viewer"] == {"id": "alice", "role": "USER",
-                                                                  "projects": ["ml", "web"]}
+    assert (await caravan.gql(VIEWER, token=token))["viewer"] == {
+        "id": "alice",
+        "role": "USER",
+        "projects": ["ml", "web"],
+    }
 
 
 async def test_several_tokens_each_work_and_a_revoked_one_is_refused_at_once(caravan: Caravan) -> None:
@@ -130,8 +134,10 @@ async def closed_within(socket: GraphQLSocket, seconds: float) -> float:
 async def test_a_revoked_tokens_streaming_connections_close_within_seconds(caravan: Caravan) -> None:
     token = await caravan.user("alice")
     revoked = (await caravan.gql(ISSUE, {"label": "revoked"}, token=token))["issueToken"]
-    async with authenticated_socket(caravan.url, revoked["secret"]) as doomed, \
-            authenticated_socket(caravan.url, token) as kept:
+    async with (
+        authenticated_socket(caravan.url, revoked["secret"]) as doomed,
+        authenticated_socket(caravan.url, token) as kept,
+    ):
         await streaming(doomed, caravan, revoked["secret"])
         await caravan.gql(REVOKE, {"id": revoked["token"]["id"]}, token=token)
         assert await closed_within(doomed, 5.0) < 5.0  # no operation sent: the revocation itself closes it
@@ -189,8 +195,10 @@ async def commands_of(caravan: Caravan, user: str) -> AsyncIterator[list[str]]:
             watching.set()
             while True:
                 command = await monitor.next_command()
-                if prefix in command["command"] and await user_of(f"{command['client_address']}:"
-                                                                  f"{command['client_port']}") == user:
+                if (
+                    prefix in command["command"]
+                    and await user_of(f"{command['client_address']}:{command['client_port']}") == user
+                ):
                     served.append(command["command"])
 
     users: dict[str, str] = {}
@@ -234,8 +242,9 @@ async def test_a_token_expires(caravan: Caravan) -> None:
 
 
 async def test_a_users_tokens_are_capped_per_user(redis_settings: Settings) -> None:
-    capped = dataclasses.replace(redis_settings,
-                                 gateway=dataclasses.replace(redis_settings.gateway, max_tokens_per_user=3))
+    capped = dataclasses.replace(
+        redis_settings, gateway=dataclasses.replace(redis_settings.gateway, max_tokens_per_user=3)
+    )
     async with running_caravan(capped, scheduler=False) as caravan:
         alice = await caravan.user("alice")  # her first token
         short = (await caravan.gql(ISSUE, {"label": "short", "exp": "3s"}, token=alice))["issueToken"]["token"]
@@ -285,8 +294,10 @@ async def test_token_input_is_checked(caravan: Caravan) -> None:
     for label in ("", "   ", "x" * 65, "bell\x07"):
         assert await refused(caravan, ISSUE, {"label": label}, token=token) == ("INVALID_INPUT", "label")
     for expiry in ("soon", "-5m", "0s", "400d"):
-        assert await refused(caravan, ISSUE, {"label": "x", "exp": expiry}, token=token) == ("INVALID_INPUT",
-                                                                                             "expiresIn")
+        assert await refused(caravan, ISSUE, {"label": "x", "exp": expiry}, token=token) == (
+            "INVALID_INPUT",
+            "expiresIn",
+        )
     assert await refused(caravan, ISSUE, {"label": "x", "u": "nobody"}) == ("NOT_FOUND", "userId")
     assert await refused(caravan, REVOKE, {"id": "nope"}, token=token) == ("NOT_FOUND", "id")
     assert await refused(caravan, VIEWER, token=None) == ("UNAUTHENTICATED", None)
@@ -296,20 +307,24 @@ async def test_token_input_is_checked(caravan: Caravan) -> None:
 async def test_a_deactivated_user_is_refused_and_their_sessions_are_left_alone(caravan: Caravan) -> None:
     alice = await caravan.user("alice")
     second = (await caravan.gql(ISSUE, {"label": "second"}, token=alice))["issueToken"]["secret"]
-    [session] = (await caravan.gql(CREATE_SESSION, {"input": session_input("work")}, token=alice))[
-        "createSession"]["sessions"]
+    [session] = (await caravan.gql(CREATE_SESSION, {"input": session_input("work")}, token=alice))["createSession"][
+        "sessions"
+    ]
 
     assert (await caravan.gql(DEACTIVATE, {"id": "alice"}))["deactivateUser"] == {"id": "alice", "active": False}
     for secret in (alice, second):
         assert await refused(caravan, VIEWER, token=secret) == ("UNAUTHENTICATED", None)
     assert (await caravan.gql(TOKENS, {"u": "alice"}))["tokens"] == []
     assert await refused(caravan, ISSUE, {"label": "again", "u": "alice"}) == ("CONFLICT", "userId")
-    assert await refused(caravan, CREATE_SESSION, {"input": session_input("more", owner="alice")}) == ("CONFLICT",
-                                                                                                       "owner")
+    assert await refused(caravan, CREATE_SESSION, {"input": session_input("more", owner="alice")}) == (
+        "CONFLICT",
+        "owner",
+    )
     stored = await caravan.store.get(session["id"])
     assert stored is not None and stored.status.value == "PENDING", "deactivation leaves sessions alone"
     assert {"id": "alice", "role": "USER", "projects": ["default"], "active": False} in (await caravan.gql(USERS))[
-        "users"]
+        "users"
+    ]
 
 
 async def test_deactivation_rules(caravan: Caravan) -> None:
@@ -340,7 +355,9 @@ async def test_a_deactivated_user_is_reactivated_by_who_may_deactivate_them(cara
     assert await refused(caravan, REACTIVATE, {"id": "nobody"}) == ("NOT_FOUND", "id")
 
     assert (await caravan.gql(REACTIVATE, {"id": "alice"}, token=carol))["reactivateUser"] == {
-        "id": "alice", "active": True}
+        "id": "alice",
+        "active": True,
+    }
     assert await refused(caravan, VIEWER, token=alice) == ("UNAUTHENTICATED", None)  # her old token stays revoked
     fresh = (await caravan.gql(ISSUE, {"label": "back", "u": "alice"}, token=carol))["issueToken"]["secret"]
     assert (await caravan.gql(VIEWER, token=fresh))["viewer"]["id"] == "alice"
@@ -361,8 +378,11 @@ async def test_user_names_follow_the_documented_rule_and_the_error_states_it(car
 
 async def test_issuing_races_deactivation_without_leaving_a_live_token(caravan: Caravan) -> None:
     await caravan.users.put(User(id="alice", name="alice", role=Role.USER))
-    outcomes = await asyncio.gather(*(caravan.users.issue_token("alice", f"t{i}") for i in range(20)),
-                                    caravan.users.deactivate("alice"), return_exceptions=True)
+    outcomes = await asyncio.gather(
+        *(caravan.users.issue_token("alice", f"t{i}") for i in range(20)),
+        caravan.users.deactivate("alice"),
+        return_exceptions=True,
+    )
     issued = [o for o in outcomes[:-1] if isinstance(o, str)]
     assert all(isinstance(o, (str, Conflict)) for o in outcomes[:-1]), outcomes
     assert await caravan.users.tokens_of("alice") == []
@@ -373,10 +393,11 @@ async def test_issuing_races_deactivation_without_leaving_a_live_token(caravan: 
 async def test_who_creates_which_users(caravan: Caravan) -> None:
     alice = await caravan.user("alice", projects=("ml",))
     carol = await caravan.user("carol", Role.ADMIN, projects=("ml", "cv"))
-    made = (await caravan.gql(CREATE_USER, {"name": "gus", "role": "USER", "projects": ["ml"]}, token=carol))
+    made = await caravan.gql(CREATE_USER, {"name": "gus", "role": "USER", "projects": ["ml"]}, token=carol)
     assert made["createUser"] == {"id": "gus", "name": "gus", "role": "USER", "projects": ["ml"], "active": True}
-    assert (await caravan.gql(CREATE_USER, {"name": "root2", "role": "SUPERADMIN", "projects": ["x"]}))[
-        "createUser"]["role"] == "SUPERADMIN"
+    assert (await caravan.gql(CREATE_USER, {"name": "root2", "role": "SUPERADMIN", "projects": ["x"]}))["createUser"][
+        "role"
+    ] == "SUPERADMIN"
     cases = [
         (alice, {"name": "h1", "role": "USER", "projects": ["ml"]}, ("FORBIDDEN", None)),
         (carol, {"name": "h2", "role": "ADMIN", "projects": ["ml"]}, ("FORBIDDEN", "role")),
@@ -387,10 +408,12 @@ async def test_who_creates_which_users(caravan: Caravan) -> None:
         (ADMIN_TOKEN, {"name": "x" * 65, "role": "USER", "projects": ["ml"]}, ("INVALID_INPUT", "name")),
         (ADMIN_TOKEN, {"name": "-dash", "role": "USER", "projects": ["ml"]}, ("INVALID_INPUT", "name")),
         (ADMIN_TOKEN, {"name": "h4", "role": "USER", "projects": []}, ("INVALID_INPUT", "projects")),
-        (ADMIN_TOKEN, {"name": "h5", "role": "USER", "projects": ["ok", "bad project"]}, ("INVALID_INPUT",
-                                                                                        "projects")),
-        (ADMIN_TOKEN, {"name": "h6", "role": "USER", "projects": [f"p{i}" for i in range(33)]}, ("INVALID_INPUT",
-                                                                                                "projects")),
+        (ADMIN_TOKEN, {"name": "h5", "role": "USER", "projects": ["ok", "bad project"]}, ("INVALID_INPUT", "projects")),
+        (
+            ADMIN_TOKEN,
+            {"name": "h6", "role": "USER", "projects": [f"p{i}" for i in range(33)]},
+            ("INVALID_INPUT", "projects"),
+        ),
     ]
     for token, variables, expected in cases:
         assert await refused(caravan, CREATE_USER, variables, token=token) == expected, variables
@@ -400,8 +423,11 @@ async def test_who_creates_which_users(caravan: Caravan) -> None:
 async def test_who_changes_which_users_and_nobody_raises_themself(caravan: Caravan) -> None:
     alice = await caravan.user("alice", projects=("ml",))
     carol = await caravan.user("carol", Role.ADMIN, projects=("ml", "cv"))
-    assert (await caravan.gql(UPDATE_USER, {"id": "alice", "projects": ["ml", "cv"]}, token=carol))[
-        "updateUser"] == {"id": "alice", "role": "USER", "projects": ["ml", "cv"]}
+    assert (await caravan.gql(UPDATE_USER, {"id": "alice", "projects": ["ml", "cv"]}, token=carol))["updateUser"] == {
+        "id": "alice",
+        "role": "USER",
+        "projects": ["ml", "cv"],
+    }
     cases = [
         (alice, {"id": "alice", "role": "ADMIN"}, ("FORBIDDEN", None)),
         (carol, {"id": "carol", "role": "SUPERADMIN"}, ("FORBIDDEN", "role")),
@@ -417,9 +443,13 @@ async def test_who_changes_which_users_and_nobody_raises_themself(caravan: Carav
         assert await refused(caravan, UPDATE_USER, variables, token=token) == expected, variables
     # lowering oneself is fine; a SUPERADMIN changes anyone
     assert (await caravan.gql(UPDATE_USER, {"id": "carol", "projects": ["ml"]}, token=carol))["updateUser"][
-        "projects"] == ["ml"]
-    assert (await caravan.gql(UPDATE_USER, {"id": "alice", "role": "ADMIN", "projects": ["web"]}))[
-        "updateUser"] == {"id": "alice", "role": "ADMIN", "projects": ["web"]}
+        "projects"
+    ] == ["ml"]
+    assert (await caravan.gql(UPDATE_USER, {"id": "alice", "role": "ADMIN", "projects": ["web"]}))["updateUser"] == {
+        "id": "alice",
+        "role": "ADMIN",
+        "projects": ["web"],
+    }
     assert (await caravan.gql(VIEWER, token=alice))["viewer"] == {"id": "alice", "role": "ADMIN", "projects": ["web"]}
 
 
@@ -447,20 +477,31 @@ async def test_sessions_go_to_a_project_of_their_owner(caravan: Caravan) -> None
 
     assert (await create(alice, "first"))["project"] == "ml"
     assert (await create(alice, "second", project="web"))["project"] == "web"
-    assert await refused(caravan, CREATE_SESSION, {"input": session_input("third", project="cv")},
-                         token=alice) == ("FORBIDDEN", "project")
-    assert await refused(caravan, CREATE_SESSION, {"input": session_input("fourth", owner="alice")},
-                         token=bob) == ("FORBIDDEN", "owner")
+    assert await refused(caravan, CREATE_SESSION, {"input": session_input("third", project="cv")}, token=alice) == (
+        "FORBIDDEN",
+        "project",
+    )
+    assert await refused(caravan, CREATE_SESSION, {"input": session_input("fourth", owner="alice")}, token=bob) == (
+        "FORBIDDEN",
+        "owner",
+    )
     for_bob = await create(ADMIN_TOKEN, "for-bob", owner="bob")
     assert (for_bob["ownerId"], for_bob["project"]) == ("bob", "web")
-    seen = await caravan.gql("query($id: ID!) { session(id: $id) { ownerId project } }", {"id": for_bob["id"]},
-                             token=bob)
+    seen = await caravan.gql(
+        "query($id: ID!) { session(id: $id) { ownerId project } }", {"id": for_bob["id"]}, token=bob
+    )
     assert seen["session"] == {"ownerId": "bob", "project": "web"}
     assert await refused(caravan, CREATE_SESSION, {"input": session_input("x-bob", owner="bob", project="ml")}) == (
-        "INVALID_INPUT", "project")
+        "INVALID_INPUT",
+        "project",
+    )
     assert await refused(caravan, CREATE_SESSION, {"input": session_input("x-nobody", owner="nobody")}) == (
-        "NOT_FOUND", "owner")
+        "NOT_FOUND",
+        "owner",
+    )
     # a SUPERADMIN acts on everything: their own sessions may go to any (well-formed) project
     assert (await create(ADMIN_TOKEN, "root-in-ml", project="ml"))["project"] == "ml"
     assert await refused(caravan, CREATE_SESSION, {"input": session_input("root-bad", project="no such/project")}) == (
-        "INVALID_INPUT", "project")
+        "INVALID_INPUT",
+        "project",
+    )

@@ -13,16 +13,16 @@ from typing import TypeVar
 
 from core.clock import utcnow
 from core.lease import Fence
-from domain.lifecycle import transition
-from domain.model import Driver, Session, SessionStatus, SessionType
 from core.redis import client as redis_client
 from core.settings import Settings
-from stores.idle import IdleStore, StoredVerdict
-from stores.sessions import SessionStore
-from domain.users import Role, User
+from domain.lifecycle import transition
+from domain.model import Driver, Session, SessionStatus, SessionType
 from domain.session_requests import SessionRequest, build_sessions
+from domain.users import Role, User
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient
+from stores.idle import IdleStore, StoredVerdict
+from stores.sessions import SessionStore
 from tests.harness import CREATE, Caravan
 
 T = TypeVar("T")
@@ -75,8 +75,9 @@ async def stored_session(
     """A session stored in Redis that went through the lifecycle up to ``status`` (no Nomad job behind it)."""
     command = "sleep 1" if type in (SessionType.BATCH, SessionType.INFERENCE) else None
     service_port = 8080 if type is SessionType.INFERENCE else None
-    request = SessionRequest(name=name, type=type, driver=Driver.EXEC, startup_command=command,
-                             service_port=service_port)
+    request = SessionRequest(
+        name=name, type=type, driver=Driver.EXEC, startup_command=command, service_port=service_port
+    )
     [session] = build_sessions(request, viewer=owner, now=utcnow())
     await store.create([session])
     since = running_since or utcnow()
@@ -124,8 +125,9 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], *, timeout: float
         await asyncio.sleep(every)
 
 
-async def swept_since(idle_store: IdleStore, session_id: str, moment: datetime, *,
-                      timeout: float = 10.0) -> StoredVerdict:
+async def swept_since(
+    idle_store: IdleStore, session_id: str, moment: datetime, *, timeout: float = 10.0
+) -> StoredVerdict:
     """The verdict on ``session_id`` of a sweep that judged it after ``moment``, once that sweep has acted on it: when
     the next sweep has judged it too (a sweep acts on its verdicts before the next one starts)."""
 

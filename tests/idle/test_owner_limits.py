@@ -13,14 +13,14 @@ from redis.asyncio import Redis
 
 from core.clock import utcnow
 from core.keys import Keys
-from domain.model import SessionStatus
-from stores.resource_policies import PolicyStore
-from domain.resource_policies import ProjectResourcePolicy, SessionLimits, UserResourcePolicy
 from core.settings import Settings
-from stores.sessions import SessionStore
-from domain.users import Role, User
 from domain.idle.config import CheckName, EffectivePolicy
 from domain.idle.owner_limits import tightened
+from domain.model import SessionStatus
+from domain.resource_policies import ProjectResourcePolicy, SessionLimits, UserResourcePolicy
+from domain.users import Role, User
+from stores.resource_policies import PolicyStore
+from stores.sessions import SessionStore
 from tests.idle.running import eventually, policy_file, running_idle, stored_session
 
 ALL = frozenset(CheckName)
@@ -38,8 +38,9 @@ FILE = EffectivePolicy(check_interval=1.0, max_session_lifetime=600.0, network_i
         (SessionLimits(60.0, 30.0), frozenset({CheckName.UTILIZATION}), 600.0, None),  # the operator's switch wins
     ],
 )
-def test_the_stricter_deadline_wins(limits: SessionLimits | None, enabled: frozenset[CheckName],
-                                    lifetime: float | None, network: float | None) -> None:
+def test_the_stricter_deadline_wins(
+    limits: SessionLimits | None, enabled: frozenset[CheckName], lifetime: float | None, network: float | None
+) -> None:
     policy = tightened(FILE, limits, enabled)
     assert (policy.max_session_lifetime, policy.network_idle_timeout) == (lifetime, network)
     assert (policy.check_interval, policy.utilization) == (FILE.check_interval, FILE.utilization)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.idle.config import CheckName, PolicyLayer, ThresholdOperator
 from core.durations import parse_duration
+from domain.idle.config import CheckName, PolicyLayer, ThresholdOperator
 from domain.idle.policy_file import PolicyFileError, load_policy_file, parse_policy
 
 EXAMPLE = Path(__file__).parents[2] / "idle" / "policy.example.hcl"

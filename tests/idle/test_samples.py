@@ -77,11 +77,16 @@ def test_unreadable_gpu_utilization_is_left_out_not_zero() -> None:
 
 def test_any_device_is_named_by_its_slots_prefix_the_operators_names_included() -> None:
     mock = {"Vendor": "nomad", "Type": "file", "Name": "mock", "InstanceStats": gpu("a", 10, 1, 2)}
-    assert set(kernel_sample(stats(devices=[mock]), cores=1, memory_bytes=GIB)) == {"cpu_util", "mem", "mock_util",
-                                                                                    "mock_mem"}
+    assert set(kernel_sample(stats(devices=[mock]), cores=1, memory_bytes=GIB)) == {
+        "cpu_util",
+        "mem",
+        "mock_util",
+        "mock_mem",
+    }
     npu = {"Vendor": "acme", "Type": "npu", "Name": "N1", "InstanceStats": gpu("a", 30, 1, 4)}
-    sample = kernel_sample(stats(devices=[npu]), cores=1, memory_bytes=GIB,
-                           devices=DeviceCatalog({"acme/npu": "npu.device"}))
+    sample = kernel_sample(
+        stats(devices=[npu]), cores=1, memory_bytes=GIB, devices=DeviceCatalog({"acme/npu": "npu.device"})
+    )
     assert (sample["npu_util"], sample["npu_mem"]) == (30.0, 25.0)
 
 

@@ -45,4 +45,3 @@ async def test_a_new_leader_resumes_the_saved_utilization_windows(caravan: Carav
             # a checker starting from scratch would need 6 s of samples before judging again
             assert await eventually(first_report_of_second, timeout=5, every=0.05) == "utilized"
             assert await caravan.store.redis.get(caravan.store.keys.idle_lease) == second.lease.holder
-

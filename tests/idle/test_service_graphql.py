@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from core.clock import utcnow
-from domain.model import SessionType
 from core.settings import Settings
+from domain.model import SessionType
 from tests.harness import Caravan, GraphQLErrors, running_caravan
 from tests.idle.running import OWNER, eventually, policy_file, running_idle, stored_session
 
@@ -63,7 +63,11 @@ async def test_idle_checks_are_the_last_stored_verdict(caravan: Caravan, tmp_pat
         report = (await caravan.gql(IDLE_CHECKS, {"id": session.id}))["session"]["idleChecks"]
     assert (report["terminate"], report["reason"]) == (False, None)
     lifetime, network, utilization = report["checks"]
-    assert (lifetime["name"], lifetime["expired"], lifetime["measuredAgainst"]) == ("SESSION_LIFETIME", False, "LIFETIME")
+    assert (lifetime["name"], lifetime["expired"], lifetime["measuredAgainst"]) == (
+        "SESSION_LIFETIME",
+        False,
+        "LIFETIME",
+    )
     assert 3530 < lifetime["remaining"] <= 3540
     assert (network["name"], network["measuredAgainst"]) == ("NETWORK_TIMEOUT", "IDLENESS")
     assert 530 < network["remaining"] <= 540

@@ -10,13 +10,12 @@ from redis.asyncio import Redis
 
 from core.clock import utcnow
 from core.keys import Keys
-from core.lease import Lease
-from domain.model import SessionStatus
+from core.lease import Lease, LostLease
 from core.settings import Settings
-from core.lease import LostLease
-from stores.sessions import SessionStore
-from stores.idle import IdleStore
 from domain.idle.verdict import TerminationReason, Verdict
+from domain.model import SessionStatus
+from stores.idle import IdleStore
+from stores.sessions import SessionStore
 from tests.idle.running import acquire_tries, eventually, policy_file, running_idle, stored_session
 
 FAST = 'check_interval = "0.2s"\n'
@@ -62,8 +61,9 @@ async def test_a_deposed_leaders_writes_are_refused(redis_settings: Settings, re
     with pytest.raises(LostLease):
         await idle_store.save_sweep(old_fence, checked_at=utcnow(), verdicts={session.id: verdict}, ttl=30)
     with pytest.raises(LostLease):
-        await store.request_termination(session.id, reason=TerminationReason.NETWORK_TIMEOUT.value, at=utcnow(),
-                                        fence=old_fence)
+        await store.request_termination(
+            session.id, reason=TerminationReason.NETWORK_TIMEOUT.value, at=utcnow(), fence=old_fence
+        )
     assert await redis.hlen(keys.jobs_to_stop) == 0  # nor was its job asked to stop
     assert await idle_store.verdict(session.id) is None
     found = await store.get(session.id)

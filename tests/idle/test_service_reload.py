@@ -92,8 +92,9 @@ async def test_sighup_calls_the_reload_hook() -> None:
         await asyncio.wait_for(heard.wait(), timeout=5)
 
 
-async def test_a_reload_request_takes_effect_before_the_next_sweep_is_due(redis_settings: Settings,
-                                                                         tmp_path: Path) -> None:
+async def test_a_reload_request_takes_effect_before_the_next_sweep_is_due(
+    redis_settings: Settings, tmp_path: Path
+) -> None:
     """With a sweep every hour, only the reload request (SIGHUP's hook) can pick up the edit within seconds."""
     first, second = 'check_interval = "1h"\n' + LIFETIME_1H, 'check_interval = "1h"\n' + LIFETIME_2H
     path = policy_file(tmp_path, first)

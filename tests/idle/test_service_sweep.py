@@ -15,13 +15,13 @@ from redis.asyncio import Redis
 
 from core.clock import utcnow
 from core.keys import Keys
-from domain.model import Session, SessionStatus, SessionType
 from core.settings import Settings
-from stores.sessions import SessionStore
-from stores.activity import open_connection, record_activity
 from domain.idle.config import CheckName
-from stores.idle import IdleStore, StoredVerdict, report_ttl
 from domain.idle.verdict import RemainingBasis
+from domain.model import Session, SessionStatus, SessionType
+from stores.activity import open_connection, record_activity
+from stores.idle import IdleStore, StoredVerdict, report_ttl
+from stores.sessions import SessionStore
 from tests.idle.running import eventually, policy_file, running_idle, stored_session, swept_since
 
 FAST = 'check_interval = "0.2s"\n'

@@ -7,22 +7,41 @@ from typing import Any
 
 import pytest
 
-from nomad_jobs.cni_isolation import (RULES, TABLE, Kernel, PluginError, element_commands, kernel_of, pairs,
-                                      parse_cni_args, removal_commands, session_key)
+from nomad_jobs.cni_isolation import (
+    RULES,
+    TABLE,
+    Kernel,
+    PluginError,
+    element_commands,
+    kernel_of,
+    pairs,
+    parse_cni_args,
+    removal_commands,
+    session_key,
+)
 
 BRIDGE_RESULT: dict[str, Any] = {
     "cniVersion": "1.0.0",
-    "interfaces": [{"name": "cv1a2b3c", "mac": "aa"}, {"name": "veth1234", "mac": "bb"},
-                   {"name": "eth0", "mac": "cc", "sandbox": "/var/run/netns/x"}],
-    "ips": [{"interface": 2, "address": "172.26.3.7/24", "gateway": "172.26.3.1"},
-            {"interface": 2, "address": "fd00::7/64"}],
+    "interfaces": [
+        {"name": "cv1a2b3c", "mac": "aa"},
+        {"name": "veth1234", "mac": "bb"},
+        {"name": "eth0", "mac": "cc", "sandbox": "/var/run/netns/x"},
+    ],
+    "ips": [
+        {"interface": 2, "address": "172.26.3.7/24", "gateway": "172.26.3.1"},
+        {"interface": 2, "address": "fd00::7/64"},
+    ],
 }
 
 
 def test_cni_args_as_nomad_passes_them() -> None:
     args = parse_cni_args("IgnoreUnknown=true;NOMAD_NAMESPACE=default;NOMAD_JOB_ID=cv-s1;NOMAD_GROUP_NAME=main1;x")
-    assert args == {"IgnoreUnknown": "true", "NOMAD_NAMESPACE": "default", "NOMAD_JOB_ID": "cv-s1",
-                    "NOMAD_GROUP_NAME": "main1"}
+    assert args == {
+        "IgnoreUnknown": "true",
+        "NOMAD_NAMESPACE": "default",
+        "NOMAD_JOB_ID": "cv-s1",
+        "NOMAD_GROUP_NAME": "main1",
+    }
 
 
 def test_a_session_is_a_job_in_a_namespace() -> None:
@@ -43,13 +62,18 @@ def test_the_kernel_is_its_ipv4_address_and_the_host_end_of_its_veth() -> None:
         kernel_of({**BRIDGE_RESULT, "interfaces": BRIDGE_RESULT["interfaces"][2:]}, "alloc1", "s")
 
 
-@pytest.mark.parametrize(("others", "expected"), [
-    ([], []),
-    (["10.0.0.2"], ["10.0.0.1 . 10.0.0.2", "10.0.0.2 . 10.0.0.1"]),
-    (["10.0.0.2", "10.0.0.3"], ["10.0.0.1 . 10.0.0.2", "10.0.0.2 . 10.0.0.1",
-                                "10.0.0.1 . 10.0.0.3", "10.0.0.3 . 10.0.0.1"]),
-    (["10.0.0.1"], []),  # itself (a stale record of its own address) is no peer
-])
+@pytest.mark.parametrize(
+    ("others", "expected"),
+    [
+        ([], []),
+        (["10.0.0.2"], ["10.0.0.1 . 10.0.0.2", "10.0.0.2 . 10.0.0.1"]),
+        (
+            ["10.0.0.2", "10.0.0.3"],
+            ["10.0.0.1 . 10.0.0.2", "10.0.0.2 . 10.0.0.1", "10.0.0.1 . 10.0.0.3", "10.0.0.3 . 10.0.0.1"],
+        ),
+        (["10.0.0.1"], []),  # itself (a stale record of its own address) is no peer
+    ],
+)
 def test_peers_are_pairs_both_ways(others: list[str], expected: list[str]) -> None:
     assert pairs("10.0.0.1", others) == expected
 
@@ -65,21 +89,26 @@ def test_adding_a_kernel_names_its_bridge_port_address_and_peers_in_both_tables(
         f'add element bridge {TABLE} ports {{ "veth1" . 10.0.0.1 }}',
     ]
     removed = element_commands("delete", kernel, [], "")
-    assert removed == [f'delete element bridge {TABLE} kernel_ports {{ "veth1" }}',
-                       f'delete element bridge {TABLE} ports {{ "veth1" . 10.0.0.1 }}']
+    assert removed == [
+        f'delete element bridge {TABLE} kernel_ports {{ "veth1" }}',
+        f'delete element bridge {TABLE} ports {{ "veth1" . 10.0.0.1 }}',
+    ]
 
 
 def test_removal_adds_first_so_that_an_element_already_gone_is_no_error() -> None:
     kernel = Kernel("a", "s", "10.0.0.1", "veth1")
     assert removal_commands(kernel, []) == [
-        f'add element bridge {TABLE} kernel_ports {{ "veth1" }}', f'add element bridge {TABLE} ports {{ "veth1" . 10.0.0.1 }}',
+        f'add element bridge {TABLE} kernel_ports {{ "veth1" }}',
+        f'add element bridge {TABLE} ports {{ "veth1" . 10.0.0.1 }}',
         f'delete element bridge {TABLE} kernel_ports {{ "veth1" }}',
-        f'delete element bridge {TABLE} ports {{ "veth1" . 10.0.0.1 }}']
+        f'delete element bridge {TABLE} ports {{ "veth1" . 10.0.0.1 }}',
+    ]
 
 
 def test_the_rules_and_elements_are_one_valid_nftables_transaction() -> None:
     kernel = Kernel("a", "s", "10.0.0.1", "veth1")
-    script = "\n".join([RULES, *element_commands("add", kernel, ["10.0.0.2"], "cv1"),
-                        *removal_commands(kernel, ["10.0.0.2"])])
+    script = "\n".join(
+        [RULES, *element_commands("add", kernel, ["10.0.0.2"], "cv1"), *removal_commands(kernel, ["10.0.0.2"])]
+    )
     checked = subprocess.run(["nft", "-c", "-f", "-"], input=script, text=True, capture_output=True)
     assert checked.returncode == 0, checked.stderr

@@ -63,9 +63,31 @@ def test_any_text_stays_one_attribute_of_one_block(text: str) -> None:
 
 
 NOMAD = Path(STACK.get("CARAVAN_NOMAD_HOME", "/nonexistent")) / "bin" / "nomad"
-TRICKY = ["%{", "x%{", "%{x", "%%{", "%{ if }", "${", "$${", "a${b", "%{}%{", '"%{"', "\\%{", "%{{", "${{",
-          '${x"""\t\t\u2028', '\u2028\t"}# ${=', '${%"**x=\tx', "\u2028=\t\t ${##", "${}${", "}${{",
-          'a$\n%{\t\r%*"\t', '%{$ ="#/', '\x07${$\t"\x07%#', '"$**${\\\n#/']
+TRICKY = [
+    "%{",
+    "x%{",
+    "%{x",
+    "%%{",
+    "%{ if }",
+    "${",
+    "$${",
+    "a${b",
+    "%{}%{",
+    '"%{"',
+    "\\%{",
+    "%{{",
+    "${{",
+    '${x"""\t\t\u2028',
+    '\u2028\t"}# ${=',
+    '${%"**x=\tx',
+    "\u2028=\t\t ${##",
+    "${}${",
+    "}${{",
+    'a$\n%{\t\r%*"\t',
+    '%{$ ="#/',
+    '\x07${$\t"\x07%#',
+    '"$**${\\\n#/',
+]
 
 
 @pytest.mark.skipif(not NOMAD.exists(), reason="ops/install-nomad builds Nomad")
@@ -75,7 +97,12 @@ def test_template_escapes_read_back_through_nomad(tmp_path: Path) -> None:
     env = {f"V{i}": text for i, text in enumerate(TRICKY)}
     job.block("group", "g").block("task", "t", driver="raw_exec").set(env=env).block("config", command="/bin/true")
     (tmp_path / "job.hcl").write_text(render(job))
-    out = subprocess.run([str(NOMAD), "job", "run", "-output", str(tmp_path / "job.hcl")], capture_output=True,
-                         text=True, check=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    out = subprocess.run(
+        [str(NOMAD), "job", "run", "-output", str(tmp_path / "job.hcl")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     [task] = json.loads(out.stdout)["Job"]["TaskGroups"][0]["Tasks"]
     assert task["Env"] == env

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import hcl2
 import pytest
 
 from domain.model import Driver, Kernel, Session, SessionType
@@ -13,16 +14,33 @@ from nomad_jobs.kernel_network import PEERS_FILE, peers_service_name
 from nomad_jobs.session_job import JobContext, render_session_job
 from tests.nomad_jobs.test_session_job_inference import plain, task
 
-import hcl2
 
-
-def cluster(driver: Driver = Driver.DOCKER, size: int = 2, type: SessionType = SessionType.BATCH,
-            ports: tuple[int, ...] = ()) -> Session:
-    kernels = tuple(Kernel(role="main" if i == 1 else "sub", index=i, hostname="main1" if i == 1 else f"sub{i - 1}",
-                           image="img:1", resources={"cpu": "1", "mem": "268435456"}) for i in range(1, size + 1))
-    return Session(id="0b9e3c4a-1111-4222-8333-944445555666", name="c", owner_id="u", type=type, driver=driver,
-                   image="img:1", resources=kernels[0].resources, kernels=kernels,
-                   created_at=datetime(2026, 1, 1, tzinfo=UTC), startup_command="run", preopen_ports=ports)
+def cluster(
+    driver: Driver = Driver.DOCKER, size: int = 2, type: SessionType = SessionType.BATCH, ports: tuple[int, ...] = ()
+) -> Session:
+    kernels = tuple(
+        Kernel(
+            role="main" if i == 1 else "sub",
+            index=i,
+            hostname="main1" if i == 1 else f"sub{i - 1}",
+            image="img:1",
+            resources={"cpu": "1", "mem": "268435456"},
+        )
+        for i in range(1, size + 1)
+    )
+    return Session(
+        id="0b9e3c4a-1111-4222-8333-944445555666",
+        name="c",
+        owner_id="u",
+        type=type,
+        driver=driver,
+        image="img:1",
+        resources=kernels[0].resources,
+        kernels=kernels,
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        startup_command="run",
+        preopen_ports=ports,
+    )
 
 
 def groups(session: Session, network_mode: str = "cni/caravan") -> dict[str, dict[str, Any]]:
@@ -40,11 +58,19 @@ def test_docker_cluster_kernels_get_a_namespace_their_hostname_and_their_peers()
     assert list(found) == ["main1", "sub1", "sub2"]
     for hostname, group in found.items():
         assert group["network"] == [{"mode": "cni/caravan", "hostname": hostname, "port": [{"p8080": {"to": 8080}}]}]
-        assert group["service"] == [{"provider": "nomad", "name": "caravan-peers-0b9e3c4a-1111-4222-8333-944445555666",
-                                     "tags": [hostname], "address_mode": "alloc"}]
+        assert group["service"] == [
+            {
+                "provider": "nomad",
+                "name": "caravan-peers-0b9e3c4a-1111-4222-8333-944445555666",
+                "tags": [hostname],
+                "address_mode": "alloc",
+            }
+        ]
         [template] = task(group)["template"]
         assert template["destination"] == "local/caravan-peers" and template["change_mode"] == "noop"
-        assert 'nomadService "caravan-peers-0b9e3c4a-1111-4222-8333-944445555666"' in template["data"].replace("\\u0022", '"')
+        assert 'nomadService "caravan-peers-0b9e3c4a-1111-4222-8333-944445555666"' in template["data"].replace(
+            "\\u0022", '"'
+        )
         env = task(group)["env"][0]
         assert env["CARAVAN_CLUSTER_PEERS"] == PEERS_FILE and "CARAVAN_CLUSTER_ADDR" not in env
         assert not {"network_mode", "extra_hosts", "hostname"} & set(config(group))
@@ -76,8 +102,9 @@ def test_raw_exec_and_the_host_mode_use_the_hosts_network_with_loopback_addresse
     docker = groups(cluster(Driver.DOCKER), network_mode="host")
     assert "network" not in docker["main1"]
     assert config(docker["sub1"])["network_mode"] == "host"
-    assert config(docker["sub1"])["extra_hosts"] == [f"{h}:{task(g)['env'][0]['CARAVAN_CLUSTER_ADDR']}"
-                                                      for h, g in docker.items()]
+    assert config(docker["sub1"])["extra_hosts"] == [
+        f"{h}:{task(g)['env'][0]['CARAVAN_CLUSTER_ADDR']}" for h, g in docker.items()
+    ]
 
 
 def test_vms_have_no_network_block() -> None:

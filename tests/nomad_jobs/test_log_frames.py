@@ -17,9 +17,10 @@ def frame(data: bytes, offset: int, file: str = "alloc/logs/main.stdout.0") -> s
 def test_frames_split_across_reads_and_packed_into_one() -> None:
     wire = (frame(b"line 1\n", 7) + "\n{}" + frame("é\n".encode(), 10)).encode()
     splitter = FrameSplitter()
-    frames = [f for i in range(0, len(wire), 5) for f in splitter.feed(wire[i:i + 5])]
+    frames = [f for i in range(0, len(wire), 5) for f in splitter.feed(wire[i : i + 5])]
     assert frames == [
-        LogFrame(b"line 1\n", "alloc/logs/main.stdout.0", 7), HEARTBEAT,
+        LogFrame(b"line 1\n", "alloc/logs/main.stdout.0", 7),
+        HEARTBEAT,
         LogFrame("é\n".encode(), "alloc/logs/main.stdout.0", 10),
     ]
     assert frames[1].is_heartbeat and not frames[0].is_heartbeat

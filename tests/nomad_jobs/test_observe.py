@@ -14,13 +14,16 @@ from typing import Any
 
 import pytest
 
-from domain.model import Driver, SessionStatus as S
+from domain.model import Driver
+from domain.model import SessionStatus as S
 from nomad_jobs.explain import MAX_DETAIL, placement_failure, task_failure
 from nomad_jobs.observe import for_driver, moment, observe_allocation, observe_unplaced, placement_failures
 
 ANSWERS = Path(__file__).parent / "nomad_answers"
-PULL_FAILED = ("Driver Failure: Failed to pull `caravan/does-not-exist:1`: Error response from daemon: Get "
-               '"https://registry-1.docker.io/v2/": proxyconnect tcp: dial tcp 127.0.0.1:1: connect: connection refused')
+PULL_FAILED = (
+    "Driver Failure: Failed to pull `caravan/does-not-exist:1`: Error response from daemon: Get "
+    '"https://registry-1.docker.io/v2/": proxyconnect tcp: dial tcp 127.0.0.1:1: connect: connection refused'
+)
 
 
 def answer(name: str) -> Any:
@@ -33,32 +36,92 @@ def at(text: str) -> datetime:
 
 CASES = [
     # (answer, driver, status, reason, exit code, detail, started, finished)
-    ("allocation-docker-image-missing-batch", Driver.DOCKER, S.ERROR, "failed-to-start", None,
-     f"{PULL_FAILED}; not restarted: Policy allows no restarts", None, at("2026-11-23T23:45:26.005549")),
-    ("allocation-docker-image-missing-restarting", Driver.DOCKER, S.PREPARING, "restarting", None, PULL_FAILED,
-     None, None),
-    ("allocation-docker-image-missing-gave-up", Driver.DOCKER, S.ERROR, "failed-to-start", None,
-     f'{PULL_FAILED}; not restarted: Exceeded allowed attempts 2 in interval 30m0s and mode is "fail"', None,
-     at("2026-11-23T23:47:52.318101")),
-    ("allocation-exec-command-not-found", Driver.EXEC, S.TERMINATED, "task-failed", 127,
-     "Terminated: Exit Code: 127 (the shell's code for a command not found); not restarted: Policy allows no restarts",
-     at("2026-11-23T23:45:25.950408"), at("2026-11-23T23:45:25.968987")),
-    ("allocation-exec-true", Driver.EXEC, S.TERMINATED, "task-finished", 0, None,
-     at("2026-11-23T23:45:26.494448"), at("2026-11-23T23:45:26.505852")),
-    ("allocation-docker-oom", Driver.DOCKER, S.TERMINATED, "task-failed", 137,
-     'Terminated: Exit Code: 137, Exit Message: "OOM Killed"; not restarted: Policy allows no restarts',
-     at("2026-11-23T23:49:34.870448"), at("2026-11-23T23:49:35.392019")),
-    ("allocation-exec-oom", Driver.EXEC, S.TERMINATED, "task-failed", 137,
-     "Terminated: Exit Code: 137 (OOM killed: the kernel ran out of memory); not restarted: Policy allows no restarts",
-     at("2026-11-23T23:49:34.561037"), at("2026-11-23T23:49:34.979095")),
+    (
+        "allocation-docker-image-missing-batch",
+        Driver.DOCKER,
+        S.ERROR,
+        "failed-to-start",
+        None,
+        f"{PULL_FAILED}; not restarted: Policy allows no restarts",
+        None,
+        at("2026-11-23T23:45:26.005549"),
+    ),
+    (
+        "allocation-docker-image-missing-restarting",
+        Driver.DOCKER,
+        S.PREPARING,
+        "restarting",
+        None,
+        PULL_FAILED,
+        None,
+        None,
+    ),
+    (
+        "allocation-docker-image-missing-gave-up",
+        Driver.DOCKER,
+        S.ERROR,
+        "failed-to-start",
+        None,
+        f'{PULL_FAILED}; not restarted: Exceeded allowed attempts 2 in interval 30m0s and mode is "fail"',
+        None,
+        at("2026-11-23T23:47:52.318101"),
+    ),
+    (
+        "allocation-exec-command-not-found",
+        Driver.EXEC,
+        S.TERMINATED,
+        "task-failed",
+        127,
+        "Terminated: Exit Code: 127 (the shell's code for a command not found); not restarted: Policy allows no restarts",
+        at("2026-11-23T23:45:25.950408"),
+        at("2026-11-23T23:45:25.968987"),
+    ),
+    (
+        "allocation-exec-true",
+        Driver.EXEC,
+        S.TERMINATED,
+        "task-finished",
+        0,
+        None,
+        at("2026-11-23T23:45:26.494448"),
+        at("2026-11-23T23:45:26.505852"),
+    ),
+    (
+        "allocation-docker-oom",
+        Driver.DOCKER,
+        S.TERMINATED,
+        "task-failed",
+        137,
+        'Terminated: Exit Code: 137, Exit Message: "OOM Killed"; not restarted: Policy allows no restarts',
+        at("2026-11-23T23:49:34.870448"),
+        at("2026-11-23T23:49:35.392019"),
+    ),
+    (
+        "allocation-exec-oom",
+        Driver.EXEC,
+        S.TERMINATED,
+        "task-failed",
+        137,
+        "Terminated: Exit Code: 137 (OOM killed: the kernel ran out of memory); not restarted: Policy allows no restarts",
+        at("2026-11-23T23:49:34.561037"),
+        at("2026-11-23T23:49:34.979095"),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("name", "driver", "status", "reason", "code", "detail", "started", "finished"), CASES,
-                         ids=[c[0] for c in CASES])
-def test_an_allocation_says_why_and_when(name: str, driver: Driver, status: S, reason: str, code: int | None,
-                                         detail: str | None, started: datetime | None,
-                                         finished: datetime | None) -> None:
+@pytest.mark.parametrize(
+    ("name", "driver", "status", "reason", "code", "detail", "started", "finished"), CASES, ids=[c[0] for c in CASES]
+)
+def test_an_allocation_says_why_and_when(
+    name: str,
+    driver: Driver,
+    status: S,
+    reason: str,
+    code: int | None,
+    detail: str | None,
+    started: datetime | None,
+    finished: datetime | None,
+) -> None:
     seen = for_driver(observe_allocation(answer(name)), driver)
     assert (seen.status, seen.reason, seen.exit_code) == (status, reason, code)
     assert seen.detail == detail
@@ -74,24 +137,56 @@ def test_a_running_or_stopping_kernel_has_no_detail_even_after_a_failure() -> No
 
 
 def test_a_lost_allocation_says_what_nomad_says_of_it() -> None:
-    lost = {**answer("allocation-exec-true"), "ClientStatus": "lost", "TaskStates": {},
-            "ClientDescription": "", "DesiredDescription": "alloc is lost since its node is down"}
+    lost = {
+        **answer("allocation-exec-true"),
+        "ClientStatus": "lost",
+        "TaskStates": {},
+        "ClientDescription": "",
+        "DesiredDescription": "alloc is lost since its node is down",
+    }
     seen = observe_allocation(lost)
     assert (seen.status, seen.reason, seen.detail) == (S.ERROR, "job-lost", "alloc is lost since its node is down")
 
 
-@pytest.mark.parametrize(("event", "text"), [
-    ({"Type": "Terminated", "DisplayMessage": "Exit Code: 0, Signal: 9", "Details": {"exit_code": "0", "signal": "9"}},
-     "Terminated: Exit Code: 0, Signal: 9"),
-    ({"Type": "Setup Failure", "DisplayMessage": "failed to setup alloc: mount failed",
-      "Details": {"setup_error": "mount failed"}}, "Setup Failure: failed to setup alloc: mount failed"),
-    ({"Type": "Killing", "DisplayMessage": "Sent interrupt", "Details": {"kill_reason": "Template failed: key x"}},
-     "Killing: Template failed: key x"),
-    ({"Type": "Killed", "DisplayMessage": "Task successfully killed", "Details": {"kill_error": "no such process"}},
-     "Killed: no such process"),
-    ({"Type": "Killing", "DisplayMessage": "Sent interrupt. Waiting 5s before force killing", "Details": {}}, None),
-    ({"Type": "Terminated", "DisplayMessage": "Exit Code: 0", "Details": {"exit_code": "0", "signal": "0"}}, None),
-])
+@pytest.mark.parametrize(
+    ("event", "text"),
+    [
+        (
+            {
+                "Type": "Terminated",
+                "DisplayMessage": "Exit Code: 0, Signal: 9",
+                "Details": {"exit_code": "0", "signal": "9"},
+            },
+            "Terminated: Exit Code: 0, Signal: 9",
+        ),
+        (
+            {
+                "Type": "Setup Failure",
+                "DisplayMessage": "failed to setup alloc: mount failed",
+                "Details": {"setup_error": "mount failed"},
+            },
+            "Setup Failure: failed to setup alloc: mount failed",
+        ),
+        (
+            {
+                "Type": "Killing",
+                "DisplayMessage": "Sent interrupt",
+                "Details": {"kill_reason": "Template failed: key x"},
+            },
+            "Killing: Template failed: key x",
+        ),
+        (
+            {
+                "Type": "Killed",
+                "DisplayMessage": "Task successfully killed",
+                "Details": {"kill_error": "no such process"},
+            },
+            "Killed: no such process",
+        ),
+        ({"Type": "Killing", "DisplayMessage": "Sent interrupt. Waiting 5s before force killing", "Details": {}}, None),
+        ({"Type": "Terminated", "DisplayMessage": "Exit Code: 0", "Details": {"exit_code": "0", "signal": "0"}}, None),
+    ],
+)
 def test_which_events_are_a_cause(event: dict[str, Any], text: str | None) -> None:
     assert task_failure({"Events": [{"Type": "Started", "DisplayMessage": "Task started by client"}, event]}) == text
 
@@ -105,7 +200,9 @@ def test_a_long_driver_error_is_clipped() -> None:
 def test_qemu_details_say_the_code_is_qemus() -> None:
     seen = observe_allocation(answer("allocation-exec-command-not-found"))  # QEMU 127: the guest's command said 62
     read = for_driver(seen, Driver.QEMU)
-    assert read.exit_code == 62 and read.detail is not None and read.detail.startswith("Terminated: QEMU Exit Code: 127;")
+    assert (
+        read.exit_code == 62 and read.detail is not None and read.detail.startswith("Terminated: QEMU Exit Code: 127;")
+    )
 
 
 def test_nomad_timestamps() -> None:
@@ -127,14 +224,32 @@ def test_a_newer_evaluation_that_placed_everything_clears_the_failure() -> None:
     assert placement_failures([]) == {}
 
 
-@pytest.mark.parametrize(("metric", "text"), [
-    ({"NodesEvaluated": 3, "NodesExhausted": 2, "DimensionExhausted": {"memory": 2}, "NodesAvailable": {"dc1": 3}},
-     "resources exhausted on 2 nodes; dimension 'memory' exhausted on 2 nodes"),
-    ({"NodesEvaluated": 0, "NodesAvailable": {"dc1": 0}},
-     "no nodes were eligible for evaluation; no nodes are available in datacenter 'dc1'"),
-    ({"NodesEvaluated": 2, "ClassFiltered": {"gpu": 2}, "QuotaExhausted": ["cpu exhausted (2000 needed > 1000 limit)"]},
-     "class 'gpu' excluded 2 nodes; quota limit hit 'cpu exhausted (2000 needed > 1000 limit)'"),
-    ({"NodesEvaluated": 1}, "no reason given"),
-])
+@pytest.mark.parametrize(
+    ("metric", "text"),
+    [
+        (
+            {
+                "NodesEvaluated": 3,
+                "NodesExhausted": 2,
+                "DimensionExhausted": {"memory": 2},
+                "NodesAvailable": {"dc1": 3},
+            },
+            "resources exhausted on 2 nodes; dimension 'memory' exhausted on 2 nodes",
+        ),
+        (
+            {"NodesEvaluated": 0, "NodesAvailable": {"dc1": 0}},
+            "no nodes were eligible for evaluation; no nodes are available in datacenter 'dc1'",
+        ),
+        (
+            {
+                "NodesEvaluated": 2,
+                "ClassFiltered": {"gpu": 2},
+                "QuotaExhausted": ["cpu exhausted (2000 needed > 1000 limit)"],
+            },
+            "class 'gpu' excluded 2 nodes; quota limit hit 'cpu exhausted (2000 needed > 1000 limit)'",
+        ),
+        ({"NodesEvaluated": 1}, "no reason given"),
+    ],
+)
 def test_placement_failures_read_as_nomad_job_status_prints_them(metric: dict[str, Any], text: str) -> None:
     assert placement_failure(metric) == f"Nomad cannot place it: {text}"

@@ -12,15 +12,15 @@ from decimal import Decimal
 import pytest
 
 from core.errors import Forbidden, InvalidInput
-from domain.model import Driver, Kernel, KernelObservation, Session, SessionStatus, SessionType
 from core.settings import qemu_images_of
-from domain.users import Role, User
-from domain.session_requests import CreationRules, SessionRequest, build_sessions
 from domain import vm
+from domain.model import Driver, Kernel, KernelObservation, Session, SessionStatus, SessionType
+from domain.scheduling_config import SchedulerConfigError, parse_scheduler_config
+from domain.session_requests import CreationRules, SessionRequest, build_sessions
+from domain.users import Role, User
 from nomad_jobs import qemu
 from nomad_jobs.observe import for_driver
 from nomad_jobs.session_job import JobContext, render_session_job, vm_environment
-from domain.scheduling_config import SchedulerConfigError, parse_scheduler_config
 
 IMAGES = {"caravan/vm:1": "/images/vm-1"}
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -30,7 +30,7 @@ S = SessionStatus
 def fw_cfg(args: list[str], name: str) -> str:
     prefix = f"name=opt/caravan/{name},string="
     [item] = [a for a in args if a.startswith(prefix)]
-    return item[len(prefix):]
+    return item[len(prefix) :]
 
 
 def decoded_environ(item: str) -> dict[str, str]:
@@ -38,12 +38,23 @@ def decoded_environ(item: str) -> dict[str, str]:
     return {name: base64.b64decode(value).decode() for name, value in pairs}
 
 
-def vm_session(command: str | None = "echo hi", environ: dict[str, str] | None = None, cpu: str = "1",
-               image: str = "caravan/vm:1") -> Session:
+def vm_session(
+    command: str | None = "echo hi", environ: dict[str, str] | None = None, cpu: str = "1", image: str = "caravan/vm:1"
+) -> Session:
     kernel = Kernel(role="main", index=1, hostname="main1", image=image, resources={"cpu": cpu, "mem": "268435456"})
-    return Session(id="00000000-0000-0000-0000-000000000001", name="vm", owner_id="u", type=SessionType.BATCH,
-                   driver=Driver.QEMU, image=image, resources=kernel.resources, kernels=(kernel,), created_at=NOW,
-                   startup_command=command, environ=environ or {})
+    return Session(
+        id="00000000-0000-0000-0000-000000000001",
+        name="vm",
+        owner_id="u",
+        type=SessionType.BATCH,
+        driver=Driver.QEMU,
+        image=image,
+        resources=kernel.resources,
+        kernels=(kernel,),
+        created_at=NOW,
+        startup_command=command,
+        environ=environ or {},
+    )
 
 
 def test_the_config_boots_the_allowlisted_image_with_no_network_and_no_writes() -> None:
@@ -72,8 +83,9 @@ HOSTILE = ['say "hi"', "${node.unique.id}", "$$ $${x} %{ if }", "a,b,,c", "line\
 @pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
 def test_command_and_environment_travel_as_base64_and_decode_exactly(text: str) -> None:
     session = vm_session(text + " command", {"EVIL": text, "PLAIN": "x"})
-    config = qemu.driver_config("/i", session.startup_command or "", vm_environment(session, session.main_kernel),
-                                Decimal("1"))
+    config = qemu.driver_config(
+        "/i", session.startup_command or "", vm_environment(session, session.main_kernel), Decimal("1")
+    )
     args = config["args"]
     assert isinstance(args, list)
     assert base64.b64decode(fw_cfg(args, "command")).decode() == text + " command"
@@ -101,24 +113,37 @@ def test_an_environment_too_large_for_one_argument_is_refused() -> None:
         vm.environ_item({"V": "x" * vm.MAX_ITEM_BYTES})
 
 
-@pytest.mark.parametrize(("qemu_status", "code"), [
-    (3, 0), (5, 1), (9, 3), (253, 125), (255, 126),  # reported by the guest: (min(code, 126) + 1) << 1 | 1
-    (0, None), (1, None), (2, None),  # QEMU's own: stopped from outside, failed to start
-])
+@pytest.mark.parametrize(
+    ("qemu_status", "code"),
+    [
+        (3, 0),
+        (5, 1),
+        (9, 3),
+        (253, 125),
+        (255, 126),  # reported by the guest: (min(code, 126) + 1) << 1 | 1
+        (0, None),
+        (1, None),
+        (2, None),  # QEMU's own: stopped from outside, failed to start
+    ],
+)
 def test_the_guest_exit_code_is_decoded(qemu_status: int, code: int | None) -> None:
     assert qemu.guest_exit_code(qemu_status) == code
 
 
-@pytest.mark.parametrize(("status", "raw", "after"), [
-    (S.TERMINATED, 3, (S.TERMINATED, "task-finished", 0)),
-    (S.TERMINATED, 9, (S.TERMINATED, "task-failed", 3)),
-    (S.TERMINATED, 0, (S.TERMINATED, "vm-stopped", None)),
-    (S.TERMINATED, 1, (S.ERROR, "failed-to-start", None)),
-    (S.TERMINATED, -1, (S.TERMINATED, "vm-stopped", None)),  # killed by a signal
-    (S.RUNNING, None, (S.RUNNING, "seen", None)),
-])
-def test_a_qemu_observation_carries_the_guest_code(status: SessionStatus, raw: int | None,
-                                                   after: tuple[SessionStatus, str, int | None]) -> None:
+@pytest.mark.parametrize(
+    ("status", "raw", "after"),
+    [
+        (S.TERMINATED, 3, (S.TERMINATED, "task-finished", 0)),
+        (S.TERMINATED, 9, (S.TERMINATED, "task-failed", 3)),
+        (S.TERMINATED, 0, (S.TERMINATED, "vm-stopped", None)),
+        (S.TERMINATED, 1, (S.ERROR, "failed-to-start", None)),
+        (S.TERMINATED, -1, (S.TERMINATED, "vm-stopped", None)),  # killed by a signal
+        (S.RUNNING, None, (S.RUNNING, "seen", None)),
+    ],
+)
+def test_a_qemu_observation_carries_the_guest_code(
+    status: SessionStatus, raw: int | None, after: tuple[SessionStatus, str, int | None]
+) -> None:
     seen = KernelObservation(hostname="main1", status=status, reason="seen", exit_code=raw)
     decoded = for_driver(seen, Driver.QEMU)
     assert (decoded.status, decoded.reason, decoded.exit_code) == after
@@ -138,8 +163,11 @@ def test_the_allowlist_comes_from_settings_or_the_built_image() -> None:
 VIEWER = User(id="u", name="u", role=Role.USER)
 
 
-def build(images: dict[str, str] = IMAGES, allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver),
-          **fields: object) -> list[Session]:
+def build(
+    images: dict[str, str] = IMAGES,
+    allowed_drivers: frozenset[str] = frozenset(d.value for d in Driver),
+    **fields: object,
+) -> list[Session]:
     fields = {"name": "vm-job", "type": SessionType.BATCH, "driver": Driver.QEMU, "startup_command": "true", **fields}
     request = SessionRequest(**fields)  # type: ignore[arg-type]
     rules = CreationRules(default_image="caravan/busybox:1", qemu_images=images, allowed_drivers=allowed_drivers)
@@ -151,26 +179,32 @@ def test_a_vm_session_without_an_image_gets_the_only_allowlisted_one() -> None:
     assert session.image == "caravan/vm:1" and session.main_kernel.image == "caravan/vm:1"
 
 
-@pytest.mark.parametrize(("images", "fields", "field"), [
-    (IMAGES, {"image": "caravan/busybox:1"}, "image"),
-    ({}, {"image": "caravan/vm:1"}, "image"),
-    ({}, {}, "image"),  # nothing allowlisted: no default either
-    ({"a": "/a", "b": "/b"}, {}, "image"),  # several allowlisted: the session must name one
-    (IMAGES, {"resources": {"mem": "191m"}}, "resources.mem"),  # boots from about 160m: 128m stopped at once
-    (IMAGES, {"preopen_ports": (8080,)}, "preopenPorts"),
-    (IMAGES, {"environ": {f"V{i}": "x" * 30000 for i in range(4)}}, "environ"),
-])
-def test_what_a_vm_cannot_take_is_refused_by_field(images: dict[str, str], fields: dict[str, object],
-                                                   field: str) -> None:
+@pytest.mark.parametrize(
+    ("images", "fields", "field"),
+    [
+        (IMAGES, {"image": "caravan/busybox:1"}, "image"),
+        ({}, {"image": "caravan/vm:1"}, "image"),
+        ({}, {}, "image"),  # nothing allowlisted: no default either
+        ({"a": "/a", "b": "/b"}, {}, "image"),  # several allowlisted: the session must name one
+        (IMAGES, {"resources": {"mem": "191m"}}, "resources.mem"),  # boots from about 160m: 128m stopped at once
+        (IMAGES, {"preopen_ports": (8080,)}, "preopenPorts"),
+        (IMAGES, {"environ": {f"V{i}": "x" * 30000 for i in range(4)}}, "environ"),
+    ],
+)
+def test_what_a_vm_cannot_take_is_refused_by_field(
+    images: dict[str, str], fields: dict[str, object], field: str
+) -> None:
     with pytest.raises(InvalidInput) as raised:
         build(images, **fields)
     assert raised.value.field == field
 
 
 def test_resource_groups_name_their_allowed_drivers() -> None:
-    config = parse_scheduler_config('default {\n  allowed_drivers = ["exec", "docker"]\n}\n'
-                                    'resource_group "vms" {\n  allowed_drivers = ["qemu"]\n}\n'
-                                    'resource_group "gpu" {\n  agent_selector = "concentrated"\n}\n')
+    config = parse_scheduler_config(
+        'default {\n  allowed_drivers = ["exec", "docker"]\n}\n'
+        'resource_group "vms" {\n  allowed_drivers = ["qemu"]\n}\n'
+        'resource_group "gpu" {\n  agent_selector = "concentrated"\n}\n'
+    )
     assert config.drivers_allowed("vms") == {"qemu"}
     assert config.drivers_allowed("gpu") == config.drivers_allowed("other") == {"exec", "docker"}  # inherited
     assert parse_scheduler_config({}).drivers_allowed("any") == {d.value for d in Driver}

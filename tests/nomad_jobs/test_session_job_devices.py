@@ -18,12 +18,26 @@ DEVICES = {"mock.device": "nomad/file/mock", "cuda.device": "nvidia/gpu"}
 
 def session(*kernel_resources: dict[str, str]) -> Session:
     kernels = tuple(
-        Kernel(role="main" if n == 1 else "sub", index=n, hostname="main1" if n == 1 else f"sub{n - 1}", image="",
-               resources=resources)
+        Kernel(
+            role="main" if n == 1 else "sub",
+            index=n,
+            hostname="main1" if n == 1 else f"sub{n - 1}",
+            image="",
+            resources=resources,
+        )
         for n, resources in enumerate(kernel_resources, 1)
     )
-    return Session(id="s1", name="s1", owner_id="u", type=SessionType.BATCH, driver=Driver.RAW_EXEC, image="",
-                   resources=kernel_resources[0], kernels=kernels, created_at=datetime(2026, 1, 1, tzinfo=UTC))
+    return Session(
+        id="s1",
+        name="s1",
+        owner_id="u",
+        type=SessionType.BATCH,
+        driver=Driver.RAW_EXEC,
+        image="",
+        resources=kernel_resources[0],
+        kernels=kernels,
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
 
 
 def task_resources(rendered: str, group: str = "main1") -> dict[str, Any]:
@@ -58,8 +72,9 @@ def test_device_slots_become_device_blocks(requested: dict[str, str], devices: d
 
 
 def test_each_kernel_reserves_its_own_devices() -> None:
-    rendered = render_session_job(session({"mock.device": "1"}, {"cpu": "1"}),
-                                  JobContext(job_prefix="cv", devices=DEVICES)).hcl
+    rendered = render_session_job(
+        session({"mock.device": "1"}, {"cpu": "1"}), JobContext(job_prefix="cv", devices=DEVICES)
+    ).hcl
     assert len(devices_of(task_resources(rendered, "main1"))) == 1
     assert devices_of(task_resources(rendered, "sub1")) == {}
 

@@ -21,9 +21,19 @@ MAIN = Kernel(role="main", index=1, hostname="main1", image="", resources={"cpu"
 
 def session(type: SessionType = SessionType.INFERENCE, replicas: int = 2, **fields: Any) -> Session:
     service = {"service_port": 8000} if type is SessionType.INFERENCE else {}
-    return Session(id="0b9e3c4a-1111-4222-8333-944445555666", name="serve", owner_id="u", type=type,
-                   driver=Driver.EXEC, image="", resources=MAIN.resources, kernels=replicas_of(MAIN, replicas),
-                   created_at=datetime(2026, 1, 1, tzinfo=UTC), startup_command="serve", **{**service, **fields})
+    return Session(
+        id="0b9e3c4a-1111-4222-8333-944445555666",
+        name="serve",
+        owner_id="u",
+        type=type,
+        driver=Driver.EXEC,
+        image="",
+        resources=MAIN.resources,
+        kernels=replicas_of(MAIN, replicas),
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        startup_command="serve",
+        **{**service, **fields},
+    )
 
 
 def plain(value: Any) -> Any:
@@ -111,11 +121,14 @@ def test_other_types_have_no_service(type: SessionType) -> None:
     assert (group.get("reschedule") == [{"attempts": 0, "unlimited": False}]) == (type is SessionType.BATCH)
 
 
-@pytest.mark.parametrize(("session_id", "name"), [
-    ("0b9e3c4a-1111-4222-8333-944445555666", "caravan-0b9e3c4a-1111-4222-8333-944445555666"),
-    ("Odd_Id.With$chars", "caravan-odd-id-with-chars"),
-    ("x" * 80, "caravan-" + "x" * 55),
-])
+@pytest.mark.parametrize(
+    ("session_id", "name"),
+    [
+        ("0b9e3c4a-1111-4222-8333-944445555666", "caravan-0b9e3c4a-1111-4222-8333-944445555666"),
+        ("Odd_Id.With$chars", "caravan-odd-id-with-chars"),
+        ("x" * 80, "caravan-" + "x" * 55),
+    ],
+)
 def test_service_names_are_dns_labels(session_id: str, name: str) -> None:
     assert service_name(replace(session(), id=session_id)) == name
 
@@ -124,10 +137,16 @@ def test_service_names_are_dns_labels(session_id: str, name: str) -> None:
 
 
 def alloc(client: str, desired: str = "run", restarts: int = 0, **extra: Any) -> dict[str, Any]:
-    return {"ID": "a1", "TaskGroup": "main2", "NodeID": "n1", "ClientStatus": client, "DesiredStatus": desired,
-            "TaskStates": {"kernel": {"Restarts": restarts, "Events": []}},
-            "AllocatedResources": {"Shared": {"Ports": [{"Label": "p8000", "Value": 23456, "HostIP": "127.0.0.1"}]}},
-            **extra}
+    return {
+        "ID": "a1",
+        "TaskGroup": "main2",
+        "NodeID": "n1",
+        "ClientStatus": client,
+        "DesiredStatus": desired,
+        "TaskStates": {"kernel": {"Restarts": restarts, "Events": []}},
+        "AllocatedResources": {"Shared": {"Ports": [{"Label": "p8000", "Value": 23456, "HostIP": "127.0.0.1"}]}},
+        **extra,
+    }
 
 
 @pytest.mark.parametrize(
@@ -140,8 +159,9 @@ def alloc(client: str, desired: str = "run", restarts: int = 0, **extra: Any) ->
     ],
     ids=["first-start", "between-restarts", "back-after-restarts", "stopped-while-restarting"],
 )
-def test_a_restarting_replica_is_observed_restarting(allocation: dict[str, Any], status: SessionStatus,
-                                                     reason: str) -> None:
+def test_a_restarting_replica_is_observed_restarting(
+    allocation: dict[str, Any], status: SessionStatus, reason: str
+) -> None:
     seen = observe_allocation(allocation)
     assert (seen.status, seen.reason, seen.restarts) == (status, reason, restarts_of(allocation))
     assert seen.ports == ("8000=127.0.0.1:23456",)

@@ -6,14 +6,21 @@ from dataclasses import replace
 from datetime import timedelta
 
 from domain.agents import Agent
+from domain.slots import ResourceSlots
 from scheduler.pass_model import PendingSession, RunningSession, SchedulerConfig, Snapshot
 from scheduler.scheduling_pass import run_pass
-from domain.slots import ResourceSlots
 from tests.scheduler.builders import T0
 
 
-def simulate(agents: list[Agent], pending: list[PendingSession], config: SchedulerConfig, *, runs_for: int,
-             max_passes: int, step: timedelta = timedelta(minutes=1)) -> dict[str, int]:
+def simulate(
+    agents: list[Agent],
+    pending: list[PendingSession],
+    config: SchedulerConfig,
+    *,
+    runs_for: int,
+    max_passes: int,
+    step: timedelta = timedelta(minutes=1),
+) -> dict[str, int]:
     """Session id -> pass number it was placed in. A placed session occupies its agents for ``runs_for`` passes."""
     by_id = {a.id: a for a in agents}
     waiting = {s.id: s for s in pending}

@@ -10,12 +10,12 @@ from importlib.metadata import EntryPoint
 import pytest
 
 import scheduler.agents
+from domain.agents import Agent
+from domain.scheduling_config import GroupConfig
 from scheduler.agents import UnknownSelectorError, load_plugin_selectors
 from scheduler.agents.base import AgentView, SelectionRequest, SelectorConfig
 from scheduler.agents.ranking import order_slots
-from domain.agents import Agent
 from scheduler.pass_model import ClusterMode, SchedulerConfig, WaitKind
-from domain.scheduling_config import GroupConfig
 from scheduler.scheduling_pass import validate_config
 from tests.scheduler.builders import agent, placed_on, run, session
 
@@ -41,52 +41,126 @@ CUDA_HIGH = agent("B", {"cpu": 32, "cuda.shares": 4}, {"cpu": 22})
 PICK_CASES = [
     PickCase("cpu-only-avoids-gpu-agent-concentrated", "concentrated", [GPU_BIG, CPU_SMALL], {"cpu": 2}, "cpu-small"),
     PickCase("cpu-only-avoids-gpu-agent-dispersed", "dispersed", [GPU_BIG, CPU_SMALL], {"cpu": 2}, "cpu-small"),
-    PickCase("cpu-only-uses-gpu-agent-when-nothing-else-fits", "dispersed", [GPU_BIG, CPU_SMALL], {"cpu": 16},
-             "gpu-big"),
-    PickCase("gpu-session-prefers-fewer-unused-kinds", "dispersed",
-             [agent("cuda+rocm", {"cpu": 64, "cuda.shares": 8, "rocm.device": 2}), agent("cuda", {"cpu": 8, "cuda.shares": 1})],
-             {"cuda.shares": 1}, "cuda"),
-    PickCase("two-slots-of-one-kind-count-once", "concentrated",
-             [agent("cuda-2slots", {"cpu": 8, "cuda.shares": 4, "cuda.mem": "16g"}), agent("rocm", {"cpu": 4, "rocm.device": 1})],
-             {"cpu": 1}, "rocm"),
-    PickCase("concentrated-packs-least-remaining", "concentrated",
-             [agent("roomy", {"cpu": 8}), agent("tight", {"cpu": 8}, {"cpu": 6})], {"cpu": 2}, "tight"),
-    PickCase("dispersed-spreads-most-remaining", "dispersed",
-             [agent("roomy", {"cpu": 8}), agent("tight", {"cpu": 8}, {"cpu": 6})], {"cpu": 2}, "roomy"),
-    PickCase("concentrated-skips-too-tight", "concentrated",
-             [agent("roomy", {"cpu": 8}), agent("tight", {"cpu": 8}, {"cpu": 7})], {"cpu": 2}, "roomy"),
-    PickCase("cuda-prefix-ranks-first-concentrated", "concentrated", [CUDA_LOW, CUDA_HIGH],
-             {"cuda.shares": 1, "cpu": 1}, "A"),
-    PickCase("cuda-prefix-ranks-first-dispersed", "dispersed", [CUDA_LOW, CUDA_HIGH], {"cuda.shares": 1, "cpu": 1}, "B"),
-    PickCase("cpu-first-priority-concentrated", "concentrated", [CUDA_LOW, CUDA_HIGH], {"cuda.shares": 1, "cpu": 1},
-             "B", ("cpu", "cuda")),
-    PickCase("cpu-first-priority-dispersed", "dispersed", [CUDA_LOW, CUDA_HIGH], {"cuda.shares": 1, "cpu": 1}, "A",
-             ("cpu", "cuda")),
-    PickCase("second-slot-breaks-first-slot-tie", "concentrated",
-             [agent("more-mem", {"cpu": 4, "mem": "8g"}), agent("less-mem", {"cpu": 4, "mem": "8g"}, {"mem": "4g"})],
-             {"cpu": 1, "mem": "1g"}, "less-mem"),
-    PickCase("tie-breaks-by-id-concentrated", "concentrated", [agent("b", {"cpu": 4}), agent("a", {"cpu": 4})],
-             {"cpu": 1}, "a"),
-    PickCase("tie-breaks-by-id-dispersed", "dispersed", [agent("b", {"cpu": 4}), agent("a", {"cpu": 4})],
-             {"cpu": 1}, "a"),
-    PickCase("never-on-agent-lacking-a-slot", "dispersed", [agent("cpu-huge", {"cpu": 128}), GPU_BIG],
-             {"cuda.shares": "0.5"}, "gpu-big"),
-    PickCase("unschedulable-agent-excluded", "dispersed",
-             [agent("draining", {"cpu": 64}, schedulable=False), agent("up", {"cpu": 4})], {"cpu": 1}, "up"),
+    PickCase(
+        "cpu-only-uses-gpu-agent-when-nothing-else-fits", "dispersed", [GPU_BIG, CPU_SMALL], {"cpu": 16}, "gpu-big"
+    ),
+    PickCase(
+        "gpu-session-prefers-fewer-unused-kinds",
+        "dispersed",
+        [
+            agent("cuda+rocm", {"cpu": 64, "cuda.shares": 8, "rocm.device": 2}),
+            agent("cuda", {"cpu": 8, "cuda.shares": 1}),
+        ],
+        {"cuda.shares": 1},
+        "cuda",
+    ),
+    PickCase(
+        "two-slots-of-one-kind-count-once",
+        "concentrated",
+        [
+            agent("cuda-2slots", {"cpu": 8, "cuda.shares": 4, "cuda.mem": "16g"}),
+            agent("rocm", {"cpu": 4, "rocm.device": 1}),
+        ],
+        {"cpu": 1},
+        "rocm",
+    ),
+    PickCase(
+        "concentrated-packs-least-remaining",
+        "concentrated",
+        [agent("roomy", {"cpu": 8}), agent("tight", {"cpu": 8}, {"cpu": 6})],
+        {"cpu": 2},
+        "tight",
+    ),
+    PickCase(
+        "dispersed-spreads-most-remaining",
+        "dispersed",
+        [agent("roomy", {"cpu": 8}), agent("tight", {"cpu": 8}, {"cpu": 6})],
+        {"cpu": 2},
+        "roomy",
+    ),
+    PickCase(
+        "concentrated-skips-too-tight",
+        "concentrated",
+        [agent("roomy", {"cpu": 8}), agent("tight", {"cpu": 8}, {"cpu": 7})],
+        {"cpu": 2},
+        "roomy",
+    ),
+    PickCase(
+        "cuda-prefix-ranks-first-concentrated", "concentrated", [CUDA_LOW, CUDA_HIGH], {"cuda.shares": 1, "cpu": 1}, "A"
+    ),
+    PickCase(
+        "cuda-prefix-ranks-first-dispersed", "dispersed", [CUDA_LOW, CUDA_HIGH], {"cuda.shares": 1, "cpu": 1}, "B"
+    ),
+    PickCase(
+        "cpu-first-priority-concentrated",
+        "concentrated",
+        [CUDA_LOW, CUDA_HIGH],
+        {"cuda.shares": 1, "cpu": 1},
+        "B",
+        ("cpu", "cuda"),
+    ),
+    PickCase(
+        "cpu-first-priority-dispersed",
+        "dispersed",
+        [CUDA_LOW, CUDA_HIGH],
+        {"cuda.shares": 1, "cpu": 1},
+        "A",
+        ("cpu", "cuda"),
+    ),
+    PickCase(
+        "second-slot-breaks-first-slot-tie",
+        "concentrated",
+        [agent("more-mem", {"cpu": 4, "mem": "8g"}), agent("less-mem", {"cpu": 4, "mem": "8g"}, {"mem": "4g"})],
+        {"cpu": 1, "mem": "1g"},
+        "less-mem",
+    ),
+    PickCase(
+        "tie-breaks-by-id-concentrated",
+        "concentrated",
+        [agent("b", {"cpu": 4}), agent("a", {"cpu": 4})],
+        {"cpu": 1},
+        "a",
+    ),
+    PickCase(
+        "tie-breaks-by-id-dispersed", "dispersed", [agent("b", {"cpu": 4}), agent("a", {"cpu": 4})], {"cpu": 1}, "a"
+    ),
+    PickCase(
+        "never-on-agent-lacking-a-slot",
+        "dispersed",
+        [agent("cpu-huge", {"cpu": 128}), GPU_BIG],
+        {"cuda.shares": "0.5"},
+        "gpu-big",
+    ),
+    PickCase(
+        "unschedulable-agent-excluded",
+        "dispersed",
+        [agent("draining", {"cpu": 64}, schedulable=False), agent("up", {"cpu": 4})],
+        {"cpu": 1},
+        "up",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", PICK_CASES, ids=[c.name for c in PICK_CASES])
 def test_agent_pick(case: PickCase) -> None:
-    result = run(case.agents, [session("s", case.requested)], agent_selector=case.selector,
-                 resource_priority=case.priority)
+    result = run(
+        case.agents, [session("s", case.requested)], agent_selector=case.selector, resource_priority=case.priority
+    )
     assert placed_on(result) == {"s": case.expected}
 
 
 def test_slot_priority_order_with_device_prefixes() -> None:
     slots = ["mem", "zeta", "cpu", "cuda.shares", "alpha.x", "rocm.device", "cuda.device", "tpu"]
     assert order_slots(slots, ("cuda", "rocm", "tpu", "cpu", "mem")) == [
-        "cuda.device", "cuda.shares", "rocm.device", "tpu", "cpu", "mem", "alpha.x", "zeta"]
+        "cuda.device",
+        "cuda.shares",
+        "rocm.device",
+        "tpu",
+        "cpu",
+        "mem",
+        "alpha.x",
+        "zeta",
+    ]
 
 
 def test_session_asking_for_a_slot_no_agent_has_never_fits() -> None:
@@ -109,8 +183,12 @@ def test_roundrobin_is_even_and_its_state_round_trips(start: int, first_agent: s
 
 def test_roundrobin_skips_agents_that_do_not_fit() -> None:
     agents = [agent("a0", {"cpu": 8}), agent("a1", {"cpu": 8}, {"cpu": 8}), agent("a2", {"cpu": 8})]
-    result = run(agents, [session(f"s{n}", {"cpu": 1}, at=n) for n in range(3)], agent_selector="roundrobin",
-                 roundrobin_state={"g": 1})
+    result = run(
+        agents,
+        [session(f"s{n}", {"cpu": 1}, at=n) for n in range(3)],
+        agent_selector="roundrobin",
+        roundrobin_state={"g": 1},
+    )
     assert placed_on(result) == {"s0": "a2", "s1": "a0", "s2": "a2"}
     assert result.roundrobin_state == {"g": 0}
 
@@ -118,10 +196,20 @@ def test_roundrobin_skips_agents_that_do_not_fit() -> None:
 @pytest.mark.parametrize(
     ("name", "agents", "size", "mode", "expected"),
     [
-        ("single-node-sums-kernels", [agent("a4", {"cpu": 4}), agent("a8", {"cpu": 8})], 3, ClusterMode.SINGLE_NODE,
-         ["a8", "a8", "a8"]),
-        ("multi-node-packs-kernel-by-kernel", [agent("a1", {"cpu": 4}), agent("a2", {"cpu": 4}, {"cpu": 2})], 3, MULTI,
-         ["a2", "a1", "a1"]),
+        (
+            "single-node-sums-kernels",
+            [agent("a4", {"cpu": 4}), agent("a8", {"cpu": 8})],
+            3,
+            ClusterMode.SINGLE_NODE,
+            ["a8", "a8", "a8"],
+        ),
+        (
+            "multi-node-packs-kernel-by-kernel",
+            [agent("a1", {"cpu": 4}), agent("a2", {"cpu": 4}, {"cpu": 2})],
+            3,
+            MULTI,
+            ["a2", "a1", "a1"],
+        ),
         ("multi-node-may-share-an-agent", [agent("a1", {"cpu": 8})], 3, MULTI, ["a1", "a1", "a1"]),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
@@ -153,6 +241,7 @@ def test_multi_node_is_all_or_nothing() -> None:
 
 # -- custom selectors --
 
+
 def pick_last(request: SelectionRequest, candidates: Sequence[AgentView], config: SelectorConfig) -> str | None:
     assert all(request.requested.fits_in(c.remaining) for c in candidates)
     return candidates[-1].id
@@ -168,39 +257,60 @@ def pick_stranger(request: SelectionRequest, candidates: Sequence[AgentView], co
 
 def test_custom_selector_is_used_and_sees_only_fitting_candidates() -> None:
     agents = [agent("a", {"cpu": 4}), agent("b", {"cpu": 4}), agent("full", {"cpu": 4}, {"cpu": 4})]
-    result = run(agents, [session("s1", {"cpu": 3}), session("s2", {"cpu": 3}, at=1)],
-                 agent_selector="last", plugin_selectors={"last": pick_last})
+    result = run(
+        agents,
+        [session("s1", {"cpu": 3}), session("s2", {"cpu": 3}, at=1)],
+        agent_selector="last",
+        plugin_selectors={"last": pick_last},
+    )
     assert placed_on(result) == {"s1": "b", "s2": "a"}
 
 
 def test_custom_selector_may_decline() -> None:
-    result = run([agent("a", {"cpu": 4})], [session("s", {"cpu": 1})], agent_selector="none",
-                 plugin_selectors={"none": pick_none})
+    result = run(
+        [agent("a", {"cpu": 4})],
+        [session("s", {"cpu": 1})],
+        agent_selector="none",
+        plugin_selectors={"none": pick_none},
+    )
     assert result.waiting["s"].kind is WaitKind.NO_AGENT_FITS and result.retry_increments == {"s": 1}
 
 
 def test_custom_selector_returning_a_stranger_is_a_bug() -> None:
     with pytest.raises(ValueError, match="not-an-agent"):
-        run([agent("a", {"cpu": 4})], [session("s", {"cpu": 1})], agent_selector="bad",
-            plugin_selectors={"bad": pick_stranger})
+        run(
+            [agent("a", {"cpu": 4})],
+            [session("s", {"cpu": 1})],
+            agent_selector="bad",
+            plugin_selectors={"bad": pick_stranger},
+        )
 
 
 def test_unknown_selector_lists_valid_names() -> None:
     with pytest.raises(UnknownSelectorError, match="concentrated, dispersed, last, roundrobin"):
-        run([agent("a", {"cpu": 4})], [session("s", {"cpu": 1})], agent_selector="packed",
-            plugin_selectors={"last": pick_last})
+        run(
+            [agent("a", {"cpu": 4})],
+            [session("s", {"cpu": 1})],
+            agent_selector="packed",
+            plugin_selectors={"last": pick_last},
+        )
 
 
 def test_config_is_validated_up_front() -> None:
-    validate_config(SchedulerConfig(GroupConfig(), groups={"gpu": GroupConfig(agent_selector="last")},
-                                    plugin_selectors={"last": pick_last}))
+    validate_config(
+        SchedulerConfig(
+            GroupConfig(), groups={"gpu": GroupConfig(agent_selector="last")}, plugin_selectors={"last": pick_last}
+        )
+    )
     with pytest.raises(UnknownSelectorError):
         validate_config(SchedulerConfig(GroupConfig(), groups={"gpu": GroupConfig(agent_selector="last")}))
 
 
 def test_plugins_load_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = [EntryPoint("last", "tests.scheduler.test_agents:pick_last", scheduler.agents.ENTRY_POINT_GROUP)]
-    monkeypatch.setattr(scheduler.agents, "entry_points", lambda group: fake if group == "caravan.agent_selectors" else [])
+    monkeypatch.setattr(
+        scheduler.agents, "entry_points", lambda group: fake if group == "caravan.agent_selectors" else []
+    )
     assert load_plugin_selectors() == {"last": pick_last}
     assert load_plugin_selectors(["dispersed", "last"]) == {"last": pick_last}
     with pytest.raises(UnknownSelectorError, match="missing"):

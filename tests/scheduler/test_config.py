@@ -11,10 +11,16 @@ from scheduler.config import scheduler_core
 @pytest.mark.parametrize(
     ("text", "line", "reason"),
     [
-        ("default {\n  session_strategy = \"sjf\"\n}", 2,
-         "default.session_strategy: unknown strategy 'sjf' (valid: drf, fifo, lifo)"),
-        ('resource_group "a" {\n  agent_selector = "best"\n}', 2,
-         "resource_group.a.agent_selector: unknown agent selector 'best'; valid: concentrated, dispersed, roundrobin"),
+        (
+            'default {\n  session_strategy = "sjf"\n}',
+            2,
+            "default.session_strategy: unknown strategy 'sjf' (valid: drf, fifo, lifo)",
+        ),
+        (
+            'resource_group "a" {\n  agent_selector = "best"\n}',
+            2,
+            "resource_group.a.agent_selector: unknown agent selector 'best'; valid: concentrated, dispersed, roundrobin",
+        ),
     ],
 )
 def test_an_unknown_strategy_or_selector_is_refused_with_its_line(text: str, line: int, reason: str) -> None:
@@ -26,8 +32,10 @@ def test_an_unknown_strategy_or_selector_is_refused_with_its_line(text: str, lin
 
 
 def test_the_pass_gets_each_groups_configuration() -> None:
-    config = parse_scheduler_config('default {\n  session_strategy = "drf"\n}\nresource_group "gpu" {\n'
-                                    '  agent_selector = "concentrated"\n}', "s.hcl")
+    config = parse_scheduler_config(
+        'default {\n  session_strategy = "drf"\n}\nresource_group "gpu" {\n  agent_selector = "concentrated"\n}',
+        "s.hcl",
+    )
     core = scheduler_core(config)
     assert core.for_group("gpu").agent_selector == "concentrated"
     assert core.for_group("gpu").session_strategy == core.for_group("other").session_strategy == "drf"

@@ -13,10 +13,10 @@ import pytest
 
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from domain.scheduling_config import SchedulingConfig
-from scheduler.pass_model import PassResult, Snapshot, WaitKind
-from scheduler.config import scheduler_core
-from scheduler.scheduling_pass import run_pass
 from nomad_jobs.agents import agents_of, healthy_drivers
+from scheduler.config import scheduler_core
+from scheduler.pass_model import PassResult, Snapshot, WaitKind
+from scheduler.scheduling_pass import run_pass
 from scheduler.snapshot import pending_session, requiring_driver, with_wanted_slots
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -26,21 +26,44 @@ UNHEALTHY = {"Detected": True, "Healthy": False, "HealthDescription": "Docker is
 UNDETECTED = {"Detected": False, "Healthy": False}
 
 
-def node(node_id: str, drivers: dict[str, dict[str, bool | str]], *, shares: int = 4000,
-         devices: tuple[tuple[str, str, str], ...] = ()) -> dict[str, Any]:
+def node(
+    node_id: str,
+    drivers: dict[str, dict[str, bool | str]],
+    *,
+    shares: int = 4000,
+    devices: tuple[tuple[str, str, str], ...] = (),
+) -> dict[str, Any]:
     return {
-        "ID": node_id, "NodePool": "default", "Status": "ready", "SchedulingEligibility": "eligible", "Drain": False,
+        "ID": node_id,
+        "NodePool": "default",
+        "Status": "ready",
+        "SchedulingEligibility": "eligible",
+        "Drain": False,
         "Drivers": drivers,
-        "NodeResources": {"Cpu": {"CpuShares": shares, "TotalCpuCores": 4}, "Memory": {"MemoryMB": 4096},
-                          "Devices": [{"Vendor": v, "Type": t, "Name": n, "Instances": [{"ID": "i", "Healthy": True}]}
-                                      for v, t, n in devices]},
+        "NodeResources": {
+            "Cpu": {"CpuShares": shares, "TotalCpuCores": 4},
+            "Memory": {"MemoryMB": 4096},
+            "Devices": [
+                {"Vendor": v, "Type": t, "Name": n, "Instances": [{"ID": "i", "Healthy": True}]} for v, t, n in devices
+            ],
+        },
     }
 
 
 def session(session_id: str, driver: Driver, *, cpu: str = "1", at: int = 0) -> Session:
     kernel = Kernel(role="main", index=1, hostname="main1", image="", resources={"cpu": cpu, "mem": "268435456"})
-    return Session(id=session_id, name=session_id, owner_id="u", type=SessionType.BATCH, driver=driver, image="",
-                   resources={}, kernels=(kernel,), created_at=T0 + timedelta(seconds=at), status=SessionStatus.PENDING)
+    return Session(
+        id=session_id,
+        name=session_id,
+        owner_id="u",
+        type=SessionType.BATCH,
+        driver=driver,
+        image="",
+        resources={},
+        kernels=(kernel,),
+        created_at=T0 + timedelta(seconds=at),
+        status=SessionStatus.PENDING,
+    )
 
 
 def schedule(nodes: list[dict[str, Any]], sessions: list[Session]) -> PassResult:
@@ -48,7 +71,9 @@ def schedule(nodes: list[dict[str, Any]], sessions: list[Session]) -> PassResult
     pending = tuple(requiring_driver(pending_session(s), s.driver.value) for s in sessions)
     agents = agents_of(nodes, [], {s.id: s for s in sessions}, "cv", 1000, CONFIG.devices)
     drivers = {str(n["ID"]): healthy_drivers(n) for n in nodes}
-    return run_pass(Snapshot(with_wanted_slots(agents, drivers, pending), pending), scheduler_core(CONFIG), T0 + timedelta(1))
+    return run_pass(
+        Snapshot(with_wanted_slots(agents, drivers, pending), pending), scheduler_core(CONFIG), T0 + timedelta(1)
+    )
 
 
 @pytest.mark.parametrize(
@@ -77,16 +102,18 @@ def test_healthy_drivers(drivers: dict[str, dict[str, bool]], healthy: set[str])
     ],
     ids=["docker-unhealthy", "qemu-elsewhere", "exec-undetected", "both-fine"],
 )
-def test_a_session_goes_only_where_its_driver_is_healthy(nodes: list[dict[str, Any]], driver: Driver,
-                                                          placed_on: str) -> None:
+def test_a_session_goes_only_where_its_driver_is_healthy(
+    nodes: list[dict[str, Any]], driver: Driver, placed_on: str
+) -> None:
     result = schedule(nodes, [session("s", driver)])
     assert [k.agent_id for k in result.placements["s"]] == [placed_on]
 
 
 def test_a_session_no_agent_can_run_names_the_driver_and_blocks_nobody() -> None:
     nodes = [node("a", {"raw_exec": OK, "docker": UNHEALTHY}), node("b", {"raw_exec": OK})]
-    result = schedule(nodes, [session("docker-first", Driver.DOCKER, at=0),
-                              session("raw-later", Driver.RAW_EXEC, at=1)])
+    result = schedule(
+        nodes, [session("docker-first", Driver.DOCKER, at=0), session("raw-later", Driver.RAW_EXEC, at=1)]
+    )
     waits = result.waiting["docker-first"]
     assert waits.kind is WaitKind.NEVER_FITS
     assert "driver:docker" in waits.message

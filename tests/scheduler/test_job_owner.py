@@ -37,7 +37,8 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeou
 
 
 async def test_a_session_destroyed_before_its_job_is_registered_is_never_registered(
-        redis: Redis, keys: Keys, settings: Settings) -> None:
+    redis: Redis, keys: Keys, settings: Settings
+) -> None:
     store = SessionStore(redis, keys)
     nomad = NomadClient(settings.for_role("scheduler").nomad)
     try:
@@ -62,14 +63,16 @@ async def test_a_session_destroyed_before_its_job_is_registered_is_never_registe
 
 async def test_restart_session_restarts_the_kernels_in_place(settings: Settings) -> None:
     async with running_caravan(settings) as caravan:
-        data = await caravan.gql(CREATE, {"input": {"name": "restarted-" + uuid.uuid4().hex[:6], "type": "INTERACTIVE",
-                                                    "driver": "EXEC"}})
+        data = await caravan.gql(
+            CREATE, {"input": {"name": "restarted-" + uuid.uuid4().hex[:6], "type": "INTERACTIVE", "driver": "EXEC"}}
+        )
         [created] = data["createSession"]["sessions"]
         await caravan.wait_for(created["id"], "RUNNING")
         before = await caravan.store.get(created["id"])
         assert before is not None
-        restarted = await caravan.gql('mutation($id: ID!) { restartSession(id: $id) { id status } }',
-                                      {"id": created["id"]})
+        restarted = await caravan.gql(
+            "mutation($id: ID!) { restartSession(id: $id) { id status } }", {"id": created["id"]}
+        )
         assert restarted["restartSession"]["status"] == "RUNNING"
 
         async def restarted_once() -> bool | None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from domain.scheduling_config import GroupConfig
+from domain.slots import ResourceSlots
 from scheduler.pass_model import SchedulerConfig, Snapshot, WaitKind
 from scheduler.scheduling_pass import run_pass
-from domain.slots import ResourceSlots
 from tests.scheduler.builders import T0, agent, placed_on, run, session, slots
 
 
@@ -27,20 +27,51 @@ def test_occupancy_of_others_is_respected() -> None:
 @pytest.mark.parametrize(
     ("name", "agents", "requested", "kind", "shortfall", "best", "text"),
     [
-        ("no-fit-shortfall-vs-closest", [agent("a1", {"cpu": 8, "mem": "8g"}, {"cpu": 7}),
-                                         agent("a2", {"cpu": 8, "mem": "8g"}, {"cpu": 5, "mem": "7g"})],
-         {"cpu": 2, "mem": "2g"}, WaitKind.NO_AGENT_FITS, {"cpu": 1}, "a1", "the closest (a1) lacks cpu 1"),
-        ("never-fits-too-big", [agent("a1", {"cpu": 8}), agent("a2", {"cpu": 16})], {"cpu": 20},
-         WaitKind.NEVER_FITS, {"cpu": 4}, "a2", "bigger than any schedulable agent"),
-        ("never-fits-missing-slot", [agent("a1", {"cpu": 8})], {"cpu": 1, "tpu.device": 1}, WaitKind.NEVER_FITS, {},
-         None, "no schedulable agent of resource group g has tpu.device"),
-        ("never-fits-no-agents", [agent("a1", {"cpu": 8}, schedulable=False)], {"cpu": 1}, WaitKind.NEVER_FITS, {},
-         None, "resource group g has no schedulable agent"),
+        (
+            "no-fit-shortfall-vs-closest",
+            [
+                agent("a1", {"cpu": 8, "mem": "8g"}, {"cpu": 7}),
+                agent("a2", {"cpu": 8, "mem": "8g"}, {"cpu": 5, "mem": "7g"}),
+            ],
+            {"cpu": 2, "mem": "2g"},
+            WaitKind.NO_AGENT_FITS,
+            {"cpu": 1},
+            "a1",
+            "the closest (a1) lacks cpu 1",
+        ),
+        (
+            "never-fits-too-big",
+            [agent("a1", {"cpu": 8}), agent("a2", {"cpu": 16})],
+            {"cpu": 20},
+            WaitKind.NEVER_FITS,
+            {"cpu": 4},
+            "a2",
+            "bigger than any schedulable agent",
+        ),
+        (
+            "never-fits-missing-slot",
+            [agent("a1", {"cpu": 8})],
+            {"cpu": 1, "tpu.device": 1},
+            WaitKind.NEVER_FITS,
+            {},
+            None,
+            "no schedulable agent of resource group g has tpu.device",
+        ),
+        (
+            "never-fits-no-agents",
+            [agent("a1", {"cpu": 8}, schedulable=False)],
+            {"cpu": 1},
+            WaitKind.NEVER_FITS,
+            {},
+            None,
+            "resource group g has no schedulable agent",
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
-def test_wait_explanations(name: str, agents: list, requested: dict, kind: WaitKind, shortfall: dict,
-                           best: str | None, text: str) -> None:
+def test_wait_explanations(
+    name: str, agents: list, requested: dict, kind: WaitKind, shortfall: dict, best: str | None, text: str
+) -> None:
     result = run(agents, [session("s", requested)])
     explanation = result.waiting["s"]
     assert explanation.kind is kind
@@ -51,8 +82,12 @@ def test_wait_explanations(name: str, agents: list, requested: dict, kind: WaitK
 
 
 def test_blocked_sessions_are_explained_and_numbered() -> None:
-    pending = [session("ok", {"cpu": 1}, at=0), session("head", {"cpu": 4}, at=1), session("next", {"cpu": 1}, at=2),
-               session("urgent", {"cpu": 1}, at=3, priority=50)]
+    pending = [
+        session("ok", {"cpu": 1}, at=0),
+        session("head", {"cpu": 4}, at=1),
+        session("next", {"cpu": 1}, at=2),
+        session("urgent", {"cpu": 1}, at=3, priority=50),
+    ]
     result = run([agent("a1", {"cpu": 4}, {"cpu": 1})], pending)
     assert set(result.placements) == {"urgent", "ok"}
     assert result.waiting["next"].kind is WaitKind.BLOCKED and result.waiting["next"].blocked_by == "head"
@@ -61,12 +96,20 @@ def test_blocked_sessions_are_explained_and_numbered() -> None:
 
 
 def test_groups_are_scheduled_independently_with_their_own_config() -> None:
-    agents = [agent("g1-a", {"cpu": 4}, group="g1"), agent("g1-b", {"cpu": 4}, {"cpu": 2}, group="g1"),
-              agent("g2-a", {"cpu": 4}, group="g2"), agent("g2-b", {"cpu": 4}, {"cpu": 2}, group="g2")]
-    pending = [session("in-g1", {"cpu": 1}, group="g1"), session("in-g2", {"cpu": 1}, group="g2"),
-               session("g2-blocker", {"cpu": 9}, group="g2", at=-1)]
-    config = SchedulerConfig(GroupConfig(agent_selector="concentrated"),
-                             groups={"g2": GroupConfig(agent_selector="dispersed")})
+    agents = [
+        agent("g1-a", {"cpu": 4}, group="g1"),
+        agent("g1-b", {"cpu": 4}, {"cpu": 2}, group="g1"),
+        agent("g2-a", {"cpu": 4}, group="g2"),
+        agent("g2-b", {"cpu": 4}, {"cpu": 2}, group="g2"),
+    ]
+    pending = [
+        session("in-g1", {"cpu": 1}, group="g1"),
+        session("in-g2", {"cpu": 1}, group="g2"),
+        session("g2-blocker", {"cpu": 9}, group="g2", at=-1),
+    ]
+    config = SchedulerConfig(
+        GroupConfig(agent_selector="concentrated"), groups={"g2": GroupConfig(agent_selector="dispersed")}
+    )
     result = run_pass(Snapshot(tuple(agents), tuple(pending)), config, T0)
     assert placed_on(result) == {"in-g1": "g1-b", "in-g2": "g2-a"}
     assert result.waiting["g2-blocker"].kind is WaitKind.NEVER_FITS
@@ -85,5 +128,8 @@ def test_run_pass_does_not_mutate_its_input() -> None:
 def test_fractional_and_byte_amounts_are_exact() -> None:
     # 0.1 + 0.2 cpu on a 0.3 cpu agent must fit exactly (no float drift); bytes to the byte
     agents = [agent("a1", {"cpu": "0.3", "mem": 3 * 1024**3 + 1})]
-    pending = [session("x", {"cpu": "0.1", "mem": "1g"}, at=0), session("y", {"cpu": "0.2", "mem": 2 * 1024**3 + 1}, at=1)]
+    pending = [
+        session("x", {"cpu": "0.1", "mem": "1g"}, at=0),
+        session("y", {"cpu": "0.2", "mem": 2 * 1024**3 + 1}, at=1),
+    ]
     assert set(run(agents, pending).placements) == {"x", "y"}

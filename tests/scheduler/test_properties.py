@@ -9,12 +9,12 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.agents import concentrated, dispersed
 from domain.agents import Agent
-from scheduler.pass_model import ClusterMode, PassResult, PendingSession, SchedulerConfig, Snapshot, WaitKind
 from domain.scheduling_config import GroupConfig
-from scheduler.scheduling_pass import run_pass
 from domain.slots import ResourceSlots
+from scheduler.agents import concentrated, dispersed
+from scheduler.pass_model import ClusterMode, PassResult, PendingSession, SchedulerConfig, Snapshot, WaitKind
+from scheduler.scheduling_pass import run_pass
 from tests.scheduler.builders import T0, agent, session
 from tests.scheduler.simulation import simulate
 
@@ -26,13 +26,23 @@ GIB = 1024**3
 def agents(draw: st.DrawFn, *, busy: bool = True, groups: tuple[str, ...] = ("g", "h")) -> list[Agent]:
     made = []
     for n in range(draw(st.integers(1, 6))):
-        capacity: dict[str, object] = {"cpu": draw(st.sampled_from([1, 2, 4, 8, 16])), "mem": draw(st.sampled_from([4, 16, 64])) * GIB}
+        capacity: dict[str, object] = {
+            "cpu": draw(st.sampled_from([1, 2, 4, 8, 16])),
+            "mem": draw(st.sampled_from([4, 16, 64])) * GIB,
+        }
         accelerator = draw(st.sampled_from([None, "cuda.shares", "rocm.device"]))
         if accelerator:
             capacity[accelerator] = draw(st.sampled_from([1, 2, 4]))
         occupied = {slot: draw(st.integers(0, int(amount))) if busy else 0 for slot, amount in capacity.items()}
-        made.append(agent(f"a{n}", capacity, occupied, group=draw(st.sampled_from(groups)),
-                          schedulable=draw(st.booleans()) if busy else True))
+        made.append(
+            agent(
+                f"a{n}",
+                capacity,
+                occupied,
+                group=draw(st.sampled_from(groups)),
+                schedulable=draw(st.booleans()) if busy else True,
+            )
+        )
     return made
 
 
@@ -40,24 +50,40 @@ def agents(draw: st.DrawFn, *, busy: bool = True, groups: tuple[str, ...] = ("g"
 def sessions(draw: st.DrawFn, *, groups: tuple[str, ...] = ("g", "h"), max_size: int = 20) -> list[PendingSession]:
     made = []
     for n in range(draw(st.integers(0, max_size))):
-        requested: dict[str, object] = {"cpu": draw(st.sampled_from(["0.5", 1, 2, 4])),
-                                        "mem": draw(st.sampled_from([1, 2, 8])) * GIB}
+        requested: dict[str, object] = {
+            "cpu": draw(st.sampled_from(["0.5", 1, 2, 4])),
+            "mem": draw(st.sampled_from([1, 2, 8])) * GIB,
+        }
         accelerator = draw(st.sampled_from([None, None, "cuda.shares", "rocm.device"]))
         if accelerator:
-            requested[accelerator] = draw(st.sampled_from(["0.5", 1, 2]) if accelerator == "cuda.shares" else st.just(1))
-        made.append(session(
-            f"s{n:02d}", requested, user=draw(st.sampled_from(["u0", "u1", "u2"])), at=draw(st.integers(0, 50)),
-            group=draw(st.sampled_from(groups)), size=draw(st.sampled_from([1, 1, 1, 2, 3])),
-            mode=draw(st.sampled_from(list(ClusterMode))), priority=draw(st.sampled_from([5, 10, 10, 20])),
-            retries=draw(st.integers(0, 3)),
-        ))
+            requested[accelerator] = draw(
+                st.sampled_from(["0.5", 1, 2]) if accelerator == "cuda.shares" else st.just(1)
+            )
+        made.append(
+            session(
+                f"s{n:02d}",
+                requested,
+                user=draw(st.sampled_from(["u0", "u1", "u2"])),
+                at=draw(st.integers(0, 50)),
+                group=draw(st.sampled_from(groups)),
+                size=draw(st.sampled_from([1, 1, 1, 2, 3])),
+                mode=draw(st.sampled_from(list(ClusterMode))),
+                priority=draw(st.sampled_from([5, 10, 10, 20])),
+                retries=draw(st.integers(0, 3)),
+            )
+        )
     return made
 
 
-def group_configs(*, selectors: tuple[str, ...] = ("concentrated", "dispersed", "roundrobin")) -> st.SearchStrategy[GroupConfig]:
+def group_configs(
+    *, selectors: tuple[str, ...] = ("concentrated", "dispersed", "roundrobin")
+) -> st.SearchStrategy[GroupConfig]:
     return st.builds(
-        GroupConfig, session_strategy=st.sampled_from(["fifo", "lifo", "drf"]), agent_selector=st.sampled_from(selectors),
-        retries_to_skip=st.integers(0, 3), reserve_after=st.sampled_from([None, timedelta(0), timedelta(minutes=30)]),
+        GroupConfig,
+        session_strategy=st.sampled_from(["fifo", "lifo", "drf"]),
+        agent_selector=st.sampled_from(selectors),
+        retries_to_skip=st.integers(0, 3),
+        reserve_after=st.sampled_from([None, timedelta(0), timedelta(minutes=30)]),
         max_reservations=st.integers(0, 2),
     )
 
@@ -84,8 +110,9 @@ def assert_never_over_committed(all_agents: list[Agent], pending: list[PendingSe
 
 @settings(max_examples=200, deadline=None)
 @given(agents(), sessions(), group_configs())
-def test_no_agent_slot_is_ever_over_committed(all_agents: list[Agent], pending: list[PendingSession],
-                                              group: GroupConfig) -> None:
+def test_no_agent_slot_is_ever_over_committed(
+    all_agents: list[Agent], pending: list[PendingSession], group: GroupConfig
+) -> None:
     result = run_pass(Snapshot(tuple(all_agents), tuple(pending)), SchedulerConfig(group), NOW)
     assert_never_over_committed(all_agents, pending, result)
     decided = set(result.placements) | set(result.waiting) | set(result.cancellations)
@@ -94,20 +121,31 @@ def test_no_agent_slot_is_ever_over_committed(all_agents: list[Agent], pending: 
 
 
 @settings(max_examples=200, deadline=None)
-@given(agents(groups=("g",)), sessions(groups=("g",)), st.sampled_from(["fifo", "lifo"]),
-       st.sampled_from(["concentrated", "dispersed", "roundrobin"]))
+@given(
+    agents(groups=("g",)),
+    sessions(groups=("g",)),
+    st.sampled_from(["fifo", "lifo"]),
+    st.sampled_from(["concentrated", "dispersed", "roundrobin"]),
+)
 def test_strict_order_never_lets_a_later_session_overtake_for_resources(
-        all_agents: list[Agent], pending: list[PendingSession], strategy: str, selector: str) -> None:
+    all_agents: list[Agent], pending: list[PendingSession], strategy: str, selector: str
+) -> None:
     config = SchedulerConfig(GroupConfig(session_strategy=strategy, agent_selector=selector, retries_to_skip=0))
     result = run_pass(Snapshot(tuple(all_agents), tuple(pending)), config, NOW)
     age = 1 if strategy == "fifo" else -1
     order = sorted(pending, key=lambda s: (-s.priority, age * s.created_at.timestamp(), s.id))
-    short = [n for n, s in enumerate(order) if s.id in result.waiting and result.waiting[s.id].kind is WaitKind.NO_AGENT_FITS]
+    short = [
+        n for n, s in enumerate(order) if s.id in result.waiting and result.waiting[s.id].kind is WaitKind.NO_AGENT_FITS
+    ]
     assert len(short) <= 1, "only the head of the line is ever attempted and found short"
     if short:
-        later = {s.id for s in order[short[0] + 1:]}
+        later = {s.id for s in order[short[0] + 1 :]}
         assert not later & set(result.placements)
-        assert {result.waiting[sid].kind for sid in later} <= {WaitKind.BLOCKED, WaitKind.CHECKS_FAILED, WaitKind.NEVER_FITS}
+        assert {result.waiting[sid].kind for sid in later} <= {
+            WaitKind.BLOCKED,
+            WaitKind.CHECKS_FAILED,
+            WaitKind.NEVER_FITS,
+        }
 
 
 def _fits_an_empty_cluster(s: PendingSession, cluster: list[Agent]) -> bool:
@@ -118,11 +156,16 @@ def _fits_an_empty_cluster(s: PendingSession, cluster: list[Agent]) -> bool:
 
 
 @settings(max_examples=40, deadline=None)
-@given(agents(busy=False, groups=("g",)), sessions(groups=("g",), max_size=12), group_configs(),
-       st.integers(1, 3), st.integers(1, 3))
+@given(
+    agents(busy=False, groups=("g",)),
+    sessions(groups=("g",), max_size=12),
+    group_configs(),
+    st.integers(1, 3),
+    st.integers(1, 3),
+)
 def test_with_retries_to_skip_every_session_that_fits_is_eventually_placed(
-        cluster: list[Agent], pending: list[PendingSession], group: GroupConfig, retries_to_skip: int,
-        runs_for: int) -> None:
+    cluster: list[Agent], pending: list[PendingSession], group: GroupConfig, retries_to_skip: int, runs_for: int
+) -> None:
     feasible = [s for s in pending if _fits_an_empty_cluster(s, cluster)]
     config = SchedulerConfig(replace(group, retries_to_skip=retries_to_skip))
     bound = (len(feasible) + 1) * (runs_for + retries_to_skip + 2)
@@ -133,7 +176,8 @@ def test_with_retries_to_skip_every_session_that_fits_is_eventually_placed(
 @settings(max_examples=150, deadline=None)
 @given(agents(), sessions(), group_configs(selectors=("concentrated", "dispersed")))
 def test_indexed_selectors_choose_exactly_like_the_reference_selectors(
-        all_agents: list[Agent], pending: list[PendingSession], group: GroupConfig) -> None:
+    all_agents: list[Agent], pending: list[PendingSession], group: GroupConfig
+) -> None:
     snapshot = Snapshot(tuple(all_agents), tuple(pending))
     reference = {"ref": concentrated.select if group.agent_selector == "concentrated" else dispersed.select}
     indexed = run_pass(snapshot, SchedulerConfig(group), NOW)

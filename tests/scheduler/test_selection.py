@@ -41,7 +41,8 @@ def test_retry_threshold(case: HolCase) -> None:
     result = run(
         [agent("a1", {"cpu": 4}, {"cpu": 2})],
         [session("big", {"cpu": 3}, at=0, retries=case.big_retries), session("small", {"cpu": 1}, at=1)],
-        session_strategy=case.strategy, retries_to_skip=case.retries_to_skip,
+        session_strategy=case.strategy,
+        retries_to_skip=case.retries_to_skip,
     )
     assert set(result.placements) == case.placed
     assert {sid for sid, w in result.waiting.items() if w.kind is WaitKind.BLOCKED} == case.blocked
@@ -63,63 +64,127 @@ class OrderCase:
 
 
 ORDER_CASES = [
-    OrderCase("fifo-oldest-first", "fifo", [session("new", {"cpu": 1}, at=5), session("old", {"cpu": 1}, at=1)], 1,
-              {"old"}),
-    OrderCase("lifo-newest-first", "lifo", [session("new", {"cpu": 1}, at=5), session("old", {"cpu": 1}, at=1)], 1,
-              {"new"}),
-    OrderCase("higher-band-first-fifo", "fifo",
-              [session("old-low", {"cpu": 1}, at=0, priority=5), session("new-high", {"cpu": 1}, at=9, priority=20)],
-              1, {"new-high"}),
-    OrderCase("higher-band-first-lifo", "lifo",
-              [session("new-low", {"cpu": 1}, at=9, priority=5), session("old-high", {"cpu": 1}, at=0, priority=20)],
-              1, {"old-high"}),
-    OrderCase("blocked-high-band-blocks-lower-bands", "fifo",
-              [session("high-big", {"cpu": 3}, at=5, priority=20), session("low-small", {"cpu": 1}, at=0, priority=5)],
-              2, set()),
-    OrderCase("pushed-back-high-band-lets-lower-go", "fifo",
-              [session("high-big", {"cpu": 3}, at=5, priority=20, retries=1),
-               session("low-small", {"cpu": 1}, at=0, priority=5)],
-              2, {"low-small"}, retries_to_skip=1),
-    OrderCase("pushed-back-goes-behind-its-band", "fifo",
-              [session("old-pushed", {"cpu": 1}, at=0, retries=2), session("young", {"cpu": 1}, at=5)],
-              1, {"young"}, retries_to_skip=2),
-    OrderCase("lifo-blocks-like-fifo", "lifo", [session("old", {"cpu": 1}, at=0), session("new", {"cpu": 3}, at=1)], 2,
-              set()),
-    OrderCase("drf-lowest-share-first", "drf",
-              [session("s1", {"cpu": 1}, user="u1", at=0), session("s2", {"cpu": 1}, user="u2", at=1),
-               session("s3", {"cpu": 1}, user="u3", at=2)],
-              1, {"s3"},
-              running=[RunningSession("r1", "u1", "g", slots(cpu=4)), RunningSession("r2", "u2", "g", slots(mem="50g"))]),
-    OrderCase("drf-dominant-is-max-over-slots", "drf",
-              [session("mem-heavy", {"cpu": 1}, user="u1", at=0), session("cpu-light", {"cpu": 1}, user="u2", at=1)],
-              1, {"cpu-light"},
-              running=[RunningSession("r1", "u1", "g", slots(mem="60g")), RunningSession("r2", "u2", "g", slots(cpu=3))]),
-    OrderCase("drf-ties-by-age", "drf",
-              [session("young", {"cpu": 1}, user="u1", at=5), session("old", {"cpu": 1}, user="u2", at=1)], 1, {"old"}),
-    OrderCase("drf-bands-before-shares", "drf",
-              [session("rich-high", {"cpu": 1}, user="u1", at=5, priority=20), session("poor", {"cpu": 1}, user="u2")],
-              1, {"rich-high"}, running=[RunningSession("r1", "u1", "g", slots(cpu=9))]),
+    OrderCase(
+        "fifo-oldest-first", "fifo", [session("new", {"cpu": 1}, at=5), session("old", {"cpu": 1}, at=1)], 1, {"old"}
+    ),
+    OrderCase(
+        "lifo-newest-first", "lifo", [session("new", {"cpu": 1}, at=5), session("old", {"cpu": 1}, at=1)], 1, {"new"}
+    ),
+    OrderCase(
+        "higher-band-first-fifo",
+        "fifo",
+        [session("old-low", {"cpu": 1}, at=0, priority=5), session("new-high", {"cpu": 1}, at=9, priority=20)],
+        1,
+        {"new-high"},
+    ),
+    OrderCase(
+        "higher-band-first-lifo",
+        "lifo",
+        [session("new-low", {"cpu": 1}, at=9, priority=5), session("old-high", {"cpu": 1}, at=0, priority=20)],
+        1,
+        {"old-high"},
+    ),
+    OrderCase(
+        "blocked-high-band-blocks-lower-bands",
+        "fifo",
+        [session("high-big", {"cpu": 3}, at=5, priority=20), session("low-small", {"cpu": 1}, at=0, priority=5)],
+        2,
+        set(),
+    ),
+    OrderCase(
+        "pushed-back-high-band-lets-lower-go",
+        "fifo",
+        [
+            session("high-big", {"cpu": 3}, at=5, priority=20, retries=1),
+            session("low-small", {"cpu": 1}, at=0, priority=5),
+        ],
+        2,
+        {"low-small"},
+        retries_to_skip=1,
+    ),
+    OrderCase(
+        "pushed-back-goes-behind-its-band",
+        "fifo",
+        [session("old-pushed", {"cpu": 1}, at=0, retries=2), session("young", {"cpu": 1}, at=5)],
+        1,
+        {"young"},
+        retries_to_skip=2,
+    ),
+    OrderCase(
+        "lifo-blocks-like-fifo", "lifo", [session("old", {"cpu": 1}, at=0), session("new", {"cpu": 3}, at=1)], 2, set()
+    ),
+    OrderCase(
+        "drf-lowest-share-first",
+        "drf",
+        [
+            session("s1", {"cpu": 1}, user="u1", at=0),
+            session("s2", {"cpu": 1}, user="u2", at=1),
+            session("s3", {"cpu": 1}, user="u3", at=2),
+        ],
+        1,
+        {"s3"},
+        running=[RunningSession("r1", "u1", "g", slots(cpu=4)), RunningSession("r2", "u2", "g", slots(mem="50g"))],
+    ),
+    OrderCase(
+        "drf-dominant-is-max-over-slots",
+        "drf",
+        [session("mem-heavy", {"cpu": 1}, user="u1", at=0), session("cpu-light", {"cpu": 1}, user="u2", at=1)],
+        1,
+        {"cpu-light"},
+        running=[RunningSession("r1", "u1", "g", slots(mem="60g")), RunningSession("r2", "u2", "g", slots(cpu=3))],
+    ),
+    OrderCase(
+        "drf-ties-by-age",
+        "drf",
+        [session("young", {"cpu": 1}, user="u1", at=5), session("old", {"cpu": 1}, user="u2", at=1)],
+        1,
+        {"old"},
+    ),
+    OrderCase(
+        "drf-bands-before-shares",
+        "drf",
+        [session("rich-high", {"cpu": 1}, user="u1", at=5, priority=20), session("poor", {"cpu": 1}, user="u2")],
+        1,
+        {"rich-high"},
+        running=[RunningSession("r1", "u1", "g", slots(cpu=9))],
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", ORDER_CASES, ids=[c.name for c in ORDER_CASES])
 def test_session_order(case: OrderCase) -> None:
     # one agent of 10 cpu / 100 GiB with ``free_cpu`` cpu free: the first session(s) in order take it
-    result = run([agent("a1", {"cpu": 10, "mem": "100g"}, {"cpu": 10 - case.free_cpu})], case.pending,
-                 running=tuple(case.running), session_strategy=case.strategy, retries_to_skip=case.retries_to_skip)
+    result = run(
+        [agent("a1", {"cpu": 10, "mem": "100g"}, {"cpu": 10 - case.free_cpu})],
+        case.pending,
+        running=tuple(case.running),
+        session_strategy=case.strategy,
+        retries_to_skip=case.retries_to_skip,
+    )
     assert set(result.placements) == case.placed
 
 
-@pytest.mark.parametrize(("strategy", "expected"), [("drf", ["a", "d", "b", "c"]), ("fifo", ["a", "b", "c", "d"]),
-                                                    ("lifo", ["d", "c", "b", "a"])])
+@pytest.mark.parametrize(
+    ("strategy", "expected"),
+    [("drf", ["a", "d", "b", "c"]), ("fifo", ["a", "b", "c", "d"]), ("lifo", ["d", "c", "b", "a"])],
+)
 def test_drf_shares_update_within_the_pass(strategy: str, expected: list[str]) -> None:
     # u2 already holds 0.5 of 4 cpu (share 0.125). With shares updated after each placement u1 (0.25 after "a")
     # must yield to u2 before placing "b"; frozen shares would give a, b, c, d. Round-robin over a0..a3 shows the order.
     agents = [agent(f"a{n}", {"cpu": 1}) for n in range(4)]
-    pending = [session("a", {"cpu": 1}, user="u1", at=0), session("b", {"cpu": 1}, user="u1", at=1),
-               session("c", {"cpu": 1}, user="u1", at=2), session("d", {"cpu": 1}, user="u2", at=3)]
-    result = run(agents, pending, running=(RunningSession("r", "u2", "g", slots(cpu="0.5")),),
-                 session_strategy=strategy, agent_selector="roundrobin")
+    pending = [
+        session("a", {"cpu": 1}, user="u1", at=0),
+        session("b", {"cpu": 1}, user="u1", at=1),
+        session("c", {"cpu": 1}, user="u1", at=2),
+        session("d", {"cpu": 1}, user="u2", at=3),
+    ]
+    result = run(
+        agents,
+        pending,
+        running=(RunningSession("r", "u2", "g", slots(cpu="0.5")),),
+        session_strategy=strategy,
+        agent_selector="roundrobin",
+    )
     order = sorted(placed_on(result), key=lambda sid: placed_on(result)[sid])
     assert order == expected
 
@@ -127,7 +192,10 @@ def test_drf_shares_update_within_the_pass(strategy: str, expected: list[str]) -
 def test_drf_with_several_slots_and_users() -> None:
     # capacity cpu 8, cuda 4: u1 holds 2 cuda (0.5), u2 holds 3 cpu (0.375), u3 nothing.
     agents = [agent("a1", {"cpu": 8, "cuda.shares": 4}, {"cpu": 3, "cuda.shares": 2})]
-    running = (RunningSession("r1", "u1", "g", slots({"cuda.shares": 2})), RunningSession("r2", "u2", "g", slots(cpu=3)))
+    running = (
+        RunningSession("r1", "u1", "g", slots({"cuda.shares": 2})),
+        RunningSession("r2", "u2", "g", slots(cpu=3)),
+    )
     pending = [session(f"{user}-{n}", {"cpu": 1}, user=user, at=n) for n in range(3) for user in ("u1", "u2", "u3")]
     # u3 (0) goes three times (1/8, 2/8, 3/8); then u2 (3/8 < u1's 1/2) -> u2 at 4/8; now u1 and u2 tie at 1/2 and
     # u1's head (at 0) is older than u2's (at 1). That is 5 cpu: a1 is full.
@@ -143,6 +211,7 @@ def test_unknown_strategy_lists_valid_names() -> None:
 
 
 # -- reservations: a pushed-back session older than reserve_after holds the agent it fits best --
+
 
 def _reservation_scene(reserve_after: timedelta | None, big_age: timedelta) -> tuple[list, list]:
     agents = [agent("a1", {"cpu": 4}, {"cpu": 3}), agent("a2", {"cpu": 2})]
@@ -161,9 +230,9 @@ def _reservation_scene(reserve_after: timedelta | None, big_age: timedelta) -> t
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
-def test_reservation_keeps_others_off_the_reserved_agent(name: str, reserve_after: timedelta | None,
-                                                         big_age: timedelta, reserved: str | None,
-                                                         placed: dict[str, str]) -> None:
+def test_reservation_keeps_others_off_the_reserved_agent(
+    name: str, reserve_after: timedelta | None, big_age: timedelta, reserved: str | None, placed: dict[str, str]
+) -> None:
     agents, pending = _reservation_scene(reserve_after, big_age)
     result = run(agents, pending, retries_to_skip=1, reserve_after=reserve_after, agent_selector="concentrated")
     assert placed_on(result) == placed
@@ -190,8 +259,11 @@ def test_overdue_session_that_fits_now_is_placed_on_its_reservation() -> None:
     assert result.waiting["young"].kind is WaitKind.NO_AGENT_FITS
 
 
-@pytest.mark.parametrize(("reserve_after", "starves"), [(None, True), (timedelta(minutes=10), False)],
-                         ids=["without-reservation-starves", "with-reservation-is-placed"])
+@pytest.mark.parametrize(
+    ("reserve_after", "starves"),
+    [(None, True), (timedelta(minutes=10), False)],
+    ids=["without-reservation-starves", "with-reservation-is-placed"],
+)
 def test_reservation_bounds_starvation(reserve_after: timedelta | None, starves: bool) -> None:
     # Four older 1-cpu sessions fill the agent, then a queue of 1-cpu sessions keeps taking every freed cpu: "big"
     # (pushed back after one failure) never sees 4 cpu free at once unless it reserves the agent.

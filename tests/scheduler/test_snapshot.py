@@ -15,9 +15,9 @@ import pytest
 from domain.model import ClusterMode as SessionClusterMode
 from domain.model import Driver, Kernel, Session, SessionResult, SessionStatus, SessionType
 from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
-from scheduler.pass_model import ClusterMode, DependencyState
 from domain.slots import ResourceSlots
 from nomad_jobs.agents import agents_of, alloc_slots, is_schedulable, kernel_request, mhz_per_core, node_capacity
+from scheduler.pass_model import ClusterMode, DependencyState
 from scheduler.snapshot import dependency_state, pending_session, timed_out
 
 S = SessionStatus
@@ -27,35 +27,87 @@ PREFIX = "cv"
 CONFIG = SchedulingConfig()
 
 
-def node(node_id: str, *, shares: int = 4000, cores: int = 4, mem_mb: int = 4096, pool: str = "default",
-         status: str = "ready", eligibility: str = "eligible", drain: bool = False, reserved_shares: int = 0,
-         reserved_mb: int = 0, mock: tuple[bool, ...] = ()) -> dict[str, Any]:
-    devices = [{"Vendor": "nomad", "Type": "file", "Name": "mock",
-                "Instances": [{"ID": f"d{i}", "Healthy": healthy} for i, healthy in enumerate(mock)]}] if mock else None
+def node(
+    node_id: str,
+    *,
+    shares: int = 4000,
+    cores: int = 4,
+    mem_mb: int = 4096,
+    pool: str = "default",
+    status: str = "ready",
+    eligibility: str = "eligible",
+    drain: bool = False,
+    reserved_shares: int = 0,
+    reserved_mb: int = 0,
+    mock: tuple[bool, ...] = (),
+) -> dict[str, Any]:
+    devices = (
+        [
+            {
+                "Vendor": "nomad",
+                "Type": "file",
+                "Name": "mock",
+                "Instances": [{"ID": f"d{i}", "Healthy": healthy} for i, healthy in enumerate(mock)],
+            }
+        ]
+        if mock
+        else None
+    )
     return {
-        "ID": node_id, "Name": node_id, "NodePool": pool, "Status": status, "SchedulingEligibility": eligibility,
+        "ID": node_id,
+        "Name": node_id,
+        "NodePool": pool,
+        "Status": status,
+        "SchedulingEligibility": eligibility,
         "Drain": drain,
-        "NodeResources": {"Cpu": {"CpuShares": shares, "TotalCpuCores": cores}, "Memory": {"MemoryMB": mem_mb},
-                          "Devices": devices},
+        "NodeResources": {
+            "Cpu": {"CpuShares": shares, "TotalCpuCores": cores},
+            "Memory": {"MemoryMB": mem_mb},
+            "Devices": devices,
+        },
         "ReservedResources": {"Cpu": {"CpuShares": reserved_shares}, "Memory": {"MemoryMB": reserved_mb}},
     }
 
 
-def alloc(node_id: str, job: str, group: str = "main1", *, shares: int = 1000, mem_mb: int = 256,
-          mock_ids: tuple[str, ...] = ()) -> dict[str, Any]:
+def alloc(
+    node_id: str,
+    job: str,
+    group: str = "main1",
+    *,
+    shares: int = 1000,
+    mem_mb: int = 256,
+    mock_ids: tuple[str, ...] = (),
+) -> dict[str, Any]:
     devices = [{"Vendor": "nomad", "Type": "file", "Name": "mock", "DeviceIDs": list(mock_ids)}] if mock_ids else None
     task = {"Cpu": {"CpuShares": shares}, "Memory": {"MemoryMB": mem_mb}, "Devices": devices}
     return {"NodeID": node_id, "JobID": job, "TaskGroup": group, "AllocatedResources": {"Tasks": {"kernel": task}}}
 
 
 def kernel(hostname: str = "main1", *, agent: str | None = None, cpu: str = "1", mem: int = 256 * MIB) -> Kernel:
-    return Kernel(role="main" if hostname == "main1" else "sub", index=1, hostname=hostname, image="",
-                  resources={"cpu": cpu, "mem": str(mem)}, agent=agent)
+    return Kernel(
+        role="main" if hostname == "main1" else "sub",
+        index=1,
+        hostname=hostname,
+        image="",
+        resources={"cpu": cpu, "mem": str(mem)},
+        agent=agent,
+    )
 
 
 def session(session_id: str, status: S = S.PENDING, *kernels: Kernel, **fields: Any) -> Session:
-    return Session(id=session_id, name=session_id, owner_id="u", type=SessionType.BATCH, driver=Driver.RAW_EXEC,
-                   image="", resources={}, kernels=kernels or (kernel(),), created_at=T0, status=status, **fields)
+    return Session(
+        id=session_id,
+        name=session_id,
+        owner_id="u",
+        type=SessionType.BATCH,
+        driver=Driver.RAW_EXEC,
+        image="",
+        resources={},
+        kernels=kernels or (kernel(),),
+        created_at=T0,
+        status=status,
+        **fields,
+    )
 
 
 def slots(**amounts: object) -> ResourceSlots:
@@ -67,7 +119,9 @@ def slots(**amounts: object) -> ResourceSlots:
 
 def test_capacity_is_what_the_node_reports_minus_its_reservation() -> None:
     reported = node("n1", shares=5000, mem_mb=4096, reserved_shares=1000, reserved_mb=1024, mock=(True, False, True))
-    assert node_capacity(reported, 1000, CONFIG.devices) == slots(cpu=4, mem="3g", **{"mock.device": 2})  # unhealthy: not
+    assert node_capacity(reported, 1000, CONFIG.devices) == slots(
+        cpu=4, mem="3g", **{"mock.device": 2}
+    )  # unhealthy: not
 
 
 def test_cpu_cores_are_mhz_over_the_clusters_mhz_per_core() -> None:
@@ -84,11 +138,18 @@ def test_configured_device_names_are_used() -> None:
 
 @pytest.mark.parametrize(
     ("status", "eligibility", "drain", "schedulable"),
-    [("ready", "eligible", False, True), ("down", "eligible", False, False), ("initializing", "eligible", False, False),
-     ("ready", "ineligible", False, False), ("ready", "eligible", True, False), ("disconnected", "eligible", False, False)],
+    [
+        ("ready", "eligible", False, True),
+        ("down", "eligible", False, False),
+        ("initializing", "eligible", False, False),
+        ("ready", "ineligible", False, False),
+        ("ready", "eligible", True, False),
+        ("disconnected", "eligible", False, False),
+    ],
 )
-def test_only_ready_eligible_undrained_nodes_take_sessions(status: str, eligibility: str, drain: bool,
-                                                           schedulable: bool) -> None:
+def test_only_ready_eligible_undrained_nodes_take_sessions(
+    status: str, eligibility: str, drain: bool, schedulable: bool
+) -> None:
     assert is_schedulable(node("n", status=status, eligibility=eligibility, drain=drain)) is schedulable
 
 
@@ -97,30 +158,63 @@ def test_only_ready_eligible_undrained_nodes_take_sessions(status: str, eligibil
 
 def test_allocations_count_whoever_started_them() -> None:
     assert alloc_slots(alloc("n", "etl", shares=500, mem_mb=100, mock_ids=("d0",)), 1000, CONFIG.devices) == slots(
-        cpu="0.5", mem=100 * MIB, **{"mock.device": 1})
-    [agent] = agents_of([node("n")], [alloc("n", "etl", shares=1500, mem_mb=512), alloc("n", "web", shares=500)],
-                        {}, PREFIX, 1000, CONFIG.devices)
+        cpu="0.5", mem=100 * MIB, **{"mock.device": 1}
+    )
+    [agent] = agents_of(
+        [node("n")],
+        [alloc("n", "etl", shares=1500, mem_mb=512), alloc("n", "web", shares=500)],
+        {},
+        PREFIX,
+        1000,
+        CONFIG.devices,
+    )
     assert agent.occupied == slots(cpu=2, mem=768 * MIB)
 
 
 def test_a_caravan_kernel_counts_at_least_what_it_asked_for() -> None:
     # Nomad tracks the MHz and MiB it was given; a device the job does not claim would be missed
-    running = session("s1", S.RUNNING, Kernel(role="main", index=1, hostname="main1", image="",
-                                              resources={"cpu": "2", "mem": str(100 * MIB), "mock.device": "1"}))
-    [agent] = agents_of([node("n", mock=(True, True))], [alloc("n", f"{PREFIX}-s1", shares=1999, mem_mb=100)],
-                        {"s1": running}, PREFIX, 1000, CONFIG.devices)
+    running = session(
+        "s1",
+        S.RUNNING,
+        Kernel(
+            role="main",
+            index=1,
+            hostname="main1",
+            image="",
+            resources={"cpu": "2", "mem": str(100 * MIB), "mock.device": "1"},
+        ),
+    )
+    [agent] = agents_of(
+        [node("n", mock=(True, True))],
+        [alloc("n", f"{PREFIX}-s1", shares=1999, mem_mb=100)],
+        {"s1": running},
+        PREFIX,
+        1000,
+        CONFIG.devices,
+    )
     assert agent.occupied == slots(cpu=2, mem=100 * MIB, **{"mock.device": 1})
 
 
 def test_placements_nomad_does_not_show_yet_count_on_their_agent() -> None:
-    scheduled = session("s1", S.SCHEDULED, kernel(agent="a"), kernel("sub1", agent="b", cpu="2"),
-                        cluster_mode=SessionClusterMode.MULTI_NODE)
+    scheduled = session(
+        "s1",
+        S.SCHEDULED,
+        kernel(agent="a"),
+        kernel("sub1", agent="b", cpu="2"),
+        cluster_mode=SessionClusterMode.MULTI_NODE,
+    )
     preparing_visible = session("s2", S.PREPARING, kernel(agent="a"))
     running_gone = session("s3", S.RUNNING, kernel(agent="a"))  # its allocation ended: nothing held
     pending = session("s4", S.PENDING, kernel(agent=None))
     other_prefix = alloc("a", "other-s2", shares=500, mem_mb=16)  # another Caravan's job: foreign work
-    agents = agents_of([node("a"), node("b")], [alloc("a", f"{PREFIX}-s2"), other_prefix],
-                       {s.id: s for s in (scheduled, preparing_visible, running_gone, pending)}, PREFIX, 1000, CONFIG.devices)
+    agents = agents_of(
+        [node("a"), node("b")],
+        [alloc("a", f"{PREFIX}-s2"), other_prefix],
+        {s.id: s for s in (scheduled, preparing_visible, running_gone, pending)},
+        PREFIX,
+        1000,
+        CONFIG.devices,
+    )
     occupied = {a.id: a.occupied for a in agents}
     assert occupied["a"] == slots(cpu="2.5", mem=528 * MIB)  # s1's main1 + s2 once + the foreign job
     assert occupied["b"] == slots(cpu=2, mem=256 * MIB)
@@ -141,13 +235,26 @@ def test_memory_is_counted_as_nomad_reserves_it() -> None:
 
 def test_a_pending_session_keeps_its_scheduling_fields() -> None:
     kernels = (kernel(cpu="0.5"), kernel("sub1", cpu="0.5"))
-    stored = session("s", S.PENDING, *kernels, cluster_mode=SessionClusterMode.MULTI_NODE, priority=30,
-                     project="p", retries=2, starts_at=T0 + timedelta(hours=1), dependencies=("d1",))
+    stored = session(
+        "s",
+        S.PENDING,
+        *kernels,
+        cluster_mode=SessionClusterMode.MULTI_NODE,
+        priority=30,
+        project="p",
+        retries=2,
+        starts_at=T0 + timedelta(hours=1),
+        dependencies=("d1",),
+    )
     pending = pending_session(stored)
     assert [k.role for k in pending.kernels] == ["main1", "sub1"]
     assert pending.requested == slots(cpu=1, mem="512m")
     assert (pending.cluster_mode, pending.priority, pending.project, pending.retries) == (
-        ClusterMode.MULTI_NODE, 30, "p", 2)
+        ClusterMode.MULTI_NODE,
+        30,
+        "p",
+        2,
+    )
     assert (pending.starts_at, pending.dependencies, pending.user) == (T0 + timedelta(hours=1), ("d1",), "u")
 
 
@@ -158,14 +265,16 @@ def test_a_designated_session_asks_for_its_agents_own_slot() -> None:
 
 @pytest.mark.parametrize(
     ("status", "result", "state"),
-    [(S.TERMINATED, SessionResult.SUCCESS, DependencyState.DONE),
-     (S.TERMINATED, SessionResult.FAILURE, DependencyState.FAILED),
-     (S.TERMINATED, SessionResult.UNDEFINED, DependencyState.FAILED),
-     (S.CANCELLED, SessionResult.UNDEFINED, DependencyState.FAILED),
-     (S.ERROR, SessionResult.UNDEFINED, DependencyState.FAILED),
-     (S.PENDING, SessionResult.UNDEFINED, DependencyState.WAITING),
-     (S.RUNNING, SessionResult.UNDEFINED, DependencyState.WAITING),
-     (S.TERMINATING, SessionResult.UNDEFINED, DependencyState.WAITING)],
+    [
+        (S.TERMINATED, SessionResult.SUCCESS, DependencyState.DONE),
+        (S.TERMINATED, SessionResult.FAILURE, DependencyState.FAILED),
+        (S.TERMINATED, SessionResult.UNDEFINED, DependencyState.FAILED),
+        (S.CANCELLED, SessionResult.UNDEFINED, DependencyState.FAILED),
+        (S.ERROR, SessionResult.UNDEFINED, DependencyState.FAILED),
+        (S.PENDING, SessionResult.UNDEFINED, DependencyState.WAITING),
+        (S.RUNNING, SessionResult.UNDEFINED, DependencyState.WAITING),
+        (S.TERMINATING, SessionResult.UNDEFINED, DependencyState.WAITING),
+    ],
     ids=lambda v: getattr(v, "value", str(v)),
 )
 def test_dependency_states(status: S, result: SessionResult, state: DependencyState) -> None:
@@ -177,8 +286,9 @@ def test_a_vanished_dependency_has_failed() -> None:
 
 
 def test_pending_timeout_counts_from_the_start_time() -> None:
-    config = parse_scheduler_config('default {\n pending_timeout = "10m"\n}\nresource_group "slow" {\n'
-                                    ' pending_timeout = 0\n}', "s.hcl")
+    config = parse_scheduler_config(
+        'default {\n pending_timeout = "10m"\n}\nresource_group "slow" {\n pending_timeout = 0\n}', "s.hcl"
+    )
     later = T0 + timedelta(minutes=11)
     assert timed_out(session("s"), config, later)
     assert not timed_out(session("s"), config, T0 + timedelta(minutes=10))

@@ -20,18 +20,17 @@ from caravan.stack.nomad_agent import NomadAgent
 from caravan.stack.nomad_cluster import NomadCluster
 from core.clock import utcnow
 from core.keys import Keys
-from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
-from stores.resource_policies import PolicyStore
-from domain.resource_policies import UserResourcePolicy
-from core.settings import Settings
 from core.lease import Fence, LostLease
-from stores.sessions import SessionStore
-from nomad_jobs.client import NomadClient
+from core.settings import Settings
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
+from domain.resource_policies import UserResourcePolicy
 from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
-from stores.known_resources import known_resource_groups
-from stores.known_resources import known_slot_types
-from scheduler.placer import Placer
 from domain.slots import SlotType
+from nomad_jobs.client import NomadClient
+from scheduler.placer import Placer
+from stores.known_resources import known_resource_groups, known_slot_types
+from stores.resource_policies import PolicyStore
+from stores.sessions import SessionStore
 from tests.cluster_fixtures import on_the_cluster, scheduler_config
 
 S = SessionStatus
@@ -40,9 +39,20 @@ S = SessionStatus
 def new_session(*, cpu: str = "0.1", group: str = "default", owner: str = "u", **fields: Any) -> Session:
     resources = {"cpu": cpu, "mem": str(64 * 1024 * 1024)}
     kernel = Kernel(role="main", index=1, hostname="main1", image="", resources=resources)
-    return Session(id=str(uuid.uuid4()), name="s-" + uuid.uuid4().hex[:8], owner_id=owner, type=SessionType.BATCH,
-                   driver=Driver.RAW_EXEC, image="", resources=resources, kernels=(kernel,), created_at=utcnow(),
-                   resource_group=group, startup_command="exit 0", **fields)
+    return Session(
+        id=str(uuid.uuid4()),
+        name="s-" + uuid.uuid4().hex[:8],
+        owner_id=owner,
+        type=SessionType.BATCH,
+        driver=Driver.RAW_EXEC,
+        image="",
+        resources=resources,
+        kernels=(kernel,),
+        created_at=utcnow(),
+        resource_group=group,
+        startup_command="exit 0",
+        **fields,
+    )
 
 
 @pytest.fixture
@@ -57,13 +67,20 @@ async def fence(redis: Redis, keys: Keys) -> Fence:
     return Fence(keys.scheduler_fence, int(await redis.incr(keys.scheduler_fence)))
 
 
-def placer(redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings, fence: Fence | None,
-           config: SchedulingConfig | None = None) -> Placer:
+def placer(
+    redis: Redis,
+    keys: Keys,
+    nomad: NomadClient,
+    settings: Settings,
+    fence: Fence | None,
+    config: SchedulingConfig | None = None,
+) -> Placer:
     return Placer(SessionStore(redis, keys), nomad, fence, settings, config or SchedulingConfig())
 
 
-async def test_a_pass_places_explains_and_cancels(redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings,
-                                                  nomad_agent: NomadAgent, fence: Fence) -> None:
+async def test_a_pass_places_explains_and_cancels(
+    redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings, nomad_agent: NomadAgent, fence: Fence
+) -> None:
     store = SessionStore(redis, keys)
     assert await known_slot_types(redis, keys) == {"cpu": SlotType.COUNT, "mem": SlotType.BYTES}  # before any pass
     fits, too_big, orphan = new_session(), new_session(cpu="1000"), new_session(dependencies=("gone",))
@@ -85,7 +102,8 @@ async def test_a_pass_places_explains_and_cancels(redis: Redis, keys: Keys, noma
 
 
 async def test_a_pass_records_the_node_pools_seen_and_the_configured_groups(
-        redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings, fence: Fence) -> None:
+    redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings, fence: Fence
+) -> None:
     assert await redis.smembers(keys.known_resource_groups) == set()  # before any pass (the gateway adds default)
     config = parse_scheduler_config('resource_group "gpu" {\n  agent_selector = "concentrated"\n}\n')
     await placer(redis, keys, nomad, settings, fence, config).run_pass()  # nothing pending: the first pass still reads
@@ -93,9 +111,9 @@ async def test_a_pass_records_the_node_pools_seen_and_the_configured_groups(
     assert await known_resource_groups(redis, keys, configured=["cpu-only"]) == {"default", "gpu", "cpu-only"}
 
 
-async def test_nothing_is_written_when_nothing_changed(redis: Redis, keys: Keys, nomad: NomadClient,
-                                                       settings: Settings, fence: Fence,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_nothing_is_written_when_nothing_changed(
+    redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings, fence: Fence, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = SessionStore(redis, keys)
     await store.create([new_session(cpu="1000"), new_session(cpu="1000")])
     pass_ = placer(redis, keys, nomad, settings, fence)
@@ -112,8 +130,9 @@ async def test_nothing_is_written_when_nothing_changed(redis: Redis, keys: Keys,
     assert writes == []
 
 
-async def test_a_deposed_leader_writes_nothing(redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings,
-                                               fence: Fence) -> None:
+async def test_a_deposed_leader_writes_nothing(
+    redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings, fence: Fence
+) -> None:
     store = SessionStore(redis, keys)
     session = new_session()
     await store.create([session])
@@ -124,8 +143,9 @@ async def test_a_deposed_leader_writes_nothing(redis: Redis, keys: Keys, nomad: 
     assert after is not None and after.status is S.PENDING and after.kernels[0].agent is None
 
 
-async def test_pending_timeout_and_policies_from_redis(redis: Redis, keys: Keys, nomad: NomadClient,
-                                                       settings: Settings, fence: Fence) -> None:
+async def test_pending_timeout_and_policies_from_redis(
+    redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings, fence: Fence
+) -> None:
     store = SessionStore(redis, keys)
     old = new_session(cpu="1000", group="slow")
     old = dataclasses.replace(old, created_at=old.created_at - timedelta(minutes=2))
@@ -142,8 +162,9 @@ async def test_pending_timeout_and_policies_from_redis(redis: Redis, keys: Keys,
     assert held.wait_reasons == ("user-quota: user carol quota exceeded: cpu: 0 held + 0.1 requested > limit 0.05",)
 
 
-async def test_round_robin_resumes_where_the_last_leader_stopped(redis: Redis, keys: Keys, settings: Settings,
-                                                                 nomad_cluster: NomadCluster, fence: Fence) -> None:
+async def test_round_robin_resumes_where_the_last_leader_stopped(
+    redis: Redis, keys: Keys, settings: Settings, nomad_cluster: NomadCluster, fence: Fence
+) -> None:
     clustered = on_the_cluster(settings, nomad_cluster).for_role("scheduler")
     config = parse_scheduler_config(scheduler_config('default {\n  agent_selector = "roundrobin"\n}'), "s.hcl")
     store = SessionStore(redis, keys)

@@ -23,15 +23,23 @@ from tests.harness import caravan_env
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("quick_deaths", "delay"), [
-    (0, FIRST_DELAY), (1, FIRST_DELAY), (2, 2 * FIRST_DELAY), (3, 4 * FIRST_DELAY), (20, MAX_DELAY),
-])
+@pytest.mark.parametrize(
+    ("quick_deaths", "delay"),
+    [
+        (0, FIRST_DELAY),
+        (1, FIRST_DELAY),
+        (2, 2 * FIRST_DELAY),
+        (3, 4 * FIRST_DELAY),
+        (20, MAX_DELAY),
+    ],
+)
 def test_restarts_back_off_while_a_child_keeps_dying_quickly(quick_deaths: int, delay: float) -> None:
     assert restart_delay(quick_deaths) == delay
 
 
 async def test_each_service_runs_alone_is_restarted_when_it_dies_and_dies_with_the_supervisor(
-        settings: Settings, redis: Redis, keys: Keys) -> None:
+    settings: Settings, redis: Redis, keys: Keys
+) -> None:
     async with caravan_dev(settings) as dev:
         await until(lambda: set(dev.roles()) == set(ROLES), 30, "the three services")
         roles = dev.roles()
@@ -41,10 +49,14 @@ async def test_each_service_runs_alone_is_restarted_when_it_dies_and_dies_with_t
         fence = int(await redis.get(keys.scheduler_fence) or 0)
 
         os.kill(roles["scheduler"], signal.SIGKILL)
-        await until(lambda: dev.roles().get("scheduler", roles["scheduler"]) != roles["scheduler"], 30,
-                    "a new scheduler process")
+        await until(
+            lambda: dev.roles().get("scheduler", roles["scheduler"]) != roles["scheduler"],
+            30,
+            "a new scheduler process",
+        )
         assert {role: pid for role, pid in dev.roles().items() if role != "scheduler"} == {
-            role: pid for role, pid in roles.items() if role != "scheduler"}  # the others ran on untouched
+            role: pid for role, pid in roles.items() if role != "scheduler"
+        }  # the others ran on untouched
         # the new scheduler leads once the killed one's lease has expired: a new term
         await until_set(redis, keys.scheduler_fence, above=fence)
 
@@ -88,8 +100,14 @@ def supervising(idle: str, others: str = "import time; time.sleep(300)") -> subp
         idle, others = [sys.executable, "-c", {idle!r}], [sys.executable, "-c", {others!r}]
         sys.exit(Supervisor(lambda role: idle if role == "idle" else others, {{}}).run())
     """)
-    return subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def test_a_child_refused_later_stops_the_others_and_dev_exits_2() -> None:
@@ -107,10 +125,12 @@ def test_a_child_refused_later_stops_the_others_and_dev_exits_2() -> None:
 
 async def test_sighup_reaches_the_idle_checker_and_sigterm_stops_everyone(tmp_path: Path) -> None:
     listening, heard = tmp_path / "listening", tmp_path / "hup"
-    supervisor = supervising("import pathlib, signal, time\n"
-                             f"signal.signal(signal.SIGHUP, lambda *_: pathlib.Path({str(heard)!r}).touch())\n"
-                             f"pathlib.Path({str(listening)!r}).touch()\n"
-                             "time.sleep(300)")
+    supervisor = supervising(
+        "import pathlib, signal, time\n"
+        f"signal.signal(signal.SIGHUP, lambda *_: pathlib.Path({str(heard)!r}).touch())\n"
+        f"pathlib.Path({str(listening)!r}).touch()\n"
+        "time.sleep(300)"
+    )
     try:
         await until(lambda: len(children_of(supervisor.pid)) == 3 and listening.exists(), 30, "three children")
         children = children_of(supervisor.pid)

@@ -28,7 +28,13 @@ def running_with(marker: str) -> list[int]:
 def test_a_nomad_agent_that_never_gets_ready_is_stopped(tmp_path: Path) -> None:
     state = tmp_path / "never-ready"
     with pytest.raises(StartupFailed, match="no-such-driver"):
-        start_nomad_dev(state, nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]), rootfs=Path(STACK["CARAVAN_ROOTFS"]),
-                        want_drivers=("no-such-driver",), log=tmp_path / "nomad.log", timeout=8)
+        start_nomad_dev(
+            state,
+            nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
+            rootfs=Path(STACK["CARAVAN_ROOTFS"]),
+            want_drivers=("no-such-driver",),
+            log=tmp_path / "nomad.log",
+            timeout=8,
+        )
     assert running_with(str(state / "nomad.hcl")) == []
     assert f" {state}/" not in Path("/proc/self/mounts").read_text()

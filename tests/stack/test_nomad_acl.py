@@ -27,8 +27,10 @@ from core.settings import NomadSettings
 from nomad_jobs.client import NomadClient, NomadRejected
 from tests.conftest import STACK
 
-pytestmark = [pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad"),
-              pytest.mark.nomad]  # its own single-node agent
+pytestmark = [
+    pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad"),
+    pytest.mark.nomad,
+]  # its own single-node agent
 
 JOB = """
 job "{name}" {{
@@ -53,16 +55,21 @@ job "{name}" {{
 @pytest.fixture(scope="module")
 def single_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SingleNodeNomad]:
     state = tmp_path_factory.mktemp("acl-single")
-    agent = start_nomad_single_node(state / "nomad", nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
-                                    rootfs=Path(STACK["CARAVAN_ROOTFS"]), want_drivers=("exec",),
-                                    secrets_dir=state / "secrets")
+    agent = start_nomad_single_node(
+        state / "nomad",
+        nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
+        rootfs=Path(STACK["CARAVAN_ROOTFS"]),
+        want_drivers=("exec",),
+        secrets_dir=state / "secrets",
+    )
     yield agent
     agent.stop()
 
 
 def status_of(addr: str, method: str, path: str, *, token: str | None = None, body: Any = None) -> int:
-    request = urllib.request.Request(addr + path, method=method,
-                                     data=None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(
+        addr + path, method=method, data=None if body is None else json.dumps(body).encode()
+    )
     if token:
         request.add_header("X-Nomad-Token", token)
     try:
@@ -80,8 +87,12 @@ def token(agent: SingleNodeNomad, role: str) -> str:
 
 
 ANONYMOUS_REFUSED = [
-    ("GET", "/v1/jobs?namespace=*"), ("GET", "/v1/nodes"), ("GET", "/v1/agent/self"), ("GET", "/v1/allocations"),
-    ("GET", "/v1/acl/tokens"), ("GET", "/v1/operator/keyring/keys"),
+    ("GET", "/v1/jobs?namespace=*"),
+    ("GET", "/v1/nodes"),
+    ("GET", "/v1/agent/self"),
+    ("GET", "/v1/allocations"),
+    ("GET", "/v1/acl/tokens"),
+    ("GET", "/v1/operator/keyring/keys"),
 ]
 
 
@@ -156,7 +167,8 @@ async def test_the_gateway_and_idle_tokens_write_nothing_to_nomad(single_node: S
 
 
 async def test_the_scheduler_registers_exec_jobs_but_raw_exec_is_off_in_the_namespace(
-        single_node: SingleNodeNomad) -> None:
+    single_node: SingleNodeNomad,
+) -> None:
     nomad = NomadClient(NomadSettings(addr=single_node.addr, token=token(single_node, "scheduler")))
     try:
         exec_job = await nomad.parse(JOB.format(name="acl-exec", driver="exec"))
@@ -190,6 +202,7 @@ def test_the_policies_printed_for_operators_are_the_ones_applied(single_node: Si
         with urllib.request.urlopen(request, timeout=10) as response:
             assert json.loads(response.read())["Rules"] == rules
     assert not {"register-job", "deregister-job", "purge-job", "alloc-lifecycle", "submit-job"} & (
-        set(re.findall(r'"([a-z-]+)"', policy_rules("gateway", "default") + policy_rules("idle", "default"))))
+        set(re.findall(r'"([a-z-]+)"', policy_rules("gateway", "default") + policy_rules("idle", "default")))
+    )
     with pytest.raises(ValueError, match="namespace"):
         policy_rules("gateway", 'x" { policy = "write" } namespace "y')

@@ -38,8 +38,12 @@ def free_run(length: int) -> int:
 
 
 def stack_env(home: Path, redis_port: int) -> dict[str, str]:
-    return {"CARAVAN_HOME": str(home), "CARAVAN_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-            "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_run(3)}", "CARAVAN_GATEWAY_PORT": str(free_port())}
+    return {
+        "CARAVAN_HOME": str(home),
+        "CARAVAN_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_run(3)}",
+        "CARAVAN_GATEWAY_PORT": str(free_port()),
+    }
 
 
 def test_a_listening_port_is_named_with_its_holder(listener: int) -> None:
@@ -69,8 +73,14 @@ def test_the_stack_reports_every_port_in_the_way(listener: int, tmp_path: Path) 
 def test_stack_up_stops_before_changing_anything(listener: int, tmp_path: Path) -> None:
     home = tmp_path / "second"
     env = {**os.environ, **stack_env(home, listener), "CARAVAN_NOMAD_HOME": "/nonexistent", "CARAVAN_ROOTFS": "/"}
-    result = subprocess.run([sys.executable, "-m", "caravan.cli", "stack", "up"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "caravan.cli", "stack", "up"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert f"port {listener} (for Redis) is taken by pid {os.getpid()}" in result.stderr
     assert "nothing started" in result.stderr

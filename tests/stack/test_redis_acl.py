@@ -52,16 +52,35 @@ async def as_role(request: pytest.FixtureRequest, redis_settings: Settings) -> A
 
 
 DENIED = [
-    ("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "GET", "*"), ("CONFIG", "SET", "dir", "/tmp"), ("ACL", "LIST"),
-    ("ACL", "SETUSER", "evil", "on", ">x", "+@all", "~*"), ("KEYS", "*"), ("SCAN", "0"), ("INFO",), ("SLOWLOG", "GET"),
-    ("SHUTDOWN",), ("MONITOR",), ("CLIENT", "KILL", "TYPE", "normal"), ("SELECT", "1"), ("RANDOMKEY",),
-    ("FUNCTION", "FLUSH"), ("SCRIPT", "FLUSH"), ("SAVE",), ("BGREWRITEAOF",), ("REPLICAOF", "127.0.0.1", "1"),
-    ("MODULE", "LIST"), ("PUBLISH", "ch", "x"),
+    ("FLUSHALL",),
+    ("FLUSHDB",),
+    ("CONFIG", "GET", "*"),
+    ("CONFIG", "SET", "dir", "/tmp"),
+    ("ACL", "LIST"),
+    ("ACL", "SETUSER", "evil", "on", ">x", "+@all", "~*"),
+    ("KEYS", "*"),
+    ("SCAN", "0"),
+    ("INFO",),
+    ("SLOWLOG", "GET"),
+    ("SHUTDOWN",),
+    ("MONITOR",),
+    ("CLIENT", "KILL", "TYPE", "normal"),
+    ("SELECT", "1"),
+    ("RANDOMKEY",),
+    ("FUNCTION", "FLUSH"),
+    ("SCRIPT", "FLUSH"),
+    ("SAVE",),
+    ("BGREWRITEAOF",),
+    ("REPLICAOF", "127.0.0.1", "1"),
+    ("MODULE", "LIST"),
+    ("PUBLISH", "ch", "x"),
 ]
 
 
 @pytest.mark.parametrize("command", DENIED, ids=lambda c: " ".join(c[:2]))
-async def test_a_component_user_cannot_run_admin_or_dangerous_commands(as_role: Redis, command: tuple[str, ...]) -> None:
+async def test_a_component_user_cannot_run_admin_or_dangerous_commands(
+    as_role: Redis, command: tuple[str, ...]
+) -> None:
     with pytest.raises(NoPermissionError):
         await as_role.execute_command(*command)
 
@@ -96,8 +115,9 @@ async def test_transactions_survive_a_kill_and_restart(tmp_path: Path) -> None:
     """Each component writes in MULTI/EXEC; Redis replays them from its AOF as the ``default`` user, whose rights it
     re-checks at EXEC (redis/redis#14541): with ``default`` at ``-@all`` every transaction was lost on restart."""
     port, secrets = free_port(), tmp_path / "secrets"
-    service = start_redis(tmp_path / "redis", port, log=tmp_path / "redis.log", secrets_dir=secrets,
-                          key_prefixes=("t",))
+    service = start_redis(
+        tmp_path / "redis", port, log=tmp_path / "redis.log", secrets_dir=secrets, key_prefixes=("t",)
+    )
     settings = Settings(home=tmp_path, redis=RedisSettings(url=f"redis://127.0.0.1:{port}/0", prefix="t"))
     try:
         for role in COMPONENT_ROLES:
@@ -107,8 +127,9 @@ async def test_transactions_survive_a_kill_and_restart(tmp_path: Path) -> None:
             await client.aclose()
         service.process.send_signal(signal.SIGKILL)
         service.process.wait(10)
-        service = start_redis(tmp_path / "redis", port, log=tmp_path / "redis.log", secrets_dir=secrets,
-                              key_prefixes=("t",))
+        service = start_redis(
+            tmp_path / "redis", port, log=tmp_path / "redis.log", secrets_dir=secrets, key_prefixes=("t",)
+        )
         admin = Redis.from_url(settings.for_role("admin").redis.url, decode_responses=True)
         for role in COMPONENT_ROLES:
             assert (await admin.get(f"t:{role}:a"), await admin.hget(f"t:{role}:b", "f")) == ("1", "2")
@@ -120,7 +141,9 @@ async def test_transactions_survive_a_kill_and_restart(tmp_path: Path) -> None:
 
 def test_the_users_printed_for_operators_have_the_same_rules(redis_settings: Settings) -> None:
     def without_passwords(lines: list[str]) -> list[list[str]]:
-        return [[word for word in line.split() if not word.startswith("#")] for line in lines if line.startswith("user")]
+        return [
+            [word for word in line.split() if not word.startswith("#")] for line in lines if line.startswith("user")
+        ]
 
     applied = redis_acl_path(redis_settings.secrets).read_text().splitlines()
     assert without_passwords(describe_users("t*").splitlines()) == without_passwords(applied)

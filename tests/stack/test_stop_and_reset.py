@@ -24,8 +24,11 @@ from caravan.stack.session_network import recorded_network
 from core.secrets import nomad_token_path, read_secret
 from tests.conftest import STACK
 
-pytestmark = [pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad"),
-              pytest.mark.nomad, pytest.mark.redis]  # `caravan stack up` starts both
+pytestmark = [
+    pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad"),
+    pytest.mark.nomad,
+    pytest.mark.redis,
+]  # `caravan stack up` starts both
 
 TOKEN = "stack-test-admin-token"
 CREATE = """mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id } } }"""
@@ -53,21 +56,36 @@ class Stack:
         self.nomad = f"http://127.0.0.1:{three_free_ports()}"
         self.gateway = f"http://127.0.0.1:{free_port()}/graphql"
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("CARAVAN_")}
-        self.env = {**inherited, "CARAVAN_HOME": str(home), "CARAVAN_ADMIN_TOKEN": TOKEN,
-                    "CARAVAN_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "CARAVAN_NOMAD_ADDR": self.nomad,
-                    "CARAVAN_GATEWAY_PORT": self.gateway.split(":")[2].split("/")[0],
-                    **{k: STACK[k] for k in ("CARAVAN_NOMAD_HOME", "CARAVAN_ROOTFS") if k in STACK},
-                    "CARAVAN_DEFAULT_IMAGE": STACK.get("CARAVAN_DEFAULT_IMAGE", ""), "CARAVAN_RECONCILE_INTERVAL": "2"}
+        self.env = {
+            **inherited,
+            "CARAVAN_HOME": str(home),
+            "CARAVAN_ADMIN_TOKEN": TOKEN,
+            "CARAVAN_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "CARAVAN_NOMAD_ADDR": self.nomad,
+            "CARAVAN_GATEWAY_PORT": self.gateway.split(":")[2].split("/")[0],
+            **{k: STACK[k] for k in ("CARAVAN_NOMAD_HOME", "CARAVAN_ROOTFS") if k in STACK},
+            "CARAVAN_DEFAULT_IMAGE": STACK.get("CARAVAN_DEFAULT_IMAGE", ""),
+            "CARAVAN_RECONCILE_INTERVAL": "2",
+        }
 
     def run(self, *action: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "caravan.cli", "stack", *action], env=self.env, text=True,
-                              capture_output=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-m", "caravan.cli", "stack", *action],
+            env=self.env,
+            text=True,
+            capture_output=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr
         return done
 
     def gql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-        response = httpx2.post(self.gateway, json={"query": query, "variables": variables or {}}, timeout=30,
-                               headers={"Authorization": f"Bearer {TOKEN}"})
+        response = httpx2.post(
+            self.gateway,
+            json={"query": query, "variables": variables or {}},
+            timeout=30,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
         body: dict[str, Any] = response.json()
         assert not body.get("errors"), body
         return body["data"]  # type: ignore[no-any-return]
@@ -113,8 +131,12 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     running = Stack(tmp_path / "home")
     yield running
     if running.home.exists():  # the test failed half-way: take everything down anyway
-        subprocess.run([sys.executable, "-m", "caravan.cli", "stack", "reset", "--yes"], env=running.env,
-                       capture_output=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "caravan.cli", "stack", "reset", "--yes"],
+            env=running.env,
+            capture_output=True,
+            timeout=300,
+        )
 
 
 def test_stop_releases_ended_allocations_mounts_sessions_survive_and_reset_leaves_nothing(stack: Stack) -> None:
@@ -135,7 +157,9 @@ def test_stop_releases_ended_allocations_mounts_sessions_survive_and_reset_leave
     stack.run("up")
     assert stack.wait_for(interactive, "RUNNING")["status"] == "RUNNING"
     [after] = stack.allocations(running["nomadJobId"])
-    task = after["TaskStates"]["kernel"] if "kernel" in after["TaskStates"] else next(iter(after["TaskStates"].values()))
+    task = (
+        after["TaskStates"]["kernel"] if "kernel" in after["TaskStates"] else next(iter(after["TaskStates"].values()))
+    )
     assert (after["ID"], after["ClientStatus"], task["Restarts"]) == (before["ID"], "running", 0)  # the same task
     assert stack.wait_for(batch, "TERMINATED")["mainKernel"]["logs"]["stdout"] == "hello\n"  # its logs are kept
 
@@ -151,12 +175,22 @@ def test_stop_releases_ended_allocations_mounts_sessions_survive_and_reset_leave
 
 def test_reset_asks_for_yes_and_refuses_what_is_not_a_state_directory(tmp_path: Path) -> None:
     stack = Stack(tmp_path / "home")
-    asked = subprocess.run([sys.executable, "-m", "caravan.cli", "stack", "reset"], env=stack.env, text=True,
-                           capture_output=True, timeout=60)
+    asked = subprocess.run(
+        [sys.executable, "-m", "caravan.cli", "stack", "reset"],
+        env=stack.env,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert asked.returncode == 2 and "--yes" in asked.stderr
     stranger = tmp_path / "not-caravan"
     (stranger / "docs").mkdir(parents=True)
-    refused = subprocess.run([sys.executable, "-m", "caravan.cli", "stack", "reset", "--yes"], text=True,
-                             env={**stack.env, "CARAVAN_HOME": str(stranger)}, capture_output=True, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, "-m", "caravan.cli", "stack", "reset", "--yes"],
+        text=True,
+        env={**stack.env, "CARAVAN_HOME": str(stranger)},
+        capture_output=True,
+        timeout=60,
+    )
     assert refused.returncode == 1 and "not a Caravan state directory" in refused.stderr
     assert (stranger / "docs").exists()

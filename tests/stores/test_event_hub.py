@@ -10,15 +10,24 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from stores import event_hub
-from stores.event_hub import EventHub
 from core.keys import Keys
 from core.settings import Settings
+from stores import event_hub
+from stores.event_hub import EventHub
 
 
 def entry(n: int) -> dict[str, str]:
-    return {"event": json.dumps({"sessionId": f"s{n}", "ownerId": "alice", "status": "PENDING", "reason": str(n),
-                                 "at": "2026-01-01T00:00:00Z"})}
+    return {
+        "event": json.dumps(
+            {
+                "sessionId": f"s{n}",
+                "ownerId": "alice",
+                "status": "PENDING",
+                "reason": str(n),
+                "at": "2026-01-01T00:00:00Z",
+            }
+        )
+    }
 
 
 async def take(stream: object, count: int) -> list[str]:
@@ -51,7 +60,9 @@ async def test_many_followers_share_one_reading_connection(redis_settings: Setti
     await redis.aclose()
 
 
-async def test_a_follower_catches_up_from_its_cursor_then_follows_live_without_repeats(redis: Redis, keys: Keys) -> None:
+async def test_a_follower_catches_up_from_its_cursor_then_follows_live_without_repeats(
+    redis: Redis, keys: Keys
+) -> None:
     hub = EventHub(redis, block_ms=200)
     stream = keys.session_events("s1")
     ids = [await redis.xadd(stream, entry(n)) for n in range(1, 4)]
@@ -65,7 +76,9 @@ async def test_a_follower_catches_up_from_its_cursor_then_follows_live_without_r
 
 
 async def test_a_slow_follower_rereads_from_redis_instead_of_losing_events(
-    redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch,
+    redis: Redis,
+    keys: Keys,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(event_hub, "QUEUE_LENGTH", 3)
     hub = EventHub(redis, block_ms=200)

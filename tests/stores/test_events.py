@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 
 from redis.asyncio import Redis
 
-from stores import events
 from core.keys import Keys
 from domain.lifecycle import restate, transition
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
+from stores import events
 from stores.sessions import SessionStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -17,16 +17,29 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def session() -> Session:
     kernel = Kernel(role="main", index=1, hostname="main1", image="busybox", resources={"cpu": "1"})
-    return Session(id="s1", name="job", owner_id="alice", type=SessionType.BATCH, driver=Driver.EXEC, image="busybox",
-                   resources={"cpu": "1"}, kernels=(kernel,), created_at=T0)
+    return Session(
+        id="s1",
+        name="job",
+        owner_id="alice",
+        type=SessionType.BATCH,
+        driver=Driver.EXEC,
+        image="busybox",
+        resources={"cpu": "1"},
+        kernels=(kernel,),
+        created_at=T0,
+    )
 
 
 def test_an_event_carries_the_change_its_reason_and_the_kernels() -> None:
     ended = transition(session(), SessionStatus.CANCELLED, reason="user-requested", at=T0.replace(minute=5))
     event = events.decode("1700000000000-3", events.event_fields(ended))
     assert event == events.SessionEvent(
-        id="1700000000000-3", session_id="s1", owner_id="alice", status=SessionStatus.CANCELLED,
-        reason="user-requested", at=T0.replace(minute=5),
+        id="1700000000000-3",
+        session_id="s1",
+        owner_id="alice",
+        status=SessionStatus.CANCELLED,
+        reason="user-requested",
+        at=T0.replace(minute=5),
         kernels=(events.KernelState("main1", SessionStatus.CANCELLED),),
     )
 
@@ -53,10 +66,14 @@ async def test_status_changes_are_appended_with_them_and_read_back_in_order(redi
     assert 0 < await redis.ttl(stream) <= events.SESSION_STREAM_TTL
     read = await events.read_after(redis, stream, events.BEGINNING)
     assert [(e.status, e.reason) for e in read] == [
-        (SessionStatus.PENDING, "created"), (SessionStatus.SCHEDULED, "placed"),
-        (SessionStatus.CANCELLED, "user-requested")]
+        (SessionStatus.PENDING, "created"),
+        (SessionStatus.SCHEDULED, "placed"),
+        (SessionStatus.CANCELLED, "user-requested"),
+    ]
     assert [e.status for e in await events.read_after(redis, owner_stream, before)] == [
-        SessionStatus.SCHEDULED, SessionStatus.CANCELLED]
+        SessionStatus.SCHEDULED,
+        SessionStatus.CANCELLED,
+    ]
     assert await events.read_after(redis, stream, read[-1].id) == []
 
 
@@ -79,4 +96,6 @@ async def test_a_preparing_sessions_new_reason_is_an_event_with_its_detail(redis
     await store.update(created.id, lambda s: s.evolve(name="renamed"))  # not a change of status or reason: no event
     read = await events.read_after(redis, keys.session_events(created.id), events.BEGINNING)
     assert [(e.status, e.reason, e.detail) for e in read][-2:] == [
-        (SessionStatus.PREPARING, "job-registered", None), (SessionStatus.PREPARING, "unplaceable", why)]
+        (SessionStatus.PREPARING, "job-registered", None),
+        (SessionStatus.PREPARING, "unplaceable", why),
+    ]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from domain.access import listing_scope
 from core.keys import Keys
+from domain.access import listing_scope
 from domain.listing import ListingFilter, ListingOrder, Position, plan_listing
-from stores.session_listing import merge
 from domain.model import SessionStatus
 from domain.users import Role, User
+from stores.session_listing import merge
 
 K = Keys("p")
 SUPER = User(id="root", name="root", role=Role.SUPERADMIN)
@@ -27,7 +27,10 @@ def test_unfiltered_listings_read_one_index_or_merge_a_few() -> None:
     assert plan(USER).direct and plan(USER).sources == (K.sessions_of_owner("bob"),)
     admin = plan(ADMIN)
     assert admin.merged and set(admin.sources) == {
-        K.sessions_of_owner("ann"), K.sessions_of_project("p1"), K.sessions_of_project("p2")}
+        K.sessions_of_owner("ann"),
+        K.sessions_of_project("p1"),
+        K.sessions_of_project("p2"),
+    }
 
 
 def test_a_superadmin_filtering_by_owner_or_project_reads_that_index() -> None:
@@ -40,14 +43,20 @@ def test_a_superadmin_filtering_by_owner_or_project_reads_that_index() -> None:
 def test_filters_within_a_narrower_scope_intersect_it() -> None:
     narrowed = plan(USER, owner="carol", statuses=frozenset({SessionStatus.RUNNING, SessionStatus.PENDING}))
     assert narrowed.sources == (K.sessions_of_owner("bob"),)
-    assert narrowed.filters == ((K.sessions_of_owner("carol"),),
-                                (K.sessions_with_status("PENDING"), K.sessions_with_status("RUNNING")))
+    assert narrowed.filters == (
+        (K.sessions_of_owner("carol"),),
+        (K.sessions_with_status("PENDING"), K.sessions_with_status("RUNNING")),
+    )
 
 
 def test_time_ranges_bound_the_ordered_index_or_become_a_range_of_the_other() -> None:
     at = datetime(2026, 1, 1, tzinfo=UTC)
     created = plan(SUPER, created_after=at)
-    assert created.direct and created.scores.redis_low() == f"({at.timestamp()!r}" and created.scores.redis_high() == "+inf"
+    assert (
+        created.direct
+        and created.scores.redis_low() == f"({at.timestamp()!r}"
+        and created.scores.redis_high() == "+inf"
+    )
     ended = plan(SUPER, terminated_before=at)
     assert ended.other_range is not None and ended.other_range[0] == K.sessions_by_terminated and not ended.direct
 

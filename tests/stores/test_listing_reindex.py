@@ -17,24 +17,39 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def session(i: int, project: str) -> Session:
     kernel = Kernel(role="main", index=1, hostname="main1", image="busybox", resources={"cpu": "1"})
-    return Session(id=f"s{i}", name=f"job-{i:04d}", owner_id="alice", type=SessionType.BATCH, driver=Driver.EXEC,
-                   image="busybox", resources={"cpu": "1"}, kernels=(kernel,), created_at=T0 + timedelta(seconds=i),
-                   project=project)
+    return Session(
+        id=f"s{i}",
+        name=f"job-{i:04d}",
+        owner_id="alice",
+        type=SessionType.BATCH,
+        driver=Driver.EXEC,
+        image="busybox",
+        resources={"cpu": "1"},
+        kernels=(kernel,),
+        created_at=T0 + timedelta(seconds=i),
+        project=project,
+    )
 
 
 def listing_keys(keys: Keys) -> list[str]:
     """Every key of the listing indexes the sessions of this test touch (what an older Caravan did not write)."""
-    return [keys.sessions_of_project("p1"), keys.sessions_of_project("p2"), keys.session_names,
-            keys.sessions_by_terminated, keys.sessions_of_type(SessionType.BATCH.value),
-            keys.sessions_in_group("default"),
-            *(keys.sessions_with_status(s.value) for s in SessionStatus)]
+    return [
+        keys.sessions_of_project("p1"),
+        keys.sessions_of_project("p2"),
+        keys.session_names,
+        keys.sessions_by_terminated,
+        keys.sessions_of_type(SessionType.BATCH.value),
+        keys.sessions_in_group("default"),
+        *(keys.sessions_with_status(s.value) for s in SessionStatus),
+    ]
 
 
 async def test_sessions_missing_from_the_listing_indexes_are_indexed_once(redis: Redis, keys: Keys) -> None:
     store = SessionStore(redis, keys)
     await store.create([session(i, "p1" if i % 2 else "p2") for i in range(1, 1201)])  # more than one batch
-    await store.update("s7", lambda s: transition(s, SessionStatus.CANCELLED, reason="user-requested",
-                                                  at=T0 + timedelta(hours=1)))
+    await store.update(
+        "s7", lambda s: transition(s, SessionStatus.CANCELLED, reason="user-requested", at=T0 + timedelta(hours=1))
+    )
     written = {key: await redis.dump(key) for key in listing_keys(keys)}
     await redis.delete(*listing_keys(keys))  # as an older Caravan left them
 
@@ -73,8 +88,12 @@ async def test_a_session_changing_during_the_reindex_is_indexed_as_it_is_stored(
                 found = await real_mget(keys_)
                 if not changed:
                     changed = True
-                    await store.update("s1", lambda s: replace(transition(
-                        s, SessionStatus.CANCELLED, reason="user-requested", at=T0 + timedelta(hours=1))))
+                    await store.update(
+                        "s1",
+                        lambda s: replace(
+                            transition(s, SessionStatus.CANCELLED, reason="user-requested", at=T0 + timedelta(hours=1))
+                        ),
+                    )
                 return found
 
             pipe.mget = mget  # type: ignore[method-assign]

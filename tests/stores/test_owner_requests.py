@@ -17,12 +17,23 @@ S = SessionStatus
 
 
 def session(status: S, job: bool = True) -> Session:
-    kernel = Kernel(role="main", index=1, hostname="main1", image="", resources={"cpu": "1", "mem": "268435456"},
-                    status=status)
+    kernel = Kernel(
+        role="main", index=1, hostname="main1", image="", resources={"cpu": "1", "mem": "268435456"}, status=status
+    )
     sid = str(uuid.uuid4())
-    return Session(id=sid, name="s-" + sid[:8], owner_id="u", type=SessionType.INTERACTIVE, driver=Driver.EXEC,
-                   image="", resources=kernel.resources, kernels=(kernel,), created_at=utcnow(), status=status,
-                   nomad_job_id=f"cv-{sid}" if job else None)
+    return Session(
+        id=sid,
+        name="s-" + sid[:8],
+        owner_id="u",
+        type=SessionType.INTERACTIVE,
+        driver=Driver.EXEC,
+        image="",
+        resources=kernel.resources,
+        kernels=(kernel,),
+        created_at=utcnow(),
+        status=status,
+        nomad_job_id=f"cv-{sid}" if job else None,
+    )
 
 
 async def stored(store: SessionStore, status: S, job: bool = True) -> Session:
@@ -56,7 +67,8 @@ async def test_a_forced_end_asks_for_a_purge_and_a_plain_one_never_weakens_it(re
 
 
 async def test_a_service_session_ended_by_observation_has_its_job_stopped_a_batch_one_not(
-        redis: Redis, keys: Keys) -> None:
+    redis: Redis, keys: Keys
+) -> None:
     """Nomad would restart or reschedule the job of an INTERACTIVE session whose task failed; a BATCH job ends with
     its task (stopping it would only register a new version of it)."""
     store = SessionStore(redis, keys)

@@ -116,26 +116,63 @@ def test_client_token_records_read_back() -> None:
 
 
 def test_a_session_from_the_first_version_reads_with_the_newer_fields_defaulted() -> None:
-    kernel = Kernel(role="main", index=1, hostname="main1", image="busybox:1", resources={"cpu": "1"},
-                    status=SessionStatus.RUNNING, agent="node-1", alloc_id="alloc-1", status_info="running")
+    kernel = Kernel(
+        role="main",
+        index=1,
+        hostname="main1",
+        image="busybox:1",
+        resources={"cpu": "1"},
+        status=SessionStatus.RUNNING,
+        agent="node-1",
+        alloc_id="alloc-1",
+        status_info="running",
+    )
     assert decode(stored("session_c75d824.json"), Session) == Session(
-        id="f00d", name="first", owner_id="admin", type=SessionType.INTERACTIVE, driver=Driver.DOCKER,
-        image="busybox:1", resources={"cpu": "1"}, kernels=(kernel,), created_at=T0, status=SessionStatus.RUNNING,
-        status_info="running", status_history=(StatusChange(SessionStatus.PENDING, T0, "created"),
-                                               StatusChange(SessionStatus.RUNNING, T1, "running")),
-        environ={"A": "1"}, nomad_job_id="caravan-f00d", job_hcl="job {}",
+        id="f00d",
+        name="first",
+        owner_id="admin",
+        type=SessionType.INTERACTIVE,
+        driver=Driver.DOCKER,
+        image="busybox:1",
+        resources={"cpu": "1"},
+        kernels=(kernel,),
+        created_at=T0,
+        status=SessionStatus.RUNNING,
+        status_info="running",
+        status_history=(
+            StatusChange(SessionStatus.PENDING, T0, "created"),
+            StatusChange(SessionStatus.RUNNING, T1, "running"),
+        ),
+        environ={"A": "1"},
+        nomad_job_id="caravan-f00d",
+        job_hcl="job {}",
     )
 
 
 def test_a_policy_and_a_template_from_before_their_newer_fields_read_with_them_defaulted() -> None:
     assert decode(stored("user_policy_bae4576.json"), UserResourcePolicy) == UserResourcePolicy(
-        total_resource_slots={"cpu": Decimal("4")}, idle_timeout=300.0, max_concurrent_sessions=2,
+        total_resource_slots={"cpu": Decimal("4")},
+        idle_timeout=300.0,
+        max_concurrent_sessions=2,
     )
-    spec = TemplateSpec(type=SessionType.BATCH, driver=Driver.DOCKER, image="busybox:1", resources={"cpu": "1"},
-                        cluster_size=2, cluster_mode=ClusterMode.MULTI_NODE,
-                        kernel_roles={"sub": RoleSpec(None, {"cpu": "2"})})
+    spec = TemplateSpec(
+        type=SessionType.BATCH,
+        driver=Driver.DOCKER,
+        image="busybox:1",
+        resources={"cpu": "1"},
+        cluster_size=2,
+        cluster_mode=ClusterMode.MULTI_NODE,
+        kernel_roles={"sub": RoleSpec(None, {"cpu": "2"})},
+    )
     assert decode(stored("template_bae4576.json"), Template) == Template(
-        "t-1", "old", "admin", "default", TemplateScope.PERSONAL, spec, T0, T1,
+        "t-1",
+        "old",
+        "admin",
+        "default",
+        TemplateScope.PERSONAL,
+        spec,
+        T0,
+        T1,
     )
 
 
@@ -151,14 +188,19 @@ def test_a_document_missing_a_field_without_default_is_malformed() -> None:
 
 async def test_the_stores_read_the_old_documents_from_redis(redis: Redis, keys: Keys) -> None:
     full, minimal, user = values.full_session(), values.minimal_session(), values.user()
-    await redis.mset({
-        keys.session(full.id): stored("session_full.json"), keys.session(minimal.id): stored("session_minimal.json"),
-        keys.session("f00d"): stored("session_c75d824.json"), keys.user(user.id): stored("user.json"),
-        keys.template(values.template().id): stored("template.json"),
-        keys.user_policy("user-001"): stored("user_policy.json"), keys.project_policy("research"):
-        stored("project_policy.json"), keys.client_token("admin", "again"): stored("client_token_ids.json"),
-        keys.idle_report(full.id): stored("idle_report.json"),
-    })
+    await redis.mset(
+        {
+            keys.session(full.id): stored("session_full.json"),
+            keys.session(minimal.id): stored("session_minimal.json"),
+            keys.session("f00d"): stored("session_c75d824.json"),
+            keys.user(user.id): stored("user.json"),
+            keys.template(values.template().id): stored("template.json"),
+            keys.user_policy("user-001"): stored("user_policy.json"),
+            keys.project_policy("research"): stored("project_policy.json"),
+            keys.client_token("admin", "again"): stored("client_token_ids.json"),
+            keys.idle_report(full.id): stored("idle_report.json"),
+        }
+    )
     await redis.hset(keys.resource_presets, "small", stored("preset.json"))
     await redis.hset(keys.idle_windows, full.id, stored("window.json"))
 

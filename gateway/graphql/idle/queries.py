@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import strawberry
 
-from domain.access import administers
 from core.errors import Forbidden, NotFound
+from domain.access import administers
+from domain.idle.arbiter import LIFETIME_EXEMPT, NETWORK_EXEMPT
+from domain.idle.config import CheckName, IdlePolicyConfig
+from domain.idle.facts import checked_metrics, policy_for
 from domain.model import Session
 from domain.resource_policies import SessionLimits
 from gateway.graphql.context import Info
@@ -19,11 +22,8 @@ from gateway.graphql.idle.types import (
     UtilizationThreshold,
 )
 from gateway.graphql.sessions.queries import visible
-from domain.idle.config import CheckName, IdlePolicyConfig
-from domain.idle.facts import checked_metrics, policy_for
-from stores.resource_policies import PolicyStore
-from domain.idle.arbiter import LIFETIME_EXEMPT, NETWORK_EXEMPT
 from stores.idle import IdleStore
+from stores.resource_policies import PolicyStore
 
 
 @strawberry.type
@@ -48,8 +48,9 @@ class IdleQueries:
         return effective_policy_type(source.source, config, session, limits)
 
 
-def effective_policy_type(source: str, config: IdlePolicyConfig, session: Session,
-                          limits: SessionLimits | None = None) -> EffectiveIdlePolicy:
+def effective_policy_type(
+    source: str, config: IdlePolicyConfig, session: Session, limits: SessionLimits | None = None
+) -> EffectiveIdlePolicy:
     """``limits``: the owner's and project's resource-policy limits, which the idle checker applies too."""
     policy = policy_for(config, session, limits)
     utilization = policy.utilization

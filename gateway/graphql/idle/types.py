@@ -87,7 +87,10 @@ def idle_checks_type(stored: StoredVerdict) -> IdleChecks:
                 measured_against=report.measured_against,
                 note=report.note,
                 operator=report.operator,
-                utilization=[UtilizationReading(metric=r.metric, average=r.average, threshold=r.threshold) for r in report.readings],
+                utilization=[
+                    UtilizationReading(metric=r.metric, average=r.average, threshold=r.threshold)
+                    for r in report.readings
+                ],
             )
             for report in stored.verdict.reports
         ],

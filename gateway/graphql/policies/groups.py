@@ -11,14 +11,14 @@ from collections.abc import Iterable
 from decimal import Decimal
 
 from domain.model import Driver
-from stores.resource_policies import PolicyStore
+from domain.slots import ResourceSlots
 from domain.users import User
 from gateway.graphql.context import Context
 from gateway.graphql.policies.types import Agent, ResourceGroup, resources_of
 from gateway.scheduling_config import scheduling_config
-from stores.known_resources import known_resource_groups
-from domain.slots import ResourceSlots
 from nomad_jobs.agents import agents_of, healthy_drivers, mhz_per_core
+from stores.known_resources import known_resource_groups
+from stores.resource_policies import PolicyStore
 
 
 async def resource_groups(ctx: Context) -> list[ResourceGroup]:
@@ -28,8 +28,14 @@ async def resource_groups(ctx: Context) -> list[ResourceGroup]:
     # occupancy counted as the scheduler's pass counts it (two Nomad calls and two Redis reads)
     live = [s for s in await ctx.sessions.get_many(sorted(await ctx.sessions.live_ids())) if s is not None]
     nodes = await ctx.nomad.nodes()
-    agents = agents_of(nodes, await ctx.nomad.live_allocations(), {s.id: s for s in live},
-                       ctx.settings.nomad.job_prefix, mhz_per_core(nodes, config.cpu_mhz_per_core), config.devices)
+    agents = agents_of(
+        nodes,
+        await ctx.nomad.live_allocations(),
+        {s.id: s for s in live},
+        ctx.settings.nomad.job_prefix,
+        mhz_per_core(nodes, config.cpu_mhz_per_core),
+        config.devices,
+    )
     by_id = {str(node["ID"]): node for node in nodes}
     known = await known_resource_groups(ctx.sessions.redis, ctx.sessions.keys, configured=config.groups)
     if viewer.is_admin:

@@ -12,24 +12,35 @@ from typing import Any
 
 import strawberry
 
-from domain.access import administers, can_see_user, manages_user
 from core.durations import duration_input
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound, UnsupportedResource
+from domain.access import administers, can_see_user, manages_user
 from domain.model import MAX_PRIORITY
-from stores.resource_policies import PolicyStore
-from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy
-from stores.presets import PresetStore
 from domain.presets import ResourcePreset, check_preset_name
+from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy
+from domain.session_requests import GROUP_RULE, checked_preset_slots
+from domain.slots import InvalidQuantityError, SlotType, UnknownSlotError, from_user_input, parse_quantity
 from domain.users import Role, User
 from gateway.graphql.context import Context, Info
-from gateway.graphql.policies.types import (ProjectResourcePolicy as ProjectPolicyType, ResourcePreset as PresetType,
-                                            UserResourcePolicy as UserPolicyType, preset_type_of,
-                                            project_policy_type_of, user_policy_type_of)
+from gateway.graphql.policies.types import (
+    ProjectResourcePolicy as ProjectPolicyType,
+)
+from gateway.graphql.policies.types import (
+    ResourcePreset as PresetType,
+)
+from gateway.graphql.policies.types import (
+    UserResourcePolicy as UserPolicyType,
+)
+from gateway.graphql.policies.types import (
+    preset_type_of,
+    project_policy_type_of,
+    user_policy_type_of,
+)
 from gateway.graphql.sessions.inputs import ResourceInput
 from gateway.graphql.sessions.types import Driver
-from domain.session_requests import GROUP_RULE, checked_preset_slots
 from stores.known_resources import known_slot_types
-from domain.slots import InvalidQuantityError, SlotType, UnknownSlotError, from_user_input, parse_quantity
+from stores.presets import PresetStore
+from stores.resource_policies import PolicyStore
 
 MAX_ALLOWED_GROUPS = 64
 
@@ -44,7 +55,8 @@ class ResourcePresetInput:
 @strawberry.input(description="A project's limits; a field left null is unlimited.")
 class ProjectResourcePolicyInput:
     total_resource_slots: list[ResourceInput] | None = strawberry.field(
-        default=None, description="What the sessions may hold together; a slot not listed is unlimited.")
+        default=None, description="What the sessions may hold together; a slot not listed is unlimited."
+    )
     max_session_lifetime: str | None = strawberry.field(default=None, description="'8h', '3600' (seconds) …")
     idle_timeout: str | None = strawberry.field(default=None, description="Without user traffic this long, reclaimed.")
     allowed_resource_groups: list[str] | None = None
@@ -56,7 +68,8 @@ class UserResourcePolicyInput(ProjectResourcePolicyInput):
     max_concurrent_sessions: int | None = None
     max_pending_sessions: int | None = None
     max_priority: int | None = strawberry.field(
-        default=None, description="The highest session priority (0-100) a USER may ask for; null: the default (10).")
+        default=None, description="The highest session priority (0-100) a USER may ask for; null: the default (10)."
+    )
 
 
 # -- inputs checked (pure) --
@@ -88,14 +101,20 @@ def common_fields(input: ProjectResourcePolicyInput, known: Mapping[str, SlotTyp
 
 
 def user_policy_of(input: UserResourcePolicyInput, known: Mapping[str, SlotType]) -> UserResourcePolicy:
-    for name, value in (("maxConcurrentSessions", input.max_concurrent_sessions),
-                        ("maxPendingSessions", input.max_pending_sessions)):
+    for name, value in (
+        ("maxConcurrentSessions", input.max_concurrent_sessions),
+        ("maxPendingSessions", input.max_pending_sessions),
+    ):
         if value is not None and value < 0:
             raise InvalidInput(f"{name} must be 0 or more (null: unlimited)", field=name)
     if input.max_priority is not None and not 0 <= input.max_priority <= MAX_PRIORITY:
         raise InvalidInput(f"maxPriority must be between 0 and {MAX_PRIORITY} (null: the default)", field="maxPriority")
-    return UserResourcePolicy(**common_fields(input, known), max_concurrent_sessions=input.max_concurrent_sessions,
-                              max_pending_sessions=input.max_pending_sessions, max_priority=input.max_priority)
+    return UserResourcePolicy(
+        **common_fields(input, known),
+        max_concurrent_sessions=input.max_concurrent_sessions,
+        max_pending_sessions=input.max_pending_sessions,
+        max_priority=input.max_priority,
+    )
 
 
 def _slot_limits(given: list[ResourceInput] | None, known: Mapping[str, SlotType]) -> dict[str, str] | None:
@@ -116,8 +135,10 @@ def _groups(names: list[str] | None) -> list[str] | None:
     if names is None:
         return None
     if len(names) > MAX_ALLOWED_GROUPS or not all(GROUP_RULE.match(n) for n in names):
-        raise InvalidInput(f"allowedResourceGroups: at most {MAX_ALLOWED_GROUPS} valid resource group names",
-                           field="allowedResourceGroups")
+        raise InvalidInput(
+            f"allowedResourceGroups: at most {MAX_ALLOWED_GROUPS} valid resource group names",
+            field="allowedResourceGroups",
+        )
     return names
 
 
@@ -182,24 +203,27 @@ class PolicyMutations:
         return True
 
     @strawberry.mutation(description="Admins: replace a user's resource policy (null fields: unlimited).")
-    async def set_user_resource_policy(self, info: Info, user_id: str,
-                                       policy: UserResourcePolicyInput) -> UserPolicyType:
+    async def set_user_resource_policy(
+        self, info: Info, user_id: str, policy: UserResourcePolicyInput
+    ) -> UserPolicyType:
         ctx = info.context
         await _managed_user(ctx, ctx.viewer, user_id)
         checked = user_policy_of(policy, await _known(ctx))
         await PolicyStore(ctx.sessions.redis, ctx.sessions.keys).put_user(user_id, checked)
         return user_policy_type_of(user_id, checked)
 
-    @strawberry.mutation(description="Admins: remove a user's resource policy (they become unlimited). False when "
-                         "there was none.")
+    @strawberry.mutation(
+        description="Admins: remove a user's resource policy (they become unlimited). False when there was none."
+    )
     async def delete_user_resource_policy(self, info: Info, user_id: str) -> bool:
         ctx = info.context
         await _managed_user(ctx, ctx.viewer, user_id)
         return await PolicyStore(ctx.sessions.redis, ctx.sessions.keys).delete_user(user_id)
 
     @strawberry.mutation(description="Admins of the project: replace its resource policy (null fields: unlimited).")
-    async def set_project_resource_policy(self, info: Info, project: str,
-                                          policy: ProjectResourcePolicyInput) -> ProjectPolicyType:
+    async def set_project_resource_policy(
+        self, info: Info, project: str, policy: ProjectResourcePolicyInput
+    ) -> ProjectPolicyType:
         ctx = info.context
         _administered(ctx.viewer, project)
         checked = ProjectResourcePolicy(**common_fields(policy, await _known(ctx)))

@@ -6,12 +6,18 @@ from __future__ import annotations
 import strawberry
 
 from domain.access import administers, manages_user
-from stores.resource_policies import PolicyStore
-from stores.presets import PresetStore
 from gateway.graphql.context import Info
 from gateway.graphql.policies.groups import resource_groups
-from gateway.graphql.policies.types import (ResourceGroup, ResourcePolicies, ResourcePreset, preset_type_of,
-                                            project_policy_type_of, user_policy_type_of)
+from gateway.graphql.policies.types import (
+    ResourceGroup,
+    ResourcePolicies,
+    ResourcePreset,
+    preset_type_of,
+    project_policy_type_of,
+    user_policy_type_of,
+)
+from stores.presets import PresetStore
+from stores.resource_policies import PolicyStore
 
 
 @strawberry.type
@@ -22,8 +28,10 @@ class PolicyQueries:
         ctx.viewer  # noqa: B018  (authenticated requests only)
         return [preset_type_of(p) for p in await PresetStore(ctx.sessions.redis, ctx.sessions.keys).all()]
 
-    @strawberry.field(description="Resource policies: a user gets their own (stored or not) and their projects'; an "
-                      "admin every stored one of the users and projects they administer, and their own.")
+    @strawberry.field(
+        description="Resource policies: a user gets their own (stored or not) and their projects'; an "
+        "admin every stored one of the users and projects they administer, and their own."
+    )
     async def resource_policies(self, info: Info) -> ResourcePolicies:
         ctx = info.context
         viewer = ctx.viewer
@@ -38,12 +46,16 @@ class PolicyQueries:
         user_policies = await store.users(user_ids)
         return ResourcePolicies(
             users=[user_policy_type_of(i, user_policies.get(i)) for i in sorted(user_ids)],
-            projects=[project_policy_type_of(p, found) for p, found in sorted((await store.projects(projects)).items())],
+            projects=[
+                project_policy_type_of(p, found) for p, found in sorted((await store.projects(projects)).items())
+            ],
         )
 
-    @strawberry.field(description="Resource groups with their capacity, occupancy, free capacity and default "
-                      "resources right now. Admins: every group (Nomad node pools, the configured ones, and those "
-                      "sessions were queued in) with its agents. Others: the groups they may create sessions in (their "
-                      "own and their projects' resource policies allow them), without agents.")
+    @strawberry.field(
+        description="Resource groups with their capacity, occupancy, free capacity and default "
+        "resources right now. Admins: every group (Nomad node pools, the configured ones, and those "
+        "sessions were queued in) with its agents. Others: the groups they may create sessions in (their "
+        "own and their projects' resource policies allow them), without agents."
+    )
     async def resource_groups(self, info: Info) -> list[ResourceGroup]:
         return await resource_groups(info.context)

@@ -27,9 +27,11 @@ class UserResourcePolicy:
     max_pending_sessions: int | None
     max_priority: int | None = strawberry.field(
         description="The highest session priority the user may ask for; null: the default (10) for a USER, 100 for "
-        "admins.")
+        "admins."
+    )
     total_resource_slots: list[Resource] | None = strawberry.field(
-        description="What the user's running sessions may hold together; a slot not listed is unlimited.")
+        description="What the user's running sessions may hold together; a slot not listed is unlimited."
+    )
     max_session_lifetime: float | None = strawberry.field(description="Seconds a session may stay RUNNING.")
     idle_timeout: float | None = strawberry.field(description="Seconds a session may go without user traffic.")
     allowed_resource_groups: list[str] | None
@@ -59,34 +61,43 @@ class Agent:
     schedulable: bool = strawberry.field(description="Ready, eligible and not draining.")
     capacity: list[Resource]
     occupied: list[Resource] = strawberry.field(
-        description="Everything allocated on it (Caravan's or not) and Caravan placements Nomad does not show yet.")
-    drivers: list[str] = strawberry.field(description="Task drivers the node has detected and reports healthy "
-                                          "(a client's driver allow/deny list leaves the others out).")
+        description="Everything allocated on it (Caravan's or not) and Caravan placements Nomad does not show yet."
+    )
+    drivers: list[str] = strawberry.field(
+        description="Task drivers the node has detected and reports healthy "
+        "(a client's driver allow/deny list leaves the others out)."
+    )
 
 
 @strawberry.type(description="A set of agents (a Nomad node pool) sessions are queued and placed in.")
 class ResourceGroup:
     name: str
     allowed_drivers: list[str] | None = strawberry.field(
-        description="The drivers its sessions may use, when the scheduler configuration limits them (else null).")
+        description="The drivers its sessions may use, when the scheduler configuration limits them (else null)."
+    )
     default_resources: list[Resource] = strawberry.field(
         description="What each kernel of a session created here gets of a slot its request (and preset) leaves out "
         "(the scheduler configuration's default_resources; built in: 0.25 cpu, 256 MiB of mem). Amounts: cores for "
-        "cpu, bytes for mem, a count for devices.")
+        "cpu, bytes for mem, a count for devices."
+    )
     agents: list[Agent] | None = strawberry.field(description="Admins only (null for others): its Nomad clients.")
     capacity: list[Resource] = strawberry.field(description="Of its schedulable agents together.")
     occupied: list[Resource] = strawberry.field(
-        description="On its schedulable agents together, by anyone's sessions and by what else Nomad runs there.")
+        description="On its schedulable agents together, by anyone's sessions and by what else Nomad runs there."
+    )
     free: list[Resource] = strawberry.field(
         description="Capacity minus occupancy, per slot: what its agents have left together (a session's kernel must "
-        "fit on one agent).")
+        "fit on one agent)."
+    )
 
 
 def resources_of(slots: Mapping[str, Decimal | str] | None) -> list[Resource] | None:
     if slots is None:
         return None
-    return [Resource(slot=slot, amount=amount if isinstance(amount, str) else format(amount, "f"))
-            for slot, amount in sorted(slots.items())]
+    return [
+        Resource(slot=slot, amount=amount if isinstance(amount, str) else format(amount, "f"))
+        for slot, amount in sorted(slots.items())
+    ]
 
 
 def preset_type_of(p: presets.ResourcePreset) -> ResourcePreset:

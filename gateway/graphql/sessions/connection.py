@@ -26,7 +26,8 @@ MAX_FILTER_TEXT = 256
 """Longest text a filter field takes (names are at most 64 characters; ids and projects are short)."""
 
 SessionOrder = strawberry.enum(
-    ListingOrder, name="SessionOrder",
+    ListingOrder,
+    name="SessionOrder",
     description="CREATED_AT orders every session; TERMINATED_AT only those that ended (TERMINATED or CANCELLED).",
 )
 
@@ -94,8 +95,9 @@ class PageRequest:
     end: Position | None
 
 
-def page_request(order: ListingOrder, max_page: int, *, first: int | None, after: str | None, last: int | None,
-                 before: str | None) -> PageRequest:
+def page_request(
+    order: ListingOrder, max_page: int, *, first: int | None, after: str | None, last: int | None, before: str | None
+) -> PageRequest:
     if first is not None and last is not None:
         raise InvalidInput("give first (forwards) or last (backwards), not both", field="last")
     for name, value in (("first", first), ("last", last)):
@@ -114,7 +116,9 @@ def listing_filter(given: SessionFilter | None) -> ListingFilter:
     for name in ("name_contains", "owner", "project", "resource_group"):
         text = getattr(given, name)
         if text is not None and len(text) > MAX_FILTER_TEXT:
-            raise InvalidInput(f"{_camel(name)} is longer than {MAX_FILTER_TEXT} characters", field=f"filter.{_camel(name)}")
+            raise InvalidInput(
+                f"{_camel(name)} is longer than {MAX_FILTER_TEXT} characters", field=f"filter.{_camel(name)}"
+            )
     for name in ("created_after", "created_before", "terminated_after", "terminated_before"):
         moment = getattr(given, name)
         if moment is not None and moment.tzinfo is None:

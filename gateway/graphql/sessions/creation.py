@@ -9,14 +9,13 @@ import asyncio
 from collections.abc import Sequence
 
 from domain.model import Session as SessionModel
-from stores.resource_policies import PolicyStore, pending_admission
 from domain.resource_policies import check_allowed, check_priority
-from stores.presets import PresetStore
+from domain.session_requests import CreationRules
 from gateway.graphql.context import Context
 from gateway.scheduling_config import scheduling_config
-from domain.session_requests import CreationRules
-from stores.known_resources import known_resource_groups
-from stores.known_resources import known_slot_types
+from stores.known_resources import known_resource_groups, known_slot_types
+from stores.presets import PresetStore
+from stores.resource_policies import PolicyStore, pending_admission
 
 
 async def creation_rules(ctx: Context, *, resource_group: str, preset: str | None) -> CreationRules:
@@ -35,15 +34,23 @@ async def creation_rules(ctx: Context, *, resource_group: str, preset: str | Non
     )
 
 
-async def admit_and_store(ctx: Context, sessions: Sequence[SessionModel], client_token: str | None) -> list[SessionModel]:
+async def admit_and_store(
+    ctx: Context, sessions: Sequence[SessionModel], client_token: str | None
+) -> list[SessionModel]:
     """Refuse a resource group or driver the policies leave out or a USER's priority above theirs (``FORBIDDEN``), or
     sessions past the owner's pending limit (``QUOTA_EXCEEDED``, exact under racing creations); else store them."""
     first = sessions[0]
     policies = PolicyStore(ctx.sessions.redis, ctx.sessions.keys)
     user_policy, project_policy = await asyncio.gather(policies.user(first.owner_id), policies.project(first.project))
-    check_allowed(resource_group=first.resource_group, driver=first.driver.value, user=user_policy,
-                  project=project_policy, project_name=first.project)
+    check_allowed(
+        resource_group=first.resource_group,
+        driver=first.driver.value,
+        user=user_policy,
+        project=project_policy,
+        project_name=first.project,
+    )
     check_priority(first.priority, viewer=ctx.viewer, policy=user_policy)
-    admit = pending_admission(first.owner_id, user_policy.max_pending_sessions if user_policy else None,
-                              adding=len(sessions))
+    admit = pending_admission(
+        first.owner_id, user_policy.max_pending_sessions if user_policy else None, adding=len(sessions)
+    )
     return await ctx.sessions.create(sessions, client_token=client_token, admit=admit)

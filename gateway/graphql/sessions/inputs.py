@@ -46,73 +46,105 @@ class KernelRole(Enum):
 class KernelRoleInput:
     role: KernelRole
     image: str | None = strawberry.field(
-        default=UNSET, description="docker and qemu only. Default: the session's image (in overrides of a template, "
-        "null clears the template's image of this role).")
+        default=UNSET,
+        description="docker and qemu only. Default: the session's image (in overrides of a template, "
+        "null clears the template's image of this role).",
+    )
     resources: list[ResourceInput] = strawberry.field(
-        default_factory=list, description="Slots replacing the session's for these kernels (others are kept).")
+        default_factory=list, description="Slots replacing the session's for these kernels (others are kept)."
+    )
 
 
-@strawberry.input(description="The options of new sessions a session template holds: every createSession option but "
-                  "name, clientToken, dependencies, project and owner.")
+@strawberry.input(
+    description="The options of new sessions a session template holds: every createSession option but "
+    "name, clientToken, dependencies, project and owner."
+)
 class SessionSpecInput:
     type: SessionType
     driver: Driver = Driver.DOCKER
     image: str | None = strawberry.field(
-        default=None, description="docker: an allowlisted image reference; qemu: an allowlisted VM image. Default: "
-        "the platform's. exec and raw_exec run no image: they refuse one (INVALID_INPUT on image).")
+        default=None,
+        description="docker: an allowlisted image reference; qemu: an allowlisted VM image. Default: "
+        "the platform's. exec and raw_exec run no image: they refuse one (INVALID_INPUT on image).",
+    )
     startup_command: str | None = None
     environ: list[EnvVarInput] = strawberry.field(default_factory=list)
     resources: list[ResourceInput] = strawberry.field(default_factory=list)
     resource_group: str = "default"
     starts_at: str | None = strawberry.field(
-        default=None, description="BATCH: never start before this ISO 8601 moment, or this duration from now ('90s', "
-        "'1h'; in a template: from each creation).")
+        default=None,
+        description="BATCH: never start before this ISO 8601 moment, or this duration from now ('90s', "
+        "'1h'; in a template: from each creation).",
+    )
     batch_timeout: str | None = strawberry.field(
-        default=None, description="BATCH: end as FAILED (task-timeout) after running this long ('30s', '2h').")
+        default=None, description="BATCH: end as FAILED (task-timeout) after running this long ('30s', '2h')."
+    )
     cluster_size: int = 1
     cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
     count: int = strawberry.field(default=1, description="Create this many identical sessions (named name-1 …).")
     preopen_ports: list[int] = strawberry.field(default_factory=list)
     shared_memory: str | None = strawberry.field(
-        default=None, description="docker only: /dev/shm size ('64m'); other drivers refuse it (a preset's shared "
-        "memory applies to docker kernels only).")
+        default=None,
+        description="docker only: /dev/shm size ('64m'); other drivers refuse it (a preset's shared "
+        "memory applies to docker kernels only).",
+    )
     designated_agent: str | None = strawberry.field(default=None, description="Admins: the Nomad node id to run on.")
     priority: int = strawberry.field(
-        default=DEFAULT_PRIORITY, description="0-100, higher is placed first. A USER may ask for at most their resource "
-        "policy's maxPriority, or the default without one; admins for any.")
+        default=DEFAULT_PRIORITY,
+        description="0-100, higher is placed first. A USER may ask for at most their resource "
+        "policy's maxPriority, or the default without one; admins for any.",
+    )
     preset: str | None = strawberry.field(
-        default=None, description="A resource preset: its slots (and shared memory) under the explicit resources.")
+        default=None, description="A resource preset: its slots (and shared memory) under the explicit resources."
+    )
     kernel_roles: list[KernelRoleInput] = strawberry.field(
-        default_factory=list, description="Cluster sessions: a role's own image and slots (main1, the sub kernels).")
+        default_factory=list, description="Cluster sessions: a role's own image and slots (main1, the sub kernels)."
+    )
     replicas: int | None = strawberry.field(
-        default=None, description="INFERENCE: copies of the main kernel serving servicePort (1-16; default 1).")
+        default=None, description="INFERENCE: copies of the main kernel serving servicePort (1-16; default 1)."
+    )
     service_port: int | None = strawberry.field(
-        default=None, description="INFERENCE (required): the port each replica serves, health-checked; the replica "
-        "listens on the host port given in CARAVAN_SERVICE_PORT.")
+        default=None,
+        description="INFERENCE (required): the port each replica serves, health-checked; the replica "
+        "listens on the host port given in CARAVAN_SERVICE_PORT.",
+    )
     health_check_path: str | None = strawberry.field(
-        default=None, description="INFERENCE: HTTP path the health check GETs (2xx is healthy); default: a TCP check.")
+        default=None, description="INFERENCE: HTTP path the health check GETs (2xx is healthy); default: a TCP check."
+    )
     health_check_grace: str | None = strawberry.field(
-        default=None, description="INFERENCE: how long after a replica (re)starts failing checks are ignored "
-        "('30s' by default, 1s-1h).")
+        default=None,
+        description="INFERENCE: how long after a replica (re)starts failing checks are ignored "
+        "('30s' by default, 1s-1h).",
+    )
 
 
 @strawberry.input
 class CreateSessionInput(SessionSpecInput):
-    name: str = strawberry.field(description="4-64 characters: letters, digits, '_', and '.' or '-' inside; unique "
-                                 "per owner among live sessions.")
+    name: str = strawberry.field(
+        description="4-64 characters: letters, digits, '_', and '.' or '-' inside; unique "
+        "per owner among live sessions."
+    )
     client_token: str | None = strawberry.field(
-        default=None, description="Idempotency key: repeating a request with the same token returns the same session.")
+        default=None, description="Idempotency key: repeating a request with the same token returns the same session."
+    )
     dependencies: list[strawberry.ID] = strawberry.field(
-        default_factory=list, description="BATCH: sessions that must end TERMINATED with SUCCESS first.")
+        default_factory=list, description="BATCH: sessions that must end TERMINATED with SUCCESS first."
+    )
     project: str | None = strawberry.field(
-        default=None, description="One of the owner's projects (see viewer.projects); default: their first.")
+        default=None, description="One of the owner's projects (see viewer.projects); default: their first."
+    )
     owner: strawberry.ID | None = strawberry.field(
-        default=None, description="SUPERADMIN: create the sessions for this user (owner and project are theirs).")
+        default=None, description="SUPERADMIN: create the sessions for this user (owner and project are theirs)."
+    )
 
 
 def role_specs_of(roles: list[KernelRoleInput]) -> dict[str, RoleSpec]:
-    specs = {r.role.value: RoleSpec(image=None if r.image is UNSET else r.image,
-                                    resources={x.slot: x.amount for x in r.resources}) for r in roles}
+    specs = {
+        r.role.value: RoleSpec(
+            image=None if r.image is UNSET else r.image, resources={x.slot: x.amount for x in r.resources}
+        )
+        for r in roles
+    }
     if len(specs) != len(roles):
         raise InvalidInput("each kernel role may be given once", field="kernelRoles")
     return specs
@@ -150,8 +182,11 @@ def input_values_of(options: dict[str, Any]) -> dict[str, Any]:
         "resources": [ResourceInput(slot=k, amount=v) for k, v in options["resources"].items()],
         "preopen_ports": list(options["preopen_ports"]),
         "kernel_roles": [
-            KernelRoleInput(role=KernelRole(role), image=r.image,
-                            resources=[ResourceInput(slot=k, amount=v) for k, v in r.resources.items()])
+            KernelRoleInput(
+                role=KernelRole(role),
+                image=r.image,
+                resources=[ResourceInput(slot=k, amount=v) for k, v in r.resources.items()],
+            )
             for role, r in options["kernel_roles"].items()
         ],
     }

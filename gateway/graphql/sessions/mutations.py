@@ -5,17 +5,17 @@ from __future__ import annotations
 import strawberry
 
 from core.clock import utcnow
-from domain.access import may_create_for
 from core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from domain.access import may_create_for
 from domain.model import Session as SessionModel
 from domain.model import SessionStatus as Status
+from domain.session_requests import NAME_RULE, SessionRequest, build_sessions
 from domain.users import User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.creation import admit_and_store, creation_rules
 from gateway.graphql.sessions.inputs import CreateSessionInput, options_of
 from gateway.graphql.sessions.queries import visible
 from gateway.graphql.sessions.types import Session, session_type_of
-from domain.session_requests import NAME_RULE, SessionRequest, build_sessions
 from stores.activity import record_activity
 
 MAX_DESTROY = 100
@@ -56,8 +56,13 @@ async def create_from_input(ctx: Context, input: CreateSessionInput) -> list[Ses
     for dependency_id, found in zip(dependencies, await ctx.sessions.get_many(dependencies), strict=True):
         if not visible(found, viewer):
             raise NotFound(f"dependency {dependency_id} does not exist", field="dependencies")
-    request = SessionRequest(name=input.name, client_token=input.client_token, dependencies=dependencies,
-                             project=input.project, **options_of(input))
+    request = SessionRequest(
+        name=input.name,
+        client_token=input.client_token,
+        dependencies=dependencies,
+        project=input.project,
+        **options_of(input),
+    )
     rules = await creation_rules(ctx, resource_group=input.resource_group, preset=input.preset)
     sessions = build_sessions(request, viewer=viewer, now=utcnow(), rules=rules, owner=owner)
     return await admit_and_store(ctx, sessions, input.client_token)
@@ -80,8 +85,9 @@ class SessionMutations:
             await _owned(ctx, str(session_id), viewer)
         ended = []
         for session_id in ids:  # the scheduler's job owner stops the jobs, asked in the same write
-            after = await ctx.sessions.request_termination(str(session_id), reason="user-requested", at=utcnow(),
-                                                           forced=forced)
+            after = await ctx.sessions.request_termination(
+                str(session_id), reason="user-requested", at=utcnow(), forced=forced
+            )
             if after is not None:
                 ended.append(session_type_of(after))
         await ctx.sessions.wake_scheduler("destroyed")
@@ -92,15 +98,19 @@ class SessionMutations:
         ctx = info.context
         session = await _owned(ctx, str(id), ctx.viewer)
         if not NAME_RULE.match(name):
-            raise InvalidInput("name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name")
+            raise InvalidInput(
+                "name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name"
+            )
         if session.status.is_terminal:
             raise Conflict("an ended session cannot be renamed", field="id")
         renamed = await ctx.sessions.update(session.id, lambda s: s.evolve(name=name))
         assert renamed is not None
         return session_type_of(renamed)
 
-    @strawberry.mutation(description="Restart the kernels of a RUNNING session in place (within a second or so: the "
-                                      "scheduler restarts them; see each kernel's restarts).")
+    @strawberry.mutation(
+        description="Restart the kernels of a RUNNING session in place (within a second or so: the "
+        "scheduler restarts them; see each kernel's restarts)."
+    )
     async def restart_session(self, info: Info, id: strawberry.ID) -> Session:
         ctx = info.context
         session = await _owned(ctx, str(id), ctx.viewer)

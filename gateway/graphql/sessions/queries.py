@@ -10,18 +10,16 @@ from dataclasses import replace
 from functools import lru_cache
 
 import strawberry
+from strawberry.relay import PageInfo
 from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 
 from core.codec import decode
-from domain.access import can_access, listing_scope
 from core.errors import NotFound
+from domain.access import can_access, listing_scope
 from domain.listing import ListingOrder, plan_listing
-from stores.session_listing import SessionListing
 from domain.model import Session as SessionModel
 from domain.users import User
 from gateway.graphql.context import Info
-from strawberry.relay import PageInfo
-
 from gateway.graphql.sessions.connection import (
     SessionConnection,
     SessionEdge,
@@ -32,7 +30,7 @@ from gateway.graphql.sessions.connection import (
     page_request,
 )
 from gateway.graphql.sessions.types import Session, session_type_of
-
+from stores.session_listing import SessionListing
 
 DECODED_SESSIONS = 1024
 """Session documents whose GraphQL objects are kept per worker (listings serve the same newest pages again and again)."""
@@ -100,8 +98,9 @@ class SessionQueries:
         if request.backward:
             plan = replace(plan, descending=not plan.descending)
         count = selects(info.selected_fields[0].selections, "totalCount")
-        page = await SessionListing(store, listed_session).page(plan, size=request.size, after=request.start, until=request.end,
-                                                count=count)
+        page = await SessionListing(store, listed_session).page(
+            plan, size=request.size, after=request.start, until=request.end, count=count
+        )
         entries = page.entries[::-1] if request.backward else page.entries
         edges = [SessionEdge(cursor=encode_cursor(order, p), node=s) for p, s in entries]
         started_from_cursor = request.start is not None

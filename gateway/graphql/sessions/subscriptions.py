@@ -8,18 +8,19 @@ from enum import Enum
 
 import strawberry
 
-from stores import events
-from domain.access import can_access
 from core.clock import utcnow
 from core.errors import InvalidInput, NotFound
-from stores.event_hub import EventHub
+from domain.access import can_access
 from domain.model import Session as SessionModel
-from stores.sessions import SessionStore
 from gateway.graphql.context import Info
 from gateway.graphql.sessions.log_tail import checked_tail_bytes
 from gateway.graphql.sessions.types import SessionStatus
-from stores.activity import record_activity
 from nomad_jobs.meta import TASK_NAME
+from stores import events
+from stores.activity import record_activity
+from stores.event_hub import EventHub
+from stores.sessions import SessionStore
+
 
 @strawberry.enum(name="LogStream")
 class LogStream(Enum):
@@ -33,24 +34,33 @@ class KernelState:
     status: SessionStatus
 
 
-@strawberry.type(description="One status change of one session, or a PREPARING session's new reason (an entry of its "
-                 "statusHistory).")
+@strawberry.type(
+    description="One status change of one session, or a PREPARING session's new reason (an entry of its statusHistory)."
+)
 class SessionEvent:
     event_id: str = strawberry.field(
-        description="This event's position: pass it as `after` to resume right after it (same subscription arguments).")
+        description="This event's position: pass it as `after` to resume right after it (same subscription arguments)."
+    )
     session_id: strawberry.ID
     status: SessionStatus
     reason: str = strawberry.field(description="Why the status changed (the session's statusInfo): a short code.")
-    detail: str | None = strawberry.field(description="Why, for a person (the session's statusDetail), e.g. Nomad's "
-                                          "'Driver Failure: Failed to pull ...'; null when the code says all.")
+    detail: str | None = strawberry.field(
+        description="Why, for a person (the session's statusDetail), e.g. Nomad's "
+        "'Driver Failure: Failed to pull ...'; null when the code says all."
+    )
     at: datetime
     kernels: list[KernelState]
 
 
 def event_type_of(event: events.SessionEvent) -> SessionEvent:
     return SessionEvent(
-        event_id=event.id, session_id=strawberry.ID(event.session_id), status=event.status, reason=event.reason,
-        detail=event.detail, at=event.at, kernels=[KernelState(hostname=k.hostname, status=k.status) for k in event.kernels],
+        event_id=event.id,
+        session_id=strawberry.ID(event.session_id),
+        status=event.status,
+        reason=event.reason,
+        detail=event.detail,
+        at=event.at,
+        kernels=[KernelState(hostname=k.hostname, status=k.status) for k in event.kernels],
     )
 
 
@@ -64,8 +74,9 @@ async def visible_session(info: Info, session_id: str) -> SessionModel:
 
 async def check_kept(store: SessionStore, stream: str, after: str | None) -> None:
     if after is not None and not await events.is_kept(store.redis, stream, after):
-        raise InvalidInput("after is older than the events kept: subscribe without it and reread the sessions",
-                           field="after")
+        raise InvalidInput(
+            "after is older than the events kept: subscribe without it and reread the sessions", field="after"
+        )
 
 
 def hub_of(info: Info) -> EventHub:
@@ -128,7 +139,11 @@ class SessionSubscriptions:
         "`limit` and `per`)."
     )
     async def kernel_logs(
-        self, info: Info, session_id: strawberry.ID, kernel: str = "main1", stream: LogStream = LogStream.STDOUT,
+        self,
+        info: Info,
+        session_id: strawberry.ID,
+        kernel: str = "main1",
+        stream: LogStream = LogStream.STDOUT,
         tail_bytes: int = 0,
     ) -> AsyncGenerator[str, None]:
         session = await visible_session(info, str(session_id))
@@ -142,8 +157,7 @@ class SessionSubscriptions:
             alloc_id = await allocation_of(store, hub_of(info), session.id, kernel)
             if alloc_id is None:
                 return  # it ended without ever running
-            async for chunk in info.context.nomad.follow_logs(alloc_id, TASK_NAME, stream.value,
-                                                              tail_bytes=tail_bytes):
+            async for chunk in info.context.nomad.follow_logs(alloc_id, TASK_NAME, stream.value, tail_bytes=tail_bytes):
                 yield chunk
 
 

@@ -7,16 +7,16 @@ from enum import Enum
 
 import strawberry
 
-from domain import model
 from core.clock import utcnow
+from domain import model
 from domain.inference import endpoints_of, is_inference
 from gateway.graphql.context import Info
 from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
 from gateway.graphql.sessions.log_tail import checked_tail_bytes
-from stores.activity import record_activity
 from nomad_jobs.client import NomadNotFound
 from nomad_jobs.meta import TASK_NAME
+from stores.activity import record_activity
 
 SessionType = strawberry.enum(model.SessionType, name="SessionType")
 SessionStatus = strawberry.enum(model.SessionStatus, name="SessionStatus")
@@ -32,21 +32,29 @@ class Driver(Enum):
     RAW_EXEC = "raw_exec"
 
 
-DETAIL = ("Why, for a person, in Nomad's words when Nomad said it: a task event ('Driver Failure: Failed to pull ...; "
-          "not restarted: ...', 'Terminated: Exit Code: 127 (...)'), why it cannot place a kernel ('Nomad cannot place "
-          "it: constraint ... excluded 1 node'), or its refusal of the job; null when the code says all. Free text: "
-          "match on the code, not on this.")
+DETAIL = (
+    "Why, for a person, in Nomad's words when Nomad said it: a task event ('Driver Failure: Failed to pull ...; "
+    "not restarted: ...', 'Terminated: Exit Code: 127 (...)'), why it cannot place a kernel ('Nomad cannot place "
+    "it: constraint ... excluded 1 node'), or its refusal of the job; null when the code says all. Free text: "
+    "match on the code, not on this."
+)
 
 
-@strawberry.type(description="One entry of a session's history: a status change, or a PREPARING session's new "
-                 "reason (why it does not start yet).")
+@strawberry.type(
+    description="One entry of a session's history: a status change, or a PREPARING session's new "
+    "reason (why it does not start yet)."
+)
 class StatusChange:
     status: SessionStatus
-    at: datetime = strawberry.field(description="When, by Nomad's task times where they say (a kernel's start or end), "
-                                    "else when Caravan saw it; never before the previous entry.")
-    reason: str = strawberry.field(description="A short machine-readable code: created, scheduled, job-registered, "
-                                   "unplaceable, restarting, kernels-running, task-finished, task-failed, "
-                                   "failed-to-start, job-lost, user-requested, ...")
+    at: datetime = strawberry.field(
+        description="When, by Nomad's task times where they say (a kernel's start or end), "
+        "else when Caravan saw it; never before the previous entry."
+    )
+    reason: str = strawberry.field(
+        description="A short machine-readable code: created, scheduled, job-registered, "
+        "unplaceable, restarting, kernels-running, task-finished, task-failed, "
+        "failed-to-start, job-lost, user-requested, ..."
+    )
     detail: str | None = strawberry.field(description=DETAIL)
 
 
@@ -73,34 +81,47 @@ class Kernel:
     role: str
     index: int
     hostname: str
-    image: str = strawberry.field(description="docker: the image; qemu: the VM image; '' for exec and raw_exec, "
-                                  "which run none.")
+    image: str = strawberry.field(
+        description="docker: the image; qemu: the VM image; '' for exec and raw_exec, which run none."
+    )
     status: SessionStatus
-    status_info: str = strawberry.field(description="A short machine-readable code of the kernel's status: "
-                                        "allocation-pending, unplaceable, restarting, kernel-running, task-finished, "
-                                        "task-failed, failed-to-start, job-lost, ...")
-    status_detail: str | None = strawberry.field(description="What Nomad last said about this kernel beyond its code. " + DETAIL)
+    status_info: str = strawberry.field(
+        description="A short machine-readable code of the kernel's status: "
+        "allocation-pending, unplaceable, restarting, kernel-running, task-finished, "
+        "task-failed, failed-to-start, job-lost, ..."
+    )
+    status_detail: str | None = strawberry.field(
+        description="What Nomad last said about this kernel beyond its code. " + DETAIL
+    )
     started_at: datetime | None = strawberry.field(
         description="When the kernel's task first started, by Nomad's task state (also for a kernel that ran and ended "
-        "between two observations); null: not started.")
+        "between two observations); null: not started."
+    )
     finished_at: datetime | None = strawberry.field(
-        description="When the kernel's task ended for good, by Nomad's task state; null while it runs or may run again.")
+        description="When the kernel's task ended for good, by Nomad's task state; null while it runs or may run again."
+    )
     agent: str | None
     alloc_id: strawberry.Private[str | None]
     session_id: strawberry.Private[str]
     exit_code: int | None
     ports: list[str] = strawberry.field(
-        description="Preopened ports (and an INFERENCE service port) as 'port=host:hostPort', once Nomad allocated them.")
+        description="Preopened ports (and an INFERENCE service port) as 'port=host:hostPort', once Nomad allocated them."
+    )
     restarts: int = strawberry.field(
-        description="Times Nomad restarted this kernel's task in its current allocation (a crash, a failing health check).")
+        description="Times Nomad restarted this kernel's task in its current allocation (a crash, a failing health check)."
+    )
     healthy: bool | None = strawberry.field(
         description="INFERENCE: whether this run of the replica passes its service health check, as last read from "
-        "Nomad; null: not known yet (just started or restarted, checks not run since) or not a replica.")
+        "Nomad; null: not known yet (just started or restarted, checks not run since) or not a replica."
+    )
     resources: list[Resource] = strawberry.field(
-        default_factory=list, description="This kernel's slots (a cluster's main and sub kernels may differ).")
+        default_factory=list, description="This kernel's slots (a cluster's main and sub kernels may differ)."
+    )
 
-    @strawberry.field(description="The kernel's stdout and stderr from Nomad: the last tailBytes (0 to 4 MiB) of each; "
-                      "null before the kernel has run.")
+    @strawberry.field(
+        description="The kernel's stdout and stderr from Nomad: the last tailBytes (0 to 4 MiB) of each; "
+        "null before the kernel has run."
+    )
     async def logs(self, info: Info, tail_bytes: int = 65536) -> KernelLogs | None:
         tail = checked_tail_bytes(tail_bytes)
         if not self.alloc_id:
@@ -130,8 +151,9 @@ class Session:
     name: str
     type: SessionType
     status: SessionStatus
-    status_info: str = strawberry.field(description="The reason of the latest status change: a short machine-readable "
-                                        "code (see StatusChange.reason).")
+    status_info: str = strawberry.field(
+        description="The reason of the latest status change: a short machine-readable code (see StatusChange.reason)."
+    )
     status_detail: str | None = strawberry.field(description="The detail of the latest status change. " + DETAIL)
     status_history: list[StatusChange]
     result: SessionResult
@@ -142,8 +164,10 @@ class Session:
     project: str
     resource_group: str
     driver: Driver
-    image: str = strawberry.field(description="docker: the image; qemu: the VM image; '' for exec and raw_exec, "
-                                  "which run none (main1's: a kernel role may have its own).")
+    image: str = strawberry.field(
+        description="docker: the image; qemu: the VM image; '' for exec and raw_exec, "
+        "which run none (main1's: a kernel role may have its own)."
+    )
     startup_command: str | None
     environ: list[EnvVar]
     resources: list[Resource]
@@ -152,16 +176,19 @@ class Session:
     job_hcl: str | None
     retries: int = strawberry.field(description="Scheduling attempts that found no agent with room (PENDING).")
     wait_reasons: list[str] = strawberry.field(
-        description="Why a PENDING session still waits, one line per check that held it back at the last pass.")
+        description="Why a PENDING session still waits, one line per check that held it back at the last pass."
+    )
     queue_position: int | None = strawberry.field(
-        description="1-based position in its resource group's queue at the last pass; null unless PENDING.")
+        description="1-based position in its resource group's queue at the last pass; null unless PENDING."
+    )
     priority: int
     cluster_mode: ClusterMode
     cluster_size: int
     starts_at: datetime | None
     started_at: datetime | None = strawberry.field(
         description="When its first kernel's task started, by Nomad (set even for a session that ended before Caravan "
-        "saw it RUNNING); null: none started.")
+        "saw it RUNNING); null: none started."
+    )
     batch_timeout: float | None = strawberry.field(description="Seconds a BATCH session may run.")
     dependencies: list[strawberry.ID]
     preopen_ports: list[int]
@@ -169,12 +196,15 @@ class Session:
     replicas: int = strawberry.field(description="INFERENCE: replicas of the main kernel (main1 … mainN); 1 otherwise.")
     service_port: int | None = strawberry.field(description="INFERENCE: the port each replica serves.")
     health_check_path: str | None = strawberry.field(
-        description="INFERENCE: the HTTP path of the replicas' health check; null: a TCP check.")
+        description="INFERENCE: the HTTP path of the replicas' health check; null: a TCP check."
+    )
     health_check_grace: float | None = strawberry.field(
-        description="INFERENCE: seconds after a (re)start before failing checks count; null: the default.")
+        description="INFERENCE: seconds after a (re)start before failing checks count; null: the default."
+    )
     endpoints: list[str] = strawberry.field(
         description="INFERENCE: 'host:port' of the service port of every RUNNING replica whose health check is known "
-        "to pass (kernel.healthy); one loading, failing or recovering drops out until its check passes again.")
+        "to pass (kernel.healthy); one loading, failing or recovering drops out until its check passes again."
+    )
 
     @strawberry.field(description="The owner's user record (batched over a page); null if it no longer exists.")
     async def owner(self, info: Info) -> SessionOwner | None:
@@ -201,8 +231,9 @@ def session_type_of(s: model.Session) -> Session:
         status=s.status,
         status_info=s.status_info,
         status_detail=s.status_detail,
-        status_history=[StatusChange(status=c.status, at=c.at, reason=c.reason, detail=c.detail)
-                        for c in s.status_history],
+        status_history=[
+            StatusChange(status=c.status, at=c.at, reason=c.reason, detail=c.detail) for c in s.status_history
+        ],
         result=s.result,
         exit_code=s.exit_code,
         created_at=s.created_at,
@@ -217,10 +248,22 @@ def session_type_of(s: model.Session) -> Session:
         resources=[Resource(slot=k, amount=v) for k, v in s.resources.items()],
         kernels=[
             Kernel(
-                role=k.role, index=k.index, hostname=k.hostname, image=k.image, status=k.status,
-                status_info=k.status_info, status_detail=k.status_detail, started_at=k.started_at,
-                finished_at=k.finished_at, agent=k.agent, alloc_id=k.alloc_id, session_id=s.id, exit_code=k.exit_code,
-                ports=list(k.ports), restarts=k.restarts, healthy=k.healthy,
+                role=k.role,
+                index=k.index,
+                hostname=k.hostname,
+                image=k.image,
+                status=k.status,
+                status_info=k.status_info,
+                status_detail=k.status_detail,
+                started_at=k.started_at,
+                finished_at=k.finished_at,
+                agent=k.agent,
+                alloc_id=k.alloc_id,
+                session_id=s.id,
+                exit_code=k.exit_code,
+                ports=list(k.ports),
+                restarts=k.restarts,
+                healthy=k.healthy,
                 resources=[Resource(slot=slot, amount=amount) for slot, amount in k.resources.items()],
             )
             for k in s.kernels

@@ -14,22 +14,29 @@ import strawberry
 from strawberry.types.unset import UNSET
 from strawberry.utils.str_converters import to_camel_case
 
-from domain.access import administers
 from core.clock import utcnow
 from core.errors import CaravanError, Forbidden, InvalidInput
-from domain.templates import TemplateScope as Scope
+from domain.access import administers
+from domain.session_requests import SessionRequest, check_request
 from domain.templates import Template, TemplateSpec, check_template_name, may_write, new_template
-from stores.templates import TemplateStore
+from domain.templates import TemplateScope as Scope
 from domain.users import Role, User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.creation import creation_rules
-from gateway.graphql.sessions.inputs import (CreateSessionInput, EnvVarInput, KernelRoleInput, ResourceInput,
-                                             SessionSpecInput, input_values_of, options_of)
+from gateway.graphql.sessions.inputs import (
+    CreateSessionInput,
+    EnvVarInput,
+    KernelRoleInput,
+    ResourceInput,
+    SessionSpecInput,
+    input_values_of,
+    options_of,
+)
 from gateway.graphql.sessions.mutations import CreateSessionPayload, create_from_input
 from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType, session_type_of
 from gateway.graphql.templates.queries import usable
 from gateway.graphql.templates.types import SessionTemplate, TemplateScope, template_type_of
-from domain.session_requests import SessionRequest, check_request
+from stores.templates import TemplateStore
 
 SPEC_CHECK_NAME = "template"
 """A valid session name: a spec is checked as a creation would be, the session name aside."""
@@ -43,8 +50,10 @@ class CreateSessionTemplateInput:
     spec: SessionSpecInput
     scope: TemplateScope = TemplateScope.PERSONAL
     project: str | None = strawberry.field(
-        default=None, description="PROJECT templates (required): a project you administer. PERSONAL: one of yours "
-        "(default: your first); its admins reach the template too.")
+        default=None,
+        description="PROJECT templates (required): a project you administer. PERSONAL: one of yours "
+        "(default: your first); its admins reach the template too.",
+    )
 
 
 @strawberry.input(description="What to change; the spec, when given, replaces the whole spec.")
@@ -53,10 +62,12 @@ class UpdateSessionTemplateInput:
     spec: SessionSpecInput | None = None
 
 
-@strawberry.input(description="Any createSession option, over the template's values. Left out: the template's value. "
-                  "null: cleared, as if the template did not set it (createSession's default; type cannot be "
-                  "cleared). Lists of environ and resources (and each kernel role's slots) are merged item by item "
-                  "into the template's; every other value replaces the template's.")
+@strawberry.input(
+    description="Any createSession option, over the template's values. Left out: the template's value. "
+    "null: cleared, as if the template did not set it (createSession's default; type cannot be "
+    "cleared). Lists of environ and resources (and each kernel role's slots) are merged item by item "
+    "into the template's; every other value replaces the template's."
+)
 class SessionOverridesInput:
     name: str
     type: SessionType | None = UNSET
@@ -138,8 +149,11 @@ def blamed_on_template(exc: CaravanError, template: Template, given: frozenset[s
     option = (exc.field or "").split(".")[0]
     if option not in given:
         return exc
-    return type(exc)(f"{exc.message} ({option} comes from template {template.name!r}: override it, or clear it "
-                     f"with {option}: null)", field=exc.field, **exc.details)
+    return type(exc)(
+        f"{exc.message} ({option} comes from template {template.name!r}: override it, or clear it with {option}: null)",
+        field=exc.field,
+        **exc.details,
+    )
 
 
 def _merged(base: list[Any], over: list[Any], key: str) -> list[Any]:
@@ -152,9 +166,15 @@ def _merged_roles(base: list[KernelRoleInput], over: list[KernelRoleInput]) -> l
     merged = {r.role: r for r in base}
     for role in over:
         under = merged.get(role.role)
-        merged[role.role] = role if under is None else KernelRoleInput(
-            role=role.role, image=under.image if role.image is UNSET else role.image,
-            resources=_merged(under.resources, role.resources, "slot"))
+        merged[role.role] = (
+            role
+            if under is None
+            else KernelRoleInput(
+                role=role.role,
+                image=under.image if role.image is UNSET else role.image,
+                resources=_merged(under.resources, role.resources, "slot"),
+            )
+        )
     return list(merged.values())
 
 
@@ -193,8 +213,9 @@ class TemplateMutations:
         return template_type_of(template)
 
     @strawberry.mutation(description="Rename a template or replace its spec (its owner, or its project's admins).")
-    async def update_session_template(self, info: Info, id: strawberry.ID,
-                                      input: UpdateSessionTemplateInput) -> SessionTemplate:
+    async def update_session_template(
+        self, info: Info, id: strawberry.ID, input: UpdateSessionTemplateInput
+    ) -> SessionTemplate:
         ctx = info.context
         viewer = ctx.viewer
         template = await usable(ctx, str(id), viewer)
@@ -204,13 +225,16 @@ class TemplateMutations:
             check_template_name(input.name)
         spec = spec_of(input.spec) if input.spec is not None else template.spec
         await check_spec(ctx, spec, viewer)
-        changed = template.evolve(name=input.name if input.name is not None else template.name, spec=spec,
-                                  updated_at=utcnow())
+        changed = template.evolve(
+            name=input.name if input.name is not None else template.name, spec=spec, updated_at=utcnow()
+        )
         await TemplateStore(ctx.sessions.redis, ctx.sessions.keys).put(changed)
         return template_type_of(changed)
 
-    @strawberry.mutation(description="Delete a template (its owner, or its project's admins); sessions made from it "
-                         "are not touched. Returns its id.")
+    @strawberry.mutation(
+        description="Delete a template (its owner, or its project's admins); sessions made from it "
+        "are not touched. Returns its id."
+    )
     async def delete_session_template(self, info: Info, id: strawberry.ID) -> strawberry.ID:
         ctx = info.context
         viewer = ctx.viewer
@@ -220,10 +244,12 @@ class TemplateMutations:
         await TemplateStore(ctx.sessions.redis, ctx.sessions.keys).delete(template)
         return id
 
-    @strawberry.mutation(description="Queue sessions from a template: its values, then the overrides, then every "
-                         "check of createSession.")
-    async def create_session_from_template(self, info: Info, template_id: strawberry.ID,
-                                           overrides: SessionOverridesInput) -> CreateSessionPayload:
+    @strawberry.mutation(
+        description="Queue sessions from a template: its values, then the overrides, then every check of createSession."
+    )
+    async def create_session_from_template(
+        self, info: Info, template_id: strawberry.ID, overrides: SessionOverridesInput
+    ) -> CreateSessionPayload:
         ctx = info.context
         template = await usable(ctx, str(template_id), ctx.viewer, field="templateId")
         try:

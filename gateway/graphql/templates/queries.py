@@ -6,10 +6,10 @@ import strawberry
 
 from core.errors import NotFound
 from domain.templates import Template, may_use
-from stores.templates import TemplateStore
 from domain.users import User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.templates.types import SessionTemplate, template_type_of
+from stores.templates import TemplateStore
 
 
 async def usable(ctx: Context, template_id: str, viewer: User, field: str = "id") -> Template:
@@ -22,8 +22,10 @@ async def usable(ctx: Context, template_id: str, viewer: User, field: str = "id"
 
 @strawberry.type
 class TemplateQueries:
-    @strawberry.field(description="The session templates you may use: yours, your projects' (admins: also their "
-                      "members' personal ones), by name.")
+    @strawberry.field(
+        description="The session templates you may use: yours, your projects' (admins: also their "
+        "members' personal ones), by name."
+    )
     async def session_templates(self, info: Info) -> list[SessionTemplate]:
         ctx = info.context
         found = await TemplateStore(ctx.sessions.redis, ctx.sessions.keys).usable_by(ctx.viewer)

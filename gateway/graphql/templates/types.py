@@ -11,8 +11,11 @@ from domain import templates
 from gateway.graphql.sessions.inputs import KernelRole
 from gateway.graphql.sessions.types import ClusterMode, Driver, EnvVar, Resource, SessionType
 
-TemplateScope = strawberry.enum(templates.TemplateScope, name="TemplateScope",
-                                description="PERSONAL: its owner's; PROJECT: every member of its project may use it.")
+TemplateScope = strawberry.enum(
+    templates.TemplateScope,
+    name="TemplateScope",
+    description="PERSONAL: its owner's; PROJECT: every member of its project may use it.",
+)
 
 
 @strawberry.type(description="The kernels of one role with their own image and slots.")
@@ -22,8 +25,10 @@ class KernelRoleSpec:
     resources: list[Resource]
 
 
-@strawberry.type(description="A template's creation parameters, as written (amounts and durations unnormalized): "
-                 "the fields of SessionSpecInput.")
+@strawberry.type(
+    description="A template's creation parameters, as written (amounts and durations unnormalized): "
+    "the fields of SessionSpecInput."
+)
 class SessionSpec:
     type: SessionType
     driver: Driver
@@ -63,20 +68,33 @@ class SessionTemplate:
 
 def spec_type_of(spec: templates.TemplateSpec) -> SessionSpec:
     values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    return SessionSpec(**{
-        **values,
-        "driver": Driver(spec.driver.value),
-        "environ": [EnvVar(name=k, value=v) for k, v in spec.environ.items()],
-        "resources": [Resource(slot=k, amount=v) for k, v in spec.resources.items()],
-        "preopen_ports": list(spec.preopen_ports),
-        "kernel_roles": [KernelRoleSpec(role=KernelRole(role), image=r.image,
-                                        resources=[Resource(slot=k, amount=v) for k, v in r.resources.items()])
-                         for role, r in spec.kernel_roles.items()],
-    })
+    return SessionSpec(
+        **{
+            **values,
+            "driver": Driver(spec.driver.value),
+            "environ": [EnvVar(name=k, value=v) for k, v in spec.environ.items()],
+            "resources": [Resource(slot=k, amount=v) for k, v in spec.resources.items()],
+            "preopen_ports": list(spec.preopen_ports),
+            "kernel_roles": [
+                KernelRoleSpec(
+                    role=KernelRole(role),
+                    image=r.image,
+                    resources=[Resource(slot=k, amount=v) for k, v in r.resources.items()],
+                )
+                for role, r in spec.kernel_roles.items()
+            ],
+        }
+    )
 
 
 def template_type_of(t: templates.Template) -> SessionTemplate:
     return SessionTemplate(
-        id=strawberry.ID(t.id), name=t.name, owner_id=t.owner_id, project=t.project, scope=t.scope,
-        spec=spec_type_of(t.spec), created_at=t.created_at, updated_at=t.updated_at,
+        id=strawberry.ID(t.id),
+        name=t.name,
+        owner_id=t.owner_id,
+        project=t.project,
+        scope=t.scope,
+        spec=spec_type_of(t.spec),
+        created_at=t.created_at,
+        updated_at=t.updated_at,
     )

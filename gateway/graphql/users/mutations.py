@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import strawberry
 
-from domain.access import can_see_user, manages_user
 from core.clock import utcnow
 from core.errors import NotFound
-from domain.users import User
-from gateway.graphql.context import Info
-from gateway.graphql.users.queries import visible_user
-from gateway.graphql.users.types import ApiToken, IssuedToken, Role, UserType, token_type_of, user_type_of
+from domain.access import can_see_user, manages_user
 from domain.user_requests import (
     MAX_PROJECTS,
     NAME_HELP,
@@ -22,15 +18,22 @@ from domain.user_requests import (
     reactivated,
     updated_user,
 )
+from domain.users import User
+from gateway.graphql.context import Info
+from gateway.graphql.users.queries import visible_user
+from gateway.graphql.users.types import ApiToken, IssuedToken, Role, UserType, token_type_of, user_type_of
 
 
 @strawberry.input
 class CreateUserInput:
-    name: str = strawberry.field(description=f"{NAME_HELP[0].upper()}{NAME_HELP[1:]}. Also the user's id: unique and "
-                                 "fixed, and kept by a deactivated user (reactivateUser brings them back).")
+    name: str = strawberry.field(
+        description=f"{NAME_HELP[0].upper()}{NAME_HELP[1:]}. Also the user's id: unique and "
+        "fixed, and kept by a deactivated user (reactivateUser brings them back)."
+    )
     role: Role = Role.USER
-    projects: list[str] = strawberry.field(default_factory=lambda: ["default"],
-                                           description=f"1-{MAX_PROJECTS} project names, each {NAME_HELP}.")
+    projects: list[str] = strawberry.field(
+        default_factory=lambda: ["default"], description=f"1-{MAX_PROJECTS} project names, each {NAME_HELP}."
+    )
 
 
 @strawberry.input
@@ -38,7 +41,8 @@ class UpdateUserInput:
     id: strawberry.ID
     role: Role | None = None
     projects: list[str] | None = strawberry.field(
-        default=None, description=f"Replaces the user's projects: 1-{MAX_PROJECTS} names, each {NAME_HELP}.")
+        default=None, description=f"Replaces the user's projects: 1-{MAX_PROJECTS} names, each {NAME_HELP}."
+    )
 
 
 @strawberry.type
@@ -49,8 +53,9 @@ class UserMutations:
         user = new_user(ctx.viewer, input.name, input.role, input.projects)
         return user_type_of(await ctx.users.create(user))
 
-    @strawberry.mutation(description="Change a user's role and/or projects, under the rules of createUser; "
-                                     "nobody raises themself.")
+    @strawberry.mutation(
+        description="Change a user's role and/or projects, under the rules of createUser; nobody raises themself."
+    )
     async def update_user(self, info: Info, input: UpdateUserInput) -> UserType:
         ctx = info.context
         viewer = ctx.viewer
@@ -66,8 +71,10 @@ class UserMutations:
             raise NotFound(f"no user {input.id}", field="id")
         return user_type_of(updated)
 
-    @strawberry.mutation(description="Revoke all of a user's tokens and refuse new ones. Their sessions are left "
-                                     "running: destroy them separately if they must end.")
+    @strawberry.mutation(
+        description="Revoke all of a user's tokens and refuse new ones. Their sessions are left "
+        "running: destroy them separately if they must end."
+    )
     async def deactivate_user(self, info: Info, id: strawberry.ID) -> UserType:
         ctx = info.context
         viewer = ctx.viewer
@@ -78,9 +85,11 @@ class UserMutations:
             raise NotFound(f"no user {id}", field="id")
         return user_type_of(deactivated)
 
-    @strawberry.mutation(description="Make a deactivated user active again (who may deactivate them may "
-                                     "reactivate them). The tokens revoked at deactivation stay revoked: issue new "
-                                     "ones.")
+    @strawberry.mutation(
+        description="Make a deactivated user active again (who may deactivate them may "
+        "reactivate them). The tokens revoked at deactivation stay revoked: issue new "
+        "ones."
+    )
     async def reactivate_user(self, info: Info, id: strawberry.ID) -> UserType:
         ctx = info.context
         viewer = ctx.viewer
@@ -96,16 +105,20 @@ class UserMutations:
             raise NotFound(f"no user {id}", field="id")
         return user_type_of(updated)
 
-    @strawberry.mutation(description="A new API token for you, or for a user you manage. Its secret is returned "
-                                     "only now. expiresIn: a duration such as '30d'; none: it never expires.")
-    async def issue_token(self, info: Info, label: str, user_id: strawberry.ID | None = None,
-                          expires_in: str | None = None) -> IssuedToken:
+    @strawberry.mutation(
+        description="A new API token for you, or for a user you manage. Its secret is returned "
+        "only now. expiresIn: a duration such as '30d'; none: it never expires."
+    )
+    async def issue_token(
+        self, info: Info, label: str, user_id: strawberry.ID | None = None, expires_in: str | None = None
+    ) -> IssuedToken:
         ctx = info.context
         now = utcnow()
         target = await visible_user(ctx, str(user_id) if user_id is not None else ctx.viewer.id, "userId")
         check_acts_for(ctx.viewer, target, "userId")
-        secret, token = await ctx.users.new_token(target.id, checked_label(label),
-                                                  expires_at=checked_expiry(expires_in, now), now=now)
+        secret, token = await ctx.users.new_token(
+            target.id, checked_label(label), expires_at=checked_expiry(expires_in, now), now=now
+        )
         return IssuedToken(token=token_type_of(token), secret=secret)
 
     @strawberry.mutation(description="Revoke a token (yours, or one of a user you manage): refused from now on.")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import strawberry
 
-from domain.access import can_see_user
 from core.errors import Forbidden, NotFound
+from domain.access import can_see_user
+from domain.user_requests import check_acts_for
 from domain.users import Role, User
 from gateway.graphql.context import Context, Info
 from gateway.graphql.users.types import ApiToken, UserType, token_type_of, user_type_of
-from domain.user_requests import check_acts_for
 
 
 async def visible_user(ctx: Context, user_id: str, field: str) -> User:

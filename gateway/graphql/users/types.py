@@ -17,8 +17,10 @@ class UserType:
     name: str
     role: Role
     projects: list[str] = strawberry.field(description="The projects the user belongs to (an ADMIN administers them).")
-    active: bool = strawberry.field(description="False once deactivated: no tokens; their sessions are left running. "
-                                    "reactivateUser makes them active again.")
+    active: bool = strawberry.field(
+        description="False once deactivated: no tokens; their sessions are left running. "
+        "reactivateUser makes them active again."
+    )
 
 
 @strawberry.type(description="An API token's record; its secret is shown only once, by issueToken.")
@@ -38,10 +40,17 @@ class IssuedToken:
 
 
 def user_type_of(user: users.User) -> UserType:
-    return UserType(id=strawberry.ID(user.id), name=user.name, role=user.role, projects=list(user.projects),
-                    active=user.active)
+    return UserType(
+        id=strawberry.ID(user.id), name=user.name, role=user.role, projects=list(user.projects), active=user.active
+    )
 
 
 def token_type_of(token: users.ApiToken) -> ApiToken:
-    return ApiToken(id=strawberry.ID(token.id), user_id=strawberry.ID(token.user_id), label=token.label,
-                    created_at=token.created_at, expires_at=token.expires_at, last_used_at=token.last_used_at)
+    return ApiToken(
+        id=strawberry.ID(token.id),
+        user_id=strawberry.ID(token.user_id),
+        label=token.label,
+        created_at=token.created_at,
+        expires_at=token.expires_at,
+        last_used_at=token.last_used_at,
+    )

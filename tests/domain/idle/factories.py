@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
-from domain.model import SessionType
-from domain.idle.config import EffectivePolicy, ThresholdOperator, UtilizationPolicy
 from domain.idle.arbiter import SessionFacts
+from domain.idle.config import EffectivePolicy, ThresholdOperator, UtilizationPolicy
 from domain.idle.verdict import CheckReport, RemainingBasis
 from domain.idle.window import UtilizationWindow
+from domain.model import SessionType
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 """When the session under test became RUNNING."""

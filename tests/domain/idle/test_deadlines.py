@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from domain.model import SessionType
 from domain.idle.arbiter import SessionFacts, evaluate
 from domain.idle.verdict import CheckReport, RemainingBasis, TerminationReason
+from domain.model import SessionType
 from tests.domain.idle.factories import at, facts, outcome, policy
 
 HOUR = 3600.0

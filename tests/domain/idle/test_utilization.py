@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from domain.idle.config import ThresholdOperator
 from domain.idle.arbiter import checked_thresholds, evaluate
+from domain.idle.config import ThresholdOperator
 from domain.idle.verdict import CheckReport, MetricReading, RemainingBasis, TerminationReason
 from domain.idle.window import UtilizationWindow
 from tests.domain.idle.factories import INTERVAL, at, facts, filled_window, outcome, policy, ts, utilization

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from domain.idle.config import CheckName
 from domain.idle.arbiter import Arbiter, evaluate
+from domain.idle.config import CheckName
 from domain.idle.verdict import CheckReport, RemainingBasis, TerminationReason, Verdict
 from tests.domain.idle.factories import at, facts, filled_window, policy, utilization
 

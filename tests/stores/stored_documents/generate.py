@@ -30,6 +30,7 @@ def write(name: str, text: str | bytes) -> None:
 def current() -> None:
     sys.path.insert(1, str(HERE))
     import values  # the fixture values, built by the models of the checkout first on the path
+
     from core.clock import to_iso
     from stores.events import event_fields
 
@@ -42,26 +43,62 @@ def current() -> None:
     write("project_policy.json", values.project_policy().to_json())
     write("window.json", values.window().to_json())
     # stores.idle.IdleStore.save_sweep, stores.events.event_fields, stores.sessions.SessionStore.create at 1171ae4
-    write("idle_report.json",
-          json.dumps({"checked_at": to_iso(values.T2), **values.verdict().to_dict()}, separators=(",", ":")))
+    write(
+        "idle_report.json",
+        json.dumps({"checked_at": to_iso(values.T2), **values.verdict().to_dict()}, separators=(",", ":")),
+    )
     write("event.json", event_fields(values.full_session())["event"])
     write("client_token_ids.json", json.dumps(values.CLIENT_TOKEN_IDS))
 
 
 def foundation() -> None:
-    from common.model import ClusterMode, Driver, Kernel, Session, SessionResult, SessionStatus, SessionType
-    from common.model import StatusChange
+    from common.model import (
+        ClusterMode,
+        Driver,
+        Kernel,
+        Session,
+        SessionResult,
+        SessionStatus,
+        SessionType,
+        StatusChange,
+    )
 
-    kernel = Kernel(role="main", index=1, hostname="main1", image="busybox:1", resources={"cpu": "1"},
-                    status=SessionStatus.RUNNING, agent="node-1", alloc_id="alloc-1", exit_code=None,
-                    status_info="running")
+    kernel = Kernel(
+        role="main",
+        index=1,
+        hostname="main1",
+        image="busybox:1",
+        resources={"cpu": "1"},
+        status=SessionStatus.RUNNING,
+        agent="node-1",
+        alloc_id="alloc-1",
+        exit_code=None,
+        status_info="running",
+    )
     session = Session(
-        id="f00d", name="first", owner_id="admin", type=SessionType.INTERACTIVE, driver=Driver.DOCKER,
-        image="busybox:1", resources={"cpu": "1"}, kernels=(kernel,), created_at=T0, status=SessionStatus.RUNNING,
-        status_info="running", status_history=(StatusChange(SessionStatus.PENDING, T0, "created"),
-                                               StatusChange(SessionStatus.RUNNING, T1, "running")),
-        environ={"A": "1"}, cluster_mode=ClusterMode.SINGLE_NODE, result=SessionResult.UNDEFINED,
-        nomad_job_id="caravan-f00d", job_hcl="job {}", priority=10, retries=0, wait_reasons=(),
+        id="f00d",
+        name="first",
+        owner_id="admin",
+        type=SessionType.INTERACTIVE,
+        driver=Driver.DOCKER,
+        image="busybox:1",
+        resources={"cpu": "1"},
+        kernels=(kernel,),
+        created_at=T0,
+        status=SessionStatus.RUNNING,
+        status_info="running",
+        status_history=(
+            StatusChange(SessionStatus.PENDING, T0, "created"),
+            StatusChange(SessionStatus.RUNNING, T1, "running"),
+        ),
+        environ={"A": "1"},
+        cluster_mode=ClusterMode.SINGLE_NODE,
+        result=SessionResult.UNDEFINED,
+        nomad_job_id="caravan-f00d",
+        job_hcl="job {}",
+        priority=10,
+        retries=0,
+        wait_reasons=(),
     )
     write("session_c75d824.json", session.to_json())
 
@@ -73,11 +110,19 @@ def checkpoint() -> None:
 
     policy = UserResourcePolicy(total_resource_slots={"cpu": "4"}, idle_timeout=300, max_concurrent_sessions=2)
     write("user_policy_bae4576.json", policy.to_json())
-    spec = TemplateSpec(type=SessionType.BATCH, driver=Driver.DOCKER, image="busybox:1", resources={"cpu": "1"},
-                        cluster_size=2, cluster_mode=ClusterMode.MULTI_NODE,
-                        kernel_roles={"sub": RoleSpec(None, {"cpu": "2"})})
-    write("template_bae4576.json",
-          Template("t-1", "old", "admin", "default", TemplateScope.PERSONAL, spec, T0, T1).to_json())
+    spec = TemplateSpec(
+        type=SessionType.BATCH,
+        driver=Driver.DOCKER,
+        image="busybox:1",
+        resources={"cpu": "1"},
+        cluster_size=2,
+        cluster_mode=ClusterMode.MULTI_NODE,
+        kernel_roles={"sub": RoleSpec(None, {"cpu": "2"})},
+    )
+    write(
+        "template_bae4576.json",
+        Template("t-1", "old", "admin", "default", TemplateScope.PERSONAL, spec, T0, T1).to_json(),
+    )
 
 
 if __name__ == "__main__":

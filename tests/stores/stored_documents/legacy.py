@@ -49,8 +49,14 @@ def session_from_json(text: str | bytes) -> Session:
         for c in doc["status_history"]
     )
     doc["kernels"] = tuple(
-        Kernel(**{**k, "status": SessionStatus(k["status"]), "ports": tuple(k.get("ports", ())),
-                  **{m: from_iso(k[m]) if k.get(m) else None for m in KERNEL_MOMENTS}})
+        Kernel(
+            **{
+                **k,
+                "status": SessionStatus(k["status"]),
+                "ports": tuple(k.get("ports", ())),
+                **{m: from_iso(k[m]) if k.get(m) else None for m in KERNEL_MOMENTS},
+            }
+        )
         for k in doc["kernels"]
     )
     for listed in ("wait_reasons", "dependencies", "preopen_ports"):
