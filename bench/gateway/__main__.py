@@ -225,7 +225,7 @@ class Renamer:
             next_at = time.monotonic()
             while not self._stop.is_set():
                 name = f"churn-{self.renames:06d}"
-                await store.update(newest, lambda s: dataclasses.replace(s, name=name))
+                await store.update(newest, lambda s, name=name: dataclasses.replace(s, name=name))
                 self.renames, self.last_name = self.renames + 1, name
                 next_at += self.interval
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
@@ -299,6 +299,79 @@ def ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
 TARGETS = ["bare", "page", "cached", "churn", "create"]
 
 
+def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The last line: ratios to the bare page and to the uncached page, the goal and whether it is met."""
+    ratios: dict[str, Any] = {}
+    if "bare" in results:
+        for name in ("page", "cached", "churn"):
+            if name in results:
+                ratios[f"{name}_to_bare"] = ratio(results[name], results["bare"])
+    if "page" in results and "cached" in results:
+        ratios["cached_to_page"] = ratio(results["cached"], results["page"])
+    met = {
+        name: results[name]["rps"] >= 1000 and results[name]["p99_ms"] < 50
+        for name in ("page", "cached", "churn")
+        if name in results
+    }
+    return {"ratios": ratios, "goal": {"rps": 1000, "p99_ms": 50, "met": met}, "meets_goal": all(met.values())}
+
+
+def start_servers(
+    args: argparse.Namespace,
+    work: Path,
+    prefix: str,
+    redis_settings: Settings,
+    processes: list[subprocess.Popen[bytes]],
+) -> tuple[str, str, str]:
+    """Start the cached and the uncached gateway and the bare Starlette page (appended to ``processes``); their URLs."""
+    cached_port, uncached_port, bare_port = free_port(), free_port(), free_port()
+    gateway_env = {
+        "CARAVAN_HOME": str(work / "home"),
+        "CARAVAN_REDIS_URL": redis_settings.redis.url,
+        "CARAVAN_REDIS_PREFIX": prefix,
+        "CARAVAN_SECRETS_DIR": str(work / "secrets"),
+        "CARAVAN_ADMIN_TOKEN": TOKEN,
+        "CARAVAN_GATEWAY_HOST": "127.0.0.1",
+        "CARAVAN_GATEWAY_WORKERS": str(args.workers),
+        "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
+        "CARAVAN_GRAPHQL_RATE_LIMIT": str(10**9),  # on, so its round trip counts, but never refusing
+    }
+    gateways = {"cached": (cached_port, "1"), "uncached": (uncached_port, "0")}
+    for name, (port, cache) in gateways.items():
+        log = work / f"gateway-{name}.log"
+        env = {**gateway_env, "CARAVAN_GATEWAY_PORT": str(port), "CARAVAN_GRAPHQL_RESULT_CACHE": cache}
+        processes.append(spawn([sys.executable, "-m", "caravan.cli", "gateway"], env, log))
+        wait_http(f"http://127.0.0.1:{port}/healthz", processes[-1], log)
+    bare_log = work / "bare.log"
+    processes.append(
+        spawn(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "bench.gateway.bare:create",
+                "--factory",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(bare_port),
+                "--workers",
+                str(args.workers),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ],
+            {"BENCH_REDIS_URL": redis_settings.for_role("gateway").redis.url, "BENCH_REDIS_PREFIX": prefix},
+            bare_log,
+        )
+    )
+    cached_url = f"http://127.0.0.1:{cached_port}/graphql"
+    uncached_url = f"http://127.0.0.1:{uncached_port}/graphql"
+    bare_url = f"http://127.0.0.1:{bare_port}/sessions"
+    wait_http(bare_url, processes[-1], bare_log)
+    return cached_url, uncached_url, bare_url
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=10_000)
@@ -317,7 +390,6 @@ def main() -> None:
         work = Path(tmp)
         prefix = "bench" + uuid.uuid4().hex[:8]
         redis_service, redis_settings = own_redis(work, prefix)
-        plain_url = redis_settings.redis.url
         redis_url = redis_settings.for_role("admin").redis.url  # the bench's own reads and writes
         processes: list[subprocess.Popen[bytes]] = []
         try:
@@ -334,51 +406,7 @@ def main() -> None:
                 flush=True,
             )
 
-            cached_port, uncached_port, bare_port = free_port(), free_port(), free_port()
-            gateway_env = {
-                "CARAVAN_HOME": str(work / "home"),
-                "CARAVAN_REDIS_URL": plain_url,
-                "CARAVAN_REDIS_PREFIX": prefix,
-                "CARAVAN_SECRETS_DIR": str(work / "secrets"),
-                "CARAVAN_ADMIN_TOKEN": TOKEN,
-                "CARAVAN_GATEWAY_HOST": "127.0.0.1",
-                "CARAVAN_GATEWAY_WORKERS": str(args.workers),
-                "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
-                "CARAVAN_GRAPHQL_RATE_LIMIT": str(10**9),  # on, so its round trip counts, but never refusing
-            }
-            gateways = {"cached": (cached_port, "1"), "uncached": (uncached_port, "0")}
-            for name, (port, cache) in gateways.items():
-                log = work / f"gateway-{name}.log"
-                env = {**gateway_env, "CARAVAN_GATEWAY_PORT": str(port), "CARAVAN_GRAPHQL_RESULT_CACHE": cache}
-                processes.append(spawn([sys.executable, "-m", "caravan.cli", "gateway"], env, log))
-                wait_http(f"http://127.0.0.1:{port}/healthz", processes[-1], log)
-            bare_log = work / "bare.log"
-            processes.append(
-                spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "uvicorn",
-                        "bench.gateway.bare:create",
-                        "--factory",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(bare_port),
-                        "--workers",
-                        str(args.workers),
-                        "--log-level",
-                        "warning",
-                        "--no-access-log",
-                    ],
-                    {"BENCH_REDIS_URL": redis_settings.for_role("gateway").redis.url, "BENCH_REDIS_PREFIX": prefix},
-                    bare_log,
-                )
-            )
-            cached_url = f"http://127.0.0.1:{cached_port}/graphql"
-            uncached_url = f"http://127.0.0.1:{uncached_port}/graphql"
-            bare_url = f"http://127.0.0.1:{bare_port}/sessions"
-            wait_http(bare_url, processes[-1], bare_log)
+            cached_url, uncached_url, bare_url = start_servers(args, work, prefix, redis_settings, processes)
             if page_of(cached_url) != page_of(uncached_url):
                 raise SystemExit("the cached and the uncached gateway answer the page differently")
 
@@ -441,20 +469,7 @@ def main() -> None:
                     ),
                     flush=True,
                 )
-            ratios: dict[str, Any] = {}
-            if "bare" in results:
-                for name in ("page", "cached", "churn"):
-                    if name in results:
-                        ratios[f"{name}_to_bare"] = ratio(results[name], results["bare"])
-            if "page" in results and "cached" in results:
-                ratios["cached_to_page"] = ratio(results["cached"], results["page"])
-            goal = {
-                name: results[name]["rps"] >= 1000 and results[name]["p99_ms"] < 50
-                for name in ("page", "cached", "churn")
-                if name in results
-            }
-            if ratios or goal:
-                print(json.dumps({"ratios": ratios, "goal": {"rps": 1000, "p99_ms": 50, "met": goal}}), flush=True)
+            print(json.dumps(summary(results)), flush=True)
         finally:
             for process in processes:
                 stop(process)

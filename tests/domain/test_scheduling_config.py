@@ -1,4 +1,5 @@
-"""The operator's scheduling configuration: HCL and JSON alike, groups inherit from the default, errors name the line."""
+"""The operator's scheduling configuration: HCL and JSON alike, groups inherit from the default, errors name the
+line."""
 
 from __future__ import annotations
 

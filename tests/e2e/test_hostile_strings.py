@@ -66,7 +66,7 @@ def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
         return [d for k in a for d in differences(a[k], b[k], f"{path}.{k}")]
     if isinstance(a, list):
         assert isinstance(b, list) and len(a) == len(b), f"list length differs at {path}"
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
     return [] if a == b else [(path, a, b)]
 
 

@@ -48,7 +48,8 @@ async def test_main_and_sub_kernels_get_their_own_resources(caravan: Caravan) ->
     spec = {"type": "INTERACTIVE", "driver": "EXEC", "clusterSize": 3,
             "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}],
             "kernelRoles": [{"role": "MAIN", "resources": [{"slot": "mem", "amount": "96m"}]},
-                            {"role": "SUB", "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "48m"}]}]}  # fmt: skip
+                            {"role": "SUB", "resources": [{"slot": "cpu", "amount": "0.25"},
+                                                          {"slot": "mem", "amount": "48m"}]}]}  # fmt: skip
     session_id = await run_from_template(caravan, spec)
     resources = await allocated(caravan, session_id)
     assert {host: mib for host, (_, mib) in resources.items()} == {"main1": 96, "sub1": 48, "sub2": 48}
@@ -83,7 +84,8 @@ async def second_tag() -> AsyncIterator[str]:
 async def test_main_and_sub_kernels_run_their_own_image_tags(caravan: Caravan, second_tag: str) -> None:
     spec = {"type": "INTERACTIVE", "driver": "DOCKER", "image": DEFAULT_IMAGE, "clusterSize": 2,
             "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "64m"}],
-            "kernelRoles": [{"role": "SUB", "image": second_tag, "resources": [{"slot": "mem", "amount": "32m"}]}]}  # fmt: skip
+            "kernelRoles": [{"role": "SUB", "image": second_tag,
+                             "resources": [{"slot": "mem", "amount": "32m"}]}]}  # fmt: skip
     session_id = await run_from_template(caravan, spec)
     kernels = (await caravan.gql(KERNELS, {"id": session_id}))["session"]["kernels"]
     assert {k["hostname"]: k["image"] for k in kernels} == {"main1": DEFAULT_IMAGE, "sub1": second_tag}

@@ -20,7 +20,10 @@ from scheduler.placer import Placer
 from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
 
-DESTROY = "mutation($ids: [ID!]!, $forced: Boolean! = false) { destroySession(ids: $ids, forced: $forced) { id status statusInfo } }"
+DESTROY = (
+    "mutation($ids: [ID!]!, $forced: Boolean! = false) "
+    "{ destroySession(ids: $ids, forced: $forced) { id status statusInfo } }"
+)
 RENAME = "mutation($id: ID!, $name: String!) { renameSession(id: $id, name: $name) { id name } }"
 
 
@@ -162,9 +165,11 @@ async def test_cluster_kernels_resolve_each_other_and_connect(caravan: Caravan) 
     # Every sub kernel serves on port 7000 at its own address; main1 fetches from each by hostname. The
     # subs would serve forever: a BATCH session ends when its main kernel does.
     command = (
-        'if [ "$CARAVAN_CLUSTER_ROLE" = sub ]; then mkdir -p /tmp/w && echo "from $CARAVAN_CLUSTER_HOST" > /tmp/w/index.html'
+        'if [ "$CARAVAN_CLUSTER_ROLE" = sub ]; then mkdir -p /tmp/w'
+        ' && echo "from $CARAVAN_CLUSTER_HOST" > /tmp/w/index.html'
         ' && exec httpd -f -p "$CARAVAN_CLUSTER_ADDR:7000" -h /tmp/w; '
-        'else for h in sub1 sub2; do for i in $(seq 100); do wget -q -O - "http://$h:7000/" && break; sleep 0.2; done; done; '
+        "else for h in sub1 sub2; do for i in $(seq 100); do "
+        'wget -q -O - "http://$h:7000/" && break; sleep 0.2; done; done; '
         'echo "hosts=$CARAVAN_CLUSTER_HOSTS size=$CARAVAN_CLUSTER_SIZE"; fi'
     )
     [session_id] = await create(

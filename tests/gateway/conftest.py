@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any, AsyncContextManager
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import httpx2
 import pytest
@@ -13,7 +14,7 @@ from core.settings import Settings
 from gateway.graphql.http import GRAPHQL_RESPONSE
 from tests.harness import ADMIN_TOKEN, Caravan, running_caravan
 
-GatewayWith = Callable[..., AsyncContextManager[Caravan]]
+GatewayWith = Callable[..., AbstractAsyncContextManager[Caravan]]
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """What a driver cannot honour is refused, naming the field, rather than ignored (real gateway and Redis; no
-scheduler): exec and raw_exec run no image, and only docker sizes /dev/shm. Templates: tests/gateway/test_templates.py."""
+scheduler): exec and raw_exec run no image, and only docker sizes /dev/shm.
+Templates: tests/gateway/test_templates.py."""
 
 from __future__ import annotations
 

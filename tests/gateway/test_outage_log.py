@@ -18,7 +18,7 @@ from gateway.outage_log import OutageLog, OutageReporter, outage_of
 from tests.faults import NetworkCut
 from tests.harness import GraphQLErrors, running_caravan
 
-W, I = logging.WARNING, logging.INFO
+WARNING, INFO = logging.WARNING, logging.INFO
 ERRORS = 20
 
 
@@ -28,19 +28,24 @@ def levels_and_starts(lines: list) -> list[tuple[int, str]]:  # type: ignore[typ
 
 def test_the_first_error_of_a_cause_is_logged_then_counts_every_interval_then_its_end() -> None:
     outages = OutageLog(interval=30)
-    assert levels_and_starts(outages.answered("Redis", "refused", 0)) == [(W, "answering UNAVAILABLE")]
+    assert levels_and_starts(outages.answered("Redis", "refused", 0)) == [(WARNING, "answering UNAVAILABLE")]
     for t in range(1, 30):  # 29 more within the interval: silent
         assert outages.answered("Redis", "refused", t) == []
     [count] = outages.answered("Redis", "refused", 30)
     assert (count.level, count.message) == (
-        W,
+        WARNING,
         "still answering UNAVAILABLE: Redis: 30 errors in the last 30 s, 31 since it began 30 s ago",
     )
     assert outages.tick(45) == []  # quiet for 15 s: not over yet
     [end] = outages.tick(60)
-    assert (end.level, end.message) == (I, "no more UNAVAILABLE errors for Redis: none for 30 s; 31 in all over 30 s")
+    assert (end.level, end.message) == (
+        INFO,
+        "no more UNAVAILABLE errors for Redis: none for 30 s; 31 in all over 30 s",
+    )
     assert not outages.open
-    assert levels_and_starts(outages.answered("Redis", "refused", 100)) == [(W, "answering UNAVAILABLE")]  # a new one
+    assert levels_and_starts(outages.answered("Redis", "refused", 100)) == [
+        (WARNING, "answering UNAVAILABLE")
+    ]  # a new one
 
 
 def test_causes_are_logged_apart() -> None:
@@ -98,8 +103,8 @@ async def test_a_redis_outage_logs_a_few_lines_not_one_per_error(
                 assert asyncio.get_running_loop().time() < deadline, caplog.messages
                 await asyncio.sleep(0.1)
     lines = [r for r in caplog.records if r.name == "gateway.outage_log"]
-    assert lines[0].levelno == W and lines[0].getMessage().startswith("answering UNAVAILABLE: Redis (")
+    assert lines[0].levelno == WARNING and lines[0].getMessage().startswith("answering UNAVAILABLE: Redis (")
     messages = [r.getMessage() for r in lines]
-    assert lines[-1].levelno == I and f"{ERRORS} in all" in messages[-1], messages
+    assert lines[-1].levelno == INFO and f"{ERRORS} in all" in messages[-1], messages
     assert all(m.startswith("still answering UNAVAILABLE: Redis") for m in messages[1:-1]), messages
     assert len(lines) < ERRORS / 2, messages  # the first, the end, and a count every 5 s

@@ -180,7 +180,7 @@ async def test_fields_reading_other_data_are_executed_every_time(
     caravan: Caravan, redis: Redis, executions: Executions, selection: str
 ) -> None:
     [session] = await caravan.store.create([new_session("watched", T0)])
-    query = "query { sessions(first: 5) { edges { node { id name %s } } } }" % selection
+    query = f"query {{ sessions(first: 5) {{ edges {{ node {{ id name {selection} }} }} }} }}"
     await caravan.gql(query)
     reads, executed = await listing_reads(redis), executions.count
     await caravan.gql(query)

@@ -146,7 +146,8 @@ async def start_interactive(caravan: Caravan, name: str, command: str | None = N
     Without ``command`` the kernel runs the job renderer's keep-alive loop: up, and idle.
     """
     resources = [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}]
-    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC", "startupCommand": command, "resources": resources}  # fmt: skip
+    fields = {"type": "INTERACTIVE", "name": name, "driver": "EXEC", "startupCommand": command,
+              "resources": resources}  # fmt: skip
     data = await caravan.gql(CREATE, {"input": fields})
     session_id = str(data["createSession"]["sessions"][0]["id"])
     await caravan.wait_for(session_id, "RUNNING", timeout=60)

@@ -72,7 +72,8 @@ CASES = [
         S.TERMINATED,
         "task-failed",
         127,
-        "Terminated: Exit Code: 127 (the shell's code for a command not found); not restarted: Policy allows no restarts",
+        "Terminated: Exit Code: 127 (the shell's code for a command not found); "
+        "not restarted: Policy allows no restarts",
         at("2026-11-23T23:45:25.950408"),
         at("2026-11-23T23:45:25.968987"),
     ),
@@ -102,7 +103,8 @@ CASES = [
         S.TERMINATED,
         "task-failed",
         137,
-        "Terminated: Exit Code: 137 (OOM killed: the kernel ran out of memory); not restarted: Policy allows no restarts",
+        "Terminated: Exit Code: 137 (OOM killed: the kernel ran out of memory); "
+        "not restarted: Policy allows no restarts",
         at("2026-11-23T23:49:34.561037"),
         at("2026-11-23T23:49:34.979095"),
     ),

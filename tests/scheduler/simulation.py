@@ -28,7 +28,7 @@ def simulate(
     placed_at: dict[str, int] = {}
     roundrobin: dict[str, int] = {}
     for number in range(max_passes):
-        for release_at, agent_id, amount, _ in [f for f in finishing if f[0] == number]:
+        for _release_at, agent_id, amount, _ in [f for f in finishing if f[0] == number]:
             agent = by_id[agent_id]
             by_id[agent_id] = replace(agent, occupied=agent.occupied - amount)
         finishing = [f for f in finishing if f[0] > number]

@@ -19,7 +19,8 @@ from scheduler.config import scheduler_core
         (
             'resource_group "a" {\n  agent_selector = "best"\n}',
             2,
-            "resource_group.a.agent_selector: unknown agent selector 'best'; valid: concentrated, dispersed, roundrobin",
+            "resource_group.a.agent_selector: unknown agent selector 'best'; "
+            "valid: concentrated, dispersed, roundrobin",
         ),
     ],
 )

@@ -1,5 +1,6 @@
 """What the gateway, the idle checker and the follower ask the scheduler's job owner, through the session store: in
-the same transaction as the session's new state (real Redis; the owner acting on it is tests/scheduler/test_job_owner)."""
+the same transaction as the session's new state (real Redis; the owner acting on it is
+tests/scheduler/test_job_owner)."""
 
 from __future__ import annotations
 
