@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from core.codec import decode, encode
 from core.errors import QuotaExceeded
 from core.keys import Keys
+from core.replies import text_set
 from domain.model import Session, SessionStatus
 from domain.resource_policies import ProjectResourcePolicy, SessionLimits, UserResourcePolicy, session_limits
 from stores.sessions import Admission, SessionStore
@@ -50,8 +51,7 @@ class PolicyStore:
 
     async def user_ids(self) -> set[str]:
         """Users with a stored policy."""
-        ids: set[str] = await self.redis.smembers(self.keys.users_with_policy)
-        return ids
+        return text_set(await self.redis.smembers(self.keys.users_with_policy))
 
     async def project(self, project: str) -> ProjectResourcePolicy | None:
         return (await self.projects([project])).get(project)
@@ -74,8 +74,7 @@ class PolicyStore:
 
     async def project_names(self) -> set[str]:
         """Projects with a stored policy."""
-        names: set[str] = await self.redis.smembers(self.keys.projects_with_policy)
-        return names
+        return text_set(await self.redis.smembers(self.keys.projects_with_policy))
 
     async def _many(self, names: Iterable[str], key: Callable[[str], str], kind: type[P]) -> dict[str, P]:
         ordered = sorted(set(names))
