@@ -19,16 +19,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from redis.typing import XReadResponse
 
 from core.clock import utcnow
 from core.keys import Keys
+from core.replies import stream_reads
 from domain.users import hash_token
 from stores import events
 
@@ -115,25 +114,8 @@ class RevocationWatch:
                 log.warning("token revocations unreadable (%s); retrying in %s s", exc, RETRY_SECONDS)
                 await asyncio.sleep(RETRY_SECONDS)
                 continue
-            for entry_id, token_hash in _revocations(reply):
+            for entry_id, fields in (entry for _stream, entries in stream_reads(reply) for entry in entries):
                 self._position = entry_id
+                token_hash = fields.get("token", "")
                 for watched in list(self._watched.get(token_hash, ())):
                     watched.trip("revoked")
-
-
-def _revocations(reply: XReadResponse | None) -> list[tuple[str, str]]:
-    """``(entry id, token hash)`` of each entry of an XREAD reply on the revocation stream, in order.
-
-    redis-py types the reply for every client setting; Caravan's clients speak RESP2 (``[[stream, entries], ...]``)
-    and decode responses, so entry ids and fields are text (bytes are decoded all the same)."""
-    if isinstance(reply, Mapping):
-        raise TypeError("an XREAD reply in RESP3 form: Caravan's Redis clients speak RESP2")
-    return [
-        (_text(entry_id), _text(fields.get("token", "")))
-        for _stream, entries in reply or ()
-        for entry_id, fields in entries
-    ]
-
-
-def _text(reply: bytes | str) -> str:
-    return reply if isinstance(reply, str) else reply.decode()
