@@ -98,7 +98,10 @@ def check_network(*, now: float, started: float, session: SessionFacts, timeout:
     if session.open_connections > 0:
         return CheckReport(name, False, timeout, RemainingBasis.IDLENESS, "app connections open")
     activity = session.last_activity.timestamp() if session.last_activity is not None else started
-    return _countdown(name, max(activity, started) + timeout - now, RemainingBasis.IDLENESS)
+    # Activity stamped after ``now`` (recorded while this sweep ran, or by a gateway whose clock runs ahead) is
+    # activity now: the countdown never exceeds the timeout.
+    idle_for = max(0.0, now - max(activity, started))
+    return _countdown(name, timeout - idle_for, RemainingBasis.IDLENESS)
 
 
 def check_utilization(
