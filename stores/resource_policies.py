@@ -14,7 +14,8 @@ from core.codec import decode, encode
 from core.errors import QuotaExceeded
 from core.keys import Keys
 from core.replies import text_set
-from domain.model import Session, SessionStatus
+from domain.idle.facts import SweptSession
+from domain.model import SessionStatus
 from domain.resource_policies import ProjectResourcePolicy, SessionLimits, UserResourcePolicy, session_limits
 from stores.sessions import Admission, SessionStore
 
@@ -83,7 +84,7 @@ class PolicyStore:
         raws = await self.redis.mget([key(name) for name in ordered])
         return {name: decode(raw, kind) for name, raw in zip(ordered, raws, strict=True) if raw}
 
-    async def limits_of(self, sessions: Sequence[Session]) -> dict[str, SessionLimits]:
+    async def limits_of(self, sessions: Sequence[SweptSession]) -> dict[str, SessionLimits]:
         """Session id -> the limits its owner's and project's policies set (the idle checks apply them); sessions
         without any are left out. Two Redis reads, however many sessions."""
         users = await self.users({s.owner_id for s in sessions})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Literal, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
@@ -29,6 +29,8 @@ LISTING_INDEXES_VERSION = "1"
 """Bump when the listing indexes change shape: the scheduler then indexes every stored session again, once."""
 REINDEX_BATCH = 500
 """Sessions indexed per WATCHed transaction when the listing indexes are rebuilt."""
+
+T = TypeVar("T")
 
 
 StopMode = Literal["stop", "purge"]
@@ -57,8 +59,15 @@ class SessionStore:
     async def get_many(self, session_ids: Sequence[str]) -> list[Session | None]:
         if not session_ids:
             return []
+        return await self.get_many_as(session_ids, Session)
+
+    async def get_many_as(self, session_ids: Sequence[str], view: type[T]) -> list[T | None]:
+        """Sessions' documents read as ``view``: :class:`Session`, or a dataclass of some of its fields (same names,
+        types and defaults) when a caller needs only those, such as the idle sweep's ``SessionView``."""
+        if not session_ids:
+            return []
         raws = await self.redis.mget([self.keys.session(i) for i in session_ids])
-        return [decode(r, Session) if r else None for r in raws]
+        return [decode(r, view) if r else None for r in raws]
 
     async def pending_ids(self, resource_group: str) -> list[str]:
         return ranked(await self.redis.zrange(self.keys.pending_queue(resource_group), 0, -1))
