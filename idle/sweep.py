@@ -76,8 +76,7 @@ def judge(
             known = Derived(session, requested_slots(session), started_at(session))
         kept[session_id] = known
         policy = policy_for(config, session, limits.get(session_id))
-        utilization = policy.utilization
-        window = None
+        utilization, window, metrics = policy.utilization, None, None
         if utilization is not None:
             metrics = checked_thresholds(utilization, known.slots)
             if metrics:
@@ -97,6 +96,7 @@ def judge(
             open_connections=seen.open_connections if seen else 0,
             requested_slots=known.slots,
             window=window,
+            checked=metrics,
         )
         verdicts[session_id] = arbiter(now=now, session=facts, policy=policy)
     return Sweep(verdicts, updated, kept)

@@ -211,7 +211,7 @@ def record_sample(
     ``metrics`` (the session's checked metrics, :func:`domain.idle.arbiter.checked_thresholds`) keeps only those:
     the others would cost storage and time every sweep without ever being judged.
     """
-    if window is None or not window.matches(window_seconds=window_seconds, interval=interval):
+    if window is None or window.window_seconds != window_seconds or window.interval != interval:
         window = UtilizationWindow.empty(window_seconds=window_seconds, interval=interval)
     if metrics is not None:
         sample = {metric: value for metric, value in sample.items() if metric in metrics}
