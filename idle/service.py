@@ -19,9 +19,10 @@ Windows live in the leader's memory between saves; a new leader starts from the 
 Between sweeps the leader holds about 10,000 windows of a few million samples, the sessions' views and what the
 sweep derived from them: long-lived objects Python's cyclic garbage collector would otherwise walk again and again
 while a sweep allocates (a third to a half of what decoding cost in ``bench/idle``). :func:`settle` moves them out of
-its reach (``gc.freeze``) after the windows are loaded and after each sweep; every ``window_persist_interval`` it
-first collects in full, so cyclic garbage frozen meanwhile is freed within a minute. Reference counting frees
-everything else as usual. The service runs in a process of its own (``caravan idle``).
+its reach (``gc.freeze``) after the windows are loaded and after each sweep; every :data:`FULL_COLLECTION_INTERVAL`
+it first collects in full (a fifth of a second for 10,000 sessions), so cyclic garbage frozen meanwhile is freed
+within minutes. Reference counting frees everything else as usual. The service runs in a process of its own
+(``caravan idle``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
+FULL_COLLECTION_INTERVAL = 600.0
+"""Seconds between two full garbage collections of the leader (:func:`settle`)."""
+
 
 @dataclass
 class Term:
@@ -70,6 +74,8 @@ class Term:
     """The sessions read last sweep: only changed documents are decoded again."""
     derived: dict[str, Derived] = field(default_factory=dict)
     """What the last sweep derived from each session (``idle.sweep.judge``)."""
+    collected_at: float = field(default_factory=time.monotonic)
+    """When :func:`settle` last collected in full."""
 
 
 def settle(*, collect: bool) -> None:
@@ -164,7 +170,10 @@ class IdleService:
             await forget_activity(self.store.redis, self.keys, keep=set(live_ids))
         for session in sessions:
             await self._reclaim_if_idle(term, session, result.verdicts[session.id])
-        settle(collect=save_windows)
+        collect = time.monotonic() - term.collected_at >= FULL_COLLECTION_INTERVAL
+        settle(collect=collect)
+        if collect:
+            term.collected_at = time.monotonic()
 
     async def _reclaim_if_idle(self, term: Term, session: SessionView, verdict: Verdict) -> None:
         if verdict.reason is None:
