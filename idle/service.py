@@ -32,6 +32,7 @@ import contextlib
 import gc
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -72,7 +73,7 @@ class Term:
     saved_at: float = field(default_factory=time.monotonic)
     views: ViewCache = field(default_factory=ViewCache)
     """The sessions read last sweep: only changed documents are decoded again."""
-    derived: dict[str, Derived] = field(default_factory=dict)
+    derived: Mapping[str, Derived] = field(default_factory=dict)
     """What the last sweep derived from each session (``idle.sweep.judge``)."""
     collected_at: float = field(default_factory=time.monotonic)
     """When :func:`settle` last collected in full."""

@@ -47,7 +47,7 @@ class Sweep(NamedTuple):
     """Session id -> verdict, for every session judged."""
     windows: dict[str, UtilizationWindow]
     """The windows after this sweep's samples: only sessions whose utilization is checked."""
-    derived: dict[str, Derived] = {}
+    derived: Mapping[str, Derived] = MappingProxyType({})
     """Session id -> what was derived from it, for the next sweep's ``derived`` (every session judged)."""
 
 
