@@ -18,6 +18,8 @@ from gateway.graphql.operation_name import OperationNameRequired
 from gateway.graphql.policies.mutations import PolicyMutations
 from gateway.graphql.policies.queries import PolicyQueries
 from gateway.graphql.protection import Limits, schema_extensions
+from gateway.graphql.schedules.mutations import ScheduleMutations
+from gateway.graphql.schedules.queries import ScheduleQueries
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
 from gateway.graphql.sessions.subscriptions import SessionSubscriptions
@@ -39,7 +41,7 @@ class Viewer:
 
 
 @strawberry.type
-class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries):
+class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries, ScheduleQueries):
     @fields.field(description="Who you are, by your API token.")
     def viewer(self, info: Info) -> Viewer:
         user = info.context.viewer
@@ -47,7 +49,7 @@ class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQue
 
 
 @strawberry.type
-class Mutation(SessionMutations, UserMutations, TemplateMutations, PolicyMutations):
+class Mutation(SessionMutations, UserMutations, TemplateMutations, PolicyMutations, ScheduleMutations):
     pass
 
 
