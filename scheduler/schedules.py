@@ -160,7 +160,7 @@ class ScheduleRunner:
         project_policies = await self.policies.projects({p.schedule.project for p in pending})
         templates = await self._templates(pending, owners)
         rules: dict[tuple[str, str | None], CreationRules] = {}
-        for p in pending:
+        for p in (p for p in pending if p.outcome is None):  # not refused for its template already
             try:
                 owner = owners.get(p.schedule.owner_id)
                 if owner is None or not owner.active:
