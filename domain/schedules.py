@@ -29,12 +29,14 @@ exists for it (``stores.schedules``).
 
 from __future__ import annotations
 
+import copy
 import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -264,15 +266,29 @@ def due_times(timing: Timing, after: datetime) -> Iterator[datetime]:
             k += 1
     else:
         assert timing.cron is not None
-        zone = ZoneInfo(timing.zone)
-        walls = croniter(timing.cron, after.astimezone(zone).replace(tzinfo=None))
-        last = after
-        for _ in range(MAX_CRON_STEPS):
-            wall: datetime = walls.get_next(datetime)
-            moment = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)  # fold=0: see the module's docstring
-            if moment > last:
-                last = moment
-                yield moment
+        moment: datetime | None = after
+        while (moment := _cron_next(timing.cron, timing.zone, moment)) is not None:
+            yield moment
+
+
+@lru_cache(maxsize=1024)
+def _parsed(cron: str) -> croniter:
+    return croniter(cron)
+
+
+@lru_cache(maxsize=16384)
+def _cron_next(cron: str, zone_name: str, after: datetime) -> datetime | None:
+    """The first due time of ``cron`` in ``zone_name`` strictly after ``after`` (None: none within
+    ``MAX_CRON_STEPS``). Cached: schedules due together share their ``after`` (``bench/schedules``)."""
+    zone = ZoneInfo(zone_name)
+    walls = copy.copy(_parsed(cron))  # parsing an expression is the costly part: once per expression
+    walls.set_current(after.astimezone(zone).replace(tzinfo=None), force=True)
+    for _ in range(MAX_CRON_STEPS):
+        wall: datetime = walls.get_next(datetime)
+        moment = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)  # fold=0: see the module's docstring
+        if moment > after:
+            return moment
+    return None
 
 
 def following(timing: Timing, after: datetime, runs_started: int) -> datetime | None:

@@ -27,6 +27,7 @@ from core.replies import begin, ranked
 from domain.access import can_access
 from domain.schedules import Run, Schedule
 from domain.users import Role, User
+from stores.coalesced import Coalesced
 
 DEFAULT_HISTORY = 20
 """Run records kept per schedule (``CARAVAN_SCHEDULE_HISTORY``)."""
@@ -149,21 +150,23 @@ class ScheduleStore:
                     used = await pipe.mget(token_keys) if token_keys else []
                     again = {s.schedule_id for s, u in zip(checked, used, strict=True) if u}
                     begin(pipe)
+                    merged = Coalesced(pipe)  # one ZADD of the due index for the chunk
                     for settlement, raw in zip(settlements, raws, strict=True):
                         if raw is None or settlement.schedule_id in again:
                             continue
                         before = decode(raw, Schedule)
                         held = before.trigger_at if settlement.triggered else before.next_due
                         if held != settlement.handled:
-                            self._index_due(pipe, before)  # settled by another runner: only keep its index right
+                            self._index_due(merged.as_pipe(), before)  # settled by another runner: index only
                             continue
                         after = settlement.change(before)
                         pipe.set(self.keys.schedule(after.id), encode(after))
-                        self._index_due(pipe, after)
+                        self._index_due(merged.as_pipe(), after)
                         runs_key = self.keys.schedule_runs(after.id)
                         if settlement.records:
                             pipe.lpush(runs_key, *(encode(r) for r in settlement.records))
                             pipe.ltrim(runs_key, 0, self.history_length - 1)
+                    merged.flush()
                     await pipe.execute()
                     return sorted(again)
                 except WatchError:

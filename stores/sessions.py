@@ -22,6 +22,7 @@ from core.replies import begin, optional_texts, ranked, text_set
 from domain.model import Session, SessionResult, SessionStatus
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
+from stores.coalesced import Coalesced
 
 WAKEUP_BACKLOG = 64
 """The wakeup list only signals 'there is work'; a few entries are as good as many."""
@@ -148,6 +149,7 @@ class SessionStore:
                     taken = await pipe.mget([k for keys in names for k in keys]) if names else []
                     outcome: dict[str, list[str] | Conflict] = {}
                     begin(pipe)
+                    merged = Coalesced(pipe)  # one ZADD/SADD per shared index, not one per session
                     position = 0
                     for (sessions, token), token_key, name_keys, before in zip(
                         batches, tokens, names, earlier, strict=True
@@ -161,9 +163,10 @@ class SessionStore:
                             outcome[token] = Conflict(f"a live session is named {name!r}", field="name")
                         else:
                             for session, name_key in zip(sessions, name_keys, strict=True):
-                                self._write_new(pipe, session, name_key)
+                                self._write_new(merged.as_pipe(), session, name_key)
                             pipe.set(token_key, encode([s.id for s in sessions]))
                             outcome[token] = [s.id for s in sessions]
+                    merged.flush()
                     pipe.incr(self.keys.sessions_version)
                     pipe.rpush(self.keys.scheduler_wakeup, "created")
                     pipe.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
