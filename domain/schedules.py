@@ -260,15 +260,14 @@ def due_times(timing: Timing, after: datetime) -> Iterator[datetime]:
         step = timedelta(seconds=timing.interval)
         k = 0 if after < timing.anchor else int((after - timing.anchor) / step) + 1
         while True:
-            moment = timing.anchor + k * step
-            if moment > after:
+            if (moment := timing.anchor + k * step) > after:
                 yield moment
             k += 1
     else:
         assert timing.cron is not None
-        moment: datetime | None = after
-        while (moment := _cron_next(timing.cron, timing.zone, moment)) is not None:
-            yield moment
+        found: datetime | None = after
+        while found is not None and (found := _cron_next(timing.cron, timing.zone, found)) is not None:
+            yield found
 
 
 @lru_cache(maxsize=1024)

@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.typing import EncodableT
 
 
 class Coalesced:
@@ -21,7 +22,7 @@ class Coalesced:
         self._zadd: defaultdict[str, dict[str, float]] = defaultdict(dict)
         self._zrem: defaultdict[str, list[str]] = defaultdict(list)
         self._sadd: defaultdict[str, list[str]] = defaultdict(list)
-        self._hset: defaultdict[str, dict[str, str]] = defaultdict(dict)
+        self._hset: defaultdict[str, dict[EncodableT, EncodableT]] = defaultdict(dict)
 
     def as_pipe(self) -> Redis:
         """This facade where a pipeline is expected (it has the methods the writers of new documents call)."""
