@@ -38,8 +38,7 @@ from domain.scheduling_config import SchedulingConfig
 from domain.session_requests import CreationRules, build_sessions
 from domain.templates import TemplateSpec, may_use
 from domain.users import User
-from stores.known_resources import known_resource_groups, known_slot_types
-from stores.presets import PresetStore
+from stores.creation_rules import read_creation_rules
 from stores.resource_policies import PolicyStore, pending_admission
 from stores.schedules import ScheduleStore, Settlement
 from stores.sessions import SessionStore
@@ -93,7 +92,6 @@ class ScheduleRunner:
         self.users = UserStore(redis, keys)
         self.policies = PolicyStore(redis, keys)
         self.templates = TemplateStore(redis, keys)
-        self.presets = PresetStore(redis, keys)
         self.settings = settings
         self.config = config
         self.fence = fence
@@ -206,15 +204,8 @@ class ScheduleRunner:
 
     async def _rules(self, resource_group: str, preset: str | None) -> CreationRules:
         redis, keys = self.sessions.redis, self.sessions.keys
-        return CreationRules(
-            known_slots=await known_slot_types(redis, keys),
-            default_image=self.settings.default_image,
-            docker_images=self.settings.docker_images,
-            presets=await self.presets.named(preset),
-            qemu_images=self.settings.qemu_images,
-            allowed_drivers=self.config.drivers_allowed(resource_group),
-            known_groups=await known_resource_groups(redis, keys, configured=self.config.groups),
-            default_resources=self.config.default_resources(resource_group),
+        return await read_creation_rules(
+            redis, keys, self.settings, self.config, resource_group=resource_group, preset=preset
         )
 
     async def _create(self, pending: list[Pending]) -> None:
