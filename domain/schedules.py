@@ -136,6 +136,8 @@ class Schedule:
     """The session ids of the latest run created (the concurrency policy looks at them)."""
     trigger_at: datetime | None = None
     """triggerSchedule: run once at this moment (or as soon as the runner sees it), outside the due times."""
+    recorded: int = 0
+    """History records ever written (``stores.schedules`` trims the history every few)."""
 
     def evolve(self, **changes: Any) -> Schedule:
         return replace(self, **changes)

@@ -3,8 +3,9 @@
 Storing 500 new sessions (``SessionStore.create_each``, a schedule runner's chunk) queues the same ZADD, SADD and
 HSET on the shared indexes (by creation time, by status, the live set...) once per session; each queued command costs
 the client as much as the server. Written through :class:`Coalesced`, the ZADDs, SADDs, ZREMs and HSETs of one key
-become one command at :meth:`Coalesced.flush`; every other command goes to the pipeline as it comes. Only for writes
-whose order does not matter: the merged commands run at the flush, after the others.
+become one command at :meth:`Coalesced.flush`, and every plain SET (no option) one MSET; every other command goes to
+the pipeline as it comes. Only for writes whose order does not matter: the merged commands run at the flush, after
+the others.
 """
 
 from __future__ import annotations
@@ -23,10 +24,17 @@ class Coalesced:
         self._zrem: defaultdict[str, list[str]] = defaultdict(list)
         self._sadd: defaultdict[str, list[str]] = defaultdict(list)
         self._hset: defaultdict[str, dict[EncodableT, EncodableT]] = defaultdict(dict)
+        self._mset: dict[str, EncodableT] = {}
 
     def as_pipe(self) -> Redis:
         """This facade where a pipeline is expected (it has the methods the writers of new documents call)."""
         return cast(Redis, self)
+
+    def set(self, key: str, value: EncodableT, **options: Any) -> None:
+        if options:
+            self._pipe.set(key, value, **options)
+        else:
+            self._mset[key] = value
 
     def zadd(self, key: str, mapping: dict[str, float]) -> None:
         self._zadd[key].update(mapping)
@@ -53,5 +61,7 @@ class Coalesced:
             self._pipe.sadd(key, *members)
         for key, fields in self._hset.items():
             self._pipe.hset(key, mapping=fields)
-        for merged in (self._zadd, self._zrem, self._sadd, self._hset):
+        if self._mset:
+            self._pipe.mset(self._mset)
+        for merged in (self._zadd, self._zrem, self._sadd, self._hset, self._mset):
             merged.clear()

@@ -31,6 +31,9 @@ from stores.coalesced import Coalesced
 
 DEFAULT_HISTORY = 20
 """Run records kept per schedule (``CARAVAN_SCHEDULE_HISTORY``)."""
+TRIM_EVERY = 10
+"""A history list is trimmed back to its length once every this many records (one command less per run): it may
+hold up to this many more, which reads leave out."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class ScheduleStore:
 
     async def history(self, schedule_id: str, limit: int | None = None) -> list[Run]:
         """The schedule's run records, newest first."""
-        end = -1 if limit is None else limit - 1
+        end = (self.history_length if limit is None else min(limit, self.history_length)) - 1  # see TRIM_EVERY
         return [decode(raw, Run) for raw in await self.redis.lrange(self.keys.schedule_runs(schedule_id), 0, end)]
 
     async def due(self, now: datetime, limit: int) -> list[str]:
@@ -159,13 +162,16 @@ class ScheduleStore:
                         if held != settlement.handled:
                             self._index_due(merged.as_pipe(), before)  # settled by another runner: index only
                             continue
-                        after = settlement.change(before)
-                        pipe.set(self.keys.schedule(after.id), encode(after))
+                        after = settlement.change(before).evolve(recorded=before.recorded + len(settlement.records))
+                        merged.set(self.keys.schedule(after.id), encode(after))
                         self._index_due(merged.as_pipe(), after)
                         runs_key = self.keys.schedule_runs(after.id)
                         if settlement.records:
                             pipe.lpush(runs_key, *(encode(r) for r in settlement.records))
-                            pipe.ltrim(runs_key, 0, self.history_length - 1)
+                            if after.recorded > self.history_length and after.recorded // TRIM_EVERY != (
+                                before.recorded // TRIM_EVERY
+                            ):
+                                pipe.ltrim(runs_key, 0, self.history_length - 1)
                     merged.flush()
                     await pipe.execute()
                     return sorted(again)

@@ -164,7 +164,7 @@ class SessionStore:
                         else:
                             for session, name_key in zip(sessions, name_keys, strict=True):
                                 self._write_new(merged.as_pipe(), session, name_key)
-                            pipe.set(token_key, encode([s.id for s in sessions]))
+                            merged.set(token_key, encode([s.id for s in sessions]))
                             outcome[token] = [s.id for s in sessions]
                     merged.flush()
                     pipe.incr(self.keys.sessions_version)

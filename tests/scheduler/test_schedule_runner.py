@@ -209,3 +209,15 @@ async def test_paused_schedules_leave_the_due_index(redis: Redis, keys: Keys, re
     assert await store.due(T0 + timedelta(days=1), 10) == []
     assert await runner_of(redis, keys, redis_settings).run_due(T0 + timedelta(days=1)) == 0
     assert await owned_sessions(redis, keys) == []
+
+
+async def test_the_history_keeps_the_newest_records(redis: Redis, keys: Keys, redis_settings: Settings) -> None:
+    schedule = await stored_schedule(redis, keys)
+    runner = ScheduleRunner(SessionStore(redis, keys), redis_settings, load_scheduler_config(None), None, history=3)
+    for minute in range(15):
+        await runner.run_due(T0 + timedelta(minutes=minute, seconds=0.1))
+    history = await ScheduleStore(redis, keys, history=3).history(schedule.id)
+    assert [r.due_at for r in history] == [T0 + timedelta(minutes=m) for m in (14, 13, 12)]
+    assert await redis.llen(keys.schedule_runs(schedule.id)) <= 3 + 10  # trimmed every 10 records
+    stored = await ScheduleStore(redis, keys).get(schedule.id)
+    assert stored is not None and (stored.recorded, stored.runs_started) == (15, 15)
