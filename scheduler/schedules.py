@@ -213,7 +213,8 @@ class ScheduleRunner:
         pending limit, one by one (under the limit's exact check) for the others."""
         limits = await self.policies.users({p.schedule.owner_id for p in pending})
         limited = [p for p in pending if (policy := limits.get(p.schedule.owner_id)) and policy.max_pending_sessions]
-        batch = [p for p in pending if p not in limited]
+        limited_ids = {id(p) for p in limited}
+        batch = [p for p in pending if id(p) not in limited_ids]
         if batch:
             outcome = await self.sessions.create_each([(p.sessions or [], p.key) for p in batch])
             for p in batch:
