@@ -11,6 +11,8 @@ from strawberry.types import ExecutionContext
 
 from gateway.graphql.context import Info
 from gateway.graphql.errors import ErrorCodes
+from gateway.graphql.execs.mutations import ExecMutations
+from gateway.graphql.execs.subscriptions import ExecSubscriptions
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
 from gateway.graphql.operation_name import OperationNameRequired
@@ -46,12 +48,12 @@ class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQue
 
 
 @strawberry.type
-class Mutation(SessionMutations, UserMutations, TemplateMutations, PolicyMutations):
+class Mutation(SessionMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations):
     pass
 
 
 @strawberry.type
-class Subscription(SessionSubscriptions):
+class Subscription(SessionSubscriptions, ExecSubscriptions):
     pass
 
 
