@@ -20,7 +20,7 @@ from core.errors import TransientError, Unavailable
 from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
-from gateway import ide
+from gateway import ide, terminal
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
@@ -166,6 +166,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             Route(ide.PREFIX + "{name:path}", ide.asset),
             Route("/graphql", graphql),  # the view answers other methods itself: 405 with Allow
             WebSocketRoute("/graphql", graphql),
+            WebSocketRoute(terminal.PATH, terminal.Terminals(state).endpoint),
         ],
         lifespan=lifespan,
     )

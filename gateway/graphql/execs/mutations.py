@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import strawberry
 
-from domain.kernel_exec import ActivityClock, command_of, stdin_of, timeout_of
+from domain.kernel_exec import ActivityClock, ExecTarget, command_of, stdin_of, timeout_of
 from gateway.graphql.context import Info
 from gateway.graphql.execs.types import ExecInput, ExecResult, exec_result_of, stdin_bytes
 from gateway.kernel_exec import ActivityMeter, ConnectionExecs, find_target, run_command
 
 
-def execs_of(info: Info) -> ConnectionExecs:
-    execs = info.context.execs
+@dataclass(frozen=True)
+class Prepared:
+    """An :class:`ExecInput` checked: what runs where, and the connection's execs it counts against."""
+
+    execs: ConnectionExecs
+    command: list[str]
+    stdin: bytes | None
+    timeout: float
+    """Seconds."""
+    target: ExecTarget
+    meter: ActivityMeter
+
+
+async def prepared(info: Info, input: ExecInput) -> Prepared:
+    """``input`` checked (INVALID_INPUT), then its kernel found for the viewer (NOT_FOUND, SESSION_NOT_RUNNING...)."""
+    ctx = info.context
+    execs = ctx.execs
     assert execs is not None, "the gateway's context has them"
-    return execs
+    limits = execs.slots.limits
+    command = command_of(input.argv, input.shell)
+    stdin = stdin_of(stdin_bytes(input.stdin, input.stdin_base64), limits)
+    timeout = timeout_of(input.timeout_seconds, limits)
+    target = await find_target(ctx.sessions, ctx.viewer, str(input.session_id), input.kernel)
+    meter = ActivityMeter(ctx.sessions, target.session_id, ActivityClock(limits.activity_interval))
+    return Prepared(execs, command, stdin, timeout, target, meter)
 
 
 @strawberry.type
@@ -26,17 +49,16 @@ class ExecMutations:
         "over its cap, the timeout), EXEC_FAILED (Nomad refused it)."
     )
     async def exec_in_kernel(self, info: Info, input: ExecInput) -> ExecResult:
-        ctx = info.context
-        viewer = ctx.viewer
-        execs = execs_of(info)
-        limits = execs.slots.limits
-        command = command_of(input.argv, input.shell)
-        stdin = stdin_of(stdin_bytes(input.stdin, input.stdin_base64), limits)
-        timeout = timeout_of(input.timeout_seconds, limits)
-        target = await find_target(ctx.sessions, viewer, str(input.session_id), input.kernel)
-        meter = ActivityMeter(ctx.sessions, target.session_id, ActivityClock(limits.activity_interval))
-        with execs.slots.claimed(viewer.id, execs):
+        run = await prepared(info, input)
+        slots = run.execs.slots
+        with slots.claimed(info.context.viewer.id, run.execs):
             done = await run_command(
-                ctx.nomad.settings, target, command, stdin=stdin, timeout=timeout, limits=limits, meter=meter
+                info.context.nomad.settings,
+                run.target,
+                run.command,
+                stdin=run.stdin,
+                timeout=run.timeout,
+                limits=slots.limits,
+                meter=run.meter,
             )
         return exec_result_of(done.exit_code, done.stdout, done.stderr)

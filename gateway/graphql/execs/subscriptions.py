@@ -8,11 +8,10 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
-from domain.kernel_exec import ActivityClock, command_of, stdin_of, timeout_of
 from gateway.graphql.context import Info
-from gateway.graphql.execs.mutations import execs_of
-from gateway.graphql.execs.types import ExecChunk, ExecInput, ExecStream, stdin_bytes
-from gateway.kernel_exec import ActivityMeter, find_target, stream_command
+from gateway.graphql.execs.mutations import prepared
+from gateway.graphql.execs.types import ExecChunk, ExecInput, ExecStream
+from gateway.kernel_exec import stream_command
 from nomad_jobs.alloc_exec import Exited
 
 
@@ -25,20 +24,18 @@ class ExecSubscriptions:
         "at once. Same errors as execInKernel."
     )
     async def kernel_exec(self, info: Info, input: ExecInput) -> AsyncGenerator[ExecChunk, None]:
-        ctx = info.context
-        viewer = ctx.viewer
-        execs = execs_of(info)
-        limits = execs.slots.limits
-        command = command_of(input.argv, input.shell)
-        stdin = stdin_of(stdin_bytes(input.stdin, input.stdin_base64), limits)
-        timeout = timeout_of(input.timeout_seconds, limits)
-        target = await find_target(ctx.sessions, viewer, str(input.session_id), input.kernel)
-        meter = ActivityMeter(ctx.sessions, target.session_id, ActivityClock(limits.activity_interval))
+        run = await prepared(info, input)
         texts = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in ("stdout", "stderr")}
-        with execs.slots.claimed(viewer.id, execs):
-            async for frame in stream_command(
-                ctx.nomad.settings, target, command, stdin=stdin, timeout=timeout, meter=meter
-            ):
+        with run.execs.slots.claimed(info.context.viewer.id, run.execs):
+            frames = stream_command(
+                info.context.nomad.settings,
+                run.target,
+                run.command,
+                stdin=run.stdin,
+                timeout=run.timeout,
+                meter=run.meter,
+            )
+            async for frame in frames:
                 if isinstance(frame, Exited):
                     yield ExecChunk(stream=ExecStream.EXIT, text="", data_base64="", exit_code=frame.exit_code)
                     return
