@@ -20,7 +20,7 @@ from core.errors import TransientError, Unavailable
 from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
-from gateway import ide
+from gateway import ide, terminal
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
@@ -29,6 +29,7 @@ from gateway.graphql.result_cache import ResultCache
 from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
+from gateway.kernel_exec import ExecSlots, exec_limits_from_env
 from gateway.log_follows import LogFollows
 from gateway.nomad_shares import NomadShares
 from gateway.prometheus import Metrics
@@ -66,6 +67,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
         self.state = state
         self.nomad_shares = NomadShares(limits.max_nomad_calls, limits.max_user_nomad_calls)
         self.log_follows = LogFollows(LOG_FOLLOWS, limits.max_log_follows)
+        self.execs: ExecSlots = state["execs"]
 
     @property
     def graphql_ide_html(self) -> str:
@@ -102,12 +104,13 @@ class CaravanGraphQL(GraphQLOverHTTP):
             hub=self.state["hub"],
             revocations=self.state["revocations"],
             log_follows=self.log_follows.connection(),
+            execs=self.execs.connection(),
         )
 
 
 def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
     """``limits`` default to the ``CARAVAN_GRAPHQL_*`` environment variables (see protection.Limits)."""
-    state: dict[str, Any] = {"settings": settings}
+    state: dict[str, Any] = {"settings": settings, "execs": ExecSlots(exec_limits_from_env())}
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
@@ -163,6 +166,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             Route(ide.PREFIX + "{name:path}", ide.asset),
             Route("/graphql", graphql),  # the view answers other methods itself: 405 with Allow
             WebSocketRoute("/graphql", graphql),
+            WebSocketRoute(terminal.PATH, terminal.Terminals(state).endpoint),
         ],
         lifespan=lifespan,
     )

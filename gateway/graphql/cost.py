@@ -59,9 +59,10 @@ NOMAD_CALLS: Mapping[Coordinate, int] = {
     ("Kernel", "logs"): 2,  # stdout and stderr
     ("Query", "resourceGroups"): 2,  # the nodes and their live allocations
     ("Subscription", "kernelLogs"): 2,  # its log files, then the follow
+    ("Mutation", "execInKernel"): 1,  # one exec (its WebSocket)
 }
 """Nomad calls one resolution of the field makes (at most). Mutations make none: the gateway only asks the scheduler's
-job owner to stop or restart jobs (``scheduler.job_owner``), in Redis."""
+job owner to stop or restart jobs (``scheduler.job_owner``), in Redis; but execInKernel runs a command through Nomad."""
 SIZED_BY: Mapping[Coordinate, tuple[str, int]] = {
     ("Mutation", "destroySession"): ("ids", MAX_DESTROY),
 }

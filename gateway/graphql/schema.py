@@ -12,6 +12,8 @@ from strawberry.types import ExecutionContext
 from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.errors import ErrorCodes
+from gateway.graphql.execs.mutations import ExecMutations
+from gateway.graphql.execs.subscriptions import ExecSubscriptions
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
 from gateway.graphql.operation_name import OperationNameRequired
@@ -47,12 +49,12 @@ class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQue
 
 
 @strawberry.type
-class Mutation(SessionMutations, UserMutations, TemplateMutations, PolicyMutations):
+class Mutation(SessionMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations):
     pass
 
 
 @strawberry.type
-class Subscription(SessionSubscriptions):
+class Subscription(SessionSubscriptions, ExecSubscriptions):
     pass
 
 
