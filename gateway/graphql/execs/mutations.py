@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import strawberry
 
 from domain.kernel_exec import ActivityClock, ExecTarget, command_of, stdin_of, timeout_of
+from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.execs.types import ExecInput, ExecResult, exec_result_of, stdin_bytes
 from gateway.kernel_exec import ActivityMeter, ConnectionExecs, find_target, run_command
@@ -41,7 +42,7 @@ async def prepared(info: Info, input: ExecInput) -> Prepared:
 
 @strawberry.type
 class ExecMutations:
-    @strawberry.mutation(
+    @fields.mutation(
         description="Run a command in a RUNNING session's kernel (docker or exec driver) through Nomad's exec, and "
         "return its exit code and output (each stream capped, `stdoutTruncated`/`stderrTruncated` say so). Errors: "
         "NOT_FOUND (no such session or kernel of yours), SESSION_NOT_RUNNING, EXEC_NOT_SUPPORTED (QEMU; raw_exec but "

@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
+from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.execs.mutations import prepared
 from gateway.graphql.execs.types import ExecChunk, ExecInput, ExecStream
@@ -17,7 +18,7 @@ from nomad_jobs.alloc_exec import Exited
 
 @strawberry.type
 class ExecSubscriptions:
-    @strawberry.subscription(
+    @fields.subscription(
         description="Run a command as execInKernel does and stream its output as it is written: chunks of STDOUT and "
         "STDERR, then one EXIT chunk with the exit code, then the subscription completes. Nothing is capped but the "
         "time (`timeoutSeconds`, then EXEC_TIMEOUT); a connection runs at most CARAVAN_EXEC_MAX_CONNECTION_EXECS (4) "
