@@ -73,7 +73,11 @@ class RevocationWatch:
 
     def watch(self, token: str) -> Watched:
         """Register a connection's token (call :meth:`open` first, and this before checking the token)."""
-        watched = Watched(hash_token(token))
+        return self.watch_hash(hash_token(token))
+
+    def watch_hash(self, token_hash: str) -> Watched:
+        """``watch`` by the token's SHA-256 (an app cookie's token)."""
+        watched = Watched(token_hash)
         self._watched.setdefault(watched.token_hash, set()).add(watched)
         return watched
 
