@@ -14,6 +14,7 @@ import os
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -21,9 +22,12 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
+from core.clock import utcnow
 from core.settings import Settings
+from domain.model import SessionStatus
 from domain.users import Role
 from tests.harness import CREATE, Caravan, running_caravan
+from tests.idle.running import policy_file, running_idle, swept_since
 
 SITE = r"""
 mkdir -p /tmp/w/cgi-bin && cd /tmp/w/cgi-bin
@@ -307,3 +311,32 @@ async def test_websocket_echo_and_revocation(echo_site: tuple[Caravan, str, str]
     with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
         await asyncio.wait_for(ws.recv(), 30)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+
+
+HELLO = "mkdir -p /tmp/w && echo hello > /tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w"
+
+
+async def test_app_traffic_keeps_a_session_from_network_idleness(caravan: Caravan, tmp_path: Path) -> None:
+    token = await caravan.user("alice")
+    used, unused = [
+        Site(caravan, sid, f"http://web--{sid}.{caravan.settings.gateway.apps_domain}:{caravan.settings.gateway.port}/")
+        for sid in [await _running(caravan, token, driver="EXEC", startupCommand=HELLO, apps=WEB) for _ in range(2)]
+    ]
+
+    async def browse() -> None:  # a user at work in the used app, twice a second, through the proxy only
+        while True:
+            await used.get("/", token)
+            await asyncio.sleep(0.5)
+
+    path = policy_file(tmp_path, 'check_interval = "1s"\ndefaults {\n  network_idle_timeout = "4s"\n}\n')
+    task = asyncio.create_task(browse())
+    try:
+        async with running_idle(caravan.settings, path) as service:
+            ended = await caravan.wait_for(unused.session_id, "TERMINATED", "ERROR", timeout=60)
+            assert (ended["status"], ended["statusInfo"]) == ("TERMINATED", "idle-timeout")
+            await swept_since(service.idle_store, used.session_id, utcnow())  # judged since, and kept
+            found = await caravan.store.get(used.session_id)
+            assert found is not None and found.status is SessionStatus.RUNNING
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
