@@ -36,6 +36,8 @@ FIRST_DELAY = 0.5
 """Seconds before the first restart of a child."""
 MAX_DELAY = 30.0
 """Seconds between restarts at most, however often a child dies."""
+MAX_DOUBLINGS = 32
+"""Times the delay doubles at most (FIRST_DELAY * 2**32 is far past MAX_DELAY): a child dying for days stays finite."""
 STOP_GRACE = 10.0
 """Seconds a child has to stop after SIGTERM before it is killed."""
 PR_SET_PDEATHSIG = 1
@@ -45,7 +47,8 @@ SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 def restart_delay(quick_deaths: int) -> float:
     """Seconds before restarting a child that died quickly ``quick_deaths`` times in a row (0: it had run a while)."""
-    return min(MAX_DELAY, FIRST_DELAY * 2 ** max(0, quick_deaths - 1))
+    doublings = min(max(0, quick_deaths - 1), MAX_DOUBLINGS)  # past MAX_DELAY anyway; 2.0 ** 1024 overflows
+    return min(MAX_DELAY, FIRST_DELAY * 2.0**doublings)
 
 
 def die_with_parent(parent: int) -> None:

@@ -98,7 +98,8 @@ class Keys:
 
     @property
     def job_owner_wakeup(self) -> str:
-        """LIST pushed to (in the same MULTI) whenever the job owner has new work: a job to register, stop or restart."""
+        """LIST pushed to (in the same MULTI) whenever the job owner has new work: a job to register, stop or
+        restart."""
         return f"{self.prefix}:jobs:wakeup"
 
     @property

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
+from core.replies import begin
 from core.retry import TRANSIENT, stop_if_cancelled, with_backoff
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ async def write_fenced(redis: Redis, fence: Fence, write: Callable[[Pipeline], o
         await pipe.watch(fence.key)
         if int(await pipe.get(fence.key) or 0) != fence.token:
             raise LostLease(f"fencing token {fence.token} is stale")
-        pipe.multi()
+        begin(pipe)
         write(pipe)
         try:
             await pipe.execute()

@@ -5,7 +5,8 @@ The file is ``CARAVAN_SCHEDULER_CONFIG``: HCL, or JSON when its name ends in ``.
 
     cpu_mhz_per_core = 1000              # Nomad MHz that make one Caravan core; default: the smallest
                                          # MHz per core any node reports (CpuShares / TotalCpuCores)
-    device_slots = {                     # Nomad device "vendor/type[/name]" -> Caravan slot (more built in: devices/catalog.py)
+    device_slots = {                     # Nomad device "vendor/type[/name]" -> Caravan slot
+                                         # (more are built in: devices/catalog.py)
       "nomad/file/mock" = "mock.device"
     }
     default {

@@ -14,9 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
-from typing import Union
 
 __all__ = [
     "INTRINSIC_SLOT_TYPES",
@@ -35,7 +34,7 @@ __all__ = [
 ]
 
 
-class SlotType(str, Enum):
+class SlotType(StrEnum):
     COUNT = "count"
     """A countable or divisible amount (cores, devices, fractional device shares); kept to 0.001."""
     BYTES = "bytes"
@@ -44,7 +43,7 @@ class SlotType(str, Enum):
 
 INTRINSIC_SLOT_TYPES: Mapping[str, SlotType] = MappingProxyType({"cpu": SlotType.COUNT, "mem": SlotType.BYTES})
 
-Quantity = Union[str, int, float, Decimal]
+Quantity = str | int | float | Decimal
 
 
 class SlotError(ValueError):
@@ -70,7 +69,8 @@ class InvalidQuantityError(SlotError):
 _COUNT_STEP = Decimal("0.001")
 _PLAIN_NUMBER = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*")
 _BINARY_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgtp])(?:ib|i|b)?|b)?\s*", re.IGNORECASE)
-_BINARY_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+_BINARY_MULTIPLIERS: dict[str, int] = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+"""Bytes per unit of each binary size suffix."""
 
 
 def _non_negative_finite(slot: str, value: object, amount: Decimal) -> Decimal:
@@ -129,7 +129,7 @@ def _parse_bytes(slot: str, value: Quantity) -> Decimal:
         number, unit = Decimal(match.group(1)), match.group(2)
         if unit is not None:
             # with a binary suffix a fraction is normal ("1.5g"); a part of a byte is floored away
-            return (number * 1024 ** _BINARY_POWERS[unit.lower()]).to_integral_value(ROUND_FLOOR) + 0
+            return (number * _BINARY_MULTIPLIERS[unit.lower()]).to_integral_value(ROUND_FLOOR) + 0
         amount = number
     else:
         amount = _number_to_decimal(slot, value)
@@ -288,7 +288,8 @@ def _as_slots(value: Mapping[str, Decimal]) -> ResourceSlots:
 
 
 def from_user_input(raw: Mapping[str, object], known: Mapping[str, SlotType]) -> ResourceSlots:
-    """Parse a user's request; a non-zero amount of a slot no agent or config knows is refused (``UnknownSlotError``)."""
+    """Parse a user's request; a non-zero amount of a slot no agent or config knows is refused
+    (``UnknownSlotError``)."""
     amounts: dict[str, Decimal] = {}
     for slot, value in raw.items():
         if value is None:

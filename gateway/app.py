@@ -81,7 +81,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
         await accept_connection(context)
         if context.user is not None:  # known only now (the token may come in connection_init): the user's share
             context.nomad = self.state["nomad"].admitted(self.nomad_shares.admission(context.user.id))
-        return UNSET  # a plain connection_ack
+        return UnsetType()  # UNSET (the one instance, typed): a plain connection_ack
 
     async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
         users: UserStore = self.state["users"]

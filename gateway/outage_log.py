@@ -1,4 +1,5 @@
-"""Log lines about ``UNAVAILABLE`` answers, rate-limited per cause: an outage shows in the log without a line per request.
+"""Log lines about ``UNAVAILABLE`` answers, rate-limited per cause: an outage shows in the log without a line per
+request.
 
 Per cause (Redis, Nomad, an unreadable scheduler configuration, ...): the first answer logs one WARNING line with what
 failed; while answers keep coming, a WARNING line every ``interval`` seconds counts them; once none came for

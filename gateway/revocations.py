@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 
 from core.clock import utcnow
 from core.keys import Keys
+from core.replies import stream_reads
 from domain.users import hash_token
 from stores import events
 
@@ -117,8 +118,8 @@ class RevocationWatch:
                 log.warning("token revocations unreadable (%s); retrying in %s s", exc, RETRY_SECONDS)
                 await asyncio.sleep(RETRY_SECONDS)
                 continue
-            for _, entries in reply or ():
-                for entry_id, fields in entries:
-                    self._position = entry_id
-                    for watched in list(self._watched.get(fields.get("token", ""), ())):
-                        watched.trip("revoked")
+            for entry_id, fields in (entry for _stream, entries in stream_reads(reply) for entry in entries):
+                self._position = entry_id
+                token_hash = fields.get("token", "")
+                for watched in list(self._watched.get(token_hash, ())):
+                    watched.trip("revoked")

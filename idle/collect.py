@@ -14,8 +14,7 @@ from collections.abc import Sequence
 
 from core.errors import PermanentError, TransientError
 from devices.catalog import DeviceCatalog
-from domain.idle.facts import kernel_allocation
-from domain.model import Kernel, Session
+from domain.idle.facts import SweptKernel, SweptSession, kernel_allocation
 from idle.samples import kernel_sample, session_sample
 from nomad_jobs.client import NomadClient
 
@@ -25,12 +24,12 @@ Sample = dict[str, float]
 
 
 async def collect_samples(
-    nomad: NomadClient, sessions: Sequence[Session], *, concurrency: int, devices: DeviceCatalog | None = None
+    nomad: NomadClient, sessions: Sequence[SweptSession], *, concurrency: int, devices: DeviceCatalog | None = None
 ) -> dict[str, Sample]:
     """Session id -> metric -> percent; a session none of whose kernels answered maps to ``{}``."""
     limit = asyncio.Semaphore(concurrency)
 
-    async def kernel(session: Session, kernel: Kernel) -> Sample | None:
+    async def kernel(session: SweptSession, kernel: SweptKernel) -> Sample | None:
         if kernel.alloc_id is None:
             return None
         async with limit:
@@ -42,7 +41,7 @@ async def collect_samples(
         cores, memory = kernel_allocation(kernel)
         return kernel_sample(stats, cores=cores, memory_bytes=memory, devices=devices)
 
-    async def one(session: Session) -> Sample:
+    async def one(session: SweptSession) -> Sample:
         samples = await asyncio.gather(*(kernel(session, k) for k in session.kernels))
         return session_sample(s for s in samples if s is not None)
 

@@ -40,7 +40,8 @@ class PolicySource:
         self.published = PublishedPolicy(source=str(path) if path is not None else BUILT_IN, text=text)
         self.config: IdlePolicyConfig = parse_policy(text, self.published.source, devices)
         self._refused: str | None = None
-        """What was last refused (the broken text, or why the file could not be read): reported once, not every sweep."""
+        """What was last refused (the broken text, or why the file could not be read): reported once, not every
+        sweep."""
         log.info("idle policy from %s: check every %gs", self.published.source, self.config.check_interval)
 
     def refresh(self) -> bool:

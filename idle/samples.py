@@ -135,6 +135,8 @@ def _first_number(stat: Json, *keys: str) -> float | None:
 
 
 def _number(value: object) -> float | None:
+    if type(value) is float:  # the common case first: it runs for every reading of every sweep
+        return value if math.isfinite(value) else None
     # bool is an int subclass but never a reading; NaN or infinity would poison every average after it
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None

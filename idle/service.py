@@ -33,9 +33,10 @@ from core.lease import Fence, Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
 from domain.idle.arbiter import Arbiter, evaluate
+from domain.idle.facts import SessionView
 from domain.idle.verdict import Verdict
 from domain.idle.window import UtilizationWindow
-from domain.model import Session, SessionStatus
+from domain.model import SessionStatus
 from domain.scheduling_config import load_scheduler_config
 from idle.reload import PolicySource
 from idle.sweep import check_once
@@ -116,7 +117,9 @@ class IdleService:
     async def sweep(self, term: Term) -> None:
         now = utcnow()
         live_ids = await self.store.live_ids()
-        sessions = [s for s in await self.store.get_many(sorted(live_ids)) if s and s.status is SessionStatus.RUNNING]
+        # the view, not whole sessions: the sweep reads a dozen fields of each (a fifth of the decoding)
+        views = await self.store.get_many_as(sorted(live_ids), SessionView)
+        sessions = [s for s in views if s and s.status is SessionStatus.RUNNING]
         config = self.policy.config
         result = await check_once(
             now=now, sessions=sessions, config=config, windows=term.windows,
@@ -139,7 +142,7 @@ class IdleService:
         for session in sessions:
             await self._reclaim_if_idle(term, session, result.verdicts[session.id])
 
-    async def _reclaim_if_idle(self, term: Term, session: Session, verdict: Verdict) -> None:
+    async def _reclaim_if_idle(self, term: Term, session: SessionView, verdict: Verdict) -> None:
         if verdict.reason is None:
             return
         reason = verdict.reason.value

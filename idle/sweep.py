@@ -20,10 +20,9 @@ from core.keys import Keys
 from devices.catalog import DeviceCatalog
 from domain.idle.arbiter import Arbiter, evaluate
 from domain.idle.config import IdlePolicyConfig
-from domain.idle.facts import Activity, checked_metrics, policy_for, session_facts
+from domain.idle.facts import Activity, SweptSession, checked_metrics, policy_for, requested_slots, session_facts
 from domain.idle.verdict import Verdict
 from domain.idle.window import UtilizationWindow, record_sample
-from domain.model import Session
 from domain.resource_policies import SessionLimits
 from idle.collect import Sample, collect_samples
 from nomad_jobs.client import NomadClient
@@ -41,7 +40,7 @@ class Sweep(NamedTuple):
 def judge(
     *,
     now: datetime,
-    sessions: Sequence[Session],
+    sessions: Sequence[SweptSession],
     config: IdlePolicyConfig,
     windows: Mapping[str, UtilizationWindow],
     activity: Mapping[str, Activity],
@@ -54,7 +53,8 @@ def judge(
     updated: dict[str, UtilizationWindow] = {}
     for session in sessions:
         policy = policy_for(config, session, limits.get(session.id))
-        metrics = checked_metrics(session, policy)
+        slots = requested_slots(session)
+        metrics = checked_metrics(session, policy, slots)
         window = None
         if metrics and policy.utilization is not None:
             window = updated[session.id] = record_sample(
@@ -65,7 +65,7 @@ def judge(
                 interval=policy.check_interval,
                 metrics=metrics,
             )
-        facts = session_facts(session, activity.get(session.id), window)
+        facts = session_facts(session, activity.get(session.id), window, slots)
         verdicts[session.id] = arbiter(now=now, session=facts, policy=policy)
     return Sweep(verdicts, updated)
 
@@ -73,7 +73,7 @@ def judge(
 async def check_once(
     *,
     now: datetime,
-    sessions: Sequence[Session],
+    sessions: Sequence[SweptSession],
     config: IdlePolicyConfig,
     windows: Mapping[str, UtilizationWindow],
     redis: Redis,

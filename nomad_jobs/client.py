@@ -155,10 +155,8 @@ class NomadClient:
 
     async def deregister(self, job_id: str, *, purge: bool = False) -> None:
         params = {"purge": "true"} if purge else {}
-        try:
+        with contextlib.suppress(NomadNotFound):
             await self._request("DELETE", f"/v1/job/{job_id}", params=params)
-        except NomadNotFound:
-            pass
 
     async def job(self, job_id: str) -> Json:
         job: Json = await self._json("GET", f"/v1/job/{job_id}")
@@ -248,7 +246,8 @@ class NomadClient:
             reader = asyncio.create_task(self._read_log_frames(alloc_id, task, stream, start, frames))
             last: LogFrame | None = None
             try:
-                async for chunk, last in self._until_drained(alloc_id, frames, quiet):
+                async for chunk, frame in self._until_drained(alloc_id, frames, quiet):
+                    last = frame  # where to resume from, after the loop
                     if decoded := text.decode(chunk):
                         yield decoded
             finally:
@@ -364,8 +363,9 @@ class NomadClient:
 
     async def event_stream(self, *, index: int, topics: Sequence[str]) -> AsyncIterator[Json]:
         """Nomad's event stream from ``index`` on: one dict per batch ``{"Index", "Events"}``, heartbeats dropped."""
-        params = [("index", str(index)), ("namespace", self.settings.namespace)]
-        params += [("topic", t) for t in topics]
+        params = httpx2.QueryParams(
+            [("index", str(index)), ("namespace", self.settings.namespace), *(("topic", t) for t in topics)]
+        )
         try:
             async with self._http.stream(
                 "GET", "/v1/event/stream", params=params, timeout=httpx2.Timeout(10.0, read=60.0)

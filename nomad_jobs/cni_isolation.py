@@ -38,6 +38,7 @@ real in the e2e isolation tests.
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import json
 import os
@@ -213,10 +214,8 @@ class Membership:
         ):
             if os.path.exists(path):
                 os.unlink(path)
-        try:
+        with contextlib.suppress(OSError):
             os.rmdir(directory)  # the session's last kernel on this host
-        except OSError:
-            pass
 
     @staticmethod
     def _read(path: str) -> Kernel:

@@ -100,4 +100,4 @@ def render(*top_level: Block) -> str:
     root = hcl2.Builder()
     for block in top_level:
         block._build_into(root)
-    return str(hcl2.dumps(root.build()))
+    return str(hcl2.dumps(root.build()))  # type: ignore[no-untyped-call]  # python-hcl2: Builder.build is unannotated

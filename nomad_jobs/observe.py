@@ -55,35 +55,38 @@ def is_superseded(alloc: dict[str, Any]) -> bool:
 
 
 def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
-    hostname = str(alloc.get("TaskGroup", ""))
-    client = alloc.get("ClientStatus")
-    desired = alloc.get("DesiredStatus")
     code = exit_code_of(alloc)
     restarts = restarts_of(alloc)
     state = task_state_of(alloc)
-    common = {
-        "hostname": hostname,
-        "agent": alloc.get("NodeID"),
-        "alloc_id": alloc.get("ID"),
-        "exit_code": code,
-        "ports": ports_of(alloc),
-        "restarts": restarts,
-        "started_at": moment(state.get("StartedAt")),
-        "finished_at": moment(state.get("FinishedAt")),
-    }
+    status, reason = _status_of(alloc.get("ClientStatus"), alloc.get("DesiredStatus"), code, restarts)
+    return KernelObservation(
+        hostname=str(alloc.get("TaskGroup", "")),
+        status=status,
+        reason=reason,
+        detail=allocation_detail(alloc, status),
+        agent=alloc.get("NodeID"),
+        alloc_id=alloc.get("ID"),
+        exit_code=code,
+        ports=ports_of(alloc),
+        restarts=restarts,
+        started_at=moment(state.get("StartedAt")),
+        finished_at=moment(state.get("FinishedAt")),
+    )
+
+
+def _status_of(client: object, desired: object, code: int | None, restarts: int) -> tuple[SessionStatus, str]:
+    """The kernel's status and reason from its allocation's client and desired statuses (Nomad's words)."""
     if client == "pending":
         # Between a task's exit and its restart Nomad shows the allocation pending again.
         waiting = "restarting" if restarts else "allocation-pending"
-        status, reason = (S.TERMINATING, "stopping") if desired != "run" else (S.PREPARING, waiting)
-    elif client == "running":
-        status, reason = (S.TERMINATING, "stopping") if desired != "run" else (S.RUNNING, "kernel-running")
-    elif client == "complete":
-        status, reason = S.TERMINATED, "task-finished" if (code or 0) == 0 else "task-failed"
-    elif client == "failed":
-        status, reason = (S.TERMINATED, "task-failed") if code is not None else (S.ERROR, "failed-to-start")
-    else:  # lost, unknown
-        status, reason = S.ERROR, "job-lost"
-    return KernelObservation(status=status, reason=reason, detail=allocation_detail(alloc, status), **common)
+        return (S.TERMINATING, "stopping") if desired != "run" else (S.PREPARING, waiting)
+    if client == "running":
+        return (S.TERMINATING, "stopping") if desired != "run" else (S.RUNNING, "kernel-running")
+    if client == "complete":
+        return S.TERMINATED, "task-finished" if (code or 0) == 0 else "task-failed"
+    if client == "failed":
+        return (S.TERMINATED, "task-failed") if code is not None else (S.ERROR, "failed-to-start")
+    return S.ERROR, "job-lost"  # lost, unknown
 
 
 def allocation_detail(alloc: Mapping[str, Any], status: SessionStatus) -> str | None:
@@ -117,17 +120,18 @@ def for_driver(seen: KernelObservation, driver: Driver) -> KernelObservation:
     """``seen`` with the command's own exit code: a qemu task's exit code is QEMU's, which encodes the guest's (its
     detail then says the code it quotes is QEMU's); other drivers run the command through a shell, whose codes 126
     and 127 mean it could not run the command (its detail then says so)."""
-    if seen.exit_code is None:
+    exit_code = seen.exit_code
+    if exit_code is None:
         return seen
-    quoted = f"Exit Code: {seen.exit_code}"
+    quoted = f"Exit Code: {exit_code}"
     if driver is not Driver.QEMU:
-        hint = exit_code_hint(seen.exit_code)
+        hint = exit_code_hint(exit_code)
         if hint and seen.detail and quoted in seen.detail:
             return replace(seen, detail=seen.detail.replace(quoted, f"{quoted} ({hint})", 1))
         return seen
     if seen.detail:
         seen = replace(seen, detail=seen.detail.replace(quoted, f"QEMU {quoted}", 1))
-    code = guest_exit_code(seen.exit_code)
+    code = guest_exit_code(exit_code)
     if seen.status is not S.TERMINATED:
         return replace(seen, exit_code=code)
     if code is not None:

@@ -34,7 +34,8 @@ UNHEALTHY_CHECKS = 3
 DEFAULT_GRACE_SECONDS = 30.0
 """After a (re)start, failing checks count only once this long has passed (unless the session sets its own)."""
 RESTART = {"attempts": 3, "interval": "5m", "delay": "2s", "mode": "fail"}
-"""In place: up to 3 restarts in 5 minutes, 2 s apart (Nomad adds jitter); then the allocation fails and is rescheduled."""
+"""In place: up to 3 restarts in 5 minutes, 2 s apart (Nomad adds jitter); then the allocation fails and is
+rescheduled."""
 RESCHEDULE = {"unlimited": True, "delay": "5s", "delay_function": "exponential", "max_delay": "1m"}
 """A failed replica's allocation is replaced for as long as the session lives, backing off up to a minute."""
 CHECK_NAME = "health"

@@ -25,6 +25,7 @@ from typing import Any
 from core.clock import utcnow
 from core.errors import PermanentError, TransientError
 from core.lease import Fence
+from core.replies import text_set
 from core.retry import stop_if_cancelled
 from domain.inference import HealthReading, forget_stale_health, is_inference, replica_health, with_replica_health
 from domain.lifecycle import observe_kernel, transition
@@ -196,7 +197,7 @@ class Follower:
         its allocations and one per running replica. Sessions whose replicas are all healthy cost nothing here."""
         keys = self.store.keys
         inference = keys.sessions_of_type(SessionType.INFERENCE.value)
-        ids = sorted(await self.store.redis.sinter(inference, keys.sessions_live))
+        ids = sorted(text_set(await self.store.redis.sinter([inference, keys.sessions_live])))
         for session in await self.store.get_many(ids):
             stop_if_cancelled()
             if session is None or session.status is not S.RUNNING or session.nomad_job_id is None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from enum import Enum
+from enum import StrEnum
 from functools import cached_property
 
 from domain.agents import Agent
@@ -44,14 +44,14 @@ DEFAULT_PRIORITY = 10
 """Backend.AI's default session priority (range 0..100); higher goes first."""
 
 
-class ClusterMode(str, Enum):
+class ClusterMode(StrEnum):
     SINGLE_NODE = "single-node"
     """All kernels on one agent: their requests are summed and one agent is chosen."""
     MULTI_NODE = "multi-node"
     """Kernels are placed one by one, each against the state after the previous ones; all or nothing."""
 
 
-class DependencyState(str, Enum):
+class DependencyState(StrEnum):
     DONE = "done"
     """Terminated with result SUCCESS."""
     WAITING = "waiting"
@@ -181,13 +181,14 @@ class KernelPlacement:
     agent_id: str
 
 
-class WaitKind(str, Enum):
+class WaitKind(StrEnum):
     CHECKS_FAILED = "checks-failed"
     """A non-resource check failed (start time, dependency, concurrency, quota); blocks nobody."""
     NO_AGENT_FITS = "no-agent-fits"
     """Short of resources now; counts as a failed attempt (+1 retry)."""
     NEVER_FITS = "never-fits"
-    """No schedulable agent of the group could host it even when empty (or none has a slot it asks for); blocks nobody."""
+    """No schedulable agent of the group could host it even when empty (or none has a slot it asks for); blocks
+    nobody."""
     BLOCKED = "blocked"
     """Not attempted: an earlier session short of resources holds the line."""
 

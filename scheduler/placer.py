@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from redis.typing import EncodableT
+
 from core.clock import utcnow
 from core.lease import Fence, write_fenced
 from core.settings import Settings
@@ -32,13 +34,13 @@ from nomad_jobs.session_job import JobContext, render_session_job
 from scheduler.config import scheduler_core
 from scheduler.pass_model import KernelPlacement, PassResult, SchedulerConfig, WaitExplanation
 from scheduler.scheduling_pass import run_pass
+from scheduler.snapshot import PassInput, SnapshotReader
 from stores.known_resources import record_resource_groups, record_slot_types
 from stores.resource_policies import PolicyStore
 from stores.sessions import Mutation, SessionStore
 
 IDLE_REFRESH_SECONDS = 10.0
 """With an empty queue, the node snapshot is still read this often (known slot types, capacity)."""
-from scheduler.snapshot import PassInput, SnapshotReader
 
 __all__ = ["PENDING_TIMEOUT", "PassSummary", "Placer", "wait_reasons"]
 
@@ -173,7 +175,8 @@ class Placer:
         await asyncio.gather(*(one(session_id, mutate) for session_id, mutate in writes))
 
     async def _save_roundrobin(self, state: Mapping[str, int]) -> None:
-        key, mapping = self.store.keys.scheduler_roundrobin, {group: str(index) for group, index in state.items()}
+        key = self.store.keys.scheduler_roundrobin
+        mapping: dict[EncodableT, EncodableT] = {group: str(index) for group, index in state.items()}
         if self.fence is None:
             await self.store.redis.hset(key, mapping=mapping)
         else:

@@ -100,8 +100,8 @@ def run_pass(snapshot: Snapshot, config: SchedulerConfig, now: datetime) -> Pass
         if agent.schedulable:
             agents[agent.resource_group].append(agent)
     running: dict[str, list[RunningSession]] = defaultdict(list)
-    for session in snapshot.running:
-        running[session.resource_group].append(session)
+    for running_session in snapshot.running:
+        running[running_session.resource_group].append(running_session)
     for group in sorted(pending):  # groups share user/project usage, so a fixed order keeps passes reproducible
         _schedule_group(
             group, pending[group], agents[group], running[group], config, slot_names, context, now, outcomes
@@ -138,7 +138,7 @@ def _total(demands: Iterable[Demand]) -> Demand:
 
 
 def _shares(occupancy: GroupOccupancy, running: Sequence[RunningSession]) -> DominantShares:
-    capacity = [sum(column) for column in zip(*occupancy.capacity)] or [0] * len(occupancy.codec)
+    capacity = [sum(column) for column in zip(*occupancy.capacity, strict=True)] or [0] * len(occupancy.codec)
     by_user: dict[str, list[int]] = {}
     for session in running:
         held = by_user.setdefault(session.user, [0] * len(occupancy.codec))
@@ -250,7 +250,7 @@ class _GroupWalk:
         session = entry.session
         self.outcomes.placements[session.id] = tuple(
             KernelPlacement(index, kernel.role, self.occupancy.ids[ordinal])
-            for index, (kernel, ordinal) in enumerate(zip(session.kernels, agents))
+            for index, (kernel, ordinal) in enumerate(zip(session.kernels, agents, strict=True))
         )
         self.context.usage.add_placed(session)
         self.shares.add(session.user, _total(entry.demands))

@@ -22,6 +22,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from core.replies import text_hash
 from domain.model import ClusterMode as SessionClusterMode
 from domain.model import Session, SessionResult, SessionStatus
 from domain.scheduling_config import SchedulingConfig
@@ -199,5 +200,5 @@ class SnapshotReader:
         }
 
     async def _roundrobin(self) -> dict[str, int]:
-        stored: dict[str, str] = await self.store.redis.hgetall(self.store.keys.scheduler_roundrobin)
+        stored = text_hash(await self.store.redis.hgetall(self.store.keys.scheduler_roundrobin))
         return {group: int(index) for group, index in stored.items()}

@@ -58,9 +58,8 @@ async def submit(store: SessionStore, nomad: NomadClient, session: Session, fenc
         log.info("session=%s job=%s was already registered", session.id, session.nomad_job_id)
     except PermanentError as exc:
         log.error("session=%s job=%s refused: %s", session.id, session.nomad_job_id, exc)
-        await store.update(
-            session.id, lambda s: refused(s, clipped(f"Nomad refused the job: {exc}"), at=utcnow()), fence=fence
-        )
+        reason = clipped(f"Nomad refused the job: {exc}")
+        await store.update(session.id, lambda s: refused(s, reason, at=utcnow()), fence=fence)
         await store.mark_submitted(session.id)
         return
     after = await store.update(session.id, _registered, fence=fence)

@@ -126,7 +126,8 @@ def _quota_result(
 def check_user_quota(session: PendingSession, context: CheckContext) -> CheckResult:
     policy = context.user_policies.get(session.user)
     held = context.usage.slots_by_user.get(session.user)
-    return _quota_result("user-quota", f"user {session.user}", held, session, policy and policy.total_resource_slots)
+    limits = policy.total_resource_slots if policy else None
+    return _quota_result("user-quota", f"user {session.user}", held, session, limits)
 
 
 def check_project_quota(session: PendingSession, context: CheckContext) -> CheckResult:

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from redis.asyncio import Redis
 
 from core.keys import Keys
+from core.replies import ranked
 from domain.idle.facts import Activity
 
 CONNECTION_TTL = 60.0
@@ -71,7 +72,7 @@ async def read_activity(redis: Redis, keys: Keys, session_ids: Sequence[str], no
 
 async def forget_activity(redis: Redis, keys: Keys, keep: set[str]) -> None:
     """Drop the last-activity records of sessions not in ``keep`` (those that ended)."""
-    recorded: list[str] = await redis.zrange(keys.idle_last_activity, 0, -1)
+    recorded = ranked(await redis.zrange(keys.idle_last_activity, 0, -1))
     gone = [session_id for session_id in recorded if session_id not in keep]
     if gone:
         await redis.zrem(keys.idle_last_activity, *gone)

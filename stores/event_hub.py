@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from redis.typing import KeyT, StreamIdT
 
+from core.replies import stream_reads
 from stores import events
 from stores.events import SessionEvent
 
@@ -96,10 +98,10 @@ class EventHub:
                     last = event.id
                     yield event
                 follower.behind = False
-                while (event := await follower.queue.get()) is not None:  # None: it fell behind
-                    if events.order(event.id) > events.order(last):
-                        last = event.id
-                        yield event
+                while (queued := await follower.queue.get()) is not None:  # None: it fell behind
+                    if events.order(queued.id) > events.order(last):
+                        last = queued.id
+                        yield queued
 
     async def aclose(self) -> None:
         if self._reader is not None:
@@ -118,8 +120,8 @@ class EventHub:
     async def _read(self) -> None:
         while self._followers:
             self._changed.clear()
-            streams = {stream: self._positions[stream] for stream in self._followers}
-            read = asyncio.ensure_future(self.redis.xread(streams, count=500, block=self.block_ms))  # type: ignore[arg-type]
+            streams: dict[KeyT, StreamIdT] = {stream: self._positions[stream] for stream in self._followers}
+            read = asyncio.ensure_future(self.redis.xread(streams, count=500, block=self.block_ms))
             changed = asyncio.ensure_future(self._changed.wait())
             try:
                 await asyncio.wait({read, changed}, return_when=asyncio.FIRST_COMPLETED)
@@ -137,7 +139,7 @@ class EventHub:
                 log.warning("event streams unreadable (%s); retrying in %s s", exc, RETRY_SECONDS)
                 await asyncio.sleep(RETRY_SECONDS)
                 continue
-            for stream, entries in reply or ():
+            for stream, entries in stream_reads(reply):
                 for entry_id, fields in entries:
                     if stream not in self._positions:
                         break  # nobody follows it any more

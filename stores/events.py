@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 
 from core import codec
 from core.keys import Keys
+from core.replies import stream_entries
 from domain.model import Session, SessionStatus
 
 OWNER_STREAM_LENGTH = 1000
@@ -144,5 +145,5 @@ async def is_kept(redis: Redis, stream: str, after: str) -> bool:
 
 async def read_after(redis: Redis, stream: str, after: str) -> list[SessionEvent]:
     """Every entry of ``stream`` after ``after`` that is there now, without waiting."""
-    entries = await redis.xrange(stream, min=f"({after}", max="+")
+    entries = stream_entries(await redis.xrange(stream, min=f"({after}", max="+"))
     return [decode(entry_id, fields) for entry_id, fields in entries]

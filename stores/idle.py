@@ -25,6 +25,7 @@ from redis.asyncio.client import Pipeline
 from core.codec import decode, encode
 from core.keys import Keys
 from core.lease import Fence, write_fenced
+from core.replies import optional_text, optional_texts, text_hash
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.policy_file import parse_policy
 from domain.idle.verdict import Verdict, VerdictDoc
@@ -101,7 +102,7 @@ class IdleStore:
 
     async def load_windows(self) -> dict[str, UtilizationWindow]:
         """The saved windows; a malformed one is skipped (that session starts a fresh window)."""
-        raw: dict[str, str] = await self.redis.hgetall(self.keys.idle_windows)
+        raw = text_hash(await self.redis.hgetall(self.keys.idle_windows))
         windows = {}
         for session_id, text in raw.items():
             try:
@@ -111,19 +112,19 @@ class IdleStore:
         return windows
 
     async def verdict(self, session_id: str) -> StoredVerdict | None:
-        raw = await self.redis.get(self.keys.idle_report(session_id))
+        raw = optional_text(await self.redis.get(self.keys.idle_report(session_id)))
         return _stored_verdict(raw) if raw is not None else None
 
     async def verdicts(self, session_ids: Sequence[str]) -> list[StoredVerdict | None]:
         """Several sessions' last verdicts in one round trip (MGET), in the order asked."""
         if not session_ids:
             return []
-        raws = await self.redis.mget([self.keys.idle_report(i) for i in session_ids])
+        raws = optional_texts(await self.redis.mget([self.keys.idle_report(i) for i in session_ids]))
         return [_stored_verdict(raw) if raw is not None else None for raw in raws]
 
     async def published_policy(self) -> tuple[PublishedPolicy, IdlePolicyConfig] | None:
         """The policy in force, or None while no idle checker has led yet."""
-        doc: dict[str, str] = await self.redis.hgetall(self.keys.idle_policy)
+        doc = text_hash(await self.redis.hgetall(self.keys.idle_policy))
         if "text" not in doc:
             return None
         published = PublishedPolicy(source=doc.get("source", ""), text=doc["text"])

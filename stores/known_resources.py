@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from redis.asyncio import Redis
 
 from core.keys import Keys
+from core.replies import text_hash, text_set
 from domain.model import DEFAULT_GROUP
 from domain.slots import INTRINSIC_SLOT_TYPES, SlotType
 
@@ -24,7 +25,7 @@ __all__ = ["known_resource_groups", "known_slot_types", "record_resource_groups"
 
 async def known_slot_types(redis: Redis, keys: Keys) -> dict[str, SlotType]:
     """The intrinsic slots (cpu, mem) and every slot recorded so far."""
-    stored: dict[str, str] = await redis.hgetall(keys.known_slot_types)
+    stored = text_hash(await redis.hgetall(keys.known_slot_types))
     found = {slot: SlotType(kind) for slot, kind in stored.items() if kind in SlotType._value2member_map_}
     return {**found, **INTRINSIC_SLOT_TYPES}
 
@@ -42,7 +43,7 @@ async def record_slot_types(redis: Redis, keys: Keys, slot_types: Mapping[str, S
 async def known_resource_groups(redis: Redis, keys: Keys, configured: Iterable[str] = ()) -> frozenset[str]:
     """``default``, the groups recorded so far, and ``configured`` (what the reader's copy of the configuration
     names: known even before the scheduler's first pass)."""
-    stored: set[str] = await redis.smembers(keys.known_resource_groups)
+    stored = text_set(await redis.smembers(keys.known_resource_groups))
     return frozenset({DEFAULT_GROUP, *stored, *configured})
 
 

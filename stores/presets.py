@@ -1,9 +1,9 @@
 """Resource presets: named bundles of slots (and /dev/shm) a creation may name instead of listing resources.
 
-Everyone may list them and name one; they are global, so only a SUPERADMIN writes them. A preset's slots sit under a request's explicit
-resources: ``defaults ⊕ preset ⊕ explicit``, slot by slot. Slots are stored normalized (exact decimal strings, bytes
-for ``mem``), as sessions store theirs; whether a slot exists is checked when the preset is written and again at
-every creation that names it.
+Everyone may list them and name one; they are global, so only a SUPERADMIN writes them. A preset's slots sit under a
+request's explicit resources: ``defaults ⊕ preset ⊕ explicit``, slot by slot. Slots are stored normalized (exact
+decimal strings, bytes for ``mem``), as sessions store theirs; whether a slot exists is checked when the preset is
+written and again at every creation that names it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from redis.exceptions import WatchError
 
 from core.codec import decode, encode
 from core.keys import Keys
+from core.replies import begin, text_hash
 from domain.presets import ResourcePreset
 
 
@@ -24,7 +25,7 @@ class PresetStore:
         self.keys = keys
 
     async def all(self) -> list[ResourcePreset]:
-        raws: dict[str, str] = await self.redis.hgetall(self.keys.resource_presets)
+        raws = text_hash(await self.redis.hgetall(self.keys.resource_presets))
         return sorted((decode(raw, ResourcePreset) for raw in raws.values()), key=lambda p: p.name)
 
     async def get(self, name: str) -> ResourcePreset | None:
@@ -46,7 +47,7 @@ class PresetStore:
                     await pipe.watch(self.keys.resource_presets)
                     if not await pipe.hexists(self.keys.resource_presets, preset.name):
                         return False
-                    pipe.multi()
+                    begin(pipe)
                     pipe.hset(self.keys.resource_presets, preset.name, encode(preset))
                     await pipe.execute()
                     return True

@@ -13,7 +13,9 @@ from redis.asyncio import Redis
 from core.codec import decode, encode
 from core.errors import QuotaExceeded
 from core.keys import Keys
-from domain.model import Session, SessionStatus
+from core.replies import text_set
+from domain.idle.facts import SweptSession
+from domain.model import SessionStatus
 from domain.resource_policies import ProjectResourcePolicy, SessionLimits, UserResourcePolicy, session_limits
 from stores.sessions import Admission, SessionStore
 
@@ -50,8 +52,7 @@ class PolicyStore:
 
     async def user_ids(self) -> set[str]:
         """Users with a stored policy."""
-        ids: set[str] = await self.redis.smembers(self.keys.users_with_policy)
-        return ids
+        return text_set(await self.redis.smembers(self.keys.users_with_policy))
 
     async def project(self, project: str) -> ProjectResourcePolicy | None:
         return (await self.projects([project])).get(project)
@@ -74,8 +75,7 @@ class PolicyStore:
 
     async def project_names(self) -> set[str]:
         """Projects with a stored policy."""
-        names: set[str] = await self.redis.smembers(self.keys.projects_with_policy)
-        return names
+        return text_set(await self.redis.smembers(self.keys.projects_with_policy))
 
     async def _many(self, names: Iterable[str], key: Callable[[str], str], kind: type[P]) -> dict[str, P]:
         ordered = sorted(set(names))
@@ -84,7 +84,7 @@ class PolicyStore:
         raws = await self.redis.mget([key(name) for name in ordered])
         return {name: decode(raw, kind) for name, raw in zip(ordered, raws, strict=True) if raw}
 
-    async def limits_of(self, sessions: Sequence[Session]) -> dict[str, SessionLimits]:
+    async def limits_of(self, sessions: Sequence[SweptSession]) -> dict[str, SessionLimits]:
         """Session id -> the limits its owner's and project's policies set (the idle checks apply them); sessions
         without any are left out. Two Redis reads, however many sessions."""
         users = await self.users({s.owner_id for s in sessions})

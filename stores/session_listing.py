@@ -16,6 +16,7 @@ from typing import Generic, TypeVar
 
 from redis.asyncio import Redis
 
+from core.replies import optional_texts
 from domain.listing import NAME_SCAN_BATCH, Plan, Position, ScoreRange, past
 from stores.sessions import SessionStore
 
@@ -71,7 +72,7 @@ class SessionListing(Generic[T]):
                 )
         has_more = len(positions) > size
         positions = positions[:size]
-        raws = await self.redis.mget([self.keys.session(p.id) for p in positions]) if positions else []
+        raws = optional_texts(await self.redis.mget([self.keys.session(p.id) for p in positions])) if positions else []
         entries = [(p, self.decode(raw)) for p, raw in zip(positions, raws, strict=True) if raw is not None]
         return Page(entries, has_more, total)
 
@@ -194,7 +195,7 @@ class SessionListing(Generic[T]):
             batch, _ = await self._read(sources, plan.scores, plan.descending, after, until, NAME_SCAN_BATCH)
             if not batch:
                 break
-            names = await self.redis.hmget(self.keys.session_names, [p.id for p in batch])
+            names = optional_texts(await self.redis.hmget(self.keys.session_names, [p.id for p in batch]))
             found += [
                 p for p, n in zip(batch, names, strict=True) if n is not None and plan.name_contains in n.casefold()
             ]
@@ -210,7 +211,7 @@ class SessionListing(Generic[T]):
             batch, _ = await self._read(sources, plan.scores, plan.descending, after, None, NAME_SCAN_BATCH)
             if not batch:
                 return total
-            names = await self.redis.hmget(self.keys.session_names, [p.id for p in batch])
+            names = optional_texts(await self.redis.hmget(self.keys.session_names, [p.id for p in batch]))
             total += sum(1 for n in names if n is not None and plan.name_contains in n.casefold())
             if len(batch) < NAME_SCAN_BATCH:
                 return total

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Literal, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
@@ -18,6 +18,7 @@ from core.codec import decode, encode
 from core.errors import Conflict
 from core.keys import Keys
 from core.lease import Fence, LostLease
+from core.replies import begin, ranked, text_set
 from domain.model import Session, SessionResult, SessionStatus
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
@@ -28,6 +29,8 @@ LISTING_INDEXES_VERSION = "1"
 """Bump when the listing indexes change shape: the scheduler then indexes every stored session again, once."""
 REINDEX_BATCH = 500
 """Sessions indexed per WATCHed transaction when the listing indexes are rebuilt."""
+
+T = TypeVar("T")
 
 
 StopMode = Literal["stop", "purge"]
@@ -56,30 +59,32 @@ class SessionStore:
     async def get_many(self, session_ids: Sequence[str]) -> list[Session | None]:
         if not session_ids:
             return []
+        return await self.get_many_as(session_ids, Session)
+
+    async def get_many_as(self, session_ids: Sequence[str], view: type[T]) -> list[T | None]:
+        """Sessions' documents read as ``view``: :class:`Session`, or a dataclass of some of its fields (same names,
+        types and defaults) when a caller needs only those, such as the idle sweep's ``SessionView``."""
+        if not session_ids:
+            return []
         raws = await self.redis.mget([self.keys.session(i) for i in session_ids])
-        return [decode(r, Session) if r else None for r in raws]
+        return [decode(r, view) if r else None for r in raws]
 
     async def pending_ids(self, resource_group: str) -> list[str]:
-        ids: list[str] = await self.redis.zrange(self.keys.pending_queue(resource_group), 0, -1)
-        return ids
+        return ranked(await self.redis.zrange(self.keys.pending_queue(resource_group), 0, -1))
 
     async def resource_groups(self) -> set[str]:
-        groups: set[str] = await self.redis.smembers(self.keys.resource_groups)
-        return groups
+        return text_set(await self.redis.smembers(self.keys.resource_groups))
 
     async def live_ids(self) -> set[str]:
-        ids: set[str] = await self.redis.smembers(self.keys.sessions_live)
-        return ids
+        return text_set(await self.redis.smembers(self.keys.sessions_live))
 
     async def ids_to_submit(self) -> set[str]:
-        ids: set[str] = await self.redis.smembers(self.keys.work_to_submit)
-        return ids
+        return text_set(await self.redis.smembers(self.keys.work_to_submit))
 
     async def session_ids(self, *, owner_id: str | None = None) -> list[str]:
         """Ids newest first, of everyone or of one owner."""
         key = self.keys.sessions_of_owner(owner_id) if owner_id else self.keys.sessions_by_created
-        ids: list[str] = await self.redis.zrevrange(key, 0, -1)
-        return ids
+        return ranked(await self.redis.zrevrange(key, 0, -1))
 
     # -- creation -------------------------------------------------------------------------------
 
@@ -108,7 +113,7 @@ class SessionStore:
                     for session, name_key in zip(sessions, name_keys, strict=True):
                         if await pipe.exists(name_key):
                             raise Conflict(f"you already have a live session named {session.name!r}", field="name")
-                    pipe.multi()
+                    begin(pipe)
                     for session, name_key in zip(sessions, name_keys, strict=True):
                         self._write_new(pipe, session, name_key)
                     if token_key:
@@ -139,7 +144,7 @@ class SessionStore:
         each batch is WATCHed, so sessions changing meanwhile are indexed as they are. Returns how many were read."""
         if await self.redis.get(self.keys.listing_indexes_version) == LISTING_INDEXES_VERSION:
             return 0
-        ids: list[str] = await self.redis.zrange(self.keys.sessions_by_created, 0, -1)
+        ids = ranked(await self.redis.zrange(self.keys.sessions_by_created, 0, -1))
         for start in range(0, len(ids), REINDEX_BATCH):
             doc_keys = [self.keys.session(i) for i in ids[start : start + REINDEX_BATCH]]
             while True:
@@ -147,7 +152,7 @@ class SessionStore:
                     try:
                         await pipe.watch(*doc_keys)
                         raws = await pipe.mget(doc_keys)
-                        pipe.multi()
+                        begin(pipe)
                         for session in (decode(raw, Session) for raw in raws if raw):
                             self._index_for_listing(pipe, session)
                             if session.terminated_at:
@@ -209,7 +214,7 @@ class SessionStore:
                     new_name_key = self.keys.live_name(after.owner_id, after.name)
                     if after.name != before.name and await pipe.exists(new_name_key):
                         raise Conflict(f"you already have a live session named {after.name!r}", field="name")
-                    pipe.multi()
+                    begin(pipe)
                     pipe.set(key, encode(after))
                     self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
                     if stop_job is not None and after.nomad_job_id and after.status in STOPPING:
@@ -247,8 +252,7 @@ class SessionStore:
             self._publish(pipe, after)  # a status change, or a PREPARING session's new reason (lifecycle.restate)
 
     async def overdue_batch_sessions(self, now: float) -> list[str]:
-        ids: list[str] = await self.redis.zrangebyscore(self.keys.batch_deadlines, "-inf", now)
-        return ids
+        return ranked(await self.redis.zrangebyscore(self.keys.batch_deadlines, "-inf", now))
 
     async def mark_submitted(self, session_id: str) -> None:
         await self.redis.srem(self.keys.work_to_submit, session_id)

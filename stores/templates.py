@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from core.codec import decode, encode
 from core.keys import Keys
+from core.replies import text_set
 from domain.templates import Template, may_use
 from domain.users import Role, User
 
@@ -51,10 +52,15 @@ class TemplateStore:
     async def usable_by(self, viewer: User) -> list[Template]:
         """Every template ``viewer`` may use, by name: their own, their projects' (members' too, for an ADMIN)."""
         if viewer.role is Role.SUPERADMIN:
-            ids: set[str] = await self.redis.smembers(self.keys.templates)
+            ids = text_set(await self.redis.smembers(self.keys.templates))
         else:
-            ids = await self.redis.sunion(
-                [self.keys.templates_of_owner(viewer.id), *(self.keys.templates_of_project(p) for p in viewer.projects)]
+            ids = text_set(
+                await self.redis.sunion(
+                    [
+                        self.keys.templates_of_owner(viewer.id),
+                        *(self.keys.templates_of_project(p) for p in viewer.projects),
+                    ]
+                )
             )
         found = await self._many(sorted(ids))
         return sorted((t for t in found if may_use(viewer, t)), key=lambda t: (t.name, t.id))

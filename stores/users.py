@@ -20,11 +20,13 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
+from redis.typing import EncodableT
 
 from core.clock import from_unix, utcnow
 from core.codec import decode, encode
 from core.errors import Conflict, NotFound, QuotaExceeded
 from core.keys import Keys
+from core.replies import begin, optional_text, optional_texts, text_hash, text_set
 from core.secrets import write_private
 from core.settings import GatewaySettings
 from domain.users import BOOTSTRAP_ADMIN_ID, BOOTSTRAP_TOKEN_ID, ApiToken, Role, User, hash_token, new_secret
@@ -120,11 +122,9 @@ class UserStore:
     async def ids(self, projects: Iterable[str] | None = None) -> set[str]:
         """Every user id, or the ids of the members of any of ``projects``."""
         if projects is None:
-            everyone: set[str] = await self.redis.smembers(self.keys.all_users)
-            return everyone
+            return text_set(await self.redis.smembers(self.keys.all_users))
         keys = [self.keys.project_members(p) for p in projects]
-        members: set[str] = await self.redis.sunion(keys) if keys else set()
-        return members
+        return text_set(await self.redis.sunion(keys)) if keys else set()
 
     async def put(self, user: User) -> None:
         """Store ``user`` as given, new or not."""
@@ -161,7 +161,7 @@ class UserStore:
                     after = decide(before)
                     if after is None:
                         return None
-                    pipe.multi()
+                    begin(pipe)
                     self._write_user(pipe, before, after)
                     await pipe.execute()
                     return after
@@ -191,10 +191,10 @@ class UserStore:
                     before = decode(raw, User)
                     if check is not None:
                         check(before)
-                    token_ids = sorted(await pipe.smembers(tokens_key))
-                    hashes = await pipe.hmget(self.keys.api_token_ids, token_ids) if token_ids else []
+                    token_ids = sorted(text_set(await pipe.smembers(tokens_key)))
+                    hashes = optional_texts(await pipe.hmget(self.keys.api_token_ids, token_ids)) if token_ids else []
                     after = replace(before, active=False)
-                    pipe.multi()
+                    begin(pipe)
                     self._write_user(pipe, before, after)
                     for token_hash in hashes:
                         if token_hash:
@@ -265,7 +265,7 @@ class UserStore:
         user_key, tokens_key = self.keys.user(user_id), self.keys.user_tokens(user_id)
         token_hash = hash_token(secret)
         record = ApiToken(id=token_id, user_id=user_id, label=label, created_at=now, expires_at=expires_at)
-        fields = {
+        fields: dict[EncodableT, EncodableT] = {
             "id": token_id,
             "user": user_id,
             "label": label,
@@ -288,8 +288,8 @@ class UserStore:
                             f"may have: revoke some first",
                             field="userId",
                         )
-                    replaced = await pipe.hget(self.keys.api_token_ids, token_id)
-                    pipe.multi()
+                    replaced = optional_text(await pipe.hget(self.keys.api_token_ids, token_id))
+                    begin(pipe)
                     if replaced and replaced != token_hash:
                         pipe.delete(self.keys.api_token(replaced))
                         self._announce_revocation(pipe, replaced)
@@ -305,22 +305,22 @@ class UserStore:
                     continue
 
     async def token(self, token_id: str) -> ApiToken | None:
-        token_hash = await self.redis.hget(self.keys.api_token_ids, token_id)
+        token_hash = optional_text(await self.redis.hget(self.keys.api_token_ids, token_id))
         if not token_hash:
             return None
-        record = await self.redis.hgetall(self.keys.api_token(token_hash))
+        record = text_hash(await self.redis.hgetall(self.keys.api_token(token_hash)))
         return ApiToken.from_record(record) if record else None
 
     async def tokens_of(self, user_id: str) -> list[ApiToken]:
         """A user's live tokens, oldest first; ids of records Redis has expired are dropped on the way."""
-        token_ids = sorted(await self.redis.smembers(self.keys.user_tokens(user_id)))
+        token_ids = sorted(text_set(await self.redis.smembers(self.keys.user_tokens(user_id))))
         if not token_ids:
             return []
-        hashes = await self.redis.hmget(self.keys.api_token_ids, token_ids)
+        hashes = optional_texts(await self.redis.hmget(self.keys.api_token_ids, token_ids))
         async with self.redis.pipeline(transaction=False) as pipe:
             for token_hash in hashes:
                 pipe.hgetall(self.keys.api_token(token_hash or "-"))
-            records: list[dict[str, str]] = await pipe.execute()
+            records = [text_hash(reply) for reply in await pipe.execute()]
         gone = [i for i, r in zip(token_ids, records, strict=True) if not r]
         if gone:
             async with self.redis.pipeline(transaction=True) as pipe:
@@ -332,10 +332,10 @@ class UserStore:
 
     async def revoke_token(self, token_id: str) -> ApiToken | None:
         """Delete a token: it is refused from the next request on. ``None`` if there is no such token."""
-        token_hash = await self.redis.hget(self.keys.api_token_ids, token_id)
+        token_hash = optional_text(await self.redis.hget(self.keys.api_token_ids, token_id))
         if not token_hash:
             return None
-        record = await self.redis.hgetall(self.keys.api_token(token_hash))
+        record = text_hash(await self.redis.hgetall(self.keys.api_token(token_hash)))
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(self.keys.api_token(token_hash))
             pipe.hdel(self.keys.api_token_ids, token_id)

@@ -11,7 +11,8 @@ session statuses through ``SessionStore`` (as the scheduler does):
 
 Every line also counts events not delivered (``missed``, must be 0), the Redis clients connected while
 subscribed (one ``XREAD`` per gateway process, whatever the number of subscriptions), and the CPU seconds
-the gateway and this client (which parses every delivery) spent. Nomad is not needed.
+the gateway and this client (which parses every delivery) spent. Nomad is not needed. The last line compares the
+most subscribers against the fewest (the baseline, in the same run): figures, the goal (``GOAL``) and ``meets_goal``.
 
 Usage: .venv/bin/python -m bench.events [--subscribers 1 50 200] [--events 200]
 """
@@ -44,6 +45,14 @@ from stores.sessions import SessionStore
 from stores.users import UserStore
 
 SUBSCRIPTION = "subscription { sessionEvents { sessionId status } }"
+POOL_GROWTH = 2
+"""Redis clients the gateway's connection pool may add between two runs (measured: 4 with 1 subscriber, then 5 with 50
+in the same gateway; 5 and 5 in the opposite order); one ``XREAD`` per subscription would add one per subscriber."""
+GOAL = (
+    "every event reaches every subscriber (missed 0); Redis clients with the most subscribers at most "
+    f"{POOL_GROWTH} more than with the fewest (one XREAD per gateway process, not one per subscription); burst "
+    "deliveries/s with the most subscribers at least those with the fewest (fan-out does not make a delivery dearer)"
+)
 
 
 def new_session(owner: str, i: int) -> Session:
@@ -180,6 +189,28 @@ async def run(
     return lines
 
 
+def verdict(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last line: the figures per subscriber count, the goal and whether this run met it."""
+    paced = {line["subscribers"]: line for line in lines if line["mode"] == "paced"}
+    burst = {line["subscribers"]: line for line in lines if line["mode"] == "burst"}
+    fewest, most = min(burst), max(burst)
+    missed = sum(line["missed"] for line in lines)
+    clients = {count: line["redis_clients"] for count, line in burst.items()}
+    fan_out = round(burst[most]["deliveries_per_s"] / burst[fewest]["deliveries_per_s"], 2)
+    return {
+        "bench": "events",
+        "subscribers": sorted(burst),
+        "missed": missed,
+        "redis_clients": clients,
+        "paced_p50_ms": {count: line["p50_ms"] for count, line in paced.items()},
+        "paced_p99_ms": {count: line["p99_ms"] for count, line in paced.items()},
+        "burst_deliveries_per_s": {count: line["deliveries_per_s"] for count, line in burst.items()},
+        "deliveries_per_s_most_to_fewest": fan_out,
+        "goal": GOAL,
+        "meets_goal": missed == 0 and clients[most] - clients[fewest] <= POOL_GROWTH and fan_out >= 1.0,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--subscribers", type=int, nargs="+", default=[1, 50, 200])
@@ -204,11 +235,12 @@ def main() -> None:
         }
         log = work / "gateway.log"
         gateway = spawn([sys.executable, "-m", "caravan.cli", "gateway"], env, log)
+        lines: list[dict[str, Any]] = []
         try:
             wait_http(f"http://127.0.0.1:{port}/healthz", gateway, log)
             for count in args.subscribers:
                 try:
-                    asyncio.run(
+                    lines += asyncio.run(
                         run(redis_url, prefix, f"ws://127.0.0.1:{port}/graphql", count, args.events, gateway.pid)
                     )
                 except Exception:
@@ -217,6 +249,7 @@ def main() -> None:
         finally:
             stop(gateway)
             redis_service.stop()
+    print(json.dumps(verdict(lines)), flush=True)
 
 
 if __name__ == "__main__":

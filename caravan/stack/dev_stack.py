@@ -231,5 +231,5 @@ def _not_a_state_dir(home: Path) -> str | None:
 def status(settings: Settings) -> int:
     for name in PARTS:
         pid = _running(settings, name)
-        print(f"{name:8} {'running (pid %d)' % pid if pid else 'stopped'}")
+        print(f"{name:8} {f'running (pid {pid})' if pid else 'stopped'}")
     return 0

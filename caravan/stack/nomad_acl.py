@@ -161,7 +161,7 @@ def bootstrap(addr: str, secrets_dir: Path) -> str:
                 f"{nomad_token_path(secrets_dir, 'admin')}: {refused}"
             ) from refused
         if self_token.get("Type") != "management":
-            raise ForeignNomad(f"{nomad_token_path(secrets_dir, 'admin')} is not a management token of {addr}")
+            raise ForeignNomad(f"{nomad_token_path(secrets_dir, 'admin')} is not a management token of {addr}") from exc
     return secret
 
 

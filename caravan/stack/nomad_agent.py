@@ -55,8 +55,8 @@ plugin "raw_exec" {{
 }}
 plugin "docker" {{
   config {{
-{infra_image}    # No host paths into containers: a job spec (even one registered with a leaked token) cannot bind-mount the
-    # host's files; Caravan's own jobs never ask for it.
+{infra_image}    # No host paths into containers: a job spec (even one registered with a leaked token) cannot
+    # bind-mount the host's files; Caravan's own jobs never ask for it.
     volumes {{
       enabled = false
     }}
@@ -225,7 +225,9 @@ def start_nomad_dev(
         health = _get(f"{addr}/v1/agent/health?type=client&type=server")
         return isinstance(health, dict) and all(part.get("ok") for part in health.values())
 
-    node: dict[str, object] = {}
+    node_id = ""
+    drivers: dict[str, bool] = {}
+    """The ready node's driver health, by driver name, once ``node_ready`` saw every wanted one healthy."""
     token: str | None = None
 
     def node_ready() -> bool:
@@ -235,9 +237,11 @@ def start_nomad_dev(
             return False
         detail = _get(f"{addr}/v1/node/{ready[0]['ID']}", token)
         assert isinstance(detail, dict)
-        drivers = detail.get("Drivers") or {}
-        if all((drivers.get(d) or {}).get("Healthy") for d in want_drivers):
-            node.update(detail)
+        found = detail.get("Drivers") or {}
+        if all((found.get(d) or {}).get("Healthy") for d in want_drivers):
+            nonlocal node_id
+            node_id = str(detail["ID"])
+            drivers.update({name: bool(d.get("Healthy")) for name, d in found.items()})
             return True
         return False
 
@@ -257,11 +261,10 @@ def start_nomad_dev(
         unmount_under(state_dir / "data")
         release(network)
         raise
-    drivers = {name: bool(d.get("Healthy")) for name, d in (node.get("Drivers") or {}).items()}  # type: ignore[union-attr]
     return NomadAgent(
         service=service,
         addr=addr,
-        node_id=str(node["ID"]),
+        node_id=node_id,
         drivers=drivers,
         data_dir=state_dir / "data",
         network=network,

@@ -14,7 +14,8 @@ The cost, measured with ``bench/redis_fsync`` on the shared 2-core test machine 
 busy and an idle disk: Redis alone drops from 10-27k to 0.3-3.4k SET/s with one client, and from 13-51k to
 2-20k with 16 (one fsync per event-loop turn serves them all). ``createSession`` through the gateway stays at
 27-106/s either way (within the machine's noise): Caravan's Python bounds it, not the fsync. One client creating
-sequentially waits for each fsync: 34 -> 23/s in one run on a busy disk, no difference in the others. ``appendfsync`` is a parameter for whoever wants the other trade.
+sequentially waits for each fsync: 34 -> 23/s in one run on a busy disk, no difference in the others.
+``appendfsync`` is a parameter for whoever wants the other trade.
 """
 
 from __future__ import annotations

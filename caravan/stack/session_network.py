@@ -1,4 +1,5 @@
-"""The network sessions run in on a Nomad client: a CNI network named ``caravan`` (``network { mode = "cni/caravan" }``).
+"""The network sessions run in on a Nomad client: a CNI network named ``caravan``
+(``network { mode = "cni/caravan" }``).
 
 Each Nomad client the stack starts gets a session network of its own:
 
@@ -34,7 +35,7 @@ from pathlib import Path
 CNI_NETWORK = "caravan"
 """The CNI network name sessions use: their groups say ``network { mode = "cni/caravan" }``."""
 SYSTEM_CNI_PLUGINS = Path("/usr/lib/cni")
-SESSION_SUPERNET = ipaddress.ip_network("172.26.0.0/16")
+SESSION_SUPERNET = ipaddress.IPv4Network("172.26.0.0/16")
 """Where session subnets are taken from, a /24 per client."""
 MEMBERSHIP_DIR = Path("/run/caravan-cni")
 """Which kernel belongs to which session on this host, shared by every client of the host (see cni_isolation)."""

@@ -22,8 +22,10 @@ Semantics (a deadline is reached *at* its instant: "expired" means ``remaining <
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Protocol
 
 from domain.idle.config import CheckName, EffectivePolicy, ThresholdOperator, UtilizationPolicy
@@ -98,7 +100,10 @@ def check_network(*, now: float, started: float, session: SessionFacts, timeout:
     if session.open_connections > 0:
         return CheckReport(name, False, timeout, RemainingBasis.IDLENESS, "app connections open")
     activity = session.last_activity.timestamp() if session.last_activity is not None else started
-    return _countdown(name, max(activity, started) + timeout - now, RemainingBasis.IDLENESS)
+    # Activity stamped after ``now`` (recorded while this sweep ran, or by a gateway whose clock runs ahead) is
+    # activity now: the countdown never exceeds the timeout.
+    idle_for = max(0.0, now - max(activity, started))
+    return _countdown(name, timeout - idle_for, RemainingBasis.IDLENESS)
 
 
 def check_utilization(
@@ -128,16 +133,16 @@ def check_utilization(
     return CheckReport(name, False, None, RemainingBasis.WINDOW, "utilized", operator, readings)
 
 
-def checked_thresholds(policy: UtilizationPolicy, requested_slots: SlotAmounts) -> dict[str, float]:
-    """The thresholds judged for a session requesting ``requested_slots``: the only metrics worth sampling."""
-    devices: frozenset[str] | None = None  # only worked out when a device metric has a threshold
-    checked = {}
-    for metric, threshold in policy.thresholds.items():
-        if metric not in ALWAYS_APPLICABLE:
-            devices = requested_device_prefixes(requested_slots) if devices is None else devices
-            if not metric_applies(metric, devices):
-                continue
-        checked[metric] = threshold
+def checked_thresholds(policy: UtilizationPolicy, requested_slots: SlotAmounts) -> Mapping[str, float]:
+    """The thresholds judged for a session requesting ``requested_slots``: the only metrics worth sampling.
+
+    Memoized per policy and requested device set (the mapping returned is shared: read it, do not change it)."""
+    devices = requested_device_prefixes(requested_slots)
+    checked = policy.checked_by_devices.get(devices)
+    if checked is None:
+        checked = policy.checked_by_devices[devices] = MappingProxyType(
+            {m: t for m, t in policy.thresholds.items() if m in ALWAYS_APPLICABLE or metric_applies(m, devices)}
+        )
     return checked
 
 

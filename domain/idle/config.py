@@ -74,6 +74,11 @@ class UtilizationPolicy:
     operator: ThresholdOperator
     thresholds: Mapping[str, float]
     """Only the checked metrics, sorted by name (reports list them in this order)."""
+    checked_by_devices: dict[frozenset[str], Mapping[str, float]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Requested device prefixes -> the thresholds judged for them (``domain.idle.arbiter.checked_thresholds``
+    memoizes here: every sweep asks for every session, and sessions share a handful of device sets)."""
 
 
 @dataclass(frozen=True, slots=True)

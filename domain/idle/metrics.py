@@ -32,9 +32,20 @@ SlotAmounts = Mapping[str, Decimal | float | int]
 """Requested slot -> amount, as the session asked (``{"cpu": 2, "cuda.shares": 0.5}``)."""
 
 
+_PREFIXES_OF: dict[tuple[str, ...], frozenset[str]] = {}
+"""Requested slot names -> their device prefixes (sessions ask for a handful of slot sets; the sweep asks for each)."""
+_MAX_REMEMBERED = 1024
+
+
 def requested_device_prefixes(requested_slots: SlotAmounts) -> frozenset[str]:
     """The device prefixes of every slot requested with a non-zero amount."""
-    return frozenset({device_prefix(slot) for slot, amount in requested_slots.items() if amount})
+    slots = tuple([slot for slot, amount in requested_slots.items() if amount])
+    prefixes = _PREFIXES_OF.get(slots)
+    if prefixes is None:
+        if len(_PREFIXES_OF) >= _MAX_REMEMBERED:
+            _PREFIXES_OF.clear()
+        prefixes = _PREFIXES_OF[slots] = frozenset({device_prefix(slot) for slot in slots})
+    return prefixes
 
 
 def metric_applies(metric: str, device_prefixes: frozenset[str]) -> bool:

@@ -1,10 +1,10 @@
 """The owners' resource policies in the idle checks (pure; ``stores.resource_policies.PolicyStore.limits_of`` reads
 them).
 
-A user or project resource policy may set ``max_session_lifetime`` and ``idle_timeout`` (``stores.resource_policies``). The
-idle checker judges a session by the strictest of its idle policy (the file's, per resource group) and those: a
-policy can shorten a check's deadline, or set one the file leaves off, never lengthen one. A check the file turns
-off for everyone (not in ``enabled``) stays off: the operator's switch wins.
+A user or project resource policy may set ``max_session_lifetime`` and ``idle_timeout``
+(``stores.resource_policies``). The idle checker judges a session by the strictest of its idle policy (the file's, per
+resource group) and those: a policy can shorten a check's deadline, or set one the file leaves off, never lengthen one.
+A check the file turns off for everyone (not in ``enabled``) stays off: the operator's switch wins.
 """
 
 from __future__ import annotations

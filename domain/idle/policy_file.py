@@ -22,7 +22,8 @@ Format (see ``idle/policy.example.hcl`` for a commented example)::
     user_policy "research" { ... }                  # same keys; one block per user policy name
 
 Durations are numbers of seconds or strings such as ``"30s"``, ``"10m"``, ``"2h"``, ``"1d"``, ``"1h30m"``.
-Metric names are those of :func:`domain.idle.metrics.known_metrics` (CPU, memory, and each named device's). How the layers combine is in :mod:`domain.idle.config`.
+Metric names are those of :func:`domain.idle.metrics.known_metrics` (CPU, memory, and each named device's). How the
+layers combine is in :mod:`domain.idle.config`.
 
 Anything else is refused with :class:`PolicyFileError` naming the file, the line and the reason: syntax
 errors (line from lark), unknown keys or blocks, wrong types, negative or malformed durations, unknown

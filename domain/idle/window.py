@@ -45,6 +45,20 @@ class MetricSeries:
     """Unix milliseconds, strictly increasing."""
     values: tuple[int, ...]
     """Thousandths of a percent, one per stamp."""
+    total: int = field(init=False, repr=False, compare=False)
+    """The sum of ``values`` (thousandths of a percent), kept so an average walks no samples."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", sum(self.values))
+
+    @classmethod
+    def _of(cls, stamps: tuple[int, ...], values: tuple[int, ...], total: int) -> MetricSeries:
+        """A series whose ``total`` the caller already knows (the sweep's append: no sum over the samples)."""
+        series = object.__new__(cls)
+        object.__setattr__(series, "stamps", stamps)
+        object.__setattr__(series, "values", values)
+        object.__setattr__(series, "total", total)
+        return series
 
     def samples(self) -> tuple[tuple[float, float], ...]:
         """(unix seconds, percent) pairs, oldest first."""
@@ -99,8 +113,9 @@ class UtilizationWindow:
         # keep the newest sample at or before the window's start, and everything after it
         first = bisect_right(stamps, stamp - self.span_needed_ms) - 1
         if first > 0:
-            return MetricSeries(stamps[first:], values[first:])
-        return MetricSeries(stamps, values)
+            dropped = values[0] if first == 1 else sum(values[:first])
+            return MetricSeries._of(stamps[first:], values[first:], current.total + value - dropped)
+        return MetricSeries._of(stamps, values, current.total + value)
 
     def seconds_until_full(self, metric: str, *, now: float) -> float:
         """0 when ``metric`` has a full, fresh window; otherwise the least time still to observe."""
@@ -115,10 +130,10 @@ class UtilizationWindow:
     def average(self, metric: str) -> float | None:
         """The mean of ``metric``'s kept samples in percent (full or not: :meth:`is_full` says whether to trust it)."""
         current = self.series.get(metric)
-        return sum(current.values) / (len(current.values) * SCALE) if current is not None else None
+        return current.total / (len(current.values) * SCALE) if current is not None else None
 
     def averages(self) -> dict[str, float]:
-        return {metric: sum(s.values) / (len(s.values) * SCALE) for metric, s in self.series.items()}
+        return {metric: s.total / (len(s.values) * SCALE) for metric, s in self.series.items()}
 
     # -- the stored form (the idle service keeps one window per session in Redis, through core.codec) --
 

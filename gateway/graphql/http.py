@@ -30,6 +30,7 @@ from graphql import GraphQLError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.extensions import SchemaExtension
 from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
@@ -72,9 +73,9 @@ def negotiate(accept: str | None) -> str | None:
     ranges: dict[str, float] = {}
     for item in accept.split(","):
         media, *params = (part.strip().lower() for part in item.split(";"))
-        quality = next((p[2:] for p in params if p.startswith("q=")), "1")
+        q_value = next((p[2:] for p in params if p.startswith("q=")), "1")
         try:
-            ranges.setdefault(media, min(max(float(quality), 0.0), 1.0))
+            ranges.setdefault(media, min(max(float(q_value), 0.0), 1.0))
         except ValueError:
             ranges.setdefault(media, 0.0)
 
@@ -94,7 +95,8 @@ def is_request_error(result: ExecutionResult) -> bool:
     """
     if isinstance(result, PreExecutionError):
         return True
-    return result.data is None and bool(result.errors) and all(e.path is None for e in result.errors)
+    errors = result.errors or []
+    return result.data is None and bool(errors) and all(e.path is None for e in errors)
 
 
 def with_charset(media_type: str) -> str:
@@ -169,7 +171,7 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
 
     # -- Strawberry's hooks ---------------------------------------------------------------------
 
-    async def get_sub_response(self, request: Request) -> Response:  # type: ignore[override]
+    async def get_sub_response(self, request: Request | WebSocket) -> Response:
         sub_response = await super().get_sub_response(request)
         sub_response.media_type = request.state.media_type
         request.state.sub_response = sub_response
@@ -184,13 +186,13 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
             raise HTTPException(400, "the request must be a JSON object (or, to batch operations, an array of them)")
         return parsed
 
-    async def parse_http_body(self, request: Any) -> GraphQLRequestData | list[GraphQLRequestData]:  # type: ignore[override]
+    async def parse_http_body(self, request: Any) -> GraphQLRequestData | list[GraphQLRequestData]:
         data = await super().parse_http_body(request)
         if isinstance(data, GraphQLRequestData) and not isinstance(data.operation_name, str | None):
             raise HTTPException(400, "The GraphQL operation's `operationName` must be a string or null, if provided.")
         return data
 
-    def _validate_batch_request(self, request_data: list[Any], protocol: Any) -> None:  # type: ignore[override]
+    def _validate_batch_request(self, request_data: list[Any], protocol: Any) -> None:
         """Strawberry's hook for a batch (a JSON array body, not parsed further yet): refused when batching is off,
         past the size cap, or when an operation is malformed (none runs then)."""
         limit = self.guard.limits.max_batch
@@ -215,7 +217,7 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
     async def execute_operation(
         self,
         request: Request,
-        request_adapter: Any,  # type: ignore[override]
+        request_adapter: Any,
         request_data: GraphQLRequestData | list[GraphQLRequestData],
         context: Context,
         root_value: None,
@@ -229,7 +231,7 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
             )
         request.state.batch = True
         await self.guard.count_more(request, len(request_data) - 1)
-        results = []
+        results: list[ExecutionResult] = []
         for data in request_data:
             if results and self.result_cache is not None:  # the version read at admission: an operation may have
                 self.result_cache.started(request, None)  # written since, so the cache reads it again
@@ -245,7 +247,7 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         self,
         request: Request,
         request_adapter: Any,
-        sub_response: Response,  # type: ignore[override]
+        sub_response: Response,
         context: Context,
         root_value: None,
         request_data: GraphQLRequestData,
@@ -269,9 +271,9 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
                 ) from exc
             raise
 
-    async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:  # type: ignore[override]
+    async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
         if isinstance(result, CachedResult):
-            return EncodedBody(result.body)
+            return EncodedBody(encoded_body=result.body)
         body = await super().process_result(request, result)
         if is_request_error(result):
             body.pop("data", None)
@@ -293,7 +295,7 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         return response
 
     def _encoded(self, body: Any) -> bytes:
-        encoded = body.encoded if isinstance(body, EncodedBody) else self.encode_json(body)
+        encoded = body["encoded_body"] if "encoded_body" in body else self.encode_json(body)
         return encoded.encode() if isinstance(encoded, str) else encoded
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from graphql import GraphQLError, ValidationContext, ValidationRule
+from graphql import ASTValidationRule, GraphQLError, ValidationContext, ValidationRule
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
@@ -151,6 +151,7 @@ class _CodedContext:
 
 
 def _coded(rule: type[ValidationRule], code: str, limit: int) -> type[ValidationRule]:
+    # mypy cannot check a class whose base is a value (strawberry's validator factories make the rule classes)
     class Coded(rule):  # type: ignore[valid-type,misc]
         def __init__(self, context: ValidationContext) -> None:
             super().__init__(_CodedContext(context, {"code": code, "limit": limit}))
@@ -173,7 +174,7 @@ class _MaxTokens(MaxTokensLimiter):
 
 def schema_extensions(limits: Limits) -> list[Callable[[], SchemaExtension]]:
     """Factories of the document-limit extensions (Strawberry builds them afresh for each operation)."""
-    rules = [
+    rules: list[type[ASTValidationRule]] = [
         _coded(depth_validator(limits.max_depth, None), "QUERY_TOO_DEEP", limits.max_depth),
         _coded(alias_validator(limits.max_aliases), "TOO_MANY_ALIASES", limits.max_aliases),
     ]

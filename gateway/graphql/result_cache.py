@@ -48,6 +48,7 @@ from graphql import (
     InlineFragmentNode,
     OperationDefinitionNode,
     OperationType,
+    SelectionNode,
     SelectionSetNode,
     get_named_type,
     is_leaf_type,
@@ -55,7 +56,7 @@ from graphql import (
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.requests import Request
-from strawberry.http import GraphQLRequestData
+from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types import ExecutionResult
 
@@ -127,42 +128,62 @@ def _pure(
     root: bool,
     spreading: frozenset[str],
 ) -> bool:
-    for selection in selection_set.selections:
-        if not _only_transparent(selection):
-            return False
-        if isinstance(selection, FieldNode):
-            name = selection.name.value
-            if name == "__typename":
-                continue
-            if name not in parent.fields or not _pure_field(parent, name, root=root):
-                return False
-            returned = get_named_type(parent.fields[name].type)
-            if is_leaf_type(returned):
-                continue
-            if not isinstance(returned, GraphQLObjectType) or selection.selection_set is None:
-                return False  # an interface or union: left to execution
-            if not _pure(schema, returned, selection.selection_set, fragments, root=False, spreading=spreading):
-                return False
-        elif isinstance(selection, InlineFragmentNode):
-            on = schema.get_type(selection.type_condition.name.value) if selection.type_condition else parent
-            if on is not parent or not _pure(
-                schema, parent, selection.selection_set, fragments, root=root, spreading=spreading
-            ):
-                return False
-        elif isinstance(selection, FragmentSpreadNode):
-            name = selection.name.value
-            fragment = fragments.get(name)
-            if (
-                fragment is None
-                or name in spreading
-                or not _only_transparent(fragment)
-                or schema.get_type(fragment.type_condition.name.value) is not parent
-                or not _pure(schema, parent, fragment.selection_set, fragments, root=root, spreading=spreading | {name})
-            ):
-                return False
-        else:
-            return False
-    return True
+    return all(
+        _only_transparent(selection)
+        and _pure_selection(schema, parent, selection, fragments, root=root, spreading=spreading)
+        for selection in selection_set.selections
+    )
+
+
+def _pure_selection(
+    schema: GraphQLSchema,
+    parent: GraphQLObjectType,
+    selection: SelectionNode,
+    fragments: dict[str, FragmentDefinitionNode],
+    *,
+    root: bool,
+    spreading: frozenset[str],
+) -> bool:
+    if isinstance(selection, FieldNode):
+        return _pure_field_selection(schema, parent, selection, fragments, root=root, spreading=spreading)
+    if isinstance(selection, InlineFragmentNode):
+        on = schema.get_type(selection.type_condition.name.value) if selection.type_condition else parent
+        return on is parent and _pure(
+            schema, parent, selection.selection_set, fragments, root=root, spreading=spreading
+        )
+    if isinstance(selection, FragmentSpreadNode):
+        name = selection.name.value
+        fragment = fragments.get(name)
+        return (
+            fragment is not None
+            and name not in spreading
+            and _only_transparent(fragment)
+            and schema.get_type(fragment.type_condition.name.value) is parent
+            and _pure(schema, parent, fragment.selection_set, fragments, root=root, spreading=spreading | {name})
+        )
+    return False
+
+
+def _pure_field_selection(
+    schema: GraphQLSchema,
+    parent: GraphQLObjectType,
+    selection: FieldNode,
+    fragments: dict[str, FragmentDefinitionNode],
+    *,
+    root: bool,
+    spreading: frozenset[str],
+) -> bool:
+    name = selection.name.value
+    if name == "__typename":
+        return True
+    if name not in parent.fields or not _pure_field(parent, name, root=root):
+        return False
+    returned = get_named_type(parent.fields[name].type)
+    if is_leaf_type(returned):
+        return True
+    if not isinstance(returned, GraphQLObjectType) or selection.selection_set is None:
+        return False  # an interface or union: left to execution
+    return _pure(schema, returned, selection.selection_set, fragments, root=False, spreading=spreading)
 
 
 @lru_cache(maxsize=CACHED_DOCUMENTS)
@@ -241,12 +262,13 @@ class CachedResult(ExecutionResult):
     body: bytes = b""
 
 
-class EncodedBody(dict[str, Any]):
-    """A response body already encoded (``encoded``), so that the view does not encode it again."""
+class EncodedBody(GraphQLHTTPResponse):
+    """A response body already encoded, so that the view does not encode it again: what the view's
+    ``process_result`` returns for a :class:`CachedResult`, handed by Strawberry untouched to its
+    ``create_response``."""
 
-    def __init__(self, encoded: bytes) -> None:
-        super().__init__()
-        self.encoded = encoded
+    encoded_body: bytes
+    """The body as sent. No GraphQL response has this member, so its presence marks an encoded body."""
 
 
 Encode = Callable[[Any], str | bytes]
@@ -289,7 +311,8 @@ class ResultCache:
 
     @property
     def reads(self) -> tuple[str, ...]:
-        """Keys to read at admission (with the token check and the rate limit's count), at the start of every request."""
+        """Keys to read at admission (with the token check and the rate limit's count), at the start of every
+        request."""
         return (self.keys.sessions_version,)
 
     def started(self, request: Request, values: Sequence[Any] | None) -> None:

@@ -9,6 +9,7 @@ from graphql import GraphQLError
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext
 
+from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.errors import ErrorCodes
 from gateway.graphql.http import RecordOperation
@@ -40,7 +41,7 @@ class Viewer:
 
 @strawberry.type
 class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries):
-    @strawberry.field(description="Who you are, by your API token.")
+    @fields.field(description="Who you are, by your API token.")
     def viewer(self, info: Info) -> Viewer:
         user = info.context.viewer
         return Viewer(id=user.id, name=user.name, role=user.role.value, projects=list(user.projects))
@@ -64,8 +65,10 @@ class CaravanSchema(strawberry.Schema):
             log.debug("graphql error at %s: %s", error.path, error.message)
 
 
-def build_schema(limits: Limits = Limits()) -> strawberry.Schema:
-    """The schema with ``limits``' document limits (the SDL is the same for any limits)."""
+def build_schema(limits: Limits | None = None) -> strawberry.Schema:
+    """The schema with ``limits``' document limits (default: ``Limits()``; the SDL is the same for any limits)."""
+    if limits is None:
+        limits = Limits()
     return CaravanSchema(
         query=Query,
         mutation=Mutation,

@@ -22,19 +22,24 @@ import asyncio
 import logging
 from collections.abc import Iterator
 
-from graphql import ExecutionResult, GraphQLError
+from graphql import ExecutionResult, GraphQLError, GraphQLFormattedError
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocket
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.extensions import SchemaExtension
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
-from strawberry.subscriptions.protocols.graphql_transport_ws.types import ConnectionInitMessage, SubscribeMessage
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
+    ConnectionInitMessage,
+    ErrorMessage,
+    SubscribeMessage,
+)
 from strawberry.types.graphql import OperationType
 
 from core.errors import InvalidInput
 from gateway.graphql.context import Context
-from gateway.graphql.protection import TOO_MANY_TOKENS, Admission, Guard, RateLimiter, bearer, client_subject
+from gateway.graphql.http import GraphQLOverHTTP
+from gateway.graphql.protection import TOO_MANY_TOKENS, Admission, RateLimiter, bearer, client_subject
 from gateway.revocations import Watched
 from stores import events
 
@@ -115,8 +120,11 @@ class RateLimitedTransportWS(BaseGraphQLTransportWSHandler[Context, None]):
             return
         if admission is not None and admission.retry_after is not None:
             message_text, seconds = self._limiter.refusal(admission.retry_after)
-            refusal = {"message": message_text, "extensions": {"code": "RATE_LIMITED", "retryAfter": seconds}}
-            await self.send_message({"id": message["id"], "type": "error", "payload": [refusal]})  # type: ignore[typeddict-item]
+            refusal: GraphQLFormattedError = {
+                "message": message_text,
+                "extensions": {"code": "RATE_LIMITED", "retryAfter": seconds},
+            }
+            await self.send_message(ErrorMessage(id=message["id"], type="error", payload=[refusal]))
             return
         if admission is not None and admission.viewer is not None:
             self.context.user = admission.viewer.user  # a changed role or projects apply from this operation on
@@ -132,8 +140,9 @@ class RateLimitedTransportWS(BaseGraphQLTransportWSHandler[Context, None]):
 
     @property
     def _limiter(self) -> RateLimiter:
-        guard: Guard = self.view.guard  # type: ignore[attr-defined]
-        return guard.rate_limiter
+        view = self.view
+        assert isinstance(view, GraphQLOverHTTP), "the transport runs under the gateway's view, which has the guard"
+        return view.guard.rate_limiter
 
     async def _admission(self) -> Admission | None:
         """The connection's token checked again and this operation counted against its user (one round trip). A

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from scheduler.agents import ROUNDROBIN, resolve_selector, roundrobin
@@ -156,13 +157,16 @@ def reserve(occupancy: GroupOccupancy, session_id: str, demands: Sequence[Demand
         ]
         if not candidates:
             return []
-
-        def rank(ordinal: int) -> tuple[float, int, int]:
-            avail = occupancy.avail[ordinal]
-            progress = min((min(max(avail[p], 0), amount) / amount for p, amount in demand), default=1.0)
-            return -progress, occupancy.unused_kinds(ordinal, positions), ordinal
-
-        chosen.append((min(candidates, key=rank), demand))
+        chosen.append((min(candidates, key=partial(_reservation_rank, occupancy, demand, positions)), demand))
     for ordinal, demand in chosen:
         occupancy.hold(ordinal, session_id, demand)
     return chosen
+
+
+def _reservation_rank(
+    occupancy: GroupOccupancy, demand: Demand, positions: tuple[int, ...], ordinal: int
+) -> tuple[float, int, int]:
+    """Lower is a better agent to reserve for ``demand``: most of it available now, fewest unused accelerator kinds."""
+    avail = occupancy.avail[ordinal]
+    progress = min((min(max(avail[p], 0), amount) / amount for p, amount in demand), default=1.0)
+    return -progress, occupancy.unused_kinds(ordinal, positions), ordinal

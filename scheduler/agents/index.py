@@ -93,7 +93,7 @@ class PackingIndex:
             index = bisect_left(keys, (first, need[1]), start)  # lands in the next group when this one is short
             while index < end and keys[index][0] == first:
                 key = keys[index]
-                if all(have >= want for have, want in zip(key[2:], rest)):
+                if all(have >= want for have, want in zip(key[2:-1], rest, strict=True)):
                     return key[-1]
                 index += 1
             start = index
@@ -112,7 +112,7 @@ class PackingIndex:
                 return None
             index = start  # a group starts with its most of the second slot: once short, the whole rest is
             while index < end and keys[index][0] == first and keys[index][1] <= negated[1]:
-                if all(have <= want for have, want in zip(keys[index][2:], rest)):
+                if all(have <= want for have, want in zip(keys[index][2:-1], rest, strict=True)):
                     return keys[index][-1]
                 index += 1
             start = bisect_left(keys, (first + 1,), index)

@@ -22,7 +22,7 @@ _FAILED_CACHE_SIZE = 16
 
 
 def dominates(have: Sequence[int], need: Sequence[int]) -> bool:
-    return all(h >= n for h, n in zip(have, need))
+    return all(h >= n for h, n in zip(have, need, strict=True))
 
 
 def pareto_front(points: Sequence[tuple[tuple[int, ...], int]]) -> list[tuple[tuple[int, ...], int]]:
@@ -42,8 +42,8 @@ class GroupOccupancy:
         self.ids = [agent.id for agent in ordered]
         self.capacity = [codec.dense(agent.capacity, round_up=False) for agent in ordered]
         self.avail = [
-            [cap - used for cap, used in zip(capacity, codec.dense(agent.occupied, round_up=True))]
-            for capacity, agent in zip(self.capacity, ordered)
+            [cap - used for cap, used in zip(capacity, codec.dense(agent.occupied, round_up=True), strict=True)]
+            for capacity, agent in zip(self.capacity, ordered, strict=True)
         ]
         self._kinds = [accelerator_kinds(agent.capacity) for agent in ordered]
         self._direction = direction
@@ -163,7 +163,7 @@ class GroupOccupancy:
             front = fronts[positions] = pareto_front(points)
         best: tuple[tuple[int, float, int], list[tuple[int, int]]] | None = None
         for have, ordinal in front:
-            short = [(p, amount - max(h, 0), amount) for h, (p, amount) in zip(have, demand) if h < amount]
+            short = [(p, amount - max(h, 0), amount) for h, (p, amount) in zip(have, demand, strict=True) if h < amount]
             score = (len(short), sum(lack / amount for _, lack, amount in short), ordinal)
             if best is None or score < best[0]:
                 best = score, [(p, lack) for p, lack, _ in short]

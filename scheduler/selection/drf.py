@@ -26,7 +26,7 @@ class DominantShares:
         self._shares = {user: self._compute(vector) for user, vector in self._occupied.items()}
 
     def _compute(self, occupied: Sequence[int]) -> float:
-        return max((used / cap for used, cap in zip(occupied, self._capacity) if cap > 0), default=0.0)
+        return max((used / cap for used, cap in zip(occupied, self._capacity, strict=True) if cap > 0), default=0.0)
 
     def share(self, user: str) -> float:
         return self._shares.get(user, 0.0)

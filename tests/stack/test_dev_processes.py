@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
         (2, 2 * FIRST_DELAY),
         (3, 4 * FIRST_DELAY),
         (20, MAX_DELAY),
+        (5000, MAX_DELAY),  # a child dying quickly for two days: no OverflowError
     ],
 )
 def test_restarts_back_off_while_a_child_keeps_dying_quickly(quick_deaths: int, delay: float) -> None:

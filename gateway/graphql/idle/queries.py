@@ -15,6 +15,7 @@ from domain.idle.config import CheckName, IdlePolicyConfig
 from domain.idle.facts import checked_metrics, policy_for
 from domain.model import Session
 from domain.resource_policies import SessionLimits
+from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.idle.types import (
     EffectiveIdlePolicy,
@@ -28,7 +29,7 @@ from stores.resource_policies import PolicyStore
 
 @strawberry.type
 class IdleQueries:
-    @strawberry.field(
+    @fields.field(
         description="Admins only: the idle policy the idle checker applies to a session; null while no idle "
         "checker has started."
     )

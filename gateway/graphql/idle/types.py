@@ -9,10 +9,15 @@ import strawberry
 from domain.idle import config, verdict
 from stores.idle import StoredVerdict
 
-IdleCheckName = strawberry.enum(config.CheckName, name="IdleCheckName")
-IdleThresholdOperator = strawberry.enum(config.ThresholdOperator, name="IdleThresholdOperator")
-IdleRemainingBasis = strawberry.enum(
-    verdict.RemainingBasis,
+# The domain's enums are the GraphQL enums: strawberry.enum marks the class itself (and returns it), so the
+# aliases below are plain classes, usable as annotations.
+IdleCheckName = config.CheckName
+strawberry.enum(IdleCheckName, name="IdleCheckName")
+IdleThresholdOperator = config.ThresholdOperator
+strawberry.enum(IdleThresholdOperator, name="IdleThresholdOperator")
+IdleRemainingBasis = verdict.RemainingBasis
+strawberry.enum(
+    IdleRemainingBasis,
     name="IdleRemainingBasis",
     description="What an idle check's remaining time counts down to.",
 )

@@ -1,7 +1,8 @@
 """Admin mutations of resource presets and of user and project resource policies.
 
-Presets are global (every user's sessions and templates name them): only a SUPERADMIN writes them. A user's policy by those who manage the user (``domain.access.manages_user``:
-nobody but a SUPERADMIN sets their own); a project's by its admins. A user or project out of the viewer's reach is
+Presets are global (every user's sessions and templates name them): only a SUPERADMIN writes them. A user's policy
+by those who manage the user (``domain.access.manages_user``: nobody but a SUPERADMIN sets their own); a project's
+by its admins. A user or project out of the viewer's reach is
 NOT_FOUND; a USER calling any of these is FORBIDDEN.
 """
 
@@ -21,6 +22,7 @@ from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy
 from domain.session_requests import GROUP_RULE, checked_preset_slots
 from domain.slots import InvalidQuantityError, SlotType, UnknownSlotError, from_user_input, parse_quantity
 from domain.users import Role, User
+from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.policies.types import (
     ProjectResourcePolicy as ProjectPolicyType,
@@ -176,7 +178,7 @@ async def _known(ctx: Context) -> dict[str, SlotType]:
 
 @strawberry.type
 class PolicyMutations:
-    @strawberry.mutation(description="SUPERADMIN: a new resource preset (CONFLICT when the name is taken).")
+    @fields.mutation(description="SUPERADMIN: a new resource preset (CONFLICT when the name is taken).")
     async def create_resource_preset(self, info: Info, input: ResourcePresetInput) -> PresetType:
         ctx = info.context
         _superadmin(ctx.viewer)
@@ -185,7 +187,7 @@ class PolicyMutations:
             raise Conflict(f"a preset named {input.name!r} exists", field="name")
         return preset_type_of(preset)
 
-    @strawberry.mutation(description="SUPERADMIN: replace a preset's slots and shared memory.")
+    @fields.mutation(description="SUPERADMIN: replace a preset's slots and shared memory.")
     async def update_resource_preset(self, info: Info, input: ResourcePresetInput) -> PresetType:
         ctx = info.context
         _superadmin(ctx.viewer)
@@ -194,7 +196,7 @@ class PolicyMutations:
             raise NotFound(f"no preset named {input.name!r}", field="name")
         return preset_type_of(preset)
 
-    @strawberry.mutation(description="SUPERADMIN: delete a preset; templates naming it then fail at creation.")
+    @fields.mutation(description="SUPERADMIN: delete a preset; templates naming it then fail at creation.")
     async def delete_resource_preset(self, info: Info, name: str) -> bool:
         ctx = info.context
         _superadmin(ctx.viewer)
@@ -202,7 +204,7 @@ class PolicyMutations:
             raise NotFound(f"no preset named {name[:80]!r}", field="name")
         return True
 
-    @strawberry.mutation(description="Admins: replace a user's resource policy (null fields: unlimited).")
+    @fields.mutation(description="Admins: replace a user's resource policy (null fields: unlimited).")
     async def set_user_resource_policy(
         self, info: Info, user_id: str, policy: UserResourcePolicyInput
     ) -> UserPolicyType:
@@ -212,7 +214,7 @@ class PolicyMutations:
         await PolicyStore(ctx.sessions.redis, ctx.sessions.keys).put_user(user_id, checked)
         return user_policy_type_of(user_id, checked)
 
-    @strawberry.mutation(
+    @fields.mutation(
         description="Admins: remove a user's resource policy (they become unlimited). False when there was none."
     )
     async def delete_user_resource_policy(self, info: Info, user_id: str) -> bool:
@@ -220,7 +222,7 @@ class PolicyMutations:
         await _managed_user(ctx, ctx.viewer, user_id)
         return await PolicyStore(ctx.sessions.redis, ctx.sessions.keys).delete_user(user_id)
 
-    @strawberry.mutation(description="Admins of the project: replace its resource policy (null fields: unlimited).")
+    @fields.mutation(description="Admins of the project: replace its resource policy (null fields: unlimited).")
     async def set_project_resource_policy(
         self, info: Info, project: str, policy: ProjectResourcePolicyInput
     ) -> ProjectPolicyType:
@@ -230,7 +232,7 @@ class PolicyMutations:
         await PolicyStore(ctx.sessions.redis, ctx.sessions.keys).put_project(project, checked)
         return project_policy_type_of(project, checked)
 
-    @strawberry.mutation(description="Admins of the project: remove its resource policy. False when there was none.")
+    @fields.mutation(description="Admins of the project: remove its resource policy. False when there was none.")
     async def delete_project_resource_policy(self, info: Info, project: str) -> bool:
         ctx = info.context
         _administered(ctx.viewer, project)

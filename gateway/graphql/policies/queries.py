@@ -6,6 +6,7 @@ from __future__ import annotations
 import strawberry
 
 from domain.access import administers, manages_user
+from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.policies.groups import resource_groups
 from gateway.graphql.policies.types import (
@@ -22,13 +23,13 @@ from stores.resource_policies import PolicyStore
 
 @strawberry.type
 class PolicyQueries:
-    @strawberry.field(description="Every resource preset, by name.")
+    @fields.field(description="Every resource preset, by name.")
     async def resource_presets(self, info: Info) -> list[ResourcePreset]:
         ctx = info.context
         ctx.viewer  # noqa: B018  (authenticated requests only)
         return [preset_type_of(p) for p in await PresetStore(ctx.sessions.redis, ctx.sessions.keys).all()]
 
-    @strawberry.field(
+    @fields.field(
         description="Resource policies: a user gets their own (stored or not) and their projects'; an "
         "admin every stored one of the users and projects they administer, and their own."
     )
@@ -51,7 +52,7 @@ class PolicyQueries:
             ],
         )
 
-    @strawberry.field(
+    @fields.field(
         description="Resource groups with their capacity, occupancy, free capacity and default "
         "resources right now. Admins: every group (Nomad node pools, the configured ones, and those "
         "sessions were queued in) with its agents. Others: the groups they may create sessions in (their "

@@ -110,13 +110,14 @@ def _drivers(names: tuple[str, ...] | None) -> list[Driver] | None:
 
 def user_policy_type_of(user_id: str, p: policies.UserResourcePolicy | None) -> UserResourcePolicy:
     found = p or policies.UserResourcePolicy()
+    groups = found.allowed_resource_groups
     return UserResourcePolicy(
         user_id=user_id, stored=p is not None,
         max_concurrent_sessions=found.max_concurrent_sessions, max_pending_sessions=found.max_pending_sessions,
         max_priority=found.max_priority,
         total_resource_slots=resources_of(found.total_resource_slots),
         max_session_lifetime=found.max_session_lifetime, idle_timeout=found.idle_timeout,
-        allowed_resource_groups=list(found.allowed_resource_groups) if found.allowed_resource_groups is not None else None,
+        allowed_resource_groups=list(groups) if groups is not None else None,
         allowed_drivers=_drivers(found.allowed_drivers),
     )  # fmt: skip
 

@@ -25,8 +25,11 @@ DEFAULT_PAGE = 50
 MAX_FILTER_TEXT = 256
 """Longest text a filter field takes (names are at most 64 characters; ids and projects are short)."""
 
-SessionOrder = strawberry.enum(
-    ListingOrder,
+# The domain's enums are the GraphQL enums: strawberry.enum marks the class itself (and returns it), so the
+# aliases below are plain classes, usable as annotations.
+SessionOrder = ListingOrder
+strawberry.enum(
+    SessionOrder,
     name="SessionOrder",
     description="CREATED_AT orders every session; TERMINATED_AT only those that ended (TERMINATED or CANCELLED).",
 )

@@ -11,6 +11,7 @@ from domain.model import Session as SessionModel
 from domain.model import SessionStatus as Status
 from domain.session_requests import NAME_RULE, SessionRequest, build_sessions
 from domain.users import User
+from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.creation import admit_and_store, creation_rules
 from gateway.graphql.sessions.inputs import CreateSessionInput, options_of
@@ -70,12 +71,12 @@ async def create_from_input(ctx: Context, input: CreateSessionInput) -> list[Ses
 
 @strawberry.type
 class SessionMutations:
-    @strawberry.mutation(description="Queue new sessions; they start PENDING.")
+    @fields.mutation(description="Queue new sessions; they start PENDING.")
     async def create_session(self, info: Info, input: CreateSessionInput) -> CreateSessionPayload:
         stored = await create_from_input(info.context, input)
         return CreateSessionPayload(sessions=[session_type_of(s) for s in stored])
 
-    @strawberry.mutation(description="End sessions: TERMINATING until Nomad has stopped them; forced ends at once.")
+    @fields.mutation(description="End sessions: TERMINATING until Nomad has stopped them; forced ends at once.")
     async def destroy_session(self, info: Info, ids: list[strawberry.ID], forced: bool = False) -> list[Session]:
         ctx = info.context
         viewer = ctx.viewer
@@ -93,7 +94,7 @@ class SessionMutations:
         await ctx.sessions.wake_scheduler("destroyed")
         return ended
 
-    @strawberry.mutation(description="Rename a session; names are unique per owner among live sessions.")
+    @fields.mutation(description="Rename a session; names are unique per owner among live sessions.")
     async def rename_session(self, info: Info, id: strawberry.ID, name: str) -> Session:
         ctx = info.context
         session = await _owned(ctx, str(id), ctx.viewer)
@@ -107,7 +108,7 @@ class SessionMutations:
         assert renamed is not None
         return session_type_of(renamed)
 
-    @strawberry.mutation(
+    @fields.mutation(
         description="Restart the kernels of a RUNNING session in place (within a second or so: the "
         "scheduler restarts them; see each kernel's restarts)."
     )

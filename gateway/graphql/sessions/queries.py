@@ -19,6 +19,7 @@ from domain.access import can_access, listing_scope
 from domain.listing import ListingOrder, plan_listing
 from domain.model import Session as SessionModel
 from domain.users import User
+from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.sessions.connection import (
     SessionConnection,
@@ -33,7 +34,8 @@ from gateway.graphql.sessions.types import Session, session_type_of
 from stores.session_listing import SessionListing
 
 DECODED_SESSIONS = 1024
-"""Session documents whose GraphQL objects are kept per worker (listings serve the same newest pages again and again)."""
+"""Session documents whose GraphQL objects are kept per worker (listings serve the same newest pages again and
+again)."""
 
 
 @lru_cache(maxsize=DECODED_SESSIONS)
@@ -64,7 +66,7 @@ def selects(selections: list[SelectedField | FragmentSpread | InlineFragment], n
 
 @strawberry.type
 class SessionQueries:
-    @strawberry.field(description="One session by id; NOT_FOUND when it does not exist or is not yours.")
+    @fields.field(description="One session by id; NOT_FOUND when it does not exist or is not yours.")
     async def session(self, info: Info, id: strawberry.ID) -> Session:
         viewer = info.context.viewer
         found = await info.context.sessions.get(str(id))
@@ -73,7 +75,7 @@ class SessionQueries:
         assert found is not None
         return session_type_of(found)
 
-    @strawberry.field(
+    @fields.field(
         description="The sessions you may see (yours; admins also their projects'; superadmins all), a page at a "
         "time: first/after forwards, last/before backwards, at most the server's page limit per page "
         "(CARAVAN_GRAPHQL_MAX_PAGE). Newest first unless orderBy says otherwise."

@@ -12,6 +12,7 @@ from core.clock import utcnow
 from core.errors import InvalidInput, NotFound
 from domain.access import can_access
 from domain.model import Session as SessionModel
+from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.sessions.log_tail import checked_tail_bytes
 from gateway.graphql.sessions.types import SessionStatus
@@ -105,7 +106,7 @@ async def one_session_events(
 
 @strawberry.type
 class SessionSubscriptions:
-    @strawberry.subscription(
+    @fields.subscription(
         description="Status changes, in order, with their reasons. With `sessionId`: that session's, from its "
         "creation (or after `after`); it completes once the session is TERMINATED or CANCELLED. Without: every "
         "change of every session you own (admins too: their own; they follow others' sessions by `sessionId`), "
@@ -131,12 +132,12 @@ class SessionSubscriptions:
         async for owned in hub_of(info).follow(stream, start):
             yield event_type_of(owned)
 
-    @strawberry.subscription(
+    @fields.subscription(
         description="A kernel's stdout or stderr as text chunks as it is written, starting `tailBytes` (0 to 4 MiB) "
         "before its end (0: only what comes next). Waits for the kernel to start; completes when it has ended and all "
         "of its output was sent (at once if it never started). A connection follows at most "
-        "CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS (32) logs at once and a gateway process 64: beyond, TOO_MANY_LOG_FOLLOWS (with "
-        "`limit` and `per`)."
+        "CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS (32) logs at once and a gateway process 64: beyond, "
+        "TOO_MANY_LOG_FOLLOWS (with `limit` and `per`)."
     )
     async def kernel_logs(
         self,

@@ -10,6 +10,7 @@ import strawberry
 from core.clock import utcnow
 from domain import model
 from domain.inference import endpoints_of, is_inference
+from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
@@ -19,10 +20,16 @@ from nomad_jobs.client import NomadNotFound
 from nomad_jobs.meta import TASK_NAME
 from stores.activity import record_activity
 
-SessionType = strawberry.enum(model.SessionType, name="SessionType")
-SessionStatus = strawberry.enum(model.SessionStatus, name="SessionStatus")
-SessionResult = strawberry.enum(model.SessionResult, name="SessionResult")
-ClusterMode = strawberry.enum(model.ClusterMode, name="ClusterMode")
+# The domain's enums are the GraphQL enums: strawberry.enum marks the class itself (and returns it), so the
+# aliases below are plain classes, usable as annotations.
+SessionType = model.SessionType
+strawberry.enum(SessionType, name="SessionType")
+SessionStatus = model.SessionStatus
+strawberry.enum(SessionStatus, name="SessionStatus")
+SessionResult = model.SessionResult
+strawberry.enum(SessionResult, name="SessionResult")
+ClusterMode = model.ClusterMode
+strawberry.enum(ClusterMode, name="ClusterMode")
 
 
 @strawberry.enum(name="Driver")
@@ -106,10 +113,12 @@ class Kernel:
     session_id: strawberry.Private[str]
     exit_code: int | None
     ports: list[str] = strawberry.field(
-        description="Preopened ports (and an INFERENCE service port) as 'port=host:hostPort', once Nomad allocated them."
+        description="Preopened ports (and an INFERENCE service port) as 'port=host:hostPort', once Nomad "
+        "allocated them."
     )
     restarts: int = strawberry.field(
-        description="Times Nomad restarted this kernel's task in its current allocation (a crash, a failing health check)."
+        description="Times Nomad restarted this kernel's task in its current allocation (a crash, a failing "
+        "health check)."
     )
     healthy: bool | None = strawberry.field(
         description="INFERENCE: whether this run of the replica passes its service health check, as last read from "
@@ -119,7 +128,7 @@ class Kernel:
         default_factory=list, description="This kernel's slots (a cluster's main and sub kernels may differ)."
     )
 
-    @strawberry.field(
+    @fields.field(
         description="The kernel's stdout and stderr from Nomad: the last tailBytes (0 to 4 MiB) of each; "
         "null before the kernel has run."
     )
@@ -211,16 +220,16 @@ class Session:
         "to pass (kernel.healthy); one loading, failing or recovering drops out until its check passes again."
     )
 
-    @strawberry.field(description="The owner's user record (batched over a page); null if it no longer exists.")
+    @fields.field(description="The owner's user record (batched over a page); null if it no longer exists.")
     async def owner(self, info: Info) -> SessionOwner | None:
         user = await info.context.loaders.users.load(self.owner_id)
         return SessionOwner(id=strawberry.ID(user.id), name=user.name) if user is not None else None
 
-    @strawberry.field(description="The main kernel (main1): the one users interact with.")
+    @fields.field(description="The main kernel (main1): the one users interact with.")
     def main_kernel(self) -> Kernel:
         return next(k for k in self.kernels if k.role == "main")
 
-    @strawberry.field(
+    @fields.field(
         description="The idle checker's last verdict: per check the time left and what it counts down to, and "
         "utilization averages against thresholds. Null when no sweep judged the session lately (not RUNNING)."
     )

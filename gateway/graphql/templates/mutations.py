@@ -21,6 +21,7 @@ from domain.session_requests import SessionRequest, check_request
 from domain.templates import Template, TemplateSpec, check_template_name, may_write, new_template
 from domain.templates import TemplateScope as Scope
 from domain.users import Role, User
+from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.apps import AppInput
 from gateway.graphql.sessions.creation import creation_rules
@@ -201,7 +202,7 @@ def _place(viewer: User, scope: Scope, project: str | None) -> str:
 
 @strawberry.type
 class TemplateMutations:
-    @strawberry.mutation(description="Store a session template (its spec is checked as a creation would be).")
+    @fields.mutation(description="Store a session template (its spec is checked as a creation would be).")
     async def create_session_template(self, info: Info, input: CreateSessionTemplateInput) -> SessionTemplate:
         ctx = info.context
         viewer = ctx.viewer
@@ -214,7 +215,7 @@ class TemplateMutations:
         await TemplateStore(ctx.sessions.redis, ctx.sessions.keys).put(template)
         return template_type_of(template)
 
-    @strawberry.mutation(description="Rename a template or replace its spec (its owner, or its project's admins).")
+    @fields.mutation(description="Rename a template or replace its spec (its owner, or its project's admins).")
     async def update_session_template(
         self, info: Info, id: strawberry.ID, input: UpdateSessionTemplateInput
     ) -> SessionTemplate:
@@ -233,7 +234,7 @@ class TemplateMutations:
         await TemplateStore(ctx.sessions.redis, ctx.sessions.keys).put(changed)
         return template_type_of(changed)
 
-    @strawberry.mutation(
+    @fields.mutation(
         description="Delete a template (its owner, or its project's admins); sessions made from it "
         "are not touched. Returns its id."
     )
@@ -246,7 +247,7 @@ class TemplateMutations:
         await TemplateStore(ctx.sessions.redis, ctx.sessions.keys).delete(template)
         return id
 
-    @strawberry.mutation(
+    @fields.mutation(
         description="Queue sessions from a template: its values, then the overrides, then every check of createSession."
     )
     async def create_session_from_template(

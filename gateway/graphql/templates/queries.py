@@ -7,6 +7,7 @@ import strawberry
 from core.errors import NotFound
 from domain.templates import Template, may_use
 from domain.users import User
+from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.templates.types import SessionTemplate, template_type_of
 from stores.templates import TemplateStore
@@ -22,7 +23,7 @@ async def usable(ctx: Context, template_id: str, viewer: User, field: str = "id"
 
 @strawberry.type
 class TemplateQueries:
-    @strawberry.field(
+    @fields.field(
         description="The session templates you may use: yours, your projects' (admins: also their "
         "members' personal ones), by name."
     )
@@ -31,6 +32,6 @@ class TemplateQueries:
         found = await TemplateStore(ctx.sessions.redis, ctx.sessions.keys).usable_by(ctx.viewer)
         return [template_type_of(t) for t in found]
 
-    @strawberry.field(description="One session template; NOT_FOUND when it does not exist or you may not use it.")
+    @fields.field(description="One session template; NOT_FOUND when it does not exist or you may not use it.")
     async def session_template(self, info: Info, id: strawberry.ID) -> SessionTemplate:
         return template_type_of(await usable(info.context, str(id), info.context.viewer))

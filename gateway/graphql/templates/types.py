@@ -12,8 +12,11 @@ from gateway.graphql.sessions.apps import AppSpec, app_specs_of
 from gateway.graphql.sessions.inputs import KernelRole
 from gateway.graphql.sessions.types import ClusterMode, Driver, EnvVar, Resource, SessionType
 
-TemplateScope = strawberry.enum(
-    templates.TemplateScope,
+# The domain's enums are the GraphQL enums: strawberry.enum marks the class itself (and returns it), so the
+# aliases below are plain classes, usable as annotations.
+TemplateScope = templates.TemplateScope
+strawberry.enum(
+    TemplateScope,
     name="TemplateScope",
     description="PERSONAL: its owner's; PROJECT: every member of its project may use it.",
 )

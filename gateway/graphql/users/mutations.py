@@ -19,6 +19,7 @@ from domain.user_requests import (
     updated_user,
 )
 from domain.users import User
+from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.users.queries import visible_user
 from gateway.graphql.users.types import ApiToken, IssuedToken, Role, UserType, token_type_of, user_type_of
@@ -47,13 +48,13 @@ class UpdateUserInput:
 
 @strawberry.type
 class UserMutations:
-    @strawberry.mutation(description="SUPERADMIN: any user. ADMIN: USERs in projects they administer.")
+    @fields.mutation(description="SUPERADMIN: any user. ADMIN: USERs in projects they administer.")
     async def create_user(self, info: Info, input: CreateUserInput) -> UserType:
         ctx = info.context
         user = new_user(ctx.viewer, input.name, input.role, input.projects)
         return user_type_of(await ctx.users.create(user))
 
-    @strawberry.mutation(
+    @fields.mutation(
         description="Change a user's role and/or projects, under the rules of createUser; nobody raises themself."
     )
     async def update_user(self, info: Info, input: UpdateUserInput) -> UserType:
@@ -71,7 +72,7 @@ class UserMutations:
             raise NotFound(f"no user {input.id}", field="id")
         return user_type_of(updated)
 
-    @strawberry.mutation(
+    @fields.mutation(
         description="Revoke all of a user's tokens and refuse new ones. Their sessions are left "
         "running: destroy them separately if they must end."
     )
@@ -85,7 +86,7 @@ class UserMutations:
             raise NotFound(f"no user {id}", field="id")
         return user_type_of(deactivated)
 
-    @strawberry.mutation(
+    @fields.mutation(
         description="Make a deactivated user active again (who may deactivate them may "
         "reactivate them). The tokens revoked at deactivation stay revoked: issue new "
         "ones."
@@ -105,7 +106,7 @@ class UserMutations:
             raise NotFound(f"no user {id}", field="id")
         return user_type_of(updated)
 
-    @strawberry.mutation(
+    @fields.mutation(
         description="A new API token for you, or for a user you manage. Its secret is returned "
         "only now. expiresIn: a duration such as '30d'; none: it never expires."
     )
@@ -121,7 +122,7 @@ class UserMutations:
         )
         return IssuedToken(token=token_type_of(token), secret=secret)
 
-    @strawberry.mutation(description="Revoke a token (yours, or one of a user you manage): refused from now on.")
+    @fields.mutation(description="Revoke a token (yours, or one of a user you manage): refused from now on.")
     async def revoke_token(self, info: Info, id: strawberry.ID) -> ApiToken:
         ctx = info.context
         viewer = ctx.viewer

@@ -8,6 +8,7 @@ from core.errors import Forbidden, NotFound
 from domain.access import can_see_user
 from domain.user_requests import check_acts_for
 from domain.users import Role, User
+from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.users.types import ApiToken, UserType, token_type_of, user_type_of
 
@@ -23,7 +24,7 @@ async def visible_user(ctx: Context, user_id: str, field: str) -> User:
 
 @strawberry.type
 class UserQueries:
-    @strawberry.field(description="Administrators: the users they may see (an ADMIN: the members of their projects).")
+    @fields.field(description="Administrators: the users they may see (an ADMIN: the members of their projects).")
     async def users(self, info: Info) -> list[UserType]:
         viewer = info.context.viewer
         if viewer.role is Role.USER:
@@ -32,11 +33,11 @@ class UserQueries:
         ids = await store.ids(None if viewer.role is Role.SUPERADMIN else viewer.projects)
         return [user_type_of(u) for u in await store.get_many(ids) if can_see_user(viewer, u)]
 
-    @strawberry.field(description="One user by id; NOT_FOUND unless it is you or a user you may see.")
+    @fields.field(description="One user by id; NOT_FOUND unless it is you or a user you may see.")
     async def user(self, info: Info, id: strawberry.ID) -> UserType:
         return user_type_of(await visible_user(info.context, str(id), "id"))
 
-    @strawberry.field(description="The API tokens of a user (default: yours), oldest first; never their secrets.")
+    @fields.field(description="The API tokens of a user (default: yours), oldest first; never their secrets.")
     async def tokens(self, info: Info, user_id: strawberry.ID | None = None) -> list[ApiToken]:
         ctx = info.context
         target = await visible_user(ctx, str(user_id) if user_id is not None else ctx.viewer.id, "userId")

@@ -8,7 +8,10 @@ import strawberry
 
 from domain import users
 
-Role = strawberry.enum(users.Role, name="Role")
+# The domain's enums are the GraphQL enums: strawberry.enum marks the class itself (and returns it), so the
+# aliases below are plain classes, usable as annotations.
+Role = users.Role
+strawberry.enum(Role, name="Role")
 
 
 @strawberry.type(name="User")

@@ -157,3 +157,24 @@ def test_regular_sampling_property(values: list[float], window_samples: int) -> 
     kept = values[-window_samples:]
     # stored to a thousandth of a percent, so the mean is that close
     assert math.isclose(window.averages()["cpu_util"], sum(kept) / len(kept), abs_tol=0.0005 + 1e-9)
+
+
+def test_versions_stay_as_they_were_when_an_older_one_is_appended_to() -> None:
+    """A window is immutable: adding to an older version changes neither it nor a newer one."""
+    base = fed([1.0, 2.0, 3.0])
+    newer = base.add(1045.0, {"cpu_util": 4.0})
+    branch = base.add(1045.0, {"cpu_util": 40.0})  # base again: must not overwrite newer's sample
+    assert base.series["cpu_util"].samples() == ((1000.0, 1.0), (1015.0, 2.0), (1030.0, 3.0))
+    assert newer.series["cpu_util"].values == (1000, 2000, 3000, 4000)
+    assert branch.series["cpu_util"].values == (1000, 2000, 3000, 40000)
+    assert (newer.average("cpu_util"), branch.average("cpu_util"), base.average("cpu_util")) == (2.5, 11.5, 2.0)
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1000), min_size=1, max_size=300))
+def test_long_runs_keep_the_same_samples_and_sum_as_a_fresh_series(values: list[float]) -> None:
+    """Trimming over hundreds of sweeps: the kept samples and their running sum stay exact."""
+    window = fed(values)
+    series = window.series["cpu_util"]
+    assert series.values == tuple(round(v * 1000) for v in values[-4:])  # 60 s at 15 s: 45 s apart, 4 samples
+    assert series.total == sum(series.values) and len(series.values) == len(series.stamps)
+    assert read(encode(window.to_doc())) == window
