@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import cast
 
 from redis.asyncio import Redis
 
 from core.keys import Keys
+from core.replies import text_hash
 from domain.users import hash_token
 
 LAUNCH_TTL = 60
@@ -57,7 +57,8 @@ class AppAccessStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(key)
             pipe.delete(key)
-            found, _ = await pipe.execute()
+            reply, _ = await pipe.execute()
+        found = text_hash(reply)
         return AppGrant(found["token"], found["host"]) if found else None
 
     async def new_cookie(self, grant: AppGrant, ttl: int) -> str:
@@ -70,5 +71,5 @@ class AppAccessStore:
         return value
 
     async def cookie_grant(self, value: str) -> AppGrant | None:
-        found = cast(dict[str, str], await self.redis.hgetall(self.keys.app_cookie(hash_token(value))))
+        found = text_hash(await self.redis.hgetall(self.keys.app_cookie(hash_token(value))))
         return AppGrant(found["token"], found["host"]) if found else None

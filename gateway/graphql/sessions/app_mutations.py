@@ -11,6 +11,7 @@ from core.clock import utcnow
 from core.errors import InvalidInput, NotFound, Unauthenticated
 from domain.apps import App, app_host, app_url, session_apps
 from domain.model import Session as SessionModel
+from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.protection import bearer
 from gateway.graphql.sessions.apps import AppLaunch, SessionApp, session_app_types
@@ -37,7 +38,7 @@ async def _visible_session(ctx: Context, session_id: str) -> SessionModel:
 
 @strawberry.type
 class AppMutations:
-    @strawberry.mutation(
+    @fields.mutation(
         description="A one-time browser address that opens an app: the gateway exchanges its code (valid a minute, "
         "single use; never your token) for an HttpOnly cookie valid on that app's origin only."
     )
@@ -56,7 +57,7 @@ class AppMutations:
         base = app_url(found.name, session.id, gateway.apps_domain, gateway.port).rstrip("/")
         return AppLaunch(url=f"{base}{LAUNCH_PATH}?code={code}", expires_at=utcnow() + timedelta(seconds=LAUNCH_TTL))
 
-    @strawberry.mutation(
+    @fields.mutation(
         description="Make an app public (its url needs no credentials: publicUrl) or private again. The owner and "
         "the project's admins only."
     )

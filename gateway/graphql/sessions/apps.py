@@ -5,21 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from enum import Enum
 
 import strawberry
 
-from domain import apps as domain_apps
-from domain.apps import App, app_url, session_apps
+from domain.apps import App, AppProtocol, app_url, session_apps
 from domain.model import Session as SessionModel
+from gateway.graphql import fields
 from gateway.graphql.context import Info
 
-
-@strawberry.enum(name="AppProtocol")
-class AppProtocol(Enum):
-    HTTP = "HTTP"
-    WEBSOCKET = "WEBSOCKET"
-    TCP = "TCP"
+# The domain's enum is the GraphQL enum: strawberry.enum marks the class itself (and returns it).
+strawberry.enum(
+    AppProtocol,
+    name="AppProtocol",
+    description="HTTP (and WebSockets upgraded from it) and WEBSOCKET are proxied; TCP is published, not proxied.",
+)
 
 
 @strawberry.input(description="A named port of the main kernel that the gateway proxies (an app).")
@@ -53,19 +52,23 @@ class SessionApp:
     public: bool
     session_id: strawberry.Private[str]
 
-    @strawberry.field(
+    @fields.field(
         description="The app's address through the gateway (needs your token as a bearer, or the cookie of "
         "launchApp); null for TCP apps, which are not proxied."
     )
     def url(self, info: Info) -> str | None:
+        return self._address(info)
+
+    @fields.field(description="The url, when the owner made the app public (no credentials needed); else null.")
+    def public_url(self, info: Info) -> str | None:
+        return self._address(info) if self.public else None
+
+    def _address(self, info: Info) -> str | None:
+        """The app's gateway address, or None for a TCP app (not proxied)."""
         if self.protocol is AppProtocol.TCP:
             return None
         gateway = info.context.settings.gateway
         return app_url(self.name, self.session_id, gateway.apps_domain, gateway.port)
-
-    @strawberry.field(description="The url, when the owner made the app public (no credentials needed); else null.")
-    def public_url(self, info: Info) -> str | None:
-        return self.url(info) if self.public else None
 
 
 @strawberry.type
@@ -77,15 +80,15 @@ class AppLaunch:
 
 
 def apps_of(inputs: Iterable[AppInput]) -> tuple[App, ...]:
-    return tuple(App(a.name, a.port, domain_apps.AppProtocol(a.protocol.value), a.public) for a in inputs)
+    return tuple(App(a.name, a.port, a.protocol, a.public) for a in inputs)
 
 
 def app_inputs_of(apps: Iterable[App]) -> list[AppInput]:
-    return [AppInput(name=a.name, port=a.port, protocol=AppProtocol(a.protocol.value), public=a.public) for a in apps]
+    return [AppInput(name=a.name, port=a.port, protocol=a.protocol, public=a.public) for a in apps]
 
 
 def app_specs_of(apps: Iterable[App]) -> list[AppSpec]:
-    return [AppSpec(name=a.name, port=a.port, protocol=AppProtocol(a.protocol.value), public=a.public) for a in apps]
+    return [AppSpec(name=a.name, port=a.port, protocol=a.protocol, public=a.public) for a in apps]
 
 
 def session_app_types(session: SessionModel) -> list[SessionApp]:
@@ -93,7 +96,7 @@ def session_app_types(session: SessionModel) -> list[SessionApp]:
         SessionApp(
             name=a.name,
             port=a.port,
-            protocol=AppProtocol(a.protocol.value),
+            protocol=a.protocol,
             public=a.public,
             session_id=session.id,
         )
