@@ -25,6 +25,7 @@ from gateway import ide
 from gateway.apps.access import AppStores
 from gateway.apps.activity import TrafficRecorder
 from gateway.apps.proxy import AppProxy, AppRelay
+from gateway.apps.token_cache import TokenCache
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
@@ -132,7 +133,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         )
         state["apps"] = AppRelay.create(  # the app proxy (gateway/apps/)
             settings,
-            AppStores(state["sessions"], users, AppAccessStore(redis, keys)),
+            AppStores(state["sessions"], users, AppAccessStore(redis, keys), TokenCache(users, state["revocations"])),
             state["revocations"],
             TrafficRecorder(redis, keys),
         )

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx2
 from websockets.asyncio.client import connect
 
 from bench.gateway.__main__ import run_wrk, spawn, stop, wait_http
@@ -103,7 +104,7 @@ async def answering(url: str, headers: dict[str, str], timeout: float = 60) -> N
             response = await asyncio.to_thread(_get, url, headers)
             if response == 200:
                 return
-        except OSError:
+        except httpx2.TransportError:  # not listening yet (httpd, configurable-http-proxy)
             pass
         if time.monotonic() > deadline:
             raise SystemExit(f"{url} never answered 200")
@@ -111,8 +112,6 @@ async def answering(url: str, headers: dict[str, str], timeout: float = 60) -> N
 
 
 def _get(url: str, headers: dict[str, str]) -> int:
-    import httpx2
-
     return httpx2.get(url, headers=headers, timeout=10).status_code
 
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from domain.access import can_access
 from domain.apps import App, session_apps
 from domain.model import Session
 from domain.users import User, hash_token
 from gateway.apps.headers import gateway_cookie_values
+from gateway.apps.token_cache import TokenCache
 from stores.app_access import AppAccessStore
 from stores.sessions import SessionStore
 from stores.users import UserStore
@@ -56,15 +58,25 @@ class AppStores:
     sessions: SessionStore
     users: UserStore
     access: AppAccessStore
+    tokens: TokenCache
+    """Bearer tokens checked a moment ago (revocations still immediate)."""
+
+
+@dataclass(frozen=True)
+class Moment:
+    """When a request is checked: the monotonic second (for the token cache) and the wall clock (for expiries)."""
+
+    monotonic: float
+    now: datetime
 
 
 async def _credential(
-    stores: AppStores, host: str, authorization: str, cookie_headers: Iterable[str]
+    stores: AppStores, host: str, authorization: str, cookie_headers: Iterable[str], at: Moment
 ) -> tuple[User, str] | None:
     """The user and token hash of the request's bearer token, else of its first app cookie valid on ``host``."""
     if authorization.lower().startswith("bearer "):
         token = authorization[7:].strip()
-        found = await stores.users.authenticate(token)
+        found = await stores.tokens.authenticate(token, at.monotonic, at.now) if token else None
         return (found.user, hash_token(token)) if found else None
     for value in gateway_cookie_values(cookie_headers):
         grant = await stores.access.cookie_grant(value)
@@ -84,10 +96,11 @@ async def authorize_app(
     session_id: str,
     authorization: str,
     cookie_headers: Iterable[str],
+    at: Moment,
 ) -> AppPass:
     """Who passes to app ``app_name`` of ``session_id`` on ``host`` (the app's host name, no port); else
     :class:`Denied`."""
-    credential = await _credential(stores, host, authorization, cookie_headers)
+    credential = await _credential(stores, host, authorization, cookie_headers, at)
     session = await stores.sessions.get(session_id)
     app = _app(session, app_name)
     if credential is None:

@@ -35,7 +35,7 @@ from core.clock import utcnow
 from core.settings import Settings
 from domain.apps import parse_app_host, published_port
 from domain.model import SessionStatus
-from gateway.apps.access import AppPass, AppStores, Denied, authorize_app
+from gateway.apps.access import AppPass, AppStores, Denied, Moment, authorize_app
 from gateway.apps.activity import REFRESH_INTERVAL, TrafficRecorder
 from gateway.apps.headers import app_cookie, downstream_response_headers, upstream_request_headers
 from gateway.graphql.sessions.app_mutations import LAUNCH_PATH
@@ -127,6 +127,7 @@ async def _authorize(relay: AppRelay, scope: Scope, hostname: str, app: str, ses
         session_id=session_id,
         authorization=_header(scope, b"authorization"),
         cookie_headers=cookies,
+        at=Moment(time.monotonic(), utcnow()),
     )
 
 
