@@ -26,6 +26,7 @@ from core.clock import utcnow
 from core.settings import Settings
 from domain.model import SessionStatus
 from domain.users import Role
+from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan, running_caravan
 from tests.idle.running import policy_file, running_idle, swept_since
 
@@ -340,3 +341,21 @@ async def test_app_traffic_keeps_a_session_from_network_idleness(caravan: Carava
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.docker
+async def test_an_app_in_a_docker_kernel(caravan: Caravan, alice: str) -> None:
+    """busybox httpd in the tests' busybox image, in a docker kernel (its own network namespace): reached through the
+    gateway, by its owner only."""
+    fields = {"driver": "DOCKER", "image": DEFAULT_IMAGE, "startupCommand": HELLO, "apps": WEB}
+    session_id = await _running(caravan, alice, **fields)
+    gateway = caravan.settings.gateway
+    site = Site(caravan, session_id, f"http://web--{session_id}.{gateway.apps_domain}:{gateway.port}/")
+    for _ in range(100):  # httpd starts after the container does
+        page = await site.get("/", alice)
+        if page.status_code == 200:
+            break
+        await asyncio.sleep(0.2)
+    assert (page.status_code, page.text) == (200, "hello\n")
+    bob = await caravan.user("bob")
+    assert (await site.get("/", bob)).status_code == 404
