@@ -4,7 +4,8 @@ in one run on one machine.
 Starts a private Redis and Nomad dev agent (ACLs and Redis users on, as the stack runs them) and an in-process
 scheduler, then two real sessions: busybox ``httpd`` in an exec kernel (its own network namespace, reached on its Nomad
 host port) serving a small page and a 10 MiB file, and a WebSocket echo server in a raw_exec kernel. The gateway under
-measurement is a process of its own, as production runs it (``caravan gateway``, one worker); configurable-http-proxy
+measurement runs as production runs it (``caravan gateway``, ``--workers`` processes, one per CPU by default);
+configurable-http-proxy
 (``bench/app_proxy/chp``, installed by ``ops/install-node``) is started in front of the same kernel port. wrk drives
 each target for a fixed time:
 
@@ -16,7 +17,7 @@ four ways: ``direct`` (the kernel's host port), ``caravan`` (the app's origin on
 ``--ws-connections`` connections, direct and through Caravan. Prints one JSON line per measurement, and a last line
 with the ratios, the goal and ``meets_goal``.
 
-Usage: .venv/bin/python -m bench.app_proxy [--duration 8] [--connections 16]
+Usage: .venv/bin/python -m bench.app_proxy [--duration 8] [--connections 16] [--workers N]
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from caravan.stack.processes import free_port
 from caravan.stack.redis_server import start_redis
 from core.settings import NomadSettings, RedisSettings, Settings
 from domain.apps import app_host, published_port
+from gateway.apps.token_cache import TTL as TOKEN_TTL
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +156,7 @@ async def ws_rate(url: str, headers: dict[str, str], connections: int, seconds: 
     return sum(counts) / (time.monotonic() - started)
 
 
-def summary(results: dict[str, dict[str, Any]], ws: dict[str, float]) -> dict[str, Any]:
+def summary(results: dict[str, dict[str, Any]], ws: dict[str, float], workers: int) -> dict[str, Any]:
     small = {t: results[f"small:{t}"]["rps"] for t in ("direct", "caravan", "chp")}
     bulk = {t: results[f"bulk:{t}"]["mib_per_s"] for t in ("direct", "caravan", "chp")}
     ratios = {
@@ -178,6 +180,8 @@ def summary(results: dict[str, dict[str, Any]], ws: dict[str, float]) -> dict[st
         "bulk_mib_per_s": bulk,
         "ws_round_trips_per_s": {k: round(v) for k, v in ws.items()},
         "ratios": ratios,
+        "caravan_workers": workers,
+        "caravan_auth": f"bearer token each request; an in-process token cache answers repeats for {TOKEN_TTL} s",
         "goal": "Caravan >= 0.8x direct requests/s (small GET), >= 0.9x direct bytes/s (10 MiB), "
         ">= configurable-http-proxy on both",
         "met": met,
@@ -203,7 +207,9 @@ async def measure(settings: Settings, work: Path, args: argparse.Namespace) -> N
             log = work / "gateway.log"
             processes.append(
                 spawn(
-                    [sys.executable, "-m", "caravan.cli", "gateway"], caravan_env(caravan.settings, gateway_port), log
+                    [sys.executable, "-m", "caravan.cli", "gateway"],
+                    {**caravan_env(caravan.settings, gateway_port), "CARAVAN_GATEWAY_WORKERS": str(args.workers)},
+                    log,
                 )
             )
             wait_http(f"http://127.0.0.1:{gateway_port}/healthz", processes[-1], log)
@@ -234,7 +240,7 @@ async def measure(settings: Settings, work: Path, args: argparse.Namespace) -> N
             }
             for name, rate in ws.items():
                 print(json.dumps({"measure": "websocket", "target": name, "round_trips_per_s": round(rate)}))
-            print(json.dumps(summary(results, ws)), flush=True)
+            print(json.dumps(summary(results, ws, args.workers)), flush=True)
         finally:
             for process in processes:
                 stop(process)
@@ -246,6 +252,12 @@ async def main() -> None:
     parser.add_argument("--connections", type=int, default=16, help="wrk connections for the small GET")
     parser.add_argument("--bulk-connections", type=int, default=4, help="wrk connections for the 10 MiB GET")
     parser.add_argument("--ws-connections", type=int, default=8)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="gateway processes (CARAVAN_GATEWAY_WORKERS; default one per CPU, as production; chp is one process)",
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (ops/install installs Debian's wrk)")
