@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -21,6 +22,10 @@ from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
 from gateway import ide, terminal
+from gateway.apps.access import AppStores
+from gateway.apps.activity import TrafficRecorder
+from gateway.apps.proxy import AppProxy, AppRelay
+from gateway.apps.token_cache import TokenCache
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
@@ -35,6 +40,7 @@ from gateway.nomad_shares import NomadShares
 from gateway.prometheus import Metrics
 from gateway.revocations import RevocationWatch
 from nomad_jobs.client import LOG_FOLLOWS, NomadClient
+from stores.app_access import AppAccessStore
 from stores.event_hub import EventHub
 from stores.sessions import SessionStore
 from stores.users import Authenticated, UserStore, bootstrap_admin_token
@@ -128,6 +134,12 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             hub=EventHub(redis),
             revocations=RevocationWatch(redis, keys),
         )
+        state["apps"] = AppRelay.create(  # the app proxy (gateway/apps/)
+            settings,
+            AppStores(state["sessions"], users, AppAccessStore(redis, keys), TokenCache(users, state["revocations"])),
+            state["revocations"],
+            TrafficRecorder(redis, keys),
+        )
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:
             await state["users"].ensure_bootstrap_admin(token)
@@ -136,6 +148,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         yield
         await state["hub"].aclose()
         await state["revocations"].aclose()
+        await state["apps"].aclose()
         await nomad.aclose()
         await redis.aclose()
 
@@ -169,4 +182,5 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             WebSocketRoute(terminal.PATH, terminal.Terminals(state).endpoint),
         ],
         lifespan=lifespan,
+        middleware=[Middleware(AppProxy, state=state)],  # app origins (domain.apps) before the routes
     )

@@ -20,6 +20,7 @@ from gateway.graphql.operation_name import OperationNameRequired
 from gateway.graphql.policies.mutations import PolicyMutations
 from gateway.graphql.policies.queries import PolicyQueries
 from gateway.graphql.protection import Limits, schema_extensions
+from gateway.graphql.sessions.app_mutations import AppMutations
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
 from gateway.graphql.sessions.subscriptions import SessionSubscriptions
@@ -49,7 +50,7 @@ class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQue
 
 
 @strawberry.type
-class Mutation(SessionMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations):
+class Mutation(SessionMutations, AppMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations):
     pass
 
 
