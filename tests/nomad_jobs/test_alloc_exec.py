@@ -92,7 +92,7 @@ job "{name}" {{
 async def test_the_gateway_token_cannot_exec_into_a_raw_exec_task(caravan: Caravan) -> None:
     """raw_exec runs on the host: Nomad wants ``alloc-node-exec`` for it, which the gateway's policy never has; the
     management token (with it) can, which shows the refusal is the capability's."""
-    name = f"{caravan.settings.nomad.job_prefix}-rawexec"
+    name = f"probe-{caravan.settings.nomad.job_prefix}-rawexec"  # not a session job: the follower leaves it alone
     admin = caravan.nomad
     await admin.register(await admin.parse(RAW_EXEC_JOB.format(name=name)))
     try:
