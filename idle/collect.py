@@ -34,7 +34,7 @@ async def collect_samples(
             return None
         async with limit:
             try:
-                stats = await nomad.allocation_stats(kernel.alloc_id)
+                stats = await nomad.alloc_stats(kernel.alloc_id)
             except (TransientError, PermanentError) as exc:
                 log.debug("session=%s kernel=%s no stats: %s", session.id, kernel.hostname, exc)
                 return None

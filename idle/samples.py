@@ -1,6 +1,6 @@
 """Turn Nomad allocation stats into one utilization sample (metric -> percent). Pure: the caller fetches.
 
-Input is the JSON of ``GET /v1/client/allocation/:id/stats``::
+Input is the JSON of ``GET /v1/client/allocation/:id/stats`` (as :class:`nomad_jobs.stats.AllocStats` reads it)::
 
     {"ResourceUsage": {"CpuStats": {"Percent": 150.0, ...},
                        "MemoryStats": {"RSS": ..., "Usage": ..., "Cache": ..., "Measured": [...]},
@@ -35,6 +35,7 @@ from typing import Any
 
 from devices.catalog import DeviceCatalog
 from domain.idle.metrics import CPU_UTIL, MEM
+from nomad_jobs.stats import AllocStats
 
 Json = Mapping[str, Any]
 
@@ -43,16 +44,23 @@ MEMORY_STATE = "Memory state"
 
 
 def kernel_sample(
-    alloc_stats: Json,
+    alloc_stats: AllocStats | Json,
     *,
     cores: float,
     memory_bytes: float,
     devices: DeviceCatalog | None = None,
 ) -> dict[str, float]:
-    """One kernel's (allocation's) metrics in percent, normalized by what it was allocated."""
-    usage = alloc_stats.get("ResourceUsage")
-    if usage is None:
-        usage = _sum_task_usage(alloc_stats.get("Tasks") or {})
+    """One kernel's (allocation's) metrics in percent, normalized by what it was allocated (``alloc_stats``: as the
+    Nomad client reads them, or the body's plain JSON)."""
+    usage: Json | None
+    if isinstance(alloc_stats, AllocStats):
+        usage = alloc_stats.resource_usage
+        if usage is None:
+            usage = _sum_task_usage(alloc_stats.task_usages())
+    else:
+        usage = alloc_stats.get("ResourceUsage")
+        if usage is None:
+            usage = _sum_task_usage(alloc_stats.get("Tasks") or {})
     sample: dict[str, float] = {}
     percent = _number((usage.get("CpuStats") or {}).get("Percent"))
     if percent is not None and cores > 0:
@@ -135,8 +143,11 @@ def _first_number(stat: Json, *keys: str) -> float | None:
 
 
 def _number(value: object) -> float | None:
-    if type(value) is float:  # the common case first: it runs for every reading of every sweep
+    # the common cases first: this runs for every reading of every sweep
+    if type(value) is float:
         return value if math.isfinite(value) else None
+    if type(value) is int:  # not bool (its own type), and always finite
+        return float(value)
     # bool is an int subclass but never a reading; NaN or infinity would poison every average after it
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None

@@ -28,6 +28,7 @@ import httpx2
 from core.errors import PermanentError, TransientError
 from core.settings import NomadSettings
 from nomad_jobs.log_frames import HEARTBEAT, FrameSplitter, LogFrame, absolute_offset
+from nomad_jobs.stats import AllocStats, parse_alloc_stats
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +190,13 @@ class NomadClient:
         alloc: Json = await self._json("GET", f"/v1/allocation/{alloc_id}")
         return alloc
 
-    async def allocation_stats(self, alloc_id: str) -> Json:
-        stats: Json = await self._json("GET", f"/v1/client/allocation/{alloc_id}/stats")
-        return stats
+    async def alloc_stats(self, alloc_id: str) -> AllocStats:
+        """The allocation's resource usage (:mod:`nomad_jobs.stats`); ``NomadRejected`` when the answer is malformed."""
+        response = await self._request("GET", f"/v1/client/allocation/{alloc_id}/stats")
+        try:
+            return parse_alloc_stats(response.content)
+        except ValueError as exc:
+            raise NomadRejected(f"allocation {alloc_id}: {exc}") from exc
 
     async def allocation_checks(self, alloc_id: str) -> Json:
         """The latest result of each Nomad-native service check of the allocation: check id -> ``{"Status":

@@ -18,7 +18,7 @@ from core.codec import decode, encode
 from core.errors import Conflict
 from core.keys import Keys
 from core.lease import Fence, LostLease
-from core.replies import begin, ranked, text_set
+from core.replies import begin, optional_texts, ranked, text_set
 from domain.model import Session, SessionResult, SessionStatus
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
@@ -68,6 +68,13 @@ class SessionStore:
             return []
         raws = await self.redis.mget([self.keys.session(i) for i in session_ids])
         return [decode(r, view) if r else None for r in raws]
+
+    async def documents(self, session_ids: Sequence[str]) -> list[str | None]:
+        """Sessions' stored documents as they are (JSON text, None where there is none), in one round trip: for a
+        reader that decodes only what changed (``idle.views.ViewCache``)."""
+        if not session_ids:
+            return []
+        return optional_texts(await self.redis.mget([self.keys.session(i) for i in session_ids]))
 
     async def pending_ids(self, resource_group: str) -> list[str]:
         return ranked(await self.redis.zrange(self.keys.pending_queue(resource_group), 0, -1))

@@ -53,6 +53,9 @@ class SessionFacts:
     """Slot -> amount per the session's request; which devices it uses."""
     window: UtilizationWindow | None = None
     """Recent utilization samples, already normalized by allocated cores and memory (:mod:`idle.samples`)."""
+    checked: Mapping[str, float] | None = None
+    """Metric -> threshold judged for the session under the policy it is judged by (:func:`checked_thresholds` of
+    that policy's utilization and ``requested_slots``), when the caller has them already; None: worked out here."""
 
     def __post_init__(self) -> None:
         for moment in (self.started_at, self.last_activity):
@@ -82,21 +85,33 @@ def evaluate(*, now: datetime, session: SessionFacts, policy: EffectivePolicy) -
     )
 
 
+def _no_deadline(name: CheckName, note: str) -> CheckReport:
+    return CheckReport(name, False, None, None, note)
+
+
+# reports that say the same for every session they apply to, built once (reports are immutable)
+_BATCH_TIMEOUT = _no_deadline(CheckName.SESSION_LIFETIME, "bounded by its batch timeout instead")
+_NO_LIFETIME = _no_deadline(CheckName.SESSION_LIFETIME, "no lifetime limit")
+_NETWORK_EXEMPT = {t: _no_deadline(CheckName.NETWORK_TIMEOUT, f"{t.value} sessions are exempt") for t in NETWORK_EXEMPT}
+_NO_NETWORK_TIMEOUT = _no_deadline(CheckName.NETWORK_TIMEOUT, "no network idle timeout")
+_UTILIZATION_OFF = _no_deadline(CheckName.UTILIZATION, "utilization check disabled")
+_NO_THRESHOLD = _no_deadline(CheckName.UTILIZATION, "no threshold applies to this session")
+
+
 def check_lifetime(*, now: float, started: float, session: SessionFacts, limit: float | None) -> CheckReport:
-    name = CheckName.SESSION_LIFETIME
     if session.type in LIFETIME_EXEMPT:
-        return _no_deadline(name, "bounded by its batch timeout instead")
+        return _BATCH_TIMEOUT
     if limit is None:
-        return _no_deadline(name, "no lifetime limit")
-    return _countdown(name, started + limit - now, RemainingBasis.LIFETIME)
+        return _NO_LIFETIME
+    return _countdown(CheckName.SESSION_LIFETIME, started + limit - now, RemainingBasis.LIFETIME)
 
 
 def check_network(*, now: float, started: float, session: SessionFacts, timeout: float | None) -> CheckReport:
     name = CheckName.NETWORK_TIMEOUT
     if session.type in NETWORK_EXEMPT:
-        return _no_deadline(name, f"{session.type.value} sessions are exempt")
+        return _NETWORK_EXEMPT[session.type]
     if timeout is None:
-        return _no_deadline(name, "no network idle timeout")
+        return _NO_NETWORK_TIMEOUT
     if session.open_connections > 0:
         return CheckReport(name, False, timeout, RemainingBasis.IDLENESS, "app connections open")
     activity = session.last_activity.timestamp() if session.last_activity is not None else started
@@ -111,18 +126,22 @@ def check_utilization(
 ) -> CheckReport:
     name = CheckName.UTILIZATION
     if policy is None:
-        return _no_deadline(name, "utilization check disabled")
-    checked = checked_thresholds(policy, session.requested_slots)
+        return _UTILIZATION_OFF
+    checked = session.checked
+    if checked is None:
+        checked = checked_thresholds(policy, session.requested_slots)
     if not checked:
-        return _no_deadline(name, "no threshold applies to this session")
+        return _NO_THRESHOLD
     window, operator = session.window, policy.operator
-    readings = tuple(
-        [MetricReading(metric, window.average(metric) if window else None, t) for metric, t in checked.items()]
-    )
+    if window is None:
+        readings = tuple([MetricReading(metric, None, t) for metric, t in checked.items()])
+    else:
+        average = window.average
+        readings = tuple([MetricReading(metric, average(metric), t) for metric, t in checked.items()])
     grace_left = started + policy.grace_period - now
     if grace_left > 0:
         return CheckReport(name, False, grace_left, RemainingBasis.GRACE_PERIOD, "in grace period", operator, readings)
-    if window is None or not window.matches(window_seconds=policy.window, interval=interval):
+    if window is None or window.window_seconds != policy.window or window.interval != interval:  # another shape
         return CheckReport(name, False, policy.window, RemainingBasis.WINDOW, "collecting samples", operator, readings)
     to_fill = max([window.seconds_until_full(metric, now=now) for metric in checked])
     if to_fill > 0:
@@ -148,7 +167,3 @@ def checked_thresholds(policy: UtilizationPolicy, requested_slots: SlotAmounts) 
 
 def _countdown(name: CheckName, remaining: float, basis: RemainingBasis) -> CheckReport:
     return CheckReport(name, remaining <= 0, max(remaining, 0.0), basis)
-
-
-def _no_deadline(name: CheckName, note: str) -> CheckReport:
-    return CheckReport(name, False, None, None, note)

@@ -90,14 +90,15 @@ class CheckReport(NamedTuple):
     readings: tuple[MetricReading, ...] = ()
 
     def to_dict(self) -> CheckReportDoc:
+        # the enums as they are: each is a str equal to its value, and written as its value (core.codec, json)
         return {
-            "name": self.name.value,
+            "name": self.name,
             "expired": self.expired,
             "remaining": self.remaining,
-            "measured_against": self.measured_against.value if self.measured_against else None,
+            "measured_against": self.measured_against,
             "note": self.note,
-            "operator": self.operator.value if self.operator else None,
-            "readings": [{"metric": r.metric, "average": r.average, "threshold": r.threshold} for r in self.readings],
+            "operator": self.operator,
+            "readings": [{"metric": m, "average": a, "threshold": t} for m, a, t in self.readings],
         }
 
     @classmethod
@@ -148,7 +149,7 @@ class Verdict(NamedTuple):
     def to_dict(self) -> VerdictDoc:
         return {
             "terminate": self.terminate,
-            "reason": self.reason.value if self.reason else None,
+            "reason": self.reason,
             "reports": [report.to_dict() for report in self.reports],
         }
 

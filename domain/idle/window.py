@@ -91,12 +91,15 @@ class UtilizationWindow:
     def add(self, ts: float, metrics: Mapping[str, float]) -> UtilizationWindow:
         """A new window with the sample taken at ``ts`` (unix seconds) appended."""
         stamp, max_gap, forget_after = round(ts * SCALE), self.max_gap_ms, round(self.window_seconds * SCALE)
-        series = {
-            # forget metrics the session stopped reporting long ago (a device detached)
-            metric: kept
-            for metric, kept in self.series.items()
-            if metric in metrics or stamp - kept.stamps[-1] <= forget_after + max_gap
-        }
+        if self.series.keys() <= metrics.keys():  # every sweep but one now and then: nothing to forget
+            series = dict(self.series)
+        else:
+            series = {
+                # forget metrics the session stopped reporting long ago (a device detached)
+                metric: kept
+                for metric, kept in self.series.items()
+                if metric in metrics or stamp - kept.stamps[-1] <= forget_after + max_gap
+            }
         for metric, percent in metrics.items():
             if not math.isfinite(percent):  # a broken reading; a gap is better than a poisoned average
                 continue
@@ -105,7 +108,18 @@ class UtilizationWindow:
                 series[metric] = MetricSeries((stamp,), (value,))
             elif stamp > current.stamps[-1]:
                 series[metric] = self._appended(current, stamp, value)
-        return UtilizationWindow(self.window_seconds, self.interval, series)
+        return self._with(series)
+
+    def _with(self, series: Mapping[str, MetricSeries]) -> UtilizationWindow:
+        """This window's shape with other series (its derived fields copied rather than computed again)."""
+        window = object.__new__(UtilizationWindow)
+        set_field = object.__setattr__
+        set_field(window, "window_seconds", self.window_seconds)
+        set_field(window, "interval", self.interval)
+        set_field(window, "series", series)
+        set_field(window, "max_gap_ms", self.max_gap_ms)
+        set_field(window, "span_needed_ms", self.span_needed_ms)
+        return window
 
     def _appended(self, current: MetricSeries, stamp: int, value: int) -> MetricSeries:
         stamps = current.stamps + (stamp,)
@@ -197,7 +211,7 @@ def record_sample(
     ``metrics`` (the session's checked metrics, :func:`domain.idle.arbiter.checked_thresholds`) keeps only those:
     the others would cost storage and time every sweep without ever being judged.
     """
-    if window is None or not window.matches(window_seconds=window_seconds, interval=interval):
+    if window is None or window.window_seconds != window_seconds or window.interval != interval:
         window = UtilizationWindow.empty(window_seconds=window_seconds, interval=interval)
     if metrics is not None:
         sample = {metric: value for metric, value in sample.items() if metric in metrics}

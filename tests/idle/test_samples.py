@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from devices.catalog import DeviceCatalog
 from idle.samples import kernel_sample, session_sample
+from nomad_jobs.stats import parse_alloc_stats
 
 GIB = 2**30
 
@@ -108,3 +110,28 @@ def test_session_sample_averages_over_kernels_reporting_each_metric() -> None:
 
 def test_no_tasks_no_total_gives_nothing() -> None:
     assert kernel_sample({"Tasks": {}}, cores=2, memory_bytes=GIB) == {}
+
+
+SHAPES = {
+    "total": stats(
+        percent=150.0, devices=[{"Vendor": "nvidia", "Type": "gpu", "Name": "T4", "InstanceStats": gpu("g", 40, 1, 2)}]
+    ),
+    "cgroups v2": stats(memory={"Usage": GIB, "Cache": GIB // 4, "Measured": ["Cache", "Usage"]}),
+    "tasks only": {"Tasks": {"a": {"ResourceUsage": {"CpuStats": {"Percent": 80}, "MemoryStats": {"RSS": GIB}}}}},
+    "no tasks, no total": {"Tasks": {}},
+    "nothing": {},
+    "null total": {"ResourceUsage": None, "Tasks": {"a": {"ResourceUsage": {"CpuStats": {"Percent": 20.0}}}}},
+    "odd readings": {"ResourceUsage": {"CpuStats": {"Percent": "high"}, "MemoryStats": {"RSS": True}}},
+}
+
+
+@pytest.mark.parametrize("body", SHAPES.values(), ids=SHAPES.keys())
+def test_stats_read_by_the_client_give_the_sample_of_the_plain_json(body: dict[str, Any]) -> None:
+    parsed = parse_alloc_stats(json.dumps(body).encode())
+    assert kernel_sample(parsed, cores=2, memory_bytes=GIB) == kernel_sample(body, cores=2, memory_bytes=GIB)
+
+
+@pytest.mark.parametrize("body", [b"[]", b'{"ResourceUsage": []}', b"{", b'"stats"'])
+def test_malformed_stats_are_refused(body: bytes) -> None:
+    with pytest.raises(ValueError, match="malformed allocation stats"):
+        parse_alloc_stats(body)
