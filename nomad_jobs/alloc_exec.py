@@ -126,6 +126,9 @@ class ExecStream:
         self._ws = connection
         self.exit_code: int | None = None
         """Set once the command's exit was received."""
+        self._size: tuple[int, int] | None = None
+        """The last terminal size asked for (rows, columns), sent again once the command has started."""
+        self._started = False
 
     async def send_stdin(self, data: bytes) -> None:
         if data:
@@ -135,7 +138,10 @@ class ExecStream:
         await self._send(encode_close_stdin())
 
     async def resize(self, height: int, width: int) -> None:
-        """The terminal's size in rows and columns (meaningful with ``tty``)."""
+        """The terminal's size in rows and columns (meaningful with ``tty``). A size asked for before the command
+        has started is sent again at its first output: Nomad's docker driver drops a resize that reaches the exec
+        before docker has started it, which left the shell with no size (``stty size`` failing)."""
+        self._size = (height, width)
         await self._send(encode_resize(height, width))
 
     async def _send(self, message: str) -> None:
@@ -157,6 +163,11 @@ class ExecStream:
             frame = decode_frame(message)
             if frame is None:
                 continue
+            if not self._started and isinstance(frame, Output):
+                self._started = True
+                if self._size is not None:
+                    with contextlib.suppress(ExecBroken, ExecRefused):  # the next read reports a closed socket
+                        await self._send(encode_resize(*self._size))
             yield frame
             if isinstance(frame, Exited):
                 self.exit_code = frame.exit_code

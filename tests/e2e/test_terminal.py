@@ -46,10 +46,10 @@ async def until_exit(ws: ClientConnection) -> tuple[bytes, dict[str, Any]]:
         return bytes(output), json.loads(message)
 
 
-async def until_output(ws: ClientConnection, wanted: bytes) -> bytes:
-    """The terminal's output until it holds ``wanted`` (on a line of its own)."""
+async def until_output(ws: ClientConnection, *wanted: bytes) -> bytes:
+    """The terminal's output until it holds one of ``wanted``."""
     output = bytearray()
-    while b"\n" + wanted + b"\r\n" not in output and b"\n" + wanted + b"\n" not in output:
+    while not any(w in output for w in wanted):
         message = await asyncio.wait_for(ws.recv(), 60)
         assert isinstance(message, bytes), message
         output += message
@@ -74,10 +74,13 @@ async def test_a_terminal_runs_a_shell_resizes_and_exits(caravan: Caravan, drive
     session_id, _ = await running_session(caravan, driver)
     async with terminal(caravan, session_id) as ws:
         await ws.send(json.dumps({"type": "resize", "rows": 33, "cols": 101}))
+        # The shell is up (its prompt: '#' as root in docker, '$' as nobody in exec): type from here on, as a person
+        # would. The resize came before the exec had started: it must hold all the same.
+        prompt = await until_output(ws, b"# ", b"$ ")
         await ws.send(b"stty size; echo $((6*7))\n")
         # Type the next line once the shell has answered, as a person would: a shell that sets its terminal's
         # mode between lines (tcsetattr with TCSAFLUSH) discards input typed ahead of it.
-        answered = await until_output(ws, b"42")
+        answered = prompt + await until_output(ws, b"\n42\r\n")
         await ws.send(json.dumps({"type": "stdin", "data": "exit 5\n"}))
         output, end = await until_exit(ws)
         assert end == {"type": "exit", "exitCode": 5}
