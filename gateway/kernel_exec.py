@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from core.clock import utcnow
@@ -133,7 +133,7 @@ async def stream_command(
     stdin: bytes | None,
     timeout: float,
     meter: ActivityMeter,
-) -> AsyncIterator[ExecFrame]:
+) -> AsyncGenerator[ExecFrame, None]:
     """The command's output frames, then its :class:`Exited`; EXEC_TIMEOUT after ``timeout`` seconds (the exec's
     socket is closed, which ends the command's exec session), EXEC_FAILED when Nomad refuses it."""
     deadline = asyncio.get_running_loop().time() + timeout

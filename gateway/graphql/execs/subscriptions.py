@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import contextlib
 from collections.abc import AsyncGenerator
 
 import strawberry
@@ -28,21 +29,25 @@ class ExecSubscriptions:
         run = await prepared(info, input)
         texts = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in ("stdout", "stderr")}
         with run.execs.slots.claimed(info.context.viewer.id, run.execs):
-            frames = stream_command(
-                info.context.nomad.settings,
-                run.target,
-                run.command,
-                stdin=run.stdin,
-                timeout=run.timeout,
-                meter=run.meter,
-            )
-            async for frame in frames:
-                if isinstance(frame, Exited):
-                    yield ExecChunk(stream=ExecStream.EXIT, text="", data_base64="", exit_code=frame.exit_code)
-                    return
-                yield ExecChunk(
-                    stream=ExecStream(frame.stream),
-                    text=texts[frame.stream].decode(frame.data),
-                    data_base64=base64.b64encode(frame.data).decode("ascii"),
-                    exit_code=None,
+            # Closed here, in this task, however the subscription ends (the client may stop reading at EXIT): left
+            # to the event loop's finalizer, the exec socket and its deadline would outlive the operation.
+            async with contextlib.aclosing(
+                stream_command(
+                    info.context.nomad.settings,
+                    run.target,
+                    run.command,
+                    stdin=run.stdin,
+                    timeout=run.timeout,
+                    meter=run.meter,
                 )
+            ) as frames:
+                async for frame in frames:
+                    if isinstance(frame, Exited):
+                        yield ExecChunk(stream=ExecStream.EXIT, text="", data_base64="", exit_code=frame.exit_code)
+                        return
+                    yield ExecChunk(
+                        stream=ExecStream(frame.stream),
+                        text=texts[frame.stream].decode(frame.data),
+                        data_base64=base64.b64encode(frame.data).decode("ascii"),
+                        exit_code=None,
+                    )
