@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from core.clock import utcnow
+from domain.kernel_exec import ExecLimits
 from domain.model import Driver, Kernel, Session, SessionType
 from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
 from tests.kernel_sessions import DRIVERS, HOSTILE_BYTES, running_session
@@ -141,3 +143,31 @@ async def test_a_long_command_streams_its_output_then_its_exit_code(caravan: Car
     out = b"".join(base64.b64decode(c["dataBase64"]) for c in chunks if c["stream"] == "STDOUT")
     err = b"".join(base64.b64decode(c["dataBase64"]) for c in chunks if c["stream"] == "STDERR")
     assert (out, err) == (b"first\n\xff", b"second\n")
+
+
+async def test_more_commands_at_once_than_a_connection_may_run_are_too_many(caravan: Caravan) -> None:
+    """``CARAVAN_EXEC_MAX_CONNECTION_EXECS`` (4 by default) commands run at once on one WebSocket; the next one is
+    TOO_MANY_EXECS, naming the limit; once one ends (the client completes it), a new one runs."""
+    session_id, _ = await running_session(caravan, "EXEC")
+    limit = ExecLimits().max_connection_execs
+    long = {"input": {"sessionId": session_id, "shell": "echo up; sleep 60"}}
+    async with authenticated_socket(caravan.url, ADMIN_TOKEN) as socket:
+        running = [await socket.subscribe(STREAM, long) for _ in range(limit)]
+        for operation in running:  # each has started: its first output arrived
+            first = await socket.message_of(operation)
+            assert first["type"] == "next" and first["payload"]["data"]["kernelExec"]["text"] == "up\n", first
+        refused = await socket.message_of(await socket.subscribe(STREAM, {"input": {**long["input"], "shell": "true"}}))
+        errors = refused["payload"] if refused["type"] == "error" else refused["payload"].get("errors", [])
+        assert [e["extensions"]["code"] for e in errors] == ["TOO_MANY_EXECS"], refused
+        assert (errors[0]["extensions"]["limit"], errors[0]["extensions"]["per"]) == (limit, "connection")
+        await socket.complete(running[0])  # its place is given back once the gateway has ended it: soon after
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            again = await socket.subscribe(STREAM, {"input": {"sessionId": session_id, "argv": ["echo", "again"]}})
+            payloads = [payload async for payload in socket.results(again)]
+            codes = [e["extensions"]["code"] for p in payloads for e in p.get("errors") or []]
+            if codes != ["TOO_MANY_EXECS"] or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        chunks = [p["data"]["kernelExec"] for p in payloads]
+        assert [c["text"] for c in chunks if c["stream"] == "STDOUT"] == ["again\n"], payloads
