@@ -31,6 +31,11 @@ def configure_logging(level: str = "INFO") -> None:
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # not a line per Nomad call
 
 
+SHUTDOWN_GRACE = 5
+"""Seconds the gateway's open requests, streams (SSE subscriptions, log follows) and WebSockets get to end when it
+stops; then uvicorn cancels them. Under the supervisor's ``STOP_GRACE``, so a stop never waits for a client."""
+
+
 def serve_gateway(settings: Settings) -> None:
     """``caravan gateway``: in this process, or as ``settings.gateway.workers`` uvicorn worker processes sharing the
     port (GraphQL execution is CPU-bound Python: one process uses one core). Workers build the app from the same
@@ -50,6 +55,7 @@ def serve_gateway(settings: Settings) -> None:
         access_log=False,
         lifespan="on",
         http=GatewayHttpProtocol,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE,
     )
 
 
@@ -74,6 +80,7 @@ def gateway_config(settings: Settings) -> uvicorn.Config:
         access_log=False,
         lifespan="on",
         http=GatewayHttpProtocol,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE,
     )
 
 

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 from core.clock import utcnow
 from core.keys import Keys
 from core.replies import stream_reads
+from core.retry import stop_if_cancelled
 from domain.users import hash_token
 from stores import events
 
@@ -125,6 +126,7 @@ class RevocationWatch:
 
     async def _read(self) -> None:
         while True:
+            stop_if_cancelled()  # aclose's cancel, lost inside redis-py (core.retry), would otherwise hang the shutdown
             assert self._position is not None
             try:
                 reply = await self.redis.xread({self.stream: self._position}, count=500, block=self.block_ms)

@@ -5,9 +5,10 @@ ended, a timeout, reconciliation) only write the session's new state to Redis, a
 for the owner (``stores.sessions``: ``work_to_submit``, ``jobs_to_stop``, ``jobs_to_restart``), which wakes it. The
 owner runs in the scheduler while it holds the lease, and handles each session's requests in one coroutine, reading
 the session as it is now: a session destroyed before its job was registered is never registered (only marked
-submitted), so "destroyed while registering" cannot happen; a restart asked of a session that is being stopped is
-dropped. Requests are removed only once done, so a crash repeats them (every action is idempotent: registration is
-create-only, a stop of a stopped or missing job is no error).
+submitted), so "destroyed while registering" cannot happen; a registration asked again of a session already
+past SCHEDULED (Redis lost the request's removal) touches nothing in Nomad; a restart asked of a session that is
+being stopped is dropped. Requests are removed only once done, so a crash repeats them (every action is
+idempotent: registration is create-only, a stop of a stopped or missing job is no error).
 
 Nomad writes anywhere else in Caravan are a bug: the gateway's and the idle checker's Nomad tokens may not write
 (``caravan.stack.nomad_acl``). Jobs without a session at all (Redis lost it) are stopped through :meth:`stop_orphan`.
@@ -21,6 +22,7 @@ import logging
 from core.clock import utcnow
 from core.errors import PermanentError
 from core.lease import Fence
+from core.retry import stop_if_cancelled
 from domain.model import Session, SessionStatus
 from domain.termination import STOPPING
 from nomad_jobs.client import NomadClient
@@ -45,6 +47,7 @@ class JobOwner:
 
     async def run_forever(self) -> None:
         while True:
+            stop_if_cancelled()  # a stop lost inside redis-py (core.retry) would otherwise loop here for ever
             await self.act()
             await self.store.wait_for_owner_work(IDLE_WAIT)
 
@@ -74,7 +77,10 @@ class JobOwner:
                 await self.store.restarted(session_id)
             return
         if register:
-            await submit(self.store, self.nomad, session, self.fence)
+            if session.status is SessionStatus.SCHEDULED:
+                await submit(self.store, self.nomad, session, self.fence)
+            else:  # registered already (only the registration moves it on): the request's removal was lost
+                await self.store.mark_submitted(session_id)
         if restart:
             await self._restart(session)
 

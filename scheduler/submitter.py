@@ -62,11 +62,10 @@ async def submit(store: SessionStore, nomad: NomadClient, session: Session, fenc
         await store.update(session.id, lambda s: refused(s, reason, at=utcnow()), fence=fence)
         await store.mark_submitted(session.id)
         return
-    after = await store.update(session.id, _registered, fence=fence)
+    # A session ended meanwhile (destroyed, or a batch that already ran) is not stopped here: its end stored a stop
+    # request, which the job owner carries out next, with the mode asked (a purge only if forced).
+    await store.update(session.id, _registered, fence=fence)
     await store.mark_submitted(session.id)
-    if after is not None and after.status in (SessionStatus.TERMINATING, SessionStatus.TERMINATED):
-        # Destroyed while its registration was in flight: stop what we just registered.
-        await nomad.deregister(session.nomad_job_id, purge=after.status is SessionStatus.TERMINATED)
 
 
 def _registered(session: Session) -> Session | None:

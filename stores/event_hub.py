@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 from redis.typing import KeyT, StreamIdT
 
 from core.replies import stream_reads
+from core.retry import stop_if_cancelled
 from stores import events
 from stores.events import SessionEvent
 
@@ -119,6 +120,7 @@ class EventHub:
 
     async def _read(self) -> None:
         while self._followers:
+            stop_if_cancelled()  # aclose's cancel, if it landed in the suppressed wait below, ends the loop here
             self._changed.clear()
             streams: dict[KeyT, StreamIdT] = {stream: self._positions[stream] for stream in self._followers}
             read = asyncio.ensure_future(self.redis.xread(streams, count=500, block=self.block_ms))

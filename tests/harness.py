@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,6 +16,7 @@ from typing import Any
 import httpx2
 import uvicorn
 
+from caravan.services import SHUTDOWN_GRACE
 from caravan.stack.processes import free_port
 from core.keys import Keys
 from core.redis import client as redis_client
@@ -26,6 +29,8 @@ from scheduler.service import Scheduler
 from stores.sessions import SessionStore
 from stores.users import UserStore
 from tests.no_nomad import is_tripwire
+
+log = logging.getLogger(__name__)
 
 ADMIN_TOKEN = "test-admin-token"
 
@@ -150,6 +155,48 @@ def caravan_env(settings: Settings, port: int) -> dict[str, str]:
     }
 
 
+TEARDOWN_LIMIT = 30.0
+"""Seconds the gateway and scheduler of :func:`running_caravan` get to stop (the gateway's open streams get
+``SHUTDOWN_GRACE`` of them); past it the teardown fails naming the tasks still waiting, and what they wait on."""
+
+
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """Where ``task`` waits: its coroutine and every coroutine or generator it awaits, innermost last (a task's own
+    stack shows only its outermost frame)."""
+    where, inner = [], task.get_coro()
+    while inner is not None:
+        frame = getattr(inner, "cr_frame", None) or getattr(inner, "ag_frame", None) or getattr(inner, "gi_frame", None)
+        if frame is not None:
+            where.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        inner = (
+            getattr(inner, "cr_await", None) or getattr(inner, "ag_await", None) or getattr(inner, "gi_yieldfrom", None)
+        )
+    return where
+
+
+async def stopped(tasks: list[asyncio.Task[Any]]) -> None:
+    """Wait for ``tasks`` (already asked to stop) to end; a task that ignores its stop fails the test with every
+    pending task's stack, rather than hanging it until pytest-timeout says nothing useful."""
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=TEARDOWN_LIMIT)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s ended with %r", task.get_name(), task.exception())
+    if not pending:
+        return
+    stacks = io.StringIO()
+    for task in asyncio.all_tasks():
+        if task is not asyncio.current_task():
+            print(f"{task!r} awaits:", *awaiting(task), sep="\n  ", file=stacks)
+    for task in pending:
+        task.cancel()
+    raise AssertionError(
+        f"{len(pending)} of the harness's tasks did not stop within {TEARDOWN_LIMIT} s; every pending task:\n"
+        + stacks.getvalue()
+    )
+
+
 @contextlib.asynccontextmanager
 async def running_caravan(
     settings: Settings,
@@ -172,6 +219,7 @@ async def running_caravan(
             log_level="warning",
             lifespan="on",
             http=GatewayHttpProtocol,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE,
         )
     )
     redis = redis_client(settings.redis)  # the test's own, with the settings' (admin) credentials
@@ -198,7 +246,7 @@ async def running_caravan(
             server.stop()
             for task in tasks[1 if serve else 0 :]:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stopped(tasks)
             if serve and not is_tripwire(settings.nomad.addr):  # a Redis-tier test's gateway reached no Nomad
                 with contextlib.suppress(Exception):
                     for job in await nomad.jobs(settings.nomad.job_prefix + "-"):

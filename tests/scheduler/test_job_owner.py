@@ -8,14 +8,15 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
 from core.clock import utcnow
 from core.keys import Keys
-from core.settings import Settings
-from domain.model import SessionStatus
+from core.settings import NomadSettings, Settings
+from domain.lifecycle import transition
+from domain.model import Session, SessionStatus
 from domain.scheduling_config import SchedulingConfig
 from nomad_jobs.client import NomadClient, NomadNotFound
 from scheduler.job_owner import JobOwner
@@ -61,6 +62,52 @@ async def test_a_session_destroyed_before_its_job_is_registered_is_never_registe
         await nomad.aclose()
 
 
+class EndsTheSessionWhileParsing(NomadClient):
+    """Fault injector (a timing the real parts give only rarely): the session's batch ends while the owner is in
+    Nomad's parse call, as on a loaded machine after Redis lost the owner's "registered" (the request repeated)."""
+
+    def __init__(self, settings: NomadSettings, store: SessionStore, session_id: str) -> None:
+        super().__init__(settings)
+        self.store, self.session_id = store, session_id
+
+    async def parse(self, hcl: str) -> dict[str, Any]:
+        await self.store.update(self.session_id, ended)
+        return await super().parse(hcl)
+
+
+def ended(session: Session) -> Session:
+    """The session as its batch's end leaves it."""
+    return transition(session, S.TERMINATED, reason="batch-completed", at=utcnow())
+
+
+async def test_a_registration_asked_again_after_the_job_ran_leaves_the_job_alone(
+    redis: Redis, keys: Keys, settings: Settings
+) -> None:
+    """Redis restarted after the owner registered a job but before it forgot the request: the request comes again,
+    for a session already past SCHEDULED (here: its batch ends meanwhile). The job is neither registered again nor
+    purged: a job is stopped only when asked (and purged only when a destroy is forced)."""
+    store = SessionStore(redis, keys)
+    as_scheduler = settings.for_role("scheduler").nomad
+    nomad = NomadClient(as_scheduler)
+    session = new_session()
+    await store.create([session])
+    await Placer(store, nomad, None, settings, SchedulingConfig()).run_pass()
+    await JobOwner(store, nomad, None).act()  # registered: PREPARING
+    registered = await store.get(session.id)
+    assert registered is not None and registered.status is S.PREPARING and registered.nomad_job_id
+    version = (await nomad.job(registered.nomad_job_id))["Version"]
+    await redis.sadd(keys.work_to_submit, session.id)  # the request's removal, lost with Redis
+    injector = EndsTheSessionWhileParsing(as_scheduler, store, session.id)
+    try:
+        await JobOwner(store, injector, None).act()  # (the fixed owner does not even parse: nothing to inject)
+        job = await nomad.job(registered.nomad_job_id)  # still there, not purged (NomadNotFound if it were)
+        assert job["Version"] == version  # and not registered again
+        assert session.id not in await store.ids_to_submit()
+    finally:
+        await injector.aclose()
+        await nomad.aclose()
+
+
 async def test_restart_session_restarts_the_kernels_in_place(settings: Settings) -> None:
     async with running_caravan(settings) as caravan:
         data = await caravan.gql(
@@ -83,3 +130,32 @@ async def test_restart_session_restarts_the_kernels_in_place(settings: Settings)
         await eventually(restarted_once, "the kernel restarted once, in its allocation, and running again")
         after = await caravan.store.get(created["id"])
         assert after is not None and after.main_kernel.alloc_id == before.main_kernel.alloc_id  # in place
+
+
+class SwallowsOneCancel(SessionStore):
+    """Fault injector (redis-py loses a cancellation now and then: ``core.retry.stop_if_cancelled``): the owner's wait
+    for work swallows the first cancellation and returns as if woken."""
+
+    swallowed = 0
+
+    async def wait_for_owner_work(self, timeout: float) -> None:
+        try:
+            await super().wait_for_owner_work(timeout)
+        except asyncio.CancelledError:
+            if self.swallowed:
+                raise
+            self.swallowed += 1
+
+
+async def test_the_owner_stops_even_when_its_cancellation_is_lost(redis: Redis, keys: Keys, settings: Settings) -> None:
+    store = SwallowsOneCancel(redis, keys)
+    nomad = NomadClient(settings.for_role("scheduler").nomad)
+    try:
+        running = asyncio.create_task(JobOwner(store, nomad, None).run_forever())
+        await asyncio.sleep(0.3)  # in its wait for work
+        running.cancel()
+        done, _ = await asyncio.wait({running}, timeout=10)
+        assert done == {running} and running.cancelled(), "the owner went on after its stop was lost"
+        assert store.swallowed == 1
+    finally:
+        await nomad.aclose()
