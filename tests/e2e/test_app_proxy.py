@@ -359,3 +359,40 @@ async def test_an_app_in_a_docker_kernel(caravan: Caravan, alice: str) -> None:
     assert (page.status_code, page.text) == (200, "hello\n")
     bob = await caravan.user("bob")
     assert (await site.get("/", bob)).status_code == 404
+
+
+TEMPLATE = """mutation($i: CreateSessionTemplateInput!) {
+  createSessionTemplate(input: $i) { id spec { apps { name port } } } }"""
+FROM_TEMPLATE = """mutation($t: ID!, $o: SessionOverridesInput!) {
+  createSessionFromTemplate(templateId: $t, overrides: $o) { sessions { id apps { name url } } } }"""
+
+
+async def test_a_session_from_a_template_with_an_app_answers_through_the_gateway(caravan: Caravan, alice: str) -> None:
+    """The README's path: a template declares the app; a session made from it shows the app's address, which
+    answers the owner's token (and nobody else's)."""
+    spec = {
+        "type": "INTERACTIVE",
+        "driver": "EXEC",
+        "startupCommand": "mkdir -p /tmp/w && echo from-template > /tmp/w/index.html && "
+        "exec httpd -f -p 8080 -h /tmp/w",
+        "apps": [{"name": "web", "port": 8080}],
+    }
+    template = await caravan.gql(TEMPLATE, {"i": {"name": "web-" + uuid.uuid4().hex[:6], "spec": spec}}, token=alice)
+    assert template["createSessionTemplate"]["spec"]["apps"] == [{"name": "web", "port": 8080}]
+    made = await caravan.gql(
+        FROM_TEMPLATE,
+        {"t": template["createSessionTemplate"]["id"], "o": {"name": "tpl-" + uuid.uuid4().hex[:6]}},
+        token=alice,
+    )
+    [session] = made["createSessionFromTemplate"]["sessions"]
+    [web] = session["apps"]
+    await caravan.wait_for(session["id"], "RUNNING")
+    site = Site(caravan, session["id"], web["url"])
+    for _ in range(100):  # httpd starts just after the kernel does
+        page = await site.get("/", alice)
+        if page.status_code == 200:
+            break
+        await asyncio.sleep(0.2)
+    assert (page.status_code, page.text) == (200, "from-template\n")
+    stranger = await caravan.user("stranger-" + uuid.uuid4().hex[:6])
+    assert (await site.get("/", stranger)).status_code == 404
