@@ -39,6 +39,9 @@ CORE_PROTOCOL = 1
 APP_PROTOCOL = 2
 PLUGIN_API_VERSION = "0.1.0"
 """Nomad's device plugin API version (``plugins/device.ApiVersion010``)."""
+STATS_PERIOD_MAX = 0.25
+"""Seconds between two statistics at most, whatever Nomad's collection interval (1 s): Nomad keeps the latest, so a
+workload's new load waits for this plugin less than for Nomad's own collection."""
 TASK_DIR = "/run/caravan-sim"
 """Where a task sees its reservation's directory (and writes ``load`` in it)."""
 
@@ -176,7 +179,7 @@ class DeviceService:
             loads = state.loads(ids)
             now = time.time()
             yield device_pb2.StatsResponse(groups=[_group_stats(config, g, loads, now) for g in found])
-            self.plugin.stopping.wait(max(interval, 0.1))
+            self.plugin.stopping.wait(min(max(interval, 0.05), STATS_PERIOD_MAX))
 
 
 def _group(group: inventory.Group) -> Any:
