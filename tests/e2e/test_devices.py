@@ -80,6 +80,8 @@ async def test_shares_are_reserved_by_nomad_and_a_session_waits_for_free_ones(ca
     [half] = await devices_nomad_allocated(caravan, third["nomadJobId"])
     assert half["Name"] == device["Name"] and len(half["DeviceIDs"]) == 2
     await caravan.gql(DESTROY, {"ids": [second["id"], third_id]})
+    await caravan.wait_for(third_id, "TERMINATED")  # ended before the scheduler stops: not stopped mid-stop
+    await caravan.wait_for(second["id"], "TERMINATED")
 
 
 SHOW = "env | grep ^CARAVAN_SIM_ | sort; f=$CARAVAN_SIM_LOAD_FILE; echo 'util=42 mem_mib=1024' >$f && cat $f"
@@ -131,3 +133,4 @@ async def test_a_busy_gpu_survives_the_utilization_check_while_an_idle_one_is_re
     assert (reading["metric"], reading["threshold"], utilization["note"]) == ("sim_util", 10, "utilized")
     assert reading["average"] == pytest.approx(85)  # the kernel's own report, through the plugin and Nomad's stats
     await caravan.gql(DESTROY, {"ids": [busy]})
+    await caravan.wait_for(busy, "TERMINATED")

@@ -22,7 +22,8 @@ from tests.cluster_fixtures import OnCluster
 from tests.harness import CREATE, Caravan
 
 CONFIG = 'device_slots = { "caravan-sim/gpu/SimGPU-C" = "simc.device" }'
-QUERY = "query($id: ID!) { session(id: $id) { id status waitReasons jobHcl nomadJobId } }"
+QUERY = """query($id: ID!) { session(id: $id) { id status waitReasons jobHcl nomadJobId
+  kernels { statusInfo statusDetail } } }"""
 DESTROY = "mutation($ids: [ID!]!) { destroySession(ids: $ids) { id } }"
 GROUPS = """{ resourceGroups { name free { slot amount } agents { name capacity { slot amount }
   occupied { slot amount } } } }"""
@@ -48,6 +49,13 @@ async def eventually(
         assert time.monotonic() < deadline, f"not reached within {timeout}s: {session}"
         await asyncio.sleep(0.2)
     return dict(session)
+
+
+async def destroy(caravan: Caravan, *ids: str) -> None:
+    """Destroy the sessions and wait until they have ended: the scheduler is not stopped mid-stop."""
+    await caravan.gql(DESTROY, {"ids": list(ids)})
+    for session_id in ids:
+        await eventually(caravan, session_id, lambda s: s["status"] in ("TERMINATED", "CANCELLED", "ERROR"))
 
 
 def running(session: dict[str, Any]) -> bool:
@@ -96,7 +104,7 @@ async def test_each_client_offers_its_devices_and_a_model_lands_where_it_is(
         gpu_c = await agent_slots(caravan, "gpu-c")
         assert gpu_c["capacity"]["simc.device"] == 2 and gpu_c["occupied"]["simc.device"] == 1
         assert (await agent_slots(caravan, "gpu-b"))["capacity"]["sim.shares"] == 1
-        await caravan.gql(DESTROY, {"ids": [model_a, model_c]})
+        await destroy(caravan, model_a, model_c)
 
 
 async def test_two_halves_share_one_device_and_a_third_waits(
@@ -116,9 +124,9 @@ async def test_two_halves_share_one_device_and_a_third_waits(
 
         third = await create(caravan, "gpu", **{"sim.shares": "0.5"})
         await eventually(caravan, third, waiting_for("sim.shares"))
-        await caravan.gql(DESTROY, {"ids": [first]})
+        await destroy(caravan, first)
         await eventually(caravan, third, running)
-        await caravan.gql(DESTROY, {"ids": [second, third]})
+        await destroy(caravan, second, third)
 
 
 async def test_a_device_turned_unhealthy_mid_run(on_cluster: OnCluster, nomad_cluster: NomadCluster) -> None:
@@ -138,12 +146,14 @@ async def test_a_device_turned_unhealthy_mid_run(on_cluster: OnCluster, nomad_cl
                 await asyncio.sleep(0.2)
             newcomer = await create(caravan, "gpu", **{"simc.device": "1"})
             await eventually(caravan, newcomer, waiting_for("simc.device"))
-            state.mark(held, "ECC errors (simulated)")  # the one in use: its session keeps running
-            await asyncio.sleep(1)
-            assert (await caravan.gql(QUERY, {"id": holder}))["session"]["status"] == "RUNNING"
+            state.mark(held, "ECC errors (simulated)")  # the one in use: its session keeps running, and says why
+            troubled = await eventually(caravan, holder, lambda s: s["kernels"][0]["statusInfo"] == "device-unhealthy")
+            assert troubled["status"] == "RUNNING"
+            assert troubled["kernels"][0]["statusDetail"] == f"caravan-sim/gpu/SimGPU-C {held}: ECC errors (simulated)"
         finally:
             state.mark(other, None)
             state.mark(held, None)
         await eventually(caravan, newcomer, running)  # healthy again: schedulable at once
+        await eventually(caravan, holder, lambda s: s["kernels"][0]["statusInfo"] == "kernel-running")
         assert (await granted(caravan, nomad_cluster, newcomer))[1]["DeviceIDs"] == [other]
-        await caravan.gql(DESTROY, {"ids": [holder, newcomer]})
+        await destroy(caravan, holder, newcomer)
