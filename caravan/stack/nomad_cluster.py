@@ -39,6 +39,12 @@ data_dir   = "{data_dir}"
 log_level  = "INFO"
 # No call home to checkpoint-api.hashicorp.com: Caravan sends nothing off the machine.
 disable_update_check = true
+# Without it a non-dev client keeps no allocation stats at all (Nomad's task stats hook is off), and the idle
+# checker's utilization check reads nothing: every Nomad client Caravan uses needs it (README, "Pointing Caravan at
+# an existing Nomad and Redis").
+telemetry {{
+  publish_allocation_metrics = true
+}}
 ports {{
   http = {http}
   rpc  = {rpc}
