@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import os
@@ -42,7 +41,8 @@ def serve_gateway(settings: Settings) -> None:
     port (GraphQL execution is CPU-bound Python: one process uses one core). Workers build the app from the same
     ``CARAVAN_*`` environment these settings were read from."""
     if settings.gateway.workers <= 1:
-        asyncio.run(run_gateway(settings))
+        # uvicorn's own run: its event loop (uvloop when installed), as each of several workers gets
+        uvicorn.Server(gateway_config(settings)).run()
         return
     bootstrap_admin_token(settings.gateway.admin_token, settings.home)  # generated here once, not raced by workers
     uvicorn.run(
@@ -70,8 +70,9 @@ def gateway_worker_app() -> Starlette:
     return create_app(load_settings())
 
 
-async def run_gateway(settings: Settings) -> None:
-    config = uvicorn.Config(
+def gateway_config(settings: Settings) -> uvicorn.Config:
+    """The single-process gateway's server: ``loop="auto"`` (uvloop when installed, asyncio's loop otherwise)."""
+    return uvicorn.Config(
         create_app(settings),
         host=settings.gateway.host,
         port=settings.gateway.port,
@@ -81,7 +82,6 @@ async def run_gateway(settings: Settings) -> None:
         http=GatewayHttpProtocol,
         timeout_graceful_shutdown=SHUTDOWN_GRACE,
     )
-    await uvicorn.Server(config).serve()
 
 
 async def run_scheduler(settings: Settings) -> None:

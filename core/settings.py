@@ -49,6 +49,15 @@ class GatewaySettings:
     the port and all state is in Redis. ``caravan dev`` always runs one, in its own process."""
     max_tokens_per_user: int = 50
     """Live API tokens one user may hold (``CARAVAN_MAX_TOKENS_PER_USER``); issuing more is ``QUOTA_EXCEEDED``."""
+    apps_domain: str = "apps.localhost"
+    """Parent domain of the apps' origins, ``<app>--<session id>.<apps_domain>`` (``CARAVAN_APPS_DOMAIN``; see
+    ``domain/apps.py``): a wildcard DNS name pointing at the gateway (``*.localhost`` is the loopback already)."""
+    app_cookie_ttl: int = 3600
+    """Seconds an app cookie (a browser's pass to one app, ``stores/app_access.py``) is valid
+    (``CARAVAN_APP_COOKIE_TTL``)."""
+    app_upstream_timeout: float = 300.0
+    """Seconds the app proxy waits for an app to answer, or for the next bytes of its body, before giving up: 504
+    before the response started, a cut stream after (``CARAVAN_APP_UPSTREAM_TIMEOUT``)."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             admin_token=env.get("CARAVAN_ADMIN_TOKEN") or None,
             workers=max(1, int(env.get("CARAVAN_GATEWAY_WORKERS") or os.cpu_count() or 1)),
             max_tokens_per_user=_at_least_one(env, "CARAVAN_MAX_TOKENS_PER_USER", GatewaySettings.max_tokens_per_user),
+            apps_domain=(env.get("CARAVAN_APPS_DOMAIN") or GatewaySettings.apps_domain).strip(".").lower(),
+            app_cookie_ttl=_at_least_one(env, "CARAVAN_APP_COOKIE_TTL", GatewaySettings.app_cookie_ttl),
+            app_upstream_timeout=_positive_seconds(
+                env, "CARAVAN_APP_UPSTREAM_TIMEOUT", GatewaySettings.app_upstream_timeout
+            ),
         ),
         scheduler=SchedulerSettings(
             reconcile_interval=float(env.get("CARAVAN_RECONCILE_INTERVAL", SchedulerSettings.reconcile_interval)),

@@ -8,6 +8,11 @@ then ``vendor/type``, then ``type``; scheduler configuration file), else the bui
 else ``<vendor>.<type>`` (``intel/gpu`` -> ``intel.gpu``). A slot's *device prefix* is what comes before its first dot
 (``cuda.device`` and ``cuda.shares`` are both ``cuda``), and a device's utilization metrics are
 ``<prefix>_util`` (busy time, percent) and ``<prefix>_mem`` (device memory in use, percent).
+
+Shares: a device offered as K shares (Caravan's simulated accelerator, :mod:`devices.sim`) is a group of K instances
+named ``<model>@<device>`` with the attribute ``shares = K``, one group per physical device; each instance counts
+1/K of its slot (``sim.shares``: 0.5 is half a device), and a job asks for ``amount × K`` instances of the type with a
+constraint on the model (Nomad fills one request from one group, so a kernel's shares are of one device).
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 BUILTIN_SLOTS: Mapping[str, str] = MappingProxyType(
     {
         "nvidia/gpu": "cuda.device",
         "amd/gpu": "rocm.device",
         "nomad/file/mock": "mock.device",  # Nomad's example device plugin: fake devices for tests and demos
+        "caravan-sim/gpu": "sim.device",  # Caravan's simulated accelerator (devices/sim): whole devices
+        "caravan-sim/gpu-share": "sim.shares",  # ... and devices offered as shares
     }
 )
 """Built-in slot names of Nomad devices (``vendor/type``)."""
@@ -30,6 +38,23 @@ METRIC_KINDS = ("util", "mem")
 
 Device = tuple[str, str, str]
 """(vendor, type, name) as Nomad reports a device group."""
+SHARE_MARK = "@"
+"""A share group's name is ``<model>@<device>``."""
+SHARES_ATTRIBUTE = "shares"
+"""A share group's attribute: how many instances (shares) make one device."""
+MODEL_ATTRIBUTE = "model"
+
+
+@dataclass(frozen=True)
+class DeviceAsk:
+    """How a job asks Nomad for a device slot."""
+
+    id: str
+    """The Nomad device id of the ``device`` block: ``vendor/type[/name]`` or ``type``."""
+    model: str | None = None
+    """A model the block constrains ``${device.attr.model}`` to (share groups are named per device, not model)."""
+    units: int = 1
+    """Instances per unit of the slot: ``amount × units`` instances, rounded up (K for shares, 1 for devices)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +66,7 @@ class DeviceCatalog:
     def slot_of(self, vendor: str, kind: str, name: str) -> str:
         """The slot a Nomad device counts as."""
         for names in (self.names, BUILTIN_SLOTS):
-            for device_id in (f"{vendor}/{kind}/{name}", f"{vendor}/{kind}", kind):
+            for device_id in (f"{vendor}/{kind}/{name}", f"{vendor}/{kind}/{model_of(name)}", f"{vendor}/{kind}", kind):
                 if device_id in names:
                     return names[device_id]
         return f"{vendor}.{kind}"
@@ -85,3 +110,39 @@ def device_prefix(slot: str) -> str:
 def metric_prefix(metric: str) -> str:
     """``cuda_util`` -> ``cuda``; ``mem`` -> ``mem``."""
     return metric.split("_", 1)[0]
+
+
+def model_of(name: str) -> str:
+    """A device group's model: its name, less a share group's ``@<device>``."""
+    return name.split(SHARE_MARK, 1)[0]
+
+
+def units_of(attributes: Mapping[str, Any] | None) -> int:
+    """Instances per device of a group, from its Nomad attributes (``{"shares": {"Int": 4}}``): K for a share group,
+    else 1."""
+    value = ((attributes or {}).get(SHARES_ATTRIBUTE) or {}).get("Int")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def device_asks(catalog: DeviceCatalog, groups: Iterable[tuple[Device, int]]) -> dict[str, DeviceAsk]:
+    """Device slot -> how a job asks for it, given every device group the clients report with its units
+    (:func:`units_of`). Share groups of one model are asked for by type and model (their names differ per device);
+    with different share counts across clients a request counts in the finest (more instances: never less than
+    asked)."""
+    by_model: list[Device] = []
+    units: dict[str, int] = defaultdict(lambda: 1)
+    shared: set[str] = set()
+    for (vendor, kind, name), group_units in groups:
+        slot = catalog.slot_of(vendor, kind, name)
+        units[slot] = max(units[slot], group_units)
+        if SHARE_MARK in name:
+            shared.add(slot)
+        by_model.append((vendor, kind, model_of(name)))
+    asks: dict[str, DeviceAsk] = {}
+    for slot, device_id in catalog.device_ids(by_model).items():
+        vendor_kind_model = device_id.split("/")
+        if slot in shared and len(vendor_kind_model) == 3:
+            asks[slot] = DeviceAsk("/".join(vendor_kind_model[:2]), vendor_kind_model[2], units[slot])
+        else:
+            asks[slot] = DeviceAsk(device_id, None, units[slot])
+    return asks

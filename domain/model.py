@@ -13,6 +13,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from domain.apps import App
+
 DEFAULT_GROUP = "default"
 """The resource group sessions go to when they name none (Nomad's default node pool): always known."""
 
@@ -184,6 +186,8 @@ class Session:
     """INFERENCE: the HTTP path the health check GETs; None: a TCP connect check."""
     health_check_grace: float | None = None
     """INFERENCE: seconds after a replica (re)starts before failing checks count against it."""
+    apps: tuple[App, ...] = ()
+    """Named ports of the main kernel the gateway proxies (``domain.apps``); preopened ports are apps too."""
 
     @property
     def main_kernel(self) -> Kernel:

@@ -19,6 +19,7 @@ from core.durations import duration_input
 from core.errors import CaravanError, Forbidden, InvalidInput, UnsupportedResource
 from core.settings import Settings
 from domain import vm
+from domain.apps import App, checked_apps
 from domain.docker_images import check_docker_image
 from domain.inference import replicas_of
 from domain.inference_options import ServiceOptions, checked_service_options
@@ -118,6 +119,8 @@ class SessionRequest:
     service_port: int | None = None
     health_check_path: str | None = None
     health_check_grace: str | None = None
+    apps: Sequence[App] = ()
+    """Named ports the gateway proxies (``domain.apps``)."""
 
 
 def build_sessions(
@@ -167,6 +170,7 @@ def build_sessions(
             service_port=checked.service.port if checked.service else None,
             health_check_path=checked.service.health_check_path if checked.service else None,
             health_check_grace=checked.service.health_check_grace if checked.service else None,
+            apps=checked_apps(request.apps),
         )
         for name in names
     ]
@@ -375,6 +379,7 @@ def _check_shape(request: SessionRequest, viewer: User) -> None:
     for port in ports:
         if not 1024 <= port <= 65535:
             raise InvalidInput(f"preopen port {port} is outside 1024-65535", field="preopenPorts")
+    checked_apps(request.apps)
     if request.designated_agent is not None and not viewer.is_admin:
         raise Forbidden("only admins may designate an agent", field="designatedAgent")
 
@@ -474,6 +479,8 @@ def _check_vm(
             raise InvalidInput(f"a VM needs at least {vm.MIN_MEMORY_MIB}m of mem", field=f"{where}resources.mem")
     if request.preopen_ports:
         raise InvalidInput("qemu VMs have no network: preopenPorts are not supported", field="preopenPorts")
+    if request.apps:
+        raise InvalidInput("qemu VMs have no network: apps are not supported", field="apps")
     if request.type is SessionType.INFERENCE:
         raise InvalidInput("INFERENCE sessions serve on a network, which qemu VMs do not have", field="driver")
     try:

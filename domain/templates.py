@@ -18,6 +18,7 @@ from typing import Any
 
 from core.errors import InvalidInput
 from domain.access import administers, can_access
+from domain.apps import App
 from domain.model import DEFAULT_PRIORITY, ClusterMode, Driver, RoleSpec, SessionType
 from domain.users import Role, User
 
@@ -63,6 +64,8 @@ class TemplateSpec:
     health_check_path: str | None = None
     health_check_grace: str | None = None
     """INFERENCE: a duration (``"30s"``)."""
+    apps: tuple[App, ...] = ()
+    """Named ports the gateway proxies (``domain.apps``)."""
 
     def given(self) -> frozenset[str]:
         """The fields whose value is not the default: what the template sets."""

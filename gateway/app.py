@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -20,7 +21,11 @@ from core.errors import TransientError, Unavailable
 from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
-from gateway import ide
+from gateway import ide, terminal
+from gateway.apps.access import AppStores
+from gateway.apps.activity import TrafficRecorder
+from gateway.apps.proxy import AppProxy, AppRelay
+from gateway.apps.token_cache import TokenCache
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
@@ -29,11 +34,13 @@ from gateway.graphql.result_cache import ResultCache
 from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
 from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
+from gateway.kernel_exec import ExecSlots, exec_limits_from_env
 from gateway.log_follows import LogFollows
 from gateway.nomad_shares import NomadShares
 from gateway.prometheus import Metrics
 from gateway.revocations import RevocationWatch
 from nomad_jobs.client import LOG_FOLLOWS, NomadClient
+from stores.app_access import AppAccessStore
 from stores.event_hub import EventHub
 from stores.sessions import SessionStore
 from stores.users import Authenticated, UserStore, bootstrap_admin_token
@@ -66,6 +73,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
         self.state = state
         self.nomad_shares = NomadShares(limits.max_nomad_calls, limits.max_user_nomad_calls)
         self.log_follows = LogFollows(LOG_FOLLOWS, limits.max_log_follows)
+        self.execs: ExecSlots = state["execs"]
 
     @property
     def graphql_ide_html(self) -> str:
@@ -102,12 +110,13 @@ class CaravanGraphQL(GraphQLOverHTTP):
             hub=self.state["hub"],
             revocations=self.state["revocations"],
             log_follows=self.log_follows.connection(),
+            execs=self.execs.connection(),
         )
 
 
 def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
     """``limits`` default to the ``CARAVAN_GRAPHQL_*`` environment variables (see protection.Limits)."""
-    state: dict[str, Any] = {"settings": settings}
+    state: dict[str, Any] = {"settings": settings, "execs": ExecSlots(exec_limits_from_env())}
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
@@ -125,6 +134,12 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             hub=EventHub(redis),
             revocations=RevocationWatch(redis, keys),
         )
+        state["apps"] = AppRelay.create(  # the app proxy (gateway/apps/)
+            settings,
+            AppStores(state["sessions"], users, AppAccessStore(redis, keys), TokenCache(users, state["revocations"])),
+            state["revocations"],
+            TrafficRecorder(redis, keys),
+        )
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:
             await state["users"].ensure_bootstrap_admin(token)
@@ -133,6 +148,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         yield
         await state["hub"].aclose()
         await state["revocations"].aclose()
+        await state["apps"].aclose()
         await nomad.aclose()
         await redis.aclose()
 
@@ -163,6 +179,8 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             Route(ide.PREFIX + "{name:path}", ide.asset),
             Route("/graphql", graphql),  # the view answers other methods itself: 405 with Allow
             WebSocketRoute("/graphql", graphql),
+            WebSocketRoute(terminal.PATH, terminal.Terminals(state).endpoint),
         ],
         lifespan=lifespan,
+        middleware=[Middleware(AppProxy, state=state)],  # app origins (domain.apps) before the routes
     )

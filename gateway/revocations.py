@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -63,6 +64,18 @@ class RevocationWatch:
         self._position: str | None = None
         """The id of the last stream entry the reader handled (the stream's end when it started)."""
         self._reader: asyncio.Task[None] | None = None
+        self._listeners: list[Callable[[str | None], None]] = []
+        self._reading = False
+
+    def listen(self, listener: Callable[[str | None], None]) -> None:
+        """Call ``listener`` with each revoked token's hash as it is read, and with None when a read fails (what
+        was revoked meanwhile is only known once reads succeed again): how a cache of tokens forgets them."""
+        self._listeners.append(listener)
+
+    @property
+    def reading(self) -> bool:
+        """The reader runs and its last read succeeded (or it has just started from a fixed position)."""
+        return self._reading and self._reader is not None and not self._reader.done()
 
     async def open(self) -> None:
         """Make sure the reader runs, from a position fixed now (before the caller registers anything)."""
@@ -72,10 +85,15 @@ class RevocationWatch:
                 self._position = end
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read(), name="token-revocations")
+            self._reading = True
 
     def watch(self, token: str) -> Watched:
         """Register a connection's token (call :meth:`open` first, and this before checking the token)."""
-        watched = Watched(hash_token(token))
+        return self.watch_hash(hash_token(token))
+
+    def watch_hash(self, token_hash: str) -> Watched:
+        """``watch`` by the token's SHA-256 (an app cookie's token)."""
+        watched = Watched(token_hash)
         self._watched.setdefault(watched.token_hash, set()).add(watched)
         return watched
 
@@ -113,11 +131,17 @@ class RevocationWatch:
             try:
                 reply = await self.redis.xread({self.stream: self._position}, count=500, block=self.block_ms)
             except (RedisError, OSError) as exc:
+                self._reading = False
+                for listener in self._listeners:
+                    listener(None)
                 log.warning("token revocations unreadable (%s); retrying in %s s", exc, RETRY_SECONDS)
                 await asyncio.sleep(RETRY_SECONDS)
                 continue
+            self._reading = True
             for entry_id, fields in (entry for _stream, entries in stream_reads(reply) for entry in entries):
                 self._position = entry_id
                 token_hash = fields.get("token", "")
+                for listener in self._listeners:
+                    listener(token_hash)
                 for watched in list(self._watched.get(token_hash, ())):
                     watched.trip("revoked")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 from core.errors import PermanentError, TransientError
@@ -21,6 +22,24 @@ from nomad_jobs.client import NomadClient
 log = logging.getLogger(__name__)
 
 Sample = dict[str, float]
+
+UNMEASURED_WARNING_INTERVAL = 600.0
+"""Seconds between two warnings that Nomad measured nothing for some allocations (a client misconfigured)."""
+_warned_at: float | None = None
+
+
+def _warn_unmeasured(alloc_ids: Sequence[str], now: float) -> None:
+    global _warned_at
+    if _warned_at is not None and now - _warned_at < UNMEASURED_WARNING_INTERVAL:
+        return
+    _warned_at = now
+    log.warning(
+        "Nomad measured nothing for %d allocation(s) (e.g. %s): their clients keep no allocation statistics; set "
+        "telemetry { publish_allocation_metrics = true } in those Nomad clients' configuration, or utilization "
+        "stays unknown (never read as idle)",
+        len(alloc_ids),
+        alloc_ids[0],
+    )
 
 
 async def collect_samples(
@@ -39,11 +58,17 @@ async def collect_samples(
                 log.debug("session=%s kernel=%s no stats: %s", session.id, kernel.hostname, exc)
                 return None
         cores, memory = kernel_allocation(kernel)
-        return kernel_sample(stats, cores=cores, memory_bytes=memory, devices=devices)
+        sample = kernel_sample(stats, cores=cores, memory_bytes=memory, devices=devices)
+        if not sample:
+            unmeasured.append(kernel.alloc_id)
+        return sample
 
     async def one(session: SweptSession) -> Sample:
         samples = await asyncio.gather(*(kernel(session, k) for k in session.kernels))
         return session_sample(s for s in samples if s is not None)
 
+    unmeasured: list[str] = []
     found = await asyncio.gather(*(one(s) for s in sessions))
+    if unmeasured:
+        _warn_unmeasured(unmeasured, time.monotonic())
     return {session.id: sample for session, sample in zip(sessions, found, strict=True)}

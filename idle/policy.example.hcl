@@ -18,6 +18,7 @@ defaults {
       mem       = null
       cuda_util = 1              # only for sessions with a non-zero cuda.* slot
       cuda_mem  = null
+      sim_util  = 1              # Caravan's simulated GPUs (sim.device, sim.shares): the kernel's reported load
     }
   }
 }

@@ -23,7 +23,8 @@ How each metric is computed (and which Backend.AI bugs this avoids):
   "Memory utilization" is memory *bandwidth* in the NVIDIA plugin and is deliberately not used.
 
 A metric whose input is missing or unreadable is left out of the sample rather than reported as 0:
-the window then sees a gap instead of fake idleness.
+the window then sees a gap instead of fake idleness. So is a whole reading in which Nomad measured nothing
+(:func:`unmeasured`: a client without ``publish_allocation_metrics`` answers zeros).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def kernel_sample(
         if usage is None:
             usage = _sum_task_usage(alloc_stats.get("Tasks") or {})
     sample: dict[str, float] = {}
+    if unmeasured(usage):
+        return sample
     percent = _number((usage.get("CpuStats") or {}).get("Percent"))
     if percent is not None and cores > 0:
         sample[CPU_UTIL] = percent / cores
@@ -70,6 +73,14 @@ def kernel_sample(
         sample[MEM] = in_use / memory_bytes * 100
     sample.update(_device_metrics(usage.get("DeviceStats") or (), devices or DeviceCatalog()))
     return sample
+
+
+def unmeasured(usage: Json) -> bool:
+    """Is this Nomad's answer for an allocation whose client collects no statistics (``telemetry {
+    publish_allocation_metrics = true }`` missing, the default outside ``-dev``)? Zeros with nothing ``Measured``
+    and no devices: read as a gap, never as an idle session."""
+    cpu, memory = usage.get("CpuStats") or {}, usage.get("MemoryStats") or {}
+    return not (cpu.get("Measured") or memory.get("Measured") or usage.get("DeviceStats"))
 
 
 def session_sample(kernel_samples: Iterable[Mapping[str, float]]) -> dict[str, float]:

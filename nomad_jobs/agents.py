@@ -1,7 +1,8 @@
 """Nomad's client nodes and allocations read as Caravan agents (capacity and occupancy in slots). Pure.
 
 - capacity: ``cpu`` = (CpuShares − reserved) / MHz per core, ``mem`` = (MemoryMB − reserved) MiB, and per device
-  group its healthy instances, as the slot ``devices.catalog`` names (``nomad/file/mock`` -> ``mock.device``). MHz
+  group its healthy instances, as the slot ``devices.catalog`` names (``caravan-sim/gpu`` -> ``sim.device``), a share
+  counting 1/K (``caravan-sim/gpu-share`` -> ``sim.shares``: four healthy shares of one device are 1). MHz
   per core is the configured ``cpu_mhz_per_core`` or the smallest CpuShares / TotalCpuCores any node reports, so a
   core asked for is the MHz the job asks Nomad for and both count alike.
 - occupied: every allocation Nomad counts on the node (Caravan's or not, any namespace); a Caravan kernel's
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from devices.catalog import Device, DeviceCatalog
+from devices.catalog import Device, DeviceCatalog, units_of
 from domain.agents import Agent
 from domain.model import Kernel, Session, SessionStatus
 from domain.slots import ResourceSlots
@@ -70,30 +71,51 @@ def node_capacity(node: Json, mhz: int, devices: DeviceCatalog) -> ResourceSlots
     amounts["cpu"] = Decimal(max(shares, 0)) / mhz
     amounts["mem"] = Decimal(max(memory, 0) * MIB)
     for group in _dig(node, "NodeResources").get("Devices") or []:
-        slot = devices.slot_of(str(group.get("Vendor")), str(group.get("Type")), str(group.get("Name")))
-        amounts[slot] += sum(1 for instance in group.get("Instances") or [] if instance.get("Healthy"))
+        slot = devices.slot_of(*_device(group))
+        healthy = sum(1 for instance in group.get("Instances") or [] if instance.get("Healthy"))
+        amounts[slot] += Decimal(healthy) / units_of(group.get("Attributes"))
     return ResourceSlots(amounts)
 
 
-def alloc_slots(alloc: Json, mhz: int, devices: DeviceCatalog) -> ResourceSlots:
-    """What an allocation holds on its node (every task; Nomad's ``MB`` are MiB)."""
+DeviceUnits = Mapping[tuple[str, Device], int]
+"""(node id, device group) -> instances per device (:func:`devices.catalog.units_of`), for the groups that are not 1."""
+
+
+def device_units(nodes: Iterable[Json]) -> dict[tuple[str, Device], int]:
+    return {
+        (str(node.get("ID")), _device(group)): units
+        for node in nodes
+        for group in _dig(node, "NodeResources").get("Devices") or []
+        if (units := units_of(group.get("Attributes"))) != 1
+    }
+
+
+def alloc_slots(alloc: Json, mhz: int, devices: DeviceCatalog, units: DeviceUnits | None = None) -> ResourceSlots:
+    """What an allocation holds on its node (every task; Nomad's ``MB`` are MiB; a share counts 1/K of a device,
+    ``units`` saying K per node and group)."""
+    node = str(alloc.get("NodeID"))
     amounts: dict[str, Decimal] = defaultdict(Decimal)
     for task in (_dig(alloc, "AllocatedResources").get("Tasks") or {}).values():
         amounts["cpu"] += Decimal(int(_dig(task, "Cpu").get("CpuShares") or 0)) / mhz
         amounts["mem"] += int(_dig(task, "Memory").get("MemoryMB") or 0) * MIB
         for device in task.get("Devices") or []:
-            slot = devices.slot_of(str(device.get("Vendor")), str(device.get("Type")), str(device.get("Name")))
-            amounts[slot] += len(device.get("DeviceIDs") or [])
+            slot = devices.slot_of(*_device(device))
+            per_device = (units or {}).get((node, _device(device)), 1)
+            amounts[slot] += Decimal(len(device.get("DeviceIDs") or [])) / per_device
     return ResourceSlots(amounts)
 
 
-def devices_of(nodes: Iterable[Json]) -> list[Device]:
-    """Every device group the nodes report, as (vendor, type, name)."""
+def devices_of(nodes: Iterable[Json]) -> list[tuple[Device, int]]:
+    """Every device group the nodes report, as (vendor, type, name) with its instances per device."""
     return [
-        (str(group.get("Vendor")), str(group.get("Type")), str(group.get("Name")))
+        (_device(group), units_of(group.get("Attributes")))
         for node in nodes
         for group in _dig(node, "NodeResources").get("Devices") or []
     ]
+
+
+def _device(group: Json) -> Device:
+    return str(group.get("Vendor")), str(group.get("Type")), str(group.get("Name"))
 
 
 def kernel_request(kernel: Kernel) -> ResourceSlots:
@@ -114,8 +136,9 @@ def agents_of(
 ) -> tuple[Agent, ...]:
     occupied: dict[str, ResourceSlots] = defaultdict(ResourceSlots)
     seen: set[tuple[str, str]] = set()  # (session id, kernel hostname) whose allocation Nomad shows
+    units = device_units(nodes)
     for alloc in allocs:
-        used = alloc_slots(alloc, mhz, devices)
+        used = alloc_slots(alloc, mhz, devices, units)
         session = sessions.get(session_id_of(job_prefix, str(alloc.get("JobID", ""))) or "")
         kernel = _kernel(session, str(alloc.get("TaskGroup"))) if session and session.status in OCCUPYING else None
         if session is not None and kernel is not None:

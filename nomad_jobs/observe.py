@@ -162,3 +162,35 @@ def latest_per_group(allocs: Iterable[dict[str, Any]]) -> dict[str, dict[str, An
         if group not in newest or alloc.get("CreateIndex", 0) > newest[group].get("CreateIndex", 0):
             newest[group] = alloc
     return newest
+
+
+DEVICE_UNHEALTHY = "device-unhealthy"
+"""A running kernel's reason while a device it holds is unhealthy (it runs on: Nomad only stops placing there)."""
+
+
+def unhealthy_devices(node: Mapping[str, Any]) -> dict[str, str]:
+    """Device instance id -> why, for the node's unhealthy device instances (``NodeResources.Devices``)."""
+    found: dict[str, str] = {}
+    for group in (node.get("NodeResources") or {}).get("Devices") or []:
+        for instance in group.get("Instances") or []:
+            if not instance.get("Healthy"):
+                found[str(instance.get("ID"))] = str(instance.get("HealthDescription") or "unhealthy")
+    return found
+
+
+def with_device_health(
+    seen: KernelObservation, alloc: Mapping[str, Any], unhealthy: Mapping[str, Mapping[str, str]]
+) -> KernelObservation:
+    """``seen``, a running kernel's, saying which of its allocation's devices are unhealthy (``unhealthy``: node id ->
+    :func:`unhealthy_devices`): reason ``device-unhealthy``, detail ``caravan-sim/gpu/SimGPU-C gpu1: fan failure``."""
+    bad = unhealthy.get(str(alloc.get("NodeID"))) or {}
+    if seen.status is not SessionStatus.RUNNING or not bad:
+        return seen
+    troubles = [
+        f"{device.get('Vendor')}/{device.get('Type')}/{device.get('Name')} {instance}: {bad[instance]}"
+        for task in ((alloc.get("AllocatedResources") or {}).get("Tasks") or {}).values()
+        for device in task.get("Devices") or []
+        for instance in device.get("DeviceIDs") or []
+        if instance in bad
+    ]
+    return replace(seen, reason=DEVICE_UNHEALTHY, detail="; ".join(troubles)) if troubles else seen

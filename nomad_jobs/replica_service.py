@@ -50,8 +50,9 @@ def port_label(port: int) -> str:
 
 
 def exposed_ports(session: Session) -> tuple[int, ...]:
-    """Every port that gets a dynamic host port: the preopened ones, then the service port (once)."""
-    ports = (*session.preopen_ports, *(() if session.service_port is None else (session.service_port,)))
+    """Every port that gets a dynamic host port: the preopened ones, the service port, then the apps' (each once)."""
+    service = () if session.service_port is None else (session.service_port,)
+    ports = (*session.preopen_ports, *service, *(app.port for app in session.apps))
     return tuple(dict.fromkeys(ports))
 
 

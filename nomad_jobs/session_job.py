@@ -5,8 +5,10 @@ Resource mapping (documented for operators):
   cores × the agent's MHz per core (``JobContext.mhz_per_core``). That is a CPU *share*, not an
   exclusive core reservation, so fractional cores work and the kernel may burst when idle cores exist.
 - ``mem`` is requested in bytes and becomes ``memory`` in MiB, rounded up.
-- a device slot (``mock.device``, ``cuda.device``) becomes a ``device "<vendor>/<type>[/<name>]" { count = N }``
-  block (``JobContext.devices``), so Nomad reserves the instances and the task sees only those.
+- a device slot (``sim.device``, ``cuda.device``) becomes a ``device "<vendor>/<type>[/<name>]" { count = N }``
+  block (``JobContext.devices``), so Nomad reserves the instances and the task sees only those; N is the amount
+  rounded up to whole instances: a device is one, a share (``sim.shares``) 1/K of a device, so 0.5 of a device offered
+  as 4 shares is 2 instances, with a constraint on the model when the slot names one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from devices.catalog import MODEL_ATTRIBUTE, DeviceAsk
 from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs import meta, qemu
 from nomad_jobs.hcl import Block, render, runtime_text
@@ -133,9 +136,9 @@ class JobContext:
     """Kernel hostname → Nomad node id chosen by Caravan's scheduler (empty: Nomad places)."""
     node_pool: str | None = None
     """The Nomad node pool of the session's resource group (None: Nomad's default pool)."""
-    devices: Mapping[str, str] = field(default_factory=dict)
-    """Device slot → the Nomad device id it reserves (``mock.device`` → ``nomad/file/mock``): a kernel asking for
-    such a slot gets a ``device`` block, so Nomad reserves the instances the scheduler counted."""
+    devices: Mapping[str, DeviceAsk] = field(default_factory=dict)
+    """Device slot → how a job asks Nomad for it (``sim.device`` → ``caravan-sim/gpu``; ``devices.catalog``): a
+    kernel asking for such a slot gets a ``device`` block, so Nomad reserves the instances the scheduler counted."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
     """Allowlisted VM image name → its directory (``Settings.qemu_images``), for qemu kernels."""
     network_mode: str = SESSION_NETWORK
@@ -192,10 +195,12 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
     cores = Decimal(kernel.resources.get("cpu", "1"))
     mem = Decimal(kernel.resources.get("mem", str(256 * MIB)))
     resources = task.block("resources", cpu=max(1, int(cores * ctx.mhz_per_core)), memory=max(16, math.ceil(mem / MIB)))
-    for slot, device in sorted(ctx.devices.items()):
-        count = math.ceil(Decimal(kernel.resources.get(slot, "0")))
+    for slot, ask in sorted(ctx.devices.items()):
+        count = math.ceil(Decimal(kernel.resources.get(slot, "0")) * ask.units)
         if count > 0:
-            resources.block("device", device, count=count)
+            device = resources.block("device", ask.id, count=count)
+            if ask.model is not None:
+                device.block("constraint", attribute=f"${{device.attr.{MODEL_ATTRIBUTE}}}", value=ask.model)
 
 
 def _driver_config(session: Session, kernel: Kernel, ctx: JobContext) -> dict[str, object]:

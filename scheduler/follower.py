@@ -13,6 +13,10 @@ Replicas not yet known healthy have their checks read more often than reconcilia
 A kernel Nomad cannot place has no allocation to speak for it: its job's evaluations say why (an evaluation event,
 or, when reconciliation finds the job's summary with a queued group and no allocation, one read of the job's
 evaluations), and it waits PREPARING with that reason (``nomad_jobs.observe.observe_unplaced``).
+
+A running kernel holding a device its node reports unhealthy keeps running (Nomad only stops placing work there) and
+says so: reason ``device-unhealthy``, the device and Nomad's health description as detail, until it is healthy again.
+The nodes' unhealthy devices are kept from Node events and each reconciliation's read of the nodes.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from nomad_jobs.observe import (
     observe_unplaced,
     placement_failures,
     restarts_of,
+    unhealthy_devices,
+    with_device_health,
 )
 from nomad_jobs.replica_service import run_started_at
 from scheduler.job_owner import JobOwner
@@ -65,6 +71,8 @@ class Follower:
         self.fence = fence
         self.owner = owner or JobOwner(store, nomad, fence)
         self.prefix = nomad.settings.job_prefix
+        self.unhealthy: dict[str, dict[str, str]] = {}
+        """Node id -> its unhealthy device instances (``nomad_jobs.observe.unhealthy_devices``)."""
 
     async def apply(self, session_id: str, seen: KernelObservation) -> Session | None:
         ended = outlived = False
@@ -97,7 +105,27 @@ class Follower:
     async def on_allocation(self, alloc: dict[str, Any]) -> None:
         session_id = session_id_of(self.prefix, str(alloc.get("JobID", "")))
         if session_id and not is_superseded(alloc):
-            await self.apply(session_id, observe_allocation(alloc))
+            await self.apply(session_id, self.observe(alloc))
+
+    def observe(self, alloc: dict[str, Any]) -> KernelObservation:
+        return with_device_health(observe_allocation(alloc), alloc, self.unhealthy)
+
+    async def on_node(self, node: dict[str, Any]) -> None:
+        """A node changed: capacity may have come or gone (a pass), and its devices' health may have changed (its
+        running kernels say so)."""
+        await self.store.wake_scheduler("node-changed")
+        node_id = str(node.get("ID") or "")
+        if not node_id:
+            return
+        if "NodeResources" not in node:
+            node = await self.nomad.node(node_id)
+        unhealthy = unhealthy_devices(node)
+        if unhealthy == self.unhealthy.get(node_id, {}):
+            return
+        self.unhealthy[node_id] = unhealthy
+        for alloc in await self.nomad.allocations(self.prefix + "-"):
+            if alloc.get("NodeID") == node_id and alloc.get("ClientStatus") == "running":
+                await self.on_allocation(alloc)
 
     async def on_evaluation(self, evaluation: dict[str, Any]) -> None:
         """An evaluation that could not place some of a session's kernels: they wait, and say why."""
@@ -121,7 +149,7 @@ class Follower:
                 elif evaluation := payload.get("Evaluation"):
                     await self.on_evaluation(evaluation)
                 elif event.get("Topic") == "Node":
-                    await self.store.wake_scheduler("node-changed")  # capacity came, went or changed
+                    await self.on_node(payload.get("Node") or {})
             if batch.get("Index"):
                 await self.store.redis.set(self.store.keys.nomad_event_index, batch["Index"])
             stop_if_cancelled()  # else we would wait for the next event with the stop request lost
@@ -129,10 +157,11 @@ class Follower:
     async def reconcile(self) -> None:
         """Every live session against Nomad, then Caravan's jobs without a session.
 
-        Two Nomad calls in all (the job list and the allocation list, matched by job id), not two
-        per session: the reconciliation must stay cheap with thousands of live sessions.
+        Three Nomad calls in all (the job list, the allocation list, matched by job id, and the nodes, for their
+        devices' health), not two per session: the reconciliation must stay cheap with thousands of live sessions.
         """
         ids = sorted(await self.store.live_ids())
+        self.unhealthy = {str(node.get("ID")): unhealthy_devices(node) for node in await self.nomad.nodes()}
         jobs = {j["ID"]: j for j in await self.nomad.jobs(self.prefix + "-")}
         allocs_by_job: dict[str, list[dict[str, Any]]] = {}
         for alloc in await self.nomad.allocations(self.prefix + "-"):
@@ -236,7 +265,7 @@ class Follower:
             allocs = allocs_by_job.get(session.nomad_job_id, [])
             latest = latest_per_group(allocs)
             for alloc in latest.values():
-                await self.apply(session.id, observe_allocation(alloc))
+                await self.apply(session.id, self.observe(alloc))
             if session.status in NOT_STARTED and unplaced_groups(job, latest):
                 await self._read_placement_failures(session.id, session.nomad_job_id)
             if is_inference(session):

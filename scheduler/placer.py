@@ -25,6 +25,7 @@ from redis.typing import EncodableT
 from core.clock import utcnow
 from core.lease import Fence, write_fenced
 from core.settings import Settings
+from devices.catalog import DeviceAsk
 from domain.lifecycle import transition
 from domain.model import Kernel, Session, SessionStatus
 from domain.scheduling_config import SchedulingConfig
@@ -121,7 +122,7 @@ class Placer:
             writes.append((session_id, _cancel(cancellation.reason, now)))
         for session_id, kernels in result.placements.items():
             log.info("session=%s placed: %s", session_id, ", ".join(f"{k.role} on {k.agent_id}" for k in kernels))
-            writes.append((session_id, self._place(kernels, read.mhz_per_core, read.device_ids, now)))
+            writes.append((session_id, self._place(kernels, read.mhz_per_core, read.device_asks, now)))
         waiting = 0
         for session_id, explanation in result.waiting.items():
             before = read.sessions[session_id]
@@ -139,7 +140,7 @@ class Placer:
         return PassSummary(len(result.placements), cancelled, waiting)
 
     def _place(
-        self, kernels: Sequence[KernelPlacement], mhz: int, devices: Mapping[str, str], now: datetime
+        self, kernels: Sequence[KernelPlacement], mhz: int, devices: Mapping[str, DeviceAsk], now: datetime
     ) -> Mutation:
         on = {p.role: p.agent_id for p in kernels}  # roles are the kernels' hostnames (see scheduler.snapshot)
         nomad = self.settings.nomad

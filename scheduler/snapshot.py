@@ -23,6 +23,7 @@ from decimal import Decimal
 from typing import Any
 
 from core.replies import text_hash
+from devices.catalog import DeviceAsk, device_asks
 from domain.model import ClusterMode as SessionClusterMode
 from domain.model import Session, SessionResult, SessionStatus
 from domain.scheduling_config import SchedulingConfig
@@ -152,8 +153,8 @@ class PassInput:
     mhz_per_core: int
     slot_types: Mapping[str, SlotType]
     """Slot types of every agent's capacity (to record for the gateway)."""
-    device_ids: Mapping[str, str]
-    """Device slot -> Nomad device id, for the jobs' ``device`` blocks (``DeviceCatalog.device_ids``)."""
+    device_asks: Mapping[str, DeviceAsk]
+    """Device slot -> how a job asks Nomad for it, for the jobs' ``device`` blocks (``devices.catalog.device_asks``)."""
 
 
 class SnapshotReader:
@@ -182,7 +183,7 @@ class SnapshotReader:
         )
         slot_types = accumulate_slot_types(agent.capacity for agent in agents)
         return PassInput(
-            snapshot, sessions, expired, mhz, slot_types, self.config.devices.device_ids(devices_of(nodes))
+            snapshot, sessions, expired, mhz, slot_types, device_asks(self.config.devices, devices_of(nodes))
         )
 
     async def _checks_input(self, pending: Sequence[PendingSession], sessions: Mapping[str, Session]) -> dict[str, Any]:

@@ -237,6 +237,12 @@ class UserStore:
         reply = await self._authenticate(keys=[token_key], args=args)
         return authenticated(*reply) if reply else None
 
+    async def authenticate_hash(self, token_hash: str, now: datetime | None = None) -> Authenticated | None:
+        """``authenticate`` by the token's SHA-256 (what an app cookie keeps instead of the token)."""
+        _, args = token_check_args(self.keys, "", now)
+        reply = await self._authenticate(keys=[self.keys.api_token(token_hash)], args=args)
+        return authenticated(*reply) if reply else None
+
     async def new_token(
         self, user_id: str, label: str, *, expires_at: datetime | None = None, now: datetime | None = None
     ) -> tuple[str, ApiToken]:

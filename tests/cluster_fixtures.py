@@ -3,14 +3,18 @@
 Started once per test session, and only when a test asks for ``nomad_cluster`` (about 15 s). With
 ``cpu_mhz_per_core = 1000`` (see :func:`scheduler_config`) the clients offer:
 
-=======  =========  =====  ========  ======================
-client   node pool  cores  memory    devices
-=======  =========  =====  ========  ======================
+=======  =========  =====  ========  ===========================================================
+client   node pool  cores  memory    devices (Caravan's simulated accelerator, ``devices/sim``)
+=======  =========  =====  ========  ===========================================================
 small    default    2      2 GiB
 medium   default    4      4 GiB
-large    default    8      8 GiB     2 × ``mock.device``
+large    default    8      8 GiB     2 × ``sim.device`` (whole ``SimGPU-A``, 40 GiB, 8.0)
 edge     edge       2      1 GiB
-=======  =========  =====  ========  ======================
+gpu-b    gpu        4      4 GiB     1 ``SimGPU-B`` (16 GiB, 7.5) as 4 shares: ``sim.shares`` 1
+gpu-c    gpu        4      4 GiB     2 × ``sim.device`` (whole ``SimGPU-C``, 24 GiB, 8.6)
+=======  =========  =====  ========  ===========================================================
+
+Node pool ``gpu`` (resource group ``gpu``) keeps the device tests' clients out of the placement tests' arithmetic.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from caravan.stack.device_plugin import SimDevices
 from caravan.stack.nomad_cluster import ClientSpec, NomadCluster, start_nomad_cluster
 from core.secrets import ROLES, redis_password_path
 from core.settings import Settings
@@ -35,8 +40,16 @@ from tests.harness import Caravan, running_caravan
 CLIENTS = (
     ClientSpec("small", cpu_mhz=2000, memory_mb=2048),
     ClientSpec("medium", cpu_mhz=4000, memory_mb=4096),
-    ClientSpec("large", cpu_mhz=8000, memory_mb=8192, mock_devices=2),
+    ClientSpec("large", cpu_mhz=8000, memory_mb=8192, devices=SimDevices(2, "SimGPU-A", 40960, "8.0", shares=0)),
     ClientSpec("edge", cpu_mhz=2000, memory_mb=1024, node_pool="edge"),
+    ClientSpec("gpu-b", cpu_mhz=4000, memory_mb=4096, node_pool="gpu", devices=SimDevices(1, "SimGPU-B", 16384, "7.5")),
+    ClientSpec(
+        "gpu-c",
+        cpu_mhz=4000,
+        memory_mb=4096,
+        node_pool="gpu",
+        devices=SimDevices(2, "SimGPU-C", 24576, "8.6", shares=0),
+    ),
 )
 MHZ_PER_CORE = 1000
 

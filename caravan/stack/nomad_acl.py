@@ -24,15 +24,17 @@ call                                           capability                       
 ``POST /v1/client/allocation/:id/restart``     ``alloc-lifecycle``                 scheduler (restartSession)
 ``GET /v1/client/fs/logs/:id``                 ``read-logs``                       gateway
 ``GET /v1/client/fs/ls/:id`` (log offsets)     ``read-fs``                         gateway
+``GET /v1/client/allocation/:id/exec`` (WS)  ``alloc-exec``                      gateway (execs, terminals)
 ``GET /v1/nodes``, ``/v1/node/:id``            ``node { policy = "read" }``        scheduler, gateway (groups)
 ``GET /v1/event/stream`` Alloc., Eval., Node   ``read-job``; node read             scheduler
 ``GET /v1/status/leader`` (readiness)          none                                gateway
 =============================================  ==================================  ===========================
 
 Only the scheduler writes to Nomad (its job owner, ``scheduler.job_owner``): the gateway and the idle checker ask it
-through Redis, so their tokens only read. Node pools are read from the node list (each node's ``NodePool``); no
-node-pool endpoint is called, so no ``node_pool`` rule is given. Nothing may touch ACLs, agents, operators or other
-namespaces' jobs.
+through Redis, so their tokens write no job. The gateway may run commands in kernels (``alloc-exec``: execs and
+terminals) but never in ``raw_exec`` tasks, which run on the host (``alloc-node-exec`` is never granted). Node pools
+are read from the node list (each node's ``NodePool``); no node-pool endpoint is called, so no ``node_pool`` rule is
+given. Nothing may touch ACLs, agents, operators or other namespaces' jobs.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ _NAMESPACE_CAPABILITIES: dict[Role, tuple[str, ...]] = {
         "purge-job",
         "alloc-lifecycle",
     ),
-    "gateway": ("read-job", "read-logs", "read-fs"),
+    "gateway": ("read-job", "read-logs", "read-fs", "alloc-exec"),  # never alloc-node-exec: raw_exec runs on the host
     "idle": ("read-job",),
 }
 _READS_EVERY_NAMESPACE: frozenset[Role] = frozenset({"scheduler", "gateway"})

@@ -15,6 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caravan.stack.device_plugin import DEFAULT_DEVICES, SimDevices, plugin_block, plugin_dir
 from caravan.stack.nomad_acl import lock_down
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, unmount_under, wait_until
 from caravan.stack.session_network import SessionNetwork, release, session_network
@@ -26,6 +27,12 @@ plugin_dir = "{plugin_dir}"
 log_level  = "INFO"
 # No call home to checkpoint-api.hashicorp.com: Caravan sends nothing off the machine.
 disable_update_check = true
+# Without it a non-dev client keeps no allocation stats at all (Nomad's task stats hook is off), and the idle
+# checker's utilization check reads nothing: every Nomad client Caravan uses needs it (README, "Pointing Caravan at
+# an existing Nomad and Redis").
+telemetry {{
+  publish_allocation_metrics = true
+}}
 ports {{
   http = {http}
   rpc  = {rpc}
@@ -70,14 +77,7 @@ plugin "qemu" {{
     image_paths = {image_paths}
   }}
 }}
-plugin "nomad-device-example" {{
-  config {{
-    dir            = "{device_dir}"
-    list_period    = "1s"
-    unhealthy_perm = "-rwxrwxrwx"
-  }}
-}}
-"""
+{device_plugin}"""
 
 
 CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
@@ -95,6 +95,8 @@ class NomadAgent:
     """The client's session network (bridge, subnet, CNI configuration)."""
     token: str | None = None
     """The management token (``nomad-admin.token`` in the secrets directory)."""
+    device_dir: Path | None = None
+    """The device plugin's state directory (:mod:`devices.sim.state`: health switches, load files)."""
 
     def stop(self, drain_timeout: float = 20.0) -> None:
         """Purge every job and wait for its tasks to end first: an exec task's executor outlives a stopped agent."""
@@ -138,7 +140,7 @@ def write_config(
     path: Path,
     *,
     data_dir: Path,
-    plugin_dir: Path,
+    nomad_home: Path,
     rootfs: Path,
     image_dir: Path,
     device_dir: Path,
@@ -149,21 +151,20 @@ def write_config(
     qemu_image_dirs: tuple[Path, ...] = (),
     pause_image: str | None = None,
     raw_exec: bool = True,
+    devices: SimDevices | None = DEFAULT_DEVICES,
 ) -> None:
     """``pause_image``: the docker driver's infra container image for kernels in a network of their own (no
     registry serves Nomad's default here; ops/build-images builds one). ``raw_exec``: whether the client runs the
-    unisolated raw_exec driver at all."""
+    unisolated raw_exec driver at all. ``devices``: the simulated accelerators the client offers (Caravan's device
+    plugin, its state in ``device_dir``; None: none)."""
     for directory in (data_dir, image_dir, device_dir):
         directory.mkdir(parents=True, exist_ok=True)
-    # One fake device (nomad/file/mock): with an empty directory the client waits ~50 s for the
-    # example device plugin's first fingerprint before it reports ready.
-    (device_dir / "mock0").touch()
     path.write_text(
         NOMAD_AGENT_CONFIG.format(
             data_dir=data_dir,
-            plugin_dir=plugin_dir,
+            plugin_dir=plugin_dir(path.parent, nomad_home),
             rootfs=rootfs,
-            device_dir=device_dir,
+            device_plugin=plugin_block(devices, device_dir),
             image_paths=json.dumps([str(image_dir), *map(str, qemu_image_dirs)]),  # a JSON string list is HCL too
             http=http,
             rpc=rpc,
@@ -188,6 +189,7 @@ def start_nomad_dev(
     pause_image: str | None = None,
     secrets_dir: Path | None = None,
     namespace: str = "default",
+    devices: SimDevices | None = DEFAULT_DEVICES,
 ) -> NomadAgent:
     """Start ``nomad agent -dev`` from ``nomad_home`` (bin/nomad, plugins/) on loopback ports, ACLs on, its tokens in
     ``secrets_dir`` (default ``<state_dir>/secrets``); ``raw_exec`` is disabled in ``namespace`` unless wanted."""
@@ -204,7 +206,7 @@ def start_nomad_dev(
     write_config(
         config,
         data_dir=state_dir / "data",
-        plugin_dir=nomad_home / "plugins",
+        nomad_home=nomad_home,
         rootfs=rootfs,
         image_dir=state_dir / "images",
         device_dir=state_dir / "devices",
@@ -214,6 +216,7 @@ def start_nomad_dev(
         serf=free_port(),
         network=network,
         pause_image=pause_image,
+        devices=devices,
     )
     # Nomad hands its own environment to exec and raw_exec tasks: start it with a clean one.
     service = spawn("nomad", [str(binary), "agent", "-dev", f"-config={config}"], log, env=CLEAN_ENV, clean=True)
@@ -269,4 +272,5 @@ def start_nomad_dev(
         data_dir=state_dir / "data",
         network=network,
         token=token,
+        device_dir=state_dir / "devices",
     )

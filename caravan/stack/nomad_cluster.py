@@ -1,8 +1,9 @@
 """A small real Nomad cluster on one machine: one server and N client agents with different capacities.
 
 Each client gets its own name, data directory, ports and cgroup parent, advertises a capacity of its own
-(``cpu_total_compute`` MHz, ``memory_total_mb``), joins a node pool, and optionally offers fake devices through
-Nomad's example device plugin (``nomad/file/mock``, one instance per file). Used by the tests that check where the
+(``cpu_total_compute`` MHz, ``memory_total_mb``), joins a node pool, and optionally offers simulated accelerators
+through Caravan's device plugin (:mod:`devices.sim`; whole devices or shares, a model of its own). Used by the tests
+that check where the
 scheduler puts sessions; everything listens on 127.0.0.1.
 
 ACLs are on in the server and every client (:mod:`caravan.stack.nomad_acl`): the server is bootstrapped with
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caravan.stack.device_plugin import DEFAULT_DEVICES, SimDevices, plugin_block, plugin_dir
 from caravan.stack.nomad_acl import lock_down
 from caravan.stack.nomad_agent import CLEAN_ENV, _get, drain, write_config
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
@@ -37,6 +39,12 @@ data_dir   = "{data_dir}"
 log_level  = "INFO"
 # No call home to checkpoint-api.hashicorp.com: Caravan sends nothing off the machine.
 disable_update_check = true
+# Without it a non-dev client keeps no allocation stats at all (Nomad's task stats hook is off), and the idle
+# checker's utilization check reads nothing: every Nomad client Caravan uses needs it (README, "Pointing Caravan at
+# an existing Nomad and Redis").
+telemetry {{
+  publish_allocation_metrics = true
+}}
 ports {{
   http = {http}
   rpc  = {rpc}
@@ -93,18 +101,6 @@ plugin "raw_exec" {{
 }}
 """
 
-# Only clients that have devices load the plugin: with an empty directory it never reports, and the client then
-# waits for it before registering.
-DEVICE_PLUGIN = """\
-plugin "nomad-device-example" {{
-  config {{
-    dir            = "{device_dir}"
-    list_period    = "1s"
-    unhealthy_perm = "-rwxrwxrwx"
-  }}
-}}
-"""
-
 
 @dataclass(frozen=True)
 class ClientSpec:
@@ -113,8 +109,8 @@ class ClientSpec:
     """Advertised CPU (``cpu_total_compute``), whatever the machine has."""
     memory_mb: int
     node_pool: str = "default"
-    mock_devices: int = 0
-    """Instances of the example plugin's ``nomad/file/mock`` device."""
+    devices: SimDevices | None = None
+    """The simulated accelerators it offers (None: none)."""
 
 
 @dataclass
@@ -127,6 +123,8 @@ class NomadCluster:
     """Client name -> Nomad node id."""
     networks: dict[str, SessionNetwork] = field(default_factory=dict)
     """Client name -> its session network (each client has a bridge and subnet of its own)."""
+    device_dirs: dict[str, Path] = field(default_factory=dict)
+    """Client name -> its device plugin's state directory (:mod:`devices.sim.state`)."""
     secrets_dir: Path | None = None
     """Where the management token and the components' tokens are (``<state_dir>/secrets`` if None)."""
     namespace: str = "default"
@@ -177,6 +175,7 @@ class SingleNodeNomad(NomadCluster):
     argv: tuple[str, ...] = ()
     name: str = "caravan-single"
     want_drivers: tuple[str, ...] = ("raw_exec",)
+    devices: SimDevices | None = DEFAULT_DEVICES
     earlier_groups: list[int] = field(default_factory=list)
     """Process groups of killed incarnations: their task executors outlive them (the restarted agent reattaches)."""
 
@@ -196,7 +195,7 @@ class SingleNodeNomad(NomadCluster):
 
     def _wait_ready(self, timeout: float) -> None:
         _wait_server(self, timeout)
-        spec = ClientSpec(self.name, cpu_mhz=0, memory_mb=0, mock_devices=1)  # only the name and devices are read
+        spec = ClientSpec(self.name, cpu_mhz=0, memory_mb=0, devices=self.devices)  # only the name and devices are read
         wait_until(
             lambda: _clients_ready(self, [spec], self.want_drivers),
             what="the Nomad node",
@@ -244,9 +243,10 @@ def start_nomad_single_node(
     raw_exec: bool | None = None,
     secrets_dir: Path | None = None,
     namespace: str = "default",
+    devices: SimDevices | None = DEFAULT_DEVICES,
 ) -> SingleNodeNomad:
-    """A non-dev agent (server + client) on loopback ports of its own, with one ``nomad/file/mock`` device, ACLs on
-    and its tokens in ``secrets_dir`` (default ``<state_dir>/secrets``; a restart reuses them). ``raw_exec``: whether
+    """A non-dev agent (server + client) on loopback ports of its own, with simulated accelerators (``devices``), ACLs
+    on and its tokens in ``secrets_dir`` (default ``<state_dir>/secrets``; a restart reuses them). ``raw_exec``: whether
     the client runs the raw_exec driver at all, and the namespace allows raw_exec jobs (default: when it is wanted).
 
     With ``http`` given, RPC and Serf take the next two ports: a server that keeps its state must come back on
@@ -261,7 +261,7 @@ def start_nomad_single_node(
     write_config(
         state_dir / "nomad.hcl",
         data_dir=state_dir / "data",
-        plugin_dir=nomad_home / "plugins",
+        nomad_home=nomad_home,
         rootfs=rootfs,
         image_dir=state_dir / "images",
         device_dir=state_dir / "devices",
@@ -272,6 +272,7 @@ def start_nomad_single_node(
         network=network,
         pause_image=pause_image,
         raw_exec=raw_exec,
+        devices=devices,
     )
     name = f"caravan-single-{state_dir.name}"
     (state_dir / "single.hcl").write_text(SINGLE_NODE_CONFIG.format(name=name, cgroup_parent=_cgroup_parent(name)))
@@ -284,7 +285,9 @@ def start_nomad_single_node(
         argv=argv,
         name=name,
         want_drivers=want_drivers,
+        devices=devices,
         networks={name: network},
+        device_dirs={name: state_dir / "devices"},
         secrets_dir=secrets_dir,
         namespace=namespace,
         allow_raw_exec=raw_exec,
@@ -355,6 +358,7 @@ def start_nomad_cluster(
         _wait_server(cluster, timeout)
         for spec in clients:
             cluster.networks[spec.name] = session_network(state_dir / spec.name)
+            cluster.device_dirs[spec.name] = state_dir / spec.name / "devices"
             cluster.clients[spec.name] = _start_client(
                 binary, state_dir, spec, rpc, nomad_home, rootfs, cluster.networks[spec.name]
             )
@@ -382,13 +386,11 @@ def _start_client(
     data_dir = state_dir / spec.name
     device_dir = data_dir / "devices"
     device_dir.mkdir(parents=True, exist_ok=True)
-    for n in range(spec.mock_devices):
-        (device_dir / f"mock{n}").touch(mode=0o644)
     config = COMMON_CONFIG.format(
         name=spec.name, data_dir=data_dir, http=free_port(), rpc=free_port(), serf=free_port()
     )
     config += CLIENT_CONFIG.format(
-        plugin_dir=nomad_home / "plugins",
+        plugin_dir=plugin_dir(data_dir, nomad_home),
         server_rpc=server_rpc,
         node_pool=spec.node_pool,
         cpu_mhz=spec.cpu_mhz,
@@ -397,8 +399,7 @@ def _start_client(
         rootfs=rootfs,
         network_config=network.client_config(),
     )
-    if spec.mock_devices:
-        config += DEVICE_PLUGIN.format(device_dir=device_dir)
+    config += plugin_block(spec.devices, device_dir)
     path = state_dir / f"{spec.name}.hcl"
     path.write_text(config)
     return spawn(
@@ -445,7 +446,7 @@ def _clients_ready(cluster: NomadCluster, specs: Sequence[ClientSpec], want_driv
         if node is None or not all((node.get("Drivers") or {}).get(d, {}).get("Healthy") for d in want_drivers):
             return False
         devices = (node.get("NodeResources") or {}).get("Devices") or []
-        if sum(len(d.get("Instances") or []) for d in devices) < spec.mock_devices:
+        if sum(len(d.get("Instances") or []) for d in devices) < (spec.devices.instances if spec.devices else 0):
             return False
         cluster.node_ids[spec.name] = str(node["ID"])
     return True

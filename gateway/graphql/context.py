@@ -14,6 +14,7 @@ from core.errors import CaravanError, Unauthenticated
 from core.settings import Settings
 from domain.users import User
 from gateway.graphql.loaders import Loaders, loaders_for
+from gateway.kernel_exec import ConnectionExecs
 from gateway.log_follows import ConnectionFollows
 from gateway.revocations import RevocationWatch, Watched
 from nomad_jobs.client import NomadClient
@@ -46,6 +47,8 @@ class Context:
     """WebSocket only: the connection's token as the revocation watch follows it (tripped: close the connection)."""
     log_follows: ConnectionFollows | None = None
     """The kernel logs this connection (or request) follows, within its and the process's caps."""
+    execs: ConnectionExecs | None = None
+    """The commands this connection (or request) runs in kernels, within its, its user's and the process's caps."""
     events_from: str | None = None
     """WebSocket only: the viewer's event stream position when the connection was acknowledged (``sessionEvents``
     without ``after`` starts there, so a client that subscribes and then creates a session misses nothing)."""

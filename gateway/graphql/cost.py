@@ -43,8 +43,9 @@ from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types.graphql import OperationType
 
+from domain.apps import MAX_APPS
 from domain.inference import MAX_REPLICAS
-from domain.session_requests import MAX_CLUSTER_SIZE, MAX_COUNT
+from domain.session_requests import MAX_CLUSTER_SIZE, MAX_COUNT, MAX_PREOPEN_PORTS
 from gateway.graphql.sessions.mutations import MAX_DESTROY
 
 Coordinate = tuple[str, str]
@@ -59,9 +60,10 @@ NOMAD_CALLS: Mapping[Coordinate, int] = {
     ("Kernel", "logs"): 2,  # stdout and stderr
     ("Query", "resourceGroups"): 2,  # the nodes and their live allocations
     ("Subscription", "kernelLogs"): 2,  # its log files, then the follow
+    ("Mutation", "execInKernel"): 1,  # one exec (its WebSocket)
 }
 """Nomad calls one resolution of the field makes (at most). Mutations make none: the gateway only asks the scheduler's
-job owner to stop or restart jobs (``scheduler.job_owner``), in Redis."""
+job owner to stop or restart jobs (``scheduler.job_owner``), in Redis; but execInKernel runs a command through Nomad."""
 SIZED_BY: Mapping[Coordinate, tuple[str, int]] = {
     ("Mutation", "destroySession"): ("ids", MAX_DESTROY),
 }
@@ -70,6 +72,8 @@ the most elements it takes (when its length is not known before execution)."""
 LIST_SIZES: Mapping[Coordinate, int] = {
     ("Session", "kernels"): MAX_KERNELS,
     ("CreateSessionPayload", "sessions"): MAX_COUNT,
+    ("Session", "apps"): MAX_APPS + MAX_PREOPEN_PORTS,  # declared apps, and each preopened port
+    ("SessionSpec", "apps"): MAX_APPS,
 }
 """The most items of other lists whose items may cost something; any other list counts as the largest page."""
 

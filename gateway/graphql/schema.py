@@ -12,6 +12,8 @@ from strawberry.types import ExecutionContext
 from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.errors import ErrorCodes
+from gateway.graphql.execs.mutations import ExecMutations
+from gateway.graphql.execs.subscriptions import ExecSubscriptions
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
 from gateway.graphql.operation_name import OperationNameRequired
@@ -20,6 +22,7 @@ from gateway.graphql.policies.queries import PolicyQueries
 from gateway.graphql.protection import Limits, schema_extensions
 from gateway.graphql.schedules.mutations import ScheduleMutations
 from gateway.graphql.schedules.queries import ScheduleQueries
+from gateway.graphql.sessions.app_mutations import AppMutations
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
 from gateway.graphql.sessions.subscriptions import SessionSubscriptions
@@ -49,12 +52,14 @@ class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQue
 
 
 @strawberry.type
-class Mutation(SessionMutations, UserMutations, TemplateMutations, PolicyMutations, ScheduleMutations):
+class Mutation(
+    SessionMutations, AppMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations, ScheduleMutations
+):
     pass
 
 
 @strawberry.type
-class Subscription(SessionSubscriptions):
+class Subscription(SessionSubscriptions, ExecSubscriptions):
     pass
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from devices.catalog import DeviceCatalog, device_prefix, metric_prefix
+from devices.catalog import DeviceAsk, DeviceCatalog, device_asks, device_prefix, metric_prefix, model_of, units_of
 
 
 @pytest.mark.parametrize(
@@ -47,3 +47,43 @@ def test_a_job_reserves_a_slot_by_the_device_id_its_devices_share(
     names: dict[str, str], devices: list[tuple[str, str, str]], ids: dict[str, str]
 ) -> None:
     assert DeviceCatalog(names).device_ids(devices) == ids
+
+
+SHARES_A = (("caravan-sim", "gpu-share", "SimGPU-B@gpu0"), 4)
+SHARES_B = (("caravan-sim", "gpu-share", "SimGPU-B@gpu1"), 4)
+
+
+@pytest.mark.parametrize(
+    ("names", "groups", "asks"),
+    [
+        # whole devices: by model when only one model is reported, one instance a device
+        ({}, [(("caravan-sim", "gpu", "SimGPU-A"), 1)], {"sim.device": DeviceAsk("caravan-sim/gpu/SimGPU-A")}),
+        # share groups are named per device: asked for by type, constrained to the model, K instances a device
+        ({}, [SHARES_A, SHARES_B], {"sim.shares": DeviceAsk("caravan-sim/gpu-share", "SimGPU-B", 4)}),
+        # two models of shares: any of them, in the finest shares
+        (
+            {},
+            [SHARES_A, (("caravan-sim", "gpu-share", "SimGPU-C@gpu0"), 8)],
+            {"sim.shares": DeviceAsk("caravan-sim/gpu-share", None, 8)},
+        ),
+        # an operator's slot per model (device_slots by model, which names a share group's model too)
+        (
+            {"caravan-sim/gpu-share/SimGPU-B": "simb.shares"},
+            [SHARES_A, (("caravan-sim", "gpu-share", "SimGPU-C@gpu0"), 4)],
+            {
+                "simb.shares": DeviceAsk("caravan-sim/gpu-share", "SimGPU-B", 4),
+                "sim.shares": DeviceAsk("caravan-sim/gpu-share", "SimGPU-C", 4),
+            },
+        ),
+    ],
+)
+def test_a_job_asks_for_shares_by_type_and_model(
+    names: dict[str, str], groups: list[tuple[tuple[str, str, str], int]], asks: dict[str, DeviceAsk]
+) -> None:
+    assert device_asks(DeviceCatalog(names), groups) == asks
+
+
+def test_a_share_groups_units_come_from_its_attributes() -> None:
+    assert units_of({"shares": {"Int": 4}, "model": {"String": "X"}}) == 4
+    assert units_of({"shares": {"Int": True}}) == units_of({}) == units_of(None) == 1
+    assert model_of("SimGPU-B@gpu0") == model_of("SimGPU-B") == "SimGPU-B"

@@ -1,8 +1,9 @@
 """Where and when sessions run, end to end on a real Nomad cluster of clients with different capacities.
 
 The cluster (``tests/cluster_fixtures.py``): small 2 cores / 2 GiB, medium 4 / 4 GiB, large 8 / 8 GiB with two
-``mock.device``, all in node pool ``default``; edge 2 / 1 GiB in node pool ``edge``. Sessions run ``raw_exec`` (as
-the admin) so that nothing but placement varies. Every expectation below is worked out by hand from those capacities.
+``sim.device``, all in node pool ``default``; edge 2 / 1 GiB in node pool ``edge`` (the device tests' clients are in
+pool ``gpu``). Sessions run ``raw_exec`` (as the admin) so that nothing but placement varies. Every expectation below
+is worked out by hand from those capacities.
 """
 
 from __future__ import annotations
@@ -78,10 +79,10 @@ SESSIONS = [
     ("a", {"cpu": "2", "mem": "1g"}),
     ("b", {"cpu": "1", "mem": "512m"}),
     ("c", {"cpu": "3", "mem": "1g"}),
-    ("d", {"cpu": "1", "mem": "256m", "mock.device": "1"}),
+    ("d", {"cpu": "1", "mem": "256m", "sim.device": "1"}),
 ]
 LANDS = {
-    # Agents without a device kind a session does not use come first (large has mock.device); then
+    # Agents without a device kind a session does not use come first (large has sim.device); then
     # concentrated takes the least cpu left (then mem), dispersed the most.
     "concentrated": {"a": "small", "b": "medium", "c": "medium", "d": "large"},
     # a: medium (4 > 2 cores left); b: medium (2 cores each, 3 GiB > 2 GiB left); c: 3 cores fit only large.
@@ -94,7 +95,7 @@ async def test_sessions_land_where_the_selector_says(
     on_cluster: OnCluster, nomad_cluster: NomadCluster, selector: str
 ) -> None:
     async with on_cluster(f'default {{\n  agent_selector = "{selector}"\n}}') as caravan:
-        await known_slots_include(caravan, "mock.device")
+        await known_slots_include(caravan, "sim.device")
         ids = {}
         for name, resources in SESSIONS:  # one by one: each pass must count the placements before it
             ids[name] = await create(caravan, resources=resources)
@@ -153,12 +154,12 @@ async def test_a_big_head_session_and_small_ones_behind_it(
 
 async def test_a_slot_no_agent_has_is_refused(on_cluster: OnCluster) -> None:
     async with on_cluster() as caravan:
-        await known_slots_include(caravan, "mock.device")
+        await known_slots_include(caravan, "sim.device")
         with pytest.raises(GraphQLErrors) as refused:
             await create(caravan, resources={"cpu": "1", "tpu.device": "1"})
         assert refused.value.codes == ["UNSUPPORTED_RESOURCE"]
         assert refused.value.errors[0]["extensions"]["field"] == "resources.tpu.device"
-        assert await create(caravan, resources={"cpu": "1", "mock.device": "2"})  # agents report this one
+        assert await create(caravan, resources={"cpu": "1", "sim.device": "2"})  # agents report this one
 
 
 async def test_dependencies_cascade_failure_and_wait_for_success(on_cluster: OnCluster) -> None:

@@ -68,7 +68,7 @@ async def test_the_owners_and_the_projects_policies_reclaim_sessions_the_file_wo
         return found.status_info if found and found.status is SessionStatus.TERMINATING else None
 
     async with running_idle(redis_settings, path):
-        assert await eventually(lambda: reason(limited.id), timeout=5) == "idle-session-lifetime"
-        assert await eventually(lambda: reason(in_project.id), timeout=5) == "idle-timeout"
+        assert await eventually(lambda: reason(limited.id), timeout=30) == "idle-session-lifetime"
+        assert await eventually(lambda: reason(in_project.id), timeout=30) == "idle-timeout"
     after = await store.get(unlimited.id)
     assert after is not None and after.status is SessionStatus.RUNNING

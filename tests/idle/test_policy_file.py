@@ -27,7 +27,7 @@ def test_example_file_parses() -> None:
         grace_period=600.0,
         window=1800.0,
         operator=ThresholdOperator.ALL,
-        thresholds={"cpu_util": 2.0, "mem": None, "cuda_util": 1.0, "cuda_mem": None},
+        thresholds={"cpu_util": 2.0, "mem": None, "cuda_util": 1.0, "cuda_mem": None, "sim_util": 1.0},
     )
     assert config.resource_groups == {
         "gpu": PolicyLayer(network_idle_timeout=1200.0, window=900.0, thresholds={"cuda_util": 5.0})

@@ -135,3 +135,15 @@ def test_stats_read_by_the_client_give_the_sample_of_the_plain_json(body: dict[s
 def test_malformed_stats_are_refused(body: bytes) -> None:
     with pytest.raises(ValueError, match="malformed allocation stats"):
         parse_alloc_stats(body)
+
+
+def test_an_allocation_nomad_measured_nothing_for_is_a_gap_not_idleness() -> None:
+    """The answer of a Nomad client without ``telemetry { publish_allocation_metrics = true }`` (seen on the dev
+    stack's non-dev agent): zeros, nothing ``Measured``, no tasks. Read as 0 % it would reclaim busy sessions."""
+    zeros = {"SystemMode": 0.0, "UserMode": 0.0, "TotalTicks": 0.0, "Percent": 0.0, "Measured": None}
+    memory = {"RSS": 0, "Cache": 0, "Swap": 0, "Usage": 0, "MaxUsage": 0, "Measured": None}
+    body = {"ResourceUsage": {"CpuStats": zeros, "MemoryStats": memory, "DeviceStats": None}, "Tasks": {}}
+    assert kernel_sample(body, cores=1, memory_bytes=GIB) == {}
+    assert kernel_sample(parse_alloc_stats(json.dumps(body).encode()), cores=1, memory_bytes=GIB) == {}
+    measured_idle = stats(percent=0.0)  # a measured 0 stays a 0
+    assert kernel_sample(measured_idle, cores=1, memory_bytes=GIB)["cpu_util"] == 0.0

@@ -59,7 +59,7 @@ async def test_idle_checks_are_the_last_stored_verdict(caravan: Caravan, tmp_pat
     before = await caravan.gql(IDLE_CHECKS, {"id": session.id})
     assert before["session"]["idleChecks"] is None  # no checker has judged it yet
     async with running_idle(caravan.settings, policy_file(tmp_path, POLICY)) as service:
-        await eventually(lambda: service.idle_store.verdict(session.id), timeout=5)
+        await eventually(lambda: service.idle_store.verdict(session.id), timeout=30)
         report = (await caravan.gql(IDLE_CHECKS, {"id": session.id}))["session"]["idleChecks"]
     assert (report["terminate"], report["reason"]) == (False, None)
     lifetime, network, utilization = report["checks"]
@@ -87,7 +87,7 @@ async def test_admins_read_the_effective_policy_of_a_session(caravan: Caravan, t
     assert (await caravan.gql(EFFECTIVE, {"id": batch.id}))["effectiveIdlePolicy"] is None  # no checker yet
     path = policy_file(tmp_path, POLICY)
     async with running_idle(caravan.settings, path) as service:
-        await eventually(service.idle_store.published_policy, timeout=5)
+        await eventually(service.idle_store.published_policy, timeout=30)
     effective = (await caravan.gql(EFFECTIVE, {"id": batch.id}))["effectiveIdlePolicy"]
     assert effective == {
         "source": str(path),

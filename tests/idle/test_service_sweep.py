@@ -53,7 +53,7 @@ async def reclaimed(store: SessionStore, session: Session, *, timeout: float = 5
 
 
 async def report(idle_store: IdleStore, session: Session) -> StoredVerdict:
-    return await eventually(lambda: idle_store.verdict(session.id), timeout=5)
+    return await eventually(lambda: idle_store.verdict(session.id), timeout=30)
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,16 @@ from typing import Any
 import hcl2
 import pytest
 
+from devices.catalog import DeviceAsk
 from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs.session_job import JobContext, render_session_job
 
 MIB = 1024 * 1024
-DEVICES = {"mock.device": "nomad/file/mock", "cuda.device": "nvidia/gpu"}
+DEVICES = {
+    "mock.device": DeviceAsk("nomad/file/mock"),
+    "cuda.device": DeviceAsk("nvidia/gpu"),
+    "sim.shares": DeviceAsk("caravan-sim/gpu-share", "SimGPU-B", 4),
+}
 
 
 def session(*kernel_resources: dict[str, str]) -> Session:
@@ -62,6 +67,9 @@ def devices_of(resources: dict[str, Any]) -> dict[str, int]:
         ({"cpu": "1", "mock.device": "0"}, {}),
         ({"cpu": "1", "mock.device": "0.5"}, {"nomad/file/mock": 1}),  # a part of a device reserves a whole one
         ({"cpu": "1", "tpu.device": "1"}, {}),  # no Nomad device known for the slot: nothing to reserve
+        ({"cpu": "1", "sim.shares": "0.5"}, {"caravan-sim/gpu-share": 2}),  # half a device of 4 shares
+        ({"cpu": "1", "sim.shares": "0.3"}, {"caravan-sim/gpu-share": 2}),  # 1.2 shares: rounded up
+        ({"cpu": "1", "sim.shares": "1"}, {"caravan-sim/gpu-share": 4}),
     ],
 )
 def test_device_slots_become_device_blocks(requested: dict[str, str], devices: dict[str, int]) -> None:
@@ -82,3 +90,11 @@ def test_each_kernel_reserves_its_own_devices() -> None:
 def test_without_known_devices_nothing_is_rendered() -> None:
     rendered = render_session_job(session({"mock.device": "1"}), JobContext(job_prefix="cv")).hcl
     assert "device" not in rendered
+
+
+def test_shares_are_constrained_to_the_model_the_slot_names() -> None:
+    rendered = render_session_job(session({"sim.shares": "0.25"}), JobContext(job_prefix="cv", devices=DEVICES)).hcl
+    [block] = task_resources(rendered)["device"]
+    [constraint] = block['"caravan-sim/gpu-share"']["constraint"]
+    # as python-hcl2 reads the source back: quoted, and "$${" is HCL's escape for a literal "${" (Nomad's own syntax)
+    assert (constraint["attribute"], constraint["value"]) == ('"$${device.attr.model}"', '"SimGPU-B"')

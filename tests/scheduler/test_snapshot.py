@@ -131,6 +131,35 @@ def test_cpu_cores_are_mhz_over_the_clusters_mhz_per_core() -> None:
     assert node_capacity(node("a", shares=4890, cores=2), 2445, CONFIG.devices).amount("cpu") == 2
 
 
+def shares_node(node_id: str, healthy: tuple[bool, ...], *, devices: int = 2) -> dict[str, Any]:
+    """A node offering ``devices`` simulated devices of ``len(healthy)`` shares each, as Caravan's plugin reports."""
+    reported = node(node_id)
+    reported["NodeResources"]["Devices"] = [
+        {
+            "Vendor": "caravan-sim",
+            "Type": "gpu-share",
+            "Name": f"SimGPU@gpu{d}",
+            "Attributes": {"shares": {"Int": len(healthy)}, "model": {"String": "SimGPU"}},
+            "Instances": [{"ID": f"gpu{d}-s{i}", "Healthy": ok} for i, ok in enumerate(healthy)],
+        }
+        for d in range(devices)
+    ]
+    return reported
+
+
+def test_a_share_counts_one_kth_of_a_device() -> None:
+    reported = shares_node("n", (True, True, True, False))
+    assert node_capacity(reported, 1000, CONFIG.devices).amount("sim.shares") == Decimal(
+        "1.5"
+    )  # 3 healthy of 4 shares, on each of 2 devices
+    held = alloc("n", "etl")
+    held["AllocatedResources"]["Tasks"]["kernel"]["Devices"] = [
+        {"Vendor": "caravan-sim", "Type": "gpu-share", "Name": "SimGPU@gpu1", "DeviceIDs": ["gpu1-s0", "gpu1-s1"]}
+    ]
+    [agent] = agents_of([reported], [held], {}, PREFIX, 1000, CONFIG.devices)
+    assert agent.occupied.amount("sim.shares") == Decimal("0.5")
+
+
 def test_configured_device_names_are_used() -> None:
     config = parse_scheduler_config('device_slots = { "nomad/file" = "fpga.device" }', "s.hcl")
     assert node_capacity(node("n", mock=(True,)), 1000, config.devices).amount("fpga.device") == 1

@@ -204,5 +204,9 @@ def test_the_policies_printed_for_operators_are_the_ones_applied(single_node: Si
     assert not {"register-job", "deregister-job", "purge-job", "alloc-lifecycle", "submit-job"} & (
         set(re.findall(r'"([a-z-]+)"', policy_rules("gateway", "default") + policy_rules("idle", "default")))
     )
+    # the gateway execs into kernels (execs, terminals) but never into tasks that run on the host (raw_exec)
+    assert '"alloc-exec"' in policy_rules("gateway", "default")
+    assert all("alloc-node-exec" not in rules for rules in policies("default").values())
+    assert "alloc-exec" not in policy_rules("idle", "default")
     with pytest.raises(ValueError, match="namespace"):
         policy_rules("gateway", 'x" { policy = "write" } namespace "y')

@@ -17,6 +17,7 @@ from core.errors import InvalidInput
 from domain.model import DEFAULT_PRIORITY, RoleSpec
 from domain.model import ClusterMode as ClusterModeModel
 from domain.model import Driver as DriverModel
+from gateway.graphql.sessions.apps import AppInput, app_inputs_of, apps_of
 from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType
 
 PER_CREATION = ("name", "client_token", "dependencies", "project", "owner")
@@ -116,6 +117,10 @@ class SessionSpecInput:
         description="INFERENCE: how long after a replica (re)starts failing checks are ignored "
         "('30s' by default, 1s-1h).",
     )
+    apps: list[AppInput] = strawberry.field(
+        default_factory=list,
+        description="Named ports of the main kernel the gateway proxies, each on an origin of its own (session.apps).",
+    )
 
 
 @strawberry.input
@@ -168,7 +173,7 @@ def options_of(input: SessionSpecInput) -> dict[str, Any]:
         "designated_agent": input.designated_agent, "priority": input.priority, "preset": input.preset,
         "kernel_roles": role_specs_of(input.kernel_roles), "replicas": input.replicas,
         "service_port": input.service_port, "health_check_path": input.health_check_path,
-        "health_check_grace": input.health_check_grace,
+        "health_check_grace": input.health_check_grace, "apps": apps_of(input.apps),
     }  # fmt: skip
 
 
@@ -181,6 +186,7 @@ def input_values_of(options: dict[str, Any]) -> dict[str, Any]:
         "environ": [EnvVarInput(name=k, value=v) for k, v in options["environ"].items()],
         "resources": [ResourceInput(slot=k, amount=v) for k, v in options["resources"].items()],
         "preopen_ports": list(options["preopen_ports"]),
+        "apps": app_inputs_of(options["apps"]),
         "kernel_roles": [
             KernelRoleInput(
                 role=KernelRole(role),

@@ -14,6 +14,7 @@ from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
+from gateway.graphql.sessions.apps import SessionApp, session_app_types
 from gateway.graphql.sessions.log_tail import checked_tail_bytes
 from nomad_jobs.client import NomadNotFound
 from nomad_jobs.meta import TASK_NAME
@@ -201,6 +202,10 @@ class Session:
     batch_timeout: float | None = strawberry.field(description="Seconds a BATCH session may run.")
     dependencies: list[strawberry.ID]
     preopen_ports: list[int]
+    apps: list[SessionApp] = strawberry.field(
+        description="Named ports of the main kernel the gateway proxies (declared apps, then one 'p<port>' per "
+        "preopened port), each on an origin of its own."
+    )
     designated_agent: str | None
     replicas: int = strawberry.field(description="INFERENCE: replicas of the main kernel (main1 … mainN); 1 otherwise.")
     service_port: int | None = strawberry.field(description="INFERENCE: the port each replica serves.")
@@ -290,6 +295,7 @@ def session_type_of(s: model.Session) -> Session:
         batch_timeout=s.batch_timeout,
         dependencies=[strawberry.ID(d) for d in s.dependencies],
         preopen_ports=list(s.preopen_ports),
+        apps=session_app_types(s),
         designated_agent=s.designated_agent,
         replicas=len(s.kernels) if is_inference(s) else 1,
         service_port=s.service_port,

@@ -8,6 +8,7 @@ from datetime import datetime
 import strawberry
 
 from domain import templates
+from gateway.graphql.sessions.apps import AppSpec, app_specs_of
 from gateway.graphql.sessions.inputs import KernelRole
 from gateway.graphql.sessions.types import ClusterMode, Driver, EnvVar, Resource, SessionType
 
@@ -55,6 +56,7 @@ class SessionSpec:
     service_port: int | None
     health_check_path: str | None
     health_check_grace: str | None = strawberry.field(description="INFERENCE: a duration, as written ('30s').")
+    apps: list[AppSpec]
 
 
 @strawberry.type
@@ -78,6 +80,7 @@ def spec_type_of(spec: templates.TemplateSpec) -> SessionSpec:
             "environ": [EnvVar(name=k, value=v) for k, v in spec.environ.items()],
             "resources": [Resource(slot=k, amount=v) for k, v in spec.resources.items()],
             "preopen_ports": list(spec.preopen_ports),
+            "apps": app_specs_of(spec.apps),
             "kernel_roles": [
                 KernelRoleSpec(
                     role=KernelRole(role),

@@ -1,0 +1,299 @@
+"""Session apps: the gateway's app proxy against the app itself and against JupyterHub's configurable-http-proxy,
+in one run on one machine.
+
+Starts a private Redis and Nomad dev agent (ACLs and Redis users on, as the stack runs them) and an in-process
+scheduler, then two real sessions: busybox ``httpd`` in an exec kernel (its own network namespace, reached on its Nomad
+host port) serving a small page and a 10 MiB file, and a WebSocket echo server in a raw_exec kernel. The gateway under
+measurement runs as production runs it (``caravan gateway``, ``--workers`` processes, one per CPU by default);
+configurable-http-proxy
+(``bench/app_proxy/chp``, installed by ``ops/install-node``) is started in front of the same kernel port. wrk drives
+each target for a fixed time:
+
+- ``small``: ``GET /`` (6 bytes), ``--connections`` at once: requests/s, p50 and p99 in ms;
+- ``bulk``: ``GET /big`` (10 MiB), ``--bulk-connections`` at once: MiB/s;
+
+four ways: ``direct`` (the kernel's host port), ``caravan`` (the app's origin on the gateway, bearer token),
+``chp`` (configurable-http-proxy, no auth: it has none of its own). Then WebSocket echo round trips per second over
+``--ws-connections`` connections, direct and through Caravan. Prints one JSON line per measurement, and a last line
+with the ratios, the goal and ``meets_goal``.
+
+Usage: .venv/bin/python -m bench.app_proxy [--duration 8] [--connections 16] [--workers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from websockets.asyncio.client import connect
+
+from bench.gateway.__main__ import run_wrk, spawn, stop, wait_http
+from caravan.stack.nomad_agent import start_nomad_dev
+from caravan.stack.processes import free_port
+from caravan.stack.redis_server import start_redis
+from core.settings import NomadSettings, RedisSettings, Settings
+from domain.apps import app_host, published_port
+from gateway.apps.token_cache import TTL as TOKEN_TTL
+from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
+
+ROOT = Path(__file__).resolve().parents[2]
+CHP = ROOT / "bench" / "app_proxy" / "chp" / "node_modules" / ".bin" / "configurable-http-proxy"
+BIG_MIB = 10
+SITE = f"""
+mkdir -p /tmp/w && printf 'hello\\n' > /tmp/w/index.html
+dd if=/dev/urandom of=/tmp/w/big bs=1048576 count={BIG_MIB} 2>/dev/null
+exec httpd -f -p 8080 -h /tmp/w
+"""
+ECHO = """
+import asyncio, os
+from websockets.asyncio.server import serve
+async def echo(ws):
+    async for message in ws:
+        await ws.send(message)
+async def main():
+    async with serve(echo, "127.0.0.1", int(os.environ["NOMAD_PORT_p8765"]), compression=None):
+        await asyncio.Future()
+asyncio.run(main())
+"""
+GOAL = {"small_rps_vs_direct": 0.8, "bulk_vs_direct": 0.9, "vs_chp": 1.0}
+
+
+def stack_env() -> dict[str, str]:
+    path = Path(os.environ.get("CARAVAN_CACHE", Path.home() / ".cache" / "caravan")) / "stack.env"
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str
+    """Where wrk connects (always 127.0.0.1)."""
+    headers: dict[str, str]
+
+
+def headers_script(headers: dict[str, str]) -> str:
+    return "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items())
+
+
+async def running_session(caravan: Caravan, token: str, app: dict[str, Any], **fields: Any) -> tuple[str, int]:
+    """A RUNNING INTERACTIVE session with one app: its id and the app's Nomad host port."""
+    session = {"name": "bench-" + uuid.uuid4().hex[:8], "type": "INTERACTIVE", "apps": [app], **fields}
+    data = await caravan.gql(CREATE, {"input": session}, token=token)
+    session_id: str = data["createSession"]["sessions"][0]["id"]
+    await caravan.wait_for(session_id, "RUNNING", timeout=180)
+    stored = await caravan.store.get(session_id)
+    assert stored is not None
+    published = published_port(stored.main_kernel.ports, app["port"])
+    assert published is not None, stored.main_kernel.ports
+    return session_id, published[1]
+
+
+async def answering(url: str, headers: dict[str, str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            response = await asyncio.to_thread(_get, url, headers)
+            if response == 200:
+                return
+        except httpx2.TransportError:  # not listening yet (httpd, configurable-http-proxy)
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url} never answered 200")
+        await asyncio.sleep(0.3)
+
+
+def _get(url: str, headers: dict[str, str]) -> int:
+    return httpx2.get(url, headers=headers, timeout=10).status_code
+
+
+def http_runs(targets: list[Target], work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    for kind, path, connections in (("small", "/", args.connections), ("bulk", "/big", args.bulk_connections)):
+        for target in targets:
+            figures = run_wrk(
+                target.url + path,
+                headers_script(target.headers),
+                work,
+                duration=args.duration,
+                connections=connections,
+                threads=1,
+            )
+            if figures["non_2xx"] or figures.get("socket_errors"):
+                raise SystemExit(f"{target.name} {kind}: failed requests: {figures}")
+            if kind == "bulk":
+                figures = {"mib_per_s": round(figures["rps"] * BIG_MIB, 1), **figures}
+            results[f"{kind}:{target.name}"] = figures
+            print(json.dumps({"measure": kind, "target": target.name, "connections": connections, **figures}))
+    return results
+
+
+async def ws_rate(url: str, headers: dict[str, str], connections: int, seconds: float) -> float:
+    """Echo round trips per second: each connection sends a 64-byte message and waits for it, for ``seconds``."""
+    message = b"x" * 64
+    counts = [0] * connections
+
+    async def one(index: int) -> None:
+        async with connect(url, host="127.0.0.1", additional_headers=headers, compression=None) as ws:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                await ws.send(message)
+                assert await ws.recv() == message
+                counts[index] += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(connections)))
+    return sum(counts) / (time.monotonic() - started)
+
+
+def summary(results: dict[str, dict[str, Any]], ws: dict[str, float], workers: int) -> dict[str, Any]:
+    small = {t: results[f"small:{t}"]["rps"] for t in ("direct", "caravan", "chp")}
+    bulk = {t: results[f"bulk:{t}"]["mib_per_s"] for t in ("direct", "caravan", "chp")}
+    ratios = {
+        "small_rps_caravan_vs_direct": round(small["caravan"] / small["direct"], 3),
+        "small_rps_chp_vs_direct": round(small["chp"] / small["direct"], 3),
+        "small_rps_caravan_vs_chp": round(small["caravan"] / small["chp"], 3),
+        "small_p99_caravan_vs_direct": round(results["small:caravan"]["p99_ms"] / results["small:direct"]["p99_ms"], 2),
+        "bulk_caravan_vs_direct": round(bulk["caravan"] / bulk["direct"], 3),
+        "bulk_chp_vs_direct": round(bulk["chp"] / bulk["direct"], 3),
+        "bulk_caravan_vs_chp": round(bulk["caravan"] / bulk["chp"], 3),
+        "ws_caravan_vs_direct": round(ws["caravan"] / ws["direct"], 3),
+    }
+    met = {
+        "small_vs_direct": ratios["small_rps_caravan_vs_direct"] >= GOAL["small_rps_vs_direct"],
+        "bulk_vs_direct": ratios["bulk_caravan_vs_direct"] >= GOAL["bulk_vs_direct"],
+        "small_vs_chp": ratios["small_rps_caravan_vs_chp"] >= GOAL["vs_chp"],
+        "bulk_vs_chp": ratios["bulk_caravan_vs_chp"] >= GOAL["vs_chp"],
+    }
+    return {
+        "small_rps": small,
+        "bulk_mib_per_s": bulk,
+        "ws_round_trips_per_s": {k: round(v) for k, v in ws.items()},
+        "ratios": ratios,
+        "caravan_workers": workers,
+        "caravan_auth": f"bearer token each request; an in-process token cache answers repeats for {TOKEN_TTL} s",
+        "goal": "Caravan >= 0.8x direct requests/s (small GET), >= 0.9x direct bytes/s (10 MiB), "
+        ">= configurable-http-proxy on both",
+        "met": met,
+        "loadavg_1m": os.getloadavg()[0],
+        "meets_goal": all(met.values()),
+    }
+
+
+async def measure(settings: Settings, work: Path, args: argparse.Namespace) -> None:
+    processes = []
+    async with running_caravan(settings) as caravan:
+        token = await caravan.user("alice")
+        web_id, web_port = await running_session(
+            caravan, token, {"name": "web", "port": 8080}, driver="EXEC", startupCommand=SITE
+        )
+        echo_app = {"name": "echo", "port": 8765, "protocol": "WEBSOCKET"}
+        command = f"exec {sys.executable} -c '{ECHO}'"
+        echo_id, echo_port = await running_session(
+            caravan, ADMIN_TOKEN, echo_app, driver="RAW_EXEC", startupCommand=command
+        )
+        try:
+            gateway_port, chp_port = free_port(), free_port()
+            log = work / "gateway.log"
+            processes.append(
+                spawn(
+                    [sys.executable, "-m", "caravan.cli", "gateway"],
+                    {**caravan_env(caravan.settings, gateway_port), "CARAVAN_GATEWAY_WORKERS": str(args.workers)},
+                    log,
+                )
+            )
+            wait_http(f"http://127.0.0.1:{gateway_port}/healthz", processes[-1], log)
+            chp_argv = [str(CHP), "--ip", "127.0.0.1", "--port", str(chp_port), "--api-ip", "127.0.0.1"]
+            chp_argv += ["--api-port", str(free_port()), "--default-target", f"http://127.0.0.1:{web_port}"]
+            chp_argv += ["--log-level", "warn"]
+            processes.append(spawn(chp_argv, {"CONFIGPROXY_AUTH_TOKEN": uuid.uuid4().hex}, work / "chp.log"))
+            domain = settings.gateway.apps_domain
+            web_host = f"{app_host('web', web_id, domain)}:{gateway_port}"
+            targets = [
+                Target("direct", f"http://127.0.0.1:{web_port}", {}),
+                Target(
+                    "caravan",
+                    f"http://127.0.0.1:{gateway_port}",
+                    {"Host": web_host, "Authorization": f"Bearer {token}"},
+                ),
+                Target("chp", f"http://127.0.0.1:{chp_port}", {}),
+            ]
+            for target in targets:
+                await answering(target.url + "/", target.headers)
+            results = await asyncio.to_thread(http_runs, targets, work, args)
+
+            echo_host = f"{app_host('echo', echo_id, domain)}:{gateway_port}"
+            admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            ws = {
+                "direct": await ws_rate(f"ws://127.0.0.1:{echo_port}/", {}, args.ws_connections, args.duration),
+                "caravan": await ws_rate(f"ws://{echo_host}/", admin, args.ws_connections, args.duration),
+            }
+            for name, rate in ws.items():
+                print(json.dumps({"measure": "websocket", "target": name, "round_trips_per_s": round(rate)}))
+            print(json.dumps(summary(results, ws, args.workers)), flush=True)
+        finally:
+            for process in processes:
+                stop(process)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=int, default=8, help="seconds per wrk run and per WebSocket run")
+    parser.add_argument("--connections", type=int, default=16, help="wrk connections for the small GET")
+    parser.add_argument("--bulk-connections", type=int, default=4, help="wrk connections for the 10 MiB GET")
+    parser.add_argument("--ws-connections", type=int, default=8)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="gateway processes (CARAVAN_GATEWAY_WORKERS; default one per CPU, as production; chp is one process)",
+    )
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        raise SystemExit("wrk is not installed (ops/install installs Debian's wrk)")
+    if not CHP.exists():
+        raise SystemExit(f"{CHP} is missing: run ./ops/install-node")
+    env = stack_env()
+    with tempfile.TemporaryDirectory(prefix="bench-app-proxy-") as tmp:
+        home = Path(tmp)
+        redis_port = free_port()
+        redis = start_redis(
+            home / "redis", redis_port, log=home / "redis.log", secrets_dir=home / "secrets", key_prefixes=("bench*",)
+        )
+        agent = start_nomad_dev(
+            home / "nomad",
+            nomad_home=Path(env["CARAVAN_NOMAD_HOME"]),
+            rootfs=Path(env["CARAVAN_ROOTFS"]),
+            log=home / "nomad.log",
+            pause_image=env.get("CARAVAN_PAUSE_IMAGE"),
+            secrets_dir=home / "secrets",
+        )
+        try:
+            settings = (
+                Settings(
+                    home=home,
+                    secrets_dir=home / "secrets",
+                    redis=RedisSettings(url=f"redis://127.0.0.1:{redis_port}/0"),
+                    nomad=NomadSettings(addr=agent.addr),
+                )
+                .with_prefix("bench" + uuid.uuid4().hex[:6])
+                .for_role("admin")
+            )
+            await measure(settings, home, args)
+        finally:
+            agent.stop()
+            redis.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,124 @@
+"""A session's apps: named ports the gateway proxies, their addresses, and where their traffic goes. Pure.
+
+An app is a port of the session's main kernel, named (``web``, ``jupyter``), with the protocol it speaks. Every
+app gets an **origin of its own** on the gateway: ``http://<app>--<session id>.<apps domain>:<gateway port>/``.
+One origin per app (not one path per app under the gateway's origin) because a browser isolates origins: an app
+cannot read another app's storage or non-HttpOnly cookies, nor call it with the user's credentials, and it never
+shares an origin with the GraphQL endpoint. ``*.localhost`` resolves to the loopback address in browsers and curl,
+so ``apps.localhost`` works with no DNS set-up; an operator serving other machines points a wildcard record at the
+gateway and sets ``CARAVAN_APPS_DOMAIN``.
+
+Preopened ports count as apps too: each is an HTTP app named ``p<port>`` unless a declared app has that port.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from core.errors import InvalidInput
+
+MAX_APPS = 16
+"""Apps one session may declare."""
+APP_NAME_RULE = re.compile(r"^[a-z](?:[a-z0-9-]{0,23}[a-z0-9])?$")
+"""A DNS label's letters (lower case, digits, '-'), 1-25 long: with ``--`` and a session id (36) it stays a label
+(63 at most)."""
+SEPARATOR = "--"
+"""Between the app's name and the session id in an app's host name (so an app name never contains it)."""
+SESSION_ID_RULE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+class AppProtocol(StrEnum):
+    HTTP = "HTTP"
+    """HTTP, and WebSockets upgraded from it."""
+    WEBSOCKET = "WEBSOCKET"
+    """A WebSocket server (proxied exactly like HTTP: the upgrade is HTTP)."""
+    TCP = "TCP"
+    """Raw TCP: published on the kernel's Nomad host port, not proxied by the gateway (no URL)."""
+
+
+@dataclass(frozen=True)
+class App:
+    name: str
+    port: int
+    """The port the kernel listens on inside its network namespace (1-65535)."""
+    protocol: AppProtocol = AppProtocol.HTTP
+    public: bool = False
+    """Reachable through the gateway with no credentials (the owner's choice, ``setAppPublic``)."""
+
+    @property
+    def proxied(self) -> bool:
+        return self.protocol is not AppProtocol.TCP
+
+
+def checked_apps(apps: Sequence[App], *, field: str = "apps") -> tuple[App, ...]:
+    """``apps`` as a session keeps them, or INVALID_INPUT naming the field: names DNS-label-like and unique, ports
+    1-65535 and unique, at most :data:`MAX_APPS`."""
+    if len(apps) > MAX_APPS:
+        raise InvalidInput(f"at most {MAX_APPS} apps", field=field)
+    names: set[str] = set()
+    ports: set[int] = set()
+    for i, app in enumerate(apps):
+        where = f"{field}[{i}]"
+        if not APP_NAME_RULE.match(app.name) or SEPARATOR in app.name:
+            raise InvalidInput(
+                f"app name {app.name[:40]!r} must be 1-25 lower-case letters, digits or single '-', starting with a "
+                "letter and not ending with '-'",
+                field=f"{where}.name",
+            )
+        if not 1 <= app.port <= 65535:
+            raise InvalidInput(f"app port {app.port} is outside 1-65535", field=f"{where}.port")
+        if app.name in names:
+            raise InvalidInput(f"app name {app.name!r} is given twice", field=f"{where}.name")
+        if app.port in ports:
+            raise InvalidInput(f"app port {app.port} is given twice", field=f"{where}.port")
+        names.add(app.name)
+        ports.add(app.port)
+    return tuple(apps)
+
+
+def session_apps(apps: Iterable[App], preopen_ports: Iterable[int]) -> tuple[App, ...]:
+    """The declared apps, then one HTTP app ``p<port>`` per preopened port no declared app has."""
+    declared = tuple(apps)
+    taken = {a.port for a in declared}
+    names = {a.name for a in declared}
+    extra = tuple(App(f"p{p}", p) for p in preopen_ports if p not in taken and f"p{p}" not in names)
+    return declared + extra
+
+
+def app_host(app: str, session_id: str, domain: str) -> str:
+    """The host name of an app's origin (without the port)."""
+    return f"{app}{SEPARATOR}{session_id}.{domain}"
+
+
+def app_url(app: str, session_id: str, domain: str, gateway_port: int, scheme: str = "http") -> str:
+    return f"{scheme}://{app_host(app, session_id, domain)}:{gateway_port}/"
+
+
+def parse_app_host(host: str, domain: str) -> tuple[str, str] | None:
+    """``(app, session id)`` of a ``Host`` header (port and case ignored), or None when it names no app origin of
+    ``domain``."""
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.lower().rstrip(".")
+    suffix = "." + domain.lower().strip(".")
+    if not name.endswith(suffix):
+        return None
+    label = name[: -len(suffix)]
+    app, sep, session_id = label.partition(SEPARATOR)
+    if not sep or not APP_NAME_RULE.match(app) or not SESSION_ID_RULE.match(session_id):
+        return None
+    return app, session_id
+
+
+def published_port(kernel_ports: Iterable[str], port: int) -> tuple[str, int] | None:
+    """Where the kernel's ``port`` is reached from the gateway: the Nomad host address and port in
+    ``Kernel.ports`` (``port=host:hostPort``), or None while Nomad has not allocated it."""
+    for entry in kernel_ports:
+        container, _, address = entry.partition("=")
+        if container == str(port):
+            host, _, host_port = address.rpartition(":")
+            if host and host_port.isdigit():
+                return host, int(host_port)
+    return None

@@ -1,0 +1,115 @@
+"""Session apps (domain/apps.py) and the proxy's header rules (gateway/apps/headers.py): pure."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from core.errors import InvalidInput
+from domain.apps import App, AppProtocol, app_host, checked_apps, parse_app_host, published_port, session_apps
+from gateway.apps.activity import ActivityGate
+from gateway.apps.headers import (
+    downstream_response_headers,
+    gateway_cookie_values,
+    upstream_request_headers,
+    without_gateway_cookie,
+)
+
+SID = str(uuid.UUID(int=7))
+
+
+@pytest.mark.parametrize(
+    ("apps", "field"),
+    [
+        ([App("Web", 80)], "apps[0].name"),
+        ([App("a--b", 80)], "apps[0].name"),
+        ([App("web-", 80)], "apps[0].name"),
+        ([App("x" * 26, 80)], "apps[0].name"),
+        ([App("web", 0)], "apps[0].port"),
+        ([App("web", 65536)], "apps[0].port"),
+        ([App("web", 80), App("web", 81)], "apps[1].name"),
+        ([App("web", 80), App("api", 80)], "apps[1].port"),
+        ([App(f"a{i}", 1000 + i) for i in range(17)], "apps"),
+    ],
+)
+def test_bad_apps_name_their_field(apps: list[App], field: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        checked_apps(apps)
+    assert refused.value.field == field
+
+
+def test_preopened_ports_are_apps_unless_declared() -> None:
+    declared = (App("web", 8080), App("raw", 9000, AppProtocol.TCP))
+    assert session_apps(declared, (8080, 8888)) == (*declared, App("p8888", 8888))
+
+
+def test_hosts_round_trip_and_foreign_hosts_are_not_apps() -> None:
+    host = app_host("web", SID, "apps.localhost")
+    assert parse_app_host(host + ":8420", "apps.localhost") == ("web", SID)
+    assert parse_app_host(host.upper(), "apps.localhost") == ("web", SID)
+    for other in (
+        "localhost:8420",
+        "127.0.0.1",
+        f"web--{SID}.apps.evil",
+        "web--nope.apps.localhost",
+        f"{SID}.apps.localhost",
+    ):
+        assert parse_app_host(other, "apps.localhost") is None
+
+
+def test_published_port() -> None:
+    ports = ("8080=127.0.0.1:23456", "9000=10.0.0.5:31000")
+    assert published_port(ports, 8080) == ("127.0.0.1", 23456)
+    assert published_port(ports, 9000) == ("10.0.0.5", 31000)
+    assert published_port(ports, 80) is None
+
+
+def test_request_headers_drop_credentials_and_hop_by_hop() -> None:
+    sent = [
+        ("Host", "web--x.apps.localhost:8420"),
+        ("Authorization", "Bearer cv_secret"),
+        ("Cookie", "a=1; caravan_app=zzz; b=2"),
+        ("Connection", "keep-alive, X-Private"),
+        ("X-Private", "1"),
+        ("Keep-Alive", "timeout=5"),
+        ("Transfer-Encoding", "chunked"),
+        ("X-Forwarded-For", "10.1.1.1"),
+        ("Accept", "*/*"),
+    ]
+    out = dict(upstream_request_headers(sent, client="127.0.0.1", scheme="http"))
+    assert out == {
+        "Host": "web--x.apps.localhost:8420",
+        "Cookie": "a=1; b=2",
+        "Accept": "*/*",
+        "x-forwarded-for": "10.1.1.1, 127.0.0.1",
+        "x-forwarded-proto": "http",
+        "x-forwarded-host": "web--x.apps.localhost:8420",
+    }
+    assert without_gateway_cookie("caravan_app=zzz") == ""
+
+
+def test_response_headers_drop_hop_by_hop_and_the_gateway_cookie() -> None:
+    got = [
+        ("Content-Type", "text/html"),
+        ("Transfer-Encoding", "chunked"),
+        ("Connection", "close"),
+        ("Set-Cookie", "caravan_app=forged; Path=/"),
+        ("Set-Cookie", "session=1; HttpOnly"),
+    ]
+    assert downstream_response_headers(got) == [("Content-Type", "text/html"), ("Set-Cookie", "session=1; HttpOnly")]
+
+
+def test_every_candidate_cookie_is_found() -> None:
+    assert gateway_cookie_values(["caravan_app=tossed; x=1; caravan_app=real", "caravan_app=third"]) == [
+        "tossed",
+        "real",
+        "third",
+    ]
+
+
+def test_activity_is_written_at_most_once_per_interval() -> None:
+    gate = ActivityGate(interval=2.0)
+    assert gate.due("s1", 100.0) and gate.due("s2", 100.5)
+    assert not gate.due("s1", 101.9)
+    assert gate.due("s1", 102.0)

@@ -1,0 +1,173 @@
+"""``execInKernel`` and ``kernelExec`` on real sessions (docker and exec kernels), through the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from typing import Any
+
+import pytest
+
+from core.clock import utcnow
+from domain.kernel_exec import ExecLimits
+from domain.model import Driver, Kernel, Session, SessionType
+from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
+from tests.kernel_sessions import DRIVERS, HOSTILE_BYTES, running_session
+from tests.ws_client import authenticated_socket
+
+EXEC = """
+mutation Exec($input: ExecInput!) { execInKernel(input: $input) {
+  exitCode stdout stdoutBase64 stdoutTruncated stderr stderrBase64 stderrTruncated
+} }
+"""
+STREAM = """
+subscription Stream($input: ExecInput!) { kernelExec(input: $input) { stream text dataBase64 exitCode } }
+"""
+
+
+async def run(caravan: Caravan, session_id: str, token: str = ADMIN_TOKEN, **command: Any) -> dict[str, Any]:
+    data = await caravan.gql(EXEC, {"input": {"sessionId": session_id, **command}}, token=token)
+    result: dict[str, Any] = data["execInKernel"]
+    return result
+
+
+async def codes_of(caravan: Caravan, session_id: str, token: str = ADMIN_TOKEN, **command: Any) -> list[str]:
+    with pytest.raises(GraphQLErrors) as refused:
+        await run(caravan, session_id, token, **command)
+    return refused.value.codes
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_exec_returns_exit_code_output_and_takes_stdin(caravan: Caravan, driver: str) -> None:
+    session_id, _ = await running_session(caravan, driver)
+    done = await run(caravan, session_id, shell="echo $((6*7)); echo oops >&2; exit 3")
+    assert (done["exitCode"], done["stdout"], done["stderr"]) == (3, "42\n", "oops\n")
+    assert not done["stdoutTruncated"] and not done["stderrTruncated"]
+    piped = await run(caravan, session_id, argv=["tr", "a-z", "A-Z"], stdin="hello\n")
+    assert (piped["exitCode"], piped["stdout"]) == (0, "HELLO\n")
+    # every hostile byte through cat, both ways byte-exact; the text field marks what is not UTF-8
+    echoed = await run(caravan, session_id, argv=["cat"], stdinBase64=base64.b64encode(HOSTILE_BYTES).decode())
+    assert base64.b64decode(echoed["stdoutBase64"]) == HOSTILE_BYTES
+    assert echoed["stdout"] == HOSTILE_BYTES.decode(errors="replace") and "\ufffd" in echoed["stdout"]
+    # hostile text as one argv item arrives as one argument, unchanged
+    text = HOSTILE_BYTES.decode(errors="ignore").replace("\0", "")
+    printed = await run(caravan, session_id, argv=["printf", "%s", text])
+    assert printed["stdout"] == text
+    # over the cap: the first bytes, flagged (the cap is 1 MiB by default). stderr is written first: Nomad's docker
+    # exec can drop the last output written right before the exit (hashicorp/nomad#27146; seen once in 15 runs here)
+    big = await run(caravan, session_id, shell="echo done >&2; head -c 3000000 /dev/zero")
+    assert big["stdoutTruncated"] and len(base64.b64decode(big["stdoutBase64"])) == 1 << 20
+    assert (big["exitCode"], big["stderr"], big["stderrTruncated"]) == (0, "done\n", False)
+    assert await codes_of(caravan, session_id, shell="sleep 30", timeoutSeconds=1) == ["EXEC_TIMEOUT"]
+    assert (await run(caravan, session_id, argv=["true"]))["exitCode"] == 0  # the kernel still answers
+
+
+async def test_bad_commands_are_refused_with_the_field_named(caravan: Caravan) -> None:
+    session_id, _ = await running_session(caravan, "EXEC")
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({}, "argv"),
+        ({"argv": ["x"], "shell": "x"}, "argv"),
+        ({"argv": []}, "argv"),
+        ({"argv": ["a\0b"]}, "argv"),
+        ({"shell": " "}, "shell"),
+        ({"shell": "true", "timeoutSeconds": 0}, "timeoutSeconds"),
+        ({"shell": "true", "timeoutSeconds": 601}, "timeoutSeconds"),
+        ({"shell": "cat", "stdinBase64": "not base64!"}, "stdinBase64"),
+        ({"shell": "cat", "stdin": "x", "stdinBase64": "eA=="}, "stdinBase64"),
+        ({"shell": "cat", "stdin": "x" * ((256 << 10) + 1)}, "stdin"),
+    ]
+    for command, field in cases:
+        body = await caravan.post(EXEC, {"input": {"sessionId": session_id, **command}})
+        assert [(e["extensions"]["code"], e["extensions"].get("field")) for e in body["errors"]] == [
+            ("INVALID_INPUT", field)
+        ], command
+
+
+async def test_another_user_gets_not_found_and_qemu_is_refused(caravan: Caravan) -> None:
+    session_id, _ = await running_session(caravan, "EXEC")
+    other = await caravan.user("other-" + uuid.uuid4().hex[:6])
+    assert await codes_of(caravan, session_id, other, argv=["true"]) == ["NOT_FOUND"]
+    assert await codes_of(caravan, str(uuid.uuid4()), argv=["true"]) == ["NOT_FOUND"]
+    assert await codes_of(caravan, session_id, argv=["true"], kernel="sub9") == ["NOT_FOUND"]
+    assert await stream_codes(caravan, other, session_id) == ["NOT_FOUND"]
+    # QEMU (no exec path) and raw_exec (the host) are refused by their driver, before Nomad is asked
+    other_user = await caravan.users.get(other_id := str((await caravan.gql(VIEWER, token=other))["viewer"]["id"]))
+    assert other_user is not None
+    for driver in (Driver.QEMU, Driver.RAW_EXEC):
+        stored = Session(
+            id=str(uuid.uuid4()),
+            name="stored-" + uuid.uuid4().hex[:6],
+            owner_id=other_id,
+            type=SessionType.INTERACTIVE,
+            driver=driver,
+            image="",
+            resources={},
+            kernels=(Kernel("main", 1, "main1", "", {}),),
+            created_at=utcnow(),
+        )
+        await caravan.store.create([stored])
+        assert await codes_of(caravan, stored.id, other, argv=["true"]) == ["EXEC_NOT_SUPPORTED"], driver
+        assert await stream_codes(caravan, other, stored.id) == ["EXEC_NOT_SUPPORTED"], driver
+    # a session that is no longer RUNNING
+    await caravan.gql(DESTROY, {"id": session_id})
+    await caravan.wait_for(session_id, "TERMINATING", "TERMINATED")
+    assert await codes_of(caravan, session_id, argv=["true"]) == ["SESSION_NOT_RUNNING"]
+
+
+VIEWER = "query Me { viewer { id } }"
+DESTROY = "mutation Destroy($id: ID!) { destroySession(ids: [$id]) { id } }"
+
+
+async def stream_codes(caravan: Caravan, token: str, session_id: str) -> list[str]:
+    """The error codes a ``kernelExec`` subscription of ``token``'s gets."""
+    async with authenticated_socket(caravan.url, token) as socket:
+        operation = await socket.subscribe(STREAM, {"input": {"sessionId": session_id, "argv": ["true"]}})
+        message = await socket.message_of(operation)
+    errors = message["payload"] if message["type"] == "error" else message["payload"].get("errors", [])
+    return [e["extensions"]["code"] for e in errors]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_long_command_streams_its_output_then_its_exit_code(caravan: Caravan, driver: str) -> None:
+    session_id, _ = await running_session(caravan, driver)
+    shell = "echo first; sleep 1; printf '\\377' ; echo second >&2; sleep 1; exit 4"
+    chunks: list[dict[str, Any]] = []
+    async with authenticated_socket(caravan.url, ADMIN_TOKEN) as socket:
+        operation = await socket.subscribe(STREAM, {"input": {"sessionId": session_id, "shell": shell}})
+        async for payload in socket.results(operation):
+            assert not payload.get("errors"), payload
+            chunks.append(payload["data"]["kernelExec"])
+    assert chunks[0] == {"stream": "STDOUT", "text": "first\n", "dataBase64": "Zmlyc3QK", "exitCode": None}
+    assert chunks[-1] == {"stream": "EXIT", "text": "", "dataBase64": "", "exitCode": 4}
+    out = b"".join(base64.b64decode(c["dataBase64"]) for c in chunks if c["stream"] == "STDOUT")
+    err = b"".join(base64.b64decode(c["dataBase64"]) for c in chunks if c["stream"] == "STDERR")
+    assert (out, err) == (b"first\n\xff", b"second\n")
+
+
+async def test_more_commands_at_once_than_a_connection_may_run_are_too_many(caravan: Caravan) -> None:
+    """``CARAVAN_EXEC_MAX_CONNECTION_EXECS`` (4 by default) commands run at once on one WebSocket; the next one is
+    TOO_MANY_EXECS, naming the limit; once one ends (the client completes it), a new one runs."""
+    session_id, _ = await running_session(caravan, "EXEC")
+    limit = ExecLimits().max_connection_execs
+    long = {"input": {"sessionId": session_id, "shell": "echo up; sleep 60"}}
+    async with authenticated_socket(caravan.url, ADMIN_TOKEN) as socket:
+        running = [await socket.subscribe(STREAM, long) for _ in range(limit)]
+        for operation in running:  # each has started: its first output arrived
+            first = await socket.message_of(operation)
+            assert first["type"] == "next" and first["payload"]["data"]["kernelExec"]["text"] == "up\n", first
+        refused = await socket.message_of(await socket.subscribe(STREAM, {"input": {**long["input"], "shell": "true"}}))
+        errors = refused["payload"] if refused["type"] == "error" else refused["payload"].get("errors", [])
+        assert [e["extensions"]["code"] for e in errors] == ["TOO_MANY_EXECS"], refused
+        assert (errors[0]["extensions"]["limit"], errors[0]["extensions"]["per"]) == (limit, "connection")
+        await socket.complete(running[0])  # its place is given back once the gateway has ended it: soon after
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            again = await socket.subscribe(STREAM, {"input": {"sessionId": session_id, "argv": ["echo", "again"]}})
+            payloads = [payload async for payload in socket.results(again)]
+            codes = [e["extensions"]["code"] for p in payloads for e in p.get("errors") or []]
+            if codes != ["TOO_MANY_EXECS"] or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        chunks = [p["data"]["kernelExec"] for p in payloads]
+        assert [c["text"] for c in chunks if c["stream"] == "STDOUT"] == ["again\n"], payloads

@@ -1,0 +1,114 @@
+"""Nomad's exec WebSocket through ``nomad_jobs.alloc_exec``, against the real agent, with the gateway's Nomad token."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from nomad_jobs.alloc_exec import ExecRefused, ExecStream, Exited, Output, open_exec
+from nomad_jobs.meta import TASK_NAME
+from tests.harness import Caravan
+from tests.kernel_sessions import DRIVERS, HOSTILE_BYTES, running_session
+
+
+async def collect(stream: ExecStream) -> tuple[bytes, bytes, int]:
+    out, err, code = bytearray(), bytearray(), -1
+    async for frame in stream.frames():
+        if isinstance(frame, Output):
+            (out if frame.stream == "stdout" else err).extend(frame.data)
+        elif isinstance(frame, Exited):
+            code = frame.exit_code
+    return bytes(out), bytes(err), code
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_exec_frames_carry_bytes_exactly_both_ways(caravan: Caravan, driver: str) -> None:
+    _, alloc = await running_session(caravan, driver)
+    gateway = caravan.settings.for_role("gateway").nomad  # the gateway's own token: alloc-exec is enough
+    # stdin → cat → stdout, every hostile byte, in pieces that split multi-byte characters
+    async with open_exec(gateway, alloc, TASK_NAME, ["cat"]) as stream:
+        for start in range(0, len(HOSTILE_BYTES), 7):
+            await stream.send_stdin(HOSTILE_BYTES[start : start + 7])
+        await stream.close_stdin()
+        assert await collect(stream) == (HOSTILE_BYTES, b"", 0)
+    # an argv item with every hostile character reaches the command as one argument (no shell in between)
+    text = HOSTILE_BYTES.decode(errors="ignore").replace("\0", "")  # argv cannot hold NUL
+    async with open_exec(gateway, alloc, TASK_NAME, ["printf", "%s", text]) as stream:
+        await stream.close_stdin()
+        assert await collect(stream) == (text.encode(), b"", 0)
+    async with open_exec(gateway, alloc, TASK_NAME, ["sh", "-c", "echo out; echo err >&2; exit 7"]) as stream:
+        await stream.close_stdin()
+        assert await collect(stream) == (b"out\n", b"err\n", 7)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_tty_exec_resizes_and_exits_with_its_code(caravan: Caravan, driver: str) -> None:
+    _, alloc = await running_session(caravan, driver)
+    gateway = caravan.settings.for_role("gateway").nomad
+    async with open_exec(gateway, alloc, TASK_NAME, ["/bin/sh"], tty=True) as stream:
+        await stream.resize(33, 101)
+        await stream.send_stdin(b"stty size; echo $((6*7)); exit 5\n")
+        out, err, code = await collect(stream)
+    assert code == 5
+    assert b"33 101" in out and b"\n42" in out.replace(b"\r\n", b"\n")
+    assert err == b""  # a TTY merges stderr into stdout
+
+
+async def test_nomad_refuses_unknown_tasks_and_allocations(caravan: Caravan) -> None:
+    _, alloc = await running_session(caravan, "EXEC")
+    gateway = caravan.settings.for_role("gateway").nomad
+    with pytest.raises(ExecRefused) as refused:
+        async with open_exec(gateway, alloc, "no-such-task", ["true"]) as stream:
+            await collect(stream)
+    assert refused.value.reason == "task not found"
+    with pytest.raises(ExecRefused) as missing:
+        async with open_exec(gateway, "00000000-0000-0000-0000-000000000000", TASK_NAME, ["true"]) as stream:
+            await collect(stream)
+    assert missing.value.reason.startswith("Unknown allocation")
+
+
+RAW_EXEC_JOB = """
+job "{name}" {{
+  datacenters = ["dc1"]
+  type        = "service"
+  group "g" {{
+    task "t" {{
+      driver = "raw_exec"
+      config {{
+        command = "/bin/sleep"
+        args    = ["600"]
+      }}
+      resources {{
+        cpu    = 50
+        memory = 32
+      }}
+    }}
+  }}
+}}
+"""
+
+
+async def test_the_gateway_token_cannot_exec_into_a_raw_exec_task(caravan: Caravan) -> None:
+    """raw_exec runs on the host: Nomad wants ``alloc-node-exec`` for it, which the gateway's policy never has; the
+    management token (with it) can, which shows the refusal is the capability's."""
+    name = f"probe-{caravan.settings.nomad.job_prefix}-rawexec"  # not a session job: the follower leaves it alone
+    admin = caravan.nomad
+    await admin.register(await admin.parse(RAW_EXEC_JOB.format(name=name)))
+    try:
+        alloc = ""
+        for _ in range(300):
+            running = [a for a in await admin.job_allocations(name) if a["ClientStatus"] == "running"]
+            if running:
+                alloc = str(running[0]["ID"])
+                break
+            await asyncio.sleep(0.2)
+        assert alloc, "the raw_exec job never ran"
+        with pytest.raises(ExecRefused, match="Permission denied"):
+            async with open_exec(caravan.settings.for_role("gateway").nomad, alloc, "t", ["true"]) as stream:
+                await collect(stream)
+        async with open_exec(caravan.settings.nomad, alloc, "t", ["echo", "host"]) as stream:
+            await stream.close_stdin()
+            assert await collect(stream) == (b"host\n", b"", 0)
+    finally:
+        await admin.deregister(name, purge=True)
