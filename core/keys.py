@@ -235,6 +235,34 @@ class Keys:
         """SET of the ids of one project's templates: its project templates and its members' personal ones."""
         return f"{self.prefix}:templates:project:{project}"
 
+    def schedule(self, schedule_id: str) -> str:
+        """JSON document of one recurring schedule (``domain.schedules``), with its runner state."""
+        return f"{self.prefix}:schedule:{schedule_id}"
+
+    @property
+    def schedules(self) -> str:
+        """ZSET of every schedule id scored by creation time (admins' listing)."""
+        return f"{self.prefix}:schedules"
+
+    def schedules_of_owner(self, owner_id: str) -> str:
+        """ZSET of one user's schedule ids scored by creation time."""
+        return f"{self.prefix}:schedules:owner:{owner_id}"
+
+    @property
+    def schedules_due(self) -> str:
+        """ZSET of active schedule ids scored by when the runner must look at them next (unix seconds): the next
+        due time, or a trigger. Paused and finished schedules are not in it."""
+        return f"{self.prefix}:schedules:due"
+
+    def schedule_runs(self, schedule_id: str) -> str:
+        """LIST of one schedule's run records (JSON), newest first, capped at the history length."""
+        return f"{self.prefix}:schedule:{schedule_id}:runs"
+
+    @property
+    def schedules_wakeup(self) -> str:
+        """LIST the gateway pushes to when a schedule is created, changed or triggered; the runner blocks on it."""
+        return f"{self.prefix}:schedules:wakeup"
+
     @property
     def idle_lease(self) -> str:
         return f"{self.prefix}:lease:idle"

@@ -71,6 +71,8 @@ class SchedulerSettings:
     ``domain/scheduling_config.py``); None = the defaults (FIFO, strict head-of-line, dispersed)."""
     pass_interval: float = 1.0
     """Seconds between scheduling passes when no event (session created or ended, node changed) comes first."""
+    schedule_history: int = 20
+    """Run records kept per recurring schedule (``CARAVAN_SCHEDULE_HISTORY``); older ones are dropped."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         scheduler=SchedulerSettings(
             reconcile_interval=float(env.get("CARAVAN_RECONCILE_INTERVAL", SchedulerSettings.reconcile_interval)),
             config_path=Path(env["CARAVAN_SCHEDULER_CONFIG"]) if env.get("CARAVAN_SCHEDULER_CONFIG") else None,
+            schedule_history=_at_least_one(env, "CARAVAN_SCHEDULE_HISTORY", SchedulerSettings.schedule_history),
         ),
         idle=IdleSettings(policy_path=Path(env["CARAVAN_IDLE_POLICY"]) if env.get("CARAVAN_IDLE_POLICY") else None),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,

@@ -20,6 +20,7 @@ from scheduler.config import scheduler_core
 from scheduler.follower import Follower
 from scheduler.job_owner import JobOwner
 from scheduler.placer import Placer
+from scheduler.schedules import ScheduleRunner
 from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,10 @@ class Scheduler:
                 forever("reconcile", follower.reconcile, pause=self.settings.scheduler.reconcile_interval)
             )
             tasks.create_task(forever("replica health", follower.confirm_replica_health, pause=REPLICA_HEALTH_INTERVAL))
+            runner = ScheduleRunner(
+                self.store, self.settings, self.config, fence, history=self.settings.scheduler.schedule_history
+            )
+            tasks.create_task(forever("schedules", runner.run_forever))
 
     async def _schedule_once(self, placer: Placer, fence: Fence) -> None:
         await placer.run_pass()

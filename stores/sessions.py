@@ -22,6 +22,7 @@ from core.replies import begin, optional_texts, ranked, text_set
 from domain.model import Session, SessionResult, SessionStatus
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
+from stores.coalesced import Coalesced
 
 WAKEUP_BACKLOG = 64
 """The wakeup list only signals 'there is work'; a few entries are as good as many."""
@@ -132,6 +133,54 @@ class SessionStore:
                     return list(sessions)
                 except WatchError:
                     continue
+
+    async def create_each(self, batches: Sequence[tuple[Sequence[Session], str]]) -> dict[str, list[str] | Conflict]:
+        """Store many creations in one transaction, each with its own client token (a schedule runner's runs; no
+        admission check: the caller creates a run whose owner has a pending limit with :meth:`create`). Per token:
+        the session ids stored, the first call's ids when the token was used already, or the :class:`Conflict` of a
+        live name taken (that creation is left out)."""
+        tokens = [self.keys.client_token(sessions[0].owner_id, token) for sessions, token in batches]
+        names = [[self.keys.live_name(s.owner_id, s.name) for s in sessions] for sessions, _ in batches]
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(*tokens, *(k for keys in names for k in keys))
+                    earlier = await pipe.mget(tokens)
+                    taken = await pipe.mget([k for keys in names for k in keys]) if names else []
+                    outcome: dict[str, list[str] | Conflict] = {}
+                    begin(pipe)
+                    merged = Coalesced(pipe)  # one ZADD/SADD per shared index, not one per session
+                    position = 0
+                    for (sessions, token), token_key, name_keys, before in zip(
+                        batches, tokens, names, earlier, strict=True
+                    ):
+                        claims = taken[position : position + len(name_keys)]
+                        position += len(name_keys)
+                        if before:
+                            outcome[token] = decode(before, list[str])
+                        elif any(claims):
+                            name = next(s.name for s, c in zip(sessions, claims, strict=True) if c)
+                            outcome[token] = Conflict(f"a live session is named {name!r}", field="name")
+                        else:
+                            for session, name_key in zip(sessions, name_keys, strict=True):
+                                self._write_new(merged.as_pipe(), session, name_key)
+                            merged.set(token_key, encode([s.id for s in sessions]))
+                            outcome[token] = [s.id for s in sessions]
+                    merged.flush()
+                    pipe.incr(self.keys.sessions_version)
+                    pipe.rpush(self.keys.scheduler_wakeup, "created")
+                    pipe.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
+                    await pipe.execute()
+                    return outcome
+                except WatchError:
+                    continue
+
+    async def created_with(self, tokens: Sequence[tuple[str, str]]) -> list[list[str] | None]:
+        """For each (owner id, client token): the ids of the sessions created with it, or None (not used)."""
+        if not tokens:
+            return []
+        raws = await self.redis.mget([self.keys.client_token(owner, token) for owner, token in tokens])
+        return [decode(raw, list[str]) if raw else None for raw in raws]
 
     def _write_new(self, pipe: Redis, session: Session, name_key: str) -> None:
         created = session.created_at.timestamp()

@@ -20,6 +20,8 @@ from gateway.graphql.operation_name import OperationNameRequired
 from gateway.graphql.policies.mutations import PolicyMutations
 from gateway.graphql.policies.queries import PolicyQueries
 from gateway.graphql.protection import Limits, schema_extensions
+from gateway.graphql.schedules.mutations import ScheduleMutations
+from gateway.graphql.schedules.queries import ScheduleQueries
 from gateway.graphql.sessions.app_mutations import AppMutations
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
@@ -42,7 +44,7 @@ class Viewer:
 
 
 @strawberry.type
-class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries):
+class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries, ScheduleQueries):
     @fields.field(description="Who you are, by your API token.")
     def viewer(self, info: Info) -> Viewer:
         user = info.context.viewer
@@ -50,7 +52,9 @@ class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQue
 
 
 @strawberry.type
-class Mutation(SessionMutations, AppMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations):
+class Mutation(
+    SessionMutations, AppMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations, ScheduleMutations
+):
     pass
 
 

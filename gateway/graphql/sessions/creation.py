@@ -13,24 +13,15 @@ from domain.resource_policies import check_allowed, check_priority
 from domain.session_requests import CreationRules
 from gateway.graphql.context import Context
 from gateway.scheduling_config import scheduling_config
-from stores.known_resources import known_resource_groups, known_slot_types
-from stores.presets import PresetStore
+from stores.creation_rules import read_creation_rules
 from stores.resource_policies import PolicyStore, pending_admission
 
 
 async def creation_rules(ctx: Context, *, resource_group: str, preset: str | None) -> CreationRules:
     """The configuration a new session (or a template's spec) is checked against, read for this request."""
-    redis, keys = ctx.sessions.redis, ctx.sessions.keys
     config = scheduling_config(ctx.settings.scheduler.config_path)
-    return CreationRules(
-        known_slots=await known_slot_types(redis, keys),
-        default_image=ctx.settings.default_image,
-        docker_images=ctx.settings.docker_images,
-        presets=await PresetStore(redis, keys).named(preset),
-        qemu_images=ctx.settings.qemu_images,
-        allowed_drivers=config.drivers_allowed(resource_group),
-        known_groups=await known_resource_groups(redis, keys, configured=config.groups),
-        default_resources=config.default_resources(resource_group),
+    return await read_creation_rules(
+        ctx.sessions.redis, ctx.sessions.keys, ctx.settings, config, resource_group=resource_group, preset=preset
     )
 
 

@@ -1,0 +1,1 @@
+"""Recurring schedules of batch sessions: types, queries, mutations."""

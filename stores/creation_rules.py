@@ -1,0 +1,30 @@
+"""The configuration a new session is checked against (``domain.session_requests.CreationRules``), read from Redis
+and the settings for one creation: by the gateway's ``createSession`` and by the scheduler's schedule runner."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from core.keys import Keys
+from core.settings import Settings
+from domain.scheduling_config import SchedulingConfig
+from domain.session_requests import CreationRules
+from stores.known_resources import known_resource_groups, known_slot_types
+from stores.presets import PresetStore
+
+
+async def read_creation_rules(
+    redis: Redis, keys: Keys, settings: Settings, config: SchedulingConfig, *, resource_group: str, preset: str | None
+) -> CreationRules:
+    """The rules for a session in ``resource_group`` with ``preset``: known slots and groups, images, the preset, and
+    the group's allowed drivers and default resources in the scheduling configuration ``config``."""
+    return CreationRules(
+        known_slots=await known_slot_types(redis, keys),
+        default_image=settings.default_image,
+        docker_images=settings.docker_images,
+        presets=await PresetStore(redis, keys).named(preset),
+        qemu_images=settings.qemu_images,
+        allowed_drivers=config.drivers_allowed(resource_group),
+        known_groups=await known_resource_groups(redis, keys, configured=config.groups),
+        default_resources=config.default_resources(resource_group),
+    )

@@ -1,0 +1,174 @@
+"""Recurring schedules through the real gateway (real Redis; the runner driven in-process where a run is needed):
+owner-only access, typed errors naming the field with nothing half-created, pause/resume/trigger/delete, and a run
+from a template with overrides showing in the history with its session."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from core.clock import utcnow
+from domain.scheduling_config import load_scheduler_config
+from domain.users import Role
+from scheduler.schedules import ScheduleRunner
+from stores.schedules import ScheduleStore
+from tests.harness import Caravan, GraphQLErrors
+
+SCHEDULE_FIELDS = """id name ownerId project cron interval timeZone paused concurrency missedRuns nextDue runsStarted
+templateId overridden spec { type startupCommand }"""
+CREATE = f"mutation($input: CreateScheduleInput!) {{ createSchedule(input: $input) {{ {SCHEDULE_FIELDS} }} }}"
+UPDATE = f"""mutation($id: ID!, $input: UpdateScheduleInput!) {{
+  updateSchedule(id: $id, input: $input) {{ {SCHEDULE_FIELDS} }} }}"""
+ONE = f"""query($id: ID!) {{ schedule(id: $id) {{ {SCHEDULE_FIELDS} nextRunTimes(count: 3)
+  history {{ outcome dueAt triggered reason sessionIds sessions {{ id name status }} }} }} }}"""
+LIST = "query($after: String) { schedules(first: 2, after: $after) { totalCount edges { cursor node { id name } } " \
+    "pageInfo { hasNextPage endCursor } } }"  # fmt: skip
+BATCH = {"type": "BATCH", "driver": "EXEC", "startupCommand": "echo nightly"}
+
+
+def nightly(**changes: Any) -> dict[str, Any]:
+    return {"name": "nightly", "cron": "30 2 * * *", "timeZone": "Europe/Berlin", "spec": BATCH, **changes}
+
+
+async def create(caravan: Caravan, token: str, **changes: Any) -> dict[str, Any]:
+    return dict((await caravan.gql(CREATE, {"input": nightly(**changes)}, token=token))["createSchedule"])
+
+
+async def refused(caravan: Caravan, query: str, variables: dict[str, Any], token: str) -> dict[str, Any]:
+    with pytest.raises(GraphQLErrors) as failed:
+        await caravan.gql(query, variables, token=token)
+    [error] = failed.value.errors
+    return dict(error["extensions"])
+
+
+async def test_a_schedule_is_its_owners(caravan: Caravan) -> None:
+    alice, bob = await caravan.user("alice"), await caravan.user("bob")
+    admin = await caravan.user("root", role=Role.ADMIN)
+    made = await create(caravan, alice)
+    assert (made["ownerId"], made["project"], made["concurrency"], made["missedRuns"]) == (
+        "alice", "default", "ALLOW", "RUN_LATEST",
+    )  # fmt: skip
+    found = (await caravan.gql(ONE, {"id": made["id"]}, token=alice))["schedule"]
+    times = [datetime.fromisoformat(t) for t in found["nextRunTimes"]]
+    assert len(times) == 3 and times == sorted(times)
+    assert all(t.astimezone(UTC).strftime("%M") == "30" for t in times)
+    assert found["history"] == []
+    assert (await refused(caravan, ONE, {"id": made["id"]}, bob))["code"] == "NOT_FOUND"
+    assert (await caravan.gql(ONE, {"id": made["id"]}, token=admin))["schedule"]["id"] == made["id"]
+    assert (await caravan.gql(LIST, token=bob))["schedules"]["totalCount"] == 0
+    for mutation in ("pauseSchedule", "resumeSchedule", "triggerSchedule", "deleteSchedule"):
+        query = f"mutation($id: ID!) {{ {mutation}(id: $id) {{ id }} }}".replace(
+            " { id }", "", mutation == "deleteSchedule"
+        )
+        assert (await refused(caravan, query, {"id": made["id"]}, bob))["code"] == "NOT_FOUND"
+
+
+async def test_the_listing_pages_newest_first(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    names = [(await create(caravan, alice, name=f"job-{i}"))["name"] for i in range(3)]
+    first = (await caravan.gql(LIST, token=alice))["schedules"]
+    assert [e["node"]["name"] for e in first["edges"]] == names[::-1][:2]
+    assert first["totalCount"] == 3 and first["pageInfo"]["hasNextPage"]
+    rest = (await caravan.gql(LIST, {"after": first["pageInfo"]["endCursor"]}, token=alice))["schedules"]
+    assert [e["node"]["name"] for e in rest["edges"]] == [names[0]] and not rest["pageInfo"]["hasNextPage"]
+    assert (await refused(caravan, LIST, {"after": "bm9wZQ"}, alice))["field"] == "after"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"cron": "61 2 * * *"}, "cron"),
+        ({"cron": "* * * *"}, "cron"),
+        ({"cron": None}, "cron"),  # neither cron nor interval
+        ({"interval": "1h"}, "cron"),  # both
+        ({"cron": None, "interval": "0.5s"}, "interval"),
+        ({"cron": None, "interval": "soon"}, "interval"),
+        ({"timeZone": "Europe/Atlantis"}, "timeZone"),
+        ({"name": "x"}, "name"),
+        ({"spec": {**BATCH, "type": "INTERACTIVE"}}, "spec.type"),
+        ({"spec": {**BATCH, "startupCommand": ""}}, "spec.startupCommand"),
+        ({"spec": {**BATCH, "environ": [{"name": "CARAVAN_X", "value": "1"}]}}, "spec.environ.CARAVAN_X"),
+        ({"spec": None}, "spec"),  # neither spec nor template
+        ({"templateId": "t-1"}, "spec"),  # both
+        ({"startingDeadline": "0s"}, "startingDeadline"),
+        ({"maxRuns": 0}, "maxRuns"),
+        ({"endAt": "2020-01-01T00:00:00Z"}, "endAt"),
+        ({"project": "elsewhere"}, "project"),
+    ],
+)
+async def test_bad_input_names_the_field_and_creates_nothing(
+    caravan: Caravan, changes: dict[str, Any], field: str
+) -> None:
+    alice = await caravan.user("alice")
+    error = await refused(caravan, CREATE, {"input": nightly(**changes)}, alice)
+    assert error["field"] == field, error
+    assert error["code"] in ("INVALID_INPUT", "FORBIDDEN")
+    assert (await caravan.gql(LIST, token=alice))["schedules"]["totalCount"] == 0
+
+
+async def test_pause_resume_update_trigger_delete(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    made = await create(caravan, alice)
+    pause = "mutation($id: ID!) { pauseSchedule(id: $id) { paused nextDue nextRunTimes } }"
+    assert (await caravan.gql(pause, {"id": made["id"]}, token=alice))["pauseSchedule"] == {
+        "paused": True, "nextDue": None, "nextRunTimes": [],
+    }  # fmt: skip
+    store = ScheduleStore(caravan.store.redis, caravan.store.keys)
+    assert await store.due(utcnow() + timedelta(days=3), 10) == []
+    resume = "mutation($id: ID!) { resumeSchedule(id: $id) { paused nextDue } }"
+    resumed = (await caravan.gql(resume, {"id": made["id"]}, token=alice))["resumeSchedule"]
+    assert resumed["paused"] is False and resumed["nextDue"] == made["nextDue"]
+    changed = (
+        await caravan.gql(
+            UPDATE, {"id": made["id"], "input": {"interval": "90s", "concurrency": "FORBID"}}, token=alice
+        )
+    )["updateSchedule"]
+    assert (changed["cron"], changed["interval"], changed["concurrency"]) == (None, 90.0, "FORBID")
+    bad = await refused(caravan, UPDATE, {"id": made["id"], "input": {"timeZone": "Nowhere/Else"}}, alice)
+    assert bad["field"] == "timeZone"
+    trigger = "mutation($id: ID!) { triggerSchedule(id: $id) { id } }"
+    await caravan.gql(trigger, {"id": made["id"]}, token=alice)
+    stored = await store.get(made["id"])
+    assert stored is not None and stored.trigger_at is not None
+    assert made["id"] in await store.due(utcnow(), 10)
+    assert (await caravan.gql("mutation($id: ID!) { deleteSchedule(id: $id) }", {"id": made["id"]}, token=alice)) == {
+        "deleteSchedule": made["id"]
+    }
+    assert (await refused(caravan, ONE, {"id": made["id"]}, alice))["code"] == "NOT_FOUND"
+    assert await store.due(utcnow() + timedelta(days=3), 10) == []
+
+
+async def test_a_run_from_a_template_with_overrides_shows_in_the_history(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    create_template = "mutation($input: CreateSessionTemplateInput!) { createSessionTemplate(input: $input) { id } }"
+    template = (
+        await caravan.gql(
+            create_template,
+            {"input": {"name": "etl", "spec": {**BATCH, "environ": [{"name": "A", "value": "1"}]}}},
+            token=alice,
+        )
+    )["createSessionTemplate"]
+    overrides = {"startupCommand": "echo overridden", "environ": [{"name": "B", "value": "2"}]}
+    made = await create(caravan, alice, spec=None, templateId=template["id"], overrides=overrides, cron="* * * * *")
+    assert (made["templateId"], made["spec"], made["overridden"]) == (
+        template["id"],
+        None,
+        ["startup_command", "environ"],
+    )
+    runner = ScheduleRunner(caravan.store, caravan.settings, load_scheduler_config(None), None, history=20)
+    due = datetime.fromisoformat(made["nextDue"])
+    assert await runner.run_due(due + timedelta(seconds=0.2)) == 1
+    [run] = (await caravan.gql(ONE, {"id": made["id"]}, token=alice))["schedule"]["history"]
+    assert run["outcome"] == "CREATED" and run["triggered"] is False
+    [session] = run["sessions"]
+    assert session["status"] == "PENDING" and session["name"].startswith("nightly-")
+    stored = await caravan.store.get(session["id"])
+    assert stored is not None and stored.startup_command == "echo overridden"
+    assert stored.environ["A"] == "1" and stored.environ["B"] == "2"
+    # the template gone: the next run is a recorded failure, not a silent drop
+    await caravan.gql("mutation($id: ID!) { deleteSessionTemplate(id: $id) }", {"id": template["id"]}, token=alice)
+    assert await runner.run_due(due + timedelta(minutes=1, seconds=0.2)) == 1
+    failed, _ = (await caravan.gql(ONE, {"id": made["id"]}, token=alice))["schedule"]["history"]
+    assert failed["outcome"] == "FAILED" and "template" in failed["reason"]

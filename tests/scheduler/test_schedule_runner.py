@@ -1,0 +1,223 @@
+"""The schedule runner against real Redis, with the clock passed in: exactly one run per due time however many
+runners race on it (and after a crash between creating a run and settling it), the concurrency policies, policy
+violations recorded on the run, downtime handled without a burst, triggers, and a stale leader fenced off."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from redis.asyncio import Redis
+
+from core.keys import Keys
+from core.lease import Fence, LostLease
+from core.settings import Settings
+from domain.model import Driver, SessionType
+from domain.resource_policies import UserResourcePolicy
+from domain.schedules import ConcurrencyPolicy, RunOutcome, Schedule, Timing, check_timing, new_schedule
+from domain.scheduling_config import load_scheduler_config
+from domain.templates import TemplateSpec
+from domain.users import Role, User
+from scheduler.schedules import ScheduleRunner, _pending
+from stores.resource_policies import PolicyStore
+from stores.schedules import ScheduleStore
+from stores.sessions import SessionStore
+from stores.users import UserStore
+
+pytestmark = pytest.mark.redis
+
+T0 = datetime(2026, 11, 24, 6, 0, 0, tzinfo=UTC)
+SPEC = TemplateSpec(type=SessionType.BATCH, driver=Driver.EXEC, startup_command="true")
+
+
+def runner_of(redis: Redis, keys: Keys, settings: Settings, fence: Fence | None = None) -> ScheduleRunner:
+    return ScheduleRunner(SessionStore(redis, keys), settings, load_scheduler_config(None), fence, history=20)
+
+
+async def stored_schedule(
+    redis: Redis,
+    keys: Keys,
+    *,
+    name: str = "nightly",
+    timing: Timing | None = None,
+    concurrency: ConcurrencyPolicy = ConcurrencyPolicy.ALLOW,
+    owner: str = "alice",
+) -> Schedule:
+    users = UserStore(redis, keys)
+    if await users.get(owner) is None:
+        await users.put(User(id=owner, name=owner, role=Role.USER, projects=("default",)))
+    schedule = new_schedule(
+        name=name,
+        owner_id=owner,
+        project="default",
+        timing=timing or check_timing(cron="* * * * *", interval=None, zone="UTC", now=T0 - timedelta(seconds=30)),
+        concurrency=concurrency,
+        now=T0 - timedelta(seconds=30),
+        spec=SPEC,
+    )
+    assert schedule.next_due == T0
+    await ScheduleStore(redis, keys).create(schedule)
+    return schedule
+
+
+async def owned_sessions(redis: Redis, keys: Keys, owner: str = "alice") -> list[str]:
+    return await SessionStore(redis, keys).session_ids(owner_id=owner)
+
+
+async def test_a_due_schedule_runs_once_and_moves_on(redis: Redis, keys: Keys, redis_settings: Settings) -> None:
+    schedule = await stored_schedule(redis, keys)
+    runner = runner_of(redis, keys, redis_settings)
+    assert await runner.run_due(T0 - timedelta(seconds=1)) == 0
+    assert await runner.run_due(T0 + timedelta(seconds=0.3)) == 1
+    assert await runner.run_due(T0 + timedelta(seconds=0.6)) == 0  # settled: not due again
+    [session_id] = await owned_sessions(redis, keys)
+    session = await SessionStore(redis, keys).get(session_id)
+    assert session is not None
+    assert (session.name, session.type, session.project) == ("nightly-20261124-060000", SessionType.BATCH, "default")
+    store = ScheduleStore(redis, keys)
+    [run] = await store.history(schedule.id)
+    assert (run.outcome, run.session_ids, run.due_at) == (RunOutcome.CREATED, (session_id,), T0)
+    after = await store.get(schedule.id)
+    assert after is not None
+    assert (after.next_due, after.runs_started, after.last_sessions) == (T0 + timedelta(minutes=1), 1, (session_id,))
+
+
+async def test_many_runners_racing_on_one_due_time_create_one_run(
+    redis: Redis, keys: Keys, redis_settings: Settings
+) -> None:
+    schedules = [await stored_schedule(redis, keys, name=f"race-{i}") for i in range(20)]
+    runners = [runner_of(redis, keys, redis_settings) for _ in range(8)]
+    # 8 runners x 4 coroutines each, all at the due instant
+    await asyncio.gather(*(r.run_due(T0 + timedelta(seconds=0.1)) for r in runners for _ in range(4)))
+    sessions = await owned_sessions(redis, keys)
+    assert len(sessions) == 20
+    store = ScheduleStore(redis, keys)
+    for schedule in schedules:
+        history = await store.history(schedule.id)
+        assert [r.outcome for r in history] == [RunOutcome.CREATED]
+        assert history[0].session_ids[0] in sessions
+
+
+async def test_a_crash_between_creating_and_settling_leaves_one_run(
+    redis: Redis, keys: Keys, redis_settings: Settings
+) -> None:
+    schedule = await stored_schedule(redis, keys)
+    crashed = runner_of(redis, keys, redis_settings)
+    # fault: the first runner creates the run's sessions and dies before settling it
+    [stored] = await crashed.schedules.get_many([schedule.id])
+    pending = _pending(stored, T0 + timedelta(seconds=0.1))
+    assert pending is not None
+    await crashed._decide([pending], T0 + timedelta(seconds=0.1))
+    [created] = await owned_sessions(redis, keys)
+    assert await ScheduleStore(redis, keys).history(schedule.id) == []
+    # the next leader finds the due time still there, and the sessions by the run key
+    assert await runner_of(redis, keys, redis_settings).run_due(T0 + timedelta(seconds=2)) == 1
+    assert await owned_sessions(redis, keys) == [created]
+    [run] = await ScheduleStore(redis, keys).history(schedule.id)
+    assert (run.outcome, run.session_ids) == (RunOutcome.CREATED, (created,))
+
+
+async def test_forbid_skips_while_the_previous_run_is_live_and_replace_ends_it(
+    redis: Redis, keys: Keys, redis_settings: Settings
+) -> None:
+    forbid = await stored_schedule(redis, keys, name="forbid", concurrency=ConcurrencyPolicy.FORBID)
+    replace = await stored_schedule(redis, keys, name="replace", concurrency=ConcurrencyPolicy.REPLACE)
+    runner = runner_of(redis, keys, redis_settings)
+    await runner.run_due(T0 + timedelta(seconds=0.1))
+    await runner.run_due(T0 + timedelta(minutes=1, seconds=0.1))  # the first runs are still PENDING
+    store, sessions = ScheduleStore(redis, keys), SessionStore(redis, keys)
+    skipped, first = await store.history(forbid.id)
+    assert (skipped.outcome, first.outcome) == (RunOutcome.SKIPPED, RunOutcome.CREATED)
+    assert skipped.reason is not None and first.session_ids[0] in skipped.reason
+    second, first = await store.history(replace.id)
+    assert (second.outcome, first.outcome) == (RunOutcome.CREATED, RunOutcome.CREATED)
+    ended = await sessions.get(first.session_ids[0])
+    assert ended is not None and ended.status.is_terminal and ended.status_info == "schedule-replaced"
+    # the FORBID run ends: the next due time runs
+    await sessions.request_termination(first.session_ids[0], reason="user-requested", at=T0, forced=True)
+    forbid_first = (await store.history(forbid.id))[-1].session_ids[0]
+    await sessions.request_termination(forbid_first, reason="user-requested", at=T0, forced=True)
+    await runner.run_due(T0 + timedelta(minutes=2, seconds=0.1))
+    assert (await store.history(forbid.id))[0].outcome is RunOutcome.CREATED
+
+
+async def test_a_policy_violation_is_recorded_on_the_run(redis: Redis, keys: Keys, redis_settings: Settings) -> None:
+    schedule = await stored_schedule(redis, keys)
+    await PolicyStore(redis, keys).put_user("alice", UserResourcePolicy(allowed_resource_groups=("gpu",)))
+    await runner_of(redis, keys, redis_settings).run_due(T0 + timedelta(seconds=0.1))
+    [run] = await ScheduleStore(redis, keys).history(schedule.id)
+    assert run.outcome is RunOutcome.FAILED and run.session_ids == ()
+    assert run.reason is not None and run.reason.startswith("FORBIDDEN") and "default" in run.reason
+    assert await owned_sessions(redis, keys) == []
+    after = await ScheduleStore(redis, keys).get(schedule.id)
+    assert after is not None and after.next_due == T0 + timedelta(minutes=1) and after.runs_started == 0
+
+
+async def test_a_pending_limit_is_checked_at_each_run(redis: Redis, keys: Keys, redis_settings: Settings) -> None:
+    schedule = await stored_schedule(redis, keys)
+    await PolicyStore(redis, keys).put_user("alice", UserResourcePolicy(max_pending_sessions=1))
+    runner = runner_of(redis, keys, redis_settings)
+    await runner.run_due(T0 + timedelta(seconds=0.1))
+    await runner.run_due(T0 + timedelta(minutes=1, seconds=0.1))
+    refused, created = await ScheduleStore(redis, keys).history(schedule.id)
+    assert (created.outcome, refused.outcome) == (RunOutcome.CREATED, RunOutcome.FAILED)
+    assert refused.reason is not None and refused.reason.startswith("QUOTA_EXCEEDED")
+
+
+async def test_after_downtime_the_latest_runs_once_and_the_rest_is_one_record(
+    redis: Redis, keys: Keys, redis_settings: Settings
+) -> None:
+    schedule = await stored_schedule(redis, keys)
+    await runner_of(redis, keys, redis_settings).run_due(T0 + timedelta(hours=3, seconds=5))
+    run, missed = await ScheduleStore(redis, keys).history(schedule.id)
+    assert (run.outcome, run.due_at) == (RunOutcome.CREATED, T0 + timedelta(hours=3))
+    assert (missed.outcome, missed.missed) == (RunOutcome.MISSED, 180)
+    assert len(await owned_sessions(redis, keys)) == 1
+
+
+async def test_a_trigger_runs_once_outside_the_due_times(redis: Redis, keys: Keys, redis_settings: Settings) -> None:
+    schedule = await stored_schedule(redis, keys)
+    store = ScheduleStore(redis, keys)
+    moment = T0 - timedelta(seconds=20)
+    await store.update(schedule.id, lambda s: s.evolve(trigger_at=moment))
+    runner = runner_of(redis, keys, redis_settings)
+    assert await runner.run_due(T0 - timedelta(seconds=19)) == 1
+    assert await runner.run_due(T0 - timedelta(seconds=18)) == 0
+    [run] = await store.history(schedule.id)
+    assert run.triggered and run.outcome is RunOutcome.CREATED
+    after = await store.get(schedule.id)
+    assert after is not None and after.trigger_at is None and after.next_due == T0
+
+
+async def test_a_stale_leader_cannot_settle(redis: Redis, keys: Keys, redis_settings: Settings) -> None:
+    await stored_schedule(redis, keys)
+    await redis.set(keys.scheduler_fence, 2)
+    stale = runner_of(redis, keys, redis_settings, Fence(keys.scheduler_fence, 1))
+    with pytest.raises(LostLease):
+        await stale.run_due(T0 + timedelta(seconds=1))
+    # what it created is the run the current leader settles, not a second one
+    leader = runner_of(redis, keys, redis_settings, Fence(keys.scheduler_fence, 2))
+    assert await leader.run_due(T0 + timedelta(seconds=2)) == 1
+    assert len(await owned_sessions(redis, keys)) == 1
+
+
+async def test_paused_schedules_leave_the_due_index(redis: Redis, keys: Keys, redis_settings: Settings) -> None:
+    schedule = await stored_schedule(redis, keys)
+    store = ScheduleStore(redis, keys)
+    await store.update(schedule.id, lambda s: s.evolve(paused=True))
+    assert await store.due(T0 + timedelta(days=1), 10) == []
+    assert await runner_of(redis, keys, redis_settings).run_due(T0 + timedelta(days=1)) == 0
+    assert await owned_sessions(redis, keys) == []
+
+
+async def test_the_history_keeps_the_newest_records(redis: Redis, keys: Keys, redis_settings: Settings) -> None:
+    schedule = await stored_schedule(redis, keys)
+    runner = ScheduleRunner(SessionStore(redis, keys), redis_settings, load_scheduler_config(None), None, history=3)
+    for minute in range(15):
+        await runner.run_due(T0 + timedelta(minutes=minute, seconds=0.1))
+    history = await ScheduleStore(redis, keys, history=3).history(schedule.id)
+    assert [r.due_at for r in history] == [T0 + timedelta(minutes=m) for m in (14, 13, 12)]
+    assert await redis.llen(keys.schedule_runs(schedule.id)) <= 3 + 10  # trimmed every 10 records
+    stored = await ScheduleStore(redis, keys).get(schedule.id)
+    assert stored is not None and (stored.recorded, stored.runs_started) == (15, 15)
