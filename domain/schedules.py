@@ -43,7 +43,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadCronError, croniter
 
 from core.errors import InvalidInput
-from domain.session_requests import SessionRequest
+from domain.session_requests import RUN_TOKEN_PREFIX, SessionRequest
 from domain.templates import TemplateSpec
 
 SCHEDULE_NAME_RULE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{2,38}[A-Za-z0-9_]$")
@@ -349,7 +349,7 @@ def plan_due(schedule: Schedule, now: datetime) -> DuePlan | None:
 def run_key(schedule_id: str, due: datetime, *, triggered: bool = False) -> str:
     """The idempotency key of the run of ``schedule_id`` due at ``due``: one due instant, one key, one run."""
     kind = "trigger" if triggered else "due"
-    return f"schedule:{schedule_id}:{kind}:{due.astimezone(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}"
+    return f"{RUN_TOKEN_PREFIX}{schedule_id}:{kind}:{due.astimezone(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}"
 
 
 def run_session_name(schedule: Schedule, due: datetime, *, triggered: bool = False) -> str:

@@ -59,6 +59,9 @@ MAX_CLUSTER_SIZE = 32
 MAX_COUNT = 50
 MAX_DEPENDENCIES = 64
 MAX_PREOPEN_PORTS = 16
+RUN_TOKEN_PREFIX = "schedule:"
+"""Client tokens a schedule's runs are stored with (``domain.schedules.run_key``): a user's own createSession may not
+use one, or it could take the place of a future run."""
 BATCH_ONLY = ("startsAt", "batchTimeout", "dependencies")
 IMAGE_DRIVERS = (Driver.DOCKER, Driver.QEMU)
 """The drivers that run an image; exec and raw_exec run none, and refuse one (``image``, a kernel role's)."""
@@ -121,6 +124,15 @@ class SessionRequest:
     health_check_grace: str | None = None
     apps: Sequence[App] = ()
     """Named ports the gateway proxies (``domain.apps``)."""
+
+
+def check_users_client_token(token: str | None) -> None:
+    """A clientToken a user sends (``createSession``) may not be one of a schedule's run keys: the runs alone use
+    :data:`RUN_TOKEN_PREFIX` (``build_sessions`` itself takes them, for the schedule runner)."""
+    if token is not None and token.startswith(RUN_TOKEN_PREFIX):
+        raise InvalidInput(
+            f"clientToken: the prefix {RUN_TOKEN_PREFIX!r} is reserved for schedules' runs", field="clientToken"
+        )
 
 
 def build_sessions(

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from core.clock import utcnow
+from domain.schedules import run_key
 from domain.scheduling_config import load_scheduler_config
 from domain.users import Role
 from scheduler.schedules import ScheduleRunner
@@ -172,3 +173,17 @@ async def test_a_run_from_a_template_with_overrides_shows_in_the_history(caravan
     assert await runner.run_due(due + timedelta(minutes=1, seconds=0.2)) == 1
     failed, _ = (await caravan.gql(ONE, {"id": made["id"]}, token=alice))["schedule"]["history"]
     assert failed["outcome"] == "FAILED" and "template" in failed["reason"]
+
+
+async def test_a_users_own_session_cannot_take_a_future_runs_key(caravan: Caravan) -> None:
+    """Runs are stored under their run key as client token; createSession may not use that prefix, or a user's own
+    session could stand in for (pre-empt) a schedule's future run."""
+    alice = await caravan.user("alice")
+    made = await create(caravan, alice, cron="* * * * *")
+    key = run_key(made["id"], datetime.fromisoformat(made["nextDue"]))
+    session = {"name": "squatter", "type": "BATCH", "startupCommand": "true", "clientToken": key}
+    create_session = "mutation($i: CreateSessionInput!) { createSession(input: $i) { sessions { id } } }"
+    with pytest.raises(GraphQLErrors) as error:
+        await caravan.gql(create_session, {"i": session}, token=alice)
+    [problem] = error.value.errors
+    assert (problem["extensions"]["code"], problem["extensions"].get("field")) == ("INVALID_INPUT", "clientToken")

@@ -9,7 +9,7 @@ from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from domain.access import may_create_for
 from domain.model import Session as SessionModel
 from domain.model import SessionStatus as Status
-from domain.session_requests import NAME_RULE, SessionRequest, build_sessions
+from domain.session_requests import NAME_RULE, SessionRequest, build_sessions, check_users_client_token
 from domain.users import User
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
@@ -52,6 +52,7 @@ async def create_from_input(ctx: Context, input: CreateSessionInput) -> list[Ses
     """The one creation path: ``createSession``, and ``createSessionFromTemplate`` with the template's values under
     the overrides."""
     viewer = ctx.viewer
+    check_users_client_token(input.client_token)
     owner = await _owner_of_new(ctx, viewer, str(input.owner) if input.owner is not None else None)
     dependencies = [str(d) for d in input.dependencies]
     for dependency_id, found in zip(dependencies, await ctx.sessions.get_many(dependencies), strict=True):
