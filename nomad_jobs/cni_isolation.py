@@ -180,31 +180,36 @@ class Membership:
         return os.path.join(self.root, "sessions", session)
 
     def others(self, kernel: Kernel) -> list[str]:
-        directory = self._session_dir(kernel.session)
-        if not os.path.isdir(directory):
-            return []
-        return [
-            self._read(os.path.join(directory, name)).address
-            for name in sorted(os.listdir(directory))
-            if name != kernel.container_id
-        ]
+        return [other.address for other in self._records(self._session_dir(kernel.session), but=kernel.container_id)]
 
     def remember(self, kernel: Kernel) -> None:
+        """Write the kernel's records whole or not at all (a temporary file renamed over): a plugin killed mid-write
+        must not leave a torn record that every later ADD on the host would trip over."""
         record = json.dumps(kernel._asdict())
         for directory in (self._session_dir(kernel.session), os.path.join(self.root, "containers")):
             os.makedirs(directory, mode=0o700, exist_ok=True)
-            with open(os.path.join(directory, kernel.container_id), "w") as file:
+            temporary = os.path.join(directory, f".{kernel.container_id}.{os.getpid()}.tmp")
+            with open(temporary, "w") as file:
                 file.write(record)
+            os.replace(temporary, os.path.join(directory, kernel.container_id))
 
     def recall(self, container_id: str) -> Kernel | None:
         path = os.path.join(self.root, "containers", container_id)
         return self._read(path) if os.path.exists(path) else None
 
     def all_kernels(self) -> list[Kernel]:
-        directory = os.path.join(self.root, "containers")
+        return self._records(os.path.join(self.root, "containers"))
+
+    def _records(self, directory: str, but: str | None = None) -> list[Kernel]:
+        """The readable records in ``directory`` (temporary files and ``but`` left out)."""
         if not os.path.isdir(directory):
             return []
-        return [self._read(os.path.join(directory, name)) for name in sorted(os.listdir(directory))]
+        found = (
+            self._read(os.path.join(directory, name))
+            for name in sorted(os.listdir(directory))
+            if not name.startswith(".") and name != but
+        )
+        return [kernel for kernel in found if kernel is not None]
 
     def forget(self, kernel: Kernel) -> None:
         directory = self._session_dir(kernel.session)
@@ -218,9 +223,15 @@ class Membership:
             os.rmdir(directory)  # the session's last kernel on this host
 
     @staticmethod
-    def _read(path: str) -> Kernel:
-        with open(path) as file:
-            return Kernel(**json.load(file))
+    def _read(path: str) -> Kernel | None:
+        """The record at ``path``; None (and a line on stderr, which Nomad logs) when it is torn or not a record,
+        as one left by an older plugin killed mid-write: skipped, so one bad file cannot stop every kernel."""
+        try:
+            with open(path) as file:
+                return Kernel(**json.load(file))
+        except (OSError, ValueError, TypeError) as exc:
+            print(f"caravan-isolation: skipping the unreadable record {path}: {exc}", file=sys.stderr)
+            return None
 
 
 def nft(commands: Sequence[str]) -> None:

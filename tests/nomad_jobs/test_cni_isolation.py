@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nomad_jobs import cni_isolation
 from nomad_jobs.cni_isolation import (
     RULES,
     TABLE,
@@ -112,3 +114,21 @@ def test_the_rules_and_elements_are_one_valid_nftables_transaction() -> None:
     )
     checked = subprocess.run(["nft", "-c", "-f", "-"], input=script, text=True, capture_output=True)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_a_torn_record_is_skipped_and_records_are_written_whole(tmp_path: Path) -> None:
+    """A plugin killed mid-write once left an empty record, and every later ADD on the host failed ("Expecting
+    value"), so every docker and exec kernel went to ERROR. Records are now renamed into place, and a torn one
+    (left by an older plugin) is skipped."""
+    members = cni_isolation.Membership(str(tmp_path))
+    first = cni_isolation.Kernel("c1", "ns/job-a", "10.99.0.2", "veth1")
+    second = cni_isolation.Kernel("c2", "ns/job-a", "10.99.0.3", "veth2")
+    members.remember(first)
+    members.remember(second)
+    (tmp_path / "containers" / "torn").write_text("")
+    session_dir = next((tmp_path / "sessions").iterdir())
+    (session_dir / "torn").write_text("{")
+    assert members.all_kernels() == [first, second]
+    assert members.others(first) == ["10.99.0.3"]
+    assert members.recall("torn") is None
+    assert not [p for p in tmp_path.rglob(".*.tmp")]  # nothing half-written left behind
