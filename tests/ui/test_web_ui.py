@@ -1,0 +1,201 @@
+"""The web UI in a real headless Chromium against a real gateway, scheduler, Redis and Nomad: what a researcher and
+an operator do every day, through the browser only (tests/ui/conftest.py: no console errors, screenshots on failure).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from domain.users import Role
+from tests.harness import CREATE, Caravan
+from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, visible, wait
+
+pytestmark = [pytest.mark.ui]
+
+NO_RELOAD = "window.__caravanNoReload = true"
+"""Set once after loading: still set later means the page was never reloaded."""
+STILL_LOADED = "return window.__caravanNoReload === true"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def test_sign_in_keeps_the_token_out_of_urls_and_sign_out_forgets_it(caravan: Caravan, browser: Browser) -> None:
+    alice = await caravan.user("alice")
+
+    def step(d: WebDriver) -> None:
+        d.get(browser.base + "/ui/")
+        visible(d, "#token").send_keys("not-a-token")
+        d.find_element(By.CSS_SELECTOR, "form[aria-label='Sign in'] button[type=submit]").click()
+        text_in(d, "[role=alert]", "UNAUTHENTICATED")
+        sign_in(d, browser.base, alice)
+        assert d.find_element(By.ID, "viewer-name").text == "alice"
+        assert alice not in d.current_url
+        assert d.execute_script("return sessionStorage.getItem('caravan.token')") == alice
+        assert d.execute_script("return localStorage.length") == 0
+        assert not d.find_elements(By.ID, "nav-admin")  # a USER has no admin menu
+        d.refresh()  # the tab keeps its sign-in
+        visible(d, "#viewer-name")
+        d.find_element(By.ID, "sign-out").click()
+        visible(d, "#token")
+        assert d.execute_script("return sessionStorage.getItem('caravan.token')") is None
+
+    await browser.run(step)
+
+
+async def test_a_batch_session_launched_from_the_form_reaches_success_without_a_reload(
+    caravan: Caravan, browser: Browser
+) -> None:
+    alice = await caravan.user("alice")
+    name = unique("ui-batch")
+
+    def launch(d: WebDriver) -> None:
+        sign_in(d, browser.base, alice)
+        d.execute_script(NO_RELOAD)
+        d.find_element(By.LINK_TEXT, "Launch").click()
+        fill(d, {"name": name, "type": "BATCH", "driver": "EXEC", "startupCommand": "echo hello from the browser"})
+        d.find_element(By.ID, "launch").click()
+        visible(d, "#session-detail")  # the new session's page
+        attribute_is(d, "#session-detail", "data-status", "TERMINATED", timeout=90)
+        text_in(d, "#session-result", "SUCCESS")
+        text_in(d, "#history", "task-finished")
+        assert d.execute_script(STILL_LOADED)
+        d.find_element(By.LINK_TEXT, "Sessions").click()
+        row = visible(d, f"tr[data-name='{name}']")
+        assert row.find_element(By.CSS_SELECTOR, "[data-status]").get_attribute("data-status") == "TERMINATED"
+
+    await browser.run(launch)
+
+
+async def test_the_sessions_list_follows_a_new_session_live(caravan: Caravan, browser: Browser) -> None:
+    alice = await caravan.user("alice")
+    name = unique("ui-live")
+
+    def open_list(d: WebDriver) -> None:
+        sign_in(d, browser.base, alice)
+        d.execute_script(NO_RELOAD)
+        visible(d, "#no-sessions")  # the empty state
+        text_in(d, ".live", "live")
+
+    await browser.run(open_list)
+    session = {"name": name, "type": "BATCH", "driver": "EXEC", "startupCommand": "sleep 1; echo done"}
+    await caravan.gql(CREATE, {"input": session}, token=alice)
+
+    def follow(d: WebDriver) -> None:
+        visible(d, f"tr[data-name='{name}']")
+        attribute_is(d, f"tr[data-name='{name}'] [data-status]", "data-status", "RUNNING", timeout=90)
+        attribute_is(d, f"tr[data-name='{name}'] [data-status]", "data-status", "TERMINATED", timeout=90)
+        assert d.execute_script(STILL_LOADED)
+
+    await browser.run(follow)
+
+
+async def test_a_validation_error_shows_next_to_its_field(caravan: Caravan, browser: Browser) -> None:
+    alice = await caravan.user("alice")
+
+    def step(d: WebDriver) -> None:
+        sign_in(d, browser.base, alice)
+        d.get(browser.base + "/ui/launch")
+        fill(d, {"name": "x!", "driver": "EXEC"})
+        d.find_element(By.ID, "launch").click()
+        error = visible(d, "#error-name")
+        assert error.get_attribute("data-code") == "INVALID_INPUT" and "name" in error.text
+        assert d.find_element(By.ID, "f-name").get_attribute("aria-invalid") == "true"
+        fill(d, {"name": unique("ui-valid"), "type": "BATCH", "startupCommand": ""})
+        d.find_element(By.ID, "launch").click()
+        error = visible(d, "#error-startupCommand")
+        assert "startupCommand" in error.text
+        assert not d.find_elements(By.ID, "error-name")  # the earlier error is gone
+        fill(d, {"startupCommand": "true", "mem": "lots"})
+        d.find_element(By.ID, "launch").click()
+        assert visible(d, "#error-mem").get_attribute("data-code") == "INVALID_INPUT"
+
+    await browser.run(step)
+
+
+async def test_a_user_does_not_see_another_users_sessions(caravan: Caravan, browser: Browser) -> None:
+    alice, bob = await caravan.user("alice"), await caravan.user("bob")
+    theirs = unique("ui-alice")
+    made = await caravan.gql(CREATE, {"input": {"name": theirs, "type": "INTERACTIVE", "driver": "EXEC"}}, token=alice)
+    alices = made["createSession"]["sessions"][0]["id"]
+    mine = unique("ui-bob")
+    await caravan.gql(CREATE, {"input": {"name": mine, "type": "INTERACTIVE", "driver": "EXEC"}}, token=bob)
+
+    def step(d: WebDriver) -> None:
+        sign_in(d, browser.base, bob)
+        visible(d, f"tr[data-name='{mine}']")
+        assert not d.find_elements(By.CSS_SELECTOR, f"tr[data-name='{theirs}']")
+        assert "1 session(s)" in d.find_element(By.CSS_SELECTOR, ".pager").text
+        d.get(f"{browser.base}/ui/sessions/{alices}")
+        text_in(d, "[role=alert]", "NOT_FOUND")
+
+    await browser.run(step)
+    await caravan.gql("mutation($ids: [ID!]!) { destroySession(ids: $ids, forced: true) { id } }", {"ids": [alices]})
+
+
+async def test_an_admin_sees_the_resource_group_bars(caravan: Caravan, browser: Browser) -> None:
+    admin = await caravan.user("root", Role.SUPERADMIN)
+
+    def step(d: WebDriver) -> None:
+        sign_in(d, browser.base, admin)
+        d.find_element(By.ID, "nav-admin").click()
+        group = visible(d, "section.group[data-group='default']")
+        cpu = group.find_element(By.CSS_SELECTOR, ".agent meter[data-slot='cpu']")
+        assert float(cpu.get_attribute("max") or 0) > 0
+        assert group.find_elements(By.CSS_SELECTOR, ".agent")  # each agent's own bars
+        d.find_element(By.LINK_TEXT, "Users and tokens").click()
+        text_in(d, "#users", "root")
+        d.find_element(By.LINK_TEXT, "Presets and policies").click()
+        text_in(d, ".content", "User policies")
+
+    await browser.run(step)
+
+
+SITE = r"""
+mkdir -p /tmp/w && echo 'hello from the app' > /tmp/w/index.html && : > /tmp/w/favicon.ico
+httpd -f -p 8080 -h /tmp/w &
+i=0; while true; do i=$((i+1)); echo "tick $i"; sleep 0.5; done
+"""
+
+
+async def test_an_interactive_session_logs_app_and_terminate(caravan: Caravan, browser: Browser) -> None:
+    alice = await caravan.user("alice")
+    name = unique("ui-app")
+    session = {
+        "name": name,
+        "type": "INTERACTIVE",
+        "driver": "EXEC",
+        "startupCommand": SITE,
+        "apps": [{"name": "web", "port": 8080}],
+    }
+    made = await caravan.gql(CREATE, {"input": session}, token=alice)
+    session_id = made["createSession"]["sessions"][0]["id"]
+
+    def step(d: WebDriver) -> None:
+        sign_in(d, browser.base, alice)
+        d.execute_script(NO_RELOAD)
+        d.find_element(By.LINK_TEXT, name).click()
+        attribute_is(d, "#session-detail", "data-status", "RUNNING", timeout=90)
+        text_in(d, "#logs", "tick 3")  # followed live
+        d.find_element(By.ID, "log-follow").click()  # stop following
+        text_in(d, "#log-follow", "Follow")
+        start = d.window_handles
+        d.find_element(By.CSS_SELECTOR, "button.app[data-app='web']").click()
+        wait(d).until(lambda d: len(d.window_handles) == len(start) + 1)
+        main = d.current_window_handle
+        d.switch_to.window(next(h for h in d.window_handles if h not in start))
+        wait(d).until(lambda d: "hello from the app" in d.page_source)
+        assert d.current_url.startswith(f"http://web--{session_id}.")
+        d.close()
+        d.switch_to.window(main)
+        d.find_element(By.ID, "terminate").click()
+        d.switch_to.alert.accept()
+        attribute_is(d, "#session-detail", "data-status", "TERMINATED", timeout=90)
+        assert d.execute_script(STILL_LOADED)
+
+    await browser.run(step)
