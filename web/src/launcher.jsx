@@ -75,6 +75,10 @@ export function LauncherPage({ viewer }) {
   const [saved, setSaved] = useState(null);
   useEffect(() => { gql(OPTIONS).then(setOptions).catch(setError); }, []);
   const field = error && formField(error.field);
+  useEffect(() => {  // the field the API refused gets the focus (its error is read out: role=alert)
+    const el = field && document.getElementById(`f-${field}`);
+    if (el) { el.focus(); el.scrollIntoView({ block: "center" }); }
+  }, [error]);
   const set = (k) => (e) => setForm({ ...form, [k]: e.currentTarget.value });
 
   function Field({ name, label, hint, children }) {

@@ -106,4 +106,6 @@ function App() {
   );
 }
 
-render(<App />, document.getElementById("app"));
+const root = document.getElementById("app");
+root.textContent = "";  // the static "Loading…" of index.html
+render(<App />, root);
