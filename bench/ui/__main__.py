@@ -34,7 +34,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from bench.events.__main__ import new_session
-from bench.gateway.__main__ import own_redis, spawn, stop, wait_http
+from bench.gateway.__main__ import lone_gateway_env, own_redis, spawn, stop, wait_http
 from caravan.stack.processes import free_port
 from core.keys import Keys
 from domain.lifecycle import transition
@@ -122,16 +122,7 @@ def main() -> None:
         prefix = "bench" + uuid.uuid4().hex[:8]
         redis_service, redis_settings = own_redis(work, prefix)
         port = free_port()
-        env = {
-            "CARAVAN_HOME": str(work / "home"),
-            "CARAVAN_REDIS_URL": redis_settings.redis.url,
-            "CARAVAN_REDIS_PREFIX": prefix,
-            "CARAVAN_SECRETS_DIR": str(work / "secrets"),
-            "CARAVAN_GATEWAY_HOST": "127.0.0.1",
-            "CARAVAN_GATEWAY_PORT": str(port),
-            "CARAVAN_GATEWAY_WORKERS": "1",
-            "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
-        }
+        env = lone_gateway_env(work, redis_settings, port)
         log = work / "gateway.log"
         gateway = spawn([sys.executable, "-m", "caravan.cli", "gateway"], env, log)
         driver = None
