@@ -38,6 +38,7 @@ async def browser(request: pytest.FixtureRequest, caravan: Caravan) -> AsyncIter
             name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
             shot = await asyncio.to_thread(ui.screenshot, FAILURES / f"{name}.png")
             report.sections.append(("screenshot", str(shot)))
+            report.sections.append(("browser console", "\n".join(await asyncio.to_thread(ui.console_errors))))
             print(f"screenshot of the failing page: {shot}")
         else:
             errors = await asyncio.to_thread(ui.console_errors)

@@ -179,7 +179,7 @@ async def test_an_interactive_session_logs_app_and_terminate(caravan: Caravan, b
     def step(d: WebDriver) -> None:
         sign_in(d, browser.base, alice)
         d.execute_script(NO_RELOAD)
-        d.find_element(By.LINK_TEXT, name).click()
+        visible(d, f"tr[data-name='{name}'] a").click()
         attribute_is(d, "#session-detail", "data-status", "RUNNING", timeout=90)
         text_in(d, "#logs", "tick 3")  # followed live
         d.find_element(By.ID, "log-follow").click()  # stop following
@@ -193,9 +193,72 @@ async def test_an_interactive_session_logs_app_and_terminate(caravan: Caravan, b
         assert d.current_url.startswith(f"http://web--{session_id}.")
         d.close()
         d.switch_to.window(main)
+        d.find_element(By.XPATH, "//button[text()='Open terminal']").click()
+        text_in(d, "#terminal-state", "open")
+        d.find_element(By.CSS_SELECTOR, ".xterm-helper-textarea").send_keys("echo typed-$((40+2))\n")
+        text_in(d, ".xterm-rows", "typed-42")  # the shell's answer, through the terminal WebSocket
+        renamed = name + "-renamed"
+        rename = d.find_element(By.ID, "rename")
+        rename.clear()
+        rename.send_keys(renamed + "\n")
+        text_in(d, "#session-title", renamed)
         d.find_element(By.ID, "terminate").click()
         d.switch_to.alert.accept()
         attribute_is(d, "#session-detail", "data-status", "TERMINATED", timeout=90)
         assert d.execute_script(STILL_LOADED)
+
+    await browser.run(step)
+
+
+async def test_several_sessions_terminated_at_once_from_the_list(caravan: Caravan, browser: Browser) -> None:
+    alice = await caravan.user("alice")
+    names = [unique("ui-many") for _ in range(2)]
+    for name in names:
+        session = {"name": name, "type": "INTERACTIVE", "driver": "EXEC", "startupCommand": "sleep 600"}
+        await caravan.gql(CREATE, {"input": session}, token=alice)
+
+    def step(d: WebDriver) -> None:
+        sign_in(d, browser.base, alice)
+        for name in names:
+            visible(d, f"tr[data-name='{name}'] input[type=checkbox]").click()
+        button = d.find_element(By.ID, "terminate-selected")
+        assert button.text == "Terminate selected (2)"
+        button.click()
+        d.switch_to.alert.accept()
+        for name in names:
+            status = f"tr[data-name='{name}'] [data-status]"
+            wait(d, 90).until(
+                lambda d, css=status: (
+                    d.find_element(By.CSS_SELECTOR, css).get_attribute("data-status") in ("TERMINATED", "CANCELLED")
+                )
+            )
+
+    await browser.run(step)
+
+
+async def test_a_form_saved_as_a_template_fills_the_form_again(caravan: Caravan, browser: Browser) -> None:
+    alice = await caravan.user("alice")
+    template = unique("tpl")
+
+    def step(d: WebDriver) -> None:
+        sign_in(d, browser.base, alice)
+        d.get(browser.base + "/ui/launch")
+        fields = {"type": "BATCH", "driver": "EXEC", "startupCommand": "echo from a template", "cpu": "0.5"}
+        fill(d, {**fields, "environ": "MODE=fast", "templateName": template})
+        d.find_element(By.XPATH, "//button[text()='Save template']").click()
+        text_in(d, "[role=status]", f"Saved template {template}")
+        d.refresh()
+        fill(
+            d,
+            {
+                "template": next(
+                    o.get_attribute("value") or ""
+                    for o in visible(d, "#f-template").find_elements(By.TAG_NAME, "option")
+                    if o.text.startswith(template)
+                )
+            },
+        )
+        for name, value in {**fields, "environ": "MODE=fast"}.items():
+            assert d.find_element(By.ID, f"f-{name}").get_attribute("value") == value, name
 
     await browser.run(step)

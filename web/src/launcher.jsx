@@ -112,7 +112,7 @@ export function LauncherPage({ viewer }) {
     try {
       const d = await gql(SAVE, { input: { name: form.templateName.trim(), spec: toInput(form, { spec: true }) } });
       setSaved(d.createSessionTemplate.name);
-      setOptions({ ...options, sessionTemplates: [...options.sessionTemplates, { ...d.createSessionTemplate }] });
+      setOptions(await gql(OPTIONS));  // the new template among the others
     } catch (exc) { setError(exc.field ? { ...exc, field: exc.field === "name" ? "templateName" : exc.field, message: exc.message, code: exc.code } : exc); }
     finally { setBusy(false); }
   }

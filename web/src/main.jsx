@@ -1,6 +1,6 @@
 // The app shell: sign-in gate, navigation shaped by the viewer's role, and the pages.
 import { render } from "preact";
-import { useEffect, useState } from "preact/hooks";
+import { useEffect, useErrorBoundary, useState } from "preact/hooks";
 import { gql, getToken, setToken, clearToken, ApiError } from "./api.js";
 import { Link, navigate, usePath, ErrorBox, timeZone } from "./util.jsx";
 import { SessionsPage } from "./sessions.jsx";
@@ -45,6 +45,14 @@ function SignIn({ onSignedIn }) {
   );
 }
 
+/** A page that fails to render shows why (and logs it), instead of a frozen page. */
+function Guarded({ children, path }) {
+  const [error, reset] = useErrorBoundary((exc) => console.error("the page failed to render:", exc));
+  useEffect(() => { if (error) reset(); }, [path]);
+  if (error) return <ErrorBox error={{ code: "UI_ERROR", message: `this page failed to render: ${error.message}` }} />;
+  return children;
+}
+
 function Shell({ viewer, onSignOut }) {
   const path = usePath();
   const admin = viewer.role === "ADMIN" || viewer.role === "SUPERADMIN";
@@ -70,7 +78,7 @@ function Shell({ viewer, onSignOut }) {
         </span>
         <button type="button" class="secondary" onClick={onSignOut} id="sign-out">Sign out</button>
       </header>
-      <main class="content">{page}</main>
+      <main class="content"><Guarded path={path}>{page}</Guarded></main>
     </>
   );
 }
