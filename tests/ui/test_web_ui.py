@@ -262,3 +262,25 @@ async def test_a_form_saved_as_a_template_fills_the_form_again(caravan: Caravan,
             assert d.find_element(By.ID, f"f-{name}").get_attribute("value") == value, name
 
     await browser.run(step)
+
+
+async def test_an_admin_follows_other_users_sessions_live(caravan: Caravan, browser: Browser) -> None:
+    admin, alice = await caravan.user("root", Role.SUPERADMIN), await caravan.user("alice")
+    name = unique("ui-theirs")
+    session = {"name": name, "type": "INTERACTIVE", "driver": "EXEC", "startupCommand": "sleep 600"}
+    made = await caravan.gql(CREATE, {"input": session}, token=alice)
+    session_id = made["createSession"]["sessions"][0]["id"]
+
+    def see_it_run(d: WebDriver) -> None:
+        sign_in(d, browser.base, admin)
+        d.execute_script(NO_RELOAD)
+        attribute_is(d, f"tr[data-name='{name}'] [data-status]", "data-status", "RUNNING", timeout=90)
+
+    await browser.run(see_it_run)
+    await caravan.gql("mutation($ids: [ID!]!) { destroySession(ids: $ids) { id } }", {"ids": [session_id]}, token=alice)
+
+    def see_it_end(d: WebDriver) -> None:
+        attribute_is(d, f"tr[data-name='{name}'] [data-status]", "data-status", "TERMINATED", timeout=90)
+        assert d.execute_script(STILL_LOADED)
+
+    await browser.run(see_it_end)

@@ -16,6 +16,7 @@ const LIST = `query Sessions($first: Int, $after: String, $last: Int, $before: S
   }
 }`;
 const EVENTS = `subscription { sessionEvents { eventId sessionId status reason detail at } }`;
+const SESSION_EVENTS = `subscription One($id: ID!) { sessionEvents(sessionId: $id) { eventId sessionId status reason detail at } }`;
 const DESTROY = `mutation Destroy($ids: [ID!]!) { destroySession(ids: $ids) { id status } }`;
 
 /** Seconds until the soonest idle check ends the session, as of now; null when none counts down. */
@@ -65,27 +66,39 @@ export function SessionsPage({ viewer }) {
     return () => clearTimeout(id);
   }, [search]);
 
-  useEffect(() => {
+  /** Apply one event to the row of its session; whether this page shows that session. */
+  function apply(e) {
+    let known = false;
+    setData((d) => {
+      if (!d) return d;
+      const edges = d.edges.map((edge) => {
+        if (edge.node.id !== e.sessionId) return edge;
+        known = true;
+        return { ...edge, node: { ...edge.node, status: e.status, statusInfo: e.reason, ...(TERMINAL.has(e.status) ? { terminatedAt: e.at } : {}) } };
+      });
+      return { ...d, edges };
+    });
+    return known;
+  }
+  useEffect(() => {  // the viewer's own sessions: one subscription, which also announces new ones
     const stop = subscribe(EVENTS, {}, {
       onNext: ({ sessionEvents: e }) => {
         setLive("live");
-        let known = false;
-        setData((d) => {
-          if (!d) return d;
-          const edges = d.edges.map((edge) => {
-            if (edge.node.id !== e.sessionId) return edge;
-            known = true;
-            return { ...edge, node: { ...edge.node, status: e.status, statusInfo: e.reason, ...(TERMINAL.has(e.status) ? { terminatedAt: e.at } : {}) } };
-          });
-          return { ...d, edges };
-        });
-        if (!known) reload.current();  // a session this page does not show yet (a new one): read the page again
+        if (!apply(e)) reload.current();  // a session this page does not show yet (a new one): read the page again
       },
       onError: (exc) => { setLive("error"); setError(exc); },
     });
     setLive("live");
     return stop;
   }, []);
+  // others' sessions an admin sees on this page: one subscription per live session (the API sends a viewer the
+  // events of their own sessions only, and any session's by its id)
+  const others = data ? data.edges.map((e) => e.node).filter((s) => s.ownerId !== viewer.id && !TERMINAL.has(s.status)).map((s) => s.id).sort().join(",") : "";
+  useEffect(() => {
+    if (!others) return undefined;
+    const stops = others.split(",").map((id) => subscribe(SESSION_EVENTS, { id }, { onNext: ({ sessionEvents: e }) => apply(e), onError: () => {} }));
+    return () => stops.forEach((stop) => stop());
+  }, [others]);
 
   function toggle(id) {
     const next = new Set(selected);
