@@ -117,6 +117,10 @@ export function LauncherPage({ viewer }) {
     finally { setBusy(false); }
   }
   const batch = form.type === "BATCH";
+  // accelerator slots (anything but cpu and mem) some group's agents have: the field shows only when there are some
+  const accelerators = options
+    ? [...new Set(options.resourceGroups.flatMap((g) => g.capacity.map((c) => c.slot)))].filter((x) => x !== "cpu" && x !== "mem").sort()
+    : [];
   return (
     <section aria-labelledby="launch-title">
       <h1 id="launch-title">Launch a session</h1>
@@ -157,7 +161,8 @@ export function LauncherPage({ viewer }) {
               {options && options.resourcePresets.map((p) => <option value={p.name}>{p.name}</option>)}</select>) })}
           {Field({ name: "cpu", label: "CPU (cores)", children: input("cpu", { placeholder: "0.25", inputmode: "decimal" }) })}
           {Field({ name: "mem", label: "Memory", hint: "bytes with units: 512m, 2g", children: input("mem", { placeholder: "256m" }) })}
-          {Field({ name: "accelerators", label: "Accelerators", hint: "slot=count, e.g. cuda.device=1", children: input("accelerators") })}
+          {(accelerators.length > 0 || form.accelerators) && Field({ name: "accelerators", label: "Accelerators",
+            hint: `slot=count, comma-separated; the agents have: ${accelerators.join(", ") || "none"}`, children: input("accelerators") })}
           {Field({ name: "clusterMode", label: "Cluster mode", children: (
             <select id="f-clusterMode" value={form.clusterMode} onChange={set("clusterMode")}>
               <option>SINGLE_NODE</option><option>MULTI_NODE</option></select>) })}

@@ -63,13 +63,13 @@ function Shell({ viewer, onSignOut }) {
   else if (detail && detail[1] !== "new") page = <DetailPage id={decodeURIComponent(detail[1])} viewer={viewer} />;
   else if (path.startsWith("/admin") && admin) page = <AdminPage viewer={viewer} section={path.slice(7) || "groups"} />;
   else page = <p class="empty">Nothing here. <Link to="/">Back to the sessions</Link></p>;
-  const current = (p) => (path === p || (p !== "/" && path.startsWith(p)) ? "page" : undefined);
+  const current = (p) => (path.startsWith(p) ? "page" : undefined);
   return (
     <>
       <header class="top">
         <Link to="/" class="brand">Caravan</Link>
         <nav aria-label="Main">
-          <Link to="/" aria-current={current("/") && (path === "/" || path.startsWith("/sessions")) ? "page" : undefined}>Sessions</Link>
+          <Link to="/" aria-current={path === "/" || path.startsWith("/sessions") ? "page" : undefined}>Sessions</Link>
           <Link to="/launch" aria-current={current("/launch")}>Launch</Link>
           {admin && <Link to="/admin" aria-current={current("/admin")} id="nav-admin">Admin</Link>}
         </nav>
