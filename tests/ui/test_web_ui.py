@@ -5,13 +5,16 @@ an operator do every day, through the browser only (tests/ui/conftest.py: no con
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from core.clock import utcnow
 from domain.users import Role
 from tests.harness import CREATE, Caravan
+from tests.idle.running import policy_file, running_idle, swept_since
 from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, visible, wait
 
 pytestmark = [pytest.mark.ui]
@@ -284,3 +287,34 @@ async def test_an_admin_follows_other_users_sessions_live(caravan: Caravan, brow
         assert d.execute_script(STILL_LOADED)
 
     await browser.run(see_it_end)
+
+
+async def test_a_running_session_shows_its_idle_checks_with_time_left(
+    caravan: Caravan, browser: Browser, tmp_path: Path
+) -> None:
+    admin = await caravan.user("root", Role.SUPERADMIN)
+    name = unique("ui-idle")
+    session = {"name": name, "type": "INTERACTIVE", "driver": "EXEC", "startupCommand": "sleep 600"}
+    made = await caravan.gql(CREATE, {"input": session}, token=admin)
+    session_id = made["createSession"]["sessions"][0]["id"]
+    await caravan.wait_for(session_id, "RUNNING")
+    path = policy_file(tmp_path, 'check_interval = "1s"\ndefaults {\n  network_idle_timeout = "1h"\n}\n')
+    async with running_idle(caravan.settings, path) as service:
+        await swept_since(service.idle_store, session_id, utcnow())
+
+        def step(d: WebDriver) -> None:
+            sign_in(d, browser.base, admin)
+            d.get(f"{browser.base}/ui/sessions/{session_id}")
+            text_in(d, "#idle-checks", "NETWORK_TIMEOUT")
+            row = d.find_element(By.XPATH, "//table[@id='idle-checks']//tr[td[1]='NETWORK_TIMEOUT']")
+            left = row.find_elements(By.TAG_NAME, "td")[1].text
+            assert left.startswith("59m"), left  # an hour, less the seconds since the sweep: counting down
+            text_in(d, "#idle-policy", "network idle 1h 0m")
+            d.get(browser.base + "/ui/")
+            cell = visible(d, f"tr[data-name='{name}'] td:nth-child(7)")
+            assert cell.text.startswith("59m"), cell.text  # the list's "Idle in"
+
+        await browser.run(step)
+    await caravan.gql(
+        "mutation($ids: [ID!]!) { destroySession(ids: $ids, forced: true) { id } }", {"ids": [session_id]}
+    )

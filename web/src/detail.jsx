@@ -16,6 +16,11 @@ const SESSION = `query Session($id: ID!) { session(id: $id) {
     utilization { metric average threshold } } } } }`;
 const POLICY = `query Policy($id: ID!) { effectiveIdlePolicy(sessionId: $id) { source checkInterval maxSessionLifetime
   networkIdleTimeout exemptFrom utilization { __typename } } }`;
+const IDLE = `query Idle($id: ID!) { session(id: $id) { idleChecks { checkedAt terminate reason checks { name expired remaining
+  measuredAgainst note utilization { metric average threshold } } } } }`;
+/** How often a RUNNING session's idle verdict is read again: the API has no event for a new verdict (the idle checker
+ * writes one each sweep), so this one small read repeats; everything else on the page follows sessionEvents. */
+const IDLE_REFRESH_MS = 30_000;
 const EVENTS = `subscription Events($id: ID!) { sessionEvents(sessionId: $id) { eventId status reason } }`;
 const LOGS = `subscription Logs($id: ID!, $kernel: String!, $stream: LogStream!) {
   kernelLogs(sessionId: $id, kernel: $kernel, stream: $stream, tailBytes: 65536) }`;
@@ -99,6 +104,14 @@ export function DetailPage({ id, viewer }) {
     if (viewer.role !== "USER") gql(POLICY, { id }).then((d) => setPolicy(d.effectiveIdlePolicy)).catch(() => setPolicy(null));
     return subscribe(EVENTS, { id }, { onNext: () => load(), onError: () => {} });
   }, [id]);
+  const running = session && session.status === "RUNNING";
+  useEffect(() => {
+    if (!running) return undefined;
+    const read = () => gql(IDLE, { id }).then((d) => setSession((s) => s && { ...s, idleChecks: d.session.idleChecks })).catch(() => {});
+    const first = setTimeout(read, 3000);  // the first verdict comes with the first sweep after the start
+    const every = setInterval(read, IDLE_REFRESH_MS);
+    return () => { clearTimeout(first); clearInterval(every); };
+  }, [id, running]);
   async function act(fn) {
     setActionError(null);
     try { await fn(); await load(); } catch (exc) { setActionError(exc); }
@@ -118,7 +131,7 @@ export function DetailPage({ id, viewer }) {
       <div class="title-row">
         <h1 id="session-title">{s.name}</h1>
         <StatusBadge status={s.status} />
-        {s.status === "TERMINATED" && <span class={`result result-${s.result.toLowerCase()}`} id="session-result">{s.result}</span>}
+        {s.status === "TERMINATED" && s.result !== "UNDEFINED" && <span class={`result result-${s.result.toLowerCase()}`} id="session-result">{s.result}</span>}
         <span class="muted">{s.statusInfo}{s.statusDetail ? `: ${s.statusDetail}` : ""}</span>
       </div>
       <ErrorBox error={actionError} />

@@ -166,7 +166,7 @@ export function SessionsPage({ viewer }) {
                   <td><input type="checkbox" aria-label={`Select ${s.name}`} disabled={TERMINAL.has(s.status)}
                     checked={selected.has(s.id)} onChange={() => toggle(s.id)} /></td>
                   <td><Link to={`/sessions/${s.id}`}>{s.name}</Link></td>
-                  <td><StatusBadge status={s.status} /> {s.status === "TERMINATED" && <span class={`result result-${s.result.toLowerCase()}`}>{s.result}</span>}
+                  <td><StatusBadge status={s.status} /> {s.status === "TERMINATED" && s.result !== "UNDEFINED" && <span class={`result result-${s.result.toLowerCase()}`}>{s.result}</span>}
                     <div class="muted small">{s.statusInfo}</div></td>
                   <td>{s.type}</td>
                   <td class="small">{resources(s.resources)}</td>
