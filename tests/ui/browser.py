@@ -82,8 +82,8 @@ def wait(driver: WebDriver, timeout: float = WAIT) -> WebDriverWait[WebDriver]:
     return WebDriverWait(driver, timeout, poll_frequency=0.05)
 
 
-def visible(driver: WebDriver, css: str, timeout: float = WAIT) -> WebElement:
-    element: WebElement = wait(driver, timeout).until(ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
+def visible(driver: WebDriver, selector: str, timeout: float = WAIT, *, by: str = By.CSS_SELECTOR) -> WebElement:
+    element: WebElement = wait(driver, timeout).until(ec.visibility_of_element_located((by, selector)))
     return element
 
 

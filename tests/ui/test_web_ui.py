@@ -318,3 +318,33 @@ async def test_a_running_session_shows_its_idle_checks_with_time_left(
     await caravan.gql(
         "mutation($ids: [ID!]!) { destroySession(ids: $ids, forced: true) { id } }", {"ids": [session_id]}
     )
+
+
+async def test_an_admin_issues_a_token_shown_once_that_signs_in_and_revokes_it(
+    caravan: Caravan, browser: Browser
+) -> None:
+    admin = await caravan.user("root", Role.SUPERADMIN)
+    await caravan.user("carol")
+
+    def issue(d: WebDriver) -> str:
+        sign_in(d, browser.base, admin)
+        d.get(browser.base + "/ui/admin/users")
+        row = visible(d, "//table[@id='users']//tr[td[1]='carol']", by=By.XPATH)
+        row.find_element(By.XPATH, ".//button[text()='Tokens']").click()
+        label = visible(d, ".tokens input[required]")
+        label.send_keys("laptop\n")  # Enter submits: the form works from the keyboard
+        secret = visible(d, ".secret code").text
+        text_in(d, ".tokens table", "laptop")
+        return secret
+
+    secret = await browser.run(issue)
+    assert (await caravan.gql("{ viewer { id } }", token=secret))["viewer"]["id"] == "carol"
+
+    def revoke(d: WebDriver) -> None:
+        d.find_element(By.XPATH, "//div[@class='tokens']//tr[td[1]='laptop']//button[text()='Revoke']").click()
+        d.switch_to.alert.accept()
+        wait(d).until(lambda d: not d.find_elements(By.XPATH, "//div[@class='tokens']//td[text()='laptop']"))
+
+    await browser.run(revoke)
+    refused = await caravan.post("{ viewer { id } }", token=secret)
+    assert refused["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
