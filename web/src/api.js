@@ -9,6 +9,7 @@ export function clearToken() {
   sessionStorage.removeItem(TOKEN_KEY);
   if (wsClient) wsClient.dispose();
   wsClient = null;
+  connections = 0;
 }
 
 /** An API error: message, extensions.code and the input field it is about (extensions.field), when the API names one. */
@@ -49,6 +50,13 @@ export async function gql(query, variables = {}, token = getToken()) {
 }
 
 let wsClient = null;
+let connections = 0;
+const reconnected = new Set();
+/** Call `fn` each time the subscriptions' connection comes back after a loss; returns the function that stops it. */
+export function onReconnect(fn) {
+  reconnected.add(fn);
+  return () => reconnected.delete(fn);
+}
 function ws() {
   if (!wsClient) {
     const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/graphql`;
@@ -58,6 +66,11 @@ function ws() {
       retryAttempts: 1000,
       shouldRetry: () => true,
       lazy: true,
+      on: {
+        connected: () => {
+          if (connections++ > 0) reconnected.forEach((fn) => fn());  // events may have been missed meanwhile
+        },
+      },
     });
   }
   return wsClient;

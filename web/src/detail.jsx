@@ -1,7 +1,7 @@
 // One session: kernels, history, wait reasons, idle checks, logs, apps, terminal, and its actions.
 import { useEffect, useRef, useState } from "preact/hooks";
 import { lazy, Suspense } from "preact/compat";
-import { gql, subscribe } from "./api.js";
+import { gql, onReconnect, subscribe } from "./api.js";
 import { navigate, useNow, localTime, duration, resources, StatusBadge, ErrorBox, TERMINAL } from "./util.jsx";
 
 const Terminal = lazy(() => import("./terminal.jsx"));
@@ -102,7 +102,9 @@ export function DetailPage({ id, viewer }) {
   useEffect(() => {
     load();
     if (viewer.role !== "USER") gql(POLICY, { id }).then((d) => setPolicy(d.effectiveIdlePolicy)).catch(() => setPolicy(null));
-    return subscribe(EVENTS, { id }, { onNext: () => load(), onError: () => {} });
+    const stop = subscribe(EVENTS, { id }, { onNext: () => load(), onError: () => {} });
+    const stopReloading = onReconnect(load);  // what changed while the connection was cut
+    return () => { stop(); stopReloading(); };
   }, [id]);
   const running = session && session.status === "RUNNING";
   useEffect(() => {

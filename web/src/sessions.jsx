@@ -1,6 +1,6 @@
 // The sessions page: one page of the Relay connection, kept live by the sessionEvents subscription (no polling).
 import { useEffect, useRef, useState } from "preact/hooks";
-import { gql, subscribe } from "./api.js";
+import { gql, onReconnect, subscribe } from "./api.js";
 import { Link, useNow, localTime, duration, resources, StatusBadge, ErrorBox, TERMINAL } from "./util.jsx";
 
 const STATUSES = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING", "TERMINATING", "TERMINATED", "CANCELLED", "ERROR"];
@@ -89,7 +89,8 @@ export function SessionsPage({ viewer }) {
       onError: (exc) => { setLive("error"); setError(exc); },
     });
     setLive("live");
-    return stop;
+    const stopReloading = onReconnect(() => { setLive("live"); reload.current(); });  // what changed while cut off
+    return () => { stop(); stopReloading(); };
   }, []);
   // others' sessions an admin sees on this page: one subscription per live session (the API sends a viewer the
   // events of their own sessions only, and any session's by its id)
