@@ -85,6 +85,13 @@ async def test_screenshots(caravan: Caravan, browser: Browser) -> None:
         d.find_element(By.LINK_TEXT, "Users and tokens").click()
         visible(d, "#users")
         shoot(d, "admin-users")
+        d.execute_cdp_cmd(  # the system's dark theme
+            "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+        )
+        d.find_element(By.LINK_TEXT, "Sessions").click()
+        visible(d, "tr[data-name='train-resnet'] a").click()
+        text_in(d, "#logs", "step 2")
+        shoot(d, "session-dark")
 
     await browser.run(pages)
     await caravan.gql("mutation($ids: [ID!]!) { destroySession(ids: $ids, forced: true) { id } }", {"ids": made[:1]})
