@@ -14,7 +14,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from core.clock import utcnow
 from domain.users import Role
 from tests.harness import CREATE, Caravan
-from tests.idle.running import policy_file, running_idle, swept_since
+from tests.idle.running import eventually, policy_file, running_idle, swept_since
 from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, visible, wait
 
 pytestmark = [pytest.mark.ui]
@@ -200,17 +200,30 @@ async def test_an_interactive_session_logs_app_and_terminate(caravan: Caravan, b
         text_in(d, "#terminal-state", "open")
         d.find_element(By.CSS_SELECTOR, ".xterm-helper-textarea").send_keys("echo typed-$((40+2))\n")
         text_in(d, ".xterm-rows", "typed-42")  # the shell's answer, through the terminal WebSocket
+        d.find_element(By.ID, "restart").click()
+        text_in(d, "#notice", "Restart requested")
+
+    await browser.run(step)
+
+    async def restarted() -> bool | None:
+        found = await caravan.store.get(session_id)
+        return True if found and found.kernels[0].restarts >= 1 and found.status.value == "RUNNING" else None
+
+    await eventually(restarted, timeout=60)
+
+    def rename_and_terminate(d: WebDriver) -> None:
         renamed = name + "-renamed"
         rename = d.find_element(By.ID, "rename")
         rename.clear()
         rename.send_keys(renamed + "\n")
         text_in(d, "#session-title", renamed)
+        assert d.find_element(By.CSS_SELECTOR, "#kernels .restarts").text == "1"  # read again with the rename
         d.find_element(By.ID, "terminate").click()
         d.switch_to.alert.accept()
         attribute_is(d, "#session-detail", "data-status", "TERMINATED", timeout=90)
         assert d.execute_script(STILL_LOADED)
 
-    await browser.run(step)
+    await browser.run(rename_and_terminate)
 
 
 async def test_several_sessions_terminated_at_once_from_the_list(caravan: Caravan, browser: Browser) -> None:

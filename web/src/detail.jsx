@@ -10,7 +10,7 @@ const SESSION = `query Session($id: ID!) { session(id: $id) {
   id name type status statusInfo statusDetail result exitCode createdAt startedAt terminatedAt ownerId project
   resourceGroup driver image startupCommand resources { slot amount } waitReasons queuePosition retries
   statusHistory { status at reason detail }
-  kernels { role index hostname status statusInfo statusDetail agent startedAt finishedAt exitCode ports }
+  kernels { role index hostname status statusInfo statusDetail agent startedAt finishedAt exitCode ports restarts }
   apps { name port protocol url public }
   idleChecks { checkedAt terminate reason checks { name expired remaining measuredAgainst note
     utilization { metric average threshold } } } } }`;
@@ -114,9 +114,10 @@ export function DetailPage({ id, viewer }) {
     const every = setInterval(read, IDLE_REFRESH_MS);
     return () => { clearTimeout(first); clearInterval(every); };
   }, [id, running]);
-  async function act(fn) {
-    setActionError(null);
-    try { await fn(); await load(); } catch (exc) { setActionError(exc); }
+  const [notice, setNotice] = useState(null);
+  async function act(fn, done = null) {
+    setActionError(null); setNotice(null);
+    try { await fn(); await load(); setNotice(done); } catch (exc) { setActionError(exc); }
   }
   async function openApp(app) {
     const tab = window.open("about:blank", "_blank");  // opened now, while the click still counts as one
@@ -137,6 +138,7 @@ export function DetailPage({ id, viewer }) {
         <span class="muted">{s.statusInfo}{s.statusDetail ? `: ${s.statusDetail}` : ""}</span>
       </div>
       <ErrorBox error={actionError} />
+      {notice && <p role="status" class="notice" id="notice">{notice}</p>}
       <div class="toolbar actions">
         <form onSubmit={(e) => { e.preventDefault(); act(() => gql(RENAME, { id, name })); }} class="inline">
           <label for="rename">Name</label>
@@ -144,7 +146,7 @@ export function DetailPage({ id, viewer }) {
           <button type="submit" class="secondary" disabled={ended || name === s.name}>Rename</button>
         </form>
         <button type="button" class="secondary" id="restart" disabled={s.status !== "RUNNING"}
-          onClick={() => act(() => gql(RESTART, { id }))}>Restart</button>
+          onClick={() => act(() => gql(RESTART, { id }), "Restart requested: the kernels restart in place within a second or so (see Restarts).")}>Restart</button>
         <button type="button" class="danger" id="terminate" disabled={ended}
           onClick={() => confirm(`Terminate ${s.name}?`) && act(() => gql(DESTROY, { id, forced: false }))}>Terminate</button>
         {s.status === "TERMINATING" && <button type="button" class="danger" onClick={() => act(() => gql(DESTROY, { id, forced: true }))}>Force</button>}
@@ -185,11 +187,12 @@ export function DetailPage({ id, viewer }) {
       <section class="card" aria-labelledby="kernels-title">
         <h2 id="kernels-title">Kernels</h2>
         <div class="table-wrap"><table class="compact" id="kernels">
-          <thead><tr><th>Kernel</th><th>Status</th><th>Agent</th><th>Ports</th><th>Started</th><th>Terminal</th></tr></thead>
+          <thead><tr><th>Kernel</th><th>Status</th><th>Agent</th><th>Ports</th><th>Started</th><th>Restarts</th><th>Terminal</th></tr></thead>
           <tbody>{s.kernels.map((k) => (
             <tr><td>{kernelName(k)} <span class="muted small">{k.hostname}</span></td>
               <td><StatusBadge status={k.status} /> <span class="small">{k.statusInfo}{k.statusDetail ? `: ${k.statusDetail}` : ""}</span></td>
               <td>{k.agent || "—"}</td><td class="small">{k.ports.join(", ") || "—"}</td><td>{localTime(k.startedAt)}</td>
+              <td class="restarts">{k.restarts}</td>
               <td><button type="button" class="secondary" disabled={k.status !== "RUNNING" || s.driver === "QEMU"}
                 onClick={() => setTerminal(kernelName(k))}>Open terminal</button></td></tr>
           ))}</tbody>
