@@ -113,16 +113,21 @@ def sign_in(driver: WebDriver, base: str, token: str) -> None:
     visible(driver, "#viewer-name")
 
 
+def fill_select(driver: WebDriver, css: str, value: str) -> None:
+    """Choose ``value`` in the select at ``css`` (by its value, or by its text for an option without one)."""
+    choices = Select(visible(driver, css))
+    try:
+        choices.select_by_value(value)
+    except NoSuchElementException:
+        choices.select_by_visible_text(value)
+
+
 def fill(driver: WebDriver, fields: dict[str, str]) -> None:
     """Type into (or select in) the launcher's fields, by the form field's name (``#f-<name>``)."""
     for name, value in fields.items():
         element = visible(driver, f"#f-{name}")
         if element.tag_name == "select":
-            choices = Select(element)
-            try:
-                choices.select_by_value(value)
-            except NoSuchElementException:  # an option without a value attribute: its text is its value
-                choices.select_by_visible_text(value)
+            fill_select(driver, f"#f-{name}", value)
         else:
             element.clear()
             element.send_keys(value)

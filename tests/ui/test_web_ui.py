@@ -15,7 +15,7 @@ from core.clock import utcnow
 from domain.users import Role
 from tests.harness import CREATE, Caravan
 from tests.idle.running import eventually, policy_file, running_idle, swept_since
-from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, visible, wait
+from tests.ui.browser import Browser, attribute_is, fill, fill_select, sign_in, text_in, visible, wait
 
 pytestmark = [pytest.mark.ui]
 
@@ -361,3 +361,42 @@ async def test_an_admin_issues_a_token_shown_once_that_signs_in_and_revokes_it(
     await browser.run(revoke)
     refused = await caravan.post("{ viewer { id } }", token=secret)
     assert refused["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+
+
+async def test_the_list_pages_filters_and_searches(caravan: Caravan, browser: Browser) -> None:
+    alice = await caravan.user("alice")
+    base = unique("ui-page")
+    waiting = {"type": "INTERACTIVE", "driver": "EXEC", "resources": [{"slot": "cpu", "amount": "512"}]}  # no room
+    made = await caravan.gql(CREATE, {"input": {"name": base, "count": 30, **waiting}}, token=alice)
+    ids = [s["id"] for s in made["createSession"]["sessions"]]
+    done = unique("ui-done")
+    batch = {"name": done, "type": "BATCH", "driver": "EXEC", "startupCommand": "true"}
+    finished = (await caravan.gql(CREATE, {"input": batch}, token=alice))["createSession"]["sessions"][0]["id"]
+    await caravan.wait_for(finished, "TERMINATED")
+
+    def rows(d: WebDriver) -> list[str]:
+        names: list[str] = d.execute_script(  # one reading (the rows may be replaced meanwhile)
+            "return [...document.querySelectorAll('tr[data-session]')].map(r => r.dataset.name)"
+        )
+        return names
+
+    def step(d: WebDriver) -> None:
+        sign_in(d, browser.base, alice)
+        visible(d, "#sessions-table")
+        fill_select(d, "select[aria-label='Sessions per page']", "25")
+        wait(d).until(lambda d: len(rows(d)) == 25)
+        assert "31 session(s)" in d.find_element(By.CSS_SELECTOR, ".pager").text
+        first = rows(d)
+        d.find_element(By.ID, "next-page").click()
+        wait(d).until(lambda d: len(rows(d)) == 6)
+        assert not set(rows(d)) & set(first)  # the next page: the 6 others
+        d.find_element(By.XPATH, "//button[contains(., 'Newer')]").click()
+        wait(d).until(lambda d: rows(d) == first)
+        fill_select(d, "#filter-status", "TERMINATED")
+        wait(d).until(lambda d: rows(d) == [done])
+        fill_select(d, "#filter-status", "")
+        d.find_element(By.ID, "search").send_keys(f"{base}-1")  # -1, -10 … -19
+        wait(d).until(lambda d: sorted(rows(d)) == sorted([f"{base}-1", *(f"{base}-{i}" for i in range(10, 20))]))
+
+    await browser.run(step)
+    await caravan.gql("mutation($ids: [ID!]!) { destroySession(ids: $ids, forced: true) { id } }", {"ids": ids})

@@ -138,7 +138,7 @@ export function SessionsPage({ viewer }) {
         <label>Type <select id="filter-type" value={filter.type}
           onChange={(e) => { setFilter({ ...filter, type: e.currentTarget.value }); setCursor({ first: pageSize }); }}>
           <option value="">any</option>{TYPES.map((s) => <option>{s}</option>)}</select></label>
-        <label>Per page <select value={pageSize}
+        <label>Per page <select value={pageSize} aria-label="Sessions per page"
           onChange={(e) => { const n = +e.currentTarget.value; setPageSize(n); setCursor({ first: n }); }}>
           {PAGE_SIZES.map((n) => <option value={n}>{n}</option>)}</select></label>
         <button type="button" id="terminate-selected" class="danger" disabled={!selected.size || busy} onClick={terminate}>
