@@ -1,5 +1,5 @@
-"""The gateway's ASGI app: GraphQL at /graphql (GraphiQL for a browser, its assets at /graphiql/), health at /healthz
-and /readyz, Prometheus at /metrics."""
+"""The gateway's ASGI app: the web UI at /ui/ (``/`` leads there), GraphQL at /graphql (GraphiQL for a browser, its
+assets at /graphiql/), health at /healthz and /readyz, Prometheus at /metrics."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from core.errors import TransientError, Unavailable
 from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
-from gateway import ide, terminal
+from gateway import ide, terminal, web
 from gateway.apps.access import AppStores
 from gateway.apps.activity import TrafficRecorder
 from gateway.apps.proxy import AppProxy, AppRelay
@@ -177,6 +177,10 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             Route("/readyz", readyz),
             Route("/metrics", metrics.endpoint(lambda: state["sessions"])),
             Route(ide.PREFIX + "{name:path}", ide.asset),
+            Route("/", web.root),
+            Route(web.PREFIX + "/assets/{name:path}", web.asset),
+            Route(web.PREFIX, web.page),
+            Route(web.PREFIX + "/{path:path}", web.page),
             Route("/graphql", graphql),  # the view answers other methods itself: 405 with Allow
             WebSocketRoute("/graphql", graphql),
             WebSocketRoute(terminal.PATH, terminal.Terminals(state).endpoint),

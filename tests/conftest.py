@@ -28,6 +28,7 @@ from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
 from core.keys import Keys
 from core.settings import NomadSettings, RedisSettings, Settings, qemu_images_of
+from gateway import web
 from tests.harness import Caravan, running_caravan
 from tests.no_nomad import NoNomad
 from tests.tiers import Tiers
@@ -46,6 +47,8 @@ DEFAULT_IMAGE = STACK.get("CARAVAN_DEFAULT_IMAGE", "")
 QEMU_IMAGES = qemu_images_of(STACK)
 """VM images for the qemu driver (ops/build-vm-image); the driver is wanted only when QEMU and an image exist."""
 QEMU = bool(shutil.which("qemu-system-x86_64")) and bool(QEMU_IMAGES)
+UI = bool(shutil.which("chromium")) and bool(shutil.which("chromedriver")) and web.built()
+"""The web UI's browser tests (tests/ui/) need Debian's chromium and chromium-driver and the built UI."""
 
 
 @pytest.fixture(scope="session")
@@ -157,7 +160,7 @@ async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(Tiers(docker=DOCKER, qemu=QEMU), "caravan-tiers")
+    config.pluginmanager.register(Tiers(docker=DOCKER, qemu=QEMU, ui=UI), "caravan-tiers")
 
 
 from tests.cluster_fixtures import nomad_cluster, on_cluster  # noqa: E402,F401  (several Nomad clients; on demand)

@@ -25,12 +25,13 @@ markers =
     redis: Redis
     docker: Docker
     qemu: QEMU
+    ui: a browser
 """
 CONFTEST = """
 from tests.tiers import Tiers
 
 def pytest_configure(config):
-    config.pluginmanager.register(Tiers(docker=False, qemu=False), "caravan-tiers")
+    config.pluginmanager.register(Tiers(docker=False, qemu=False, ui=False), "caravan-tiers")
 """
 
 STARTS_REDIS = """
@@ -93,6 +94,9 @@ def test_docker(settings): ...
 
 @pytest.mark.qemu
 def test_qemu(): ...
+
+@pytest.mark.ui
+def test_ui(): ...
 """
 
 
@@ -101,7 +105,7 @@ def test_the_tiers_follow_from_the_fixtures_a_test_uses(pytester: pytest.Pyteste
     pytester.makeini(INI)
     pytester.makepyfile(test_marked=MARKED_BY_FIXTURES)
     items, _ = pytester.inline_genitems("-p", "no:cacheprovider")
-    tiers = {"redis", "nomad", "cluster", "docker", "qemu", "skip"}
+    tiers = {"redis", "nomad", "cluster", "docker", "qemu", "ui", "skip"}
     found = {item.name: {m.name for m in item.iter_markers()} & tiers for item in items}
     assert found == {
         "test_pure": set(),
@@ -110,6 +114,7 @@ def test_the_tiers_follow_from_the_fixtures_a_test_uses(pytester: pytest.Pyteste
         "test_cluster": {"redis", "nomad", "cluster"},
         "test_docker": {"redis", "nomad", "docker", "skip"},  # (the inner conftest says there is no Docker)
         "test_qemu": {"qemu", "skip"},
+        "test_ui": {"ui", "skip"},  # (no browser either)
     }
 
 

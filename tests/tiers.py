@@ -10,6 +10,8 @@ nomad   a Nomad agent (the session's dev agent, or one it starts)              `
 cluster the multi-client Nomad cluster (``tests/cluster_fixtures.py``)         ``nomad_cluster``; implies ``nomad``
 docker  a Docker engine; skipped where none could be started                   by hand
 qemu    QEMU and a VM image (``ops/build-vm-image``); skipped where missing    by hand
+ui      a headless Chromium and chromedriver (``tests/ui/``, ``bench/ui``) and  by hand
+        the built web UI (``ops/build-web``); skipped where missing
 slow    a long test (tens of seconds) in any tier                              by hand
 ======= ====================================================================== =========================
 
@@ -39,8 +41,9 @@ SAMPLE_SECONDS = 0.2
 the agent and its node to be ready), so none goes unseen."""
 
 
-def mark_tiers(items: Iterable[pytest.Item], *, docker: bool, qemu: bool) -> None:
-    """Mark each item with the tiers of the fixtures it uses; skip ``docker`` and ``qemu`` items this machine lacks."""
+def mark_tiers(items: Iterable[pytest.Item], *, docker: bool, qemu: bool, ui: bool = True) -> None:
+    """Mark each item with the tiers of the fixtures it uses; skip ``docker``, ``qemu`` and ``ui`` items this machine
+    lacks."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         for name in {TIER_OF_FIXTURE[f] for f in fixtures & TIER_OF_FIXTURE.keys()}:
@@ -53,6 +56,10 @@ def mark_tiers(items: Iterable[pytest.Item], *, docker: bool, qemu: bool) -> Non
             item.add_marker(pytest.mark.skip(reason="no Docker engine could be started on this machine"))
         if item.get_closest_marker("qemu") and not qemu:
             item.add_marker(pytest.mark.skip(reason="qemu-system-x86_64 or a VM image (ops/build-vm-image) is missing"))
+        if item.get_closest_marker("ui") and not ui:
+            item.add_marker(
+                pytest.mark.skip(reason="chromium, chromedriver or the built web UI (ops/build-web) is missing")
+            )
 
 
 def service_of(comm: bytes, argv: list[bytes]) -> str | None:
@@ -161,13 +168,13 @@ class Tiers:
     """The pytest plugin (registered by ``tests/conftest.py``): marks the tiers at collection, before ``-m`` selects
     by them, and runs the :class:`ServiceWatch` around the tests."""
 
-    def __init__(self, *, docker: bool, qemu: bool) -> None:
-        self.docker, self.qemu = docker, qemu
+    def __init__(self, *, docker: bool, qemu: bool, ui: bool = True) -> None:
+        self.docker, self.qemu, self.ui = docker, qemu, ui
         self.watch = ServiceWatch()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        mark_tiers(items, docker=self.docker, qemu=self.qemu)
+        mark_tiers(items, docker=self.docker, qemu=self.qemu, ui=self.ui)
 
     def pytest_sessionstart(self) -> None:
         self.watch.start()

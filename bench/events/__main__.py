@@ -35,7 +35,7 @@ from typing import Any
 from redis.asyncio import Redis
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.gateway.__main__ import own_redis, spawn, stop, wait_http
+from bench.gateway.__main__ import lone_gateway_env, own_redis, spawn, stop, wait_http
 from caravan.stack.processes import free_port
 from core.keys import Keys
 from domain.lifecycle import transition
@@ -220,19 +220,9 @@ def main() -> None:
         work = Path(tmp)
         prefix = "bench" + uuid.uuid4().hex[:8]
         redis_service, redis_settings = own_redis(work, prefix)
-        plain_url = redis_settings.redis.url
         redis_url = redis_settings.for_role("admin").redis.url  # the bench's own writes
         port = free_port()
-        env = {
-            "CARAVAN_HOME": str(work / "home"),
-            "CARAVAN_REDIS_URL": plain_url,
-            "CARAVAN_REDIS_PREFIX": prefix,
-            "CARAVAN_SECRETS_DIR": str(work / "secrets"),
-            "CARAVAN_GATEWAY_HOST": "127.0.0.1",
-            "CARAVAN_GATEWAY_PORT": str(port),
-            "CARAVAN_GATEWAY_WORKERS": "1",
-            "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
-        }
+        env = lone_gateway_env(work, redis_settings, port)
         log = work / "gateway.log"
         gateway = spawn([sys.executable, "-m", "caravan.cli", "gateway"], env, log)
         lines: list[dict[str, Any]] = []

@@ -274,6 +274,21 @@ def own_redis(work: Path, prefix: str) -> tuple[Service, Settings]:
     return service, Settings(secrets_dir=work / "secrets", redis=RedisSettings(f"redis://127.0.0.1:{port}/0", prefix))
 
 
+def lone_gateway_env(work: Path, redis_settings: Settings, port: int) -> dict[str, str]:
+    """The environment of one gateway worker on ``port`` over :func:`own_redis`'s Redis, with no Nomad (an address
+    where nothing listens): for benches of what the gateway serves from Redis alone."""
+    return {
+        "CARAVAN_HOME": str(work / "home"),
+        "CARAVAN_REDIS_URL": redis_settings.redis.url,
+        "CARAVAN_REDIS_PREFIX": redis_settings.redis.prefix,
+        "CARAVAN_SECRETS_DIR": str(work / "secrets"),
+        "CARAVAN_GATEWAY_HOST": "127.0.0.1",
+        "CARAVAN_GATEWAY_PORT": str(port),
+        "CARAVAN_GATEWAY_WORKERS": "1",
+        "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_port()}",  # nothing here calls Nomad
+    }
+
+
 def calibration() -> dict[str, Any]:
     """How fast this machine runs plain Python right now (the numbers above depend on it): seconds for
     10 million additions (about 0.4 s on one unloaded core of a recent server), and the load average."""

@@ -1,0 +1,97 @@
+"""Screenshots of the web UI's main pages, for the README: ``./ops/ui-screenshots [DIR]`` (default web/screenshots).
+
+A pytest module (not collected by the suite: its name is not test_*) so that it runs on the tests' real stack: a
+gateway, scheduler, Redis and Nomad of its own, a few sessions in various states, then each page in headless Chromium
+at a laptop's size."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from domain.users import Role
+from tests.harness import CREATE, Caravan
+from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, visible
+
+pytestmark = [pytest.mark.ui]
+
+OUT = Path(os.environ.get("CARAVAN_SCREENSHOTS", Path(__file__).resolve().parents[2] / "web" / "screenshots"))
+APP = r"""
+mkdir -p /tmp/w && echo 'hello from the app' > /tmp/w/index.html && : > /tmp/w/favicon.ico
+httpd -f -p 8080 -h /tmp/w &
+i=0; while true; do i=$((i+1)); echo "step $i: loss $((1000 / i))"; sleep 1; done
+"""
+
+
+async def test_screenshots(caravan: Caravan, browser: Browser) -> None:
+    admin = await caravan.user("ada", Role.SUPERADMIN)
+    made = []
+    for name, kind, command in (
+        ("train-resnet", "INTERACTIVE", APP),
+        ("nightly-eval", "BATCH", "echo evaluating; sleep 1; echo done"),
+        ("broken-job", "BATCH", "echo oops >&2; exit 3"),
+    ):
+        session = {"name": name, "type": kind, "driver": "EXEC", "startupCommand": command}
+        if kind == "INTERACTIVE":
+            session["apps"] = [{"name": "notebook", "port": 8080}]
+        data = await caravan.gql(CREATE, {"input": session}, token=admin)
+        made.append(data["createSession"]["sessions"][0]["id"])
+    await caravan.wait_for(made[0], "RUNNING")
+    await caravan.wait_for(made[1], "TERMINATED")
+    await caravan.wait_for(made[2], "TERMINATED")
+    await caravan.gql(
+        CREATE,
+        {
+            "input": {
+                "name": "waits-for-gpus",
+                "type": "INTERACTIVE",
+                "driver": "EXEC",
+                "resources": [{"slot": "cpu", "amount": "512"}],
+            }
+        },
+        token=admin,
+    )
+    await asyncio.sleep(2)  # a scheduling pass has judged the last one (its wait reasons)
+
+    def shoot(d: WebDriver, name: str) -> None:
+        d.execute_script("window.scrollTo(0, 0)")
+        browser.screenshot(OUT / f"{name}.png")
+
+    def pages(d: WebDriver) -> None:
+        d.get(browser.base + "/ui/")
+        visible(d, "#token")
+        shoot(d, "sign-in")
+        sign_in(d, browser.base, admin)
+        visible(d, "#sessions-table")
+        shoot(d, "sessions")
+        d.find_element(By.LINK_TEXT, "Launch").click()
+        fill(d, {"name": "x", "type": "BATCH", "driver": "EXEC"})
+        d.find_element(By.ID, "launch").click()
+        visible(d, "#error-name")
+        shoot(d, "launcher")
+        d.find_element(By.LINK_TEXT, "Sessions").click()
+        visible(d, "tr[data-name='train-resnet'] a").click()
+        attribute_is(d, "#session-detail", "data-status", "RUNNING")
+        text_in(d, "#logs", "step 3")
+        shoot(d, "session")
+        d.find_element(By.ID, "nav-admin").click()
+        visible(d, "section.group .agent meter")
+        shoot(d, "admin-groups")
+        d.find_element(By.LINK_TEXT, "Users and tokens").click()
+        visible(d, "#users")
+        shoot(d, "admin-users")
+        d.execute_cdp_cmd(  # the system's dark theme
+            "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+        )
+        d.find_element(By.LINK_TEXT, "Sessions").click()
+        visible(d, "tr[data-name='train-resnet'] a").click()
+        text_in(d, "#logs", "step 2")
+        shoot(d, "session-dark")
+
+    await browser.run(pages)
+    await caravan.gql("mutation($ids: [ID!]!) { destroySession(ids: $ids, forced: true) { id } }", {"ids": made[:1]})

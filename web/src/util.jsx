@@ -1,0 +1,86 @@
+// Small shared helpers: navigation under /ui/, time in the browser's time zone, amounts.
+import { useEffect, useState } from "preact/hooks";
+
+export const BASE = "/ui";
+export function navigate(path) {
+  history.pushState(null, "", BASE + path);
+  dispatchEvent(new PopStateEvent("popstate"));
+}
+export function usePath() {
+  const read = () => location.pathname.replace(/^\/ui/, "") || "/";
+  const [path, setPath] = useState(read());
+  useEffect(() => {
+    const on = () => setPath(read());
+    addEventListener("popstate", on);
+    return () => removeEventListener("popstate", on);
+  }, []);
+  return path;
+}
+export function Link({ to, children, ...rest }) {
+  return (
+    <a
+      href={BASE + to}
+      onClick={(e) => {
+        if (e.ctrlKey || e.metaKey || e.shiftKey || e.button !== 0) return;
+        e.preventDefault();
+        navigate(to);
+      }}
+      {...rest}
+    >
+      {children}
+    </a>
+  );
+}
+
+/** A clock that ticks every `ms` (ages and countdowns; no request is made). */
+export function useNow(ms = 1000) {
+  const [now, setNow] = useState(Date.now());
+  useEffect(() => {
+    const id = setInterval(() => setNow(Date.now()), ms);
+    return () => clearInterval(id);
+  }, [ms]);
+  return now;
+}
+
+const timeFormat = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "medium" });
+/** An API DateTime in the browser's time zone. */
+export const localTime = (iso) => (iso ? timeFormat.format(new Date(iso)) : "—");
+export const timeZone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+
+export function duration(seconds) {
+  if (seconds == null) return "—";
+  seconds = Math.max(0, Math.round(seconds));
+  const d = Math.floor(seconds / 86400), h = Math.floor((seconds % 86400) / 3600);
+  const m = Math.floor((seconds % 3600) / 60), s = seconds % 60;
+  if (d) return `${d}d ${h}h`;
+  if (h) return `${h}h ${m}m`;
+  if (m) return `${m}m ${s}s`;
+  return `${s}s`;
+}
+
+export function amount(slot, value) {
+  const n = Number(value);
+  if (slot === "mem" && !Number.isNaN(n)) {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let v = n, i = 0;
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return `${v.toFixed(v < 10 && i ? 1 : 0)} ${units[i]}`;
+  }
+  return Number.isNaN(n) ? value : String(+n.toFixed(2));
+}
+export const resources = (list) => (list || []).map((r) => `${r.slot} ${amount(r.slot, r.amount)}`).join(", ");
+
+export const TERMINAL = new Set(["TERMINATED", "CANCELLED", "ERROR"]);
+
+export function StatusBadge({ status }) {
+  return <span class={`badge status-${status.toLowerCase()}`} data-status={status}>{status}</span>;
+}
+
+export function ErrorBox({ error }) {
+  if (!error) return null;
+  return (
+    <div class="error" role="alert">
+      <strong>{error.code || "ERROR"}</strong>: {error.message}
+    </div>
+  );
+}
