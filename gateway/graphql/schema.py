@@ -14,6 +14,9 @@ from gateway.graphql.context import Info
 from gateway.graphql.errors import ErrorCodes
 from gateway.graphql.execs.mutations import ExecMutations
 from gateway.graphql.execs.subscriptions import ExecSubscriptions
+from gateway.graphql.folders.mutations import FolderMutations
+from gateway.graphql.folders.queries import FolderQueries
+from gateway.graphql.folders.types import BYTES_SCALAR, Bytes
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
 from gateway.graphql.operation_name import OperationNameRequired
@@ -42,7 +45,7 @@ class Viewer:
 
 
 @strawberry.type
-class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries):
+class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries, FolderQueries):
     @fields.field(description="Who you are, by your API token.")
     def viewer(self, info: Info) -> Viewer:
         user = info.context.viewer
@@ -50,7 +53,9 @@ class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQue
 
 
 @strawberry.type
-class Mutation(SessionMutations, AppMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations):
+class Mutation(
+    SessionMutations, AppMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations, FolderMutations
+):
     pass
 
 
@@ -82,7 +87,7 @@ def build_schema(limits: Limits | None = None) -> strawberry.Schema:
             RecordOperation,
             SubscriptionsOverWebSocket,
         ],
-        config=StrawberryConfig(relay_max_results=limits.max_page),
+        config=StrawberryConfig(relay_max_results=limits.max_page, scalar_map={Bytes: BYTES_SCALAR}),
     )
 
 
