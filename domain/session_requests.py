@@ -47,6 +47,7 @@ from domain.slots import (
     from_user_input,
     parse_quantity,
 )
+from domain.storage import Folder, MountRequest, check_mounts, resolve_mounts
 from domain.user_requests import NAME_RULE as PROJECT_RULE
 from domain.users import Role, User
 
@@ -84,6 +85,8 @@ class CreationRules:
     default_resources: Mapping[str, str] = field(default_factory=lambda: DEFAULT_RESOURCES)
     """What each kernel gets of a slot the request (and its preset) leaves out: the request's resource group's
     ``default_resources`` in the scheduler configuration."""
+    folders: Mapping[str, Folder] = field(default_factory=dict)
+    """At least the storage folders the request mounts (the caller reads them); a folder not in it is NOT_FOUND."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ class SessionRequest:
     health_check_grace: str | None = None
     apps: Sequence[App] = ()
     """Named ports the gateway proxies (``domain.apps``)."""
+    mounts: Sequence[MountRequest] = ()
+    """Storage folders mounted into every kernel (``domain.storage``)."""
 
 
 def build_sessions(
@@ -137,6 +142,12 @@ def build_sessions(
         raise InvalidInput("name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name")
     checked = check_request(request, viewer=viewer, now=now, rules=rules)
     project = session_project(request.project, owner=owner, viewer=viewer)
+    mounts = resolve_mounts(list(request.mounts), dict(rules.folders), owner)
+    designated = request.designated_agent
+    if mounts:  # a node-local folder: the session runs on its storage node (the scheduler's designated agent)
+        if designated is not None and designated != mounts[0].node_id:
+            raise InvalidInput("the mounted folders live on another node than designatedAgent", field="mounts")
+        designated = mounts[0].node_id
     names = [request.name] if request.count == 1 else [f"{request.name}-{i}" for i in range(1, request.count + 1)]
     if any(len(n) > 64 for n in names):
         raise InvalidInput("name is too long for the numbered names of count sessions", field="name")
@@ -164,13 +175,14 @@ def build_sessions(
             starts_at=checked.starts_at,
             batch_timeout=checked.batch_timeout,
             dependencies=tuple(dict.fromkeys(request.dependencies)),
-            designated_agent=request.designated_agent,
+            designated_agent=designated,
             preopen_ports=tuple(request.preopen_ports),
             shared_memory=checked.shared_memory,
             service_port=checked.service.port if checked.service else None,
             health_check_path=checked.service.health_check_path if checked.service else None,
             health_check_grace=checked.service.health_check_grace if checked.service else None,
             apps=checked_apps(request.apps),
+            mounts=mounts,
         )
         for name in names
     ]
@@ -380,6 +392,7 @@ def _check_shape(request: SessionRequest, viewer: User) -> None:
         if not 1024 <= port <= 65535:
             raise InvalidInput(f"preopen port {port} is outside 1024-65535", field="preopenPorts")
     checked_apps(request.apps)
+    check_mounts(list(request.mounts))
     if request.designated_agent is not None and not viewer.is_admin:
         raise Forbidden("only admins may designate an agent", field="designatedAgent")
 
@@ -481,6 +494,8 @@ def _check_vm(
         raise InvalidInput("qemu VMs have no network: preopenPorts are not supported", field="preopenPorts")
     if request.apps:
         raise InvalidInput("qemu VMs have no network: apps are not supported", field="apps")
+    if request.mounts:
+        raise InvalidInput("qemu VMs cannot mount storage folders", field="mounts")
     if request.type is SessionType.INFERENCE:
         raise InvalidInput("INFERENCE sessions serve on a network, which qemu VMs do not have", field="driver")
     try:

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from core.errors import InvalidInput, QuotaExceeded
+from core.errors import Forbidden, InvalidInput, NotFound, QuotaExceeded
 from core.settings import StorageSettings
 from domain.access import can_access
 from domain.users import Role, User
@@ -150,3 +150,83 @@ def new_folder(*, name: str, owner: User, project: str, now: datetime) -> Folder
 def may_share_with(viewer: User, project: str) -> bool:
     """A project one may share with: one's own (a superadmin: any)."""
     return viewer.role is Role.SUPERADMIN or project in viewer.projects
+
+
+# -- mounts --
+
+MAX_MOUNTS = 8
+"""Folders one session may mount."""
+MOUNT_PATH_RULE = re.compile(r"^(/[A-Za-z0-9_.-]{1,64}){1,8}$")
+"""An absolute path of 1-8 parts of letters, digits, ``_ . -`` (no ``..``, no empty part; checked apart)."""
+RESERVED_MOUNT_ROOTS = frozenset(
+    {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys", "usr", "var"}
+    | {"alloc", "local", "secrets", "tmp"}  # Nomad's task directories
+)
+"""First parts a mount path may not start with: the system's directories and Nomad's task directories."""
+
+
+@dataclass(frozen=True)
+class MountRequest:
+    """A folder a creation asks to mount, as the user gave it."""
+
+    folder: str
+    """The folder's id."""
+    path: str
+    """Where the kernel sees it: an absolute path such as ``/data`` (``/home/work/data``)."""
+    mode: FolderMode = FolderMode.RW
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A folder mounted into a session's kernels, resolved at creation."""
+
+    folder_id: str
+    volume_name: str
+    """The Nomad dynamic host volume the job asks for."""
+    path: str
+    read_only: bool
+    node_id: str
+    """The storage node holding the folder: the session runs there."""
+
+
+def check_mounts(requests: tuple[MountRequest, ...] | list[MountRequest]) -> None:
+    """The mount paths of a request (pure; the folders are resolved by :func:`resolve_mounts`)."""
+    if len(requests) > MAX_MOUNTS:
+        raise InvalidInput(f"at most {MAX_MOUNTS} folders may be mounted", field="mounts")
+    seen: set[str] = set()
+    for i, mount in enumerate(requests):
+        where = f"mounts.{i}.path"
+        path = unicodedata.normalize("NFC", mount.path)
+        parts = path.split("/")[1:]
+        if not MOUNT_PATH_RULE.match(path) or any(p in (".", "..") for p in parts):
+            raise InvalidInput(
+                "a mount path is absolute, 1-8 parts of letters, digits, '_', '.', '-' (no '.' or '..')", field=where
+            )
+        if parts[0] in RESERVED_MOUNT_ROOTS:
+            raise InvalidInput(f"a folder cannot be mounted under /{parts[0]}", field=where)
+        if any(path == other or path.startswith(other + "/") or other.startswith(path + "/") for other in seen):
+            raise InvalidInput(f"mount path {path} overlaps another mount", field=where)
+        seen.add(path)
+
+
+def resolve_mounts(
+    requests: tuple[MountRequest, ...] | list[MountRequest], folders: dict[str, Folder], owner: User
+) -> tuple[Mount, ...]:
+    """The mounts of ``owner``'s new sessions: each folder visible to them (else NOT_FOUND), READY, mounted with at
+    most the mode they have (an RO share asked RW: FORBIDDEN), all on one storage node."""
+    check_mounts(requests)
+    mounts = []
+    for i, request in enumerate(requests):
+        folder = folders.get(request.folder)
+        have = mode_for(owner, folder) if folder is not None else None
+        if folder is None or have is None:
+            raise NotFound(f"no folder {request.folder[:80]}", field=f"mounts.{i}.folder")
+        if folder.status is not FolderStatus.READY or folder.node_id is None:
+            raise InvalidInput(f"folder {folder.name} is {folder.status.value}, not READY", field=f"mounts.{i}.folder")
+        if not have.allows(request.mode):
+            raise Forbidden(f"folder {folder.name} is shared read-only: mount it RO", field=f"mounts.{i}.mode")
+        path = unicodedata.normalize("NFC", request.path)
+        mounts.append(Mount(folder.id, folder.volume_name, path, request.mode is FolderMode.RO, folder.node_id))
+    if len({m.node_id for m in mounts}) > 1:
+        raise InvalidInput("the folders live on different storage nodes: a session mounts one node's", field="mounts")
+    return tuple(mounts)

@@ -60,3 +60,64 @@ async def _still_there(caravan: Caravan, token: str, folder_id: str) -> bool:
         assert exc.codes == ["NOT_FOUND"]
         return False
     return True
+
+
+SHARE = "mutation($input: FolderShareInput!) { shareFolder(input: $input) { id } }"
+SESSION_MOUNTS = "query($id: ID!) { session(id: $id) { mounts { folder path mode } } }"
+
+
+async def batch(caravan: Caravan, token: str, name: str, command: str, mounts: list[dict[str, str]]) -> str:
+    """A BATCH exec session running ``command`` with ``mounts``; its id."""
+    spec = {"name": name, "type": "BATCH", "driver": "EXEC", "startupCommand": command, "mounts": mounts}
+    data = await caravan.gql(CREATE_SESSION, {"input": spec}, token=token)
+    return str(data["createSession"]["sessions"][0]["id"])
+
+
+CREATE_SESSION = "mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id } } }"
+
+
+async def refused_codes(caravan: Caravan, token: str, mounts: list[dict[str, str]]) -> tuple[str, str]:
+    try:
+        await batch(caravan, token, "refused", "true", mounts)
+    except GraphQLErrors as exc:
+        [error] = exc.errors
+        return str(error["extensions"]["code"]), str(error["extensions"].get("field"))
+    raise AssertionError(f"mounts {mounts} were accepted")
+
+
+async def test_a_file_written_in_one_session_is_read_in_another_and_ro_mounts_refuse_writes(
+    caravan: Caravan,
+) -> None:
+    alice, bob = await caravan.user("alice"), await caravan.user("bob")
+    folder = await ready_folder(caravan, alice, "shared")
+    rw = [{"folder": folder["id"], "path": "/data", "mode": "RW"}]
+    writer = await batch(caravan, alice, "writer", "echo written-by-one > /data/note.txt", rw)
+    done = await caravan.wait_for(writer, "TERMINATED", "ERROR")
+    assert done["result"] == "SUCCESS", done
+    assert 'source          = "caravan-folder-' in done["jobHcl"] or "caravan-folder-" in done["jobHcl"]
+    mounts = (await caravan.gql(SESSION_MOUNTS, {"id": writer}, token=alice))["session"]["mounts"]
+    assert mounts == [{"folder": folder["id"], "path": "/data", "mode": "RW"}]
+
+    reader = await batch(caravan, alice, "reader", "cat /data/note.txt", rw)
+    read = await caravan.wait_for(reader, "TERMINATED", "ERROR")
+    assert read["mainKernel"]["logs"]["stdout"] == "written-by-one\n"
+
+    # bob: cannot see it (NOT_FOUND); shared RO he reads it, cannot mount it RW, and an RO mount refuses writes
+    assert await refused_codes(caravan, bob, rw) == ("NOT_FOUND", "mounts.0.folder")
+    await caravan.gql(SHARE, {"input": {"folder": folder["id"], "user": "bob", "mode": "RO"}}, token=alice)
+    assert await refused_codes(caravan, bob, rw) == ("FORBIDDEN", "mounts.0.mode")
+    ro = [{"folder": folder["id"], "path": "/shared/in", "mode": "RO"}]
+    probe = "cat /shared/in/note.txt && if echo x > /shared/in/evil.txt; then echo WROTE; else echo REFUSED; fi"
+    bobs = await batch(caravan, bob, "bob-reads", probe, ro)
+    seen = await caravan.wait_for(bobs, "TERMINATED", "ERROR")
+    assert seen["mainKernel"]["logs"]["stdout"] == "written-by-one\nREFUSED\n", seen["mainKernel"]["logs"]
+
+
+async def test_mount_paths_that_escape_or_clash_are_refused(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    folder = await ready_folder(caravan, alice, "paths")
+    for path in ("data", "/", "/data/../etc", "/./data", "/etc", "/proc/x", "/alloc", "/secrets", "/a//b", "/d\x00"):
+        code, field = await refused_codes(caravan, alice, [{"folder": folder["id"], "path": path}])
+        assert (code, field) == ("INVALID_INPUT", "mounts.0.path"), path
+    twice = [{"folder": folder["id"], "path": "/data"}, {"folder": folder["id"], "path": "/data/sub"}]
+    assert await refused_codes(caravan, alice, twice) == ("INVALID_INPUT", "mounts.1.path")

@@ -13,13 +13,17 @@ from domain.resource_policies import check_allowed, check_priority
 from domain.session_requests import CreationRules
 from gateway.graphql.context import Context
 from gateway.scheduling_config import scheduling_config
+from stores.folders import FolderStore
 from stores.known_resources import known_resource_groups, known_slot_types
 from stores.presets import PresetStore
 from stores.resource_policies import PolicyStore, pending_admission
 
 
-async def creation_rules(ctx: Context, *, resource_group: str, preset: str | None) -> CreationRules:
-    """The configuration a new session (or a template's spec) is checked against, read for this request."""
+async def creation_rules(
+    ctx: Context, *, resource_group: str, preset: str | None, folders: Sequence[str] = ()
+) -> CreationRules:
+    """The configuration a new session (or a template's spec) is checked against, read for this request (with the
+    storage ``folders`` it mounts)."""
     redis, keys = ctx.sessions.redis, ctx.sessions.keys
     config = scheduling_config(ctx.settings.scheduler.config_path)
     return CreationRules(
@@ -31,6 +35,7 @@ async def creation_rules(ctx: Context, *, resource_group: str, preset: str | Non
         allowed_drivers=config.drivers_allowed(resource_group),
         known_groups=await known_resource_groups(redis, keys, configured=config.groups),
         default_resources=config.default_resources(resource_group),
+        folders={f.id: f for f in await FolderStore(redis, keys).many(dict.fromkeys(folders))},
     )
 
 
