@@ -128,6 +128,9 @@ class Settings:
     docker_images: tuple[str, ...] = ("caravan/*",)
     """Glob patterns of the Docker images sessions may name (``CARAVAN_DOCKER_IMAGES``, comma-separated), matched
     against the reference as written; default: the namespace ops/ builds locally. See ``domain/docker_images.py``."""
+    sftp_image: str | None = None
+    """Image of SFTP system sessions (``CARAVAN_SFTP_IMAGE``; ops/build-sftp-image builds caravan/sftp and records it);
+    None: requestSftp is UNAVAILABLE."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
     """The qemu driver's VM image allowlist, name → image directory (``CARAVAN_QEMU_IMAGES`` as
     ``name=/dir,name2=/dir2``; else the image ops/build-vm-image built, ``CARAVAN_VM_IMAGE`` at
@@ -221,6 +224,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         docker_images=tuple(p.strip() for p in env.get("CARAVAN_DOCKER_IMAGES", "").split(",") if p.strip())
         or Settings.docker_images,
         qemu_images=qemu_images_of(env),
+        sftp_image=env.get("CARAVAN_SFTP_IMAGE") or None,
     )
 
 

@@ -87,6 +87,8 @@ class CreationRules:
     ``default_resources`` in the scheduler configuration."""
     folders: Mapping[str, Folder] = field(default_factory=dict)
     """At least the storage folders the request mounts (the caller reads them); a folder not in it is NOT_FOUND."""
+    platform: bool = False
+    """The platform's own request (``domain.sftp``): the only one that may create a SYSTEM session."""
 
 
 @dataclass(frozen=True)
@@ -229,8 +231,8 @@ def check_request(
 ) -> CheckedRequest:
     """Every rule of a creation but the session name's: also how a template's spec is checked when it is written."""
     known_slots, allowed_drivers, qemu_images = rules.known_slots, rules.allowed_drivers, rules.qemu_images
-    if request.type is SessionType.SYSTEM and not viewer.is_admin:
-        raise Forbidden("SYSTEM sessions are created by the platform, not by users", field="type")
+    if request.type is SessionType.SYSTEM and not rules.platform:
+        raise Forbidden("SYSTEM sessions are created by the platform (requestSftp), not by users", field="type")
     if request.type is SessionType.BATCH and not (request.startup_command or "").strip():
         raise InvalidInput("a BATCH session needs a non-empty startupCommand", field="startupCommand")
     if request.driver is Driver.RAW_EXEC and viewer.role is not Role.SUPERADMIN:

@@ -16,6 +16,7 @@ from gateway.graphql.execs.mutations import ExecMutations
 from gateway.graphql.execs.subscriptions import ExecSubscriptions
 from gateway.graphql.folders.mutations import FolderMutations
 from gateway.graphql.folders.queries import FolderQueries
+from gateway.graphql.folders.sftp import SftpMutations
 from gateway.graphql.folders.types import BYTES_SCALAR, Bytes
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
@@ -54,7 +55,14 @@ class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQue
 
 @strawberry.type
 class Mutation(
-    SessionMutations, AppMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations, FolderMutations
+    SessionMutations,
+    AppMutations,
+    UserMutations,
+    TemplateMutations,
+    PolicyMutations,
+    ExecMutations,
+    FolderMutations,
+    SftpMutations,
 ):
     pass
 
