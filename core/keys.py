@@ -261,6 +261,23 @@ class Keys:
         """ZSET of trashed folder ids scored by when the job owner deletes their volume (unix seconds)."""
         return f"{self.prefix}:folders:to-purge"
 
+    def image(self, image_id: str) -> str:
+        """JSON document of one committed image (``domain.images.CommittedImage``)."""
+        return f"{self.prefix}:image:{image_id}"
+
+    def images_of_owner(self, owner_id: str) -> str:
+        """SET of the ids of one user's committed images."""
+        return f"{self.prefix}:images:owner:{owner_id}"
+
+    def images_of_project(self, project: str) -> str:
+        """SET of the ids of one project's committed images (its admins' listing)."""
+        return f"{self.prefix}:images:project:{project}"
+
+    @property
+    def images_to_act_on(self) -> str:
+        """SET of image ids the job owner must commit (COMMITTING) or remove (DELETING) on their node."""
+        return f"{self.prefix}:images:to-act-on"
+
     def template(self, template_id: str) -> str:
         """JSON document of one session template."""
         return f"{self.prefix}:template:{template_id}"

@@ -20,6 +20,7 @@ from gateway.graphql.folders.sftp import SftpMutations
 from gateway.graphql.folders.types import BYTES_SCALAR, Bytes
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
+from gateway.graphql.images.schema_part import ImageMutations, ImageQueries
 from gateway.graphql.operation_name import OperationNameRequired
 from gateway.graphql.policies.mutations import PolicyMutations
 from gateway.graphql.policies.queries import PolicyQueries
@@ -46,7 +47,7 @@ class Viewer:
 
 
 @strawberry.type
-class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries, FolderQueries):
+class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries, FolderQueries, ImageQueries):
     @fields.field(description="Who you are, by your API token.")
     def viewer(self, info: Info) -> Viewer:
         user = info.context.viewer
@@ -63,6 +64,7 @@ class Mutation(
     ExecMutations,
     FolderMutations,
     SftpMutations,
+    ImageMutations,
 ):
     pass
 
