@@ -101,7 +101,9 @@ class FolderFiles:
                 kind = "dir" if stat.S_ISDIR(info.st_mode) else "link" if stat.S_ISLNK(info.st_mode) else "file"
                 listed.append({"name": entry.name, "type": kind, "size": info.st_size, "modified": info.st_mtime})
             return JSONResponse({"path": "/".join(parts), "entries": listed})
-        return FileResponse(target, filename=target.name)
+        response = FileResponse(target, filename=target.name)
+        response.chunk_size = CHUNK  # Starlette's 64 KiB chunks each cost a thread hop: 16x fewer
+        return response
 
     async def _put(self, request: Request) -> Response:
         folder, root = await self._folder(request, FolderMode.RW)
@@ -119,6 +121,7 @@ class FolderFiles:
         written = 0
         try:
             async with await anyio.open_file(partial, "xb") as out:
+                pending = bytearray()  # the body's small chunks written a CHUNK at a time (one thread hop each)
                 async for chunk in request.stream():
                     written += len(chunk)
                     check_bytes_quota(
@@ -127,7 +130,11 @@ class FolderFiles:
                         adding=written,
                         quota=quota,
                     )
-                    await out.write(chunk)
+                    pending += chunk
+                    if len(pending) >= CHUNK:
+                        await out.write(bytes(pending))
+                        pending.clear()
+                await out.write(bytes(pending))
             os.replace(partial, target)
         finally:
             with contextlib.suppress(FileNotFoundError):

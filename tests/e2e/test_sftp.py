@@ -36,7 +36,8 @@ async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
 
 
 async def sftp_address(caravan: Caravan, token: str, session_id: str) -> str:
-    await caravan.wait_for(session_id, "RUNNING")
+    session = await caravan.wait_for(session_id, "RUNNING", "ERROR")
+    assert session["status"] == "RUNNING", (session["statusInfo"], session["statusHistory"], session["mainKernel"])
     found = (await caravan.gql(ADDRESS, {"id": session_id}, token=token))["session"]
     assert found["sftpAddress"], found
     return str(found["sftpAddress"])
