@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from core.settings import Settings, StorageSettings
+from domain.storage import FolderStatus
 from domain.users import Role
+from stores.folders import FolderStore
 from tests.harness import Caravan, GraphQLErrors, running_caravan
 
 FIELDS = """id name ownerId project status myMode usageBytes trashedAt purgeAt
@@ -136,3 +138,36 @@ async def test_the_number_of_folders_is_capped(redis_settings: Settings) -> None
         assert error["code"] == "QUOTA_EXCEEDED"
         usage = (await caravan.gql(USAGE, token=alice))["folderUsage"]
         assert (usage["folders"], usage["maxFolders"], usage["bytes"]) == (2, 2, 0)
+
+
+CREATE_TEMPLATE = """mutation($input: CreateSessionTemplateInput!) {
+  createSessionTemplate(input: $input) { id spec { mounts { folder path mode } } } }"""
+FROM_TEMPLATE = """mutation($id: ID!, $overrides: SessionOverridesInput!) {
+  createSessionFromTemplate(templateId: $id, overrides: $overrides) { sessions { id mounts { folder path mode } } } }"""
+
+
+async def test_templates_carry_mounts_and_sessions_from_them_run_on_the_folders_node(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    created = await create(caravan, alice)
+    store = FolderStore(caravan.store.redis, caravan.store.keys)
+    stored = await store.get(created["id"])
+    assert stored is not None  # no scheduler here: made READY on "node-a" as the job owner would
+    await store.set_state(stored.evolve(status=FolderStatus.READY, node_id="node-a", volume_id="v", host_path="/x"))
+    mounts = [{"folder": created["id"], "path": "/data", "mode": "RO"}]
+    spec = {"type": "INTERACTIVE", "driver": "EXEC", "mounts": mounts}
+    template = (await caravan.gql(CREATE_TEMPLATE, {"input": {"name": "with-data", "spec": spec}}, token=alice))[
+        "createSessionTemplate"
+    ]
+    assert template["spec"]["mounts"] == mounts
+    data = await caravan.gql(FROM_TEMPLATE, {"id": template["id"], "overrides": {"name": "from-t"}}, token=alice)
+    [session] = data["createSessionFromTemplate"]["sessions"]
+    assert session["mounts"] == mounts
+    model = await caravan.store.get(session["id"])
+    assert model is not None and model.designated_agent == "node-a"
+    error = await refused(
+        caravan,
+        CREATE_TEMPLATE,
+        {"input": {"name": "bad", "spec": {**spec, "mounts": [{**mounts[0], "path": "/etc"}]}}},
+        alice,
+    )
+    assert (error["code"], error["field"]) == ("INVALID_INPUT", "spec.mounts.0.path")
