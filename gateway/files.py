@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from anyio import AsyncFile
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -119,22 +120,23 @@ class FolderFiles:
         replaced = target.stat().st_size if target.is_file() else 0
         partial = target.parent / f"{RESERVED_PREFIX}{uuid.uuid4().hex}"
         written = 0
+
+        def within(total: int) -> None:
+            check_bytes_quota(
+                user_bytes=user_bytes - replaced, project_bytes=project_bytes - replaced, adding=total, quota=quota
+            )
+
         try:
             async with await anyio.open_file(partial, "xb") as out:
-                pending = bytearray()  # the body's small chunks written a CHUNK at a time (one thread hop each)
+                pending: list[bytes] = []  # the body's small chunks written a CHUNK at a time (one thread hop each)
+                buffered = 0
                 async for chunk in request.stream():
-                    written += len(chunk)
-                    check_bytes_quota(
-                        user_bytes=user_bytes - replaced,
-                        project_bytes=project_bytes - replaced,
-                        adding=written,
-                        quota=quota,
-                    )
-                    pending += chunk
-                    if len(pending) >= CHUNK:
-                        await out.write(bytes(pending))
-                        pending.clear()
-                await out.write(bytes(pending))
+                    pending.append(chunk)
+                    buffered += len(chunk)
+                    if buffered >= CHUNK:
+                        written = await _flush(out, pending, written, buffered, within)
+                        buffered = 0
+                written = await _flush(out, pending, written, buffered, within)
             os.replace(partial, target)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -179,6 +181,16 @@ class FolderFiles:
         if not mode.allows(need):
             raise Forbidden(f"folder {folder.name} is shared with you read-only", field="folder")
         return folder, Path(folder.host_path).resolve()
+
+
+async def _flush(
+    out: AsyncFile[bytes], pending: list[bytes], written: int, buffered: int, within: Callable[[int], None]
+) -> int:
+    """Write the buffered chunks if the quota allows them (else QUOTA_EXCEEDED, nothing written); the new total."""
+    within(written + buffered)
+    await out.write(b"".join(pending))
+    pending.clear()
+    return written + buffered
 
 
 async def answered(verb: Callable[[Request], Awaitable[Response]], request: Request) -> Response:
