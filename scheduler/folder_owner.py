@@ -9,6 +9,7 @@ on the node), a delete of a missing volume is no error.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from core.clock import utcnow
 from core.errors import PermanentError
@@ -18,6 +19,9 @@ from nomad_jobs.client import Json, NomadClient
 from stores.folders import FolderStore
 
 log = logging.getLogger(__name__)
+
+PURGE_RETRY = 60.0
+"""Seconds before a purge Nomad refused (a session still mounts the volume) is tried again."""
 
 
 class FolderOwner:
@@ -67,7 +71,12 @@ class FolderOwner:
         if folder.status is not FolderStatus.TRASHED:  # restored meanwhile
             return
         if folder.volume_id:
-            await self.nomad.delete_host_volume(folder.volume_id)
+            try:
+                await self.nomad.delete_host_volume(folder.volume_id)
+            except PermanentError as exc:  # e.g. a session still mounts it: tried again later, the rest goes on
+                log.warning("folder=%s volume %s not deleted yet: %s", folder.id, folder.volume_id, exc)
+                await self.store.postpone_purge(folder.id, utcnow() + timedelta(seconds=PURGE_RETRY))
+                return
         await self.store.forget(folder)
         log.info("folder=%s purged (volume %s)", folder.id, folder.volume_id)
 

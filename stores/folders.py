@@ -116,6 +116,10 @@ class FolderStore:
             pipe.zrem(self.keys.folders_to_purge, folder.id)
             await pipe.execute()
 
+    async def postpone_purge(self, folder_id: str, until: datetime) -> None:
+        """Try a refused purge again at ``until``."""
+        await self.redis.zadd(self.keys.folders_to_purge, {folder_id: until.timestamp()}, xx=True)
+
     async def owner_work(self, now: datetime) -> tuple[set[str], set[str]]:
         """Folders whose volume the job owner creates, and trashed folders whose grace has passed (to purge)."""
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -121,3 +121,22 @@ async def test_mount_paths_that_escape_or_clash_are_refused(caravan: Caravan) ->
         assert (code, field) == ("INVALID_INPUT", "mounts.0.path"), path
     twice = [{"folder": folder["id"], "path": "/data"}, {"folder": folder["id"], "path": "/data/sub"}]
     assert await refused_codes(caravan, alice, twice) == ("INVALID_INPUT", "mounts.1.path")
+
+
+async def test_a_trashed_folder_a_session_still_mounts_is_purged_once_the_session_ends(settings: Settings) -> None:
+    quick_trash = dataclasses.replace(settings, storage=StorageSettings(trash_grace=0.5))
+    async with running_caravan(quick_trash) as caravan:
+        alice = await caravan.user("alice")
+        folder = await ready_folder(caravan, alice, "in-use")
+        spec = {"name": "holder", "type": "INTERACTIVE", "driver": "EXEC", "startupCommand": "sleep 600"}
+        spec["mounts"] = [{"folder": folder["id"], "path": "/data", "mode": "RW"}]
+        holder = (await caravan.gql(CREATE_SESSION, {"input": spec}, token=alice))["createSession"]["sessions"][0]
+        await caravan.wait_for(holder["id"], "RUNNING")
+        await caravan.gql(DELETE, {"id": folder["id"]}, token=alice)
+        # a purge Nomad refuses while the volume is mounted is tried again later; the job owner goes on working
+        await caravan.gql("mutation($id: ID!) { destroySession(ids: [$id]) { id } }", {"id": holder["id"]}, token=alice)
+        await caravan.wait_for(holder["id"], "TERMINATED")
+        deadline = time.monotonic() + 150
+        while await _still_there(caravan, alice, folder["id"]):
+            assert time.monotonic() < deadline, "the trashed folder was not purged after its session ended"
+            await asyncio.sleep(0.5)
