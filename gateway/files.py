@@ -6,7 +6,8 @@ Paths (``?path=``) are checked by ``domain.folder_paths`` (relative, no ``..``, 
 is used only if its real location (symlinks followed) is inside the folder's real directory, so a symlink pointing
 out is refused (404). Uploads stream to a hidden file in the target directory, counted against the owner's and the
 project's bytes quotas as they arrive; past a quota (413 QUOTA_EXCEEDED) or on any failure the partial file is
-removed, and only a complete upload is renamed into place. The gateway reaches the folder's directory where the
+removed, and only a complete upload is renamed into place. ``PUT ...&offset=N`` appends to a file of exactly N bytes
+instead: uploads in pieces, or resumed after a broken connection (409 CONFLICT names the size to resume at). The gateway reaches the folder's directory where the
 storage node put it (the dev stack: the same machine; see README "Storage folders" for other layouts).
 """
 
@@ -23,11 +24,11 @@ from typing import Any
 
 import anyio
 from anyio import AsyncFile
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from core.errors import CaravanError, Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
+from core.errors import CaravanError, Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Unauthenticated
 from domain.folder_paths import RESERVED_PREFIX, folder_path
 from domain.storage import Folder, FolderMode, FolderStatus, check_bytes_quota, mode_for
 from domain.users import User
@@ -120,29 +121,51 @@ class FolderFiles:
         replaced = target.stat().st_size if target.is_file() else 0
         partial = target.parent / f"{RESERVED_PREFIX}{uuid.uuid4().hex}"
         written = 0
+        if "offset" in request.query_params:
+            replaced = 0  # a resumed upload adds to the file
 
         def within(total: int) -> None:
             check_bytes_quota(
                 user_bytes=user_bytes - replaced, project_bytes=project_bytes - replaced, adding=total, quota=quota
             )
 
+        if "offset" in request.query_params:
+            return await self._resume(request, folder.id, parts, target, within)
         try:
             async with await anyio.open_file(partial, "xb") as out:
-                pending: list[bytes] = []  # the body's small chunks written a CHUNK at a time (one thread hop each)
-                buffered = 0
-                async for chunk in request.stream():
-                    pending.append(chunk)
-                    buffered += len(chunk)
-                    if buffered >= CHUNK:
-                        written = await _flush(out, pending, written, buffered, within)
-                        buffered = 0
-                written = await _flush(out, pending, written, buffered, within)
+                written = await _receive(request, out, within)
             os.replace(partial, target)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 partial.unlink()
         await store.add_usage(folder.id, written - replaced)
         return JSONResponse({"path": "/".join(parts), "size": written}, status_code=201)
+
+    async def _resume(
+        self, request: Request, folder_id: str, parts: tuple[str, ...], target: Path, within: Callable[[int], None]
+    ) -> Response:
+        """``PUT ?path=&offset=N``: append the body to a file that has exactly N bytes (0: a new file), for uploads
+        in pieces or resumed after a broken connection (what arrived stays: list the directory for the size to
+        resume at). Past a quota, the file is cut back to N bytes."""
+        raw = request.query_params["offset"]
+        if not raw.isdigit():
+            raise InvalidInput("offset is the file's current size in bytes", field="offset")
+        offset, size = int(raw), target.stat().st_size if target.is_file() else 0
+        if offset != size:
+            raise Conflict(f"the file has {size} bytes: resume at offset {size}", field="offset", size=size)
+        written = 0
+        try:
+            async with await anyio.open_file(target, "ab") as out:
+                written = await _receive(request, out, within)
+        except QuotaExceeded:
+            os.truncate(target, offset)
+            raise
+        except ClientDisconnect:  # what arrived is kept, to resume from
+            written = target.stat().st_size - offset
+            await self._store().add_usage(folder_id, written)
+            raise
+        await self._store().add_usage(folder_id, written)
+        return JSONResponse({"path": "/".join(parts), "size": offset + written}, status_code=200)
 
     async def _delete(self, request: Request) -> Response:
         folder, root = await self._folder(request, FolderMode.RW)
@@ -181,6 +204,20 @@ class FolderFiles:
         if not mode.allows(need):
             raise Forbidden(f"folder {folder.name} is shared with you read-only", field="folder")
         return folder, Path(folder.host_path).resolve()
+
+
+async def _receive(request: Request, out: AsyncFile[bytes], within: Callable[[int], None]) -> int:
+    """Write the request's body to ``out`` a CHUNK at a time (one thread hop each), the quota checked before each
+    write; the bytes written."""
+    pending: list[bytes] = []
+    written = buffered = 0
+    async for chunk in request.stream():
+        pending.append(chunk)
+        buffered += len(chunk)
+        if buffered >= CHUNK:
+            written = await _flush(out, pending, written, buffered, within)
+            buffered = 0
+    return await _flush(out, pending, written, buffered, within)
 
 
 async def _flush(

@@ -151,3 +151,28 @@ async def test_who_may_read_and_write(caravan: Caravan) -> None:
     refused(await as_bob.call("DELETE", params={"path": "note.txt"}), 403, "FORBIDDEN", "folder")
     anonymous = Files(caravan, folder_id, "not-a-token")
     refused(await anonymous.get("note.txt"), 401, "UNAUTHENTICATED", None)  # type: ignore[arg-type]
+
+
+async def test_an_upload_in_pieces_resumes_at_the_files_size_and_a_quota_cuts_nothing_it_had(caravan: Caravan) -> None:
+    token, folder_id, host = await folder_for(caravan)
+    files = Files(caravan, folder_id, token)
+    blob = os.urandom(3 * 1024 * 1024)
+    first, second = blob[: 1024 * 1024 + 5], blob[1024 * 1024 + 5 :]
+    assert (await files.call("PUT", params={"path": "p.bin", "offset": "0"}, content=first)).json()["size"] == len(
+        first
+    )
+    refused(await files.call("PUT", params={"path": "p.bin", "offset": "7"}, content=second), 409, "CONFLICT", "offset")
+    refused(
+        await files.call("PUT", params={"path": "p.bin", "offset": "x"}, content=second), 400, "INVALID_INPUT", "offset"
+    )
+    done = await files.call("PUT", params={"path": "p.bin", "offset": str(len(first))}, content=second)
+    assert done.json()["size"] == len(blob) and (host / "p.bin").read_bytes() == blob
+    too_much = os.urandom(2 * 1024 * 1024)  # 3 MiB + 2 MiB > the 4 MiB quota
+    refused(
+        await files.call("PUT", params={"path": "p.bin", "offset": str(len(blob))}, content=too_much),
+        413,
+        "QUOTA_EXCEEDED",
+        "bytes",
+    )
+    assert (host / "p.bin").read_bytes() == blob  # cut back to what it had
+    assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == len(blob)
