@@ -7,8 +7,9 @@ is used only if its real location (symlinks followed) is inside the folder's rea
 out is refused (404). Uploads stream to a hidden file in the target directory, counted against the owner's and the
 project's bytes quotas as they arrive; past a quota (413 QUOTA_EXCEEDED) or on any failure the partial file is
 removed, and only a complete upload is renamed into place. ``PUT ...&offset=N`` appends to a file of exactly N bytes
-instead: uploads in pieces, or resumed after a broken connection (409 CONFLICT names the size to resume at). The gateway reaches the folder's directory where the
-storage node put it (the dev stack: the same machine; see README "Storage folders" for other layouts).
+instead: uploads in pieces, or resumed after a broken connection (409 CONFLICT names the size to resume at).
+The gateway reaches the folder's directory where the storage node put it (the dev stack: the same machine; see
+README "Storage folders" for other layouts).
 """
 
 from __future__ import annotations
