@@ -218,6 +218,66 @@ class Keys:
         """HASH preset name -> JSON resource preset."""
         return f"{self.prefix}:presets"
 
+    def folder(self, folder_id: str) -> str:
+        """JSON document of one storage folder (``domain.storage.Folder``)."""
+        return f"{self.prefix}:folder:{folder_id}"
+
+    @property
+    def folders(self) -> str:
+        """SET of every folder id (superadmins' listing, the job owner's purge sweep)."""
+        return f"{self.prefix}:folders"
+
+    def folders_of_owner(self, owner_id: str) -> str:
+        """SET of the ids of one user's folders (their count quota)."""
+        return f"{self.prefix}:folders:owner:{owner_id}"
+
+    def folders_of_project(self, project: str) -> str:
+        """SET of the ids of one project's folders (its count quota, its admins' listing)."""
+        return f"{self.prefix}:folders:project:{project}"
+
+    def folders_shared_with_user(self, user_id: str) -> str:
+        """SET of the ids of the folders shared with one user."""
+        return f"{self.prefix}:folders:shared-user:{user_id}"
+
+    def folders_shared_with_project(self, project: str) -> str:
+        """SET of the ids of the folders shared with one project's members."""
+        return f"{self.prefix}:folders:shared-project:{project}"
+
+    def folder_name(self, owner_id: str, name: str) -> str:
+        """Claim on a folder name, unique per owner (trashed folders keep theirs until purged)."""
+        return f"{self.prefix}:folder-name:{owner_id}:{name}"
+
+    def folder_usage(self, folder_id: str) -> str:
+        """Bytes a folder holds, as the file API counted them (its bytes quota)."""
+        return f"{self.prefix}:folder-usage:{folder_id}"
+
+    @property
+    def folders_to_create(self) -> str:
+        """SET of folder ids whose volume the job owner must create (written with the CREATING document)."""
+        return f"{self.prefix}:folders:to-create"
+
+    @property
+    def folders_to_purge(self) -> str:
+        """ZSET of trashed folder ids scored by when the job owner deletes their volume (unix seconds)."""
+        return f"{self.prefix}:folders:to-purge"
+
+    def image(self, image_id: str) -> str:
+        """JSON document of one committed image (``domain.images.CommittedImage``)."""
+        return f"{self.prefix}:image:{image_id}"
+
+    def images_of_owner(self, owner_id: str) -> str:
+        """SET of the ids of one user's committed images."""
+        return f"{self.prefix}:images:owner:{owner_id}"
+
+    def images_of_project(self, project: str) -> str:
+        """SET of the ids of one project's committed images (its admins' listing)."""
+        return f"{self.prefix}:images:project:{project}"
+
+    @property
+    def images_to_act_on(self) -> str:
+        """SET of image ids the job owner must commit (COMMITTING) or remove (DELETING) on their node."""
+        return f"{self.prefix}:images:to-act-on"
+
     def template(self, template_id: str) -> str:
         """JSON document of one session template."""
         return f"{self.prefix}:template:{template_id}"

@@ -89,6 +89,25 @@ class IdleSettings:
 
 
 @dataclass(frozen=True)
+class StorageSettings:
+    """Storage folders (``domain/storage.py``): where new ones go, their quotas, their trash."""
+
+    node: str | None = None
+    """Nomad node (id or name) holding new folders (``CARAVAN_STORAGE_NODE``); None = the first ready node."""
+
+    max_per_user: int = 20
+    """Folders one user may own (trashed ones count until purged)."""
+    max_per_project: int = 200
+    """Folders of one project."""
+    max_bytes_per_user: int = 10 * 1024**3
+    """Bytes in all of one user's folders."""
+    max_bytes_per_project: int = 100 * 1024**3
+    """Bytes in all of one project's folders."""
+    trash_grace: float = 7 * 24 * 3600.0
+    """Seconds a deleted folder stays in the trash (restorable) before its data is purged."""
+
+
+@dataclass(frozen=True)
 class Settings:
     home: Path = Path(".caravan")
     """State directory: Redis AOF, Nomad data, logs, the bootstrap token (``CARAVAN_HOME``)."""
@@ -100,6 +119,7 @@ class Settings:
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     idle: IdleSettings = field(default_factory=IdleSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
     default_image: str | None = None
     """Image for sessions that name none (``CARAVAN_DEFAULT_IMAGE``; ops/ builds caravan/busybox)."""
     session_network: str = "cni/caravan"
@@ -110,6 +130,9 @@ class Settings:
     docker_images: tuple[str, ...] = ("caravan/*",)
     """Glob patterns of the Docker images sessions may name (``CARAVAN_DOCKER_IMAGES``, comma-separated), matched
     against the reference as written; default: the namespace ops/ builds locally. See ``domain/docker_images.py``."""
+    sftp_image: str | None = None
+    """Image of SFTP system sessions (``CARAVAN_SFTP_IMAGE``; ops/build-sftp-image builds caravan/sftp and records it);
+    None: requestSftp is UNAVAILABLE."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
     """The qemu driver's VM image allowlist, name → image directory (``CARAVAN_QEMU_IMAGES`` as
     ``name=/dir,name2=/dir2``; else the image ops/build-vm-image built, ``CARAVAN_VM_IMAGE`` at
@@ -187,11 +210,24 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             schedule_history=_at_least_one(env, "CARAVAN_SCHEDULE_HISTORY", SchedulerSettings.schedule_history),
         ),
         idle=IdleSettings(policy_path=Path(env["CARAVAN_IDLE_POLICY"]) if env.get("CARAVAN_IDLE_POLICY") else None),
+        storage=StorageSettings(
+            node=env.get("CARAVAN_STORAGE_NODE") or None,
+            max_per_user=_at_least_one(env, "CARAVAN_FOLDER_MAX_PER_USER", StorageSettings.max_per_user),
+            max_per_project=_at_least_one(env, "CARAVAN_FOLDER_MAX_PER_PROJECT", StorageSettings.max_per_project),
+            max_bytes_per_user=_at_least_one(
+                env, "CARAVAN_FOLDER_MAX_BYTES_PER_USER", StorageSettings.max_bytes_per_user
+            ),
+            max_bytes_per_project=_at_least_one(
+                env, "CARAVAN_FOLDER_MAX_BYTES_PER_PROJECT", StorageSettings.max_bytes_per_project
+            ),
+            trash_grace=_positive_seconds(env, "CARAVAN_FOLDER_TRASH_GRACE", StorageSettings.trash_grace),
+        ),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
         session_network=env.get("CARAVAN_SESSION_NETWORK") or Settings.session_network,
         docker_images=tuple(p.strip() for p in env.get("CARAVAN_DOCKER_IMAGES", "").split(",") if p.strip())
         or Settings.docker_images,
         qemu_images=qemu_images_of(env),
+        sftp_image=env.get("CARAVAN_SFTP_IMAGE") or None,
     )
 
 

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from domain.apps import App
+from domain.storage import Mount
 
 DEFAULT_GROUP = "default"
 """The resource group sessions go to when they name none (Nomad's default node pool): always known."""
@@ -188,6 +189,8 @@ class Session:
     """INFERENCE: seconds after a replica (re)starts before failing checks count against it."""
     apps: tuple[App, ...] = ()
     """Named ports of the main kernel the gateway proxies (``domain.apps``); preopened ports are apps too."""
+    mounts: tuple[Mount, ...] = ()
+    """Storage folders mounted into every kernel (``domain.storage``); the session runs on their node."""
 
     @property
     def main_kernel(self) -> Kernel:

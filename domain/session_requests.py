@@ -47,6 +47,7 @@ from domain.slots import (
     from_user_input,
     parse_quantity,
 )
+from domain.storage import Folder, MountRequest, check_mounts, resolve_mounts
 from domain.user_requests import NAME_RULE as PROJECT_RULE
 from domain.users import Role, User
 
@@ -87,6 +88,10 @@ class CreationRules:
     default_resources: Mapping[str, str] = field(default_factory=lambda: DEFAULT_RESOURCES)
     """What each kernel gets of a slot the request (and its preset) leaves out: the request's resource group's
     ``default_resources`` in the scheduler configuration."""
+    folders: Mapping[str, Folder] = field(default_factory=dict)
+    """At least the storage folders the request mounts (the caller reads them); a folder not in it is NOT_FOUND."""
+    platform: bool = False
+    """The platform's own request (``domain.sftp``): the only one that may create a SYSTEM session."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,8 @@ class SessionRequest:
     health_check_grace: str | None = None
     apps: Sequence[App] = ()
     """Named ports the gateway proxies (``domain.apps``)."""
+    mounts: Sequence[MountRequest] = ()
+    """Storage folders mounted into every kernel (``domain.storage``)."""
 
 
 def check_users_client_token(token: str | None) -> None:
@@ -149,6 +156,12 @@ def build_sessions(
         raise InvalidInput("name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name")
     checked = check_request(request, viewer=viewer, now=now, rules=rules)
     project = session_project(request.project, owner=owner, viewer=viewer)
+    mounts = resolve_mounts(list(request.mounts), dict(rules.folders), owner)
+    designated = request.designated_agent
+    if mounts:  # a node-local folder: the session runs on its storage node (the scheduler's designated agent)
+        if designated is not None and designated != mounts[0].node_id:
+            raise InvalidInput("the mounted folders live on another node than designatedAgent", field="mounts")
+        designated = mounts[0].node_id
     names = [request.name] if request.count == 1 else [f"{request.name}-{i}" for i in range(1, request.count + 1)]
     if any(len(n) > 64 for n in names):
         raise InvalidInput("name is too long for the numbered names of count sessions", field="name")
@@ -176,13 +189,14 @@ def build_sessions(
             starts_at=checked.starts_at,
             batch_timeout=checked.batch_timeout,
             dependencies=tuple(dict.fromkeys(request.dependencies)),
-            designated_agent=request.designated_agent,
+            designated_agent=designated,
             preopen_ports=tuple(request.preopen_ports),
             shared_memory=checked.shared_memory,
             service_port=checked.service.port if checked.service else None,
             health_check_path=checked.service.health_check_path if checked.service else None,
             health_check_grace=checked.service.health_check_grace if checked.service else None,
             apps=checked_apps(request.apps),
+            mounts=mounts,
         )
         for name in names
     ]
@@ -229,8 +243,8 @@ def check_request(
 ) -> CheckedRequest:
     """Every rule of a creation but the session name's: also how a template's spec is checked when it is written."""
     known_slots, allowed_drivers, qemu_images = rules.known_slots, rules.allowed_drivers, rules.qemu_images
-    if request.type is SessionType.SYSTEM and not viewer.is_admin:
-        raise Forbidden("SYSTEM sessions are created by the platform, not by users", field="type")
+    if request.type is SessionType.SYSTEM and not rules.platform:
+        raise Forbidden("SYSTEM sessions are created by the platform (requestSftp), not by users", field="type")
     if request.type is SessionType.BATCH and not (request.startup_command or "").strip():
         raise InvalidInput("a BATCH session needs a non-empty startupCommand", field="startupCommand")
     if request.driver is Driver.RAW_EXEC and viewer.role is not Role.SUPERADMIN:
@@ -392,6 +406,7 @@ def _check_shape(request: SessionRequest, viewer: User) -> None:
         if not 1024 <= port <= 65535:
             raise InvalidInput(f"preopen port {port} is outside 1024-65535", field="preopenPorts")
     checked_apps(request.apps)
+    check_mounts(list(request.mounts))
     if request.designated_agent is not None and not viewer.is_admin:
         raise Forbidden("only admins may designate an agent", field="designatedAgent")
 
@@ -493,6 +508,8 @@ def _check_vm(
         raise InvalidInput("qemu VMs have no network: preopenPorts are not supported", field="preopenPorts")
     if request.apps:
         raise InvalidInput("qemu VMs have no network: apps are not supported", field="apps")
+    if request.mounts:
+        raise InvalidInput("qemu VMs cannot mount storage folders", field="mounts")
     if request.type is SessionType.INFERENCE:
         raise InvalidInput("INFERENCE sessions serve on a network, which qemu VMs do not have", field="driver")
     try:

@@ -20,6 +20,7 @@ from core.errors import InvalidInput
 from domain.access import administers, can_access
 from domain.apps import App
 from domain.model import DEFAULT_PRIORITY, ClusterMode, Driver, RoleSpec, SessionType
+from domain.storage import MountRequest
 from domain.users import Role, User
 
 TEMPLATE_NAME_RULE = re.compile(r"^[A-Za-z0-9_.-](?:[A-Za-z0-9 _.-]{0,62}[A-Za-z0-9_.-])?$")
@@ -66,6 +67,8 @@ class TemplateSpec:
     """INFERENCE: a duration (``"30s"``)."""
     apps: tuple[App, ...] = ()
     """Named ports the gateway proxies (``domain.apps``)."""
+    mounts: tuple[MountRequest, ...] = ()
+    """Storage folders to mount (by id), checked again at every creation."""
 
     def given(self) -> frozenset[str]:
         """The fields whose value is not the default: what the template sets."""

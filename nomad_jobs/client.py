@@ -350,6 +350,33 @@ class NomadClient:
             return True  # collected: it ended long ago
         return str(alloc.get("ClientStatus")) in TERMINAL_ALLOCATION_STATUSES
 
+    # -- dynamic host volumes (storage folders) ------------------------------------------------------
+
+    async def create_host_volume(self, name: str, node_id: str) -> Json:
+        """Create (idempotently, by name on that node) a dynamic host volume with Nomad's built-in ``mkdir`` plugin:
+        the answer's ``Volume`` has its ``ID``, ``NodeID`` and ``HostPath``. Mounted by several allocations at once
+        (``single-node-multi-writer``), read-only where a job asks."""
+        body = {
+            "Volume": {
+                "Name": name,
+                "Namespace": self.settings.namespace,
+                "PluginID": "mkdir",
+                "NodeID": node_id,
+                "RequestedCapabilities": [
+                    {"AccessMode": "single-node-multi-writer", "AttachmentMode": "file-system"},
+                    {"AccessMode": "single-node-reader-only", "AttachmentMode": "file-system"},
+                ],
+                "Parameters": {"mode": "0777"},
+            }
+        }
+        volume: Json = (await self._json("PUT", "/v1/volume/host/create", json=body))["Volume"]
+        return volume
+
+    async def delete_host_volume(self, volume_id: str) -> None:
+        """Delete a dynamic host volume and its data (a missing one is no error)."""
+        with contextlib.suppress(NomadNotFound):
+            await self._request("DELETE", f"/v1/volume/host/{volume_id}", params={"type": "host"})
+
     # -- nodes and agent -------------------------------------------------------------------------
 
     async def nodes(self) -> list[Json]:

@@ -189,6 +189,7 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
         add_network(group, session, kernel, ctx.network_mode)
     task = group.block("task", meta.TASK_NAME, driver=session.driver.value)
     task.block("config", **_driver_config(session, kernel, ctx))
+    add_mounts(group, task, session)
     task.block("env", **_environment(session, kernel, ctx.network_mode))
     add_peers_template(task, session, ctx.network_mode)
     add_service(task, session, kernel.hostname)
@@ -201,6 +202,23 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
             device = resources.block("device", ask.id, count=count)
             if ask.model is not None:
                 device.block("constraint", attribute=f"${{device.attr.{MODEL_ATTRIBUTE}}}", value=ask.model)
+
+
+def add_mounts(group: Block, task: Block, session: Session) -> None:
+    """The session's storage folders: each a Nomad dynamic host volume (by name; Nomad places the group on the node
+    that has it, as the scheduler did already), mounted read-only where asked."""
+    for i, mount in enumerate(session.mounts):
+        name = f"folder{i}"
+        group.block(
+            "volume",
+            name,
+            type="host",
+            source=mount.volume_name,
+            read_only=mount.read_only,
+            access_mode="single-node-reader-only" if mount.read_only else "single-node-multi-writer",
+            attachment_mode="file-system",
+        )
+        task.block("volume_mount", volume=name, destination=mount.path, read_only=mount.read_only)
 
 
 def _driver_config(session: Session, kernel: Kernel, ctx: JobContext) -> dict[str, object]:

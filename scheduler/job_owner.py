@@ -27,6 +27,8 @@ from domain.model import Session, SessionStatus
 from domain.termination import STOPPING
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import TASK_NAME
+from scheduler.folder_owner import FolderOwner
+from scheduler.image_owner import ImageOwner
 from scheduler.submitter import submit
 from stores.sessions import SessionStore, StopMode
 
@@ -40,15 +42,30 @@ ENDED = STOPPING | {SessionStatus.CANCELLED}
 
 
 class JobOwner:
-    def __init__(self, store: SessionStore, nomad: NomadClient, fence: Fence | None) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        nomad: NomadClient,
+        fence: Fence | None,
+        folders: FolderOwner | None = None,
+        images: ImageOwner | None = None,
+    ) -> None:
         self.store = store
         self.nomad = nomad
         self.fence = fence
+        self.folders = folders
+        """Storage folders' volumes (``scheduler.folder_owner``), created and purged in the same rounds."""
+        self.images = images
+        """Committed images' docker jobs (``scheduler.image_owner``), in the same rounds."""
 
     async def run_forever(self) -> None:
         while True:
             stop_if_cancelled()  # a stop lost inside redis-py (core.retry) would otherwise loop here for ever
             await self.act()
+            if self.folders is not None:
+                await self.folders.act()
+            if self.images is not None:
+                await self.images.act()
             await self.store.wait_for_owner_work(IDLE_WAIT)
 
     async def act(self) -> None:

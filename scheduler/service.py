@@ -17,10 +17,14 @@ from domain.model import SessionResult
 from domain.scheduling_config import load_scheduler_config
 from nomad_jobs.client import NomadClient
 from scheduler.config import scheduler_core
+from scheduler.folder_owner import FolderOwner
 from scheduler.follower import Follower
+from scheduler.image_owner import ImageOwner
 from scheduler.job_owner import JobOwner
 from scheduler.placer import Placer
 from scheduler.schedules import ScheduleRunner
+from stores.folders import FolderStore
+from stores.images import ImageStore
 from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
@@ -48,7 +52,9 @@ class Scheduler:
     async def lead(self, fence: Fence) -> None:
         if indexed := await self.store.ensure_listing_indexes():
             log.info("indexed %d stored sessions for listing", indexed)
-        owner = JobOwner(self.store, self.nomad, fence)
+        folders = FolderOwner(FolderStore(self.store.redis, self.keys), self.nomad, self.settings.storage)
+        images = ImageOwner(ImageStore(self.store.redis, self.keys), self.nomad, self.settings.nomad)
+        owner = JobOwner(self.store, self.nomad, fence, folders, images)
         follower = Follower(self.store, self.nomad, fence, owner)
         placer = Placer(self.store, self.nomad, fence, self.settings, self.config, self.core)
         async with asyncio.TaskGroup() as tasks:

@@ -3,21 +3,32 @@ and the settings for one creation: by the gateway's ``createSession`` and by the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from redis.asyncio import Redis
 
 from core.keys import Keys
 from core.settings import Settings
 from domain.scheduling_config import SchedulingConfig
 from domain.session_requests import CreationRules
+from stores.folders import FolderStore
 from stores.known_resources import known_resource_groups, known_slot_types
 from stores.presets import PresetStore
 
 
 async def read_creation_rules(
-    redis: Redis, keys: Keys, settings: Settings, config: SchedulingConfig, *, resource_group: str, preset: str | None
+    redis: Redis,
+    keys: Keys,
+    settings: Settings,
+    config: SchedulingConfig,
+    *,
+    resource_group: str,
+    preset: str | None,
+    folders: Sequence[str] = (),
 ) -> CreationRules:
-    """The rules for a session in ``resource_group`` with ``preset``: known slots and groups, images, the preset, and
-    the group's allowed drivers and default resources in the scheduling configuration ``config``."""
+    """The rules for a session in ``resource_group`` with ``preset``: known slots and groups, images, the preset, the
+    group's allowed drivers and default resources in the scheduling configuration ``config``, and the storage
+    ``folders`` it mounts."""
     return CreationRules(
         known_slots=await known_slot_types(redis, keys),
         default_image=settings.default_image,
@@ -27,4 +38,5 @@ async def read_creation_rules(
         allowed_drivers=config.drivers_allowed(resource_group),
         known_groups=await known_resource_groups(redis, keys, configured=config.groups),
         default_resources=config.default_resources(resource_group),
+        folders={f.id: f for f in await FolderStore(redis, keys).many(dict.fromkeys(folders))},
     )

@@ -28,6 +28,9 @@ call                                           capability                       
 ``GET /v1/nodes``, ``/v1/node/:id``            ``node { policy = "read" }``        scheduler, gateway (groups)
 ``GET /v1/event/stream`` Alloc., Eval., Node   ``read-job``; node read             scheduler
 ``GET /v1/status/leader`` (readiness)          none                                gateway
+``PUT /v1/volume/host/create`` (folders)       ``host-volume-create``              scheduler
+``DELETE /v1/volume/host/:id``                 ``host-volume-delete``              scheduler
+a job mounting a folder (register)             ``host_volume "caravan-folder-*"``  scheduler
 =============================================  ==================================  ===========================
 
 Only the scheduler writes to Nomad (its job owner, ``scheduler.job_owner``): the gateway and the idle checker ask it
@@ -51,6 +54,7 @@ from typing import Any
 
 from caravan.stack.processes import StartupFailed, wait_until
 from core.secrets import COMPONENT_ROLES, Role, ensure_secret, nomad_token_path, read_secret, write_secret
+from domain.storage import VOLUME_PREFIX
 
 POLICY_PREFIX = "caravan-"
 
@@ -63,6 +67,10 @@ _NAMESPACE_CAPABILITIES: dict[Role, tuple[str, ...]] = {
         "deregister-job",
         "purge-job",
         "alloc-lifecycle",
+        "host-volume-create",  # storage folders (scheduler.folder_owner)
+        "host-volume-read",
+        "host-volume-write",  # jobs mounting a folder read-write
+        "host-volume-delete",  # a trashed folder purged
     ),
     "gateway": ("read-job", "read-logs", "read-fs", "alloc-exec"),  # never alloc-node-exec: raw_exec runs on the host
     "idle": ("read-job",),
@@ -88,6 +96,8 @@ def policy_rules(role: Role, namespace: str) -> str:
         rules += 'namespace "*" {\n  capabilities = ["read-job"]\n}\n'
     if role in _READS_NODES:
         rules += 'node {\n  policy = "read"\n}\n'
+    if role == "scheduler":  # jobs mounting storage folders (Nomad checks the volume's name at registration)
+        rules += f'host_volume "{VOLUME_PREFIX}*" {{\n  policy = "write"\n}}\n'
     return rules
 
 

@@ -14,8 +14,13 @@ from gateway.graphql.context import Info
 from gateway.graphql.errors import ErrorCodes
 from gateway.graphql.execs.mutations import ExecMutations
 from gateway.graphql.execs.subscriptions import ExecSubscriptions
+from gateway.graphql.folders.mutations import FolderMutations
+from gateway.graphql.folders.queries import FolderQueries
+from gateway.graphql.folders.sftp import SftpMutations
+from gateway.graphql.folders.types import BYTES_SCALAR, Bytes
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
+from gateway.graphql.images.schema_part import ImageMutations, ImageQueries
 from gateway.graphql.operation_name import OperationNameRequired
 from gateway.graphql.policies.mutations import PolicyMutations
 from gateway.graphql.policies.queries import PolicyQueries
@@ -44,7 +49,16 @@ class Viewer:
 
 
 @strawberry.type
-class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQueries, ScheduleQueries):
+class Query(
+    SessionQueries,
+    IdleQueries,
+    UserQueries,
+    TemplateQueries,
+    PolicyQueries,
+    ScheduleQueries,
+    FolderQueries,
+    ImageQueries,
+):
     @fields.field(description="Who you are, by your API token.")
     def viewer(self, info: Info) -> Viewer:
         user = info.context.viewer
@@ -53,7 +67,16 @@ class Query(SessionQueries, IdleQueries, UserQueries, TemplateQueries, PolicyQue
 
 @strawberry.type
 class Mutation(
-    SessionMutations, AppMutations, UserMutations, TemplateMutations, PolicyMutations, ExecMutations, ScheduleMutations
+    SessionMutations,
+    AppMutations,
+    UserMutations,
+    TemplateMutations,
+    PolicyMutations,
+    ExecMutations,
+    FolderMutations,
+    SftpMutations,
+    ImageMutations,
+    ScheduleMutations,
 ):
     pass
 
@@ -86,7 +109,7 @@ def build_schema(limits: Limits | None = None) -> strawberry.Schema:
             RecordOperation,
             SubscriptionsOverWebSocket,
         ],
-        config=StrawberryConfig(relay_max_results=limits.max_page),
+        config=StrawberryConfig(relay_max_results=limits.max_page, scalar_map={Bytes: BYTES_SCALAR}),
     )
 
 

@@ -24,6 +24,7 @@ from domain.idle.window import UtilizationWindow, WindowDoc
 from domain.model import ClusterMode, Driver, Kernel, RoleSpec, Session, SessionStatus, SessionType, StatusChange
 from domain.presets import ResourcePreset
 from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy
+from domain.storage import Mount
 from domain.templates import Template, TemplateScope, TemplateSpec
 from domain.users import User
 from stores import events
@@ -67,7 +68,7 @@ def test_every_field_of_the_full_session_is_set() -> None:
     assert defaulted(session.kernels[0]) & defaulted(session.kernels[1]) == set()
 
 
-ADDED_DEFAULTS = (b',"apps":[]',)
+ADDED_DEFAULTS = (b',"mounts":[]', b',"apps":[]')
 """How the fields added since the fixtures were written (``legacy.ADDED_SINCE``) are encoded at their defaults: last
 in their object (a session, a template's spec)."""
 
@@ -85,6 +86,16 @@ def test_a_sessions_apps_are_read_back_exactly() -> None:
     session = replace(values.full_session(), apps=apps)
     assert decode(encode(session), Session) == session
     assert b'"apps":[{"name":"web","port":8080,"protocol":"HTTP","public":false}' in encode(session)
+
+
+def test_a_sessions_mounts_are_read_back_exactly() -> None:
+    """``mounts`` came after the fixtures: its encoding is checked here, on a session that sets it."""
+    mounts = (Mount("f1", "caravan-folder-f1", "/data", True, "node-1"),)
+    session = replace(values.full_session(), mounts=mounts)
+    assert decode(encode(session), Session) == session
+    assert b'"mounts":[{"folder_id":"f1","volume_name":"caravan-folder-f1","path":"/data","read_only":true' in (
+        encode(session)
+    )
 
 
 def defaulted(value: Session | Kernel) -> set[str]:

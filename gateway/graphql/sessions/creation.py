@@ -17,11 +17,20 @@ from stores.creation_rules import read_creation_rules
 from stores.resource_policies import PolicyStore, pending_admission
 
 
-async def creation_rules(ctx: Context, *, resource_group: str, preset: str | None) -> CreationRules:
-    """The configuration a new session (or a template's spec) is checked against, read for this request."""
+async def creation_rules(
+    ctx: Context, *, resource_group: str, preset: str | None, folders: Sequence[str] = ()
+) -> CreationRules:
+    """The configuration a new session (or a template's spec) is checked against, read for this request (with the
+    storage ``folders`` it mounts)."""
     config = scheduling_config(ctx.settings.scheduler.config_path)
     return await read_creation_rules(
-        ctx.sessions.redis, ctx.sessions.keys, ctx.settings, config, resource_group=resource_group, preset=preset
+        ctx.sessions.redis,
+        ctx.sessions.keys,
+        ctx.settings,
+        config,
+        resource_group=resource_group,
+        preset=preset,
+        folders=folders,
     )
 
 

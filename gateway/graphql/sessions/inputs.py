@@ -17,6 +17,7 @@ from core.errors import InvalidInput
 from domain.model import DEFAULT_PRIORITY, RoleSpec
 from domain.model import ClusterMode as ClusterModeModel
 from domain.model import Driver as DriverModel
+from gateway.graphql.folders.mounts import MountInput, mount_inputs_of, mounts_of
 from gateway.graphql.sessions.apps import AppInput, app_inputs_of, apps_of
 from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType
 
@@ -121,6 +122,10 @@ class SessionSpecInput:
         default_factory=list,
         description="Named ports of the main kernel the gateway proxies, each on an origin of its own (session.apps).",
     )
+    mounts: list[MountInput] = strawberry.field(
+        default_factory=list,
+        description="Storage folders mounted into every kernel; the session runs on their storage node.",
+    )
 
 
 @strawberry.input
@@ -174,6 +179,7 @@ def options_of(input: SessionSpecInput) -> dict[str, Any]:
         "kernel_roles": role_specs_of(input.kernel_roles), "replicas": input.replicas,
         "service_port": input.service_port, "health_check_path": input.health_check_path,
         "health_check_grace": input.health_check_grace, "apps": apps_of(input.apps),
+        "mounts": mounts_of(input.mounts),
     }  # fmt: skip
 
 
@@ -187,6 +193,7 @@ def input_values_of(options: dict[str, Any]) -> dict[str, Any]:
         "resources": [ResourceInput(slot=k, amount=v) for k, v in options["resources"].items()],
         "preopen_ports": list(options["preopen_ports"]),
         "apps": app_inputs_of(options["apps"]),
+        "mounts": mount_inputs_of(options["mounts"]),
         "kernel_roles": [
             KernelRoleInput(
                 role=KernelRole(role),

@@ -65,7 +65,9 @@ async def create_from_input(ctx: Context, input: CreateSessionInput) -> list[Ses
         project=input.project,
         **options_of(input),
     )
-    rules = await creation_rules(ctx, resource_group=input.resource_group, preset=input.preset)
+    rules = await creation_rules(
+        ctx, resource_group=input.resource_group, preset=input.preset, folders=[str(m.folder) for m in input.mounts]
+    )
     sessions = build_sessions(request, viewer=viewer, now=utcnow(), rules=rules, owner=owner)
     return await admit_and_store(ctx, sessions, input.client_token)
 

@@ -10,8 +10,10 @@ import strawberry
 from core.clock import utcnow
 from domain import model
 from domain.inference import endpoints_of, is_inference
+from domain.sftp import sftp_address
 from gateway.graphql import fields
 from gateway.graphql.context import Info
+from gateway.graphql.folders.mounts import SessionMount, session_mounts_of
 from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
 from gateway.graphql.sessions.apps import SessionApp, session_app_types
@@ -202,6 +204,10 @@ class Session:
     batch_timeout: float | None = strawberry.field(description="Seconds a BATCH session may run.")
     dependencies: list[strawberry.ID]
     preopen_ports: list[int]
+    mounts: list[SessionMount] = strawberry.field(description="Storage folders mounted into its kernels.")
+    sftp_address: str | None = strawberry.field(
+        description="SFTP system sessions (requestSftp), once RUNNING: host:port of the server."
+    )
     apps: list[SessionApp] = strawberry.field(
         description="Named ports of the main kernel the gateway proxies (declared apps, then one 'p<port>' per "
         "preopened port), each on an origin of its own."
@@ -296,6 +302,8 @@ def session_type_of(s: model.Session) -> Session:
         dependencies=[strawberry.ID(d) for d in s.dependencies],
         preopen_ports=list(s.preopen_ports),
         apps=session_app_types(s),
+        mounts=session_mounts_of(s),
+        sftp_address=sftp_address(s.main_kernel.ports) if s.type is model.SessionType.SYSTEM else None,
         designated_agent=s.designated_agent,
         replicas=len(s.kernels) if is_inference(s) else 1,
         service_port=s.service_port,

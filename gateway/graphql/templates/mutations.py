@@ -23,6 +23,7 @@ from domain.templates import TemplateScope as Scope
 from domain.users import Role, User
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
+from gateway.graphql.folders.mounts import MountInput
 from gateway.graphql.sessions.apps import AppInput
 from gateway.graphql.sessions.creation import creation_rules
 from gateway.graphql.sessions.inputs import (
@@ -42,7 +43,7 @@ from stores.templates import TemplateStore
 
 SPEC_CHECK_NAME = "template"
 """A valid session name: a spec is checked as a creation would be, the session name aside."""
-MERGED_BY_KEY = {"environ": "name", "resources": "slot", "apps": "name"}
+MERGED_BY_KEY = {"environ": "name", "resources": "slot", "apps": "name", "mounts": "path"}
 """Override lists merged into the template's item by item (keyed by this attribute) rather than replacing them."""
 
 
@@ -97,6 +98,7 @@ class SessionOverridesInput:
     health_check_path: str | None = UNSET
     health_check_grace: str | None = UNSET
     apps: list[AppInput] | None = UNSET
+    mounts: list[MountInput] | None = UNSET
     project: str | None = UNSET
     owner: strawberry.ID | None = UNSET
 

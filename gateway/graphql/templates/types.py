@@ -8,6 +8,7 @@ from datetime import datetime
 import strawberry
 
 from domain import templates
+from gateway.graphql.folders.mounts import SessionMount, mount_specs_of
 from gateway.graphql.sessions.apps import AppSpec, app_specs_of
 from gateway.graphql.sessions.inputs import KernelRole
 from gateway.graphql.sessions.types import ClusterMode, Driver, EnvVar, Resource, SessionType
@@ -57,6 +58,7 @@ class SessionSpec:
     health_check_path: str | None
     health_check_grace: str | None = strawberry.field(description="INFERENCE: a duration, as written ('30s').")
     apps: list[AppSpec]
+    mounts: list[SessionMount]
 
 
 @strawberry.type
@@ -81,6 +83,7 @@ def spec_type_of(spec: templates.TemplateSpec) -> SessionSpec:
             "resources": [Resource(slot=k, amount=v) for k, v in spec.resources.items()],
             "preopen_ports": list(spec.preopen_ports),
             "apps": app_specs_of(spec.apps),
+            "mounts": mount_specs_of(spec.mounts),
             "kernel_roles": [
                 KernelRoleSpec(
                     role=KernelRole(role),

@@ -1,0 +1,89 @@
+"""SFTP access to storage folders as a SYSTEM session (pure): the request ``requestSftp`` turns into, and the public
+key it installs. The session runs Debian's dropbear (SSH server) with OpenSSH's sftp-server in the image built by
+``ops/build-sftp-image``; it mounts only the folders asked, under ``/folders/<name>``, and accepts only the one key.
+SYSTEM sessions are made here and nowhere else (``createSession`` refuses the type)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import struct
+
+from core.errors import InvalidInput
+from domain.model import Driver, SessionType
+from domain.session_requests import SessionRequest
+from domain.storage import Folder, FolderMode, MountRequest
+
+SFTP_PORT = 2222
+"""The port dropbear listens on in the kernel (published on a Nomad dynamic host port: the session's address)."""
+SFTP_USER = "root"
+"""The account the client logs in as (the container's; it holds nothing but the mounted folders)."""
+KEY_VARIABLE = "SFTP_AUTHORIZED_KEY"
+KEY_TYPES = frozenset({"ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521"})
+MAX_FOLDERS = 8
+SERVER_COMMAND = (
+    'mkdir -p /root/.ssh && printf "%s\\n" "$SFTP_AUTHORIZED_KEY" > /root/.ssh/authorized_keys && '
+    "chmod 700 /root /root/.ssh && chmod 600 /root/.ssh/authorized_keys && "
+    f"exec /usr/sbin/dropbear -F -E -s -g -j -k -R -p {SFTP_PORT}"
+)
+"""Installs the one key and runs dropbear in the foreground: keys only (-s -g), no forwarding (-j -k), host keys
+made at first start (-R)."""
+RESOURCES = {"cpu": "0.25", "mem": "128m"}
+_KEY_LINE = re.compile(r"^(?P<type>[a-z0-9-]{7,32}) (?P<blob>[A-Za-z0-9+/]{40,1400}={0,2})(?: [^\x00-\x1f]{0,200})?$")
+
+
+def checked_public_key(text: str) -> str:
+    """An OpenSSH public key line (``ssh-ed25519 AAAA... comment``) as ``type blob`` (the comment dropped), if its
+    type is one dropbear takes and its blob is that type's; INVALID_INPUT on ``publicKey`` otherwise."""
+    match = _KEY_LINE.match(text.strip())
+    if not match or match["type"] not in KEY_TYPES:
+        raise InvalidInput(
+            f"publicKey is one OpenSSH public key line of type {', '.join(sorted(KEY_TYPES))}", field="publicKey"
+        )
+    try:
+        blob = base64.b64decode(match["blob"], validate=True)
+        (length,) = struct.unpack(">I", blob[:4])
+        inner = blob[4 : 4 + length].decode("ascii")
+    except (binascii.Error, struct.error, UnicodeDecodeError) as exc:
+        raise InvalidInput("publicKey's key data is not valid base64 of an SSH key", field="publicKey") from exc
+    if inner != match["type"]:
+        raise InvalidInput("publicKey's key data is not of the type it names", field="publicKey")
+    return f"{match['type']} {match['blob']}"
+
+
+def sftp_request(folders: list[tuple[Folder, FolderMode]], public_key: str, *, image: str, name: str) -> SessionRequest:
+    """The SYSTEM session serving ``folders`` (each with the mode the user has on it) to ``public_key``."""
+    if not 1 <= len(folders) <= MAX_FOLDERS:
+        raise InvalidInput(f"give 1-{MAX_FOLDERS} folders", field="folders")
+    if len({f.id for f, _ in folders}) != len(folders):
+        raise InvalidInput("each folder may be given once", field="folders")
+    names = [f.name for f, _ in folders]
+    mounts = tuple(
+        MountRequest(
+            folder=f.id,
+            path=f"/folders/{f.name if names.count(f.name) == 1 else f'{f.name}-{f.id[:8]}'}",
+            mode=mode,
+        )
+        for f, mode in folders
+    )
+    return SessionRequest(
+        name=name,
+        type=SessionType.SYSTEM,
+        driver=Driver.DOCKER,
+        image=image,
+        startup_command=SERVER_COMMAND,
+        environ={KEY_VARIABLE: public_key},
+        resources=RESOURCES,
+        preopen_ports=(SFTP_PORT,),
+        mounts=mounts,
+    )
+
+
+def sftp_address(ports: tuple[str, ...]) -> str | None:
+    """``host:port`` where the session's SFTP server answers, from its kernel's ports (``2222=host:port``)."""
+    for entry in ports:
+        port, _, address = entry.partition("=")
+        if port == str(SFTP_PORT) and address:
+            return address
+    return None

@@ -1,0 +1,268 @@
+"""Files of storage folders through the gateway: ``/folders/{id}/files`` (list, download, upload, mkdir, move,
+delete), for the folder's owner and those it is shared with (writes need RW), with an API token (``Authorization:
+Bearer``). Answers are JSON; errors are ``{"error": {"code", "message", "field"}}`` with 400/401/403/404/409/413.
+
+Paths (``?path=``) are checked by ``domain.folder_paths`` (relative, no ``..``, no NUL, NFC); then, on disk, a path
+is used only if its real location (symlinks followed) is inside the folder's real directory, so a symlink pointing
+out is refused (404). Uploads stream to a hidden file in the target directory, counted against the owner's and the
+project's bytes quotas as they arrive; past a quota (413 QUOTA_EXCEEDED) or on any failure the partial file is
+removed, and only a complete upload is renamed into place. ``PUT ...&offset=N`` appends to a file of exactly N bytes
+instead: uploads in pieces, or resumed after a broken connection (409 CONFLICT names the size to resume at).
+The gateway reaches the folder's directory where the storage node put it (the dev stack: the same machine; see
+README "Storage folders" for other layouts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio import AsyncFile
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from core.errors import CaravanError, Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Unauthenticated
+from domain.folder_paths import RESERVED_PREFIX, folder_path
+from domain.storage import Folder, FolderMode, FolderStatus, check_bytes_quota, mode_for
+from domain.users import User
+from gateway.graphql.protection import bearer
+from stores.folders import FolderStore
+
+PREFIX = "/folders/{folder_id}/files"
+STATUS = {"INVALID_INPUT": 400, "UNAUTHENTICATED": 401, "FORBIDDEN": 403, "NOT_FOUND": 404, "QUOTA_EXCEEDED": 413}
+CHUNK = 1 << 20
+"""Bytes written per chunk of an upload; the quota is checked at each."""
+
+
+def routes(state: dict[str, Any]) -> list[Route]:
+    files = FolderFiles(state)
+    return [
+        Route(PREFIX, files.entries, methods=["GET", "PUT", "DELETE"]),
+        Route(PREFIX + "/mkdir", files.mkdir, methods=["POST"]),
+        Route(PREFIX + "/move", files.move, methods=["POST"]),
+    ]
+
+
+def error_response(exc: CaravanError) -> JSONResponse:
+    body = {"error": {"code": exc.code, "message": exc.message, "field": exc.field}}
+    return JSONResponse(body, status_code=STATUS.get(exc.code, 409))
+
+
+class FolderFiles:
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    async def entries(self, request: Request) -> Response:
+        """GET: a directory's entries (JSON) or a file's bytes; PUT: upload the body; DELETE: remove."""
+        verbs = {"GET": self._get, "PUT": self._put, "DELETE": self._delete}
+        return await answered(verbs[request.method], request)
+
+    async def mkdir(self, request: Request) -> Response:
+        return await answered(self._mkdir, request)
+
+    async def move(self, request: Request) -> Response:
+        return await answered(self._move, request)
+
+    # -- the verbs --
+
+    async def _mkdir(self, request: Request) -> Response:
+        folder, root = await self._folder(request, FolderMode.RW)
+        parts = folder_path(request.query_params.get("path", ""), root_ok=False)
+        inside(root, parts, must_exist=False).mkdir(parents=True, exist_ok=True)
+        return JSONResponse({"path": "/".join(parts), "type": "dir"}, status_code=201)
+
+    async def _move(self, request: Request) -> Response:
+        folder, root = await self._folder(request, FolderMode.RW)
+        source = inside(root, folder_path(request.query_params.get("from", ""), field="from", root_ok=False))
+        parts = folder_path(request.query_params.get("to", ""), field="to", root_ok=False)
+        target = inside(root, parts, must_exist=False)
+        if target.exists():
+            raise InvalidInput("something is there already", field="to")
+        if target.is_relative_to(source):
+            raise InvalidInput("a directory cannot move into itself", field="to")
+        source.rename(target)
+        return JSONResponse({"path": "/".join(parts)})
+
+    async def _get(self, request: Request) -> Response:
+        folder, root = await self._folder(request, FolderMode.RO)
+        parts = folder_path(request.query_params.get("path", ""))
+        target = inside(root, parts)
+        if target.is_dir():
+            listed = []
+            for entry in sorted(target.iterdir(), key=lambda p: p.name):
+                if entry.name.startswith(RESERVED_PREFIX):
+                    continue
+                info = entry.lstat()
+                kind = "dir" if stat.S_ISDIR(info.st_mode) else "link" if stat.S_ISLNK(info.st_mode) else "file"
+                listed.append({"name": entry.name, "type": kind, "size": info.st_size, "modified": info.st_mtime})
+            return JSONResponse({"path": "/".join(parts), "entries": listed})
+        response = FileResponse(target, filename=target.name)
+        response.chunk_size = CHUNK  # Starlette's 64 KiB chunks each cost a thread hop: 16x fewer
+        return response
+
+    async def _put(self, request: Request) -> Response:
+        folder, root = await self._folder(request, FolderMode.RW)
+        parts = folder_path(request.query_params.get("path", ""), root_ok=False)
+        target = inside(root, parts, must_exist=False)
+        if target.is_dir():
+            raise InvalidInput("a directory is there", field="path")
+        if not target.parent.is_dir():
+            raise NotFound("no such directory in the folder (make it first: mkdir)", field="path")
+        store = self._store()
+        quota = self.state["settings"].storage
+        user_bytes, project_bytes = await store.bytes_of(folder.owner_id, folder.project)
+        replaced = target.stat().st_size if target.is_file() else 0
+        partial = target.parent / f"{RESERVED_PREFIX}{uuid.uuid4().hex}"
+        written = 0
+        if "offset" in request.query_params:
+            replaced = 0  # a resumed upload adds to the file
+
+        def within(total: int) -> None:
+            check_bytes_quota(
+                user_bytes=user_bytes - replaced, project_bytes=project_bytes - replaced, adding=total, quota=quota
+            )
+
+        if "offset" in request.query_params:
+            return await self._resume(request, folder.id, parts, target, within)
+        try:
+            async with await anyio.open_file(partial, "xb") as out:
+                written = await _receive(request, out, within)
+            os.replace(partial, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+        await store.add_usage(folder.id, written - replaced)
+        return JSONResponse({"path": "/".join(parts), "size": written}, status_code=201)
+
+    async def _resume(
+        self, request: Request, folder_id: str, parts: tuple[str, ...], target: Path, within: Callable[[int], None]
+    ) -> Response:
+        """``PUT ?path=&offset=N``: append the body to a file that has exactly N bytes (0: a new file), for uploads
+        in pieces or resumed after a broken connection (what arrived stays: list the directory for the size to
+        resume at). Past a quota, the file is cut back to N bytes."""
+        raw = request.query_params["offset"]
+        if not raw.isdigit():
+            raise InvalidInput("offset is the file's current size in bytes", field="offset")
+        offset, size = int(raw), target.stat().st_size if target.is_file() else 0
+        if offset != size:
+            raise Conflict(f"the file has {size} bytes: resume at offset {size}", field="offset", size=size)
+        written = 0
+        try:
+            async with await anyio.open_file(target, "ab") as out:
+                written = await _receive(request, out, within)
+        except QuotaExceeded:
+            os.truncate(target, offset)
+            raise
+        except ClientDisconnect:  # what arrived is kept, to resume from
+            written = target.stat().st_size - offset
+            await self._store().add_usage(folder_id, written)
+            raise
+        await self._store().add_usage(folder_id, written)
+        return JSONResponse({"path": "/".join(parts), "size": offset + written}, status_code=200)
+
+    async def _delete(self, request: Request) -> Response:
+        folder, root = await self._folder(request, FolderMode.RW)
+        target = inside(root, folder_path(request.query_params.get("path", ""), root_ok=False))
+        freed = tree_bytes(target)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+        await self._store().add_usage(folder.id, -freed)
+        return JSONResponse({"deleted": True, "freed": freed})
+
+    # -- who, which folder, where --
+
+    def _store(self) -> FolderStore:
+        sessions = self.state["sessions"]
+        return FolderStore(sessions.redis, sessions.keys)
+
+    async def _viewer(self, request: Request) -> User:
+        token = bearer(request.headers.get("authorization", ""))
+        found = await self.state["users"].authenticate(token) if token else None
+        if found is None:
+            raise Unauthenticated("send a valid API token as 'Authorization: Bearer <token>'")
+        user: User = found.user
+        return user
+
+    async def _folder(self, request: Request, need: FolderMode) -> tuple[Folder, Path]:
+        viewer = await self._viewer(request)
+        folder_id = request.path_params["folder_id"]
+        folder = await self._store().get(folder_id)
+        mode = mode_for(viewer, folder) if folder is not None else None
+        if folder is None or mode is None:
+            raise NotFound(f"no folder {folder_id[:80]}", field="folder")
+        if folder.status is not FolderStatus.READY or folder.host_path is None:
+            raise InvalidInput(f"folder {folder.name} is {folder.status.value}, not READY", field="folder")
+        if not mode.allows(need):
+            raise Forbidden(f"folder {folder.name} is shared with you read-only", field="folder")
+        return folder, Path(folder.host_path).resolve()
+
+
+async def _receive(request: Request, out: AsyncFile[bytes], within: Callable[[int], None]) -> int:
+    """Write the request's body to ``out`` a CHUNK at a time (one thread hop each), the quota checked before each
+    write; the bytes written."""
+    pending: list[bytes] = []
+    written = buffered = 0
+    async for chunk in request.stream():
+        pending.append(chunk)
+        buffered += len(chunk)
+        if buffered >= CHUNK:
+            written = await _flush(out, pending, written, buffered, within)
+            buffered = 0
+    return await _flush(out, pending, written, buffered, within)
+
+
+async def _flush(
+    out: AsyncFile[bytes], pending: list[bytes], written: int, buffered: int, within: Callable[[int], None]
+) -> int:
+    """Write the buffered chunks if the quota allows them (else QUOTA_EXCEEDED, nothing written); the new total."""
+    within(written + buffered)
+    await out.write(b"".join(pending))
+    pending.clear()
+    return written + buffered
+
+
+async def answered(verb: Callable[[Request], Awaitable[Response]], request: Request) -> Response:
+    """``verb``'s answer; an expected failure (or the file system's refusal) as a JSON error, never a 500."""
+    try:
+        return await verb(request)
+    except CaravanError as exc:
+        return error_response(exc)
+    except FileNotFoundError:
+        return error_response(NotFound("no such file or directory in the folder", field="path"))
+    except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+        return error_response(InvalidInput(f"a file or directory is in the way: {exc.strerror}", field="path"))
+    except OSError as exc:
+        return error_response(Conflict(f"the storage refused: {exc.strerror}", field="path"))
+
+
+def inside(root: Path, parts: tuple[str, ...], *, must_exist: bool = True) -> Path:
+    """``root/parts`` if its real location (symlinks followed) is inside ``root``; NOT_FOUND otherwise, or when it
+    does not exist and ``must_exist`` (a new path: its parent's real location must be inside)."""
+    path = root.joinpath(*parts)
+    real = path.resolve()
+    if not real.is_relative_to(root):
+        raise NotFound("no such file or directory in the folder", field="path")
+    if must_exist and not (path.exists() or path.is_symlink()):
+        raise NotFound("no such file or directory in the folder", field="path")
+    if not must_exist and path.is_symlink():
+        raise NotFound("a symbolic link is there", field="path")
+    if parts and not path.parent.resolve().is_relative_to(root):
+        raise NotFound("no such directory in the folder", field="path")
+    return path
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the regular files at or under ``path`` (symlinks not followed)."""
+    if path.is_symlink() or not path.is_dir():
+        return path.lstat().st_size if path.is_file() and not path.is_symlink() else 0
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())

@@ -1,0 +1,1 @@
+"""Storage folders in the API: ``folders``, ``folder``, ``folderUsage`` and their mutations."""

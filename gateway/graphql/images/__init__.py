@@ -1,0 +1,1 @@
+"""Sessions committed to images in the API: ``commitSession``, ``sessionImages``, ``deleteSessionImage``."""

@@ -1,0 +1,187 @@
+"""Storage folders in Redis: documents, their indexes (owner, project, shares), name claims, usage counters, and the
+job owner's requests (volumes to create, trashed folders to purge), each written in the transaction that asks.
+
+Who may see and change which folder is decided in ``domain.storage``; this store keeps the indexes a listing and the
+quotas need in step with the documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from core.codec import decode, encode
+from core.errors import Conflict
+from core.keys import Keys
+from core.replies import begin, text_set
+from core.settings import StorageSettings
+from domain.storage import Folder, FolderStatus, check_count_quota, mode_for
+from domain.users import Role, User
+
+WAKEUP_BACKLOG = 8
+
+
+class FolderStore:
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+
+    async def get(self, folder_id: str) -> Folder | None:
+        raw = await self.redis.get(self.keys.folder(folder_id))
+        return decode(raw, Folder) if raw else None
+
+    async def create(self, folder: Folder, quota: StorageSettings) -> None:
+        """Store a new CREATING folder, claim its name, and ask the job owner for its volume, in one transaction;
+        CONFLICT when the owner has a folder of that name, QUOTA_EXCEEDED past the number quotas."""
+        owner_key = self.keys.folders_of_owner(folder.owner_id)
+        project_key = self.keys.folders_of_project(folder.project)
+        name_key = self.keys.folder_name(folder.owner_id, folder.name)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(owner_key, project_key, name_key)
+                    if await pipe.exists(name_key):
+                        raise Conflict(f"you have a folder named {folder.name!r} already", field="name")
+                    check_count_quota(
+                        owned_by_user=await pipe.scard(owner_key),
+                        in_project=await pipe.scard(project_key),
+                        quota=quota,
+                    )
+                    begin(pipe)
+                    pipe.set(name_key, folder.id)
+                    self._write(pipe, folder)
+                    pipe.sadd(self.keys.folders, folder.id)
+                    pipe.sadd(owner_key, folder.id)
+                    pipe.sadd(project_key, folder.id)
+                    pipe.sadd(self.keys.folders_to_create, folder.id)
+                    self._wake_owner(pipe)
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    continue
+
+    async def update(self, before: Folder, after: Folder, *, purge_at: datetime | None = None) -> None:
+        """Replace ``before`` by ``after`` (same id and owner): the name claim and share indexes follow; a trashed
+        folder is queued for its purge at ``purge_at``, a restored one taken off. CONFLICT if the new name is taken."""
+        assert before.id == after.id and before.owner_id == after.owner_id
+        new_name = self.keys.folder_name(after.owner_id, after.name)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(new_name)
+                    if after.name != before.name and await pipe.exists(new_name):
+                        raise Conflict(f"you have a folder named {after.name!r} already", field="name")
+                    begin(pipe)
+                    if after.name != before.name:
+                        pipe.delete(self.keys.folder_name(before.owner_id, before.name))
+                        pipe.set(new_name, after.id)
+                    for user in before.shared_with_users.keys() - after.shared_with_users.keys():
+                        pipe.srem(self.keys.folders_shared_with_user(user), after.id)
+                    for project in before.shared_with_projects.keys() - after.shared_with_projects.keys():
+                        pipe.srem(self.keys.folders_shared_with_project(project), after.id)
+                    self._write(pipe, after)
+                    if after.status is FolderStatus.TRASHED and purge_at is not None:
+                        pipe.zadd(self.keys.folders_to_purge, {after.id: purge_at.timestamp()})
+                        self._wake_owner(pipe)
+                    elif after.status is not FolderStatus.TRASHED:
+                        pipe.zrem(self.keys.folders_to_purge, after.id)
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    continue
+
+    async def set_state(self, folder: Folder) -> None:
+        """The job owner's write: the folder's status and where it lives (its volume created, or refused)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            self._write(pipe, folder)
+            pipe.srem(self.keys.folders_to_create, folder.id)
+            await pipe.execute()
+
+    async def forget(self, folder: Folder) -> None:
+        """The job owner purged the folder's volume: the document, its indexes, its name and usage go."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.folder(folder.id), self.keys.folder_usage(folder.id))
+            pipe.delete(self.keys.folder_name(folder.owner_id, folder.name))
+            pipe.srem(self.keys.folders, folder.id)
+            pipe.srem(self.keys.folders_of_owner(folder.owner_id), folder.id)
+            pipe.srem(self.keys.folders_of_project(folder.project), folder.id)
+            for user in folder.shared_with_users:
+                pipe.srem(self.keys.folders_shared_with_user(user), folder.id)
+            for project in folder.shared_with_projects:
+                pipe.srem(self.keys.folders_shared_with_project(project), folder.id)
+            pipe.srem(self.keys.folders_to_create, folder.id)
+            pipe.zrem(self.keys.folders_to_purge, folder.id)
+            await pipe.execute()
+
+    async def postpone_purge(self, folder_id: str, until: datetime) -> None:
+        """Try a refused purge again at ``until``."""
+        await self.redis.zadd(self.keys.folders_to_purge, {folder_id: until.timestamp()}, xx=True)
+
+    async def owner_work(self, now: datetime) -> tuple[set[str], set[str]]:
+        """Folders whose volume the job owner creates, and trashed folders whose grace has passed (to purge)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.smembers(self.keys.folders_to_create)
+            pipe.zrangebyscore(self.keys.folders_to_purge, "-inf", now.timestamp())
+            create, purge = await pipe.execute()
+        return text_set(create), text_set(purge)
+
+    async def visible_to(self, viewer: User) -> list[Folder]:
+        """The folders ``viewer`` sees (their own, their projects' for an admin, those shared with them), by name."""
+        if viewer.role is Role.SUPERADMIN:
+            ids = text_set(await self.redis.smembers(self.keys.folders))
+        else:
+            sets = [self.keys.folders_of_owner(viewer.id), self.keys.folders_shared_with_user(viewer.id)]
+            sets += [self.keys.folders_shared_with_project(p) for p in viewer.projects]
+            if viewer.role is Role.ADMIN:
+                sets += [self.keys.folders_of_project(p) for p in viewer.projects]
+            ids = text_set(await self.redis.sunion(sets))
+        found = await self.many(sorted(ids))
+        return sorted((f for f in found if mode_for(viewer, f) is not None), key=lambda f: (f.name, f.id))
+
+    async def many(self, ids: Iterable[str]) -> list[Folder]:
+        ordered = list(ids)
+        if not ordered:
+            return []
+        raws = await self.redis.mget([self.keys.folder(i) for i in ordered])
+        return [decode(raw, Folder) for raw in raws if raw]
+
+    # -- usage (bytes), counted by the file API --
+
+    async def usage(self, folder_ids: Iterable[str]) -> dict[str, int]:
+        ordered = list(folder_ids)
+        if not ordered:
+            return {}
+        raws = await self.redis.mget([self.keys.folder_usage(i) for i in ordered])
+        return {i: int(raw or 0) for i, raw in zip(ordered, raws, strict=True)}
+
+    async def add_usage(self, folder_id: str, delta: int) -> None:
+        await self.redis.incrby(self.keys.folder_usage(folder_id), delta)
+
+    async def set_usage(self, folder_id: str, total: int) -> None:
+        await self.redis.set(self.keys.folder_usage(folder_id), total)
+
+    async def owned(self, owner_id: str) -> tuple[int, int]:
+        """How many folders one user owns, and the bytes they hold."""
+        owned = text_set(await self.redis.smembers(self.keys.folders_of_owner(owner_id)))
+        return len(owned), sum((await self.usage(sorted(owned))).values())
+
+    async def bytes_of(self, owner_id: str, project: str) -> tuple[int, int]:
+        """Bytes held by all of one owner's folders, and by all of one project's."""
+        owned = text_set(await self.redis.smembers(self.keys.folders_of_owner(owner_id)))
+        in_project = text_set(await self.redis.smembers(self.keys.folders_of_project(project)))
+        usage = await self.usage(sorted(owned | in_project))
+        return sum(usage[i] for i in owned), sum(usage[i] for i in in_project)
+
+    def _write(self, pipe: Redis, folder: Folder) -> None:
+        pipe.set(self.keys.folder(folder.id), encode(folder))
+        for user in folder.shared_with_users:
+            pipe.sadd(self.keys.folders_shared_with_user(user), folder.id)
+        for project in folder.shared_with_projects:
+            pipe.sadd(self.keys.folders_shared_with_project(project), folder.id)
+
+    def _wake_owner(self, pipe: Redis) -> None:
+        pipe.rpush(self.keys.job_owner_wakeup, "folder")
+        pipe.ltrim(self.keys.job_owner_wakeup, -WAKEUP_BACKLOG, -1)

@@ -1,0 +1,178 @@
+"""Files of a storage folder through the gateway's HTTP API, on the real stack (the job owner makes the folder's
+volume): upload, download, list, mkdir, move, delete; every way out of the folder refused; quotas leave nothing
+partial; shares' modes honoured."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import unicodedata
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from core.settings import Settings, StorageSettings
+from tests.e2e.test_storage import ready_folder
+from tests.harness import Caravan, running_caravan
+
+SHARE = "mutation($input: FolderShareInput!) { shareFolder(input: $input) { id } }"
+USAGE = "query($id: ID!) { folder(id: $id) { usageBytes } }"
+QUOTA = 4 * 1024 * 1024
+
+
+@pytest.fixture
+async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
+    """The stack with a 4 MiB bytes quota per user (so that one test passes it)."""
+    quota = dataclasses.replace(settings, storage=StorageSettings(max_bytes_per_user=QUOTA))
+    async with running_caravan(quota) as running:
+        yield running
+
+
+class Files:
+    def __init__(self, caravan: Caravan, folder_id: str, token: str) -> None:
+        self.http = caravan.http
+        self.base = caravan.url.removesuffix("/graphql") + f"/folders/{folder_id}/files"
+        self.headers = {"authorization": f"Bearer {token}"}
+
+    async def call(self, method: str, suffix: str = "", **kwargs: Any) -> httpx2.Response:
+        return await self.http.request(method, self.base + suffix, headers=self.headers, timeout=60, **kwargs)
+
+    async def put(self, path: str, content: bytes) -> httpx2.Response:
+        return await self.call("PUT", params={"path": path}, content=content)
+
+    async def get(self, path: str = "") -> httpx2.Response:
+        return await self.call("GET", params={"path": path})
+
+
+def refused(response: httpx2.Response, status: int, code: str, field: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["field"]) == (code, field), error
+
+
+async def folder_for(caravan: Caravan, name: str = "alice") -> tuple[str, str, Path]:
+    token = await caravan.user(name)
+    folder = await ready_folder(caravan, token, "files")
+    stored = await caravan.nomad._json("GET", "/v1/volumes", params={"type": "host"})
+    [volume] = [v for v in stored if v["Name"] == f"caravan-folder-{folder['id']}"]
+    detail = await caravan.nomad._json("GET", f"/v1/volume/host/{volume['ID']}")
+    return token, folder["id"], Path(detail["HostPath"])
+
+
+async def test_upload_list_download_mkdir_move_delete(caravan: Caravan) -> None:
+    token, folder_id, host = await folder_for(caravan)
+    files = Files(caravan, folder_id, token)
+    blob = os.urandom(3 * 1024 * 1024 + 17)
+    assert (await files.put("data/blob.bin", blob)).status_code == 404  # no directory "data" yet
+    assert (await files.call("POST", "/mkdir", params={"path": "data/raw"})).status_code == 201
+    put = await files.put("data/raw/blob.bin", blob)
+    assert put.status_code == 201 and put.json()["size"] == len(blob)
+    got = await files.get("data/raw/blob.bin")
+    assert got.status_code == 200 and hashlib.sha256(got.content).digest() == hashlib.sha256(blob).digest()
+    assert (host / "data/raw/blob.bin").read_bytes() == blob  # where a session mounting it sees it
+    listed = (await files.get("data/raw")).json()["entries"]
+    assert [(e["name"], e["type"], e["size"]) for e in listed] == [("blob.bin", "file", len(blob))]
+    assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == len(blob)
+    moved = await files.call("POST", "/move", params={"from": "data/raw/blob.bin", "to": "data/kept.bin"})
+    assert moved.status_code == 200
+    assert (await files.get("data/kept.bin")).content == blob
+    refused(await files.get("data/raw/blob.bin"), 404, "NOT_FOUND", "path")
+    refused(await files.call("POST", "/move", params={"from": "data", "to": "data/raw/in"}), 400, "INVALID_INPUT", "to")
+    assert (await files.call("DELETE", params={"path": "data"})).json() == {"deleted": True, "freed": len(blob)}
+    assert (await files.get("")).json()["entries"] == []
+    assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == 0
+
+
+async def test_no_path_leaves_the_folder(caravan: Caravan) -> None:
+    token, folder_id, host = await folder_for(caravan)
+    files = Files(caravan, folder_id, token)
+    outside = host.parent / f"outside-{folder_id}"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not yours")
+    (host / "link-out").symlink_to(outside)
+    (host / "file-link-out").symlink_to(outside / "secret.txt")
+    (host / "abs-link").symlink_to("/etc")
+    for path in ("../outside", "a/../../x", "./x", "/etc/passwd", "x\x00y", "a//b", "..", "."):
+        refused(await files.get(path), 400, "INVALID_INPUT", "path")
+        refused(await files.put(path, b"x"), 400, "INVALID_INPUT", "path")
+    for path in ("link-out/secret.txt", "file-link-out", "abs-link/passwd", "link-out"):
+        refused(await files.get(path), 404, "NOT_FOUND", "path")
+    refused(await files.put("link-out/new.txt", b"x"), 404, "NOT_FOUND", "path")
+    refused(await files.put("file-link-out", b"overwritten"), 404, "NOT_FOUND", "path")
+    refused(await files.call("POST", "/mkdir", params={"path": "link-out/d"}), 404, "NOT_FOUND", "path")
+    refused(
+        await files.call("POST", "/move", params={"from": "link-out/secret.txt", "to": "got.txt"}),
+        404,
+        "NOT_FOUND",
+        "path",
+    )
+    (host / "mine.txt").write_text("mine")
+    refused(await files.call("POST", "/move", params={"from": "mine.txt", "to": "../x"}), 400, "INVALID_INPUT", "to")
+    refused(
+        await files.call("POST", "/move", params={"from": "mine.txt", "to": "link-out/x"}), 404, "NOT_FOUND", "path"
+    )
+    assert (outside / "secret.txt").read_text() == "not yours" and sorted(os.listdir(outside)) == ["secret.txt"]
+    # unicode: a decomposed name is the composed one (NFC), so two spellings cannot make two files
+    decomposed = unicodedata.normalize("NFD", "café.txt")
+    assert decomposed != "café.txt"
+    assert (await files.put(decomposed, b"one")).status_code == 201
+    assert (await files.get("café.txt")).content == b"one"
+    assert [p.name for p in host.iterdir() if p.name.startswith("caf")] == ["café.txt"]
+
+
+async def test_a_quota_exceeded_upload_is_refused_and_leaves_nothing(caravan: Caravan) -> None:
+    token, folder_id, host = await folder_for(caravan)
+    files = Files(caravan, folder_id, token)
+    assert (await files.put("first.bin", os.urandom(3 * 1024 * 1024))).status_code == 201
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(4):
+            yield os.urandom(512 * 1024)
+
+    refused(await files.call("PUT", params={"path": "second.bin"}, content=body()), 413, "QUOTA_EXCEEDED", "bytes")
+    assert sorted(p.name for p in host.iterdir()) == ["first.bin"]  # no partial file, no hidden upload left
+    assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == 3 * 1024 * 1024
+    assert (await files.put("first.bin", os.urandom(3 * 1024 * 1024 + 1))).status_code == 201  # a replacement
+
+
+async def test_who_may_read_and_write(caravan: Caravan) -> None:
+    token, folder_id, _ = await folder_for(caravan)
+    assert (await Files(caravan, folder_id, token).put("note.txt", b"hello")).status_code == 201
+    bob = await caravan.user("bob")
+    as_bob = Files(caravan, folder_id, bob)
+    refused(await as_bob.get("note.txt"), 404, "NOT_FOUND", "folder")
+    await caravan.gql(SHARE, {"input": {"folder": folder_id, "user": "bob", "mode": "RO"}}, token=token)
+    assert (await as_bob.get("note.txt")).content == b"hello"
+    refused(await as_bob.put("note.txt", b"bob was here"), 403, "FORBIDDEN", "folder")
+    refused(await as_bob.call("DELETE", params={"path": "note.txt"}), 403, "FORBIDDEN", "folder")
+    anonymous = Files(caravan, folder_id, "not-a-token")
+    refused(await anonymous.get("note.txt"), 401, "UNAUTHENTICATED", None)  # type: ignore[arg-type]
+
+
+async def test_an_upload_in_pieces_resumes_at_the_files_size_and_a_quota_cuts_nothing_it_had(caravan: Caravan) -> None:
+    token, folder_id, host = await folder_for(caravan)
+    files = Files(caravan, folder_id, token)
+    blob = os.urandom(3 * 1024 * 1024)
+    first, second = blob[: 1024 * 1024 + 5], blob[1024 * 1024 + 5 :]
+    assert (await files.call("PUT", params={"path": "p.bin", "offset": "0"}, content=first)).json()["size"] == len(
+        first
+    )
+    refused(await files.call("PUT", params={"path": "p.bin", "offset": "7"}, content=second), 409, "CONFLICT", "offset")
+    refused(
+        await files.call("PUT", params={"path": "p.bin", "offset": "x"}, content=second), 400, "INVALID_INPUT", "offset"
+    )
+    done = await files.call("PUT", params={"path": "p.bin", "offset": str(len(first))}, content=second)
+    assert done.json()["size"] == len(blob) and (host / "p.bin").read_bytes() == blob
+    too_much = os.urandom(2 * 1024 * 1024)  # 3 MiB + 2 MiB > the 4 MiB quota
+    refused(
+        await files.call("PUT", params={"path": "p.bin", "offset": str(len(blob))}, content=too_much),
+        413,
+        "QUOTA_EXCEEDED",
+        "bytes",
+    )
+    assert (host / "p.bin").read_bytes() == blob  # cut back to what it had
+    assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == len(blob)

@@ -1,0 +1,114 @@
+"""SFTP system sessions on the real stack, with OpenSSH's own ``sftp`` client in batch mode: a 20 MiB file up and
+down byte-exact, only the folders asked are there, the key is the only way in."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import os
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.settings import Settings
+from tests.conftest import STACK
+from tests.e2e.test_storage import ready_folder
+from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
+
+SFTP_IMAGE = STACK.get("CARAVAN_SFTP_IMAGE", "")
+pytestmark = pytest.mark.skipif(not SFTP_IMAGE, reason="no SFTP image: run ops/build-sftp-image")
+
+REQUEST = """mutation($input: RequestSftpInput!) {
+  requestSftp(input: $input) { user port privateKey session { id type status mounts { path mode } } } }"""
+ADDRESS = "query($id: ID!) { session(id: $id) { status sftpAddress } }"
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
+    async with running_caravan(dataclasses.replace(settings, sftp_image=SFTP_IMAGE)) as running:
+        yield running
+
+
+async def sftp_address(caravan: Caravan, token: str, session_id: str) -> str:
+    session = await caravan.wait_for(session_id, "RUNNING", "ERROR")
+    assert session["status"] == "RUNNING", (session["statusInfo"], session["statusHistory"], session["mainKernel"])
+    found = (await caravan.gql(ADDRESS, {"id": session_id}, token=token))["session"]
+    assert found["sftpAddress"], found
+    return str(found["sftpAddress"])
+
+
+def sftp(address: str, key: Path, commands: str, *, patience: float = 30.0) -> str:
+    """Run ``commands`` with ``sftp -b``; retried while the server is still starting (connection refused)."""
+    host, port = address.rsplit(":", 1)
+    argv = ["sftp", "-q", "-b", "-", "-i", str(key), "-P", port, "-o", "StrictHostKeyChecking=no"]
+    argv += ["-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", f"root@{host}"]
+    deadline = time.monotonic() + patience
+    while True:
+        done = subprocess.run(argv, input=commands, capture_output=True, text=True, timeout=120)
+        if done.returncode == 0:
+            return done.stdout
+        if time.monotonic() > deadline or "Connection refused" not in done.stderr + done.stdout:
+            raise AssertionError(f"sftp failed ({done.returncode}): {done.stdout}\n{done.stderr}")
+        time.sleep(0.5)
+
+
+async def test_a_20_mib_file_goes_up_and_down_byte_exact_and_other_folders_are_unseen(
+    caravan: Caravan, tmp_path: Path
+) -> None:
+    alice = await caravan.user("alice")
+    served = await ready_folder(caravan, alice, "results")
+    await ready_folder(caravan, alice, "private")  # not asked for: must not be there
+    access: dict[str, Any] = (await caravan.gql(REQUEST, {"input": {"folders": [served["id"]]}}, token=alice))[
+        "requestSftp"
+    ]
+    assert (access["user"], access["port"], access["session"]["type"]) == ("root", 2222, "SYSTEM")
+    assert access["session"]["mounts"] == [{"path": "/folders/results", "mode": "RW"}]
+    key = tmp_path / "id_ed25519"
+    key.write_text(access["privateKey"])
+    key.chmod(0o600)
+    address = await sftp_address(caravan, alice, access["session"]["id"])
+
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(os.urandom(20 * MIB))
+    back = tmp_path / "back.bin"
+    listing = await asyncio.to_thread(
+        sftp,
+        address,
+        key,
+        f"put {blob} /folders/results/blob.bin\nget /folders/results/blob.bin {back}\nls -1 /folders\n",
+    )
+    assert hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(blob.read_bytes()).digest()
+    echoed = [line for line in listing.splitlines() if line.strip() and not line.startswith("sftp>")]
+    assert [line.strip().rsplit("/", 1)[-1] for line in echoed] == ["results"], listing
+
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    with pytest.raises(AssertionError, match=r"sftp failed \(255\)"):  # refused at authentication
+        await asyncio.to_thread(sftp, address, stranger, "ls /folders\n", patience=0)
+
+
+async def test_keys_are_checked_and_system_sessions_come_only_from_request_sftp(caravan: Caravan) -> None:
+    alice = await caravan.user("alice")
+    folder = await ready_folder(caravan, alice, "keys")
+    for bad in (
+        "ssh-ed25519",
+        "ssh-dss AAAAB3NzaC1kc3MAAACBAP",
+        "ssh-ed25519 AAAAC3NzaC1yc2EAAAADAQABAAABAQCxxxxxxxxxxxxxxxxxxxxxx",
+    ):
+        with pytest.raises(GraphQLErrors) as failed:
+            await caravan.gql(REQUEST, {"input": {"folders": [folder["id"]], "publicKey": bad}}, token=alice)
+        assert [e["extensions"]["field"] for e in failed.value.errors] == ["publicKey"], bad
+    with pytest.raises(GraphQLErrors) as failed:
+        await caravan.gql(REQUEST, {"input": {"folders": ["nope"]}}, token=alice)
+    assert [(e["extensions"]["code"], e["extensions"]["field"]) for e in failed.value.errors] == [
+        ("NOT_FOUND", "folders")
+    ]
+    with pytest.raises(GraphQLErrors) as failed:  # not even an admin creates a SYSTEM session directly
+        await caravan.gql(CREATE, {"input": {"name": "sys1", "type": "SYSTEM", "driver": "EXEC"}})
+    assert failed.value.codes == ["FORBIDDEN"]
