@@ -162,14 +162,14 @@ class ScheduleRunner:
         user_policies = await self.policies.users(owners)
         project_policies = await self.policies.projects({p.schedule.project for p in pending})
         templates = await self._templates(pending, owners)
-        rules: dict[tuple[str, str | None], CreationRules] = {}
+        rules: dict[tuple[str, str | None, tuple[str, ...]], CreationRules] = {}
         for p in (p for p in pending if p.outcome is None):  # not refused for its template already
             try:
                 owner = owners.get(p.schedule.owner_id)
                 if owner is None or not owner.active:
                     raise Conflict(f"the owner {p.schedule.owner_id} is deactivated or gone", field="owner")
                 spec = resolved_spec(p.schedule, templates.get(p.schedule.template_id or ""))
-                group = (spec.resource_group, spec.preset)
+                group = (spec.resource_group, spec.preset, tuple(sorted({m.folder for m in spec.mounts})))
                 if group not in rules:
                     rules[group] = await self._rules(*group)
                 assert p.due is not None
@@ -202,10 +202,11 @@ class ScheduleRunner:
                 p.reason = f"NOT_FOUND: the template {p.schedule.template_id} is gone or no longer the owner's"
         return specs
 
-    async def _rules(self, resource_group: str, preset: str | None) -> CreationRules:
+    async def _rules(self, resource_group: str, preset: str | None, folders: tuple[str, ...]) -> CreationRules:
+        """The creation rules of runs in ``resource_group`` with ``preset`` mounting the storage ``folders``."""
         redis, keys = self.sessions.redis, self.sessions.keys
         return await read_creation_rules(
-            redis, keys, self.settings, self.config, resource_group=resource_group, preset=preset
+            redis, keys, self.settings, self.config, resource_group=resource_group, preset=preset, folders=folders
         )
 
     async def _create(self, pending: list[Pending]) -> None:
