@@ -5,6 +5,7 @@ violations recorded on the run, downtime handled without a burst, triggers, and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,9 +18,11 @@ from domain.model import Driver, SessionType
 from domain.resource_policies import UserResourcePolicy
 from domain.schedules import ConcurrencyPolicy, RunOutcome, Schedule, Timing, check_timing, new_schedule
 from domain.scheduling_config import load_scheduler_config
+from domain.storage import FolderMode, FolderStatus, MountRequest, new_folder
 from domain.templates import TemplateSpec
 from domain.users import Role, User
 from scheduler.schedules import ScheduleRunner, _pending
+from stores.folders import FolderStore
 from stores.resource_policies import PolicyStore
 from stores.schedules import ScheduleStore
 from stores.sessions import SessionStore
@@ -221,3 +224,22 @@ async def test_the_history_keeps_the_newest_records(redis: Redis, keys: Keys, re
     assert await redis.llen(keys.schedule_runs(schedule.id)) <= 3 + 10  # trimmed every 10 records
     stored = await ScheduleStore(redis, keys).get(schedule.id)
     assert stored is not None and (stored.recorded, stored.runs_started) == (15, 15)
+
+
+async def test_a_run_mounts_the_storage_folders_of_its_spec(redis: Redis, keys: Keys, redis_settings: Settings) -> None:
+    """A schedule whose spec (or template) mounts a storage folder: the run reads that folder's creation rules, so its
+    session mounts it (and is pinned to the folder's node), rather than failing NOT_FOUND on mounts."""
+    schedule = await stored_schedule(redis, keys)
+    alice = await UserStore(redis, keys).get("alice")
+    assert alice is not None
+    folders = FolderStore(redis, keys)
+    folder = new_folder(name="data", owner=alice, project="default", now=T0)
+    await folders.create(folder, redis_settings.storage)
+    await folders.set_state(dataclasses.replace(folder, status=FolderStatus.READY, node_id="node-1", volume_id="v1"))
+    spec = dataclasses.replace(SPEC, mounts=(MountRequest(folder.id, "/data", FolderMode.RW),))
+    await ScheduleStore(redis, keys).update(schedule.id, lambda s: dataclasses.replace(s, spec=spec))
+    assert await runner_of(redis, keys, redis_settings).run_due(T0 + timedelta(seconds=0.3)) == 1
+    [run] = await ScheduleStore(redis, keys).history(schedule.id)
+    assert run.outcome is RunOutcome.CREATED, run.reason
+    session = await SessionStore(redis, keys).get(run.session_ids[0])
+    assert session is not None and [(m.folder_id, m.path) for m in session.mounts] == [(folder.id, "/data")]
