@@ -7,11 +7,15 @@ import asyncio
 import time
 import uuid
 from dataclasses import replace
+from typing import Any
 
+import pytest
 from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
+from redis.exceptions import DataError
 
-from core.redis import client
-from core.settings import Settings
+from core.redis import HiredisPacking, client
+from core.settings import RedisSettings, Settings
 
 BURST = 60
 
@@ -49,3 +53,36 @@ async def test_connections_idle_past_the_timeout_are_closed_after_a_burst(
         assert await connections_named(redis, name) == 1
     finally:
         await pooled.aclose()
+
+
+ARGUMENTS = [
+    ("SET", "key", "value"),
+    ("CONFIG GET", "maxmemory"),
+    (b"CLIENT LIST",),
+    ("ZADD", "z", 1.5, "a", 0.1, "b", 1e-05, "c", 1e20, "d", 0.30000000000000004, "e", -3, "f"),
+    ("SET", "k", "é \u2603 \U0001f600"),
+    ("SET", "k", b"\x00\xff\r\n"),
+    ("SET", "k", memoryview(b"view")),
+    ("SET", "k", bytearray(b"array")),
+    ("INCRBY", "k", 12345678901234567890),
+]
+
+
+@pytest.mark.parametrize("args", ARGUMENTS, ids=lambda a: str(a[0]))
+def test_the_client_packs_with_hiredis_the_bytes_redis_py_packs(args: tuple[Any, ...]) -> None:
+    pooled = client(RedisSettings(url="redis://127.0.0.1:1/0", prefix="t"))
+    connection = pooled.connection_pool.make_connection()
+    assert isinstance(connection, HiredisPacking)
+    python = Connection()
+    assert b"".join(connection.pack_command(*args)) == b"".join(python.pack_command(*args))
+    assert b"".join(connection.pack_commands([args, args])) == b"".join(python.pack_commands([args, args]))
+
+
+@pytest.mark.parametrize("bad", [None, True, [1]], ids=repr)
+def test_what_redis_py_refuses_hiredis_packing_refuses_too(bad: object) -> None:
+    pooled = client(RedisSettings(url="redis://127.0.0.1:1/0", prefix="t"))
+    connection = pooled.connection_pool.make_connection()
+    with pytest.raises(DataError):
+        Connection().pack_command("SET", "k", bad)
+    with pytest.raises(DataError):
+        connection.pack_command("SET", "k", bad)
