@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -39,10 +38,9 @@ import httpx2
 from websockets.asyncio.client import connect
 
 from bench.gateway.__main__ import run_wrk, spawn, stop, wait_http
-from caravan.stack.nomad_agent import start_nomad_dev
+from bench.private_stack import private_stack
 from caravan.stack.processes import free_port
-from caravan.stack.redis_server import start_redis
-from core.settings import NomadSettings, RedisSettings, Settings
+from core.settings import Settings
 from domain.apps import app_host, published_port
 from gateway.apps.token_cache import TTL as TOKEN_TTL
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
@@ -67,11 +65,6 @@ async def main():
 asyncio.run(main())
 """
 GOAL = {"small_rps_vs_direct": 0.8, "bulk_vs_direct": 0.9, "vs_chp": 1.0}
-
-
-def stack_env() -> dict[str, str]:
-    path = Path(os.environ.get("CARAVAN_CACHE", Path.home() / ".cache" / "caravan")) / "stack.env"
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
 @dataclass(frozen=True)
@@ -263,36 +256,8 @@ async def main() -> None:
         raise SystemExit("wrk is not installed (ops/install installs Debian's wrk)")
     if not CHP.exists():
         raise SystemExit(f"{CHP} is missing: run ./ops/install-node")
-    env = stack_env()
-    with tempfile.TemporaryDirectory(prefix="bench-app-proxy-") as tmp:
-        home = Path(tmp)
-        redis_port = free_port()
-        redis = start_redis(
-            home / "redis", redis_port, log=home / "redis.log", secrets_dir=home / "secrets", key_prefixes=("bench*",)
-        )
-        agent = start_nomad_dev(
-            home / "nomad",
-            nomad_home=Path(env["CARAVAN_NOMAD_HOME"]),
-            rootfs=Path(env["CARAVAN_ROOTFS"]),
-            log=home / "nomad.log",
-            pause_image=env.get("CARAVAN_PAUSE_IMAGE"),
-            secrets_dir=home / "secrets",
-        )
-        try:
-            settings = (
-                Settings(
-                    home=home,
-                    secrets_dir=home / "secrets",
-                    redis=RedisSettings(url=f"redis://127.0.0.1:{redis_port}/0"),
-                    nomad=NomadSettings(addr=agent.addr),
-                )
-                .with_prefix("bench" + uuid.uuid4().hex[:6])
-                .for_role("admin")
-            )
-            await measure(settings, home, args)
-        finally:
-            agent.stop()
-            redis.stop()
+    with private_stack() as stack:
+        await measure(stack.settings, stack.home, args)
 
 
 if __name__ == "__main__":
