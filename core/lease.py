@@ -132,15 +132,21 @@ async def _term(holding: Awaitable[None], leading: Awaitable[None]) -> BaseExcep
     return asyncio.CancelledError() if first.cancelled() else first.exception()
 
 
+async def watch_fenced(pipe: Pipeline, fence: Fence | None, *keys: str) -> None:
+    """Start an optimistic transaction on ``pipe``: WATCH ``keys`` and, with a ``fence``, its counter, which must be
+    the current term (:class:`LostLease` otherwise; a new term started before ``EXEC`` fails it as a conflict)."""
+    await pipe.watch(*keys, *([fence.key] if fence else []))
+    if fence is not None and int(await pipe.get(fence.key) or 0) != fence.token:
+        raise LostLease(f"fencing token {fence.token} is stale")
+
+
 async def write_fenced(redis: Redis, fence: Fence, write: Callable[[Pipeline], object]) -> None:
     """Run the commands ``write`` queues as one transaction, only while ``fence`` is the current term.
 
     Raises :class:`LostLease` when a newer term has started, before or during the transaction.
     """
     async with redis.pipeline(transaction=True) as pipe:
-        await pipe.watch(fence.key)
-        if int(await pipe.get(fence.key) or 0) != fence.token:
-            raise LostLease(f"fencing token {fence.token} is stale")
+        await watch_fenced(pipe, fence)
         begin(pipe)
         write(pipe)
         try:

@@ -8,7 +8,9 @@ for them. Only the owner (or an admin of its project) renames, shares, deletes i
 
 Lifecycle: CREATING (asked; the job owner creates the volume) -> READY (mountable; ``node_id`` and ``host_path`` are
 known) -> TRASHED (deleted by its owner: invisible to mounts and shares, restorable for the grace period
-``StorageSettings.trash_grace`` seconds) -> purged (the job owner deletes the volume and its data; the document goes).
+``StorageSettings.trash_grace`` seconds) -> PURGING (the grace passed: the job owner deletes the volume and its data,
+and nothing brings it back) -> purged (the document goes). A folder trashed before its volume was made goes back to
+CREATING when restored.
 
 Quotas: per user and per project, a number of folders (trashed ones count until purged) and bytes (the sum of the
 folders' usage, enforced by the file API when it writes).
@@ -48,6 +50,7 @@ class FolderStatus(StrEnum):
     CREATING = "CREATING"
     READY = "READY"
     TRASHED = "TRASHED"
+    PURGING = "PURGING"
     FAILED = "FAILED"
 
 
@@ -89,6 +92,16 @@ class Folder:
 # -- decisions (pure) --
 
 
+def purge_claim(folder: Folder, settings: StorageSettings, now: datetime) -> Folder | None:
+    """The job owner's claim on a purge: a trashed folder whose grace has passed at ``now`` becomes PURGING (no restore
+    from then on); any other is left as it is (None: restored, trashed again later with a new grace, or PURGING
+    already after a crash)."""
+    purge_at = folder.purge_at(settings)
+    if folder.status is FolderStatus.TRASHED and purge_at is not None and purge_at <= now:
+        return folder.evolve(status=FolderStatus.PURGING)
+    return None
+
+
 def owns(viewer: User, folder: Folder) -> bool:
     """May ``viewer`` rename, share, delete ``folder``: its owner, its project's admins, a superadmin."""
     return can_access(viewer, folder.owner_id, folder.project)
@@ -96,10 +109,10 @@ def owns(viewer: User, folder: Folder) -> bool:
 
 def mode_for(viewer: User, folder: Folder) -> FolderMode | None:
     """The strongest mode ``viewer`` has on ``folder``; None: they may not see it (NOT_FOUND). A trashed folder
-    is its owner's alone."""
+    (or being purged) is its owner's alone."""
     if owns(viewer, folder):
         return FolderMode.RW
-    if folder.status is FolderStatus.TRASHED:
+    if folder.status in (FolderStatus.TRASHED, FolderStatus.PURGING):
         return None
     modes = [folder.shared_with_users.get(viewer.id)]
     modes += [folder.shared_with_projects.get(p) for p in viewer.projects]

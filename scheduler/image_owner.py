@@ -10,6 +10,7 @@ import contextlib
 import logging
 
 from core.errors import PermanentError
+from core.lease import Fence
 from core.settings import NomadSettings
 from domain.images import CommittedImage, ImageStatus
 from nomad_jobs.client import JobExists, NomadClient, NomadNotFound
@@ -20,10 +21,14 @@ log = logging.getLogger(__name__)
 
 
 class ImageOwner:
-    def __init__(self, store: ImageStore, nomad: NomadClient, settings: NomadSettings) -> None:
+    def __init__(
+        self, store: ImageStore, nomad: NomadClient, settings: NomadSettings, fence: Fence | None = None
+    ) -> None:
         self.store = store
         self.nomad = nomad
         self.settings = settings
+        self.fence = fence
+        """The leader's term: every write here holds only while it is current (``LostLease`` otherwise)."""
 
     async def act(self) -> None:
         for image in await self.store.to_act_on():
@@ -32,7 +37,7 @@ class ImageOwner:
     async def _act_on(self, image: CommittedImage) -> None:
         deleting = image.status is ImageStatus.DELETING
         if image.status not in (ImageStatus.COMMITTING, ImageStatus.DELETING):
-            await self.store.done(image)
+            await self.store.done(image, image, self.fence)
             return
         action = "rmi" if deleting else "commit"
         job_id = image_job_id(self.settings.job_prefix, image.id, action)
@@ -55,13 +60,14 @@ class ImageOwner:
         await self.nomad.deregister(job_id, purge=True)
         if deleting:
             log.info("image=%s %s removed (%s)", image.id, image.ref, outcome or "ok")
-            await self.store.forget(image)
+            await self.store.done(image, None, self.fence)
         elif outcome == "":
             log.info("image=%s %s committed from %s", image.id, image.ref, image.container)
-            await self.store.done(image.evolve(status=ImageStatus.READY, status_info=""))
+            await self.store.done(image, image.evolve(status=ImageStatus.READY, status_info=""), self.fence)
         else:
             log.warning("image=%s %s failed: %s", image.id, image.ref, outcome)
-            await self.store.done(image.evolve(status=ImageStatus.FAILED, status_info=(outcome or "")[:500]))
+            failed = image.evolve(status=ImageStatus.FAILED, status_info=(outcome or "")[:500])
+            await self.store.done(image, failed, self.fence)
 
     async def _outcome(self, job_id: str) -> str | None:
         """None: not registered yet, or still running; "": it succeeded; else why it failed."""

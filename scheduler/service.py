@@ -52,8 +52,8 @@ class Scheduler:
     async def lead(self, fence: Fence) -> None:
         if indexed := await self.store.ensure_listing_indexes():
             log.info("indexed %d stored sessions for listing", indexed)
-        folders = FolderOwner(FolderStore(self.store.redis, self.keys), self.nomad, self.settings.storage)
-        images = ImageOwner(ImageStore(self.store.redis, self.keys), self.nomad, self.settings.nomad)
+        folders = FolderOwner(FolderStore(self.store.redis, self.keys), self.nomad, self.settings.storage, fence)
+        images = ImageOwner(ImageStore(self.store.redis, self.keys), self.nomad, self.settings.nomad, fence)
         owner = JobOwner(self.store, self.nomad, fence, folders, images)
         follower = Follower(self.store, self.nomad, fence, owner)
         placer = Placer(self.store, self.nomad, fence, self.settings, self.config, self.core)

@@ -7,21 +7,27 @@ quotas need in step with the documents.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from core.codec import decode, encode
 from core.errors import Conflict
 from core.keys import Keys
+from core.lease import Fence, watch_fenced, write_fenced
 from core.replies import begin, text_set
 from core.settings import StorageSettings
 from domain.storage import Folder, FolderStatus, check_count_quota, mode_for
 from domain.users import Role, User
 
 WAKEUP_BACKLOG = 8
+
+Mutation = Callable[[Folder], Folder | None]
+"""A pure change of one folder: the folder changed, or None for no change. It may run more than once (when another
+writer got there first) and may raise a typed error about the folder as it is now (INVALID_INPUT, CONFLICT...)."""
 
 
 class FolderStore:
@@ -63,46 +69,78 @@ class FolderStore:
                 except WatchError:
                     continue
 
-    async def update(self, before: Folder, after: Folder, *, purge_at: datetime | None = None) -> None:
-        """Replace ``before`` by ``after`` (same id and owner): the name claim and share indexes follow; a trashed
-        folder is queued for its purge at ``purge_at``, a restored one taken off. CONFLICT if the new name is taken."""
-        assert before.id == after.id and before.owner_id == after.owner_id
-        new_name = self.keys.folder_name(after.owner_id, after.name)
+    async def update(self, folder_id: str, mutate: Mutation, storage: StorageSettings) -> Folder | None:
+        """The gateway's write: apply ``mutate`` to the folder as stored now, in one transaction that holds only if
+        nobody else wrote it meanwhile (else ``mutate`` runs again on the newer folder). The name claim and share
+        indexes follow; a folder newly TRASHED is queued for its purge at ``Folder.purge_at(storage)``, a restored one
+        taken off, and one restored to CREATING (trashed before its volume was made) asks the job owner again.
+        Returns the folder as stored (None: there is none); CONFLICT if the new name is taken."""
+        return await self._change(folder_id, mutate, None, storage)
+
+    async def settle(self, folder_id: str, mutate: Mutation, fence: Fence | None) -> Folder | None:
+        """The job owner's write, under its leader's ``fence`` (``LostLease`` once a newer term began): ``mutate``
+        applied to the folder as stored now (the gateway may have renamed, shared or trashed it since the owner read
+        it), and the volume request dropped unless the folder is (again) CREATING. Returns the folder as stored."""
+        return await self._change(folder_id, mutate, fence, None)
+
+    async def _change(
+        self, folder_id: str, mutate: Mutation, fence: Fence | None, storage: StorageSettings | None
+    ) -> Folder | None:
+        key = self.keys.folder(folder_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    await pipe.watch(new_name)
-                    if after.name != before.name and await pipe.exists(new_name):
-                        raise Conflict(f"you have a folder named {after.name!r} already", field="name")
-                    begin(pipe)
+                    await watch_fenced(pipe, fence, key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        return None
+                    before = decode(raw, Folder)
+                    changed = mutate(before)
+                    after = before if changed is None else changed
+                    assert after.id == before.id and after.owner_id == before.owner_id
+                    if after == before and fence is None:
+                        return before
+                    new_name = self.keys.folder_name(after.owner_id, after.name)
                     if after.name != before.name:
-                        pipe.delete(self.keys.folder_name(before.owner_id, before.name))
-                        pipe.set(new_name, after.id)
-                    for user in before.shared_with_users.keys() - after.shared_with_users.keys():
-                        pipe.srem(self.keys.folders_shared_with_user(user), after.id)
-                    for project in before.shared_with_projects.keys() - after.shared_with_projects.keys():
-                        pipe.srem(self.keys.folders_shared_with_project(project), after.id)
-                    self._write(pipe, after)
-                    if after.status is FolderStatus.TRASHED and purge_at is not None:
-                        pipe.zadd(self.keys.folders_to_purge, {after.id: purge_at.timestamp()})
-                        self._wake_owner(pipe)
-                    elif after.status is not FolderStatus.TRASHED:
-                        pipe.zrem(self.keys.folders_to_purge, after.id)
+                        await pipe.watch(new_name)
+                        if await pipe.exists(new_name):
+                            raise Conflict(f"you have a folder named {after.name!r} already", field="name")
+                    begin(pipe)
+                    if after != before:
+                        self._reindex(pipe, before, after, new_name, storage)
+                    if fence is not None and after.status is not FolderStatus.CREATING:
+                        pipe.srem(self.keys.folders_to_create, folder_id)
                     await pipe.execute()
-                    return
+                    return after
                 except WatchError:
                     continue
 
-    async def set_state(self, folder: Folder) -> None:
-        """The job owner's write: the folder's status and where it lives (its volume created, or refused)."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            self._write(pipe, folder)
-            pipe.srem(self.keys.folders_to_create, folder.id)
-            await pipe.execute()
+    def _reindex(
+        self, pipe: Redis, before: Folder, after: Folder, new_name: str, storage: StorageSettings | None
+    ) -> None:
+        if after.name != before.name:
+            pipe.delete(self.keys.folder_name(before.owner_id, before.name))
+            pipe.set(new_name, after.id)
+        for user in before.shared_with_users.keys() - after.shared_with_users.keys():
+            pipe.srem(self.keys.folders_shared_with_user(user), after.id)
+        for project in before.shared_with_projects.keys() - after.shared_with_projects.keys():
+            pipe.srem(self.keys.folders_shared_with_project(project), after.id)
+        self._write(pipe, after)
+        purge_at = after.purge_at(storage) if storage is not None else None
+        if after.status is FolderStatus.TRASHED and before.status is not FolderStatus.TRASHED and purge_at:
+            pipe.zadd(self.keys.folders_to_purge, {after.id: purge_at.timestamp()})
+            self._wake_owner(pipe)
+        elif after.status not in (FolderStatus.TRASHED, FolderStatus.PURGING):
+            pipe.zrem(self.keys.folders_to_purge, after.id)
+        if after.status is FolderStatus.CREATING and before.status is not FolderStatus.CREATING:
+            pipe.sadd(self.keys.folders_to_create, after.id)
+            self._wake_owner(pipe)
 
-    async def forget(self, folder: Folder) -> None:
-        """The job owner purged the folder's volume: the document, its indexes, its name and usage go."""
-        async with self.redis.pipeline(transaction=True) as pipe:
+    async def forget(self, folder: Folder, fence: Fence | None) -> None:
+        """The job owner purged the folder's volume: the document, its indexes, its name and usage go (under the
+        leader's ``fence``)."""
+
+        def write(pipe: Pipeline) -> None:
             pipe.delete(self.keys.folder(folder.id), self.keys.folder_usage(folder.id))
             pipe.delete(self.keys.folder_name(folder.owner_id, folder.name))
             pipe.srem(self.keys.folders, folder.id)
@@ -114,11 +152,22 @@ class FolderStore:
                 pipe.srem(self.keys.folders_shared_with_project(project), folder.id)
             pipe.srem(self.keys.folders_to_create, folder.id)
             pipe.zrem(self.keys.folders_to_purge, folder.id)
-            await pipe.execute()
 
-    async def postpone_purge(self, folder_id: str, until: datetime) -> None:
-        """Try a refused purge again at ``until``."""
-        await self.redis.zadd(self.keys.folders_to_purge, {folder_id: until.timestamp()}, xx=True)
+        await self._write_as_owner(write, fence)
+
+    async def postpone_purge(self, folder_id: str, until: datetime, fence: Fence | None) -> None:
+        """Try a refused purge again at ``until`` (under the leader's ``fence``)."""
+        await self._write_as_owner(
+            lambda pipe: pipe.zadd(self.keys.folders_to_purge, {folder_id: until.timestamp()}, xx=True), fence
+        )
+
+    async def _write_as_owner(self, write: Callable[[Pipeline], object], fence: Fence | None) -> None:
+        if fence is not None:
+            await write_fenced(self.redis, fence, write)
+            return
+        async with self.redis.pipeline(transaction=True) as pipe:
+            write(pipe)
+            await pipe.execute()
 
     async def owner_work(self, now: datetime) -> tuple[set[str], set[str]]:
         """Folders whose volume the job owner creates, and trashed folders whose grace has passed (to purge)."""

@@ -4,11 +4,14 @@ written in the transaction that asks (``domain.images``)."""
 from __future__ import annotations
 
 from redis.asyncio import Redis
+from redis.exceptions import WatchError
 
 from core.codec import decode, encode
+from core.errors import Conflict
 from core.keys import Keys
-from core.replies import text_set
-from domain.images import CommittedImage, may_use_image
+from core.lease import Fence, watch_fenced
+from core.replies import begin, text_set
+from domain.images import CommittedImage, ImageStatus, may_use_image
 from domain.users import User
 
 WAKEUP_BACKLOG = 8
@@ -24,30 +27,69 @@ class ImageStore:
         return decode(raw, CommittedImage) if raw else None
 
     async def ask(self, image: CommittedImage) -> None:
-        """Store ``image`` (COMMITTING or DELETING) and ask the job owner to act on it, in one transaction."""
+        """Store a new ``image`` (COMMITTING) and ask the job owner to act on it, in one transaction."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.image(image.id), encode(image))
-            pipe.sadd(self.keys.images_of_owner(image.owner_id), image.id)
-            pipe.sadd(self.keys.images_of_project(image.project), image.id)
-            pipe.sadd(self.keys.images_to_act_on, image.id)
-            pipe.rpush(self.keys.job_owner_wakeup, "image")
-            pipe.ltrim(self.keys.job_owner_wakeup, -WAKEUP_BACKLOG, -1)
+            self._ask(pipe, image)
             await pipe.execute()
 
-    async def done(self, image: CommittedImage) -> None:
-        """The job owner's write: the image READY or FAILED, its request done."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.image(image.id), encode(image))
-            pipe.srem(self.keys.images_to_act_on, image.id)
-            await pipe.execute()
+    def _ask(self, pipe: Redis, image: CommittedImage) -> None:
+        pipe.set(self.keys.image(image.id), encode(image))
+        pipe.sadd(self.keys.images_of_owner(image.owner_id), image.id)
+        pipe.sadd(self.keys.images_of_project(image.project), image.id)
+        pipe.sadd(self.keys.images_to_act_on, image.id)
+        pipe.rpush(self.keys.job_owner_wakeup, "image")
+        pipe.ltrim(self.keys.job_owner_wakeup, -WAKEUP_BACKLOG, -1)
 
-    async def forget(self, image: CommittedImage) -> None:
+    async def ask_delete(self, image_id: str) -> CommittedImage | None:
+        """Mark the image DELETING and ask the job owner to remove it, in one transaction on the image as stored now;
+        None: there is none. CONFLICT while it is still being committed (its ``docker commit`` would race the
+        ``docker rmi``); an image DELETING already is returned as it is."""
+        key = self.keys.image(image_id)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self.keys.image(image.id))
-            pipe.srem(self.keys.images_of_owner(image.owner_id), image.id)
-            pipe.srem(self.keys.images_of_project(image.project), image.id)
-            pipe.srem(self.keys.images_to_act_on, image.id)
-            await pipe.execute()
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        return None
+                    image = decode(raw, CommittedImage)
+                    if image.status is ImageStatus.COMMITTING:
+                        raise Conflict("the image is still being committed: delete it once it is READY or FAILED")
+                    if image.status is ImageStatus.DELETING:
+                        return image
+                    deleting = image.evolve(status=ImageStatus.DELETING)
+                    begin(pipe)
+                    self._ask(pipe, deleting)
+                    await pipe.execute()
+                    return deleting
+                except WatchError:
+                    continue
+
+    async def done(self, acted: CommittedImage, result: CommittedImage | None, fence: Fence | None) -> bool:
+        """The job owner's write once it acted on ``acted`` (as it read it): ``result`` stored (None: the image is
+        forgotten) and the request dropped, under the leader's ``fence`` (``LostLease`` once a newer term began).
+        Only if the image is still as acted on: if it was asked something else meanwhile, nothing is written and the
+        request stays for the next round (False)."""
+        key = self.keys.image(acted.id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await watch_fenced(pipe, fence, key)
+                    raw = await pipe.get(key)
+                    if raw is None or decode(raw, CommittedImage).status is not acted.status:
+                        return False
+                    begin(pipe)
+                    if result is None:
+                        pipe.delete(key)
+                        pipe.srem(self.keys.images_of_owner(acted.owner_id), acted.id)
+                        pipe.srem(self.keys.images_of_project(acted.project), acted.id)
+                    else:
+                        pipe.set(key, encode(result))
+                    pipe.srem(self.keys.images_to_act_on, acted.id)
+                    await pipe.execute()
+                    return True
+                except WatchError:
+                    continue
 
     async def to_act_on(self) -> list[CommittedImage]:
         return await self._many(text_set(await self.redis.smembers(self.keys.images_to_act_on)))

@@ -17,7 +17,7 @@ from redis.exceptions import WatchError
 from core.codec import decode, encode
 from core.errors import Conflict
 from core.keys import Keys
-from core.lease import Fence, LostLease
+from core.lease import Fence, watch_fenced
 from core.replies import begin, optional_texts, ranked, text_set
 from domain.model import Session, SessionResult, SessionStatus
 from domain.termination import STOPPING, begin_termination, job_outlives
@@ -255,9 +255,7 @@ class SessionStore:
         while True:
             async with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    await pipe.watch(key, *([fence.key] if fence else []))
-                    if fence and int(await pipe.get(fence.key) or 0) != fence.token:
-                        raise LostLease(f"fencing token {fence.token} is stale")
+                    await watch_fenced(pipe, fence, key)
                     raw = await pipe.get(key)
                     if raw is None:
                         return None

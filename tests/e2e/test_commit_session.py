@@ -53,6 +53,9 @@ async def test_a_committed_image_starts_a_session_that_has_the_committed_file(ca
     await asyncio.sleep(1)  # the startup command writes the file as the task starts
     image = (await caravan.gql(COMMIT, {"id": source, "name": "snap", "tag": "v1"}, token=alice))["commitSession"]
     assert (image["ref"], image["status"], image["ownerId"]) == ("caravan/u-alice-snap:v1", "COMMITTING", "alice")
+    with pytest.raises(GraphQLErrors) as early:  # its docker commit is still to run: a docker rmi would race it
+        await caravan.gql(DELETE, {"id": image["id"]}, token=alice)
+    assert early.value.errors[0]["extensions"]["code"] == "CONFLICT"
     ready = await image_status(caravan, alice, image["id"], "READY", "FAILED")
     assert ready["status"] == "READY", ready
     assert docker_has("caravan/u-alice-snap:v1")

@@ -4,12 +4,14 @@ which folder, shares, the trash, quotas, and typed errors naming the field."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from core.clock import utcnow
 from core.settings import Settings, StorageSettings
-from domain.storage import FolderStatus
+from domain.storage import FolderStatus, purge_claim
 from domain.users import Role
 from stores.folders import FolderStore
 from tests.harness import Caravan, GraphQLErrors, running_caravan
@@ -117,6 +119,25 @@ async def test_a_deleted_folder_goes_to_the_trash_out_of_shares_and_can_come_bac
     assert (error["code"], error["field"]) == ("INVALID_INPUT", "id")
 
 
+async def test_a_folder_whose_purge_began_cannot_come_back(caravan: Caravan) -> None:
+    alice, _ = await caravan.user("alice"), await caravan.user("bob")
+    folder = await create(caravan, alice)
+    await caravan.gql(DELETE, {"id": folder["id"]}, token=alice)
+    store = FolderStore(caravan.store.redis, caravan.store.keys)
+    # the job owner claims the purge once the grace has passed (here: a day from now)
+    claimed = await store.settle(
+        folder["id"], lambda f: purge_claim(f, caravan.settings.storage, utcnow() + timedelta(days=365)), None
+    )
+    assert claimed is not None and claimed.status is FolderStatus.PURGING
+    error = await refused(caravan, RESTORE, {"id": folder["id"]}, alice)
+    assert (error["code"], error["field"]) == ("INVALID_INPUT", "id")
+    error = await refused(caravan, SHARE, {"input": {"folder": folder["id"], "user": "bob"}}, alice)
+    assert error["code"] == "INVALID_INPUT"
+    again = (await caravan.gql(DELETE, {"id": folder["id"]}, token=alice))["deleteFolder"]
+    assert again["status"] == "PURGING"
+    assert (await caravan.gql(FOLDER, {"id": folder["id"]}, token=alice))["folder"]["status"] == "PURGING"
+
+
 async def test_admins_reach_their_projects_folders(caravan: Caravan) -> None:
     alice = await caravan.user("alice")
     admin = await caravan.user("lead", role=Role.ADMIN)
@@ -150,9 +171,9 @@ async def test_templates_carry_mounts_and_sessions_from_them_run_on_the_folders_
     alice = await caravan.user("alice")
     created = await create(caravan, alice)
     store = FolderStore(caravan.store.redis, caravan.store.keys)
-    stored = await store.get(created["id"])
-    assert stored is not None  # no scheduler here: made READY on "node-a" as the job owner would
-    await store.set_state(stored.evolve(status=FolderStatus.READY, node_id="node-a", volume_id="v", host_path="/x"))
+    # no scheduler here: made READY on "node-a" as the job owner would
+    ready = {"status": FolderStatus.READY, "node_id": "node-a", "volume_id": "v", "host_path": "/x"}
+    assert await store.settle(created["id"], lambda f: f.evolve(**ready), None) is not None
     mounts = [{"folder": created["id"], "path": "/data", "mode": "RO"}]
     spec = {"type": "INTERACTIVE", "driver": "EXEC", "mounts": mounts}
     template = (await caravan.gql(CREATE_TEMPLATE, {"input": {"name": "with-data", "spec": spec}}, token=alice))[

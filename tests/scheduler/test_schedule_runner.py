@@ -235,7 +235,8 @@ async def test_a_run_mounts_the_storage_folders_of_its_spec(redis: Redis, keys: 
     folders = FolderStore(redis, keys)
     folder = new_folder(name="data", owner=alice, project="default", now=T0)
     await folders.create(folder, redis_settings.storage)
-    await folders.set_state(dataclasses.replace(folder, status=FolderStatus.READY, node_id="node-1", volume_id="v1"))
+    ready = {"status": FolderStatus.READY, "node_id": "node-1", "volume_id": "v1"}
+    await folders.settle(folder.id, lambda f: dataclasses.replace(f, **ready), None)
     spec = dataclasses.replace(SPEC, mounts=(MountRequest(folder.id, "/data", FolderMode.RW),))
     await ScheduleStore(redis, keys).update(schedule.id, lambda s: dataclasses.replace(s, spec=spec))
     assert await runner_of(redis, keys, redis_settings).run_due(T0 + timedelta(seconds=0.3)) == 1

@@ -14,6 +14,7 @@ from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.folders.queries import folder_store, folder_view, visible
 from gateway.graphql.folders.types import FolderMode, StorageFolder
+from stores.folders import Mutation
 
 
 @strawberry.input
@@ -61,9 +62,8 @@ class FolderMutations:
     async def rename_folder(self, info: Info, id: strawberry.ID, name: str) -> StorageFolder:
         ctx = info.context
         folder = await _owned(ctx, str(id), ctx.viewer)
-        renamed = folder.evolve(name=check_folder_name(name))
-        await folder_store(ctx).update(folder, renamed)
-        return await folder_view(ctx, renamed, FolderMode.RW)
+        new_name = check_folder_name(name)
+        return await _change(ctx, folder, lambda f: f.evolve(name=new_name))
 
     @fields.mutation(
         description="Move a folder to the trash: no new mounts or shares see it; restorable until its purgeAt "
@@ -72,22 +72,15 @@ class FolderMutations:
     async def delete_folder(self, info: Info, id: strawberry.ID) -> StorageFolder:
         ctx = info.context
         folder = await _owned(ctx, str(id), ctx.viewer)
-        if folder.status is FolderStatus.TRASHED:
-            return await folder_view(ctx, folder, FolderMode.RW)
-        trashed = folder.evolve(status=FolderStatus.TRASHED, trashed_at=utcnow())
-        await folder_store(ctx).update(folder, trashed, purge_at=trashed.purge_at(ctx.settings.storage))
-        return await folder_view(ctx, trashed, FolderMode.RW)
+        now = utcnow()
+        return await _change(
+            ctx, folder, lambda f: None if f.status in GONE else f.evolve(status=TRASHED, trashed_at=now)
+        )
 
     @fields.mutation(description="Take a folder out of the trash before its purgeAt.")
     async def restore_folder(self, info: Info, id: strawberry.ID) -> StorageFolder:
         ctx = info.context
-        folder = await _owned(ctx, str(id), ctx.viewer)
-        if folder.status is not FolderStatus.TRASHED:
-            raise InvalidInput("the folder is not in the trash", field="id")
-        status = FolderStatus.READY if folder.volume_id else FolderStatus.CREATING
-        restored = folder.evolve(status=status, trashed_at=None)
-        await folder_store(ctx).update(folder, restored)
-        return await folder_view(ctx, restored, FolderMode.RW)
+        return await _change(ctx, await _owned(ctx, str(id), ctx.viewer), _restored)
 
     @fields.mutation(
         description="Share a folder with a user or a project, read-only or read-write (replaces the mode)."
@@ -96,24 +89,26 @@ class FolderMutations:
         ctx = info.context
         viewer = ctx.viewer
         folder = await _owned(ctx, str(input.folder), viewer)
-        if folder.status is FolderStatus.TRASHED:
-            raise InvalidInput("a trashed folder cannot be shared: restore it first", field="folder")
         if (input.user is None) == (input.project is None):
             raise InvalidInput("give exactly one of user and project", field="user")
+        mode = input.mode
         if input.user is not None:
             target = await ctx.users.get(input.user)
             if target is None or not target.active:
                 raise NotFound(f"no user {input.user[:80]!r}", field="user")
             if target.id == folder.owner_id:
                 raise InvalidInput("the owner has the folder already", field="user")
-            shared = folder.evolve(shared_with_users={**folder.shared_with_users, target.id: input.mode})
-        else:
-            assert input.project is not None
-            if not may_share_with(viewer, input.project):
-                raise NotFound(f"no project {input.project[:80]!r} of yours", field="project")
-            shared = folder.evolve(shared_with_projects={**folder.shared_with_projects, input.project: input.mode})
-        await folder_store(ctx).update(folder, shared)
-        return await folder_view(ctx, shared, FolderMode.RW)
+            user = target.id
+            return await _change(
+                ctx, folder, lambda f: _shareable(f).evolve(shared_with_users={**f.shared_with_users, user: mode})
+            )
+        project = input.project
+        assert project is not None
+        if not may_share_with(viewer, project):
+            raise NotFound(f"no project {project[:80]!r} of yours", field="project")
+        return await _change(
+            ctx, folder, lambda f: _shareable(f).evolve(shared_with_projects={**f.shared_with_projects, project: mode})
+        )
 
     @fields.mutation(description="Stop sharing a folder with a user or a project (mounts already made stay).")
     async def unshare_folder(
@@ -123,9 +118,40 @@ class FolderMutations:
         found = await _owned(ctx, str(folder), ctx.viewer)
         if (user is None) == (project is None):
             raise InvalidInput("give exactly one of user and project", field="user")
-        unshared = found.evolve(
-            shared_with_users={u: m for u, m in found.shared_with_users.items() if u != user},
-            shared_with_projects={p: m for p, m in found.shared_with_projects.items() if p != project},
+        return await _change(
+            ctx,
+            found,
+            lambda f: f.evolve(
+                shared_with_users={u: m for u, m in f.shared_with_users.items() if u != user},
+                shared_with_projects={p: m for p, m in f.shared_with_projects.items() if p != project},
+            ),
         )
-        await folder_store(ctx).update(found, unshared)
-        return await folder_view(ctx, unshared, FolderMode.RW)
+
+
+TRASHED = FolderStatus.TRASHED
+GONE = (FolderStatus.TRASHED, FolderStatus.PURGING)
+"""Statuses of a deleted folder: in the trash, or past its grace with its data being deleted."""
+
+
+async def _change(ctx: Context, folder: Folder, mutate: Mutation) -> StorageFolder:
+    """Apply ``mutate`` to ``folder`` as stored now (another request or the job owner may have changed it since it
+    was read: ``mutate`` sees the newer one); NOT_FOUND if it was purged meanwhile."""
+    stored = await folder_store(ctx).update(folder.id, mutate, ctx.settings.storage)
+    if stored is None:
+        raise NotFound(f"no folder {folder.id}", field="id")
+    return await folder_view(ctx, stored, FolderMode.RW)
+
+
+def _restored(folder: Folder) -> Folder:
+    if folder.status is FolderStatus.PURGING:
+        raise InvalidInput("the folder's grace has passed: its data is being deleted", field="id")
+    if folder.status is not FolderStatus.TRASHED:
+        raise InvalidInput("the folder is not in the trash", field="id")
+    # a folder trashed before its volume was made is made now
+    return folder.evolve(status=FolderStatus.READY if folder.volume_id else FolderStatus.CREATING, trashed_at=None)
+
+
+def _shareable(folder: Folder) -> Folder:
+    if folder.status in GONE:
+        raise InvalidInput("a trashed folder cannot be shared: restore it first", field="folder")
+    return folder

@@ -28,7 +28,7 @@ strawberry.enum(
     FolderStatus,
     name="FolderStatus",
     description="CREATING: its volume is being made; READY: mountable; TRASHED: deleted, restorable until purgeAt; "
-    "FAILED: Nomad refused its volume (statusInfo).",
+    "PURGING: its data is being deleted for good (no restore); FAILED: Nomad refused its volume (statusInfo).",
 )
 
 

@@ -87,12 +87,16 @@ class ImageMutations:
         await image_store(ctx).ask(image)
         return image_type_of(image)
 
-    @fields.mutation(description="Delete a committed image (docker rmi on its node); returns it DELETING.")
+    @fields.mutation(
+        description="Delete a committed image (docker rmi on its node); returns it DELETING. CONFLICT while it is "
+        "still COMMITTING."
+    )
     async def delete_session_image(self, info: Info, id: strawberry.ID) -> SessionImage:
         ctx = info.context
         found = await image_store(ctx).get(str(id))
         if found is None or not may_use_image(ctx.viewer, found):
             raise NotFound(f"no image {str(id)[:80]}", field="id")
-        deleting = found.evolve(status=ImageStatus.DELETING)
-        await image_store(ctx).ask(deleting)
+        deleting = await image_store(ctx).ask_delete(found.id)
+        if deleting is None:
+            raise NotFound(f"no image {str(id)[:80]}", field="id")
         return image_type_of(deleting)
