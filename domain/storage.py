@@ -11,7 +11,9 @@ known) -> TRASHED (deleted by its owner: invisible to mounts and shares, restora
 ``StorageSettings.trash_grace`` seconds) -> purged (the job owner deletes the volume and its data; the document goes).
 
 Quotas: per user and per project, a number of folders (trashed ones count until purged) and bytes (the sum of the
-folders' usage, enforced by the file API when it writes).
+folders' usage, enforced by the file API when it writes). The file API counts its own writes as it makes them; the
+storage node recounts each READY folder every ``StorageSettings.recount_interval`` seconds (``folders_to_recount``),
+so what sessions write through a mount counts too.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import re
 import unicodedata
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -139,6 +142,16 @@ def check_bytes_quota(*, user_bytes: int, project_bytes: int, adding: int, quota
             f"the project's folders hold {project_bytes} bytes; {adding} more would pass {quota.max_bytes_per_project}",
             field="bytes",
         )
+
+
+def folders_to_recount(
+    ready: Iterable[str], last_counted: Mapping[str, datetime], *, now: datetime, interval: float
+) -> list[str]:
+    """Which of the ``ready`` folders' bytes are due a recount at ``now``: those never counted, then those last
+    counted ``interval`` seconds ago or more, the longest waiting first (pure; the clock passed in)."""
+    due_by = now - timedelta(seconds=interval)
+    due = [f for f in ready if f not in last_counted or last_counted[f] <= due_by]
+    return sorted(due, key=lambda f: (f in last_counted, last_counted.get(f, now), f))
 
 
 def new_folder(*, name: str, owner: User, project: str, now: datetime) -> Folder:

@@ -29,6 +29,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from core.errors import CaravanError, Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded, Unauthenticated
+from core.tree_bytes import tree_bytes
 from domain.folder_paths import RESERVED_PREFIX, folder_path
 from domain.storage import Folder, FolderMode, FolderStatus, check_bytes_quota, mode_for
 from domain.users import User
@@ -293,10 +294,3 @@ def inside(root: Path, parts: tuple[str, ...], *, must_exist: bool = True) -> Pa
     if parts and not path.parent.resolve().is_relative_to(root):
         raise NotFound("no such directory in the folder", field="path")
     return path
-
-
-def tree_bytes(path: Path) -> int:
-    """Bytes of the regular files at or under ``path`` (symlinks not followed)."""
-    if path.is_symlink() or not path.is_dir():
-        return path.lstat().st_size if path.is_file() and not path.is_symlink() else 0
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
