@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import unicodedata
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -154,6 +154,12 @@ def folders_to_recount(
     return sorted(due, key=lambda f: (f in last_counted, last_counted.get(f, now), f))
 
 
+def at_bytes_quota(*, user_bytes: int, project_bytes: int, quota: StorageSettings) -> bool:
+    """Do a folder owner's ``user_bytes`` or its project's ``project_bytes`` reach their quotas (no more may be
+    written: new uploads and RW mounts are refused)?"""
+    return user_bytes >= quota.max_bytes_per_user or project_bytes >= quota.max_bytes_per_project
+
+
 def new_folder(*, name: str, owner: User, project: str, now: datetime) -> Folder:
     return Folder(
         id=str(uuid.uuid4()), name=check_folder_name(name), owner_id=owner.id, project=project, created_at=now
@@ -223,10 +229,15 @@ def check_mounts(requests: tuple[MountRequest, ...] | list[MountRequest]) -> Non
 
 
 def resolve_mounts(
-    requests: tuple[MountRequest, ...] | list[MountRequest], folders: dict[str, Folder], owner: User
+    requests: tuple[MountRequest, ...] | list[MountRequest],
+    folders: dict[str, Folder],
+    owner: User,
+    *,
+    full: Collection[str] = frozenset(),
 ) -> tuple[Mount, ...]:
     """The mounts of ``owner``'s new sessions: each folder visible to them (else NOT_FOUND), READY, mounted with at
-    most the mode they have (an RO share asked RW: FORBIDDEN), all on one storage node."""
+    most the mode they have (an RO share asked RW: FORBIDDEN), all on one storage node. A folder in ``full`` (its
+    owner or project at or past a bytes quota, :func:`at_bytes_quota`) is mounted RO only: RW is QUOTA_EXCEEDED."""
     check_mounts(requests)
     mounts = []
     for i, request in enumerate(requests):
@@ -238,6 +249,11 @@ def resolve_mounts(
             raise InvalidInput(f"folder {folder.name} is {folder.status.value}, not READY", field=f"mounts.{i}.folder")
         if not have.allows(request.mode):
             raise Forbidden(f"folder {folder.name} is shared read-only: mount it RO", field=f"mounts.{i}.mode")
+        if request.mode is FolderMode.RW and folder.id in full:
+            raise QuotaExceeded(
+                f"folder {folder.name}'s owner or project holds its bytes quota: mount it RO, or free space first",
+                field=f"mounts.{i}.folder",
+            )
         path = unicodedata.normalize("NFC", request.path)
         mounts.append(Mount(folder.id, folder.volume_name, path, request.mode is FolderMode.RO, folder.node_id))
     if len({m.node_id for m in mounts}) > 1:

@@ -132,3 +132,12 @@ def test_folders_are_recounted_first_when_never_counted_then_once_the_interval_h
     assert folders_to_recount(["a"], counted, now=NOW + timedelta(seconds=29), interval=60) == []
     assert folders_to_recount(["a"], counted, now=NOW + timedelta(seconds=30), interval=60) == ["a"]
     assert folders_to_recount([], counted, now=NOW, interval=60) == []
+
+
+def test_a_full_folder_is_mounted_read_only_only() -> None:
+    rw, ro = MountRequest("f1", "/data", FolderMode.RW), MountRequest("f1", "/data", FolderMode.RO)
+    with pytest.raises(CaravanError) as refused:
+        resolve_mounts([rw], {"f1": folder()}, ALICE, full={"f1"})
+    assert (refused.value.code, refused.value.field) == ("QUOTA_EXCEEDED", "mounts.0.folder")
+    assert resolve_mounts([ro], {"f1": folder()}, ALICE, full={"f1"})[0].read_only
+    assert not resolve_mounts([rw], {"f1": folder()}, ALICE, full={"f2"})[0].read_only

@@ -165,21 +165,23 @@ async def test_bytes_written_inside_a_session_through_a_mount_count_in_the_usage
         folder = await ready_folder(caravan, alice, "written-inside")
         await usage_becomes(caravan, alice, folder["id"], 0)
         rw = [{"folder": folder["id"], "path": "/data", "mode": "RW"}]
-        write = "mkdir -p /data/out && head -c 3145728 /dev/zero > /data/out/three.bin && ln -s / /data/root"
+        write = f"mkdir -p /data/out && head -c {quota} /dev/zero > /data/out/four.bin && ln -s / /data/root"
         writer = await batch(caravan, alice, "writes", write, rw)
         assert (await caravan.wait_for(writer, "TERMINATED", "ERROR"))["result"] == "SUCCESS"
-        await usage_becomes(caravan, alice, folder["id"], 3 * 1024 * 1024)  # the symlink to / counts nothing
+        await usage_becomes(caravan, alice, folder["id"], quota)  # the symlink to / counts nothing
 
-        # the quota sees them: 2 MiB more through the file API would pass 4 MiB
+        # the quota sees them: no upload, no RW mount (RO still)
         files = caravan.url.removesuffix("/graphql") + f"/folders/{folder['id']}/files"
-        upload = await caravan.http.put(
-            files,
-            params={"path": "more.bin"},
-            content=b"x" * (2 * 1024 * 1024),
-            headers={"authorization": f"Bearer {alice}"},
-        )
+        auth = {"authorization": f"Bearer {alice}"}
+        upload = await caravan.http.put(files, params={"path": "more.bin"}, content=b"x", headers=auth)
         assert upload.status_code == 413 and upload.json()["error"]["code"] == "QUOTA_EXCEEDED", upload.text
+        assert await refused_codes(caravan, alice, rw) == ("QUOTA_EXCEEDED", "mounts.0.folder")
+        ro = [{"folder": folder["id"], "path": "/data", "mode": "RO"}]
+        reader = await batch(caravan, alice, "reads", "ls /data/out", ro)
+        assert (await caravan.wait_for(reader, "TERMINATED", "ERROR"))["result"] == "SUCCESS"
 
-        remover = await batch(caravan, alice, "removes", "rm -r /data/out", rw)
-        assert (await caravan.wait_for(remover, "TERMINATED", "ERROR"))["result"] == "SUCCESS"
+        remover = await caravan.http.delete(files, params={"path": "out"}, headers=auth)  # freeing space is allowed
+        assert remover.status_code == 200, remover.text
         await usage_becomes(caravan, alice, folder["id"], 0)
+        writer = await batch(caravan, alice, "writes-again", "echo ok > /data/ok && rm /data/ok", rw)
+        assert (await caravan.wait_for(writer, "TERMINATED", "ERROR"))["result"] == "SUCCESS"
