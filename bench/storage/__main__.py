@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import filecmp
 import json
 import os
@@ -30,6 +31,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -40,6 +42,7 @@ from caravan.stack.nomad_agent import start_nomad_dev
 from caravan.stack.processes import free_port
 from caravan.stack.redis_server import start_redis
 from core.settings import NomadSettings, RedisSettings, Settings, StorageSettings
+from domain.sftp import CHROOT, KEY_VARIABLE, SERVER_COMMAND, SFTP_PORT
 from tests.harness import CREATE, Caravan, running_caravan
 
 MIB = 1024 * 1024
@@ -120,6 +123,22 @@ def sftp(address: str, key: Path, commands: str) -> None:
     subprocess.run(argv, input=commands, text=True, check=True, capture_output=True)
 
 
+@contextlib.contextmanager
+def host_sftp_server(image: str, host: Path, key: Path) -> Iterator[str]:
+    """The SFTP image's sshd run by Docker on the host's network (no Nomad, no CNI port mapping), serving the same
+    folder directory, for the same key: the reference of the SFTP path. Its address."""
+    port = free_port()
+    public = subprocess.run(["ssh-keygen", "-y", "-f", str(key)], check=True, capture_output=True, text=True).stdout
+    command = SERVER_COMMAND.replace(f"-p {SFTP_PORT}", f"-o ListenAddress=127.0.0.1 -p {port}")
+    argv = ["docker", "run", "-d", "--rm", "--network", "host", "-v", f"{host}:{CHROOT}/folders/throughput"]
+    argv += ["-e", f"{KEY_VARIABLE}={public.strip()}", image, "sh", "-c", command]
+    container = subprocess.run(argv, check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True)
+
+
 async def sftp_session(caravan: Caravan, token: str, folder_id: str, work: Path) -> tuple[str, Path]:
     access = (await caravan.gql(REQUEST_SFTP, {"f": [folder_id]}, token=token))["requestSftp"]
     key = work / "sftp-key"
@@ -192,6 +211,25 @@ async def measure(settings: Settings, work: Path, args: argparse.Namespace) -> N
                 best_rate, args.mib, args.repeat, lambda: sftp(address, key, f"get /folders/throughput/s.bin {back}\n")
             )
             assert filecmp.cmp(source, host / "s.bin", shallow=False) and filecmp.cmp(source, back, shallow=False)
+            with host_sftp_server(settings.sftp_image, host, key) as reference:
+                for _ in range(60):  # sshd starts with the container
+                    try:
+                        sftp(reference, key, "ls /folders\n")
+                        break
+                    except subprocess.CalledProcessError:
+                        await asyncio.sleep(0.5)
+                rates["sftp_host_network_upload"] = await asyncio.to_thread(
+                    best_rate,
+                    args.mib,
+                    args.repeat,
+                    lambda: sftp(reference, key, f"put {source} /folders/throughput/h.bin\n"),
+                )
+                rates["sftp_host_network_download"] = await asyncio.to_thread(
+                    best_rate,
+                    args.mib,
+                    args.repeat,
+                    lambda: sftp(reference, key, f"get /folders/throughput/h.bin {back}\n"),
+                )
         for name, rate in rates.items():
             emit({"measure": name, "mib": args.mib, "mib_per_s": round(rate, 1)})
 
