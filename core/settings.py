@@ -105,6 +105,9 @@ class StorageSettings:
     """Bytes in all of one project's folders."""
     trash_grace: float = 7 * 24 * 3600.0
     """Seconds a deleted folder stays in the trash (restorable) before its data is purged."""
+    recount_interval: float = 60.0
+    """Seconds between recounts of each folder's bytes on the storage node (``CARAVAN_FOLDER_RECOUNT_INTERVAL``), so
+    that what sessions write through a mount shows in its usage and counts against the bytes quotas."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
                 env, "CARAVAN_FOLDER_MAX_BYTES_PER_PROJECT", StorageSettings.max_bytes_per_project
             ),
             trash_grace=_positive_seconds(env, "CARAVAN_FOLDER_TRASH_GRACE", StorageSettings.trash_grace),
+            recount_interval=_positive_seconds(
+                env, "CARAVAN_FOLDER_RECOUNT_INTERVAL", StorageSettings.recount_interval
+            ),
         ),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
         session_network=env.get("CARAVAN_SESSION_NETWORK") or Settings.session_network,

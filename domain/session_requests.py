@@ -90,6 +90,8 @@ class CreationRules:
     ``default_resources`` in the scheduler configuration."""
     folders: Mapping[str, Folder] = field(default_factory=dict)
     """At least the storage folders the request mounts (the caller reads them); a folder not in it is NOT_FOUND."""
+    full_folders: frozenset[str] = frozenset()
+    """Those of ``folders`` whose owner or project is at its bytes quota: mounted RO only (``resolve_mounts``)."""
     platform: bool = False
     """The platform's own request (``domain.sftp``): the only one that may create a SYSTEM session."""
 
@@ -156,7 +158,7 @@ def build_sessions(
         raise InvalidInput("name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name")
     checked = check_request(request, viewer=viewer, now=now, rules=rules)
     project = session_project(request.project, owner=owner, viewer=viewer)
-    mounts = resolve_mounts(list(request.mounts), dict(rules.folders), owner)
+    mounts = resolve_mounts(list(request.mounts), dict(rules.folders), owner, full=rules.full_folders)
     designated = request.designated_agent
     if mounts:  # a node-local folder: the session runs on its storage node (the scheduler's designated agent)
         if designated is not None and designated != mounts[0].node_id:

@@ -1,6 +1,8 @@
 """SFTP access to storage folders as a SYSTEM session (pure): the request ``requestSftp`` turns into, and the public
-key it installs. The session runs Debian's dropbear (SSH server) with OpenSSH's sftp-server in the image built by
-``ops/build-sftp-image``; it mounts only the folders asked, under ``/folders/<name>``, and accepts only the one key.
+key it installs. The session runs Debian's OpenSSH server in the image built by ``ops/build-sftp-image``, whose
+sshd_config allows nothing but SFTP (``internal-sftp`` forced: no shell, command, TTY or forwarding; keys only),
+chrooted into ``/srv``: the kernel mounts only the folders asked, under ``/srv/folders/<name>``, so the client sees
+``/folders/<name>`` and nothing else of the container; only the one key is accepted.
 SYSTEM sessions are made here and nowhere else (``createSession`` refuses the type)."""
 
 from __future__ import annotations
@@ -16,26 +18,30 @@ from domain.session_requests import SessionRequest
 from domain.storage import Folder, FolderMode, MountRequest
 
 SFTP_PORT = 2222
-"""The port dropbear listens on in the kernel (published on a Nomad dynamic host port: the session's address)."""
+"""The port sshd listens on in the kernel (published on a Nomad dynamic host port: the session's address)."""
 SFTP_USER = "root"
 """The account the client logs in as (the container's; it holds nothing but the mounted folders)."""
 KEY_VARIABLE = "SFTP_AUTHORIZED_KEY"
 KEY_TYPES = frozenset({"ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521"})
 MAX_FOLDERS = 8
+CHROOT = "/srv"
+"""sshd's ChrootDirectory (the image's sshd_config): SFTP clients see what is under it."""
 SERVER_COMMAND = (
     'mkdir -p /root/.ssh && printf "%s\\n" "$SFTP_AUTHORIZED_KEY" > /root/.ssh/authorized_keys && '
     "chmod 700 /root /root/.ssh && chmod 600 /root/.ssh/authorized_keys && "
-    f"exec /usr/sbin/dropbear -F -E -s -g -j -k -R -p {SFTP_PORT}"
+    "rm -f /etc/ssh/ssh_host_ed25519_key* && "
+    '/usr/bin/ssh-keygen -q -t ed25519 -N "" -f /etc/ssh/ssh_host_ed25519_key && '
+    f"exec /usr/sbin/sshd -D -e -p {SFTP_PORT}"
 )
-"""Installs the one key and runs dropbear in the foreground: keys only (-s -g), no forwarding (-j -k), host keys
-made at first start (-R)."""
+"""Installs the one key, makes the session's own host key, and runs sshd in the foreground (its sshd_config, in
+the image: SFTP only, keys only, chrooted into :data:`CHROOT`)."""
 RESOURCES = {"cpu": "0.25", "mem": "128m"}
 _KEY_LINE = re.compile(r"^(?P<type>[a-z0-9-]{7,32}) (?P<blob>[A-Za-z0-9+/]{40,1400}={0,2})(?: [^\x00-\x1f]{0,200})?$")
 
 
 def checked_public_key(text: str) -> str:
     """An OpenSSH public key line (``ssh-ed25519 AAAA... comment``) as ``type blob`` (the comment dropped), if its
-    type is one dropbear takes and its blob is that type's; INVALID_INPUT on ``publicKey`` otherwise."""
+    type is one sshd takes and its blob is that type's; INVALID_INPUT on ``publicKey`` otherwise."""
     match = _KEY_LINE.match(text.strip())
     if not match or match["type"] not in KEY_TYPES:
         raise InvalidInput(
@@ -62,7 +68,7 @@ def sftp_request(folders: list[tuple[Folder, FolderMode]], public_key: str, *, i
     mounts = tuple(
         MountRequest(
             folder=f.id,
-            path=f"/folders/{f.name if names.count(f.name) == 1 else f'{f.name}-{f.id[:8]}'}",
+            path=f"{CHROOT}/folders/{f.name if names.count(f.name) == 1 else f'{f.name}-{f.id[:8]}'}",
             mode=mode,
         )
         for f, mode in folders

@@ -13,7 +13,9 @@ and nothing brings it back) -> purged (the document goes). A folder trashed befo
 CREATING when restored.
 
 Quotas: per user and per project, a number of folders (trashed ones count until purged) and bytes (the sum of the
-folders' usage, enforced by the file API when it writes).
+folders' usage, enforced by the file API when it writes). The file API counts its own writes as it makes them; the
+storage node recounts each READY folder every ``StorageSettings.recount_interval`` seconds (``folders_to_recount``),
+so what sessions write through a mount counts too.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import re
 import unicodedata
 import uuid
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -154,6 +157,22 @@ def check_bytes_quota(*, user_bytes: int, project_bytes: int, adding: int, quota
         )
 
 
+def folders_to_recount(
+    ready: Iterable[str], last_counted: Mapping[str, datetime], *, now: datetime, interval: float
+) -> list[str]:
+    """Which of the ``ready`` folders' bytes are due a recount at ``now``: those never counted, then those last
+    counted ``interval`` seconds ago or more, the longest waiting first (pure; the clock passed in)."""
+    due_by = now - timedelta(seconds=interval)
+    due = [f for f in ready if f not in last_counted or last_counted[f] <= due_by]
+    return sorted(due, key=lambda f: (f in last_counted, last_counted.get(f, now), f))
+
+
+def at_bytes_quota(*, user_bytes: int, project_bytes: int, quota: StorageSettings) -> bool:
+    """Do a folder owner's ``user_bytes`` or its project's ``project_bytes`` reach their quotas (no more may be
+    written: new uploads and RW mounts are refused)?"""
+    return user_bytes >= quota.max_bytes_per_user or project_bytes >= quota.max_bytes_per_project
+
+
 def new_folder(*, name: str, owner: User, project: str, now: datetime) -> Folder:
     return Folder(
         id=str(uuid.uuid4()), name=check_folder_name(name), owner_id=owner.id, project=project, created_at=now
@@ -223,10 +242,15 @@ def check_mounts(requests: tuple[MountRequest, ...] | list[MountRequest]) -> Non
 
 
 def resolve_mounts(
-    requests: tuple[MountRequest, ...] | list[MountRequest], folders: dict[str, Folder], owner: User
+    requests: tuple[MountRequest, ...] | list[MountRequest],
+    folders: dict[str, Folder],
+    owner: User,
+    *,
+    full: Collection[str] = frozenset(),
 ) -> tuple[Mount, ...]:
     """The mounts of ``owner``'s new sessions: each folder visible to them (else NOT_FOUND), READY, mounted with at
-    most the mode they have (an RO share asked RW: FORBIDDEN), all on one storage node."""
+    most the mode they have (an RO share asked RW: FORBIDDEN), all on one storage node. A folder in ``full`` (its
+    owner or project at or past a bytes quota, :func:`at_bytes_quota`) is mounted RO only: RW is QUOTA_EXCEEDED."""
     check_mounts(requests)
     mounts = []
     for i, request in enumerate(requests):
@@ -238,6 +262,11 @@ def resolve_mounts(
             raise InvalidInput(f"folder {folder.name} is {folder.status.value}, not READY", field=f"mounts.{i}.folder")
         if not have.allows(request.mode):
             raise Forbidden(f"folder {folder.name} is shared read-only: mount it RO", field=f"mounts.{i}.mode")
+        if request.mode is FolderMode.RW and folder.id in full:
+            raise QuotaExceeded(
+                f"folder {folder.name}'s owner or project holds its bytes quota: mount it RO, or free space first",
+                field=f"mounts.{i}.folder",
+            )
         path = unicodedata.normalize("NFC", request.path)
         mounts.append(Mount(folder.id, folder.volume_name, path, request.mode is FolderMode.RO, folder.node_id))
     if len({m.node_id for m in mounts}) > 1:

@@ -18,6 +18,7 @@ from domain.scheduling_config import load_scheduler_config
 from nomad_jobs.client import NomadClient
 from scheduler.config import scheduler_core
 from scheduler.folder_owner import FolderOwner
+from scheduler.folder_usage import UsageRecounter
 from scheduler.follower import Follower
 from scheduler.image_owner import ImageOwner
 from scheduler.job_owner import JobOwner
@@ -55,11 +56,13 @@ class Scheduler:
         folders = FolderOwner(FolderStore(self.store.redis, self.keys), self.nomad, self.settings.storage, fence)
         images = ImageOwner(ImageStore(self.store.redis, self.keys), self.nomad, self.settings.nomad, fence)
         owner = JobOwner(self.store, self.nomad, fence, folders, images)
+        usage = UsageRecounter(FolderStore(self.store.redis, self.keys), self.settings.storage)
         follower = Follower(self.store, self.nomad, fence, owner)
         placer = Placer(self.store, self.nomad, fence, self.settings, self.config, self.core)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(forever("schedule", lambda: self._schedule_once(placer, fence)))
             tasks.create_task(forever("jobs", owner.run_forever))
+            tasks.create_task(forever("folder usage", usage.recount_due, pause=usage.tick))
             tasks.create_task(forever("follow", follower.follow_events, pause=0.5))
             tasks.create_task(
                 forever("reconcile", follower.reconcile, pause=self.settings.scheduler.reconcile_interval)

@@ -11,6 +11,7 @@ from core.keys import Keys
 from core.settings import Settings
 from domain.scheduling_config import SchedulingConfig
 from domain.session_requests import CreationRules
+from domain.storage import at_bytes_quota
 from stores.folders import FolderStore
 from stores.known_resources import known_resource_groups, known_slot_types
 from stores.presets import PresetStore
@@ -28,7 +29,14 @@ async def read_creation_rules(
 ) -> CreationRules:
     """The rules for a session in ``resource_group`` with ``preset``: known slots and groups, images, the preset, the
     group's allowed drivers and default resources in the scheduling configuration ``config``, and the storage
-    ``folders`` it mounts."""
+    ``folders`` it mounts (and which of them are full: their owner or project at a bytes quota)."""
+    store = FolderStore(redis, keys)
+    mounted = {f.id: f for f in await store.many(dict.fromkeys(folders))}
+    full = set()
+    for folder in mounted.values():
+        user_bytes, project_bytes = await store.bytes_of(folder.owner_id, folder.project)
+        if at_bytes_quota(user_bytes=user_bytes, project_bytes=project_bytes, quota=settings.storage):
+            full.add(folder.id)
     return CreationRules(
         known_slots=await known_slot_types(redis, keys),
         default_image=settings.default_image,
@@ -38,5 +46,6 @@ async def read_creation_rules(
         allowed_drivers=config.drivers_allowed(resource_group),
         known_groups=await known_resource_groups(redis, keys, configured=config.groups),
         default_resources=config.default_resources(resource_group),
-        folders={f.id: f for f in await FolderStore(redis, keys).many(dict.fromkeys(folders))},
+        folders=mounted,
+        full_folders=frozenset(full),
     )

@@ -197,7 +197,7 @@ class FolderStore:
         raws = await self.redis.mget([self.keys.folder(i) for i in ordered])
         return [decode(raw, Folder) for raw in raws if raw]
 
-    # -- usage (bytes), counted by the file API --
+    # -- usage (bytes), counted by the file API and recounted on the storage node --
 
     async def usage(self, folder_ids: Iterable[str]) -> dict[str, int]:
         ordered = list(folder_ids)
@@ -211,6 +211,28 @@ class FolderStore:
 
     async def set_usage(self, folder_id: str, total: int) -> None:
         await self.redis.set(self.keys.folder_usage(folder_id), total)
+
+    async def recounted(self, folder_id: str, total: int) -> None:
+        """A recount's total (``scheduler.folder_usage``), stored only while the folder is (a purge that forgot
+        it meanwhile leaves no usage behind)."""
+        folder_key = self.keys.folder(folder_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(folder_key)
+                    if not await pipe.exists(folder_key):
+                        return
+                    begin(pipe)
+                    pipe.set(self.keys.folder_usage(folder_id), total)
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    continue
+
+    async def ready(self) -> list[Folder]:
+        """Every READY folder (the usage recount's work)."""
+        found = await self.many(sorted(text_set(await self.redis.smembers(self.keys.folders))))
+        return [f for f in found if f.status is FolderStatus.READY]
 
     async def owned(self, owner_id: str) -> tuple[int, int]:
         """How many folders one user owns, and the bytes they hold."""

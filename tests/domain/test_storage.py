@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -15,7 +15,16 @@ from domain.images import image_ref
 from domain.model import Driver, SessionType
 from domain.session_requests import CreationRules, SessionRequest, build_sessions
 from domain.sftp import checked_public_key
-from domain.storage import Folder, FolderMode, FolderStatus, MountRequest, check_mounts, mode_for, resolve_mounts
+from domain.storage import (
+    Folder,
+    FolderMode,
+    FolderStatus,
+    MountRequest,
+    check_mounts,
+    folders_to_recount,
+    mode_for,
+    resolve_mounts,
+)
 from domain.users import Role, User
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -114,3 +123,21 @@ def test_image_references_are_the_owners_and_never_latest() -> None:
     assert image_ref("Alice.Smith", "snap", "v1") == "caravan/u-alice-smith-snap:v1"
     assert code_and_field(lambda: image_ref("alice", "Snap", "v1")) == ("INVALID_INPUT", "name")
     assert code_and_field(lambda: image_ref("alice", "snap", "latest")) == ("INVALID_INPUT", "tag")
+
+
+def test_folders_are_recounted_first_when_never_counted_then_once_the_interval_has_passed() -> None:
+    counted = {"a": NOW - timedelta(seconds=30), "b": NOW - timedelta(seconds=90), "c": NOW - timedelta(seconds=60)}
+    due = folders_to_recount(["a", "b", "c", "new"], counted, now=NOW, interval=60)
+    assert due == ["new", "b", "c"]  # never counted first, then the longest waiting; "a" was counted 30 s ago
+    assert folders_to_recount(["a"], counted, now=NOW + timedelta(seconds=29), interval=60) == []
+    assert folders_to_recount(["a"], counted, now=NOW + timedelta(seconds=30), interval=60) == ["a"]
+    assert folders_to_recount([], counted, now=NOW, interval=60) == []
+
+
+def test_a_full_folder_is_mounted_read_only_only() -> None:
+    rw, ro = MountRequest("f1", "/data", FolderMode.RW), MountRequest("f1", "/data", FolderMode.RO)
+    with pytest.raises(CaravanError) as refused:
+        resolve_mounts([rw], {"f1": folder()}, ALICE, full={"f1"})
+    assert (refused.value.code, refused.value.field) == ("QUOTA_EXCEEDED", "mounts.0.folder")
+    assert resolve_mounts([ro], {"f1": folder()}, ALICE, full={"f1"})[0].read_only
+    assert not resolve_mounts([rw], {"f1": folder()}, ALICE, full={"f2"})[0].read_only

@@ -39,7 +39,8 @@ class Files:
         self.headers = {"authorization": f"Bearer {token}"}
 
     async def call(self, method: str, suffix: str = "", **kwargs: Any) -> httpx2.Response:
-        return await self.http.request(method, self.base + suffix, headers=self.headers, timeout=60, **kwargs)
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return await self.http.request(method, self.base + suffix, headers=headers, timeout=60, **kwargs)
 
     async def put(self, path: str, content: bytes) -> httpx2.Response:
         return await self.call("PUT", params={"path": path}, content=content)
@@ -74,6 +75,9 @@ async def test_upload_list_download_mkdir_move_delete(caravan: Caravan) -> None:
     got = await files.get("data/raw/blob.bin")
     assert got.status_code == 200 and hashlib.sha256(got.content).digest() == hashlib.sha256(blob).digest()
     assert (host / "data/raw/blob.bin").read_bytes() == blob  # where a session mounting it sees it
+    ranged = await files.call("GET", params={"path": "data/raw/blob.bin"}, headers={"range": "bytes=1048570-"})
+    assert ranged.status_code == 206 and ranged.content == blob[1048570:]  # a broken download resumes
+    assert ranged.headers["content-range"] == f"bytes 1048570-{len(blob) - 1}/{len(blob)}"
     listed = (await files.get("data/raw")).json()["entries"]
     assert [(e["name"], e["type"], e["size"]) for e in listed] == [("blob.bin", "file", len(blob))]
     assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == len(blob)

@@ -68,7 +68,7 @@ async def test_a_20_mib_file_goes_up_and_down_byte_exact_and_other_folders_are_u
         "requestSftp"
     ]
     assert (access["user"], access["port"], access["session"]["type"]) == ("root", 2222, "SYSTEM")
-    assert access["session"]["mounts"] == [{"path": "/folders/results", "mode": "RW"}]
+    assert access["session"]["mounts"] == [{"path": "/srv/folders/results", "mode": "RW"}]  # /srv: sshd's chroot
     key = tmp_path / "id_ed25519"
     key.write_text(access["privateKey"])
     key.chmod(0o600)
@@ -86,6 +86,18 @@ async def test_a_20_mib_file_goes_up_and_down_byte_exact_and_other_folders_are_u
     assert hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(blob.read_bytes()).digest()
     echoed = [line for line in listing.splitlines() if line.strip() and not line.startswith("sftp>")]
     assert [line.strip().rsplit("/", 1)[-1] for line in echoed] == ["results"], listing
+
+    # SFTP only, chrooted: no shell or command, and nothing of the container is in sight (dropbear gave a shell)
+    host, port = address.rsplit(":", 1)
+    ssh = ["ssh", "-i", str(key), "-p", port, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    ssh += ["-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", f"root@{host}", "id; cat /etc/passwd"]
+    shell = await asyncio.to_thread(subprocess.run, ssh, capture_output=True, text=True, timeout=60)
+    assert "uid=" not in shell.stdout and "root:" not in shell.stdout, shell.stdout
+    assert "sftp connections only" in shell.stdout + shell.stderr, (shell.stdout, shell.stderr)
+    root = await asyncio.to_thread(sftp, address, key, "ls -1 /\n")
+    assert [line.strip().strip("/") for line in root.splitlines() if line.strip() and not line.startswith("sftp>")] == [
+        "folders"
+    ], root
 
     stranger = tmp_path / "stranger"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)

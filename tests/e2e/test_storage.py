@@ -140,3 +140,48 @@ async def test_a_trashed_folder_a_session_still_mounts_is_purged_once_the_sessio
         while await _still_there(caravan, alice, folder["id"]):
             assert time.monotonic() < deadline, "the trashed folder was not purged after its session ended"
             await asyncio.sleep(0.5)
+
+
+USAGE = "query($id: ID!) { folder(id: $id) { usageBytes } folderUsage { bytes maxBytes } }"
+
+
+async def usage_becomes(caravan: Caravan, token: str, folder_id: str, expected: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = await caravan.gql(USAGE, {"id": folder_id}, token=token)
+        if seen["folder"]["usageBytes"] == expected and seen["folderUsage"]["bytes"] == expected:
+            return
+        assert time.monotonic() < deadline, f"usage {seen}, not {expected}, after {timeout}s"
+        await asyncio.sleep(0.2)
+
+
+async def test_bytes_written_inside_a_session_through_a_mount_count_in_the_usage_and_the_quota(
+    settings: Settings,
+) -> None:
+    quota = 4 * 1024 * 1024
+    recounted = dataclasses.replace(settings, storage=StorageSettings(max_bytes_per_user=quota, recount_interval=0.5))
+    async with running_caravan(recounted) as caravan:
+        alice = await caravan.user("alice")
+        folder = await ready_folder(caravan, alice, "written-inside")
+        await usage_becomes(caravan, alice, folder["id"], 0)
+        rw = [{"folder": folder["id"], "path": "/data", "mode": "RW"}]
+        write = f"mkdir -p /data/out && head -c {quota} /dev/zero > /data/out/four.bin && ln -s / /data/root"
+        writer = await batch(caravan, alice, "writes", write, rw)
+        assert (await caravan.wait_for(writer, "TERMINATED", "ERROR"))["result"] == "SUCCESS"
+        await usage_becomes(caravan, alice, folder["id"], quota)  # the symlink to / counts nothing
+
+        # the quota sees them: no upload, no RW mount (RO still)
+        files = caravan.url.removesuffix("/graphql") + f"/folders/{folder['id']}/files"
+        auth = {"authorization": f"Bearer {alice}"}
+        upload = await caravan.http.put(files, params={"path": "more.bin"}, content=b"x", headers=auth)
+        assert upload.status_code == 413 and upload.json()["error"]["code"] == "QUOTA_EXCEEDED", upload.text
+        assert await refused_codes(caravan, alice, rw) == ("QUOTA_EXCEEDED", "mounts.0.folder")
+        ro = [{"folder": folder["id"], "path": "/data", "mode": "RO"}]
+        reader = await batch(caravan, alice, "reads", "ls /data/out", ro)
+        assert (await caravan.wait_for(reader, "TERMINATED", "ERROR"))["result"] == "SUCCESS"
+
+        remover = await caravan.http.delete(files, params={"path": "out"}, headers=auth)  # freeing space is allowed
+        assert remover.status_code == 200, remover.text
+        await usage_becomes(caravan, alice, folder["id"], 0)
+        writer = await batch(caravan, alice, "writes-again", "echo ok > /data/ok && rm /data/ok", rw)
+        assert (await caravan.wait_for(writer, "TERMINATED", "ERROR"))["result"] == "SUCCESS"

@@ -55,7 +55,8 @@ def generated_key_pair() -> tuple[str, str]:
 class SftpMutations:
     @fields.mutation(
         description="Start an SFTP server (a SYSTEM session, reclaimed when idle like any) that sees only these "
-        "folders under /folders/<name>, for one key."
+        "folders under /folders/<name> (mounted in the kernel at /srv/folders/<name>: sshd's chroot is /srv), for "
+        "one key; SFTP only (no shell, no forwarding)."
     )
     async def request_sftp(self, info: Info, input: RequestSftpInput) -> SftpAccess:
         ctx = info.context
