@@ -153,7 +153,7 @@ class ScheduleStore:
                     used = await pipe.mget(token_keys) if token_keys else []
                     again = {s.schedule_id for s, u in zip(checked, used, strict=True) if u}
                     begin(pipe)
-                    merged = Coalesced(pipe)  # one ZADD of the due index for the chunk
+                    merged = Coalesced(pipe)  # one ZADD of the due index, one MSET, one script for the histories
                     for settlement, raw in zip(settlements, raws, strict=True):
                         if raw is None or settlement.schedule_id in again:
                             continue
@@ -167,11 +167,11 @@ class ScheduleStore:
                         self._index_due(merged.as_pipe(), after)
                         runs_key = self.keys.schedule_runs(after.id)
                         if settlement.records:
-                            pipe.lpush(runs_key, *(encode(r) for r in settlement.records))
+                            merged.lpush(runs_key, *(encode(r) for r in settlement.records))
                             if after.recorded > self.history_length and after.recorded // TRIM_EVERY != (
                                 before.recorded // TRIM_EVERY
                             ):
-                                pipe.ltrim(runs_key, 0, self.history_length - 1)
+                                merged.ltrim(runs_key, 0, self.history_length - 1)
                     merged.flush()
                     await pipe.execute()
                     return sorted(again)
