@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from core.clock import utcnow
 from core.errors import CaravanError, Conflict
@@ -74,6 +75,8 @@ class Pending:
     outcome: RunOutcome | None = None
     session_ids: tuple[str, ...] = ()
     reason: str | None = None
+    read: tuple[str, Schedule] | None = None
+    """The stored document the schedule was read from (the settlement does not decode it again if unchanged)."""
 
 
 class ScheduleRunner:
@@ -115,7 +118,7 @@ class ScheduleRunner:
         return handled
 
     async def run_chunk(self, ids: Sequence[str], now: datetime) -> int:
-        pending = [p for p in map(lambda s: _pending(s, now), await self.schedules.get_many(ids)) if p is not None]
+        pending = [p for p in (_pending(read, now) for read in await self.schedules.documents(ids)) if p is not None]
         for attempt in range(3):
             await self._decide(pending, now)
             again = set(await self.schedules.settle([_settlement(p, now) for p in pending], self.fence))
@@ -231,18 +234,19 @@ class ScheduleRunner:
                 _created(p, exc)
 
 
-def _pending(schedule: Schedule | None, now: datetime) -> Pending | None:
-    if schedule is None:
+def _pending(read: tuple[str, Schedule] | None, now: datetime) -> Pending | None:
+    if read is None:
         return None
+    schedule = read[1]
     if schedule.trigger_at is not None and schedule.trigger_at <= now:
         due = schedule.trigger_at
-        return Pending(schedule, due, True, due, key=run_key(schedule.id, due, triggered=True))
+        return Pending(schedule, due, True, due, key=run_key(schedule.id, due, triggered=True), read=read)
     plan = plan_due(schedule, now)
     if plan is None:  # paused or changed since it was indexed: the settlement puts its index right
-        return Pending(schedule, schedule.next_due or now, False, None, next_due=schedule.next_due)
+        return Pending(schedule, schedule.next_due or now, False, None, next_due=schedule.next_due, read=read)
     key = run_key(schedule.id, plan.run_due) if plan.run_due else ""
     return Pending(schedule, schedule.next_due or now, False, plan.run_due, plan.missed, plan.last_missed,
-                   plan.next_due, key)  # fmt: skip
+                   plan.next_due, key, read=read)  # fmt: skip
 
 
 def _created(p: Pending, result: list[str] | CaravanError) -> None:
@@ -288,18 +292,18 @@ def _settlement(p: Pending, now: datetime) -> Settlement:
     created = p.outcome is RunOutcome.CREATED
     triggered, ids = p.triggered, p.session_ids
 
-    def change(before: Schedule) -> Schedule:
+    def change(before: Schedule) -> dict[str, Any]:
         runs = before.runs_started + (1 if created else 0)
-        after = before.evolve(runs_started=runs, last_sessions=ids if created else before.last_sessions)
+        after: dict[str, Any] = {"runs_started": runs, "last_sessions": ids if created else before.last_sessions}
         if triggered:
             over = before.timing.max_runs is not None and runs >= before.timing.max_runs
-            return after.evolve(trigger_at=None, next_due=None if over else before.next_due)
+            return after | {"trigger_at": None, "next_due": None if over else before.next_due}
         if before.paused or (p.due is None and not p.missed):  # nothing was due: only the index is put right
             return after
-        return after.evolve(next_due=following(before.timing, now, runs))
+        return after | {"next_due": following(before.timing, now, runs)}
 
     token = (p.schedule.owner_id, p.key) if p.due is not None and not created else None
-    return Settlement(p.schedule.id, p.handled, triggered, change, tuple(records), token)
+    return Settlement(p.schedule.id, p.handled, triggered, change, tuple(records), token, p.read)
 
 
 async def run_once(runner: ScheduleRunner, now: datetime | None = None) -> int:

@@ -108,7 +108,7 @@ async def test_a_crash_between_creating_and_settling_leaves_one_run(
     schedule = await stored_schedule(redis, keys)
     crashed = runner_of(redis, keys, redis_settings)
     # fault: the first runner creates the run's sessions and dies before settling it
-    [stored] = await crashed.schedules.get_many([schedule.id])
+    [stored] = await crashed.schedules.documents([schedule.id])
     pending = _pending(stored, T0 + timedelta(seconds=0.1))
     assert pending is not None
     await crashed._decide([pending], T0 + timedelta(seconds=0.1))
