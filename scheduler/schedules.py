@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from core.clock import utcnow
+from core.codec import encode
 from core.errors import CaravanError, Conflict
 from core.lease import Fence
 from core.settings import Settings
@@ -36,7 +37,7 @@ from domain.schedules import (
     run_session_name,
 )
 from domain.scheduling_config import SchedulingConfig
-from domain.session_requests import CreationRules, build_sessions
+from domain.session_requests import CheckedRequest, CreationRules, build_sessions, check_request
 from domain.templates import TemplateSpec, may_use
 from domain.users import User
 from stores.creation_rules import read_creation_rules
@@ -166,6 +167,9 @@ class ScheduleRunner:
         project_policies = await self.policies.projects({p.schedule.project for p in pending})
         templates = await self._templates(pending, owners)
         rules: dict[tuple[str, str | None, tuple[str, ...]], CreationRules] = {}
+        checked: dict[tuple[bytes, str, int], CheckedRequest] = {}
+        """Each shape of run checked once: (spec, owner, run key length) -> the checks' result (the rules and now
+        are this call's; the name and project differ per run and build_sessions checks them)."""
         for p in (p for p in pending if p.outcome is None):  # not refused for its template already
             try:
                 owner = owners.get(p.schedule.owner_id)
@@ -179,7 +183,10 @@ class ScheduleRunner:
                 request = run_request(
                     p.schedule, spec, name=run_session_name(p.schedule, p.due, triggered=p.triggered), key=p.key
                 )
-                p.sessions = build_sessions(request, viewer=owner, now=now, rules=rules[group])
+                shape = (encode(spec), owner.id, len(p.key))
+                if shape not in checked:
+                    checked[shape] = check_request(request, viewer=owner, now=now, rules=rules[group])
+                p.sessions = build_sessions(request, viewer=owner, now=now, rules=rules[group], checked=checked[shape])
                 _check_policies(
                     p.sessions[0],
                     owner,
