@@ -4,8 +4,9 @@ builds the run's sessions through the creation path's domain code (``domain.sess
 resource policies, checked at each run: a violation is the run's recorded failure), creates them with the run key as
 their idempotency key, and settles the runs in ``stores.schedules`` under the leader's fence.
 
-Schedules are handled in chunks: one read of the documents, one of the run keys, one creation transaction and one
-settlement per chunk, so that 10,000 schedules due at once are run within seconds (``bench/schedules``).
+Schedules are handled in chunks: one read of the documents, one of the run keys, each shape of run checked once, one
+creation (a guarded script call, ``SessionStore.create_each``) and one settlement per chunk, so that 10,000
+schedules due at once are run within seconds (``bench/schedules``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from stores.users import UserStore
 log = logging.getLogger(__name__)
 
 CHUNK = 500
-"""Schedules handled per chunk (one creation transaction, one settlement)."""
+"""Schedules handled per chunk (one creation, one settlement)."""
 PARALLEL_CHUNKS = 4
 """Chunks handled at once (disjoint schedules: they do not conflict)."""
 IDLE_WAIT = 1.0
