@@ -37,9 +37,13 @@ class HiredisPacking(AbstractConnection):
             args = (*args[0].encode().split(), *args[1:])
         elif b" " in args[0]:
             args = (*args[0].split(), *args[1:])
-        args = tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a for a in args)
         try:
             return [hiredis.pack_command(args)]
+        except TypeError:  # a bytearray (which hiredis refuses) or a value no packer takes: look at each argument
+            pass
+        converted: tuple[Any, ...] = tuple(bytes(a) if isinstance(a, bytearray) else a for a in args)
+        try:
+            return [hiredis.pack_command(converted)]
         except TypeError as exc:
             raise DataError(str(exc)) from exc
 

@@ -151,12 +151,17 @@ def build_sessions(
     now: datetime,
     rules: CreationRules = CreationRules(),
     owner: User | None = None,
+    checked: CheckedRequest | None = None,
 ) -> list[Session]:
-    """``owner``: whom the sessions are for, if not ``viewer`` (a SUPERADMIN acting for them; the caller checks)."""
+    """``owner``: whom the sessions are for, if not ``viewer`` (a SUPERADMIN acting for them; the caller checks).
+    ``checked``: what :func:`check_request` returned for this request (same ``viewer``, ``now`` and ``rules``), or
+    for one that differs only in what it leaves to this function (name, project, a client token as long): the
+    schedule runner checks each shape of run once."""
     owner = owner or viewer
     if not NAME_RULE.match(request.name):
         raise InvalidInput("name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name")
-    checked = check_request(request, viewer=viewer, now=now, rules=rules)
+    if checked is None:
+        checked = check_request(request, viewer=viewer, now=now, rules=rules)
     project = session_project(request.project, owner=owner, viewer=viewer)
     mounts = resolve_mounts(list(request.mounts), dict(rules.folders), owner, full=rules.full_folders)
     designated = request.designated_agent

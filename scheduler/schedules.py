@@ -4,8 +4,9 @@ builds the run's sessions through the creation path's domain code (``domain.sess
 resource policies, checked at each run: a violation is the run's recorded failure), creates them with the run key as
 their idempotency key, and settles the runs in ``stores.schedules`` under the leader's fence.
 
-Schedules are handled in chunks: one read of the documents, one of the run keys, one creation transaction and one
-settlement per chunk, so that 10,000 schedules due at once are run within seconds (``bench/schedules``).
+Schedules are handled in chunks: one read of the documents, one of the run keys, each shape of run checked once, one
+creation (a guarded script call, ``SessionStore.create_each``) and one settlement per chunk, so that 10,000
+schedules due at once are run within seconds (``bench/schedules``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from core.clock import utcnow
+from core.codec import encode
 from core.errors import CaravanError, Conflict
 from core.lease import Fence
 from core.settings import Settings
@@ -35,7 +38,7 @@ from domain.schedules import (
     run_session_name,
 )
 from domain.scheduling_config import SchedulingConfig
-from domain.session_requests import CreationRules, build_sessions
+from domain.session_requests import CheckedRequest, CreationRules, build_sessions, check_request
 from domain.templates import TemplateSpec, may_use
 from domain.users import User
 from stores.creation_rules import read_creation_rules
@@ -48,7 +51,7 @@ from stores.users import UserStore
 log = logging.getLogger(__name__)
 
 CHUNK = 500
-"""Schedules handled per chunk (one creation transaction, one settlement)."""
+"""Schedules handled per chunk (one creation, one settlement)."""
 PARALLEL_CHUNKS = 4
 """Chunks handled at once (disjoint schedules: they do not conflict)."""
 IDLE_WAIT = 1.0
@@ -74,6 +77,8 @@ class Pending:
     outcome: RunOutcome | None = None
     session_ids: tuple[str, ...] = ()
     reason: str | None = None
+    read: tuple[str, Schedule] | None = None
+    """The stored document the schedule was read from (the settlement does not decode it again if unchanged)."""
 
 
 class ScheduleRunner:
@@ -115,7 +120,7 @@ class ScheduleRunner:
         return handled
 
     async def run_chunk(self, ids: Sequence[str], now: datetime) -> int:
-        pending = [p for p in map(lambda s: _pending(s, now), await self.schedules.get_many(ids)) if p is not None]
+        pending = [p for p in (_pending(read, now) for read in await self.schedules.documents(ids)) if p is not None]
         for attempt in range(3):
             await self._decide(pending, now)
             again = set(await self.schedules.settle([_settlement(p, now) for p in pending], self.fence))
@@ -163,6 +168,9 @@ class ScheduleRunner:
         project_policies = await self.policies.projects({p.schedule.project for p in pending})
         templates = await self._templates(pending, owners)
         rules: dict[tuple[str, str | None, tuple[str, ...]], CreationRules] = {}
+        checked: dict[tuple[bytes, str, int], CheckedRequest] = {}
+        """Each shape of run checked once: (spec, owner, run key length) -> the checks' result (the rules and now
+        are this call's; the name and project differ per run and build_sessions checks them)."""
         for p in (p for p in pending if p.outcome is None):  # not refused for its template already
             try:
                 owner = owners.get(p.schedule.owner_id)
@@ -176,7 +184,10 @@ class ScheduleRunner:
                 request = run_request(
                     p.schedule, spec, name=run_session_name(p.schedule, p.due, triggered=p.triggered), key=p.key
                 )
-                p.sessions = build_sessions(request, viewer=owner, now=now, rules=rules[group])
+                shape = (encode(spec), owner.id, len(p.key))
+                if shape not in checked:
+                    checked[shape] = check_request(request, viewer=owner, now=now, rules=rules[group])
+                p.sessions = build_sessions(request, viewer=owner, now=now, rules=rules[group], checked=checked[shape])
                 _check_policies(
                     p.sessions[0],
                     owner,
@@ -231,18 +242,19 @@ class ScheduleRunner:
                 _created(p, exc)
 
 
-def _pending(schedule: Schedule | None, now: datetime) -> Pending | None:
-    if schedule is None:
+def _pending(read: tuple[str, Schedule] | None, now: datetime) -> Pending | None:
+    if read is None:
         return None
+    schedule = read[1]
     if schedule.trigger_at is not None and schedule.trigger_at <= now:
         due = schedule.trigger_at
-        return Pending(schedule, due, True, due, key=run_key(schedule.id, due, triggered=True))
+        return Pending(schedule, due, True, due, key=run_key(schedule.id, due, triggered=True), read=read)
     plan = plan_due(schedule, now)
     if plan is None:  # paused or changed since it was indexed: the settlement puts its index right
-        return Pending(schedule, schedule.next_due or now, False, None, next_due=schedule.next_due)
+        return Pending(schedule, schedule.next_due or now, False, None, next_due=schedule.next_due, read=read)
     key = run_key(schedule.id, plan.run_due) if plan.run_due else ""
     return Pending(schedule, schedule.next_due or now, False, plan.run_due, plan.missed, plan.last_missed,
-                   plan.next_due, key)  # fmt: skip
+                   plan.next_due, key, read=read)  # fmt: skip
 
 
 def _created(p: Pending, result: list[str] | CaravanError) -> None:
@@ -288,18 +300,18 @@ def _settlement(p: Pending, now: datetime) -> Settlement:
     created = p.outcome is RunOutcome.CREATED
     triggered, ids = p.triggered, p.session_ids
 
-    def change(before: Schedule) -> Schedule:
+    def change(before: Schedule) -> dict[str, Any]:
         runs = before.runs_started + (1 if created else 0)
-        after = before.evolve(runs_started=runs, last_sessions=ids if created else before.last_sessions)
+        after: dict[str, Any] = {"runs_started": runs, "last_sessions": ids if created else before.last_sessions}
         if triggered:
             over = before.timing.max_runs is not None and runs >= before.timing.max_runs
-            return after.evolve(trigger_at=None, next_due=None if over else before.next_due)
+            return after | {"trigger_at": None, "next_due": None if over else before.next_due}
         if before.paused or (p.due is None and not p.missed):  # nothing was due: only the index is put right
             return after
-        return after.evolve(next_due=following(before.timing, now, runs))
+        return after | {"next_due": following(before.timing, now, runs)}
 
     token = (p.schedule.owner_id, p.key) if p.due is not None and not created else None
-    return Settlement(p.schedule.id, p.handled, triggered, change, tuple(records), token)
+    return Settlement(p.schedule.id, p.handled, triggered, change, tuple(records), token, p.read)
 
 
 async def run_once(runner: ScheduleRunner, now: datetime | None = None) -> int:

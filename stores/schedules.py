@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
@@ -23,7 +24,7 @@ from redis.exceptions import WatchError
 from core.codec import decode, encode
 from core.keys import Keys
 from core.lease import Fence, LostLease
-from core.replies import begin, ranked
+from core.replies import begin, optional_texts, ranked
 from domain.access import can_access
 from domain.schedules import Run, Schedule
 from domain.users import Role, User
@@ -44,12 +45,15 @@ class Settlement:
     handled: datetime
     """The due time (or trigger moment) handled: settled only while the document still holds it."""
     triggered: bool
-    change: Callable[[Schedule], Schedule]
-    """The schedule's new runner state, applied to the document as it is then (a pause meanwhile stays)."""
+    change: Callable[[Schedule], dict[str, Any]]
+    """The fields of the schedule's new runner state, from the document as it is then (a pause meanwhile stays)."""
     records: tuple[Run, ...]
     """New history records, oldest first."""
     owner_token: tuple[str, str] | None = None
     """(owner, run key) of a run settled as not created: refused if sessions exist for the key by then."""
+    read: tuple[str, Schedule] | None = None
+    """The stored document the runner decided from and the schedule it decodes to: if the document is still
+    that text, it is not decoded again."""
 
 
 class ScheduleStore:
@@ -65,10 +69,14 @@ class ScheduleStore:
         return decode(raw, Schedule) if raw else None
 
     async def get_many(self, schedule_ids: Sequence[str]) -> list[Schedule | None]:
+        return [found[1] if found else None for found in await self.documents(schedule_ids)]
+
+    async def documents(self, schedule_ids: Sequence[str]) -> list[tuple[str, Schedule] | None]:
+        """Each schedule's stored document and what it decodes to (None where there is none), in one round trip."""
         if not schedule_ids:
             return []
-        raws = await self.redis.mget([self.keys.schedule(i) for i in schedule_ids])
-        return [decode(raw, Schedule) if raw else None for raw in raws]
+        raws = optional_texts(await self.redis.mget([self.keys.schedule(i) for i in schedule_ids]))
+        return [(raw, decode(raw, Schedule)) if raw else None for raw in raws]
 
     async def visible_ids(self, viewer: User) -> list[str]:
         """Ids of the schedules ``viewer`` sees, newest first: their own; every one for admins (then filtered by
@@ -153,25 +161,28 @@ class ScheduleStore:
                     used = await pipe.mget(token_keys) if token_keys else []
                     again = {s.schedule_id for s, u in zip(checked, used, strict=True) if u}
                     begin(pipe)
-                    merged = Coalesced(pipe)  # one ZADD of the due index for the chunk
-                    for settlement, raw in zip(settlements, raws, strict=True):
+                    merged = Coalesced(pipe)  # one ZADD of the due index, one MSET, one script for the histories
+                    for settlement, raw in zip(settlements, optional_texts(raws), strict=True):
                         if raw is None or settlement.schedule_id in again:
                             continue
-                        before = decode(raw, Schedule)
+                        read = settlement.read
+                        before = read[1] if read is not None and read[0] == raw else decode(raw, Schedule)
                         held = before.trigger_at if settlement.triggered else before.next_due
                         if held != settlement.handled:
                             self._index_due(merged.as_pipe(), before)  # settled by another runner: index only
                             continue
-                        after = settlement.change(before).evolve(recorded=before.recorded + len(settlement.records))
+                        after = before.evolve(
+                            **settlement.change(before), recorded=before.recorded + len(settlement.records)
+                        )
                         merged.set(self.keys.schedule(after.id), encode(after))
                         self._index_due(merged.as_pipe(), after)
                         runs_key = self.keys.schedule_runs(after.id)
                         if settlement.records:
-                            pipe.lpush(runs_key, *(encode(r) for r in settlement.records))
+                            merged.lpush(runs_key, *(encode(r) for r in settlement.records))
                             if after.recorded > self.history_length and after.recorded // TRIM_EVERY != (
                                 before.recorded // TRIM_EVERY
                             ):
-                                pipe.ltrim(runs_key, 0, self.history_length - 1)
+                                merged.ltrim(runs_key, 0, self.history_length - 1)
                     merged.flush()
                     await pipe.execute()
                     return sorted(again)

@@ -22,7 +22,7 @@ from core.replies import begin, optional_texts, ranked, text_set
 from domain.model import Session, SessionResult, SessionStatus
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
-from stores.coalesced import Coalesced
+from stores.coalesced import Coalesced, guard_failed
 
 WAKEUP_BACKLOG = 64
 """The wakeup list only signals 'there is work'; a few entries are as good as many."""
@@ -135,45 +135,51 @@ class SessionStore:
                     continue
 
     async def create_each(self, batches: Sequence[tuple[Sequence[Session], str]]) -> dict[str, list[str] | Conflict]:
-        """Store many creations in one transaction, each with its own client token (a schedule runner's runs; no
-        admission check: the caller creates a run whose owner has a pending limit with :meth:`create`). Per token:
-        the session ids stored, the first call's ids when the token was used already, or the :class:`Conflict` of a
-        live name taken (that creation is left out)."""
+        """Store many creations at once, each with its own client token (a schedule runner's runs; no admission
+        check: the caller creates a run whose owner has a pending limit with :meth:`create`). Per token: the session
+        ids stored, the first call's ids when the token was used already, or the :class:`Conflict` of a live name
+        taken (that creation is left out).
+
+        The tokens and names are read, then every write goes to Redis as one script that first checks that the
+        tokens and names it claims are still free (``Coalesced(guarded=True)``) and writes nothing if one was taken
+        meanwhile: then it is all read and decided again. As a WATCHed transaction, without WATCHing a thousand
+        keys."""
         tokens = [self.keys.client_token(sessions[0].owner_id, token) for sessions, token in batches]
         names = [[self.keys.live_name(s.owner_id, s.name) for s in sessions] for sessions, _ in batches]
         while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(*tokens, *(k for keys in names for k in keys))
-                    earlier = await pipe.mget(tokens)
-                    taken = await pipe.mget([k for keys in names for k in keys]) if names else []
-                    outcome: dict[str, list[str] | Conflict] = {}
-                    begin(pipe)
-                    merged = Coalesced(pipe)  # one ZADD/SADD per shared index, not one per session
-                    position = 0
-                    for (sessions, token), token_key, name_keys, before in zip(
-                        batches, tokens, names, earlier, strict=True
-                    ):
-                        claims = taken[position : position + len(name_keys)]
-                        position += len(name_keys)
-                        if before:
-                            outcome[token] = decode(before, list[str])
-                        elif any(claims):
-                            name = next(s.name for s, c in zip(sessions, claims, strict=True) if c)
-                            outcome[token] = Conflict(f"a live session is named {name!r}", field="name")
-                        else:
-                            for session, name_key in zip(sessions, name_keys, strict=True):
-                                self._write_new(merged.as_pipe(), session, name_key)
-                            merged.set(token_key, encode([s.id for s in sessions]))
-                            outcome[token] = [s.id for s in sessions]
-                    merged.flush()
-                    pipe.incr(self.keys.sessions_version)
-                    pipe.rpush(self.keys.scheduler_wakeup, "created")
-                    pipe.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
-                    await pipe.execute()
+            earlier = await self.redis.mget(tokens)
+            taken = await self.redis.mget([k for keys in names for k in keys]) if names else []
+            outcome: dict[str, list[str] | Conflict] = {}
+            claimed = False
+            async with self.redis.pipeline(transaction=False) as pipe:
+                merged = Coalesced(pipe, guarded=True)  # every write in one script, after the claims' check
+                position = 0
+                for (sessions, token), token_key, name_keys, before in zip(
+                    batches, tokens, names, earlier, strict=True
+                ):
+                    claims = taken[position : position + len(name_keys)]
+                    position += len(name_keys)
+                    if before:
+                        outcome[token] = decode(before, list[str])
+                    elif any(claims):
+                        name = next(s.name for s, c in zip(sessions, claims, strict=True) if c)
+                        outcome[token] = Conflict(f"a live session is named {name!r}", field="name")
+                    else:
+                        merged.require_absent(token_key, *name_keys)
+                        claimed = True
+                        for session, name_key in zip(sessions, name_keys, strict=True):
+                            self._write_new(merged.as_pipe(), session, name_key)
+                        merged.set(token_key, encode([s.id for s in sessions]))
+                        outcome[token] = [s.id for s in sessions]
+                if not claimed:
                     return outcome
-                except WatchError:
-                    continue
+                merged.incr(self.keys.sessions_version)
+                merged.rpush(self.keys.scheduler_wakeup, "created")
+                merged.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
+                merged.flush()
+                [reply] = await pipe.execute()
+            if not guard_failed(reply):
+                return outcome
 
     async def created_with(self, tokens: Sequence[tuple[str, str]]) -> list[list[str] | None]:
         """For each (owner id, client token): the ids of the sessions created with it, or None (not used)."""

@@ -11,13 +11,24 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
+from core.codec import encode
 from core.keys import Keys
 from core.lease import Fence, LostLease
 from core.settings import Settings
-from domain.model import Driver, SessionType
+from domain.model import Driver, Session, SessionType
 from domain.resource_policies import UserResourcePolicy
-from domain.schedules import ConcurrencyPolicy, RunOutcome, Schedule, Timing, check_timing, new_schedule
+from domain.schedules import (
+    ConcurrencyPolicy,
+    RunOutcome,
+    Schedule,
+    Timing,
+    check_timing,
+    new_schedule,
+    run_request,
+    run_session_name,
+)
 from domain.scheduling_config import load_scheduler_config
+from domain.session_requests import build_sessions
 from domain.storage import FolderMode, FolderStatus, MountRequest, new_folder
 from domain.templates import TemplateSpec
 from domain.users import Role, User
@@ -108,7 +119,7 @@ async def test_a_crash_between_creating_and_settling_leaves_one_run(
     schedule = await stored_schedule(redis, keys)
     crashed = runner_of(redis, keys, redis_settings)
     # fault: the first runner creates the run's sessions and dies before settling it
-    [stored] = await crashed.schedules.get_many([schedule.id])
+    [stored] = await crashed.schedules.documents([schedule.id])
     pending = _pending(stored, T0 + timedelta(seconds=0.1))
     assert pending is not None
     await crashed._decide([pending], T0 + timedelta(seconds=0.1))
@@ -244,3 +255,70 @@ async def test_a_run_mounts_the_storage_folders_of_its_spec(redis: Redis, keys: 
     assert run.outcome is RunOutcome.CREATED, run.reason
     session = await SessionStore(redis, keys).get(run.session_ids[0])
     assert session is not None and [(m.folder_id, m.path) for m in session.mounts] == [(folder.id, "/data")]
+
+
+async def test_runs_checked_once_per_shape_store_the_documents_build_sessions_makes(
+    redis: Redis, keys: Keys, redis_settings: Settings
+) -> None:
+    """The runner checks each shape of run (spec, owner) once and stamps the rest; every stored document is still
+    exactly what ``build_sessions`` makes of the run's request the plain way, field by field, and the checks that
+    depend on the owner still apply per owner (raw_exec: a SUPERADMIN's run is created, a user's refused)."""
+    users = UserStore(redis, keys)
+    await users.put(User(id="alice", name="alice", role=Role.USER, projects=("default", "lab")))
+    await users.put(User(id="root", name="root", role=Role.SUPERADMIN, projects=("default",)))
+    specs = [
+        SPEC,
+        TemplateSpec(
+            type=SessionType.BATCH,
+            driver=Driver.EXEC,
+            startup_command="sleep 1",
+            environ={"A": "1"},
+            resources={"cpu": "2", "mem": "1g"},
+            batch_timeout="1h",
+            priority=3,
+        ),  # fmt: skip
+        TemplateSpec(type=SessionType.BATCH, driver=Driver.EXEC, startup_command="true", count=2, starts_at="90s"),
+        TemplateSpec(type=SessionType.BATCH, driver=Driver.RAW_EXEC, startup_command="id"),
+    ]
+    timing = check_timing(cron="* * * * *", interval=None, zone="UTC", now=T0 - timedelta(seconds=30))
+    schedules = [
+        new_schedule(
+            name=f"shape-{i}-{owner}-{copy}",
+            owner_id=owner,
+            project=project,
+            timing=timing,
+            concurrency=ConcurrencyPolicy.ALLOW,
+            now=T0 - timedelta(seconds=30),
+            spec=spec,
+        )  # fmt: skip
+        for i, spec in enumerate(specs)
+        for owner, project in (("alice", "lab"), ("root", "default"))
+        for copy in range(3)  # the same shape three times: checked once, stamped three times
+    ]
+    store = ScheduleStore(redis, keys)
+    for schedule in schedules:
+        await store.create(schedule)
+    now = T0 + timedelta(seconds=0.2)
+    runner = runner_of(redis, keys, redis_settings)
+    assert await runner.run_due(now) == len(schedules)
+    rules = await runner._rules("default", None, ())
+    sessions = SessionStore(redis, keys)
+    for schedule in schedules:
+        [run] = await store.history(schedule.id)
+        owner = await users.get(schedule.owner_id)
+        assert owner is not None and schedule.spec is not None
+        request = run_request(schedule, schedule.spec, name=run_session_name(schedule, T0), key=run.key)
+        if schedule.spec.driver is Driver.RAW_EXEC and owner.role is Role.USER:
+            assert run.outcome is RunOutcome.FAILED
+            assert run.reason is not None and run.reason.startswith("FORBIDDEN (driver)")
+            continue
+        assert run.outcome is RunOutcome.CREATED, run.reason
+        plain = build_sessions(request, viewer=owner, now=now, rules=rules)
+        stored = await sessions.get_many(run.session_ids)
+        assert len(stored) == len(plain) == schedule.spec.count
+        for made, kept in zip(plain, stored, strict=True):
+            assert kept is not None
+            expected = dataclasses.replace(made, id=kept.id)
+            for f in dataclasses.fields(Session):
+                assert getattr(kept, f.name) == getattr(expected, f.name), f.name
+            assert await redis.get(keys.session(kept.id)) == encode(expected).decode()
