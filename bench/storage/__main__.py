@@ -28,9 +28,7 @@ import shutil
 import socket
 import statistics
 import subprocess
-import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,10 +36,9 @@ from urllib.parse import SplitResult, urlsplit
 
 import uvloop
 
-from caravan.stack.nomad_agent import start_nomad_dev
+from bench.private_stack import private_stack, stack_env
 from caravan.stack.processes import free_port
-from caravan.stack.redis_server import start_redis
-from core.settings import NomadSettings, RedisSettings, Settings, StorageSettings
+from core.settings import Settings, StorageSettings
 from domain.sftp import CHROOT, KEY_VARIABLE, SERVER_COMMAND, SFTP_PORT
 from tests.harness import CREATE, Caravan, running_caravan
 
@@ -53,11 +50,6 @@ CREATE_FOLDER = "mutation($name: String!) { createFolder(input: {name: $name}) {
 FOLDER = "query($id: ID!) { folder(id: $id) { status } }"
 REQUEST_SFTP = "mutation($f: [ID!]!) { requestSftp(input: {folders: $f}) { privateKey session { id } } }"
 ADDRESS = "query($id: ID!) { session(id: $id) { sftpAddress } }"
-
-
-def stack_env() -> dict[str, str]:
-    path = Path(os.environ.get("CARAVAN_CACHE", Path.home() / ".cache" / "caravan")) / "stack.env"
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
 def emit(line: dict[str, Any]) -> None:
@@ -270,38 +262,9 @@ async def main() -> None:
     parser.add_argument("--paths", default="gateway,sftp", help="what to measure besides the local copy")
     args = parser.parse_args()
     env = stack_env()
-    with tempfile.TemporaryDirectory(prefix="bench-storage-") as tmp:
-        home = Path(tmp)
-        redis_port = free_port()
-        redis = start_redis(
-            home / "redis", redis_port, log=home / "redis.log", secrets_dir=home / "secrets", key_prefixes=("bench*",)
-        )
-        agent = start_nomad_dev(
-            home / "nomad",
-            nomad_home=Path(env["CARAVAN_NOMAD_HOME"]),
-            rootfs=Path(env["CARAVAN_ROOTFS"]),
-            want_drivers=("raw_exec", "exec", "docker"),
-            log=home / "nomad.log",
-            pause_image=env.get("CARAVAN_PAUSE_IMAGE"),
-            secrets_dir=home / "secrets",
-        )
-        try:
-            settings = (
-                Settings(
-                    home=home,
-                    secrets_dir=home / "secrets",
-                    redis=RedisSettings(url=f"redis://127.0.0.1:{redis_port}/0"),
-                    nomad=NomadSettings(addr=agent.addr),
-                    storage=StorageSettings(max_bytes_per_user=1 << 40),
-                    sftp_image=env.get("CARAVAN_SFTP_IMAGE"),
-                )
-                .with_prefix("bench" + uuid.uuid4().hex[:6])
-                .for_role("admin")
-            )
-            await measure(settings, home, args)
-        finally:
-            agent.stop()
-            redis.stop()
+    settings = {"storage": StorageSettings(max_bytes_per_user=1 << 40), "sftp_image": env.get("CARAVAN_SFTP_IMAGE")}
+    with private_stack(want_drivers=("raw_exec", "exec", "docker"), settings=settings) as stack:
+        await measure(stack.settings, stack.home, args)
 
 
 if __name__ == "__main__":
