@@ -85,6 +85,8 @@ def unmeasured(usage: Json) -> bool:
 
 def session_sample(kernel_samples: Iterable[Mapping[str, float]]) -> dict[str, float]:
     """A session's metrics: per metric, the mean over the kernels that reported it."""
+    if isinstance(kernel_samples, (list, tuple)) and len(kernel_samples) == 1:
+        return dict(kernel_samples[0])  # one kernel (most sessions): each mean is its one value
     readings: dict[str, list[float]] = {}
     for sample in kernel_samples:
         for metric, value in sample.items():

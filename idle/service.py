@@ -43,9 +43,9 @@ from core.lease import Fence, Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
 from domain.idle.arbiter import Arbiter, evaluate
+from domain.idle.columns import WindowColumns
 from domain.idle.facts import SessionView
 from domain.idle.verdict import Verdict
-from domain.idle.window import UtilizationWindow
 from domain.model import SessionStatus
 from domain.scheduling_config import load_scheduler_config
 from idle.reload import PolicySource
@@ -67,7 +67,8 @@ class Term:
     """What one leadership term keeps between sweeps."""
 
     fence: Fence
-    windows: dict[str, UtilizationWindow]
+    windows: WindowColumns
+    """Every session's utilization window, recorded into by each sweep."""
     saved_window_ids: set[str]
     """Sessions whose window is in Redis: those that ended are dropped at the next save."""
     saved_at: float = field(default_factory=time.monotonic)
@@ -126,7 +127,7 @@ class IdleService:
 
     async def lead(self, fence: Fence) -> None:
         saved = await self.idle_store.load_windows()
-        term = Term(fence=fence, windows=saved, saved_window_ids=set(saved))
+        term = Term(fence=fence, windows=WindowColumns.of(saved), saved_window_ids=set(saved))
         settle(collect=True)
         await self.idle_store.publish_policy(fence, self.policy.published)
         await forever("idle sweep", lambda: self._sweep_and_wait(term))

@@ -26,6 +26,7 @@ from core.codec import decode, encode
 from core.keys import Keys
 from core.lease import Fence, write_fenced
 from core.replies import optional_text, optional_texts, text_hash
+from domain.idle.columns import WindowColumns
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.policy_file import parse_policy
 from domain.idle.verdict import Verdict, VerdictDoc
@@ -88,7 +89,12 @@ class IdleStore:
             if forget_windows:
                 pipe.hdel(self.keys.idle_windows, *forget_windows)
             if windows:
-                pipe.hset(self.keys.idle_windows, mapping={i: encode(w.to_doc()) for i, w in windows.items()})
+                docs = (
+                    windows.docs()
+                    if isinstance(windows, WindowColumns)
+                    else {i: w.to_doc() for i, w in windows.items()}
+                )
+                pipe.hset(self.keys.idle_windows, mapping={i: encode(doc) for i, doc in docs.items()})
 
         await write_fenced(self.redis, fence, write)
 

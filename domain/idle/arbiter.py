@@ -22,7 +22,7 @@ Semantics (a deadline is reached *at* its instant: "expired" means ``remaining <
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -85,6 +85,46 @@ def evaluate(*, now: datetime, session: SessionFacts, policy: EffectivePolicy) -
     )
 
 
+def evaluate_recorded(
+    *,
+    now: float,
+    type: SessionType,
+    started: float,
+    last_activity: float | None,
+    open_connections: int,
+    policy: EffectivePolicy,
+    checked: Mapping[str, float] | None,
+    averages: Sequence[float | None] = (),
+    to_fill: float = 0.0,
+) -> Verdict:
+    """:func:`evaluate` of a session whose window the caller has read already (``domain.idle.columns``): moments in
+    unix seconds, ``checked`` the thresholds judged (None or empty when utilization is not checked), ``averages`` and
+    ``to_fill`` as :func:`utilization_report` takes them. The same verdict as :func:`evaluate` on the same facts."""
+    utilization = policy.utilization
+    if utilization is None:
+        usage = _UTILIZATION_OFF
+    elif not checked:
+        usage = _NO_THRESHOLD
+    else:
+        usage = utilization_report(
+            now=now, started=started, policy=utilization, checked=checked, averages=averages, to_fill=to_fill
+        )
+    return Verdict.of_ordered(
+        (
+            lifetime_report(now=now, started=started, type=type, limit=policy.max_session_lifetime),
+            network_report(
+                now=now,
+                started=started,
+                type=type,
+                open_connections=open_connections,
+                last_activity=last_activity,
+                timeout=policy.network_idle_timeout,
+            ),
+            usage,
+        )
+    )
+
+
 def _no_deadline(name: CheckName, note: str) -> CheckReport:
     return CheckReport(name, False, None, None, note)
 
@@ -99,7 +139,12 @@ _NO_THRESHOLD = _no_deadline(CheckName.UTILIZATION, "no threshold applies to thi
 
 
 def check_lifetime(*, now: float, started: float, session: SessionFacts, limit: float | None) -> CheckReport:
-    if session.type in LIFETIME_EXEMPT:
+    return lifetime_report(now=now, started=started, type=session.type, limit=limit)
+
+
+def lifetime_report(*, now: float, started: float, type: SessionType, limit: float | None) -> CheckReport:
+    """The lifetime check of a session of ``type`` RUNNING since ``started`` (unix seconds, as ``now``)."""
+    if type in LIFETIME_EXEMPT:
         return _BATCH_TIMEOUT
     if limit is None:
         return _NO_LIFETIME
@@ -107,14 +152,35 @@ def check_lifetime(*, now: float, started: float, session: SessionFacts, limit: 
 
 
 def check_network(*, now: float, started: float, session: SessionFacts, timeout: float | None) -> CheckReport:
+    last = session.last_activity
+    return network_report(
+        now=now,
+        started=started,
+        type=session.type,
+        open_connections=session.open_connections,
+        last_activity=last.timestamp() if last is not None else None,
+        timeout=timeout,
+    )
+
+
+def network_report(
+    *,
+    now: float,
+    started: float,
+    type: SessionType,
+    open_connections: int,
+    last_activity: float | None,
+    timeout: float | None,
+) -> CheckReport:
+    """The network idle check; ``last_activity``: the last user traffic recorded (unix seconds), None if none."""
     name = CheckName.NETWORK_TIMEOUT
-    if session.type in NETWORK_EXEMPT:
-        return _NETWORK_EXEMPT[session.type]
+    if type in NETWORK_EXEMPT:
+        return _NETWORK_EXEMPT[type]
     if timeout is None:
         return _NO_NETWORK_TIMEOUT
-    if session.open_connections > 0:
+    if open_connections > 0:
         return CheckReport(name, False, timeout, RemainingBasis.IDLENESS, "app connections open")
-    activity = session.last_activity.timestamp() if session.last_activity is not None else started
+    activity = last_activity if last_activity is not None else started
     # Activity stamped after ``now`` (recorded while this sweep ran, or by a gateway whose clock runs ahead) is
     # activity now: the countdown never exceeds the timeout.
     idle_for = max(0.0, now - max(activity, started))
@@ -124,7 +190,6 @@ def check_network(*, now: float, started: float, session: SessionFacts, timeout:
 def check_utilization(
     *, now: float, started: float, session: SessionFacts, policy: UtilizationPolicy | None, interval: float
 ) -> CheckReport:
-    name = CheckName.UTILIZATION
     if policy is None:
         return _UTILIZATION_OFF
     checked = session.checked
@@ -132,18 +197,39 @@ def check_utilization(
         checked = checked_thresholds(policy, session.requested_slots)
     if not checked:
         return _NO_THRESHOLD
-    window, operator = session.window, policy.operator
+    window = session.window
     if window is None:
-        readings = tuple([MetricReading(metric, None, t) for metric, t in checked.items()])
+        averages: list[float | None] = [None] * len(checked)
     else:
-        average = window.average
-        readings = tuple([MetricReading(metric, average(metric), t) for metric, t in checked.items()])
+        averages = [window.average(metric) for metric in checked]
+    if window is None or window.window_seconds != policy.window or window.interval != interval:  # another shape
+        to_fill = policy.window
+    else:
+        to_fill = max([window.seconds_until_full(metric, now=now) for metric in checked])
+    return utilization_report(
+        now=now, started=started, policy=policy, checked=checked, averages=averages, to_fill=to_fill
+    )
+
+
+def utilization_report(
+    *,
+    now: float,
+    started: float,
+    policy: UtilizationPolicy,
+    checked: Mapping[str, float],
+    averages: Sequence[float | None],
+    to_fill: float,
+) -> CheckReport:
+    """The utilization check's report once the window is read: ``checked`` (not empty) metric -> threshold,
+    ``averages`` their window averages in the same order (None without samples), ``to_fill`` the seconds until every
+    one's window is full and fresh (``policy.window`` when the window has another shape)."""
+    name, operator = CheckName.UTILIZATION, policy.operator
+    readings = tuple(
+        [MetricReading(metric, average, t) for (metric, t), average in zip(checked.items(), averages, strict=True)]
+    )
     grace_left = started + policy.grace_period - now
     if grace_left > 0:
         return CheckReport(name, False, grace_left, RemainingBasis.GRACE_PERIOD, "in grace period", operator, readings)
-    if window is None or window.window_seconds != policy.window or window.interval != interval:  # another shape
-        return CheckReport(name, False, policy.window, RemainingBasis.WINDOW, "collecting samples", operator, readings)
-    to_fill = max([window.seconds_until_full(metric, now=now) for metric in checked])
     if to_fill > 0:
         return CheckReport(name, False, to_fill, RemainingBasis.WINDOW, "collecting samples", operator, readings)
     below = [r.average is not None and r.average < r.threshold for r in readings]
