@@ -109,27 +109,30 @@ def judge(
         judged.append((session, known, policy, checked))
     recorded = columns.record(ts, entries)
     verdicts: dict[str, Verdict] = {}
-    at = 0
+    averages, to_fill = recorded.averages, recorded.to_fill
+    entry = first = 0
+    read: Sequence[float | None]
     for session, known, policy, checked in judged:
         session_id = session.id
         seen = activity.get(session_id)
         if arbiter is evaluate:
-            averages: Sequence[float | None] = ()
-            to_fill = 0.0
             if checked:
-                averages, to_fill = recorded.averages[at], recorded.to_fill[at]
-                at += 1
+                width = len(checked)
+                read, fill = averages[first : first + width], to_fill[entry]
+                first, entry = first + width, entry + 1
+            else:
+                read, fill = (), 0.0
             last = seen.last if seen else None
             verdicts[session_id] = evaluate_recorded(
-                now=ts,
-                type=session.type,
-                started=known.started_ts,
-                last_activity=last.timestamp() if last is not None else None,
-                open_connections=seen.open_connections if seen else 0,
-                policy=policy,
-                checked=checked,
-                averages=averages,
-                to_fill=to_fill,
+                ts,
+                session.type,
+                known.started_ts,
+                last.timestamp() if last is not None else None,
+                seen.open_connections if seen else 0,
+                policy,
+                checked,
+                read,
+                fill,
             )
             continue
         facts = SessionFacts(

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from domain.idle.config import CheckName, EffectivePolicy, ThresholdOperator, UtilizationPolicy
 from domain.idle.metrics import ALWAYS_APPLICABLE, SlotAmounts, metric_applies, requested_device_prefixes
-from domain.idle.verdict import CheckReport, MetricReading, RemainingBasis, Verdict
+from domain.idle.verdict import CheckReport, MetricReading, RemainingBasis, TerminationReason, Verdict
 from domain.idle.window import UtilizationWindow
 from domain.model import SessionType
 
@@ -86,7 +86,6 @@ def evaluate(*, now: datetime, session: SessionFacts, policy: EffectivePolicy) -
 
 
 def evaluate_recorded(
-    *,
     now: float,
     type: SessionType,
     started: float,
@@ -96,33 +95,51 @@ def evaluate_recorded(
     checked: Mapping[str, float] | None,
     averages: Sequence[float | None] = (),
     to_fill: float = 0.0,
+    /,
 ) -> Verdict:
     """:func:`evaluate` of a session whose window the caller has read already (``domain.idle.columns``): moments in
     unix seconds, ``checked`` the thresholds judged (None or empty when utilization is not checked), ``averages`` and
-    ``to_fill`` as :func:`utilization_report` takes them. The same verdict as :func:`evaluate` on the same facts."""
+    ``to_fill`` as :func:`utilization_report` takes them. The same verdict as :func:`evaluate` on the same facts (the
+    reference, kept as it was), its checks written out here with records built as plain tuples (``tuple.__new__``: a
+    NamedTuple's own constructor is Python code, several times dearer): the idle sweep calls it for every session."""
+    if type in LIFETIME_EXEMPT:
+        lifetime = _BATCH_TIMEOUT
+    elif (limit := policy.max_session_lifetime) is None:
+        lifetime = _NO_LIFETIME
+    else:
+        left = started + limit - now
+        lifetime = _new(CheckReport, (_LIFETIME, left <= 0, max(left, 0.0), RemainingBasis.LIFETIME, "", None, ()))
+    if type in NETWORK_EXEMPT:
+        network = _NETWORK_EXEMPT[type]
+    elif (timeout := policy.network_idle_timeout) is None:
+        network = _NO_NETWORK_TIMEOUT
+    elif open_connections > 0:
+        network = _new(
+            CheckReport, (_NETWORK, False, timeout, RemainingBasis.IDLENESS, "app connections open", None, ())
+        )
+    else:
+        activity = last_activity if last_activity is not None else started
+        left = timeout - max(0.0, now - max(activity, started))
+        network = _new(CheckReport, (_NETWORK, left <= 0, max(left, 0.0), RemainingBasis.IDLENESS, "", None, ()))
     utilization = policy.utilization
     if utilization is None:
         usage = _UTILIZATION_OFF
     elif not checked:
         usage = _NO_THRESHOLD
     else:
-        usage = utilization_report(
-            now=now, started=started, policy=utilization, checked=checked, averages=averages, to_fill=to_fill
-        )
-    return Verdict.of_ordered(
-        (
-            lifetime_report(now=now, started=started, type=type, limit=policy.max_session_lifetime),
-            network_report(
-                now=now,
-                started=started,
-                type=type,
-                open_connections=open_connections,
-                last_activity=last_activity,
-                timeout=policy.network_idle_timeout,
-            ),
-            usage,
-        )
-    )
+        usage = _utilization(now, started, utilization, checked, averages, to_fill)
+    reports = (lifetime, network, usage)
+    if lifetime[1]:  # expired
+        return _new(Verdict, (True, TerminationReason.SESSION_LIFETIME, reports))
+    if network[1]:
+        return _new(Verdict, (True, TerminationReason.NETWORK_TIMEOUT, reports))
+    if usage[1]:
+        return _new(Verdict, (True, TerminationReason.UTILIZATION, reports))
+    return _new(Verdict, (False, None, reports))
+
+
+_LIFETIME, _NETWORK = CheckName.SESSION_LIFETIME, CheckName.NETWORK_TIMEOUT
+_new = tuple.__new__
 
 
 def _no_deadline(name: CheckName, note: str) -> CheckReport:
@@ -139,12 +156,7 @@ _NO_THRESHOLD = _no_deadline(CheckName.UTILIZATION, "no threshold applies to thi
 
 
 def check_lifetime(*, now: float, started: float, session: SessionFacts, limit: float | None) -> CheckReport:
-    return lifetime_report(now=now, started=started, type=session.type, limit=limit)
-
-
-def lifetime_report(*, now: float, started: float, type: SessionType, limit: float | None) -> CheckReport:
-    """The lifetime check of a session of ``type`` RUNNING since ``started`` (unix seconds, as ``now``)."""
-    if type in LIFETIME_EXEMPT:
+    if session.type in LIFETIME_EXEMPT:
         return _BATCH_TIMEOUT
     if limit is None:
         return _NO_LIFETIME
@@ -152,35 +164,14 @@ def lifetime_report(*, now: float, started: float, type: SessionType, limit: flo
 
 
 def check_network(*, now: float, started: float, session: SessionFacts, timeout: float | None) -> CheckReport:
-    last = session.last_activity
-    return network_report(
-        now=now,
-        started=started,
-        type=session.type,
-        open_connections=session.open_connections,
-        last_activity=last.timestamp() if last is not None else None,
-        timeout=timeout,
-    )
-
-
-def network_report(
-    *,
-    now: float,
-    started: float,
-    type: SessionType,
-    open_connections: int,
-    last_activity: float | None,
-    timeout: float | None,
-) -> CheckReport:
-    """The network idle check; ``last_activity``: the last user traffic recorded (unix seconds), None if none."""
     name = CheckName.NETWORK_TIMEOUT
-    if type in NETWORK_EXEMPT:
-        return _NETWORK_EXEMPT[type]
+    if session.type in NETWORK_EXEMPT:
+        return _NETWORK_EXEMPT[session.type]
     if timeout is None:
         return _NO_NETWORK_TIMEOUT
-    if open_connections > 0:
+    if session.open_connections > 0:
         return CheckReport(name, False, timeout, RemainingBasis.IDLENESS, "app connections open")
-    activity = last_activity if last_activity is not None else started
+    activity = session.last_activity.timestamp() if session.last_activity is not None else started
     # Activity stamped after ``now`` (recorded while this sweep ran, or by a gateway whose clock runs ahead) is
     # activity now: the countdown never exceeds the timeout.
     idle_for = max(0.0, now - max(activity, started))
@@ -223,19 +214,35 @@ def utilization_report(
     """The utilization check's report once the window is read: ``checked`` (not empty) metric -> threshold,
     ``averages`` their window averages in the same order (None without samples), ``to_fill`` the seconds until every
     one's window is full and fresh (``policy.window`` when the window has another shape)."""
+    if len(averages) != len(checked):
+        raise ValueError("one average per checked metric")
+    return _utilization(now, started, policy, checked, averages, to_fill)
+
+
+def _utilization(
+    now: float,
+    started: float,
+    policy: UtilizationPolicy,
+    checked: Mapping[str, float],
+    averages: Sequence[float | None],
+    to_fill: float,
+) -> CheckReport:
+    # records built as plain tuples, as in evaluate_recorded
     name, operator = CheckName.UTILIZATION, policy.operator
-    readings = tuple(
-        [MetricReading(metric, average, t) for (metric, t), average in zip(checked.items(), averages, strict=True)]
-    )
+    readings = tuple([_new(MetricReading, r) for r in zip(checked, averages, checked.values(), strict=True)])
+    report: tuple[CheckName, bool, float | None, RemainingBasis, str, ThresholdOperator, tuple[MetricReading, ...]]
     grace_left = started + policy.grace_period - now
     if grace_left > 0:
-        return CheckReport(name, False, grace_left, RemainingBasis.GRACE_PERIOD, "in grace period", operator, readings)
-    if to_fill > 0:
-        return CheckReport(name, False, to_fill, RemainingBasis.WINDOW, "collecting samples", operator, readings)
-    below = [r.average is not None and r.average < r.threshold for r in readings]
-    if all(below) if operator is ThresholdOperator.ALL else any(below):
-        return CheckReport(name, True, 0.0, RemainingBasis.WINDOW, "below thresholds", operator, readings)
-    return CheckReport(name, False, None, RemainingBasis.WINDOW, "utilized", operator, readings)
+        report = (name, False, grace_left, RemainingBasis.GRACE_PERIOD, "in grace period", operator, readings)
+    elif to_fill > 0:
+        report = (name, False, to_fill, RemainingBasis.WINDOW, "collecting samples", operator, readings)
+    else:
+        below = [average is not None and average < threshold for _, average, threshold in readings]
+        if all(below) if operator is ThresholdOperator.ALL else any(below):
+            report = (name, True, 0.0, RemainingBasis.WINDOW, "below thresholds", operator, readings)
+        else:
+            report = (name, False, None, RemainingBasis.WINDOW, "utilized", operator, readings)
+    return _new(CheckReport, report)
 
 
 def checked_thresholds(policy: UtilizationPolicy, requested_slots: SlotAmounts) -> Mapping[str, float]:

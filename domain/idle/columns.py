@@ -149,23 +149,29 @@ class SeriesTable:
         order = (int(self.start[row]) + np.arange(count)) % self.stamps.shape[1]
         return MetricSeries(tuple(self.stamps[row, order].tolist()), tuple(self.values[row, order].tolist()))
 
-    def unrolled(self, rows: Ints) -> tuple[list[list[int]], list[list[int]]]:
-        """Each row's (stamps, values), oldest first, padded past its count."""
-        order = (self.start[rows][:, None] + np.arange(self.stamps.shape[1])) % self.stamps.shape[1]
+    def stored(self, rows: Ints) -> tuple[list[list[int]], list[list[int]]]:
+        """Each row's series as stored, oldest first: (its first stamp then the milliseconds since the one before;
+        its values), cut to its count."""
+        capacity = self.stamps.shape[1]
+        order = (self.start[rows][:, None] + np.arange(capacity)) % capacity
+        stamps = np.take_along_axis(self.stamps[rows], order, 1)
+        stamps[:, 1:] = np.diff(stamps, axis=1)
+        values = np.take_along_axis(self.values[rows], order, 1)
+        counts = self.count[rows].tolist()
         return (
-            np.take_along_axis(self.stamps[rows], order, 1).tolist(),
-            np.take_along_axis(self.values[rows], order, 1).tolist(),
+            [row[:n] for row, n in zip(stamps.tolist(), counts, strict=True)],
+            [row[:n] for row, n in zip(values.tolist(), counts, strict=True)],
         )
 
 
 class Recorded(NamedTuple):
-    """One sweep's readings, per session recorded (in the order asked)."""
+    """One sweep's readings of the sessions recorded, in the order of the entries."""
 
-    averages: list[list[float | None]]
-    """Per session, each checked metric's average in percent (in the order of its checked metrics); None without
-    samples."""
+    averages: list[float | None]
+    """Each entry's checked metrics' averages in percent, one after the other (in the order of its metrics); None
+    without samples."""
     to_fill: list[float]
-    """Per session, the seconds until every checked metric's window is full (0: all full and fresh)."""
+    """Per entry, the seconds until every one of its checked metrics' window is full (0: all full and fresh)."""
 
 
 class Entry(NamedTuple):
@@ -183,8 +189,8 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
     """The windows of every session whose utilization the sweep checks (session id -> window, built on access)."""
 
     def __init__(self) -> None:
-        self.tables: dict[tuple[float, float, str], SeriesTable] = {}
-        """(window seconds, interval, metric) -> its table."""
+        self.tables: dict[tuple[Shape, str], SeriesTable] = {}
+        """(window shape, metric) -> its table."""
         self.rows: dict[str, tuple[Shape, dict[str, int]]] = {}
         """Session id -> its window's shape and metric -> row (in that shape's table of the metric)."""
 
@@ -194,7 +200,7 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
         shape, rows = self.rows[session_id]
         series = {}
         for metric, row in rows.items():
-            found = self.tables[(*shape, metric)].series(row)
+            found = self.tables[(shape, metric)].series(row)
             if found is not None:
                 series[metric] = found
         return UtilizationWindow(window_seconds=shape[0], interval=shape[1], series=series)
@@ -210,27 +216,35 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
 
     @classmethod
     def of(cls, windows: Mapping[str, UtilizationWindow]) -> WindowColumns:
-        """Columns holding ``windows`` (the saved ones, when a leader takes over)."""
+        """Columns holding ``windows`` (the saved ones, when a leader takes over), written table by table."""
         if isinstance(windows, WindowColumns):
             return windows
         columns = cls()
+        loading: dict[tuple[Shape, str], list[tuple[int, MetricSeries]]] = {}
         for session_id, window in windows.items():
             shape = (window.window_seconds, window.interval)
             rows = columns._rows_of(session_id, shape)
             for metric, series in window.series.items():
-                table = columns._table(shape, metric)
-                row = rows[metric] = table.take_row()
-                count = len(series.stamps)
-                while count > table.stamps.shape[1]:
-                    table._widen()
-                table.stamps[row, :count], table.values[row, :count] = series.stamps, series.values
-                table.count[row], table.total[row] = count, series.total
+                row = rows[metric] = columns._table(shape, metric).take_row()
+                loading.setdefault((shape, metric), []).append((row, series))
+        for key, loaded in loading.items():
+            table = columns.tables[key]
+            counts = np.array([len(series.stamps) for _, series in loaded], np.int64)
+            while counts.max() > table.stamps.shape[1]:
+                table._widen()
+            rows_array = np.array([row for row, _ in loaded], np.int64)
+            at_row = np.repeat(rows_array, counts)
+            at_column = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            table.stamps[at_row, at_column] = [stamp for _, series in loaded for stamp in series.stamps]
+            table.values[at_row, at_column] = [value for _, series in loaded for value in series.values]
+            table.count[rows_array] = counts
+            table.total[rows_array] = [series.total for _, series in loaded]
         return columns
 
     def _table(self, shape: Shape, metric: str) -> SeriesTable:
-        table = self.tables.get((*shape, metric))
+        table = self.tables.get((shape, metric))
         if table is None:
-            table = self.tables[(*shape, metric)] = SeriesTable(*shape)
+            table = self.tables[(shape, metric)] = SeriesTable(*shape)
         return table
 
     def _rows_of(self, session_id: str, shape: Shape) -> dict[str, int]:
@@ -246,23 +260,22 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
     def _free(self, session_id: str) -> None:
         shape, rows = self.rows.pop(session_id)
         for metric, row in rows.items():
-            self.tables[(*shape, metric)].free_row(row)
+            self.tables[(shape, metric)].free_row(row)
 
     # -- one sweep --
 
     def record(self, ts: float, entries: Sequence[Entry]) -> Recorded:
-        """Record one sweep's samples, taken at ``ts`` (unix seconds), for the sessions of ``entries`` (the other
-        sessions' windows are dropped), and read back what the utilization check needs."""
+        """Record one sweep's samples, taken at ``ts`` (unix seconds), for the sessions of ``entries`` (each with at
+        least one metric; the other sessions' windows are dropped), and read back what the utilization check needs."""
         stamp, now_ms = round(ts * SCALE), ts * SCALE
-        batches: dict[tuple[float, float, str], tuple[list[int], list[float], list[bool], list[int]]] = {}
-        nan, entry_count = math.nan, 0
-        recorded = set()
-        for entry in entries:
-            session_id, shape, sample = entry.session_id, entry.shape, entry.sample
-            recorded.add(session_id)
-            rows = self._rows_of(session_id, shape)
-            for metric in entry.metrics:
-                key = (*shape, metric)
+        batches: dict[tuple[Shape, str], tuple[list[int], list[float], list[bool], list[int]]] = {}
+        nan, flat = math.nan, 0
+        known_rows, tables = self.rows, self.tables
+        for session_id, shape, metrics, sample in entries:
+            known = known_rows.get(session_id)
+            rows = known[1] if known is not None and known[0] == shape else self._rows_of(session_id, shape)
+            for metric in metrics:
+                key = (shape, metric)
                 batch = batches.get(key)
                 if batch is None:
                     batch = batches[key] = ([], [], [], [])
@@ -273,65 +286,59 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
                 batch[0].append(row)
                 batch[1].append(nan if value is None else value)
                 batch[2].append(value is not None)
-                batch[3].append(entry_count)
-                entry_count += 1
-            if len(rows) > len(entry.metrics):  # kept series of metrics no longer checked: never sampled
+                batch[3].append(flat)
+                flat += 1
+            if len(rows) > len(metrics):  # kept series of metrics no longer checked: never sampled
                 for metric, row in rows.items():
-                    if metric not in entry.metrics:
-                        batch = batches.setdefault((*shape, metric), ([], [], [], []))
+                    if metric not in metrics:
+                        batch = batches.setdefault((shape, metric), ([], [], [], []))
                         batch[0].append(row)
                         batch[1].append(nan)
                         batch[2].append(False)
                         batch[3].append(-1)
-        for session_id in [s for s in self.rows if s not in recorded]:
-            self._free(session_id)
-        averages = np.full(entry_count, np.nan)
-        to_fill = np.zeros(entry_count)
+        if len(known_rows) > len(entries) or flat > len(entries):  # some sessions may not be recorded any more
+            recorded = {entry.session_id for entry in entries}
+            for session_id in [s for s in known_rows if s not in recorded]:
+                self._free(session_id)
+        averages = np.full(flat, np.nan)
+        to_fill = np.zeros(flat)
         for key, (rows_list, values, keyed, positions) in batches.items():
-            table, rows_array = self.tables[key], np.array(rows_list, np.int64)
+            table, rows_array = tables[key], np.array(rows_list, np.int64)
             table.record(rows_array, np.array(values), np.array(keyed), stamp)
             at = np.array(positions, np.int64)
             wanted = at >= 0
             average, fill = table.readings(rows_array[wanted], now_ms)
             averages[at[wanted]], to_fill[at[wanted]] = average, fill
-        average_list, fill_list = averages.tolist(), to_fill.tolist()
-        per_session: list[list[float | None]] = []
-        fills: list[float] = []
-        first = 0
-        for entry in entries:
-            width = len(entry.metrics)
-            per_session.append([None if a != a else a for a in average_list[first : first + width]])
-            fills.append(max(fill_list[first : first + width], default=0.0))
-            first += width
-        return Recorded(per_session, fills)
+        if not entries:
+            return Recorded([], [])
+        starts = np.cumsum([0] + [len(entry.metrics) for entry in entries[:-1]])
+        return Recorded(
+            [None if a != a else a for a in averages.tolist()], np.maximum.reduceat(to_fill, starts).tolist()
+        )
 
     # -- the stored form --
 
     def docs(self) -> dict[str, WindowDoc]:
-        """Session id -> its window as stored (as ``UtilizationWindow.to_doc``: the same document)."""
-        docs: dict[str, WindowDoc] = {}
-        unrolled: dict[tuple[float, float, str], dict[int, tuple[list[int], list[int]]]] = {}
+        """Session id -> its window as stored (as ``UtilizationWindow.to_doc``: metrics sampled together share one
+        stamp list; the series in the order of the session's checked metrics)."""
+        stored: dict[tuple[Shape, str], dict[int, tuple[list[int], list[int]]]] = {}
         for key, table in self.tables.items():
             live = np.flatnonzero(table.count > 0)
-            stamp_rows, value_rows = table.unrolled(live)
-            counts = table.count[live].tolist()
-            unrolled[key] = {
-                row: (s[:n], v[:n]) for row, s, v, n in zip(live.tolist(), stamp_rows, value_rows, counts, strict=True)
-            }
+            stamp_rows, value_rows = table.stored(live)
+            stored[key] = dict(zip(live.tolist(), zip(stamp_rows, value_rows, strict=True), strict=True))
+        docs: dict[str, WindowDoc] = {}
         for session_id, (shape, rows) in self.rows.items():
-            tables: dict[tuple[int, ...], int] = {}
             lists: list[list[int]] = []
             series: dict[str, tuple[int, Sequence[int]]] = {}
             for metric, row in rows.items():
-                found = unrolled[(*shape, metric)].get(row)
+                found = stored[(shape, metric)].get(row)
                 if found is None:
                     continue
-                stamps, values = found
-                shared = tuple(stamps)
-                index = tables.get(shared)
-                if index is None:
-                    index = tables[shared] = len(lists)
-                    lists.append([stamps[0], *(b - a for a, b in zip(stamps, stamps[1:], strict=False))])
-                series[metric] = (index, values)
+                deltas, values = found
+                if deltas in lists:  # a list equal to one before it (a C-level comparison of at most a few lists)
+                    series[metric] = (lists.index(deltas), values)
+                else:
+                    series[metric] = (len(lists), values)
+                    lists.append(deltas)
             docs[session_id] = WindowDoc(JSON_VERSION, shape[0], shape[1], lists, series)
         return docs

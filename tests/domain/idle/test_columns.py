@@ -42,12 +42,14 @@ def check_same(sweeps: Sequence[Sweep], columns: WindowColumns | None = None) ->
         recorded = columns.record(ts, entries)
         reference = plain(reference, ts, entries)
         assert dict(columns) == reference
+        averages = [reference[e.session_id].average(m) for e in entries for m in e.metrics]
+        assert recorded.averages == averages
         for i, entry in enumerate(entries):
             window = reference[entry.session_id]
-            assert recorded.averages[i] == [window.average(m) for m in entry.metrics]
             assert recorded.to_fill[i] == max(window.seconds_until_full(m, now=ts) for m in entry.metrics)
         stored = {i: UtilizationWindow.from_doc(decode(encode(doc), WindowDoc)) for i, doc in columns.docs().items()}
         assert stored == reference
+        assert dict(WindowColumns.of(reference)) == reference  # as a new leader loads them
     return columns
 
 
