@@ -151,17 +151,24 @@ class SeriesTable:
 
     def stored(self, rows: Ints) -> tuple[list[list[int]], list[list[int]]]:
         """Each row's series as stored, oldest first: (its first stamp then the milliseconds since the one before;
-        its values), cut to its count."""
+        its values), cut to its count. Rows sampled at the same sweeps share one stamp list (in the steady state
+        nearly all of them: only the distinct ones are turned into Python numbers)."""
         capacity = self.stamps.shape[1]
+        counts = self.count[rows]
         order = (self.start[rows][:, None] + np.arange(capacity)) % capacity
         stamps = np.take_along_axis(self.stamps[rows], order, 1)
         stamps[:, 1:] = np.diff(stamps, axis=1)
+        stamps[np.arange(capacity) >= counts[:, None]] = 0  # past the count: equal series give equal bytes
+        distinct: dict[bytes, list[int]] = {}
+        stamp_lists = []
+        for row, n in zip(stamps, counts.tolist(), strict=True):
+            key = row.tobytes()
+            found = distinct.get(key)
+            if found is None:
+                found = distinct[key] = row[:n].tolist()
+            stamp_lists.append(found)
         values = np.take_along_axis(self.values[rows], order, 1)
-        counts = self.count[rows].tolist()
-        return (
-            [row[:n] for row, n in zip(stamps.tolist(), counts, strict=True)],
-            [row[:n] for row, n in zip(values.tolist(), counts, strict=True)],
-        )
+        return stamp_lists, [row[:n] for row, n in zip(values.tolist(), counts.tolist(), strict=True)]
 
 
 class Recorded(NamedTuple):
@@ -335,7 +342,7 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
                 if found is None:
                     continue
                 deltas, values = found
-                if deltas in lists:  # a list equal to one before it (a C-level comparison of at most a few lists)
+                if deltas in lists:  # the same list, or one equal to it (a C-level comparison of at most a few)
                     series[metric] = (lists.index(deltas), values)
                 else:
                     series[metric] = (len(lists), values)
