@@ -63,6 +63,13 @@ class PublishedPolicy:
     text: str
 
 
+def report_document(checked_at: bytes, verdict: Verdict) -> bytes:
+    """A verdict's idle report as stored (``ReportDoc``): ``encode({"checked_at": ..., **verdict.to_dict()})`` byte for
+    byte, written without the dicts (msgspec writes the verdict's structs field by field as ``to_dict`` spells them);
+    ``checked_at``: the moment as ``core.codec.encode`` writes it, once for the whole sweep."""
+    return b'{"checked_at":' + checked_at + b"," + encode(verdict)[1:]
+
+
 class IdleStore:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
@@ -83,9 +90,9 @@ class IdleStore:
         """One sweep's reports, and (when given) the windows to save and those to drop, in one transaction."""
 
         def write(pipe: Pipeline) -> None:
+            stamp = encode(checked_at)
             for session_id, verdict in verdicts.items():
-                report: ReportDoc = {"checked_at": checked_at, **verdict.to_dict()}
-                pipe.set(self.keys.idle_report(session_id), encode(report), ex=ttl)
+                pipe.set(self.keys.idle_report(session_id), report_document(stamp, verdict), ex=ttl)
             if forget_windows:
                 pipe.hdel(self.keys.idle_windows, *forget_windows)
             if windows:

@@ -100,27 +100,24 @@ def evaluate_recorded(
     """:func:`evaluate` of a session whose window the caller has read already (``domain.idle.columns``): moments in
     unix seconds, ``checked`` the thresholds judged (None or empty when utilization is not checked), ``averages`` and
     ``to_fill`` as :func:`utilization_report` takes them. The same verdict as :func:`evaluate` on the same facts (the
-    reference, kept as it was), its checks written out here with records built as plain tuples (``tuple.__new__``: a
-    NamedTuple's own constructor is Python code, several times dearer): the idle sweep calls it for every session."""
+    reference, kept as it was), its checks written out here, positional (the idle sweep calls it for every session)."""
     if type in LIFETIME_EXEMPT:
         lifetime = _BATCH_TIMEOUT
     elif (limit := policy.max_session_lifetime) is None:
         lifetime = _NO_LIFETIME
     else:
         left = started + limit - now
-        lifetime = _new(CheckReport, (_LIFETIME, left <= 0, max(left, 0.0), RemainingBasis.LIFETIME, "", None, ()))
+        lifetime = CheckReport(_LIFETIME, left <= 0, max(left, 0.0), RemainingBasis.LIFETIME)
     if type in NETWORK_EXEMPT:
         network = _NETWORK_EXEMPT[type]
     elif (timeout := policy.network_idle_timeout) is None:
         network = _NO_NETWORK_TIMEOUT
     elif open_connections > 0:
-        network = _new(
-            CheckReport, (_NETWORK, False, timeout, RemainingBasis.IDLENESS, "app connections open", None, ())
-        )
+        network = CheckReport(_NETWORK, False, timeout, RemainingBasis.IDLENESS, "app connections open")
     else:
         activity = last_activity if last_activity is not None else started
         left = timeout - max(0.0, now - max(activity, started))
-        network = _new(CheckReport, (_NETWORK, left <= 0, max(left, 0.0), RemainingBasis.IDLENESS, "", None, ()))
+        network = CheckReport(_NETWORK, left <= 0, max(left, 0.0), RemainingBasis.IDLENESS)
     utilization = policy.utilization
     if utilization is None:
         usage = _UTILIZATION_OFF
@@ -129,17 +126,16 @@ def evaluate_recorded(
     else:
         usage = _utilization(now, started, utilization, checked, averages, to_fill)
     reports = (lifetime, network, usage)
-    if lifetime[1]:  # expired
-        return _new(Verdict, (True, TerminationReason.SESSION_LIFETIME, reports))
-    if network[1]:
-        return _new(Verdict, (True, TerminationReason.NETWORK_TIMEOUT, reports))
-    if usage[1]:
-        return _new(Verdict, (True, TerminationReason.UTILIZATION, reports))
-    return _new(Verdict, (False, None, reports))
+    if lifetime.expired:
+        return Verdict(True, TerminationReason.SESSION_LIFETIME, reports)
+    if network.expired:
+        return Verdict(True, TerminationReason.NETWORK_TIMEOUT, reports)
+    if usage.expired:
+        return Verdict(True, TerminationReason.UTILIZATION, reports)
+    return Verdict(False, None, reports)
 
 
 _LIFETIME, _NETWORK = CheckName.SESSION_LIFETIME, CheckName.NETWORK_TIMEOUT
-_new = tuple.__new__
 
 
 def _no_deadline(name: CheckName, note: str) -> CheckReport:
@@ -227,9 +223,8 @@ def _utilization(
     averages: Sequence[float | None],
     to_fill: float,
 ) -> CheckReport:
-    # records built as plain tuples, as in evaluate_recorded
     name, operator = CheckName.UTILIZATION, policy.operator
-    readings = tuple([_new(MetricReading, r) for r in zip(checked, averages, checked.values(), strict=True)])
+    readings = tuple([MetricReading(m, a, t) for m, a, t in zip(checked, averages, checked.values(), strict=True)])
     report: tuple[CheckName, bool, float | None, RemainingBasis, str, ThresholdOperator, tuple[MetricReading, ...]]
     grace_left = started + policy.grace_period - now
     if grace_left > 0:
@@ -237,12 +232,12 @@ def _utilization(
     elif to_fill > 0:
         report = (name, False, to_fill, RemainingBasis.WINDOW, "collecting samples", operator, readings)
     else:
-        below = [average is not None and average < threshold for _, average, threshold in readings]
+        below = [r.average is not None and r.average < r.threshold for r in readings]
         if all(below) if operator is ThresholdOperator.ALL else any(below):
             report = (name, True, 0.0, RemainingBasis.WINDOW, "below thresholds", operator, readings)
         else:
             report = (name, False, None, RemainingBasis.WINDOW, "utilized", operator, readings)
-    return _new(CheckReport, report)
+    return CheckReport(*report)
 
 
 def checked_thresholds(policy: UtilizationPolicy, requested_slots: SlotAmounts) -> Mapping[str, float]:

@@ -1,5 +1,6 @@
 """``idle.sweep.judge`` (windows as columns, verdicts from their readings) against the plain per-session path: each
-window fed by ``record_sample``, each verdict ``evaluate(session_facts(...))``, sweep after sweep. Pure (no Redis).
+window fed by ``record_sample``, each verdict ``evaluate(session_facts(...))``, sweep after sweep; and each verdict's
+stored report (``stores.idle.report_document``) as the dicts of ``Verdict.to_dict`` were written. Pure (no Redis).
 
 Each case is a list of sweeps; a sweep names the policy in force and, per session, its kernels' slots and its sample
 (a session not named is no longer RUNNING)."""
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from core.codec import decode, encode
 from domain.idle.arbiter import SessionFacts, evaluate
 from domain.idle.config import EffectivePolicy, IdlePolicyConfig
 from domain.idle.facts import Activity, SessionView, checked_metrics, policy_for, session_facts
@@ -20,6 +22,7 @@ from domain.idle.verdict import Verdict
 from domain.idle.window import UtilizationWindow, record_sample
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from idle.sweep import judge
+from stores.idle import ReportDoc, report_document
 from tests.domain.idle.factories import T0, at
 
 POLICY = """
@@ -114,6 +117,11 @@ def run(sweeps: list[Sweep], *, start: float = 0.0, every: float = 15.0) -> None
                       samples=samples, derived=derived)  # fmt: skip
         expected, plain_windows = reference(now_s, config, sessions, plain_windows, samples)
         assert swept.verdicts == expected, f"sweep {n}"
+        stamp = encode(at(now_s))
+        for verdict in swept.verdicts.values():  # the stored report: as the dicts were written, and read back
+            stored = report_document(stamp, verdict)
+            assert stored == encode({"checked_at": at(now_s), **verdict.to_dict()})
+            assert Verdict.from_dict(decode(stored, ReportDoc)) == verdict
         assert dict(swept.windows) == plain_windows, f"sweep {n}"
         slow = judge(now=at(now_s), sessions=views, config=config, windows=other, activity=ACTIVITY,
                      samples=samples, arbiter=not_evaluate)  # fmt: skip
