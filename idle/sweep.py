@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from core.keys import Keys
 from devices.catalog import DeviceCatalog
 from domain.idle.arbiter import Arbiter, SessionFacts, checked_thresholds, evaluate, evaluate_recorded
-from domain.idle.columns import Entry, WindowColumns
+from domain.idle.columns import WindowColumns
 from domain.idle.config import EffectivePolicy, IdlePolicyConfig
 from domain.idle.facts import Activity, SweptSession, checked_metrics, policy_for, requested_slots, started_at
 from domain.idle.metrics import requested_device_prefixes
@@ -46,11 +46,38 @@ class Derived(NamedTuple):
     """The same, unix seconds."""
     devices: frozenset[str]
     """The device prefixes of its slots (:func:`~domain.idle.metrics.requested_device_prefixes`)."""
+    plan: Plan | None = None
+    """How it was judged under the policy file of :attr:`Plan.config` (kept while that file is in force and the
+    session's owner and project set no limits)."""
 
     @classmethod
     def of(cls, session: SweptSession) -> Derived:
         slots, started = requested_slots(session), started_at(session)
         return cls(session, slots, started, started.timestamp(), requested_device_prefixes(slots))
+
+
+class Plan(NamedTuple):
+    """How a session is judged under one policy file."""
+
+    config: IdlePolicyConfig
+    policy: EffectivePolicy
+    checked: Mapping[str, float] | None
+    """Metric -> threshold judged (None or empty: utilization not checked)."""
+    shape: tuple[float, float]
+    """Its window's (seconds, interval)."""
+    metrics: tuple[str, ...]
+    """The checked metrics (empty: no window)."""
+
+
+def _plan(config: IdlePolicyConfig, session: SweptSession, limits: SessionLimits | None, known: Derived) -> Plan:
+    policy = policy_for(config, session, limits)
+    utilization = policy.utilization
+    if utilization is None:
+        return Plan(config, policy, None, (0.0, 0.0), ())
+    checked = utilization.checked_by_devices.get(known.devices)
+    if checked is None:
+        checked = checked_thresholds(utilization, known.slots)
+    return Plan(config, policy, checked, (utilization.window, policy.check_interval), tuple(checked))
 
 
 class Sweep(NamedTuple):
@@ -89,24 +116,23 @@ def judge(
     ts = now.timestamp()
     kept: dict[str, Derived] = {}
     judged: list[tuple[SweptSession, Derived, EffectivePolicy, Mapping[str, float] | None]] = []
-    entries: list[Entry] = []
+    entries: list[tuple[str, tuple[float, float], tuple[str, ...], Sample]] = []
     no_sample: Sample = {}
     for session in sessions:
         session_id = session.id
         known = derived.get(session_id)
         if known is None or known.session is not session:
             known = Derived.of(session)
+        plan = known.plan
+        session_limits = limits.get(session_id) if limits else None
+        if plan is None or plan.config is not config or session_limits is not None:
+            plan = _plan(config, session, session_limits, known)
+            if session_limits is None:
+                known = known._replace(plan=plan)
         kept[session_id] = known
-        policy = policy_for(config, session, limits.get(session_id))
-        utilization, checked = policy.utilization, None
-        if utilization is not None:
-            checked = utilization.checked_by_devices.get(known.devices)
-            if checked is None:
-                checked = checked_thresholds(utilization, known.slots)
-            if checked:
-                shape = (utilization.window, policy.check_interval)
-                entries.append(Entry(session_id, shape, tuple(checked), samples.get(session_id, no_sample)))
-        judged.append((session, known, policy, checked))
+        if plan.metrics:
+            entries.append((session_id, plan.shape, plan.metrics, samples.get(session_id, no_sample)))
+        judged.append((session, known, plan.policy, plan.checked))
     recorded = columns.record(ts, entries)
     verdicts: dict[str, Verdict] = {}
     averages, to_fill = recorded.averages, recorded.to_fill

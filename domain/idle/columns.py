@@ -271,9 +271,10 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
 
     # -- one sweep --
 
-    def record(self, ts: float, entries: Sequence[Entry]) -> Recorded:
-        """Record one sweep's samples, taken at ``ts`` (unix seconds), for the sessions of ``entries`` (each with at
-        least one metric; the other sessions' windows are dropped), and read back what the utilization check needs."""
+    def record(self, ts: float, entries: Sequence[tuple[str, Shape, Sequence[str], Mapping[str, float]]]) -> Recorded:
+        """Record one sweep's samples, taken at ``ts`` (unix seconds), for the sessions of ``entries`` (:class:`Entry`
+        or plain tuples of its fields; each with at least one metric; the other sessions' windows are dropped), and
+        read back what the utilization check needs."""
         stamp, now_ms = round(ts * SCALE), ts * SCALE
         batches: dict[tuple[Shape, str], tuple[list[int], list[float], list[bool], list[int]]] = {}
         nan, flat = math.nan, 0
@@ -304,7 +305,7 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
                         batch[2].append(False)
                         batch[3].append(-1)
         if len(known_rows) > len(entries) or flat > len(entries):  # some sessions may not be recorded any more
-            recorded = {entry.session_id for entry in entries}
+            recorded = {entry[0] for entry in entries}
             for session_id in [s for s in known_rows if s not in recorded]:
                 self._free(session_id)
         averages = np.full(flat, np.nan)
@@ -318,7 +319,7 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
             averages[at[wanted]], to_fill[at[wanted]] = average, fill
         if not entries:
             return Recorded([], [])
-        starts = np.cumsum([0] + [len(entry.metrics) for entry in entries[:-1]])
+        starts = np.cumsum([0] + [len(entry[2]) for entry in entries[:-1]])
         return Recorded(
             [None if a != a else a for a in averages.tolist()], np.maximum.reduceat(to_fill, starts).tolist()
         )
