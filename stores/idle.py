@@ -96,12 +96,12 @@ class IdleStore:
             if forget_windows:
                 pipe.hdel(self.keys.idle_windows, *forget_windows)
             if windows:
-                docs = (
-                    windows.docs()
+                stored = (
+                    windows.encoded()
                     if isinstance(windows, WindowColumns)
-                    else {i: w.to_doc() for i, w in windows.items()}
+                    else {i: encode(w.to_doc()) for i, w in windows.items()}
                 )
-                pipe.hset(self.keys.idle_windows, mapping={i: encode(doc) for i, doc in docs.items()})
+                pipe.hset(self.keys.idle_windows, mapping={i: text for i, text in stored.items()})
 
         await write_fenced(self.redis, fence, write)
 

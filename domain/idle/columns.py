@@ -18,7 +18,7 @@ sample, as numpy arrays:
 A session's window moves to fresh rows when the policy changes its shape (as ``record_sample`` starts a fresh window),
 and its rows are freed when a sweep no longer records it (not RUNNING any more, or its utilization not checked).
 The columns are a :class:`~collections.abc.Mapping` of session id -> :class:`UtilizationWindow`, built on access
-(tests, a custom arbiter), and :meth:`WindowColumns.docs` writes the stored form (:class:`WindowDoc`, unchanged).
+(tests, a custom arbiter), and :meth:`WindowColumns.encoded` writes the stored form (:class:`WindowDoc`, unchanged).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from domain.idle.window import JSON_VERSION, MAX_GAP_INTERVALS, SCALE, MetricSeries, UtilizationWindow, WindowDoc
+from core.codec import encode
+from domain.idle.window import JSON_VERSION, MAX_GAP_INTERVALS, SCALE, MetricSeries, UtilizationWindow
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -152,23 +153,28 @@ class SeriesTable:
     def stored(self, rows: Ints) -> tuple[list[list[int]], list[list[int]]]:
         """Each row's series as stored, oldest first: (its first stamp then the milliseconds since the one before;
         its values), cut to its count. Rows sampled at the same sweeps share one stamp list (in the steady state
-        nearly all of them: only the distinct ones are turned into Python numbers)."""
+        nearly all of them: only the distinct ones are turned into Python numbers); rows are cut by count group (a
+        full window's count for most), so no list is sliced."""
         capacity = self.stamps.shape[1]
         counts = self.count[rows]
         order = (self.start[rows][:, None] + np.arange(capacity)) % capacity
         stamps = np.take_along_axis(self.stamps[rows], order, 1)
         stamps[:, 1:] = np.diff(stamps, axis=1)
         stamps[np.arange(capacity) >= counts[:, None]] = 0  # past the count: equal series give equal bytes
-        distinct: dict[bytes, list[int]] = {}
-        stamp_lists = []
-        for row, n in zip(stamps, counts.tolist(), strict=True):
-            key = row.tobytes()
-            found = distinct.get(key)
-            if found is None:
-                found = distinct[key] = row[:n].tolist()
-            stamp_lists.append(found)
         values = np.take_along_axis(self.values[rows], order, 1)
-        return stamp_lists, [row[:n] for row, n in zip(values.tolist(), counts.tolist(), strict=True)]
+        stamp_lists: list[list[int]] = [[] for _ in range(len(rows))]
+        value_lists: list[list[int]] = [[] for _ in range(len(rows))]
+        distinct: dict[bytes, list[int]] = {}
+        for count in np.unique(counts).tolist():
+            group = np.flatnonzero(counts == count)
+            for at, row, stamp_row in zip(group.tolist(), values[group, :count].tolist(), stamps[group], strict=True):
+                value_lists[at] = row
+                key = stamp_row.tobytes()
+                found = distinct.get(key)
+                if found is None:
+                    found = distinct[key] = stamp_row[:count].tolist()
+                stamp_lists[at] = found
+        return stamp_lists, value_lists
 
 
 class Recorded(NamedTuple):
@@ -236,16 +242,17 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
                 loading.setdefault((shape, metric), []).append((row, series))
         for key, loaded in loading.items():
             table = columns.tables[key]
-            counts = np.array([len(series.stamps) for _, series in loaded], np.int64)
-            while counts.max() > table.stamps.shape[1]:
+            by_count: dict[int, list[tuple[int, MetricSeries]]] = {}
+            for row, series in loaded:
+                by_count.setdefault(len(series.stamps), []).append((row, series))
+            while max(by_count) > table.stamps.shape[1]:
                 table._widen()
-            rows_array = np.array([row for row, _ in loaded], np.int64)
-            at_row = np.repeat(rows_array, counts)
-            at_column = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-            table.stamps[at_row, at_column] = [stamp for _, series in loaded for stamp in series.stamps]
-            table.values[at_row, at_column] = [value for _, series in loaded for value in series.values]
-            table.count[rows_array] = counts
-            table.total[rows_array] = [series.total for _, series in loaded]
+            for count, group in by_count.items():  # a full window's count for most: one 2-D write each
+                rows_array = np.array([row for row, _ in group], np.int64)
+                table.stamps[rows_array, :count] = np.array([series.stamps for _, series in group], np.int64)
+                table.values[rows_array, :count] = np.array([series.values for _, series in group], np.int64)
+                table.count[rows_array] = count
+                table.total[rows_array] = [series.total for _, series in group]
         return columns
 
     def _table(self, shape: Shape, metric: str) -> SeriesTable:
@@ -326,18 +333,19 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
 
     # -- the stored form --
 
-    def docs(self) -> dict[str, WindowDoc]:
-        """Session id -> its window as stored (as ``UtilizationWindow.to_doc``: metrics sampled together share one
-        stamp list; the series in the order of the session's checked metrics)."""
+    def encoded(self) -> dict[str, bytes]:
+        """Session id -> its window as stored: the JSON of ``UtilizationWindow.to_doc`` (:class:`WindowDoc`, written by
+        ``core.codec``, the same fields in the same order; metrics sampled together share one stamp list; the series
+        in the order of the session's checked metrics)."""
         stored: dict[tuple[Shape, str], dict[int, tuple[list[int], list[int]]]] = {}
         for key, table in self.tables.items():
             live = np.flatnonzero(table.count > 0)
             stamp_rows, value_rows = table.stored(live)
             stored[key] = dict(zip(live.tolist(), zip(stamp_rows, value_rows, strict=True), strict=True))
-        docs: dict[str, WindowDoc] = {}
+        encoded: dict[str, bytes] = {}
         for session_id, (shape, rows) in self.rows.items():
             lists: list[list[int]] = []
-            series: dict[str, tuple[int, Sequence[int]]] = {}
+            series: dict[str, tuple[int, list[int]]] = {}
             for metric, row in rows.items():
                 found = stored[(shape, metric)].get(row)
                 if found is None:
@@ -348,5 +356,13 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
                 else:
                     series[metric] = (len(lists), values)
                     lists.append(deltas)
-            docs[session_id] = WindowDoc(JSON_VERSION, shape[0], shape[1], lists, series)
-        return docs
+            # a dict in WindowDoc's field order: written as encode(WindowDoc(...)) is, without its frozen __init__
+            doc = {
+                "v": JSON_VERSION,
+                "window_seconds": shape[0],
+                "interval": shape[1],
+                "stamps": lists,
+                "series": series,
+            }
+            encoded[session_id] = encode(doc)
+        return encoded

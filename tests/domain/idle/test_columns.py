@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.codec import decode, encode
+from core.codec import decode
 from domain.idle.columns import Entry, WindowColumns
 from domain.idle.window import UtilizationWindow, WindowDoc, record_sample
 
@@ -47,7 +47,7 @@ def check_same(sweeps: Sequence[Sweep], columns: WindowColumns | None = None) ->
         for i, entry in enumerate(entries):
             window = reference[entry.session_id]
             assert recorded.to_fill[i] == max(window.seconds_until_full(m, now=ts) for m in entry.metrics)
-        stored = {i: UtilizationWindow.from_doc(decode(encode(doc), WindowDoc)) for i, doc in columns.docs().items()}
+        stored = {i: UtilizationWindow.from_doc(decode(text, WindowDoc)) for i, text in columns.encoded().items()}
         assert stored == reference
         assert dict(WindowColumns.of(reference)) == reference  # as a new leader loads them
     return columns
