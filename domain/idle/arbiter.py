@@ -107,17 +107,17 @@ def evaluate_recorded(
         lifetime = _NO_LIFETIME
     else:
         left = started + limit - now
-        lifetime = CheckReport(_LIFETIME, left <= 0, max(left, 0.0), RemainingBasis.LIFETIME)
+        lifetime = CheckReport(_LIFETIME, left <= 0, max(left, 0.0), _BY_LIFETIME)
     if type in NETWORK_EXEMPT:
         network = _NETWORK_EXEMPT[type]
     elif (timeout := policy.network_idle_timeout) is None:
         network = _NO_NETWORK_TIMEOUT
     elif open_connections > 0:
-        network = CheckReport(_NETWORK, False, timeout, RemainingBasis.IDLENESS, "app connections open")
+        network = CheckReport(_NETWORK, False, timeout, _BY_IDLENESS, "app connections open")
     else:
         activity = last_activity if last_activity is not None else started
         left = timeout - max(0.0, now - max(activity, started))
-        network = CheckReport(_NETWORK, left <= 0, max(left, 0.0), RemainingBasis.IDLENESS)
+        network = CheckReport(_NETWORK, left <= 0, max(left, 0.0), _BY_IDLENESS)
     utilization = policy.utilization
     if utilization is None:
         usage = _UTILIZATION_OFF
@@ -127,15 +127,20 @@ def evaluate_recorded(
         usage = _utilization(now, started, utilization, checked, averages, to_fill)
     reports = (lifetime, network, usage)
     if lifetime.expired:
-        return Verdict(True, TerminationReason.SESSION_LIFETIME, reports)
+        return Verdict(True, _ENDS_LIFETIME, reports)
     if network.expired:
-        return Verdict(True, TerminationReason.NETWORK_TIMEOUT, reports)
+        return Verdict(True, _ENDS_IDLE, reports)
     if usage.expired:
-        return Verdict(True, TerminationReason.UTILIZATION, reports)
+        return Verdict(True, _ENDS_UNUSED, reports)
     return Verdict(False, None, reports)
 
 
-_LIFETIME, _NETWORK = CheckName.SESSION_LIFETIME, CheckName.NETWORK_TIMEOUT
+# enum members as module constants: a member read from its class costs a lookup through the enum's metaclass
+_LIFETIME, _NETWORK, _UTILIZATION = CheckName.SESSION_LIFETIME, CheckName.NETWORK_TIMEOUT, CheckName.UTILIZATION
+_BY_LIFETIME, _BY_IDLENESS = RemainingBasis.LIFETIME, RemainingBasis.IDLENESS
+_GRACE, _WINDOW, _ALL = RemainingBasis.GRACE_PERIOD, RemainingBasis.WINDOW, ThresholdOperator.ALL
+_ENDS_LIFETIME, _ENDS_IDLE = TerminationReason.SESSION_LIFETIME, TerminationReason.NETWORK_TIMEOUT
+_ENDS_UNUSED = TerminationReason.UTILIZATION
 
 
 def _no_deadline(name: CheckName, note: str) -> CheckReport:
@@ -223,21 +228,17 @@ def _utilization(
     averages: Sequence[float | None],
     to_fill: float,
 ) -> CheckReport:
-    name, operator = CheckName.UTILIZATION, policy.operator
+    operator = policy.operator
     readings = tuple([MetricReading(m, a, t) for m, a, t in zip(checked, averages, checked.values(), strict=True)])
-    report: tuple[CheckName, bool, float | None, RemainingBasis, str, ThresholdOperator, tuple[MetricReading, ...]]
     grace_left = started + policy.grace_period - now
     if grace_left > 0:
-        report = (name, False, grace_left, RemainingBasis.GRACE_PERIOD, "in grace period", operator, readings)
-    elif to_fill > 0:
-        report = (name, False, to_fill, RemainingBasis.WINDOW, "collecting samples", operator, readings)
-    else:
-        below = [r.average is not None and r.average < r.threshold for r in readings]
-        if all(below) if operator is ThresholdOperator.ALL else any(below):
-            report = (name, True, 0.0, RemainingBasis.WINDOW, "below thresholds", operator, readings)
-        else:
-            report = (name, False, None, RemainingBasis.WINDOW, "utilized", operator, readings)
-    return CheckReport(*report)
+        return CheckReport(_UTILIZATION, False, grace_left, _GRACE, "in grace period", operator, readings)
+    if to_fill > 0:
+        return CheckReport(_UTILIZATION, False, to_fill, _WINDOW, "collecting samples", operator, readings)
+    below = [r.average is not None and r.average < r.threshold for r in readings]
+    if all(below) if operator is _ALL else any(below):
+        return CheckReport(_UTILIZATION, True, 0.0, _WINDOW, "below thresholds", operator, readings)
+    return CheckReport(_UTILIZATION, False, None, _WINDOW, "utilized", operator, readings)
 
 
 def checked_thresholds(policy: UtilizationPolicy, requested_slots: SlotAmounts) -> Mapping[str, float]:
