@@ -36,7 +36,7 @@ from typing import Any
 
 from devices.catalog import DeviceCatalog
 from domain.idle.metrics import CPU_UTIL, MEM
-from nomad_jobs.stats import AllocStats
+from nomad_jobs.stats import AllocStats, MemoryUsage, ResourceUsage, usage_of
 
 Json = Mapping[str, Any]
 
@@ -53,38 +53,41 @@ def kernel_sample(
 ) -> dict[str, float]:
     """One kernel's (allocation's) metrics in percent, normalized by what it was allocated (``alloc_stats``: as the
     Nomad client reads them, or the body's plain JSON)."""
-    usage: Json | None
+    usage: ResourceUsage | None
     if isinstance(alloc_stats, AllocStats):
-        usage = alloc_stats.resource_usage
+        usage = alloc_stats.usage
         if usage is None:
-            usage = _sum_task_usage(alloc_stats.task_usages())
+            usage = usage_of(_sum_task_usage(alloc_stats.task_usages()))
     else:
-        usage = alloc_stats.get("ResourceUsage")
-        if usage is None:
-            usage = _sum_task_usage(alloc_stats.get("Tasks") or {})
+        plain = alloc_stats.get("ResourceUsage")
+        usage = usage_of(plain if plain is not None else _sum_task_usage(alloc_stats.get("Tasks") or {}))
+    cpu, memory, device_groups = usage.cpu_stats, usage.memory_stats, usage.device_stats
     sample: dict[str, float] = {}
     if unmeasured(usage):
         return sample
-    percent = _number((usage.get("CpuStats") or {}).get("Percent"))
+    percent = _number(cpu.percent) if cpu is not None else None
     if percent is not None and cores > 0:
         sample[CPU_UTIL] = percent / cores
-    in_use = _memory_in_use(usage.get("MemoryStats"))
+    in_use = _memory_in_use(memory) if memory is not None else None
     if in_use is not None and memory_bytes > 0:
         sample[MEM] = in_use / memory_bytes * 100
-    sample.update(_device_metrics(usage.get("DeviceStats") or (), devices or DeviceCatalog()))
+    if device_groups:
+        sample.update(_device_metrics(device_groups, devices or DeviceCatalog()))
     return sample
 
 
-def unmeasured(usage: Json) -> bool:
+def unmeasured(usage: ResourceUsage) -> bool:
     """Is this Nomad's answer for an allocation whose client collects no statistics (``telemetry {
     publish_allocation_metrics = true }`` missing, the default outside ``-dev``)? Zeros with nothing ``Measured``
     and no devices: read as a gap, never as an idle session."""
-    cpu, memory = usage.get("CpuStats") or {}, usage.get("MemoryStats") or {}
-    return not (cpu.get("Measured") or memory.get("Measured") or usage.get("DeviceStats"))
+    cpu, memory = usage.cpu_stats, usage.memory_stats
+    return not ((cpu is not None and cpu.measured) or (memory is not None and memory.measured) or usage.device_stats)
 
 
 def session_sample(kernel_samples: Iterable[Mapping[str, float]]) -> dict[str, float]:
     """A session's metrics: per metric, the mean over the kernels that reported it."""
+    if isinstance(kernel_samples, (list, tuple)) and len(kernel_samples) == 1:
+        return dict(kernel_samples[0])  # one kernel (most sessions): each mean is its one value
     readings: dict[str, list[float]] = {}
     for sample in kernel_samples:
         for metric, value in sample.items():
@@ -108,15 +111,15 @@ def _sum_task_usage(tasks: Json) -> Json:
     return {"CpuStats": {"Percent": percent}, "MemoryStats": memory or None, "DeviceStats": devices}
 
 
-def _memory_in_use(stats: Json | None) -> float | None:
-    if not stats:
-        return None
-    measured = stats.get("Measured") or ()
-    rss = _number(stats.get("RSS")) or 0.0
+def _memory_in_use(stats: MemoryUsage) -> float | None:
+    if stats.rss is None and stats.usage is None and stats.cache is None and stats.measured is None:
+        return None  # an empty MemoryStats: nothing read
+    measured = stats.measured or ()
+    rss = _number(stats.rss) or 0.0
     if "RSS" in measured or (not measured and rss):
         return rss
-    usage = _number(stats.get("Usage")) or 0.0
-    return max(usage - (_number(stats.get("Cache")) or 0.0), 0.0)
+    usage = _number(stats.usage) or 0.0
+    return max(usage - (_number(stats.cache) or 0.0), 0.0)
 
 
 def _device_metrics(groups: Iterable[Json], devices: DeviceCatalog) -> dict[str, float]:

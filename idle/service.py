@@ -16,13 +16,13 @@ of the policy in force:
 
 Windows live in the leader's memory between saves; a new leader starts from the last save.
 
-Between sweeps the leader holds about 10,000 windows of a few million samples, the sessions' views and what the
-sweep derived from them: long-lived objects Python's cyclic garbage collector would otherwise walk again and again
-while a sweep allocates (a third to a half of what decoding cost in ``bench/idle``). :func:`settle` moves them out of
-its reach (``gc.freeze``) after the windows are loaded and after each sweep; every :data:`FULL_COLLECTION_INTERVAL`
-it first collects in full (a fifth of a second for 10,000 sessions), so cyclic garbage frozen meanwhile is freed
-within minutes. Reference counting frees everything else as usual. The service runs in a process of its own
-(``caravan idle``).
+Between sweeps the leader holds every session's utilization window (as numpy arrays, ``domain.idle.columns``), the
+sessions' views and what the sweep derived from them: long-lived objects Python's cyclic garbage collector would
+otherwise walk again and again while a sweep allocates (a third to a half of what decoding cost in ``bench/idle``).
+:func:`settle` moves them out of its reach (``gc.freeze``) after the windows are loaded and after each sweep; every
+:data:`FULL_COLLECTION_INTERVAL` it first collects in full (a fifth of a second for 10,000 sessions), so cyclic
+garbage frozen meanwhile is freed within minutes. Reference counting frees everything else as usual. The service runs
+in a process of its own (``caravan idle``).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from core.lease import Fence, Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
 from domain.idle.arbiter import Arbiter, evaluate
+from domain.idle.columns import WindowColumns
 from domain.idle.facts import SessionView
 from domain.idle.verdict import Verdict
-from domain.idle.window import UtilizationWindow
 from domain.model import SessionStatus
 from domain.scheduling_config import load_scheduler_config
 from idle.reload import PolicySource
@@ -67,7 +67,8 @@ class Term:
     """What one leadership term keeps between sweeps."""
 
     fence: Fence
-    windows: dict[str, UtilizationWindow]
+    windows: WindowColumns
+    """Every session's utilization window, recorded into by each sweep."""
     saved_window_ids: set[str]
     """Sessions whose window is in Redis: those that ended are dropped at the next save."""
     saved_at: float = field(default_factory=time.monotonic)
@@ -126,7 +127,7 @@ class IdleService:
 
     async def lead(self, fence: Fence) -> None:
         saved = await self.idle_store.load_windows()
-        term = Term(fence=fence, windows=saved, saved_window_ids=set(saved))
+        term = Term(fence=fence, windows=WindowColumns.of(saved), saved_window_ids=set(saved))
         settle(collect=True)
         await self.idle_store.publish_policy(fence, self.policy.published)
         await forever("idle sweep", lambda: self._sweep_and_wait(term))

@@ -19,11 +19,13 @@ from redis.asyncio import Redis
 
 from core.keys import Keys
 from devices.catalog import DeviceCatalog
-from domain.idle.arbiter import Arbiter, SessionFacts, checked_thresholds, evaluate
-from domain.idle.config import IdlePolicyConfig
+from domain.idle.arbiter import Arbiter, SessionFacts, checked_thresholds, evaluate, evaluate_recorded
+from domain.idle.columns import WindowColumns
+from domain.idle.config import EffectivePolicy, IdlePolicyConfig
 from domain.idle.facts import Activity, SweptSession, checked_metrics, policy_for, requested_slots, started_at
+from domain.idle.metrics import requested_device_prefixes
 from domain.idle.verdict import Verdict
-from domain.idle.window import UtilizationWindow, record_sample
+from domain.idle.window import UtilizationWindow
 from domain.resource_policies import SessionLimits
 from idle.collect import Sample, collect_samples
 from nomad_jobs.client import NomadClient
@@ -40,12 +42,48 @@ class Derived(NamedTuple):
     """Its :func:`~domain.idle.facts.requested_slots`."""
     started: datetime
     """Its :func:`~domain.idle.facts.started_at`."""
+    started_ts: float
+    """The same, unix seconds."""
+    devices: frozenset[str]
+    """The device prefixes of its slots (:func:`~domain.idle.metrics.requested_device_prefixes`)."""
+    plan: Plan | None = None
+    """How it was judged under the policy file of :attr:`Plan.config` (kept while that file is in force and the
+    session's owner and project set no limits)."""
+
+    @classmethod
+    def of(cls, session: SweptSession) -> Derived:
+        slots, started = requested_slots(session), started_at(session)
+        return cls(session, slots, started, started.timestamp(), requested_device_prefixes(slots))
+
+
+class Plan(NamedTuple):
+    """How a session is judged under one policy file."""
+
+    config: IdlePolicyConfig
+    policy: EffectivePolicy
+    checked: Mapping[str, float] | None
+    """Metric -> threshold judged (None or empty: utilization not checked)."""
+    shape: tuple[float, float]
+    """Its window's (seconds, interval)."""
+    metrics: tuple[str, ...]
+    """The checked metrics (empty: no window)."""
+
+
+def _plan(config: IdlePolicyConfig, session: SweptSession, limits: SessionLimits | None, known: Derived) -> Plan:
+    policy = policy_for(config, session, limits)
+    utilization = policy.utilization
+    if utilization is None:
+        return Plan(config, policy, None, (0.0, 0.0), ())
+    checked = utilization.checked_by_devices.get(known.devices)
+    if checked is None:
+        checked = checked_thresholds(utilization, known.slots)
+    return Plan(config, policy, checked, (utilization.window, policy.check_interval), tuple(checked))
 
 
 class Sweep(NamedTuple):
     verdicts: dict[str, Verdict]
     """Session id -> verdict, for every session judged."""
-    windows: dict[str, UtilizationWindow]
+    windows: WindowColumns
     """The windows after this sweep's samples: only sessions whose utilization is checked."""
     derived: Mapping[str, Derived] = MappingProxyType({})
     """Session id -> what was derived from it, for the next sweep's ``derived`` (every session judged)."""
@@ -63,43 +101,77 @@ def judge(
     limits: Mapping[str, SessionLimits] = MappingProxyType({}),
     derived: Mapping[str, Derived] = MappingProxyType({}),
 ) -> Sweep:
-    """``limits``: session id -> its owner's and project's resource-policy limits (:mod:`domain.idle.owner_limits`);
-    ``derived``: the last sweep's :attr:`Sweep.derived` (used only for the very same session objects)."""
-    verdicts: dict[str, Verdict] = {}
-    updated: dict[str, UtilizationWindow] = {}
-    kept: dict[str, Derived] = {}
+    """``windows``: the last sweep's :attr:`Sweep.windows` (recorded into in place, and returned) or any windows
+    (copied into new columns); ``limits``: session id -> its owner's and project's resource-policy limits
+    (:mod:`domain.idle.owner_limits`); ``derived``: the last sweep's :attr:`Sweep.derived` (used only for the very
+    same session objects).
+
+    Every session's sample is recorded in one pass over the columns (:meth:`WindowColumns.record`, the rules of
+    ``domain.idle.window.record_sample``), then each verdict is the arbiter's: :func:`evaluate`'s on the readings
+    the columns hand back (:func:`~domain.idle.arbiter.evaluate_recorded`), another arbiter's on the session's
+    window built from the columns."""
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    columns = WindowColumns.of(windows)
     ts = now.timestamp()
+    kept: dict[str, Derived] = {}
+    judged: list[tuple[SweptSession, Derived, EffectivePolicy, Mapping[str, float] | None]] = []
+    entries: list[tuple[str, tuple[float, float], tuple[str, ...], Sample]] = []
+    no_sample: Sample = {}
     for session in sessions:
         session_id = session.id
         known = derived.get(session_id)
         if known is None or known.session is not session:
-            known = Derived(session, requested_slots(session), started_at(session))
+            known = Derived.of(session)
+        plan = known.plan
+        session_limits = limits.get(session_id) if limits else None
+        if plan is None or plan.config is not config or session_limits is not None:
+            plan = _plan(config, session, session_limits, known)
+            if session_limits is None:
+                known = known._replace(plan=plan)
         kept[session_id] = known
-        policy = policy_for(config, session, limits.get(session_id))
-        utilization, window, metrics = policy.utilization, None, None
-        if utilization is not None:
-            metrics = checked_thresholds(utilization, known.slots)
-            if metrics:
-                window = updated[session_id] = record_sample(
-                    windows.get(session_id),
-                    ts=ts,
-                    sample=samples.get(session_id, {}),
-                    window_seconds=utilization.window,
-                    interval=policy.check_interval,
-                    metrics=metrics,
-                )
+        if plan.metrics:
+            entries.append((session_id, plan.shape, plan.metrics, samples.get(session_id, no_sample)))
+        judged.append((session, known, plan.policy, plan.checked))
+    recorded = columns.record(ts, entries)
+    verdicts: dict[str, Verdict] = {}
+    averages, to_fill = recorded.averages, recorded.to_fill
+    entry = first = 0
+    read: Sequence[float | None]
+    for session, known, policy, checked in judged:
+        session_id = session.id
         seen = activity.get(session_id)
+        if arbiter is evaluate:
+            if checked:
+                width = len(checked)
+                read, fill = averages[first : first + width], to_fill[entry]
+                first, entry = first + width, entry + 1
+            else:
+                read, fill = (), 0.0
+            last = seen.last if seen else None
+            verdicts[session_id] = evaluate_recorded(
+                ts,
+                session.type,
+                known.started_ts,
+                last.timestamp() if last is not None else None,
+                seen.open_connections if seen else 0,
+                policy,
+                checked,
+                read,
+                fill,
+            )
+            continue
         facts = SessionFacts(
             type=session.type,
             started_at=known.started,
             last_activity=seen.last if seen else None,
             open_connections=seen.open_connections if seen else 0,
             requested_slots=known.slots,
-            window=window,
-            checked=metrics,
+            window=columns[session_id] if checked else None,
+            checked=checked,
         )
         verdicts[session_id] = arbiter(now=now, session=facts, policy=policy)
-    return Sweep(verdicts, updated, kept)
+    return Sweep(verdicts, columns, kept)
 
 
 async def check_once(

@@ -1,13 +1,15 @@
 """An allocation's resource usage as Nomad's ``GET /v1/client/allocation/:id/stats`` answers it, read by msgspec.
 
 The idle sweep reads one such body per kernel, every sweep: 10,000 of them took a quarter of a second with ``json``.
-:class:`AllocStats` decodes only the allocation's total (``ResourceUsage``, as plain JSON: ``idle.samples`` reads it
-leniently, a reading of the wrong type being a gap rather than an error) and keeps its tasks' usage undecoded
-(``Tasks``: half the body), read only when an older or partial answer lacks the total.
+:class:`AllocStats` decodes only the allocation's total (``ResourceUsage``), and of it only the fields the idle sweep
+reads (:class:`ResourceUsage`: msgspec skips the others without building them); the readings themselves are decoded
+as they come (``idle.samples`` reads them leniently, a reading of the wrong type being a gap rather than an error). Its
+tasks' usage stays undecoded (``Tasks``: half the body), read only when an older or partial answer lacks the total.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -15,11 +17,44 @@ import msgspec
 Json = dict[str, Any]
 
 
-class AllocStats(msgspec.Struct, frozen=True, rename={"resource_usage": "ResourceUsage", "tasks": "Tasks"}):
-    resource_usage: Json | None = None
-    """The allocation's total (``CpuStats``, ``MemoryStats``, ``DeviceStats``); None when Nomad sent none."""
+class CpuUsage(msgspec.Struct, frozen=True, rename="pascal"):
+    percent: Any = None
+    """Percent of one core, summed over the tasks (a number when Nomad measured it; read leniently)."""
+    measured: Any = None
+    """The names of the fields measured (a list, or null)."""
+
+
+class MemoryUsage(
+    msgspec.Struct, frozen=True, rename={"rss": "RSS", "usage": "Usage", "cache": "Cache", "measured": "Measured"}
+):
+    rss: Any = None
+    usage: Any = None
+    cache: Any = None
+    """Bytes (numbers when measured; read leniently)."""
+    measured: Any = None
+
+
+class ResourceUsage(msgspec.Struct, frozen=True, rename="pascal"):
+    """An allocation's (or a task's) usage: only the fields ``idle.samples`` reads are decoded, the rest skipped."""
+
+    cpu_stats: CpuUsage | None = None
+    memory_stats: MemoryUsage | None = None
+    device_stats: Any = None
+    """Device groups, as plain JSON (``[{"Vendor", "Type", "Name", "InstanceStats": {...}}]``; most allocations have
+    none)."""
+
+
+class AllocStats(msgspec.Struct, frozen=True, rename={"usage": "ResourceUsage", "tasks": "Tasks"}):
+    usage: ResourceUsage | None = None
+    """The allocation's total; None when Nomad sent none."""
     tasks: msgspec.Raw = msgspec.Raw(b"{}")
     """Task name -> ``{"ResourceUsage": ...}``, as JSON (:meth:`task_usages` reads it)."""
+
+    @property
+    def resource_usage(self) -> Json | None:
+        """The allocation's total as plain JSON (the fields decoded only)."""
+        converted: Json | None = msgspec.to_builtins(self.usage) if self.usage is not None else None
+        return converted
 
     def task_usages(self) -> Json:
         """Task name -> its stats (``{}`` when there are none or they are not an object)."""
@@ -33,8 +68,17 @@ _STATS = msgspec.json.Decoder(AllocStats)
 
 def parse_alloc_stats(body: bytes) -> AllocStats:
     """``body`` as :class:`AllocStats`; ``ValueError`` when it is not a JSON object with an object (or null) as its
-    ``ResourceUsage``."""
+    ``ResourceUsage``, its ``CpuStats`` and its ``MemoryStats``."""
     try:
         return _STATS.decode(body)
     except msgspec.DecodeError as exc:  # ValidationError included
+        raise ValueError(f"malformed allocation stats: {exc}") from exc
+
+
+def usage_of(plain: Mapping[str, Any]) -> ResourceUsage:
+    """A usage given as plain JSON (a task's, a sum of them, a test's) as :class:`ResourceUsage`; ``ValueError`` as
+    :func:`parse_alloc_stats`."""
+    try:
+        return msgspec.convert(plain, ResourceUsage)
+    except msgspec.ValidationError as exc:
         raise ValueError(f"malformed allocation stats: {exc}") from exc

@@ -26,6 +26,7 @@ from core.codec import decode, encode
 from core.keys import Keys
 from core.lease import Fence, write_fenced
 from core.replies import optional_text, optional_texts, text_hash
+from domain.idle.columns import WindowColumns
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.policy_file import parse_policy
 from domain.idle.verdict import Verdict, VerdictDoc
@@ -62,6 +63,13 @@ class PublishedPolicy:
     text: str
 
 
+def report_document(checked_at: bytes, verdict: Verdict) -> bytes:
+    """A verdict's idle report as stored (``ReportDoc``): ``encode({"checked_at": ..., **verdict.to_dict()})`` byte for
+    byte, written without the dicts (msgspec writes the verdict's structs field by field as ``to_dict`` spells them);
+    ``checked_at``: the moment as ``core.codec.encode`` writes it, once for the whole sweep."""
+    return b'{"checked_at":' + checked_at + b"," + encode(verdict)[1:]
+
+
 class IdleStore:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
@@ -82,13 +90,18 @@ class IdleStore:
         """One sweep's reports, and (when given) the windows to save and those to drop, in one transaction."""
 
         def write(pipe: Pipeline) -> None:
+            stamp = encode(checked_at)
             for session_id, verdict in verdicts.items():
-                report: ReportDoc = {"checked_at": checked_at, **verdict.to_dict()}
-                pipe.set(self.keys.idle_report(session_id), encode(report), ex=ttl)
+                pipe.set(self.keys.idle_report(session_id), report_document(stamp, verdict), ex=ttl)
             if forget_windows:
                 pipe.hdel(self.keys.idle_windows, *forget_windows)
             if windows:
-                pipe.hset(self.keys.idle_windows, mapping={i: encode(w.to_doc()) for i, w in windows.items()})
+                stored = (
+                    windows.encoded()
+                    if isinstance(windows, WindowColumns)
+                    else {i: encode(w.to_doc()) for i, w in windows.items()}
+                )
+                pipe.hset(self.keys.idle_windows, mapping={i: text for i, text in stored.items()})
 
         await write_fenced(self.redis, fence, write)
 

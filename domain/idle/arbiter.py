@@ -22,7 +22,7 @@ Semantics (a deadline is reached *at* its instant: "expired" means ``remaining <
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -30,7 +30,7 @@ from typing import Protocol
 
 from domain.idle.config import CheckName, EffectivePolicy, ThresholdOperator, UtilizationPolicy
 from domain.idle.metrics import ALWAYS_APPLICABLE, SlotAmounts, metric_applies, requested_device_prefixes
-from domain.idle.verdict import CheckReport, MetricReading, RemainingBasis, Verdict
+from domain.idle.verdict import CheckReport, MetricReading, RemainingBasis, TerminationReason, Verdict
 from domain.idle.window import UtilizationWindow
 from domain.model import SessionType
 
@@ -85,6 +85,64 @@ def evaluate(*, now: datetime, session: SessionFacts, policy: EffectivePolicy) -
     )
 
 
+def evaluate_recorded(
+    now: float,
+    type: SessionType,
+    started: float,
+    last_activity: float | None,
+    open_connections: int,
+    policy: EffectivePolicy,
+    checked: Mapping[str, float] | None,
+    averages: Sequence[float | None] = (),
+    to_fill: float = 0.0,
+    /,
+) -> Verdict:
+    """:func:`evaluate` of a session whose window the caller has read already (``domain.idle.columns``): moments in
+    unix seconds, ``checked`` the thresholds judged (None or empty when utilization is not checked), ``averages`` and
+    ``to_fill`` as :func:`utilization_report` takes them. The same verdict as :func:`evaluate` on the same facts (the
+    reference, kept as it was), its checks written out here, positional (the idle sweep calls it for every session)."""
+    if type in LIFETIME_EXEMPT:
+        lifetime = _BATCH_TIMEOUT
+    elif (limit := policy.max_session_lifetime) is None:
+        lifetime = _NO_LIFETIME
+    else:
+        left = started + limit - now
+        lifetime = CheckReport(_LIFETIME, left <= 0, max(left, 0.0), _BY_LIFETIME)
+    if type in NETWORK_EXEMPT:
+        network = _NETWORK_EXEMPT[type]
+    elif (timeout := policy.network_idle_timeout) is None:
+        network = _NO_NETWORK_TIMEOUT
+    elif open_connections > 0:
+        network = CheckReport(_NETWORK, False, timeout, _BY_IDLENESS, "app connections open")
+    else:
+        activity = last_activity if last_activity is not None else started
+        left = timeout - max(0.0, now - max(activity, started))
+        network = CheckReport(_NETWORK, left <= 0, max(left, 0.0), _BY_IDLENESS)
+    utilization = policy.utilization
+    if utilization is None:
+        usage = _UTILIZATION_OFF
+    elif not checked:
+        usage = _NO_THRESHOLD
+    else:
+        usage = _utilization(now, started, utilization, checked, averages, to_fill)
+    reports = (lifetime, network, usage)
+    if lifetime.expired:
+        return Verdict(True, _ENDS_LIFETIME, reports)
+    if network.expired:
+        return Verdict(True, _ENDS_IDLE, reports)
+    if usage.expired:
+        return Verdict(True, _ENDS_UNUSED, reports)
+    return Verdict(False, None, reports)
+
+
+# enum members as module constants: a member read from its class costs a lookup through the enum's metaclass
+_LIFETIME, _NETWORK, _UTILIZATION = CheckName.SESSION_LIFETIME, CheckName.NETWORK_TIMEOUT, CheckName.UTILIZATION
+_BY_LIFETIME, _BY_IDLENESS = RemainingBasis.LIFETIME, RemainingBasis.IDLENESS
+_GRACE, _WINDOW, _ALL = RemainingBasis.GRACE_PERIOD, RemainingBasis.WINDOW, ThresholdOperator.ALL
+_ENDS_LIFETIME, _ENDS_IDLE = TerminationReason.SESSION_LIFETIME, TerminationReason.NETWORK_TIMEOUT
+_ENDS_UNUSED = TerminationReason.UTILIZATION
+
+
 def _no_deadline(name: CheckName, note: str) -> CheckReport:
     return CheckReport(name, False, None, None, note)
 
@@ -124,7 +182,6 @@ def check_network(*, now: float, started: float, session: SessionFacts, timeout:
 def check_utilization(
     *, now: float, started: float, session: SessionFacts, policy: UtilizationPolicy | None, interval: float
 ) -> CheckReport:
-    name = CheckName.UTILIZATION
     if policy is None:
         return _UTILIZATION_OFF
     checked = session.checked
@@ -132,24 +189,56 @@ def check_utilization(
         checked = checked_thresholds(policy, session.requested_slots)
     if not checked:
         return _NO_THRESHOLD
-    window, operator = session.window, policy.operator
+    window = session.window
     if window is None:
-        readings = tuple([MetricReading(metric, None, t) for metric, t in checked.items()])
+        averages: list[float | None] = [None] * len(checked)
     else:
-        average = window.average
-        readings = tuple([MetricReading(metric, average(metric), t) for metric, t in checked.items()])
+        averages = [window.average(metric) for metric in checked]
+    if window is None or window.window_seconds != policy.window or window.interval != interval:  # another shape
+        to_fill = policy.window
+    else:
+        to_fill = max([window.seconds_until_full(metric, now=now) for metric in checked])
+    return utilization_report(
+        now=now, started=started, policy=policy, checked=checked, averages=averages, to_fill=to_fill
+    )
+
+
+def utilization_report(
+    *,
+    now: float,
+    started: float,
+    policy: UtilizationPolicy,
+    checked: Mapping[str, float],
+    averages: Sequence[float | None],
+    to_fill: float,
+) -> CheckReport:
+    """The utilization check's report once the window is read: ``checked`` (not empty) metric -> threshold,
+    ``averages`` their window averages in the same order (None without samples), ``to_fill`` the seconds until every
+    one's window is full and fresh (``policy.window`` when the window has another shape)."""
+    if len(averages) != len(checked):
+        raise ValueError("one average per checked metric")
+    return _utilization(now, started, policy, checked, averages, to_fill)
+
+
+def _utilization(
+    now: float,
+    started: float,
+    policy: UtilizationPolicy,
+    checked: Mapping[str, float],
+    averages: Sequence[float | None],
+    to_fill: float,
+) -> CheckReport:
+    operator = policy.operator
+    readings = tuple([MetricReading(m, a, t) for m, a, t in zip(checked, averages, checked.values(), strict=True)])
     grace_left = started + policy.grace_period - now
     if grace_left > 0:
-        return CheckReport(name, False, grace_left, RemainingBasis.GRACE_PERIOD, "in grace period", operator, readings)
-    if window is None or window.window_seconds != policy.window or window.interval != interval:  # another shape
-        return CheckReport(name, False, policy.window, RemainingBasis.WINDOW, "collecting samples", operator, readings)
-    to_fill = max([window.seconds_until_full(metric, now=now) for metric in checked])
+        return CheckReport(_UTILIZATION, False, grace_left, _GRACE, "in grace period", operator, readings)
     if to_fill > 0:
-        return CheckReport(name, False, to_fill, RemainingBasis.WINDOW, "collecting samples", operator, readings)
+        return CheckReport(_UTILIZATION, False, to_fill, _WINDOW, "collecting samples", operator, readings)
     below = [r.average is not None and r.average < r.threshold for r in readings]
-    if all(below) if operator is ThresholdOperator.ALL else any(below):
-        return CheckReport(name, True, 0.0, RemainingBasis.WINDOW, "below thresholds", operator, readings)
-    return CheckReport(name, False, None, RemainingBasis.WINDOW, "utilized", operator, readings)
+    if all(below) if operator is _ALL else any(below):
+        return CheckReport(_UTILIZATION, True, 0.0, _WINDOW, "below thresholds", operator, readings)
+    return CheckReport(_UTILIZATION, False, None, _WINDOW, "utilized", operator, readings)
 
 
 def checked_thresholds(policy: UtilizationPolicy, requested_slots: SlotAmounts) -> Mapping[str, float]:

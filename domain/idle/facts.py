@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from domain.idle.arbiter import SessionFacts, checked_thresholds
@@ -154,7 +155,14 @@ def checked_metrics(
 
 def kernel_allocation(kernel: SweptKernel) -> tuple[float, float]:
     """(cores, memory bytes) a kernel was allocated: what its utilization is a percentage of."""
-    return float(Decimal(kernel.resources.get("cpu", "0"))), float(Decimal(kernel.resources.get("mem", "0")))
+    resources = kernel.resources
+    return _allocation(resources.get("cpu", "0"), resources.get("mem", "0"))
+
+
+@lru_cache(maxsize=1024)
+def _allocation(cpu: str, mem: str) -> tuple[float, float]:
+    # kernels ask for a handful of sizes; the sweep asks for every kernel's every sweep (two Decimal parses each)
+    return float(Decimal(cpu)), float(Decimal(mem))
 
 
 def session_facts(

@@ -131,7 +131,10 @@ def test_stats_read_by_the_client_give_the_sample_of_the_plain_json(body: dict[s
     assert kernel_sample(parsed, cores=2, memory_bytes=GIB) == kernel_sample(body, cores=2, memory_bytes=GIB)
 
 
-@pytest.mark.parametrize("body", [b"[]", b'{"ResourceUsage": []}', b"{", b'"stats"'])
+@pytest.mark.parametrize(
+    "body",
+    [b"[]", b'{"ResourceUsage": []}', b"{", b'"stats"', b'{"ResourceUsage": {"CpuStats": "busy"}}'],
+)
 def test_malformed_stats_are_refused(body: bytes) -> None:
     with pytest.raises(ValueError, match="malformed allocation stats"):
         parse_alloc_stats(body)

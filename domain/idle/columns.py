@@ -1,0 +1,368 @@
+"""Every session's utilization window as arrays: one sweep's samples recorded, and the windows read, as vector
+operations over all sessions at once. Pure: the caller passes the sweep's moment.
+
+:class:`~domain.idle.window.UtilizationWindow` is one session's window as immutable Python objects, the reference
+implementation of the rules (:mod:`domain.idle.window`). Recording 10,000 of them one by one every sweep cost about
+half of ``bench/idle``'s sweep; :class:`WindowColumns` holds the same series and follows the same rules, sample by
+sample, as numpy arrays:
+
+* one :class:`SeriesTable` per window shape (``window_seconds``, ``interval``) and metric: a row per session whose
+  window of that shape keeps that metric, each row a ring of stamps and values (fixed point, as the window's) with its
+  start, count and running total;
+* :meth:`WindowColumns.record` appends one sweep's sample of every session with one vector write per table, restarts
+  the series after a gap, forgets a metric the session stopped reporting long ago, and trims each series to the
+  window, all as the window's :meth:`~domain.idle.window.UtilizationWindow.add` does (``record_sample`` in a loop);
+  it returns each checked metric's average and the seconds until its window is full, the two numbers the utilization
+  check reads.
+
+A session's window moves to fresh rows when the policy changes its shape (as ``record_sample`` starts a fresh window),
+and its rows are freed when a sweep no longer records it (not RUNNING any more, or its utilization not checked).
+The columns are a :class:`~collections.abc.Mapping` of session id -> :class:`UtilizationWindow`, built on access
+(tests, a custom arbiter), and :meth:`WindowColumns.encoded` writes the stored form (:class:`WindowDoc`, unchanged).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from core.codec import encode
+from domain.idle.window import JSON_VERSION, MAX_GAP_INTERVALS, SCALE, MetricSeries, UtilizationWindow
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+Shape = tuple[float, float]
+"""(window seconds, interval seconds) of a window."""
+
+
+class SeriesTable:
+    """One metric's series of every session whose window has one shape: a ring of samples per row."""
+
+    def __init__(self, window_seconds: float, interval: float, *, rows: int = 64) -> None:
+        self.window_seconds, self.interval = window_seconds, interval
+        self.max_gap_ms = round(interval * MAX_GAP_INTERVALS * SCALE)
+        """A newer sample further than this (milliseconds) from the last one restarts the series."""
+        self.span_needed_ms = round(max(window_seconds - interval, 0.0) * SCALE)
+        """How far apart (milliseconds) the first and last sample of a full series are."""
+        self.forget_ms = round(window_seconds * SCALE) + self.max_gap_ms
+        """A series not sampled for longer than this (milliseconds) is forgotten when a sample lacks its metric."""
+        capacity = math.ceil(window_seconds / interval) + 2
+        self.stamps: Ints = np.zeros((rows, capacity), np.int64)
+        """Unix milliseconds; row r's samples are at columns ``start[r]``, ``start[r] + 1``, ... (mod capacity)."""
+        self.values: Ints = np.zeros((rows, capacity), np.int64)
+        """Thousandths of a percent, one per stamp."""
+        self.start: Ints = np.zeros(rows, np.int64)
+        self.count: Ints = np.zeros(rows, np.int64)
+        """Samples kept per row; 0: no series (yet, or any more)."""
+        self.total: Ints = np.zeros(rows, np.int64)
+        """The sum of each row's kept values (thousandths of a percent)."""
+        self._free = list(range(rows - 1, -1, -1))
+
+    def take_row(self) -> int:
+        """A row with no samples, for a new session."""
+        if not self._free:
+            rows = len(self.count)
+            self.stamps = np.concatenate([self.stamps, np.zeros_like(self.stamps)])
+            self.values = np.concatenate([self.values, np.zeros_like(self.values)])
+            self.start = np.concatenate([self.start, np.zeros_like(self.start)])
+            self.count = np.concatenate([self.count, np.zeros_like(self.count)])
+            self.total = np.concatenate([self.total, np.zeros_like(self.total)])
+            self._free = list(range(2 * rows - 1, rows - 1, -1))
+        row = self._free.pop()
+        self.start[row] = self.count[row] = self.total[row] = 0
+        return row
+
+    def free_row(self, row: int) -> None:
+        self.count[row] = 0
+        self._free.append(row)
+
+    def _widen(self) -> None:
+        """Double the ring (samples closer together than the interval, a sweep asked for early): each row unrolled."""
+        capacity = self.stamps.shape[1]
+        order = (self.start[:, None] + np.arange(capacity)) % capacity
+        pad = np.zeros_like(self.stamps)
+        self.stamps = np.concatenate([np.take_along_axis(self.stamps, order, 1), pad], 1)
+        self.values = np.concatenate([np.take_along_axis(self.values, order, 1), pad], 1)
+        self.start[:] = 0
+
+    def record(self, rows: Ints, values: Floats, keyed: npt.NDArray[np.bool_], stamp: int) -> Ints:
+        """One sample at ``stamp`` (unix milliseconds) for each of ``rows``: ``values`` in percent, ``keyed`` whether
+        the sample named the metric at all (a non-finite value named is skipped, yet keeps the series from being
+        forgotten). Returns the rows whose series was forgotten (now empty)."""
+        count = self.count[rows]
+        capacity = self.stamps.shape[1]
+        has = count > 0
+        last = np.where(has, self.stamps[rows, (self.start[rows] + count - 1) % capacity], 0)
+        finite = keyed & np.isfinite(values)
+        fixed = np.rint(np.where(finite, values, 0.0) * SCALE).astype(np.int64)
+        since = stamp - last
+        gap = since > self.max_gap_ms
+        restart = finite & (~has | gap)
+        append = finite & has & ~gap & (since > 0)
+        forgotten = rows[~keyed & has & (since > self.forget_ms)]
+        self.count[forgotten] = 0
+        if restart.any():
+            at = rows[restart]
+            self.start[at], self.count[at], self.total[at] = 0, 1, fixed[restart]
+            self.stamps[at, 0], self.values[at, 0] = stamp, fixed[restart]
+        if append.any():
+            at = rows[append]
+            if (self.count[at] >= capacity).any():
+                self._widen()
+                capacity = self.stamps.shape[1]
+            added = fixed[append]
+            position = (self.start[at] + self.count[at]) % capacity
+            self.stamps[at, position], self.values[at, position] = stamp, added
+            self.count[at] += 1
+            self.total[at] += added
+            # keep the newest sample at or before the window's start, and everything after it
+            oldest_kept = stamp - self.span_needed_ms
+            while at.size:
+                second = (self.start[at] + 1) % capacity
+                drop = (self.count[at] >= 2) & (self.stamps[at, second] <= oldest_kept)
+                at, second = at[drop], second[drop]
+                self.total[at] -= self.values[at, self.start[at]]
+                self.start[at], self.count[at] = second, self.count[at] - 1
+        return forgotten
+
+    def readings(self, rows: Ints, now_ms: float) -> tuple[Floats, Floats]:
+        """(each row's average in percent, NaN without samples; the seconds until its window is full)."""
+        count = self.count[rows]
+        capacity = self.stamps.shape[1]
+        start = self.start[rows]
+        first = self.stamps[rows, start]
+        last = self.stamps[rows, (start + count - 1) % capacity]
+        has = count > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            average = np.where(has, self.total[rows] / (count * SCALE), np.nan)
+        stale = ~has | (now_ms - last > self.max_gap_ms)
+        to_fill = np.where(stale, self.window_seconds, np.maximum(self.span_needed_ms - (last - first), 0) / SCALE)
+        return average, to_fill
+
+    def series(self, row: int) -> MetricSeries | None:
+        count = int(self.count[row])
+        if not count:
+            return None
+        order = (int(self.start[row]) + np.arange(count)) % self.stamps.shape[1]
+        return MetricSeries(tuple(self.stamps[row, order].tolist()), tuple(self.values[row, order].tolist()))
+
+    def stored(self, rows: Ints) -> tuple[list[list[int]], list[list[int]]]:
+        """Each row's series as stored, oldest first: (its first stamp then the milliseconds since the one before;
+        its values), cut to its count. Rows sampled at the same sweeps share one stamp list (in the steady state
+        nearly all of them: only the distinct ones are turned into Python numbers); rows are cut by count group (a
+        full window's count for most), so no list is sliced."""
+        capacity = self.stamps.shape[1]
+        counts = self.count[rows]
+        order = (self.start[rows][:, None] + np.arange(capacity)) % capacity
+        stamps = np.take_along_axis(self.stamps[rows], order, 1)
+        stamps[:, 1:] = np.diff(stamps, axis=1)
+        stamps[np.arange(capacity) >= counts[:, None]] = 0  # past the count: equal series give equal bytes
+        values = np.take_along_axis(self.values[rows], order, 1)
+        stamp_lists: list[list[int]] = [[] for _ in range(len(rows))]
+        value_lists: list[list[int]] = [[] for _ in range(len(rows))]
+        distinct: dict[bytes, list[int]] = {}
+        for count in np.unique(counts).tolist():
+            group = np.flatnonzero(counts == count)
+            for at, row, stamp_row in zip(group.tolist(), values[group, :count].tolist(), stamps[group], strict=True):
+                value_lists[at] = row
+                key = stamp_row.tobytes()
+                found = distinct.get(key)
+                if found is None:
+                    found = distinct[key] = stamp_row[:count].tolist()
+                stamp_lists[at] = found
+        return stamp_lists, value_lists
+
+
+class Recorded(NamedTuple):
+    """One sweep's readings of the sessions recorded, in the order of the entries."""
+
+    averages: list[float | None]
+    """Each entry's checked metrics' averages in percent, one after the other (in the order of its metrics); None
+    without samples."""
+    to_fill: list[float]
+    """Per entry, the seconds until every one of its checked metrics' window is full (0: all full and fresh)."""
+
+
+class Entry(NamedTuple):
+    """What :meth:`WindowColumns.record` records for one session."""
+
+    session_id: str
+    shape: Shape
+    metrics: Sequence[str]
+    """The checked metrics, in the order readings are wanted."""
+    sample: Mapping[str, float]
+    """Metric -> percent, this sweep's (metrics not checked are ignored)."""
+
+
+class WindowColumns(Mapping[str, UtilizationWindow]):
+    """The windows of every session whose utilization the sweep checks (session id -> window, built on access)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[tuple[Shape, str], SeriesTable] = {}
+        """(window shape, metric) -> its table."""
+        self.rows: dict[str, tuple[Shape, dict[str, int]]] = {}
+        """Session id -> its window's shape and metric -> row (in that shape's table of the metric)."""
+
+    # -- the Mapping of windows --
+
+    def __getitem__(self, session_id: str) -> UtilizationWindow:
+        shape, rows = self.rows[session_id]
+        series = {}
+        for metric, row in rows.items():
+            found = self.tables[(shape, metric)].series(row)
+            if found is not None:
+                series[metric] = found
+        return UtilizationWindow(window_seconds=shape[0], interval=shape[1], series=series)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self.rows
+
+    @classmethod
+    def of(cls, windows: Mapping[str, UtilizationWindow]) -> WindowColumns:
+        """Columns holding ``windows`` (the saved ones, when a leader takes over), written table by table."""
+        if isinstance(windows, WindowColumns):
+            return windows
+        columns = cls()
+        loading: dict[tuple[Shape, str], list[tuple[int, MetricSeries]]] = {}
+        for session_id, window in windows.items():
+            shape = (window.window_seconds, window.interval)
+            rows = columns._rows_of(session_id, shape)
+            for metric, series in window.series.items():
+                row = rows[metric] = columns._table(shape, metric).take_row()
+                loading.setdefault((shape, metric), []).append((row, series))
+        for key, loaded in loading.items():
+            table = columns.tables[key]
+            by_count: dict[int, list[tuple[int, MetricSeries]]] = {}
+            for row, series in loaded:
+                by_count.setdefault(len(series.stamps), []).append((row, series))
+            while max(by_count) > table.stamps.shape[1]:
+                table._widen()
+            for count, group in by_count.items():  # a full window's count for most: one 2-D write each
+                rows_array = np.array([row for row, _ in group], np.int64)
+                table.stamps[rows_array, :count] = np.array([series.stamps for _, series in group], np.int64)
+                table.values[rows_array, :count] = np.array([series.values for _, series in group], np.int64)
+                table.count[rows_array] = count
+                table.total[rows_array] = [series.total for _, series in group]
+        return columns
+
+    def _table(self, shape: Shape, metric: str) -> SeriesTable:
+        table = self.tables.get((shape, metric))
+        if table is None:
+            table = self.tables[(shape, metric)] = SeriesTable(*shape)
+        return table
+
+    def _rows_of(self, session_id: str, shape: Shape) -> dict[str, int]:
+        known = self.rows.get(session_id)
+        if known is not None and known[0] == shape:
+            return known[1]
+        if known is not None:  # the policy changed the window's shape: a fresh window
+            self._free(session_id)
+        rows: dict[str, int] = {}
+        self.rows[session_id] = (shape, rows)
+        return rows
+
+    def _free(self, session_id: str) -> None:
+        shape, rows = self.rows.pop(session_id)
+        for metric, row in rows.items():
+            self.tables[(shape, metric)].free_row(row)
+
+    # -- one sweep --
+
+    def record(self, ts: float, entries: Sequence[tuple[str, Shape, Sequence[str], Mapping[str, float]]]) -> Recorded:
+        """Record one sweep's samples, taken at ``ts`` (unix seconds), for the sessions of ``entries`` (:class:`Entry`
+        or plain tuples of its fields; each with at least one metric; the other sessions' windows are dropped), and
+        read back what the utilization check needs."""
+        stamp, now_ms = round(ts * SCALE), ts * SCALE
+        batches: dict[tuple[Shape, str], tuple[list[int], list[float], list[bool], list[int]]] = {}
+        nan, flat = math.nan, 0
+        known_rows, tables = self.rows, self.tables
+        for session_id, shape, metrics, sample in entries:
+            known = known_rows.get(session_id)
+            rows = known[1] if known is not None and known[0] == shape else self._rows_of(session_id, shape)
+            for metric in metrics:
+                key = (shape, metric)
+                batch = batches.get(key)
+                if batch is None:
+                    batch = batches[key] = ([], [], [], [])
+                row = rows.get(metric)
+                if row is None:
+                    row = rows[metric] = self._table(shape, metric).take_row()
+                value = sample.get(metric)
+                batch[0].append(row)
+                batch[1].append(nan if value is None else value)
+                batch[2].append(value is not None)
+                batch[3].append(flat)
+                flat += 1
+            if len(rows) > len(metrics):  # kept series of metrics no longer checked: never sampled
+                for metric, row in rows.items():
+                    if metric not in metrics:
+                        batch = batches.setdefault((shape, metric), ([], [], [], []))
+                        batch[0].append(row)
+                        batch[1].append(nan)
+                        batch[2].append(False)
+                        batch[3].append(-1)
+        if len(known_rows) > len(entries) or flat > len(entries):  # some sessions may not be recorded any more
+            recorded = {entry[0] for entry in entries}
+            for session_id in [s for s in known_rows if s not in recorded]:
+                self._free(session_id)
+        averages = np.full(flat, np.nan)
+        to_fill = np.zeros(flat)
+        for key, (rows_list, values, keyed, positions) in batches.items():
+            table, rows_array = tables[key], np.array(rows_list, np.int64)
+            table.record(rows_array, np.array(values), np.array(keyed), stamp)
+            at = np.array(positions, np.int64)
+            wanted = at >= 0
+            average, fill = table.readings(rows_array[wanted], now_ms)
+            averages[at[wanted]], to_fill[at[wanted]] = average, fill
+        if not entries:
+            return Recorded([], [])
+        starts = np.cumsum([0] + [len(entry[2]) for entry in entries[:-1]])
+        return Recorded(
+            [None if a != a else a for a in averages.tolist()], np.maximum.reduceat(to_fill, starts).tolist()
+        )
+
+    # -- the stored form --
+
+    def encoded(self) -> dict[str, bytes]:
+        """Session id -> its window as stored: the JSON of ``UtilizationWindow.to_doc`` (:class:`WindowDoc`, written by
+        ``core.codec``, the same fields in the same order; metrics sampled together share one stamp list; the series
+        in the order of the session's checked metrics)."""
+        stored: dict[tuple[Shape, str], dict[int, tuple[list[int], list[int]]]] = {}
+        for key, table in self.tables.items():
+            live = np.flatnonzero(table.count > 0)
+            stamp_rows, value_rows = table.stored(live)
+            stored[key] = dict(zip(live.tolist(), zip(stamp_rows, value_rows, strict=True), strict=True))
+        encoded: dict[str, bytes] = {}
+        for session_id, (shape, rows) in self.rows.items():
+            lists: list[list[int]] = []
+            series: dict[str, tuple[int, list[int]]] = {}
+            for metric, row in rows.items():
+                found = stored[(shape, metric)].get(row)
+                if found is None:
+                    continue
+                deltas, values = found
+                if deltas in lists:  # the same list, or one equal to it (a C-level comparison of at most a few)
+                    series[metric] = (lists.index(deltas), values)
+                else:
+                    series[metric] = (len(lists), values)
+                    lists.append(deltas)
+            # a dict in WindowDoc's field order: written as encode(WindowDoc(...)) is, without its frozen __init__
+            doc = {
+                "v": JSON_VERSION,
+                "window_seconds": shape[0],
+                "interval": shape[1],
+                "stamps": lists,
+                "series": series,
+            }
+            encoded[session_id] = encode(doc)
+        return encoded
