@@ -6,18 +6,21 @@ import { navigate, ErrorBox } from "./util.jsx";
 
 const OPTIONS = `{ resourcePresets { name resources { slot amount } } resourceGroups { name allowedDrivers capacity { slot amount } }
   sessionTemplates { id name scope spec { type driver image startupCommand environ { name value } resources { slot amount }
-    resourceGroup startsAt batchTimeout clusterSize clusterMode preopenPorts preset apps { name port protocol } } } }`;
+    resourceGroup startsAt batchTimeout clusterSize clusterMode preopenPorts preset apps { name port protocol }
+    mounts { folder path mode } } }
+  folders { id name status myMode } }`;
 const CREATE = `mutation Create($input: CreateSessionInput!) { createSession(input: $input) { sessions { id name } } }`;
 const SAVE = `mutation Save($input: CreateSessionTemplateInput!) { createSessionTemplate(input: $input) { id name } }`;
 
 const EMPTY = {
   name: "", type: "INTERACTIVE", driver: "DOCKER", image: "", preset: "", cpu: "", mem: "", accelerators: "",
   resourceGroup: "default", clusterMode: "SINGLE_NODE", clusterSize: "1", environ: "", startupCommand: "",
-  startsAt: "", batchTimeout: "", dependencies: "", apps: "", preopenPorts: "", templateName: "",
+  startsAt: "", batchTimeout: "", dependencies: "", apps: "", preopenPorts: "", mounts: "", templateName: "",
 };
 
-/** The form's text fields as CreateSessionInput (or a template's spec when `spec`). */
-export function toInput(f, { spec = false } = {}) {
+/** The form's text fields as CreateSessionInput (or a template's spec when `spec`); `folders` (id, name) turn a mount's
+ * folder name into its id (an unknown one is sent as written, for the API to refuse on its field). */
+export function toInput(f, { spec = false, folders = [] } = {}) {
   const input = { type: f.type, driver: f.driver, resourceGroup: f.resourceGroup || "default",
     clusterMode: f.clusterMode, clusterSize: parseInt(f.clusterSize || "1", 10) };
   if (!spec) input.name = f.name.trim();
@@ -44,17 +47,23 @@ export function toInput(f, { spec = false } = {}) {
     const [name, port, protocol = "HTTP"] = l.split(":");
     return { name: name.trim(), port: parseInt(port, 10), protocol: protocol.trim().toUpperCase() };
   });
+  input.mounts = f.mounts.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => {
+    const [folder, path = "", mode = "RW"] = l.split(":").map((x) => x.trim());
+    const known = folders.find((x) => x.name === folder || x.id === folder);
+    return { folder: known ? known.id : folder, path, mode: mode.toUpperCase() };
+  });
   return input;
 }
 
-function fromSpec(t) {
+function fromSpec(t, folders = []) {
   const s = t.spec, slot = (n) => (s.resources.find((r) => r.slot === n) || {}).amount || "";
   return { ...EMPTY, type: s.type, driver: s.driver, image: s.image || "", preset: s.preset || "", cpu: slot("cpu"),
     mem: slot("mem"), accelerators: s.resources.filter((r) => r.slot !== "cpu" && r.slot !== "mem").map((r) => `${r.slot}=${r.amount}`).join(", "),
     resourceGroup: s.resourceGroup, clusterMode: s.clusterMode, clusterSize: String(s.clusterSize),
     environ: s.environ.map((e) => `${e.name}=${e.value}`).join("\n"), startupCommand: s.startupCommand || "",
     startsAt: s.startsAt || "", batchTimeout: s.batchTimeout || "", preopenPorts: s.preopenPorts.join(", "),
-    apps: s.apps.map((a) => `${a.name}:${a.port}:${a.protocol}`).join("\n") };
+    apps: s.apps.map((a) => `${a.name}:${a.port}:${a.protocol}`).join("\n"),
+    mounts: (s.mounts || []).map((m) => `${(folders.find((x) => x.id === m.folder) || { name: m.folder }).name}:${m.path}:${m.mode}`).join("\n") };
 }
 
 /** Which form field an API error's extensions.field belongs to ('resources.cpu' -> cpu, 'apps[0].port' -> apps). */
@@ -102,7 +111,7 @@ export function LauncherPage({ viewer }) {
     e.preventDefault();
     setBusy(true); setError(null); setSaved(null);
     try {
-      const d = await gql(CREATE, { input: toInput(form) });
+      const d = await gql(CREATE, { input: toInput(form, { folders: options ? options.folders : [] }) });
       const made = d.createSession.sessions;
       navigate(made.length === 1 ? `/sessions/${made[0].id}` : "/");
     } catch (exc) { setError(exc); } finally { setBusy(false); }
@@ -110,7 +119,7 @@ export function LauncherPage({ viewer }) {
   async function saveTemplate() {
     setBusy(true); setError(null); setSaved(null);
     try {
-      const d = await gql(SAVE, { input: { name: form.templateName.trim(), spec: toInput(form, { spec: true }) } });
+      const d = await gql(SAVE, { input: { name: form.templateName.trim(), spec: toInput(form, { spec: true, folders: options ? options.folders : [] }) } });
       setSaved(d.createSessionTemplate.name);
       setOptions(await gql(OPTIONS));  // the new template among the others
     } catch (exc) { setError(exc.field ? { ...exc, field: exc.field === "name" ? "templateName" : exc.field, message: exc.message, code: exc.code } : exc); }
@@ -131,7 +140,7 @@ export function LauncherPage({ viewer }) {
             <label for="f-template">Start from a template</label>
             <select id="f-template" onChange={(e) => {
               const t = options.sessionTemplates.find((x) => x.id === e.currentTarget.value);
-              if (t && t.spec) setForm({ ...fromSpec(t), name: form.name });
+              if (t && t.spec) setForm({ ...fromSpec(t, options.folders), name: form.name });
             }}>
               <option value="">—</option>
               {options.sessionTemplates.map((t) => <option value={t.id}>{t.name} ({t.scope.toLowerCase()})</option>)}
@@ -174,6 +183,12 @@ export function LauncherPage({ viewer }) {
           {Field({ name: "apps", label: "Apps", hint: "name:port[:HTTP|WEBSOCKET|TCP], one per line", children: (
             <textarea id="f-apps" rows="2" value={form.apps} onInput={set("apps")} aria-invalid={field === "apps"} />) })}
           {Field({ name: "preopenPorts", label: "Preopened ports", hint: "comma-separated", children: input("preopenPorts") })}
+        </fieldset>
+        <fieldset><legend>Storage folders</legend>
+          {Field({ name: "mounts", label: "Mounts", hint: `folder:/path[:RW|RO], one per line; your folders: ${
+            options ? options.folders.filter((x) => x.status === "READY").map((x) => `${x.name} (${x.myMode})`).join(", ") || "none" : "…"}`,
+          children: (<textarea id="f-mounts" rows="2" value={form.mounts} onInput={set("mounts")} aria-invalid={field === "mounts"}
+            placeholder="datasets:/data:RO" />) })}
         </fieldset>
         {batch && (
           <fieldset><legend>Batch</legend>
