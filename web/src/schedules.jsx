@@ -23,6 +23,8 @@ const RESUME = `mutation Resume($id: ID!) { resumeSchedule(id: $id) { id } }`;
 const TRIGGER = `mutation Trigger($id: ID!) { triggerSchedule(id: $id) { id } }`;
 const DELETE = `mutation Delete($id: ID!) { deleteSchedule(id: $id) }`;
 const REFRESH_MS = 3000;
+/** The browser's IANA zones, offered as the time zone's suggestions. */
+const ZONES = typeof Intl.supportedValuesOf === "function" ? Intl.supportedValuesOf("timeZone") : [];
 
 const BLANK = { ...EMPTY, type: "BATCH", scheduleName: "", timing: "interval", cron: "", interval: "", timeZone,
   concurrency: "ALLOW", missedRuns: "RUN_LATEST", startingDeadline: "", endAt: "", maxRuns: "", templateId: "" };
@@ -192,7 +194,9 @@ function ScheduleForm({ viewer, schedule, onDone, onCancel }) {
         {form.timing === "interval"
           ? Field({ name: "interval", label: "Interval", hint: "30s, 5m, 1h (at least 1s)", children: input("interval", { placeholder: "1h" }) })
           : Field({ name: "cron", label: "Cron expression", hint: "minute hour day month weekday, or @daily…", children: input("cron", { placeholder: "30 2 * * *" }) })}
-        {Field({ name: "timeZone", label: "Time zone", hint: "IANA name; the cron expression is read in it", children: input("timeZone") })}
+        {Field({ name: "timeZone", label: "Time zone", hint: "IANA name; the cron expression is read in it", children: (
+          <>{input("timeZone", { list: "time-zones", autocomplete: "off" })}
+            <datalist id="time-zones">{ZONES.map((z) => <option value={z} />)}</datalist></>) })}
         {Field({ name: "concurrency", label: "Concurrency", hint: "a run due while the previous one still runs", children: (
           <select id="f-concurrency" value={form.concurrency} onChange={set("concurrency")}>
             <option value="ALLOW">ALLOW (overlap)</option><option value="FORBID">FORBID (skip it)</option>
