@@ -319,7 +319,7 @@ function FileBrowser({ folder, onChanged }) {
                 : f.name}</td>
               <td>{f.type === "dir" ? "—" : bytes(f.size)}</td>
               <td class="small">{localTime(new Date(f.modified * 1000).toISOString())}</td>
-              <td class="toolbar">
+              <td><div class="toolbar">
                 {f.type === "file" && <button type="button" class="secondary" aria-label={`Download ${f.name}`}
                   onClick={() => run(async () => saveBlob(await files.download(folder.id, join(dir, f.name)), f.name), null)}>Download</button>}
                 {rw && <button type="button" class="secondary" aria-label={`Move or rename ${f.name}`}
@@ -327,7 +327,7 @@ function FileBrowser({ folder, onChanged }) {
                 {rw && <button type="button" class="danger" aria-label={`Delete ${f.name}`}
                   onClick={() => confirm(`Delete ${f.name}${f.type === "dir" ? " and all it holds" : ""}?`) &&
                     run(() => files.remove(folder.id, join(dir, f.name)), `Deleted ${f.name}.`)}>Delete</button>}
-              </td>
+              </div></td>
             </tr>
           ))}</tbody>
         </table>

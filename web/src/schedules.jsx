@@ -118,7 +118,7 @@ export default function SchedulesPage({ viewer }) {
                   <div class="small muted">{s.runsStarted} run(s)</div></td>
                 <td class="small">{s.nextRunTimes.length ? s.nextRunTimes.map((t) => <div>{localTime(t)}</div>) : <span class="muted">none</span>}</td>
                 <td class="small"><History runs={s.history} /></td>
-                <td class="toolbar">
+                <td><div class="toolbar">
                   {s.paused
                     ? <button type="button" class="secondary" onClick={() => act(RESUME, s)} aria-label={`Resume ${s.name}`}>Resume</button>
                     : <button type="button" class="secondary" onClick={() => act(PAUSE, s)} aria-label={`Pause ${s.name}`}>Pause</button>}
@@ -126,7 +126,7 @@ export default function SchedulesPage({ viewer }) {
                   <button type="button" class="secondary" onClick={() => setEditing(s)} aria-label={`Edit ${s.name}`}>Edit</button>
                   <button type="button" class="danger" aria-label={`Delete ${s.name}`}
                     onClick={() => confirm(`Delete the schedule ${s.name} and its history? Its sessions stay.`) && act(DELETE, s)}>Delete</button>
-                </td>
+                </div></td>
               </tr>
             ))}</tbody>
           </table>
