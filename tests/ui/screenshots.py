@@ -56,7 +56,7 @@ async def test_screenshots(caravan: Caravan, browser: Browser) -> None:
         },
         token=admin,
     )
-    folder = await caravan.gql('mutation { createFolder(input: {name: "datasets"}) { id } }', token=admin)
+    await caravan.gql('mutation { createFolder(input: {name: "datasets"}) { id } }', token=admin)
     await caravan.gql(
         "mutation($input: CreateScheduleInput!) { createSchedule(input: $input) { id } }",
         {
