@@ -82,6 +82,26 @@ async def test_a_folder_is_filled_downloaded_renamed_trashed_restored_and_shared
         assert hashlib.sha256(saved.read_bytes()).digest() == hashlib.sha256(payload).digest()
         text_in(d, f"tr[data-folder='{name}']", "9.0 MiB")  # the usage, counted by the file API
 
+        type_into(d, "#f-mkdir", "raw")  # a directory, a file moved into it and back, the directory deleted
+        d.find_element(By.ID, "mkdir").click()
+        visible(d, "tr[data-file='raw'][data-type='dir']")
+        d.find_element(By.CSS_SELECTOR, "button[aria-label='Move or rename sample.bin']").click()
+        type_into(d, "#f-move-to", "raw/sample.bin")
+        d.find_element(By.ID, "move").click()
+        text_in(d, "#files-done", "Moved sample.bin")
+        assert not d.find_elements(By.CSS_SELECTOR, "tr[data-file='sample.bin']")
+        d.find_element(By.CSS_SELECTOR, "button[aria-label='Open directory raw']").click()
+        visible(d, "tr[data-file='sample.bin']").find_element(By.CSS_SELECTOR, "button[aria-label^='Move']").click()
+        type_into(d, "#f-move-to", "sample.bin")
+        d.find_element(By.ID, "move").click()
+        visible(d, "#no-files")
+        d.find_element(By.CSS_SELECTOR, "nav.crumbs button").click()  # back to the folder's top
+        visible(d, "button[aria-label='Delete raw']").click()
+        d.switch_to.alert.accept()
+        text_in(d, "#files-done", "Deleted raw")
+        assert not d.find_elements(By.CSS_SELECTOR, "tr[data-file='raw']")
+        visible(d, "tr[data-file='sample.bin']")
+
         type_into(d, "#f-rename-folder", renamed)
         d.find_element(By.ID, "rename-folder").click()
         visible(d, f"tr[data-folder='{renamed}']")
