@@ -11,16 +11,22 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.harness import Caravan
-from tests.ui.browser import Browser, attribute_is, fill, sign_in, visible, wait
+from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, visible, wait
 
 pytestmark = [pytest.mark.ui]
+
+
+TEMPLATE = "mutation($input: CreateSessionTemplateInput!) { createSessionTemplate(input: $input) { id } }"
 
 
 async def test_an_interval_schedule_made_on_the_page_runs_shows_its_session_and_pauses(
     caravan: Caravan, browser: Browser
 ) -> None:
     alice = await caravan.user("alice")
-    name = f"ui-every-{uuid.uuid4().hex[:6]}"
+    name, templated = f"ui-every-{uuid.uuid4().hex[:6]}", f"ui-tmpl-{uuid.uuid4().hex[:6]}"
+    spec = {"type": "BATCH", "driver": "EXEC", "startupCommand": "echo from the template"}
+    made = await caravan.gql(TEMPLATE, {"input": {"name": "ui-nightly", "spec": spec}}, token=alice)
+    template_id = made["createSessionTemplate"]["id"]
 
     def step(d: WebDriver) -> str:
         sign_in(d, browser.base, alice)
@@ -57,6 +63,14 @@ async def test_an_interval_schedule_made_on_the_page_runs_shows_its_session_and_
         d.find_element(By.CSS_SELECTOR, f"button[aria-label='Pause {name}']").click()
         attribute_is(d, row, "data-paused", "true")
         visible(d, f"button[aria-label='Resume {name}']")
+
+        d.find_element(By.ID, "new-schedule").click()  # from a template, with an override
+        fill(d, {"scheduleName": templated, "interval": "1h", "templateId": template_id, "o_mem": "lots"})
+        d.find_element(By.ID, "save-schedule").click()
+        assert visible(d, "#error-o_mem").get_attribute("data-code") == "INVALID_INPUT"  # overrides.resources.mem
+        fill(d, {"o_mem": "128m", "o_startupCommand": "echo overridden"})
+        d.find_element(By.ID, "save-schedule").click()
+        text_in(d, f"tr[data-schedule='{templated}']", "from a template")
         return session_id
 
     session_id = await browser.run(step)

@@ -27,14 +27,24 @@ const REFRESH_MS = 3000;
 const ZONES = typeof Intl.supportedValuesOf === "function" ? Intl.supportedValuesOf("timeZone") : [];
 
 const BLANK = { ...EMPTY, type: "BATCH", scheduleName: "", timing: "interval", cron: "", interval: "", timeZone,
-  concurrency: "ALLOW", missedRuns: "RUN_LATEST", startingDeadline: "", endAt: "", maxRuns: "", templateId: "" };
+  concurrency: "ALLOW", missedRuns: "RUN_LATEST", startingDeadline: "", endAt: "", maxRuns: "", templateId: "",
+  o_image: "", o_startupCommand: "", o_environ: "", o_cpu: "", o_mem: "", o_batchTimeout: "" };
+/** The template's options a schedule may override (ScheduleOverridesInput), as the form's `o_<name>` fields. */
+const OVERRIDABLE = [["image", "Image"], ["startupCommand", "Startup command"], ["environ", "Environment variables", "one NAME=value per line, merged into the template's"],
+  ["cpu", "CPU (cores)"], ["mem", "Memory", "512m, 2g"], ["batchTimeout", "Timeout", "30s, 2h"]];
 const OWN = ["cron", "interval", "timeZone", "concurrency", "missedRuns", "startingDeadline", "endAt", "maxRuns", "templateId"];
 
-/** Which control an API error's field belongs to: 'name' is the schedule's, 'spec.mem' the session options'. */
-function scheduleField(apiField) {
+/** Which control an API error's field belongs to: 'name' is the schedule's, 'spec.mem' the session options' (with a
+ * template: the override's control, 'o_mem', when there is one; else none, and the error shows in the form's box). */
+function scheduleField(apiField, templated) {
   if (!apiField) return null;
   if (apiField === "name") return "scheduleName";
-  if (apiField.startsWith("spec.") || apiField.startsWith("overrides.")) return formField(apiField.slice(apiField.indexOf(".") + 1));
+  const prefix = ["spec.", "overrides."].find((p) => apiField.startsWith(p));
+  if (prefix) {
+    const own = formField(apiField.slice(prefix.length));
+    if (!templated) return own;
+    return OVERRIDABLE.some(([name]) => name === own) ? `o_${own}` : null;
+  }
   const head = apiField.split(/[.[]/)[0];
   return OWN.includes(head) ? head : null;
 }
@@ -63,8 +73,22 @@ function toScheduleInput(f, folders, { update = false } = {}) {
   if (f.timing === "cron") input.cron = f.cron.trim();
   else input.interval = f.interval.trim();
   if (!f.templateId) input.spec = { ...toInput({ ...f, type: "BATCH" }, { spec: true, folders }), type: "BATCH" };
-  else if (!update) input.templateId = f.templateId;
+  else if (!update) {
+    input.templateId = f.templateId;
+    input.overrides = overrides(f);
+  }
   return input;
+}
+
+/** The overrides the form sets (left empty: the template's). */
+function overrides(f) {
+  const spec = toInput({ ...EMPTY, image: f.o_image, startupCommand: f.o_startupCommand, environ: f.o_environ,
+    cpu: f.o_cpu, mem: f.o_mem, batchTimeout: f.o_batchTimeout }, { spec: true });
+  const out = {};
+  for (const k of ["image", "startupCommand", "batchTimeout"]) if (spec[k] !== undefined) out[k] = spec[k];
+  if (spec.environ.length) out.environ = spec.environ;
+  if (spec.resources.length) out.resources = spec.resources;
+  return out;
 }
 
 export default function SchedulesPage({ viewer }) {
@@ -168,7 +192,7 @@ function ScheduleForm({ viewer, schedule, onDone, onCancel }) {
       .then(([o, one]) => { setOptions(o); if (one) setForm(fromSchedule(one.schedule, o.folders)); })
       .catch(setError);
   }, []);
-  const field = error && scheduleField(error.field);
+  const field = error && scheduleField(error.field, !!form.templateId);
   const kit = useFieldKit({ form, setForm, field, error });
   const { Field, input, set } = kit;
   async function submit(e) {
@@ -218,6 +242,13 @@ function ScheduleForm({ viewer, schedule, onDone, onCancel }) {
       )}
       {schedule && schedule.templateId && <p class="hint">Its runs come from a template (the template's options, read at each run).</p>}
       {!form.templateId && <SpecFields kit={kit} form={form} options={options} viewer={viewer} batchOnly />}
+      {form.templateId && !schedule && (
+        <fieldset><legend>Over the template's options (empty: the template's)</legend>
+          {OVERRIDABLE.map(([name, label, hint]) => Field({ name: `o_${name}`, label, hint, children: name === "environ" || name === "startupCommand"
+            ? <textarea id={`f-o_${name}`} rows="2" value={form[`o_${name}`]} onInput={set(`o_${name}`)} aria-invalid={field === `o_${name}`} />
+            : input(`o_${name}`) }))}
+        </fieldset>
+      )}
       {error && !field && <ErrorBox error={error} />}
       <div class="actions">
         <button type="submit" id="save-schedule" disabled={busy}>{busy ? "Saving…" : schedule ? "Save" : "Create schedule"}</button>
