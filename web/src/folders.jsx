@@ -262,8 +262,8 @@ function FileBrowser({ folder, onChanged }) {
     setError(null); setDone(null);
     try {
       await fn();
+      await load();  // the listing as it is now, then the message: both tell the same state
       if (message) { setDone(message); onChanged(); }  // a write: the folder's usage changed
-      await load();
       return true;
     } catch (exc) { setError(exc); return false; }
   }
