@@ -56,6 +56,20 @@ async def test_screenshots(caravan: Caravan, browser: Browser) -> None:
         },
         token=admin,
     )
+    await caravan.gql('mutation { createFolder(input: {name: "datasets"}) { id } }', token=admin)
+    await caravan.gql(
+        "mutation($input: CreateScheduleInput!) { createSchedule(input: $input) { id } }",
+        {
+            "input": {
+                "name": "nightly-etl",
+                "cron": "30 2 * * *",
+                "timeZone": "Europe/Berlin",
+                "concurrency": "FORBID",
+                "spec": {"type": "BATCH", "driver": "EXEC", "startupCommand": "echo etl"},
+            }
+        },
+        token=admin,
+    )
     await asyncio.sleep(2)  # a scheduling pass has judged the last one (its wait reasons)
 
     def shoot(d: WebDriver, name: str) -> None:
@@ -85,6 +99,14 @@ async def test_screenshots(caravan: Caravan, browser: Browser) -> None:
         d.find_element(By.LINK_TEXT, "Users and tokens").click()
         visible(d, "#users")
         shoot(d, "admin-users")
+        d.find_element(By.LINK_TEXT, "Folders").click()
+        visible(d, "tr[data-folder='datasets'] button").click()
+        attribute_is(d, "#folder-card", "data-status", "READY")
+        visible(d, "#no-files")
+        shoot(d, "folders")
+        d.find_element(By.LINK_TEXT, "Schedules").click()
+        visible(d, "tr[data-schedule='nightly-etl']")
+        shoot(d, "schedules")
         d.execute_cdp_cmd(  # the system's dark theme
             "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
         )

@@ -91,3 +91,83 @@ export function subscribe(query, variables, { onNext, onError, onDone }) {
     },
   );
 }
+
+// -- a storage folder's files (the gateway's file API, /folders/<id>/files): the token in the Authorization header,
+// never in a URL; errors are JSON {"error": {code, message, field}} and become ApiError like GraphQL's.
+
+const PIECE = 8 << 20;
+/** Bytes an upload sends per request: each piece after the first appends at the file's size (`offset`), so a broken
+ * connection costs at most one piece, and the upload resumes where the file ends. */
+
+const filesUrl = (folder, verb, params) =>
+  `/folders/${encodeURIComponent(folder)}/files${verb ? `/${verb}` : ""}?${new URLSearchParams(params)}`;
+const auth = () => ({ authorization: `Bearer ${getToken()}` });
+
+async function fileError(response) {
+  let body = null;
+  try { body = await response.json(); } catch { /* not JSON */ }
+  const e = (body && body.error) || {};
+  return new ApiError(e.message || `the gateway answered ${response.status}`, e.code || `HTTP_${response.status}`, e.field);
+}
+
+async function filesCall(method, folder, verb, params) {
+  let response;
+  try {
+    response = await fetch(filesUrl(folder, verb, params), { method, headers: auth() });
+  } catch (exc) {
+    throw new ApiError(`the gateway is unreachable (${exc.message})`, "UNREACHABLE");
+  }
+  if (!response.ok) throw await fileError(response);
+  return response;
+}
+
+export const files = {
+  /** A directory's entries: [{name, type: file|dir|link, size (bytes), modified (epoch seconds)}]. */
+  list: async (folder, path) => (await (await filesCall("GET", folder, "", { path })).json()).entries,
+  mkdir: (folder, path) => filesCall("POST", folder, "mkdir", { path }),
+  move: (folder, from, to) => filesCall("POST", folder, "move", { from, to }),
+  remove: (folder, path) => filesCall("DELETE", folder, "", { path }),
+  /** The file's bytes as a Blob (fetch with the header, then saved by the page: no token in a download link). */
+  download: async (folder, path) => (await filesCall("GET", folder, "", { path })).blob(),
+  /** Upload `file` to `path` in pieces; onProgress(sentBytes, totalBytes). A piece that fails on the network is sent
+   * again from the size the file has (up to 3 times); an API refusal (quota, RO share) stops the upload. */
+  upload: async (folder, path, file, onProgress) => {
+    let sent = 0, retries = 0;
+    onProgress(0, file.size);
+    do {
+      const piece = file.slice(sent, Math.min(file.size, sent + PIECE));
+      try {
+        // the first piece replaces the file (or makes it), the next ones append at its size
+        await putPiece(filesUrl(folder, "", sent === 0 ? { path } : { path, offset: sent }), piece,
+          (n) => onProgress(sent + n, file.size));
+        sent += piece.size;
+        retries = 0;
+        onProgress(sent, file.size);
+      } catch (exc) {
+        if (exc.code !== "UNREACHABLE" || sent === 0 || ++retries > 3) throw exc;
+        const dir = path.includes("/") ? path.slice(0, path.lastIndexOf("/")) : "";
+        const name = path.slice(path.lastIndexOf("/") + 1);
+        const there = (await files.list(folder, dir)).find((e) => e.name === name);
+        sent = there ? there.size : 0;  // resume where the file ends
+      }
+    } while (sent < file.size);
+  },
+};
+
+/** One PUT by XMLHttpRequest, the one browser API that reports an upload's progress. */
+function putPiece(url, body, onProgress) {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("PUT", url);
+    xhr.setRequestHeader("authorization", `Bearer ${getToken()}`);
+    xhr.upload.onprogress = (e) => onProgress(e.loaded);
+    xhr.onerror = () => reject(new ApiError("the upload's connection broke", "UNREACHABLE"));
+    xhr.onload = () => {
+      if (xhr.status < 300) return resolve();
+      let e = {};
+      try { e = JSON.parse(xhr.responseText).error || {}; } catch { /* not JSON */ }
+      reject(new ApiError(e.message || `the gateway answered ${xhr.status}`, e.code || `HTTP_${xhr.status}`, e.field));
+    };
+    xhr.send(body);
+  });
+}

@@ -4,20 +4,23 @@ import { useEffect, useState } from "preact/hooks";
 import { gql } from "./api.js";
 import { navigate, ErrorBox } from "./util.jsx";
 
-const OPTIONS = `{ resourcePresets { name resources { slot amount } } resourceGroups { name allowedDrivers capacity { slot amount } }
+export const OPTIONS = `{ resourcePresets { name resources { slot amount } } resourceGroups { name allowedDrivers capacity { slot amount } }
   sessionTemplates { id name scope spec { type driver image startupCommand environ { name value } resources { slot amount }
-    resourceGroup startsAt batchTimeout clusterSize clusterMode preopenPorts preset apps { name port protocol } } } }`;
+    resourceGroup startsAt batchTimeout clusterSize clusterMode preopenPorts preset apps { name port protocol }
+    mounts { folder path mode } } }
+  folders { id name status myMode } }`;
 const CREATE = `mutation Create($input: CreateSessionInput!) { createSession(input: $input) { sessions { id name } } }`;
 const SAVE = `mutation Save($input: CreateSessionTemplateInput!) { createSessionTemplate(input: $input) { id name } }`;
 
-const EMPTY = {
+export const EMPTY = {
   name: "", type: "INTERACTIVE", driver: "DOCKER", image: "", preset: "", cpu: "", mem: "", accelerators: "",
   resourceGroup: "default", clusterMode: "SINGLE_NODE", clusterSize: "1", environ: "", startupCommand: "",
-  startsAt: "", batchTimeout: "", dependencies: "", apps: "", preopenPorts: "", templateName: "",
+  startsAt: "", batchTimeout: "", dependencies: "", apps: "", preopenPorts: "", mounts: "", templateName: "",
 };
 
-/** The form's text fields as CreateSessionInput (or a template's spec when `spec`). */
-export function toInput(f, { spec = false } = {}) {
+/** The form's text fields as CreateSessionInput (or a template's spec when `spec`); `folders` (id, name) turn a mount's
+ * folder name into its id (an unknown one is sent as written, for the API to refuse on its field). */
+export function toInput(f, { spec = false, folders = [] } = {}) {
   const input = { type: f.type, driver: f.driver, resourceGroup: f.resourceGroup || "default",
     clusterMode: f.clusterMode, clusterSize: parseInt(f.clusterSize || "1", 10) };
   if (!spec) input.name = f.name.trim();
@@ -44,17 +47,23 @@ export function toInput(f, { spec = false } = {}) {
     const [name, port, protocol = "HTTP"] = l.split(":");
     return { name: name.trim(), port: parseInt(port, 10), protocol: protocol.trim().toUpperCase() };
   });
+  input.mounts = f.mounts.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => {
+    const [folder, path = "", mode = "RW"] = l.split(":").map((x) => x.trim());
+    const known = folders.find((x) => x.name === folder || x.id === folder);
+    return { folder: known ? known.id : folder, path, mode: mode.toUpperCase() };
+  });
   return input;
 }
 
-function fromSpec(t) {
+export function fromSpec(t, folders = []) {
   const s = t.spec, slot = (n) => (s.resources.find((r) => r.slot === n) || {}).amount || "";
   return { ...EMPTY, type: s.type, driver: s.driver, image: s.image || "", preset: s.preset || "", cpu: slot("cpu"),
     mem: slot("mem"), accelerators: s.resources.filter((r) => r.slot !== "cpu" && r.slot !== "mem").map((r) => `${r.slot}=${r.amount}`).join(", "),
     resourceGroup: s.resourceGroup, clusterMode: s.clusterMode, clusterSize: String(s.clusterSize),
     environ: s.environ.map((e) => `${e.name}=${e.value}`).join("\n"), startupCommand: s.startupCommand || "",
     startsAt: s.startsAt || "", batchTimeout: s.batchTimeout || "", preopenPorts: s.preopenPorts.join(", "),
-    apps: s.apps.map((a) => `${a.name}:${a.port}:${a.protocol}`).join("\n") };
+    apps: s.apps.map((a) => `${a.name}:${a.port}:${a.protocol}`).join("\n"),
+    mounts: (s.mounts || []).map((m) => `${(folders.find((x) => x.id === m.folder) || { name: m.folder }).name}:${m.path}:${m.mode}`).join("\n") };
 }
 
 /** Which form field an API error's extensions.field belongs to ('resources.cpu' -> cpu, 'apps[0].port' -> apps). */
@@ -67,20 +76,15 @@ export function formField(apiField) {
   return head in EMPTY ? head : null;
 }
 
-export function LauncherPage({ viewer }) {
-  const [form, setForm] = useState(EMPTY);
-  const [options, setOptions] = useState(null);
-  const [error, setError] = useState(null);
-  const [busy, setBusy] = useState(false);
-  const [saved, setSaved] = useState(null);
-  useEffect(() => { gql(OPTIONS).then(setOptions).catch(setError); }, []);
-  const field = error && formField(error.field);
+/** The form's controls: Field (label, control, hint, the API error of its field) and input (a text input bound to
+ * the form), for any form whose state is one object of text fields; `field` is the form field the error is about,
+ * which gets the focus when the error arrives. */
+export function useFieldKit({ form, setForm, field, error }) {
   useEffect(() => {  // the field the API refused gets the focus (its error is read out: role=alert)
     const el = field && document.getElementById(`f-${field}`);
     if (el) { el.focus(); el.scrollIntoView({ block: "center" }); }
   }, [error]);
   const set = (k) => (e) => setForm({ ...form, [k]: e.currentTarget.value });
-
   function Field({ name, label, hint, children }) {
     const wrong = field === name;
     return (
@@ -97,12 +101,91 @@ export function LauncherPage({ viewer }) {
     <input id={`f-${name}`} name={name} value={form[name]} onInput={set(name)} aria-invalid={field === name}
       aria-describedby={field === name ? `error-${name}` : undefined} {...props} />
   );
+  return { Field, input, set, field };
+}
+
+/** A session's options (createSession's, a template's or a schedule's spec) as fieldsets; `children` lead the first
+ * (the launcher's session name); `batchOnly`: a schedule's runs, always BATCH, with no dependencies. */
+export function SpecFields({ kit, form, options, viewer, batchOnly = false, children }) {
+  const { Field, input, set } = kit;
+  const field = kit.field;
+  const batch = batchOnly || form.type === "BATCH";
+  // accelerator slots (anything but cpu and mem) some group's agents have: the field shows only when there are some
+  const accelerators = options
+    ? [...new Set(options.resourceGroups.flatMap((g) => g.capacity.map((c) => c.slot)))].filter((x) => x !== "cpu" && x !== "mem").sort()
+    : [];
+  return (
+    <>
+      <fieldset><legend>Session</legend>
+        {children}
+        {!batchOnly && Field({ name: "type", label: "Type", children: (
+          <select id="f-type" value={form.type} onChange={set("type")}>
+            <option>INTERACTIVE</option><option>BATCH</option><option>INFERENCE</option></select>) })}
+        {Field({ name: "driver", label: "Driver", children: (
+          <select id="f-driver" value={form.driver} onChange={set("driver")}>
+            <option>DOCKER</option><option>EXEC</option><option>QEMU</option>
+            {viewer.role === "SUPERADMIN" && <option>RAW_EXEC</option>}</select>) })}
+        {Field({ name: "image", label: "Image", hint: "docker: an allowed image; qemu: a VM image; empty: the default", children: input("image") })}
+        {Field({ name: "startupCommand", label: "Startup command", hint: batch ? "required for BATCH" : undefined, children: (
+          <textarea id="f-startupCommand" rows="2" value={form.startupCommand} onInput={set("startupCommand")} aria-invalid={field === "startupCommand"} />) })}
+      </fieldset>
+      <fieldset><legend>Resources</legend>
+        {Field({ name: "resourceGroup", label: "Resource group", children: (
+          <select id="f-resourceGroup" value={form.resourceGroup} onChange={set("resourceGroup")}>
+            {(options ? options.resourceGroups : [{ name: "default" }]).map((g) => <option>{g.name}</option>)}</select>) })}
+        {Field({ name: "preset", label: "Preset", children: (
+          <select id="f-preset" value={form.preset} onChange={set("preset")}>
+            <option value="">none (explicit resources)</option>
+            {options && options.resourcePresets.map((p) => <option value={p.name}>{p.name}</option>)}</select>) })}
+        {Field({ name: "cpu", label: "CPU (cores)", children: input("cpu", { placeholder: "0.25", inputmode: "decimal" }) })}
+        {Field({ name: "mem", label: "Memory", hint: "bytes with units: 512m, 2g", children: input("mem", { placeholder: "256m" }) })}
+        {(accelerators.length > 0 || form.accelerators) && Field({ name: "accelerators", label: "Accelerators",
+          hint: `slot=count, comma-separated; the agents have: ${accelerators.join(", ") || "none"}`, children: input("accelerators") })}
+        {Field({ name: "clusterMode", label: "Cluster mode", children: (
+          <select id="f-clusterMode" value={form.clusterMode} onChange={set("clusterMode")}>
+            <option>SINGLE_NODE</option><option>MULTI_NODE</option></select>) })}
+        {Field({ name: "clusterSize", label: "Cluster size", children: input("clusterSize", { type: "number", min: 1 }) })}
+      </fieldset>
+      <fieldset><legend>Environment and apps</legend>
+        {Field({ name: "environ", label: "Environment variables", hint: "one NAME=value per line", children: (
+          <textarea id="f-environ" rows="3" value={form.environ} onInput={set("environ")} aria-invalid={field === "environ"} />) })}
+        {Field({ name: "apps", label: "Apps", hint: "name:port[:HTTP|WEBSOCKET|TCP], one per line", children: (
+          <textarea id="f-apps" rows="2" value={form.apps} onInput={set("apps")} aria-invalid={field === "apps"} />) })}
+        {Field({ name: "preopenPorts", label: "Preopened ports", hint: "comma-separated", children: input("preopenPorts") })}
+      </fieldset>
+      <fieldset><legend>Storage folders</legend>
+        {Field({ name: "mounts", label: "Mounts", hint: `folder:/path[:RW|RO], one per line; your folders: ${
+          options ? options.folders.filter((x) => x.status === "READY").map((x) => `${x.name} (${x.myMode})`).join(", ") || "none" : "…"}`,
+        children: (<textarea id="f-mounts" rows="2" value={form.mounts} onInput={set("mounts")} aria-invalid={field === "mounts"}
+          placeholder="datasets:/data:RO" />) })}
+      </fieldset>
+      {batch && (
+        <fieldset><legend>Batch</legend>
+          {Field({ name: "startsAt", label: "Start time", hint: "ISO 8601 with a zone, or a delay such as 90s", children: input("startsAt") })}
+          {Field({ name: "batchTimeout", label: "Timeout", hint: "30s, 2h", children: input("batchTimeout") })}
+          {!batchOnly && Field({ name: "dependencies", label: "Dependencies", hint: "session ids that must succeed first", children: input("dependencies") })}
+        </fieldset>
+      )}
+    </>
+  );
+}
+
+export function LauncherPage({ viewer }) {
+  const [form, setForm] = useState(EMPTY);
+  const [options, setOptions] = useState(null);
+  const [error, setError] = useState(null);
+  const [busy, setBusy] = useState(false);
+  const [saved, setSaved] = useState(null);
+  useEffect(() => { gql(OPTIONS).then(setOptions).catch(setError); }, []);
+  const field = error && formField(error.field);
+  const kit = useFieldKit({ form, setForm, field, error });
+  const { Field, input } = kit;
 
   async function submit(e) {
     e.preventDefault();
     setBusy(true); setError(null); setSaved(null);
     try {
-      const d = await gql(CREATE, { input: toInput(form) });
+      const d = await gql(CREATE, { input: toInput(form, { folders: options ? options.folders : [] }) });
       const made = d.createSession.sessions;
       navigate(made.length === 1 ? `/sessions/${made[0].id}` : "/");
     } catch (exc) { setError(exc); } finally { setBusy(false); }
@@ -110,17 +193,12 @@ export function LauncherPage({ viewer }) {
   async function saveTemplate() {
     setBusy(true); setError(null); setSaved(null);
     try {
-      const d = await gql(SAVE, { input: { name: form.templateName.trim(), spec: toInput(form, { spec: true }) } });
+      const d = await gql(SAVE, { input: { name: form.templateName.trim(), spec: toInput(form, { spec: true, folders: options ? options.folders : [] }) } });
       setSaved(d.createSessionTemplate.name);
       setOptions(await gql(OPTIONS));  // the new template among the others
     } catch (exc) { setError(exc.field ? { ...exc, field: exc.field === "name" ? "templateName" : exc.field, message: exc.message, code: exc.code } : exc); }
     finally { setBusy(false); }
   }
-  const batch = form.type === "BATCH";
-  // accelerator slots (anything but cpu and mem) some group's agents have: the field shows only when there are some
-  const accelerators = options
-    ? [...new Set(options.resourceGroups.flatMap((g) => g.capacity.map((c) => c.slot)))].filter((x) => x !== "cpu" && x !== "mem").sort()
-    : [];
   return (
     <section aria-labelledby="launch-title">
       <h1 id="launch-title">Launch a session</h1>
@@ -131,57 +209,16 @@ export function LauncherPage({ viewer }) {
             <label for="f-template">Start from a template</label>
             <select id="f-template" onChange={(e) => {
               const t = options.sessionTemplates.find((x) => x.id === e.currentTarget.value);
-              if (t && t.spec) setForm({ ...fromSpec(t), name: form.name });
+              if (t && t.spec) setForm({ ...fromSpec(t, options.folders), name: form.name });
             }}>
               <option value="">—</option>
               {options.sessionTemplates.map((t) => <option value={t.id}>{t.name} ({t.scope.toLowerCase()})</option>)}
             </select>
           </div>
         )}
-        <fieldset><legend>Session</legend>
+        <SpecFields kit={kit} form={form} options={options} viewer={viewer}>
           {Field({ name: "name", label: "Name", hint: "4-64 characters: letters, digits, '_', and '.' or '-' inside", children: input("name", { required: true }) })}
-          {Field({ name: "type", label: "Type", children: (
-            <select id="f-type" value={form.type} onChange={set("type")}>
-              <option>INTERACTIVE</option><option>BATCH</option><option>INFERENCE</option></select>) })}
-          {Field({ name: "driver", label: "Driver", children: (
-            <select id="f-driver" value={form.driver} onChange={set("driver")}>
-              <option>DOCKER</option><option>EXEC</option><option>QEMU</option>
-              {viewer.role === "SUPERADMIN" && <option>RAW_EXEC</option>}</select>) })}
-          {Field({ name: "image", label: "Image", hint: "docker: an allowed image; qemu: a VM image; empty: the default", children: input("image") })}
-          {Field({ name: "startupCommand", label: "Startup command", hint: batch ? "required for BATCH" : undefined, children: (
-            <textarea id="f-startupCommand" rows="2" value={form.startupCommand} onInput={set("startupCommand")} aria-invalid={field === "startupCommand"} />) })}
-        </fieldset>
-        <fieldset><legend>Resources</legend>
-          {Field({ name: "resourceGroup", label: "Resource group", children: (
-            <select id="f-resourceGroup" value={form.resourceGroup} onChange={set("resourceGroup")}>
-              {(options ? options.resourceGroups : [{ name: "default" }]).map((g) => <option>{g.name}</option>)}</select>) })}
-          {Field({ name: "preset", label: "Preset", children: (
-            <select id="f-preset" value={form.preset} onChange={set("preset")}>
-              <option value="">none (explicit resources)</option>
-              {options && options.resourcePresets.map((p) => <option value={p.name}>{p.name}</option>)}</select>) })}
-          {Field({ name: "cpu", label: "CPU (cores)", children: input("cpu", { placeholder: "0.25", inputmode: "decimal" }) })}
-          {Field({ name: "mem", label: "Memory", hint: "bytes with units: 512m, 2g", children: input("mem", { placeholder: "256m" }) })}
-          {(accelerators.length > 0 || form.accelerators) && Field({ name: "accelerators", label: "Accelerators",
-            hint: `slot=count, comma-separated; the agents have: ${accelerators.join(", ") || "none"}`, children: input("accelerators") })}
-          {Field({ name: "clusterMode", label: "Cluster mode", children: (
-            <select id="f-clusterMode" value={form.clusterMode} onChange={set("clusterMode")}>
-              <option>SINGLE_NODE</option><option>MULTI_NODE</option></select>) })}
-          {Field({ name: "clusterSize", label: "Cluster size", children: input("clusterSize", { type: "number", min: 1 }) })}
-        </fieldset>
-        <fieldset><legend>Environment and apps</legend>
-          {Field({ name: "environ", label: "Environment variables", hint: "one NAME=value per line", children: (
-            <textarea id="f-environ" rows="3" value={form.environ} onInput={set("environ")} aria-invalid={field === "environ"} />) })}
-          {Field({ name: "apps", label: "Apps", hint: "name:port[:HTTP|WEBSOCKET|TCP], one per line", children: (
-            <textarea id="f-apps" rows="2" value={form.apps} onInput={set("apps")} aria-invalid={field === "apps"} />) })}
-          {Field({ name: "preopenPorts", label: "Preopened ports", hint: "comma-separated", children: input("preopenPorts") })}
-        </fieldset>
-        {batch && (
-          <fieldset><legend>Batch</legend>
-            {Field({ name: "startsAt", label: "Start time", hint: "ISO 8601 with a zone, or a delay such as 90s", children: input("startsAt") })}
-            {Field({ name: "batchTimeout", label: "Timeout", hint: "30s, 2h", children: input("batchTimeout") })}
-            {Field({ name: "dependencies", label: "Dependencies", hint: "session ids that must succeed first", children: input("dependencies") })}
-          </fieldset>
-        )}
+        </SpecFields>
         {error && !field && <ErrorBox error={error} />}
         <div class="actions">
           <button type="submit" id="launch" disabled={busy}>{busy ? "Launching…" : "Launch"}</button>

@@ -1,6 +1,7 @@
 // The app shell: sign-in gate, navigation shaped by the viewer's role, and the pages.
 import { render } from "preact";
 import { useEffect, useErrorBoundary, useState } from "preact/hooks";
+import { lazy, Suspense } from "preact/compat";
 import { gql, getToken, setToken, clearToken, ApiError } from "./api.js";
 import { Link, navigate, usePath, ErrorBox, timeZone } from "./util.jsx";
 import { SessionsPage } from "./sessions.jsx";
@@ -8,6 +9,10 @@ import { LauncherPage } from "./launcher.jsx";
 import { DetailPage } from "./detail.jsx";
 import { AdminPage } from "./admin.jsx";
 import "./style.css";
+
+// pages most sessions never open: chunks of their own, loaded when opened
+const FoldersPage = lazy(() => import("./folders.jsx"));
+const SchedulesPage = lazy(() => import("./schedules.jsx"));
 
 const VIEWER = `{ viewer { id name role projects } }`;
 
@@ -61,6 +66,8 @@ function Shell({ viewer, onSignOut }) {
   if (path === "/" || path === "/sessions") page = <SessionsPage viewer={viewer} />;
   else if (path === "/launch") page = <LauncherPage viewer={viewer} />;
   else if (detail && detail[1] !== "new") page = <DetailPage id={decodeURIComponent(detail[1])} viewer={viewer} />;
+  else if (path === "/folders") page = <FoldersPage viewer={viewer} />;
+  else if (path === "/schedules") page = <SchedulesPage viewer={viewer} />;
   else if (path.startsWith("/admin") && admin) page = <AdminPage viewer={viewer} section={path.slice(7) || "groups"} />;
   else page = <p class="empty">Nothing here. <Link to="/">Back to the sessions</Link></p>;
   const current = (p) => (path.startsWith(p) ? "page" : undefined);
@@ -71,6 +78,8 @@ function Shell({ viewer, onSignOut }) {
         <nav aria-label="Main">
           <Link to="/" aria-current={path === "/" || path.startsWith("/sessions") ? "page" : undefined}>Sessions</Link>
           <Link to="/launch" aria-current={current("/launch")}>Launch</Link>
+          <Link to="/folders" aria-current={current("/folders")}>Folders</Link>
+          <Link to="/schedules" aria-current={current("/schedules")}>Schedules</Link>
           {admin && <Link to="/admin" aria-current={current("/admin")} id="nav-admin">Admin</Link>}
         </nav>
         <span class="who" title={`times in ${timeZone}`}>
@@ -78,7 +87,7 @@ function Shell({ viewer, onSignOut }) {
         </span>
         <button type="button" class="secondary" onClick={onSignOut} id="sign-out">Sign out</button>
       </header>
-      <main class="content"><Guarded path={path}>{page}</Guarded></main>
+      <main class="content"><Guarded path={path}><Suspense fallback={<p class="loading">Loading…</p>}>{page}</Suspense></Guarded></main>
     </>
   );
 }

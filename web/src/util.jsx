@@ -84,3 +84,16 @@ export function ErrorBox({ error }) {
     </div>
   );
 }
+
+/** Bytes, human-readable (KiB, MiB…). */
+export const bytes = (n) => amount("mem", n);
+
+/** An API error that names `field` (extensions.field, or its head: 'mounts.0.path' is about 'mounts'), shown under
+ * the control with id `id` (role=alert, data-code); nothing for other errors. */
+export function FieldError({ error, field, id }) {
+  if (!aboutField(error, Array.isArray(field) ? field : [field])) return null;
+  return <small class="field-error" id={`error-${id}`} role="alert" data-code={error.code}>{error.code}: {error.message}</small>;
+}
+/** Whether `error` belongs under one of `fields` (so a form shows it there, not in its general error box). */
+export const aboutField = (error, fields) =>
+  !!(error && error.field && fields.some((f) => error.field === f || error.field.startsWith(`${f}.`) || error.field.startsWith(`${f}[`)));
