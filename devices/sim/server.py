@@ -235,8 +235,21 @@ def _controller(plugin: Plugin, server_ref: list[grpc.Server]) -> grpc.GenericRp
     return grpc.method_handlers_generic_handler("plugin.GRPCController", {"Shutdown": handler})
 
 
+ORPHAN_CHECK = 1.0
+"""Seconds between looks at whether the Nomad agent that started the plugin is still its parent."""
+
+
+def _stop_when_orphaned(server: grpc.Server, parent: int) -> None:
+    """Stop serving once the agent that started us is gone. Nomad stops its plugins when it shuts down, but an agent
+    killed outright (SIGKILL, OOM) cannot: its plugin would be re-parented and serve nobody for ever."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK)
+    server.stop(grace=None)
+
+
 def serve() -> int:
     """Run as Nomad's plugin; without go-plugin's cookie, explain and exit."""
+    parent = os.getppid()  # before the handshake: once Nomad has read it, it may be gone
     if os.environ.get(MAGIC_COOKIE_KEY) != MAGIC_COOKIE_VALUE:
         print(
             f"{PLUGIN_NAME} is a Nomad device plugin: put it in a Nomad client's plugin_dir and configure it with a "
@@ -258,6 +271,7 @@ def serve() -> int:
     server.add_insecure_port(f"unix://{socket}")
     server.start()
     print(f"{CORE_PROTOCOL}|{APP_PROTOCOL}|unix|{socket}|grpc", flush=True)
+    threading.Thread(target=_stop_when_orphaned, args=(server, parent), daemon=True).start()
     try:
         server.wait_for_termination()
     finally:

@@ -57,6 +57,35 @@ def test_the_handshake_is_go_plugins(launched: tuple[subprocess.Popen[bytes], st
     assert (info.type, info.name, list(info.plugin_api_versions)) == (base_pb2.DEVICE, "caravan-device-sim", ["0.1.0"])
 
 
+def test_a_plugin_whose_agent_was_killed_stops(tmp_path: Path) -> None:
+    """Nomad stops its plugins when it shuts down; an agent killed outright cannot, and the plugin must not linger
+    (orphans of killed test agents used to pile up). A shell stands for the agent and is SIGKILLed."""
+    launcher = plugin_dir(tmp_path, NOMAD_HOME) / "caravan-device-sim"
+    env = {"PATH": os.environ["PATH"], MAGIC_COOKIE_KEY: MAGIC_COOKIE_VALUE, "PLUGIN_UNIX_SOCKET_DIR": str(tmp_path)}
+    agent = subprocess.Popen(
+        ["sh", "-c", '"$0" & echo $! >&2; wait', str(launcher)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert agent.stdout is not None and agent.stderr is not None
+    plugin = int(agent.stderr.readline())
+    address = agent.stdout.readline().decode().strip().split("|")[3]
+    assert Path(address).exists()
+    agent.kill()
+    agent.wait(10)
+    deadline = time.monotonic() + 60
+    while _running(plugin):
+        assert time.monotonic() < deadline, "the orphaned plugin kept running"
+        time.sleep(0.1)
+    assert not Path(address).exists()  # it stopped on its own, cleaning up (not killed)
+
+
+def _running(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
 def test_without_nomads_cookie_it_explains_and_exits(tmp_path: Path) -> None:
     launcher = plugin_dir(tmp_path, NOMAD_HOME) / "caravan-device-sim"
     done = subprocess.run([launcher], capture_output=True, env={"PATH": os.environ["PATH"]}, timeout=30)
