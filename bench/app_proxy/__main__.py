@@ -38,7 +38,7 @@ import httpx2
 from websockets.asyncio.client import connect
 
 from bench.gateway.__main__ import run_wrk, spawn, stop, wait_http
-from bench.private_stack import private_stack
+from caravan.stack.private_stack import private_stack
 from caravan.stack.processes import free_port
 from core.settings import Settings
 from domain.apps import app_host, published_port

@@ -36,7 +36,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import uvloop
 
-from bench.private_stack import private_stack, stack_env
+from caravan.stack.private_stack import private_stack, stack_env
 from caravan.stack.processes import free_port
 from core.settings import Settings, StorageSettings
 from domain.sftp import CHROOT, KEY_VARIABLE, SERVER_COMMAND, SFTP_PORT
