@@ -356,8 +356,15 @@ class Keys:
         return f"{self.prefix}:idle:report:{session_id}"
 
     @property
+    def idle_window_tables(self) -> str:
+        """HASH table name -> one table of the utilization windows (``domain.idle.columns.WindowTableDoc`` JSON: one
+        metric of every window of one shape), saved now and then so a new leader resumes."""
+        return f"{self.prefix}:idle:window-tables"
+
+    @property
     def idle_windows(self) -> str:
-        """HASH session id -> utilization window JSON, saved now and then so a new leader resumes."""
+        """HASH session id -> utilization window JSON (``domain.idle.window.WindowDoc``): how the windows were saved
+        before :attr:`idle_window_tables`; read once when that is absent, deleted at the next save."""
         return f"{self.prefix}:idle:windows"
 
     @property

@@ -69,8 +69,6 @@ class Term:
     fence: Fence
     windows: WindowColumns
     """Every session's utilization window, recorded into by each sweep."""
-    saved_window_ids: set[str]
-    """Sessions whose window is in Redis: those that ended are dropped at the next save."""
     saved_at: float = field(default_factory=time.monotonic)
     views: ViewCache = field(default_factory=ViewCache)
     """The sessions read last sweep: only changed documents are decoded again."""
@@ -126,8 +124,7 @@ class IdleService:
                     await self.lease.release()
 
     async def lead(self, fence: Fence) -> None:
-        saved = await self.idle_store.load_windows()
-        term = Term(fence=fence, windows=WindowColumns.of(saved), saved_window_ids=set(saved))
+        term = Term(fence=fence, windows=await self.idle_store.load_windows())
         settle(collect=True)
         await self.idle_store.publish_policy(fence, self.policy.published)
         await forever("idle sweep", lambda: self._sweep_and_wait(term))
@@ -165,10 +162,9 @@ class IdleService:
             verdicts=result.verdicts,
             ttl=report_ttl(config.check_interval),
             windows=term.windows if save_windows else None,
-            forget_windows=term.saved_window_ids - set(term.windows) if save_windows else (),
         )
         if save_windows:
-            term.saved_window_ids, term.saved_at = set(term.windows), time.monotonic()
+            term.saved_at = time.monotonic()
             await forget_activity(self.store.redis, self.keys, keep=set(live_ids))
         for session in sessions:
             await self._reclaim_if_idle(term, session, result.verdicts[session.id])

@@ -2,9 +2,11 @@
 
 * **Reports** (``Keys.idle_report``): each sweep's verdict per session with the time it was reached,
   expiring after :func:`report_ttl`; the gateway serves them as ``idleChecks`` and never recomputes.
-* **Windows** (``Keys.idle_windows``): the leader keeps windows in memory (a JSON round trip per session
-  per sweep would cost more than the decisions) and saves them now and then, so a new leader resumes
-  with full windows instead of waiting a whole window to judge again.
+* **Windows** (``Keys.idle_window_tables``): the leader keeps windows in memory as arrays (a round trip per
+  session per sweep would cost more than the decisions) and saves them now and then, one document per array table
+  (``domain.idle.columns.WindowTableDoc``), so a new leader resumes with full windows instead of waiting a whole
+  window to judge again. Windows saved one document per session (``Keys.idle_windows``, before the tables) are read
+  when no tables are saved yet.
 * **Policy** (``Keys.idle_policy``): the text and source of the policy in force, so the gateway shows
   the effective policy the checker actually enforces, even while a broken file is being refused.
 
@@ -14,7 +16,7 @@ The checker's writes carry its fencing token (:func:`core.lease.write_fenced`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -26,7 +28,7 @@ from core.codec import decode, encode
 from core.keys import Keys
 from core.lease import Fence, write_fenced
 from core.replies import optional_text, optional_texts, text_hash
-from domain.idle.columns import WindowColumns
+from domain.idle.columns import WindowColumns, WindowTableDoc
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.policy_file import parse_policy
 from domain.idle.verdict import Verdict, VerdictDoc
@@ -84,24 +86,19 @@ class IdleStore:
         checked_at: datetime,
         verdicts: Mapping[str, Verdict],
         ttl: int,
-        windows: Mapping[str, UtilizationWindow] | None = None,
-        forget_windows: Collection[str] = (),
+        windows: WindowColumns | None = None,
     ) -> None:
-        """One sweep's reports, and (when given) the windows to save and those to drop, in one transaction."""
+        """One sweep's reports, and (when given) every window, replacing those saved before, in one transaction."""
 
         def write(pipe: Pipeline) -> None:
             stamp = encode(checked_at)
             for session_id, verdict in verdicts.items():
                 pipe.set(self.keys.idle_report(session_id), report_document(stamp, verdict), ex=ttl)
-            if forget_windows:
-                pipe.hdel(self.keys.idle_windows, *forget_windows)
-            if windows:
-                stored = (
-                    windows.encoded()
-                    if isinstance(windows, WindowColumns)
-                    else {i: encode(w.to_doc()) for i, w in windows.items()}
-                )
-                pipe.hset(self.keys.idle_windows, mapping={i: text for i, text in stored.items()})
+            if windows is not None:
+                pipe.delete(self.keys.idle_window_tables, self.keys.idle_windows)
+                tables = windows.stored()
+                if tables:
+                    pipe.hset(self.keys.idle_window_tables, mapping={n: encode(t) for n, t in tables.items()})
 
         await write_fenced(self.redis, fence, write)
 
@@ -113,8 +110,23 @@ class IdleStore:
 
     # -- reads ------------------------------------------------------------------------------------
 
-    async def load_windows(self) -> dict[str, UtilizationWindow]:
-        """The saved windows; a malformed one is skipped (that session starts a fresh window)."""
+    async def load_windows(self) -> WindowColumns:
+        """The saved windows; a malformed table or window is skipped (its sessions start those series afresh)."""
+        raw = text_hash(await self.redis.hgetall(self.keys.idle_window_tables))
+        if not raw:
+            return WindowColumns.of(await self._load_windows_saved_one_by_one())
+        tables = []
+        for name, text in raw.items():
+            try:
+                tables.append(decode(text, WindowTableDoc))
+            except ValueError as exc:
+                log.warning("saved utilization windows %s unreadable, starting them afresh: %s", name, exc)
+        columns, problems = WindowColumns.from_stored(tables)
+        for problem in problems:
+            log.warning("saved utilization windows %s, starting them afresh", problem)
+        return columns
+
+    async def _load_windows_saved_one_by_one(self) -> dict[str, UtilizationWindow]:
         raw = text_hash(await self.redis.hgetall(self.keys.idle_windows))
         windows = {}
         for session_id, text in raw.items():

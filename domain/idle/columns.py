@@ -18,20 +18,21 @@ sample, as numpy arrays:
 A session's window moves to fresh rows when the policy changes its shape (as ``record_sample`` starts a fresh window),
 and its rows are freed when a sweep no longer records it (not RUNNING any more, or its utilization not checked).
 The columns are a :class:`~collections.abc.Mapping` of session id -> :class:`UtilizationWindow`, built on access
-(tests, a custom arbiter), and :meth:`WindowColumns.encoded` writes the stored form (:class:`WindowDoc`, unchanged).
+(tests, a custom arbiter). :meth:`WindowColumns.stored` writes the stored form, one :class:`WindowTableDoc` per table
+(its numbers straight from the arrays), and :meth:`WindowColumns.from_stored` reads it back into arrays.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from core.codec import encode
-from domain.idle.window import JSON_VERSION, MAX_GAP_INTERVALS, SCALE, MetricSeries, UtilizationWindow
+from domain.idle.window import MAX_GAP_INTERVALS, SCALE, MetricSeries, UtilizationWindow, check_shape
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -150,31 +151,72 @@ class SeriesTable:
         order = (int(self.start[row]) + np.arange(count)) % self.stamps.shape[1]
         return MetricSeries(tuple(self.stamps[row, order].tolist()), tuple(self.values[row, order].tolist()))
 
-    def stored(self, rows: Ints) -> tuple[list[list[int]], list[list[int]]]:
-        """Each row's series as stored, oldest first: (its first stamp then the milliseconds since the one before;
-        its values), cut to its count. Rows sampled at the same sweeps share one stamp list (in the steady state
-        nearly all of them: only the distinct ones are turned into Python numbers); rows are cut by count group (a
-        full window's count for most), so no list is sliced."""
+    def stored(self, metric: str, sessions: Sequence[str], rows: Ints) -> WindowTableDoc:
+        """``rows``' series of ``metric`` as stored (``sessions``: the session of each row, in order; every row with
+        samples). Rows sampled at the same sweeps share one stamp list (in the steady state nearly all of them), found
+        by array operations; the values go out as the bytes of one array."""
         capacity = self.stamps.shape[1]
         counts = self.count[rows]
         order = (self.start[rows][:, None] + np.arange(capacity)) % capacity
         stamps = np.take_along_axis(self.stamps[rows], order, 1)
         stamps[:, 1:] = np.diff(stamps, axis=1)
-        stamps[np.arange(capacity) >= counts[:, None]] = 0  # past the count: equal series give equal bytes
-        values = np.take_along_axis(self.values[rows], order, 1)
-        stamp_lists: list[list[int]] = [[] for _ in range(len(rows))]
-        value_lists: list[list[int]] = [[] for _ in range(len(rows))]
-        distinct: dict[bytes, list[int]] = {}
-        for count in np.unique(counts).tolist():
-            group = np.flatnonzero(counts == count)
-            for at, row, stamp_row in zip(group.tolist(), values[group, :count].tolist(), stamps[group], strict=True):
-                value_lists[at] = row
-                key = stamp_row.tobytes()
-                found = distinct.get(key)
-                if found is None:
-                    found = distinct[key] = stamp_row[:count].tolist()
-                stamp_lists[at] = found
-        return stamp_lists, value_lists
+        kept = np.arange(capacity) < counts[:, None]
+        stamps[~kept] = 0  # past the count: equal series give equal rows
+        values = np.take_along_axis(self.values[rows], order, 1)[kept]
+        first, index = _distinct_rows(stamps)
+        lists = [row[:count].tolist() for row, count in zip(stamps[first], counts[first].tolist(), strict=True)]
+        return WindowTableDoc(
+            TABLE_VERSION,
+            self.window_seconds,
+            self.interval,
+            metric,
+            list(sessions),
+            lists,
+            index.tolist(),
+            values.astype(VALUE_TYPE).tobytes(),
+        )
+
+    def load(self, doc: WindowTableDoc) -> None:
+        """Write ``doc``'s series into rows 0, 1, ... (one per session, in order) of this table, made empty with at
+        least that many rows. Raises ``ValueError`` on anything malformed, before writing."""
+        lists, rows = doc.stamps, len(doc.sessions)
+        lengths = np.array([len(stamps) for stamps in lists], np.int64)
+        if (lengths == 0).any():
+            raise ValueError("an empty stamp list")
+        width = int(lengths.max()) if lists else 0
+        listed = np.arange(width) < lengths[:, None]
+        try:
+            padded = np.zeros((len(lists), width), np.int64)
+            padded[listed] = [stamp for stamps in lists for stamp in stamps]
+        except OverflowError as exc:
+            raise ValueError("a number out of range") from exc
+        if len(doc.values) % VALUE_TYPE.itemsize:
+            raise ValueError("values of a partial number of bytes")
+        values = np.frombuffer(doc.values, VALUE_TYPE).astype(np.int64)
+        padded = np.cumsum(padded, axis=1)
+        if (padded[:, :1] < 0).any() or (np.diff(padded, axis=1)[listed[:, 1:]] <= 0).any():
+            raise ValueError("stamps that do not increase")
+        index = np.array(doc.stamp_list, np.int64)
+        if len(index) != rows or len(set(doc.sessions)) != rows:
+            raise ValueError("one stamp list per row, one row per session")
+        if ((index < 0) | (index >= len(lists))).any():
+            raise ValueError("a row names no stamp list")
+        counts = lengths[index]
+        if int(counts.sum()) != len(values):
+            raise ValueError("as many values as stamps")
+        if len(self.count) < rows or (self.count > 0).any():
+            raise ValueError("an empty table with enough rows is needed")
+        while self.stamps.shape[1] < width:
+            self._widen()
+        if rows:
+            ends = np.cumsum(counts)
+            flat_row = np.repeat(np.arange(rows), counts)
+            column = np.arange(len(values)) - np.repeat(ends - counts, counts)
+            self.stamps[flat_row, column] = padded[index[flat_row], column]
+            self.values[flat_row, column] = values
+            self.count[:rows], self.start[:rows] = counts, 0
+            self.total[:rows] = np.add.reduceat(values, ends - counts)
+        self._free = list(range(len(self.count) - 1, rows - 1, -1))
 
 
 class Recorded(NamedTuple):
@@ -333,36 +375,103 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
 
     # -- the stored form --
 
-    def encoded(self) -> dict[str, bytes]:
-        """Session id -> its window as stored: the JSON of ``UtilizationWindow.to_doc`` (:class:`WindowDoc`, written by
-        ``core.codec``, the same fields in the same order; metrics sampled together share one stamp list; the series
-        in the order of the session's checked metrics)."""
-        stored: dict[tuple[Shape, str], dict[int, tuple[list[int], list[int]]]] = {}
-        for key, table in self.tables.items():
-            live = np.flatnonzero(table.count > 0)
-            stamp_rows, value_rows = table.stored(live)
-            stored[key] = dict(zip(live.tolist(), zip(stamp_rows, value_rows, strict=True), strict=True))
-        encoded: dict[str, bytes] = {}
+    def stored(self) -> dict[str, WindowTableDoc]:
+        """Every table with samples as stored (:class:`WindowTableDoc`), under its name (:func:`table_name`)."""
+        sessions: dict[tuple[Shape, str], dict[int, str]] = {}
         for session_id, (shape, rows) in self.rows.items():
-            lists: list[list[int]] = []
-            series: dict[str, tuple[int, list[int]]] = {}
             for metric, row in rows.items():
-                found = stored[(shape, metric)].get(row)
-                if found is None:
-                    continue
-                deltas, values = found
-                if deltas in lists:  # the same list, or one equal to it (a C-level comparison of at most a few)
-                    series[metric] = (lists.index(deltas), values)
-                else:
-                    series[metric] = (len(lists), values)
-                    lists.append(deltas)
-            # a dict in WindowDoc's field order: written as encode(WindowDoc(...)) is, without its frozen __init__
-            doc = {
-                "v": JSON_VERSION,
-                "window_seconds": shape[0],
-                "interval": shape[1],
-                "stamps": lists,
-                "series": series,
-            }
-            encoded[session_id] = encode(doc)
-        return encoded
+                sessions.setdefault((shape, metric), {})[row] = session_id
+        stored: dict[str, WindowTableDoc] = {}
+        for (shape, metric), table in self.tables.items():
+            live = np.flatnonzero(table.count > 0)
+            if not live.size:
+                continue
+            owners = sessions[(shape, metric)]
+            stored[table_name(shape, metric)] = table.stored(metric, [owners[row] for row in live.tolist()], live)
+        return stored
+
+    @classmethod
+    def from_stored(cls, tables: Iterable[WindowTableDoc]) -> tuple[WindowColumns, list[str]]:
+        """Columns holding the stored tables (a new leader's), and why any table was left out (malformed: its
+        sessions start that metric's series afresh)."""
+        columns, problems = cls(), []
+        for doc in tables:
+            shape = (doc.window_seconds, doc.interval)
+            try:
+                if doc.v != TABLE_VERSION:
+                    raise ValueError(f"unsupported version {doc.v!r}")
+                check_shape(*shape)
+                if not doc.metric or (shape, doc.metric) in columns.tables:
+                    raise ValueError("no metric, or a table given twice")
+                clash = [s for s in doc.sessions if s in columns.rows and columns.rows[s][0] != shape]
+                if clash:
+                    raise ValueError(f"session {clash[0]} has windows of two shapes")
+                table = SeriesTable(*shape, rows=max(len(doc.sessions), 64))
+                table.load(doc)
+            except ValueError as exc:
+                problems.append(f"{table_name(shape, doc.metric)}: {exc}")
+                continue
+            columns.tables[(shape, doc.metric)] = table
+            for row, session_id in enumerate(doc.sessions):
+                known = columns.rows.get(session_id)
+                if known is None:
+                    known = columns.rows[session_id] = (shape, {})
+                known[1][doc.metric] = row
+        return columns, problems
+
+
+TABLE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WindowTableDoc:
+    """One table as Redis keeps it (``Keys.idle_window_tables``; version 1 of its JSON, written by ``core.codec``):
+    one metric's series of every session whose window has one shape."""
+
+    v: int
+    """The version: 1."""
+    window_seconds: float
+    interval: float
+    """Seconds: the windows' shape."""
+    metric: str
+    sessions: list[str]
+    """One session per row."""
+    stamps: list[list[int]]
+    """The distinct stamp lists: each the unix milliseconds of its first sample, then the milliseconds since the one
+    before (strictly positive)."""
+    stamp_list: list[int]
+    """Per row, the index of its stamp list."""
+    values: bytes
+    """The rows' values in thousandths of a percent, row after row, oldest first, as many per row as its stamp list
+    has stamps: signed 64-bit little-endian integers, one after the other (base64 in the JSON)."""
+
+
+VALUE_TYPE = np.dtype("<i8")
+"""How :attr:`WindowTableDoc.values` holds each number."""
+
+_ROW_WEIGHTS = np.random.default_rng(20261124).integers(1, 2**62, 4096)
+"""Multipliers that fold a row of stamps into one number (wrapping), to find equal rows without comparing each pair."""
+
+
+def _distinct_rows(table: Ints) -> tuple[Ints, Ints]:
+    """(the first row of each distinct row of ``table``, in order of first appearance; for each row, the index of its
+    distinct row among those)."""
+    if not len(table):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    width = table.shape[1]
+    if width <= len(_ROW_WEIGHTS):
+        folded = table @ _ROW_WEIGHTS[:width]
+        _, first, inverse = np.unique(folded, return_index=True, return_inverse=True)
+        if not (table == table[first[inverse]]).all():  # two different rows folded alike: compare them whole
+            _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
+    else:
+        _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
+    appearance = np.argsort(first, kind="stable")
+    rank = np.empty_like(appearance)
+    rank[appearance] = np.arange(len(appearance))
+    return first[appearance], rank[inverse.reshape(-1)]
+
+
+def table_name(shape: Shape, metric: str) -> str:
+    """The field a table is stored under: its shape and metric, for the operator reading Redis."""
+    return f"{shape[0]:g}s/{shape[1]:g}s/{metric}"

@@ -82,7 +82,7 @@ class UtilizationWindow:
 
     @classmethod
     def empty(cls, *, window_seconds: float, interval: float) -> UtilizationWindow:
-        _check_shape(window_seconds, interval)
+        check_shape(window_seconds, interval)
         return cls(window_seconds=float(window_seconds), interval=float(interval))
 
     def matches(self, *, window_seconds: float, interval: float) -> bool:
@@ -164,7 +164,7 @@ class UtilizationWindow:
         an empty window."""
         if doc.v != JSON_VERSION:
             raise ValueError(f"unsupported window version {doc.v!r}")
-        _check_shape(doc.window_seconds, doc.interval)
+        check_shape(doc.window_seconds, doc.interval)
         tables = [tuple(accumulate(deltas)) for deltas in doc.stamps]
         series = {}
         for metric, (index, values) in doc.series.items():
@@ -192,7 +192,7 @@ class WindowDoc:
     """Metric -> (the index of its stamp list, its values in thousandths of a percent, one per stamp)."""
 
 
-def _check_shape(window_seconds: float, interval: float) -> None:
+def check_shape(window_seconds: float, interval: float) -> None:
     if not (0 < window_seconds < math.inf and 0 < interval < math.inf):
         raise ValueError("window_seconds and interval must be positive")
 

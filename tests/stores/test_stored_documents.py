@@ -19,8 +19,10 @@ from redis.asyncio import Redis
 
 from core.codec import MalformedDocument, decode, encode
 from core.keys import Keys
+from core.lease import Fence
 from domain.apps import App, AppProtocol
-from domain.idle.window import UtilizationWindow, WindowDoc
+from domain.idle.columns import Entry, WindowColumns, WindowTableDoc
+from domain.idle.window import MetricSeries, UtilizationWindow, WindowDoc
 from domain.model import ClusterMode, Driver, Kernel, RoleSpec, Session, SessionStatus, SessionType, StatusChange
 from domain.presets import ResourcePreset
 from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy
@@ -130,6 +132,22 @@ def test_idle_reports_and_windows_read_back_exactly_and_are_written_byte_for_byt
     assert encode({"checked_at": T2, **values.verdict().to_dict()}) == stored("idle_report.json")
     assert UtilizationWindow.from_doc(decode(stored("window.json"), WindowDoc)) == values.window()
     assert encode(values.window().to_doc()) == stored("window.json")
+
+
+YOUNG = UtilizationWindow(600.0, 15.0, {"cpu_util": MetricSeries((1772366430000,), (100000,))})
+"""A window with one sample, stamped apart from ``values.window()``'s: a second stamp list in the table."""
+
+
+def test_window_tables_read_back_exactly_and_are_written_byte_for_byte() -> None:
+    """``window_table.json`` pins the tables' JSON as first written (``WindowTableDoc`` version 1, at the commit that
+    introduced it): the cpu_util table of ``values.window()`` and :data:`YOUNG`."""
+    windows = {values.full_session().id: values.window(), "young": YOUNG}
+    tables = WindowColumns.of(windows).stored()
+    assert encode(tables["600s/15s/cpu_util"]) == stored("window_table.json")
+    loaded, problems = WindowColumns.from_stored([decode(stored("window_table.json"), WindowTableDoc)])
+    assert problems == []
+    only_cpu = {i: replace(w, series={"cpu_util": w.series["cpu_util"]}) for i, w in windows.items()}
+    assert dict(loaded) == only_cpu
 
 
 def test_events_read_back_exactly_and_keep_their_json() -> None:
@@ -249,4 +267,65 @@ async def test_the_stores_read_the_old_documents_from_redis(redis: Redis, keys: 
     assert await policies.projects(["research"]) == {"research": values.project_policy()}
     idle = IdleStore(redis, keys)
     assert await idle.verdict(full.id) == StoredVerdict(T2, values.verdict())
-    assert await idle.load_windows() == {full.id: values.window()}
+    assert dict(await idle.load_windows()) == {full.id: values.window()}  # saved one by one, before the tables
+
+
+async def test_the_window_tables_replace_the_windows_saved_one_by_one(redis: Redis, keys: Keys) -> None:
+    """A checker upgraded from saving each window as a document resumes from those, and its first save replaces them
+    with the tables, which the next leader reads (a session that ended meanwhile is gone from them)."""
+    idle, full = IdleStore(redis, keys), values.full_session()
+    await redis.hset(keys.idle_windows, mapping={full.id: stored("window.json"), "ended": stored("window.json")})
+    windows = await idle.load_windows()
+    assert dict(windows) == {full.id: values.window(), "ended": values.window()}
+    at = 1772366445.0  # the sweep after the window's last sample
+    windows.record(at, [Entry(full.id, (600.0, 15.0), ("cpu_util", "mem"), {"cpu_util": 5.0, "mem": 50.0})])
+    fence = Fence(key=keys.idle_fence, token=3)
+    await redis.set(keys.idle_fence, 3)
+    await idle.save_sweep(fence, checked_at=T2, verdicts={}, ttl=30, windows=windows)
+    assert not await redis.exists(keys.idle_windows)
+    assert await redis.hlen(keys.idle_window_tables) == 3  # cpu_util, mem, and cuda_util kept until it is stale
+    again = await idle.load_windows()
+    assert dict(again) == dict(windows)
+    assert again[full.id].series["cpu_util"].values == (1500, 0, 250, 5000)
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"v": 2},
+        {"interval": 0.0},
+        {"metric": ""},
+        {"stamps": [[1772366400000, 15000, 0]]},
+        {"stamps": [[1772366400000, 15000, -1]]},
+        {"stamps": [[-5, 15000, 15000]]},
+        {"stamps": [[1772366400000, 15000, 15000], []]},
+        {"stamps": [[2**63, 1, 1]]},
+        {"stamp_list": [0, 2]},
+        {"stamp_list": [0]},
+        {"sessions": ["a", "a"]},
+        {"values": "3AUAAAAAAAAAAAAAAAAAAPoAAAAAAAAA"},  # three numbers for four stamps
+        {"values": "3AUAAAAAAAAAAAAAAAAAAPoAAAAAAAAAAAAAAAAAAEAB"},  # four numbers and a byte
+        {"values": "not base64!"},
+        {"values": [1500, 0, 250, 100000]},
+    ],
+    ids=lambda broken: ",".join(broken),
+)
+async def test_a_malformed_window_table_starts_its_series_afresh(
+    redis: Redis, keys: Keys, broken: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    good = json.loads(stored("window_table.json"))
+    bad = {**good, "metric": "mem", **broken}
+    await redis.hset(keys.idle_window_tables, mapping={"cpu": json.dumps(good), "mem": json.dumps(bad)})
+    windows = await IdleStore(redis, keys).load_windows()
+    assert set(windows) == {values.full_session().id, "young"}
+    assert all(set(window.series) == {"cpu_util"} for window in windows.values())
+    assert "starting them afresh" in caplog.text
+
+
+async def test_a_session_in_tables_of_two_shapes_keeps_one(redis: Redis, keys: Keys) -> None:
+    good = json.loads(stored("window_table.json"))
+    other = {**good, "metric": "mem", "window_seconds": 300.0}
+    await redis.hset(keys.idle_window_tables, mapping={"a": json.dumps(good), "b": json.dumps(other)})
+    windows = await IdleStore(redis, keys).load_windows()
+    kept = {(w.window_seconds, tuple(w.series)) for w in windows.values()}
+    assert kept in ({(600.0, ("cpu_util",))}, {(300.0, ("mem",))})  # whichever table Redis answered first
