@@ -65,7 +65,7 @@ async def collect_samples(
 
     async def one(session: SweptSession) -> Sample:
         samples = await asyncio.gather(*(kernel(session, k) for k in session.kernels))
-        return session_sample(s for s in samples if s is not None)
+        return session_sample([s for s in samples if s is not None])  # a list: one kernel takes the short path
 
     unmeasured: list[str] = []
     found = await asyncio.gather(*(one(s) for s in sessions))

@@ -63,17 +63,25 @@ def kernel_sample(
         usage = usage_of(plain if plain is not None else _sum_task_usage(alloc_stats.get("Tasks") or {}))
     cpu, memory, device_groups = usage.cpu_stats, usage.memory_stats, usage.device_stats
     sample: dict[str, float] = {}
-    if unmeasured(usage):
+    # unmeasured(usage), written out: this runs for every kernel of every sweep
+    if not ((cpu is not None and cpu.measured) or (memory is not None and memory.measured) or device_groups):
         return sample
-    percent = _number(cpu.percent) if cpu is not None else None
-    if percent is not None and cores > 0:
-        sample[CPU_UTIL] = percent / cores
-    in_use = _memory_in_use(memory) if memory is not None else None
-    if in_use is not None and memory_bytes > 0:
-        sample[MEM] = in_use / memory_bytes * 100
+    if cpu is not None and cores > 0:
+        percent = cpu.percent
+        if type(percent) is not float or not -_INF < percent < _INF:  # the common case, a finite float, checked inline
+            percent = _number(percent)
+        if percent is not None:
+            sample[CPU_UTIL] = percent / cores
+    if memory is not None and memory_bytes > 0:
+        in_use = _memory_in_use(memory)
+        if in_use is not None:
+            sample[MEM] = in_use / memory_bytes * 100
     if device_groups:
         sample.update(_device_metrics(device_groups, devices or DeviceCatalog()))
     return sample
+
+
+_INF = math.inf
 
 
 def unmeasured(usage: ResourceUsage) -> bool:
