@@ -337,9 +337,11 @@ class Keys:
         """ZSET of session ids scored by their last user traffic (unix seconds), written by the gateway."""
         return f"{self.prefix}:idle:last-activity"
 
-    def idle_connections(self, session_id: str) -> str:
-        """ZSET of a session's open app connections, scored by when each lapses unless refreshed."""
-        return f"{self.prefix}:idle:connections:{session_id}"
+    @property
+    def idle_open_connections(self) -> str:
+        """ZSET of every open app connection (member: the JSON ``[session id, connection id]``), scored by when each
+        lapses unless refreshed (``stores.activity``)."""
+        return f"{self.prefix}:idle:open-connections"
 
     def app_launch(self, code_hash: str) -> str:
         """HASH of one app launch code (by the SHA-256 of the code; single use, short TTL): the token hash, session

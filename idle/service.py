@@ -165,7 +165,7 @@ class IdleService:
         )
         if save_windows:
             term.saved_at = time.monotonic()
-            await forget_activity(self.store.redis, self.keys, keep=set(live_ids))
+            await forget_activity(self.store.redis, self.keys, keep=set(live_ids), now=now)
         for session in sessions:
             await self._reclaim_if_idle(term, session, result.verdicts[session.id])
         collect = time.monotonic() - term.collected_at >= FULL_COLLECTION_INTERVAL

@@ -26,6 +26,7 @@ from core.clock import utcnow
 from core.settings import Settings
 from domain.model import SessionStatus
 from domain.users import Role
+from stores.activity import read_activity
 from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan, running_caravan
 from tests.idle.running import policy_file, running_idle, swept_since
@@ -305,8 +306,8 @@ async def test_websocket_echo_and_revocation(echo_site: tuple[Caravan, str, str]
     for message in ("hello", binary, "é\x00\u2028"):
         await ws.send(message)
         assert await ws.recv() == message
-    activity = await caravan.store.redis.zcard(caravan.store.keys.idle_connections(session_id))
-    assert activity == 1  # an open WebSocket is an open connection to the idle checker
+    activity = await read_activity(caravan.store.redis, caravan.store.keys, [session_id], utcnow())
+    assert activity[session_id].open_connections == 1  # an open WebSocket is an open connection to the idle checker
 
     await caravan.users.deactivate("eve")
     with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:

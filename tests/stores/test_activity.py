@@ -45,17 +45,33 @@ async def test_an_open_connection_counts_until_it_lapses_or_closes(redis: Redis,
     assert activity.last is not None and abs((activity.last - closed_at).total_seconds()) < 1e-3
 
 
-async def test_connection_key_expires_with_its_last_connection(redis: Redis, keys: Keys) -> None:
+async def test_lapsed_connections_are_trimmed_and_live_ones_kept(redis: Redis, keys: Keys) -> None:
     now = utcnow()
     await open_connection(redis, keys, "s", "long", now, ttl=100)
     await open_connection(redis, keys, "s", "short", now, ttl=5)
-    assert await redis.ttl(keys.idle_connections("s")) > 90  # the shorter one did not cut the longer one's life
+    await open_connection(redis, keys, "t", "short", now, ttl=5)
+    await forget_activity(redis, keys, keep={"s", "t"}, now=now + timedelta(seconds=6))
+    assert await redis.zcard(keys.idle_open_connections) == 1  # the shorter ones went, the longer one stays
+    found = await read_activity(redis, keys, ["s", "t"], now + timedelta(seconds=6))
+    assert (found["s"].open_connections, found["t"].open_connections) == (1, 0)
+
+
+async def test_connections_are_counted_per_session_among_many(redis: Redis, keys: Keys) -> None:
+    """One range read counts the open connections of every session, with ids that look like separators."""
+    now = utcnow()
+    sessions = [f"s-{i}" for i in range(300)] + ['a"b', "c/d", "e,f"]
+    for i, session_id in enumerate(sessions):
+        for c in range(i % 3):
+            await open_connection(redis, keys, session_id, f"c{c}", now, ttl=30)
+    await redis.zadd(keys.idle_open_connections, {"not json": now.timestamp() + 30})  # ignored, with a warning
+    found = await read_activity(redis, keys, sessions, now)
+    assert [found[s].open_connections for s in sessions] == [i % 3 for i in range(len(sessions))]
 
 
 async def test_forget_drops_ended_sessions_only(redis: Redis, keys: Keys) -> None:
     now = utcnow()
     for session_id in ("live", "ended"):
         await record_activity(redis, keys, session_id, now)
-    await forget_activity(redis, keys, keep={"live"})
+    await forget_activity(redis, keys, keep={"live"}, now=now)
     found = await read_activity(redis, keys, ["live", "ended"], now)
     assert found["live"].last is not None and found["ended"].last is None
