@@ -26,15 +26,32 @@ KEY_TYPES = frozenset({"ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-s
 MAX_FOLDERS = 8
 CHROOT = "/srv"
 """sshd's ChrootDirectory (the image's sshd_config): SFTP clients see what is under it."""
+ACTIVITY_FILE = "alloc/caravan-sftp-activity"
+"""The file, in the kernel's allocation directory (``/alloc`` in the container, out of the chrooted clients' sight),
+whose modification time says when a client was last seen connected; the idle checker reads it through Nomad's
+``fs/stat`` API, so the session itself never reaches the control plane."""
+ACTIVITY_PERIOD = 5.0
+"""Seconds between two looks for connected clients (:data:`SERVER_COMMAND`'s watcher)."""
+CONNECTED_WITHIN = 3 * ACTIVITY_PERIOD
+"""A client seen this recently (seconds) still counts as connected: a missed look or two does not end it."""
+_WATCHER = (
+    "(while :; do "
+    f'cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk \'$4 == "01" && $2 ~ /:{SFTP_PORT:04X}$/ {{found = 1}} '
+    f"END {{exit !found}}' && touch /{ACTIVITY_FILE}; sleep {ACTIVITY_PERIOD:g}; done) & "
+)
+"""Every :data:`ACTIVITY_PERIOD` seconds, touches :data:`ACTIVITY_FILE` while a TCP connection to sshd is
+established (state ``01`` on the local port, in the kernel's own network namespace): SFTP traffic never passes
+through the gateway, so this is how the network idle check sees it."""
 SERVER_COMMAND = (
+    f"{_WATCHER}"  # first, and in the background: "&" would otherwise take the whole "&&" chain with it
     'mkdir -p /root/.ssh && printf "%s\\n" "$SFTP_AUTHORIZED_KEY" > /root/.ssh/authorized_keys && '
     "chmod 700 /root /root/.ssh && chmod 600 /root/.ssh/authorized_keys && "
     "rm -f /etc/ssh/ssh_host_ed25519_key* && "
     '/usr/bin/ssh-keygen -q -t ed25519 -N "" -f /etc/ssh/ssh_host_ed25519_key && '
     f"exec /usr/sbin/sshd -D -e -p {SFTP_PORT}"
 )
-"""Installs the one key, makes the session's own host key, and runs sshd in the foreground (its sshd_config, in
-the image: SFTP only, keys only, chrooted into :data:`CHROOT`)."""
+"""Starts the connection watcher (:data:`_WATCHER`), installs the one key, makes the session's own host key, and
+runs sshd in the foreground (its sshd_config, in the image: SFTP only, keys only, chrooted into :data:`CHROOT`)."""
 RESOURCES = {"cpu": "0.25", "mem": "128m"}
 _KEY_LINE = re.compile(r"^(?P<type>[a-z0-9-]{7,32}) (?P<blob>[A-Za-z0-9+/]{40,1400}={0,2})(?: [^\x00-\x1f]{0,200})?$")
 

@@ -12,10 +12,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from datetime import datetime
 
 from core.errors import PermanentError, TransientError
 from devices.catalog import DeviceCatalog
+from domain import sftp
 from domain.idle.facts import SweptKernel, SweptSession, kernel_allocation
+from domain.model import SessionType
 from idle.samples import kernel_sample, session_sample
 from nomad_jobs.client import NomadClient
 
@@ -40,6 +43,30 @@ def _warn_unmeasured(alloc_ids: Sequence[str], now: float) -> None:
         len(alloc_ids),
         alloc_ids[0],
     )
+
+
+async def collect_clients_seen(
+    nomad: NomadClient, sessions: Sequence[SweptSession], *, concurrency: int
+) -> dict[str, datetime]:
+    """Session id -> when its SFTP server last saw a client connected (``domain.sftp.ACTIVITY_FILE``'s modification
+    time), for the SYSTEM sessions among ``sessions`` (the only SYSTEM sessions are SFTP servers) whose server saw
+    one at all: their traffic never passes through the gateway."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def seen(session: SweptSession) -> datetime | None:
+        alloc_ids = [k.alloc_id for k in session.kernels if k.alloc_id is not None]
+        if not alloc_ids:
+            return None
+        async with limit:
+            try:
+                return await nomad.file_modified(alloc_ids[0], sftp.ACTIVITY_FILE)
+            except (TransientError, PermanentError) as exc:  # not touched yet (no client so far), or unreachable
+                log.debug("session=%s no SFTP client seen: %s", session.id, exc)
+                return None
+
+    servers = [s for s in sessions if s.type is SessionType.SYSTEM]
+    found = await asyncio.gather(*(seen(s) for s in servers))
+    return {session.id: at for session, at in zip(servers, found, strict=True) if at is not None}
 
 
 async def collect_samples(

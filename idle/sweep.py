@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from core.keys import Keys
 from devices.catalog import DeviceCatalog
+from domain import sftp
 from domain.idle.arbiter import Arbiter, SessionFacts, checked_thresholds, evaluate, evaluate_recorded
 from domain.idle.columns import WindowColumns
 from domain.idle.config import EffectivePolicy, IdlePolicyConfig
@@ -27,10 +28,12 @@ from domain.idle.metrics import requested_device_prefixes
 from domain.idle.verdict import Verdict
 from domain.idle.window import UtilizationWindow
 from domain.resource_policies import SessionLimits
-from idle.collect import Sample, collect_samples
+from idle.collect import Sample, collect_clients_seen, collect_samples
 from nomad_jobs.client import NomadClient
 from stores.activity import read_activity
 from stores.resource_policies import PolicyStore
+
+NO_ACTIVITY = Activity(None, 0)
 
 
 class Derived(NamedTuple):
@@ -197,11 +200,15 @@ async def check_once(
 
     # limits never touch utilization
     sampled = [s for s in sessions if checked_metrics(s, policy_for(config, s), slots(s))]
-    samples, activity, limits = await asyncio.gather(
+    samples, activity, limits, clients = await asyncio.gather(
         collect_samples(nomad, sampled, concurrency=concurrency, devices=devices),
         read_activity(redis, keys, [s.id for s in sessions], now),
         PolicyStore(redis, keys).limits_of(sessions),
+        collect_clients_seen(nomad, sessions, concurrency=concurrency),
     )
+    for session_id, seen_at in clients.items():  # SFTP traffic, seen by the session's own server
+        known = activity.get(session_id, NO_ACTIVITY)
+        activity[session_id] = known.with_client_seen(seen_at, now=now, connected_within=sftp.CONNECTED_WITHIN)
     return judge(
         now=now,
         sessions=sessions,

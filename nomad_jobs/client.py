@@ -21,10 +21,12 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import datetime
 from typing import Any
 
 import httpx2
 
+from core.clock import from_iso
 from core.errors import PermanentError, TransientError
 from core.settings import NomadSettings
 from nomad_jobs.log_frames import HEARTBEAT, FrameSplitter, LogFrame, absolute_offset
@@ -197,6 +199,15 @@ class NomadClient:
             return parse_alloc_stats(response.content)
         except ValueError as exc:
             raise NomadRejected(f"allocation {alloc_id}: {exc}") from exc
+
+    async def file_modified(self, alloc_id: str, path: str) -> datetime:
+        """When the file at ``path`` (relative to the allocation's directory: ``alloc/...``, ``<task>/local/...``) was
+        last modified, by the clock of the allocation's node (``fs/stat``: metadata only, never the content)."""
+        found = await self._json("GET", f"/v1/client/fs/stat/{alloc_id}", params={"path": path})
+        try:
+            return from_iso(str(found["ModTime"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise NomadRejected(f"allocation {alloc_id}: no modification time for {path}: {found!r:.200}") from exc
 
     async def allocation_checks(self, alloc_id: str) -> Json:
         """The latest result of each Nomad-native service check of the allocation: check id -> ``{"Status":

@@ -24,6 +24,7 @@ call                                           capability                       
 ``POST /v1/client/allocation/:id/restart``     ``alloc-lifecycle``                 scheduler (restartSession)
 ``GET /v1/client/fs/logs/:id``                 ``read-logs``                       gateway
 ``GET /v1/client/fs/ls/:id`` (log offsets)     ``read-fs``                         gateway
+``GET /v1/client/fs/stat/:id`` (SFTP clients)  ``read-fs``                         idle
 ``GET /v1/client/allocation/:id/exec`` (WS)  ``alloc-exec``                      gateway (execs, terminals)
 ``GET /v1/nodes``, ``/v1/node/:id``            ``node { policy = "read" }``        scheduler, gateway (groups)
 ``GET /v1/event/stream`` Alloc., Eval., Node   ``read-job``; node read             scheduler
@@ -73,7 +74,7 @@ _NAMESPACE_CAPABILITIES: dict[Role, tuple[str, ...]] = {
         "host-volume-delete",  # a trashed folder purged
     ),
     "gateway": ("read-job", "read-logs", "read-fs", "alloc-exec"),  # never alloc-node-exec: raw_exec runs on the host
-    "idle": ("read-job",),
+    "idle": ("read-job", "read-fs"),  # read-fs: an SFTP session's client-seen file, its time only (fs/stat)
 }
 _READS_EVERY_NAMESPACE: frozenset[Role] = frozenset({"scheduler", "gateway"})
 """Who counts live allocations of every namespace (a node's occupancy includes jobs that are not Caravan's)."""

@@ -112,6 +112,14 @@ class Activity(NamedTuple):
     """The last recorded user traffic; None if none was recorded."""
     open_connections: int
 
+    def with_client_seen(self, seen_at: datetime, *, now: datetime, connected_within: float) -> Activity:
+        """This activity with a client the session's own server saw connected at ``seen_at`` (an SFTP session's
+        watcher, ``domain.sftp``): activity then, and one open connection more while ``seen_at`` is less than
+        ``connected_within`` seconds before ``now``."""
+        last = seen_at if self.last is None else max(self.last, seen_at)
+        connected = (now - seen_at).total_seconds() < connected_within
+        return Activity(last, self.open_connections + connected)
+
 
 def policy_for(config: IdlePolicyConfig, session: SweptSession, limits: SessionLimits | None = None) -> EffectivePolicy:
     """The policy ``session`` is judged by: the file's, tightened by ``limits``, its owner's and project's resource

@@ -10,15 +10,21 @@ import os
 import subprocess
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from core.clock import utcnow
+from core.errors import PermanentError, TransientError
 from core.settings import Settings
+from domain.model import SessionStatus
+from domain.sftp import ACTIVITY_FILE, ACTIVITY_PERIOD
 from tests.conftest import STACK
 from tests.e2e.test_storage import ready_folder
 from tests.harness import CREATE, Caravan, GraphQLErrors, running_caravan
+from tests.idle.running import eventually, policy_file, running_idle, swept_since
 
 SFTP_IMAGE = STACK.get("CARAVAN_SFTP_IMAGE", "")
 pytestmark = pytest.mark.skipif(not SFTP_IMAGE, reason="no SFTP image: run ops/build-sftp-image")
@@ -124,3 +130,62 @@ async def test_keys_are_checked_and_system_sessions_come_only_from_request_sftp(
     with pytest.raises(GraphQLErrors) as failed:  # not even an admin creates a SYSTEM session directly
         await caravan.gql(CREATE, {"input": {"name": "sys1", "type": "SYSTEM", "driver": "EXEC"}})
     assert failed.value.codes == ["FORBIDDEN"]
+
+
+async def test_a_connected_sftp_client_keeps_its_session_from_network_idleness(
+    caravan: Caravan, tmp_path: Path
+) -> None:
+    """SFTP traffic never passes through the gateway: the session's own server says when a client is connected, and
+    the idle checker reads that through Nomad. Connected, the session outlives its network idle timeout; once the
+    client leaves, it is reclaimed like any idle session, and so is a session nobody connected to."""
+    alice = await caravan.user("alice")
+    folder = await ready_folder(caravan, alice, "kept")
+    sessions = []
+    for _ in range(2):
+        access = (await caravan.gql(REQUEST, {"input": {"folders": [folder["id"]]}}, token=alice))["requestSftp"]
+        key = tmp_path / f"key-{len(sessions)}"
+        key.write_text(access["privateKey"])
+        key.chmod(0o600)
+        sessions.append((access["session"]["id"], key))
+    (used, key), (unused, _) = sessions
+    host, port = (await sftp_address(caravan, alice, used)).rsplit(":", 1)
+    await sftp_address(caravan, alice, unused)
+    argv = ["sftp", "-q", "-b", "-", "-i", str(key), "-P", port, "-o", "StrictHostKeyChecking=no"]
+    argv += ["-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", f"root@{host}"]
+    client = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    assert client.stdin is not None and client.stdout is not None
+    client.stdin.write(b"ls -1 /folders\n")  # connected and working; stdin stays open, and so does the connection
+    await client.stdin.drain()
+    assert b"kept" in await asyncio.wait_for(client.stdout.readuntil(b"kept"), timeout=60)
+    stored = await caravan.store.get(used)
+    assert stored is not None and stored.kernels[0].alloc_id is not None
+    alloc_id = stored.kernels[0].alloc_id
+
+    async def client_seen() -> datetime | None:
+        try:
+            return await caravan.nomad.file_modified(alloc_id, ACTIVITY_FILE)
+        except (TransientError, PermanentError):
+            return None
+
+    await eventually(client_seen, timeout=3 * ACTIVITY_PERIOD)
+    path = policy_file(tmp_path, 'check_interval = "1s"\ndefaults {\n  network_idle_timeout = "4s"\n}\n')
+    try:
+        async with running_idle(caravan.settings, path) as service:
+            ended = await caravan.wait_for(unused, "TERMINATED", "ERROR", timeout=60)
+            assert (ended["status"], ended["statusInfo"]) == ("TERMINATED", "idle-timeout")
+            kept = await swept_since(service.idle_store, used, utcnow())  # judged since, and kept
+            network = next(r for r in kept.verdict.reports if r.name.value == "network_timeout")
+            assert (network.expired, network.note) == (False, "app connections open")
+            found = await caravan.store.get(used)
+            assert found is not None and found.status is SessionStatus.RUNNING
+
+            client.stdin.close()  # the client leaves
+            assert await asyncio.wait_for(client.wait(), timeout=30) == 0
+            ended = await caravan.wait_for(used, "TERMINATED", "ERROR", timeout=60)
+            assert (ended["status"], ended["statusInfo"]) == ("TERMINATED", "idle-timeout")
+    finally:
+        if client.returncode is None:
+            client.kill()
+            await client.wait()

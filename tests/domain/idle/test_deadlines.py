@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from domain.idle.arbiter import SessionFacts, evaluate
+from domain.idle.facts import Activity
 from domain.idle.verdict import CheckReport, RemainingBasis, TerminationReason
 from domain.model import SessionType
 from tests.domain.idle.factories import at, facts, outcome, policy
@@ -106,3 +108,20 @@ def test_network_expiry_terminates_with_idle_timeout() -> None:
 def test_naive_datetimes_are_refused() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         evaluate(now=at(0).replace(tzinfo=None), session=facts(), policy=policy())
+
+
+T = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("activity", "seen_ago", "expected"),
+    [
+        (Activity(None, 0), 2.0, Activity(T - timedelta(seconds=2), 1)),  # seen now: connected, and activity
+        (Activity(None, 0), 15.0, Activity(T - timedelta(seconds=15), 0)),  # seen long enough ago: gone since
+        (Activity(T - timedelta(seconds=1), 2), 5.0, Activity(T - timedelta(seconds=1), 3)),  # later gateway traffic
+        (Activity(T - timedelta(seconds=60), 0), 30.0, Activity(T - timedelta(seconds=30), 0)),  # the later wins
+    ],
+)
+def test_a_client_the_sessions_own_server_saw(activity: Activity, seen_ago: float, expected: Activity) -> None:
+    seen_at = T - timedelta(seconds=seen_ago)
+    assert activity.with_client_seen(seen_at, now=T, connected_within=15.0) == expected
