@@ -23,7 +23,7 @@ from redis.exceptions import WatchError
 
 from core.codec import decode, encode
 from core.keys import Keys
-from core.lease import Fence, LostLease
+from core.lease import Fence, watch_fenced
 from core.replies import begin, optional_texts, ranked
 from domain.access import can_access
 from domain.schedules import Run, Schedule
@@ -154,9 +154,7 @@ class ScheduleStore:
         while True:
             async with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    await pipe.watch(*doc_keys, *token_keys, *([fence.key] if fence else []))
-                    if fence and int(await pipe.get(fence.key) or 0) != fence.token:
-                        raise LostLease(f"fencing token {fence.token} is stale")
+                    await watch_fenced(pipe, fence, *doc_keys, *token_keys)
                     raws = await pipe.mget(doc_keys) if doc_keys else []
                     used = await pipe.mget(token_keys) if token_keys else []
                     again = {s.schedule_id for s, u in zip(checked, used, strict=True) if u}
