@@ -343,6 +343,11 @@ class Keys:
         lapses unless refreshed (``stores.activity``)."""
         return f"{self.prefix}:idle:open-connections"
 
+    def file_link(self, link_hash: str) -> str:
+        """STRING of one download link of a folder's file (by the SHA-256 of the link's secret; single use, short TTL):
+        the JSON ``stores.file_links.FileLink``."""
+        return f"{self.prefix}:file-link:{link_hash}"
+
     def app_launch(self, code_hash: str) -> str:
         """HASH of one app launch code (by the SHA-256 of the code; single use, short TTL): the token hash, session
         and app it opens (``stores.app_access``)."""

@@ -8,6 +8,9 @@ out is refused (404). Uploads stream to a hidden file in the target directory, c
 project's bytes quotas as they arrive; past a quota (413 QUOTA_EXCEEDED) or on any failure the partial file is
 removed, and only a complete upload is renamed into place. ``PUT ...&offset=N`` appends to a file of exactly N bytes
 instead: uploads in pieces, or resumed after a broken connection (409 CONFLICT names the size to resume at).
+``POST .../files/link?path=`` makes a single-use download link valid a minute (``{"url", "expiresIn"}``): opened
+without the token, it streams the file as an attachment, access checked again (:mod:`stores.file_links`); that is
+how the web UI downloads, with no file held in the page and no token in a URL.
 The gateway reaches the folder's directory where the storage node put it (the dev stack: the same machine; see
 README "Storage folders" for other layouts).
 """
@@ -33,6 +36,7 @@ from domain.folder_paths import RESERVED_PREFIX, folder_path
 from domain.storage import Folder, FolderMode, FolderStatus, check_bytes_quota, mode_for
 from domain.users import User
 from gateway.graphql.protection import bearer
+from stores.file_links import LINK_TTL, FileLinkStore
 from stores.folders import FolderStore
 
 PREFIX = "/folders/{folder_id}/files"
@@ -44,12 +48,18 @@ IOV_MAX = 1024
 """Buffers one ``os.writev`` takes (Linux's limit)."""
 
 
+DOWNLOAD = "/folders/download/{secret}"
+"""Where a download link (``POST .../files/link``, :mod:`stores.file_links`) is opened, with no token."""
+
+
 def routes(state: dict[str, Any]) -> list[Route]:
     files = FolderFiles(state)
     return [
         Route(PREFIX, files.entries, methods=["GET", "PUT", "DELETE"]),
         Route(PREFIX + "/mkdir", files.mkdir, methods=["POST"]),
         Route(PREFIX + "/move", files.move, methods=["POST"]),
+        Route(PREFIX + "/link", files.link, methods=["POST"]),
+        Route(DOWNLOAD, files.download, methods=["GET"]),
     ]
 
 
@@ -73,16 +83,22 @@ class FolderFiles:
     async def move(self, request: Request) -> Response:
         return await answered(self._move, request)
 
+    async def link(self, request: Request) -> Response:
+        return await answered(self._link, request)
+
+    async def download(self, request: Request) -> Response:
+        return await answered(self._download, request)
+
     # -- the verbs --
 
     async def _mkdir(self, request: Request) -> Response:
-        folder, root = await self._folder(request, FolderMode.RW)
+        folder, root = await self._folder_of(request, FolderMode.RW)
         parts = folder_path(request.query_params.get("path", ""), root_ok=False)
         inside(root, parts, must_exist=False).mkdir(parents=True, exist_ok=True)
         return JSONResponse({"path": "/".join(parts), "type": "dir"}, status_code=201)
 
     async def _move(self, request: Request) -> Response:
-        folder, root = await self._folder(request, FolderMode.RW)
+        folder, root = await self._folder_of(request, FolderMode.RW)
         source = inside(root, folder_path(request.query_params.get("from", ""), field="from", root_ok=False))
         parts = folder_path(request.query_params.get("to", ""), field="to", root_ok=False)
         target = inside(root, parts, must_exist=False)
@@ -94,7 +110,7 @@ class FolderFiles:
         return JSONResponse({"path": "/".join(parts)})
 
     async def _get(self, request: Request) -> Response:
-        folder, root = await self._folder(request, FolderMode.RO)
+        folder, root = await self._folder_of(request, FolderMode.RO)
         parts = folder_path(request.query_params.get("path", ""))
         target = inside(root, parts)
         if target.is_dir():
@@ -110,8 +126,33 @@ class FolderFiles:
         response.chunk_size = CHUNK  # Starlette's 64 KiB chunks each cost a thread hop: 16x fewer
         return response
 
+    async def _link(self, request: Request) -> Response:
+        """A single-use link that downloads one file without the token (:mod:`stores.file_links`)."""
+        token, viewer = await self._viewer(request)
+        folder, root = await self._folder(viewer, request.path_params["folder_id"], FolderMode.RO)
+        parts = folder_path(request.query_params.get("path", ""), root_ok=False)
+        if not inside(root, parts).is_file():
+            raise InvalidInput("only a file has a download link", field="path")
+        secret = await self._links().new_link(token, folder.id, "/".join(parts))
+        url = DOWNLOAD.replace("{secret}", secret)
+        return JSONResponse({"url": url, "expiresIn": LINK_TTL}, status_code=201)
+
+    async def _download(self, request: Request) -> Response:
+        """The file a link names, once, as an attachment; access checked again as the link's token now stands."""
+        link = await self._links().take(request.path_params["secret"])
+        found = await self.state["users"].authenticate_hash(link.token_hash) if link is not None else None
+        if link is None or found is None:
+            raise NotFound("this download link was used, has expired, or its token was revoked", field="link")
+        _, root = await self._folder(found.user, link.folder_id, FolderMode.RO)
+        target = inside(root, folder_path(link.path, root_ok=False))
+        if not target.is_file():
+            raise NotFound("no such file in the folder any more", field="path")
+        response = FileResponse(target, filename=target.name, content_disposition_type="attachment")
+        response.chunk_size = CHUNK
+        return response
+
     async def _put(self, request: Request) -> Response:
-        folder, root = await self._folder(request, FolderMode.RW)
+        folder, root = await self._folder_of(request, FolderMode.RW)
         parts = folder_path(request.query_params.get("path", ""), root_ok=False)
         target = inside(root, parts, must_exist=False)
         if target.is_dir():
@@ -177,7 +218,7 @@ class FolderFiles:
         return JSONResponse({"path": "/".join(parts), "size": offset + written}, status_code=200)
 
     async def _delete(self, request: Request) -> Response:
-        folder, root = await self._folder(request, FolderMode.RW)
+        folder, root = await self._folder_of(request, FolderMode.RW)
         target = inside(root, folder_path(request.query_params.get("path", ""), root_ok=False))
         freed = tree_bytes(target)
         if target.is_dir() and not target.is_symlink():
@@ -193,17 +234,25 @@ class FolderFiles:
         sessions = self.state["sessions"]
         return FolderStore(sessions.redis, sessions.keys)
 
-    async def _viewer(self, request: Request) -> User:
+    def _links(self) -> FileLinkStore:
+        sessions = self.state["sessions"]
+        return FileLinkStore(sessions.redis, sessions.keys)
+
+    async def _viewer(self, request: Request) -> tuple[str, User]:
+        """The request's API token and its user."""
         token = bearer(request.headers.get("authorization", ""))
         found = await self.state["users"].authenticate(token) if token else None
         if found is None:
             raise Unauthenticated("send a valid API token as 'Authorization: Bearer <token>'")
         user: User = found.user
-        return user
+        return token, user
 
-    async def _folder(self, request: Request, need: FolderMode) -> tuple[Folder, Path]:
-        viewer = await self._viewer(request)
-        folder_id = request.path_params["folder_id"]
+    async def _folder_of(self, request: Request, need: FolderMode) -> tuple[Folder, Path]:
+        """The request's folder (``{folder_id}``) as its token's user may use it."""
+        _, viewer = await self._viewer(request)
+        return await self._folder(viewer, request.path_params["folder_id"], need)
+
+    async def _folder(self, viewer: User, folder_id: str, need: FolderMode) -> tuple[Folder, Path]:
         folder = await self._store().get(folder_id)
         mode = mode_for(viewer, folder) if folder is not None else None
         if folder is None or mode is None:

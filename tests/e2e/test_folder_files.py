@@ -20,6 +20,7 @@ from tests.e2e.test_storage import ready_folder
 from tests.harness import Caravan, running_caravan
 
 SHARE = "mutation($input: FolderShareInput!) { shareFolder(input: $input) { id } }"
+UNSHARE = "mutation($folder: ID!, $user: String) { unshareFolder(folder: $folder, user: $user) { id } }"
 USAGE = "query($id: ID!) { folder(id: $id) { usageBytes } }"
 QUOTA = 4 * 1024 * 1024
 
@@ -180,3 +181,46 @@ async def test_an_upload_in_pieces_resumes_at_the_files_size_and_a_quota_cuts_no
     )
     assert (host / "p.bin").read_bytes() == blob  # cut back to what it had
     assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == len(blob)
+
+
+async def test_a_download_link_streams_one_file_once_to_whoever_opens_it_while_access_holds(caravan: Caravan) -> None:
+    """The web UI's downloads: a link made with the token, opened without it (no token in a URL, nothing held in the
+    page), usable once, and only while the token and the folder's access still stand."""
+    token, folder_id, _ = await folder_for(caravan)
+    files = Files(caravan, folder_id, token)
+    blob = os.urandom(2 * 1024 * 1024 + 5)
+    assert (await files.call("POST", "/mkdir", params={"path": "out"})).status_code == 201
+    assert (await files.put("out/résumé.bin", blob)).status_code == 201
+    origin = caravan.url.removesuffix("/graphql")
+
+    async def link(as_files: Files, path: str) -> httpx2.Response:
+        return await as_files.call("POST", "/link", params={"path": path})
+
+    made = await link(files, "out/résumé.bin")
+    assert made.status_code == 201 and made.json()["expiresIn"] == 60
+    url = made.json()["url"]
+    assert url.startswith("/folders/download/") and token not in url
+    stored = [k async for k in caravan.store.redis.scan_iter(f"{caravan.store.keys.prefix}:file-link:*")]
+    assert len(stored) == 1 and 0 < await caravan.store.redis.ttl(stored[0]) <= 60  # it expires by itself
+    got = await caravan.http.get(origin + url)  # no Authorization header
+    assert got.status_code == 200 and got.content == blob
+    assert got.headers["content-disposition"].startswith("attachment;")
+    assert "r%C3%A9sum%C3%A9.bin" in got.headers["content-disposition"]
+    refused(await caravan.http.get(origin + url), 404, "NOT_FOUND", "link")  # once
+    refused(await caravan.http.get(origin + "/folders/download/made-up"), 404, "NOT_FOUND", "link")
+
+    refused(await link(files, "out"), 400, "INVALID_INPUT", "path")  # a directory has none
+    refused(await link(files, "out/missing.bin"), 404, "NOT_FOUND", "path")
+    refused(await link(files, "../etc/passwd"), 400, "INVALID_INPUT", "path")
+    bob = await caravan.user("bob")
+    refused(await link(Files(caravan, folder_id, bob), "out/résumé.bin"), 404, "NOT_FOUND", "folder")
+
+    # access is checked again when the link is opened: an unshared folder, a revoked token
+    await caravan.gql(SHARE, {"input": {"folder": folder_id, "user": "bob", "mode": "RO"}}, token=token)
+    as_bob = await link(Files(caravan, folder_id, bob), "out/résumé.bin")
+    assert as_bob.status_code == 201
+    await caravan.gql(UNSHARE, {"folder": folder_id, "user": "bob"}, token=token)
+    refused(await caravan.http.get(origin + as_bob.json()["url"]), 404, "NOT_FOUND", "folder")
+    revoked = (await link(files, "out/résumé.bin")).json()["url"]
+    await caravan.users.deactivate("alice")
+    refused(await caravan.http.get(origin + revoked), 404, "NOT_FOUND", "link")

@@ -127,8 +127,9 @@ export const files = {
   mkdir: (folder, path) => filesCall("POST", folder, "mkdir", { path }),
   move: (folder, from, to) => filesCall("POST", folder, "move", { from, to }),
   remove: (folder, path) => filesCall("DELETE", folder, "", { path }),
-  /** The file's bytes as a Blob (fetch with the header, then saved by the page: no token in a download link). */
-  download: async (folder, path) => (await filesCall("GET", folder, "", { path })).blob(),
+  /** A single-use link (valid a minute) that downloads the file without the token: the browser streams it to disk,
+   * the page holds none of it, and no token appears in a URL. */
+  link: async (folder, path) => (await (await filesCall("POST", folder, "link", { path })).json()).url,
   /** Upload `file` to `path` in pieces; onProgress(sentBytes, totalBytes). A piece that fails on the network is sent
    * again from the size the file has (up to 3 times); an API refusal (quota, RO share) stops the upload. */
   upload: async (folder, path, file, onProgress) => {

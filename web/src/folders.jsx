@@ -233,15 +233,20 @@ function Sharing({ folder, onChanged }) {
 
 const join = (dir, name) => (dir ? `${dir}/${name}` : name);
 
-/** Save a Blob as a file the browser downloads (an object URL: the token never appears in a link). */
-export function saveBlob(blob, name) {
-  const url = URL.createObjectURL(blob);
+/** Have the browser download `url` (same origin) as a file named `name`. */
+function saveLink(url, name) {
   const a = document.createElement("a");
   a.href = url;
   a.download = name;
   document.body.appendChild(a);
   a.click();
   a.remove();
+}
+
+/** Save a Blob as a file the browser downloads (an object URL: the token never appears in a link). */
+export function saveBlob(blob, name) {
+  const url = URL.createObjectURL(blob);
+  saveLink(url, name);
   setTimeout(() => URL.revokeObjectURL(url), 10000);
 }
 
@@ -321,7 +326,7 @@ function FileBrowser({ folder, onChanged }) {
               <td class="small">{localTime(new Date(f.modified * 1000).toISOString())}</td>
               <td><div class="toolbar">
                 {f.type === "file" && <button type="button" class="secondary" aria-label={`Download ${f.name}`}
-                  onClick={() => run(async () => saveBlob(await files.download(folder.id, join(dir, f.name)), f.name), null)}>Download</button>}
+                  onClick={() => run(async () => saveLink(await files.link(folder.id, join(dir, f.name)), f.name), null)}>Download</button>}
                 {rw && <button type="button" class="secondary" aria-label={`Move or rename ${f.name}`}
                   onClick={() => { setMoving(f.name); setTarget(join(dir, f.name)); }}>Move</button>}
                 {rw && <button type="button" class="danger" aria-label={`Delete ${f.name}`}
