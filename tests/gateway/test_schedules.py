@@ -168,10 +168,26 @@ async def test_a_run_from_a_template_with_overrides_shows_in_the_history(caravan
     stored = await caravan.store.get(session["id"])
     assert stored is not None and stored.startup_command == "echo overridden"
     assert stored.environ["A"] == "1" and stored.environ["B"] == "2"
+    # the overrides replaced as a whole (the startup command is the template's again), and checked as at creation
+    changed = {"id": made["id"], "input": {"overrides": {"environ": [{"name": "C", "value": "3"}]}}}
+    assert (await caravan.gql(UPDATE, changed, token=alice))["updateSchedule"]["overridden"] == ["environ"]
+    bad = {"id": made["id"], "input": {"overrides": {"resources": [{"slot": "cpu", "amount": "lots"}]}}}
+    assert (await refused(caravan, UPDATE, bad, alice))["field"].startswith("spec.resources")
+    assert await runner.run_due(due + timedelta(minutes=1, seconds=0.2)) == 1
+    newer, _ = (await caravan.gql(ONE, {"id": made["id"]}, token=alice))["schedule"]["history"]
+    [again] = newer["sessions"]
+    stored = await caravan.store.get(again["id"])
+    assert stored is not None and stored.startup_command == "echo nightly"
+    assert (stored.environ.get("A"), stored.environ.get("B"), stored.environ.get("C")) == ("1", None, "3")
+    cleared = {"id": made["id"], "input": {"overrides": None}}
+    assert (await caravan.gql(UPDATE, cleared, token=alice))["updateSchedule"]["overridden"] == []
+    with_spec = await create(caravan, alice, name="plain")
+    refusal = await refused(caravan, UPDATE, {"id": with_spec["id"], "input": {"overrides": {"priority": 3}}}, alice)
+    assert (refusal["code"], refusal["field"]) == ("INVALID_INPUT", "overrides")
     # the template gone: the next run is a recorded failure, not a silent drop
     await caravan.gql("mutation($id: ID!) { deleteSessionTemplate(id: $id) }", {"id": template["id"]}, token=alice)
-    assert await runner.run_due(due + timedelta(minutes=1, seconds=0.2)) == 1
-    failed, _ = (await caravan.gql(ONE, {"id": made["id"]}, token=alice))["schedule"]["history"]
+    assert await runner.run_due(due + timedelta(minutes=2, seconds=0.2)) == 1
+    failed, *_ = (await caravan.gql(ONE, {"id": made["id"]}, token=alice))["schedule"]["history"]
     assert failed["outcome"] == "FAILED" and "template" in failed["reason"]
 
 

@@ -71,8 +71,23 @@ async def test_an_interval_schedule_made_on_the_page_runs_shows_its_session_and_
         fill(d, {"o_mem": "128m", "o_startupCommand": "echo overridden"})
         d.find_element(By.ID, "save-schedule").click()
         text_in(d, f"tr[data-schedule='{templated}']", "from a template")
+        d.find_element(By.CSS_SELECTOR, f"button[aria-label='Edit {templated}']").click()  # its overrides, as they are
+        assert visible(d, "#f-o_mem").get_attribute("value") == "128m"
+        assert d.find_element(By.ID, "f-o_startupCommand").get_attribute("value") == "echo overridden"
+        fill(d, {"o_startupCommand": "echo changed"})
+        d.find_element(By.ID, "save-schedule").click()
+        wait(d).until(lambda _: not d.find_elements(By.ID, "save-schedule"))  # saved, the form closed
         return session_id
 
     session_id = await browser.run(step)
+    listed = await caravan.gql(
+        "{ schedules(first: 5) { edges { node { name overridden "
+        "overrides { startupCommand resources { slot amount } } } } } }",
+        token=alice,
+    )
+    [edited] = [e["node"] for e in listed["schedules"]["edges"] if e["node"]["name"] == templated]
+    assert sorted(edited["overridden"]) == ["resources", "startup_command"]
+    assert edited["overrides"]["startupCommand"] == "echo changed"
+    assert edited["overrides"]["resources"] == [{"slot": "mem", "amount": "128m"}]
     session = await caravan.gql("query($id: ID!) { session(id: $id) { name type } }", {"id": session_id}, token=alice)
     assert session["session"]["type"] == "BATCH" and session["session"]["name"].startswith(name)

@@ -15,7 +15,7 @@ const FIELDS = `id name ownerId project cron interval timeZone startingDeadline 
 const LIST = `query List($after: String) { schedules(first: 20, after: $after) { totalCount
   edges { node { ${FIELDS} } } pageInfo { hasNextPage endCursor } } }`;
 const ONE = `query One($id: ID!) { schedule(id: $id) { id name cron interval timeZone startingDeadline endAt maxRuns
-  missedRuns concurrency templateId spec { ${SPEC} } } }`;
+  missedRuns concurrency templateId spec { ${SPEC} } overridden overrides { ${SPEC} priority } } }`;
 const CREATE = `mutation Create($input: CreateScheduleInput!) { createSchedule(input: $input) { id } }`;
 const UPDATE = `mutation Update($id: ID!, $input: UpdateScheduleInput!) { updateSchedule(id: $id, input: $input) { id } }`;
 const PAUSE = `mutation Pause($id: ID!) { pauseSchedule(id: $id) { id } }`;
@@ -62,7 +62,24 @@ function fromSchedule(s, folders) {
     timing: s.cron ? "cron" : "interval", cron: s.cron || "", interval: s.interval != null ? `${s.interval}s` : "",
     timeZone: s.timeZone, concurrency: s.concurrency, missedRuns: s.missedRuns,
     startingDeadline: s.startingDeadline != null ? `${s.startingDeadline}s` : "", endAt: toLocalInput(s.endAt),
-    maxRuns: s.maxRuns != null ? String(s.maxRuns) : "", templateId: s.templateId || "" };
+    maxRuns: s.maxRuns != null ? String(s.maxRuns) : "", templateId: s.templateId || "",
+    ...(s.templateId && s.overrides ? fromOverrides(s) : {}) };
+}
+
+/** A template schedule's overrides as the form's `o_<name>` fields, and those the form has no control for (kept as
+ * they are when the form saves: `o_kept`, ScheduleOverridesInput fields). */
+function fromOverrides(s) {
+  const o = s.overrides, has = (name) => s.overridden.includes(name), slot = (n) => has("resources") &&
+    ((o.resources.find((r) => r.slot === n) || {}).amount || "");
+  const kept = {};
+  if (has("priority")) kept.priority = o.priority;
+  if (has("preset")) kept.preset = o.preset;
+  if (has("resource_group")) kept.resourceGroup = o.resourceGroup;
+  const others = has("resources") ? o.resources.filter((r) => r.slot !== "cpu" && r.slot !== "mem") : [];
+  return { o_image: has("image") ? o.image || "" : "", o_startupCommand: has("startup_command") ? o.startupCommand || "" : "",
+    o_environ: has("environ") ? o.environ.map((e) => `${e.name}=${e.value}`).join("\n") : "", o_cpu: slot("cpu") || "",
+    o_mem: slot("mem") || "", o_batchTimeout: has("batch_timeout") ? o.batchTimeout || "" : "",
+    o_kept: kept, o_resources: others.map((r) => ({ slot: r.slot, amount: r.amount })) };
 }
 
 /** The form as CreateScheduleInput (or, when `update`, UpdateScheduleInput: optional values sent as null clear). */
@@ -73,9 +90,9 @@ function toScheduleInput(f, folders, { update = false } = {}) {
   if (f.timing === "cron") input.cron = f.cron.trim();
   else input.interval = f.interval.trim();
   if (!f.templateId) input.spec = { ...toInput({ ...f, type: "BATCH" }, { spec: true, folders }), type: "BATCH" };
-  else if (!update) {
-    input.templateId = f.templateId;
-    input.overrides = overrides(f);
+  else {
+    if (!update) input.templateId = f.templateId;
+    input.overrides = overrides(f);  // on update: replaces them all, those without a control kept as they were
   }
   return input;
 }
@@ -84,10 +101,11 @@ function toScheduleInput(f, folders, { update = false } = {}) {
 function overrides(f) {
   const spec = toInput({ ...EMPTY, image: f.o_image, startupCommand: f.o_startupCommand, environ: f.o_environ,
     cpu: f.o_cpu, mem: f.o_mem, batchTimeout: f.o_batchTimeout }, { spec: true });
-  const out = {};
+  const out = { ...(f.o_kept || {}) };
   for (const k of ["image", "startupCommand", "batchTimeout"]) if (spec[k] !== undefined) out[k] = spec[k];
   if (spec.environ.length) out.environ = spec.environ;
-  if (spec.resources.length) out.resources = spec.resources;
+  const resources = [...spec.resources, ...(f.o_resources || [])];
+  if (resources.length) out.resources = resources;
   return out;
 }
 
@@ -240,9 +258,9 @@ function ScheduleForm({ viewer, schedule, onDone, onCancel }) {
               {templates.map((t) => <option value={t.id}>{t.name} ({t.scope.toLowerCase()})</option>)}</select>) })}
         </fieldset>
       )}
-      {schedule && schedule.templateId && <p class="hint">Its runs come from a template (the template's options, read at each run).</p>}
+      {schedule && schedule.templateId && <p class="hint">Its runs come from a template (the template's options, read at each run, with the overrides below).</p>}
       {!form.templateId && <SpecFields kit={kit} form={form} options={options} viewer={viewer} batchOnly />}
-      {form.templateId && !schedule && (
+      {form.templateId && (
         <fieldset><legend>Over the template's options (empty: the template's)</legend>
           {OVERRIDABLE.map(([name, label, hint]) => Field({ name: `o_${name}`, label, hint, children: name === "environ" || name === "startupCommand"
             ? <textarea id={`f-o_${name}`} rows="2" value={form[`o_${name}`]} onInput={set(`o_${name}`)} aria-invalid={field === `o_${name}`} />

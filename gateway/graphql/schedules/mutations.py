@@ -90,6 +90,10 @@ class UpdateScheduleInput:
     interval: str | None = strawberry.field(default=None, description="Replaces the cron expression, if any.")
     time_zone: str | None = None
     spec: SessionSpecInput | None = strawberry.field(default=None, description="Replaces the whole spec.")
+    overrides: ScheduleOverridesInput | None = strawberry.field(
+        default=UNSET,
+        description="Replaces all the overrides of a schedule from a template (null: none, the template as it is).",
+    )
     concurrency: ConcurrencyPolicy | None = None
     starting_deadline: str | None = strawberry.field(default=UNSET, description="null: none.")
     end_at: datetime | None = strawberry.field(default=UNSET, description="null: none.")
@@ -211,19 +215,31 @@ class ScheduleMutations:
         if input.name is not None:
             check_schedule_name(input.name)
         timing = _retimed(before.timing, input, now)
+        if input.spec is not None and before.template_id is not None:
+            raise InvalidInput("this schedule's sessions come from a template: its spec cannot be set", field="spec")
+        if input.overrides is not UNSET and before.template_id is None:
+            raise InvalidInput("overrides go with a schedule from a template; change its spec", field="overrides")
+        overrides, overridden = (
+            _overrides(input.overrides) if input.overrides is not UNSET else (before.overrides, before.overridden)
+        )
         changed = before.evolve(
             name=input.name or before.name,
             spec=spec_of(input.spec) if input.spec is not None else before.spec,
+            overrides=overrides,
+            overridden=overridden,
             concurrency=input.concurrency or before.concurrency,
             updated_at=now,
         )
-        if input.spec is not None and before.template_id is not None:
-            raise InvalidInput("this schedule's sessions come from a template: its spec cannot be set", field="spec")
         await _checked_spec(ctx, changed)
 
         def apply(current: ScheduleModel) -> ScheduleModel:
             after = current.evolve(
-                name=changed.name, spec=changed.spec, concurrency=changed.concurrency, updated_at=now
+                name=changed.name,
+                spec=changed.spec,
+                overrides=changed.overrides,
+                overridden=changed.overridden,
+                concurrency=changed.concurrency,
+                updated_at=now,
             )
             return restarted(after.evolve(timing=timing), now) if timing is not None else after
 

@@ -74,6 +74,10 @@ class Schedule:
     template_id: strawberry.ID | None = strawberry.field(description="The template its sessions come from, if any.")
     spec: SessionSpec | None = strawberry.field(description="Its own session options (not from a template).")
     overridden: list[str] = strawberry.field(description="The template's options its overrides replace.")
+    overrides: SessionSpec | None = strawberry.field(
+        description="A schedule from a template: its overrides' values (only the options named in overridden apply; "
+        "environ and resources are merged into the template's). Null for a schedule with its own spec."
+    )
     next_due: datetime | None = strawberry.field(description="The earliest due time not yet handled.")
     runs_started: int = strawberry.field(description="Runs whose sessions were created.")
     created_at: datetime
@@ -123,6 +127,7 @@ def schedule_type_of(s: schedules.Schedule) -> Schedule:
         template_id=strawberry.ID(s.template_id) if s.template_id else None,
         spec=spec_type_of(s.spec) if s.spec else None,
         overridden=list(s.overridden),
+        overrides=spec_type_of(s.overrides) if s.template_id else None,
         next_due=None if s.paused else s.next_due,
         runs_started=s.runs_started,
         created_at=s.created_at,
