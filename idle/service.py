@@ -20,8 +20,8 @@ Between sweeps the leader holds every session's utilization window (as numpy arr
 sessions' views and what the sweep derived from them: long-lived objects Python's cyclic garbage collector would
 otherwise walk again and again while a sweep allocates (a third to a half of what decoding cost in ``bench/idle``).
 :func:`settle` moves them out of its reach (``gc.freeze``) after the windows are loaded and after each sweep; every
-:data:`FULL_COLLECTION_INTERVAL` it first collects in full (a fifth of a second for 10,000 sessions), so cyclic
-garbage frozen meanwhile is freed within minutes. Reference counting frees everything else as usual. The service runs
+:data:`FULL_COLLECTION_INTERVAL` of a term it first collects in full (a fifth of a second for 10,000 sessions), so
+cyclic garbage frozen meanwhile is freed within minutes. Reference counting frees everything else as usual. The service runs
 in a process of its own (``caravan idle``).
 """
 
@@ -125,7 +125,9 @@ class IdleService:
 
     async def lead(self, fence: Fence) -> None:
         term = Term(fence=fence, windows=await self.idle_store.load_windows())
-        settle(collect=True)
+        # frozen, not collected: a full collection walks the whole heap with the event loop blocked, and the lease
+        # (renewed on that loop) could lapse meanwhile; the first one comes FULL_COLLECTION_INTERVAL later
+        settle(collect=False)
         await self.idle_store.publish_policy(fence, self.policy.published)
         await forever("idle sweep", lambda: self._sweep_and_wait(term))
 
