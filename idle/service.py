@@ -21,8 +21,8 @@ sessions' views and what the sweep derived from them: long-lived objects Python'
 otherwise walk again and again while a sweep allocates (a third to a half of what decoding cost in ``bench/idle``).
 :func:`settle` moves them out of its reach (``gc.freeze``) after the windows are loaded and after each sweep; every
 :data:`FULL_COLLECTION_INTERVAL` of a term it first collects in full (a fifth of a second for 10,000 sessions), so
-cyclic garbage frozen meanwhile is freed within minutes. Reference counting frees everything else as usual. The service runs
-in a process of its own (``caravan idle``).
+cyclic garbage frozen meanwhile is freed within minutes. Reference counting frees everything else as usual. The service
+runs in a process of its own (``caravan idle``).
 """
 
 from __future__ import annotations
