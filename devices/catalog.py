@@ -57,11 +57,17 @@ class DeviceAsk:
     """Instances per unit of the slot: ``amount × units`` instances, rounded up (K for shares, 1 for devices)."""
 
 
+MAX_REMEMBERED_DEVICES = 1024
+"""Device ids whose metric prefix a catalog keeps (a cluster has a handful of kinds of device)."""
+
+
 @dataclass(frozen=True)
 class DeviceCatalog:
     names: Mapping[str, str] = field(default_factory=dict)
     """The operator's device names (``device_slots`` of the scheduler configuration): Nomad device id -> slot; they
     win over :data:`BUILTIN_SLOTS`."""
+    _prefixes: dict[tuple[str, str, str], str] = field(default_factory=dict, init=False, compare=False, repr=False)
+    """:meth:`metric_prefix_of`'s answers (the idle sweep asks for every device of every kernel, every sweep)."""
 
     def slot_of(self, vendor: str, kind: str, name: str) -> str:
         """The slot a Nomad device counts as."""
@@ -73,7 +79,13 @@ class DeviceCatalog:
 
     def metric_prefix_of(self, vendor: str, kind: str, name: str) -> str:
         """The prefix of the device's utilization metrics: its slot's device prefix (``nvidia/gpu`` -> ``cuda``)."""
-        return device_prefix(self.slot_of(vendor, kind, name))
+        key = (vendor, kind, name)
+        found = self._prefixes.get(key)
+        if found is None:
+            if len(self._prefixes) >= MAX_REMEMBERED_DEVICES:
+                self._prefixes.clear()
+            found = self._prefixes[key] = device_prefix(self.slot_of(vendor, kind, name))
+        return found
 
     def metric_prefixes(self) -> frozenset[str]:
         """Every device prefix a named device has (built-in and the operator's)."""

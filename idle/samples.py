@@ -19,7 +19,7 @@ How each metric is computed (and which Backend.AI bugs this avoids):
   ``Usage - Cache`` (cgroups v2 measures no RSS), so page cache of files read once does not look busy.
 * ``<prefix>_util`` / ``<prefix>_mem`` per accelerator (the device prefix of the slot ``devices.catalog`` names it):
   the mean over the allocation's device instances of "GPU utilization" and of "Memory state"
-  (used / total × 100; falls back to the instance's Summary, which the NVIDIA plugin sets to it).
+  (used / total × 100; the instance's Summary when that gives no number: the NVIDIA plugin sets it to the same).
   "Memory utilization" is memory *bandwidth* in the NVIDIA plugin and is deliberately not used.
 
 A metric whose input is missing or unreadable is left out of the sample rather than reported as 0:
@@ -36,12 +36,9 @@ from typing import Any
 
 from devices.catalog import DeviceCatalog
 from domain.idle.metrics import CPU_UTIL, MEM
-from nomad_jobs.stats import AllocStats, MemoryUsage, ResourceUsage, usage_of
+from nomad_jobs.stats import AllocStats, DeviceGroup, MemoryUsage, ResourceUsage, StatValue, usage_of
 
 Json = Mapping[str, Any]
-
-GPU_UTILIZATION = "GPU utilization"
-MEMORY_STATE = "Memory state"
 
 
 def kernel_sample(
@@ -130,38 +127,36 @@ def _memory_in_use(stats: MemoryUsage) -> float | None:
     return max(usage - (_number(stats.cache) or 0.0), 0.0)
 
 
-def _device_metrics(groups: Iterable[Json], devices: DeviceCatalog) -> dict[str, float]:
+def _device_metrics(groups: Iterable[DeviceGroup], devices: DeviceCatalog) -> dict[str, float]:
     readings: dict[str, list[float]] = {}
     for group in groups:
-        prefix = devices.metric_prefix_of(str(group.get("Vendor")), str(group.get("Type")), str(group.get("Name")))
-        for instance in (group.get("InstanceStats") or {}).values():
-            attributes = (instance.get("Stats") or {}).get("Attributes") or {}
-            util = _stat_percent(attributes.get(GPU_UTILIZATION), ratio=False)
-            mem = _stat_percent(attributes.get(MEMORY_STATE) or instance.get("Summary"), ratio=True)
+        prefix = devices.metric_prefix_of(str(group.vendor), str(group.type), str(group.name))
+        for instance in (group.instance_stats or {}).values():
+            attributes = instance.stats.attributes if instance.stats is not None else None
+            util = _stat_percent(attributes.gpu_utilization if attributes else None, ratio=False)
+            mem = _stat_percent(attributes.memory_state if attributes is not None else None, ratio=True)
+            if mem is None:  # no number there: the Summary, which the NVIDIA plugin sets to the same figure
+                mem = _stat_percent(instance.summary, ratio=True)
             if util is not None:
                 readings.setdefault(f"{prefix}_util", []).append(util)
             if mem is not None:
                 readings.setdefault(f"{prefix}_mem", []).append(mem)
-    return {metric: fmean(values) for metric, values in readings.items()}
+    return {metric: values[0] if len(values) == 1 else fmean(values) for metric, values in readings.items()}
 
 
-def _stat_percent(stat: Json | None, *, ratio: bool) -> float | None:
+def _stat_percent(stat: StatValue | None, *, ratio: bool) -> float | None:
     """A device StatValue as percent: the numerator itself, or numerator / denominator × 100."""
-    if not stat:
+    if stat is None:
         return None
-    numerator = _first_number(stat, "FloatNumeratorVal", "IntNumeratorVal")
+    numerator = _number(stat.float_numerator_val)
+    if numerator is None:
+        numerator = _number(stat.int_numerator_val)
     if not ratio or numerator is None:
         return numerator
-    denominator = _first_number(stat, "FloatDenominatorVal", "IntDenominatorVal")
+    denominator = _number(stat.float_denominator_val)
+    if denominator is None:
+        denominator = _number(stat.int_denominator_val)
     return numerator / denominator * 100 if denominator else None
-
-
-def _first_number(stat: Json, *keys: str) -> float | None:
-    for key in keys:
-        value = _number(stat.get(key))
-        if value is not None:
-            return value
-    return None
 
 
 def _number(value: object) -> float | None:

@@ -34,14 +34,49 @@ class MemoryUsage(
     measured: Any = None
 
 
+class StatValue(msgspec.Struct, frozen=True, rename="pascal"):
+    """One device statistic (Nomad's ``StatValue``): the numerator, and the denominator of a ratio (read leniently)."""
+
+    float_numerator_val: Any = None
+    int_numerator_val: Any = None
+    float_denominator_val: Any = None
+    int_denominator_val: Any = None
+
+
+class DeviceAttributes(
+    msgspec.Struct, frozen=True, rename={"gpu_utilization": "GPU utilization", "memory_state": "Memory state"}
+):
+    """The two statistics of a device instance ``idle.samples`` reads (the others are skipped, not built)."""
+
+    gpu_utilization: StatValue | None = None
+    memory_state: StatValue | None = None
+
+
+class InstanceStatsObject(msgspec.Struct, frozen=True, rename="pascal"):
+    attributes: DeviceAttributes | None = None
+
+
+class DeviceInstance(msgspec.Struct, frozen=True, rename="pascal"):
+    summary: StatValue | None = None
+    stats: InstanceStatsObject | None = None
+
+
+class DeviceGroup(msgspec.Struct, frozen=True, rename="pascal"):
+    """One device group's usage: which device (read leniently) and each instance's statistics."""
+
+    vendor: Any = None
+    type: Any = None
+    name: Any = None
+    instance_stats: dict[str, DeviceInstance] | None = None
+
+
 class ResourceUsage(msgspec.Struct, frozen=True, rename="pascal"):
     """An allocation's (or a task's) usage: only the fields ``idle.samples`` reads are decoded, the rest skipped."""
 
     cpu_stats: CpuUsage | None = None
     memory_stats: MemoryUsage | None = None
-    device_stats: Any = None
-    """Device groups, as plain JSON (``[{"Vendor", "Type", "Name", "InstanceStats": {...}}]``; most allocations have
-    none)."""
+    device_stats: list[DeviceGroup] | None = None
+    """Device groups (most allocations have none)."""
 
 
 class AllocStats(msgspec.Struct, frozen=True, rename={"usage": "ResourceUsage", "tasks": "Tasks"}):
