@@ -138,42 +138,48 @@ def judge(
         judged.append((session, known, plan.policy, plan.checked))
     recorded = columns.record(ts, entries)
     verdicts: dict[str, Verdict] = {}
+    if arbiter is not evaluate:
+        for session, known, policy, checked in judged:
+            seen = activity.get(session.id)
+            facts = SessionFacts(
+                type=session.type,
+                started_at=known.started,
+                last_activity=seen.last if seen else None,
+                open_connections=seen.open_connections if seen else 0,
+                requested_slots=known.slots,
+                window=columns[session.id] if checked else None,
+                checked=checked,
+            )
+            verdicts[session.id] = arbiter(now=now, session=facts, policy=policy)
+        return Sweep(verdicts, columns, kept)
     averages, to_fill = recorded.averages, recorded.to_fill
+    seen_of = activity.get
     entry = first = 0
-    read: Sequence[float | None]
     for session, known, policy, checked in judged:
-        session_id = session.id
-        seen = activity.get(session_id)
-        if arbiter is evaluate:
-            if checked:
-                width = len(checked)
-                read, fill = averages[first : first + width], to_fill[entry]
-                first, entry = first + width, entry + 1
-            else:
-                read, fill = (), 0.0
-            last = seen.last if seen else None
-            verdicts[session_id] = evaluate_recorded(
+        seen = seen_of(session.id)
+        if seen is None:
+            last, connections = None, 0
+        else:
+            moment, connections = seen
+            last = moment.timestamp() if moment is not None else None
+        if checked:
+            width = len(checked)
+            verdicts[session.id] = evaluate_recorded(
                 ts,
                 session.type,
                 known.started_ts,
-                last.timestamp() if last is not None else None,
-                seen.open_connections if seen else 0,
+                last,
+                connections,
                 policy,
                 checked,
-                read,
-                fill,
+                averages[first : first + width],
+                to_fill[entry],
             )
-            continue
-        facts = SessionFacts(
-            type=session.type,
-            started_at=known.started,
-            last_activity=seen.last if seen else None,
-            open_connections=seen.open_connections if seen else 0,
-            requested_slots=known.slots,
-            window=columns[session_id] if checked else None,
-            checked=checked,
-        )
-        verdicts[session_id] = arbiter(now=now, session=facts, policy=policy)
+            first, entry = first + width, entry + 1
+        else:
+            verdicts[session.id] = evaluate_recorded(
+                ts, session.type, known.started_ts, last, connections, policy, checked
+            )
     return Sweep(verdicts, columns, kept)
 
 

@@ -123,6 +123,8 @@ def evaluate_recorded(
         usage = _UTILIZATION_OFF
     elif not checked:
         usage = _NO_THRESHOLD
+    elif len(averages) != len(checked):
+        raise ValueError("one average per checked metric")
     else:
         usage = _utilization(now, started, utilization, checked, averages, to_fill)
     reports = (lifetime, network, usage)
@@ -229,7 +231,7 @@ def _utilization(
     to_fill: float,
 ) -> CheckReport:
     operator = policy.operator
-    readings = tuple([MetricReading(m, a, t) for m, a, t in zip(checked, averages, checked.values(), strict=True)])
+    readings = tuple(map(MetricReading, checked, averages, checked.values()))  # as many averages: the callers check
     grace_left = started + policy.grace_period - now
     if grace_left > 0:
         return CheckReport(_UTILIZATION, False, grace_left, _GRACE, "in grace period", operator, readings)
