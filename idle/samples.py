@@ -60,8 +60,7 @@ def kernel_sample(
         usage = usage_of(plain if plain is not None else _sum_task_usage(alloc_stats.get("Tasks") or {}))
     cpu, memory, device_groups = usage.cpu_stats, usage.memory_stats, usage.device_stats
     sample: dict[str, float] = {}
-    # unmeasured(usage), written out: this runs for every kernel of every sweep
-    if not ((cpu is not None and cpu.measured) or (memory is not None and memory.measured) or device_groups):
+    if unmeasured(usage):
         return sample
     if cpu is not None and cores > 0:
         percent = cpu.percent
