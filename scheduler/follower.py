@@ -161,12 +161,18 @@ class Follower:
         devices' health), not two per session: the reconciliation must stay cheap with thousands of live sessions.
         """
         ids = sorted(await self.store.live_ids())
+        # The sessions, then the registrations not yet acknowledged, are read before Nomad is asked: a session seen
+        # with a job and not awaiting registration had its job registered before the listing, so a job missing from
+        # the listing is lost. Read the other way round, a registration acknowledged between the listing and the
+        # read would look lost (and end a healthy session in ERROR job-lost).
+        sessions = await self.store.get_many(ids)
+        submitting = await self.store.ids_to_submit()
         self.unhealthy = {str(node.get("ID")): unhealthy_devices(node) for node in await self.nomad.nodes()}
         jobs = {j["ID"]: j for j in await self.nomad.jobs(self.prefix + "-")}
         allocs_by_job: dict[str, list[dict[str, Any]]] = {}
         for alloc in await self.nomad.allocations(self.prefix + "-"):
             allocs_by_job.setdefault(str(alloc.get("JobID")), []).append(alloc)
-        await self._sessions_against_jobs(ids, jobs, allocs_by_job)
+        await self._sessions_against_jobs(sessions, submitting, jobs, allocs_by_job)
         await self.stop_orphans(set(ids), jobs)
 
     async def stop_orphans(self, live: set[str], jobs: dict[str, dict[str, Any]] | None = None) -> list[str]:
@@ -250,10 +256,13 @@ class Follower:
             return None
 
     async def _sessions_against_jobs(
-        self, ids: list[str], jobs: dict[str, dict[str, Any]], allocs_by_job: dict[str, list[dict[str, Any]]]
+        self,
+        sessions: list[Session | None],
+        submitting: set[str],
+        jobs: dict[str, dict[str, Any]],
+        allocs_by_job: dict[str, list[dict[str, Any]]],
     ) -> None:
-        submitting = await self.store.ids_to_submit()
-        for session in await self.store.get_many(ids):
+        for session in sessions:
             if session is None or session.nomad_job_id is None or session.status not in OBSERVED_STATUSES:
                 continue
             if session.id in submitting:

@@ -249,3 +249,40 @@ async def test_reconciliation_stops_the_job_of_an_ended_session(settings: Settin
         await owner.act()  # and the job owner stops it
         await scheduler.aclose()
         await job_stopped(caravan, ended.nomad_job_id, timeout=5.0)
+
+
+class ListingOvertakenByRegistration(NomadClient):
+    """A fault injected by name: Nomad's job listing answered, then (before the reconciliation reads on) the job owner
+    registers a session's job and says so. On a loaded machine a Redis or Nomad outage stretches that window to
+    seconds; here it is forced on the first listing."""
+
+    def __init__(self, settings: Any, owner: JobOwner) -> None:
+        super().__init__(settings)
+        self.owner: JobOwner | None = owner
+
+    async def jobs(self, prefix: str) -> list[dict[str, Any]]:
+        listing = await super().jobs(prefix)
+        if self.owner is not None:
+            owner, self.owner = self.owner, None
+            await owner.act()  # registered and acknowledged, after the listing
+        return listing
+
+
+async def test_a_registration_acknowledged_after_the_job_listing_is_not_taken_for_a_lost_job(
+    settings: Settings,
+) -> None:
+    async with running_caravan(settings, scheduler=False) as caravan:
+        scheduler = NomadClient(caravan.settings.for_role("scheduler").nomad)
+        owner = JobOwner(caravan.store, scheduler, None)
+        overtaken = ListingOvertakenByRegistration(caravan.settings.for_role("scheduler").nomad, owner)
+        follower = Follower(caravan.store, overtaken, None, owner)
+        [session_id] = await create(caravan, type="BATCH", startupCommand="exit 0")
+        await Placer(caravan.store, scheduler, None, caravan.settings, SchedulingConfig()).run_pass()
+        await follower.reconcile()
+        assert overtaken.owner is None, "the listing did not run the registration"
+        session = await caravan.store.get(session_id)
+        assert session is not None and session.status is SessionStatus.PREPARING, session and session.status_history
+        await follower.reconcile()  # the next reconciliation sees the job
+        session = await caravan.store.get(session_id)
+        assert session is not None and session.status is not SessionStatus.ERROR, session.status_history
+        await asyncio.gather(scheduler.aclose(), overtaken.aclose())

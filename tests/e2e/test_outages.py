@@ -60,7 +60,7 @@ async def test_scheduler_rides_out_nomad_and_redis_outages(settings: Settings) -
             redis_cut.set_cut(False)
             for session_id in first + second:
                 session = await caravan.wait_for(session_id, "TERMINATED", "ERROR", timeout=120)
-                assert session["result"] == "SUCCESS", session
+                assert session["result"] == "SUCCESS", (session["status"], session["statusInfo"], session)
             jobs = await caravan.nomad.jobs(settings.nomad.job_prefix + "-")
             assert len(jobs) == len(first + second)
 
