@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from core.keys import Keys
 from devices.catalog import DeviceCatalog
 from domain import sftp
-from domain.idle.arbiter import Arbiter, SessionFacts, checked_thresholds, evaluate, evaluate_recorded
+from domain.idle.arbiter import Arbiter, Judged, SessionFacts, checked_thresholds, evaluate, evaluate_many
 from domain.idle.columns import WindowColumns
 from domain.idle.config import EffectivePolicy, IdlePolicyConfig
 from domain.idle.facts import Activity, SweptSession, checked_metrics, policy_for, requested_slots, started_at
@@ -111,16 +111,18 @@ def judge(
 
     Every session's sample is recorded in one pass over the columns (:meth:`WindowColumns.record`, the rules of
     ``domain.idle.window.record_sample``), then each verdict is the arbiter's: :func:`evaluate`'s on the readings
-    the columns hand back (:func:`~domain.idle.arbiter.evaluate_recorded`), another arbiter's on the session's
+    the columns hand back (:func:`~domain.idle.arbiter.evaluate_many`), another arbiter's on the session's
     window built from the columns."""
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     columns = WindowColumns.of(windows)
     ts = now.timestamp()
     kept: dict[str, Derived] = {}
-    judged: list[tuple[SweptSession, Derived, EffectivePolicy, Mapping[str, float] | None]] = []
+    ids: list[str] = []
+    facts: list[Judged] = []
     entries: list[tuple[str, tuple[float, float], tuple[str, ...], Sample]] = []
     no_sample: Sample = {}
+    seen_of = activity.get
     for session in sessions:
         session_id = session.id
         known = derived.get(session_id)
@@ -135,51 +137,31 @@ def judge(
         kept[session_id] = known
         if plan.metrics:
             entries.append((session_id, plan.shape, plan.metrics, samples.get(session_id, no_sample)))
-        judged.append((session, known, plan.policy, plan.checked))
-    recorded = columns.record(ts, entries)
-    verdicts: dict[str, Verdict] = {}
-    if arbiter is not evaluate:
-        for session, known, policy, checked in judged:
-            seen = activity.get(session.id)
-            facts = SessionFacts(
-                type=session.type,
-                started_at=known.started,
-                last_activity=seen.last if seen else None,
-                open_connections=seen.open_connections if seen else 0,
-                requested_slots=known.slots,
-                window=columns[session.id] if checked else None,
-                checked=checked,
-            )
-            verdicts[session.id] = arbiter(now=now, session=facts, policy=policy)
-        return Sweep(verdicts, columns, kept)
-    averages, to_fill = recorded.averages, recorded.to_fill
-    seen_of = activity.get
-    entry = first = 0
-    for session, known, policy, checked in judged:
-        seen = seen_of(session.id)
+        seen = seen_of(session_id)
         if seen is None:
             last, connections = None, 0
         else:
             moment, connections = seen
             last = moment.timestamp() if moment is not None else None
-        if checked:
-            width = len(checked)
-            verdicts[session.id] = evaluate_recorded(
-                ts,
-                session.type,
-                known.started_ts,
-                last,
-                connections,
-                policy,
-                checked,
-                averages[first : first + width],
-                to_fill[entry],
-            )
-            first, entry = first + width, entry + 1
-        else:
-            verdicts[session.id] = evaluate_recorded(
-                ts, session.type, known.started_ts, last, connections, policy, checked
-            )
+        ids.append(session_id)
+        facts.append(Judged(session.type, known.started_ts, last, connections, plan.policy, plan.checked))
+    recorded = columns.record(ts, entries)
+    if arbiter is evaluate:
+        verdicts = dict(zip(ids, evaluate_many(ts, facts, recorded.averages, recorded.to_fill), strict=True))
+        return Sweep(verdicts, columns, kept)
+    verdicts = {}
+    for session_id, one in zip(ids, facts, strict=True):
+        seen = seen_of(session_id)
+        session_facts = SessionFacts(
+            type=one.type,
+            started_at=kept[session_id].started,
+            last_activity=seen.last if seen is not None else None,
+            open_connections=one.open_connections,
+            requested_slots=kept[session_id].slots,
+            window=columns[session_id] if one.checked else None,
+            checked=one.checked,
+        )
+        verdicts[session_id] = arbiter(now=now, session=session_facts, policy=one.policy)
     return Sweep(verdicts, columns, kept)
 
 

@@ -22,11 +22,14 @@ Semantics (a deadline is reached *at* its instant: "expired" means ``remaining <
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Protocol
+from typing import NamedTuple, Protocol
+
+import numpy as np
 
 from domain.idle.config import CheckName, EffectivePolicy, ThresholdOperator, UtilizationPolicy
 from domain.idle.metrics import ALWAYS_APPLICABLE, SlotAmounts, metric_applies, requested_device_prefixes
@@ -85,56 +88,165 @@ def evaluate(*, now: datetime, session: SessionFacts, policy: EffectivePolicy) -
     )
 
 
-def evaluate_recorded(
-    now: float,
-    type: SessionType,
-    started: float,
-    last_activity: float | None,
-    open_connections: int,
-    policy: EffectivePolicy,
-    checked: Mapping[str, float] | None,
-    averages: Sequence[float | None] = (),
-    to_fill: float = 0.0,
-    /,
-) -> Verdict:
-    """:func:`evaluate` of a session whose window the caller has read already (``domain.idle.columns``): moments in
-    unix seconds, ``checked`` the thresholds judged (None or empty when utilization is not checked), ``averages`` and
-    ``to_fill`` as :func:`utilization_report` takes them. The same verdict as :func:`evaluate` on the same facts (the
-    reference, kept as it was), its checks written out here, positional (the idle sweep calls it for every session)."""
-    if type in LIFETIME_EXEMPT:
-        lifetime = _BATCH_TIMEOUT
-    elif (limit := policy.max_session_lifetime) is None:
-        lifetime = _NO_LIFETIME
-    else:
-        left = started + limit - now
-        lifetime = CheckReport(_LIFETIME, left <= 0, max(left, 0.0), _BY_LIFETIME)
-    if type in NETWORK_EXEMPT:
-        network = _NETWORK_EXEMPT[type]
-    elif (timeout := policy.network_idle_timeout) is None:
-        network = _NO_NETWORK_TIMEOUT
-    elif open_connections > 0:
-        network = CheckReport(_NETWORK, False, timeout, _BY_IDLENESS, "app connections open")
-    else:
-        activity = last_activity if last_activity is not None else started
-        left = timeout - max(0.0, now - max(activity, started))
-        network = CheckReport(_NETWORK, left <= 0, max(left, 0.0), _BY_IDLENESS)
-    utilization = policy.utilization
-    if utilization is None:
-        usage = _UTILIZATION_OFF
-    elif not checked:
-        usage = _NO_THRESHOLD
-    elif len(averages) != len(checked):
-        raise ValueError("one average per checked metric")
-    else:
-        usage = _utilization(now, started, utilization, checked, averages, to_fill)
-    reports = (lifetime, network, usage)
-    if lifetime.expired:
-        return Verdict(True, _ENDS_LIFETIME, reports)
-    if network.expired:
-        return Verdict(True, _ENDS_IDLE, reports)
-    if usage.expired:
-        return Verdict(True, _ENDS_UNUSED, reports)
-    return Verdict(False, None, reports)
+class Judged(NamedTuple):
+    """One session as :func:`evaluate_many` takes it (its window read already, by ``domain.idle.columns``)."""
+
+    type: SessionType
+    started: float
+    """When it became RUNNING, unix seconds."""
+    last_activity: float | None
+    """Last user traffic, unix seconds; None if none yet."""
+    open_connections: int
+    policy: EffectivePolicy
+    checked: Mapping[str, float] | None
+    """Metric -> threshold judged; None or empty when its utilization is not checked."""
+
+
+def evaluate_many(
+    now: float, sessions: Sequence[Judged], averages: Sequence[float | None], to_fill: Sequence[float]
+) -> list[Verdict]:
+    """:func:`evaluate` of many sessions at once, at ``now`` (unix seconds): the same verdicts on the same facts (the
+    reference, kept as it was), the deadlines worked out as arrays and only the records built per session.
+
+    ``averages``: the checked metrics' window averages of every session whose utilization is checked, one session
+    after the other (each in the order of its ``checked``); ``to_fill``: per such session, the seconds until every one
+    of its metrics' window is full and fresh. Every sum and difference is the one :func:`evaluate` computes, in the
+    same order, in the same float64: the countdowns are equal to the last bit."""
+    count = len(sessions)
+    if not count:
+        return []
+    ids: dict[int, int] = {}
+    distinct: list[EffectivePolicy] = []
+    policy_at: list[int] = []
+    thresholds: list[float] = []
+    widths: list[int] = []
+    for judged in sessions:
+        policy = judged.policy
+        slot = ids.get(id(policy))
+        if slot is None:
+            slot = ids[id(policy)] = len(distinct)
+            distinct.append(policy)
+        policy_at.append(slot)
+        if judged.checked and policy.utilization is not None:
+            thresholds.extend(judged.checked.values())
+            widths.append(len(judged.checked))
+    if len(averages) != len(thresholds) or len(to_fill) != len(widths):
+        raise ValueError("one average per checked metric, one to_fill per session checked")
+    at = np.array(policy_at, np.intp)
+    started = np.array([judged.started for judged in sessions])
+    nan = math.nan
+    lifetime_left = started + _per_policy(distinct, _lifetime_limit)[at] - now
+    last = np.array([nan if j.last_activity is None else j.last_activity for j in sessions])
+    since = np.where(np.isnan(last), started, np.maximum(last, started))
+    network_left = _per_policy(distinct, _network_timeout)[at] - np.maximum(0.0, now - since)
+    grace_left = started + _per_policy(distinct, _grace_period)[at] - now
+    below = np.array([nan if a is None else a for a in averages]) < np.array(thresholds)
+    lifetimes = _lifetime_reports(sessions, lifetime_left.tolist())
+    networks = _network_reports(sessions, network_left.tolist())
+    usages = _utilization_reports(sessions, grace_left.tolist(), averages, to_fill, below, widths)
+    verdicts: list[Verdict] = []
+    append = verdicts.append
+    for reports in zip(lifetimes, networks, usages, strict=True):
+        lifetime, network, usage = reports
+        if lifetime.expired:
+            append(Verdict(True, _ENDS_LIFETIME, reports))
+        elif network.expired:
+            append(Verdict(True, _ENDS_IDLE, reports))
+        elif usage.expired:
+            append(Verdict(True, _ENDS_UNUSED, reports))
+        else:
+            append(Verdict(False, None, reports))
+    return verdicts
+
+
+def _lifetime_reports(sessions: Sequence[Judged], left: list[float]) -> list[CheckReport]:
+    """``left``: each session's ``started + limit - now`` (nan without a limit)."""
+    reports: list[CheckReport] = []
+    append = reports.append
+    for session, life in zip(sessions, left, strict=True):
+        if session.type in LIFETIME_EXEMPT:
+            append(_BATCH_TIMEOUT)
+        elif life != life:  # nan: no limit
+            append(_NO_LIFETIME)
+        else:  # max(life, 0.0) as evaluate takes it (nan and -0.0 kept)
+            append(CheckReport(_LIFETIME, life <= 0, 0.0 if life < 0.0 else life, _BY_LIFETIME))
+    return reports
+
+
+def _network_reports(sessions: Sequence[Judged], left: list[float]) -> list[CheckReport]:
+    """``left``: each session's ``timeout - max(0, now - max(activity, started))`` (nan without a timeout)."""
+    reports: list[CheckReport] = []
+    append = reports.append
+    for session, idle in zip(sessions, left, strict=True):
+        kind = session.type
+        if kind in NETWORK_EXEMPT:
+            append(_NETWORK_EXEMPT[kind])
+        elif idle != idle:  # nan: no timeout
+            append(_NO_NETWORK_TIMEOUT)
+        elif session.open_connections > 0:
+            timeout = session.policy.network_idle_timeout
+            append(CheckReport(_NETWORK, False, timeout, _BY_IDLENESS, "app connections open"))
+        else:
+            append(CheckReport(_NETWORK, idle <= 0, 0.0 if idle < 0.0 else idle, _BY_IDLENESS))
+    return reports
+
+
+def _utilization_reports(
+    sessions: Sequence[Judged],
+    grace_left: list[float],
+    averages: Sequence[float | None],
+    to_fill: Sequence[float],
+    below: np.ndarray,
+    widths: list[int],
+) -> list[CheckReport]:
+    """``below``: each checked metric's average under its threshold, every checked session's one after the other
+    (``widths`` of them each)."""
+    all_below: list[bool] = []
+    any_below: list[bool] = []
+    if widths:
+        starts = np.cumsum([0] + widths[:-1])
+        all_below = np.logical_and.reduceat(below, starts).tolist()
+        any_below = np.logical_or.reduceat(below, starts).tolist()
+    reports: list[CheckReport] = []
+    append = reports.append
+    entry = first = 0
+    for (_, _, _, _, policy, checked), grace in zip(sessions, grace_left, strict=True):
+        utilization = policy.utilization
+        if utilization is None:
+            append(_UTILIZATION_OFF)
+            continue
+        if not checked:
+            append(_NO_THRESHOLD)
+            continue
+        width, operator = widths[entry], utilization.operator
+        readings = tuple(map(MetricReading, checked, averages[first : first + width], checked.values()))
+        if grace > 0:
+            append(CheckReport(_UTILIZATION, False, grace, _GRACE, "in grace period", operator, readings))
+        elif (fill := to_fill[entry]) > 0:
+            append(CheckReport(_UTILIZATION, False, fill, _WINDOW, "collecting samples", operator, readings))
+        elif all_below[entry] if operator is _ALL else any_below[entry]:
+            append(CheckReport(_UTILIZATION, True, 0.0, _WINDOW, "below thresholds", operator, readings))
+        else:
+            append(CheckReport(_UTILIZATION, False, None, _WINDOW, "utilized", operator, readings))
+        first, entry = first + width, entry + 1
+    return reports
+
+
+def _lifetime_limit(policy: EffectivePolicy) -> float | None:
+    return policy.max_session_lifetime
+
+
+def _network_timeout(policy: EffectivePolicy) -> float | None:
+    return policy.network_idle_timeout
+
+
+def _grace_period(policy: EffectivePolicy) -> float | None:
+    return policy.utilization.grace_period if policy.utilization is not None else None
+
+
+def _per_policy(policies: Sequence[EffectivePolicy], read: Callable[[EffectivePolicy], float | None]) -> np.ndarray:
+    """``read`` of each policy as a float64 array, nan for None."""
+    return np.array([math.nan if (value := read(p)) is None else value for p in policies], np.float64)
 
 
 # enum members as module constants: a member read from its class costs a lookup through the enum's metaclass
