@@ -9,6 +9,7 @@ from Nomad. Acting on the verdicts is the service's job.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -70,17 +71,20 @@ class Plan(NamedTuple):
     """Its window's (seconds, interval)."""
     metrics: tuple[str, ...]
     """The checked metrics (empty: no window)."""
+    judged: Judged
+    """What the verdicts take of the session and this plan (:func:`~domain.idle.arbiter.evaluate_many`)."""
 
 
 def _plan(config: IdlePolicyConfig, session: SweptSession, limits: SessionLimits | None, known: Derived) -> Plan:
     policy = policy_for(config, session, limits)
     utilization = policy.utilization
     if utilization is None:
-        return Plan(config, policy, None, (0.0, 0.0), ())
+        return Plan(config, policy, None, (0.0, 0.0), (), Judged(session.type, known.started_ts, policy, None))
     checked = utilization.checked_by_devices.get(known.devices)
     if checked is None:
         checked = checked_thresholds(utilization, known.slots)
-    return Plan(config, policy, checked, (utilization.window, policy.check_interval), tuple(checked))
+    judged = Judged(session.type, known.started_ts, policy, checked)
+    return Plan(config, policy, checked, (utilization.window, policy.check_interval), tuple(checked), judged)
 
 
 class Sweep(NamedTuple):
@@ -120,9 +124,11 @@ def judge(
     kept: dict[str, Derived] = {}
     ids: list[str] = []
     facts: list[Judged] = []
+    last_activity: list[float] = []
+    open_connections: list[int] = []
     entries: list[tuple[str, tuple[float, float], tuple[str, ...], Sample]] = []
     no_sample: Sample = {}
-    seen_of = activity.get
+    seen_of, nan = activity.get, math.nan
     for session in sessions:
         session_id = session.id
         known = derived.get(session_id)
@@ -137,32 +143,34 @@ def judge(
         kept[session_id] = known
         if plan.metrics:
             entries.append((session_id, plan.shape, plan.metrics, samples.get(session_id, no_sample)))
+        ids.append(session_id)
+        facts.append(plan.judged)
         seen = seen_of(session_id)
         if seen is None:
-            last, connections = None, 0
+            last_activity.append(nan)
+            open_connections.append(0)
         else:
             moment, connections = seen
-            last = moment.timestamp() if moment is not None else None
-        ids.append(session_id)
-        facts.append(Judged(session.type, known.started_ts, last, connections, plan.policy, plan.checked))
+            last_activity.append(moment.timestamp() if moment is not None else nan)
+            open_connections.append(connections)
     recorded = columns.record(ts, entries)
     if arbiter is evaluate:
-        verdicts = dict(zip(ids, evaluate_many(ts, facts, recorded.averages, recorded.to_fill), strict=True))
-        return Sweep(verdicts, columns, kept)
-    verdicts = {}
-    for session_id, one in zip(ids, facts, strict=True):
+        verdicts = evaluate_many(ts, facts, last_activity, open_connections, recorded.averages, recorded.to_fill)
+        return Sweep(dict(zip(ids, verdicts, strict=True)), columns, kept)
+    verdicts_of: dict[str, Verdict] = {}
+    for session_id, one, connections in zip(ids, facts, open_connections, strict=True):
         seen = seen_of(session_id)
         session_facts = SessionFacts(
             type=one.type,
             started_at=kept[session_id].started,
             last_activity=seen.last if seen is not None else None,
-            open_connections=one.open_connections,
+            open_connections=connections,
             requested_slots=kept[session_id].slots,
             window=columns[session_id] if one.checked else None,
             checked=one.checked,
         )
-        verdicts[session_id] = arbiter(now=now, session=session_facts, policy=one.policy)
-    return Sweep(verdicts, columns, kept)
+        verdicts_of[session_id] = arbiter(now=now, session=session_facts, policy=one.policy)
+    return Sweep(verdicts_of, columns, kept)
 
 
 async def check_once(

@@ -89,35 +89,43 @@ def evaluate(*, now: datetime, session: SessionFacts, policy: EffectivePolicy) -
 
 
 class Judged(NamedTuple):
-    """One session as :func:`evaluate_many` takes it (its window read already, by ``domain.idle.columns``)."""
+    """What :func:`evaluate_many` takes of one session that stays the same from sweep to sweep under one policy (the
+    idle sweep keeps it with the session's plan)."""
 
     type: SessionType
     started: float
     """When it became RUNNING, unix seconds."""
-    last_activity: float | None
-    """Last user traffic, unix seconds; None if none yet."""
-    open_connections: int
     policy: EffectivePolicy
     checked: Mapping[str, float] | None
     """Metric -> threshold judged; None or empty when its utilization is not checked."""
 
 
 def evaluate_many(
-    now: float, sessions: Sequence[Judged], averages: Sequence[float | None], to_fill: Sequence[float]
+    now: float,
+    sessions: Sequence[Judged],
+    last_activity: Sequence[float],
+    open_connections: Sequence[int],
+    averages: Sequence[float | None],
+    to_fill: Sequence[float],
 ) -> list[Verdict]:
     """:func:`evaluate` of many sessions at once, at ``now`` (unix seconds): the same verdicts on the same facts (the
     reference, kept as it was), the deadlines worked out as arrays and only the records built per session.
 
-    ``averages``: the checked metrics' window averages of every session whose utilization is checked, one session
-    after the other (each in the order of its ``checked``); ``to_fill``: per such session, the seconds until every one
-    of its metrics' window is full and fresh. Every sum and difference is the one :func:`evaluate` computes, in the
-    same order, in the same float64: the countdowns are equal to the last bit."""
+    Per session, in the order of ``sessions``: ``last_activity``, its last user traffic in unix seconds (nan if none
+    yet), and ``open_connections``, its app connections open now. ``averages``: the checked metrics' window averages
+    of every session whose utilization is checked, one session after the other (each in the order of its
+    ``checked``); ``to_fill``: per such session, the seconds until every one of its metrics' window is full and fresh.
+    Every sum and difference is the one :func:`evaluate` computes, in the same order, in the same float64: the
+    countdowns are equal to the last bit."""
     count = len(sessions)
     if not count:
         return []
+    if len(last_activity) != count or len(open_connections) != count:
+        raise ValueError("one last activity and one count of open connections per session")
     ids: dict[int, int] = {}
     distinct: list[EffectivePolicy] = []
     policy_at: list[int] = []
+    metrics: list[str] = []
     thresholds: list[float] = []
     widths: list[int] = []
     for judged in sessions:
@@ -128,6 +136,7 @@ def evaluate_many(
             distinct.append(policy)
         policy_at.append(slot)
         if judged.checked and policy.utilization is not None:
+            metrics.extend(judged.checked)
             thresholds.extend(judged.checked.values())
             widths.append(len(judged.checked))
     if len(averages) != len(thresholds) or len(to_fill) != len(widths):
@@ -136,14 +145,15 @@ def evaluate_many(
     started = np.array([judged.started for judged in sessions])
     nan = math.nan
     lifetime_left = started + _per_policy(distinct, _lifetime_limit)[at] - now
-    last = np.array([nan if j.last_activity is None else j.last_activity for j in sessions])
+    last = np.array(last_activity, np.float64)
     since = np.where(np.isnan(last), started, np.maximum(last, started))
     network_left = _per_policy(distinct, _network_timeout)[at] - np.maximum(0.0, now - since)
     grace_left = started + _per_policy(distinct, _grace_period)[at] - now
     below = np.array([nan if a is None else a for a in averages]) < np.array(thresholds)
     lifetimes = _lifetime_reports(sessions, lifetime_left.tolist())
-    networks = _network_reports(sessions, network_left.tolist())
-    usages = _utilization_reports(sessions, grace_left.tolist(), averages, to_fill, below, widths)
+    networks = _network_reports(sessions, network_left.tolist(), open_connections)
+    readings = list(map(MetricReading, metrics, averages, thresholds))
+    usages = _utilization_reports(sessions, grace_left.tolist(), readings, to_fill, below, widths)
     verdicts: list[Verdict] = []
     append = verdicts.append
     for reports in zip(lifetimes, networks, usages, strict=True):
@@ -173,17 +183,19 @@ def _lifetime_reports(sessions: Sequence[Judged], left: list[float]) -> list[Che
     return reports
 
 
-def _network_reports(sessions: Sequence[Judged], left: list[float]) -> list[CheckReport]:
+def _network_reports(
+    sessions: Sequence[Judged], left: list[float], open_connections: Sequence[int]
+) -> list[CheckReport]:
     """``left``: each session's ``timeout - max(0, now - max(activity, started))`` (nan without a timeout)."""
     reports: list[CheckReport] = []
     append = reports.append
-    for session, idle in zip(sessions, left, strict=True):
+    for session, idle, connections in zip(sessions, left, open_connections, strict=True):
         kind = session.type
         if kind in NETWORK_EXEMPT:
             append(_NETWORK_EXEMPT[kind])
         elif idle != idle:  # nan: no timeout
             append(_NO_NETWORK_TIMEOUT)
-        elif session.open_connections > 0:
+        elif connections > 0:
             timeout = session.policy.network_idle_timeout
             append(CheckReport(_NETWORK, False, timeout, _BY_IDLENESS, "app connections open"))
         else:
@@ -194,13 +206,13 @@ def _network_reports(sessions: Sequence[Judged], left: list[float]) -> list[Chec
 def _utilization_reports(
     sessions: Sequence[Judged],
     grace_left: list[float],
-    averages: Sequence[float | None],
+    readings: list[MetricReading],
     to_fill: Sequence[float],
     below: np.ndarray,
     widths: list[int],
 ) -> list[CheckReport]:
-    """``below``: each checked metric's average under its threshold, every checked session's one after the other
-    (``widths`` of them each)."""
+    """``readings`` and ``below`` (each checked metric's average under its threshold): every checked session's one
+    after the other, ``widths`` of them each."""
     all_below: list[bool] = []
     any_below: list[bool] = []
     if widths:
@@ -210,7 +222,7 @@ def _utilization_reports(
     reports: list[CheckReport] = []
     append = reports.append
     entry = first = 0
-    for (_, _, _, _, policy, checked), grace in zip(sessions, grace_left, strict=True):
+    for (_, _, policy, checked), grace in zip(sessions, grace_left, strict=True):
         utilization = policy.utilization
         if utilization is None:
             append(_UTILIZATION_OFF)
@@ -219,15 +231,15 @@ def _utilization_reports(
             append(_NO_THRESHOLD)
             continue
         width, operator = widths[entry], utilization.operator
-        readings = tuple(map(MetricReading, checked, averages[first : first + width], checked.values()))
+        its = (readings[first],) if width == 1 else tuple(readings[first : first + width])
         if grace > 0:
-            append(CheckReport(_UTILIZATION, False, grace, _GRACE, "in grace period", operator, readings))
+            append(CheckReport(_UTILIZATION, False, grace, _GRACE, "in grace period", operator, its))
         elif (fill := to_fill[entry]) > 0:
-            append(CheckReport(_UTILIZATION, False, fill, _WINDOW, "collecting samples", operator, readings))
+            append(CheckReport(_UTILIZATION, False, fill, _WINDOW, "collecting samples", operator, its))
         elif all_below[entry] if operator is _ALL else any_below[entry]:
-            append(CheckReport(_UTILIZATION, True, 0.0, _WINDOW, "below thresholds", operator, readings))
+            append(CheckReport(_UTILIZATION, True, 0.0, _WINDOW, "below thresholds", operator, its))
         else:
-            append(CheckReport(_UTILIZATION, False, None, _WINDOW, "utilized", operator, readings))
+            append(CheckReport(_UTILIZATION, False, None, _WINDOW, "utilized", operator, its))
         first, entry = first + width, entry + 1
     return reports
 

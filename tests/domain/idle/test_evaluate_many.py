@@ -4,6 +4,7 @@ batches of sessions sharing a few policies."""
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import pytest
@@ -59,7 +60,10 @@ def window_of(samples: list[dict[str, float | None]], seconds: float | None, end
     return window
 
 
-def judged(now: float, facts: SessionFacts, chosen: EffectivePolicy) -> tuple[Judged, list[float | None], list[float]]:
+Read = tuple[Judged, float, int, list[float | None], list[float]]
+
+
+def judged(now: float, facts: SessionFacts, chosen: EffectivePolicy) -> Read:
     """The session as the sweep hands it to ``evaluate_many``: its window read the way ``check_utilization`` reads
     it (the averages of its checked metrics, the seconds until all are full)."""
     checked = checked_thresholds(chosen.utilization, facts.requested_slots) if chosen.utilization else None
@@ -72,9 +76,9 @@ def judged(now: float, facts: SessionFacts, chosen: EffectivePolicy) -> tuple[Ju
         to_fill = [max(window.seconds_until_full(m, now=now) for m in checked) if same and window else 0.0]
         if not same:
             to_fill = [chosen.utilization.window]
-    last = facts.last_activity.timestamp() if facts.last_activity else None
+    last = facts.last_activity.timestamp() if facts.last_activity else math.nan
     started = facts.started_at.timestamp()
-    return Judged(facts.type, started, last, facts.open_connections, chosen, checked), averages, to_fill
+    return Judged(facts.type, started, chosen, checked), last, facts.open_connections, averages, to_fill
 
 
 @settings(max_examples=300, deadline=None)
@@ -82,6 +86,8 @@ def judged(now: float, facts: SessionFacts, chosen: EffectivePolicy) -> tuple[Ju
 def test_the_verdicts_and_their_bytes_are_evaluates(sessions: list[tuple], now_after: float) -> None:
     now = T0 + timedelta(seconds=now_after)
     batch: list[Judged] = []
+    last_activity: list[float] = []
+    open_connections: list[int] = []
     averages: list[float | None] = []
     to_fill: list[float] = []
     expected = []
@@ -96,11 +102,13 @@ def test_the_verdicts_and_their_bytes_are_evaluates(sessions: list[tuple], now_a
             window=window_of(samples, shape, now_after),
         )
         expected.append(evaluate(now=now, session=facts, policy=chosen))
-        one, its_averages, its_fill = judged(now.timestamp(), facts, chosen)
+        one, last_seen, connected, its_averages, its_fill = judged(now.timestamp(), facts, chosen)
         batch.append(one)
+        last_activity.append(last_seen)
+        open_connections.append(connected)
         averages += its_averages
         to_fill += its_fill
-    verdicts = evaluate_many(now.timestamp(), batch, averages, to_fill)
+    verdicts = evaluate_many(now.timestamp(), batch, last_activity, open_connections, averages, to_fill)
     assert verdicts == expected
     assert [encode(v) for v in verdicts] == [encode(v) for v in expected]
 
@@ -121,8 +129,8 @@ def test_full_windows_are_judged_by_the_operator(operator: ThresholdOperator, sa
         window=window_of([sample] * 6, 60.0, 120.0),
     )
     expected = evaluate(now=now, session=facts, policy=chosen)
-    one, averages, to_fill = judged(now.timestamp(), facts, chosen)
-    assert evaluate_many(now.timestamp(), [one], averages, to_fill) == [expected]
+    one, last, connected, averages, to_fill = judged(now.timestamp(), facts, chosen)
+    assert evaluate_many(now.timestamp(), [one], [last], [connected], averages, to_fill) == [expected]
     below = [v < {"cpu_util": 2.0, "mem": 50.0}[m] for m, v in sample.items()]
     assert expected.terminate is (all(below) if operator is ThresholdOperator.ALL else any(below))
 
@@ -130,7 +138,9 @@ def test_full_windows_are_judged_by_the_operator(operator: ThresholdOperator, sa
 def test_one_average_per_checked_metric_is_required() -> None:
     chosen = POLICIES[3]
     checked = checked_thresholds(chosen.utilization, SLOTS[0]) if chosen.utilization else None
-    one = Judged(SessionType.INTERACTIVE, ts(0.0), None, 0, chosen, checked)
+    one = Judged(SessionType.INTERACTIVE, ts(0.0), chosen, checked)
     with pytest.raises(ValueError, match="one average per checked metric"):
-        evaluate_many(ts(100.0), [one], [1.0], [0.0])
-    assert evaluate_many(ts(100.0), [], [], []) == []
+        evaluate_many(ts(100.0), [one], [math.nan], [0], [1.0], [0.0])
+    with pytest.raises(ValueError, match="one last activity"):
+        evaluate_many(ts(100.0), [one], [], [0], [1.0, 1.0], [0.0])
+    assert evaluate_many(ts(100.0), [], [], [], [], []) == []
