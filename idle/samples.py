@@ -116,20 +116,24 @@ def _sum_task_usage(tasks: Json) -> Json:
 
 
 def _memory_in_use(stats: MemoryUsage) -> float | None:
-    if stats.rss is None and stats.usage is None and stats.cache is None and stats.measured is None:
+    rss, usage, cache, measured = stats.rss, stats.usage, stats.cache, stats.measured
+    if rss is None and usage is None and cache is None and measured is None:
         return None  # an empty MemoryStats: nothing read
-    measured = stats.measured or ()
-    rss = _number(stats.rss) or 0.0
-    if "RSS" in measured or (not measured and rss):
+    # byte counts are ints (or null: cgroups v2 measures no RSS) in Nomad's answers: those cases inline, anything else
+    # through _number (0 when unreadable)
+    rss = 0.0 if rss is None else float(rss) if type(rss) is int else (_number(rss) or 0.0)
+    if (measured and "RSS" in measured) or (not measured and rss):
         return rss
-    usage = _number(stats.usage) or 0.0
-    return max(usage - (_number(stats.cache) or 0.0), 0.0)
+    usage = float(usage) if type(usage) is int else (_number(usage) or 0.0)
+    cache = float(cache) if type(cache) is int else (_number(cache) or 0.0)
+    return max(usage - cache, 0.0)
 
 
 def _device_metrics(groups: Iterable[DeviceGroup], devices: DeviceCatalog) -> dict[str, float]:
     readings: dict[str, list[float]] = {}
     for group in groups:
         prefix = devices.metric_prefix_of(str(group.vendor), str(group.type), str(group.name))
+        util_metric, mem_metric = prefix + "_util", prefix + "_mem"
         for instance in (group.instance_stats or {}).values():
             attributes = instance.stats.attributes if instance.stats is not None else None
             util = _stat_percent(attributes.gpu_utilization if attributes else None, ratio=False)
@@ -137,9 +141,9 @@ def _device_metrics(groups: Iterable[DeviceGroup], devices: DeviceCatalog) -> di
             if mem is None:  # no number there: the Summary, which the NVIDIA plugin sets to the same figure
                 mem = _stat_percent(instance.summary, ratio=True)
             if util is not None:
-                readings.setdefault(f"{prefix}_util", []).append(util)
+                readings.setdefault(util_metric, []).append(util)
             if mem is not None:
-                readings.setdefault(f"{prefix}_mem", []).append(mem)
+                readings.setdefault(mem_metric, []).append(mem)
     return {metric: values[0] if len(values) == 1 else fmean(values) for metric, values in readings.items()}
 
 
@@ -159,7 +163,9 @@ def _stat_percent(stat: StatValue | None, *, ratio: bool) -> float | None:
 
 
 def _number(value: object) -> float | None:
-    # the common cases first: this runs for every reading of every sweep
+    # the common cases first: this runs for every reading of every sweep (None: a field Nomad left out)
+    if value is None:
+        return None
     if type(value) is float:
         return value if math.isfinite(value) else None
     if type(value) is int:  # not bool (its own type), and always finite

@@ -5,6 +5,7 @@ The idle sweep reads one such body per kernel, every sweep: 10,000 of them took 
 reads (:class:`ResourceUsage`: msgspec skips the others without building them); the readings themselves are decoded
 as they come (``idle.samples`` reads them leniently, a reading of the wrong type being a gap rather than an error). Its
 tasks' usage stays undecoded (``Tasks``: half the body), read only when an older or partial answer lacks the total.
+The structs are left out of the cyclic garbage collector (``gc=False``): decoded from JSON, they hold no cycles.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import msgspec
 Json = dict[str, Any]
 
 
-class CpuUsage(msgspec.Struct, frozen=True, rename="pascal"):
+class CpuUsage(msgspec.Struct, frozen=True, gc=False, rename="pascal"):
     percent: Any = None
     """Percent of one core, summed over the tasks (a number when Nomad measured it; read leniently)."""
     measured: Any = None
@@ -25,7 +26,10 @@ class CpuUsage(msgspec.Struct, frozen=True, rename="pascal"):
 
 
 class MemoryUsage(
-    msgspec.Struct, frozen=True, rename={"rss": "RSS", "usage": "Usage", "cache": "Cache", "measured": "Measured"}
+    msgspec.Struct,
+    frozen=True,
+    gc=False,
+    rename={"rss": "RSS", "usage": "Usage", "cache": "Cache", "measured": "Measured"},
 ):
     rss: Any = None
     usage: Any = None
@@ -34,7 +38,7 @@ class MemoryUsage(
     measured: Any = None
 
 
-class StatValue(msgspec.Struct, frozen=True, rename="pascal"):
+class StatValue(msgspec.Struct, frozen=True, gc=False, rename="pascal"):
     """One device statistic (Nomad's ``StatValue``): the numerator, and the denominator of a ratio (read leniently)."""
 
     float_numerator_val: Any = None
@@ -44,7 +48,7 @@ class StatValue(msgspec.Struct, frozen=True, rename="pascal"):
 
 
 class DeviceAttributes(
-    msgspec.Struct, frozen=True, rename={"gpu_utilization": "GPU utilization", "memory_state": "Memory state"}
+    msgspec.Struct, frozen=True, gc=False, rename={"gpu_utilization": "GPU utilization", "memory_state": "Memory state"}
 ):
     """The two statistics of a device instance ``idle.samples`` reads (the others are skipped, not built)."""
 
@@ -52,16 +56,16 @@ class DeviceAttributes(
     memory_state: StatValue | None = None
 
 
-class InstanceStatsObject(msgspec.Struct, frozen=True, rename="pascal"):
+class InstanceStatsObject(msgspec.Struct, frozen=True, gc=False, rename="pascal"):
     attributes: DeviceAttributes | None = None
 
 
-class DeviceInstance(msgspec.Struct, frozen=True, rename="pascal"):
+class DeviceInstance(msgspec.Struct, frozen=True, gc=False, rename="pascal"):
     summary: StatValue | None = None
     stats: InstanceStatsObject | None = None
 
 
-class DeviceGroup(msgspec.Struct, frozen=True, rename="pascal"):
+class DeviceGroup(msgspec.Struct, frozen=True, gc=False, rename="pascal"):
     """One device group's usage: which device (read leniently) and each instance's statistics."""
 
     vendor: Any = None
@@ -70,7 +74,7 @@ class DeviceGroup(msgspec.Struct, frozen=True, rename="pascal"):
     instance_stats: dict[str, DeviceInstance] | None = None
 
 
-class ResourceUsage(msgspec.Struct, frozen=True, rename="pascal"):
+class ResourceUsage(msgspec.Struct, frozen=True, gc=False, rename="pascal"):
     """An allocation's (or a task's) usage: only the fields ``idle.samples`` reads are decoded, the rest skipped."""
 
     cpu_stats: CpuUsage | None = None
@@ -79,7 +83,7 @@ class ResourceUsage(msgspec.Struct, frozen=True, rename="pascal"):
     """Device groups (most allocations have none)."""
 
 
-class AllocStats(msgspec.Struct, frozen=True, rename={"usage": "ResourceUsage", "tasks": "Tasks"}):
+class AllocStats(msgspec.Struct, frozen=True, gc=False, rename={"usage": "ResourceUsage", "tasks": "Tasks"}):
     usage: ResourceUsage | None = None
     """The allocation's total; None when Nomad sent none."""
     tasks: msgspec.Raw = msgspec.Raw(b"{}")
