@@ -73,18 +73,25 @@ class Plan(NamedTuple):
     """The checked metrics (empty: no window)."""
     judged: Judged
     """What the verdicts take of the session and this plan (:func:`~domain.idle.arbiter.evaluate_many`)."""
+    window_key: tuple[str, tuple[float, float], tuple[str, ...]]
+    """(session id, :attr:`shape`, :attr:`metrics`): where its samples go (``WindowColumns.record_keyed``)."""
 
 
 def _plan(config: IdlePolicyConfig, session: SweptSession, limits: SessionLimits | None, known: Derived) -> Plan:
     policy = policy_for(config, session, limits)
     utilization = policy.utilization
     if utilization is None:
-        return Plan(config, policy, None, (0.0, 0.0), (), Judged(session.type, known.started_ts, policy, None))
+        judged = Judged(session.type, known.started_ts, policy, None)
+        return Plan(config, policy, None, (0.0, 0.0), (), judged, (session.id, (0.0, 0.0), ()))
     checked = utilization.checked_by_devices.get(known.devices)
     if checked is None:
         checked = checked_thresholds(utilization, known.slots)
-    judged = Judged(session.type, known.started_ts, policy, checked)
-    return Plan(config, policy, checked, (utilization.window, policy.check_interval), tuple(checked), judged)
+    judged, shape, metrics = (
+        Judged(session.type, known.started_ts, policy, checked),
+        (utilization.window, policy.check_interval),
+        tuple(checked),
+    )
+    return Plan(config, policy, checked, shape, metrics, judged, (session.id, shape, metrics))
 
 
 class Sweep(NamedTuple):
@@ -126,7 +133,8 @@ def judge(
     facts: list[Judged] = []
     last_activity: list[float] = []
     open_connections: list[int] = []
-    entries: list[tuple[str, tuple[float, float], tuple[str, ...], Sample]] = []
+    window_keys: list[tuple[str, tuple[float, float], tuple[str, ...]]] = []
+    window_samples: list[Sample] = []
     no_sample: Sample = {}
     seen_of, nan = activity.get, math.nan
     for session in sessions:
@@ -142,7 +150,8 @@ def judge(
                 known = known._replace(plan=plan)
         kept[session_id] = known
         if plan.metrics:
-            entries.append((session_id, plan.shape, plan.metrics, samples.get(session_id, no_sample)))
+            window_keys.append(plan.window_key)
+            window_samples.append(samples.get(session_id, no_sample))
         ids.append(session_id)
         facts.append(plan.judged)
         seen = seen_of(session_id)
@@ -153,7 +162,7 @@ def judge(
             moment, connections = seen
             last_activity.append(moment.timestamp() if moment is not None else nan)
             open_connections.append(connections)
-    recorded = columns.record(ts, entries)
+    recorded = columns.record_keyed(ts, window_keys, window_samples)
     if arbiter is evaluate:
         verdicts = evaluate_many(ts, facts, last_activity, open_connections, recorded.averages, recorded.to_fill)
         return Sweep(dict(zip(ids, verdicts, strict=True)), columns, kept)

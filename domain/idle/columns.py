@@ -240,6 +240,31 @@ class Entry(NamedTuple):
     """Metric -> percent, this sweep's (metrics not checked are ignored)."""
 
 
+class Placed(NamedTuple):
+    """Where one table's samples of a sweep go."""
+
+    rows: Ints
+    """The table's rows recorded, each once."""
+    entries: list[int]
+    """For each of ``rows``, the index of the key (and sample) it records; -1: a series kept of a metric no longer
+    checked (recorded as not sampled)."""
+    rows_read: Ints
+    """The rows whose readings are wanted (those of checked metrics)."""
+    positions: Ints
+    """Where each of ``rows_read``'s readings go among the sweep's :attr:`Recorded.averages`."""
+
+
+class Layout(NamedTuple):
+    """Where one sweep's samples go, for the keys it was worked out for (:meth:`WindowColumns.record_keyed`)."""
+
+    keys: list[tuple[str, Shape, Sequence[str]]]
+    tables: dict[tuple[Shape, str], Placed]
+    flat: int
+    """How many readings: every key's metrics."""
+    starts: Ints
+    """Where each key's readings start among them."""
+
+
 class WindowColumns(Mapping[str, UtilizationWindow]):
     """The windows of every session whose utilization the sweep checks (session id -> window, built on access)."""
 
@@ -248,6 +273,8 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
         """(window shape, metric) -> its table."""
         self.rows: dict[str, tuple[Shape, dict[str, int]]] = {}
         """Session id -> its window's shape and metric -> row (in that shape's table of the metric)."""
+        self._layout: Layout | None = None
+        """Where the last sweep's samples went (:meth:`record_keyed`); rows change only there."""
 
     # -- the Mapping of windows --
 
@@ -324,54 +351,73 @@ class WindowColumns(Mapping[str, UtilizationWindow]):
         """Record one sweep's samples, taken at ``ts`` (unix seconds), for the sessions of ``entries`` (:class:`Entry`
         or plain tuples of its fields; each with at least one metric; the other sessions' windows are dropped), and
         read back what the utilization check needs."""
+        return self.record_keyed(ts, [entry[:3] for entry in entries], [entry[3] for entry in entries])
+
+    def record_keyed(
+        self, ts: float, keys: Sequence[tuple[str, Shape, Sequence[str]]], samples: Sequence[Mapping[str, float]]
+    ) -> Recorded:
+        """:meth:`record` of the entries ``zip(keys, samples)``. Which row of which table each sample goes to (the
+        sweep's :class:`Layout`) is worked out when ``keys`` differ from the last sweep's, and reused while they are
+        the same (the steady state: the same sessions, checked the same way); the idle sweep keeps each session's key
+        with its plan, so the comparison is one of identical objects."""
+        if len(keys) != len(samples):
+            raise ValueError("one sample per key")
+        layout = self._layout
+        if layout is None or layout.keys != keys:
+            layout = self._layout = self._lay_out(keys)
         stamp, now_ms = round(ts * SCALE), ts * SCALE
-        batches: dict[tuple[Shape, str], tuple[list[int], list[float], list[bool], list[int]]] = {}
-        nan, flat = math.nan, 0
-        known_rows, tables = self.rows, self.tables
-        for session_id, shape, metrics, sample in entries:
+        averages = np.full(layout.flat, np.nan)
+        to_fill = np.zeros(layout.flat)
+        for key, placed in layout.tables.items():
+            metric = key[1]
+            found = [samples[i].get(metric) if i >= 0 else None for i in placed.entries]
+            keyed = np.array([value is not None for value in found])
+            table = self.tables[key]
+            table.record(placed.rows, np.array(found, np.float64), keyed, stamp)
+            average, fill = table.readings(placed.rows_read, now_ms)
+            averages[placed.positions], to_fill[placed.positions] = average, fill
+        if not keys:
+            return Recorded([], [])
+        return Recorded(
+            [None if a != a else a for a in averages.tolist()], np.maximum.reduceat(to_fill, layout.starts).tolist()
+        )
+
+    def _lay_out(self, keys: Sequence[tuple[str, Shape, Sequence[str]]]) -> Layout:
+        """Rows for every key's metrics (taken where missing, moved when a session's shape changed; the windows of
+        sessions not among ``keys`` freed), and where each sample goes."""
+        placing: dict[tuple[Shape, str], tuple[list[int], list[int], list[int]]] = {}
+        flat = 0
+        known_rows = self.rows
+        for index, (session_id, shape, metrics) in enumerate(keys):
             known = known_rows.get(session_id)
             rows = known[1] if known is not None and known[0] == shape else self._rows_of(session_id, shape)
             for metric in metrics:
-                key = (shape, metric)
-                batch = batches.get(key)
-                if batch is None:
-                    batch = batches[key] = ([], [], [], [])
                 row = rows.get(metric)
                 if row is None:
                     row = rows[metric] = self._table(shape, metric).take_row()
-                value = sample.get(metric)
+                batch = placing.setdefault((shape, metric), ([], [], []))
                 batch[0].append(row)
-                batch[1].append(nan if value is None else value)
-                batch[2].append(value is not None)
-                batch[3].append(flat)
+                batch[1].append(index)
+                batch[2].append(flat)
                 flat += 1
             if len(rows) > len(metrics):  # kept series of metrics no longer checked: never sampled
                 for metric, row in rows.items():
                     if metric not in metrics:
-                        batch = batches.setdefault((shape, metric), ([], [], [], []))
+                        batch = placing.setdefault((shape, metric), ([], [], []))
                         batch[0].append(row)
-                        batch[1].append(nan)
-                        batch[2].append(False)
-                        batch[3].append(-1)
-        if len(known_rows) > len(entries) or flat > len(entries):  # some sessions may not be recorded any more
-            recorded = {entry[0] for entry in entries}
+                        batch[1].append(-1)
+                        batch[2].append(-1)
+        if len(known_rows) > len(keys) or flat > len(keys):  # some sessions may not be recorded any more
+            recorded = {key[0] for key in keys}
             for session_id in [s for s in known_rows if s not in recorded]:
                 self._free(session_id)
-        averages = np.full(flat, np.nan)
-        to_fill = np.zeros(flat)
-        for key, (rows_list, values, keyed, positions) in batches.items():
-            table, rows_array = tables[key], np.array(rows_list, np.int64)
-            table.record(rows_array, np.array(values), np.array(keyed), stamp)
-            at = np.array(positions, np.int64)
+        tables = {}
+        for key, (rows_list, entries, positions) in placing.items():
+            rows_array, at = np.array(rows_list, np.int64), np.array(positions, np.int64)
             wanted = at >= 0
-            average, fill = table.readings(rows_array[wanted], now_ms)
-            averages[at[wanted]], to_fill[at[wanted]] = average, fill
-        if not entries:
-            return Recorded([], [])
-        starts = np.cumsum([0] + [len(entry[2]) for entry in entries[:-1]])
-        return Recorded(
-            [None if a != a else a for a in averages.tolist()], np.maximum.reduceat(to_fill, starts).tolist()
-        )
+            tables[key] = Placed(rows_array, entries, rows_array[wanted], at[wanted])
+        starts = np.cumsum([0] + [len(key[2]) for key in keys[:-1]]) if keys else np.zeros(0, np.int64)
+        return Layout(list(keys), tables, flat, starts)
 
     # -- the stored form --
 

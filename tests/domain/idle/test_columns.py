@@ -169,3 +169,38 @@ def test_columns_record_as_record_sample_does_whatever_the_sweeps(steps: list[tu
         unique = {e[0]: Entry(e[0], e[1], tuple(e[2]), e[3]) for e in entries}
         sweeps.append((ts, list(unique.values())))
     check_same(sweeps)
+
+
+keys = st.dictionaries(
+    st.sampled_from(["a", "b", "c", "d"]),
+    st.tuples(
+        st.sampled_from([(60.0, 15.0), (45.0, 15.0)]),
+        st.lists(st.sampled_from(METRICS), min_size=1, max_size=3, unique=True),
+    ),
+    min_size=1,
+)
+steady = st.lists(st.tuples(st.sampled_from([7.5, 15.0, 15.0, 15.0, 40.0]), st.lists(samples, min_size=4, max_size=4)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(keys, steady), max_size=5))
+def test_columns_record_sweeps_of_the_same_sessions_as_record_sample_does(
+    phases: list[tuple[dict[str, tuple[tuple[float, float], list[str]]], list[tuple[float, list[dict[str, float]]]]]],
+) -> None:
+    """The steady state: sweep after sweep of the same sessions checked the same way (where each sample goes is
+    worked out once and reused), then another set of sessions or shapes or metrics."""
+    ts, sweeps = 1000.0, []
+    for sessions, steps in phases:
+        for step, sampled in steps:
+            ts += step
+            entries = [
+                Entry(s, shape, tuple(m), sample)
+                for (s, (shape, m)), sample in zip(sessions.items(), sampled, strict=False)
+            ]
+            sweeps.append((ts, entries))
+    check_same(sweeps)
+
+
+def test_record_keyed_wants_one_sample_per_key() -> None:
+    with pytest.raises(ValueError, match="one sample per key"):
+        WindowColumns().record_keyed(1000.0, [("a", (60.0, 15.0), ("cpu_util",))], [])
