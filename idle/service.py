@@ -42,7 +42,7 @@ from core.keys import Keys
 from core.lease import Fence, Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
-from domain.idle.arbiter import Arbiter, evaluate
+from domain.idle.arbiter import Arbiter, Batch, evaluate
 from domain.idle.columns import WindowColumns
 from domain.idle.facts import SessionView
 from domain.idle.verdict import Verdict
@@ -74,6 +74,8 @@ class Term:
     """The sessions read last sweep: only changed documents are decoded again."""
     derived: Mapping[str, Derived] = field(default_factory=dict)
     """What the last sweep derived from each session (``idle.sweep.judge``)."""
+    batch: Batch | None = None
+    """The sessions as the last sweep's verdicts took them (``idle.sweep.judge``)."""
     collected_at: float = field(default_factory=time.monotonic)
     """When :func:`settle` last collected in full."""
 
@@ -154,9 +156,9 @@ class IdleService:
             now=now, sessions=sessions, config=config, windows=term.windows,
             redis=self.store.redis, keys=self.keys, nomad=self.nomad,
             concurrency=self.settings.idle.stats_concurrency, arbiter=self.arbiter, devices=self.devices,
-            derived=term.derived,
+            derived=term.derived, batch=term.batch,
         )  # fmt: skip
-        term.windows, term.derived = result.windows, result.derived
+        term.windows, term.derived, term.batch = result.windows, result.derived, result.batch
         save_windows = time.monotonic() - term.saved_at >= self.settings.idle.window_persist_interval
         await self.idle_store.save_sweep(
             term.fence,

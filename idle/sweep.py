@@ -21,7 +21,16 @@ from redis.asyncio import Redis
 from core.keys import Keys
 from devices.catalog import DeviceCatalog
 from domain import sftp
-from domain.idle.arbiter import Arbiter, Judged, SessionFacts, checked_thresholds, evaluate, evaluate_many
+from domain.idle.arbiter import (
+    Arbiter,
+    Batch,
+    Judged,
+    SessionFacts,
+    batch_of,
+    checked_thresholds,
+    evaluate,
+    evaluate_many,
+)
 from domain.idle.columns import WindowColumns
 from domain.idle.config import EffectivePolicy, IdlePolicyConfig
 from domain.idle.facts import Activity, SweptSession, checked_metrics, policy_for, requested_slots, started_at
@@ -101,6 +110,9 @@ class Sweep(NamedTuple):
     """The windows after this sweep's samples: only sessions whose utilization is checked."""
     derived: Mapping[str, Derived] = MappingProxyType({})
     """Session id -> what was derived from it, for the next sweep's ``derived`` (every session judged)."""
+    batch: Batch | None = None
+    """The sessions as the verdicts took them, for the next sweep's ``batch`` (:func:`~domain.idle.arbiter.batch_of`;
+    None when another arbiter judged)."""
 
 
 def judge(
@@ -114,11 +126,12 @@ def judge(
     arbiter: Arbiter = evaluate,
     limits: Mapping[str, SessionLimits] = MappingProxyType({}),
     derived: Mapping[str, Derived] = MappingProxyType({}),
+    batch: Batch | None = None,
 ) -> Sweep:
     """``windows``: the last sweep's :attr:`Sweep.windows` (recorded into in place, and returned) or any windows
     (copied into new columns); ``limits``: session id -> its owner's and project's resource-policy limits
     (:mod:`domain.idle.owner_limits`); ``derived``: the last sweep's :attr:`Sweep.derived` (used only for the very
-    same session objects).
+    same session objects); ``batch``: the last sweep's :attr:`Sweep.batch` (used only for the same sessions).
 
     Every session's sample is recorded in one pass over the columns (:meth:`WindowColumns.record`, the rules of
     ``domain.idle.window.record_sample``), then each verdict is the arbiter's: :func:`evaluate`'s on the readings
@@ -164,8 +177,9 @@ def judge(
             open_connections.append(connections)
     recorded = columns.record_keyed(ts, window_keys, window_samples)
     if arbiter is evaluate:
-        verdicts = evaluate_many(ts, facts, last_activity, open_connections, recorded.averages, recorded.to_fill)
-        return Sweep(dict(zip(ids, verdicts, strict=True)), columns, kept)
+        batch = batch_of(facts, batch)
+        verdicts = evaluate_many(ts, batch, last_activity, open_connections, recorded.averages, recorded.to_fill)
+        return Sweep(dict(zip(ids, verdicts, strict=True)), columns, kept, batch)
     verdicts_of: dict[str, Verdict] = {}
     for session_id, one, connections in zip(ids, facts, open_connections, strict=True):
         seen = seen_of(session_id)
@@ -195,9 +209,10 @@ async def check_once(
     arbiter: Arbiter = evaluate,
     devices: DeviceCatalog | None = None,
     derived: Mapping[str, Derived] = MappingProxyType({}),
+    batch: Batch | None = None,
 ) -> Sweep:
-    """Verdicts on ``sessions`` (all RUNNING) at ``now``, with this sweep's samples recorded (``derived``: the last
-    sweep's :attr:`Sweep.derived`)."""
+    """Verdicts on ``sessions`` (all RUNNING) at ``now``, with this sweep's samples recorded (``derived`` and
+    ``batch``: the last sweep's :attr:`Sweep.derived` and :attr:`Sweep.batch`)."""
 
     def slots(session: SweptSession) -> Mapping[str, Decimal]:
         known = derived.get(session.id)
@@ -224,4 +239,5 @@ async def check_once(
         arbiter=arbiter,
         limits=limits,
         derived=derived,
+        batch=batch,
     )

@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from domain.idle.config import CheckName, EffectivePolicy, ThresholdOperator, UtilizationPolicy
 from domain.idle.metrics import ALWAYS_APPLICABLE, SlotAmounts, metric_applies, requested_device_prefixes
@@ -100,28 +101,31 @@ class Judged(NamedTuple):
     """Metric -> threshold judged; None or empty when its utilization is not checked."""
 
 
-def evaluate_many(
-    now: float,
-    sessions: Sequence[Judged],
-    last_activity: Sequence[float],
-    open_connections: Sequence[int],
-    averages: Sequence[float | None],
-    to_fill: Sequence[float],
-) -> list[Verdict]:
-    """:func:`evaluate` of many sessions at once, at ``now`` (unix seconds): the same verdicts on the same facts (the
-    reference, kept as it was), the deadlines worked out as arrays and only the records built per session.
+class Batch(NamedTuple):
+    """Sessions as :func:`evaluate_many` judges them, with what stays the same from sweep to sweep worked out: the
+    idle sweep keeps the last sweep's and reuses it while its sessions are the same (:func:`batch_of`)."""
 
-    Per session, in the order of ``sessions``: ``last_activity``, its last user traffic in unix seconds (nan if none
-    yet), and ``open_connections``, its app connections open now. ``averages``: the checked metrics' window averages
-    of every session whose utilization is checked, one session after the other (each in the order of its
-    ``checked``); ``to_fill``: per such session, the seconds until every one of its metrics' window is full and fresh.
-    Every sum and difference is the one :func:`evaluate` computes, in the same order, in the same float64: the
-    countdowns are equal to the last bit."""
-    count = len(sessions)
-    if not count:
-        return []
-    if len(last_activity) != count or len(open_connections) != count:
-        raise ValueError("one last activity and one count of open connections per session")
+    sessions: list[Judged]
+    started: npt.NDArray[np.float64]
+    lifetime_limit: npt.NDArray[np.float64]
+    """Per session, seconds (nan: no limit)."""
+    network_timeout: npt.NDArray[np.float64]
+    """Per session, seconds (nan: no timeout)."""
+    grace_period: npt.NDArray[np.float64]
+    """Per session, seconds (nan: utilization not checked)."""
+    metrics: list[str]
+    """The checked metrics of every session whose utilization is checked, one session after the other."""
+    thresholds: list[float]
+    """Their thresholds, in the same order."""
+    widths: list[int]
+    """How many checked metrics each such session has."""
+
+
+def batch_of(sessions: Sequence[Judged], last: Batch | None = None) -> Batch:
+    """``sessions`` as a :class:`Batch`: ``last`` itself when it holds equal sessions (in the steady state, the very
+    same objects: one comparison of identities per session)."""
+    if last is not None and last.sessions == sessions:
+        return last
     ids: dict[int, int] = {}
     distinct: list[EffectivePolicy] = []
     policy_at: list[int] = []
@@ -139,21 +143,55 @@ def evaluate_many(
             metrics.extend(judged.checked)
             thresholds.extend(judged.checked.values())
             widths.append(len(judged.checked))
-    if len(averages) != len(thresholds) or len(to_fill) != len(widths):
-        raise ValueError("one average per checked metric, one to_fill per session checked")
     at = np.array(policy_at, np.intp)
-    started = np.array([judged.started for judged in sessions])
-    nan = math.nan
-    lifetime_left = started + _per_policy(distinct, _lifetime_limit)[at] - now
+    return Batch(
+        list(sessions),
+        np.array([judged.started for judged in sessions], np.float64),
+        _per_policy(distinct, _lifetime_limit)[at],
+        _per_policy(distinct, _network_timeout)[at],
+        _per_policy(distinct, _grace_period)[at],
+        metrics,
+        thresholds,
+        widths,
+    )
+
+
+def evaluate_many(
+    now: float,
+    sessions: Batch | Sequence[Judged],
+    last_activity: Sequence[float],
+    open_connections: Sequence[int],
+    averages: Sequence[float | None],
+    to_fill: Sequence[float],
+) -> list[Verdict]:
+    """:func:`evaluate` of many sessions at once, at ``now`` (unix seconds): the same verdicts on the same facts (the
+    reference, kept as it was), the deadlines worked out as arrays and only the records built per session.
+
+    Per session, in the order of ``sessions`` (a :class:`Batch` of them, or the sessions themselves):
+    ``last_activity``, its last user traffic in unix seconds (nan if none yet), and ``open_connections``, its app
+    connections open now. ``averages``: the checked metrics' window averages of every session whose utilization is
+    checked, one session after the other (each in the order of its ``checked``); ``to_fill``: per such session, the
+    seconds until every one of its metrics' window is full and fresh. Every sum and difference is the one
+    :func:`evaluate` computes, in the same order, in the same float64: the countdowns are equal to the last bit."""
+    batch = sessions if isinstance(sessions, Batch) else batch_of(sessions)
+    count = len(batch.sessions)
+    if not count:
+        return []
+    if len(last_activity) != count or len(open_connections) != count:
+        raise ValueError("one last activity and one count of open connections per session")
+    if len(averages) != len(batch.thresholds) or len(to_fill) != len(batch.widths):
+        raise ValueError("one average per checked metric, one to_fill per session checked")
+    started, judged = batch.started, batch.sessions
+    lifetime_left = started + batch.lifetime_limit - now
     last = np.array(last_activity, np.float64)
     since = np.where(np.isnan(last), started, np.maximum(last, started))
-    network_left = _per_policy(distinct, _network_timeout)[at] - np.maximum(0.0, now - since)
-    grace_left = started + _per_policy(distinct, _grace_period)[at] - now
-    below = np.array([nan if a is None else a for a in averages]) < np.array(thresholds)
-    lifetimes = _lifetime_reports(sessions, lifetime_left.tolist())
-    networks = _network_reports(sessions, network_left.tolist(), open_connections)
-    readings = list(map(MetricReading, metrics, averages, thresholds))
-    usages = _utilization_reports(sessions, grace_left.tolist(), readings, to_fill, below, widths)
+    network_left = batch.network_timeout - np.maximum(0.0, now - since)
+    grace_left = started + batch.grace_period - now
+    below = np.array([math.nan if a is None else a for a in averages]) < np.array(batch.thresholds)
+    lifetimes = _lifetime_reports(judged, lifetime_left.tolist())
+    networks = _network_reports(judged, network_left.tolist(), open_connections)
+    readings = list(map(MetricReading, batch.metrics, averages, batch.thresholds))
+    usages = _utilization_reports(judged, grace_left.tolist(), readings, to_fill, below, batch.widths)
     verdicts: list[Verdict] = []
     append = verdicts.append
     for reports in zip(lifetimes, networks, usages, strict=True):

@@ -108,13 +108,14 @@ def run(sweeps: list[Sweep], *, start: float = 0.0, every: float = 15.0) -> None
     other: Mapping[str, UtilizationWindow] = {}
     plain_windows: dict[str, UtilizationWindow] = {}
     derived: Mapping[str, Any] = {}
+    batch = None
     for n, (config_name, state) in enumerate(sweeps):
         config, now_s = CONFIGS[config_name], start + n * every
         sessions = [session(i, kernels) for i, (kernels, _) in state.items()]
         views = [SessionView(**{f: getattr(s, f) for f in SessionView.__dataclass_fields__}) for s in sessions]
         samples = {i: sample for i, (_, sample) in state.items()}
         swept = judge(now=at(now_s), sessions=views, config=config, windows=windows, activity=ACTIVITY,
-                      samples=samples, derived=derived)  # fmt: skip
+                      samples=samples, derived=derived, batch=batch)  # fmt: skip
         expected, plain_windows = reference(now_s, config, sessions, plain_windows, samples)
         assert swept.verdicts == expected, f"sweep {n}"
         stamp = encode(at(now_s))
@@ -126,7 +127,7 @@ def run(sweeps: list[Sweep], *, start: float = 0.0, every: float = 15.0) -> None
         slow = judge(now=at(now_s), sessions=views, config=config, windows=other, activity=ACTIVITY,
                      samples=samples, arbiter=not_evaluate)  # fmt: skip
         assert slow.verdicts == expected, f"sweep {n}, another arbiter"
-        windows, other, derived = swept.windows, slow.windows, swept.derived
+        windows, other, derived, batch = swept.windows, slow.windows, swept.derived, swept.batch
 
 
 def steady(sessions: dict[str, Any], count: int, policy: str = "base") -> list[Sweep]:

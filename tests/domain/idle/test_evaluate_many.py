@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.codec import encode
-from domain.idle.arbiter import Judged, SessionFacts, checked_thresholds, evaluate, evaluate_many
+from domain.idle.arbiter import Judged, SessionFacts, batch_of, checked_thresholds, evaluate, evaluate_many
 from domain.idle.config import EffectivePolicy, ThresholdOperator
 from domain.idle.window import UtilizationWindow
 from domain.model import SessionType
@@ -111,6 +111,10 @@ def test_the_verdicts_and_their_bytes_are_evaluates(sessions: list[tuple], now_a
     verdicts = evaluate_many(now.timestamp(), batch, last_activity, open_connections, averages, to_fill)
     assert verdicts == expected
     assert [encode(v) for v in verdicts] == [encode(v) for v in expected]
+    # the batch kept from a sweep of other sessions is not reused; one of the same sessions is
+    kept = batch_of(batch, batch_of(batch[:-1]) if batch else None)
+    assert batch_of(list(batch), kept) is kept
+    assert evaluate_many(now.timestamp(), kept, last_activity, open_connections, averages, to_fill) == expected
 
 
 @pytest.mark.parametrize("operator", list(ThresholdOperator))
