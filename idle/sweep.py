@@ -214,12 +214,17 @@ async def check_once(
     """Verdicts on ``sessions`` (all RUNNING) at ``now``, with this sweep's samples recorded (``derived`` and
     ``batch``: the last sweep's :attr:`Sweep.derived` and :attr:`Sweep.batch`)."""
 
-    def slots(session: SweptSession) -> Mapping[str, Decimal]:
+    def is_sampled(session: SweptSession) -> bool:
+        """Is its utilization checked? Limits never touch utilization: the last sweep's plan says, when it was made
+        of this very view under this policy file; otherwise the policy is resolved again."""
         known = derived.get(session.id)
-        return known.slots if known is not None and known.session is session else requested_slots(session)
+        if known is None or known.session is not session:
+            return bool(checked_metrics(session, policy_for(config, session)))
+        if known.plan is not None and known.plan.config is config:
+            return bool(known.plan.metrics)
+        return bool(checked_metrics(session, policy_for(config, session), known.slots))
 
-    # limits never touch utilization
-    sampled = [s for s in sessions if checked_metrics(s, policy_for(config, s), slots(s))]
+    sampled = [s for s in sessions if is_sampled(s)]
     samples, activity, limits, clients = await asyncio.gather(
         collect_samples(nomad, sampled, concurrency=concurrency, devices=devices),
         read_activity(redis, keys, [s.id for s in sessions], now),
