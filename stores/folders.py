@@ -12,7 +12,6 @@ from datetime import datetime
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import WatchError
 
 from core.codec import decode, encode
 from core.errors import Conflict
@@ -20,6 +19,7 @@ from core.keys import Keys
 from core.lease import Fence, watch_fenced, write_fenced
 from core.replies import begin, text_set
 from core.settings import StorageSettings
+from core.transactions import transact
 from domain.storage import Folder, FolderStatus, check_count_quota, mode_for
 from domain.users import Role, User
 
@@ -45,29 +45,28 @@ class FolderStore:
         owner_key = self.keys.folders_of_owner(folder.owner_id)
         project_key = self.keys.folders_of_project(folder.project)
         name_key = self.keys.folder_name(folder.owner_id, folder.name)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(owner_key, project_key, name_key)
-                    if await pipe.exists(name_key):
-                        raise Conflict(f"you have a folder named {folder.name!r} already", field="name")
-                    check_count_quota(
-                        owned_by_user=await pipe.scard(owner_key),
-                        in_project=await pipe.scard(project_key),
-                        quota=quota,
-                    )
-                    begin(pipe)
-                    pipe.set(name_key, folder.id)
-                    self._write(pipe, folder)
-                    pipe.sadd(self.keys.folders, folder.id)
-                    pipe.sadd(owner_key, folder.id)
-                    pipe.sadd(project_key, folder.id)
-                    pipe.sadd(self.keys.folders_to_create, folder.id)
-                    self._wake_owner(pipe)
-                    await pipe.execute()
-                    return
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> None:
+            await pipe.watch(owner_key, project_key, name_key)
+            if await pipe.exists(name_key):
+                raise Conflict(f"you have a folder named {folder.name!r} already", field="name")
+            check_count_quota(
+                owned_by_user=await pipe.scard(owner_key),
+                in_project=await pipe.scard(project_key),
+                quota=quota,
+            )
+            begin(pipe)
+            pipe.set(name_key, folder.id)
+            self._write(pipe, folder)
+            pipe.sadd(self.keys.folders, folder.id)
+            pipe.sadd(owner_key, folder.id)
+            pipe.sadd(project_key, folder.id)
+            pipe.sadd(self.keys.folders_to_create, folder.id)
+            self._wake_owner(pipe)
+            await pipe.execute()
+            return
+
+        return await transact(self.redis, attempt)
 
     async def update(self, folder_id: str, mutate: Mutation, storage: StorageSettings) -> Folder | None:
         """The gateway's write: apply ``mutate`` to the folder as stored now, in one transaction that holds only if
@@ -87,33 +86,32 @@ class FolderStore:
         self, folder_id: str, mutate: Mutation, fence: Fence | None, storage: StorageSettings | None
     ) -> Folder | None:
         key = self.keys.folder(folder_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await watch_fenced(pipe, fence, key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        return None
-                    before = decode(raw, Folder)
-                    changed = mutate(before)
-                    after = before if changed is None else changed
-                    assert after.id == before.id and after.owner_id == before.owner_id
-                    if after == before and fence is None:
-                        return before
-                    new_name = self.keys.folder_name(after.owner_id, after.name)
-                    if after.name != before.name:
-                        await pipe.watch(new_name)
-                        if await pipe.exists(new_name):
-                            raise Conflict(f"you have a folder named {after.name!r} already", field="name")
-                    begin(pipe)
-                    if after != before:
-                        self._reindex(pipe, before, after, new_name, storage)
-                    if fence is not None and after.status is not FolderStatus.CREATING:
-                        pipe.srem(self.keys.folders_to_create, folder_id)
-                    await pipe.execute()
-                    return after
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> Folder | None:
+            await watch_fenced(pipe, fence, key)
+            raw = await pipe.get(key)
+            if raw is None:
+                return None
+            before = decode(raw, Folder)
+            changed = mutate(before)
+            after = before if changed is None else changed
+            assert after.id == before.id and after.owner_id == before.owner_id
+            if after == before and fence is None:
+                return before
+            new_name = self.keys.folder_name(after.owner_id, after.name)
+            if after.name != before.name:
+                await pipe.watch(new_name)
+                if await pipe.exists(new_name):
+                    raise Conflict(f"you have a folder named {after.name!r} already", field="name")
+            begin(pipe)
+            if after != before:
+                self._reindex(pipe, before, after, new_name, storage)
+            if fence is not None and after.status is not FolderStatus.CREATING:
+                pipe.srem(self.keys.folders_to_create, folder_id)
+            await pipe.execute()
+            return after
+
+        return await transact(self.redis, attempt)
 
     def _reindex(
         self, pipe: Redis, before: Folder, after: Folder, new_name: str, storage: StorageSettings | None
@@ -216,18 +214,17 @@ class FolderStore:
         """A recount's total (``scheduler.folder_usage``), stored only while the folder is (a purge that forgot
         it meanwhile leaves no usage behind)."""
         folder_key = self.keys.folder(folder_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(folder_key)
-                    if not await pipe.exists(folder_key):
-                        return
-                    begin(pipe)
-                    pipe.set(self.keys.folder_usage(folder_id), total)
-                    await pipe.execute()
-                    return
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> None:
+            await pipe.watch(folder_key)
+            if not await pipe.exists(folder_key):
+                return
+            begin(pipe)
+            pipe.set(self.keys.folder_usage(folder_id), total)
+            await pipe.execute()
+            return
+
+        return await transact(self.redis, attempt)
 
     async def ready(self) -> list[Folder]:
         """Every READY folder (the usage recount's work)."""

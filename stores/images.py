@@ -4,13 +4,14 @@ written in the transaction that asks (``domain.images``)."""
 from __future__ import annotations
 
 from redis.asyncio import Redis
-from redis.exceptions import WatchError
+from redis.asyncio.client import Pipeline
 
 from core.codec import decode, encode
 from core.errors import Conflict
 from core.keys import Keys
 from core.lease import Fence, watch_fenced
 from core.replies import begin, text_set
+from core.transactions import transact
 from domain.images import CommittedImage, ImageStatus, may_use_image
 from domain.users import User
 
@@ -45,25 +46,24 @@ class ImageStore:
         None: there is none. CONFLICT while it is still being committed (its ``docker commit`` would race the
         ``docker rmi``); an image DELETING already is returned as it is."""
         key = self.keys.image(image_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        return None
-                    image = decode(raw, CommittedImage)
-                    if image.status is ImageStatus.COMMITTING:
-                        raise Conflict("the image is still being committed: delete it once it is READY or FAILED")
-                    if image.status is ImageStatus.DELETING:
-                        return image
-                    deleting = image.evolve(status=ImageStatus.DELETING)
-                    begin(pipe)
-                    self._ask(pipe, deleting)
-                    await pipe.execute()
-                    return deleting
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> CommittedImage | None:
+            await pipe.watch(key)
+            raw = await pipe.get(key)
+            if raw is None:
+                return None
+            image = decode(raw, CommittedImage)
+            if image.status is ImageStatus.COMMITTING:
+                raise Conflict("the image is still being committed: delete it once it is READY or FAILED")
+            if image.status is ImageStatus.DELETING:
+                return image
+            deleting = image.evolve(status=ImageStatus.DELETING)
+            begin(pipe)
+            self._ask(pipe, deleting)
+            await pipe.execute()
+            return deleting
+
+        return await transact(self.redis, attempt)
 
     async def done(self, acted: CommittedImage, result: CommittedImage | None, fence: Fence | None) -> bool:
         """The job owner's write once it acted on ``acted`` (as it read it): ``result`` stored (None: the image is
@@ -71,25 +71,24 @@ class ImageStore:
         Only if the image is still as acted on: if it was asked something else meanwhile, nothing is written and the
         request stays for the next round (False)."""
         key = self.keys.image(acted.id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await watch_fenced(pipe, fence, key)
-                    raw = await pipe.get(key)
-                    if raw is None or decode(raw, CommittedImage).status is not acted.status:
-                        return False
-                    begin(pipe)
-                    if result is None:
-                        pipe.delete(key)
-                        pipe.srem(self.keys.images_of_owner(acted.owner_id), acted.id)
-                        pipe.srem(self.keys.images_of_project(acted.project), acted.id)
-                    else:
-                        pipe.set(key, encode(result))
-                    pipe.srem(self.keys.images_to_act_on, acted.id)
-                    await pipe.execute()
-                    return True
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> bool:
+            await watch_fenced(pipe, fence, key)
+            raw = await pipe.get(key)
+            if raw is None or decode(raw, CommittedImage).status is not acted.status:
+                return False
+            begin(pipe)
+            if result is None:
+                pipe.delete(key)
+                pipe.srem(self.keys.images_of_owner(acted.owner_id), acted.id)
+                pipe.srem(self.keys.images_of_project(acted.project), acted.id)
+            else:
+                pipe.set(key, encode(result))
+            pipe.srem(self.keys.images_to_act_on, acted.id)
+            await pipe.execute()
+            return True
+
+        return await transact(self.redis, attempt)
 
     async def to_act_on(self) -> list[CommittedImage]:
         return await self._many(text_set(await self.redis.smembers(self.keys.images_to_act_on)))

@@ -9,11 +9,12 @@ written and again at every creation that names it.
 from __future__ import annotations
 
 from redis.asyncio import Redis
-from redis.exceptions import WatchError
+from redis.asyncio.client import Pipeline
 
 from core.codec import decode, encode
 from core.keys import Keys
 from core.replies import begin, text_hash
+from core.transactions import transact
 from domain.presets import ResourcePreset
 
 
@@ -41,18 +42,17 @@ class PresetStore:
         """Store ``preset``; with ``create`` only when the name is free, else only when it exists. False otherwise."""
         if create:
             return bool(await self.redis.hsetnx(self.keys.resource_presets, preset.name, encode(preset)))
-        while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(self.keys.resource_presets)
-                    if not await pipe.hexists(self.keys.resource_presets, preset.name):
-                        return False
-                    begin(pipe)
-                    pipe.hset(self.keys.resource_presets, preset.name, encode(preset))
-                    await pipe.execute()
-                    return True
-                except WatchError:
-                    continue  # another write in between: look again
+
+        async def attempt(pipe: Pipeline) -> bool:
+            await pipe.watch(self.keys.resource_presets)
+            if not await pipe.hexists(self.keys.resource_presets, preset.name):
+                return False
+            begin(pipe)
+            pipe.hset(self.keys.resource_presets, preset.name, encode(preset))
+            await pipe.execute()
+            return True
+
+        return await transact(self.redis, attempt)
 
     async def delete(self, name: str) -> bool:
         return bool(await self.redis.hdel(self.keys.resource_presets, name))

@@ -19,12 +19,13 @@ from datetime import datetime
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import WatchError
+from redis.asyncio.client import Pipeline
 
 from core.codec import decode, encode
 from core.keys import Keys
 from core.lease import Fence, watch_fenced
 from core.replies import begin, optional_texts, ranked
+from core.transactions import transact
 from domain.access import can_access
 from domain.schedules import Run, Schedule
 from domain.users import Role, User
@@ -116,22 +117,21 @@ class ScheduleStore:
     async def update(self, schedule_id: str, mutate: Callable[[Schedule], Schedule]) -> Schedule | None:
         """Apply ``mutate`` (pure; may run again on a conflict) to the stored schedule; None if there is none."""
         key = self.keys.schedule(schedule_id)
-        while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        return None
-                    after = mutate(decode(raw, Schedule))
-                    begin(pipe)
-                    pipe.set(key, encode(after))
-                    self._index_due(pipe, after)
-                    self._wake(pipe)
-                    await pipe.execute()
-                    return after
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> Schedule | None:
+            await pipe.watch(key)
+            raw = await pipe.get(key)
+            if raw is None:
+                return None
+            after = mutate(decode(raw, Schedule))
+            begin(pipe)
+            pipe.set(key, encode(after))
+            self._index_due(pipe, after)
+            self._wake(pipe)
+            await pipe.execute()
+            return after
+
+        return await transact(self.redis, attempt)
 
     async def delete(self, schedule: Schedule) -> None:
         """Forget the schedule and its history (the sessions it created stay)."""
@@ -151,41 +151,38 @@ class ScheduleStore:
         doc_keys = [self.keys.schedule(s.schedule_id) for s in settlements]
         checked = [s for s in settlements if s.owner_token]
         token_keys = [self.keys.client_token(*s.owner_token) for s in checked if s.owner_token]
-        while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await watch_fenced(pipe, fence, *doc_keys, *token_keys)
-                    raws = await pipe.mget(doc_keys) if doc_keys else []
-                    used = await pipe.mget(token_keys) if token_keys else []
-                    again = {s.schedule_id for s, u in zip(checked, used, strict=True) if u}
-                    begin(pipe)
-                    merged = Coalesced(pipe)  # one ZADD of the due index, one MSET, one script for the histories
-                    for settlement, raw in zip(settlements, optional_texts(raws), strict=True):
-                        if raw is None or settlement.schedule_id in again:
-                            continue
-                        read = settlement.read
-                        before = read[1] if read is not None and read[0] == raw else decode(raw, Schedule)
-                        held = before.trigger_at if settlement.triggered else before.next_due
-                        if held != settlement.handled:
-                            self._index_due(merged.as_pipe(), before)  # settled by another runner: index only
-                            continue
-                        after = before.evolve(
-                            **settlement.change(before), recorded=before.recorded + len(settlement.records)
-                        )
-                        merged.set(self.keys.schedule(after.id), encode(after))
-                        self._index_due(merged.as_pipe(), after)
-                        runs_key = self.keys.schedule_runs(after.id)
-                        if settlement.records:
-                            merged.lpush(runs_key, *(encode(r) for r in settlement.records))
-                            if after.recorded > self.history_length and after.recorded // TRIM_EVERY != (
-                                before.recorded // TRIM_EVERY
-                            ):
-                                merged.ltrim(runs_key, 0, self.history_length - 1)
-                    merged.flush()
-                    await pipe.execute()
-                    return sorted(again)
-                except WatchError:
+
+        async def attempt(pipe: Pipeline) -> list[str]:
+            await watch_fenced(pipe, fence, *doc_keys, *token_keys)
+            raws = await pipe.mget(doc_keys) if doc_keys else []
+            used = await pipe.mget(token_keys) if token_keys else []
+            again = {s.schedule_id for s, u in zip(checked, used, strict=True) if u}
+            begin(pipe)
+            merged = Coalesced(pipe)  # one ZADD of the due index, one MSET, one script for the histories
+            for settlement, raw in zip(settlements, optional_texts(raws), strict=True):
+                if raw is None or settlement.schedule_id in again:
                     continue
+                read = settlement.read
+                before = read[1] if read is not None and read[0] == raw else decode(raw, Schedule)
+                held = before.trigger_at if settlement.triggered else before.next_due
+                if held != settlement.handled:
+                    self._index_due(merged.as_pipe(), before)  # settled by another runner: index only
+                    continue
+                after = before.evolve(**settlement.change(before), recorded=before.recorded + len(settlement.records))
+                merged.set(self.keys.schedule(after.id), encode(after))
+                self._index_due(merged.as_pipe(), after)
+                runs_key = self.keys.schedule_runs(after.id)
+                if settlement.records:
+                    merged.lpush(runs_key, *(encode(r) for r in settlement.records))
+                    if after.recorded > self.history_length and after.recorded // TRIM_EVERY != (
+                        before.recorded // TRIM_EVERY
+                    ):
+                        merged.ltrim(runs_key, 0, self.history_length - 1)
+            merged.flush()
+            await pipe.execute()
+            return sorted(again)
+
+        return await transact(self.redis, attempt)
 
     async def wait_for_news(self, timeout: float) -> None:
         """Block until a schedule is created, changed or triggered, at most ``timeout`` seconds."""

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Literal, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import WatchError
+from redis.asyncio.client import Pipeline
 
 from core.codec import decode, encode
 from core.errors import Conflict
 from core.keys import Keys
 from core.lease import Fence, watch_fenced
 from core.replies import begin, optional_texts, ranked, text_set
+from core.transactions import transact
 from domain.model import Session, SessionResult, SessionStatus
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
@@ -107,32 +109,31 @@ class SessionStore:
         owner = sessions[0].owner_id
         token_key = self.keys.client_token(owner, client_token) if client_token else None
         name_keys = [self.keys.live_name(s.owner_id, s.name) for s in sessions]
-        while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    owner_index = self.keys.sessions_of_owner(owner) if admit else None
-                    watched = [k for k in (token_key, *name_keys, owner_index) if k]
-                    await pipe.watch(*watched)
-                    if token_key and (earlier := await pipe.get(token_key)):
-                        found = await self.get_many(decode(earlier, list[str]))
-                        return [s for s in found if s is not None]
-                    if admit:
-                        await admit(self)
-                    for session, name_key in zip(sessions, name_keys, strict=True):
-                        if await pipe.exists(name_key):
-                            raise Conflict(f"you already have a live session named {session.name!r}", field="name")
-                    begin(pipe)
-                    for session, name_key in zip(sessions, name_keys, strict=True):
-                        self._write_new(pipe, session, name_key)
-                    if token_key:
-                        pipe.set(token_key, encode([s.id for s in sessions]))
-                    pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
-                    pipe.rpush(self.keys.scheduler_wakeup, "created")
-                    pipe.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
-                    await pipe.execute()
-                    return list(sessions)
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> list[Session]:
+            owner_index = self.keys.sessions_of_owner(owner) if admit else None
+            watched = [k for k in (token_key, *name_keys, owner_index) if k]
+            await pipe.watch(*watched)
+            if token_key and (earlier := await pipe.get(token_key)):
+                found = await self.get_many(decode(earlier, list[str]))
+                return [s for s in found if s is not None]
+            if admit:
+                await admit(self)
+            for session, name_key in zip(sessions, name_keys, strict=True):
+                if await pipe.exists(name_key):
+                    raise Conflict(f"you already have a live session named {session.name!r}", field="name")
+            begin(pipe)
+            for session, name_key in zip(sessions, name_keys, strict=True):
+                self._write_new(pipe, session, name_key)
+            if token_key:
+                pipe.set(token_key, encode([s.id for s in sessions]))
+            pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
+            pipe.rpush(self.keys.scheduler_wakeup, "created")
+            pipe.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
+            await pipe.execute()
+            return list(sessions)
+
+        return await transact(self.redis, attempt)
 
     async def create_each(self, batches: Sequence[tuple[Sequence[Session], str]]) -> dict[str, list[str] | Conflict]:
         """Store many creations at once, each with its own client token (a schedule runner's runs; no admission
@@ -208,26 +209,23 @@ class SessionStore:
             return 0
         ids = ranked(await self.redis.zrange(self.keys.sessions_by_created, 0, -1))
         for start in range(0, len(ids), REINDEX_BATCH):
-            doc_keys = [self.keys.session(i) for i in ids[start : start + REINDEX_BATCH]]
-            while True:
-                async with self.redis.pipeline(transaction=True) as pipe:
-                    try:
-                        await pipe.watch(*doc_keys)
-                        raws = await pipe.mget(doc_keys)
-                        begin(pipe)
-                        for session in (decode(raw, Session) for raw in raws if raw):
-                            self._index_for_listing(pipe, session)
-                            if session.terminated_at:
-                                pipe.zadd(
-                                    self.keys.sessions_by_terminated, {session.id: session.terminated_at.timestamp()}
-                                )
-                        pipe.incr(self.keys.sessions_version)
-                        await pipe.execute()
-                        break
-                    except WatchError:
-                        continue
+            await transact(
+                self.redis,
+                partial(self._index_batch, [self.keys.session(i) for i in ids[start : start + REINDEX_BATCH]]),
+            )
         await self.redis.set(self.keys.listing_indexes_version, LISTING_INDEXES_VERSION)
         return len(ids)
+
+    async def _index_batch(self, doc_keys: list[str], pipe: Pipeline) -> None:
+        await pipe.watch(*doc_keys)
+        raws = await pipe.mget(doc_keys)
+        begin(pipe)
+        for session in (decode(raw, Session) for raw in raws if raw):
+            self._index_for_listing(pipe, session)
+            if session.terminated_at:
+                pipe.zadd(self.keys.sessions_by_terminated, {session.id: session.terminated_at.timestamp()})
+        pipe.incr(self.keys.sessions_version)
+        await pipe.execute()
 
     def _index_for_listing(self, pipe: Redis, session: Session) -> None:
         """The listing's indexes of a new session (``domain.listing`` plans queries over them)."""
@@ -258,32 +256,31 @@ class SessionStore:
         job owner, in the same transaction, to stop (or purge) the session's job if it has one and is now stopping.
         """
         key = self.keys.session(session_id)
-        while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await watch_fenced(pipe, fence, key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        return None
-                    before = decode(raw, Session)
-                    after = mutate(before)
-                    if after is None or after == before:
-                        return before
-                    name_key = self.keys.live_name(before.owner_id, before.name)
-                    name_owner = await pipe.get(name_key)
-                    new_name_key = self.keys.live_name(after.owner_id, after.name)
-                    if after.name != before.name and await pipe.exists(new_name_key):
-                        raise Conflict(f"you already have a live session named {after.name!r}", field="name")
-                    begin(pipe)
-                    pipe.set(key, encode(after))
-                    self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
-                    if stop_job is not None and after.nomad_job_id and after.status in STOPPING:
-                        self._ask_to_stop(pipe, after.id, stop_job)
-                    pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
-                    await pipe.execute()
-                    return after
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> Session | None:
+            await watch_fenced(pipe, fence, key)
+            raw = await pipe.get(key)
+            if raw is None:
+                return None
+            before = decode(raw, Session)
+            after = mutate(before)
+            if after is None or after == before:
+                return before
+            name_key = self.keys.live_name(before.owner_id, before.name)
+            name_owner = await pipe.get(name_key)
+            new_name_key = self.keys.live_name(after.owner_id, after.name)
+            if after.name != before.name and await pipe.exists(new_name_key):
+                raise Conflict(f"you already have a live session named {after.name!r}", field="name")
+            begin(pipe)
+            pipe.set(key, encode(after))
+            self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
+            if stop_job is not None and after.nomad_job_id and after.status in STOPPING:
+                self._ask_to_stop(pipe, after.id, stop_job)
+            pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
+            await pipe.execute()
+            return after
+
+        return await transact(self.redis, attempt)
 
     def _reindex(self, pipe: Redis, before: Session, after: Session, owned_name_key: str | None) -> None:
         if before.status is SessionStatus.PENDING and after.status is not SessionStatus.PENDING:

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from redis.asyncio import Redis
-from redis.exceptions import WatchError
+from redis.asyncio.client import Pipeline
 from redis.typing import EncodableT
 
 from core.clock import from_unix, utcnow
@@ -29,6 +29,7 @@ from core.keys import Keys
 from core.replies import begin, optional_text, optional_texts, text_hash, text_set
 from core.secrets import write_private
 from core.settings import GatewaySettings
+from core.transactions import transact
 from domain.users import BOOTSTRAP_ADMIN_ID, BOOTSTRAP_TOKEN_ID, ApiToken, Role, User, hash_token, new_secret
 
 REVOCATIONS_KEPT = 10_000
@@ -152,21 +153,20 @@ class UserStore:
 
     async def _write(self, user_id: str, decide: Callable[[User | None], User | None]) -> User | None:
         key = self.keys.user(user_id)
-        while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    before = decode(raw, User) if raw else None
-                    after = decide(before)
-                    if after is None:
-                        return None
-                    begin(pipe)
-                    self._write_user(pipe, before, after)
-                    await pipe.execute()
-                    return after
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> User | None:
+            await pipe.watch(key)
+            raw = await pipe.get(key)
+            before = decode(raw, User) if raw else None
+            after = decide(before)
+            if after is None:
+                return None
+            begin(pipe)
+            self._write_user(pipe, before, after)
+            await pipe.execute()
+            return after
+
+        return await transact(self.redis, attempt)
 
     def _write_user(self, pipe: Redis, before: User | None, after: User) -> None:
         pipe.set(self.keys.user(after.id), encode(after))
@@ -181,32 +181,31 @@ class UserStore:
 
         ``check`` (pure; it may raise to refuse) is run on the stored user inside the transaction."""
         key, tokens_key = self.keys.user(user_id), self.keys.user_tokens(user_id)
-        while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(key, tokens_key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        return None
-                    before = decode(raw, User)
-                    if check is not None:
-                        check(before)
-                    token_ids = sorted(text_set(await pipe.smembers(tokens_key)))
-                    hashes = optional_texts(await pipe.hmget(self.keys.api_token_ids, token_ids)) if token_ids else []
-                    after = replace(before, active=False)
-                    begin(pipe)
-                    self._write_user(pipe, before, after)
-                    for token_hash in hashes:
-                        if token_hash:
-                            pipe.delete(self.keys.api_token(token_hash))
-                            self._announce_revocation(pipe, token_hash)
-                    if token_ids:
-                        pipe.hdel(self.keys.api_token_ids, *token_ids)
-                    pipe.delete(tokens_key)
-                    await pipe.execute()
-                    return after
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> User | None:
+            await pipe.watch(key, tokens_key)
+            raw = await pipe.get(key)
+            if raw is None:
+                return None
+            before = decode(raw, User)
+            if check is not None:
+                check(before)
+            token_ids = sorted(text_set(await pipe.smembers(tokens_key)))
+            hashes = optional_texts(await pipe.hmget(self.keys.api_token_ids, token_ids)) if token_ids else []
+            after = replace(before, active=False)
+            begin(pipe)
+            self._write_user(pipe, before, after)
+            for token_hash in hashes:
+                if token_hash:
+                    pipe.delete(self.keys.api_token(token_hash))
+                    self._announce_revocation(pipe, token_hash)
+            if token_ids:
+                pipe.hdel(self.keys.api_token_ids, *token_ids)
+            pipe.delete(tokens_key)
+            await pipe.execute()
+            return after
+
+        return await transact(self.redis, attempt)
 
     async def ensure_bootstrap_admin(self, token: str) -> User:
         """The configured superadmin, active, with ``token`` as its bootstrap token (replacing an earlier one).
@@ -272,37 +271,35 @@ class UserStore:
             "created": repr(now.timestamp()),
             **({"expires": repr(expires_at.timestamp())} if expires_at else {}),
         }
-        while True:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(user_key, tokens_key)
-                    raw = await pipe.get(user_key)
-                    if raw is None:
-                        raise NotFound(f"no user {user_id}", field="userId")
-                    if not decode(raw, User).active:
-                        raise Conflict(f"user {user_id} is deactivated: no new tokens", field="userId")
-                    adding = not await pipe.sismember(tokens_key, token_id)  # else it replaces its namesake
-                    if adding and await pipe.scard(tokens_key) >= self.max_tokens:
-                        raise QuotaExceeded(
-                            f"user {user_id} already has {self.max_tokens} tokens, the most a user "
-                            f"may have: revoke some first",
-                            field="userId",
-                        )
-                    replaced = optional_text(await pipe.hget(self.keys.api_token_ids, token_id))
-                    begin(pipe)
-                    if replaced and replaced != token_hash:
-                        pipe.delete(self.keys.api_token(replaced))
-                        self._announce_revocation(pipe, replaced)
-                    pipe.delete(self.keys.api_token(token_hash))
-                    pipe.hset(self.keys.api_token(token_hash), mapping=fields)
-                    if expires_at:  # Redis drops the record itself once it is of no use
-                        pipe.pexpireat(self.keys.api_token(token_hash), int(expires_at.timestamp() * 1000))
-                    pipe.hset(self.keys.api_token_ids, token_id, token_hash)
-                    pipe.sadd(tokens_key, token_id)
-                    await pipe.execute()
-                    return record
-                except WatchError:
-                    continue
+
+        async def attempt(pipe: Pipeline) -> ApiToken:
+            await pipe.watch(user_key, tokens_key)
+            raw = await pipe.get(user_key)
+            if raw is None:
+                raise NotFound(f"no user {user_id}", field="userId")
+            if not decode(raw, User).active:
+                raise Conflict(f"user {user_id} is deactivated: no new tokens", field="userId")
+            adding = not await pipe.sismember(tokens_key, token_id)  # else it replaces its namesake
+            if adding and await pipe.scard(tokens_key) >= self.max_tokens:
+                raise QuotaExceeded(
+                    f"user {user_id} already has {self.max_tokens} tokens, the most a user may have: revoke some first",
+                    field="userId",
+                )
+            replaced = optional_text(await pipe.hget(self.keys.api_token_ids, token_id))
+            begin(pipe)
+            if replaced and replaced != token_hash:
+                pipe.delete(self.keys.api_token(replaced))
+                self._announce_revocation(pipe, replaced)
+            pipe.delete(self.keys.api_token(token_hash))
+            pipe.hset(self.keys.api_token(token_hash), mapping=fields)
+            if expires_at:  # Redis drops the record itself once it is of no use
+                pipe.pexpireat(self.keys.api_token(token_hash), int(expires_at.timestamp() * 1000))
+            pipe.hset(self.keys.api_token_ids, token_id, token_hash)
+            pipe.sadd(tokens_key, token_id)
+            await pipe.execute()
+            return record
+
+        return await transact(self.redis, attempt)
 
     async def token(self, token_id: str) -> ApiToken | None:
         token_hash = optional_text(await self.redis.hget(self.keys.api_token_ids, token_id))
