@@ -83,7 +83,7 @@ class IdleSettings:
     lease_ttl: float = 10.0
     """Seconds the idle checker's leadership lease lives without renewal."""
     stats_concurrency: int = 32
-    """Nomad allocation-stats requests in flight at once during a sweep."""
+    """Nomad requests in flight at once during a sweep: allocation stats, and the SFTP servers' activity file."""
     window_persist_interval: float = 60.0
     """Seconds between saves of the utilization windows to Redis: a new leader resumes from them."""
 

@@ -46,12 +46,12 @@ def _warn_unmeasured(alloc_ids: Sequence[str], now: float) -> None:
 
 
 async def collect_clients_seen(
-    nomad: NomadClient, sessions: Sequence[SweptSession], *, concurrency: int
+    nomad: NomadClient, sessions: Sequence[SweptSession], *, limit: asyncio.Semaphore
 ) -> dict[str, datetime]:
     """Session id -> when its SFTP server last saw a client connected (``domain.sftp.ACTIVITY_FILE``'s modification
     time), for the SYSTEM sessions among ``sessions`` (the only SYSTEM sessions are SFTP servers) whose server saw
-    one at all: their traffic never passes through the gateway."""
-    limit = asyncio.Semaphore(concurrency)
+    one at all: their traffic never passes through the gateway. ``limit``: the sweep's bound on Nomad requests in
+    flight, shared with :func:`collect_samples`."""
 
     async def seen(session: SweptSession) -> datetime | None:
         alloc_ids = [k.alloc_id for k in session.kernels if k.alloc_id is not None]
@@ -70,10 +70,14 @@ async def collect_clients_seen(
 
 
 async def collect_samples(
-    nomad: NomadClient, sessions: Sequence[SweptSession], *, concurrency: int, devices: DeviceCatalog | None = None
+    nomad: NomadClient,
+    sessions: Sequence[SweptSession],
+    *,
+    limit: asyncio.Semaphore,
+    devices: DeviceCatalog | None = None,
 ) -> dict[str, Sample]:
-    """Session id -> metric -> percent; a session none of whose kernels answered maps to ``{}``."""
-    limit = asyncio.Semaphore(concurrency)
+    """Session id -> metric -> percent; a session none of whose kernels answered maps to ``{}``. ``limit``: the
+    sweep's bound on Nomad requests in flight, shared with :func:`collect_clients_seen`."""
 
     async def kernel(session: SweptSession, kernel: SweptKernel) -> Sample | None:
         if kernel.alloc_id is None:

@@ -225,11 +225,12 @@ async def check_once(
         return bool(checked_metrics(session, policy_for(config, session), known.slots))
 
     sampled = [s for s in sessions if is_sampled(s)]
+    in_flight = asyncio.Semaphore(concurrency)  # every Nomad request of the sweep, stats and SFTP activity alike
     samples, activity, limits, clients = await asyncio.gather(
-        collect_samples(nomad, sampled, concurrency=concurrency, devices=devices),
+        collect_samples(nomad, sampled, limit=in_flight, devices=devices),
         read_activity(redis, keys, [s.id for s in sessions], now),
         PolicyStore(redis, keys).limits_of(sessions),
-        collect_clients_seen(nomad, sessions, concurrency=concurrency),
+        collect_clients_seen(nomad, sessions, limit=in_flight),
     )
     for session_id, seen_at in clients.items():  # SFTP traffic, seen by the session's own server
         known = activity.get(session_id, NO_ACTIVITY)
