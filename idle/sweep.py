@@ -95,11 +95,8 @@ def _plan(config: IdlePolicyConfig, session: SweptSession, limits: SessionLimits
     checked = utilization.checked_by_devices.get(known.devices)
     if checked is None:
         checked = checked_thresholds(utilization, known.slots)
-    judged, shape, metrics = (
-        Judged(session.type, known.started_ts, policy, checked),
-        (utilization.window, policy.check_interval),
-        tuple(checked),
-    )
+    shape, metrics = (utilization.window, policy.check_interval), tuple(checked)
+    judged = Judged(session.type, known.started_ts, policy, checked)
     return Plan(config, policy, checked, shape, metrics, judged, (session.id, shape, metrics))
 
 
