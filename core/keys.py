@@ -71,6 +71,13 @@ class Keys:
         """SET of session ids not yet in a terminal status (reconciliation walks it)."""
         return f"{self.prefix}:sessions:live"
 
+    @property
+    def session_revisions(self) -> str:
+        """HASH of live session id -> a token that changes with every write of its document (``stores.sessions``):
+        a reader keeping decoded documents (the idle checker's ``idle.views``) reads again only those whose token
+        changed. Dropped when the session ends."""
+        return f"{self.prefix}:sessions:revisions"
+
     def pending_queue(self, resource_group: str) -> str:
         """ZSET of PENDING session ids of a resource group scored by creation time."""
         return f"{self.prefix}:queue:{resource_group}"

@@ -148,8 +148,12 @@ class IdleService:
     async def sweep(self, term: Term) -> None:
         now = utcnow()
         live_ids = sorted(await self.store.live_ids())
-        # the view, not whole sessions: the sweep reads a dozen fields of each, and decodes only changed documents
-        views = term.views.views(live_ids, await self.store.documents(live_ids))
+        # the view, not whole sessions: the sweep reads a dozen fields of each, and reads and decodes only the
+        # documents whose revision changed (the revisions first: a document read after is at least as new)
+        revisions = await self.store.revisions(live_ids)
+        stale = term.views.stale(live_ids, revisions)
+        read = dict(zip(stale, await self.store.documents(stale), strict=True))
+        views = term.views.views(live_ids, [read.get(i) for i in live_ids], revisions)
         sessions = [s for s in views if s and s.status is SessionStatus.RUNNING]
         config = self.policy.config
         result = await check_once(

@@ -7,6 +7,7 @@ session document and its indexes (live set, pending queue, name claim) never dis
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from functools import partial
@@ -48,6 +49,11 @@ Admission = Callable[["SessionStore"], Awaitable[None]]
 """A creation-time check that raises to refuse (``stores.resource_policies.pending_admission``)."""
 
 
+def revision() -> str:
+    """A fresh revision token for a session document just written (64 random bits: two writes never share one)."""
+    return secrets.token_hex(8)
+
+
 class SessionStore:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
@@ -87,6 +93,14 @@ class SessionStore:
 
     async def live_ids(self) -> set[str]:
         return text_set(await self.redis.smembers(self.keys.sessions_live))
+
+    async def revisions(self, session_ids: Sequence[str]) -> list[str | None]:
+        """Each live session's revision (``Keys.session_revisions``): a token that changes with every write of its
+        document; None for a session that has none (ended, unknown, or stored before revisions existed). Read it
+        before the documents: a document read after its token is at least as new as the token says."""
+        if not session_ids:
+            return []
+        return optional_texts(await self.redis.hmget(self.keys.session_revisions, list(session_ids)))
 
     async def ids_to_submit(self) -> set[str]:
         return text_set(await self.redis.smembers(self.keys.work_to_submit))
@@ -192,6 +206,7 @@ class SessionStore:
     def _write_new(self, pipe: Redis, session: Session, name_key: str) -> None:
         created = session.created_at.timestamp()
         pipe.set(self.keys.session(session.id), encode(session))
+        pipe.hset(self.keys.session_revisions, session.id, revision())
         pipe.set(name_key, session.id)
         pipe.zadd(self.keys.sessions_by_created, {session.id: created})
         pipe.zadd(self.keys.sessions_of_owner(session.owner_id), {session.id: created})
@@ -273,6 +288,7 @@ class SessionStore:
                 raise Conflict(f"you already have a live session named {after.name!r}", field="name")
             begin(pipe)
             pipe.set(key, encode(after))
+            pipe.hset(self.keys.session_revisions, session_id, revision())
             self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
             if stop_job is not None and after.nomad_job_id and after.status in STOPPING:
                 self._ask_to_stop(pipe, after.id, stop_job)
@@ -297,6 +313,7 @@ class SessionStore:
             pipe.zrem(self.keys.batch_deadlines, after.id)
         if after.status.is_terminal:
             pipe.srem(self.keys.sessions_live, after.id)
+            pipe.hdel(self.keys.session_revisions, after.id)
             pipe.srem(self.keys.work_to_submit, after.id)
             if owned_name_key:
                 pipe.delete(owned_name_key)

@@ -48,6 +48,26 @@ def test_an_unchanged_document_keeps_its_view_and_a_changed_one_is_read_again() 
     assert again[1] is not first[1] and again[1] is not None and again[1].started_at == at(5)
 
 
+def test_with_revisions_only_the_changed_documents_are_read() -> None:
+    cache = ViewCache()
+    ids = ["a", "b", "c", "old"]
+    revisions: list[str | None] = ["r1", "r1", "r1", None]  # "old": stored before revisions existed
+    assert cache.stale(ids, revisions) == ids  # nothing seen yet
+    first = cache.views(ids, [text(session(i)) for i in ids], revisions)
+
+    revisions = ["r1", "r2", "r1", None]
+    assert cache.stale(ids, revisions) == ["b", "old"]  # "b" was written; "old" has no revision: read every time
+    documents = [None, text(session("b", started=5)), None, text(session("old"))]  # what was read, in order
+    again = cache.views(ids, documents, revisions)
+    assert again[0] is first[0] and again[2] is first[2]  # not read: their last view
+    assert again[3] is first[3]  # read, and its text unchanged: its last view
+    assert again[1] is not first[1] and again[1] is not None and again[1].started_at == at(5)
+
+    assert cache.stale(["a", "d"], ["r1", "r1"]) == ["d"]
+    assert cache.views(["a", "d"], [None, None], ["r1", "r1"]) == [first[0], None]  # "d" has no document
+    assert cache.stale(["a", "d"], ["r1", "r1"]) == ["d"]  # nothing kept of it
+
+
 def test_a_session_read_again_after_a_gap_is_decoded_afresh() -> None:
     cache = ViewCache()
     [before] = cache.views(["a"], [text(session("a"))])
