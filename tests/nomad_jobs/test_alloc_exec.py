@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
-from nomad_jobs.alloc_exec import ExecRefused, ExecStream, Exited, Output, open_exec
+from nomad_jobs.alloc_exec import ExecFrame, ExecRefused, ExecStream, Exited, Output, open_exec
 from nomad_jobs.meta import TASK_NAME
 from tests.harness import Caravan
 from tests.kernel_sessions import DRIVERS, HOSTILE_BYTES, running_session
 
 
 async def collect(stream: ExecStream) -> tuple[bytes, bytes, int]:
+    return await collect_from(stream.frames())
+
+
+async def collect_from(frames: AsyncIterator[ExecFrame]) -> tuple[bytes, bytes, int]:
     out, err, code = bytearray(), bytearray(), -1
-    async for frame in stream.frames():
+    async for frame in frames:
         if isinstance(frame, Output):
             (out if frame.stream == "stdout" else err).extend(frame.data)
         elif isinstance(frame, Exited):
@@ -47,9 +52,19 @@ async def test_a_tty_exec_resizes_and_exits_with_its_code(caravan: Caravan, driv
     _, alloc = await running_session(caravan, driver)
     gateway = caravan.settings.for_role("gateway").nomad
     async with open_exec(gateway, alloc, TASK_NAME, ["/bin/sh"], tty=True) as stream:
-        await stream.resize(33, 101)
+        await stream.resize(33, 101)  # before the exec has started: it must hold all the same
+        # Type once the shell is up (its prompt: '#' as root in docker, '$' as nobody in exec), as a person would:
+        # a line typed ahead may run before the shell's terminal has its size (docker drops an early resize; the
+        # stream sends it again at the first output, which the typed line's own echo can be).
+        frames = stream.frames()
+        prompt = bytearray()
+        while not (b"# " in prompt or b"$ " in prompt):
+            frame = await asyncio.wait_for(anext(frames), 30)
+            assert isinstance(frame, Output), frame
+            prompt += frame.data
         await stream.send_stdin(b"stty size; echo $((6*7)); exit 5\n")
-        out, err, code = await collect(stream)
+        out, err, code = await collect_from(frames)
+        out = bytes(prompt) + out
     assert code == 5
     assert b"33 101" in out and b"\n42" in out.replace(b"\r\n", b"\n")
     assert err == b""  # a TTY merges stderr into stdout
