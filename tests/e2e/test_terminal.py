@@ -97,10 +97,14 @@ async def test_browsers_authenticate_with_a_first_message_and_the_terminal_is_ac
     mine, _ = await running_session(caravan, "EXEC", token=token)
     store = caravan.store
     async with terminal(caravan, mine, token, header=False) as ws:
+        # type at the prompt, as a person would (input typed ahead of a shell setting its terminal's mode may be
+        # discarded), and the next line once the shell has answered and prompts again
+        await until_output(ws, b"# ", b"$ ")
         await ws.send(b"echo ready\n")
-        seen = bytearray()
-        while b"ready\r\n" not in seen:
-            seen += await asyncio.wait_for(ws.recv(), 30)  # type: ignore[operator]
+        answer = await until_output(ws, b"\r\nready\r\n")  # the command's output, not the echo of the line typed
+        after = answer.split(b"\r\nready\r\n", 1)[1]
+        if b"# " not in after and b"$ " not in after:
+            await until_output(ws, b"# ", b"$ ")
         activity = (await read_activity(store.redis, store.keys, [mine], utcnow()))[mine]
         assert activity.open_connections == 1 and activity.last is not None
         await ws.send(b"exit 3\n")
