@@ -199,6 +199,8 @@ async def test_an_interactive_session_logs_app_and_terminate(caravan: Caravan, b
         d.switch_to.window(main)
         d.find_element(By.XPATH, "//button[text()='Open terminal']").click()
         text_in(d, "#terminal-state", "open")
+        # type at the shell's prompt ('$' or '#'; the banner before it has neither), as a person would
+        wait(d).until(lambda d: any(p in d.find_element(By.CSS_SELECTOR, ".xterm-rows").text for p in "$#"))
         d.find_element(By.CSS_SELECTOR, ".xterm-helper-textarea").send_keys("echo typed-$((40+2))\n")
         text_in(d, ".xterm-rows", "typed-42")  # the shell's answer, through the terminal WebSocket
         d.find_element(By.ID, "restart").click()
