@@ -32,7 +32,7 @@ from domain.idle.arbiter import (
     evaluate_many,
 )
 from domain.idle.columns import WindowColumns
-from domain.idle.config import EffectivePolicy, IdlePolicyConfig
+from domain.idle.config import IdlePolicyConfig
 from domain.idle.facts import Activity, SweptSession, checked_metrics, policy_for, requested_slots, started_at
 from domain.idle.metrics import requested_device_prefixes
 from domain.idle.verdict import Verdict
@@ -73,31 +73,28 @@ class Plan(NamedTuple):
     """How a session is judged under one policy file."""
 
     config: IdlePolicyConfig
-    policy: EffectivePolicy
-    checked: Mapping[str, float] | None
-    """Metric -> threshold judged (None or empty: utilization not checked)."""
-    shape: tuple[float, float]
-    """Its window's (seconds, interval)."""
-    metrics: tuple[str, ...]
-    """The checked metrics (empty: no window)."""
     judged: Judged
-    """What the verdicts take of the session and this plan (:func:`~domain.idle.arbiter.evaluate_many`)."""
+    """What the verdicts take of the session under that file: its policy and the thresholds judged
+    (:func:`~domain.idle.arbiter.evaluate_many`)."""
     window_key: tuple[str, tuple[float, float], tuple[str, ...]]
-    """(session id, :attr:`shape`, :attr:`metrics`): where its samples go (``WindowColumns.record_keyed``)."""
+    """(session id, its window's (seconds, interval), the checked metrics: empty when it has no window): where its
+    samples go (``WindowColumns.record_keyed``)."""
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return self.window_key[2]
 
 
 def _plan(config: IdlePolicyConfig, session: SweptSession, limits: SessionLimits | None, known: Derived) -> Plan:
     policy = policy_for(config, session, limits)
     utilization = policy.utilization
     if utilization is None:
-        judged = Judged(session.type, known.started_ts, policy, None)
-        return Plan(config, policy, None, (0.0, 0.0), (), judged, (session.id, (0.0, 0.0), ()))
+        return Plan(config, Judged(session.type, known.started_ts, policy, None), (session.id, (0.0, 0.0), ()))
     checked = utilization.checked_by_devices.get(known.devices)
     if checked is None:
         checked = checked_thresholds(utilization, known.slots)
-    shape, metrics = (utilization.window, policy.check_interval), tuple(checked)
-    judged = Judged(session.type, known.started_ts, policy, checked)
-    return Plan(config, policy, checked, shape, metrics, judged, (session.id, shape, metrics))
+    shape = (utilization.window, policy.check_interval)
+    return Plan(config, Judged(session.type, known.started_ts, policy, checked), (session.id, shape, tuple(checked)))
 
 
 class Sweep(NamedTuple):
@@ -159,8 +156,9 @@ def judge(
             if session_limits is None:
                 known = known._replace(plan=plan)
         kept[session_id] = known
-        if plan.metrics:
-            window_keys.append(plan.window_key)
+        window_key = plan.window_key
+        if window_key[2]:  # checked metrics: a window
+            window_keys.append(window_key)
             window_samples.append(samples.get(session_id, no_sample))
         ids.append(session_id)
         facts.append(plan.judged)
