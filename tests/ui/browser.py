@@ -122,6 +122,18 @@ def fill_select(driver: WebDriver, css: str, value: str) -> None:
         choices.select_by_visible_text(value)
 
 
+CLEARED = "arguments[0].dispatchEvent(new Event('input', {bubbles: true}))"
+"""Tell the page a field was emptied: WebDriver's ``clear()`` fires no ``input`` event, so without it the page's state
+keeps the old text and its next render (a list refreshing every few seconds) puts it back, before the new text."""
+
+
+def type_over(driver: WebDriver, element: WebElement, text: str) -> None:
+    """Replace a text field's content with ``text``, as the page's state sees it (see :data:`CLEARED`)."""
+    element.clear()
+    driver.execute_script(CLEARED, element)
+    element.send_keys(text)
+
+
 def fill(driver: WebDriver, fields: dict[str, str]) -> None:
     """Type into (or select in) the launcher's fields, by the form field's name (``#f-<name>``)."""
     for name, value in fields.items():
@@ -129,5 +141,4 @@ def fill(driver: WebDriver, fields: dict[str, str]) -> None:
         if element.tag_name == "select":
             fill_select(driver, f"#f-{name}", value)
         else:
-            element.clear()
-            element.send_keys(value)
+            type_over(driver, element, value)

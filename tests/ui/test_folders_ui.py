@@ -15,7 +15,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.harness import Caravan
-from tests.ui.browser import Browser, attribute_is, fill, fill_select, sign_in, text_in, visible, wait
+from tests.ui.browser import Browser, attribute_is, fill, fill_select, sign_in, text_in, type_over, visible, wait
 
 pytestmark = [pytest.mark.ui]
 
@@ -42,8 +42,7 @@ def folders_page(d: WebDriver, base: str, token: str) -> None:
 
 def type_into(d: WebDriver, css: str, text: str) -> None:
     field = visible(d, css)
-    field.clear()
-    field.send_keys(text)
+    type_over(d, field, text)
 
 
 async def test_a_folder_is_filled_downloaded_renamed_trashed_restored_and_shared_read_only(

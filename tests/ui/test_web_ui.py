@@ -16,7 +16,7 @@ from core.clock import utcnow
 from domain.users import Role
 from tests.harness import CREATE, Caravan
 from tests.idle.running import eventually, policy_file, running_idle, swept_since
-from tests.ui.browser import Browser, attribute_is, fill, fill_select, sign_in, text_in, visible, wait
+from tests.ui.browser import Browser, attribute_is, fill, fill_select, sign_in, text_in, type_over, visible, wait
 
 pytestmark = [pytest.mark.ui]
 
@@ -217,8 +217,7 @@ async def test_an_interactive_session_logs_app_and_terminate(caravan: Caravan, b
     def rename_and_terminate(d: WebDriver) -> None:
         renamed = name + "-renamed"
         rename = d.find_element(By.ID, "rename")
-        rename.clear()
-        rename.send_keys(renamed + "\n")
+        type_over(d, rename, renamed + "\n")
         text_in(d, "#session-title", renamed)
         assert d.find_element(By.CSS_SELECTOR, "#kernels .restarts").text == "1"  # read again with the rename
         d.find_element(By.ID, "terminate").click()
