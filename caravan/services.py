@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import os
 import sys
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -49,14 +50,28 @@ def serve_gateway(settings: Settings) -> None:
         "caravan.services:gateway_worker_app",
         factory=True,
         workers=settings.gateway.workers,
-        host=settings.gateway.host,
-        port=settings.gateway.port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        http=GatewayHttpProtocol,
-        timeout_graceful_shutdown=SHUTDOWN_GRACE,
+        **server_options(settings),
     )
+
+
+def server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's options for the gateway, however it is served (one process, workers, the tests' harness).
+
+    ``X-Forwarded-For``/``-Proto`` are believed only from ``CARAVAN_TRUSTED_PROXIES`` (uvicorn's own default trusts
+    them from any local client, which could then pick the address the anonymous rate limit counts); with none set,
+    uvicorn does not read them at all."""
+    proxies = list(settings.gateway.trusted_proxies)
+    return {
+        "host": settings.gateway.host,
+        "port": settings.gateway.port,
+        "log_level": "warning",
+        "access_log": False,
+        "lifespan": "on",
+        "http": GatewayHttpProtocol,
+        "timeout_graceful_shutdown": SHUTDOWN_GRACE,
+        "proxy_headers": bool(proxies),
+        "forwarded_allow_ips": proxies or [],
+    }
 
 
 def gateway_worker_app() -> Starlette:
@@ -72,16 +87,7 @@ def gateway_worker_app() -> Starlette:
 
 def gateway_config(settings: Settings) -> uvicorn.Config:
     """The single-process gateway's server: ``loop="auto"`` (uvloop when installed, asyncio's loop otherwise)."""
-    return uvicorn.Config(
-        create_app(settings),
-        host=settings.gateway.host,
-        port=settings.gateway.port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        http=GatewayHttpProtocol,
-        timeout_graceful_shutdown=SHUTDOWN_GRACE,
-    )
+    return uvicorn.Config(create_app(settings), **server_options(settings))
 
 
 async def run_scheduler(settings: Settings) -> None:

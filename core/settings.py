@@ -5,6 +5,7 @@ Every variable is prefixed ``CARAVAN_``; nothing deeper in the code reads ``os.e
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -58,6 +59,11 @@ class GatewaySettings:
     app_upstream_timeout: float = 300.0
     """Seconds the app proxy waits for an app to answer, or for the next bytes of its body, before giving up: 504
     before the response started, a cut stream after (``CARAVAN_APP_UPSTREAM_TIMEOUT``)."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Addresses or networks of the ingress in front of the gateway (``CARAVAN_TRUSTED_PROXIES``, comma-separated):
+    only a connection from one of them may name the client with ``X-Forwarded-For`` and the scheme with
+    ``X-Forwarded-Proto``. None by default: every client is its connection's address (the per-address rate limit
+    counts it), whatever it sends."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             app_upstream_timeout=_positive_seconds(
                 env, "CARAVAN_APP_UPSTREAM_TIMEOUT", GatewaySettings.app_upstream_timeout
             ),
+            trusted_proxies=_networks(env, "CARAVAN_TRUSTED_PROXIES"),
         ),
         scheduler=SchedulerSettings(
             reconcile_interval=float(env.get("CARAVAN_RECONCILE_INTERVAL", SchedulerSettings.reconcile_interval)),
@@ -242,6 +249,17 @@ def _at_least_one(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{name} must be a whole number of at least 1, not {raw!r}")
     return int(raw)
+
+
+def _networks(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list of IP addresses or networks (``10.0.0.5``, ``10.0.0.0/24``, ``::1``)."""
+    entries = tuple(e.strip() for e in env.get(name, "").split(",") if e.strip())
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"{name} must list IP addresses or networks, not {entry[:60]!r}") from None
+    return entries
 
 
 def _positive_seconds(env: Mapping[str, str], name: str, default: float) -> float:

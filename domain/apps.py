@@ -9,6 +9,10 @@ so ``apps.localhost`` works with no DNS set-up; an operator serving other machin
 gateway and sets ``CARAVAN_APPS_DOMAIN``.
 
 Preopened ports count as apps too: each is an HTTP app named ``p<port>`` unless a declared app has that port.
+
+All app origins are subdomains of one site (``apps.localhost``, or the operator's wildcard domain), so a browser sends
+an app's ``SameSite=Lax`` cookie along with requests that another app's page makes: the gateway itself refuses the
+cookie of a request that does not come from the app's own origin (:func:`cookie_may_pass`).
 """
 
 from __future__ import annotations
@@ -122,3 +126,57 @@ def published_port(kernel_ports: Iterable[str], port: int) -> tuple[str, int] | 
             if host and host_port.isdigit():
                 return host, int(host_port)
     return None
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD"})
+"""Methods a browser may send without an ``Origin`` header (every other method, and every WebSocket, carries one)."""
+
+
+def cookie_may_pass(
+    *,
+    host: str,
+    method: str,
+    websocket: bool,
+    origin: str | None,
+    fetch_site: str | None,
+    fetch_mode: str | None,
+    fetch_dest: str | None,
+) -> bool:
+    """Whether a request to the app at ``host`` (its ``Host`` header: name and port as the browser wrote them) may
+    be authenticated by the app's cookie, judged from what the browser says of where the request comes from: its
+    ``Origin`` and ``Sec-Fetch-Site``/``-Mode``/``-Dest`` headers (None: not sent). A page cannot set or change
+    these headers; a request refused here is refused whatever cookie it carries. In order:
+
+    1. An ``Origin`` other than ``null`` must name this host and port (the scheme is not compared: behind a TLS
+       ingress the gateway may see plain HTTP). ``null`` (a sandboxed frame, or a page whose referrer policy hides
+       its origin) decides nothing alone.
+    2. With ``Sec-Fetch-Site`` (browsers send it to https and ``*.localhost`` origins): ``same-origin`` (the app's own
+       pages) and ``none`` (typed address, bookmark) pass; ``same-site``/``cross-site`` only as a top-level
+       navigation (``GET``, mode ``navigate``, destination ``document``: a link or a redirect to the app, as
+       ``SameSite=Lax`` allows), never a frame, a subresource (``<img>``, ``<script>``, ``fetch``), a form POST or a
+       WebSocket.
+    3. Without it (an older browser, or plain http to another host), a WebSocket or a method other than GET/HEAD
+       must have passed 1 with an ``Origin`` (browsers always send one then); a GET or HEAD without ``Origin`` passes
+       (nothing tells it apart from a navigation: serve apps over https so browsers send ``Sec-Fetch-Site``).
+    """
+    if origin is not None and origin != "null" and not _same_host(origin, host):
+        return False
+    if fetch_site is not None:
+        if fetch_site in ("same-origin", "none"):
+            return True
+        return (
+            fetch_site in ("same-site", "cross-site")
+            and not websocket
+            and method == "GET"
+            and fetch_mode == "navigate"
+            and fetch_dest == "document"
+        )
+    if websocket or method not in SAFE_METHODS:
+        return origin is not None and origin != "null"
+    return True
+
+
+def _same_host(origin: str, host: str) -> bool:
+    """``origin`` (``scheme://host[:port]``) names ``host`` (a ``Host`` header), case aside."""
+    scheme, sep, rest = origin.partition("://")
+    return bool(sep and host) and scheme.lower() in ("http", "https") and rest.lower() == host.lower()

@@ -7,7 +7,8 @@ GET. Here those refusals carry a JSON body of GraphQL errors with ``extensions.c
 parser's limit reach the app, which has a limit of its own (``CARAVAN_GRAPHQL_MAX_URL_BYTES``,
 ``gateway.graphql.protection``).
 
-Every ``uvicorn.Config`` of the gateway passes ``http=GatewayHttpProtocol`` (``caravan.services``, the tests' harness).
+Every server of the gateway passes ``http=GatewayHttpProtocol`` (``caravan.services.server_options``, which the tests'
+harness uses too).
 """
 
 from __future__ import annotations

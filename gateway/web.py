@@ -38,6 +38,8 @@ PAGE_HEADERS = {
     ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
+    # a window this page opens (an app, on another origin) gets no handle back to it, nor it to that window
+    "Cross-Origin-Opener-Policy": "same-origin",
 }
 NOT_BUILT = (
     "the web UI is not built on this gateway: run ops/build-web (ops/install does); the GraphQL API at /graphql "

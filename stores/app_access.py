@@ -16,6 +16,7 @@ Only hashes are stored: a leak of Redis' contents opens no app.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -70,6 +71,13 @@ class AppAccessStore:
             await pipe.execute()
         return value
 
-    async def cookie_grant(self, value: str) -> AppGrant | None:
-        found = text_hash(await self.redis.hgetall(self.keys.app_cookie(hash_token(value))))
-        return AppGrant(found["token"], found["host"]) if found else None
+    async def cookie_grants(self, values: Sequence[str]) -> list[AppGrant | None]:
+        """The grant of each cookie value (None: unknown or expired), in one round trip."""
+        if not values:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for value in values:
+                pipe.hgetall(self.keys.app_cookie(hash_token(value)))
+            replies = await pipe.execute()
+        found = [text_hash(reply) for reply in replies]
+        return [AppGrant(f["token"], f["host"]) if f else None for f in found]

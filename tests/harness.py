@@ -16,14 +16,12 @@ from typing import Any
 import httpx2
 import uvicorn
 
-from caravan.services import SHUTDOWN_GRACE
+from caravan.services import gateway_config
 from caravan.stack.processes import free_port
 from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import NomadSettings, Settings
 from domain.users import Role, User
-from gateway.app import create_app
-from gateway.http_server import GatewayHttpProtocol
 from nomad_jobs.client import NomadClient, tls_context
 from scheduler.service import Scheduler
 from stores.sessions import SessionStore
@@ -211,17 +209,7 @@ async def running_caravan(
     settings = dataclasses.replace(
         settings, gateway=dataclasses.replace(settings.gateway, host="127.0.0.1", port=port, admin_token=ADMIN_TOKEN)
     )
-    server = PromptServer(
-        uvicorn.Config(
-            create_app(settings),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            lifespan="on",
-            http=GatewayHttpProtocol,
-            timeout_graceful_shutdown=SHUTDOWN_GRACE,
-        )
-    )
+    server = PromptServer(gateway_config(settings))  # as `caravan gateway` serves it
     redis = redis_client(settings.redis)  # the test's own, with the settings' (admin) credentials
     nomad = NomadClient(settings.nomad)
     keys = Keys(settings.redis.prefix)

@@ -3,7 +3,9 @@ WebSocket alike).
 
 - An app the owner made **public** needs no credentials.
 - Otherwise the request carries the caller's API token as a bearer (API clients), or the gateway's app cookie
-  (browsers, ``stores.app_access``) made for this very host. No valid credential: 401, whether or not the session
+  (browsers, ``stores.app_access``) made for this very host, on a request from the app's own origin
+  (``domain.apps.cookie_may_pass``: another app's page is same-site, so its requests would carry the cookie too;
+  they are 403 ``CROSS_ORIGIN``). No valid credential: 401, whether or not the session
   exists. A valid one whose user may not see the session (``domain.access.can_access``), an unknown session or app,
   an ended session: 404, never 403 (a session's existence is not revealed).
 - The token a credential stands for is checked at every request: a revoked token or a deactivated user is refused
@@ -48,6 +50,12 @@ class AppPass:
 
 
 NOT_FOUND = Denied(404, "NOT_FOUND", "no such app")
+CROSS_ORIGIN = Denied(
+    403,
+    "CROSS_ORIGIN",
+    "the app's cookie is accepted only from the app's own pages (Origin, Sec-Fetch-Site): this request came from "
+    "another origin",
+)
 UNAUTHENTICATED = Denied(
     401, "UNAUTHENTICATED", "send your API token as 'Authorization: Bearer <token>', or open the app's launchApp url"
 )
@@ -78,8 +86,7 @@ async def _credential(
         token = authorization[7:].strip()
         found = await stores.tokens.authenticate(token, at.monotonic, at.now) if token else None
         return (found.user, hash_token(token)) if found else None
-    for value in gateway_cookie_values(cookie_headers):
-        grant = await stores.access.cookie_grant(value)
+    for grant in await stores.access.cookie_grants(gateway_cookie_values(cookie_headers)):
         if grant is None or grant.host != host:  # another app's cookie, tossed in from its origin: not ours
             continue
         found = await stores.users.authenticate_hash(grant.token_hash)
@@ -96,16 +103,22 @@ async def authorize_app(
     session_id: str,
     authorization: str,
     cookie_headers: Iterable[str],
+    cookie_allowed: bool,
     at: Moment,
 ) -> AppPass:
     """Who passes to app ``app_name`` of ``session_id`` on ``host`` (the app's host name, no port); else
-    :class:`Denied`."""
-    credential = await _credential(stores, host, authorization, cookie_headers, at)
+    :class:`Denied`. ``cookie_allowed``: the request comes from the app's own origin (``domain.apps.cookie_may_pass``);
+    if not, its app cookies are not looked at (a public app still passes, as to anyone), and a private app answers
+    403 ``CROSS_ORIGIN`` when the request carried one."""
+    cookie_headers = list(cookie_headers)
+    credential = await _credential(stores, host, authorization, cookie_headers if cookie_allowed else (), at)
     session = await stores.sessions.get(session_id)
     app = _app(session, app_name)
     if credential is None:
         if session is not None and app is not None and app.public:
             return AppPass(session, app, None, None)
+        if not cookie_allowed and gateway_cookie_values(cookie_headers):
+            raise CROSS_ORIGIN
         raise UNAUTHENTICATED
     user, token_hash = credential
     if session is None or app is None or not can_access(user, session.owner_id, session.project):

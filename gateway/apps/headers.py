@@ -29,8 +29,11 @@ HOP_BY_HOP = frozenset(
 )
 COOKIE_NAME = "caravan_app"
 """The gateway's app cookie (``stores.app_access``)."""
-MAX_COOKIE_CANDIDATES = 4
-"""Values of the gateway's cookie tried per request (another app's origin may toss in cookies of that name)."""
+MAX_COOKIE_CANDIDATES = 200
+"""Values of the gateway's cookie tried per request, in one Redis round trip: another app's origin may toss in
+cookies of that name (``Domain=`` the apps' parent domain), and the user's own must still be found among them. Over
+what a browser sends to one site (Chromium and Firefox keep at most 180 cookies per site), so a browser's request
+never has its real cookie cut off; it bounds what a crafted request costs."""
 
 Headers = Sequence[tuple[str, str]]
 
@@ -101,14 +104,16 @@ def without_gateway_cookie(cookie_header: str) -> str:
 
 def gateway_cookie_values(cookie_headers: Iterable[str]) -> list[str]:
     """The values of the gateway's cookie in a request's ``Cookie`` headers (several, if another origin tossed in
-    some), at most :data:`MAX_COOKIE_CANDIDATES`."""
-    values: list[str] = []
+    some), each once, in order, at most :data:`MAX_COOKIE_CANDIDATES`."""
+    values: dict[str, None] = {}
     for header in cookie_headers:
         for part in header.split(";"):
             name, sep, value = part.partition("=")
             if sep and name.strip() == COOKIE_NAME and value.strip():
-                values.append(value.strip())
-    return values[:MAX_COOKIE_CANDIDATES]
+                values[value.strip()] = None
+                if len(values) == MAX_COOKIE_CANDIDATES:
+                    return list(values)
+    return list(values)
 
 
 def app_cookie(value: str, ttl: int, *, secure: bool) -> str:

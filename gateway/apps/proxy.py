@@ -5,7 +5,8 @@ HTTP goes to the kernel's Nomad host port through one ``httpx2`` client (a keep-
 response bodies streamed chunk by chunk in both directions (never held whole: uploads, downloads, SSE), any method.
 An upstream that refuses or drops the connection is 502, one that does not answer in time 504, a kernel that has no
 published port yet 503, each with a JSON body. WebSockets are relayed message by message (``websockets`` client to
-the app), and close when the credential's token is revoked (``gateway.revocations``).
+the app), and close when the credential's token is revoked (``gateway.revocations``). A request that carries the
+app's cookie passes only from the app's own origin (``domain.apps.cookie_may_pass``; else 403 ``CROSS_ORIGIN``).
 
 ``/.caravan/launch?code=`` on an app origin is the gateway's own: it exchanges a ``launchApp`` code for the app's
 cookie (``stores.app_access``) and redirects to the app's root.
@@ -33,7 +34,7 @@ from websockets.typing import Subprotocol
 
 from core.clock import utcnow
 from core.settings import Settings
-from domain.apps import parse_app_host, published_port
+from domain.apps import cookie_may_pass, parse_app_host, published_port
 from domain.model import SessionStatus
 from gateway.apps.access import AppPass, AppStores, Denied, Moment, authorize_app
 from gateway.apps.activity import REFRESH_INTERVAL, TrafficRecorder
@@ -77,11 +78,13 @@ class AppRelay:
         await self.client.aclose()
 
 
+def _optional_header(scope: Scope, name: bytes) -> str | None:
+    """The first ``name`` header's value, or None when the request has none."""
+    return next((str(v.decode("latin-1")) for k, v in scope["headers"] if k == name), None)
+
+
 def _header(scope: Scope, name: bytes) -> str:
-    for key, value in scope["headers"]:
-        if key == name:
-            return str(value.decode("latin-1"))
-    return ""
+    return _optional_header(scope, name) or ""
 
 
 def _headers(scope: Scope) -> list[tuple[str, str]]:
@@ -118,6 +121,20 @@ class AppProxy:
         await self.app(scope, receive, send)
 
 
+def _from_own_origin(scope: Scope) -> bool:
+    """Whether the request comes from the app's own origin, as far as its browser's headers tell
+    (``domain.apps.cookie_may_pass``)."""
+    return cookie_may_pass(
+        host=_header(scope, b"host"),
+        method=scope.get("method", "GET"),
+        websocket=scope["type"] == "websocket",
+        origin=_optional_header(scope, b"origin"),
+        fetch_site=_optional_header(scope, b"sec-fetch-site"),
+        fetch_mode=_optional_header(scope, b"sec-fetch-mode"),
+        fetch_dest=_optional_header(scope, b"sec-fetch-dest"),
+    )
+
+
 async def _authorize(relay: AppRelay, scope: Scope, hostname: str, app: str, session_id: str) -> AppPass:
     cookies = [v.decode("latin-1") for k, v in scope["headers"] if k == b"cookie"]
     return await authorize_app(
@@ -127,6 +144,7 @@ async def _authorize(relay: AppRelay, scope: Scope, hostname: str, app: str, ses
         session_id=session_id,
         authorization=_header(scope, b"authorization"),
         cookie_headers=cookies,
+        cookie_allowed=_from_own_origin(scope),
         at=Moment(time.monotonic(), utcnow()),
     )
 

@@ -19,3 +19,12 @@ def test_a_redis_idle_timeout_that_is_not_a_positive_number_is_refused(value: st
         load_settings({"CARAVAN_REDIS_IDLE_TIMEOUT": value})
     assert load_settings({"CARAVAN_REDIS_IDLE_TIMEOUT": "2.5"}).redis.idle_timeout == 2.5
     assert load_settings({}).redis.idle_timeout == 30.0
+
+
+def test_trusted_proxies_are_none_unless_listed_and_must_be_addresses() -> None:
+    assert load_settings({}).gateway.trusted_proxies == ()
+    listed = load_settings({"CARAVAN_TRUSTED_PROXIES": " 10.0.0.5, 10.1.0.0/16,::1 ,"}).gateway.trusted_proxies
+    assert listed == ("10.0.0.5", "10.1.0.0/16", "::1")
+    for value in ("*", "ingress.local", "10.0.0.0/99"):
+        with pytest.raises(ValueError, match="CARAVAN_TRUSTED_PROXIES must list IP addresses or networks"):
+            load_settings({"CARAVAN_TRUSTED_PROXIES": value})

@@ -7,9 +7,19 @@ import uuid
 import pytest
 
 from core.errors import InvalidInput
-from domain.apps import App, AppProtocol, app_host, checked_apps, parse_app_host, published_port, session_apps
+from domain.apps import (
+    App,
+    AppProtocol,
+    app_host,
+    checked_apps,
+    cookie_may_pass,
+    parse_app_host,
+    published_port,
+    session_apps,
+)
 from gateway.apps.activity import ActivityGate
 from gateway.apps.headers import (
+    MAX_COOKIE_CANDIDATES,
     downstream_response_headers,
     gateway_cookie_values,
     upstream_request_headers,
@@ -106,6 +116,73 @@ def test_every_candidate_cookie_is_found() -> None:
         "real",
         "third",
     ]
+
+
+def test_every_candidate_cookie_is_tried_once_up_to_more_than_a_browser_sends() -> None:
+    decoys = [f"caravan_app=decoy{i}" for i in range(MAX_COOKIE_CANDIDATES + 50)]
+    assert gateway_cookie_values(["; ".join(["caravan_app=same"] * 10 + decoys[:5] + ["caravan_app=real"])]) == [
+        "same",
+        *[f"decoy{i}" for i in range(5)],
+        "real",
+    ]
+    assert len(gateway_cookie_values(["; ".join(decoys)])) == MAX_COOKIE_CANDIDATES >= 180  # a browser's per-site cap
+
+
+HOST = f"web--{SID}.apps.localhost:8420"
+OWN = f"http://{HOST}"
+OTHER = f"http://bob--{SID}.apps.localhost:8420"
+# (method, websocket, Origin, Sec-Fetch-Site, Sec-Fetch-Mode, Sec-Fetch-Dest) -> may the app's cookie count
+ORIGIN_RULE = [
+    # the app's own pages: subresources, fetch, forms, WebSockets
+    (("GET", False, None, "same-origin", "no-cors", "image"), True),
+    (("POST", False, OWN, "same-origin", "cors", "empty"), True),
+    (("POST", False, "null", "same-origin", "navigate", "iframe"), True),  # a no-referrer page's form
+    (("GET", True, OWN, "same-origin", "websocket", "websocket"), True),
+    (("GET", True, OWN.upper(), None, None, None), True),
+    (("GET", False, f"https://{HOST}", "same-origin", "cors", "empty"), True),  # TLS ended by an ingress
+    # typed, bookmarked, or a link or redirect to the app from anywhere: a top-level GET navigation
+    (("GET", False, None, "none", "navigate", "document"), True),
+    (("GET", False, None, "cross-site", "navigate", "document"), True),
+    (("GET", False, None, "same-site", "navigate", "document"), True),
+    # another app's page (same site): WebSockets, POSTs, subresources, frames
+    (("GET", True, OTHER, "same-site", "websocket", "websocket"), False),
+    (("GET", True, OTHER, None, None, None), False),
+    (("POST", False, OTHER, "same-site", "navigate", "document"), False),  # a form POST
+    (("POST", False, OTHER, "same-site", "no-cors", "empty"), False),
+    (("POST", False, "null", "same-site", "navigate", "iframe"), False),
+    (("GET", False, OTHER, "same-site", "cors", "empty"), False),
+    (("GET", False, None, "same-site", "no-cors", "image"), False),
+    (("GET", False, None, "same-site", "no-cors", "script"), False),
+    (("GET", False, None, "cross-site", "no-cors", "empty"), False),
+    (("GET", False, None, "same-site", "navigate", "iframe"), False),
+    (("HEAD", False, None, "same-site", "navigate", "document"), False),
+    (("GET", False, f"http://web--{SID}.apps.localhost:8421", None, None, None), False),  # another port
+    (("GET", False, f"http://{HOST}.evil", None, None, None), False),
+    (("GET", False, "javascript:", None, None, None), False),
+    # no Sec-Fetch-* (older browsers, plain http elsewhere): what a browser always marks with Origin must have it
+    (("POST", False, None, None, None, None), False),
+    (("POST", False, "null", None, None, None), False),
+    (("GET", True, None, None, None, None), False),
+    (("POST", False, OWN, None, None, None), True),
+    (("GET", False, None, None, None, None), True),
+]
+
+
+@pytest.mark.parametrize(("request_", "passes"), ORIGIN_RULE)
+def test_the_apps_cookie_counts_only_from_the_apps_own_origin(
+    request_: tuple[str, bool, str | None, str | None, str | None, str | None], passes: bool
+) -> None:
+    method, websocket, origin, site, mode, dest = request_
+    judged = cookie_may_pass(
+        host=HOST,
+        method=method,
+        websocket=websocket,
+        origin=origin,
+        fetch_site=site,
+        fetch_mode=mode,
+        fetch_dest=dest,
+    )
+    assert judged is passes
 
 
 def test_activity_is_written_at_most_once_per_interval() -> None:

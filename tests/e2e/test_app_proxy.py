@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import os
+import secrets
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +23,7 @@ import httpx2
 import pytest
 import websockets
 from websockets.asyncio.client import connect
+from websockets.typing import Origin
 
 from core.clock import utcnow
 from core.settings import Settings
@@ -234,12 +237,54 @@ async def test_browser_launch_flow(caravan: Caravan, alice: str) -> None:
         caravan.url, json={"query": "query Me { viewer { id } }"}, headers={"Cookie": cookie}
     )
     assert graphql.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
-    # a cookie tossed in from another origin under the same name does not shadow the real one
-    tossed = await site.get("/", None, headers={"Cookie": f"caravan_app=forged; {cookie}"})
+    # cookies tossed in from another origin under the same name do not shadow the real one, however many
+    decoys = "; ".join(f"caravan_app={secrets.token_urlsafe(32)}" for _ in range(8))
+    tossed = await site.get("/", None, headers={"Cookie": f"{decoys}; {cookie}"})
     assert tossed.status_code == 200
 
     await caravan.users.deactivate("alice")  # the cookie stands for the token: refused with it
     assert (await site.get("/", None, headers={"Cookie": cookie})).status_code == 401
+
+
+async def test_the_cookie_counts_only_from_the_apps_own_origin(caravan: Caravan, alice: str) -> None:
+    """The browser's headers as Chromium sends them (tests/ui/test_app_origins_ui.py runs the browser itself)."""
+    site = await _site(caravan, alice, WEB)
+    launch = (await caravan.gql(LAUNCH, {"s": site.session_id, "a": "web"}, token=alice))["launchApp"]
+    exchanged = await site.get(launch["url"].split(site.host, 1)[1], None)
+    cookie = {"Cookie": exchanged.headers["set-cookie"].split(";", 1)[0]}
+    own = {"Origin": f"http://{site.host}"}
+    other = {"Origin": "http://" + site.host.replace(site.session_id, str(uuid.uuid4()))}
+    subresource = {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}
+    navigation = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
+
+    async def post(headers: dict[str, str], token: str | None = None) -> httpx2.Response:
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        return await caravan.http.post(
+            site.gateway("/cgi-bin/sum"), content=b"x", headers={"Host": site.host, **auth, **headers}
+        )
+
+    for refused in (
+        await site.get("/", None, headers={**cookie, **other}),
+        await site.get("/", None, headers={**cookie, **subresource}),
+        await post({**cookie, **other}),
+        await post({**cookie, **other, **navigation, "Sec-Fetch-Site": "same-site"}),  # a form POST
+        await post(cookie),  # a browser always says where a POST comes from
+    ):
+        assert refused.status_code == 403
+        assert refused.json() == {"error": {"code": "CROSS_ORIGIN", "message": refused.json()["error"]["message"]}}
+    for passed in (
+        await site.get("/", None, headers=cookie),
+        await site.get("/", None, headers={**cookie, **navigation}),  # a link to the app, from anywhere
+        await site.get("/", None, headers={**cookie, **subresource, "Sec-Fetch-Site": "same-origin"}),
+        await post({**cookie, **own}),
+        await post({**cookie, **own, "Sec-Fetch-Site": "same-origin"}),
+        await post(other, token=alice),  # a bearer token is not sent by a browser on its own: no origin check
+    ):
+        assert passed.status_code == 200, passed.text
+
+    # a public app passes such a request as it passes anyone's, without the cookie's user
+    await caravan.gql(SET_PUBLIC, {"s": site.session_id, "a": "web", "p": True}, token=alice)
+    assert (await site.get("/", None, headers={**cookie, **subresource})).text == "hello\n"
 
 
 async def test_a_silent_app_is_504(settings: Settings) -> None:
@@ -315,6 +360,34 @@ async def test_websocket_echo_and_revocation(echo_site: tuple[Caravan, str, str]
     with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
         await asyncio.wait_for(ws.recv(), 30)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+
+
+async def test_a_websocket_with_the_cookie_only_from_the_apps_origin(echo_site: tuple[Caravan, str, str]) -> None:
+    caravan, session_id, host = echo_site
+    await _open(caravan, host, "test-admin-token")  # the echo server answers
+    port = caravan.settings.gateway.port
+    launch = (await caravan.gql(LAUNCH, {"s": session_id, "a": "echo"}))["launchApp"]
+    path = launch["url"].split(f"{host}:{port}", 1)[1]
+    exchanged = await caravan.http.get(f"http://127.0.0.1:{port}{path}", headers={"Host": f"{host}:{port}"})
+    cookie = exchanged.headers["set-cookie"].split(";", 1)[0]
+
+    def browser(origin: str, site: str) -> connect:
+        headers = {"Cookie": cookie, "Sec-Fetch-Site": site, "Sec-Fetch-Mode": "websocket"}
+        return connect(
+            f"ws://{host}:{port}/", host="127.0.0.1", port=port, origin=Origin(origin), additional_headers=headers
+        )
+
+    for origin, site in (
+        (f"http://bob--{uuid.uuid4()}.{caravan.settings.gateway.apps_domain}:{port}", "same-site"),
+        ("null", "cross-site"),
+    ):
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+            await browser(origin, site)
+        assert refused.value.response.status_code == 403
+        assert json.loads(refused.value.response.body)["error"]["code"] == "CROSS_ORIGIN"
+    async with browser(f"http://{host}:{port}", "same-origin") as own:
+        await own.send("mine")
+        assert await own.recv() == "mine"
 
 
 HELLO = "mkdir -p /tmp/w && echo hello > /tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w"

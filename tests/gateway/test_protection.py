@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -12,12 +13,13 @@ from redis.asyncio import Redis
 
 from core.clock import utcnow
 from core.keys import Keys
+from core.settings import Settings
 from domain.users import Role, User
 from gateway.graphql.http import GRAPHQL_RESPONSE, JSON
 from gateway.graphql.protection import Limits, RateLimiter
 from stores.users import UserStore
 from tests.gateway.conftest import GatewayWith, error_of, post
-from tests.harness import Caravan
+from tests.harness import Caravan, running_caravan
 
 DEEP = '{ session(id: "x") { mainKernel { logs { stdout } } } }'  # stdout is at depth 3
 SHALLOW = '{ session(id: "x") { mainKernel { hostname } } }'
@@ -100,6 +102,27 @@ async def test_rate_limit_per_user(gateway_with: GatewayWith, accept: str) -> No
             assert (await post(caravan, "{ __typename }", token=token, accept=accept)).status_code == 200
         for token in (None, "made-up-3"):
             refused(await post(caravan, "{ __typename }", token=token, accept=accept), 429, "RATE_LIMITED")
+
+
+async def test_a_forwarded_address_is_believed_only_from_a_trusted_proxy(
+    redis_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a valid token, the client's address is counted: a client cannot pick another one by sending
+    ``X-Forwarded-For`` (uvicorn's default believes it from any local client); a configured ingress can."""
+    monkeypatch.setenv("CARAVAN_GRAPHQL_RATE_LIMIT", "2")
+    monkeypatch.setenv("CARAVAN_GRAPHQL_RATE_WINDOW", str(10**8))
+
+    async def anonymous(caravan: Caravan, address: str) -> int:
+        response = await caravan.http.post(
+            caravan.url, json={"query": "{ __typename }"}, headers={"X-Forwarded-For": address}
+        )
+        return response.status_code
+
+    async with running_caravan(redis_settings, scheduler=False) as caravan:
+        assert [await anonymous(caravan, f"198.51.100.{i}") for i in range(4)] == [200, 200, 429, 429]
+    trusting = replace(redis_settings, gateway=replace(redis_settings.gateway, trusted_proxies=("127.0.0.0/8",)))
+    async with running_caravan(trusting, scheduler=False) as caravan:
+        assert [await anonymous(caravan, f"198.51.100.{i}") for i in (7, 7, 7, 8)] == [200, 200, 429, 200]
 
 
 async def commands_served(redis: Redis) -> dict[str, int]:

@@ -31,6 +31,7 @@ async def test_the_root_leads_to_the_ui_and_every_ui_path_is_the_page(caravan: C
         assert page.headers["cache-control"] == "no-cache"
         assert "default-src 'self'" in page.headers["content-security-policy"]
         assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+        assert page.headers["cross-origin-opener-policy"] == "same-origin"  # an opened app has no handle to it
     assert "http://" not in index and "https://" not in index  # no CDN: every asset from this gateway
 
 

@@ -120,7 +120,11 @@ export function DetailPage({ id, viewer }) {
     try { await fn(); await load(); setNotice(done); } catch (exc) { setActionError(exc); }
   }
   async function openApp(app) {
-    const tab = window.open("about:blank", "_blank");  // opened now, while the click still counts as one
+    // Opened now, while the click still counts as one (popup blockers), and cut from this page before it goes
+    // anywhere, as "noopener" would: the app gets no window.opener (it could navigate this tab away). No referrer
+    // either (this page's Referrer-Policy), and the page's Cross-Origin-Opener-Policy separates the two in any case.
+    const tab = window.open("about:blank", "_blank");
+    if (tab) tab.opener = null;
     try {
       const d = await gql(LAUNCH, { id, app });
       if (tab) tab.location.href = d.launchApp.url; else location.assign(d.launchApp.url);
