@@ -131,6 +131,8 @@ class BaseService:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         self.plugin.config, self.plugin.state = config, state
         log("info", "configured", devices=config.count, model=config.model, shares=config.shares)
+        if config.alloc_dir is None:
+            log("warn", "alloc_dir is not set: the load files docker and exec tasks write are not read")
         return base_pb2.SetConfigResponse()
 
 

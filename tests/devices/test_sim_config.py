@@ -22,6 +22,8 @@ GOOD = {
 
 def test_a_good_block_parses() -> None:
     assert parse_config(GOOD) == SimConfig(Path("/var/lib/sim"), 2, "SimGPU-16G", 16384, "8.0", 4, 1.0)
+    assert parse_config({**GOOD, "alloc_dir": "/nomad/alloc"}).alloc_dir == Path("/nomad/alloc")
+    assert parse_config({**GOOD, "alloc_dir": ""}).alloc_dir is None
 
 
 @pytest.mark.parametrize(
@@ -29,6 +31,7 @@ def test_a_good_block_parses() -> None:
     [
         ("state_dir", "relative", "state_dir must be an absolute path"),
         ("state_dir", None, "state_dir must be a string"),
+        ("alloc_dir", "data/alloc", "alloc_dir must be an absolute path"),
         ("count", 2.5, "count must be a whole number from 0 to 64"),
         ("count", 65, "count must be a whole number from 0 to 64"),
         ("model", "nvidia/gpu", "model must be 1-64 letters"),
