@@ -58,12 +58,14 @@ def plugin_dir(state_dir: Path, nomad_home: Path) -> Path:
     return directory
 
 
-def plugin_block(devices: SimDevices | None, state_dir: Path) -> str:
-    """The client's ``plugin "caravan-device-sim"`` block (none without devices: the launcher is then skipped)."""
+def plugin_block(devices: SimDevices | None, state_dir: Path, data_dir: Path) -> str:
+    """The client's ``plugin "caravan-device-sim"`` block (none without devices: the launcher is then skipped);
+    ``data_dir`` is the client's, whose ``alloc`` directory holds the load files docker and exec tasks write."""
     if devices is None:
         return ""
     values = {
         "state_dir": str(state_dir),
+        "alloc_dir": str(data_dir / "alloc"),
         "count": devices.count,
         "model": devices.model,
         "memory_mib": devices.memory_mib,

@@ -164,7 +164,7 @@ def write_config(
             data_dir=data_dir,
             plugin_dir=plugin_dir(path.parent, nomad_home),
             rootfs=rootfs,
-            device_plugin=plugin_block(devices, device_dir),
+            device_plugin=plugin_block(devices, device_dir, data_dir),
             image_paths=json.dumps([str(image_dir), *map(str, qemu_image_dirs)]),  # a JSON string list is HCL too
             http=http,
             rpc=rpc,

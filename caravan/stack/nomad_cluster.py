@@ -399,7 +399,7 @@ def _start_client(
         rootfs=rootfs,
         network_config=network.client_config(),
     )
-    config += plugin_block(spec.devices, device_dir)
+    config += plugin_block(spec.devices, device_dir, data_dir)
     path = state_dir / f"{spec.name}.hcl"
     path.write_text(config)
     return spawn(

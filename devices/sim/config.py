@@ -5,6 +5,7 @@ Operators write it in the client's agent configuration (the label is the launche
     plugin "caravan-device-sim" {
       config {
         state_dir          = "/var/lib/caravan-sim"   # health switches, reservations, load files (required)
+        alloc_dir          = "/var/lib/nomad/alloc"   # the client's allocation directory: tasks' load files
         count              = 2                        # devices on this client
         model              = "SimGPU-16G"
         memory_mib         = 16384                    # device memory per device, MiB
@@ -43,6 +44,7 @@ _CAPABILITY = re.compile(r"\d{1,2}\.\d{1,2}")
 
 SCHEMA: Mapping[str, tuple[str, str | None]] = {
     "state_dir": ("string", None),
+    "alloc_dir": ("string", '""'),
     "count": ("number", "2"),
     "model": ("string", '"SimGPU-16G"'),
     "memory_mib": ("number", "16384"),
@@ -72,6 +74,10 @@ class SimConfig:
     """0: whole devices; K: each device offered as K shares (instances of a ``gpu-share`` group)."""
     fingerprint_period: float = 1.0
     """Seconds between two readings of the devices' health."""
+    alloc_dir: Path | None = None
+    """The Nomad client's allocation directory (``<data_dir>/alloc`` unless ``client.alloc_dir`` moves it), where
+    the plugin finds the load file a docker or exec task writes in its allocation's shared directory (None: only
+    ``CARAVAN_SIM_HOST_LOAD_FILE``, raw_exec's, is read)."""
 
 
 def parse_config(raw: Mapping[str, object]) -> SimConfig:
@@ -98,6 +104,9 @@ def parse_config(raw: Mapping[str, object]) -> SimConfig:
     state_dir = text("state_dir")
     if state_dir and not state_dir.startswith("/"):
         problems.append(f"state_dir must be an absolute path, got {state_dir!r}")
+    alloc_dir = text("alloc_dir") if "alloc_dir" in raw else ""
+    if alloc_dir and not alloc_dir.startswith("/"):
+        problems.append(f"alloc_dir must be an absolute path, got {alloc_dir!r}")
     count = whole("count", 0, MAX_DEVICES)
     model = text("model")
     if model and not _MODEL.fullmatch(model):
@@ -116,4 +125,6 @@ def parse_config(raw: Mapping[str, object]) -> SimConfig:
         problems.append(f"fingerprint_period: {exc}")
     if problems:
         raise ConfigError(f"{PLUGIN_NAME} config: " + "; ".join(problems))
-    return SimConfig(Path(state_dir), count, model, memory, capability, shares, period)
+    return SimConfig(
+        Path(state_dir), count, model, memory, capability, shares, period, Path(alloc_dir) if alloc_dir else None
+    )

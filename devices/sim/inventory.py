@@ -116,15 +116,16 @@ def parse_load(text: str) -> Load | None:
     return Load(util or 0.0, mem or 0)
 
 
-def reservation_env(config: SimConfig, ids: Sequence[str], task_dir: str) -> dict[str, str]:
-    """The environment a reservation of ``ids`` gives its task (after ``NVIDIA_VISIBLE_DEVICES``)."""
+def reservation_env(config: SimConfig, ids: Sequence[str], load_file: str) -> dict[str, str]:
+    """The environment a reservation of ``ids`` gives its task (after ``NVIDIA_VISIBLE_DEVICES``); ``load_file`` is
+    where the task writes its load."""
     known = instances(config)
     devices = sorted({known[i].device for i in ids}, key=lambda d: int(d[3:]))
     env = {
         "CARAVAN_SIM_VISIBLE_DEVICES": ",".join(devices),
         "CARAVAN_SIM_DEVICE_IDS": ",".join(ids),
         "CARAVAN_SIM_MODEL": config.model,
-        "CARAVAN_SIM_LOAD_FILE": f"{task_dir}/load",
+        "CARAVAN_SIM_LOAD_FILE": load_file,
     }
     if config.shares:
         env["CARAVAN_SIM_SHARES"] = _fraction(len(ids), config.shares)

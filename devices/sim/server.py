@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from devices.sim import inventory
 from devices.sim.config import PLUGIN_NAME, PLUGIN_VERSION, SCHEMA, ConfigError, SimConfig, parse_config
-from devices.sim.state import StateDir
+from devices.sim.state import TASK_ALLOC_DIR, StateDir, task_load_name
 
 MAGIC_COOKIE_KEY = "NOMAD_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "e4327c2e01eabfd75a8a67adb114fb34a757d57eee7728d857a8cec6e91a7255"
@@ -42,8 +42,6 @@ PLUGIN_API_VERSION = "0.1.0"
 STATS_PERIOD_MAX = 0.25
 """Seconds between two statistics at most, whatever Nomad's collection interval (1 s): Nomad keeps the latest, so a
 workload's new load waits for this plugin less than for Nomad's own collection."""
-TASK_DIR = "/run/caravan-sim"
-"""Where a task sees its reservation's directory (and writes ``load`` in it)."""
 
 # The generated stubs: importable only with the launcher's sys.path, so imported when the server starts.
 base_pb2: Any = None
@@ -122,7 +120,7 @@ class BaseService:
         try:
             raw = msgpack.unpackb(request.msgpack_config, raw=False) if request.msgpack_config else {}
             config = parse_config(raw if isinstance(raw, dict) else {})
-            state = StateDir(config.state_dir)
+            state = StateDir(config.state_dir, config.alloc_dir)
             state.create()
         except ConfigError as exc:
             log("error", str(exc))
@@ -133,6 +131,8 @@ class BaseService:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         self.plugin.config, self.plugin.state = config, state
         log("info", "configured", devices=config.count, model=config.model, shares=config.shares)
+        if config.alloc_dir is None:
+            log("warn", "alloc_dir is not set: the load files docker and exec tasks write are not read")
         return base_pb2.SetConfigResponse()
 
 
@@ -164,11 +164,12 @@ class DeviceService:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{PLUGIN_NAME}: {message}")
         with self.plugin.lock:
             reservation = state.reserve(ids)
-        env = inventory.reservation_env(config, ids, TASK_DIR)
-        env["CARAVAN_SIM_HOST_LOAD_FILE"] = str(reservation / "load")  # for raw_exec, which has no mounts
+        env = inventory.reservation_env(config, ids, f"{TASK_ALLOC_DIR}/{task_load_name(reservation.name)}")
+        env["CARAVAN_SIM_HOST_LOAD_FILE"] = str(reservation / "load")  # for raw_exec, which has no /alloc of its own
         log("info", "reserved", ids=ids, reservation=reservation.name)
-        mount = device_pb2.Mount(task_path=TASK_DIR, host_path=str(reservation), read_only=False)
-        return device_pb2.ReserveResponse(container_res=device_pb2.ContainerReservation(envs=env, mounts=[mount]))
+        # Environment only, no mounts (as NVIDIA's plugin): Nomad keeps the mounts of the last task hook that
+        # returned any, so a reservation's mounts would replace the task's volume mounts (its storage folders).
+        return device_pb2.ReserveResponse(container_res=device_pb2.ContainerReservation(envs=env))
 
     def Stats(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
         config, state = self.plugin.configured(context)

@@ -22,6 +22,8 @@ GOOD = {
 
 def test_a_good_block_parses() -> None:
     assert parse_config(GOOD) == SimConfig(Path("/var/lib/sim"), 2, "SimGPU-16G", 16384, "8.0", 4, 1.0)
+    assert parse_config({**GOOD, "alloc_dir": "/nomad/alloc"}).alloc_dir == Path("/nomad/alloc")
+    assert parse_config({**GOOD, "alloc_dir": ""}).alloc_dir is None
 
 
 @pytest.mark.parametrize(
@@ -29,6 +31,7 @@ def test_a_good_block_parses() -> None:
     [
         ("state_dir", "relative", "state_dir must be an absolute path"),
         ("state_dir", None, "state_dir must be a string"),
+        ("alloc_dir", "data/alloc", "alloc_dir must be an absolute path"),
         ("count", 2.5, "count must be a whole number from 0 to 64"),
         ("count", 65, "count must be a whole number from 0 to 64"),
         ("model", "nvidia/gpu", "model must be 1-64 letters"),
@@ -70,11 +73,11 @@ def test_whole_devices_are_one_group_and_shares_one_group_per_device() -> None:
 
 def test_reserve_env_names_the_devices_and_the_fraction() -> None:
     config = parse_config(GOOD)
-    env = reservation_env(config, ["gpu1-s2", "gpu1-s3"], "/run/caravan-sim")
+    env = reservation_env(config, ["gpu1-s2", "gpu1-s3"], "/alloc/caravan-sim-ab12.load")
     assert env["CARAVAN_SIM_VISIBLE_DEVICES"] == "gpu1"
     assert env["CARAVAN_SIM_SHARES"] == "0.5"
     assert env["CARAVAN_SIM_MEMORY_MIB"] == "8192"
-    assert env["CARAVAN_SIM_LOAD_FILE"] == "/run/caravan-sim/load"
+    assert env["CARAVAN_SIM_LOAD_FILE"] == "/alloc/caravan-sim-ab12.load"
     whole = reservation_env(parse_config({**GOOD, "shares": 0, "count": 12}), ["gpu10", "gpu2"], "/x")
     assert whole["CARAVAN_SIM_VISIBLE_DEVICES"] == "gpu2,gpu10" and "CARAVAN_SIM_SHARES" not in whole
     assert unknown_ids(config, ["gpu0-s0", "gpu9", "gpu0"]) == ["gpu9", "gpu0"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -153,7 +154,7 @@ async def _is(read: Any, expected: object) -> bool:
 
 
 SCRIPT = (
-    "env | grep ^CARAVAN_SIM_ | sort; ls $CARAVAN_SIM_LOAD_FILE; echo 'util=87.5 mem_mib=3072' > $CARAVAN_SIM_LOAD_FILE"
+    "env | grep ^CARAVAN_SIM_ | sort; echo 'util=87.5 mem_mib=3072' > $CARAVAN_SIM_LOAD_FILE; ls /run/caravan-sim 2>&1"
 )
 JOB = """
 job "%(id)s" {
@@ -201,7 +202,8 @@ async def test_reserve_gives_env_and_a_load_file_and_stats_report_the_load(
         assert f"CARAVAN_SIM_VISIBLE_DEVICES={device}\n" in out
         assert "CARAVAN_SIM_SHARES=0.5\n" in out and "CARAVAN_SIM_MEMORY_MIB=8192\n" in out
         assert f"CARAVAN_SIM_DEVICE_IDS={','.join(granted['DeviceIDs'])}\n" in out
-        assert "/run/caravan-sim/load\n" in out  # the reservation's directory is mounted into the task
+        assert re.search(r"^CARAVAN_SIM_LOAD_FILE=/alloc/caravan-sim-[0-9a-f]{16}\.load$", out, re.M), out
+        assert "/run/caravan-sim: No such file or directory" in out  # the reservation mounts nothing in the task
 
         async def device_stats() -> dict[str, Any] | None:
             usage = (await nomad.alloc_stats(alloc["ID"])).resource_usage or {}

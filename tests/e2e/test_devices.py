@@ -6,6 +6,7 @@ load a kernel writes is what the idle checker's utilization check reads (``sim_u
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -100,9 +101,9 @@ async def test_the_reservation_reaches_the_kernel(caravan: Caravan, driver: str)
     out = session["mainKernel"]["logs"]["stdout"]
     assert session["result"] == "SUCCESS", (out, session["mainKernel"]["logs"]["stderr"])
     assert "CARAVAN_SIM_SHARES=0.5\n" in out and "CARAVAN_SIM_MODEL=SimGPU-16G\n" in out
-    assert "CARAVAN_SIM_LOAD_FILE=/run/caravan-sim/load\n" in out
+    assert re.search(r"^CARAVAN_SIM_LOAD_FILE=/alloc/caravan-sim-[0-9a-f]{16}\.load$", out, re.M), out
     assert any(line.startswith("CARAVAN_SIM_VISIBLE_DEVICES=gpu") for line in out.splitlines())
-    assert out.endswith("util=42 mem_mib=1024\n")  # the plugin's load file, mounted and writable
+    assert out.endswith("util=42 mem_mib=1024\n")  # the load file, in the allocation's directory, writable
 
 
 IDLE_CHECKS = """query($id: ID!) { session(id: $id) { idleChecks { checks {
