@@ -4,6 +4,7 @@ creation that names it (``domain.session_requests``)."""
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
 
 import pytest
@@ -14,6 +15,7 @@ from core.errors import CaravanError
 from domain.docker_images import check_docker_image
 from domain.images import (
     IMAGE_NAME_RULE,
+    PATH_COMPONENT,
     TAG_RULE,
     CommittedImage,
     ImageStatus,
@@ -72,8 +74,21 @@ def test_names_and_tags_are_docker_path_components_and_pinned_tags() -> None:
 
 
 owners = st.from_regex(USER_ID_RULE, fullmatch=True)
-names = st.from_regex(IMAGE_NAME_RULE, fullmatch=True)
+names = st.from_regex(f"^{PATH_COMPONENT}$", fullmatch=True).filter(lambda n: IMAGE_NAME_RULE.match(n) is not None)
 tags = st.from_regex(TAG_RULE, fullmatch=True).filter(lambda t: t != "latest")
+
+
+def decoded(ref: str) -> tuple[str, str, str]:
+    """The (owner, name, tag) a reference was made of: a left inverse of ``image_ref``, so it is injective."""
+    kind, owner, rest = ref.removeprefix("caravan/").split("/")
+    name, tag = rest.split(":")
+    if kind == "x":
+        owner = base64.b32decode(owner.upper() + "=" * (-len(owner) % 8)).decode()
+    return owner, name, tag
+
+
+pieces = st.lists(st.from_regex(r"^[a-z0-9]{1,6}$", fullmatch=True), min_size=2, max_size=6)
+separators = st.sampled_from([".", "-", "_", "__", "--"])
 
 
 @given(st.tuples(owners, names, tags), st.tuples(owners, names, tags))
@@ -81,10 +96,26 @@ def test_references_are_injective_and_valid_docker_references(
     one: tuple[str, str, str], other: tuple[str, str, str]
 ) -> None:
     first, second = image_ref(*one), image_ref(*other)
+    assert decoded(first) == one and decoded(second) == other
     assert (first == second) == (one == other), (one, other, first)
     for ref in (first, second):
         check_docker_image(ref, ("caravan/*",))  # Docker's grammar, at most 255 characters, in the allowlist
         assert committed_key(ref) == ref
+
+
+@given(pieces, separators, st.data())
+def test_an_owner_and_a_name_cut_from_the_same_words_never_share_a_reference(
+    words: list[str], separator: str, data: st.DataObject
+) -> None:
+    """The reported collision's shape: ``t3`` + ``bob-secret`` and ``t3-bob`` + ``secret``, any cut, any case."""
+    made = []
+    for cut in range(1, len(words)):
+        owner, name = separator.join(words[:cut]), separator.join(words[cut:])
+        if data.draw(st.booleans()):
+            owner = owner.upper()
+        if IMAGE_NAME_RULE.match(name) and USER_ID_RULE.match(owner):
+            made.append(image_ref(owner, name, "v1"))
+    assert len(set(made)) == len(made), made
 
 
 def test_only_its_owner_its_projects_admins_and_superadmins_may_use_an_image() -> None:
