@@ -163,3 +163,8 @@ async def test_a_committed_image_is_usable_by_its_owner_alone_at_every_creation(
     own = await create(caravan, bob, name="bobs-own", **batch, image=ref)
     done = await caravan.wait_for(own, "TERMINATED", "ERROR")
     assert done["mainKernel"]["logs"]["stdout"] == "bobs-secret\n", done
+    await caravan.gql(DELETE, {"id": image["id"]}, token=bob)
+    deadline = time.monotonic() + 60
+    while docker_has(ref):  # no image left behind on the machine
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.3)

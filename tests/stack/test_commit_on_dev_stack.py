@@ -29,6 +29,8 @@ pytestmark = [
 
 COMMIT = """mutation($id: ID!) { commitSession(id: $id, name: "snap", tag: "v1") { id ref status } }"""
 IMAGE = "query($id: ID!) { sessionImage(id: $id) { ref status statusInfo } }"
+DELETE = "mutation($id: ID!) { deleteSessionImage(id: $id) { status } }"
+IMAGES = "{ sessionImages { ref } }"
 SESSION = """query($id: ID!) { session(id: $id) { status waitReasons mainKernel { logs { stdout } } } }"""
 
 
@@ -79,6 +81,8 @@ def test_a_docker_session_commits_on_the_readme_stack_whose_sessions_have_no_raw
     )
     ended = until(stack, SESSION, {"id": again}, lambda s: s["status"] in ("TERMINATED", "ERROR"))
     assert ended["mainKernel"]["logs"]["stdout"] == "made-on-the-dev-stack\n", ended
+    stack.gql(DELETE, {"id": image["id"]})  # docker rmi, by the platform's job too: nothing left on the machine
+    until(stack, IMAGES, {}, lambda found: found == [])
 
     # raw_exec runs on the node for the platform alone: the users' namespace still refuses it, and a SUPERADMIN's
     # raw_exec session waits naming the driver (README: ./ops/dev runs raw_exec sessions only when enabled)
