@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         from caravan.stack import dev_stack, nomad_acl, redis_acl
 
         if args.action == "nomad-policies":
-            print(nomad_acl.describe_policies(settings.nomad.namespace))
+            print(nomad_acl.describe_policies(settings.nomad.namespace, settings.nomad.platform_namespace))
             return 0
         if args.action == "redis-users":
             print(redis_acl.describe_users(settings.redis.prefix))

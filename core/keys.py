@@ -272,6 +272,10 @@ class Keys:
         """JSON document of one committed image (``domain.images.CommittedImage``)."""
         return f"{self.prefix}:image:{image_id}"
 
+    def image_by_ref(self, ref: str) -> str:
+        """The id of the committed image whose reference is ``ref`` (claimed at commit: one image per reference)."""
+        return f"{self.prefix}:image-ref:{ref}"
+
     def images_of_owner(self, owner_id: str) -> str:
         """SET of the ids of one user's committed images."""
         return f"{self.prefix}:images:owner:{owner_id}"

@@ -37,6 +37,9 @@ class NomadSettings:
     """Datacenter jobs are placed in (``CARAVAN_NOMAD_DATACENTER``)."""
     namespace: str = "default"
     """Nomad namespace of Caravan's jobs (``CARAVAN_NOMAD_NAMESPACE``)."""
+    platform_namespace: str = "caravan-platform"
+    """Nomad namespace of the platform's own short jobs (``docker commit``/``rmi``, ``nomad_jobs.commit_job``):
+    raw_exec only, written by the scheduler's token alone (``CARAVAN_NOMAD_PLATFORM_NAMESPACE``)."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             job_prefix=env.get("CARAVAN_NOMAD_JOB_PREFIX", NomadSettings.job_prefix),
             datacenter=env.get("CARAVAN_NOMAD_DATACENTER", NomadSettings.datacenter),
             namespace=env.get("CARAVAN_NOMAD_NAMESPACE", NomadSettings.namespace),
+            platform_namespace=env.get("CARAVAN_NOMAD_PLATFORM_NAMESPACE", NomadSettings.platform_namespace),
         ),
         gateway=GatewaySettings(
             host=env.get("CARAVAN_GATEWAY_HOST", GatewaySettings.host),

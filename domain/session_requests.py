@@ -21,6 +21,7 @@ from core.settings import Settings
 from domain import vm
 from domain.apps import App, checked_apps
 from domain.docker_images import check_docker_image
+from domain.images import CommittedImage, check_image_use
 from domain.inference import replicas_of
 from domain.inference_options import ServiceOptions, checked_service_options
 from domain.model import (
@@ -94,6 +95,9 @@ class CreationRules:
     """Those of ``folders`` whose owner or project is at its bytes quota: mounted RO only (``resolve_mounts``)."""
     platform: bool = False
     """The platform's own request (``domain.sftp``): the only one that may create a SYSTEM session."""
+    committed_images: Mapping[str, Sequence[CommittedImage]] = field(default_factory=dict)
+    """The records of the committed images the request names (``named_images``), by ref (``stores.images``): a
+    committed image none of whose records the user may use is NOT_FOUND (``domain.images.check_image_use``)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,8 @@ def build_sessions(
     if checked is None:
         checked = check_request(request, viewer=viewer, now=now, rules=rules)
     project = session_project(request.project, owner=owner, viewer=viewer)
+    if owner.id != viewer.id:  # a session for another user runs their image: they must be allowed it too
+        _check_committed(request, rules, owner)
     mounts = resolve_mounts(list(request.mounts), dict(rules.folders), owner, full=rules.full_folders)
     designated = request.designated_agent
     if mounts:  # a node-local folder: the session runs on its storage node (the scheduler's designated agent)
@@ -305,6 +311,7 @@ def check_request(
         kernels = replicas_of(kernels[0], service.replicas)  # INFERENCE: each replica is a kernel (domain.inference)
     if request.driver is Driver.QEMU:
         _check_vm(request, kernels, environ, qemu_images)
+    _check_committed(request, rules, viewer)
     shared_memory = _checked_shared_memory(request, preset, kernels)
     starts_at = _checked_start(request.starts_at, now)
     timeout = duration_input("batchTimeout", request.batch_timeout, minimum=1)
@@ -328,6 +335,20 @@ def _checked_image(request: SessionRequest, rules: CreationRules) -> str:
     if request.driver is Driver.DOCKER:
         check_docker_image(image, rules.docker_images)
     return image
+
+
+def named_images(request: SessionRequest) -> list[tuple[str, str]]:
+    """The docker images ``request`` names, each with its field: those a caller looks up as committed images
+    (``CreationRules.committed_images``)."""
+    if request.driver is not Driver.DOCKER:
+        return []
+    named = [("image", request.image)] if request.image else []
+    return named + [(f"kernelRoles.{r}.image", s.image) for r, s in request.kernel_roles.items() if s.image]
+
+
+def _check_committed(request: SessionRequest, rules: CreationRules, user: User) -> None:
+    for field_name, reference in named_images(request):
+        check_image_use(reference, rules.committed_images, user, field=field_name)
 
 
 def kernels_of(

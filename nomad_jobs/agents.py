@@ -62,6 +62,15 @@ def healthy_drivers(node: Json) -> frozenset[str]:
     )
 
 
+def allowed_drivers(drivers: frozenset[str], capabilities: Json) -> frozenset[str]:
+    """Those of ``drivers`` a job may use in a namespace with ``capabilities`` (``GET /v1/namespace/:name``), by
+    Nomad's own rule: only the enabled ones when some are listed, never a disabled one (``raw_exec`` on a stack that
+    runs it only for the platform's jobs)."""
+    enabled = set(capabilities.get("EnabledTaskDrivers") or ())
+    disabled = set(capabilities.get("DisabledTaskDrivers") or ())
+    return frozenset(d for d in drivers if (not enabled or d in enabled) and d not in disabled)
+
+
 def node_capacity(node: Json, mhz: int, devices: DeviceCatalog) -> ResourceSlots:
     shares = int(_dig(node, "NodeResources", "Cpu").get("CpuShares") or 0)
     shares -= int(_dig(node, "ReservedResources", "Cpu").get("CpuShares") or 0)

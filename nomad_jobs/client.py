@@ -14,6 +14,7 @@ import asyncio
 import codecs
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -108,6 +109,12 @@ class NomadClient:
         gateway's per-request and per-user caps); the wait counts against the call's timeout."""
         view = copy.copy(self)
         view._admission = admission
+        return view
+
+    def in_namespace(self, namespace: str) -> NomadClient:
+        """This client (its pools shared) speaking for jobs of ``namespace`` (the platform's, say)."""
+        view = copy.copy(self)
+        view.settings = dataclasses.replace(self.settings, namespace=namespace)
         return view
 
     async def aclose(self) -> None:
@@ -389,6 +396,12 @@ class NomadClient:
             await self._request("DELETE", f"/v1/volume/host/{volume_id}", params={"type": "host"})
 
     # -- nodes and agent -------------------------------------------------------------------------
+
+    async def namespace_capabilities(self) -> Json:
+        """This client's namespace's capabilities (``EnabledTaskDrivers``, ``DisabledTaskDrivers``, ...); {}: none."""
+        found: Json = await self._json("GET", f"/v1/namespace/{self.settings.namespace}")
+        capabilities: Json = found.get("Capabilities") or {}
+        return capabilities
 
     async def nodes(self) -> list[Json]:
         nodes: list[Json] = await self._json("GET", "/v1/nodes", params={"resources": "true"})

@@ -1,6 +1,9 @@
 """The platform's short job that runs one Docker command on one node (``docker commit`` of a kernel's container,
 ``docker rmi`` of a committed image): a batch ``raw_exec`` task, pinned to the node, never retried. Registered only
-by the scheduler's job owner (``scheduler.image_owner``); every string through ``nomad_jobs.hcl``."""
+by the scheduler's job owner (``scheduler.image_owner``), in the platform's namespace (raw_exec there only, written
+by the scheduler's token alone: ``caravan.stack.nomad_acl``); every string through ``nomad_jobs.hcl``. Its command is
+fixed (``/usr/bin/docker``); its arguments are the kernel's container name (Nomad's ids) and the image's reference
+(checked by ``domain.images``), each one argv item, never a shell."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """The job owner's image work: for each committed image asked (``stores.images``), a short platform job on the
 kernel's node runs ``docker commit`` (COMMITTING) or ``docker rmi`` (DELETING); its outcome is written back and the
-job purged. A request is removed only once done, so a crash repeats it: registration is create-only (a repeat finds
+job purged. The jobs go to the platform's namespace (``NomadSettings.platform_namespace``: raw_exec allowed there, and
+only the scheduler's token writes there), never to the users' namespace, whose raw_exec may well be disabled.
+
+A request is removed only once done, so a crash repeats it: registration is create-only (a repeat finds
 the job and waits for it), ``docker commit`` to the same tag makes the same image again.
 """
 
@@ -25,7 +28,7 @@ class ImageOwner:
         self, store: ImageStore, nomad: NomadClient, settings: NomadSettings, fence: Fence | None = None
     ) -> None:
         self.store = store
-        self.nomad = nomad
+        self.nomad = nomad.in_namespace(settings.platform_namespace)
         self.settings = settings
         self.fence = fence
         """The leader's term: every write here holds only while it is current (``LostLease`` otherwise)."""
@@ -49,7 +52,7 @@ class ImageOwner:
                     job_id,
                     node_id=image.node_id,
                     args=args,
-                    namespace=self.settings.namespace,
+                    namespace=self.settings.platform_namespace,
                     datacenter=self.settings.datacenter,
                 )
                 with contextlib.suppress(JobExists):  # registered at an earlier round: still running

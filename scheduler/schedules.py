@@ -23,6 +23,7 @@ from core.codec import encode
 from core.errors import CaravanError, Conflict
 from core.lease import Fence
 from core.settings import Settings
+from domain.images import CommittedImage
 from domain.model import Session
 from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy, check_allowed, check_priority
 from domain.schedules import (
@@ -42,6 +43,7 @@ from domain.session_requests import CheckedRequest, CreationRules, build_session
 from domain.templates import TemplateSpec, may_use
 from domain.users import User
 from stores.creation_rules import read_creation_rules
+from stores.images import ImageStore
 from stores.resource_policies import PolicyStore, pending_admission
 from stores.schedules import ScheduleStore, Settlement
 from stores.sessions import SessionStore
@@ -97,6 +99,7 @@ class ScheduleRunner:
         self.users = UserStore(redis, keys)
         self.policies = PolicyStore(redis, keys)
         self.templates = TemplateStore(redis, keys)
+        self.images = ImageStore(redis, keys)
         self.settings = settings
         self.config = config
         self.fence = fence
@@ -167,6 +170,7 @@ class ScheduleRunner:
         user_policies = await self.policies.users(owners)
         project_policies = await self.policies.projects({p.schedule.project for p in pending})
         templates = await self._templates(pending, owners)
+        named = await self._committed_images(pending, templates)
         rules: dict[tuple[str, str | None, tuple[str, ...]], CreationRules] = {}
         checked: dict[tuple[bytes, str, int], CheckedRequest] = {}
         """Each shape of run checked once: (spec, owner, run key length) -> the checks' result (the rules and now
@@ -179,7 +183,7 @@ class ScheduleRunner:
                 spec = resolved_spec(p.schedule, templates.get(p.schedule.template_id or ""))
                 group = (spec.resource_group, spec.preset, tuple(sorted({m.folder for m in spec.mounts})))
                 if group not in rules:
-                    rules[group] = await self._rules(*group)
+                    rules[group] = replace(await self._rules(*group), committed_images=named)
                 assert p.due is not None
                 request = run_request(
                     p.schedule, spec, name=run_session_name(p.schedule, p.due, triggered=p.triggered), key=p.key
@@ -212,6 +216,18 @@ class ScheduleRunner:
                 p.outcome = RunOutcome.FAILED
                 p.reason = f"NOT_FOUND: the template {p.schedule.template_id} is gone or no longer the owner's"
         return specs
+
+    async def _committed_images(
+        self, pending: list[Pending], templates: dict[str, TemplateSpec]
+    ) -> dict[str, list[CommittedImage]]:
+        """The committed images the runs name, read once for the chunk (none: no Redis call): each run's owner must
+        still be allowed its image (``domain.images.check_image_use``, in ``check_request``)."""
+        references: list[str | None] = []
+        for p in (p for p in pending if p.outcome is None):
+            spec = resolved_spec(p.schedule, templates.get(p.schedule.template_id or ""))
+            references += [spec.image, *(role.image for role in spec.kernel_roles.values())]
+        owners = {p.schedule.owner_id for p in pending}
+        return await self.images.named([r for r in references if r], owners)
 
     async def _rules(self, resource_group: str, preset: str | None, folders: tuple[str, ...]) -> CreationRules:
         """The creation rules of runs in ``resource_group`` with ``preset`` mounting the storage ``folders``."""

@@ -1,13 +1,14 @@
-"""A pass's input, read from Redis and Nomad: two Nomad calls (nodes, live allocations) and a handful of Redis reads
-per pass, however many sessions wait.
+"""A pass's input, read from Redis and Nomad: three Nomad calls (nodes, live allocations, the namespace's drivers) and a
+handful of Redis reads per pass, however many sessions wait.
 
 Agents are Nomad client nodes, their capacity and occupancy read as ``nomad_jobs.agents`` reads them. On top:
 
-- drivers: a session needs its task driver detected and healthy on the node. Like a designated agent, it asks for one
-  unit of a slot ``driver:<name>`` that only such agents have (added only for drivers some pending session wants, and
-  never recorded as a slot type), so a session whose driver no agent offers waits with ``never-fits: no schedulable
-  agent of resource group … has driver:docker``, and blocks nobody. Unlike a device kind, an offered driver does not
-  make an agent rank later for sessions that do not use it (``scheduler.agents.ranking``).
+- drivers: a session needs its task driver detected and healthy on the node, and allowed in Caravan's namespace (a
+  node runs raw_exec for the platform's jobs even where the users' namespace disables it). Like a designated agent, it
+  asks for one unit of a slot ``driver:<name>`` that only such agents have (added only for drivers some pending
+  session wants, and never recorded as a slot type), so a session whose driver no agent offers waits with
+  ``never-fits: no schedulable agent of resource group … has driver:docker``, and blocks nobody. Unlike a device kind,
+  an offered driver does not make an agent rank later for sessions that do not use it (``scheduler.agents.ranking``).
 
 A session designated to an agent (admins) asks for one unit of a slot ``designated:<node id>`` that only that agent
 has, so the pass places it there or explains why not; while it waits, other sessions prefer other agents (an agent
@@ -28,7 +29,15 @@ from domain.model import ClusterMode as SessionClusterMode
 from domain.model import Session, SessionResult, SessionStatus
 from domain.scheduling_config import SchedulingConfig
 from domain.slots import ResourceSlots, SlotType, accumulate_slot_types
-from nomad_jobs.agents import OCCUPYING, agents_of, devices_of, healthy_drivers, kernel_request, mhz_per_core
+from nomad_jobs.agents import (
+    OCCUPYING,
+    agents_of,
+    allowed_drivers,
+    devices_of,
+    healthy_drivers,
+    kernel_request,
+    mhz_per_core,
+)
 from nomad_jobs.client import NomadClient
 from scheduler.agents.ranking import DRIVER_MARKER
 from scheduler.pass_model import (
@@ -173,9 +182,11 @@ class SnapshotReader:
         nodes = await self.nomad.nodes()
         mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
         allocs = await self.nomad.live_allocations() if pending else []
+        capabilities = await self.nomad.namespace_capabilities() if pending else {}
+        drivers = {str(n["ID"]): allowed_drivers(healthy_drivers(n), capabilities) for n in nodes}
         agents = agents_of(nodes, allocs, sessions, self.job_prefix, mhz, self.config.devices)
         snapshot = Snapshot(
-            agents=with_wanted_slots(agents, {str(n["ID"]): healthy_drivers(n) for n in nodes}, pending),
+            agents=with_wanted_slots(agents, drivers, pending),
             pending=pending,
             running=tuple(running_session(s) for s in live if s.status in OCCUPYING),
             **(await self._checks_input(pending, sessions) if pending else {}),

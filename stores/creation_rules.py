@@ -13,6 +13,7 @@ from domain.scheduling_config import SchedulingConfig
 from domain.session_requests import CreationRules
 from domain.storage import at_bytes_quota
 from stores.folders import FolderStore
+from stores.images import ImageStore
 from stores.known_resources import known_resource_groups, known_slot_types
 from stores.presets import PresetStore
 
@@ -26,10 +27,13 @@ async def read_creation_rules(
     resource_group: str,
     preset: str | None,
     folders: Sequence[str] = (),
+    images: Sequence[str] = (),
+    users: Sequence[str] = (),
 ) -> CreationRules:
     """The rules for a session in ``resource_group`` with ``preset``: known slots and groups, images, the preset, the
     group's allowed drivers and default resources in the scheduling configuration ``config``, and the storage
-    ``folders`` it mounts (and which of them are full: their owner or project at a bytes quota)."""
+    ``folders`` it mounts (and which of them are full: their owner or project at a bytes quota), and the committed
+    ``images`` it names (``ImageStore.named``, for the ``users`` who ask)."""
     store = FolderStore(redis, keys)
     mounted = {f.id: f for f in await store.many(dict.fromkeys(folders))}
     full = set()
@@ -48,4 +52,5 @@ async def read_creation_rules(
         default_resources=config.default_resources(resource_group),
         folders=mounted,
         full_folders=frozenset(full),
+        committed_images=await ImageStore(redis, keys).named(images, users),
     )

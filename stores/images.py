@@ -1,18 +1,20 @@
-"""Committed images in Redis: documents, by owner and project, and the job owner's requests (commit, remove), each
-written in the transaction that asks (``domain.images``)."""
+"""Committed images in Redis: documents, by owner and project, by reference (one image per reference), and the job
+owner's requests (commit, remove), each written in the transaction that asks (``domain.images``)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from core.codec import decode, encode
-from core.errors import Conflict
+from core.errors import Conflict, InvalidInput
 from core.keys import Keys
 from core.lease import Fence, watch_fenced
-from core.replies import begin, text_set
+from core.replies import begin, text, text_set
 from core.transactions import transact
-from domain.images import CommittedImage, ImageStatus, may_use_image
+from domain.images import LEGACY, CommittedImage, ImageStatus, committed_key, may_use_image
 from domain.users import User
 
 WAKEUP_BACKLOG = 8
@@ -28,10 +30,38 @@ class ImageStore:
         return decode(raw, CommittedImage) if raw else None
 
     async def ask(self, image: CommittedImage) -> None:
-        """Store a new ``image`` (COMMITTING) and ask the job owner to act on it, in one transaction."""
-        async with self.redis.pipeline(transaction=True) as pipe:
+        """Store a new ``image`` (COMMITTING), claiming its reference, and ask the job owner to act on it, in one
+        transaction; INVALID_INPUT (on ``tag``) if an image has the reference already."""
+        claim = self.keys.image_by_ref(image.ref)
+
+        async def attempt(pipe: Pipeline) -> None:
+            await pipe.watch(claim)
+            if await pipe.exists(claim):
+                raise InvalidInput(f"{image.ref} exists already: delete it or use another tag", field="tag")
+            begin(pipe)
+            pipe.set(claim, image.id)
             self._ask(pipe, image)
             await pipe.execute()
+
+        await transact(self.redis, attempt)
+
+    async def named(self, references: Iterable[str], owners: Iterable[str]) -> dict[str, list[CommittedImage]]:
+        """The records of the committed images ``references`` name (``domain.images.committed_key``), by ref: the one
+        that claimed it; for a reference from before the claims, the records of ``owners`` (the users asking) with
+        it. No Redis call when none is in the committed namespace."""
+        wanted = sorted({key for r in references if (key := committed_key(r)) is not None})
+        if not wanted:
+            return {}
+        claims = await self.redis.mget([self.keys.image_by_ref(k) for k in wanted])
+        found: dict[str, list[CommittedImage]] = {}
+        for image in await self._many({text(c) for c in claims if c}):
+            found.setdefault(image.ref, []).append(image)
+        legacy = {k for k in wanted if k.startswith(LEGACY) and k not in found}
+        if legacy and (sets := [self.keys.images_of_owner(o) for o in sorted(set(owners))]):
+            for image in await self._many(text_set(await self.redis.sunion(sets))):
+                if image.ref in legacy:
+                    found.setdefault(image.ref, []).append(image)
+        return found
 
     def _ask(self, pipe: Redis, image: CommittedImage) -> None:
         pipe.set(self.keys.image(image.id), encode(image))
@@ -70,16 +100,19 @@ class ImageStore:
         forgotten) and the request dropped, under the leader's ``fence`` (``LostLease`` once a newer term began).
         Only if the image is still as acted on: if it was asked something else meanwhile, nothing is written and the
         request stays for the next round (False)."""
-        key = self.keys.image(acted.id)
+        key, claim = self.keys.image(acted.id), self.keys.image_by_ref(acted.ref)
 
         async def attempt(pipe: Pipeline) -> bool:
-            await watch_fenced(pipe, fence, key)
+            await watch_fenced(pipe, fence, key, claim)
             raw = await pipe.get(key)
             if raw is None or decode(raw, CommittedImage).status is not acted.status:
                 return False
+            claimed = await pipe.get(claim)
             begin(pipe)
             if result is None:
                 pipe.delete(key)
+                if claimed is not None and text(claimed) == acted.id:
+                    pipe.delete(claim)
                 pipe.srem(self.keys.images_of_owner(acted.owner_id), acted.id)
                 pipe.srem(self.keys.images_of_project(acted.project), acted.id)
             else:

@@ -128,7 +128,9 @@ def _start_nomad(settings: Settings) -> None:
     env = os.environ
     raw_exec = env.get("CARAVAN_ENABLE_RAW_EXEC", "") in ("1", "true", "yes")
     docker = env.get("CARAVAN_DOCKER_AVAILABLE") == "1"
-    drivers = ("exec",) + (("raw_exec",) if raw_exec else ()) + (("docker",) if docker else ())
+    # raw_exec runs on the node either way, for the platform's jobs (docker commit) in their own namespace; the
+    # users' namespace allows it only with CARAVAN_ENABLE_RAW_EXEC (SUPERADMINs' raw_exec sessions).
+    drivers = ("exec", "raw_exec") + (("docker",) if docker else ())
     if "CARAVAN_NOMAD_HOME" not in env or "CARAVAN_ROOTFS" not in env:
         raise StartupFailed(
             "CARAVAN_NOMAD_HOME and CARAVAN_ROOTFS are not set: run this through ops/ (ops/dev, "
@@ -147,6 +149,7 @@ def _start_nomad(settings: Settings) -> None:
         raw_exec=raw_exec,
         secrets_dir=settings.secrets,
         namespace=settings.nomad.namespace,
+        platform_namespace=settings.nomad.platform_namespace,
     )
     _remember(settings, agent.server)
 

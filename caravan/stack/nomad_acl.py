@@ -34,6 +34,13 @@ call                                           capability                       
 a job mounting a folder (register)             ``host_volume "caravan-folder-*"``  scheduler
 =============================================  ==================================  ===========================
 
+The platform's own short jobs (``docker commit``/``docker rmi`` of committed images, ``nomad_jobs.commit_job``) use
+the ``raw_exec`` driver, which the users' namespace disables unless the operator runs raw_exec sessions. They go to a
+namespace of their own, the platform's (``caravan-platform`` by default, ``CARAVAN_NOMAD_PLATFORM_NAMESPACE``), whose
+capabilities enable ``raw_exec`` and no other driver, and where only the scheduler's policy grants anything beyond
+reading (``register-job``, ``read-job``, ``purge-job``...): no user's session can land there, since Caravan renders
+every session's job into the users' namespace, and no other token can register there.
+
 Only the scheduler writes to Nomad (its job owner, ``scheduler.job_owner``): the gateway and the idle checker ask it
 through Redis, so their tokens write no job. The gateway may run commands in kernels (``alloc-exec``: execs and
 terminals) but never in ``raw_exec`` tasks, which run on the host (``alloc-node-exec`` is never granted). Node pools
@@ -55,9 +62,11 @@ from typing import Any
 
 from caravan.stack.processes import StartupFailed, wait_until
 from core.secrets import COMPONENT_ROLES, Role, ensure_secret, nomad_token_path, read_secret, write_secret
+from core.settings import NomadSettings
 from domain.storage import VOLUME_PREFIX
 
 POLICY_PREFIX = "caravan-"
+PLATFORM_NAMESPACE = NomadSettings.platform_namespace
 
 _NAMESPACE_CAPABILITIES: dict[Role, tuple[str, ...]] = {
     "scheduler": (
@@ -76,6 +85,12 @@ _NAMESPACE_CAPABILITIES: dict[Role, tuple[str, ...]] = {
     "gateway": ("read-job", "read-logs", "read-fs", "alloc-exec"),  # never alloc-node-exec: raw_exec runs on the host
     "idle": ("read-job", "read-fs"),  # read-fs: an SFTP session's client-seen file, its time only (fs/stat)
 }
+_PLATFORM_CAPABILITIES: dict[Role, tuple[str, ...]] = {
+    "scheduler": ("read-job", "parse-job", "register-job", "deregister-job", "purge-job"),
+}
+"""In the platform's namespace: the scheduler registers, reads and purges its short jobs; nobody else writes there."""
+PLATFORM_DRIVERS = ("raw_exec",)
+"""The task drivers the platform's namespace allows (its jobs run ``/usr/bin/docker`` on the host)."""
 _READS_EVERY_NAMESPACE: frozenset[Role] = frozenset({"scheduler", "gateway"})
 """Who counts live allocations of every namespace (a node's occupancy includes jobs that are not Caravan's)."""
 _READS_NODES: frozenset[Role] = frozenset({"scheduler", "gateway"})
@@ -87,12 +102,16 @@ def policy_name(role: Role) -> str:
     return POLICY_PREFIX + role
 
 
-def policy_rules(role: Role, namespace: str) -> str:
-    """The HCL rules of ``role``'s policy for Caravan's jobs in ``namespace``."""
-    if not _VALID_NAMESPACE.match(namespace):
-        raise ValueError(f"not a Nomad namespace name: {namespace!r}")
-    capabilities = ", ".join(f'"{c}"' for c in _NAMESPACE_CAPABILITIES[role])
-    rules = f'namespace "{namespace}" {{\n  capabilities = [{capabilities}]\n}}\n'
+def policy_rules(role: Role, namespace: str, platform: str = PLATFORM_NAMESPACE) -> str:
+    """The HCL rules of ``role``'s policy for Caravan's jobs in ``namespace`` and the platform's in ``platform``."""
+    for name in (namespace, platform):
+        if not _VALID_NAMESPACE.match(name):
+            raise ValueError(f"not a Nomad namespace name: {name!r}")
+    if namespace == platform:
+        raise ValueError(f"the platform's namespace {platform!r} cannot be the users' namespace")
+    rules = _namespace_rule(namespace, _NAMESPACE_CAPABILITIES[role])
+    if role in _PLATFORM_CAPABILITIES:
+        rules += _namespace_rule(platform, _PLATFORM_CAPABILITIES[role])
     if role in _READS_EVERY_NAMESPACE:
         rules += 'namespace "*" {\n  capabilities = ["read-job"]\n}\n'
     if role in _READS_NODES:
@@ -102,15 +121,26 @@ def policy_rules(role: Role, namespace: str) -> str:
     return rules
 
 
-def policies(namespace: str) -> dict[Role, str]:
+def _namespace_rule(namespace: str, capabilities: tuple[str, ...]) -> str:
+    listed = ", ".join(f'"{c}"' for c in capabilities)
+    return f'namespace "{namespace}" {{\n  capabilities = [{listed}]\n}}\n'
+
+
+def policies(namespace: str, platform: str = PLATFORM_NAMESPACE) -> dict[Role, str]:
     """Every component's policy rules, by role."""
-    return {role: policy_rules(role, namespace) for role in COMPONENT_ROLES}
+    return {role: policy_rules(role, namespace, platform) for role in COMPONENT_ROLES}
 
 
-def describe_policies(namespace: str) -> str:
+def describe_policies(namespace: str, platform: str = PLATFORM_NAMESPACE) -> str:
     """The policies as an operator applies them to a Nomad of their own (``caravan stack nomad-policies``)."""
+    drivers = ", ".join(f'"{d}"' for d in PLATFORM_DRIVERS)
     lines = [
-        f"# Caravan's Nomad ACL policies for namespace {namespace!r} (CARAVAN_NOMAD_NAMESPACE).",
+        f"# Caravan's Nomad ACL policies for namespace {namespace!r} (CARAVAN_NOMAD_NAMESPACE) and the platform's",
+        f"# namespace {platform!r} (CARAVAN_NOMAD_PLATFORM_NAMESPACE), which runs the docker commit/rmi jobs:",
+        f'#   nomad namespace apply {platform}.hcl, with: name = "{platform}"',
+        f"#     capabilities {{ enabled_task_drivers = [{drivers}] }}",
+        '# and, unless you run raw_exec sessions, capabilities { disabled_task_drivers = ["raw_exec"] } on the',
+        "# users' namespace. Every Nomad client that runs docker kernels needs the raw_exec plugin enabled.",
         "# Apply each one and give each component a client token of its own:",
         "#   nomad acl policy apply -description 'Caravan <role>' caravan-<role> caravan-<role>.hcl",
         "#   nomad acl token create -type client -name caravan-<role> -policy caravan-<role>",
@@ -118,7 +148,7 @@ def describe_policies(namespace: str) -> str:
         "# $CARAVAN_SECRETS_DIR/nomad-<role>.token (mode 0600).",
         "",
     ]
-    for role, rules in policies(namespace).items():
+    for role, rules in policies(namespace, platform).items():
         lines += [f"# ---- {policy_name(role)}.hcl", rules]
     return "\n".join(lines)
 
@@ -179,23 +209,34 @@ def bootstrap(addr: str, secrets_dir: Path) -> str:
 
 
 def configure(
-    addr: str, management: str, secrets_dir: Path, *, namespace: str = "default", allow_raw_exec: bool = True
+    addr: str,
+    management: str,
+    secrets_dir: Path,
+    *,
+    namespace: str = "default",
+    allow_raw_exec: bool = True,
+    platform: str = PLATFORM_NAMESPACE,
 ) -> dict[Role, str]:
-    """Apply Caravan's namespace and policies to the Nomad at ``addr`` and make sure each component has a valid client
+    """Apply Caravan's namespaces and policies to the Nomad at ``addr`` and make sure each component has a valid client
     token of its policy in ``secrets_dir`` (``nomad-<role>.token``, 0600). Returns the tokens by role.
 
-    Without ``allow_raw_exec`` the namespace disables the ``raw_exec`` task driver: Nomad then refuses any job
-    there that uses it, whoever registers it (the scheduler's token included)."""
+    Without ``allow_raw_exec`` the users' namespace disables the ``raw_exec`` task driver: Nomad then refuses any job
+    there that uses it, whoever registers it (the scheduler's token included). The platform's namespace enables
+    :data:`PLATFORM_DRIVERS` only, whatever ``allow_raw_exec`` says."""
     admin = NomadAdmin(addr, management)
     capabilities = None if allow_raw_exec else {"DisabledTaskDrivers": ["raw_exec"]}
     description = "Default shared namespace" if namespace == "default" else "Caravan's sessions"
-    admin.call(
-        "POST",
-        f"/v1/namespace/{urllib.parse.quote(namespace)}",
-        {"Name": namespace, "Description": description, "Capabilities": capabilities},
-    )
+    for name, about, allowed in (
+        (namespace, description, capabilities),
+        (platform, "Caravan's platform jobs (docker commit, rmi)", {"EnabledTaskDrivers": list(PLATFORM_DRIVERS)}),
+    ):
+        admin.call(
+            "POST",
+            f"/v1/namespace/{urllib.parse.quote(name)}",
+            {"Name": name, "Description": about, "Capabilities": allowed},
+        )
     tokens: dict[Role, str] = {}
-    for role, rules in policies(namespace).items():
+    for role, rules in policies(namespace, platform).items():
         name = policy_name(role)
         admin.call("POST", f"/v1/acl/policy/{name}", {"Name": name, "Description": f"Caravan {role}", "Rules": rules})
         tokens[role] = _ensure_token(admin, secrets_dir, role)
@@ -227,6 +268,7 @@ def lock_down(
     *,
     namespace: str = "default",
     allow_raw_exec: bool = True,
+    platform: str = PLATFORM_NAMESPACE,
     timeout: float = 60.0,
     log: Path | None = None,
 ) -> str:
@@ -239,5 +281,5 @@ def lock_down(
         return True
 
     wait_until(bootstrapped, what=f"the ACL bootstrap of the Nomad at {addr}", timeout=timeout, log=log)
-    configure(addr, management[0], secrets_dir, namespace=namespace, allow_raw_exec=allow_raw_exec)
+    configure(addr, management[0], secrets_dir, namespace=namespace, allow_raw_exec=allow_raw_exec, platform=platform)
     return management[0]

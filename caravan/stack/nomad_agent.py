@@ -155,8 +155,9 @@ def write_config(
 ) -> None:
     """``pause_image``: the docker driver's infra container image for kernels in a network of their own (no
     registry serves Nomad's default here; ops/build-images builds one). ``raw_exec``: whether the client runs the
-    unisolated raw_exec driver at all. ``devices``: the simulated accelerators the client offers (Caravan's device
-    plugin, its state in ``device_dir``; None: none)."""
+    unisolated raw_exec driver at all (the stack's agents always do: the platform's jobs need it; which namespaces
+    may use it is the namespaces' capabilities, ``caravan.stack.nomad_acl.configure``). ``devices``: the simulated
+    accelerators the client offers (Caravan's device plugin, its state in ``device_dir``; None: none)."""
     for directory in (data_dir, image_dir, device_dir):
         directory.mkdir(parents=True, exist_ok=True)
     path.write_text(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caravan.stack.device_plugin import DEFAULT_DEVICES, SimDevices, plugin_block, plugin_dir
-from caravan.stack.nomad_acl import lock_down
+from caravan.stack.nomad_acl import PLATFORM_NAMESPACE, lock_down
 from caravan.stack.nomad_agent import CLEAN_ENV, _get, drain, write_config
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
 from caravan.stack.session_network import SessionNetwork, release, session_network
@@ -130,6 +130,8 @@ class NomadCluster:
     namespace: str = "default"
     """The namespace Caravan's policies are written for."""
     allow_raw_exec: bool = True
+    platform_namespace: str = PLATFORM_NAMESPACE
+    """The platform's namespace (``docker commit`` jobs; raw_exec only, the scheduler's token alone writes there)."""
     token: str | None = None
     """The management token, once bootstrapped."""
 
@@ -244,10 +246,12 @@ def start_nomad_single_node(
     secrets_dir: Path | None = None,
     namespace: str = "default",
     devices: SimDevices | None = DEFAULT_DEVICES,
+    platform_namespace: str = PLATFORM_NAMESPACE,
 ) -> SingleNodeNomad:
     """A non-dev agent (server + client) on loopback ports of its own, with simulated accelerators (``devices``), ACLs
     on and its tokens in ``secrets_dir`` (default ``<state_dir>/secrets``; a restart reuses them). ``raw_exec``: whether
-    the client runs the raw_exec driver at all, and the namespace allows raw_exec jobs (default: when it is wanted).
+    the users' namespace allows raw_exec jobs (default: when it is wanted). The client runs the raw_exec plugin either
+    way: the platform's jobs (``docker commit``) use it, in the platform's namespace, which only the scheduler writes.
 
     With ``http`` given, RPC and Serf take the next two ports: a server that keeps its state must come back on
     the same addresses, or its Raft peer (itself, as stored) is unreachable and no leader is elected.
@@ -271,7 +275,7 @@ def start_nomad_single_node(
         qemu_image_dirs=qemu_image_dirs,
         network=network,
         pause_image=pause_image,
-        raw_exec=raw_exec,
+        raw_exec=True,
         devices=devices,
     )
     name = f"caravan-single-{state_dir.name}"
@@ -291,6 +295,7 @@ def start_nomad_single_node(
         secrets_dir=secrets_dir,
         namespace=namespace,
         allow_raw_exec=raw_exec,
+        platform_namespace=platform_namespace,
     )
     try:
         agent._wait_ready(timeout)
@@ -429,6 +434,7 @@ def _wait_server(cluster: NomadCluster, timeout: float) -> None:
         cluster.secrets_dir or cluster.state_dir / "secrets",
         namespace=cluster.namespace,
         allow_raw_exec=cluster.allow_raw_exec,
+        platform=cluster.platform_namespace,
         timeout=timeout,
         log=cluster.server.log,
     )

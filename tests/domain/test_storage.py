@@ -11,7 +11,6 @@ import pytest
 
 from core.errors import CaravanError
 from domain.folder_paths import folder_path
-from domain.images import image_ref
 from domain.model import Driver, SessionType
 from domain.session_requests import CreationRules, SessionRequest, build_sessions
 from domain.sftp import checked_public_key
@@ -117,12 +116,6 @@ def test_public_keys_are_one_line_of_a_known_type() -> None:
     assert checked_public_key(key_line("ssh-ed25519")) == key_line("ssh-ed25519").rsplit(" ", 1)[0]
     for bad in (key_line("ssh-dss"), key_line("ssh-rsa", claimed="ssh-ed25519"), "ssh-ed25519 !!!", "x\ny"):
         assert code_and_field(lambda bad=bad: checked_public_key(bad)) == ("INVALID_INPUT", "publicKey")
-
-
-def test_image_references_are_the_owners_and_never_latest() -> None:
-    assert image_ref("Alice.Smith", "snap", "v1") == "caravan/u-alice-smith-snap:v1"
-    assert code_and_field(lambda: image_ref("alice", "Snap", "v1")) == ("INVALID_INPUT", "name")
-    assert code_and_field(lambda: image_ref("alice", "snap", "latest")) == ("INVALID_INPUT", "tag")
 
 
 def test_folders_are_recounted_first_when_never_counted_then_once_the_interval_has_passed() -> None:

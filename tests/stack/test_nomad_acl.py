@@ -1,13 +1,15 @@
 """Nomad as the stack starts it has ACLs on: nobody without a token gets anything, each component's token only what
 its policy grants, and the secrets live in files only their owner can read.
 
-The agent here is the dev stack's kind (``start_nomad_single_node``: state on disk), started for this module with the
-``exec`` driver only, as the dev stack runs when the operator has not enabled ``raw_exec``.
+The agent here is the dev stack's kind (``start_nomad_single_node``: state on disk), started for this module as the
+dev stack runs when the operator has not enabled ``raw_exec`` for sessions: the users' namespace disables it, the
+client runs it for the platform's namespace, where only the scheduler writes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import stat
@@ -19,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from caravan.stack.nomad_acl import describe_policies, policies, policy_rules
+from caravan.stack.nomad_acl import PLATFORM_NAMESPACE, describe_policies, policies, policy_rules
 from caravan.stack.nomad_agent import NomadAgent
 from caravan.stack.nomad_cluster import SingleNodeNomad, start_nomad_single_node
 from core.secrets import COMPONENT_ROLES, ROLES, nomad_token_path, read_secret
@@ -181,6 +183,45 @@ async def test_the_scheduler_registers_exec_jobs_but_raw_exec_is_off_in_the_name
         await nomad.aclose()
 
 
+async def test_only_the_scheduler_writes_to_the_platform_namespace_and_only_raw_exec_jobs(
+    single_node: SingleNodeNomad,
+) -> None:
+    """The platform's namespace (docker commit jobs): raw_exec there runs on the node; no other driver is allowed
+    there, and neither the gateway's nor the idle checker's token may parse, register or stop anything there."""
+    platform = NomadSettings(addr=single_node.addr, namespace=PLATFORM_NAMESPACE)
+    scheduler = NomadClient(dataclasses.replace(platform, token=token(single_node, "scheduler")))
+    others = [NomadClient(dataclasses.replace(platform, token=token(single_node, r))) for r in ("gateway", "idle")]
+    try:
+        raw = {
+            **await scheduler.parse(JOB.format(name="platform-raw", driver="raw_exec")),
+            "Namespace": PLATFORM_NAMESPACE,
+        }
+        for other in others:
+            with pytest.raises(NomadRejected, match="Permission denied"):
+                await other.parse(JOB.format(name="platform-raw", driver="raw_exec"))
+            with pytest.raises(NomadRejected, match="Permission denied"):
+                await other.register({**raw, "ID": "by-other", "Name": "by-other"})
+        await scheduler.register(raw)
+        for _ in range(300):  # the client runs it: raw_exec is on for the platform
+            if [a["ClientStatus"] for a in await scheduler.job_allocations("platform-raw")] == ["complete"]:
+                break
+            await asyncio.sleep(0.1)
+        assert [a["ClientStatus"] for a in await scheduler.job_allocations("platform-raw")] == ["complete"]
+        for other in others:
+            with pytest.raises(NomadRejected, match="Permission denied"):
+                await other.deregister("platform-raw", purge=True)
+        exec_job = {
+            **await scheduler.parse(JOB.format(name="platform-exec", driver="exec")),
+            "Namespace": PLATFORM_NAMESPACE,
+        }
+        with pytest.raises(NomadRejected, match='task driver "exec" is not allowed'):
+            await scheduler.register(exec_job)
+        await scheduler.deregister("platform-raw", purge=True)
+    finally:
+        for client in (scheduler, *others):
+            await client.aclose()
+
+
 def test_a_restarted_agent_keeps_its_acls_and_tokens(single_node: SingleNodeNomad) -> None:
     assert single_node.secrets_dir is not None
     before = {path.name: path.read_text() for path in single_node.secrets_dir.iterdir()}
@@ -208,5 +249,11 @@ def test_the_policies_printed_for_operators_are_the_ones_applied(single_node: Si
     assert '"alloc-exec"' in policy_rules("gateway", "default")
     assert all("alloc-node-exec" not in rules for rules in policies("default").values())
     assert "alloc-exec" not in policy_rules("idle", "default")
+    # nobody but the scheduler has anything of its own in the platform's namespace (all read every namespace's jobs)
+    assert f'namespace "{PLATFORM_NAMESPACE}"' in policy_rules("scheduler", "default")
+    assert all(PLATFORM_NAMESPACE not in policy_rules(role, "default") for role in ("gateway", "idle"))
+    assert PLATFORM_NAMESPACE in printed and '"raw_exec"' in printed
+    with pytest.raises(ValueError, match="platform"):
+        policy_rules("scheduler", PLATFORM_NAMESPACE)
     with pytest.raises(ValueError, match="namespace"):
         policy_rules("gateway", 'x" { policy = "write" } namespace "y')

@@ -245,3 +245,35 @@ async def test_the_owner_does_not_overwrite_what_was_asked_since_it_read_the_ima
     assert await images.get(image.id) is None
     assert not await redis.sismember(keys.images_of_owner("alice"), image.id)
     assert not await redis.sismember(keys.images_to_act_on, image.id)
+
+
+async def test_a_reference_is_claimed_by_one_image_and_freed_once_it_is_forgotten(
+    images: ImageStore, redis: Redis, keys: Keys, fence: Fence
+) -> None:
+    image = (await committing(images)).evolve(id="img-new", ref="caravan/u/alice/tools:1")
+    await images.ask(image)
+    with pytest.raises(InvalidInput) as taken:  # the same reference again, even by a racing commit: refused
+        await images.ask(image.evolve(id="img-again"))
+    assert taken.value.field == "tag"
+    assert await images.get("img-again") is None
+    assert await images.named(["caravan/u/alice/tools:1", "caravan/busybox:1"], owners=[]) == {image.ref: [image]}
+
+    await images.done(image, image.evolve(status=ImageStatus.READY), fence)
+    deleting = await images.ask_delete(image.id)
+    assert deleting is not None and await images.done(deleting, None, fence)
+    assert await images.named([image.ref], owners=["alice"]) == {}
+    await images.ask(image.evolve(id="img-later"))  # free again
+
+
+async def test_an_image_from_before_the_claims_resolves_through_its_owners_records(
+    images: ImageStore, redis: Redis, keys: Keys
+) -> None:
+    """As the code before injective references stored it: the document and its indexes, no claim."""
+    legacy = CommittedImage(
+        "img-old", "caravan/u-alice-tools:1", "alice", "default", "s", "node-a", "c", utcnow(), ImageStatus.READY
+    )
+    await redis.set(keys.image(legacy.id), encode(legacy))
+    await redis.sadd(keys.images_of_owner("alice"), legacy.id)
+    await redis.sadd(keys.images_of_project("default"), legacy.id)
+    assert await images.named([legacy.ref], owners=["alice", "bob"]) == {legacy.ref: [legacy]}
+    assert await images.named([legacy.ref], owners=["bob"]) == {}  # bob's records: none has it

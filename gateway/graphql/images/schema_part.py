@@ -8,7 +8,7 @@ from datetime import datetime
 import strawberry
 
 from core.clock import utcnow
-from core.errors import InvalidInput, NotFound
+from core.errors import NotFound
 from domain import images
 from domain.images import ImageStatus, may_use_image, new_commit
 from gateway.graphql import fields
@@ -72,8 +72,10 @@ class ImageQueries:
 @strawberry.type
 class ImageMutations:
     @fields.mutation(
-        description="Commit a RUNNING docker session's main kernel to caravan/u-<owner>-<name>:<tag> on its node "
-        "(COMMITTING, then READY: see sessionImage). Other drivers: UNSUPPORTED_RESOURCE."
+        description="Commit a RUNNING docker session's main kernel to caravan/u/<owner>/<name>:<tag> on its node "
+        "(caravan/x/<base32 of the owner id>/... for an id with upper-case letters; COMMITTING, then READY: see "
+        "sessionImage). Only its owner, their project's admins and superadmins may use it. Other drivers: "
+        "UNSUPPORTED_RESOURCE."
     )
     async def commit_session(self, info: Info, id: strawberry.ID, name: str, tag: str) -> SessionImage:
         ctx = info.context
@@ -81,10 +83,7 @@ class ImageMutations:
         if session is None or not visible(session, ctx.viewer):
             raise NotFound(f"no session {str(id)[:80]}", field="id")
         image = new_commit(session, name=name, tag=tag, task=TASK_NAME, now=utcnow())
-        taken = {i.ref for i in await image_store(ctx).usable_by(ctx.viewer) if i.owner_id == session.owner_id}
-        if image.ref in taken:
-            raise InvalidInput(f"{image.ref} exists already: delete it or use another tag", field="tag")
-        await image_store(ctx).ask(image)
+        await image_store(ctx).ask(image)  # INVALID_INPUT if the reference is taken (by this owner: it is theirs)
         return image_type_of(image)
 
     @fields.mutation(

@@ -18,10 +18,16 @@ from stores.resource_policies import PolicyStore, pending_admission
 
 
 async def creation_rules(
-    ctx: Context, *, resource_group: str, preset: str | None, folders: Sequence[str] = ()
+    ctx: Context,
+    *,
+    resource_group: str,
+    preset: str | None,
+    folders: Sequence[str] = (),
+    images: Sequence[str] = (),
+    users: Sequence[str] = (),
 ) -> CreationRules:
     """The configuration a new session (or a template's spec) is checked against, read for this request (with the
-    storage ``folders`` it mounts)."""
+    storage ``folders`` it mounts and the committed ``images`` it names, for the ``users`` it is checked for)."""
     config = scheduling_config(ctx.settings.scheduler.config_path)
     return await read_creation_rules(
         ctx.sessions.redis,
@@ -31,6 +37,8 @@ async def creation_rules(
         resource_group=resource_group,
         preset=preset,
         folders=folders,
+        images=images,
+        users=users,
     )
 
 

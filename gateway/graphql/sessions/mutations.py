@@ -9,7 +9,13 @@ from core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from domain.access import may_create_for
 from domain.model import Session as SessionModel
 from domain.model import SessionStatus as Status
-from domain.session_requests import NAME_RULE, SessionRequest, build_sessions, check_users_client_token
+from domain.session_requests import (
+    NAME_RULE,
+    SessionRequest,
+    build_sessions,
+    check_users_client_token,
+    named_images,
+)
 from domain.users import User
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
@@ -66,7 +72,12 @@ async def create_from_input(ctx: Context, input: CreateSessionInput) -> list[Ses
         **options_of(input),
     )
     rules = await creation_rules(
-        ctx, resource_group=input.resource_group, preset=input.preset, folders=[str(m.folder) for m in input.mounts]
+        ctx,
+        resource_group=input.resource_group,
+        preset=input.preset,
+        folders=[str(m.folder) for m in input.mounts],
+        images=[reference for _, reference in named_images(request)],
+        users=(viewer.id, owner.id),
     )
     sessions = build_sessions(request, viewer=viewer, now=utcnow(), rules=rules, owner=owner)
     return await admit_and_store(ctx, sessions, input.client_token)

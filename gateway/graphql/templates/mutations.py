@@ -17,7 +17,7 @@ from strawberry.utils.str_converters import to_camel_case
 from core.clock import utcnow
 from core.errors import CaravanError, Forbidden, InvalidInput
 from domain.access import administers
-from domain.session_requests import SessionRequest, check_request
+from domain.session_requests import SessionRequest, check_request, named_images
 from domain.templates import Template, TemplateSpec, check_template_name, may_write, new_template
 from domain.templates import TemplateScope as Scope
 from domain.users import Role, User
@@ -113,7 +113,13 @@ def spec_of(input: SessionSpecInput) -> TemplateSpec:
 async def check_spec(ctx: Context, spec: TemplateSpec, viewer: User) -> None:
     """The creation rules on ``spec`` (errors name ``spec.<field>``): a template that could never create is refused."""
     request = SessionRequest(name=SPEC_CHECK_NAME, **spec_values(spec))
-    rules = await creation_rules(ctx, resource_group=spec.resource_group, preset=spec.preset)
+    rules = await creation_rules(
+        ctx,
+        resource_group=spec.resource_group,
+        preset=spec.preset,
+        images=[reference for _, reference in named_images(request)],
+        users=(viewer.id,),
+    )
     try:
         check_request(request, viewer=viewer, now=utcnow(), rules=rules)
     except CaravanError as exc:
