@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from core.errors import Forbidden
-from domain.model import DEFAULT_PRIORITY, MAX_PRIORITY
+from domain.model import DEFAULT_PRIORITY, MAX_PRIORITY, Session
 from domain.users import User
 
 Slots = Mapping[str, Decimal]
@@ -161,6 +161,23 @@ def check_allowed(
             )
         if policy.allowed_drivers is not None and driver not in policy.allowed_drivers:
             raise Forbidden(f"{whose} resource policy does not allow the {driver} driver", field="driver")
+
+
+def check_admission(
+    first: Session, *, viewer: User, user: UserResourcePolicy | None, project: ProjectResourcePolicy | None
+) -> None:
+    """Every check of the policies on a creation, given its first session (a creation's sessions share owner, project,
+    resource group, driver and priority) and the owner's and project's policies: their allowed resource groups and
+    drivers (:func:`check_allowed`), the priority ``viewer`` may give (:func:`check_priority`; the schedule runner
+    passes the owner). Used by every creation: ``stores.creation_rules.Policies.admit``."""
+    check_allowed(
+        resource_group=first.resource_group,
+        driver=first.driver.value,
+        user=user,
+        project=project,
+        project_name=first.project,
+    )
+    check_priority(first.priority, viewer=viewer, policy=user)
 
 
 def check_priority(priority: int, *, viewer: User, policy: UserResourcePolicy | None) -> None:

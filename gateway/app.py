@@ -72,7 +72,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
         )
         self.state = state
         self.nomad_shares = NomadShares(limits.max_nomad_calls, limits.max_user_nomad_calls)
-        self.log_follows = LogFollows(LOG_FOLLOWS, limits.max_log_follows)
+        self.log_follows = LogFollows(LOG_FOLLOWS, limits.max_user_log_follows, limits.max_log_follows)
         self.execs: ExecSlots = state["execs"]
 
     @property

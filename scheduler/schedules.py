@@ -1,8 +1,9 @@
 """The schedule runner: one more task of the scheduler's leader. It pops the schedules whose due time (or trigger) has
 come, decides each with ``domain.schedules`` (which due time runs, which are missed), applies the concurrency policy,
-builds the run's sessions through the creation path's domain code (``domain.session_requests`` and the owner's
-resource policies, checked at each run: a violation is the run's recorded failure), creates them with the run key as
-their idempotency key, and settles the runs in ``stores.schedules`` under the leader's fence.
+builds the run's sessions through the creation path (``domain.session_requests``, and ``stores.creation_rules``: the
+creation rules and the owner's resource policies, as createSession and createSchedule admit them, checked at each run:
+a violation is the run's recorded failure), creates them with the run key as their idempotency key, and settles the
+runs in ``stores.schedules`` under the leader's fence.
 
 Schedules are handled in chunks: one read of the documents, one of the run keys, each shape of run checked once, one
 creation (a guarded script call, ``SessionStore.create_each``) and one settlement per chunk, so that 10,000
@@ -25,7 +26,6 @@ from core.lease import Fence
 from core.settings import Settings
 from domain.images import CommittedImage
 from domain.model import Session
-from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy, check_allowed, check_priority
 from domain.schedules import (
     ConcurrencyPolicy,
     Run,
@@ -42,11 +42,10 @@ from domain.scheduling_config import SchedulingConfig
 from domain.session_requests import CheckedRequest, CreationRules, build_sessions, check_request
 from domain.templates import TemplateSpec, may_use
 from domain.users import User
-from stores.creation_rules import read_creation_rules
+from stores.creation_rules import SessionCreation
 from stores.images import ImageStore
-from stores.resource_policies import PolicyStore, pending_admission
 from stores.schedules import ScheduleStore, Settlement
-from stores.sessions import SessionStore
+from stores.sessions import Admission, SessionStore
 from stores.templates import TemplateStore
 from stores.users import UserStore
 
@@ -76,6 +75,8 @@ class Pending:
     next_due: datetime | None = None
     key: str = ""
     sessions: list[Session] | None = None
+    admit: Admission | None = None
+    """The owner's pending limit's check, for storing ``sessions`` (None: no limit)."""
     outcome: RunOutcome | None = None
     session_ids: tuple[str, ...] = ()
     reason: str | None = None
@@ -97,11 +98,9 @@ class ScheduleRunner:
         self.sessions = sessions
         self.schedules = ScheduleStore(redis, keys, history=history)
         self.users = UserStore(redis, keys)
-        self.policies = PolicyStore(redis, keys)
+        self.creation = SessionCreation(sessions, settings, config)
         self.templates = TemplateStore(redis, keys)
         self.images = ImageStore(redis, keys)
-        self.settings = settings
-        self.config = config
         self.fence = fence
 
     async def run_forever(self) -> None:
@@ -130,7 +129,11 @@ class ScheduleRunner:
             if not again:
                 return len(pending)
             log.info("schedule runs created meanwhile by another runner, looking again (%d)", len(again))
-            pending = [replace(p, outcome=None, sessions=None, reason=None) for p in pending if p.schedule.id in again]
+            pending = [
+                replace(p, outcome=None, sessions=None, admit=None, reason=None)
+                for p in pending
+                if p.schedule.id in again
+            ]
             if attempt == 2:
                 log.warning("schedules %s keep changing under the runner; next pass", sorted(again))
         return 0
@@ -164,11 +167,10 @@ class ScheduleRunner:
                 await self.sessions.request_termination(session_id, reason=REPLACED, at=now, fence=self.fence)
 
     async def _build(self, pending: list[Pending], now: datetime) -> None:
-        """Each run's sessions, built and checked as createSession does, with the owner's policies; a refusal is
+        """Each run's sessions, built and admitted as createSession does, with the owner's policies; a refusal is
         the run's outcome (FAILED, with the reason)."""
         owners = {u.id: u for u in await self.users.get_many(sorted({p.schedule.owner_id for p in pending}))}
-        user_policies = await self.policies.users(owners)
-        project_policies = await self.policies.projects({p.schedule.project for p in pending})
+        policies = await self.creation.policies(owners, {p.schedule.project for p in pending})
         templates = await self._templates(pending, owners)
         named = await self._committed_images(pending, templates)
         rules: dict[tuple[str, str | None, tuple[str, ...]], CreationRules] = {}
@@ -183,7 +185,8 @@ class ScheduleRunner:
                 spec = resolved_spec(p.schedule, templates.get(p.schedule.template_id or ""))
                 group = (spec.resource_group, spec.preset, tuple(sorted({m.folder for m in spec.mounts})))
                 if group not in rules:
-                    rules[group] = replace(await self._rules(*group), committed_images=named)
+                    found = await self.creation.rules(resource_group=group[0], preset=group[1], folders=group[2])
+                    rules[group] = replace(found, committed_images=named)
                 assert p.due is not None
                 request = run_request(
                     p.schedule, spec, name=run_session_name(p.schedule, p.due, triggered=p.triggered), key=p.key
@@ -192,14 +195,9 @@ class ScheduleRunner:
                 if shape not in checked:
                     checked[shape] = check_request(request, viewer=owner, now=now, rules=rules[group])
                 p.sessions = build_sessions(request, viewer=owner, now=now, rules=rules[group], checked=checked[shape])
-                _check_policies(
-                    p.sessions[0],
-                    owner,
-                    user_policies.get(owner.id),
-                    project_policies.get(p.schedule.project),
-                )
+                p.admit = policies.admit(p.sessions, viewer=owner)
             except CaravanError as exc:
-                p.sessions, p.outcome, p.reason = None, RunOutcome.FAILED, _reason(exc)
+                p.sessions, p.admit, p.outcome, p.reason = None, None, RunOutcome.FAILED, _reason(exc)
 
     async def _templates(self, pending: list[Pending], owners: dict[str, User]) -> dict[str, TemplateSpec]:
         specs: dict[str, TemplateSpec] = {}
@@ -229,30 +227,19 @@ class ScheduleRunner:
         owners = {p.schedule.owner_id for p in pending}
         return await self.images.named([r for r in references if r], owners)
 
-    async def _rules(self, resource_group: str, preset: str | None, folders: tuple[str, ...]) -> CreationRules:
-        """The creation rules of runs in ``resource_group`` with ``preset`` mounting the storage ``folders``."""
-        redis, keys = self.sessions.redis, self.sessions.keys
-        return await read_creation_rules(
-            redis, keys, self.settings, self.config, resource_group=resource_group, preset=preset, folders=folders
-        )
-
     async def _create(self, pending: list[Pending]) -> None:
         """Store the runs' sessions, the run key as their client token: in one transaction for owners without a
         pending limit, one by one (under the limit's exact check) for the others."""
-        limits = await self.policies.users({p.schedule.owner_id for p in pending})
-        limited = [p for p in pending if (policy := limits.get(p.schedule.owner_id)) and policy.max_pending_sessions]
-        limited_ids = {id(p) for p in limited}
-        batch = [p for p in pending if id(p) not in limited_ids]
+        limited = [p for p in pending if p.admit is not None]
+        batch = [p for p in pending if p.admit is None]
         if batch:
             outcome = await self.sessions.create_each([(p.sessions or [], p.key) for p in batch])
             for p in batch:
                 _created(p, outcome[p.key])
         for p in limited:
             assert p.sessions
-            limit = limits[p.schedule.owner_id].max_pending_sessions
-            admit = pending_admission(p.schedule.owner_id, limit, adding=len(p.sessions))
             try:
-                stored = await self.sessions.create(p.sessions, client_token=p.key, admit=admit)
+                stored = await self.sessions.create(p.sessions, client_token=p.key, admit=p.admit)
                 _created(p, [s.id for s in stored])
             except CaravanError as exc:
                 _created(p, exc)
@@ -278,19 +265,6 @@ def _created(p: Pending, result: list[str] | CaravanError) -> None:
         p.outcome, p.reason, p.sessions = RunOutcome.FAILED, _reason(result), None
     else:
         p.outcome, p.session_ids = RunOutcome.CREATED, tuple(result)
-
-
-def _check_policies(
-    first: Session, owner: User, user: UserResourcePolicy | None, project: ProjectResourcePolicy | None
-) -> None:
-    check_allowed(
-        resource_group=first.resource_group,
-        driver=first.driver.value,
-        user=user,
-        project=project,
-        project_name=first.project,
-    )
-    check_priority(first.priority, viewer=owner, policy=user)
 
 
 def _reason(exc: CaravanError) -> str:

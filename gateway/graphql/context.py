@@ -17,7 +17,9 @@ from gateway.graphql.loaders import Loaders, loaders_for
 from gateway.kernel_exec import ConnectionExecs
 from gateway.log_follows import ConnectionFollows
 from gateway.revocations import RevocationWatch, Watched
+from gateway.scheduling_config import scheduling_config
 from nomad_jobs.client import NomadClient
+from stores.creation_rules import SessionCreation
 from stores.event_hub import EventHub
 from stores.idle import IdleStore
 from stores.sessions import SessionStore
@@ -57,6 +59,12 @@ class Context:
     def loaders(self) -> Loaders:
         """This request's DataLoaders (made on first use; their caches last one request)."""
         return loaders_for(self.users, IdleStore(self.sessions.redis, self.sessions.keys))
+
+    @cached_property
+    def creation(self) -> SessionCreation:
+        """The one admission path of new sessions (``stores.creation_rules``), with the scheduling configuration in
+        force (``Unavailable`` when it cannot be read)."""
+        return SessionCreation(self.sessions, self.settings, scheduling_config(self.settings.scheduler.config_path))
 
     @property
     def viewer(self) -> User:

@@ -79,9 +79,12 @@ class Limits:
     max_user_nomad_calls: int = 16
     """Nomad calls one user's requests have in flight at once in one gateway process; below the Nomad client's pool
     (``nomad_jobs.client.CONNECTIONS``), so that one user's heavy queries leave connections to the others."""
-    max_log_follows: int = 32
-    """``kernelLogs`` subscriptions one WebSocket connection follows at once; at most the process's follow pool
-    (``nomad_jobs.client.LOG_FOLLOWS``), which caps the process (``gateway.log_follows``)."""
+    max_log_follows: int = 8
+    """``kernelLogs`` subscriptions one WebSocket connection follows at once; at most the user's cap below."""
+    max_user_log_follows: int = 16
+    """``kernelLogs`` subscriptions one user's connections follow at once in one gateway process; below the process's
+    follow pool (``nomad_jobs.client.LOG_FOLLOWS``, which caps the process: ``gateway.log_follows``), so that one
+    user's follows leave follows to the others."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -98,10 +101,11 @@ class Limits:
                 f"CARAVAN_GRAPHQL_MAX_USER_NOMAD_CALLS ({self.max_user_nomad_calls}), which must be "
                 f"below the Nomad client's {CONNECTIONS} connections"
             )
-        if self.max_log_follows > LOG_FOLLOWS:
+        if not self.max_log_follows <= self.max_user_log_follows < LOG_FOLLOWS:
             raise ValueError(
-                f"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS ({self.max_log_follows}) must be at most the gateway "
-                f"process's {LOG_FOLLOWS} log follows"
+                f"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS ({self.max_log_follows}) must be at most "
+                f"CARAVAN_GRAPHQL_MAX_USER_LOG_FOLLOWS ({self.max_user_log_follows}), which must be "
+                f"below the gateway process's {LOG_FOLLOWS} log follows"
             )
 
     @classmethod

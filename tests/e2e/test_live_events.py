@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 from urllib.parse import urlparse
 
+from domain.users import Role
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import TASK_NAME
 from tests.faults import NetworkCut
@@ -166,48 +167,102 @@ async def first_answers(socket: GraphQLSocket, operations: list[str]) -> tuple[i
     return followed, refused
 
 
-async def test_log_follows_beyond_the_connection_and_gateway_caps_are_refused_with_a_code(caravan: Caravan) -> None:
-    """A connection follows at most 32 logs at once (CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS) and a gateway process 64, the
-    Nomad client's follow pool: each subscription beyond gets TOO_MANY_LOG_FOLLOWS at once (without the caps, 64 of
-    100 on one connection got data and 36 got nothing, ever)."""
-    alice = await caravan.user("alice")
+TICKING = "while true; do echo tick; sleep 0.5; done"
+
+
+async def ticking_session(caravan: Caravan, token: str, name: str) -> str:
+    """A RUNNING session of the user's whose main kernel prints a line every half second until destroyed."""
     data = await caravan.gql(
         CREATE,
-        {
-            "input": {
-                "name": "ticking",
-                "type": "INTERACTIVE",
-                "driver": "EXEC",
-                "startupCommand": "while true; do echo tick; sleep 0.5; done",
-            }
-        },
-        token=alice,
+        {"input": {"name": name, "type": "INTERACTIVE", "driver": "EXEC", "startupCommand": TICKING}},
+        token=token,
     )
-    session_id = data["createSession"]["sessions"][0]["id"]
+    session_id = str(data["createSession"]["sessions"][0]["id"])
     await caravan.wait_for(session_id, "RUNNING")
+    return session_id
+
+
+async def follow_once_freed(
+    socket: GraphQLSocket, variables: dict[str, Any], count: int, refusal: dict[str, Any]
+) -> None:
+    """Subscribe until ``count`` more follows got log data: the places freed are free once the follows holding them
+    have ended, a moment after their completion or their connection's close; until then, each is refused with
+    ``refusal``."""
+    followed = 0
+    async with asyncio.timeout(30):
+        while followed < count:
+            more, refused = await first_answers(
+                socket, [await socket.subscribe(LOGS, variables) for _ in range(count - followed)]
+            )
+            assert all(r == refusal for r in refused), refused
+            followed += more
+            if refused:  # not ended yet
+                await asyncio.sleep(0.1)
+
+
+async def test_log_follows_beyond_the_connection_and_gateway_caps_are_refused_with_a_code(caravan: Caravan) -> None:
+    """A connection follows at most 8 logs at once (CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS) and a gateway process 64, the
+    Nomad client's follow pool: each subscription beyond gets TOO_MANY_LOG_FOLLOWS at once (without the caps, 64 of
+    100 on one connection got data and 36 got nothing, ever). Admins of the session's project follow it too: each
+    follows at most 16 (the user's cap), so five of them fill the gateway."""
+    alice = await caravan.user("alice")
+    session_id = await ticking_session(caravan, alice, "ticking")
+    admins = [await caravan.user(f"admin{i}", role=Role.ADMIN) for i in range(4)]
     variables = {"id": session_id, "tail": 4096}
-    async with (
-        authenticated_socket(caravan.url, alice) as first,
-        authenticated_socket(caravan.url, alice) as second,
-        authenticated_socket(caravan.url, alice) as third,
-    ):
+    at_gateway_cap = {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 64, "per": "gateway"}
+    async with contextlib.AsyncExitStack() as stack:
+        first = await stack.enter_async_context(authenticated_socket(caravan.url, alice))
         many = [await first.subscribe(LOGS, variables) for _ in range(100)]
         followed, refused = await first_answers(first, many)
-        assert followed == 32 and len(refused) == 68
-        assert refused[0] == {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 32, "per": "connection"}
-        assert await first_answers(second, [await second.subscribe(LOGS, variables) for _ in range(20)]) == (20, [])
-        followed, refused = await first_answers(third, [await third.subscribe(LOGS, variables) for _ in range(20)])
-        assert followed == 12 and len(refused) == 8  # 64 in the process: the gateway's cap
-        assert refused[0] == {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 64, "per": "gateway"}
-        for operation in many[:10]:
+        assert followed == 8 and len(refused) == 92
+        assert refused[0] == {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 8, "per": "connection"}
+        second = await stack.enter_async_context(authenticated_socket(caravan.url, alice))
+        assert await first_answers(second, [await second.subscribe(LOGS, variables) for _ in range(8)]) == (8, [])
+        for admin in admins[:3]:  # 16 + 3 × 16 = 64 in the process
+            for _ in range(2):
+                socket = await stack.enter_async_context(authenticated_socket(caravan.url, admin))
+                assert await first_answers(socket, [await socket.subscribe(LOGS, variables) for _ in range(8)]) == (
+                    8, [],
+                )  # fmt: skip
+        last = await stack.enter_async_context(authenticated_socket(caravan.url, admins[3]))
+        followed, refused = await first_answers(last, [await last.subscribe(LOGS, variables) for _ in range(8)])
+        assert followed == 0 and refused == [at_gateway_cap] * 8  # 64 in the process: the gateway's cap
+        for operation in many[:5]:
             await first.complete(operation)
-        followed = 0  # the completed follows end, and their places are free once they have: ten more follow
-        async with asyncio.timeout(30):
-            while followed < 10:
-                more, refused = await first_answers(
-                    third, [await third.subscribe(LOGS, variables) for _ in range(10 - followed)]
-                )
-                assert all(r == {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 64, "per": "gateway"} for r in refused)
-                followed += more
-                if refused:  # not ended yet
-                    await asyncio.sleep(0.1)
+        await follow_once_freed(last, variables, 5, at_gateway_cap)  # the completed follows end: five more follow
+
+
+async def test_one_user_follows_at_most_their_share_of_a_gateways_log_follows(caravan: Caravan) -> None:
+    """One user following from three connections gets at most 16 follows in one gateway process
+    (CARAVAN_GRAPHQL_MAX_USER_LOG_FOLLOWS), refused with TOO_MANY_LOG_FOLLOWS per user beyond; another user still
+    follows. A follow completed or its connection closed frees its place. (Without the user's cap, 3 connections ×
+    30 subscriptions took all 64 of the gateway's follows, and every other user was refused.)"""
+    alice, bob = await caravan.user("alice"), await caravan.user("bob")
+    alices, bobs = await asyncio.gather(
+        ticking_session(caravan, alice, "alices"), ticking_session(caravan, bob, "bobs")
+    )
+    variables = {"id": alices, "tail": 4096}
+    at_user_cap = {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 16, "per": "user"}
+    at_connection_cap = {"code": "TOO_MANY_LOG_FOLLOWS", "limit": 8, "per": "connection"}
+    async with (
+        authenticated_socket(caravan.url, alice) as first,
+        authenticated_socket(caravan.url, alice) as third,
+        authenticated_socket(caravan.url, bob) as bobs_socket,
+    ):
+        async with authenticated_socket(caravan.url, alice) as second:
+            operations = [await first.subscribe(LOGS, variables) for _ in range(30)]
+            assert await first_answers(first, operations) == (8, [at_connection_cap] * 22)
+            assert await first_answers(second, [await second.subscribe(LOGS, variables) for _ in range(30)]) == (
+                8, [at_connection_cap] * 22,
+            )  # fmt: skip
+            assert await first_answers(third, [await third.subscribe(LOGS, variables) for _ in range(30)]) == (
+                0, [at_user_cap] * 30,
+            )  # fmt: skip
+            bobs_follows = [await bobs_socket.subscribe(LOGS, {"id": bobs, "tail": 4096}) for _ in range(8)]
+            assert await first_answers(bobs_socket, bobs_follows) == (8, [])  # alice's follows left bob his own
+            for operation in operations[:3]:
+                await first.complete(operation)
+            await follow_once_freed(third, variables, 3, at_user_cap)  # completed: their places are alice's again
+        await follow_once_freed(third, variables, 5, at_user_cap)  # the second connection closed: its 8 are free
+        followed, refused = await first_answers(third, [await third.subscribe(LOGS, variables)])
+        assert (followed, refused) == (0, [at_connection_cap])  # the third connection follows its 8

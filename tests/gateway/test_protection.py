@@ -201,6 +201,11 @@ def test_limits_from_environment() -> None:
         Limits.from_env({"CARAVAN_GRAPHQL_MAX_ALIASES": "many"})
     with pytest.raises(ValueError, match="CARAVAN_GRAPHQL_RATE_WINDOW must be positive"):
         Limits.from_env({"CARAVAN_GRAPHQL_RATE_WINDOW": "0"})
-    with pytest.raises(ValueError, match=r"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS \(65\) must be at most .* 64 log follows"):
-        Limits.from_env({"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS": "65"})
-    assert Limits.from_env({"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS": "8"}).max_log_follows == 8
+    with pytest.raises(
+        ValueError, match=r"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS \(17\) must be at most .*_LOG_FOLLOWS \(16\)"
+    ):
+        Limits.from_env({"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS": "17"})
+    with pytest.raises(ValueError, match=r"MAX_USER_LOG_FOLLOWS \(64\), which must be below .* 64 log follows"):
+        Limits.from_env({"CARAVAN_GRAPHQL_MAX_USER_LOG_FOLLOWS": "64"})  # one user could take every follow
+    assert Limits.from_env({"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS": "4"}).max_log_follows == 4
+    assert Limits.from_env({"CARAVAN_GRAPHQL_MAX_USER_LOG_FOLLOWS": "63"}).max_user_log_follows == 63

@@ -12,8 +12,10 @@ import pytest
 from core.clock import utcnow
 from domain.schedules import run_key
 from domain.scheduling_config import load_scheduler_config
+from domain.storage import FolderStatus
 from domain.users import Role
 from scheduler.schedules import ScheduleRunner
+from stores.folders import FolderStore
 from stores.schedules import ScheduleStore
 from tests.harness import Caravan, GraphQLErrors
 
@@ -203,3 +205,86 @@ async def test_a_users_own_session_cannot_take_a_future_runs_key(caravan: Carava
         await caravan.gql(create_session, {"i": session}, token=alice)
     [problem] = error.value.errors
     assert (problem["extensions"]["code"], problem["extensions"].get("field")) == ("INVALID_INPUT", "clientToken")
+
+
+CREATE_SESSION = "mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id } } }"
+CREATE_FOLDER = "mutation($name: String!) { createFolder(input: {name: $name}) { id } }"
+SHARE_FOLDER = "mutation($input: FolderShareInput!) { shareFolder(input: $input) { id } }"
+SET_POLICY = """mutation($user: String!, $policy: UserResourcePolicyInput!) {
+  setUserResourcePolicy(userId: $user, policy: $policy) { userId } }"""
+CREATE_TEMPLATE = "mutation($input: CreateSessionTemplateInput!) { createSessionTemplate(input: $input) { id } }"
+
+
+async def folder(caravan: Caravan, token: str, name: str, *, ready: bool = True) -> str:
+    """A folder of the user's; no scheduler here: made READY on "node-a" as the job owner would."""
+    folder_id = str((await caravan.gql(CREATE_FOLDER, {"name": name}, token=token))["createFolder"]["id"])
+    if ready:
+        made = {"status": FolderStatus.READY, "node_id": "node-a", "volume_id": "v", "host_path": "/x"}
+        store = FolderStore(caravan.store.redis, caravan.store.keys)
+        assert await store.settle(folder_id, lambda f: f.evolve(**made), None) is not None
+    return folder_id
+
+
+async def test_a_schedule_is_refused_what_createsession_refuses_its_runs(caravan: Caravan) -> None:
+    """createSchedule and updateSchedule build and admit a run's sessions as the runner does at each run, through
+    createSession's admission: a folder the owner cannot see (or mounts RW through an RO share, or that is not
+    READY), a priority above theirs, a driver their policy leaves out are refused with createSession's code and field
+    (under ``spec.``), and nothing is written. (Before, such a schedule was stored, and every run of it failed.)"""
+    alice, bob = await caravan.user("alice"), await caravan.user("bob")
+    admin = await caravan.user("ada", Role.ADMIN)
+    bobs, shared = await folder(caravan, bob, "bobs"), await folder(caravan, bob, "shared")
+    await caravan.gql(SHARE_FOLDER, {"input": {"folder": shared, "user": "alice", "mode": "RO"}}, token=bob)
+    creating, mine = await folder(caravan, alice, "creating", ready=False), await folder(caravan, alice, "mine")
+    made = await create(caravan, alice, name="fine", cron="* * * * *")
+
+    async def refusals(changes: dict[str, Any], updated_by: str = alice) -> list[tuple[str, str]]:
+        """createSession's refusal of a session with ``changes``, and createSchedule's and updateSchedule's."""
+        spec = {**BATCH, **changes}
+        direct = await refused(caravan, CREATE_SESSION, {"input": {"name": "direct", **spec}}, alice)
+        scheduled = await refused(caravan, CREATE, {"input": nightly(name="refused", spec=spec)}, alice)
+        updated = await refused(caravan, UPDATE, {"id": made["id"], "input": {"spec": spec}}, updated_by)
+        return [(e["code"], e["field"]) for e in (direct, scheduled, updated)]
+
+    def mount(folder_id: str, mode: str = "RO") -> dict[str, Any]:
+        return {"mounts": [{"folder": folder_id, "path": "/data", "mode": mode}]}
+
+    for changes, (code, field) in (
+        (mount(bobs), ("NOT_FOUND", "mounts.0.folder")),  # not shared with alice: as if it did not exist
+        (mount("no-such-folder"), ("NOT_FOUND", "mounts.0.folder")),
+        (mount(shared, "RW"), ("FORBIDDEN", "mounts.0.mode")),
+        (mount(creating), ("INVALID_INPUT", "mounts.0.folder")),
+        ({"priority": 11}, ("FORBIDDEN", "priority")),  # without a policy, at most the default
+    ):
+        assert await refusals(changes) == [(code, field), (code, f"spec.{field}"), (code, f"spec.{field}")], changes
+    await caravan.gql(SET_POLICY, {"user": "alice", "policy": {"maxPriority": 20}}, token=admin)
+    assert await refusals({"priority": 21}) == [("FORBIDDEN", "priority"), *[("FORBIDDEN", "spec.priority")] * 2]
+    # the owner's limit, whoever changes it: an admin of the project cannot give alice's runs a priority she may not
+    assert (await refusals({"priority": 21}, updated_by=admin))[2] == ("FORBIDDEN", "spec.priority")
+    await caravan.gql(SET_POLICY, {"user": "alice", "policy": {"allowedDrivers": ["DOCKER"]}}, token=admin)
+    assert await refusals({}) == [("FORBIDDEN", "driver"), *[("FORBIDDEN", "spec.driver")] * 2]
+    await caravan.gql(SET_POLICY, {"user": "alice", "policy": {"maxPriority": 20}}, token=admin)
+    # from a template: what it mounts, and the overrides, are the runs' too
+    unseen = {**BATCH, **mount(bobs)}  # a template's spec is checked without its folders (whoever uses it mounts)
+    template = (await caravan.gql(CREATE_TEMPLATE, {"input": {"name": "unseen", "spec": unseen}}, token=alice))[
+        "createSessionTemplate"
+    ]["id"]
+    from_template = nightly(name="templated", spec=None, templateId=template)
+    assert (await refused(caravan, CREATE, {"input": from_template}, alice))["field"] == "spec.mounts.0.folder"
+    plain = (await caravan.gql(CREATE_TEMPLATE, {"input": {"name": "plain", "spec": BATCH}}, token=alice))[
+        "createSessionTemplate"
+    ]["id"]
+    over = {**from_template, "templateId": plain, "overrides": {"priority": 21}}
+    assert await refused(caravan, CREATE, {"input": over}, alice) == {"code": "FORBIDDEN", "field": "spec.priority"}
+    listed = (await caravan.gql(LIST, token=alice))["schedules"]
+    assert listed["totalCount"] == 1 and listed["edges"][0]["node"]["name"] == "fine"
+    stored = await ScheduleStore(caravan.store.redis, caravan.store.keys).get(made["id"])
+    assert stored is not None and stored.spec is not None and stored.spec.priority == 10 and not stored.spec.mounts
+    # what the owner may do is taken, and its runs are created
+    good = {**BATCH, **mount(mine, "RW"), "priority": 20}
+    changed = (await caravan.gql(UPDATE, {"id": made["id"], "input": {"spec": good}}, token=alice))["updateSchedule"]
+    runner = ScheduleRunner(caravan.store, caravan.settings, load_scheduler_config(None), None, history=20)
+    assert await runner.run_due(datetime.fromisoformat(changed["nextDue"]) + timedelta(seconds=0.2)) == 1
+    [run] = (await caravan.gql(ONE, {"id": made["id"]}, token=alice))["schedule"]["history"]
+    assert run["outcome"] == "CREATED", run
+    session = await caravan.store.get(run["sessionIds"][0])
+    assert session is not None and session.priority == 20 and [m.folder_id for m in session.mounts] == [mine]

@@ -301,7 +301,7 @@ async def test_runs_checked_once_per_shape_store_the_documents_build_sessions_ma
     now = T0 + timedelta(seconds=0.2)
     runner = runner_of(redis, keys, redis_settings)
     assert await runner.run_due(now) == len(schedules)
-    rules = await runner._rules("default", None, ())
+    rules = await runner.creation.rules(resource_group="default", preset=None)
     sessions = SessionStore(redis, keys)
     for schedule in schedules:
         [run] = await store.history(schedule.id)

@@ -17,7 +17,6 @@ from domain.sftp import SFTP_PORT, SFTP_USER, checked_public_key, sftp_request
 from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.folders.queries import visible
-from gateway.graphql.sessions.creation import admit_and_store, creation_rules
 from gateway.graphql.sessions.types import Session, session_type_of
 
 
@@ -71,10 +70,10 @@ class SftpMutations:
             public_key = checked_public_key(input.public_key)
         folders = [await visible(ctx, str(f), viewer, field="folders") for f in input.folders]
         request = sftp_request(folders, public_key, image=image, name=f"sftp-{secrets.token_hex(4)}")
-        rules = await creation_rules(
-            ctx, resource_group=request.resource_group, preset=None, folders=[f.id for f, _ in folders]
+        rules = await ctx.creation.rules(
+            resource_group=request.resource_group, preset=None, folders=[f.id for f, _ in folders]
         )
         platform = dataclasses.replace(rules, platform=True)  # the one creation of a SYSTEM session
         sessions = build_sessions(request, viewer=viewer, now=utcnow(), rules=platform)
-        [stored] = await admit_and_store(ctx, sessions, None)
+        [stored] = await ctx.creation.store(sessions, viewer=viewer, client_token=None)
         return SftpAccess(session=session_type_of(stored), user=SFTP_USER, port=SFTP_PORT, private_key=private_key)

@@ -1,8 +1,10 @@
 """Schedule mutations: create, update, pause, resume, delete, trigger (run now).
 
-The session options are checked as a template's are when written (every createSession rule but the session name,
-errors naming ``spec.<field>``), and again at every run by the scheduler's runner, with the owner's policies then: a
-refusal at a run is that run's recorded failure. Only the scheduler writes runs; these write the schedule and wake it.
+When written, a run's sessions are built and admitted as the scheduler's runner builds and admits them at a run
+(``stores.creation_rules``: every createSession rule, the folders mounted and the owner's policies; errors naming
+``spec.<field>``), so a schedule whose runs would be refused is refused; the runner checks again at every run, with
+what holds then: a refusal at a run is that run's recorded failure. Only the scheduler writes runs; these write the
+schedule and wake it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from strawberry.types.unset import UNSET
 
 from core.clock import utcnow
 from core.durations import duration_input
-from core.errors import Conflict, InvalidInput, NotFound
+from core.errors import CaravanError, Conflict, InvalidInput, NotFound
 from domain.model import SessionType
 from domain.schedules import (
     ConcurrencyPolicy,
@@ -25,18 +27,22 @@ from domain.schedules import (
     new_schedule,
     resolved_spec,
     restarted,
+    run_key,
+    run_request,
+    run_session_name,
 )
 from domain.schedules import (
     Schedule as ScheduleModel,
 )
-from domain.session_requests import session_project
+from domain.session_requests import build_sessions, named_images, session_project
 from domain.templates import TemplateSpec
+from domain.users import User
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.schedules.queries import owned, store_of
 from gateway.graphql.schedules.types import Schedule, schedule_type_of
 from gateway.graphql.sessions.inputs import EnvVarInput, ResourceInput, SessionSpecInput
-from gateway.graphql.templates.mutations import check_spec, spec_of
+from gateway.graphql.templates.mutations import in_spec, spec_of
 from gateway.graphql.templates.queries import usable
 
 MAX_DEADLINE = 366 * 86400.0
@@ -129,15 +135,41 @@ def _overrides(given: ScheduleOverridesInput | None) -> tuple[TemplateSpec, tupl
     return TemplateSpec(**values), tuple(values)  # type: ignore[arg-type]
 
 
-async def _checked_spec(ctx: Context, schedule: ScheduleModel) -> None:
-    """The runs' options checked now as createSession would (errors name ``spec.<field>``); only BATCH runs."""
+async def _checked_spec(ctx: Context, schedule: ScheduleModel, now: datetime) -> None:
+    """A run's sessions built and admitted now as the runner would at the next due time, for the schedule's owner
+    (errors name ``spec.<field>``); only BATCH runs."""
     template = None
     if schedule.template_id is not None:
         template = (await usable(ctx, schedule.template_id, ctx.viewer, field="templateId")).spec
     spec = resolved_spec(schedule, template)
     if spec.type is not SessionType.BATCH:
         raise InvalidInput("a schedule runs BATCH sessions: give type BATCH", field="spec.type")
-    await check_spec(ctx, spec, ctx.viewer)
+    owner = await _owner(ctx, schedule)
+    due = schedule.next_due or now
+    request = run_request(schedule, spec, name=run_session_name(schedule, due), key=run_key(schedule.id, due))
+    try:
+        rules = await ctx.creation.rules(
+            resource_group=spec.resource_group,
+            preset=spec.preset,
+            folders=[m.folder for m in spec.mounts],
+            images=[reference for _, reference in named_images(request)],
+            users=(owner.id,),
+        )
+        await ctx.creation.admit(build_sessions(request, viewer=owner, now=now, rules=rules), viewer=owner)
+    except CaravanError as exc:
+        raise in_spec(exc) from exc
+
+
+async def _owner(ctx: Context, schedule: ScheduleModel) -> User:
+    """Whom the runs are for (the runner checks them as theirs): the viewer, or the member whose schedule an admin
+    changes."""
+    viewer = ctx.viewer
+    if schedule.owner_id == viewer.id:
+        return viewer
+    owner = await ctx.users.get(schedule.owner_id)
+    if owner is None or not owner.active:
+        raise Conflict(f"the owner {schedule.owner_id} is deactivated or gone: no run could start", field="id")
+    return owner
 
 
 def _retimed(before: Timing, input: UpdateScheduleInput, now: datetime) -> Timing | None:
@@ -202,7 +234,7 @@ class ScheduleMutations:
             overrides=overrides,
             overridden=overridden,
         )
-        await _checked_spec(ctx, schedule)
+        await _checked_spec(ctx, schedule, now)
         if schedule.next_due is None:
             raise InvalidInput("this schedule has no due time before its end", field="endAt")
         await store_of(ctx).create(schedule)
@@ -230,7 +262,7 @@ class ScheduleMutations:
             concurrency=input.concurrency or before.concurrency,
             updated_at=now,
         )
-        await _checked_spec(ctx, changed)
+        await _checked_spec(ctx, changed, now)
 
         def apply(current: ScheduleModel) -> ScheduleModel:
             after = current.evolve(

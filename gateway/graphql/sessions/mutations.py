@@ -19,7 +19,6 @@ from domain.session_requests import (
 from domain.users import User
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
-from gateway.graphql.sessions.creation import admit_and_store, creation_rules
 from gateway.graphql.sessions.inputs import CreateSessionInput, options_of
 from gateway.graphql.sessions.queries import visible
 from gateway.graphql.sessions.types import Session, session_type_of
@@ -71,8 +70,7 @@ async def create_from_input(ctx: Context, input: CreateSessionInput) -> list[Ses
         project=input.project,
         **options_of(input),
     )
-    rules = await creation_rules(
-        ctx,
+    rules = await ctx.creation.rules(
         resource_group=input.resource_group,
         preset=input.preset,
         folders=[str(m.folder) for m in input.mounts],
@@ -80,7 +78,7 @@ async def create_from_input(ctx: Context, input: CreateSessionInput) -> list[Ses
         users=(viewer.id, owner.id),
     )
     sessions = build_sessions(request, viewer=viewer, now=utcnow(), rules=rules, owner=owner)
-    return await admit_and_store(ctx, sessions, input.client_token)
+    return await ctx.creation.store(sessions, viewer=viewer, client_token=input.client_token)
 
 
 @strawberry.type

@@ -136,8 +136,8 @@ class SessionSubscriptions:
         description="A kernel's stdout or stderr as text chunks as it is written, starting `tailBytes` (0 to 4 MiB) "
         "before its end (0: only what comes next). Waits for the kernel to start; completes when it has ended and all "
         "of its output was sent (at once if it never started). A connection follows at most "
-        "CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS (32) logs at once and a gateway process 64: beyond, "
-        "TOO_MANY_LOG_FOLLOWS (with `limit` and `per`)."
+        "CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS (8) logs at once, a user CARAVAN_GRAPHQL_MAX_USER_LOG_FOLLOWS (16) on one "
+        "gateway process, and a gateway process 64: beyond, TOO_MANY_LOG_FOLLOWS (with `limit` and `per`)."
     )
     async def kernel_logs(
         self,
@@ -153,7 +153,8 @@ class SessionSubscriptions:
             raise NotFound(f"session {session_id} has no kernel {kernel!r}", field="kernel")
         store, follows = info.context.sessions, info.context.log_follows
         assert follows is not None, "the gateway's context has one"
-        with follows.claimed():  # TOO_MANY_LOG_FOLLOWS beyond the connection's or the process's cap
+        # the viewer's follows count, whoever's the session: TOO_MANY_LOG_FOLLOWS beyond any cap
+        with follows.claimed(info.context.viewer.id):
             await record_activity(store.redis, store.keys, session.id, utcnow())  # watching logs is using it
             alloc_id = await allocation_of(store, hub_of(info), session.id, kernel)
             if alloc_id is None:

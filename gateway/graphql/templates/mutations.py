@@ -25,7 +25,6 @@ from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.folders.mounts import MountInput
 from gateway.graphql.sessions.apps import AppInput
-from gateway.graphql.sessions.creation import creation_rules
 from gateway.graphql.sessions.inputs import (
     CreateSessionInput,
     EnvVarInput,
@@ -107,14 +106,13 @@ def spec_of(input: SessionSpecInput) -> TemplateSpec:
     try:
         return TemplateSpec(**options_of(input))
     except CaravanError as exc:
-        raise _in_spec(exc) from exc
+        raise in_spec(exc) from exc
 
 
 async def check_spec(ctx: Context, spec: TemplateSpec, viewer: User) -> None:
     """The creation rules on ``spec`` (errors name ``spec.<field>``): a template that could never create is refused."""
     request = SessionRequest(name=SPEC_CHECK_NAME, **spec_values(spec))
-    rules = await creation_rules(
-        ctx,
+    rules = await ctx.creation.rules(
         resource_group=spec.resource_group,
         preset=spec.preset,
         images=[reference for _, reference in named_images(request)],
@@ -123,7 +121,7 @@ async def check_spec(ctx: Context, spec: TemplateSpec, viewer: User) -> None:
     try:
         check_request(request, viewer=viewer, now=utcnow(), rules=rules)
     except CaravanError as exc:
-        raise _in_spec(exc) from exc
+        raise in_spec(exc) from exc
 
 
 def spec_values(spec: TemplateSpec) -> dict[str, Any]:
@@ -189,7 +187,7 @@ def _merged_roles(base: list[KernelRoleInput], over: list[KernelRoleInput]) -> l
     return list(merged.values())
 
 
-def _in_spec(exc: CaravanError) -> CaravanError:
+def in_spec(exc: CaravanError) -> CaravanError:
     return type(exc)(exc.message, field=f"spec.{exc.field}" if exc.field else "spec")
 
 
