@@ -67,6 +67,7 @@ if [ -n "${CARAVAN_CLUSTER_PEERS:-}" ]; then
     done
     [ -z "$caravan_missing" ]
   }
+  trap 'exit 143' TERM INT
   caravan_tries=0
   until [ -f "$CARAVAN_CLUSTER_PEERS" ] && caravan_listed; do
     caravan_tries=$((caravan_tries + 1))
@@ -76,6 +77,7 @@ if [ -n "${CARAVAN_CLUSTER_PEERS:-}" ]; then
     fi
     sleep 0.2
   done
+  trap - TERM INT
   caravan_hosts=
   set -f
   while read -r caravan_line; do
@@ -119,7 +121,8 @@ exec /bin/sh -c "$1"
 """
 """Every kernel starts as ``sh -c BOOTSTRAP caravan-kernel <command>``: the bootstrap restores encoded
 environment values; in a cluster session on the session network it waits (up to 120 s) until every peer's address
-is known and writes ``/etc/hosts``: its lines naming no kernel of the session, then one line per kernel (Docker's own
+is known (a kernel stopped meanwhile exits 143 at once: a container's first process ignores an untrapped TERM) and
+writes ``/etc/hosts``: its lines naming no kernel of the session, then one line per kernel (Docker's own
 line for the kernel's hostname is replaced, not repeated; ``rm`` first: an exec kernel's ``/etc`` may hold hard links
 into the shared root filesystem; Docker's ``/etc/hosts`` is a per-allocation bind mount, written in place); then it
 replaces itself with ``/bin/sh -c <command>``, so the user's command reaches its shell byte for byte.

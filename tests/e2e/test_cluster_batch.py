@@ -77,8 +77,8 @@ async def test_a_sub_that_ends_at_once_is_known_and_a_running_sub_is_reached_by_
     assert {h: len(a) for h, a in named.items() if h in ("main1", "sub1", "sub2")} == {"main1": 1, "sub1": 1, "sub2": 1}
     assert f"addr={named['main1'][0]}\n" in stdout
     assert all(named[h][0].startswith("172.26.") for h in ("main1", "sub1", "sub2")), named
-    # sub2 ended well before main1 did, and still reported its own code once main1 ended.
-    assert [(k["hostname"], k["status"], k["exitCode"]) for k in session["kernels"]][2] == ("sub2", "TERMINATED", 0)
+    # sub2 waited for main1 (0), unless it was stopped before its command ended (143: a TERM, not a failure).
+    assert (kernel(session, "sub2")["status"], kernel(session, "sub2")["exitCode"] in (0, 143)) == ("TERMINATED", True)
 
 
 @pytest.mark.docker
@@ -102,7 +102,7 @@ async def test_a_failing_sub_fails_the_session_at_once(caravan: Caravan, driver:
 
 
 @pytest.mark.docker
-async def test_a_failing_main_decides_the_result_and_the_finished_sub_is_stopped(caravan: Caravan) -> None:
+async def test_a_failing_main_decides_the_result_whatever_its_sub_did(caravan: Caravan) -> None:
     session = await run(
         caravan, "DOCKER", 2, '[ "$CARAVAN_CLUSTER_ROLE" = sub ] && exit 0; ' + PRINT_HOSTS + "; exit 4"
     )
@@ -111,4 +111,5 @@ async def test_a_failing_main_decides_the_result_and_the_finished_sub_is_stopped
     assert (session["status"], session["result"], session["exitCode"]) == ("TERMINATED", "FAILURE", 4), session
     assert session["statusInfo"] == "task-failed" and session["statusDetail"].startswith("main1: "), session
     assert "sub1" in hosts_lines(main["logs"]["stdout"])
-    assert (kernel(session, "sub1")["status"], kernel(session, "sub1")["exitCode"]) == ("TERMINATED", 0)
+    # sub1 succeeded and waited for main1 (0), or was stopped before its command ended (143): either decides nothing.
+    assert (kernel(session, "sub1")["status"], kernel(session, "sub1")["exitCode"] in (0, 143)) == ("TERMINATED", True)
