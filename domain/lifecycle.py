@@ -101,9 +101,9 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
 
     A terminal session ignores late observations; the session's status follows its kernels'
     (slowest wins, ERROR wins; a TERMINATING session ends once none of its kernels runs, whether they ended or
-    failed), and a BATCH session's result comes from its main kernel's exit code. Start and end times are Nomad's
-    (the task's), so a kernel that ran and ended between two observations still has both; a change is recorded at
-    the kernels' time, never before the previous change nor after ``at``.
+    failed), and a BATCH session's result comes from the kernel that decides it (:func:`deciding_kernel`). Start and
+    end times are Nomad's (the task's), so a kernel that ran and ended between two observations still has both; a
+    change is recorded at the kernels' time, never before the previous change nor after ``at``.
     """
     if session.status.is_terminal:
         return None
@@ -124,17 +124,65 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
         updated = updated.evolve(started_at=min((k.started_at for k in kernels if k.started_at), default=None))
     target = _target(updated)
     main = updated.main_kernel
-    if target is S.TERMINATED or main.status is S.TERMINATED:
+    if session.type is SessionType.BATCH:
+        updated = _batch_result(session, updated, target)
+    elif target is S.TERMINATED or main.status is S.TERMINATED:
         updated = updated.evolve(exit_code=main.exit_code)
-    if session.type is SessionType.BATCH and main.status is S.TERMINATED and updated.result is SessionResult.UNDEFINED:
-        success = main.exit_code == 0
-        updated = updated.evolve(result=SessionResult.SUCCESS if success else SessionResult.FAILURE)
     if target is session.status or not can_transition(session.status, target):
         if target is session.status is S.PREPARING:
             updated = _restated(updated, at)
         return updated if updated != session else None
     reason, detail = _reason_for(session, updated, target)
     return transition(updated, target, reason=reason, detail=detail, at=_moment(updated, target, at))
+
+
+def _batch_result(before: Session, after: Session, target: SessionStatus) -> Session:
+    """A BATCH session's result and exit code, decided once by the kernel that ends it (:func:`deciding_kernel`);
+    a session ended otherwise (a timeout, a destroy) takes its main kernel's exit code."""
+    if after.result is SessionResult.UNDEFINED:
+        decider = deciding_kernel(after, live=before.status is not S.TERMINATING)
+        if decider is not None:
+            success = decider.exit_code == 0
+            result = SessionResult.SUCCESS if success else SessionResult.FAILURE
+            return after.evolve(result=result, exit_code=decider.exit_code)
+    main = after.main_kernel
+    if after.exit_code is None and (target is S.TERMINATED or main.status is S.TERMINATED):
+        return after.evolve(exit_code=main.exit_code)
+    return after
+
+
+def deciding_kernel(session: Session, *, live: bool = True) -> Kernel | None:
+    """The kernel whose command decides a BATCH cluster's result, once one does: main1 when its command has ended
+    (its exit code is the result), else, while the session is ``live`` (not being stopped), the first sub whose
+    command failed (a failing sub fails the session at once). A sub whose command succeeded decides nothing: it waits
+    for main1 (``nomad_jobs.session_job.BOOTSTRAP``)."""
+    main = session.main_kernel
+    if main.status is S.TERMINATED:
+        return main
+    if not live:
+        return None
+    return next((k for k in session.kernels if not k.is_main and _failed(k)), None)
+
+
+def _failed(kernel: Kernel) -> bool:
+    return kernel.status is S.TERMINATED and kernel.exit_code not in (0, None)
+
+
+def batch_ending(session: Session) -> tuple[str, str | None] | None:
+    """Why a BATCH session whose result is decided must end now, with the deciding kernel's detail (``task-finished``,
+    or ``task-failed`` and what Nomad said about the kernel); None when it need not (not decided, or ending)."""
+    if session.type is not SessionType.BATCH or session.status in (S.TERMINATING, S.TERMINATED, S.CANCELLED):
+        return None
+    decider = deciding_kernel(session)
+    if decider is None or session.result is SessionResult.UNDEFINED:
+        return None
+    return _ended_by(session, decider)
+
+
+def _ended_by(session: Session, kernel: Kernel) -> tuple[str, str | None]:
+    if kernel.exit_code in (0, None):
+        return "task-finished", None
+    return "task-failed", _kernel_detail(session, kernel)
 
 
 def _observed(kernel: Kernel, seen: KernelObservation) -> Kernel:
@@ -214,9 +262,8 @@ def _reason_for(before: Session, after: Session, target: SessionStatus) -> tuple
     if before.status is S.TERMINATING:
         return before.status_info, before.status_detail  # the reason the session was being stopped stays its reason
     if target is S.TERMINATED:
-        main = after.main_kernel
-        succeeded = main.exit_code in (0, None)
-        return ("task-finished" if succeeded else "task-failed"), None if succeeded else _kernel_detail(after, main)
+        decider = deciding_kernel(after) if after.type is SessionType.BATCH else None
+        return _ended_by(after, decider or after.main_kernel)
     if target is S.ERROR:
         failed = next((k for k in after.kernels if k.status is S.ERROR), None)
         return (failed.status_info, _kernel_detail(after, failed)) if failed else ("kernel-error", None)

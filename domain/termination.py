@@ -22,20 +22,27 @@ STOPPING = frozenset({S.TERMINATING, S.TERMINATED})
 
 
 def begin_termination(
-    session: Session, *, reason: str, at: datetime, forced: bool = False, result: SessionResult | None = None
+    session: Session,
+    *,
+    reason: str,
+    at: datetime,
+    forced: bool = False,
+    result: SessionResult | None = None,
+    detail: str | None = None,
 ) -> Session | None:
-    """The session as it should be stored when asked to end, or ``None`` if it already has ended."""
+    """The session as it should be stored when asked to end (``detail``: why, for a person), or ``None`` if it
+    already has ended."""
     if session.status.is_terminal:
         return None
     if result is not None and session.result is SessionResult.UNDEFINED:
         session = session.evolve(result=result)
     if session.status in NEVER_STARTED:
-        return transition(session, S.CANCELLED, reason=reason, at=at)
+        return transition(session, S.CANCELLED, reason=reason, at=at, detail=detail)
     if forced or (session.status is S.ERROR and not any(map(may_run, session.kernels))):
-        return transition(session, S.TERMINATED, reason=reason, at=at)
+        return transition(session, S.TERMINATED, reason=reason, at=at, detail=detail)
     if session.status is S.TERMINATING:
         return None
-    return transition(session, S.TERMINATING, reason=reason, at=at)
+    return transition(session, S.TERMINATING, reason=reason, at=at, detail=detail)
 
 
 def may_run(kernel: Kernel) -> bool:

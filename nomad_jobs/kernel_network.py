@@ -9,7 +9,9 @@
   Nomad service (``address_mode = "alloc"``: its address on the session network, tagged with its hostname), and a
   template renders the registered addresses into ``/local/caravan-peers``; the kernel's bootstrap waits until every
   hostname of ``CARAVAN_CLUSTER_HOSTS`` is listed, adds them to ``/etc/hosts`` and exports the kernel's own address as
-  ``CARAVAN_CLUSTER_ADDR`` (``nomad_jobs.session_job.BOOTSTRAP``). Nomad service discovery spans the cluster, so
+  ``CARAVAN_CLUSTER_ADDR`` (``nomad_jobs.session_job.BOOTSTRAP``). A registration lives as long as the kernel's
+  allocation: a BATCH sub whose command succeeded stays up until main1 ends (``session_job.waits_for_main``), so no
+  peer waits for the address of a sub that ended. Nomad service discovery spans the cluster, so
   multi-node sessions resolve alike; reaching each other across machines needs the nodes' session subnets routed.
 - **raw_exec kernels** run on the host's network (they are not isolated anyway: SUPERADMIN only), and so does every
   kernel when the operator turns isolation off (``CARAVAN_SESSION_NETWORK=host``): then each kernel of a cluster gets a

@@ -54,17 +54,20 @@ done
 unset CARAVAN_ENCODED_ENV caravan_name caravan_value
 if [ -n "${CARAVAN_CLUSTER_PEERS:-}" ]; then
   caravan_listed() {
-    caravan_rest="$CARAVAN_CLUSTER_HOSTS,"
+    caravan_rest="$CARAVAN_CLUSTER_HOSTS," caravan_known= caravan_missing=
     while [ -n "$caravan_rest" ]; do
       caravan_host=${caravan_rest%%,*} caravan_rest=${caravan_rest#*,} caravan_found=
       while read -r caravan_ip caravan_peer; do
         [ "$caravan_peer" = "$caravan_host" ] && caravan_found=$caravan_ip
       done < "$CARAVAN_CLUSTER_PEERS"
-      [ -n "$caravan_found" ] || return 1
+      if [ -z "$caravan_found" ]; then caravan_missing=1; continue; fi
       [ "$caravan_host" = "$CARAVAN_CLUSTER_HOST" ] && CARAVAN_CLUSTER_ADDR=$caravan_found
+      caravan_known="$caravan_known$caravan_found $caravan_host
+"
     done
-    return 0
+    [ -z "$caravan_missing" ]
   }
+  trap 'exit 143' TERM INT
   caravan_tries=0
   until [ -f "$CARAVAN_CLUSTER_PEERS" ] && caravan_listed; do
     caravan_tries=$((caravan_tries + 1))
@@ -74,16 +77,29 @@ if [ -n "${CARAVAN_CLUSTER_PEERS:-}" ]; then
     fi
     sleep 0.2
   done
-  caravan_hosts=$(cat /etc/hosts 2>/dev/null; cat "$CARAVAN_CLUSTER_PEERS")
+  trap - TERM INT
+  caravan_hosts=
+  set -f
+  while read -r caravan_line; do
+    caravan_keep=1
+    for caravan_word in $caravan_line; do
+      case ",$CARAVAN_CLUSTER_HOSTS," in *",$caravan_word,"*) caravan_keep= ;; esac
+    done
+    [ -n "$caravan_keep" ] && caravan_hosts="$caravan_hosts$caravan_line
+"
+  done 2>/dev/null < /etc/hosts
+  set +f
   rm -f /etc/hosts 2>/dev/null
-  printf '%s\\n' "$caravan_hosts" > /etc/hosts || echo "caravan: /etc/hosts is not writable: peers unresolved" >&2
+  printf %s "$caravan_hosts$caravan_known" > /etc/hosts ||
+    echo "caravan: /etc/hosts is not writable: peers unresolved" >&2
   export CARAVAN_CLUSTER_ADDR
   unset -f caravan_listed
-  unset caravan_rest caravan_host caravan_found caravan_ip caravan_peer caravan_tries caravan_hosts
+  unset caravan_rest caravan_host caravan_found caravan_ip caravan_peer caravan_tries caravan_hosts caravan_known \
+    caravan_missing caravan_line caravan_keep caravan_word
 fi
-if [ -n "${CARAVAN_OUTPUT_LINGER:-}" ]; then
-  caravan_linger=$CARAVAN_OUTPUT_LINGER
-  unset CARAVAN_OUTPUT_LINGER
+if [ -n "${CARAVAN_OUTPUT_LINGER:-}${CARAVAN_WAIT_FOR_MAIN:-}" ]; then
+  caravan_linger=${CARAVAN_OUTPUT_LINGER:-0} caravan_hold=${CARAVAN_WAIT_FOR_MAIN:-}
+  unset CARAVAN_OUTPUT_LINGER CARAVAN_WAIT_FOR_MAIN
   /bin/sh -c "$1" <&0 &
   caravan_child=$!
   for caravan_signal in TERM INT HUP QUIT USR1 USR2; do
@@ -94,6 +110,10 @@ if [ -n "${CARAVAN_OUTPUT_LINGER:-}" ]; then
     caravan_code=$?
     kill -0 "$caravan_child" 2>/dev/null || break
   done
+  if [ -n "$caravan_hold" ] && [ "$caravan_code" = 0 ]; then
+    trap 'exit 0' TERM INT
+    while :; do sleep 3600 & wait $!; done
+  fi
   sleep "$caravan_linger"
   exit "$caravan_code"
 fi
@@ -101,14 +121,19 @@ exec /bin/sh -c "$1"
 """
 """Every kernel starts as ``sh -c BOOTSTRAP caravan-kernel <command>``: the bootstrap restores encoded
 environment values; in a cluster session on the session network it waits (up to 120 s) until every peer's address
-is known and writes them to ``/etc/hosts`` (``rm`` first: an exec kernel's ``/etc`` may hold hard links into the
-shared root filesystem; Docker's ``/etc/hosts`` is a per-allocation bind mount, written in place); then it replaces
-itself with ``/bin/sh -c <command>``, so the user's command reaches its shell byte for byte.
+is known (a kernel stopped meanwhile exits 143 at once: a container's first process ignores an untrapped TERM) and
+writes ``/etc/hosts``: its lines naming no kernel of the session, then one line per kernel (Docker's own
+line for the kernel's hostname is replaced, not repeated; ``rm`` first: an exec kernel's ``/etc`` may hold hard links
+into the shared root filesystem; Docker's ``/etc/hosts`` is a per-allocation bind mount, written in place); then it
+replaces itself with ``/bin/sh -c <command>``, so the user's command reaches its shell byte for byte.
 
 A docker kernel (``CARAVAN_OUTPUT_LINGER``) instead runs the command as its child, passes signals on to it, and
 lingers :data:`OUTPUT_LINGER_SECONDS` after it ends before exiting with its status: Nomad stops copying a container's
 output the moment the container exits (hashicorp/nomad#6931), which lost the last lines of kernels that print and
-exit at once."""
+exit at once. So does a sub kernel of a BATCH cluster (``CARAVAN_WAIT_FOR_MAIN``), which, when its command succeeds,
+stays up idle until Caravan stops it (main1 ended) and then exits 0: its allocation, and so its address in Nomad's
+service registry, lives until the session ends, so a peer never waits for the address of a sub that already ended.
+"""
 
 OUTPUT_LINGER_SECONDS = "0.5"
 """How long a docker kernel stays up after its command ends, for Nomad to copy the last of its output."""
@@ -245,6 +270,17 @@ def _driver_config(session: Session, kernel: Kernel, ctx: JobContext) -> dict[st
     return {"command": SHELL, "args": args}
 
 
+def waits_for_main(session: Session, kernel: Kernel) -> bool:
+    """Does this kernel, once its command succeeded, stay up until the session ends? A sub kernel of a BATCH cluster
+    does (``BOOTSTRAP``; not a VM, which runs no bootstrap): a BATCH cluster ends when main1's command does."""
+    return (
+        session.type is SessionType.BATCH
+        and len(session.kernels) > 1
+        and not kernel.is_main
+        and session.driver is not Driver.QEMU
+    )
+
+
 def vm_environment(session: Session, kernel: Kernel) -> dict[str, str]:
     """A VM's environment: the same variables, the user's as written (they reach the guest base64-encoded). A VM has
     no network card, so it is on no session network."""
@@ -271,6 +307,8 @@ def _environment(session: Session, kernel: Kernel, network_mode: str) -> dict[st
     }
     if session.driver is Driver.DOCKER:
         env["CARAVAN_OUTPUT_LINGER"] = OUTPUT_LINGER_SECONDS
+    if waits_for_main(session, kernel):
+        env["CARAVAN_WAIT_FOR_MAIN"] = "1"
     env |= network_environment(session, kernel, network_mode)
     env |= service_environment(session)
     encoded = []

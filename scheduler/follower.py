@@ -32,7 +32,7 @@ from core.lease import Fence
 from core.replies import text_set
 from core.retry import stop_if_cancelled
 from domain.inference import HealthReading, forget_stale_health, is_inference, replica_health, with_replica_health
-from domain.lifecycle import observe_kernel, transition
+from domain.lifecycle import batch_ending, observe_kernel, transition
 from domain.model import KernelObservation, Session, SessionStatus, SessionType
 from domain.termination import job_outlives
 from nomad_jobs.client import TERMINAL_ALLOCATION_STATUSES, NomadClient
@@ -94,12 +94,10 @@ class Follower:
         if outlived and stored is not None and stored.nomad_job_id:
             # its job was asked to stop in the same write (stores.sessions): Nomad would restart or reschedule it
             log.info("session=%s ended (%s): its job=%s is stopped", stored.id, stored.status_info, stored.nomad_job_id)
-        if stored is not None and _main_batch_kernel_ended(stored):
-            # The main kernel's exit decides a BATCH session: stop the kernels still running.
-            code = stored.main_kernel.exit_code
-            await self.store.request_termination(
-                stored.id, reason="task-finished" if code == 0 else "task-failed", at=utcnow(), fence=self.fence
-            )
+        if stored is not None and (ending := batch_ending(stored)) is not None:
+            # main1's end (or a sub's failure) decides a BATCH session: stop the kernels still running.
+            reason, detail = ending
+            await self.store.request_termination(stored.id, reason=reason, detail=detail, at=utcnow(), fence=self.fence)
         return stored
 
     async def on_allocation(self, alloc: dict[str, Any]) -> None:
@@ -304,14 +302,6 @@ def unplaced_groups(job: dict[str, Any], latest: dict[str, dict[str, Any]]) -> l
 def is_live(alloc: dict[str, Any]) -> bool:
     """May the allocation still run a task (or restart one)?"""
     return str(alloc.get("ClientStatus")) not in TERMINAL_ALLOCATION_STATUSES
-
-
-def _main_batch_kernel_ended(session: Session) -> bool:
-    return (
-        session.type is SessionType.BATCH
-        and session.main_kernel.status is S.TERMINATED
-        and session.status not in (S.TERMINATING, S.TERMINATED, S.CANCELLED)
-    )
 
 
 def _job_lost(session: Session) -> Session | None:

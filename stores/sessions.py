@@ -341,13 +341,14 @@ class SessionStore:
         at: datetime,
         forced: bool = False,
         result: SessionResult | None = None,
+        detail: str | None = None,
         fence: Fence | None = None,
     ) -> Session | None:
         """End one session (``domain.termination``); its job is stopped (purged if ``forced``) by the job owner,
         asked in the same transaction. Returns the session as stored afterwards (``None`` if it does not exist)."""
         return await self.update(
             session_id,
-            lambda s: begin_termination(s, reason=reason, at=at, forced=forced, result=result),
+            lambda s: begin_termination(s, reason=reason, at=at, forced=forced, result=result, detail=detail),
             fence=fence,
             stop_job="purge" if forced else "stop",
         )

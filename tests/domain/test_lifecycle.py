@@ -7,7 +7,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from core.codec import decode, encode
-from domain.lifecycle import ALLOWED, IllegalTransition, derive_session_status, observe_kernel, restate, transition
+from domain.lifecycle import (
+    ALLOWED,
+    IllegalTransition,
+    batch_ending,
+    derive_session_status,
+    observe_kernel,
+    restate,
+    transition,
+)
 from domain.model import (
     Driver,
     Kernel,
@@ -89,6 +97,45 @@ def test_batch_result_follows_the_main_kernel(code: int, result: SessionResult, 
     after = observe_kernel(running, seen, at=T0)
     assert after is not None
     assert (after.status, after.result, after.exit_code, after.status_info) == (S.TERMINATED, result, code, reason)
+
+
+def ended(hostname: str, code: int, detail: str | None = None) -> KernelObservation:
+    return KernelObservation(hostname=hostname, status=S.TERMINATED, reason="x", exit_code=code, detail=detail)
+
+
+def test_a_cluster_batch_ends_with_main1_whatever_its_subs_did() -> None:
+    running = session(kernel("main1", S.RUNNING, role="main"), kernel("sub1", S.RUNNING), status=S.RUNNING)
+    sub_done = observe_kernel(running, ended("sub1", 0), at=T0)  # a sub that succeeded decides nothing
+    assert sub_done is not None and sub_done.result is SessionResult.UNDEFINED and batch_ending(sub_done) is None
+    main_failed = observe_kernel(sub_done, ended("main1", 4, "Terminated: Exit Code: 4"), at=T1)
+    assert main_failed is not None
+    assert (main_failed.status, main_failed.result, main_failed.exit_code) == (S.TERMINATED, SessionResult.FAILURE, 4)
+    assert (main_failed.status_info, main_failed.status_detail) == ("task-failed", "main1: Terminated: Exit Code: 4")
+
+
+def test_a_failing_sub_fails_a_cluster_batch_at_once() -> None:
+    running = session(kernel("main1", S.RUNNING, role="main"), kernel("sub1", S.RUNNING), status=S.RUNNING)
+    failed = observe_kernel(running, ended("sub1", 3, "Terminated: Exit Code: 3"), at=T0)
+    assert failed is not None
+    assert (failed.status, failed.result, failed.exit_code) == (S.RUNNING, SessionResult.FAILURE, 3)
+    assert batch_ending(failed) == ("task-failed", "sub1: Terminated: Exit Code: 3")
+    stopping = transition(failed, S.TERMINATING, reason="task-failed", detail="sub1: …", at=T1)
+    assert batch_ending(stopping) is None
+    stopped = observe_kernel(stopping, ended("main1", 143), at=T2)  # main1 stopped: the result stays the sub's
+    assert stopped is not None
+    assert (stopped.status, stopped.result, stopped.exit_code, stopped.status_info) == (
+        S.TERMINATED,
+        SessionResult.FAILURE,
+        3,
+        "task-failed",
+    )
+
+
+def test_a_sub_stopped_with_its_session_decides_nothing() -> None:
+    running = session(kernel("main1", S.RUNNING, role="main"), kernel("sub1", S.RUNNING), status=S.RUNNING)
+    stopping = transition(running, S.TERMINATING, reason="user-requested", at=T0)
+    after = observe_kernel(stopping, ended("sub1", 143), at=T1)
+    assert after is not None and after.result is SessionResult.UNDEFINED and after.exit_code is None
 
 
 def test_late_reports_do_not_revive_a_finished_kernel() -> None:

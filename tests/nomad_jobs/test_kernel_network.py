@@ -110,3 +110,16 @@ def test_raw_exec_and_the_host_mode_use_the_hosts_network_with_loopback_addresse
 def test_vms_have_no_network_block() -> None:
     session = cluster(Driver.QEMU, ports=())
     assert all("network" not in g for g in groups(session).values())
+
+
+@pytest.mark.parametrize("driver", [Driver.DOCKER, Driver.EXEC, Driver.RAW_EXEC])
+def test_only_the_subs_of_a_batch_cluster_wait_for_main1(driver: Driver) -> None:
+    batch = groups(cluster(driver, size=3))
+    assert {h: task(g)["env"][0].get("CARAVAN_WAIT_FOR_MAIN") for h, g in batch.items()} == {
+        "main1": None,
+        "sub1": "1",
+        "sub2": "1",
+    }
+    interactive = groups(cluster(driver, size=2, type=SessionType.INTERACTIVE))
+    single = groups(cluster(driver, size=1))
+    assert all("CARAVAN_WAIT_FOR_MAIN" not in task(g)["env"][0] for g in [*interactive.values(), *single.values()])
