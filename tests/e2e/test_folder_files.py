@@ -4,6 +4,7 @@ partial; shares' modes honoured."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import os
@@ -224,3 +225,47 @@ async def test_a_download_link_streams_one_file_once_to_whoever_opens_it_while_a
     revoked = (await link(files, "out/résumé.bin")).json()["url"]
     await caravan.users.deactivate("alice")
     refused(await caravan.http.get(origin + revoked), 404, "NOT_FOUND", "link")
+
+
+async def test_a_symlink_pointing_out_is_deleted_itself_never_its_target(caravan: Caravan) -> None:
+    token, folder_id, host = await folder_for(caravan)
+    files = Files(caravan, folder_id, token)
+    outside = host.parent / f"outside-{folder_id}"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "secret.txt").write_text("not yours")
+    (outside / "dir" / "kept.txt").write_text("kept")
+    (host / "file-link-out").symlink_to(outside / "secret.txt")
+    (host / "dir-link-out").symlink_to(outside / "dir")
+    (host / "abs-link").symlink_to("/etc")
+    for name in ("file-link-out", "dir-link-out", "abs-link"):
+        deleted = await files.call("DELETE", params={"path": name})
+        assert deleted.status_code == 200 and deleted.json() == {"deleted": True, "freed": 0}, deleted.text
+        assert not os.path.lexists(host / name)
+    assert (await files.get("")).json()["entries"] == []
+    assert (outside / "secret.txt").read_text() == "not yours" and (outside / "dir" / "kept.txt").read_text() == "kept"
+    assert Path("/etc/passwd").exists()
+
+
+async def test_concurrent_uploads_never_pass_the_bytes_quota_together(caravan: Caravan) -> None:
+    """Two uploads of 3 MiB at once against a 4 MiB quota, both under way (each has written its first MiB) before
+    either goes on: one of them at least is refused, and the folder never holds more than the quota."""
+    token, folder_id, host = await folder_for(caravan)
+    files = Files(caravan, folder_id, token)
+    blob = os.urandom(3 * 1024 * 1024)
+
+    def under_way() -> int:
+        return sum(1 for p in host.iterdir() if p.name.startswith(".caravan-upload-") and p.stat().st_size > 0)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield blob[: 1024 * 1024 + 1]  # more than the gateway's write size: written (and counted) at once
+        for _ in range(600):  # until both uploads have written their first piece (a bounded wait)
+            if under_way() >= 2:
+                break
+            await asyncio.sleep(0.05)
+        yield blob[1024 * 1024 + 1 :]
+
+    answers = await asyncio.gather(*(files.call("PUT", params={"path": f"{n}.bin"}, content=body()) for n in "ab"))
+    assert sorted(a.status_code for a in answers) in ([201, 413], [413, 413]), [a.text for a in answers]
+    on_disk = sum(p.stat().st_size for p in host.iterdir())
+    usage = (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"]
+    assert on_disk <= QUOTA and usage == on_disk, (on_disk, usage)
