@@ -51,6 +51,8 @@ STATUS = {"INVALID_INPUT": 400, "UNAUTHENTICATED": 401, "FORBIDDEN": 403, "NOT_F
 CHUNK = 1 << 20
 """Bytes per write of an upload (reserved against the quotas before each: one ``os.writev`` into the page cache, on
 the event loop, well under a millisecond) and per read of a download (Starlette's, through a thread)."""
+RESERVE_AHEAD = 8 * CHUNK
+"""Bytes an upload of declared length reserves beyond what it has written."""
 IOV_MAX = 1024
 """Buffers one ``os.writev`` takes (Linux's limit)."""
 
@@ -179,14 +181,15 @@ class FolderFiles:
             if "offset" in request.query_params:
                 return await self._resume(request, folder, parts, at, name)
             replaced = there.st_size if there is not None and stat.S_ISREG(there.st_mode) else 0
-            upload = Upload(self._store(), folder, self.state["settings"].storage, credit=replaced)
+            upload = self._upload(request, folder, credit=replaced)
             partial = f"{RESERVED_PREFIX}{uuid.uuid4().hex}"
             try:
                 fd = os.open(
                     partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=at
                 )
                 with beneath.held(fd):
-                    written = await _receive(request, fd, upload.reserve)
+                    written = await _receive(request, fd, upload)
+                await upload.settle(written)
                 now = _entry(at, name)  # what the rename replaces (a concurrent upload's file, perhaps)
                 os.rename(partial, name, src_dir_fd=at, dst_dir_fd=at)
             except BaseException:
@@ -221,9 +224,9 @@ class FolderFiles:
             size = os.fstat(fd).st_size
             if offset != size:
                 raise Conflict(f"the file has {size} bytes: resume at offset {size}", field="offset", size=size)
-            upload = Upload(self._store(), folder, self.state["settings"].storage, credit=0)
+            upload = self._upload(request, folder, credit=0)
             try:
-                written = await _receive(request, fd, upload.reserve)
+                written = await _receive(request, fd, upload)
             except QuotaExceeded:
                 os.ftruncate(fd, offset)
                 await upload.settle(0)
@@ -231,6 +234,7 @@ class FolderFiles:
             except BaseException:  # what arrived is kept, to resume from
                 await upload.settle(os.fstat(fd).st_size - offset)
                 raise
+            await upload.settle(written)
         return JSONResponse({"path": "/".join(parts), "size": offset + written}, status_code=200)
 
     async def _delete(self, request: Request) -> Response:
@@ -248,6 +252,11 @@ class FolderFiles:
         return JSONResponse({"deleted": True, "freed": freed})
 
     # -- who, which folder, where --
+
+    def _upload(self, request: Request, folder: Folder, *, credit: int) -> Upload:
+        length = request.headers.get("content-length", "")
+        declared = int(length) if length.isdigit() else None
+        return Upload(self._store(), folder, self.state["settings"].storage, credit=credit, declared=declared)
 
     def _store(self) -> FolderStore:
         sessions = self.state["sessions"]
@@ -283,20 +292,21 @@ class FolderFiles:
         return folder, Path(folder.host_path).resolve()
 
 
-async def _receive(request: Request, fd: int, reserve: Callable[[int], Awaitable[None]]) -> int:
+async def _receive(request: Request, fd: int, upload: Upload) -> int:
     """Write the request's body to the file ``fd`` about a CHUNK at a time, each write's bytes reserved first
-    against the quotas (:meth:`Upload.reserve`); the bytes written."""
+    against the quotas (:meth:`Upload.cover`); the bytes written."""
+    await upload.begin()
     pending: list[bytes] = []
     written = buffered = 0
     async for chunk in request.stream():
         pending.append(chunk)
         buffered += len(chunk)
         if buffered >= CHUNK:
-            await reserve(buffered)
+            await upload.cover(written + buffered)
             written = _flush(fd, pending, written, buffered)
             buffered = 0
     if buffered:
-        await reserve(buffered)
+        await upload.cover(written + buffered)
     return _flush(fd, pending, written, buffered)
 
 
@@ -314,23 +324,39 @@ def _flush(fd: int, pending: list[bytes], written: int, buffered: int) -> int:
 
 
 class Upload:
-    """The bytes one upload has counted in its folder's usage: reserved before each write (so that concurrent
-    uploads never pass a quota together, :meth:`stores.folders.FolderStore.reserve`), settled when it fails."""
+    """The bytes one upload has counted in its folder's usage: reserved before they are written (so that
+    concurrent uploads never pass a quota together, :meth:`stores.folders.FolderStore.reserve`), up to
+    :data:`RESERVE_AHEAD` beyond them when the request declared its length (one Redis check per that many bytes,
+    not per write; a body that could not fit is refused before a byte is written); settled to what it kept."""
 
-    def __init__(self, store: FolderStore, folder: Folder, quota: StorageSettings, *, credit: int) -> None:
+    def __init__(
+        self, store: FolderStore, folder: Folder, quota: StorageSettings, *, credit: int, declared: int | None
+    ) -> None:
         self.store = store
         self.folder = folder
         self.quota = quota
         self.credit = credit
         """Bytes of the file the upload replaces (they go when it lands)."""
+        self.declared = declared
+        """The body's ``Content-Length``, if sent (uvicorn holds the client to it)."""
         self.reserved = 0
 
-    async def reserve(self, adding: int) -> None:
-        await self.store.reserve(self.folder, adding, credit=self.credit, quota=self.quota)
-        self.reserved += adding
+    async def begin(self) -> None:
+        """Before the body is read: the first bytes of a declared length reserved, so that a body that cannot fit
+        is refused before it is sent (a client that waits for ``100 Continue``, as curl does, sends nothing)."""
+        if self.declared:
+            await self.cover(min(self.declared, RESERVE_AHEAD))
+
+    async def cover(self, total: int) -> None:
+        """Reserve so that ``total`` bytes written are counted (QUOTA_EXCEEDED if they cannot be)."""
+        if total <= self.reserved:
+            return
+        upto = max(total, min(self.declared or 0, total + RESERVE_AHEAD))
+        await self.store.reserve(self.folder, upto - self.reserved, credit=self.credit, quota=self.quota)
+        self.reserved = upto
 
     async def settle(self, kept: int) -> None:
-        """The upload failed with ``kept`` of its bytes still on disk: its usage made that."""
+        """The upload ended with ``kept`` of its bytes on disk (0: none, its file removed): its usage says so."""
         if kept != self.reserved:
             await self.store.add_usage(self.folder.id, kept - self.reserved)
         self.reserved = kept
