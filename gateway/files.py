@@ -52,7 +52,8 @@ CHUNK = 1 << 20
 """Bytes per write of an upload (reserved against the quotas before each: one ``os.writev`` into the page cache, on
 the event loop, well under a millisecond) and per read of a download (Starlette's, through a thread)."""
 RESERVE_AHEAD = 8 * CHUNK
-"""Bytes an upload of declared length reserves beyond what it has written."""
+"""Bytes an upload reserves beyond what it has written: a quota check (two Redis round trips, ~0.2 ms) per 8 MiB,
+not per MiB, where it cost ~20% of an upload's throughput."""
 IOV_MAX = 1024
 """Buffers one ``os.writev`` takes (Linux's limit)."""
 
@@ -326,8 +327,9 @@ def _flush(fd: int, pending: list[bytes], written: int, buffered: int) -> int:
 class Upload:
     """The bytes one upload has counted in its folder's usage: reserved before they are written (so that
     concurrent uploads never pass a quota together, :meth:`stores.folders.FolderStore.reserve`), up to
-    :data:`RESERVE_AHEAD` beyond them when the request declared its length (one Redis check per that many bytes,
-    not per write; a body that could not fit is refused before a byte is written); settled to what it kept."""
+    :data:`RESERVE_AHEAD` beyond them (one Redis check per that many bytes, not per write); settled to what it
+    kept. Near a quota, a body of unknown length reserves exactly what it writes; one of declared length that
+    cannot fit is refused before a byte of it is read."""
 
     def __init__(
         self, store: FolderStore, folder: Folder, quota: StorageSettings, *, credit: int, declared: int | None
@@ -345,13 +347,22 @@ class Upload:
         """Before the body is read: the first bytes of a declared length reserved, so that a body that cannot fit
         is refused before it is sent (a client that waits for ``100 Continue``, as curl does, sends nothing)."""
         if self.declared:
-            await self.cover(min(self.declared, RESERVE_AHEAD))
+            await self._reserve(min(self.declared, RESERVE_AHEAD))
 
     async def cover(self, total: int) -> None:
         """Reserve so that ``total`` bytes written are counted (QUOTA_EXCEEDED if they cannot be)."""
         if total <= self.reserved:
             return
-        upto = max(total, min(self.declared or 0, total + RESERVE_AHEAD))
+        declared = self.declared if self.declared is not None and self.declared >= total else None
+        ahead = total + RESERVE_AHEAD if declared is None else min(declared, total + RESERVE_AHEAD)
+        try:
+            await self._reserve(ahead)
+        except QuotaExceeded:
+            if declared is not None or ahead == total:  # a declared body that cannot fit; or exactly this
+                raise
+            await self._reserve(total)
+
+    async def _reserve(self, upto: int) -> None:
         await self.store.reserve(self.folder, upto - self.reserved, credit=self.credit, quota=self.quota)
         self.reserved = upto
 

@@ -151,6 +151,14 @@ async def test_a_quota_exceeded_upload_is_refused_and_leaves_nothing(caravan: Ca
     assert sorted(p.name for p in host.iterdir()) == ["first.bin"]  # no partial file, no hidden upload left
     assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == 3 * 1024 * 1024
     assert (await files.put("first.bin", os.urandom(3 * 1024 * 1024 + 1))).status_code == 201  # a replacement
+    room = QUOTA - (3 * 1024 * 1024 + 1)
+
+    async def the_rest() -> AsyncIterator[bytes]:  # no declared length, up to the last byte the quota allows
+        yield os.urandom(room // 2)
+        yield os.urandom(room - room // 2)
+
+    assert (await files.call("PUT", params={"path": "rest.bin"}, content=the_rest())).status_code == 201
+    assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == QUOTA
 
 
 async def test_who_may_read_and_write(caravan: Caravan) -> None:
