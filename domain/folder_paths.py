@@ -1,6 +1,7 @@
 """Paths inside a storage folder, as the file API takes them (pure): relative, NFC-normalised, no NUL, no ``.`` or
-``..`` part, bounded. What the file system adds (a symlink pointing out) is checked where the files are
-(``gateway.files``): a path is followed only when its real location stays inside the folder."""
+``..`` part, bounded. What the file system adds (a symlink, swapped in at any moment) is handled where the files are
+(``core.beneath``, ``gateway.files``): parts are opened one beneath the other from the folder's directory descriptor,
+and no symlink on a path is followed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """The bytes of storage folders, recounted on the storage node: the file API counts what it writes, but sessions
 write through their mounts too. Every ``StorageSettings.recount_interval`` seconds each READY folder's directory is
-walked (``core.tree_bytes``: no symlink followed) and its usage replaced by the total, so ``usageBytes``,
-``folderUsage`` and the bytes quotas (new uploads refused past them) see those writes within about that long.
+walked from a descriptor of it (``core.tree_bytes``: no symlink followed, no path resolved again, so a session
+swapping a directory for a link meanwhile leads the walk nowhere) and its usage replaced by the total, so
+``usageBytes``, ``folderUsage`` and the bytes quotas (new uploads refused past them) see those writes within about
+that long.
 
 It runs with the scheduler leader, which must then run where the folders' directories are (the dev stack: the one
 node). A folder whose directory is not here is skipped, and said so once.
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from core.clock import utcnow
 from core.settings import StorageSettings
-from core.tree_bytes import tree_bytes
+from core.tree_bytes import folder_bytes
 from domain.storage import folders_to_recount
 from stores.folders import FolderStore
 
@@ -55,5 +57,5 @@ class UsageRecounter:
                         "folder=%s directory %s is not on this machine: usage not recounted", folder_id, host_path
                     )
                 continue
-            total = await asyncio.to_thread(tree_bytes, host_path)
+            total = await asyncio.to_thread(folder_bytes, host_path)
             await self.store.recounted(folder_id, total)

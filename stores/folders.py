@@ -14,13 +14,13 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from core.codec import decode, encode
-from core.errors import Conflict
+from core.errors import Conflict, QuotaExceeded
 from core.keys import Keys
 from core.lease import Fence, watch_fenced, write_fenced
 from core.replies import begin, text_set
 from core.settings import StorageSettings
 from core.transactions import transact
-from domain.storage import Folder, FolderStatus, check_count_quota, mode_for
+from domain.storage import Folder, FolderStatus, check_bytes_quota, check_count_quota, mode_for
 from domain.users import Role, User
 
 WAKEUP_BACKLOG = 8
@@ -206,6 +206,29 @@ class FolderStore:
 
     async def add_usage(self, folder_id: str, delta: int) -> None:
         await self.redis.incrby(self.keys.folder_usage(folder_id), delta)
+
+    async def reserve(self, folder: Folder, adding: int, *, credit: int, quota: StorageSettings) -> None:
+        """Count ``adding`` bytes an upload is about to write in the folder's usage, if its owner's and its project's
+        bytes stay within ``quota`` (``credit``: the bytes of a file the upload replaces); QUOTA_EXCEEDED otherwise,
+        nothing counted. The increment comes first and the check reads the totals after it, so of two uploads that
+        together pass a quota the later check sees both: they never pass it together (both may be refused)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.incrby(self.keys.folder_usage(folder.id), adding)
+        pipe.smembers(self.keys.folders_of_owner(folder.owner_id))
+        pipe.smembers(self.keys.folders_of_project(folder.project))
+        _, owner_index, project_index = await pipe.execute()
+        owned, in_project = text_set(owner_index) | {folder.id}, text_set(project_index) | {folder.id}
+        usage = await self.usage(sorted(owned | in_project))
+        try:
+            check_bytes_quota(
+                user_bytes=sum(usage[i] for i in owned) - credit - adding,
+                project_bytes=sum(usage[i] for i in in_project) - credit - adding,
+                adding=adding,
+                quota=quota,
+            )
+        except QuotaExceeded:
+            await self.add_usage(folder.id, -adding)
+            raise
 
     async def set_usage(self, folder_id: str, total: int) -> None:
         await self.redis.set(self.keys.folder_usage(folder_id), total)

@@ -4,11 +4,13 @@ partial; shares' modes honoured."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
+import json
 import os
 import unicodedata
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,13 @@ async def test_upload_list_download_mkdir_move_delete(caravan: Caravan) -> None:
     ranged = await files.call("GET", params={"path": "data/raw/blob.bin"}, headers={"range": "bytes=1048570-"})
     assert ranged.status_code == 206 and ranged.content == blob[1048570:]  # a broken download resumes
     assert ranged.headers["content-range"] == f"bytes 1048570-{len(blob) - 1}/{len(blob)}"
+    head = await files.call("HEAD", params={"path": "data/raw/blob.bin"})
+    assert head.status_code == 200 and head.content == b"" and head.headers["content-length"] == str(len(blob))
+    assert head.headers["content-disposition"] == 'attachment; filename="blob.bin"'
+    same = {"range": "bytes=0-9", "if-range": head.headers["etag"]}
+    assert (await files.call("GET", params={"path": "data/raw/blob.bin"}, headers=same)).content == blob[:10]
+    stale = {"range": "bytes=0-9", "if-range": '"another version"'}  # the file changed since: all of it
+    assert (await files.call("GET", params={"path": "data/raw/blob.bin"}, headers=stale)).content == blob
     listed = (await files.get("data/raw")).json()["entries"]
     assert [(e["name"], e["type"], e["size"]) for e in listed] == [("blob.bin", "file", len(blob))]
     assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == len(blob)
@@ -142,6 +151,14 @@ async def test_a_quota_exceeded_upload_is_refused_and_leaves_nothing(caravan: Ca
     assert sorted(p.name for p in host.iterdir()) == ["first.bin"]  # no partial file, no hidden upload left
     assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == 3 * 1024 * 1024
     assert (await files.put("first.bin", os.urandom(3 * 1024 * 1024 + 1))).status_code == 201  # a replacement
+    room = QUOTA - (3 * 1024 * 1024 + 1)
+
+    async def the_rest() -> AsyncIterator[bytes]:  # no declared length, up to the last byte the quota allows
+        yield os.urandom(room // 2)
+        yield os.urandom(room - room // 2)
+
+    assert (await files.call("PUT", params={"path": "rest.bin"}, content=the_rest())).status_code == 201
+    assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == QUOTA
 
 
 async def test_who_may_read_and_write(caravan: Caravan) -> None:
@@ -224,3 +241,86 @@ async def test_a_download_link_streams_one_file_once_to_whoever_opens_it_while_a
     revoked = (await link(files, "out/résumé.bin")).json()["url"]
     await caravan.users.deactivate("alice")
     refused(await caravan.http.get(origin + revoked), 404, "NOT_FOUND", "link")
+
+
+async def test_a_symlink_pointing_out_is_deleted_itself_never_its_target(caravan: Caravan) -> None:
+    token, folder_id, host = await folder_for(caravan)
+    files = Files(caravan, folder_id, token)
+    outside = host.parent / f"outside-{folder_id}"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "secret.txt").write_text("not yours")
+    (outside / "dir" / "kept.txt").write_text("kept")
+    (host / "file-link-out").symlink_to(outside / "secret.txt")
+    (host / "dir-link-out").symlink_to(outside / "dir")
+    (host / "abs-link").symlink_to("/etc")
+    for name in ("file-link-out", "dir-link-out", "abs-link"):
+        deleted = await files.call("DELETE", params={"path": name})
+        assert deleted.status_code == 200 and deleted.json() == {"deleted": True, "freed": 0}, deleted.text
+        assert not os.path.lexists(host / name)
+    assert (await files.get("")).json()["entries"] == []
+    assert (outside / "secret.txt").read_text() == "not yours" and (outside / "dir" / "kept.txt").read_text() == "kept"
+    assert Path("/etc/passwd").exists()
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["chunked", "content-length"])
+async def test_concurrent_uploads_never_pass_the_bytes_quota_together(caravan: Caravan, declared: bool) -> None:
+    """Two uploads of 3 MiB against a 4 MiB quota: the first writes its first MiB and waits; the second then goes
+    all the way; then the first goes on. At most one may land, and the folder never holds more than the quota (a
+    refused upload answers 413, or, refused before its body was all sent, the connection is cut: HTTP/1.1)."""
+    token, folder_id, host = await folder_for(caravan)
+    files = Files(caravan, folder_id, token)
+    blob = os.urandom(3 * 1024 * 1024)
+    answered: list[int | str] = []
+
+    async def until(ready: Callable[[], bool]) -> None:
+        for _ in range(600):  # a bounded wait
+            if ready():
+                return
+            await asyncio.sleep(0.05)
+
+    def under_way() -> bool:
+        return any(p.name.startswith(".caravan-upload-") and p.stat().st_size > 0 for p in host.iterdir())
+
+    async def body(first: bool) -> AsyncIterator[bytes]:
+        if not first:
+            await until(under_way)
+        yield blob[: 1024 * 1024 + 1]  # more than the gateway's write size: written (and counted) at once
+        if first:
+            await until(lambda: bool(answered))
+        yield blob[1024 * 1024 + 1 :]
+
+    async def put(name: str, first: bool) -> int | str:
+        length = {"content-length": str(len(blob))} if declared else {}
+        try:
+            answer: int | str = (
+                await files.call("PUT", params={"path": name}, content=body(first), headers=length)
+            ).status_code
+        except httpx2.TransportError as exc:
+            answer = f"cut: {exc!r}"
+        answered.append(answer)
+        return answer
+
+    answers = await asyncio.gather(put("a.bin", True), put("b.bin", False))
+    assert answers.count(201) <= 1 and all(a in (201, 413) or str(a).startswith("cut") for a in answers), answers
+    on_disk = sum(p.stat().st_size for p in host.iterdir())
+    usage = (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"]
+    assert on_disk <= QUOTA and usage == on_disk, (on_disk, usage)
+
+
+async def test_an_upload_that_cannot_fit_is_refused_before_its_body_is_sent(caravan: Caravan, tmp_path: Path) -> None:
+    """curl sends a large body only after ``100 Continue``: a declared length past the quota is refused first."""
+    token, folder_id, host = await folder_for(caravan)
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(QUOTA + 1))
+    url = caravan.url.removesuffix("/graphql") + f"/folders/{folder_id}/files?path=big.bin"
+    curl = await asyncio.create_subprocess_exec(
+        *("curl", "-sS", "-T", str(big), "-H", f"authorization: Bearer {token}", "-w", "\n%{http_code} %{size_upload}"),
+        url,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await curl.communicate()
+    body, status = out.decode().rsplit("\n", 1)
+    assert status == "413 0", out  # refused, and not a byte of the body sent
+    assert json.loads(body)["error"]["code"] == "QUOTA_EXCEEDED"
+    assert list(host.iterdir()) == []
+    assert (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"] == 0
