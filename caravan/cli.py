@@ -10,7 +10,7 @@ from caravan import services
 from core.settings import load_settings
 from domain.idle.policy_file import PolicyFileError
 from domain.scheduling_config import SchedulerConfigError
-from gateway.graphql.protection import Limits
+from gateway.graphql.limits import Limits
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,10 +26,13 @@ from gateway.apps.access import AppStores
 from gateway.apps.activity import TrafficRecorder
 from gateway.apps.proxy import AppProxy, AppRelay
 from gateway.apps.token_cache import TokenCache
+from gateway.auth import authenticate, header_token
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
+from gateway.graphql.guard import Guard
 from gateway.graphql.http import GraphQLOverHTTP
-from gateway.graphql.protection import Guard, Limits, RateLimiter, bearer
+from gateway.graphql.limits import Limits
+from gateway.graphql.rate_limit import RateLimiter
 from gateway.graphql.result_cache import ResultCache
 from gateway.graphql.schema import build_schema
 from gateway.graphql.websocket import PROTOCOLS as WS_PROTOCOLS
@@ -93,8 +96,8 @@ class CaravanGraphQL(GraphQLOverHTTP):
         try:
             if not isinstance(admitted, UnsetType):  # checked with the rate limit's count (Guard.admit)
                 user = admitted.user if admitted else None
-            elif token := bearer(request.headers.get("authorization", "")):
-                user = await users.by_token(token)
+            elif found := await authenticate(users, header_token(request.headers)):
+                user = found.user
         except OUTAGES as exc:
             failure = Unavailable("Redis is unreachable; retry shortly")
             failure.__cause__ = exc  # what failed, for the log of outages (gateway.outage_log)
@@ -115,7 +118,7 @@ class CaravanGraphQL(GraphQLOverHTTP):
 
 
 def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
-    """``limits`` default to the ``CARAVAN_GRAPHQL_*`` environment variables (see protection.Limits)."""
+    """``limits`` default to the ``CARAVAN_GRAPHQL_*`` environment variables (see gateway.graphql.limits)."""
     state: dict[str, Any] = {"settings": settings, "execs": ExecSlots(exec_limits_from_env())}
     metrics = Metrics()
 

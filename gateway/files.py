@@ -42,7 +42,7 @@ from core.settings import StorageSettings
 from domain.folder_paths import RESERVED_PREFIX, folder_path
 from domain.storage import Folder, FolderMode, FolderStatus, mode_for
 from domain.users import User
-from gateway.graphql.protection import bearer
+from gateway.auth import authenticate, header_token
 from stores.file_links import LINK_TTL, FileLinkStore
 from stores.folders import FolderStore
 
@@ -269,8 +269,8 @@ class FolderFiles:
 
     async def _viewer(self, request: Request) -> tuple[str, User]:
         """The request's API token and its user."""
-        token = bearer(request.headers.get("authorization", ""))
-        found = await self.state["users"].authenticate(token) if token else None
+        token = header_token(request.headers)
+        found = await authenticate(self.state["users"], token)
         if found is None:
             raise Unauthenticated("send a valid API token as 'Authorization: Bearer <token>'")
         user: User = found.user

@@ -5,7 +5,7 @@ includes every URL over 65535 bytes (its URL parser's offsets are 16-bit), such 
 GET. Here those refusals carry a JSON body of GraphQL errors with ``extensions.code``, like every other answer:
 ``414 URI_TOO_LONG`` for such a URL, ``400 BAD_REQUEST`` for anything else that is not HTTP/1.1. URLs up to the
 parser's limit reach the app, which has a limit of its own (``CARAVAN_GRAPHQL_MAX_URL_BYTES``,
-``gateway.graphql.protection``).
+``gateway.graphql.limits``).
 
 Every server of the gateway passes ``http=GatewayHttpProtocol`` (``caravan.services.server_options``, which the tests'
 harness uses too).

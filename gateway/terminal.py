@@ -42,7 +42,7 @@ from core.clock import utcnow
 from core.errors import CaravanError, InvalidInput
 from domain.kernel_exec import ActivityClock, ExecFailed, ExecTarget
 from domain.users import User
-from gateway.graphql.protection import bearer
+from gateway.auth import authenticate, first_message_token, header_token
 from gateway.kernel_exec import ActivityMeter, ExecSlots, find_target
 from gateway.revocations import RevocationWatch, Watched
 from nomad_jobs.alloc_exec import ExecRefused, ExecStream, Exited, Output, open_exec
@@ -80,31 +80,18 @@ async def authenticated(
     """Who the terminal is for: the ``Authorization`` header's token, else (once ``accepted``) the first message's.
 
     The token is registered with the revocation watch before it is checked (no revocation slips in between)."""
-    token = bearer(websocket.headers.get("authorization", ""))
+    token = header_token(websocket.headers)
     if not token and accepted:
-        try:
-            first = json.loads(await asyncio.wait_for(websocket.receive_text(), AUTH_WAIT))
-        except (TimeoutError, ValueError, KeyError, RuntimeError):
-            first = None
-        if isinstance(first, dict) and first.get("type") == "auth" and isinstance(first.get("token"), str):
-            token = first["token"].removeprefix("Bearer ").strip()
+        token = await first_message_token(websocket, AUTH_WAIT)
     if not token:
         raise Unauthenticated(
             "send an API token: 'Authorization: Bearer <token>', or a first message {\"type\": "
             '"auth", "token": "<token>"}'
         )
-    watched = None
-    if revocations is not None:
-        await revocations.open()
-        watched = revocations.watch(token)
-    found = await users.authenticate(token)
+    found = await authenticate(users, token, revocations)
     if found is None:
-        if watched is not None and revocations is not None:
-            revocations.forget(watched)
         raise Unauthenticated("the token is not valid")
-    if watched is not None and revocations is not None:
-        revocations.expire_at(watched, found.expires_at)
-    return Viewer(found.user, token, watched)
+    return Viewer(found.user, token, found.watched)
 
 
 def close_code(error: CaravanError) -> int:
@@ -144,7 +131,7 @@ class Terminals:
         hostname = websocket.path_params["kernel"]
         viewer: Viewer | None = None
         try:
-            header = bool(bearer(websocket.headers.get("authorization", "")))
+            header = bool(header_token(websocket.headers))
             if header:  # everything is checked before the upgrade: a refusal can be an HTTP answer
                 viewer = await authenticated(websocket, users, revocations, accepted=False)
                 target = await find_target(sessions, viewer.user, session_id, hostname)

@@ -39,7 +39,7 @@ LAST_USED_RESOLUTION = 60.0
 
 
 # The token check, as a Lua function other scripts include (the gateway's admission runs it with the rate limit's
-# count: gateway.graphql.protection). token_key: the token record (Keys.no_token for none); user_prefix: the user key
+# count: gateway.graphql.rate_limit). token_key: the token record (Keys.no_token for none); user_prefix: the user key
 # prefix; now: unix seconds, as text; resolution: the last-use resolution in seconds. Returns the user's JSON
 # document, the user id and the expiry (unix seconds, as text; false if none), or false three times for no token,
 # an unknown or expired token, or a user that is gone. The user key is built here from the prefix (it is only known

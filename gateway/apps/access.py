@@ -24,6 +24,7 @@ from domain.model import Session
 from domain.users import User, hash_token
 from gateway.apps.headers import gateway_cookie_values
 from gateway.apps.token_cache import TokenCache
+from gateway.auth import bearer_token, cookie_credential
 from stores.app_access import AppAccessStore
 from stores.sessions import SessionStore
 from stores.users import UserStore
@@ -82,17 +83,12 @@ async def _credential(
     stores: AppStores, host: str, authorization: str, cookie_headers: Iterable[str], at: Moment
 ) -> tuple[User, str] | None:
     """The user and token hash of the request's bearer token, else of its first app cookie valid on ``host``."""
-    if authorization.lower().startswith("bearer "):
-        token = authorization[7:].strip()
+    token = bearer_token(authorization)
+    if token is not None:  # a bearer header, even an empty one, is the credential: cookies are not looked at
         found = await stores.tokens.authenticate(token, at.monotonic, at.now) if token else None
         return (found.user, hash_token(token)) if found else None
-    for grant in await stores.access.cookie_grants(gateway_cookie_values(cookie_headers)):
-        if grant is None or grant.host != host:  # another app's cookie, tossed in from its origin: not ours
-            continue
-        found = await stores.users.authenticate_hash(grant.token_hash)
-        if found is not None:
-            return found.user, grant.token_hash
-    return None
+    cookie = await cookie_credential(stores.access, stores.users, host, gateway_cookie_values(cookie_headers))
+    return (cookie.user, cookie.token_hash) if cookie else None
 
 
 async def authorize_app(

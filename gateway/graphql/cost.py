@@ -1,7 +1,7 @@
 """What an operation may cost, computed before it runs, and the limit it must stay within.
 
 One alias-rich query can fan out to thousands of Nomad calls (15 aliases × a page of 100 sessions × their kernels'
-logs); the document limits of :mod:`gateway.graphql.protection` bound its size and shape, not that. The cost is
+logs); the document limits of :mod:`gateway.graphql.document_limits` bound its size and shape, not that. The cost is
 computed from the operation, its fragments and its variables, after validation and before execution:
 
 - a field read from an object already loaded (a scalar, a part of a stored session) costs 0;

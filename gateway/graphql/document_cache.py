@@ -1,7 +1,7 @@
 """Parse and validate each distinct document once, not on every request.
 
 Clients send the same few documents over and over; parsing and validating one (with the depth and
-alias rules of :mod:`gateway.graphql.protection`) cost about as much as executing a page of results.
+alias rules of :mod:`gateway.graphql.document_limits`) cost about as much as executing a page of results.
 Both are pure functions of the document text, the token limit, the schema and the rules, so their
 results are kept in bounded LRU caches keyed by exactly those: the limits still apply to every
 request, since a document over the token limit never parses (nothing is cached for it) and a cached

@@ -13,7 +13,7 @@ What Strawberry leaves out and this view adds:
   ``CARAVAN_GRAPHQL_MAX_BATCH``, run one after the other, each counted by the rate limit and held to the cost limit;
   the answer is the array of their answers, in order (200; an operation's request error is its own element).
 - Every refusal has a JSON body of GraphQL errors with ``extensions.code``, like every other error.
-- The URL, body-size and rate limits of :mod:`gateway.graphql.protection`, and request metrics.
+- The URL, body-size and rate limits of :mod:`gateway.graphql.guard`, and request metrics.
 - Repeated session queries answered by :mod:`gateway.graphql.result_cache` while no session changed.
 
 ``tests/gateway/test_audit.py`` holds it to every audit of npm ``graphql-http``'s ``serverAudits``.
@@ -42,7 +42,7 @@ from strawberry.types.execution import PreExecutionError
 from strawberry.types.graphql import OperationType
 
 from gateway.graphql.context import Context
-from gateway.graphql.protection import Guard, RequestError
+from gateway.graphql.guard import Guard, RequestError
 from gateway.graphql.result_cache import CachedResult, EncodedBody, ResultCache
 from gateway.prometheus import Metrics
 

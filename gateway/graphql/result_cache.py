@@ -14,7 +14,7 @@ MULTI of every write of a session document or listing index:
 - The key is the document text, the operation name, the variables and the viewer's id, role and projects
   (what ``domain.access`` decides visibility by): a viewer never gets an answer made for another scope.
 - The version is read before execution (by the admission script with the token check and the rate limit's count,
-  ``gateway.graphql.protection.ADMIT``; by a GET of its own when that failed); a stored answer of that version is
+  ``gateway.graphql.rate_limit.ADMIT``; by a GET of its own when that failed); a stored answer of that version is
   the answer. A miss executes and is stored only if the version is still the one read before execution, so an answer
   that a racing write may have torn is never kept. Answers with errors (or extensions) are never stored. (An answer
   is kept under the version read *before* it executed, so one torn by a racing write could never be served anyway:

@@ -11,6 +11,7 @@ from strawberry.types import ExecutionContext
 
 from gateway.graphql import fields
 from gateway.graphql.context import Info
+from gateway.graphql.document_limits import schema_extensions
 from gateway.graphql.errors import ErrorCodes
 from gateway.graphql.execs.mutations import ExecMutations
 from gateway.graphql.execs.subscriptions import ExecSubscriptions
@@ -21,10 +22,10 @@ from gateway.graphql.folders.types import BYTES_SCALAR, Bytes
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
 from gateway.graphql.images.schema_part import ImageMutations, ImageQueries
+from gateway.graphql.limits import Limits
 from gateway.graphql.operation_name import OperationNameRequired
 from gateway.graphql.policies.mutations import PolicyMutations
 from gateway.graphql.policies.queries import PolicyQueries
-from gateway.graphql.protection import Limits, schema_extensions
 from gateway.graphql.schedules.mutations import ScheduleMutations
 from gateway.graphql.schedules.queries import ScheduleQueries
 from gateway.graphql.sessions.app_mutations import AppMutations

@@ -37,9 +37,11 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.types import (
 from strawberry.types.graphql import OperationType
 
 from core.errors import InvalidInput
+from gateway.auth import authenticate, init_payload_token
 from gateway.graphql.context import Context
+from gateway.graphql.document_limits import TOO_MANY_TOKENS
 from gateway.graphql.http import GraphQLOverHTTP
-from gateway.graphql.protection import TOO_MANY_TOKENS, Admission, RateLimiter, bearer, client_subject
+from gateway.graphql.rate_limit import Admission, RateLimiter, client_subject
 from gateway.revocations import Watched
 from stores import events
 
@@ -51,21 +53,13 @@ PROTOCOLS = (GRAPHQL_TRANSPORT_WS_PROTOCOL,)
 
 async def accept_connection(context: Context) -> None:
     """Strawberry's ``on_ws_connect``: resolve the viewer, or refuse the connection (4403)."""
-    params = context.connection_params or {}
-    token = bearer(params.get("authorization") or params.get("Authorization")) or bearer(
-        context.request.headers.get("authorization", "")
-    )
+    token = init_payload_token(context.connection_params, context.request.headers)
     # an outage is not a refusal (4403 would tell the client its token is bad): it propagates, and the
     # server closes the connection as failed (1011), which clients retry
-    watch = context.revocations
-    if watch is not None and token:
-        await watch.open()
-        context.watched = watch.watch(token)  # before the check: no revocation can fall between the two
-    found = await context.users.authenticate(token) if token else None
+    found = await authenticate(context.users, token, context.revocations)
     if found is None:
         raise ConnectionRejectionError({"code": "UNAUTHENTICATED"})
-    if watch is not None and context.watched is not None:
-        watch.expire_at(context.watched, found.expires_at)
+    context.watched = found.watched
     context.user = found.user
     context.auth_failure = None
     context.token = token

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from core.keys import Keys
 from core.settings import Settings
-from gateway.graphql.protection import Limits
+from gateway.graphql.limits import Limits
 from tests.dev_process import caravan_dev
 from tests.harness import Caravan, running_caravan
 

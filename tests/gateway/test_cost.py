@@ -8,7 +8,7 @@ import pytest
 from graphql import parse
 
 from gateway.graphql.cost import LIST_SIZES, MAX_KERNELS, NOMAD_CALL, NOMAD_CALLS, SIZED_BY, operation_cost
-from gateway.graphql.protection import Limits
+from gateway.graphql.limits import Limits
 from gateway.graphql.schema import schema
 from tests.gateway.conftest import GatewayWith, error_of, post
 

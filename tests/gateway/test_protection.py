@@ -16,7 +16,8 @@ from core.keys import Keys
 from core.settings import Settings
 from domain.users import Role, User
 from gateway.graphql.http import GRAPHQL_RESPONSE, JSON
-from gateway.graphql.protection import Limits, RateLimiter
+from gateway.graphql.limits import Limits
+from gateway.graphql.rate_limit import RateLimiter
 from stores.users import UserStore
 from tests.gateway.conftest import GatewayWith, error_of, post
 from tests.harness import Caravan, running_caravan

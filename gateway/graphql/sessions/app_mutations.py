@@ -11,9 +11,9 @@ from core.clock import utcnow
 from core.errors import InvalidInput, NotFound, Unauthenticated
 from domain.apps import App, app_host, app_url, session_apps
 from domain.model import Session as SessionModel
+from gateway.auth import header_token
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
-from gateway.graphql.protection import bearer
 from gateway.graphql.sessions.apps import AppLaunch, SessionApp, session_app_types
 from gateway.graphql.sessions.queries import visible
 from stores.app_access import LAUNCH_TTL, AppAccessStore
@@ -48,7 +48,7 @@ class AppMutations:
         found = _find(session_apps(session.apps, session.preopen_ports), app)
         if not found.proxied:
             raise InvalidInput(f"app {app!r} is TCP: the gateway does not proxy it", field="app")
-        token = ctx.token or bearer(ctx.request.headers.get("authorization", ""))
+        token = ctx.token or header_token(ctx.request.headers)
         if not token:
             raise Unauthenticated("launchApp needs your API token")
         gateway = ctx.settings.gateway

@@ -1,0 +1,125 @@
+"""Who a request is: the one place the gateway reads a credential from a request and checks it.
+
+A credential comes in one of four ways, each with its reader here:
+
+- the ``Authorization: Bearer <token>`` header (:func:`header_token`): GraphQL over HTTP, the files API, a
+  terminal's upgrade request, the app proxy, GraphQL WebSockets without a token in their ``connection_init``;
+- the GraphQL WebSocket's ``connection_init`` payload ``{"authorization": "Bearer <token>"}`` (the key in either
+  case), else the upgrade request's header (:func:`init_payload_token`);
+- a terminal's first message ``{"type": "auth", "token": "<token>"}``, ``"Bearer "`` before the token optional
+  (:func:`first_message_token`): browsers cannot set headers on a WebSocket;
+- the gateway's app cookie on an app's origin, which stands for a token by its hash (:func:`cookie_credential`; the
+  proxy picks the cookie's values out of the request, ``gateway.apps.headers``).
+
+A token is checked by :func:`authenticate` (the GraphQL HTTP view checks it in its rate limit's script instead,
+``gateway.graphql.rate_limit``): what stays open (a WebSocket) has its token registered with the revocation watch
+*before* the check (``gateway.revocations``: no revocation slips in between) and set to trip at its expiry. A token
+that is unknown, revoked or expired, or whose user is deactivated, gives None: each caller answers with its own typed
+refusal (401, 4401, 4403, ``UNAUTHENTICATED``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from starlette.websockets import WebSocket
+
+from domain.users import User, hash_token
+from gateway.revocations import RevocationWatch, Watched
+from stores.app_access import AppAccessStore
+from stores.users import UserStore
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A checked credential: whose it is, until when, and the token it stands for."""
+
+    user: User
+    token_hash: str
+    """The SHA-256 of the token (what a cookie keeps; what the revocation watch follows)."""
+    expires_at: datetime | None
+    token: str | None = None
+    """The token itself; None for an app cookie (which keeps only its hash)."""
+    watched: Watched | None = None
+    """The token as the revocation watch follows it, when :func:`authenticate` was given the watch."""
+
+
+def bearer_token(value: object) -> str | None:
+    """The token of an ``Authorization`` value (``Bearer <token>``, the scheme in any case; "" for the scheme alone),
+    or None when the value is not a bearer credential."""
+    if not isinstance(value, str) or not value.lower().startswith("bearer "):
+        return None
+    return value[7:].strip()
+
+
+def bearer(value: object) -> str:
+    """The token of an ``Authorization`` value (``Bearer <token>``), or ""."""
+    return bearer_token(value) or ""
+
+
+def header_token(headers: Mapping[str, str]) -> str:
+    """The token of a request's (first) ``Authorization`` header, or ""."""
+    return bearer(headers.get("authorization", ""))
+
+
+def init_payload_token(params: Mapping[str, object] | None, headers: Mapping[str, str]) -> str:
+    """The token of a GraphQL WebSocket: its ``connection_init`` payload's ``authorization`` (or ``Authorization``),
+    else, when that holds no bearer token, the upgrade request's header; or ""."""
+    params = params or {}
+    return bearer(params.get("authorization") or params.get("Authorization")) or header_token(headers)
+
+
+async def first_message_token(websocket: WebSocket, wait: float) -> str:
+    """The token of an accepted WebSocket's first text message ``{"type": "auth", "token": "<token>"}`` (the token
+    with or without ``"Bearer "`` before it), received within ``wait`` seconds; "" for anything else (another message,
+    not JSON, binary, late)."""
+    try:
+        first = json.loads(await asyncio.wait_for(websocket.receive_text(), wait))
+    except (TimeoutError, ValueError, KeyError, RuntimeError):
+        return ""
+    if isinstance(first, dict) and first.get("type") == "auth" and isinstance(first.get("token"), str):
+        token: str = first["token"]
+        return token.removeprefix("Bearer ").strip()
+    return ""
+
+
+async def authenticate(users: UserStore, token: str, revocations: RevocationWatch | None = None) -> Credential | None:
+    """Whose ``token`` is (None: none, unknown, revoked, expired, deactivated user). With ``revocations``, the token is
+    registered with the watch before the check and set to trip at its expiry (``Credential.watched``: the caller
+    forgets it when its connection ends); a failed check (or an outage, which propagates) leaves nothing registered."""
+    if not token:
+        return None
+    watched = None
+    if revocations is not None:
+        await revocations.open()
+        watched = revocations.watch(token)
+    found = None
+    try:
+        found = await users.authenticate(token)
+    finally:
+        if revocations is not None and watched is not None:
+            if found is None:
+                revocations.forget(watched)
+            else:
+                revocations.expire_at(watched, found.expires_at)
+    if found is None:
+        return None
+    return Credential(found.user, hash_token(token), found.expires_at, token, watched)
+
+
+async def cookie_credential(
+    access: AppAccessStore, users: UserStore, host: str, cookie_values: Iterable[str]
+) -> Credential | None:
+    """The first of a request's app cookie values (``gateway.apps.headers.gateway_cookie_values``) made for ``host``
+    whose token is still valid, else None. Another app's cookie, tossed in from its origin, is not looked at."""
+    for grant in await access.cookie_grants(list(cookie_values)):
+        if grant is None or grant.host != host:
+            continue
+        found = await users.authenticate_hash(grant.token_hash)
+        if found is not None:
+            return Credential(found.user, grant.token_hash, found.expires_at)
+    return None
