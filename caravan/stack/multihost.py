@@ -1,16 +1,16 @@
 """A multi-host Nomad cluster on one machine: each host a network namespace of its own, three servers in Raft.
 
-Topology (every name starts with :data:`PREFIX`, every address is in :data:`~caravan.stack.session_network.HOST_NETWORK`,
+Topology (every name starts with :data:`PREFIX`; every address is in ``session_network.HOST_NETWORK``,
 172.26.255.0/24, which the session subnet allocator never hands out):
 
 - ``cvmh-link``: a namespace holding the hosts' link, the bridge ``cvmh0`` (in a namespace of its own so that the
   machine's own firewall, Docker's ``FORWARD`` policy through ``br_netfilter`` say, never sees the hosts' traffic);
 - ``cvmh-srv1..3`` (172.26.255.2-4): a Nomad server each, ``bootstrap_expect = 3``: a real Raft quorum;
-- a namespace per host, named as its node (``cvmh-host1``…; 172.26.255.11…): a Nomad client each, on its own address with Nomad's default ports, with its
-  own session network (a bridge and a /24 reserved machine-wide like every client's, its own isolation rule set and
-  membership directory) advertised in its node meta, and its own ``session-peers`` agent
-  (``nomad_jobs.session_peers``: routes to the other hosts' subnets and the cross-host pairs of each session, from
-  Nomad, with a read-only token);
+- a namespace per host, named as its node (``cvmh-host1``…; 172.26.255.11…): a Nomad client each, on its own
+  address with Nomad's default ports, with its own session network (a bridge and a /24 reserved machine-wide like
+  every client's, its own isolation rule set and membership directory) advertised in its node meta, and its own
+  ``session-peers`` agent (``nomad_jobs.session_peers``: routes to the other hosts' subnets and the cross-host pairs
+  of each session, from Nomad, with a read-only token);
 - the machine itself reaches the link as 172.26.255.1 (``cvmh-root``): the tests' Caravan talks to the first server.
 
 Processes enter a namespace with ``nsenter --net`` (not ``ip netns exec``, which would also give them a mount namespace
@@ -177,10 +177,10 @@ def sweep(*, own: bool = False) -> None:
         raise StartupFailed(f"a multi-host test cluster already runs on this machine (owned by pid {pid})")
     ours = [n for n in _namespaces() if n.startswith(f"{PREFIX}-")]
     for namespace in ours:  # the agents, clients, servers and task executors of a killed run
-        pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
-        for pid in pids:
+        listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
+        for member in listed.split():
             with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(int(member), signal.SIGKILL)
     _kill_cgroup_members(f"caravan-{PREFIX}-")
     networks = [n for n in map(recorded_network, _recorded_clients()) if n is not None]
     _delete_allocation_namespaces([ipaddress.IPv4Network(n.subnet) for n in networks])
