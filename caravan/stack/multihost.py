@@ -18,8 +18,8 @@ of their own: Nomad's allocation mounts and namespaces must stay visible to the 
 
 Cleaning up: :meth:`MultiHostCluster.stop` stops every process, deletes every namespace (their veths, bridges and
 nftables rule sets go with them), frees the hosts' subnets and removes the records under :data:`RECORDS`. A killed
-test run is swept at the next start (:func:`sweep`): its processes (found by namespace and by cgroup), its
-namespaces, the allocation namespaces left with an address in its subnets, its mounts and its reservations. One such
+test run is swept at the next start (:func:`sweep`): its processes (found by network namespace), its namespaces,
+the allocation namespaces left with an address in its subnets (and their kernels), its mounts and its reservations. One such
 cluster runs on a machine at a time; the records name the process that owns it.
 """
 
@@ -62,7 +62,7 @@ from caravan.stack.session_network import (
 from nomad_jobs.session_peers import ADDRESS_META, SUBNET_META
 
 PREFIX = "cvmh"
-"""Every namespace (``cvmh-…``), interface and cgroup slice (``caravan-cvmh-…``) of the cluster."""
+"""Every namespace (``cvmh-…``) and interface of the cluster on the machine's side."""
 LINK_NAMESPACE = f"{PREFIX}-link"
 LINK_BRIDGE = f"{PREFIX}0"
 ROOT_VETH = f"{PREFIX}-root"
@@ -177,11 +177,7 @@ def sweep(*, own: bool = False) -> None:
         raise StartupFailed(f"a multi-host test cluster already runs on this machine (owned by pid {pid})")
     ours = [n for n in _namespaces() if n.startswith(f"{PREFIX}-")]
     for namespace in ours:  # the agents, clients, servers and task executors of a killed run
-        listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
-        for member in listed.split():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(member), signal.SIGKILL)
-    _kill_cgroup_members(f"caravan-{PREFIX}-")
+        _kill_members(namespace)
     networks = [n for n in map(recorded_network, _recorded_clients()) if n is not None]
     _delete_allocation_namespaces([ipaddress.IPv4Network(n.subnet) for n in networks])
     for namespace in ours:
@@ -194,13 +190,12 @@ def sweep(*, own: bool = False) -> None:
     shutil.rmtree(RECORDS, ignore_errors=True)
 
 
-def _kill_cgroup_members(marker: str) -> None:
-    """Kill the processes in a cgroup whose path holds ``marker`` (the kernels of a killed run's clients)."""
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError, ProcessLookupError):
-                if marker in (proc / "cgroup").read_text():
-                    os.kill(int(proc.name), signal.SIGKILL)
+def _kill_members(namespace: str) -> None:
+    """Kill every process in the named network namespace."""
+    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
+    for member in listed.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(member), signal.SIGKILL)
 
 
 def _delete_allocation_namespaces(subnets: list[ipaddress.IPv4Network]) -> None:
@@ -217,6 +212,7 @@ def _delete_allocation_namespaces(subnets: list[ipaddress.IPv4Network]) -> None:
             for a in link.get("addr_info", [])
         ]
         if any(address in subnet for address in addresses for subnet in subnets):
+            _kill_members(namespace)  # the kernel
             subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, check=False)
 
 
@@ -321,7 +317,7 @@ def _start_server(binary: Path, state_dir: Path, index: int) -> Service:
 
 def _make_host(state_dir: Path, name: str, index: int) -> NetHost:
     if not name.startswith(f"{PREFIX}-"):
-        raise ValueError(f"a host's name starts with {PREFIX}- (its namespace and cgroup slice are named after it)")
+        raise ValueError(f"a host's name starts with {PREFIX}- (its namespace is named after it)")
     namespace = name
     address = host_address(index)
     _link(namespace, f"host{index + 1}", address)

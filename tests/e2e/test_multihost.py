@@ -12,10 +12,21 @@ Traffic goes only to the cluster's own addresses in 172.26.0.0/16.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from urllib.parse import urlparse
 
+import pytest
+
+from caravan.stack import multihost
 from caravan.stack.multihost import ROOT_ADDRESS, MultiHostCluster, server_address
+from caravan.stack.session_network import MEMBERSHIP_DIR
 from nomad_jobs.cni_isolation import Membership
 from tests.harness import CREATE, Caravan
 from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
@@ -56,6 +67,107 @@ def reached(line: str) -> bool:
 async def kernel_logs(caravan: Caravan, session_id: str) -> dict[str, str]:
     data = await caravan.gql(KERNEL_LOGS, {"id": session_id})
     return {k["hostname"]: (k["logs"] or {}).get("stdout", "") for k in data["session"]["kernels"]}
+
+
+KILLED_RUN = """
+import json, sys, time, urllib.request
+from pathlib import Path
+from caravan.stack.multihost import start_multihost_cluster
+from caravan.stack.nomad_cluster import ClientSpec
+
+state, nomad_home, rootfs = map(Path, sys.argv[1:4])
+cluster = start_multihost_cluster(
+    state, nomad_home=nomad_home, rootfs=rootfs, hosts=[ClientSpec("cvmh-host1", 1000, 512)], want_drivers=("exec",)
+)
+task = {"Name": "t", "Driver": "exec", "Config": {"command": "/bin/sleep", "args": ["3600"]},
+        "Resources": {"CPU": 100, "MemoryMB": 32}}
+job = {"ID": "cvmh-swept", "Type": "service", "Datacenters": ["dc1"],
+       "TaskGroups": [{"Name": "g", "Networks": [{"Mode": "cni/caravan"}], "Tasks": [task]}]}
+headers = {"X-Nomad-Token": cluster.token or "", "Content-Type": "application/json"}
+def call(method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(cluster.addr + path, data=data, method=method, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+call("POST", "/v1/jobs", {"Job": job})
+for _ in range(600):
+    running = [a for a in call("GET", "/v1/job/cvmh-swept/allocations") if a["ClientStatus"] == "running"]
+    if running:
+        break
+    time.sleep(0.2)
+print(json.dumps({"subnet": cluster.hosts["cvmh-host1"].network.subnet, "alloc": running[0]["ID"]}), flush=True)
+time.sleep(3600)
+"""
+
+
+def namespaces() -> list[str]:
+    listed = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True).stdout
+    return [str(n["name"]) for n in json.loads(listed or "[]")]
+
+
+def members(namespace: str) -> list[int]:
+    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
+    return [int(pid) for pid in listed.split()]
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for init to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def all_dead(pids: list[int], within: float = 10.0) -> list[int]:
+    """The pids still running after ``within`` seconds (a SIGKILL lands at once, but not in the same instant)."""
+    deadline = time.monotonic() + within
+    while (running := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return running
+
+
+@pytest.mark.cluster
+def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> None:
+    """A run killed with its cluster up leaves servers, a client, an agent, a kernel in its own allocation namespace,
+    the hosts' namespaces and link, a subnet reservation; the sweep (the next start's first step) removes them all.
+    (Runs first in this module: one multi-host cluster at a time on a machine, and the fixture's is not up yet.)"""
+    from tests.conftest import STACK
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            KILLED_RUN,
+            str(tmp_path / "state"),
+            STACK["CARAVAN_NOMAD_HOME"],
+            STACK["CARAVAN_ROOTFS"],
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=multihost.PROJECT,
+    )
+    try:
+        assert child.stdout is not None
+        started = json.loads(child.stdout.readline() or "{}")
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert started, "the killed run never got its kernel running"
+    subnet = ipaddress.IPv4Network(started["subnet"])
+    reservation = MEMBERSHIP_DIR / "subnets" / str(subnet).replace("/", "_")
+    left = [pid for namespace in ("cvmh-host1", "cvmh-srv1", started["alloc"]) for pid in members(namespace)]
+    kernels = members(started["alloc"])
+    assert kernels and left and reservation.exists() and "cvmh-link" in namespaces()
+
+    multihost.sweep()
+
+    assert [n for n in namespaces() if n.startswith("cvmh-")] == []
+    assert started["alloc"] not in namespaces()  # the kernel's allocation namespace, found by its address
+    assert all_dead(left) == [], "processes of the killed run (its kernel too) are alive"
+    assert not reservation.exists() and not multihost.RECORDS.exists()
+    assert subprocess.run(["ip", "link", "show", multihost.ROOT_VETH], capture_output=True).returncode != 0
+    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split() == []
 
 
 async def test_a_cluster_session_spans_two_hosts_and_nothing_else_reaches_its_kernels(
