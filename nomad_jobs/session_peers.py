@@ -2,7 +2,7 @@
 
 The isolation plugin (``nomad_jobs/cni_isolation.py``) knows only the kernels of its own host (its membership files).
 A session whose kernels run on several hosts needs two more things on each host, and this agent derives both from
-Nomad, read with a token that can only read (``caravan.stack.nomad_acl.session_peers_rules``):
+Nomad, read with a token that can only read (``caravan.stack.nomad_acl.SESSION_PEERS_RULES``):
 
 - **routes**: each client advertises its session subnet and its address on the hosts' network in its node meta
   (:data:`SUBNET_META`, :data:`ADDRESS_META`); the agent keeps a route to every other ready host's subnet through

@@ -19,8 +19,8 @@ of their own: Nomad's allocation mounts and namespaces must stay visible to the 
 Cleaning up: :meth:`MultiHostCluster.stop` stops every process, deletes every namespace (their veths, bridges and
 nftables rule sets go with them), frees the hosts' subnets and removes the records under :data:`RECORDS`. A killed
 test run is swept at the next start (:func:`sweep`): its processes (found by network namespace), its namespaces,
-the allocation namespaces left with an address in its subnets (and their kernels), its mounts and its reservations. One such
-cluster runs on a machine at a time; the records name the process that owns it.
+the allocation namespaces left with an address in its subnets (and their kernels), its mounts and its reservations.
+One such cluster runs on a machine at a time; the records name the process that owns it.
 """
 
 from __future__ import annotations
