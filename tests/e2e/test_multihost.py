@@ -219,6 +219,9 @@ async def test_a_cluster_session_spans_two_hosts_and_nothing_else_reaches_its_ke
         targets = [(f"kernel-{name}", address, PORT) for name, address in addresses.items()]
         targets += [(f"server{i + 1}-{p}", server_address(i), p) for i in range(3) for p in (4646, 4647)]
         targets += [(f"client-{h.name}-{p}", h.address, p) for h in cluster.hosts.values() for p in (4646, 4647)]
+        targets += [  # each host's end of its session bridge
+            (f"bridge-{h.name}", str(ipaddress.IPv4Network(h.network.subnet)[1]), 4646) for h in cluster.hosts.values()
+        ]
         targets += [(f"machine-{name}", ROOT_ADDRESS, port) for name, port in root_ports.items()]
         intruders = {}
         for host in HOSTS:
