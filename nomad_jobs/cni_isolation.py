@@ -19,9 +19,13 @@ ARP and in IP (``ports``), and only ARP and IPv4 pass a bridge port.
 
 Membership is kept in files under ``stateDir`` (one directory per session, one file per allocation), under one lock,
 so the pairs are right whatever order kernels come and go in. All of one host's clients share the directory, so a
-session whose kernels run on several clients of one host (the multi-client test cluster) is one network. Across
-machines the files are not shared: cross-machine traffic between kernels is then refused (the safe way round; see
-the README on session networks beyond one machine).
+session whose kernels run on several clients of one host (the multi-client test cluster) is one network. Kernels on
+other hosts are not in these files: ``nomad_jobs.session_peers``, an agent on each host, learns them from Nomad's
+allocations and keeps their pairs with this host's kernels in the same ``peers`` sets, under the same lock, listed in
+``remote-peers.json`` (:data:`REMOTE_PEERS`). A pair arriving from another host is let in by the forward chain's
+``oifname`` rule. Where no agent runs, cross-host traffic between kernels is refused (the safe way round). A kernel
+that comes or goes here takes every remote pair of its address with it: an address reused by another session's
+kernel never inherits the pairs of the one before, whatever the agent has not seen yet.
 
 Every change is one ``nft -f`` transaction that also declares the tables, sets and chains and rewrites the chains'
 rules: a host whose rule set was flushed (a reboot, a firewall reload) is whole again at the next kernel, and a kernel
@@ -69,6 +73,7 @@ add rule inet {TABLE} forward iifname @bridges ip saddr . ip daddr @peers accept
 add rule inet {TABLE} forward iifname @bridges drop
 add rule inet {TABLE} forward oifname @bridges ct state established,related accept
 add rule inet {TABLE} forward oifname @bridges ct status dnat accept
+add rule inet {TABLE} forward oifname @bridges ip saddr . ip daddr @peers accept
 add rule inet {TABLE} forward oifname @bridges drop
 add table bridge {TABLE} {{ comment "caravan session isolation: no spoofing, no traffic between sessions"; }}
 add set bridge {TABLE} kernel_ports {{ type ifname; comment "host ends of kernels' veth pairs"; }}
@@ -160,6 +165,22 @@ def removal_commands(kernel: Kernel, others: Sequence[str]) -> list[str]:
     return [c for c in element_commands("add", kernel, others)[1:]] + element_commands("delete", kernel, others)
 
 
+REMOTE_PEERS = "remote-peers.json"
+"""In the state directory: the pairs (this host's kernel, another host's kernel of its session) in the ``inet``
+``peers`` set, as ``nomad_jobs.session_peers`` applied them."""
+
+
+def remote_commands(verb: str, remote: Sequence[Sequence[str]]) -> list[str]:
+    """nft commands that add or delete the pairs of (local, remote) kernels, both directions, in the ``inet`` table
+    (only routed traffic crosses hosts: the bridge table never sees it). Deleting is add-then-delete."""
+    elements = [element for local, other in remote for element in pairs(local, [other])]
+    if not elements:
+        return []
+    joined = ", ".join(elements)
+    adds = [f"add element inet {TABLE} peers {{ {joined} }}"]
+    return adds if verb == "add" else [*adds, f"delete element inet {TABLE} peers {{ {joined} }}"]
+
+
 # -- I/O: state files and nft ------------------------------------------------------------------------------
 
 
@@ -211,6 +232,33 @@ class Membership:
         )
         return [kernel for kernel in found if kernel is not None]
 
+    def remote_pairs(self) -> list[list[str]]:
+        """The (local, remote) pairs applied now (see :data:`REMOTE_PEERS`)."""
+        path = os.path.join(self.root, REMOTE_PEERS)
+        try:
+            with open(path) as file:
+                found = json.load(file)
+        except (OSError, ValueError):
+            return []
+        return [[str(a), str(b)] for a, b in found] if isinstance(found, list) else []
+
+    def keep_remote_pairs(self, remote: Sequence[Sequence[str]]) -> None:
+        """Record the applied pairs whole (a temporary file renamed over)."""
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        temporary = os.path.join(self.root, f".{REMOTE_PEERS}.{os.getpid()}.tmp")
+        with open(temporary, "w") as file:
+            json.dump([list(pair) for pair in remote], file)
+        os.replace(temporary, os.path.join(self.root, REMOTE_PEERS))
+
+    def without_remote(self, addresses: Sequence[str]) -> tuple[list[str], list[list[str]] | None]:
+        """For kernels that come or go on this host: the nft commands that remove every remote pair of their
+        ``addresses``, and the record to keep once they are applied (None: nothing changes)."""
+        remote = self.remote_pairs()
+        kept = [pair for pair in remote if pair[0] not in addresses]
+        if len(kept) == len(remote):
+            return [], None
+        return remote_commands("delete", [pair for pair in remote if pair[0] in addresses]), kept
+
     def forget(self, kernel: Kernel) -> None:
         directory = self._session_dir(kernel.session)
         for path in (
@@ -255,8 +303,12 @@ def add(config: Mapping[str, Any], env: Mapping[str, str], members: Membership) 
     ]
     for old in stale:
         commands += removal_commands(old, members.others(old))
+    dropped, kept = members.without_remote([kernel.address])
+    commands += dropped
     commands += element_commands("add", kernel, members.others(kernel), str(config["bridge"]))
     nft(commands)
+    if kept is not None:
+        members.keep_remote_pairs(kept)
     for old in stale:
         members.forget(old)
     members.remember(kernel)
@@ -268,7 +320,10 @@ def delete(env: Mapping[str, str], members: Membership) -> None:
     members.lock()
     kernel = members.recall(env["CNI_CONTAINERID"])
     if kernel is not None:
-        nft([RULES, *removal_commands(kernel, members.others(kernel))])
+        dropped, kept = members.without_remote([kernel.address])
+        nft([RULES, *dropped, *removal_commands(kernel, members.others(kernel))])
+        if kept is not None:
+            members.keep_remote_pairs(kept)
         members.forget(kernel)
 
 
@@ -290,7 +345,10 @@ def release(subnet: str, members: Membership) -> None:
     members.lock()
     gone = [k for k in members.all_kernels() if ipaddress.ip_address(k.address) in network]
     if gone:
-        nft([RULES, *(c for k in gone for c in removal_commands(k, members.others(k)))])
+        dropped, kept = members.without_remote([k.address for k in gone])
+        nft([RULES, *dropped, *(c for k in gone for c in removal_commands(k, members.others(k)))])
+        if kept is not None:
+            members.keep_remote_pairs(kept)
     for kernel in gone:
         members.forget(kernel)
 

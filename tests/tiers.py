@@ -7,7 +7,9 @@ marker  a test with it needs                                                   a
 (none)  nothing: a pure test (no Redis, no Nomad, no Docker)                   —
 redis   a real Redis (the session's, or one it starts)                         ``redis_server`` in its fixtures
 nomad   a Nomad agent (the session's dev agent, or one it starts)              ``nomad_agent`` in its fixtures
-cluster the multi-client Nomad cluster (``tests/cluster_fixtures.py``)         ``nomad_cluster``; implies ``nomad``
+cluster the multi-client Nomad cluster (``tests/cluster_fixtures.py``) or      ``nomad_cluster``,
+        the multi-host one (``tests/multihost_fixtures.py``)                   ``multihost_cluster``;
+                                                                               implies ``nomad``
 docker  a Docker engine; skipped where none could be started                   by hand
 qemu    QEMU and a VM image (``ops/build-vm-image``); skipped where missing    by hand
 ui      a headless Chromium and chromedriver (``tests/ui/``, ``bench/ui``) and  by hand
@@ -30,7 +32,12 @@ from pathlib import Path
 
 import pytest
 
-TIER_OF_FIXTURE: Mapping[str, str] = {"redis_server": "redis", "nomad_agent": "nomad", "nomad_cluster": "cluster"}
+TIER_OF_FIXTURE: Mapping[str, str] = {
+    "redis_server": "redis",
+    "nomad_agent": "nomad",
+    "nomad_cluster": "cluster",
+    "multihost_cluster": "cluster",
+}
 """A test that uses this fixture (directly or through others) needs this tier."""
 IMPLIED: Mapping[str, tuple[str, ...]] = {"cluster": ("nomad",)}
 """Markers that imply others: the cluster is Nomad too."""

@@ -283,3 +283,26 @@ def lock_down(
     wait_until(bootstrapped, what=f"the ACL bootstrap of the Nomad at {addr}", timeout=timeout, log=log)
     configure(addr, management[0], secrets_dir, namespace=namespace, allow_raw_exec=allow_raw_exec, platform=platform)
     return management[0]
+
+
+SESSION_PEERS_POLICY = POLICY_PREFIX + "session-peers"
+SESSION_PEERS_RULES = 'namespace "*" {\n  capabilities = ["read-job"]\n}\nnode {\n  policy = "read"\n}\n'
+"""The session-peers agent on each host (``nomad_jobs.session_peers``): it reads nodes (their meta) and live
+allocations of every namespace (their addresses), and nothing else; it writes nothing to Nomad."""
+
+
+def session_peers_token(addr: str, management: str, path: Path) -> str:
+    """Apply the session-peers policy and write a client token of it to ``path`` (0600); returns the token."""
+    admin = NomadAdmin(addr, management)
+    description = "Caravan session-peers agents (read nodes and allocations)"
+    admin.call(
+        "POST",
+        f"/v1/acl/policy/{SESSION_PEERS_POLICY}",
+        {"Name": SESSION_PEERS_POLICY, "Description": description, "Rules": SESSION_PEERS_RULES},
+    )
+    created = admin.call(
+        "POST", "/v1/acl/token", {"Name": SESSION_PEERS_POLICY, "Type": "client", "Policies": [SESSION_PEERS_POLICY]}
+    )
+    secret = str(created["SecretID"])
+    write_secret(path, secret)
+    return secret

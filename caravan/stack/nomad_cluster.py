@@ -34,7 +34,7 @@ from caravan.stack.session_network import SessionNetwork, release, session_netwo
 
 COMMON_CONFIG = """\
 name       = "{name}"
-bind_addr  = "127.0.0.1"
+bind_addr  = "{address}"
 data_dir   = "{data_dir}"
 log_level  = "INFO"
 # No call home to checkpoint-api.hashicorp.com: Caravan sends nothing off the machine.
@@ -51,9 +51,9 @@ ports {{
   serf = {serf}
 }}
 advertise {{
-  http = "127.0.0.1"
-  rpc  = "127.0.0.1"
-  serf = "127.0.0.1"
+  http = "{address}"
+  rpc  = "{address}"
+  serf = "{address}"
 }}
 limits {{
   http_max_conns_per_client = 0
@@ -80,13 +80,13 @@ server {{
 }}
 client {{
   enabled           = true
-  servers           = ["127.0.0.1:{server_rpc}"]
+  servers           = [{servers}]
   node_pool         = "{node_pool}"
   cpu_total_compute = {cpu_mhz}
   memory_total_mb   = {memory_mb}
   cgroup_parent     = "{cgroup_parent}"
-  network_interface = "lo"
-{network_config}  chroot_env {{
+  network_interface = "{interface}"
+{network_config}{meta}  chroot_env {{
     "{rootfs}" = "/"
   }}
   options = {{
@@ -100,6 +100,27 @@ plugin "raw_exec" {{
   }}
 }}
 """
+
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ClientHost:
+    """Where a client of the multi-host test cluster runs (:mod:`caravan.stack.multihost`): a network namespace."""
+
+    address: str
+    """Its address on the hosts' link."""
+    interface: str
+    """Its interface on that link (Nomad's ``network_interface``)."""
+    enter: tuple[str, ...]
+    """The command prefix that runs a program in the namespace (``nsenter --net=…``)."""
+    meta: tuple[tuple[str, str], ...] = ()
+    """Node meta (the session subnet and address that ``nomad_jobs.session_peers`` reads)."""
+
+    def meta_block(self) -> str:
+        lines = "".join(f'    "{key}" = "{value}"\n' for key, value in self.meta)
+        return f"  meta {{\n{lines}  }}\n"
 
 
 @dataclass(frozen=True)
@@ -341,7 +362,14 @@ def start_nomad_cluster(
     http, rpc = free_port(), free_port()
     server_log = state_dir / "server.log"
     (state_dir / "server.hcl").write_text(
-        COMMON_CONFIG.format(name="caravan-server", data_dir=state_dir / "server", http=http, rpc=rpc, serf=free_port())
+        COMMON_CONFIG.format(
+            name="caravan-server",
+            address=LOOPBACK,
+            data_dir=state_dir / "server",
+            http=http,
+            rpc=rpc,
+            serf=free_port(),
+        )
         + SERVER_CONFIG
     )
     server = spawn(
@@ -365,7 +393,7 @@ def start_nomad_cluster(
             cluster.networks[spec.name] = session_network(state_dir / spec.name)
             cluster.device_dirs[spec.name] = state_dir / spec.name / "devices"
             cluster.clients[spec.name] = _start_client(
-                binary, state_dir, spec, rpc, nomad_home, rootfs, cluster.networks[spec.name]
+                binary, state_dir, spec, [f"{LOOPBACK}:{rpc}"], nomad_home, rootfs, cluster.networks[spec.name]
             )
         wait_until(
             lambda: _clients_ready(cluster, clients, want_drivers),
@@ -383,20 +411,32 @@ def _start_client(
     binary: Path,
     state_dir: Path,
     spec: ClientSpec,
-    server_rpc: int,
+    servers: Sequence[str],
     nomad_home: Path,
     rootfs: Path,
     network: SessionNetwork,
+    *,
+    host: ClientHost | None = None,
 ) -> Service:
+    """A client agent; ``host``: in a network namespace of its own (on its address, default ports, the session
+    network in its node meta), else on loopback ports of its own."""
     data_dir = state_dir / spec.name
     device_dir = data_dir / "devices"
     device_dir.mkdir(parents=True, exist_ok=True)
+    ports = (4646, 4647, 4648) if host else (free_port(), free_port(), free_port())
     config = COMMON_CONFIG.format(
-        name=spec.name, data_dir=data_dir, http=free_port(), rpc=free_port(), serf=free_port()
+        name=spec.name,
+        address=host.address if host else LOOPBACK,
+        data_dir=data_dir,
+        http=ports[0],
+        rpc=ports[1],
+        serf=ports[2],
     )
     config += CLIENT_CONFIG.format(
         plugin_dir=plugin_dir(data_dir, nomad_home),
-        server_rpc=server_rpc,
+        servers=", ".join(f'"{server}"' for server in servers),
+        interface=host.interface if host else "lo",
+        meta=host.meta_block() if host else "",
         node_pool=spec.node_pool,
         cpu_mhz=spec.cpu_mhz,
         memory_mb=spec.memory_mb,
@@ -409,7 +449,7 @@ def _start_client(
     path.write_text(config)
     return spawn(
         f"nomad-{spec.name}",
-        [str(binary), "agent", f"-config={path}"],
+        [*(host.enter if host else ()), str(binary), "agent", f"-config={path}"],
         state_dir / f"{spec.name}.log",
         env=CLEAN_ENV,
         clean=True,

@@ -39,6 +39,9 @@ SESSION_SUPERNET = ipaddress.IPv4Network("172.26.0.0/16")
 """Where session subnets are taken from, a /24 per client."""
 MEMBERSHIP_DIR = Path("/run/caravan-cni")
 """Which kernel belongs to which session on this host, shared by every client of the host (see cni_isolation)."""
+HOST_NETWORK = ipaddress.IPv4Network("172.26.255.0/24")
+"""Never a session subnet: the hosts' own addresses on the multi-host test cluster's link
+(:mod:`caravan.stack.multihost`)."""
 ISOLATION_MODULE = Path(__file__).resolve().parents[2] / "nomad_jobs" / "cni_isolation.py"
 
 
@@ -54,6 +57,9 @@ class SessionNetwork:
     """Holds the ``caravan-isolation`` plugin shim; the client's ``cni_path`` is the system plugins, then this."""
     ipam_dir: str
     """host-local's record of the addresses handed out."""
+    state_dir: str = str(MEMBERSHIP_DIR)
+    """The isolation plugin's membership records: one directory per host (every client of a host shares it; each
+    network namespace of the multi-host test cluster is a host of its own, with a directory of its own)."""
 
     @property
     def cni_path(self) -> str:
@@ -84,14 +90,16 @@ class SessionNetwork:
                     },
                 },
                 {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
-                {"type": "caravan-isolation", "bridge": self.bridge, "stateDir": str(MEMBERSHIP_DIR)},
+                {"type": "caravan-isolation", "bridge": self.bridge, "stateDir": self.state_dir},
             ],
         }
 
 
-def session_network(client_dir: Path) -> SessionNetwork:
+def session_network(client_dir: Path, state_dir: Path = MEMBERSHIP_DIR) -> SessionNetwork:
     """The client's session network: the one it had, else a new one (bridge and a free /24), written to disk with
-    its CNI configuration and plugin shim."""
+    its CNI configuration and plugin shim. ``state_dir``: the host's membership records (a client in a network
+    namespace of its own is a host of its own). Subnets are reserved machine-wide either way, so no two hosts of
+    this machine share one."""
     client_dir = client_dir.resolve()
     record = client_dir / "session-network.json"
     with _reservations() as reserved:
@@ -105,6 +113,7 @@ def session_network(client_dir: Path) -> SessionNetwork:
                 config_dir=str(client_dir / "cni"),
                 bin_dir=str(client_dir / "cni-bin"),
                 ipam_dir=str(client_dir / "cni-ipam"),
+                state_dir=str(state_dir),
             )
         (reserved / _reservation_name(network.subnet)).write_text(str(client_dir))
         _write(network)
@@ -124,10 +133,15 @@ def release(network: SessionNetwork) -> None:
     killed client left, and its subnet's reservation. A persisted agent that is only restarted keeps its network."""
     subprocess.run(["ip", "link", "delete", network.bridge], capture_output=True, check=False)
     subprocess.run(
-        [sys.executable, "-I", str(ISOLATION_MODULE), "release", network.subnet, str(MEMBERSHIP_DIR)],
+        [sys.executable, "-I", str(ISOLATION_MODULE), "release", network.subnet, network.state_dir],
         capture_output=True,
         check=False,
     )
+    unreserve(network)
+
+
+def unreserve(network: SessionNetwork) -> None:
+    """Free the network's subnet for other clients (its bridge and records are gone: a host namespace deleted)."""
     with _reservations() as reserved:
         (reserved / _reservation_name(network.subnet)).unlink(missing_ok=True)
 
@@ -167,9 +181,9 @@ def _write(network: SessionNetwork) -> None:
 
 
 def _free_subnet(bridge: str, reserved: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
-    """The first /24 of the supernet that no route of this host covers (a bridge of ours or anything else) and no
-    other client has reserved."""
-    used = _routed_networks() + reserved
+    """The first /24 of the supernet that no route of this host covers (a bridge of ours or anything else), no
+    other client has reserved, and that is not the test hosts' link (:data:`HOST_NETWORK`)."""
+    used = [HOST_NETWORK, *_routed_networks(), *reserved]
     for candidate in SESSION_SUPERNET.subnets(new_prefix=24):
         if not any(candidate.overlaps(net) for net in used):
             return candidate

@@ -132,3 +132,26 @@ def test_a_torn_record_is_skipped_and_records_are_written_whole(tmp_path: Path) 
     assert members.others(first) == ["10.99.0.3"]
     assert members.recall("torn") is None
     assert not [p for p in tmp_path.rglob(".*.tmp")]  # nothing half-written left behind
+
+
+def test_remote_pairs_go_both_ways_in_the_inet_table_and_validate_with_the_rules() -> None:
+    remote = [["10.0.0.1", "10.0.9.1"]]
+    assert cni_isolation.remote_commands("add", remote) == [
+        f"add element inet {TABLE} peers {{ 10.0.0.1 . 10.0.9.1, 10.0.9.1 . 10.0.0.1 }}"
+    ]
+    assert cni_isolation.remote_commands("delete", []) == []
+    script = "\n".join([RULES, *cni_isolation.remote_commands("delete", remote)])
+    checked = subprocess.run(["nft", "-c", "-f", "-"], input=script, text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_a_kernel_that_comes_or_goes_takes_its_remote_pairs_with_it(tmp_path: Path) -> None:
+    """An address reused on this host must not inherit the cross-host pairs of the kernel that had it before: the
+    plugin drops them (record and nft commands) whatever the session-peers agent has not seen yet."""
+    members = cni_isolation.Membership(str(tmp_path))
+    assert members.without_remote(["10.0.0.1"]) == ([], None)
+    members.keep_remote_pairs([["10.0.0.1", "10.0.9.1"], ["10.0.0.2", "10.0.9.1"]])
+    commands, kept = members.without_remote(["10.0.0.1"])
+    assert kept == [["10.0.0.2", "10.0.9.1"]]
+    assert commands == cni_isolation.remote_commands("delete", [["10.0.0.1", "10.0.9.1"]])
+    assert members.remote_pairs() == [["10.0.0.1", "10.0.9.1"], ["10.0.0.2", "10.0.9.1"]]  # kept once nft applied

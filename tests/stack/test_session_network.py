@@ -6,7 +6,9 @@ import ipaddress
 import json
 from pathlib import Path
 
-from caravan.stack.session_network import SESSION_SUPERNET, release, session_network
+import pytest
+
+from caravan.stack.session_network import HOST_NETWORK, SESSION_SUPERNET, _free_subnet, release, session_network
 
 
 def test_clients_get_distinct_subnets_before_any_bridge_exists(tmp_path: Path) -> None:
@@ -35,3 +37,23 @@ def test_a_restarted_client_keeps_its_network_and_a_released_subnet_is_free_agai
         assert again.subnet == network.subnet  # the first free /24 again
     finally:
         release(again)
+
+
+def test_the_test_hosts_link_is_never_a_session_subnet() -> None:
+    """172.26.255.0/24 holds the multi-host test cluster's host addresses (caravan.stack.multihost): with every other
+    /24 taken the allocator says so, rather than hand that one out (and a host namespace's route would then shadow
+    a bridge's)."""
+    others = [net for net in SESSION_SUPERNET.subnets(new_prefix=24) if net != HOST_NETWORK]
+    with pytest.raises(RuntimeError, match="no free /24"):
+        _free_subnet("cvtest", others)
+
+
+def test_a_host_namespace_keeps_its_membership_apart(tmp_path: Path) -> None:
+    """A client in a network namespace of its own is a host of its own: its plugin's records go to its directory."""
+    network = session_network(tmp_path / "a", tmp_path / "members")
+    try:
+        conflist = json.loads((Path(network.config_dir) / "caravan.conflist").read_text())
+        assert conflist["plugins"][-1]["stateDir"] == str(tmp_path / "members")
+        assert session_network(tmp_path / "a").state_dir == str(tmp_path / "members")  # kept across restarts
+    finally:
+        release(network)
