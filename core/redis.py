@@ -192,7 +192,7 @@ def client(settings: RedisSettings) -> Redis:
     pool: IdleClosingPool
     if settings.sentinels:
         url = {k: v for k, v in parse_url(settings.url).items() if k in ("username", "password", "db")}
-        sentinel = Sentinel(
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
             settings.sentinels,
             sentinel_kwargs={
                 "username": settings.sentinel_username,

@@ -180,7 +180,9 @@ class Settings:
         redis = replace(self.redis, url=with_credentials(self.redis.url, role, password)) if password else self.redis
         if redis.sentinels and redis.sentinel_password is None:
             sentinel_password = read_secret(redis_sentinel_client_path(self.secrets))
-            redis = replace(redis, sentinel_password=sentinel_password, sentinel_username=redis.sentinel_username or "caravan")
+            redis = replace(
+                redis, sentinel_password=sentinel_password, sentinel_username=redis.sentinel_username or "caravan"
+            )
         return replace(self, nomad=replace(self.nomad, token=token) if token else self.nomad, redis=redis)
 
     def with_prefix(self, prefix: str) -> Settings:
