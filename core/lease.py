@@ -37,6 +37,13 @@ class Fence:
     token: int
 
 
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return false
+"""
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -61,10 +68,13 @@ class Lease:
         self.holder = uuid.uuid4().hex
 
     async def try_acquire(self) -> Fence | None:
-        if not await self.redis.set(self.key, self.holder, nx=True, px=self.ttl_ms):
-            return None
-        token = int(await self.redis.incr(self.fence_key))
-        return Fence(key=self.fence_key, token=token)
+        """The lease and the next fencing token, taken together in one transaction: with replicas to wait for
+        (``CARAVAN_REDIS_WAIT_REPLICAS``) a term starts only once a replica has both, so a failover cannot hand the
+        same token to a second leader (raises ``NotReplicated`` otherwise, and the lease expires unused)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.eval(_ACQUIRE, 2, self.key, self.fence_key, self.holder, str(self.ttl_ms))
+            (token,) = await pipe.execute()
+        return None if token is None else Fence(key=self.fence_key, token=int(token))
 
     async def acquire(self, *, poll: float = 0.5) -> Fence:
         while (fence := await self.try_acquire()) is None:

@@ -10,13 +10,16 @@ from typing import Any
 
 import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.client import Pipeline
+from redis.asyncio.connection import AbstractConnection, parse_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError
+from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from core.errors import TransientError
 from core.retry import backoff
 from core.settings import RedisSettings
 
@@ -51,9 +54,64 @@ class HiredisPacking(AbstractConnection):
         return [b"".join(self.pack_command(*command)[0] for command in commands)]
 
 
+class NotReplicated(ResponseError, TransientError):
+    """A write no replica confirmed: refused by a primary that lost its replicas (``NOREPLICAS``, nothing written),
+    or a transaction the primary applied but no replica acknowledged within the wait (``WAIT``; it may or may not
+    survive a failover). Not retried on the spot: callers see an outage (the gateway answers UNAVAILABLE, the
+    services retry with backoff)."""
+
+
+class ReplicaRefusals(AbstractConnection):
+    """``NOREPLICAS`` (a primary with fewer good replicas than ``min-replicas-to-write``) read as :class:`NotReplicated`
+    rather than as a plain error reply (which the gateway would report as INTERNAL)."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            if str(exc).startswith("NOREPLICAS"):
+                raise NotReplicated(str(exc)) from exc
+            raise
+
+
 def with_hiredis_packing(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
-    """``connection_class`` (plain, TLS or Unix socket, as the URL chose) packing with hiredis."""
-    return type(f"Hiredis{connection_class.__name__}", (HiredisPacking, connection_class), {})
+    """``connection_class`` (plain, TLS, Unix socket or Sentinel-managed) packing with hiredis, reading
+    ``NOREPLICAS`` as :class:`NotReplicated`."""
+    return type(f"Hiredis{connection_class.__name__}", (HiredisPacking, ReplicaRefusals, connection_class), {})
+
+
+class ReplicatedPipeline(Pipeline):
+    """A pipeline whose transactions (``MULTI``/``EXEC``) count as written only once ``replicas`` replicas have them:
+    ``WAIT replicas timeout`` on the same connection right after ``EXEC``, :class:`NotReplicated` when fewer confirm.
+    With ``replicas`` 0, an ordinary pipeline."""
+
+    replicas = 0
+    wait_ms = 1000
+
+    async def _execute_transaction(self, connection: Any, commands: Any, raise_on_error: Any) -> Any:
+        result = await super()._execute_transaction(connection, commands, raise_on_error)
+        if self.replicas:
+            try:
+                await connection.send_command("WAIT", self.replicas, self.wait_ms)
+                confirmed = int(await connection.read_response())
+            except (RedisConnectionError, RedisTimeoutError) as exc:  # never run the applied EXEC again
+                raise NotReplicated(f"the primary was lost before a replica confirmed the write: {exc}") from exc
+            if confirmed < self.replicas:
+                raise NotReplicated(f"{confirmed} of {self.replicas} replicas confirmed the write in {self.wait_ms} ms")
+        return result
+
+
+class CaravanRedis(Redis):
+    """The client: its transaction pipelines wait for ``wait_replicas`` replicas (:class:`ReplicatedPipeline`)."""
+
+    wait_replicas = 0
+    wait_ms = 1000
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        pipe = ReplicatedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+        pipe.replicas = self.wait_replicas
+        pipe.wait_ms = self.wait_ms
+        return pipe
 
 
 class IdleClosingPool(BlockingConnectionPool):
@@ -102,29 +160,63 @@ class IdleClosingPool(BlockingConnectionPool):
             self._sweep_in(max(0.05, oldest + self.idle_timeout - time.monotonic()))
 
 
+class SentinelIdleClosingPool(IdleClosingPool, SentinelConnectionPool):
+    """The idle-closing blocking pool, its connections going to the primary the Sentinels name: asked again at each
+    new connection, and after a failover (a connection to the old primary reads ``READONLY`` once it is demoted, or
+    breaks when it died) the pool drops its idle connections to it."""
+
+    def __init__(self, service_name: str, sentinel_manager: Sentinel, **kwargs: Any) -> None:
+        super().__init__(service_name=service_name, sentinel_manager=sentinel_manager, **kwargs)
+
+
 def client(settings: RedisSettings) -> Redis:
     """A pooled client; commands fail fast when Redis is down and callers decide how to retry.
 
-    A command on a pooled connection that broke (Redis was restarted) is retried on a fresh one, within about a
-    second: without it, the first request on each stale connection failed after Redis was back (from_url leaves the
-    client without redis-py's default retry). A WATCHed transaction is not retried here: it raises WatchError, and
-    the store's optimistic loop runs it again. Connections idle longer than ``settings.idle_timeout`` are closed.
+    A command on a pooled connection that broke (Redis was restarted, or its primary failed over) is retried on a
+    fresh one, within about a second: without it, the first request on each stale connection failed after Redis was
+    back (from_url leaves the client without redis-py's default retry). A WATCHed transaction is not retried here: it
+    raises WatchError, and the store's optimistic loop runs it again. Connections idle longer than
+    ``settings.idle_timeout`` are closed. With ``settings.sentinels``, the primary is the one the Sentinels name.
     """
-    pool = IdleClosingPool.from_url(
-        settings.url,
-        idle_timeout=settings.idle_timeout,
-        max_connections=MAX_CONNECTIONS,
-        timeout=POOL_WAIT,
-        decode_responses=True,
-        socket_connect_timeout=2.0,
-        socket_timeout=10.0,
-        health_check_interval=15,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-    )
-    pool.connection_class = with_hiredis_packing(pool.connection_class)
-    redis = Redis(connection_pool=pool)
+    options: dict[str, Any] = {
+        "idle_timeout": settings.idle_timeout,
+        "max_connections": MAX_CONNECTIONS,
+        "timeout": POOL_WAIT,
+        "decode_responses": True,
+        "socket_connect_timeout": 2.0,
+        "socket_timeout": 10.0,
+        "health_check_interval": 15,
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+    }
+    pool: IdleClosingPool
+    if settings.sentinels:
+        url = {k: v for k, v in parse_url(settings.url).items() if k in ("username", "password", "db")}
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            settings.sentinels,
+            sentinel_kwargs={
+                "username": settings.sentinel_username,
+                "password": settings.sentinel_password,
+                "socket_connect_timeout": 1.0,
+                "socket_timeout": 1.0,
+                "decode_responses": True,
+            },
+        )
+        pool = SentinelIdleClosingPool(
+            settings.sentinel_master,
+            sentinel,
+            is_master=True,
+            connection_class=with_hiredis_packing(SentinelManagedConnection),
+            **url,
+            **options,
+        )
+    else:
+        pool = IdleClosingPool.from_url(settings.url, **options)
+        pool.connection_class = with_hiredis_packing(pool.connection_class)
+    redis = CaravanRedis(connection_pool=pool)
     redis.auto_close_connection_pool = True  # aclose() closes the pool, as with from_url
+    redis.wait_replicas = settings.wait_replicas
+    redis.wait_ms = max(1, int(settings.wait_timeout * 1000))
     return redis
 
 

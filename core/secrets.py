@@ -5,7 +5,10 @@ Layout of the secrets directory (``CARAVAN_SECRETS_DIR``, default ``$CARAVAN_HOM
 - ``nomad-<role>.token``: the Nomad ACL token of ``<role>``; ``nomad-admin.token`` is the management token (the
   bootstrap secret Caravan generated and gave Nomad's ``/v1/acl/bootstrap``);
 - ``redis-<role>.password``: the password of the Redis user named ``<role>``;
-- ``redis-users.acl``: the Redis ACL file written from those passwords (hashed).
+- ``redis-users.acl``: the Redis ACL file written from those passwords (hashed);
+- with Sentinels (:mod:`caravan.stack.redis_sentinel`): ``redis-replication.password`` (replicas authenticating to
+  their primary), ``redis-sentinel.password`` (the Sentinels, on the data nodes and to each other) and
+  ``redis-sentinel-client.password`` (Caravan's processes asking the Sentinels).
 
 Every file is created with mode 0600 from the start (never written first and narrowed after), and replaced
 atomically, so that no reader ever sees a half-written or a world-readable secret.
@@ -36,6 +39,11 @@ def nomad_token_path(secrets_dir: Path, role: Role) -> Path:
 
 def redis_password_path(secrets_dir: Path, role: Role) -> Path:
     return secrets_dir / f"redis-{role}.password"
+
+
+def redis_sentinel_client_path(secrets_dir: Path) -> Path:
+    """The password of the user ``caravan`` on Redis Sentinels: Caravan's processes asking where the primary is."""
+    return secrets_dir / "redis-sentinel-client.password"
 
 
 def redis_acl_path(secrets_dir: Path) -> Path:

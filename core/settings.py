@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from core.secrets import Role, nomad_token_path, read_secret, redis_password_path
+from core.secrets import Role, nomad_token_path, read_secret, redis_password_path, redis_sentinel_client_path
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,22 @@ class RedisSettings:
     """Prefix of every Redis key (``CARAVAN_REDIS_PREFIX``); tests give each test its own."""
     idle_timeout: float = 30.0
     """Seconds a pooled connection may stay idle before it is closed (``CARAVAN_REDIS_IDLE_TIMEOUT``)."""
+    sentinels: tuple[tuple[str, int], ...] = ()
+    """Redis Sentinels as ``host:port,...`` (``CARAVAN_REDIS_SENTINELS``): when set, the primary is the one they name
+    (and follow through a failover); the URL's host and port are then unused, its credentials and database are."""
+    sentinel_master: str = "caravan"
+    """The name the Sentinels monitor the primary under (``CARAVAN_REDIS_SENTINEL_MASTER``)."""
+    sentinel_username: str | None = None
+    """User Caravan asks the Sentinels with (``CARAVAN_REDIS_SENTINEL_USERNAME``; the stack's: ``caravan``)."""
+    sentinel_password: str | None = None
+    """Its password (``CARAVAN_REDIS_SENTINEL_PASSWORD``; else ``redis-sentinel-client.password`` in the secrets
+    directory)."""
+    wait_replicas: int = 0
+    """Replicas that must confirm each transaction (``WAIT``) before Caravan takes it as written
+    (``CARAVAN_REDIS_WAIT_REPLICAS``; default 1 with Sentinels, 0 without)."""
+    wait_timeout: float = 1.0
+    """Seconds a transaction waits for that confirmation before it fails as UNAVAILABLE
+    (``CARAVAN_REDIS_WAIT_TIMEOUT``)."""
 
 
 @dataclass(frozen=True)
@@ -161,11 +177,13 @@ class Settings:
         ``CARAVAN_REDIS_URL`` (for operators who give each process its own)."""
         token = read_secret(nomad_token_path(self.secrets, role))
         password = read_secret(redis_password_path(self.secrets, role))
-        return replace(
-            self,
-            nomad=replace(self.nomad, token=token) if token else self.nomad,
-            redis=replace(self.redis, url=with_credentials(self.redis.url, role, password)) if password else self.redis,
-        )
+        redis = replace(self.redis, url=with_credentials(self.redis.url, role, password)) if password else self.redis
+        if redis.sentinels and redis.sentinel_password is None:
+            sentinel_password = read_secret(redis_sentinel_client_path(self.secrets))
+            redis = replace(
+                redis, sentinel_password=sentinel_password, sentinel_username=redis.sentinel_username or "caravan"
+            )
+        return replace(self, nomad=replace(self.nomad, token=token) if token else self.nomad, redis=redis)
 
     def with_prefix(self, prefix: str) -> Settings:
         """The same settings isolated under another Redis key prefix and Nomad job prefix."""
@@ -192,11 +210,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     return Settings(
         home=home,
         secrets_dir=Path(env["CARAVAN_SECRETS_DIR"]).absolute() if env.get("CARAVAN_SECRETS_DIR") else None,
-        redis=RedisSettings(
-            url=env.get("CARAVAN_REDIS_URL", RedisSettings.url),
-            prefix=env.get("CARAVAN_REDIS_PREFIX", RedisSettings.prefix),
-            idle_timeout=_positive_seconds(env, "CARAVAN_REDIS_IDLE_TIMEOUT", RedisSettings.idle_timeout),
-        ),
+        redis=redis_settings_of(env),
         nomad=NomadSettings(
             addr=env.get("CARAVAN_NOMAD_ADDR", NomadSettings.addr),
             token=env.get("CARAVAN_NOMAD_TOKEN") or None,
@@ -246,6 +260,35 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         qemu_images=qemu_images_of(env),
         sftp_image=env.get("CARAVAN_SFTP_IMAGE") or None,
     )
+
+
+def redis_settings_of(env: Mapping[str, str]) -> RedisSettings:
+    sentinels = _host_ports(env, "CARAVAN_REDIS_SENTINELS")
+    wait = env.get("CARAVAN_REDIS_WAIT_REPLICAS") or ("1" if sentinels else "0")
+    if not wait.isdigit():
+        raise ValueError(f"CARAVAN_REDIS_WAIT_REPLICAS must be a whole number, not {wait!r}")
+    return RedisSettings(
+        url=env.get("CARAVAN_REDIS_URL", RedisSettings.url),
+        prefix=env.get("CARAVAN_REDIS_PREFIX", RedisSettings.prefix),
+        idle_timeout=_positive_seconds(env, "CARAVAN_REDIS_IDLE_TIMEOUT", RedisSettings.idle_timeout),
+        sentinels=sentinels,
+        sentinel_master=env.get("CARAVAN_REDIS_SENTINEL_MASTER") or RedisSettings.sentinel_master,
+        sentinel_username=env.get("CARAVAN_REDIS_SENTINEL_USERNAME") or None,
+        sentinel_password=env.get("CARAVAN_REDIS_SENTINEL_PASSWORD") or None,
+        wait_replicas=int(wait),
+        wait_timeout=_positive_seconds(env, "CARAVAN_REDIS_WAIT_TIMEOUT", RedisSettings.wait_timeout),
+    )
+
+
+def _host_ports(env: Mapping[str, str], name: str) -> tuple[tuple[str, int], ...]:
+    """A comma-separated list of ``host:port``."""
+    pairs = []
+    for entry in filter(None, (e.strip() for e in env.get(name, "").split(","))):
+        host, _, port = entry.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{name} must list host:port pairs, not {entry[:60]!r}")
+        pairs.append((host.strip("[]"), int(port)))
+    return tuple(pairs)
 
 
 def _at_least_one(env: Mapping[str, str], name: str, default: int) -> int:

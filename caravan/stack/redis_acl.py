@@ -58,12 +58,18 @@ def acl_lines(secrets: dict[Role, str], key_prefixes: Sequence[str]) -> list[str
     return lines
 
 
-def write_acl_file(secrets_dir: Path, key_prefixes: Sequence[str]) -> Path:
-    """Generate the missing passwords and (re)write the ACL file from them; returns its path."""
-    hashed = {role: _hashed(ensure_secret(redis_password_path(secrets_dir, role))) for role in ROLES}
+def write_acl_file(secrets_dir: Path, key_prefixes: Sequence[str], extra_users: Sequence[str] = ()) -> Path:
+    """Generate the missing passwords and (re)write the ACL file from them, ``extra_users`` (more lines) at its end;
+    returns its path."""
+    hashed = {role: hashed_password(redis_password_path(secrets_dir, role)) for role in ROLES}
     path = redis_acl_path(secrets_dir)
-    write_secret(path, "\n".join(acl_lines(hashed, key_prefixes)))
+    write_secret(path, "\n".join([*acl_lines(hashed, key_prefixes), *extra_users]))
     return path
+
+
+def hashed_password(path: Path) -> str:
+    """The ACL rule (``#<sha256 hex>``) of the password in ``path``, generated there first if missing."""
+    return _hashed(ensure_secret(path))
 
 
 def describe_users(prefix: str) -> str:

@@ -42,16 +42,20 @@ def start_redis(
     secrets_dir: Path,
     key_prefixes: Sequence[str] = ("caravan",),
     appendfsync: str = APPENDFSYNC,
+    extra_users: Sequence[str] = (),
+    extra_args: Sequence[str] = (),
+    name: str = "redis",
 ) -> Service:
     """Start Redis on 127.0.0.1:``port`` with its AOF in ``state_dir``; starting it again there replays the AOF.
 
     Its users are Caravan's (``redis-<role>.password`` in ``secrets_dir``, generated once): the components' users
-    reach only keys under ``key_prefixes`` (``<prefix>:*``; glob patterns allowed)."""
+    reach only keys under ``key_prefixes`` (``<prefix>:*``; glob patterns allowed). ``extra_users``: more ACL file
+    lines (a replica's and the Sentinels' users); ``extra_args``: more ``redis-server`` options."""
     binary = shutil.which("redis-server")
     if not binary:
         raise StartupFailed("redis-server is not installed (ops/install installs Debian's redis-server)")
     state_dir.mkdir(parents=True, exist_ok=True)
-    acl_file = write_acl_file(secrets_dir, key_prefixes)
+    acl_file = write_acl_file(secrets_dir, key_prefixes, extra_users)
     admin_password = read_secret(redis_password_path(secrets_dir, "admin"))
     argv = [
         binary,
@@ -73,8 +77,9 @@ def start_redis(
         "no",
         "--aclfile",
         str(acl_file),
+        *extra_args,
     ]
-    service = spawn("redis", argv, log, env=CLEAN_ENV, clean=True)  # nothing of ours in its environment
+    service = spawn(name, argv, log, env=CLEAN_ENV, clean=True)  # nothing of ours in its environment
 
     def ready() -> bool:
         with redis.Redis(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from core.secrets import redis_sentinel_client_path, write_secret
 from core.settings import load_settings
 
 
@@ -28,3 +31,31 @@ def test_trusted_proxies_are_none_unless_listed_and_must_be_addresses() -> None:
     for value in ("*", "ingress.local", "10.0.0.0/99"):
         with pytest.raises(ValueError, match="CARAVAN_TRUSTED_PROXIES must list IP addresses or networks"):
             load_settings({"CARAVAN_TRUSTED_PROXIES": value})
+
+
+def test_sentinels_are_host_port_pairs_and_turn_on_waiting_for_a_replica(tmp_path: Path) -> None:
+    plain = load_settings({}).redis
+    assert (plain.sentinels, plain.wait_replicas) == ((), 0)
+    redis = load_settings(
+        {"CARAVAN_REDIS_SENTINELS": "127.0.0.1:26379, [::1]:26380", "CARAVAN_REDIS_SENTINEL_MASTER": "m"}
+    ).redis
+    assert redis.sentinels == (("127.0.0.1", 26379), ("::1", 26380))
+    assert (redis.sentinel_master, redis.wait_replicas, redis.wait_timeout) == ("m", 1, 1.0)
+    assert (
+        load_settings({"CARAVAN_REDIS_SENTINELS": "h:1", "CARAVAN_REDIS_WAIT_REPLICAS": "2"}).redis.wait_replicas == 2
+    )
+    for value in ("h", "h:port", ":26379", "h:70000"):
+        with pytest.raises(ValueError, match="CARAVAN_REDIS_SENTINELS must list host:port pairs"):
+            load_settings({"CARAVAN_REDIS_SENTINELS": value})
+    with pytest.raises(ValueError, match="CARAVAN_REDIS_WAIT_REPLICAS must be a whole number"):
+        load_settings({"CARAVAN_REDIS_WAIT_REPLICAS": "all"})
+
+
+def test_a_role_asks_the_sentinels_with_the_client_password_from_the_secrets_directory(tmp_path: Path) -> None:
+    write_secret(redis_sentinel_client_path(tmp_path), "s3cret")
+    environ = {"CARAVAN_SECRETS_DIR": str(tmp_path), "CARAVAN_REDIS_SENTINELS": "127.0.0.1:26379"}
+    redis = load_settings(environ).for_role("gateway").redis
+    assert (redis.sentinel_username, redis.sentinel_password) == ("caravan", "s3cret")
+    given = load_settings({**environ, "CARAVAN_REDIS_SENTINEL_PASSWORD": "mine"}).for_role("gateway").redis
+    assert given.sentinel_password == "mine"
+    assert load_settings({"CARAVAN_SECRETS_DIR": str(tmp_path)}).for_role("gateway").redis.sentinel_password is None
