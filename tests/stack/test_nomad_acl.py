@@ -24,6 +24,7 @@ import pytest
 from caravan.stack.nomad_acl import PLATFORM_NAMESPACE, describe_policies, policies, policy_rules
 from caravan.stack.nomad_agent import NomadAgent
 from caravan.stack.nomad_cluster import SingleNodeNomad, start_nomad_single_node
+from caravan.stack.processes import unmount_under
 from core.secrets import COMPONENT_ROLES, ROLES, nomad_token_path, read_secret
 from core.settings import NomadSettings
 from nomad_jobs.client import NomadClient, NomadRejected
@@ -66,6 +67,7 @@ def single_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SingleNode
     )
     yield agent
     agent.stop()
+    unmount_under(state)  # allocations' secrets/private tmpfs (the platform's raw_exec job's too), as NomadAgent.stop
 
 
 def status_of(addr: str, method: str, path: str, *, token: str | None = None, body: Any = None) -> int:
