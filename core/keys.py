@@ -160,6 +160,12 @@ class Keys:
         return f"{self.prefix}:user-tokens:{user_id}"
 
     @property
+    def users_version(self) -> str:
+        """Counter incremented in the MULTI of every write of a user, a token or a revocation: the app data plane's
+        control (``gateway.apps.control``) reads users and tokens again when it changed."""
+        return f"{self.prefix}:users:version"
+
+    @property
     def token_revocations(self) -> str:
         """STREAM of revoked tokens (``token``: the SHA-256 of the secret), appended in the MULTI of each revocation
         and capped in length; every gateway process reads it to close the revoked tokens' WebSocket connections."""

@@ -3,6 +3,7 @@ assets at /graphiql/), health at /healthz and /readyz, Prometheus at /metrics.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -20,10 +21,13 @@ from strawberry.types.unset import UNSET, UnsetType
 from core.errors import TransientError, Unavailable
 from core.keys import Keys
 from core.redis import client as redis_client
+from core.secrets import ensure_app_cookie_key
 from core.settings import Settings
 from gateway import files, ide, terminal, web
 from gateway.apps.access import AppStores
 from gateway.apps.activity import TrafficRecorder
+from gateway.apps.control import ControlPlane
+from gateway.apps.ingress_config import IngressPaths
 from gateway.apps.proxy import AppProxy, AppRelay
 from gateway.apps.token_cache import TokenCache
 from gateway.graphql.context import Context
@@ -134,18 +138,31 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             hub=EventHub(redis),
             revocations=RevocationWatch(redis, keys),
         )
+        ingress = settings.gateway.ingress_port is not None  # HAProxy serves the apps; this process controls it
         state["apps"] = AppRelay.create(  # the app proxy (gateway/apps/)
             settings,
             AppStores(state["sessions"], users, AppAccessStore(redis, keys), TokenCache(users, state["revocations"])),
             state["revocations"],
             TrafficRecorder(redis, keys),
+            cookie_key=ensure_app_cookie_key(settings.secrets) if ingress else None,
         )
+        control = None
+        if ingress:
+            plane = ControlPlane(
+                redis, keys, state["sessions"], users, IngressPaths(settings.ingress_dir), settings.gateway.apps_domain
+            )
+            state["control_plane"] = plane
+            control = asyncio.create_task(plane.run(), name="app control plane")
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:
             await state["users"].ensure_bootstrap_admin(token)
         except Exception as exc:  # Redis may come up after us; readiness reports it meanwhile
             log.warning("could not register the bootstrap admin yet: %s", exc)
         yield
+        if control is not None:
+            control.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await control
         await state["hub"].aclose()
         await state["revocations"].aclose()
         await state["apps"].aclose()

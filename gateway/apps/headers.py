@@ -11,6 +11,10 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
 from collections.abc import Iterable, Sequence
 from http.cookies import CookieError, SimpleCookie
 
@@ -131,3 +135,18 @@ def app_cookie(value: str, ttl: int, *, secure: bool) -> str:
     if secure:
         morsel["secure"] = True
     return morsel.OutputString()
+
+
+def signed_cookie_value(key: str, *, host: str, token_hash: str, user_id: str, expires: int) -> str:
+    """An app cookie HAProxy checks itself (``gateway.apps.ingress_config``): a JWT, HS256 with ``key``, whose claims
+    bind it to the app's host (``h``), the API token it was launched with (``t``, its SHA-256: a revoked token's
+    cookies die with it), that token's user (``sub``) and its expiry (``exp``, unix seconds)."""
+    header = _b64(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
+    claims = {"h": host, "t": token_hash, "sub": user_id, "exp": expires}
+    payload = _b64(json.dumps(claims, separators=(",", ":")).encode())
+    signature = hmac.new(key.encode(), f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    return f"{header}.{payload}.{_b64(signature)}"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()

@@ -38,7 +38,12 @@ from domain.apps import cookie_may_pass, parse_app_host, published_port
 from domain.model import SessionStatus
 from gateway.apps.access import AppPass, AppStores, Denied, Moment, authorize_app
 from gateway.apps.activity import REFRESH_INTERVAL, TrafficRecorder
-from gateway.apps.headers import app_cookie, downstream_response_headers, upstream_request_headers
+from gateway.apps.headers import (
+    app_cookie,
+    downstream_response_headers,
+    signed_cookie_value,
+    upstream_request_headers,
+)
 from gateway.graphql.sessions.app_mutations import LAUNCH_PATH
 from gateway.revocations import RevocationWatch
 from stores.activity import close_connection, open_connection
@@ -64,15 +69,23 @@ class AppRelay:
     revocations: RevocationWatch
     recorder: TrafficRecorder
     client: httpx2.AsyncClient
+    cookie_key: str | None = None
+    """The app cookie's HS256 key when HAProxy serves the apps (``gateway.apps.ingress_config``): the gateway then
+    keeps only the launch exchange, and its cookies are JWTs HAProxy checks."""
 
     @classmethod
     def create(
-        cls, settings: Settings, stores: AppStores, revocations: RevocationWatch, recorder: TrafficRecorder
+        cls,
+        settings: Settings,
+        stores: AppStores,
+        revocations: RevocationWatch,
+        recorder: TrafficRecorder,
+        cookie_key: str | None = None,
     ) -> AppRelay:
         timeout = httpx2.Timeout(settings.gateway.app_upstream_timeout, connect=CONNECT_TIMEOUT)
         limits = httpx2.Limits(max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_CONNECTIONS)
         client = httpx2.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False, trust_env=False)
-        return cls(settings, stores, revocations, recorder, client)
+        return cls(settings, stores, revocations, recorder, client, cookie_key)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -113,12 +126,23 @@ class AppProxy:
             if found is not None:
                 relay: AppRelay = self.state["apps"]
                 hostname = host.rsplit(":", 1)[0].lower().rstrip(".")
+                if relay.cookie_key is not None and not (scope["type"] == "http" and scope["path"] == LAUNCH_PATH):
+                    await _not_served(scope, receive, send)
+                    return
                 if scope["type"] == "http":
                     await _serve_http(relay, scope, receive, send, hostname, *found)
                 else:
                     await _serve_websocket(relay, scope, receive, send, hostname, *found)
                 return
         await self.app(scope, receive, send)
+
+
+async def _not_served(scope: Scope, receive: Receive, send: Send) -> None:
+    """Behind HAProxy, which serves the apps: an app host it handed to the gateway names no app it knows."""
+    if scope["type"] == "http":
+        await _json(send, 404, "NOT_FOUND", "no such app")
+    elif (await receive())["type"] == "websocket.connect":
+        await _refuse_websocket(scope, send, 404, "NOT_FOUND", "no such app")
 
 
 def _from_own_origin(scope: Scope) -> bool:
@@ -247,11 +271,21 @@ async def _launch(relay: AppRelay, scope: Scope, send: Send, hostname: str) -> N
     if grant is None or grant.host != hostname:
         await _json(send, 404, "NOT_FOUND", "unknown, used or expired launch code: ask launchApp for a new one")
         return
-    if await relay.stores.users.authenticate_hash(grant.token_hash) is None:
+    found = await relay.stores.users.authenticate_hash(grant.token_hash)
+    if found is None:
         await _json(send, 401, "UNAUTHENTICATED", "the token this launch was made with is no longer valid")
         return
     ttl = relay.settings.gateway.app_cookie_ttl
-    value = await access.new_cookie(grant, ttl)
+    if relay.cookie_key is not None:  # HAProxy checks it (gateway.apps.ingress_config)
+        value = signed_cookie_value(
+            relay.cookie_key,
+            host=grant.host,
+            token_hash=grant.token_hash,
+            user_id=found.user.id,
+            expires=int(time.time()) + ttl,
+        )
+    else:
+        value = await access.new_cookie(grant, ttl)
     cookie = app_cookie(value, ttl, secure=scope.get("scheme") == "https")
     headers = [
         (b"location", b"/"),

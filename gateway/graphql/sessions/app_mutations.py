@@ -54,7 +54,7 @@ class AppMutations:
         gateway = ctx.settings.gateway
         store = AppAccessStore(ctx.sessions.redis, ctx.sessions.keys)
         code = await store.new_launch_code(token, app_host(found.name, session.id, gateway.apps_domain))
-        base = app_url(found.name, session.id, gateway.apps_domain, gateway.port).rstrip("/")
+        base = app_url(found.name, session.id, gateway.apps_domain, ctx.settings.public_port).rstrip("/")
         return AppLaunch(url=f"{base}{LAUNCH_PATH}?code={code}", expires_at=utcnow() + timedelta(seconds=LAUNCH_TTL))
 
     @fields.mutation(
