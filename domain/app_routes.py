@@ -98,3 +98,22 @@ def edits(current: Mapping[str, str], desired: Mapping[str, str]) -> Edits:
         change={k: v for k, v in desired.items() if k in current and current[k] != v},
         delete=sorted(k for k in current if k not in desired),
     )
+
+
+def may_pass(maps: Maps, host: str, user: str | None, token_hash: str | None) -> bool:
+    """Whether HAProxy, holding ``maps``, lets ``user`` (None: no credentials) with the token ``token_hash`` through
+    to ``host``: the rule ``gateway.apps.ingress_config`` writes in HAProxy's terms, for what stays open (a
+    WebSocket is admitted once; the control plane closes it when this turns false)."""
+    info = maps.get("hosts", {}).get(host)
+    if info is None or host not in maps.get("routes", {}):
+        return False
+    owner, project, public = (info.split(FIELD) + ["", "", ""])[:3]
+    if public == "1":
+        return True
+    if not user or not token_hash or maps.get("tokens", {}).get(token_hash) != user:
+        return False
+    return (
+        user == owner
+        or maps.get("roles", {}).get(user) == Role.SUPERADMIN.value
+        or f"{project}{FIELD}{user}" in maps.get("admins", {})
+    )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -35,10 +36,19 @@ from redis.exceptions import RedisError
 
 from core.clock import utcnow
 from core.keys import Keys
-from domain.app_routes import SESSION_MAPS, USER_MAPS, Maps, edits, next_expiry, session_maps, user_maps
+from domain.app_routes import (
+    SESSION_MAPS,
+    USER_MAPS,
+    Maps,
+    edits,
+    may_pass,
+    next_expiry,
+    session_maps,
+    user_maps,
+)
 from domain.apps import parse_app_host
 from domain.model import Session
-from gateway.apps.ingress_config import STATS_TABLE, IngressPaths
+from gateway.apps.ingress_config import STATS_TABLE, WS_EVENT, IngressPaths
 from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
 from stores.activity import close_connection, open_connection, record_activity
 from stores.sessions import SessionStore
@@ -55,6 +65,39 @@ SAMPLE_INTERVAL = 2.0
 RETRY = 0.5
 """Seconds to wait after Redis or HAProxy failed to answer."""
 CONNECTION_ID = "haproxy"
+MAX_SOCKETS = 100_000
+"""Open WebSockets remembered at once (each is forgotten when HAProxy no longer has it)."""
+
+
+@dataclass(frozen=True)
+class OpenSocket:
+    """A WebSocket HAProxy admitted to an app (its announcement): who opened it, with which token."""
+
+    host: str
+    user: str | None
+    token_hash: str | None
+
+
+def parse_event(datagram: bytes) -> tuple[str, OpenSocket] | None:
+    """``(client address:port, socket)`` of HAProxy's announcement of a WebSocket, or None."""
+    words = datagram.decode(errors="replace").split()
+    if len(words) != 5 or words[0] != WS_EVENT:
+        return None
+    _, client, host, user, token = words
+    return client, OpenSocket(host, None if user == "-" else user, None if token == "-" else token)
+
+
+class _Events(asyncio.DatagramProtocol):
+    def __init__(self, sockets: dict[str, OpenSocket]) -> None:
+        self.sockets = sockets
+        self.fresh = False
+        """A socket was announced since the last check (it may have been admitted just before a revocation)."""
+
+    def datagram_received(self, data: bytes, addr: object) -> None:
+        found = parse_event(data)
+        if found is not None and len(self.sockets) < MAX_SOCKETS:
+            self.sockets[found[0]] = found[1]
+            self.fresh = True
 
 
 @dataclass
@@ -84,10 +127,23 @@ class ControlPlane:
         self._versions: list[str | None] = [None, None]
         self._expiry: datetime | None = None
         self._traffic = _Traffic()
+        self.sockets: dict[str, OpenSocket] = {}
+        """Client address:port -> the WebSocket HAProxy announced from it (``ingress_config.WS_EVENT``)."""
+        self._events = _Events(self.sockets)
         self.rebuilds = 0
         """Complete rebuilds done (tests and logs)."""
 
     async def run(self) -> None:
+        self.paths.events.unlink(missing_ok=True)
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: self._events, local_addr=str(self.paths.events), family=socket.AF_UNIX
+        )
+        try:
+            await self._loop()
+        finally:
+            transport.close()
+
+    async def _loop(self) -> None:
         last_check = last_sample = 0.0
         while True:
             try:
@@ -96,6 +152,9 @@ class ControlPlane:
                     last_check = now
                     await self._ensure_built()
                 await self.sync()
+                if self._events.fresh:
+                    self._events.fresh = False
+                    await self.close_refused()
                 if now - last_sample >= SAMPLE_INTERVAL:
                     last_sample = now
                     await self.sample_traffic()
@@ -146,6 +205,25 @@ class ControlPlane:
             if change:
                 await self.api.edit_map(self.paths.map(name), change.add, change.change, change.delete)
                 self.applied[name] = content
+        await self.close_refused()
+
+    async def close_refused(self) -> None:
+        """Close the open WebSockets whose token, user or app stopped passing (``domain.app_routes.may_pass``)."""
+        refused = {c for c, s in self.sockets.items() if not may_pass(self.applied, s.host, s.user, s.token_hash)}
+        if refused:
+            await self._shutdown(refused)
+
+    async def _shutdown(self, clients: set[str]) -> None:
+        """HAProxy's streams from ``clients`` closed; and the sockets it no longer has forgotten."""
+        (listing,) = await self.api.run(["show sess"])
+        streams = {}
+        for line in listing.splitlines():
+            words = line.split()
+            if len(words) > 2 and words[0].endswith(":") and words[2].startswith("src="):
+                streams[words[2][4:]] = words[0][:-1]
+        await self.api.run([f"shutdown session {streams[c]}" for c in clients if c in streams])
+        for client in [c for c in self.sockets if c in clients or c not in streams]:
+            del self.sockets[client]
 
     async def _session_maps(self) -> Maps:
         revisions = {
@@ -181,6 +259,8 @@ class ControlPlane:
             if int(entry.get("conn_cur", "0")) > 0:
                 seen.add(session_id)
                 await open_connection(self.redis, self.keys, session_id, CONNECTION_ID, now)
+        if self.sockets:  # forget the closed ones
+            await self._shutdown(set())
         for session_id in self._traffic.open - seen:
             with contextlib.suppress(RedisError, OSError):
                 await close_connection(self.redis, self.keys, session_id, CONNECTION_ID, now)

@@ -81,6 +81,8 @@ core.register_action("hop_by_hop_res", { "http-res" }, function(txn)
     end
 end)
 """
+WS_EVENT = "caravan-ws"
+"""The first word of HAProxy's announcement of a WebSocket: ``caravan-ws <client addr:port> <host> <user> <token>``."""
 AWAIT_MS = 100
 """Milliseconds a request about to be refused waits before it is decided again (the control plane polls Redis every
 10 ms): what was granted a moment ago passes; a refusal costs this much more (also a damper on guessing)."""
@@ -110,6 +112,11 @@ class IngressPaths:
     @property
     def lua(self) -> Path:
         return self.state_dir / "caravan.lua"
+
+    @property
+    def events(self) -> Path:
+        """A unix datagram socket the control plane reads: HAProxy's announcements of the apps' WebSockets."""
+        return self.state_dir / "events.sock"
 
     def map(self, name: str) -> Path:
         return self.state_dir / "maps" / f"{name}.map"
@@ -210,7 +217,8 @@ def _admission(m: dict[str, str], when: str) -> list[str]:
         f"    http-request set-var(txn.owner) var(txn.info),field(1,'{FIELD}') if {when}",
         f"    http-request set-var(txn.project) var(txn.info),field(2,'{FIELD}') if {when}",
         f"    http-request set-var(txn.upstream) var(txn.host),map({m['routes']}) if {when}",
-        f"    http-request set-var(txn.user) http_auth_bearer,sha2(256),hex,lower,map({m['tokens']}) if {when} bearer",
+        f"    http-request set-var(txn.token) http_auth_bearer,sha2(256),hex,lower if {when} bearer",
+        f"    http-request set-var(txn.user) var(txn.token),map({m['tokens']}) if {when} bearer",
         f"    http-request set-var(txn.jwt) req.cook({COOKIE_NAME}) if {when} !bearer has_cookie cookie_ok",
         f"    http-request set-var(txn.jwt_host) var(txn.jwt),jwt_payload_query('$.h') if {when} jwt_valid",
         f"    http-request set-var(txn.jwt_exp) var(txn.jwt),jwt_payload_query('$.exp','int') if {when} jwt_valid",
@@ -218,6 +226,8 @@ def _admission(m: dict[str, str], when: str) -> list[str]:
         f"    http-request set-var(txn.jwt_sub) var(txn.jwt),jwt_payload_query('$.sub') if {when} jwt_valid",
         f"    http-request set-var(txn.jwt_user) var(txn.jwt),jwt_payload_query('$.t'),map({m['tokens']}) "
         f"if {when} jwt_valid jwt_here jwt_live",
+        f"    http-request set-var(txn.token) var(txn.jwt),jwt_payload_query('$.t') "
+        f"if {when} jwt_valid jwt_here jwt_live jwt_user_sub",
         f"    http-request set-var(txn.user) var(txn.jwt_user) if {when} jwt_valid jwt_here jwt_live jwt_user_sub",
     ]
 
@@ -247,6 +257,9 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "",
         "frontend ingress",
         f"    bind 127.0.0.1:{config.port}",
+        f"    log unix@{paths.events} len 1024 format raw local0 info",
+        "    option logasap",
+        f'    log-format "{WS_EVENT} %ci:%cp %[var(txn.host)] %[var(txn.user)] %[var(txn.token)]"',
         "    http-request set-var(txn.host) req.hdr(host),field(1,:),lower",
         f"    acl app_host var(txn.host) -m reg ^{_host_pattern(config.apps_domain)}$",
         f"    acl launch path {LAUNCH_PATH}",
@@ -264,6 +277,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    acl refuse var(txn.refuse) -m bool",
         "    http-request lua.await_control if app refuse",
         "    http-request unset-var(txn.user) if app refuse",
+        "    http-request unset-var(txn.token) if app refuse",
         *_admission(m, "app refuse"),
         _return(
             403,
@@ -284,6 +298,9 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    http-request set-dst var(txn.upstream),field(1,:) if app",
         "    http-request set-dst-port var(txn.upstream),field(2,:) if app",
         f"    http-request track-sc0 var(txn.host) table {STATS_TABLE} if app",
+        # a WebSocket to an app is announced to the control plane (who opened it, with which token), which closes it
+        # when that token, user or app stops passing (gateway.apps.control); nothing else is logged
+        "    http-request set-log-level silent unless app is_ws",
         "    use_backend apps if app",
         "    default_backend gateway",
         "",
