@@ -370,11 +370,6 @@ class Keys:
         and app it opens (``stores.app_access``)."""
         return f"{self.prefix}:app-launch:{code_hash}"
 
-    def app_cookie(self, cookie_hash: str) -> str:
-        """HASH of one app cookie (by the SHA-256 of its value; TTL the cookie's lifetime): the token hash it stands
-        for and the app host it is valid on (``stores.app_access``)."""
-        return f"{self.prefix}:app-cookie:{cookie_hash}"
-
     def idle_report(self, session_id: str) -> str:
         """JSON of the idle checker's last verdict on a session (short TTL; GraphQL ``idleChecks``)."""
         return f"{self.prefix}:idle:report:{session_id}"

@@ -66,6 +66,9 @@ class GatewaySettings:
     """HAProxy's port (``CARAVAN_INGRESS_PORT``): the apps' data plane and the stack's ingress, in front of this
     gateway (``gateway.apps.ingress_config``). App URLs name it; the gateway then keeps HAProxy's maps
     (``gateway.apps.control``) and signs app cookies HAProxy checks itself. None: no HAProxy."""
+    backend_port: int | None = None
+    """In the dev stack (``./ops/dev``), where the gateway process listens behind HAProxy, which takes ``port``
+    (``CARAVAN_GATEWAY_BACKEND_PORT``; default: ``port`` + 1)."""
     ingress_dir: Path | None = None
     """HAProxy's state directory: its configuration, maps and runtime socket (``CARAVAN_INGRESS_DIR``; default
     ``<home>/haproxy``)."""
@@ -230,6 +233,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             apps_domain=(env.get("CARAVAN_APPS_DOMAIN") or GatewaySettings.apps_domain).strip(".").lower(),
             ingress_port=int(env["CARAVAN_INGRESS_PORT"]) if env.get("CARAVAN_INGRESS_PORT") else None,
             ingress_dir=Path(env["CARAVAN_INGRESS_DIR"]) if env.get("CARAVAN_INGRESS_DIR") else None,
+            backend_port=int(env["CARAVAN_GATEWAY_BACKEND_PORT"]) if env.get("CARAVAN_GATEWAY_BACKEND_PORT") else None,
             app_cookie_ttl=_at_least_one(env, "CARAVAN_APP_COOKIE_TTL", GatewaySettings.app_cookie_ttl),
             app_upstream_timeout=_positive_seconds(
                 env, "CARAVAN_APP_UPSTREAM_TIMEOUT", GatewaySettings.app_upstream_timeout

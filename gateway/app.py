@@ -24,12 +24,9 @@ from core.redis import client as redis_client
 from core.secrets import ensure_app_cookie_key
 from core.settings import Settings
 from gateway import files, ide, terminal, web
-from gateway.apps.access import AppStores
-from gateway.apps.activity import TrafficRecorder
 from gateway.apps.control import ControlPlane
 from gateway.apps.ingress_config import IngressPaths
-from gateway.apps.proxy import AppProxy, AppRelay
-from gateway.apps.token_cache import TokenCache
+from gateway.apps.proxy import AppLaunches, AppOrigins
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.http import GraphQLOverHTTP
@@ -138,16 +135,11 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             hub=EventHub(redis),
             revocations=RevocationWatch(redis, keys),
         )
-        ingress = settings.gateway.ingress_port is not None  # HAProxy serves the apps; this process controls it
-        state["apps"] = AppRelay.create(  # the app proxy (gateway/apps/)
-            settings,
-            AppStores(state["sessions"], users, AppAccessStore(redis, keys), TokenCache(users, state["revocations"])),
-            state["revocations"],
-            TrafficRecorder(redis, keys),
-            cookie_key=ensure_app_cookie_key(settings.secrets) if ingress else None,
+        state["apps"] = AppLaunches(  # the launch exchange; HAProxy serves the apps themselves
+            settings, AppAccessStore(redis, keys), users, ensure_app_cookie_key(settings.secrets)
         )
         control = None
-        if ingress:
+        if settings.gateway.ingress_port is not None:  # this process keeps HAProxy's maps
             plane = ControlPlane(
                 redis, keys, state["sessions"], users, IngressPaths(settings.ingress_dir), settings.gateway.apps_domain
             )
@@ -165,7 +157,6 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
                 await control
         await state["hub"].aclose()
         await state["revocations"].aclose()
-        await state["apps"].aclose()
         await nomad.aclose()
         await redis.aclose()
 
@@ -204,5 +195,5 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             *files.routes(state),
         ],
         lifespan=lifespan,
-        middleware=[Middleware(AppProxy, state=state)],  # app origins (domain.apps) before the routes
+        middleware=[Middleware(AppOrigins, state=state)],  # app origins (domain.apps) before the routes
     )

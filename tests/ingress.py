@@ -8,13 +8,18 @@ import contextlib
 import dataclasses
 import shutil
 import tempfile
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from caravan.stack.haproxy import ingress_config, start_haproxy
 from caravan.stack.processes import Service, free_port
 from core.settings import Settings
+from domain.apps import App
+from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from gateway.apps.ingress_config import IngressPaths
 from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
 from tests.harness import Caravan, running_caravan
@@ -62,8 +67,9 @@ def with_ingress(settings: Settings, state_dir: Path, port: int) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def caravan_behind_haproxy(settings: Settings) -> AsyncIterator[tuple[Caravan, Ingress]]:
-    """A gateway (and scheduler) behind a HAProxy of their own; yields once HAProxy holds its first build."""
+async def caravan_behind_haproxy(settings: Settings, **harness: Any) -> AsyncIterator[tuple[Caravan, Ingress]]:
+    """A gateway (and scheduler: ``harness`` as ``running_caravan`` takes it) behind a HAProxy of their own; yields
+    once HAProxy holds its first build."""
     state_dir = Path(tempfile.mkdtemp(prefix="cvh-", dir="/tmp"))  # a unix socket path has at most 107 bytes
     port, gateway_port = free_port(), free_port()
     settings = with_ingress(settings, state_dir, port)
@@ -71,9 +77,36 @@ async def caravan_behind_haproxy(settings: Settings) -> AsyncIterator[tuple[Cara
     ingress = Ingress(settings, paths, port, gateway_port, None)  # type: ignore[arg-type]
     ingress.start()
     try:
-        async with running_caravan(settings, port=gateway_port) as caravan:
+        async with running_caravan(settings, port=gateway_port, **harness) as caravan:
             await ingress.built()
             yield caravan, ingress
     finally:
         ingress.service.stop()
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def running_app(owner: str, port: int, *, public: bool = False) -> Session:
+    """A RUNNING session of ``owner`` whose app ``web`` (port 8080) Nomad published on 127.0.0.1:``port``."""
+    resources = {"cpu": "1", "mem": str(64 << 20)}
+    kernel = Kernel(
+        role="main",
+        index=1,
+        hostname="main1",
+        image="",
+        resources=resources,
+        status=SessionStatus.RUNNING,
+        ports=(f"8080=127.0.0.1:{port}",),
+    )
+    return Session(
+        id=str(uuid.uuid4()),
+        name="app-" + uuid.uuid4().hex[:8],
+        owner_id=owner,
+        type=SessionType.INTERACTIVE,
+        driver=Driver.RAW_EXEC,
+        image="",
+        resources=resources,
+        kernels=(kernel,),
+        created_at=datetime.now(UTC),
+        status=SessionStatus.RUNNING,
+        apps=(App("web", 8080, public=public),),
+    )

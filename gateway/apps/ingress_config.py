@@ -69,6 +69,26 @@ core.register_action("await_control", { "http-req" }, function(txn)
     core.msleep(AWAIT_MS)
 end)
 
+-- Several app cookies (another app's page may toss in its own under the same name, Domain= the apps' parent
+-- domain): the first whose signature holds and that names this host is the request's.
+core.register_action("pick_cookie", { "http-req" }, function(txn)
+    local host = txn:get_var("txn.host")
+    local seen = 0
+    for _, line in pairs(txn.http:req_get_headers()["cookie"] or {}) do
+        for name, value in string.gmatch(line, "([^=;%s]+)=([^;]*)") do
+            if name == "COOKIE_NAME" then
+                seen = seen + 1
+                if seen > MAX_CANDIDATES then return end
+                local ok = txn.c:jwt_verify(value, "HS256", "COOKIE_KEY")
+                if ok == 1 and txn.c:jwt_payload_query(value, "$.h") == host then
+                    txn:set_var("txn.jwt", value)
+                    return
+                end
+            end
+        end
+    end
+end)
+
 core.register_action("hop_by_hop_req", { "http-req" }, function(txn)
     for _, name in ipairs(named(txn.f:req_fhdr("connection"))) do
         txn.http:req_del_header(name)
@@ -81,6 +101,8 @@ core.register_action("hop_by_hop_res", { "http-res" }, function(txn)
     end
 end)
 """
+MAX_COOKIE_CANDIDATES = 200
+"""App cookies looked at per request (more than a browser keeps for one site: Chromium and Firefox keep 180)."""
 WS_EVENT = "caravan-ws"
 """The first word of HAProxy's announcement of a WebSocket: ``caravan-ws <client addr:port> <host> <user> <token>``."""
 AWAIT_MS = 100
@@ -196,6 +218,7 @@ def _admission_acls(m: dict[str, str], key: str) -> list[str]:
         f"    acl public var(txn.info),field(3,'{FIELD}') -m str 1",
         "    acl bearer req.fhdr(authorization) -m reg -i ^bearer\\ ",
         f"    acl has_cookie req.cook_cnt({COOKIE_NAME}) gt 0",
+        f"    acl one_cookie req.cook_cnt({COOKIE_NAME}) eq 1",
         f'    acl jwt_valid var(txn.jwt),jwt_verify("HS256","{key}") -m int 1',
         "    acl jwt_here var(txn.jwt_host),strcmp(txn.host) eq 0",
         "    acl jwt_live var(txn.jwt_exp),sub(txn.now) gt 0",
@@ -219,7 +242,8 @@ def _admission(m: dict[str, str], when: str) -> list[str]:
         f"    http-request set-var(txn.upstream) var(txn.host),map({m['routes']}) if {when}",
         f"    http-request set-var(txn.token) http_auth_bearer,sha2(256),hex,lower if {when} bearer",
         f"    http-request set-var(txn.user) var(txn.token),map({m['tokens']}) if {when} bearer",
-        f"    http-request set-var(txn.jwt) req.cook({COOKIE_NAME}) if {when} !bearer has_cookie cookie_ok",
+        f"    http-request set-var(txn.jwt) req.cook({COOKIE_NAME}) if {when} !bearer one_cookie cookie_ok",
+        f"    http-request lua.pick_cookie if {when} !bearer has_cookie !one_cookie cookie_ok",
         f"    http-request set-var(txn.jwt_host) var(txn.jwt),jwt_payload_query('$.h') if {when} jwt_valid",
         f"    http-request set-var(txn.jwt_exp) var(txn.jwt),jwt_payload_query('$.exp','int') if {when} jwt_valid",
         f"    http-request set-var(txn.now) date if {when}",
@@ -350,7 +374,10 @@ def write_files(config: IngressConfig, paths: IngressPaths) -> None:
         folder.mkdir(exist_ok=True, mode=0o700)
     for name in MAPS:
         paths.map(name).write_text("")
-    paths.lua.write_text(LUA.replace("AWAIT_MS", str(AWAIT_MS)))
+    lua = LUA.replace("AWAIT_MS", str(AWAIT_MS)).replace("COOKIE_NAME", COOKIE_NAME)
+    lua = lua.replace("MAX_CANDIDATES", str(MAX_COOKIE_CANDIDATES)).replace("COOKIE_KEY", config.cookie_key)
+    paths.lua.write_text(lua)
+    paths.lua.chmod(0o600)
     for status in ERRORS:
         paths.error(status).write_text(_error_file(status))
     paths.config.touch(mode=0o600)

@@ -259,10 +259,16 @@ async def test_browser_launch_flow(caravan: Caravan, alice: str) -> None:
         caravan.url, json={"query": "query Me { viewer { id } }"}, headers={"Cookie": cookie}
     )
     assert graphql.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
-    # cookies tossed in from another origin under the same name do not shadow the real one, however many
-    decoys = "; ".join(f"caravan_app={secrets.token_urlsafe(32)}" for _ in range(8))
-    tossed = await site.get("/", None, headers={"Cookie": f"{decoys}; {cookie}"})
-    assert tossed.status_code == 200
+    # cookies tossed in from another origin under the same name do not shadow the real one, however many, before or
+    # after it, another app's own valid cookie among them
+    other_launch = (await caravan.gql(LAUNCH, {"s": site.session_id, "a": "other"}, token=alice))["launchApp"]
+    other_host = site.host.replace("web--", "other--")
+    other_exchange = await site.get(other_launch["url"].split(other_host, 1)[1], None, headers={"Host": other_host})
+    other_cookie = other_exchange.headers["set-cookie"].split(";", 1)[0]
+    decoys = [f"caravan_app={secrets.token_urlsafe(32)}" for _ in range(8)] + [other_cookie]
+    for jar in ([*decoys, cookie], [cookie, *decoys], [other_cookie, cookie, *decoys[:3]]):
+        tossed = await site.get("/", None, headers={"Cookie": "; ".join(jar)})
+        assert tossed.status_code == 200, jar
 
     await caravan.users.deactivate("alice")  # the cookie stands for the token: refused with it
     await _refused(site, None, headers={"Cookie": cookie})
