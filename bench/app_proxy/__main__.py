@@ -47,6 +47,7 @@ from caravan.stack.processes import free_port
 from core.settings import Settings
 from domain.apps import app_host, published_port
 from domain.model import SessionStatus
+from gateway.apps.ingress_config import AWAIT_MS
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan
 from tests.ingress import Ingress, caravan_behind_haproxy, running_app
 
@@ -162,25 +163,44 @@ async def ws_rate(url: str, headers: dict[str, str], connections: int, seconds: 
     return sum(counts) / (time.monotonic() - started)
 
 
+async def in_effect(client: httpx2.AsyncClient, url: str, headers: dict[str, str], passing: bool) -> float:
+    """The send time of the first request HAProxy decided as ``passing`` (routed, or refused) at once, probing every
+    2 ms with requests in flight together. A refusal is decided again after a pause (``ingress_config.AWAIT_MS``), so
+    a request that passes only after it does not count: it was sent before the change took effect."""
+    found: list[float] = []
+    pause = AWAIT_MS / 1000
+
+    async def probe() -> None:
+        sent = time.perf_counter()
+        status = (await client.get(url, headers=headers)).status_code
+        took = time.perf_counter() - sent
+        if (status == 200 and took < pause) if passing else status != 200:
+            found.append(sent)
+
+    tasks: list[asyncio.Task[None]] = []
+    while not found:
+        tasks.append(asyncio.create_task(probe()))
+        await asyncio.sleep(0.002)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return min(found)
+
+
 async def route_changes(caravan: Caravan, ingress: Ingress, token: str, port: int, times: int) -> dict[str, float]:
-    """Milliseconds from a RUNNING session's write to Redis to its app answering through HAProxy (added), and from
-    its end to HAProxy refusing it (removed): the worst and the median of ``times`` each."""
+    """Milliseconds from a RUNNING session's write to Redis to the first request HAProxy routes to its app (added),
+    and from its end to the first it refuses (removed): the worst and the median of ``times`` each."""
     added, removed = [], []
-    for _ in range(times):
-        session = running_app("alice", port)
-        host = app_host("web", session.id, caravan.settings.gateway.apps_domain)
-        url, headers = f"http://127.0.0.1:{ingress.port}/", {"Host": host, "Authorization": f"Bearer {token}"}
-        async with httpx2.AsyncClient(timeout=10) as client:
+    limits = httpx2.Limits(max_connections=200, max_keepalive_connections=200)
+    async with httpx2.AsyncClient(timeout=10, limits=limits) as client:
+        for _ in range(times):
+            session = running_app("alice", port)
+            host = app_host("web", session.id, caravan.settings.gateway.apps_domain)
+            url, headers = f"http://127.0.0.1:{ingress.port}/", {"Host": host, "Authorization": f"Bearer {token}"}
             started = time.perf_counter()
             await caravan.store.create([session])
-            while (await client.get(url, headers=headers)).status_code != 200:
-                pass
-            added.append((time.perf_counter() - started) * 1000)
+            added.append((await in_effect(client, url, headers, True) - started) * 1000)
             started = time.perf_counter()
             await caravan.store.update(session.id, lambda s: dataclasses.replace(s, status=SessionStatus.TERMINATED))
-            while (await client.get(url, headers=headers)).status_code == 200:
-                pass
-            removed.append((time.perf_counter() - started) * 1000)
+            removed.append((await in_effect(client, url, headers, False) - started) * 1000)
     return {
         "added_ms_median": round(statistics.median(added), 1),
         "added_ms_max": round(max(added), 1),

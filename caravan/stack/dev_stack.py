@@ -123,7 +123,11 @@ def up(settings: Settings) -> int:
             config = ingress_config(settings, settings.gateway.port, backend)
             _remember(settings, start_haproxy(config, settings.ingress_dir, log=logs / "haproxy.log"))
         if not _running(settings, "caravan"):
-            env = {"CARAVAN_GATEWAY_PORT": str(backend), "CARAVAN_INGRESS_PORT": str(settings.gateway.port)}
+            env = {
+                "CARAVAN_GATEWAY_PORT": str(backend),
+                "CARAVAN_INGRESS_PORT": str(settings.gateway.port),
+                "CARAVAN_TRUSTED_PROXIES": ",".join((*settings.gateway.trusted_proxies, "127.0.0.1")),  # HAProxy
+            }
             service = spawn("caravan", [sys.executable, "-m", "caravan.cli", "dev"], logs / "caravan.log", env=env)
             _remember(settings, service)
             url = f"http://{settings.gateway.host}:{settings.gateway.port}/readyz"  # through HAProxy

@@ -356,6 +356,9 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    server app 0.0.0.0:0",
         "",
         "backend gateway",
+        # the gateway believes these from HAProxy alone (CARAVAN_TRUSTED_PROXIES): the client's own never pass
+        "    http-request del-header x-forwarded-for",
+        "    http-request set-header x-forwarded-proto http",
         "    option forwardfor",
         f"    server gateway 127.0.0.1:{config.gateway_port}",
         "",
