@@ -16,14 +16,16 @@ equal to what Redis says, through HAProxy's runtime API (no reload, ever).
   open (a WebSocket, a long download) holds an open connection record, as the idle checker expects.
 
 Why a task in the gateway rather than a process of its own: it needs the gateway's Redis user and nothing else, and
-the stack has one gateway process in front of HAProxy today; with several gateway workers each runs one, and their
-edits are idempotent (the same desired state, computed from the same Redis).
+lives and dies with the process that serves the launch exchange. With several gateway workers, one holds the control
+plane's lock (``flock`` on a file in HAProxy's state directory) and keeps HAProxy; the others wait for the lock and
+take over when its holder dies (the new holder rebuilds HAProxy once: it cannot know what the old one sent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import socket
 import time
@@ -62,6 +64,8 @@ CHECK_INTERVAL = 0.25
 """Seconds between checks that HAProxy still has the control plane's mark (else: restarted, rebuild)."""
 SAMPLE_INTERVAL = 2.0
 """Seconds between samples of HAProxy's traffic counters."""
+LOCK_RETRY = 1.0
+"""Seconds between a waiting worker's attempts at the control plane's lock."""
 RETRY = 0.5
 """Seconds to wait after Redis or HAProxy failed to answer."""
 CONNECTION_ID = "haproxy"
@@ -134,6 +138,18 @@ class ControlPlane:
         """Complete rebuilds done (tests and logs)."""
 
     async def run(self) -> None:
+        """Keep HAProxy, while this process holds the control plane's lock (one per HAProxy: the gateway's other
+        worker processes wait for it, and take over when its holder dies)."""
+        with open(self.paths.state_dir / "control.lock", "a") as lock:
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(LOCK_RETRY)
+            await self._hold()
+
+    async def _hold(self) -> None:
         self.paths.events.unlink(missing_ok=True)
         transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
             lambda: self._events, local_addr=str(self.paths.events), family=socket.AF_UNIX
