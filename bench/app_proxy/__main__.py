@@ -163,44 +163,53 @@ async def ws_rate(url: str, headers: dict[str, str], connections: int, seconds: 
     return sum(counts) / (time.monotonic() - started)
 
 
-async def in_effect(client: httpx2.AsyncClient, url: str, headers: dict[str, str], passing: bool) -> float:
+async def in_effect(url: str, headers: dict[str, str], passing: bool) -> float:
     """The send time of the first request HAProxy decided as ``passing`` (routed, or refused) at once, probing every
     2 ms with requests in flight together. A refusal is decided again after a pause (``ingress_config.AWAIT_MS``), so
     a request that passes only after it does not count: it was sent before the change took effect."""
     found: list[float] = []
     pause = AWAIT_MS / 1000
+    limits = httpx2.Limits(max_connections=200, max_keepalive_connections=200)
+    async with httpx2.AsyncClient(timeout=10, limits=limits) as client:
 
-    async def probe() -> None:
-        sent = time.perf_counter()
-        status = (await client.get(url, headers=headers)).status_code
-        took = time.perf_counter() - sent
-        if (status == 200 and took < pause) if passing else status != 200:
-            found.append(sent)
+        async def probe() -> None:
+            sent = time.perf_counter()
+            status = (await client.get(url, headers=headers)).status_code
+            took = time.perf_counter() - sent
+            if (status == 200 and took < pause) if passing else status != 200:
+                found.append(sent)
 
-    tasks: list[asyncio.Task[None]] = []
-    while not found:
-        tasks.append(asyncio.create_task(probe()))
-        await asyncio.sleep(0.002)
-    await asyncio.gather(*tasks, return_exceptions=True)
+        tasks: list[asyncio.Task[None]] = []
+        while not found:
+            tasks.append(asyncio.create_task(probe()))
+            await asyncio.sleep(0.002)
+        await asyncio.gather(*tasks, return_exceptions=True)
     return min(found)
+
+
+def probing(url: str, headers: dict[str, str], passing: bool) -> float:
+    """:func:`in_effect` on an event loop of its own (a thread): not the one the control plane under test runs on."""
+    return asyncio.run(in_effect(url, headers, passing))
 
 
 async def route_changes(caravan: Caravan, ingress: Ingress, token: str, port: int, times: int) -> dict[str, float]:
     """Milliseconds from a RUNNING session's write to Redis to the first request HAProxy routes to its app (added),
     and from its end to the first it refuses (removed): the worst and the median of ``times`` each."""
     added, removed = [], []
-    limits = httpx2.Limits(max_connections=200, max_keepalive_connections=200)
-    async with httpx2.AsyncClient(timeout=10, limits=limits) as client:
-        for _ in range(times):
-            session = running_app("alice", port)
-            host = app_host("web", session.id, caravan.settings.gateway.apps_domain)
-            url, headers = f"http://127.0.0.1:{ingress.port}/", {"Host": host, "Authorization": f"Bearer {token}"}
-            started = time.perf_counter()
-            await caravan.store.create([session])
-            added.append((await in_effect(client, url, headers, True) - started) * 1000)
-            started = time.perf_counter()
-            await caravan.store.update(session.id, lambda s: dataclasses.replace(s, status=SessionStatus.TERMINATED))
-            removed.append((await in_effect(client, url, headers, False) - started) * 1000)
+    for _ in range(times):
+        session = running_app("alice", port)
+        host = app_host("web", session.id, caravan.settings.gateway.apps_domain)
+        url, headers = f"http://127.0.0.1:{ingress.port}/", {"Host": host, "Authorization": f"Bearer {token}"}
+        probe = asyncio.create_task(asyncio.to_thread(probing, url, headers, True))
+        await asyncio.sleep(0.05)  # the prober is up, refused meanwhile
+        started = time.perf_counter()
+        await caravan.store.create([session])
+        added.append((await probe - started) * 1000)
+        probe = asyncio.create_task(asyncio.to_thread(probing, url, headers, False))
+        await asyncio.sleep(0.05)  # routed meanwhile
+        started = time.perf_counter()
+        await caravan.store.update(session.id, lambda s: dataclasses.replace(s, status=SessionStatus.TERMINATED))
+        removed.append((await probe - started) * 1000)
     return {
         "added_ms_median": round(statistics.median(added), 1),
         "added_ms_max": round(max(added), 1),
