@@ -7,12 +7,16 @@ are written to Redis as the scheduler leaves them (RUNNING, a published port): n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import os
 import socket
+import stat
 import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -248,3 +252,30 @@ async def test_ten_thousand_routes(behind: tuple[Caravan, Ingress], upstreams: t
     for index in (0, 4_999, 9_998, 9_999):
         answer = await asyncio.to_thread(raw, ingress.port, request(hosts[index], alice, extra="Connection: close\r\n"))
         assert answer.startswith(b"HTTP/1.1 200 ") and f'"{upstreams[index % 2].name}"'.encode() in answer
+
+
+def listening_tcp_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (its sockets' inodes, found in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def test_the_runtime_api_is_a_private_unix_socket(behind: tuple[Caravan, Ingress]) -> None:
+    """Sessions cannot reach HAProxy's runtime API: it is no TCP port at all, and its unix socket is its owner's
+    alone, in a directory only its owner may enter."""
+    _, ingress = behind
+    assert listening_tcp_ports(ingress.service.pid) == {ingress.port}
+    assert stat.S_IMODE(ingress.paths.socket.stat().st_mode) == 0o600
+    assert stat.S_IMODE(ingress.paths.state_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(ingress.paths.config.stat().st_mode) == 0o600  # it holds the app cookies' key
