@@ -58,7 +58,7 @@ from stores.users import UserStore
 
 log = logging.getLogger(__name__)
 
-POLL = 0.01
+POLL = 0.005
 """Seconds between reads of the change counters."""
 CHECK_INTERVAL = 0.25
 """Seconds between checks that HAProxy still has the control plane's mark (else: restarted, rebuild)."""

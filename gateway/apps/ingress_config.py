@@ -107,7 +107,7 @@ WS_EVENT = "caravan-ws"
 """The first word of HAProxy's announcement of a WebSocket: ``caravan-ws <client addr:port> <host> <user> <token>``."""
 AWAIT_MS = 100
 """Milliseconds a request about to be refused waits before it is decided again (the control plane polls Redis every
-10 ms): what was granted a moment ago passes; a refusal costs this much more (also a damper on guessing)."""
+5 ms): what was granted a moment ago passes; a refusal costs this much more (also a damper on guessing)."""
 PLAIN_CONNECTION = r"^\s*(keep-alive|close|upgrade)(\s*,\s*(keep-alive|close|upgrade))*\s*$"
 """A ``Connection`` header that names no other header (the usual case: no Lua runs)."""
 
