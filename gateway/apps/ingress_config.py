@@ -270,7 +270,11 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "",
         "defaults",
         "    mode http",
-        "    timeout connect 10s",
+        # a connect not answered in half a second is retried on a new socket (3 times): HAProxy's pause between
+        # retries is this timeout when below 1 s, and a stuck SYN (a reused port the kernel's NAT still remembers)
+        # costs a second otherwise
+        "    timeout connect 500ms",
+        "    retries 3",
         "    timeout client 300s",
         f"    timeout server {int(config.upstream_timeout)}s",
         "    timeout http-request 30s",
@@ -329,7 +333,10 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    default_backend gateway",
         "",
         "backend apps",
-        "    http-reuse safe",
+        # no idle upstream connection is reused: one an app closed meanwhile (busybox httpd closes every one) would
+        # fail the request sent on it, and HAProxy then cuts the client's connection off without an answer
+        "    http-reuse never",
+        "    retry-on conn-failure empty-response",
         f"    errorfile 503 {paths.error(502)}",  # HAProxy's 503 here is a refused connection: the app is unreachable
         "    acl names_headers req.fhdr(connection) -m found",
         f"    acl plain_connection req.fhdr(connection) -m reg -i {PLAIN_CONNECTION}",
