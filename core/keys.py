@@ -160,6 +160,12 @@ class Keys:
         return f"{self.prefix}:user-tokens:{user_id}"
 
     @property
+    def users_version(self) -> str:
+        """Counter incremented in the MULTI of every write of a user, a token or a revocation: the app data plane's
+        control (``gateway.apps.control``) reads users and tokens again when it changed."""
+        return f"{self.prefix}:users:version"
+
+    @property
     def token_revocations(self) -> str:
         """STREAM of revoked tokens (``token``: the SHA-256 of the secret), appended in the MULTI of each revocation
         and capped in length; every gateway process reads it to close the revoked tokens' WebSocket connections."""
@@ -363,11 +369,6 @@ class Keys:
         """HASH of one app launch code (by the SHA-256 of the code; single use, short TTL): the token hash, session
         and app it opens (``stores.app_access``)."""
         return f"{self.prefix}:app-launch:{code_hash}"
-
-    def app_cookie(self, cookie_hash: str) -> str:
-        """HASH of one app cookie (by the SHA-256 of its value; TTL the cookie's lifetime): the token hash it stands
-        for and the app host it is valid on (``stores.app_access``)."""
-        return f"{self.prefix}:app-cookie:{cookie_hash}"
 
     def idle_report(self, session_id: str) -> str:
         """JSON of the idle checker's last verdict on a session (short TTL; GraphQL ``idleChecks``)."""

@@ -50,6 +50,21 @@ def redis_acl_path(secrets_dir: Path) -> Path:
     return secrets_dir / "redis-users.acl"
 
 
+def app_cookie_key_path(secrets_dir: Path) -> Path:
+    """The HS256 key of the app cookies (signed by the gateway, checked by HAProxy)."""
+    return secrets_dir / "app-cookie.key"
+
+
+def ensure_app_cookie_key(secrets_dir: Path) -> str:
+    """The app cookies' key, generated (0600) on first use."""
+    path = app_cookie_key_path(secrets_dir)
+    found = read_secret(path)
+    if found is None:
+        found = secrets.token_urlsafe(48)
+        write_secret(path, found)
+    return found
+
+
 def read_secret(path: Path) -> str | None:
     """The secret in ``path`` (surrounding whitespace dropped), or None when there is no such file."""
     try:

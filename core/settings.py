@@ -78,6 +78,16 @@ class GatewaySettings:
     app_upstream_timeout: float = 300.0
     """Seconds the app proxy waits for an app to answer, or for the next bytes of its body, before giving up: 504
     before the response started, a cut stream after (``CARAVAN_APP_UPSTREAM_TIMEOUT``)."""
+    ingress_port: int | None = None
+    """HAProxy's port (``CARAVAN_INGRESS_PORT``): the apps' data plane and the stack's ingress, in front of this
+    gateway (``gateway.apps.ingress_config``). App URLs name it; the gateway then keeps HAProxy's maps
+    (``gateway.apps.control``) and signs app cookies HAProxy checks itself. None: no HAProxy."""
+    backend_port: int | None = None
+    """In the dev stack (``./ops/dev``), where the gateway process listens behind HAProxy, which takes ``port``
+    (``CARAVAN_GATEWAY_BACKEND_PORT``; default: ``port`` + 1)."""
+    ingress_dir: Path | None = None
+    """HAProxy's state directory: its configuration, maps and runtime socket (``CARAVAN_INGRESS_DIR``; default
+    ``<home>/haproxy``)."""
     trusted_proxies: tuple[str, ...] = ()
     """Addresses or networks of the ingress in front of the gateway (``CARAVAN_TRUSTED_PROXIES``, comma-separated):
     only a connection from one of them may name the client with ``X-Forwarded-For`` and the scheme with
@@ -171,6 +181,15 @@ class Settings:
         """The secrets directory in force."""
         return self.secrets_dir if self.secrets_dir is not None else self.home / "secrets"
 
+    @property
+    def public_port(self) -> int:
+        """The port users reach: HAProxy's when it is in front, else the gateway's."""
+        return self.gateway.ingress_port or self.gateway.port
+
+    @property
+    def ingress_dir(self) -> Path:
+        return self.gateway.ingress_dir or self.home / "haproxy"
+
     def for_role(self, role: Role) -> Settings:
         """The settings a component running as ``role`` connects with: the role's Nomad token and Redis user from
         the secrets directory when it holds them, else the configured ``CARAVAN_NOMAD_TOKEN`` and credentials in
@@ -226,6 +245,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             workers=max(1, int(env.get("CARAVAN_GATEWAY_WORKERS") or os.cpu_count() or 1)),
             max_tokens_per_user=_at_least_one(env, "CARAVAN_MAX_TOKENS_PER_USER", GatewaySettings.max_tokens_per_user),
             apps_domain=(env.get("CARAVAN_APPS_DOMAIN") or GatewaySettings.apps_domain).strip(".").lower(),
+            ingress_port=int(env["CARAVAN_INGRESS_PORT"]) if env.get("CARAVAN_INGRESS_PORT") else None,
+            ingress_dir=Path(env["CARAVAN_INGRESS_DIR"]) if env.get("CARAVAN_INGRESS_DIR") else None,
+            backend_port=int(env["CARAVAN_GATEWAY_BACKEND_PORT"]) if env.get("CARAVAN_GATEWAY_BACKEND_PORT") else None,
             app_cookie_ttl=_at_least_one(env, "CARAVAN_APP_COOKIE_TTL", GatewaySettings.app_cookie_ttl),
             app_upstream_timeout=_positive_seconds(
                 env, "CARAVAN_APP_UPSTREAM_TIMEOUT", GatewaySettings.app_upstream_timeout

@@ -3,6 +3,7 @@ assets at /graphiql/), health at /healthz and /readyz, Prometheus at /metrics.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -20,12 +21,12 @@ from strawberry.types.unset import UNSET, UnsetType
 from core.errors import TransientError, Unavailable
 from core.keys import Keys
 from core.redis import client as redis_client
+from core.secrets import ensure_app_cookie_key
 from core.settings import Settings
 from gateway import files, ide, terminal, web
-from gateway.apps.access import AppStores
-from gateway.apps.activity import TrafficRecorder
-from gateway.apps.proxy import AppProxy, AppRelay
-from gateway.apps.token_cache import TokenCache
+from gateway.apps.control import ControlPlane
+from gateway.apps.ingress_config import IngressPaths
+from gateway.apps.proxy import AppLaunches, AppOrigins
 from gateway.auth import authenticate, header_token
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
@@ -137,21 +138,28 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             hub=EventHub(redis),
             revocations=RevocationWatch(redis, keys),
         )
-        state["apps"] = AppRelay.create(  # the app proxy (gateway/apps/)
-            settings,
-            AppStores(state["sessions"], users, AppAccessStore(redis, keys), TokenCache(users, state["revocations"])),
-            state["revocations"],
-            TrafficRecorder(redis, keys),
+        state["apps"] = AppLaunches(  # the launch exchange; HAProxy serves the apps themselves
+            settings, AppAccessStore(redis, keys), users, ensure_app_cookie_key(settings.secrets)
         )
+        control = None
+        if settings.gateway.ingress_port is not None:  # this process keeps HAProxy's maps
+            plane = ControlPlane(
+                redis, keys, state["sessions"], users, IngressPaths(settings.ingress_dir), settings.gateway.apps_domain
+            )
+            state["control_plane"] = plane
+            control = asyncio.create_task(plane.run(), name="app control plane")
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:
             await state["users"].ensure_bootstrap_admin(token)
         except Exception as exc:  # Redis may come up after us; readiness reports it meanwhile
             log.warning("could not register the bootstrap admin yet: %s", exc)
         yield
+        if control is not None:
+            control.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await control
         await state["hub"].aclose()
         await state["revocations"].aclose()
-        await state["apps"].aclose()
         await nomad.aclose()
         await redis.aclose()
 
@@ -190,5 +198,5 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             *files.routes(state),
         ],
         lifespan=lifespan,
-        middleware=[Middleware(AppProxy, state=state)],  # app origins (domain.apps) before the routes
+        middleware=[Middleware(AppOrigins, state=state)],  # app origins (domain.apps) before the routes
     )

@@ -1,15 +1,14 @@
 """Who a request is: the one place the gateway reads a credential from a request and checks it.
 
-A credential comes in one of four ways, each with its reader here:
+A credential comes in one of three ways, each with its reader here (an app's own requests are checked by HAProxy, not
+here: ``gateway.apps.ingress_config``):
 
 - the ``Authorization: Bearer <token>`` header (:func:`header_token`): GraphQL over HTTP, the files API, a
-  terminal's upgrade request, the app proxy, GraphQL WebSockets without a token in their ``connection_init``;
+  terminal's upgrade request, ``launchApp``, GraphQL WebSockets without a token in their ``connection_init``;
 - the GraphQL WebSocket's ``connection_init`` payload ``{"authorization": "Bearer <token>"}`` (the key in either
   case), else the upgrade request's header (:func:`init_payload_token`);
 - a terminal's first message ``{"type": "auth", "token": "<token>"}``, ``"Bearer "`` before the token optional
-  (:func:`first_message_token`): browsers cannot set headers on a WebSocket;
-- the gateway's app cookie on an app's origin, which stands for a token by its hash (:func:`cookie_credential`; the
-  proxy picks the cookie's values out of the request, ``gateway.apps.headers``).
+  (:func:`first_message_token`): browsers cannot set headers on a WebSocket.
 
 A token is checked by :func:`authenticate` (the GraphQL HTTP view checks it in its rate limit's script instead,
 ``gateway.graphql.rate_limit``): what stays open (a WebSocket) has its token registered with the revocation watch
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -30,7 +29,6 @@ from starlette.websockets import WebSocket
 
 from domain.users import User, hash_token
 from gateway.revocations import RevocationWatch, Watched
-from stores.app_access import AppAccessStore
 from stores.users import UserStore
 
 
@@ -43,7 +41,7 @@ class Credential:
     """The SHA-256 of the token (what a cookie keeps; what the revocation watch follows)."""
     expires_at: datetime | None
     token: str | None = None
-    """The token itself; None for an app cookie (which keeps only its hash)."""
+    """The token itself."""
     watched: Watched | None = None
     """The token as the revocation watch follows it, when :func:`authenticate` was given the watch."""
 
@@ -109,17 +107,3 @@ async def authenticate(users: UserStore, token: str, revocations: RevocationWatc
     if found is None:
         return None
     return Credential(found.user, hash_token(token), found.expires_at, token, watched)
-
-
-async def cookie_credential(
-    access: AppAccessStore, users: UserStore, host: str, cookie_values: Iterable[str]
-) -> Credential | None:
-    """The first of a request's app cookie values (``gateway.apps.headers.gateway_cookie_values``) made for ``host``
-    whose token is still valid, else None. Another app's cookie, tossed in from its origin, is not looked at."""
-    for grant in await access.cookie_grants(list(cookie_values)):
-        if grant is None or grant.host != host:
-            continue
-        found = await users.authenticate_hash(grant.token_hash)
-        if found is not None:
-            return Credential(found.user, grant.token_hash, found.expires_at)
-    return None

@@ -3,12 +3,12 @@
 1. ``launchApp`` (GraphQL, with the token) stores a **launch code**: random, single use, valid
    :data:`LAUNCH_TTL` seconds, keyed by its SHA-256 and holding the token's hash and the app's host.
 2. The browser opens ``http://<app host>/.caravan/launch?code=…``; the gateway takes the code (``GETDEL``: a second
-   use finds nothing), checks it was made for this host, and answers with an **app cookie**: another random value,
-   HttpOnly, SameSite=Lax, host-only (no ``Domain``), kept under its SHA-256 with the same token hash and host, for
-   ``ttl`` seconds.
-3. Each request with the cookie is checked like a bearer token: the token it stands for must still be valid (a
-   revoked token or a deactivated user is refused at once), on the host it was made for (a cookie tossed from
-   another app's origin names another host, and is ignored).
+   use finds nothing), checks it was made for this host, and answers with an **app cookie**: a JWT signed for that
+   host, the token's hash and user, and an expiry (``gateway.apps.headers.signed_cookie_value``), HttpOnly,
+   SameSite=Lax, host-only (no ``Domain``).
+3. HAProxy checks the cookie at each request itself (``gateway.apps.ingress_config``): its signature, host and
+   expiry, and that the token it stands for is still in its map of valid tokens (a revoked token or a deactivated
+   user is refused within milliseconds, the control plane's next edit).
 
 Only hashes are stored: a leak of Redis' contents opens no app.
 """
@@ -16,7 +16,6 @@ Only hashes are stored: a leak of Redis' contents opens no app.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -61,23 +60,3 @@ class AppAccessStore:
             reply, _ = await pipe.execute()
         found = text_hash(reply)
         return AppGrant(found["token"], found["host"]) if found else None
-
-    async def new_cookie(self, grant: AppGrant, ttl: int) -> str:
-        value = secrets.token_urlsafe(32)
-        key = self.keys.app_cookie(hash_token(value))
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"token": grant.token_hash, "host": grant.host})
-            pipe.expire(key, ttl)
-            await pipe.execute()
-        return value
-
-    async def cookie_grants(self, values: Sequence[str]) -> list[AppGrant | None]:
-        """The grant of each cookie value (None: unknown or expired), in one round trip."""
-        if not values:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for value in values:
-                pipe.hgetall(self.keys.app_cookie(hash_token(value)))
-            replies = await pipe.execute()
-        found = [text_hash(reply) for reply in replies]
-        return [AppGrant(f["token"], f["host"]) if f else None for f in found]

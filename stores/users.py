@@ -30,6 +30,7 @@ from core.replies import begin, optional_text, optional_texts, text_hash, text_s
 from core.secrets import write_private
 from core.settings import GatewaySettings
 from core.transactions import transact
+from domain.app_routes import TokenEntry
 from domain.users import BOOTSTRAP_ADMIN_ID, BOOTSTRAP_TOKEN_ID, ApiToken, Role, User, hash_token, new_secret
 
 REVOCATIONS_KEPT = 10_000
@@ -170,6 +171,7 @@ class UserStore:
 
     def _write_user(self, pipe: Redis, before: User | None, after: User) -> None:
         pipe.set(self.keys.user(after.id), encode(after))
+        pipe.incr(self.keys.users_version)
         pipe.sadd(self.keys.all_users, after.id)
         for project in set(before.projects if before else ()) - set(after.projects):
             pipe.srem(self.keys.project_members(project), after.id)
@@ -296,6 +298,7 @@ class UserStore:
                 pipe.pexpireat(self.keys.api_token(token_hash), int(expires_at.timestamp() * 1000))
             pipe.hset(self.keys.api_token_ids, token_id, token_hash)
             pipe.sadd(tokens_key, token_id)
+            pipe.incr(self.keys.users_version)
             await pipe.execute()
             return record
 
@@ -345,6 +348,26 @@ class UserStore:
     def _announce_revocation(self, pipe: Redis, token_hash: str) -> None:
         """In the revocation's MULTI: tell every gateway (``gateway.revocations``) to close the token's connections."""
         pipe.xadd(self.keys.token_revocations, {"token": token_hash}, maxlen=REVOCATIONS_KEPT, approximate=True)
+        pipe.incr(self.keys.users_version)
+
+    async def live_tokens(self) -> list[TokenEntry]:
+        """Every stored token (hash, user, expiry), for the app data plane (``domain.app_routes``)."""
+        hashes = sorted(set(text_hash(await self.redis.hgetall(self.keys.api_token_ids)).values()))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for token_hash in hashes:
+                pipe.hmget(self.keys.api_token(token_hash), ["user", "expires"])
+            replies = await pipe.execute()
+        found = []
+        for token_hash, (user, expires) in zip(hashes, replies, strict=True):
+            if user:
+                user_id = user.decode() if isinstance(user, bytes) else user
+                expiry = from_unix(float(expires)) if expires else None
+                found.append(TokenEntry(token_hash, user_id, expiry))
+        return found
+
+    async def all(self) -> list[User]:
+        """Every user."""
+        return await self.get_many(await self.ids())
 
 
 def bootstrap_admin_token(configured: str | None, home: Path) -> str:

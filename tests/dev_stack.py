@@ -55,7 +55,8 @@ class Stack:
             "CARAVAN_ADMIN_TOKEN": TOKEN,
             "CARAVAN_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
             "CARAVAN_NOMAD_ADDR": self.nomad,
-            "CARAVAN_GATEWAY_PORT": self.gateway.split(":")[2].split("/")[0],
+            "CARAVAN_GATEWAY_PORT": self.gateway.split(":")[2].split("/")[0],  # HAProxy's: the gateway is behind it
+            "CARAVAN_GATEWAY_BACKEND_PORT": str(free_port()),
             **{k: STACK[k] for k in ("CARAVAN_NOMAD_HOME", "CARAVAN_ROOTFS") if k in STACK},
             "CARAVAN_DEFAULT_IMAGE": STACK.get("CARAVAN_DEFAULT_IMAGE", ""),
             "CARAVAN_RECONCILE_INTERVAL": "2",

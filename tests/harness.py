@@ -202,10 +202,11 @@ async def running_caravan(
     scheduler: bool = True,
     serve: bool = True,
     scheduler_nomad: Callable[[NomadSettings], NomadClient] = NomadClient,
+    port: int | None = None,
 ) -> AsyncIterator[Caravan]:
-    """A gateway (``serve``) and a scheduler (``scheduler``, its Nomad client made by ``scheduler_nomad``: a fault
-    injector may stand in) for ``settings``' namespace."""
-    port = free_port()
+    """A gateway (``serve``, on ``port`` or a free one) and a scheduler (``scheduler``, its Nomad client made by
+    ``scheduler_nomad``: a fault injector may stand in) for ``settings``' namespace."""
+    port = port or free_port()
     settings = dataclasses.replace(
         settings, gateway=dataclasses.replace(settings.gateway, host="127.0.0.1", port=port, admin_token=ADMIN_TOKEN)
     )

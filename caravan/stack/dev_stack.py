@@ -1,4 +1,5 @@
-"""The one-machine stack behind ``ops/dev``: Redis, a single-node Nomad (server and client) and Caravan, detached.
+"""The one-machine stack behind ``ops/dev``: Redis, a single-node Nomad (server and client), HAProxy (the ingress, on
+the public port: the apps' data plane, and the gateway behind it) and Caravan, detached.
 
 Process ids go to ``$CARAVAN_HOME/run``; logs to ``$CARAVAN_HOME/logs``; credentials (Nomad tokens, Redis passwords)
 to the secrets directory (``$CARAVAN_HOME/secrets``, 0700, each file 0600). Before anything starts, every port a part
@@ -22,6 +23,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from caravan.stack.allocation_mounts import ended_allocation_mounts, live_allocations
+from caravan.stack.haproxy import ingress_config, start_haproxy
 from caravan.stack.nomad_agent import drain
 from caravan.stack.nomad_cluster import single_node_ports, start_nomad_single_node
 from caravan.stack.ports import PortNeed, taken
@@ -31,10 +33,11 @@ from caravan.stack.session_network import recorded_network, release
 from core.secrets import nomad_token_path, read_secret
 from core.settings import Settings
 
-PARTS = ("caravan", "nomad", "redis")
+PARTS = ("caravan", "haproxy", "nomad", "redis")
+"""In the order ``down`` stops them."""
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout: never a state directory to delete."""
-STATE_MARKS = ("logs", "run", "nomad", "redis", "secrets")
+STATE_MARKS = ("logs", "run", "nomad", "redis", "secrets", "haproxy")
 """What a state directory the stack used has (ops/ makes ``logs`` first): reset deletes only such a directory."""
 
 
@@ -72,8 +75,15 @@ def _ports(settings: Settings) -> dict[str, list[PortNeed]]:
             PortNeed(rpc, "Nomad RPC"),
             PortNeed(serf, "Nomad Serf", udp=True),
         ],
-        "caravan": [PortNeed(settings.gateway.port, "the Caravan gateway")],
+        "haproxy": [PortNeed(settings.gateway.port, "HAProxy, the stack's ingress (the apps and the gateway)")],
+        "caravan": [PortNeed(gateway_port(settings), "the Caravan gateway (behind HAProxy)")],
     }
+
+
+def gateway_port(settings: Settings) -> int:
+    """Where the gateway process listens behind HAProxy, which takes the public port (``CARAVAN_GATEWAY_PORT``):
+    ``CARAVAN_GATEWAY_BACKEND_PORT``, else the next port."""
+    return settings.gateway.backend_port or settings.gateway.port + 1
 
 
 def check_ports(settings: Settings) -> list[str]:
@@ -89,7 +99,7 @@ def up(settings: Settings) -> int:
             print(f"caravan: {line}", file=sys.stderr)
         print(
             "caravan: nothing started: another stack (or program) uses these ports; stop it, or give this one "
-            "other ports (CARAVAN_REDIS_URL, CARAVAN_NOMAD_ADDR, CARAVAN_GATEWAY_PORT)",
+            "other ports (CARAVAN_REDIS_URL, CARAVAN_NOMAD_ADDR, CARAVAN_GATEWAY_PORT, CARAVAN_GATEWAY_BACKEND_PORT)",
             file=sys.stderr,
         )
         return 1
@@ -108,10 +118,19 @@ def up(settings: Settings) -> int:
             )
         if not _running(settings, "nomad"):
             _start_nomad(settings)
+        backend = gateway_port(settings)
+        if not _running(settings, "haproxy"):  # empty maps: no app passes until the gateway rebuilt them
+            config = ingress_config(settings, settings.gateway.port, backend)
+            _remember(settings, start_haproxy(config, settings.ingress_dir, log=logs / "haproxy.log"))
         if not _running(settings, "caravan"):
-            service = spawn("caravan", [sys.executable, "-m", "caravan.cli", "dev"], logs / "caravan.log")
+            env = {
+                "CARAVAN_GATEWAY_PORT": str(backend),
+                "CARAVAN_INGRESS_PORT": str(settings.gateway.port),
+                "CARAVAN_TRUSTED_PROXIES": ",".join((*settings.gateway.trusted_proxies, "127.0.0.1")),  # HAProxy
+            }
+            service = spawn("caravan", [sys.executable, "-m", "caravan.cli", "dev"], logs / "caravan.log", env=env)
             _remember(settings, service)
-            url = f"http://{settings.gateway.host}:{settings.gateway.port}/readyz"
+            url = f"http://{settings.gateway.host}:{settings.gateway.port}/readyz"  # through HAProxy
             wait_until(
                 lambda: urllib.request.urlopen(url, timeout=2).status == 200,
                 what="Caravan gateway",

@@ -1,3 +1,3 @@
-"""The gateway's app proxy: each session app on an origin of its own (``domain.apps``), reverse-proxied to the
-kernel's Nomad host port (``proxy``), who may pass (``access``), what is forwarded (``headers``), and the traffic
-recorded as the session's activity (``activity``)."""
+"""Session apps, each on an origin of its own (``domain.apps``), served by HAProxy: its configuration
+(``ingress_config``), its runtime API (``runtime_api``), the control plane that keeps its maps from Redis
+(``control``), and what the gateway still does on an app origin, the launch exchange (``proxy``, ``headers``)."""

@@ -29,7 +29,8 @@ from caravan.stack.session_network import SESSION_SUPERNET
 from core.settings import Settings
 from tests.cluster_fixtures import OnCluster
 from tests.conftest import DEFAULT_IMAGE
-from tests.harness import ADMIN_TOKEN, CREATE, Caravan, running_caravan
+from tests.harness import ADMIN_TOKEN, CREATE, Caravan
+from tests.ingress import caravan_behind_haproxy
 
 OTHER_PORT = 8080
 OTHER_APP = (
@@ -69,6 +70,7 @@ def probe_script(ports: dict[str, int], other: dict[str, str], state_dir: str, j
         ("nomad-register", "{host}", ports["nomad"], http("PUT", "/v1/jobs", job)),
         ("redis", "{host}", ports["redis"], "PING\\r\\nKEYS *\\r\\nGET x\\r\\nQUIT\\r\\n"),
         ("gateway", "{host}", ports["gateway"], http("GET", "/healthz")),
+        ("haproxy", "{host}", ports["haproxy"], http("GET", "/healthz")),
         ("other-published", "{host}", int(other["published"]), http("GET", "/")),
     ]
     lines = [
@@ -169,6 +171,7 @@ async def run_probe(caravan: Caravan, driver: str, other: dict[str, str]) -> tup
         "nomad": urlparse(settings.nomad.addr).port or 4646,
         "redis": urlparse(settings.redis.url).port or 6379,
         "gateway": urlparse(caravan.url).port or 80,
+        "haproxy": settings.public_port,  # the stack's ingress (its runtime API is a unix socket: no port at all)
     }
     script = probe_script(ports, other, str(settings.home), f"{settings.nomad.job_prefix}-escape-{driver.lower()}")
     request: dict[str, Any] = {
@@ -193,7 +196,7 @@ async def run_probe(caravan: Caravan, driver: str, other: dict[str, str]) -> tup
 
 @pytest.fixture
 async def isolated(settings: Settings) -> AsyncIterator[Caravan]:
-    async with running_caravan(settings) as caravan:
+    async with caravan_behind_haproxy(settings) as (caravan, _):
         yield caravan
 
 
@@ -219,7 +222,7 @@ async def test_a_session_reaches_nothing_of_the_platform_or_other_tenants(isolat
 
 @pytest.fixture
 async def unisolated(settings: Settings) -> AsyncIterator[Caravan]:
-    async with running_caravan(dataclasses.replace(settings, session_network="host")) as caravan:
+    async with caravan_behind_haproxy(dataclasses.replace(settings, session_network="host")) as (caravan, _):
         yield caravan
 
 
@@ -229,7 +232,7 @@ async def test_without_isolation_the_probe_does_reach_them(unisolated: Caravan) 
     _, other = await other_tenant_app(unisolated)
     found, _ = await run_probe(unisolated, "EXEC", other)
     reached = {f.name: f.text for f in found if f.kind == "NET" and answered(f)}
-    assert {"other-published", "nomad-jobs", "nomad-register", "redis", "gateway"} <= set(reached), found
+    assert {"other-published", "nomad-jobs", "nomad-register", "redis", "gateway", "haproxy"} <= set(reached), found
     # ... and the control plane, reached, gives nothing without its secrets: ACLs on Nomad, users on Redis
     assert reached["nomad-jobs"].startswith("HTTP/1.0 403") and reached["nomad-register"].startswith("HTTP/1.0 403")
     assert reached["redis"].startswith("-NOAUTH")

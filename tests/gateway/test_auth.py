@@ -1,8 +1,9 @@
 """The one reader of a request's credential (``gateway/auth.py``), through each transport it serves, on the real
 gateway (real Redis, no Nomad): the forms each transport took before the readers were merged into one module, each
 still answered as it was (a bearer header's scheme in any case, a terminal's first message with its own rules, a
-GraphQL WebSocket's ``connection_init`` payload before the header, a bearer header before the app cookie), and every
-refusal the typed one of its transport (401 / 4401 / 4403 with ``UNAUTHENTICATED``)."""
+GraphQL WebSocket's ``connection_init`` payload before the header), and every
+refusal the typed one of its transport (401 / 4401 / 4403 with ``UNAUTHENTICATED``). An app's own requests are
+checked by HAProxy (``tests/gateway/test_ingress.py``)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,13 @@ import json
 import uuid
 from typing import Any
 
-import httpx2
 import pytest
 from starlette.datastructures import Headers
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from domain.apps import app_host
-from domain.users import hash_token
 from gateway.auth import bearer, bearer_token, header_token, init_payload_token
 from gateway.terminal import PATH as TERMINAL_PATH
-from stores.app_access import AppAccessStore, AppGrant
 from tests.harness import ADMIN_TOKEN, Caravan
 from tests.ws_client import graphql_socket
 
@@ -193,31 +190,3 @@ async def test_the_files_api(caravan: Caravan, header: str | None, status: int, 
     response = await caravan.http.get(url, params={"path": "x"}, headers={"Authorization": header} if header else {})
     assert response.status_code == status, response.text
     assert response.json()["error"]["code"] == code
-
-
-async def test_the_app_proxy_bearer_then_cookie(caravan: Caravan) -> None:
-    """A made-up session's app: a credential that passes gets 404 (no such app), one that does not gets 401."""
-    session_id = str(uuid.uuid4())
-    host = app_host("web", session_id, caravan.settings.gateway.apps_domain)
-    access = AppAccessStore(caravan.store.redis, caravan.store.keys)
-    cookie = await access.new_cookie(AppGrant(hash_token(ADMIN_TOKEN), host), 60)
-    elsewhere = await access.new_cookie(AppGrant(hash_token(ADMIN_TOKEN), "web--other." + host.split(".", 1)[1]), 60)
-
-    async def status(headers: dict[str, str | bytes]) -> int:
-        response: httpx2.Response = await caravan.http.get(_base(caravan) + "/", headers={"Host": host, **headers})
-        assert response.json()["error"]["code"] == {404: "NOT_FOUND", 401: "UNAUTHENTICATED"}[response.status_code]
-        return response.status_code
-
-    assert await status({"Authorization": f"Bearer {ADMIN_TOKEN}"}) == 404
-    assert await status({"Authorization": f"bearer {ADMIN_TOKEN}"}) == 404
-    assert await status({"Authorization": "Bearer nope"}) == 401
-    assert await status({"Cookie": f"caravan_app={cookie}"}) == 404
-    assert await status({"Cookie": f"caravan_app={elsewhere}; caravan_app={cookie}"}) == 404  # ours found among them
-    assert await status({"Cookie": f"caravan_app={elsewhere}"}) == 401  # another app's cookie is not ours
-    assert await status({"Authorization": "Basic x", "Cookie": f"caravan_app={cookie}"}) == 404
-    # a bearer header is the credential, even a bad or empty one: the cookie is not looked at
-    assert await status({"Authorization": "Bearer nope", "Cookie": f"caravan_app={cookie}"}) == 401
-    # (an HTTP server strips a value's trailing spaces, not Python's other whitespace: this one is "Bearer " and empty)
-    assert await status({"Authorization": b"Bearer \xa0", "Cookie": f"caravan_app={cookie}"}) == 401
-    assert await status({"Authorization": "Bearer", "Cookie": f"caravan_app={cookie}"}) == 404  # the scheme alone
-    assert await status({}) == 401

@@ -43,6 +43,7 @@ def stack_env(home: Path, redis_port: int) -> dict[str, str]:
         "CARAVAN_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
         "CARAVAN_NOMAD_ADDR": f"http://127.0.0.1:{free_run(3)}",
         "CARAVAN_GATEWAY_PORT": str(free_port()),
+        "CARAVAN_GATEWAY_BACKEND_PORT": str(free_port()),
     }
 
 

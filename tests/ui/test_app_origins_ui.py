@@ -1,12 +1,14 @@
 """App origins in a real headless Chromium: all apps are subdomains of one site (``*.apps.localhost``), so a page of
 one app can make the browser send another app's ``SameSite=Lax`` cookie. Alice opens her private app from the web UI
 (her browser then holds its cookie), then visits bob's public app, whose page tries every way of using that cookie
-(tests/ui/origin_app.py): the gateway lets none of it reach her app, while her own app's page keeps working."""
+(tests/ui/origin_app.py): HAProxy (the stack's data plane) lets none of it reach her app, while her own app's page
+keeps working."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,10 @@ import httpx2
 import pytest
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from core.settings import Settings
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan
 from tests.idle.running import eventually
+from tests.ingress import caravan_behind_haproxy
 from tests.ui.browser import Browser, attribute_is, sign_in, visible, wait
 
 pytestmark = [pytest.mark.ui]
@@ -48,6 +52,13 @@ function form() {
 """On the app's own page: a WebSocket echo, a fetch POST and a form POST, each with the app's cookie only."""
 
 
+@pytest.fixture
+async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
+    """The apps through the stack's data plane: a HAProxy of the test's own in front of the gateway."""
+    async with caravan_behind_haproxy(settings) as (running, _):
+        yield running
+
+
 async def _app_session(caravan: Caravan, owner: str) -> tuple[str, str]:
     """A RUNNING raw_exec session of ``owner`` (made by the SUPERADMIN: raw_exec is theirs alone) serving
     origin_app.py as its app ``web``: its id and the app's URL, once the app answers."""
@@ -77,7 +88,7 @@ async def _seen(caravan: Caravan, url: str) -> list[dict[str, Any]] | None:
     host = url.split("://", 1)[1].rstrip("/")
     try:
         response = await caravan.http.get(
-            f"http://127.0.0.1:{caravan.settings.gateway.port}/seen",
+            f"http://127.0.0.1:{caravan.settings.public_port}/seen",
             headers={"Host": host, "Authorization": f"Bearer {ADMIN_TOKEN}"},
         )
     except httpx2.TransportError:

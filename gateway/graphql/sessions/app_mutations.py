@@ -11,15 +11,13 @@ from core.clock import utcnow
 from core.errors import InvalidInput, NotFound, Unauthenticated
 from domain.apps import App, app_host, app_url, session_apps
 from domain.model import Session as SessionModel
+from gateway.apps.ingress_config import LAUNCH_PATH
 from gateway.auth import header_token
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.apps import AppLaunch, SessionApp, session_app_types
 from gateway.graphql.sessions.queries import visible
 from stores.app_access import LAUNCH_TTL, AppAccessStore
-
-LAUNCH_PATH = "/.caravan/launch"
-"""The path of every app origin where a launch code is exchanged for the app's cookie (the gateway's own)."""
 
 
 def _find(apps: Sequence[App], name: str) -> App:
@@ -54,7 +52,7 @@ class AppMutations:
         gateway = ctx.settings.gateway
         store = AppAccessStore(ctx.sessions.redis, ctx.sessions.keys)
         code = await store.new_launch_code(token, app_host(found.name, session.id, gateway.apps_domain))
-        base = app_url(found.name, session.id, gateway.apps_domain, gateway.port).rstrip("/")
+        base = app_url(found.name, session.id, gateway.apps_domain, ctx.settings.public_port).rstrip("/")
         return AppLaunch(url=f"{base}{LAUNCH_PATH}?code={code}", expires_at=utcnow() + timedelta(seconds=LAUNCH_TTL))
 
     @fields.mutation(

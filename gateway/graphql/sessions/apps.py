@@ -67,8 +67,8 @@ class SessionApp:
         """The app's gateway address, or None for a TCP app (not proxied)."""
         if self.protocol is AppProtocol.TCP:
             return None
-        gateway = info.context.settings.gateway
-        return app_url(self.name, self.session_id, gateway.apps_domain, gateway.port)
+        settings = info.context.settings
+        return app_url(self.name, self.session_id, settings.gateway.apps_domain, settings.public_port)
 
 
 @strawberry.type

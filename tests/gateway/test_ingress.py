@@ -1,0 +1,281 @@
+"""HAProxy, the apps' data plane, against hostile and heavy traffic: the real HAProxy the stack runs
+(``caravan.stack.haproxy``), a gateway keeping its maps from a real Redis (``gateway.apps.control``), and, standing
+in for the kernels' apps, HTTP servers of the test's own on loopback that record every request they get. Sessions
+are written to Redis as the scheduler leaves them (RUNNING, a published port): no Nomad here, the e2e tests
+(tests/e2e/test_app_proxy.py) run real apps in real sessions through the same path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import stat
+import threading
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from caravan.stack.haproxy import ingress_config, start_haproxy
+from caravan.stack.processes import free_port
+from core.settings import Settings
+from domain.apps import app_host
+from domain.model import Session
+from tests.harness import ADMIN_TOKEN, Caravan
+from tests.ingress import Ingress, caravan_behind_haproxy, running_app
+
+BOUND = 5.0
+"""Seconds a change may take to reach HAProxy here (it takes milliseconds; bench/app_proxy measures it): a busy
+machine's margin, not a speed claim."""
+
+
+class Upstream:
+    """An HTTP/1.1 server on loopback (keep-alive) that answers ``<name> <method> <path>`` and records each request
+    line it parsed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        seen = self.lines
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                seen.append(self.requestline)
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                out = json.dumps(
+                    {"app": name, "line": self.requestline, "headers": dict(self.headers), "body": len(body)}
+                ).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def upstreams() -> Iterator[tuple[Upstream, Upstream]]:
+    pair = Upstream("alice-app"), Upstream("bob-app")
+    yield pair
+    for upstream in pair:
+        upstream.close()
+
+
+@pytest.fixture
+async def behind(redis_settings: Settings) -> AsyncIterator[tuple[Caravan, Ingress]]:
+    async with caravan_behind_haproxy(redis_settings, scheduler=False) as pair:
+        yield pair
+
+
+async def started(caravan: Caravan, *sessions: Session) -> list[str]:
+    await caravan.store.create(list(sessions))
+    return [app_host("web", s.id, caravan.settings.gateway.apps_domain) for s in sessions]
+
+
+def raw(port: int, data: bytes, *, wait: float = 2.0) -> bytes:
+    """What HAProxy answers ``data`` sent on one connection (read until it closes or ``wait`` passes quiet)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as connection:
+        connection.sendall(data)
+        out = b""
+        try:
+            while chunk := connection.recv(65536):
+                out += chunk
+        except TimeoutError:
+            pass
+    return out
+
+
+def request(host: str, token: str | None, path: str = "/", extra: str = "") -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}{extra}\r\n".encode()
+
+
+async def until_status(ingress: Ingress, host: str, token: str | None, status: int) -> bytes:
+    deadline = asyncio.get_running_loop().time() + BOUND
+    while True:
+        answer = await asyncio.to_thread(raw, ingress.port, request(host, token, extra="Connection: close\r\n"))
+        if answer.startswith(f"HTTP/1.1 {status} ".encode()):
+            return answer
+        assert asyncio.get_running_loop().time() < deadline, answer[:300]
+        await asyncio.sleep(0.02)
+
+
+async def test_a_fresh_haproxy_lets_nobody_in_until_the_control_plane_built_it(
+    behind: tuple[Caravan, Ingress], upstreams: tuple[Upstream, Upstream]
+) -> None:
+    caravan, ingress = behind
+    alice = await caravan.user("alice")
+    [host] = await started(caravan, running_app("alice", upstreams[0].port))
+    await until_status(ingress, host, alice, 200)
+
+    # a second HAProxy on the same configuration, with nobody keeping its maps: nobody passes, whatever they send
+    lonely_dir = ingress.paths.state_dir / "lonely"
+    lonely_port = free_port()
+    config = dataclasses.replace(ingress_config(ingress.settings, lonely_port, ingress.gateway_port))
+    lonely = start_haproxy(config, lonely_dir, log=lonely_dir.parent / "lonely.log")
+    try:
+        for token in (alice, ADMIN_TOKEN, None):
+            answer = await asyncio.to_thread(raw, lonely_port, request(host, token, extra="Connection: close\r\n"))
+            assert answer.startswith(b"HTTP/1.1 503 ") and b'"UNAVAILABLE"' in answer
+    finally:
+        lonely.stop()
+    assert upstreams[0].lines.count("GET / HTTP/1.1") == 1  # only the first request ever reached the app
+
+    # HAProxy killed with -9 and started again (fresh, empty maps): the control plane sees it and rebuilds it
+    ingress.service.process.kill()
+    ingress.service.process.wait(10)
+    ingress.start()
+    await until_status(ingress, host, alice, 200)
+
+
+async def test_request_smuggling_is_refused_or_neutralized(
+    behind: tuple[Caravan, Ingress], upstreams: tuple[Upstream, Upstream]
+) -> None:
+    caravan, ingress = behind
+    alice = await caravan.user("alice")
+    app = upstreams[0]
+    [host] = await started(caravan, running_app("alice", app.port))
+    await until_status(ingress, host, alice, 200)
+    app.lines.clear()
+    head = f"POST / HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {alice}\r\n"
+    smuggled = "GET /smuggled HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
+    attacks = {
+        # CL.TE: the front end would read 6 bytes, the back end a chunked body ending early, "G..." left over
+        "CL.TE": f"{head}Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGPOST",
+        # TE.CL: the front end reads the chunk, a back end trusting Content-Length would see the rest as a request
+        "TE.CL": f"{head}Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+        f"{len(smuggled):x}\r\n{smuggled}\r\n0\r\n\r\n",
+        "duplicate Content-Length": f"{head}Content-Length: 5\r\nContent-Length: 40\r\n\r\n{smuggled}",
+        "TE obfuscated": f"{head}Content-Length: 4\r\nTransfer-Encoding: xchunked\r\n\r\n{smuggled}",
+    }
+    for name, attack in attacks.items():
+        answer = await asyncio.to_thread(raw, ingress.port, attack.encode())
+        statuses = [line for line in answer.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+        assert statuses, (name, answer[:200])
+        assert all(s.split()[1] in (b"200", b"400", b"501") for s in statuses), (name, statuses)
+    assert "GET /smuggled HTTP/1.1" not in app.lines and not any("GPOST" in line for line in app.lines), app.lines
+    assert all(line == "POST / HTTP/1.1" for line in app.lines), app.lines  # each reached it as one request, or not
+
+
+async def test_host_header_tricks_reach_no_one_elses_app(
+    behind: tuple[Caravan, Ingress], upstreams: tuple[Upstream, Upstream]
+) -> None:
+    caravan, ingress = behind
+    alice, bob = await caravan.user("alice"), await caravan.user("bob")
+    alice_host, bob_host = await started(
+        caravan, running_app("alice", upstreams[0].port), running_app("bob", upstreams[1].port)
+    )
+    await until_status(ingress, bob_host, bob, 200)
+    await until_status(ingress, alice_host, alice, 200)
+    before = list(upstreams[0].lines)
+
+    port = ingress.port
+    tricks = [
+        request(f"{alice_host.upper()}:{port}", bob),  # case and port
+        request(alice_host + ".", bob),  # a trailing dot: not an app host HAProxy knows
+        request(bob_host, bob, extra=f"Host: {alice_host}\r\n"),  # two Host headers
+        f"GET http://{alice_host}/ HTTP/1.1\r\nHost: {bob_host}\r\nAuthorization: Bearer {bob}\r\n\r\n".encode(),
+        f"GET http://{bob_host}/ HTTP/1.1\r\nHost: {alice_host}\r\nAuthorization: Bearer {bob}\r\n\r\n".encode(),
+        request(f"{bob_host}@{alice_host}", bob),
+        request(f"{alice_host}\t", bob),
+        request(f"x.{alice_host}", bob),
+    ]
+    for trick in tricks:
+        answer = await asyncio.to_thread(raw, port, trick[:-2] + b"Connection: close\r\n\r\n")
+        assert not answer.startswith(b"HTTP/1.1 200 ") or b'"bob-app"' in answer, (trick, answer[:300])
+    assert upstreams[0].lines == before  # nothing of bob's reached alice's app
+
+
+async def test_a_revoked_token_is_refused_on_a_kept_alive_connection(
+    behind: tuple[Caravan, Ingress], upstreams: tuple[Upstream, Upstream]
+) -> None:
+    caravan, ingress = behind
+    await caravan.user("alice")
+    token, record = await caravan.users.new_token("alice", "kept-alive")
+    [host] = await started(caravan, running_app("alice", upstreams[0].port))
+    await until_status(ingress, host, token, 200)
+
+    def exchange(connection: socket.socket) -> bytes:
+        connection.sendall(request(host, token))
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += connection.recv(65536)
+        header, _, body = head.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in header.split(b"\r\n") if line.lower().startswith(b"content-length")
+        )
+        while len(body) < length:
+            body += connection.recv(65536)
+        return header.split(b"\r\n", 1)[0]
+
+    with socket.create_connection(("127.0.0.1", ingress.port), timeout=10) as connection:
+        assert await asyncio.to_thread(exchange, connection) == b"HTTP/1.1 200 OK"
+        await caravan.users.revoke_token(record.id)
+        deadline = asyncio.get_running_loop().time() + BOUND
+        while (status := await asyncio.to_thread(exchange, connection)) != b"HTTP/1.1 401 Unauthorized":
+            assert status == b"HTTP/1.1 200 OK" and asyncio.get_running_loop().time() < deadline, status
+            await asyncio.sleep(0.01)
+        # the same connection: the next request is refused, not a new connection's
+        assert await asyncio.to_thread(exchange, connection) == b"HTTP/1.1 401 Unauthorized"
+
+
+async def test_ten_thousand_routes(behind: tuple[Caravan, Ingress], upstreams: tuple[Upstream, Upstream]) -> None:
+    caravan, ingress = behind
+    alice = await caravan.user("alice")
+    sessions = [running_app("alice", upstreams[i % 2].port) for i in range(10_000)]
+    for start in range(0, len(sessions), 500):
+        await caravan.store.create(sessions[start : start + 500])
+    hosts = [app_host("web", s.id, caravan.settings.gateway.apps_domain) for s in sessions]
+    deadline = asyncio.get_running_loop().time() + 120
+    while len(await ingress.api.show_map(ingress.paths.map("routes"))) < 10_000:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.5)
+    for index in (0, 4_999, 9_998, 9_999):
+        answer = await asyncio.to_thread(raw, ingress.port, request(hosts[index], alice, extra="Connection: close\r\n"))
+        assert answer.startswith(b"HTTP/1.1 200 ") and f'"{upstreams[index % 2].name}"'.encode() in answer
+
+
+def listening_tcp_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (its sockets' inodes, found in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def test_the_runtime_api_is_a_private_unix_socket(behind: tuple[Caravan, Ingress]) -> None:
+    """Sessions cannot reach HAProxy's runtime API: it is no TCP port at all, and its unix socket is its owner's
+    alone, in a directory only its owner may enter."""
+    _, ingress = behind
+    assert listening_tcp_ports(ingress.service.pid) == {ingress.port}
+    assert stat.S_IMODE(ingress.paths.socket.stat().st_mode) == 0o600
+    assert stat.S_IMODE(ingress.paths.state_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(ingress.paths.config.stat().st_mode) == 0o600  # it holds the app cookies' key
