@@ -1,0 +1,258 @@
+"""Usage accounting: who held what, for how long, split into days. Pure: the clock is passed in.
+
+How a session's usage is counted:
+
+* **When**: a session holds its slots from each RUNNING entry of its status history until the next entry that is
+  neither RUNNING nor TERMINATING (TERMINATED, CANCELLED, ERROR, PREPARING again after a restart...); a session that
+  still holds them counts up to ``now``. Instants are whole seconds (floored), so a day's share of a record is exact.
+* **What**: every kernel's own slots (``Kernel.resources``), summed over the session's kernels (a cluster session of
+  three kernels holds three kernels' slots), as integers: a count slot (cpu, accelerators, shares of an accelerator)
+  in thousandths (``cpu 0.5`` → 500), a bytes slot in bytes.
+* **How much**: each record is its own rate × its own seconds, split at the midnights of the zone asked for (a DST
+  day has 23 or 25 hours of seconds), never a sum of amounts times a sum of durations (Backend.AI's bug).
+* **Used**: the idle checker's average utilization of a metric over the session (percent), kept in tenths of a
+  percent, × the seconds it was measured; its average over any rollup is ``used / measured / 10``.
+
+Every measure of a record is ``rate × seconds`` with an integer rate, so a day's rollup is a sum of integers and
+recomputing it from the raw records gives the stored value exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from decimal import Decimal
+
+from domain.model import Session, SessionStatus, StatusChange
+from domain.slots import SlotType, guess_slot_type
+
+HOLDING = frozenset({SessionStatus.RUNNING, SessionStatus.TERMINATING})
+"""Statuses in which a session that reached RUNNING still holds its slots."""
+SLOT = "slot:"
+"""Measure prefix of a slot's resource-seconds (``slot:cpu``: milli-cpu-seconds; ``slot:mem``: bytes-seconds)."""
+SECONDS = "time:seconds"
+"""Measure: seconds the session held its slots (wall time, once per session whatever its kernels)."""
+KERNEL_SECONDS = "time:kernel-seconds"
+"""Measure: kernel-seconds (a cluster of three kernels for an hour: 10800)."""
+USED = "used:"
+"""Measure prefix: a metric's measured average in tenths of a percent × seconds (``used:cpu_util``)."""
+MEASURED = "measured:"
+"""Measure prefix: the seconds a metric was measured (the denominator of ``used:``)."""
+COUNT_SCALE = 1000
+"""A count slot's unit: thousandths (slots keep counts to 0.001, ``domain.slots``)."""
+USED_SCALE = 10
+"""Utilization kept in tenths of a percent."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SECOND = timedelta(seconds=1)
+
+
+class GroupBy:
+    """What a report may be grouped by (any combination)."""
+
+    USER = "user"
+    PROJECT = "project"
+    RESOURCE_GROUP = "resource_group"
+    TYPE = "type"
+    DAY = "day"
+    ALL = (USER, PROJECT, RESOURCE_GROUP, TYPE, DAY)
+
+
+def epoch_seconds(at: datetime) -> int:
+    """Whole seconds since the epoch, floored (an aware datetime)."""
+    return (at - _EPOCH) // _SECOND
+
+
+def slot_units(slot: str, amount: Decimal, slot_type: SlotType | None = None) -> int:
+    """One slot's amount as the integer unit usage counts it in: thousandths of a count, or bytes."""
+    if (slot_type or guess_slot_type(slot)) is SlotType.BYTES:
+        return int(amount)
+    return int(amount * COUNT_SCALE)
+
+
+def held_intervals(history: Iterable[StatusChange], *, now: datetime) -> tuple[tuple[int, int], ...]:
+    """The stretches (epoch seconds, end excluded) a session held its slots: from RUNNING to the next status that
+    holds nothing; a stretch still open ends at ``now``."""
+    spans: list[tuple[int, int]] = []
+    start: int | None = None
+    for change in history:
+        if start is None and change.status is SessionStatus.RUNNING:
+            start = epoch_seconds(change.at)
+        elif start is not None and change.status not in HOLDING:
+            spans.append((start, max(start, epoch_seconds(change.at))))
+            start = None
+    if start is not None:
+        spans.append((start, max(start, epoch_seconds(now))))
+    return tuple((a, b) for a, b in spans if b > a)
+
+
+def rates_of(session: Session, used: Mapping[str, float] | None = None) -> dict[str, int]:
+    """What the session counts per second it holds its slots: every kernel's slots summed (in their units), one
+    second of wall time, one per kernel, and the measured utilization (tenths of a percent) of each metric."""
+    rates: dict[str, int] = {SECONDS: 1, KERNEL_SECONDS: len(session.kernels)}
+    for kernel in session.kernels:
+        for slot, raw in kernel.resources.items():
+            units = slot_units(slot, Decimal(raw))
+            if units:
+                rates[SLOT + slot] = rates.get(SLOT + slot, 0) + units
+    for metric, percent in sorted((used or {}).items()):
+        rates[USED + metric] = round(percent * USED_SCALE)
+        rates[MEASURED + metric] = 1
+    return rates
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One session's usage as recorded when it ended (or as counted now, while it runs)."""
+
+    session_id: str
+    owner_id: str
+    project: str
+    resource_group: str
+    session_type: str
+    intervals: tuple[tuple[int, int], ...]
+    """Epoch-second stretches it held its slots (``held_intervals``)."""
+    rates: dict[str, int] = field(default_factory=dict)
+    """Measure -> integer amount per second (``rates_of``)."""
+    ended: bool = True
+    """False: a live session counted up to the moment of the query."""
+
+    @property
+    def seconds(self) -> int:
+        return sum(end - start for start, end in self.intervals)
+
+    def totals(self) -> dict[str, int]:
+        """Each measure over the whole record: its rate × its own seconds."""
+        seconds = self.seconds
+        return {measure: rate * seconds for measure, rate in self.rates.items()} if seconds else {}
+
+
+def record_of(session: Session, *, now: datetime, used: Mapping[str, float] | None = None) -> UsageRecord:
+    """A session's usage: ended when it is terminal (its history's last entry), else counted up to ``now``."""
+    return UsageRecord(
+        session_id=session.id,
+        owner_id=session.owner_id,
+        project=session.project,
+        resource_group=session.resource_group,
+        session_type=session.type.value,
+        intervals=held_intervals(session.status_history, now=now),
+        rates=rates_of(session, used),
+        ended=session.status.is_terminal,
+    )
+
+
+def split_days(start: int, end: int, zone: tzinfo = UTC) -> list[tuple[date, int]]:
+    """The seconds of ``[start, end)`` that fall in each calendar day of ``zone`` (a DST day has 23 or 25 hours)."""
+    parts: list[tuple[date, int]] = []
+    at = start
+    while at < end:
+        day = datetime.fromtimestamp(at, zone).date()
+        next_midnight = int(datetime.combine(day + timedelta(days=1), time(0), tzinfo=zone).timestamp())
+        upto = min(end, max(next_midnight, at + 1))
+        parts.append((day, upto - at))
+        at = upto
+    return parts
+
+
+@dataclass(frozen=True)
+class RollupKey:
+    """One row of a daily rollup: a day and who, where and what kind of session."""
+
+    day: date
+    user: str
+    project: str
+    resource_group: str
+    session_type: str
+
+    def field(self, measure: str) -> str:
+        """The rollup hash's field of one measure of this row (the day is the hash's key)."""
+        return FIELD_SEPARATOR.join((self.user, self.project, self.resource_group, self.session_type, measure))
+
+
+FIELD_SEPARATOR = "\x1f"
+"""Between the parts of a rollup field (a unit separator: never in a user id, project, group or measure)."""
+
+
+def parse_field(day: date, text: str) -> tuple[RollupKey, str] | None:
+    parts = text.split(FIELD_SEPARATOR)
+    if len(parts) != 5:
+        return None
+    return RollupKey(day, parts[0], parts[1], parts[2], parts[3]), parts[4]
+
+
+Rollup = dict[RollupKey, dict[str, int]]
+
+
+def record_rollup(record: UsageRecord, zone: tzinfo = UTC) -> Rollup:
+    """One record's share of each day of ``zone``: every measure's rate × the seconds it held in that day."""
+    rows: Rollup = {}
+    for start, end in record.intervals:
+        for day, seconds in split_days(start, end, zone):
+            key = RollupKey(day, record.owner_id, record.project, record.resource_group, record.session_type)
+            row = rows.setdefault(key, {})
+            for measure, rate in record.rates.items():
+                row[measure] = row.get(measure, 0) + rate * seconds
+    return rows
+
+
+def add_rollups(into: Rollup, more: Rollup) -> Rollup:
+    for key, row in more.items():
+        target = into.setdefault(key, {})
+        for measure, amount in row.items():
+            target[measure] = target.get(measure, 0) + amount
+    return into
+
+
+def rollup(records: Iterable[UsageRecord], zone: tzinfo = UTC) -> Rollup:
+    """Many records' daily rollup in ``zone``."""
+    rows: Rollup = {}
+    for record in records:
+        add_rollups(rows, record_rollup(record, zone))
+    return rows
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """One row of a report: the grouped-by parts (None where not grouped by) and each measure's total."""
+
+    day: date | None
+    user: str | None
+    project: str | None
+    resource_group: str | None
+    session_type: str | None
+    measures: dict[str, int]
+
+
+def report(rows: Rollup, *, first: date, last: date, group_by: Iterable[str]) -> list[ReportRow]:
+    """The rollup rows of days ``first``..``last`` grouped by ``group_by`` (``GroupBy``), in a stable order."""
+    by = set(group_by)
+    unknown = by - set(GroupBy.ALL)
+    if unknown:
+        raise ValueError(f"cannot group usage by {', '.join(sorted(unknown))}")
+    grouped: dict[tuple[date | None, str | None, str | None, str | None, str | None], dict[str, int]] = {}
+    for key, measures in rows.items():
+        if not first <= key.day <= last:
+            continue
+        group = (
+            key.day if GroupBy.DAY in by else None,
+            key.user if GroupBy.USER in by else None,
+            key.project if GroupBy.PROJECT in by else None,
+            key.resource_group if GroupBy.RESOURCE_GROUP in by else None,
+            key.session_type if GroupBy.TYPE in by else None,
+        )
+        target = grouped.setdefault(group, {})
+        for measure, amount in measures.items():
+            target[measure] = target.get(measure, 0) + amount
+    ordered = sorted(grouped.items(), key=lambda item: tuple("" if part is None else str(part) for part in item[0]))
+    return [ReportRow(*group, measures=measures) for group, measures in ordered]
+
+
+def days_of(first: date, last: date) -> list[date]:
+    return [first + timedelta(days=n) for n in range((last - first).days + 1)]
+
+
+def utc_span(first: date, last: date, zone: tzinfo) -> tuple[int, int]:
+    """Epoch seconds from the start of ``first`` to the end of ``last`` in ``zone``."""
+    start = int(datetime.combine(first, time(0), tzinfo=zone).timestamp())
+    end = int(datetime.combine(last + timedelta(days=1), time(0), tzinfo=zone).timestamp())
+    return start, end
