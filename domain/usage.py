@@ -23,7 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from decimal import Decimal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from core.errors import InvalidInput
 from domain.model import Session, SessionStatus, StatusChange
 from domain.slots import SlotType, guess_slot_type
 
@@ -256,3 +258,40 @@ def utc_span(first: date, last: date, zone: tzinfo) -> tuple[int, int]:
     start = int(datetime.combine(first, time(0), tzinfo=zone).timestamp())
     end = int(datetime.combine(last + timedelta(days=1), time(0), tzinfo=zone).timestamp())
     return start, end
+
+
+MAX_REPORT_DAYS = 400
+"""The longest period one report covers (a year and a bit: last year's month-by-month)."""
+
+
+@dataclass(frozen=True)
+class Period:
+    """A report's days (``first``..``last``, both included) in a viewer's time zone."""
+
+    first: date
+    last: date
+    zone: tzinfo
+    zone_name: str
+
+    @property
+    def is_utc(self) -> bool:
+        return self.zone_name == "UTC"
+
+
+def check_period(first: date, last: date, zone_name: str | None) -> Period:
+    """A report's period as asked, checked: ``InvalidInput`` names the field that is wrong."""
+    name = (zone_name or "UTC").strip() or "UTC"
+    if name in {"UTC", "Etc/UTC", "Z"}:
+        zone: tzinfo = UTC
+        name = "UTC"
+    else:
+        try:
+            zone = ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            message = f"unknown time zone {name[:60]!r} (an IANA name such as Europe/Berlin)"
+            raise InvalidInput(message, field="timeZone") from None
+    if last < first:
+        raise InvalidInput("the period ends before it starts", field="to")
+    if (last - first).days + 1 > MAX_REPORT_DAYS:
+        raise InvalidInput(f"a report covers at most {MAX_REPORT_DAYS} days", field="to")
+    return Period(first, last, zone, name)

@@ -128,7 +128,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
         state.update(
             redis=redis,
-            sessions=SessionStore(redis, keys),
+            sessions=SessionStore(redis, keys, usage_retention=settings.usage_raw_retention),
             users=users,
             nomad=nomad,
             hub=EventHub(redis),

@@ -26,6 +26,7 @@ from domain.model import Session, SessionResult, SessionStatus
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
 from stores.coalesced import Coalesced, guard_failed
+from stores.usage import DEFAULT_RAW_RETENTION, UsageStore
 
 WAKEUP_BACKLOG = 64
 """The wakeup list only signals 'there is work'; a few entries are as good as many."""
@@ -55,9 +56,11 @@ def revision() -> str:
 
 
 class SessionStore:
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, *, usage_retention: float = DEFAULT_RAW_RETENTION) -> None:
         self.redis = redis
         self.keys = keys
+        self.usage = UsageStore(redis, keys, raw_retention=usage_retention)
+        """Usage accounting: a session's usage is recorded in the MULTI that ends it (``stores.usage``)."""
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -286,7 +289,11 @@ class SessionStore:
             new_name_key = self.keys.live_name(after.owner_id, after.name)
             if after.name != before.name and await pipe.exists(new_name_key):
                 raise Conflict(f"you already have a live session named {after.name!r}", field="name")
+            ends = after.status.is_terminal and not before.status.is_terminal
+            used = await self.usage.utilization(pipe, session_id) if ends else {}
             begin(pipe)
+            if ends:
+                self.usage.write_ended(pipe, after, used)
             pipe.set(key, encode(after))
             pipe.hset(self.keys.session_revisions, session_id, revision())
             self._reindex(pipe, before, after, name_key if name_owner == session_id else None)

@@ -201,5 +201,9 @@ def test_split_days_covers_the_span_in_consecutive_days(offset: int, length: int
 
 
 def test_held_intervals_ignore_a_terminating_that_never_ran() -> None:
-    history = [StatusChange(S.PENDING, T0, "c"), StatusChange(S.TERMINATING, T0, "c"), StatusChange(S.CANCELLED, T0, "c")]
+    history = [
+        StatusChange(S.PENDING, T0, "c"),
+        StatusChange(S.TERMINATING, T0, "c"),
+        StatusChange(S.CANCELLED, T0, "c"),
+    ]
     assert held_intervals(history, now=T0 + timedelta(hours=1)) == ()

@@ -1,0 +1,183 @@
+"""Usage accounting in Redis: each ended session's raw record and its share of the daily rollups, written once.
+
+* **Exactly once**: :meth:`UsageStore.write_ended` is called by ``stores.sessions.SessionStore.update`` inside the
+  MULTI that moves the session's document from a live status to a terminal one (TERMINATED, CANCELLED). That move
+  happens once per session (WATCHed document, no way out of a terminal status), and its MULTI writes the record, the
+  rollup increments and the document together or not at all: a crashed or restarted process, a retried write or a
+  Redis restart (AOF: a MULTI is replayed whole or not at all) counts nothing twice and loses nothing. Whoever ends
+  the session (the scheduler's follower, a forced destroy in the gateway, the idle checker) records it.
+* **Layout**: one HASH per UTC day (``Keys.usage_day``), field ``user␟project␟group␟type␟measure`` -> integer
+  (``domain.usage``), kept forever; a month's report reads 31 hashes, never the raw records. Raw records
+  (``Keys.usage_record``) expire after ``CARAVAN_USAGE_RAW_RETENTION``; ``Keys.usage_records`` indexes them by end.
+* **Live sessions** count up to the moment of the query, from their status history (they are in no rollup yet).
+* **Used**: the idle checker adds each sweep's measured utilization to ``Keys.usage_utilization`` (percent ×
+  seconds); the session's record keeps its average beside what it was allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import date, datetime
+
+from redis.asyncio import Redis
+
+from core.codec import decode, encode
+from core.errors import InvalidInput
+from core.keys import Keys
+from core.replies import optional_texts, ranked, text_hash, text_set
+from domain.access import Scope
+from domain.model import Session
+from domain.usage import (
+    SECONDS,
+    SLOT,
+    Period,
+    Rollup,
+    UsageRecord,
+    add_rollups,
+    days_of,
+    parse_field,
+    record_of,
+    record_rollup,
+    rollup,
+    utc_span,
+)
+
+TOTAL_SEPARATOR = "\x1f"
+DEFAULT_RAW_RETENTION = 90 * 86400.0
+UTILIZATION_TTL = 14 * 86400
+"""A session's utilization sums outlive its last sweep by this long (then its record has long been written)."""
+READ_CHUNK = 1000
+
+
+class UsageStore:
+    def __init__(self, redis: Redis, keys: Keys, *, raw_retention: float = DEFAULT_RAW_RETENTION) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.raw_retention = raw_retention
+
+    # -- recording (inside the MULTI that ends a session) -------------------------------------------
+
+    async def utilization(self, client: Redis, session_id: str) -> dict[str, float]:
+        """The average utilization (percent) of each metric the idle checker measured over the session."""
+        sums = text_hash(await client.hgetall(self.keys.usage_utilization(session_id)))
+        averages = {}
+        for metric, total in sums.items():
+            seconds = sums.get(f"{metric}:seconds")
+            if metric.endswith(":seconds") or not seconds or float(seconds) <= 0:
+                continue
+            averages[metric] = float(total) / float(seconds)
+        return averages
+
+    def write_ended(self, pipe: Redis, session: Session, used: Mapping[str, float]) -> None:
+        """Queue, in the caller's MULTI, the ended session's raw record, its rollup increments and its totals."""
+        record = record_of(session, now=session.created_at, used=used)
+        pipe.delete(self.keys.usage_utilization(session.id))
+        if not record.intervals:
+            return  # never ran: nothing held, nothing to keep
+        end = record.intervals[-1][1]
+        pipe.set(self.keys.usage_record(session.id), encode(record), ex=max(1, round(self.raw_retention)))
+        pipe.zadd(self.keys.usage_records, {session.id: end})
+        pipe.zremrangebyscore(self.keys.usage_records, "-inf", f"({end - self.raw_retention}")
+        for key, row in record_rollup(record).items():
+            day = self.keys.usage_day(key.day.isoformat())
+            for measure, amount in row.items():
+                if amount:
+                    pipe.hincrby(day, key.field(measure), amount)
+        for measure, amount in record.totals().items():
+            if amount and (measure.startswith(SLOT) or measure == SECONDS):
+                pipe.hincrby(self.keys.usage_totals, f"{session.project}{TOTAL_SEPARATOR}{measure}", amount)
+
+    # -- reads --------------------------------------------------------------------------------------
+
+    async def record(self, session_id: str) -> UsageRecord | None:
+        raw = await self.redis.get(self.keys.usage_record(session_id))
+        return decode(raw, UsageRecord) if raw is not None else None
+
+    async def stored_rollup(self, days: Sequence[date]) -> tuple[Rollup, set[str]]:
+        """The stored daily rollups of ``days`` (UTC) and, read in the same MULTI, the ids of live sessions."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for day in days:
+                pipe.hgetall(self.keys.usage_day(day.isoformat()))
+            pipe.smembers(self.keys.sessions_live)
+            replies = await pipe.execute()
+        rows: Rollup = {}
+        for day, reply in zip(days, replies[:-1], strict=True):
+            for text, amount in text_hash(reply).items():
+                parsed = parse_field(day, text)
+                if parsed is not None:
+                    key, measure = parsed
+                    rows.setdefault(key, {})[measure] = int(amount)
+        return rows, text_set(replies[-1])
+
+    async def live_records(self, session_ids: Iterable[str], *, now: datetime) -> list[UsageRecord]:
+        """Sessions that were live when the rollups were read, counted up to ``now`` (one that ended since counts to
+        its end: it was in no rollup read)."""
+        ids = sorted(session_ids)
+        records = []
+        for start in range(0, len(ids), READ_CHUNK):
+            keys = [self.keys.session(i) for i in ids[start : start + READ_CHUNK]]
+            for raw in optional_texts(await self.redis.mget(keys)):
+                if raw is not None:
+                    records.append(record_of(decode(raw, Session), now=now))
+        return [r for r in records if r.intervals]
+
+    async def raw_records(self, start: int, end: int) -> list[UsageRecord]:
+        """Kept raw records of sessions that ended at or after ``start`` and held something before ``end``."""
+        ordered = ranked(await self.redis.zrangebyscore(self.keys.usage_records, start, "+inf"))
+        records = []
+        for first in range(0, len(ordered), READ_CHUNK):
+            keys = [self.keys.usage_record(i) for i in ordered[first : first + READ_CHUNK]]
+            for raw in optional_texts(await self.redis.mget(keys)):
+                if raw is not None:
+                    record = decode(raw, UsageRecord)
+                    if record.intervals and record.intervals[0][0] < end:
+                        records.append(record)
+        return records
+
+    async def period_rollup(self, period: Period, *, now: datetime) -> Rollup:
+        """Every day of ``period`` in its zone: stored UTC rollups plus live sessions; another zone from the raw
+        records (kept ``raw_retention``), since a UTC day's total cannot be split at another zone's midnight."""
+        if period.is_utc:
+            rows, live = await self.stored_rollup(days_of(period.first, period.last))
+            return add_rollups(rows, rollup(await self.live_records(live, now=now)))
+        start, end = utc_span(period.first, period.last, period.zone)
+        horizon = now.timestamp() - self.raw_retention
+        if start < horizon:
+            kept = round(self.raw_retention / 86400)
+            raise InvalidInput(
+                f"raw usage records are kept {kept} days: a report in a time zone other than UTC reaches back only "
+                "that far (daily UTC rollups are kept forever)",
+                field="from",
+            )
+        live = text_set(await self.redis.smembers(self.keys.sessions_live))
+        records = await self.raw_records(start, end)
+        seen = {r.session_id for r in records}
+        records += [r for r in await self.live_records(live, now=now) if r.session_id not in seen]
+        return rollup(records, period.zone)
+
+    async def totals(self) -> dict[tuple[str, str], int]:
+        """(project, measure) -> amount of every ended session ever."""
+        totals = {}
+        for text, amount in text_hash(await self.redis.hgetall(self.keys.usage_totals)).items():
+            project, _, measure = text.partition(TOTAL_SEPARATOR)
+            totals[(project, measure)] = int(amount)
+        return totals
+
+
+def visible(rows: Rollup, scope: Scope) -> Rollup:
+    """The rows a viewer may see (``domain.access.listing_scope``): another's usage is simply not there."""
+    if scope.everything:
+        return rows
+    owners, projects = set(scope.owners), set(scope.projects)
+    return {key: row for key, row in rows.items() if key.user in owners or key.project in projects}
+
+
+def add_utilization(pipe: Redis, keys: Keys, session_id: str, averages: Mapping[str, float], seconds: float) -> None:
+    """Queue, in the idle checker's sweep transaction, one sweep's measured utilization (percent) of a session as
+    ``seconds`` of it (the sweep's interval)."""
+    key = keys.usage_utilization(session_id)
+    for metric, percent in averages.items():
+        pipe.hincrbyfloat(key, metric, percent * seconds)
+        pipe.hincrbyfloat(key, f"{metric}:seconds", seconds)
+    if averages:
+        pipe.expire(key, UTILIZATION_TTL)
