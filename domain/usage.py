@@ -295,3 +295,73 @@ def check_period(first: date, last: date, zone_name: str | None) -> Period:
     if (last - first).days + 1 > MAX_REPORT_DAYS:
         raise InvalidInput(f"a report covers at most {MAX_REPORT_DAYS} days", field="to")
     return Period(first, last, zone, name)
+
+
+def resource_seconds(measures: Mapping[str, int]) -> dict[str, Decimal]:
+    """Slot -> resource-seconds in the slot's own unit, exact (cpu-seconds, GPU-seconds, byte-seconds)."""
+    seconds = {}
+    for measure, amount in measures.items():
+        if measure.startswith(SLOT):
+            slot = measure.removeprefix(SLOT)
+            scale = 1 if guess_slot_type(slot) is SlotType.BYTES else COUNT_SCALE
+            seconds[slot] = Decimal(amount) / scale
+    return dict(sorted(seconds.items()))
+
+
+def utilization(measures: Mapping[str, int]) -> dict[str, tuple[float, int]]:
+    """Metric -> (average percent, seconds measured) of what the idle checker measured."""
+    averages = {}
+    for measure, measured in measures.items():
+        if measure.startswith(MEASURED) and measured > 0:
+            metric = measure.removeprefix(MEASURED)
+            averages[metric] = (measures.get(USED + metric, 0) / measured / USED_SCALE, measured)
+    return dict(sorted(averages.items()))
+
+
+GROUP_COLUMNS = (
+    (GroupBy.DAY, "day"),
+    (GroupBy.USER, "user"),
+    (GroupBy.PROJECT, "project"),
+    (GroupBy.RESOURCE_GROUP, "resource_group"),
+    (GroupBy.TYPE, "session_type"),
+)
+
+
+def report_table(rows: Iterable[ReportRow], group_by: Iterable[str]) -> list[list[str]]:
+    """A report as a table (header first): the grouped-by columns, seconds, kernel-seconds, each slot's
+    resource-seconds and hours, each metric's average utilization."""
+    listed = list(rows)
+    by = set(group_by)
+    slots = sorted({slot for row in listed for slot in resource_seconds(row.measures)})
+    metrics = sorted({metric for row in listed for metric in utilization(row.measures)})
+    columns = [column for group, column in GROUP_COLUMNS if group in by]
+    header = [*columns, "seconds", "kernel_seconds"]
+    header += [f"{slot}_seconds" for slot in slots] + [f"{slot}_hours" for slot in slots]
+    header += [f"{metric}_average_percent" for metric in metrics]
+    table = [header]
+    for row in listed:
+        parts = {"day": row.day, "user": row.user, "project": row.project}
+        parts |= {"resource_group": row.resource_group, "session_type": row.session_type}
+        amounts = resource_seconds(row.measures)
+        used = utilization(row.measures)
+        line = [str(parts[column]) for column in columns]
+        line += [str(row.measures.get(SECONDS, 0)), str(row.measures.get(KERNEL_SECONDS, 0))]
+        line += [format(amounts.get(slot, Decimal(0)), "f") for slot in slots]
+        line += [f"{amounts.get(slot, Decimal(0)) / 3600:.4f}" for slot in slots]
+        line += [f"{used[metric][0]:.1f}" if metric in used else "" for metric in metrics]
+        table.append(line)
+    return table
+
+
+def parse_group_by(names: Iterable[str]) -> tuple[str, ...]:
+    """Group-by names as a user wrote them (``user``, ``resource_group``...); ``InvalidInput`` on ``groupBy``."""
+    chosen = []
+    for name in names:
+        text = name.strip().lower()
+        if text not in GroupBy.ALL:
+            raise InvalidInput(
+                f"cannot group usage by {name[:40]!r} (one of {', '.join(GroupBy.ALL)})", field="groupBy"
+            )
+        if text not in chosen:
+            chosen.append(text)
+    return tuple(chosen)

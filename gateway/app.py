@@ -21,7 +21,7 @@ from core.errors import TransientError, Unavailable
 from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
-from gateway import files, ide, terminal, web
+from gateway import files, ide, terminal, usage_export, web
 from gateway.apps.access import AppStores
 from gateway.apps.activity import TrafficRecorder
 from gateway.apps.proxy import AppProxy, AppRelay
@@ -185,6 +185,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             WebSocketRoute("/graphql", graphql),
             WebSocketRoute(terminal.PATH, terminal.Terminals(state).endpoint),
             *files.routes(state),
+            *usage_export.routes(state),
         ],
         lifespan=lifespan,
         middleware=[Middleware(AppProxy, state=state)],  # app origins (domain.apps) before the routes

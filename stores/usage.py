@@ -25,12 +25,13 @@ from core.codec import decode, encode
 from core.errors import InvalidInput
 from core.keys import Keys
 from core.replies import optional_texts, ranked, text_hash, text_set
-from domain.access import Scope
+from domain.access import Scope, listing_scope
 from domain.model import Session
 from domain.usage import (
     SECONDS,
     SLOT,
     Period,
+    ReportRow,
     Rollup,
     UsageRecord,
     add_rollups,
@@ -38,9 +39,11 @@ from domain.usage import (
     parse_field,
     record_of,
     record_rollup,
+    report,
     rollup,
     utc_span,
 )
+from domain.users import User
 
 TOTAL_SEPARATOR = "\x1f"
 DEFAULT_RAW_RETENTION = 90 * 86400.0
@@ -181,3 +184,11 @@ def add_utilization(pipe: Redis, keys: Keys, session_id: str, averages: Mapping[
         pipe.hincrbyfloat(key, f"{metric}:seconds", seconds)
     if averages:
         pipe.expire(key, UTILIZATION_TTL)
+
+
+async def report_for(
+    store: UsageStore, viewer: User, period: Period, group_by: Sequence[str], *, now: datetime
+) -> list[ReportRow]:
+    """``viewer``'s report (``domain.access``: their own usage; an ADMIN's projects'; a SUPERADMIN's everything)."""
+    rows = visible(await store.period_rollup(period, now=now), listing_scope(viewer))
+    return report(rows, first=period.first, last=period.last, group_by=group_by)
