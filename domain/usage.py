@@ -175,11 +175,12 @@ FIELD_SEPARATOR = "\x1f"
 """Between the parts of a rollup field (a unit separator: never in a user id, project, group or measure)."""
 
 
-def parse_field(day: date, text: str) -> tuple[RollupKey, str] | None:
-    parts = text.split(FIELD_SEPARATOR)
-    if len(parts) != 5:
+def row_key(day: date, row: str) -> RollupKey | None:
+    """The row of a rollup field's part before its measure (``user␟project␟group␟type``); None if malformed."""
+    parts = row.split(FIELD_SEPARATOR)
+    if len(parts) != 4:
         return None
-    return RollupKey(day, parts[0], parts[1], parts[2], parts[3]), parts[4]
+    return RollupKey(day, parts[0], parts[1], parts[2], parts[3])
 
 
 Rollup = dict[RollupKey, dict[str, int]]

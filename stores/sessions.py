@@ -7,6 +7,7 @@ session document and its indexes (live set, pending queue, name claim) never dis
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
@@ -285,12 +286,14 @@ class SessionStore:
             if after is None or after == before:
                 return before
             name_key = self.keys.live_name(before.owner_id, before.name)
-            name_owner = await pipe.get(name_key)
+            ends = after.status.is_terminal and not before.status.is_terminal
+            if ends:  # what the idle checker measured, read beside (not WATCHed: a sweep more or less is noise)
+                name_owner, used = await asyncio.gather(pipe.get(name_key), self.usage.utilization(session_id))
+            else:
+                name_owner, used = await pipe.get(name_key), {}
             new_name_key = self.keys.live_name(after.owner_id, after.name)
             if after.name != before.name and await pipe.exists(new_name_key):
                 raise Conflict(f"you already have a live session named {after.name!r}", field="name")
-            ends = after.status.is_terminal and not before.status.is_terminal
-            used = await self.usage.utilization(pipe, session_id) if ends else {}
             begin(pipe)
             if ends:
                 self.usage.write_ended(pipe, after, used)

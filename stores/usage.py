@@ -28,6 +28,7 @@ from core.replies import optional_texts, ranked, text_hash, text_set
 from domain.access import Scope, listing_scope
 from domain.model import Session
 from domain.usage import (
+    FIELD_SEPARATOR,
     SECONDS,
     SLOT,
     Period,
@@ -36,11 +37,11 @@ from domain.usage import (
     UsageRecord,
     add_rollups,
     days_of,
-    parse_field,
     record_of,
     record_rollup,
     report,
     rollup,
+    row_key,
     utc_span,
 )
 from domain.users import User
@@ -60,9 +61,9 @@ class UsageStore:
 
     # -- recording (inside the MULTI that ends a session) -------------------------------------------
 
-    async def utilization(self, client: Redis, session_id: str) -> dict[str, float]:
+    async def utilization(self, session_id: str) -> dict[str, float]:
         """The average utilization (percent) of each metric the idle checker measured over the session."""
-        sums = text_hash(await client.hgetall(self.keys.usage_utilization(session_id)))
+        sums = text_hash(await self.redis.hgetall(self.keys.usage_utilization(session_id)))
         averages = {}
         for metric, total in sums.items():
             seconds = sums.get(f"{metric}:seconds")
@@ -73,13 +74,16 @@ class UsageStore:
 
     def write_ended(self, pipe: Redis, session: Session, used: Mapping[str, float]) -> None:
         """Queue, in the caller's MULTI, the ended session's raw record, its rollup increments and its totals."""
-        record = record_of(session, now=session.created_at, used=used)
         pipe.delete(self.keys.usage_utilization(session.id))
+        self.write_record(pipe, record_of(session, now=session.created_at, used=used))
+
+    def write_record(self, pipe: Redis, record: UsageRecord) -> None:
+        """Queue one ended record: kept raw for the retention, added to each of its UTC days and to the totals."""
         if not record.intervals:
             return  # never ran: nothing held, nothing to keep
         end = record.intervals[-1][1]
-        pipe.set(self.keys.usage_record(session.id), encode(record), ex=max(1, round(self.raw_retention)))
-        pipe.zadd(self.keys.usage_records, {session.id: end})
+        pipe.set(self.keys.usage_record(record.session_id), encode(record), ex=max(1, round(self.raw_retention)))
+        pipe.zadd(self.keys.usage_records, {record.session_id: end})
         pipe.zremrangebyscore(self.keys.usage_records, "-inf", f"({end - self.raw_retention}")
         for key, row in record_rollup(record).items():
             day = self.keys.usage_day(key.day.isoformat())
@@ -88,7 +92,7 @@ class UsageStore:
                     pipe.hincrby(day, key.field(measure), amount)
         for measure, amount in record.totals().items():
             if amount and (measure.startswith(SLOT) or measure == SECONDS):
-                pipe.hincrby(self.keys.usage_totals, f"{session.project}{TOTAL_SEPARATOR}{measure}", amount)
+                pipe.hincrby(self.keys.usage_totals, f"{record.project}{TOTAL_SEPARATOR}{measure}", amount)
 
     # -- reads --------------------------------------------------------------------------------------
 
@@ -105,11 +109,14 @@ class UsageStore:
             replies = await pipe.execute()
         rows: Rollup = {}
         for day, reply in zip(days, replies[:-1], strict=True):
+            by_row: dict[str, dict[str, int]] = {}
             for text, amount in text_hash(reply).items():
-                parsed = parse_field(day, text)
-                if parsed is not None:
-                    key, measure = parsed
-                    rows.setdefault(key, {})[measure] = int(amount)
+                row, _, measure = text.rpartition(FIELD_SEPARATOR)
+                by_row.setdefault(row, {})[measure] = int(amount)
+            for row, measures in by_row.items():
+                key = row_key(day, row)
+                if key is not None:
+                    rows[key] = measures
         return rows, text_set(replies[-1])
 
     async def live_records(self, session_ids: Iterable[str], *, now: datetime) -> list[UsageRecord]:
