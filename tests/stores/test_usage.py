@@ -14,7 +14,10 @@ from redis.asyncio import Redis
 
 from core.errors import InvalidInput
 from core.keys import Keys
+from core.lease import Lease
 from domain.access import Scope
+from domain.idle.config import CheckName
+from domain.idle.verdict import CheckReport, MetricReading, Verdict
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType, StatusChange
 from domain.usage import (
     MEASURED,
@@ -28,6 +31,7 @@ from domain.usage import (
     report,
     rollup,
 )
+from stores.idle import IdleStore
 from stores.sessions import SessionStore
 from stores.usage import add_utilization, visible
 
@@ -196,3 +200,20 @@ def test_a_bad_period_is_refused_with_the_field_named() -> None:
         with pytest.raises(InvalidInput) as refused:
             check_period(first, last, zone)
         assert refused.value.field == field
+
+
+async def test_an_idle_sweep_adds_its_measured_utilization_to_the_session(redis: Redis, keys: Keys) -> None:
+    store, idle = SessionStore(redis, keys), IdleStore(redis, keys)
+    session = new_session()
+    await store.create([session])
+    await move(store, session.id, S.RUNNING, T0)
+    fence = await Lease(redis, keys.idle_lease, keys.idle_fence, ttl=30).acquire()
+    readings = (MetricReading("cpu_util", 10.0, 5.0), MetricReading("mem", None, 5.0))  # mem: no sample yet
+    report = CheckReport(CheckName.UTILIZATION, expired=False, remaining=None, measured_against=None, readings=readings)
+    verdict = Verdict(terminate=False, reason=None, reports=(report,))
+    for _ in range(3):
+        await idle.save_sweep(fence, checked_at=T0, verdicts={session.id: verdict}, ttl=30, interval=15.0)
+    assert await store.usage.utilization(session.id) == {"cpu_util": 10.0}
+    await move(store, session.id, S.TERMINATED, T0 + timedelta(seconds=60))
+    record = await store.usage.record(session.id)
+    assert record is not None and record.rates[USED + "cpu_util"] == 100
