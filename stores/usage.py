@@ -25,21 +25,20 @@ from core.codec import decode, encode
 from core.errors import InvalidInput
 from core.keys import Keys
 from core.replies import optional_texts, ranked, text_hash, text_set
-from domain.access import Scope, listing_scope
+from domain.access import listing_scope
 from domain.model import Session
 from domain.usage import (
     FIELD_SEPARATOR,
     SECONDS,
     SLOT,
+    Grouping,
     Period,
     ReportRow,
     Rollup,
     UsageRecord,
-    add_rollups,
     days_of,
     record_of,
     record_rollup,
-    report,
     rollup,
     row_key,
     utc_span,
@@ -100,24 +99,26 @@ class UsageStore:
         raw = await self.redis.get(self.keys.usage_record(session_id))
         return decode(raw, UsageRecord) if raw is not None else None
 
-    async def stored_rollup(self, days: Sequence[date]) -> tuple[Rollup, set[str]]:
-        """The stored daily rollups of ``days`` (UTC) and, read in the same MULTI, the ids of live sessions."""
+    async def stored_days(self, days: Sequence[date]) -> tuple[list[dict[str, str]], set[str]]:
+        """The stored daily rollup hashes of ``days`` (UTC) and, read in the same MULTI, the ids of live sessions."""
         async with self.redis.pipeline(transaction=True) as pipe:
             for day in days:
                 pipe.hgetall(self.keys.usage_day(day.isoformat()))
             pipe.smembers(self.keys.sessions_live)
             replies = await pipe.execute()
+        return [text_hash(reply) for reply in replies[:-1]], text_set(replies[-1])
+
+    async def stored_rollup(self, days: Sequence[date]) -> tuple[Rollup, set[str]]:
+        """The stored daily rollups of ``days`` (UTC) as rows, and the ids of live sessions."""
+        hashes, live = await self.stored_days(days)
         rows: Rollup = {}
-        for day, reply in zip(days, replies[:-1], strict=True):
-            by_row: dict[str, dict[str, int]] = {}
-            for text, amount in text_hash(reply).items():
+        for day, fields in zip(days, hashes, strict=True):
+            for text, amount in fields.items():
                 row, _, measure = text.rpartition(FIELD_SEPARATOR)
-                by_row.setdefault(row, {})[measure] = int(amount)
-            for row, measures in by_row.items():
                 key = row_key(day, row)
                 if key is not None:
-                    rows[key] = measures
-        return rows, text_set(replies[-1])
+                    rows.setdefault(key, {})[measure] = int(amount)
+        return rows, live
 
     async def live_records(self, session_ids: Iterable[str], *, now: datetime) -> list[UsageRecord]:
         """Sessions that were live when the rollups were read, counted up to ``now`` (one that ended since counts to
@@ -144,12 +145,16 @@ class UsageStore:
                         records.append(record)
         return records
 
-    async def period_rollup(self, period: Period, *, now: datetime) -> Rollup:
-        """Every day of ``period`` in its zone: stored UTC rollups plus live sessions; another zone from the raw
-        records (kept ``raw_retention``), since a UTC day's total cannot be split at another zone's midnight."""
+    async def grouped(self, period: Period, grouping: Grouping, *, now: datetime) -> Grouping:
+        """Every day of ``period`` in its zone summed into ``grouping``: the stored UTC rollups plus live sessions;
+        another zone from the raw records (kept ``raw_retention``), since a UTC day's total cannot be split at another
+        zone's midnight."""
         if period.is_utc:
-            rows, live = await self.stored_rollup(days_of(period.first, period.last))
-            return add_rollups(rows, rollup(await self.live_records(live, now=now)))
+            days = days_of(period.first, period.last)
+            hashes, live = await self.stored_days(days)
+            for day, fields in zip(days, hashes, strict=True):
+                grouping.add_fields(day, fields)
+            return grouping.add_rows(rollup(await self.live_records(live, now=now)), period.first, period.last)
         start, end = utc_span(period.first, period.last, period.zone)
         horizon = now.timestamp() - self.raw_retention
         if start < horizon:
@@ -163,7 +168,7 @@ class UsageStore:
         records = await self.raw_records(start, end)
         seen = {r.session_id for r in records}
         records += [r for r in await self.live_records(live, now=now) if r.session_id not in seen]
-        return rollup(records, period.zone)
+        return grouping.add_rows(rollup(records, period.zone), period.first, period.last)
 
     async def totals(self) -> dict[tuple[str, str], int]:
         """(project, measure) -> amount of every ended session ever."""
@@ -174,12 +179,12 @@ class UsageStore:
         return totals
 
 
-def visible(rows: Rollup, scope: Scope) -> Rollup:
-    """The rows a viewer may see (``domain.access.listing_scope``): another's usage is simply not there."""
-    if scope.everything:
-        return rows
-    owners, projects = set(scope.owners), set(scope.projects)
-    return {key: row for key, row in rows.items() if key.user in owners or key.project in projects}
+async def report_for(
+    store: UsageStore, viewer: User, period: Period, group_by: Sequence[str], *, now: datetime
+) -> list[ReportRow]:
+    """``viewer``'s report (``domain.access``: their own usage; an ADMIN's projects'; a SUPERADMIN's everything)."""
+    grouping = Grouping(group_by, listing_scope(viewer))
+    return (await store.grouped(period, grouping, now=now)).rows()
 
 
 def add_utilization(pipe: Redis, keys: Keys, session_id: str, averages: Mapping[str, float], seconds: float) -> None:
@@ -191,11 +196,3 @@ def add_utilization(pipe: Redis, keys: Keys, session_id: str, averages: Mapping[
         pipe.hincrbyfloat(key, f"{metric}:seconds", seconds)
     if averages:
         pipe.expire(key, UTILIZATION_TTL)
-
-
-async def report_for(
-    store: UsageStore, viewer: User, period: Period, group_by: Sequence[str], *, now: datetime
-) -> list[ReportRow]:
-    """``viewer``'s report (``domain.access``: their own usage; an ADMIN's projects'; a SUPERADMIN's everything)."""
-    rows = visible(await store.period_rollup(period, now=now), listing_scope(viewer))
-    return report(rows, first=period.first, last=period.last, group_by=group_by)

@@ -25,6 +25,7 @@ from domain.usage import (
     SLOT,
     USED,
     GroupBy,
+    Grouping,
     Rollup,
     check_period,
     days_of,
@@ -33,7 +34,7 @@ from domain.usage import (
 )
 from stores.idle import IdleStore
 from stores.sessions import SessionStore
-from stores.usage import add_utilization, visible
+from stores.usage import add_utilization
 
 S = SessionStatus
 T0 = datetime(2026, 3, 28, 23, 0, tzinfo=UTC)
@@ -140,8 +141,15 @@ async def test_rollups_recomputed_from_raw_records_equal_the_stored_ones(redis: 
         ended.append(session.id)
     records = [await store.usage.record(sid) for sid in ended]
     recomputed = rollup(r for r in records if r is not None)
-    stored = await stored_days(store, T0.date(), T0.date() + timedelta(days=6))
+    first, last = T0.date(), T0.date() + timedelta(days=6)
+    stored = await stored_days(store, first, last)
     assert stored == recomputed
+    # the report's fast path (a day's fields summed as they are parsed) gives what grouping the rows gives
+    hashes, _ = await store.usage.stored_days(days_of(first, last))
+    fast = Grouping(GroupBy.ALL)
+    for day, fields in zip(days_of(first, last), hashes, strict=True):
+        fast.add_fields(day, fields)
+    assert fast.rows() == report(recomputed, first=first, last=last, group_by=GroupBy.ALL)
 
 
 async def test_a_running_session_counts_up_to_now_and_others_usage_is_not_visible(redis: Redis, keys: Keys) -> None:
@@ -150,14 +158,18 @@ async def test_a_running_session_counts_up_to_now_and_others_usage_is_not_visibl
     await store.create([session])
     await move(store, session.id, S.RUNNING, T0)
     period = check_period(T0.date(), T0.date() + timedelta(days=1), "UTC")
-    rows = await store.usage.period_rollup(period, now=T0 + timedelta(minutes=90))
-    by_day = report(rows, first=period.first, last=period.last, group_by=[GroupBy.DAY, GroupBy.USER])
+    now = T0 + timedelta(minutes=90)
+    by_day = (await store.usage.grouped(period, Grouping([GroupBy.DAY, GroupBy.USER]), now=now)).rows()
     assert [(r.day, r.user, r.measures[SECONDS]) for r in by_day] == [
         (T0.date(), "bob", 3600),
         (T0.date() + timedelta(days=1), "bob", 1800),
     ]
-    assert visible(rows, Scope(everything=False, owners=("alice",))) == {}
-    assert visible(rows, Scope(everything=False, owners=("alice",), projects=("p2",))) == rows
+    alice_only = Grouping([GroupBy.USER], Scope(everything=False, owners=("alice",)))
+    assert (await store.usage.grouped(period, alice_only, now=now)).rows() == []
+    p2_admin = Grouping([GroupBy.USER], Scope(everything=False, owners=("alice",), projects=("p2",)))
+    assert [(r.user, r.measures[SECONDS]) for r in (await store.usage.grouped(period, p2_admin, now=now)).rows()] == [
+        ("bob", 5400)
+    ]
 
 
 async def test_a_viewers_zone_is_counted_from_raw_records_within_their_retention(redis: Redis, keys: Keys) -> None:
@@ -165,11 +177,11 @@ async def test_a_viewers_zone_is_counted_from_raw_records_within_their_retention
     session = new_session()
     await run_and_end(store, session, T0, 7200)  # 00:00 -> 02:00 in Berlin on 2026-03-29 (DST begins at 02:00)
     berlin = check_period(date(2026, 3, 29), date(2026, 3, 29), "Europe/Berlin")
-    rows = await store.usage.period_rollup(berlin, now=T0 + timedelta(days=2))
-    assert [(k.day, r[SECONDS]) for k, r in rows.items()] == [(date(2026, 3, 29), 7200)]
+    rows = (await store.usage.grouped(berlin, Grouping([GroupBy.DAY]), now=T0 + timedelta(days=2))).rows()
+    assert [(r.day, r.measures[SECONDS]) for r in rows] == [(date(2026, 3, 29), 7200)]
     assert berlin.zone == ZoneInfo("Europe/Berlin")
     with pytest.raises(InvalidInput) as refused:
-        await store.usage.period_rollup(berlin, now=T0 + timedelta(days=90))
+        await store.usage.grouped(berlin, Grouping([GroupBy.DAY]), now=T0 + timedelta(days=90))
     assert refused.value.field == "from"
     ttl = await redis.ttl(keys.usage_record(session.id))
     assert 0 < ttl <= 30 * 86400
