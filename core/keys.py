@@ -427,6 +427,16 @@ class Keys:
         return f"{self.prefix}:usage:day:{day}"
 
     @property
+    def usage_day_versions(self) -> str:
+        """HASH day -> a counter incremented in the MULTI of every write to that day's rollup (``usage_day``)."""
+        return f"{self.prefix}:usage:day-versions"
+
+    def usage_day_compact(self, day: str) -> str:
+        """One day's rollup as one document, with the version it was read at (a cache of ``usage_day`` a reader
+        builds again when the day's version moved on): a month's report reads 30 documents, not 700,000 fields."""
+        return f"{self.prefix}:usage:day-compact:{day}"
+
+    @property
     def usage_totals(self) -> str:
         """HASH ``project␟measure`` -> integer amount of every ended session ever (Prometheus' counters)."""
         return f"{self.prefix}:usage:totals"

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime
 
+import msgspec
 from redis.asyncio import Redis
 
 from core.codec import decode, encode
@@ -50,6 +51,17 @@ DEFAULT_RAW_RETENTION = 90 * 86400.0
 UTILIZATION_TTL = 14 * 86400
 """A session's utilization sums outlive its last sweep by this long (then its record has long been written)."""
 READ_CHUNK = 1000
+COMPACT_TTL = 35 * 86400
+"""A day's compact document is dropped after this long unread (it is built again when asked)."""
+
+
+class CompactDay(msgspec.Struct, frozen=True):
+    """One UTC day's rollup in one document: its rows (``user␟project␟group␟type``) and their measures, as of
+    ``version`` (``Keys.usage_day_versions``)."""
+
+    day: str
+    version: int
+    rows: list[tuple[str, dict[str, int]]]
 
 
 class UsageStore:
@@ -89,6 +101,7 @@ class UsageStore:
             for measure, amount in row.items():
                 if amount:
                     pipe.hincrby(day, key.field(measure), amount)
+            pipe.hincrby(self.keys.usage_day_versions, key.day.isoformat(), 1)
         for measure, amount in record.totals().items():
             if amount and (measure.startswith(SLOT) or measure == SECONDS):
                 pipe.hincrby(self.keys.usage_totals, f"{record.project}{TOTAL_SEPARATOR}{measure}", amount)
@@ -107,6 +120,38 @@ class UsageStore:
             pipe.smembers(self.keys.sessions_live)
             replies = await pipe.execute()
         return [text_hash(reply) for reply in replies[:-1]], text_set(replies[-1])
+
+    async def compact_days(self, days: Sequence[date]) -> tuple[list[CompactDay], set[str]]:
+        """``days``' rollups as compact documents (``Keys.usage_day_compact``), each as of the day's version read in
+        the same MULTI, and the ids of live sessions read there too. A document older than its day's version (or
+        missing) is built again from the day's hash, read with the version in one MULTI, and stored for the next."""
+        names = [day.isoformat() for day in days]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hmget(self.keys.usage_day_versions, names)
+            pipe.mget([self.keys.usage_day_compact(n) for n in names])
+            pipe.smembers(self.keys.sessions_live)
+            versions, documents, live = await pipe.execute()
+        compact = []
+        for name, version, document in zip(names, versions, documents, strict=True):
+            found = decode(document, CompactDay) if document is not None else None
+            if found is None or found.version != int(version or 0):
+                found = await self._compacted(name)
+            compact.append(found)
+        return compact, text_set(live)
+
+    async def _compacted(self, name: str) -> CompactDay:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hget(self.keys.usage_day_versions, name)
+            pipe.hgetall(self.keys.usage_day(name))
+            version, fields = await pipe.execute()
+        by_row: dict[str, dict[str, int]] = {}
+        for text, amount in text_hash(fields).items():
+            row, _, measure = text.rpartition(FIELD_SEPARATOR)
+            by_row.setdefault(row, {})[measure] = int(amount)
+        day = CompactDay(name, int(version or 0), [(row, measures) for row, measures in by_row.items()])
+        # a cache: a reader that stored an older one meanwhile only makes the next reader build it again
+        await self.redis.set(self.keys.usage_day_compact(name), encode(day), ex=COMPACT_TTL)
+        return day
 
     async def stored_rollup(self, days: Sequence[date]) -> tuple[Rollup, set[str]]:
         """The stored daily rollups of ``days`` (UTC) as rows, and the ids of live sessions."""
@@ -150,10 +195,9 @@ class UsageStore:
         another zone from the raw records (kept ``raw_retention``), since a UTC day's total cannot be split at another
         zone's midnight."""
         if period.is_utc:
-            days = days_of(period.first, period.last)
-            hashes, live = await self.stored_days(days)
-            for day, fields in zip(days, hashes, strict=True):
-                grouping.add_fields(day, fields)
+            compact, live = await self.compact_days(days_of(period.first, period.last))
+            for day in compact:
+                grouping.add_compact(date.fromisoformat(day.day), day.rows)
             return grouping.add_rows(rollup(await self.live_records(live, now=now)), period.first, period.last)
         start, end = utc_span(period.first, period.last, period.zone)
         horizon = now.timestamp() - self.raw_retention
