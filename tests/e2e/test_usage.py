@@ -4,15 +4,20 @@ nothing twice."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import pytest
+
 from core.settings import Settings
-from domain.usage import epoch_seconds
+from domain.model import SessionStatus
+from domain.usage import days_of, epoch_seconds, held_intervals, rollup
 from tests.e2e.test_crash_recovery import start_scheduler
+from tests.e2e.test_restarts import OwnStack, batch, converged, own_settings, own_stack  # noqa: F401 (fixtures)
 from tests.harness import CREATE, Caravan, running_caravan
 
 USAGE = """
@@ -91,3 +96,30 @@ async def test_two_users_usage_matches_their_histories_across_scheduler_kills(se
         # each user sees their own, and only their own
         own = (await caravan.gql(USAGE, period, token=bob))["usage"]["rows"]
         assert [(r["user"], r["seconds"]) for r in own] == [("bob", bob_seconds)]
+
+
+@pytest.mark.nomad
+@pytest.mark.redis  # a Redis and a Nomad agent of its own (tests/e2e/test_restarts.py), Redis killed
+async def test_redis_killed_mid_session_counts_each_session_once(
+    own_stack: OwnStack,  # noqa: F811 (the fixture imported above)
+    own_settings: Settings,  # noqa: F811
+) -> None:
+    async with running_caravan(own_settings) as caravan:
+        ids = []
+        for n in range(3):
+            data = await caravan.gql(CREATE, {"input": batch(f"usage-{n}", f"sleep {4 + n}")})
+            ids.append(data["createSession"]["sessions"][0]["id"])
+        for session_id in ids:
+            await caravan.wait_for(session_id, "RUNNING", "TERMINATED")
+        own_stack.redis.kill()  # mid-session: the sessions end while Redis is down or after it is back
+        await asyncio.to_thread(own_stack.redis.start)
+        sessions = {s.id: s for s in await converged(caravan)}
+        records = [await caravan.store.usage.record(session_id) for session_id in ids]
+        days = days_of(date.today() - timedelta(days=1), date.today() + timedelta(days=1))
+        stored, _ = await caravan.store.usage.stored_rollup(days)
+    assert all(sessions[i].status is SessionStatus.TERMINATED for i in ids)
+    for session_id, record in zip(ids, records, strict=True):
+        assert record is not None, f"the usage of {session_id} was lost"
+        held = held_intervals(sessions[session_id].status_history, now=datetime.now(UTC))
+        assert record.intervals == held and record.seconds > 0
+    assert stored == rollup(r for r in records if r is not None)  # each counted once, nothing else
