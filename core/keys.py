@@ -408,3 +408,41 @@ class Keys:
         """Counter of one user's (or, without a valid token, one client address's) GraphQL requests in one fixed
         window (``user:<id>``, ``addr:<address>``); expires with it."""
         return f"{self.rate_limit_prefix}{subject}:{window}"
+
+    # -- usage accounting (stores.usage) ----------------------------------------------------------------
+
+    def usage_record(self, session_id: str) -> str:
+        """JSON of one ended session's raw usage record (``domain.usage.UsageRecord``); expires after the raw
+        retention (``CARAVAN_USAGE_RAW_RETENTION``)."""
+        return f"{self.prefix}:usage:record:{session_id}"
+
+    @property
+    def usage_records(self) -> str:
+        """ZSET of the session ids whose raw usage records are kept, scored by when they ended (trimmed to the
+        retention at each write)."""
+        return f"{self.prefix}:usage:records"
+
+    def usage_day(self, day: str) -> str:
+        """HASH of one UTC day's rollup (``YYYY-MM-DD``): ``user␟project␟group␟type␟measure`` -> integer amount,
+        incremented once per ended session in the MULTI that ends it; kept forever."""
+        return f"{self.prefix}:usage:day:{day}"
+
+    @property
+    def usage_day_versions(self) -> str:
+        """HASH day -> a counter incremented in the MULTI of every write to that day's rollup (``usage_day``)."""
+        return f"{self.prefix}:usage:day-versions"
+
+    def usage_day_compact(self, day: str) -> str:
+        """One day's rollup as one document, with the version it was read at (a cache of ``usage_day`` a reader
+        builds again when the day's version moved on): a month's report reads 30 documents, not 700,000 fields."""
+        return f"{self.prefix}:usage:day-compact:{day}"
+
+    @property
+    def usage_totals(self) -> str:
+        """HASH ``project␟measure`` -> integer amount of every ended session ever (Prometheus' counters)."""
+        return f"{self.prefix}:usage:totals"
+
+    def usage_utilization(self, session_id: str) -> str:
+        """HASH the idle checker adds each sweep's measured utilization to: ``<metric>`` -> percent × seconds and
+        ``<metric>:seconds`` -> seconds; read when the session ends."""
+        return f"{self.prefix}:usage:utilization:{session_id}"

@@ -23,7 +23,7 @@ from core.keys import Keys
 from core.redis import client as redis_client
 from core.secrets import ensure_app_cookie_key
 from core.settings import Settings
-from gateway import files, ide, terminal, web
+from gateway import files, ide, terminal, usage_export, web
 from gateway.apps.control import ControlPlane
 from gateway.apps.ingress_config import IngressPaths
 from gateway.apps.proxy import AppLaunches, AppOrigins
@@ -132,7 +132,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
         state.update(
             redis=redis,
-            sessions=SessionStore(redis, keys),
+            sessions=SessionStore(redis, keys, usage_retention=settings.usage_raw_retention),
             users=users,
             nomad=nomad,
             hub=EventHub(redis),
@@ -196,6 +196,7 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             WebSocketRoute("/graphql", graphql),
             WebSocketRoute(terminal.PATH, terminal.Terminals(state).endpoint),
             *files.routes(state),
+            *usage_export.routes(state),
         ],
         lifespan=lifespan,
         middleware=[Middleware(AppOrigins, state=state)],  # app origins (domain.apps) before the routes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -21,11 +21,14 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from domain.model import SessionStatus
+from domain.usage import SECONDS, SLOT, resource_seconds
 from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,8 @@ class Metrics:
             registry=registry,
         )
         self.queued = Gauge("caravan_queue_depth_total", "PENDING sessions waiting in all queues.", registry=registry)
+        self.usage = UsageCounters()
+        registry.register(self.usage)
         self.store_up = Gauge(
             "caravan_metrics_store_up", "1 if the last scrape could read Redis, else 0.", registry=registry
         )
@@ -80,6 +85,7 @@ class Metrics:
         try:
             depths = await queue_depths(store)
             live, statuses = await live_statuses(store)
+            self.usage.totals = await store.usage.totals()
         except (RedisError, OSError) as exc:
             log.warning("metrics: cannot read Redis: %s", exc)
             self.store_up.set(0)
@@ -101,6 +107,33 @@ class Metrics:
             return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
         return metrics
+
+
+class UsageCounters(Collector):
+    """``caravan_usage_resource_seconds_total{slot,project}`` and ``caravan_usage_session_seconds_total{project}``:
+    what every ended session held (``stores.usage``), read from Redis at each scrape (every gateway worker answers
+    the same, and a restart loses nothing)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[tuple[str, str], int] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        slots = CounterMetricFamily(
+            "caravan_usage_resource_seconds",
+            "Resource-seconds ended sessions held, by slot (cpu-seconds, device- or share-seconds, byte-seconds).",
+            labels=["slot", "project"],
+        )
+        sessions = CounterMetricFamily(
+            "caravan_usage_session_seconds", "Seconds ended sessions held their slots.", labels=["project"]
+        )
+        for (project, measure), amount in sorted(self.totals.items()):
+            if measure == SECONDS:
+                sessions.add_metric([project], amount)
+            elif measure.startswith(SLOT):
+                for slot, seconds in resource_seconds({measure: amount}).items():
+                    slots.add_metric([slot, project], float(seconds))
+        yield slots
+        yield sessions
 
 
 async def queue_depths(store: SessionStore) -> dict[str, int]:

@@ -103,7 +103,7 @@ class IdleService:
         name the device metrics)."""
         self.settings = settings
         self.keys = Keys(settings.redis.prefix)
-        self.store = SessionStore(redis, self.keys)
+        self.store = SessionStore(redis, self.keys, usage_retention=settings.usage_raw_retention)
         self.idle_store = IdleStore(redis, self.keys)
         self.nomad = nomad
         self.devices = load_scheduler_config(settings.scheduler.config_path).devices  # the operator's device names
@@ -170,6 +170,7 @@ class IdleService:
             verdicts=result.verdicts,
             ttl=report_ttl(config.check_interval),
             windows=term.windows if save_windows else None,
+            interval=config.check_interval,
         )
         if save_windows:
             term.saved_at = time.monotonic()

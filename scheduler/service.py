@@ -39,7 +39,7 @@ class Scheduler:
     def __init__(self, settings: Settings, redis: Redis, nomad: NomadClient) -> None:
         self.settings = settings
         self.keys = Keys(settings.redis.prefix)
-        self.store = SessionStore(redis, self.keys)
+        self.store = SessionStore(redis, self.keys, usage_retention=settings.usage_raw_retention)
         self.nomad = nomad
         self.lease = Lease(
             redis, self.keys.scheduler_lease, self.keys.scheduler_fence, ttl=settings.scheduler.lease_ttl

@@ -29,10 +29,11 @@ from core.keys import Keys
 from core.lease import Fence, write_fenced
 from core.replies import optional_text, optional_texts, text_hash
 from domain.idle.columns import WindowColumns, WindowTableDoc
-from domain.idle.config import IdlePolicyConfig
+from domain.idle.config import CheckName, IdlePolicyConfig
 from domain.idle.policy_file import parse_policy
 from domain.idle.verdict import Verdict, VerdictDoc
 from domain.idle.window import UtilizationWindow, WindowDoc
+from stores.usage import add_utilization
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +88,17 @@ class IdleStore:
         verdicts: Mapping[str, Verdict],
         ttl: int,
         windows: WindowColumns | None = None,
+        interval: float = 0.0,
     ) -> None:
-        """One sweep's reports, and (when given) every window, replacing those saved before, in one transaction."""
+        """One sweep's reports, and (when given) every window, replacing those saved before, in one transaction;
+        each session's measured utilization counts for ``interval`` seconds of its usage (``stores.usage``)."""
 
         def write(pipe: Pipeline) -> None:
             stamp = encode(checked_at)
             for session_id, verdict in verdicts.items():
                 pipe.set(self.keys.idle_report(session_id), report_document(stamp, verdict), ex=ttl)
+                if interval > 0:
+                    add_utilization(pipe, self.keys, session_id, measured_utilization(verdict), interval)
             if windows is not None:
                 pipe.delete(self.keys.idle_window_tables, self.keys.idle_windows)
                 tables = windows.stored()
@@ -154,6 +159,17 @@ class IdleStore:
             return None
         published = PublishedPolicy(source=doc.get("source", ""), text=doc["text"])
         return published, _parsed(published.text, published.source)
+
+
+def measured_utilization(verdict: Verdict) -> dict[str, float]:
+    """The utilization check's measured averages (percent) of a verdict, by metric (none when it measured none)."""
+    return {
+        reading.metric: reading.average
+        for report in verdict.reports
+        if report.name is CheckName.UTILIZATION
+        for reading in report.readings
+        if reading.average is not None
+    }
 
 
 def _stored_verdict(raw: str) -> StoredVerdict:

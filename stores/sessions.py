@@ -7,6 +7,7 @@ session document and its indexes (live set, pending queue, name claim) never dis
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
@@ -26,6 +27,7 @@ from domain.model import Session, SessionResult, SessionStatus
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
 from stores.coalesced import Coalesced, guard_failed
+from stores.usage import DEFAULT_RAW_RETENTION, UsageStore
 
 WAKEUP_BACKLOG = 64
 """The wakeup list only signals 'there is work'; a few entries are as good as many."""
@@ -55,9 +57,11 @@ def revision() -> str:
 
 
 class SessionStore:
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, *, usage_retention: float = DEFAULT_RAW_RETENTION) -> None:
         self.redis = redis
         self.keys = keys
+        self.usage = UsageStore(redis, keys, raw_retention=usage_retention)
+        """Usage accounting: a session's usage is recorded in the MULTI that ends it (``stores.usage``)."""
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -282,11 +286,17 @@ class SessionStore:
             if after is None or after == before:
                 return before
             name_key = self.keys.live_name(before.owner_id, before.name)
-            name_owner = await pipe.get(name_key)
+            ends = after.status.is_terminal and not before.status.is_terminal
+            if ends:  # what the idle checker measured, read beside (not WATCHed: a sweep more or less is noise)
+                name_owner, used = await asyncio.gather(pipe.get(name_key), self.usage.utilization(session_id))
+            else:
+                name_owner, used = await pipe.get(name_key), {}
             new_name_key = self.keys.live_name(after.owner_id, after.name)
             if after.name != before.name and await pipe.exists(new_name_key):
                 raise Conflict(f"you already have a live session named {after.name!r}", field="name")
             begin(pipe)
+            if ends:
+                self.usage.write_ended(pipe, after, used)
             pipe.set(key, encode(after))
             pipe.hset(self.keys.session_revisions, session_id, revision())
             self._reindex(pipe, before, after, name_key if name_owner == session_id else None)

@@ -34,6 +34,7 @@ from gateway.graphql.sessions.queries import SessionQueries
 from gateway.graphql.sessions.subscriptions import SessionSubscriptions
 from gateway.graphql.templates.mutations import TemplateMutations
 from gateway.graphql.templates.queries import TemplateQueries
+from gateway.graphql.usage.queries import UsageQueries
 from gateway.graphql.users.mutations import UserMutations
 from gateway.graphql.users.queries import UserQueries
 from gateway.graphql.websocket import SubscriptionsOverWebSocket
@@ -59,6 +60,7 @@ class Query(
     ScheduleQueries,
     FolderQueries,
     ImageQueries,
+    UsageQueries,
 ):
     @fields.field(description="Who you are, by your API token.")
     def viewer(self, info: Info) -> Viewer:

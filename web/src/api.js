@@ -172,3 +172,15 @@ function putPiece(url, body, onProgress) {
     xhr.send(body);
   });
 }
+
+/** Usage as CSV (`/usage.csv`: the same report as the `usage` query), as a Blob; a refusal as an ApiError. */
+export async function usageCsv(params) {
+  let response;
+  try {
+    response = await fetch(`/usage.csv?${new URLSearchParams(params)}`, { headers: auth() });
+  } catch (exc) {
+    throw new ApiError(`the gateway is unreachable (${exc.message})`, "UNREACHABLE");
+  }
+  if (!response.ok) throw await fileError(response);
+  return response.blob();
+}

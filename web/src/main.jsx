@@ -13,6 +13,7 @@ import "./style.css";
 // pages most sessions never open: chunks of their own, loaded when opened
 const FoldersPage = lazy(() => import("./folders.jsx"));
 const SchedulesPage = lazy(() => import("./schedules.jsx"));
+const UsagePage = lazy(() => import("./usage.jsx"));
 
 const VIEWER = `{ viewer { id name role projects } }`;
 
@@ -68,6 +69,7 @@ function Shell({ viewer, onSignOut }) {
   else if (detail && detail[1] !== "new") page = <DetailPage id={decodeURIComponent(detail[1])} viewer={viewer} />;
   else if (path === "/folders") page = <FoldersPage viewer={viewer} />;
   else if (path === "/schedules") page = <SchedulesPage viewer={viewer} />;
+  else if (path === "/usage") page = <UsagePage viewer={viewer} />;
   else if (path.startsWith("/admin") && admin) page = <AdminPage viewer={viewer} section={path.slice(7) || "groups"} />;
   else page = <p class="empty">Nothing here. <Link to="/">Back to the sessions</Link></p>;
   const current = (p) => (path.startsWith(p) ? "page" : undefined);
@@ -80,6 +82,7 @@ function Shell({ viewer, onSignOut }) {
           <Link to="/launch" aria-current={current("/launch")}>Launch</Link>
           <Link to="/folders" aria-current={current("/folders")}>Folders</Link>
           <Link to="/schedules" aria-current={current("/schedules")}>Schedules</Link>
+          <Link to="/usage" aria-current={current("/usage")} id="nav-usage">Usage</Link>
           {admin && <Link to="/admin" aria-current={current("/admin")} id="nav-admin">Admin</Link>}
         </nav>
         <span class="who" title={`times in ${timeZone}`}>

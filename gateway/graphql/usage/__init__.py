@@ -1,0 +1,1 @@
+"""Usage accounting over GraphQL: ``usage``."""

@@ -1,0 +1,242 @@
+"""Usage accounting in Redis: each ended session's raw record and its share of the daily rollups, written once.
+
+* **Exactly once**: :meth:`UsageStore.write_ended` is called by ``stores.sessions.SessionStore.update`` inside the
+  MULTI that moves the session's document from a live status to a terminal one (TERMINATED, CANCELLED). That move
+  happens once per session (WATCHed document, no way out of a terminal status), and its MULTI writes the record, the
+  rollup increments and the document together or not at all: a crashed or restarted process, a retried write or a
+  Redis restart (AOF: a MULTI is replayed whole or not at all) counts nothing twice and loses nothing. Whoever ends
+  the session (the scheduler's follower, a forced destroy in the gateway, the idle checker) records it.
+* **Layout**: one HASH per UTC day (``Keys.usage_day``), field ``user␟project␟group␟type␟measure`` -> integer
+  (``domain.usage``), kept forever; a month's report reads 31 hashes, never the raw records. Raw records
+  (``Keys.usage_record``) expire after ``CARAVAN_USAGE_RAW_RETENTION``; ``Keys.usage_records`` indexes them by end.
+* **Live sessions** count up to the moment of the query, from their status history (they are in no rollup yet).
+* **Used**: the idle checker adds each sweep's measured utilization to ``Keys.usage_utilization`` (percent ×
+  seconds); the session's record keeps its average beside what it was allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import date, datetime
+
+import msgspec
+from redis.asyncio import Redis
+
+from core.codec import decode, encode
+from core.errors import InvalidInput
+from core.keys import Keys
+from core.replies import optional_texts, ranked, text_hash, text_set
+from domain.access import listing_scope
+from domain.model import Session
+from domain.usage import (
+    FIELD_SEPARATOR,
+    SECONDS,
+    SLOT,
+    Grouping,
+    Period,
+    ReportRow,
+    Rollup,
+    UsageRecord,
+    days_of,
+    record_of,
+    record_rollup,
+    rollup,
+    row_key,
+    utc_span,
+)
+from domain.users import User
+
+TOTAL_SEPARATOR = "\x1f"
+DEFAULT_RAW_RETENTION = 90 * 86400.0
+UTILIZATION_TTL = 14 * 86400
+"""A session's utilization sums outlive its last sweep by this long (then its record has long been written)."""
+READ_CHUNK = 1000
+COMPACT_TTL = 35 * 86400
+"""A day's compact document is dropped after this long unread (it is built again when asked)."""
+
+
+class CompactDay(msgspec.Struct, frozen=True):
+    """One UTC day's rollup in one document: its rows (``user␟project␟group␟type``) and their measures, as of
+    ``version`` (``Keys.usage_day_versions``)."""
+
+    day: str
+    version: int
+    rows: list[tuple[str, dict[str, int]]]
+
+
+class UsageStore:
+    def __init__(self, redis: Redis, keys: Keys, *, raw_retention: float = DEFAULT_RAW_RETENTION) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.raw_retention = raw_retention
+
+    # -- recording (inside the MULTI that ends a session) -------------------------------------------
+
+    async def utilization(self, session_id: str) -> dict[str, float]:
+        """The average utilization (percent) of each metric the idle checker measured over the session."""
+        sums = text_hash(await self.redis.hgetall(self.keys.usage_utilization(session_id)))
+        averages = {}
+        for metric, total in sums.items():
+            seconds = sums.get(f"{metric}:seconds")
+            if metric.endswith(":seconds") or not seconds or float(seconds) <= 0:
+                continue
+            averages[metric] = float(total) / float(seconds)
+        return averages
+
+    def write_ended(self, pipe: Redis, session: Session, used: Mapping[str, float]) -> None:
+        """Queue, in the caller's MULTI, the ended session's raw record, its rollup increments and its totals."""
+        pipe.delete(self.keys.usage_utilization(session.id))
+        self.write_record(pipe, record_of(session, now=session.created_at, used=used))
+
+    def write_record(self, pipe: Redis, record: UsageRecord) -> None:
+        """Queue one ended record: kept raw for the retention, added to each of its UTC days and to the totals."""
+        if not record.intervals:
+            return  # never ran: nothing held, nothing to keep
+        end = record.intervals[-1][1]
+        pipe.set(self.keys.usage_record(record.session_id), encode(record), ex=max(1, round(self.raw_retention)))
+        pipe.zadd(self.keys.usage_records, {record.session_id: end})
+        pipe.zremrangebyscore(self.keys.usage_records, "-inf", f"({end - self.raw_retention}")
+        for key, row in record_rollup(record).items():
+            day = self.keys.usage_day(key.day.isoformat())
+            for measure, amount in row.items():
+                if amount:
+                    pipe.hincrby(day, key.field(measure), amount)
+            pipe.hincrby(self.keys.usage_day_versions, key.day.isoformat(), 1)
+        for measure, amount in record.totals().items():
+            if amount and (measure.startswith(SLOT) or measure == SECONDS):
+                pipe.hincrby(self.keys.usage_totals, f"{record.project}{TOTAL_SEPARATOR}{measure}", amount)
+
+    # -- reads --------------------------------------------------------------------------------------
+
+    async def record(self, session_id: str) -> UsageRecord | None:
+        raw = await self.redis.get(self.keys.usage_record(session_id))
+        return decode(raw, UsageRecord) if raw is not None else None
+
+    async def stored_days(self, days: Sequence[date]) -> tuple[list[dict[str, str]], set[str]]:
+        """The stored daily rollup hashes of ``days`` (UTC) and, read in the same MULTI, the ids of live sessions."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for day in days:
+                pipe.hgetall(self.keys.usage_day(day.isoformat()))
+            pipe.smembers(self.keys.sessions_live)
+            replies = await pipe.execute()
+        return [text_hash(reply) for reply in replies[:-1]], text_set(replies[-1])
+
+    async def compact_days(self, days: Sequence[date]) -> tuple[list[CompactDay], set[str]]:
+        """``days``' rollups as compact documents (``Keys.usage_day_compact``), each as of the day's version read in
+        the same MULTI, and the ids of live sessions read there too. A document older than its day's version (or
+        missing) is built again from the day's hash, read with the version in one MULTI, and stored for the next."""
+        names = [day.isoformat() for day in days]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hmget(self.keys.usage_day_versions, names)
+            pipe.mget([self.keys.usage_day_compact(n) for n in names])
+            pipe.smembers(self.keys.sessions_live)
+            versions, documents, live = await pipe.execute()
+        compact = []
+        for name, version, document in zip(names, versions, documents, strict=True):
+            found = decode(document, CompactDay) if document is not None else None
+            if found is None or found.version != int(version or 0):
+                found = await self._compacted(name)
+            compact.append(found)
+        return compact, text_set(live)
+
+    async def _compacted(self, name: str) -> CompactDay:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hget(self.keys.usage_day_versions, name)
+            pipe.hgetall(self.keys.usage_day(name))
+            version, fields = await pipe.execute()
+        by_row: dict[str, dict[str, int]] = {}
+        for text, amount in text_hash(fields).items():
+            row, _, measure = text.rpartition(FIELD_SEPARATOR)
+            by_row.setdefault(row, {})[measure] = int(amount)
+        day = CompactDay(name, int(version or 0), [(row, measures) for row, measures in by_row.items()])
+        # a cache: a reader that stored an older one meanwhile only makes the next reader build it again
+        await self.redis.set(self.keys.usage_day_compact(name), encode(day), ex=COMPACT_TTL)
+        return day
+
+    async def stored_rollup(self, days: Sequence[date]) -> tuple[Rollup, set[str]]:
+        """The stored daily rollups of ``days`` (UTC) as rows, and the ids of live sessions."""
+        hashes, live = await self.stored_days(days)
+        rows: Rollup = {}
+        for day, fields in zip(days, hashes, strict=True):
+            for text, amount in fields.items():
+                row, _, measure = text.rpartition(FIELD_SEPARATOR)
+                key = row_key(day, row)
+                if key is not None:
+                    rows.setdefault(key, {})[measure] = int(amount)
+        return rows, live
+
+    async def live_records(self, session_ids: Iterable[str], *, now: datetime) -> list[UsageRecord]:
+        """Sessions that were live when the rollups were read, counted up to ``now`` (one that ended since counts to
+        its end: it was in no rollup read)."""
+        ids = sorted(session_ids)
+        records = []
+        for start in range(0, len(ids), READ_CHUNK):
+            keys = [self.keys.session(i) for i in ids[start : start + READ_CHUNK]]
+            for raw in optional_texts(await self.redis.mget(keys)):
+                if raw is not None:
+                    records.append(record_of(decode(raw, Session), now=now))
+        return [r for r in records if r.intervals]
+
+    async def raw_records(self, start: int, end: int) -> list[UsageRecord]:
+        """Kept raw records of sessions that ended at or after ``start`` and held something before ``end``."""
+        ordered = ranked(await self.redis.zrangebyscore(self.keys.usage_records, start, "+inf"))
+        records = []
+        for first in range(0, len(ordered), READ_CHUNK):
+            keys = [self.keys.usage_record(i) for i in ordered[first : first + READ_CHUNK]]
+            for raw in optional_texts(await self.redis.mget(keys)):
+                if raw is not None:
+                    record = decode(raw, UsageRecord)
+                    if record.intervals and record.intervals[0][0] < end:
+                        records.append(record)
+        return records
+
+    async def grouped(self, period: Period, grouping: Grouping, *, now: datetime) -> Grouping:
+        """Every day of ``period`` in its zone summed into ``grouping``: the stored UTC rollups plus live sessions;
+        another zone from the raw records (kept ``raw_retention``), since a UTC day's total cannot be split at another
+        zone's midnight."""
+        if period.is_utc:
+            compact, live = await self.compact_days(days_of(period.first, period.last))
+            for day in compact:
+                grouping.add_compact(date.fromisoformat(day.day), day.rows)
+            return grouping.add_rows(rollup(await self.live_records(live, now=now)), period.first, period.last)
+        start, end = utc_span(period.first, period.last, period.zone)
+        horizon = now.timestamp() - self.raw_retention
+        if start < horizon:
+            kept = round(self.raw_retention / 86400)
+            raise InvalidInput(
+                f"raw usage records are kept {kept} days: a report in a time zone other than UTC reaches back only "
+                "that far (daily UTC rollups are kept forever)",
+                field="from",
+            )
+        live = text_set(await self.redis.smembers(self.keys.sessions_live))
+        records = await self.raw_records(start, end)
+        seen = {r.session_id for r in records}
+        records += [r for r in await self.live_records(live, now=now) if r.session_id not in seen]
+        return grouping.add_rows(rollup(records, period.zone), period.first, period.last)
+
+    async def totals(self) -> dict[tuple[str, str], int]:
+        """(project, measure) -> amount of every ended session ever."""
+        totals = {}
+        for text, amount in text_hash(await self.redis.hgetall(self.keys.usage_totals)).items():
+            project, _, measure = text.partition(TOTAL_SEPARATOR)
+            totals[(project, measure)] = int(amount)
+        return totals
+
+
+async def report_for(
+    store: UsageStore, viewer: User, period: Period, group_by: Sequence[str], *, now: datetime
+) -> list[ReportRow]:
+    """``viewer``'s report (``domain.access``: their own usage; an ADMIN's projects'; a SUPERADMIN's everything)."""
+    grouping = Grouping(group_by, listing_scope(viewer))
+    return (await store.grouped(period, grouping, now=now)).rows()
+
+
+def add_utilization(pipe: Redis, keys: Keys, session_id: str, averages: Mapping[str, float], seconds: float) -> None:
+    """Queue, in the idle checker's sweep transaction, one sweep's measured utilization (percent) of a session as
+    ``seconds`` of it (the sweep's interval)."""
+    key = keys.usage_utilization(session_id)
+    for metric, percent in averages.items():
+        pipe.hincrbyfloat(key, metric, percent * seconds)
+        pipe.hincrbyfloat(key, f"{metric}:seconds", seconds)
+    if averages:
+        pipe.expire(key, UTILIZATION_TTL)
