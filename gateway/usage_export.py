@@ -16,8 +16,8 @@ from starlette.routing import Route
 from core.clock import utcnow
 from core.errors import CaravanError, InvalidInput, Unauthenticated
 from domain.usage import GroupBy, check_period, parse_group_by, report_table
+from gateway.auth import authenticate, header_token
 from gateway.files import error_response
-from gateway.graphql.protection import bearer
 from stores.usage import report_for
 
 PATH = "/usage.csv"
@@ -50,8 +50,7 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 async def usage_csv(state: dict[str, Any], request: Request) -> Response:
-    token = bearer(request.headers.get("authorization", ""))
-    found = await state["users"].authenticate(token) if token else None
+    found = await authenticate(state["users"], header_token(request.headers))
     if found is None:
         raise Unauthenticated("send a valid API token as 'Authorization: Bearer <token>'")
     period = check_period(day_of(request, "from"), day_of(request, "to"), request.query_params.get("timeZone"))
