@@ -45,8 +45,9 @@ class RoundRobinChooser:
     none_means_full = True
 
     def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
+        occupancy = self.occupancy
         picked, self.next_index = roundrobin.select(
-            len(self.occupancy), self.next_index, lambda ordinal: self.occupancy.fits(ordinal, demand)
+            len(occupancy), self.next_index, occupancy.fitter(demand), occupancy.members(positions_of(demand))
         )
         return picked
 

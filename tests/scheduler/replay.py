@@ -22,9 +22,9 @@ import random
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from functools import cache
 from datetime import timedelta
 from decimal import Decimal
+from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -83,7 +83,9 @@ def cases() -> Iterator[Case]:
         for strategy in STRATEGIES:
             for selector in SELECTORS:
                 for hol in HOL:
-                    yield Case(f"small-s{seed}-{strategy}-{selector}-{hol}", 300, 30, seed, strategy, selector, hol, True)
+                    yield Case(
+                        f"small-s{seed}-{strategy}-{selector}-{hol}", 300, 30, seed, strategy, selector, hol, True
+                    )
     # the bench's own workload, plain, medium size
     for strategy in STRATEGIES:
         for selector in SELECTORS:
@@ -132,7 +134,9 @@ def _extras(snapshot: Snapshot, rng: random.Random) -> Snapshot:
                 for k in fields.get("kernels", session.kernels)
             )
         pending.append(replace(session, **fields))
-    running = tuple(replace(r, resource_group=rng.choice(groups), project=rng.choice([None, "p1"])) for r in snapshot.running)
+    running = tuple(
+        replace(r, resource_group=rng.choice(groups), project=rng.choice([None, "p1"])) for r in snapshot.running
+    )
     users = sorted({session.user for session in pending})
     user_policies = {
         user: UserPolicy(
@@ -142,12 +146,8 @@ def _extras(snapshot: Snapshot, rng: random.Random) -> Snapshot:
         for user in rng.sample(users, len(users) // 3)
     }
     project_policies = {"p1": ProjectPolicy({"cpu": Decimal(400)}), "p2": ProjectPolicy(None)}
-    dependency_states = {
-        dep: rng.choice(list(DependencyState)) for session in pending for dep in session.dependencies
-    }
-    return Snapshot(
-        agents, tuple(pending), running, dependency_states, user_policies, project_policies, {"default": 7}
-    )
+    dependency_states = {dep: rng.choice(list(DependencyState)) for session in pending for dep in session.dependencies}
+    return Snapshot(agents, tuple(pending), running, dependency_states, user_policies, project_policies, {"default": 7})
 
 
 def workload(case: Case) -> tuple[Snapshot, SchedulerConfig]:
@@ -186,8 +186,12 @@ def _apply(snapshot: Snapshot, result: PassResult) -> Snapshot:
         session = pending.pop(session_id)
         for kernel in kernels:
             amount = session.kernels[kernel.kernel_index].requested
-            agents[kernel.agent_id] = replace(agents[kernel.agent_id], occupied=agents[kernel.agent_id].occupied + amount)
-        running.append(RunningSession(session.id, session.user, session.resource_group, session.requested, session.project))
+            agents[kernel.agent_id] = replace(
+                agents[kernel.agent_id], occupied=agents[kernel.agent_id].occupied + amount
+            )
+        running.append(
+            RunningSession(session.id, session.user, session.resource_group, session.requested, session.project)
+        )
     for session_id in result.cancellations:
         pending.pop(session_id)
     for session_id, added in result.retry_increments.items():
@@ -205,10 +209,19 @@ def canonical(result: PassResult) -> dict[str, Any]:
     """Everything a pass decides, JSON-ready; placements keep their order (the order the pass placed them)."""
 
     def wait(w: Any) -> list[Any]:
-        return [w.kind.value, w.message, [list(c) for c in w.failed_checks], str(w.shortfall), w.best_agent, w.blocked_by]
+        return [
+            w.kind.value,
+            w.message,
+            [list(c) for c in w.failed_checks],
+            str(w.shortfall),
+            w.best_agent,
+            w.blocked_by,
+        ]
 
     return {
-        "placements": [[sid, [[k.kernel_index, k.role, k.agent_id] for k in ks]] for sid, ks in result.placements.items()],
+        "placements": [
+            [sid, [[k.kernel_index, k.role, k.agent_id] for k in ks]] for sid, ks in result.placements.items()
+        ],
         "waiting": {sid: wait(w) for sid, w in sorted(result.waiting.items())},
         "retries": dict(sorted(result.retry_increments.items())),
         "reservations": [[r.session_id, r.agent_id, str(r.held)] for r in result.reservations],
