@@ -25,6 +25,7 @@ from itertools import chain
 
 from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
+from domain.slots import ResourceSlots
 from scheduler.agents import resolve_selector
 from scheduler.agents.base import SelectorConfig
 from scheduler.agents.explain import explain_never_fits, explain_no_fit
@@ -145,7 +146,8 @@ def _entry(session: PendingSession, codec: SlotCodec, config: GroupConfig) -> Qu
     if session.cluster_mode is ClusterMode.MULTI_NODE:
         demands = tuple(codec.demand(kernel.requested) for kernel in session.kernels)
     else:
-        demands = (codec.demand(session.requested),)
+        only = session.kernels[0].requested if len(session.kernels) == 1 else session.requested
+        demands = (codec.demand(only),)
     return QueueEntry(session, session.created_at.timestamp(), demands, is_pushed_back(session, config))
 
 
@@ -162,9 +164,13 @@ def _total(demands: Sequence[Demand]) -> Demand:
 def _shares(occupancy: GroupOccupancy, running: Sequence[RunningSession]) -> DominantShares:
     capacity = [sum(column) for column in zip(*occupancy.capacity, strict=True)] or [0] * len(occupancy.codec)
     by_user: dict[str, list[int]] = {}
+    dense: dict[ResourceSlots, list[int]] = {}  # running sessions mostly hold a few presets
     for session in running:
         held = by_user.setdefault(session.user, [0] * len(occupancy.codec))
-        for position, amount in enumerate(occupancy.codec.dense(session.occupied, round_up=True)):
+        vector = dense.get(session.occupied)
+        if vector is None:
+            vector = dense[session.occupied] = occupancy.codec.dense(session.occupied, round_up=True)
+        for position, amount in enumerate(vector):
             held[position] += amount
     return DominantShares(capacity, by_user)
 
@@ -227,6 +233,7 @@ class _GroupWalk:
         self.group, self.occupancy, self.chooser, self.shares = group, occupancy, chooser, shares
         self.context, self.outcomes, self.holders = context, outcomes, holders
         self.blocker: str | None = None
+        self.blocked: WaitExplanation | None = None
         self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
         self.still_waiting: list[str] = []
 
@@ -261,8 +268,10 @@ class _GroupWalk:
             message = "; ".join(failure.message for failure in failures)
             return WaitExplanation(WaitKind.CHECKS_FAILED, message, failed_checks=checks)
         if self.blocker is not None:
-            message = f"waiting behind {self.blocker}, which is first in line"
-            return WaitExplanation(WaitKind.BLOCKED, message, blocked_by=self.blocker)
+            if self.blocked is None or self.blocked.blocked_by != self.blocker:  # one (immutable) answer per blocker
+                message = f"waiting behind {self.blocker}, which is first in line"
+                self.blocked = WaitExplanation(WaitKind.BLOCKED, message, blocked_by=self.blocker)
+            return self.blocked
         hopeless = next((i for i, demand in enumerate(entry.demands) if self.occupancy.never_fits(demand)), None)
         if hopeless is not None:
             return explain_never_fits(self.occupancy, self.group, entry.demands[hopeless], _role(entry, hopeless))
