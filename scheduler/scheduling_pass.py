@@ -278,11 +278,15 @@ class _GroupWalk:
         return None
 
     def _placed(self, entry: QueueEntry, agents: tuple[int, ...]) -> None:
-        session = entry.session
-        self.outcomes.placements[session.id] = tuple(
-            KernelPlacement(index, kernel.role, self.occupancy.ids[ordinal])
-            for index, (kernel, ordinal) in enumerate(zip(session.kernels, agents, strict=True))
-        )
+        session, ids = entry.session, self.occupancy.ids
+        if len(agents) == 1:  # the common case, without the generator
+            placed: tuple[KernelPlacement, ...] = (KernelPlacement(0, session.kernels[0].role, ids[agents[0]]),)
+        else:
+            placed = tuple(
+                KernelPlacement(index, kernel.role, ids[ordinal])
+                for index, (kernel, ordinal) in enumerate(zip(session.kernels, agents, strict=True))
+            )
+        self.outcomes.placements[session.id] = placed
         self.context.usage.add_placed(session)
         self.shares.add(session.user, _total(entry.demands))
 
