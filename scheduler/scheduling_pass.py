@@ -16,13 +16,16 @@ costs only its checks; a request at least as big as one that already failed is s
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from itertools import chain
 
 from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
+from domain.slots import ResourceSlots
 from scheduler.agents import resolve_selector
 from scheduler.agents.base import SelectorConfig
 from scheduler.agents.explain import explain_never_fits, explain_no_fit
@@ -83,6 +86,24 @@ def validate_config(config: SchedulerConfig) -> None:
 
 
 def run_pass(snapshot: Snapshot, config: SchedulerConfig, now: datetime) -> PassResult:
+    with _collector_paused():
+        return _run_pass(snapshot, config, now)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """A pass allocates many small objects and frees them by reference counting; the cyclic collector would only
+    walk the whole snapshot again and again (a third of a 100k-session pass). It resumes as soon as the pass ends."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _run_pass(snapshot: Snapshot, config: SchedulerConfig, now: datetime) -> PassResult:
     outcomes = _Outcomes(dict(snapshot.roundrobin_state))
     context = CheckContext(
         now,
@@ -125,11 +146,14 @@ def _entry(session: PendingSession, codec: SlotCodec, config: GroupConfig) -> Qu
     if session.cluster_mode is ClusterMode.MULTI_NODE:
         demands = tuple(codec.demand(kernel.requested) for kernel in session.kernels)
     else:
-        demands = (codec.demand(session.requested),)
+        only = session.kernels[0].requested if len(session.kernels) == 1 else session.requested
+        demands = (codec.demand(only),)
     return QueueEntry(session, session.created_at.timestamp(), demands, is_pushed_back(session, config))
 
 
-def _total(demands: Iterable[Demand]) -> Demand:
+def _total(demands: Sequence[Demand]) -> Demand:
+    if len(demands) == 1:
+        return demands[0]  # already summed and sorted
     summed: dict[int, int] = defaultdict(int)
     for demand in demands:
         for position, amount in demand:
@@ -140,9 +164,13 @@ def _total(demands: Iterable[Demand]) -> Demand:
 def _shares(occupancy: GroupOccupancy, running: Sequence[RunningSession]) -> DominantShares:
     capacity = [sum(column) for column in zip(*occupancy.capacity, strict=True)] or [0] * len(occupancy.codec)
     by_user: dict[str, list[int]] = {}
+    dense: dict[ResourceSlots, list[int]] = {}  # running sessions mostly hold a few presets
     for session in running:
         held = by_user.setdefault(session.user, [0] * len(occupancy.codec))
-        for position, amount in enumerate(occupancy.codec.dense(session.occupied, round_up=True)):
+        vector = dense.get(session.occupied)
+        if vector is None:
+            vector = dense[session.occupied] = occupancy.codec.dense(session.occupied, round_up=True)
+        for position, amount in enumerate(vector):
             held[position] += amount
     return DominantShares(capacity, by_user)
 
@@ -205,6 +233,7 @@ class _GroupWalk:
         self.group, self.occupancy, self.chooser, self.shares = group, occupancy, chooser, shares
         self.context, self.outcomes, self.holders = context, outcomes, holders
         self.blocker: str | None = None
+        self.blocked: WaitExplanation | None = None
         self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
         self.still_waiting: list[str] = []
 
@@ -239,19 +268,25 @@ class _GroupWalk:
             message = "; ".join(failure.message for failure in failures)
             return WaitExplanation(WaitKind.CHECKS_FAILED, message, failed_checks=checks)
         if self.blocker is not None:
-            message = f"waiting behind {self.blocker}, which is first in line"
-            return WaitExplanation(WaitKind.BLOCKED, message, blocked_by=self.blocker)
+            if self.blocked is None or self.blocked.blocked_by != self.blocker:  # one (immutable) answer per blocker
+                message = f"waiting behind {self.blocker}, which is first in line"
+                self.blocked = WaitExplanation(WaitKind.BLOCKED, message, blocked_by=self.blocker)
+            return self.blocked
         hopeless = next((i for i, demand in enumerate(entry.demands) if self.occupancy.never_fits(demand)), None)
         if hopeless is not None:
             return explain_never_fits(self.occupancy, self.group, entry.demands[hopeless], _role(entry, hopeless))
         return None
 
     def _placed(self, entry: QueueEntry, agents: tuple[int, ...]) -> None:
-        session = entry.session
-        self.outcomes.placements[session.id] = tuple(
-            KernelPlacement(index, kernel.role, self.occupancy.ids[ordinal])
-            for index, (kernel, ordinal) in enumerate(zip(session.kernels, agents, strict=True))
-        )
+        session, ids = entry.session, self.occupancy.ids
+        if len(agents) == 1:  # the common case, without the generator
+            placed: tuple[KernelPlacement, ...] = (KernelPlacement(0, session.kernels[0].role, ids[agents[0]]),)
+        else:
+            placed = tuple(
+                KernelPlacement(index, kernel.role, ids[ordinal])
+                for index, (kernel, ordinal) in enumerate(zip(session.kernels, agents, strict=True))
+            )
+        self.outcomes.placements[session.id] = placed
         self.context.usage.add_placed(session)
         self.shares.add(session.user, _total(entry.demands))
 
@@ -259,10 +294,12 @@ class _GroupWalk:
         """Explain the sessions short of resources (against the final state), list reservations, number the queue."""
         occupancy, outcomes = self.occupancy, self.outcomes
         reserved_agent = {holder: occupancy.ids[ordinal] for ordinal, (holder, _) in occupancy.holds.items()}
+        explained: dict[tuple[Demand, str | None, str | None], WaitExplanation] = {}  # the state is final now
         for entry, kernel in self.short:
-            outcomes.waiting[entry.session.id] = explain_no_fit(
-                occupancy, entry.demands[kernel], _role(entry, kernel), reserved_agent.get(entry.session.id)
-            )
+            key = (entry.demands[kernel], _role(entry, kernel), reserved_agent.get(entry.session.id))
+            if key not in explained:
+                explained[key] = explain_no_fit(occupancy, *key)
+            outcomes.waiting[entry.session.id] = explained[key]
         for ordinal, (holder, demand) in sorted(occupancy.holds.items()):
             outcomes.reservations.append(Reservation(holder, occupancy.ids[ordinal], occupancy.codec.to_slots(demand)))
         outcomes.positions.update((session_id, n) for n, session_id in enumerate(self.still_waiting, 1))

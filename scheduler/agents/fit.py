@@ -45,8 +45,9 @@ class RoundRobinChooser:
     none_means_full = True
 
     def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
+        occupancy = self.occupancy
         picked, self.next_index = roundrobin.select(
-            len(self.occupancy), self.next_index, lambda ordinal: self.occupancy.fits(ordinal, demand)
+            len(occupancy), self.next_index, occupancy.fitter(demand), occupancy.members(positions_of(demand))
         )
         return picked
 
@@ -119,6 +120,8 @@ def place(
     ``demands`` holds one summed demand for a single-node session, one per kernel for a multi-node one. Only a failure
     of the first demand (nothing tentative consumed) feeds the "smallest failed request" cache.
     """
+    if len(demands) == 1:
+        return _place_one(occupancy, chooser, session, demands[0], use_cache=use_cache)
     consumed: list[tuple[int, Demand]] = []
     for kernel, demand in enumerate(demands):
         first = not consumed
@@ -136,6 +139,24 @@ def place(
         consumed.append((picked, demand))
     agents = tuple(ordinal for ordinal, _ in consumed)
     return Attempt(agents * len(session.kernels) if len(demands) == 1 else agents)
+
+
+def _place_one(
+    occupancy: GroupOccupancy, chooser: Chooser, session: PendingSession, demand: Demand, *, use_cache: bool
+) -> Attempt:
+    """``place`` for a single demand (a single-node session): nothing tentative to roll back."""
+    if use_cache and occupancy.known_to_fail(demand):
+        return _NOT_PLACED
+    picked = chooser.choose(session, 0, demand)
+    if picked is None:
+        if use_cache and chooser.none_means_full:
+            occupancy.remember_failure(demand)
+        return _NOT_PLACED
+    occupancy.consume(picked, demand)
+    return Attempt((picked,) * len(session.kernels))
+
+
+_NOT_PLACED = Attempt(None, 0)
 
 
 def reserve(occupancy: GroupOccupancy, session_id: str, demands: Sequence[Demand]) -> list[tuple[int, Demand]]:

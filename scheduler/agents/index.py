@@ -10,6 +10,11 @@ and each tier is a list of keys sorted ascending:
   most remaining; the scan stops where ``avail[k1] < need[k1]``.
 
 Agent ordinals follow agent ids, so equal amounts break ties by id exactly as the reference selectors do.
+
+Inside a tier the keys are bucketed by their first amount (a few hundred distinct values at most: amounts are
+multiples of a preset's size), each bucket a sorted list: a search walks the buckets from the first that could fit
+and skips a bucket on its one extreme second amount (its last key for concentrated, its first for dispersed) without
+a bisection, so a bucket short of the second slot costs one comparison.
 """
 
 from __future__ import annotations
@@ -25,6 +30,73 @@ CONCENTRATED = 1
 DISPERSED = -1
 
 
+class _Tier:
+    """The keys of one tier, bucketed by their first component (sorted ``values``, one sorted list per value)."""
+
+    __slots__ = ("buckets", "values")
+
+    def __init__(self, keys: list[tuple[int, ...]]) -> None:
+        self.buckets: dict[int, list[tuple[int, ...]]] = {}
+        for key in sorted(keys):
+            self.buckets.setdefault(key[0], []).append(key)
+        self.values = sorted(self.buckets)
+
+    def remove(self, key: tuple[int, ...]) -> None:
+        bucket = self.buckets[key[0]]
+        del bucket[bisect_left(bucket, key)]
+        if not bucket:
+            del self.buckets[key[0]]
+            del self.values[bisect_left(self.values, key[0])]
+
+    def add(self, key: tuple[int, ...]) -> None:
+        bucket = self.buckets.get(key[0])
+        if bucket is None:
+            self.buckets[key[0]] = [key]
+            insort(self.values, key[0])
+        else:
+            insort(bucket, key)
+
+    def first(self) -> int | None:
+        return self.buckets[self.values[0]][0][-1] if self.values else None
+
+    def scan_up(self, need: tuple[int, ...]) -> int | None:
+        """Concentrated: the smallest key with every amount >= need."""
+        values, buckets = self.values, self.buckets
+        start = bisect_left(values, need[0])
+        if len(need) == 1:
+            return buckets[values[start]][0][-1] if start < len(values) else None
+        second, rest = need[1], need[2:]
+        for position in range(start, len(values)):
+            bucket = buckets[values[position]]
+            if bucket[-1][1] < second:  # even its most of the second slot is short
+                continue
+            for index in range(bisect_left(bucket, (bucket[0][0], second)), len(bucket)):
+                key = bucket[index]
+                if all(have >= want for have, want in zip(key[2:-1], rest, strict=True)):
+                    return key[-1]
+        return None
+
+    def scan_down(self, need: tuple[int, ...]) -> int | None:
+        """Dispersed (keys negated): the smallest key with every negated amount <= -need."""
+        values, buckets = self.values, self.buckets
+        negated = tuple(-want for want in need)
+        if len(need) == 1:
+            return buckets[values[0]][0][-1] if values and values[0] <= negated[0] else None
+        second, rest = negated[1], negated[2:]
+        for value in values:
+            if value > negated[0]:  # from here on avail[k1] < need[k1]: nothing later fits
+                return None
+            bucket = buckets[value]
+            if bucket[0][1] > second:  # even its most of the second slot is short
+                continue
+            for key in bucket:  # a bucket starts with its most of the second slot: once short, the rest is
+                if key[1] > second:
+                    break
+                if all(have <= want for have, want in zip(key[2:-1], rest, strict=True)):
+                    return key[-1]
+        return None
+
+
 class PackingIndex:
     def __init__(
         self,
@@ -38,15 +110,14 @@ class PackingIndex:
         self.direction = direction
         self._tier_of: dict[int, int] = {}
         self._key_of: dict[int, tuple[int, ...]] = {}
-        self._tiers: dict[int, list[tuple[int, ...]]] = {}
+        keys_by_tier: dict[int, list[tuple[int, ...]]] = {}
         for ordinal, tier in members:
             key = self._key(ordinal, avail[ordinal])
             self._tier_of[ordinal] = tier
             self._key_of[ordinal] = key
-            self._tiers.setdefault(tier, []).append(key)
-        for keys in self._tiers.values():
-            keys.sort()
-        self._tier_order = sorted(self._tiers)
+            keys_by_tier.setdefault(tier, []).append(key)
+        self._tiers = {tier: _Tier(keys) for tier, keys in keys_by_tier.items()}
+        self._tier_order = [self._tiers[tier] for tier in sorted(self._tiers)]
 
     def __contains__(self, ordinal: int) -> bool:
         return ordinal in self._key_of
@@ -57,63 +128,21 @@ class PackingIndex:
 
     def update(self, ordinal: int, vector: Sequence[int]) -> None:
         """Re-sort one member after its available amounts changed."""
-        old = self._key_of[ordinal]
-        keys = self._tiers[self._tier_of[ordinal]]
-        del keys[bisect_left(keys, old)]
-        new = self._key(ordinal, vector)
-        self._key_of[ordinal] = new
-        insort(keys, new)
+        tier = self._tiers[self._tier_of[ordinal]]
+        tier.remove(self._key_of[ordinal])
+        new = self._key_of[ordinal] = self._key(ordinal, vector)
+        tier.add(new)
 
     def find(self, demand: Demand) -> int | None:
         """The best member that fits ``demand`` (whose positions are exactly this index's), or None."""
         need = amounts_of(demand)
         for tier in self._tier_order:
-            keys = self._tiers[tier]
             if not need:
-                if keys:
-                    return keys[0][-1]
-                continue
-            found = self._scan_up(keys, need) if self.direction == CONCENTRATED else self._scan_down(keys, need)
+                found = tier.first()
+            elif self.direction == CONCENTRATED:
+                found = tier.scan_up(need)
+            else:
+                found = tier.scan_down(need)
             if found is not None:
                 return found
-        return None
-
-    # Both scans walk the keys in runs of equal first amount ("groups"), jumping with bisect: inside a group the keys
-    # are sorted by the second slot, so the agents short of it are skipped without being looked at. Amounts are
-    # integers, hence the next group starts at ``(first + 1,)``.
-
-    @staticmethod
-    def _scan_up(keys: list[tuple[int, ...]], need: tuple[int, ...]) -> int | None:
-        start, end = bisect_left(keys, (need[0],)), len(keys)
-        if len(need) == 1:
-            return keys[start][-1] if start < end else None
-        rest = need[2:]
-        while start < end:
-            first = keys[start][0]
-            index = bisect_left(keys, (first, need[1]), start)  # lands in the next group when this one is short
-            while index < end and keys[index][0] == first:
-                key = keys[index]
-                if all(have >= want for have, want in zip(key[2:-1], rest, strict=True)):
-                    return key[-1]
-                index += 1
-            start = index
-        return None
-
-    @staticmethod
-    def _scan_down(keys: list[tuple[int, ...]], need: tuple[int, ...]) -> int | None:
-        start, end = 0, len(keys)
-        negated = tuple(-want for want in need)
-        if len(need) == 1:
-            return keys[0][-1] if keys and keys[0][0] <= negated[0] else None
-        rest = negated[2:]
-        while start < end:
-            first = keys[start][0]
-            if first > negated[0]:  # from here on avail[k1] < need[k1]: nothing later fits
-                return None
-            index = start  # a group starts with its most of the second slot: once short, the whole rest is
-            while index < end and keys[index][0] == first and keys[index][1] <= negated[1]:
-                if all(have <= want for have, want in zip(keys[index][2:-1], rest, strict=True)):
-                    return keys[index][-1]
-                index += 1
-            start = bisect_left(keys, (first + 1,), index)
         return None

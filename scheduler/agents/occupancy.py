@@ -8,7 +8,7 @@ a tentative multi-node placement is rolled back or a reservation is released, wh
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from devices.catalog import device_prefix
 from domain.agents import Agent
@@ -84,6 +84,17 @@ class GroupOccupancy:
     def fits(self, ordinal: int, demand: Demand) -> bool:
         avail = self.avail[ordinal]
         return all(avail[position] >= amount for position, amount in demand)
+
+    def fitter(self, demand: Demand) -> Callable[[int], bool]:
+        """``fits(ordinal, demand)`` as a function of the ordinal, unrolled for the common short demands."""
+        avail = self.avail
+        if len(demand) == 2:
+            (p0, n0), (p1, n1) = demand
+            return lambda ordinal: avail[ordinal][p0] >= n0 and avail[ordinal][p1] >= n1
+        if len(demand) == 3:
+            (p0, n0), (p1, n1), (p2, n2) = demand
+            return lambda ordinal: (a := avail[ordinal])[p0] >= n0 and a[p1] >= n1 and a[p2] >= n2
+        return lambda ordinal: self.fits(ordinal, demand)
 
     def fitting(self, demand: Demand) -> Iterator[int]:
         positions = positions_of(demand)

@@ -6,21 +6,30 @@ so a restart or a second scheduler replica continues the rotation. Sizes are ign
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from itertools import chain
 
 __all__ = ["select"]
 
 
-def select(agent_count: int, next_index: int, fits: Callable[[int], bool]) -> tuple[int | None, int]:
+def select(
+    agent_count: int, next_index: int, fits: Callable[[int], bool], candidates: Sequence[int] | None = None
+) -> tuple[int | None, int]:
     """Scan agents ``next_index, next_index + 1, ...`` cyclically for the first that ``fits``.
 
-    Returns (picked agent index or None, new next index). When nothing fits the rotation does not move.
+    ``candidates``: the sorted agent indexes that could fit at all (the others are skipped without a look; the
+    result is the same as scanning every agent). Returns (picked agent index or None, new next index). When nothing
+    fits the rotation does not move.
     """
     if agent_count == 0:
         return None, next_index
     start = next_index % agent_count
-    for step in range(agent_count):
-        index = (start + step) % agent_count
+    if candidates is None:
+        candidates = range(agent_count)
+    split = bisect_left(candidates, start)
+    for position in chain(range(split, len(candidates)), range(split)):
+        index = candidates[position]
         if fits(index):
             return index, (index + 1) % agent_count
     return None, start

@@ -29,13 +29,18 @@ class DominantShares:
         return max((used / cap for used, cap in zip(occupied, self._capacity, strict=True) if cap > 0), default=0.0)
 
     def share(self, user: str) -> float:
-        return self._shares.get(user, 0.0)
+        share = self._shares.get(user)
+        if share is None:  # never held anything, or changed since last asked
+            occupied = self._occupied.get(user)
+            share = self._shares[user] = 0.0 if occupied is None else self._compute(occupied)
+        return share
 
     def add(self, user: str, demand: Demand) -> None:
+        """Count a placement; the share is recomputed when next asked (only DRF asks)."""
         occupied = self._occupied.setdefault(user, [0] * len(self._capacity))
         for position, amount in demand:
             occupied[position] += amount
-        self._shares[user] = self._compute(occupied)
+        self._shares.pop(user, None)
 
 
 def order(entries: Sequence[QueueEntry], shares: ShareView) -> Iterator[QueueEntry]:

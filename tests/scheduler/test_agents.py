@@ -12,7 +12,7 @@ import pytest
 import scheduler.agents
 from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
-from scheduler.agents import UnknownSelectorError, load_plugin_selectors
+from scheduler.agents import UnknownSelectorError, load_plugin_selectors, roundrobin
 from scheduler.agents.base import AgentView, SelectionRequest, SelectorConfig
 from scheduler.agents.ranking import order_slots
 from scheduler.pass_model import ClusterMode, SchedulerConfig, WaitKind
@@ -315,3 +315,12 @@ def test_plugins_load_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None
     assert load_plugin_selectors(["dispersed", "last"]) == {"last": pick_last}
     with pytest.raises(UnknownSelectorError, match="missing"):
         load_plugin_selectors(["missing"])
+
+
+@pytest.mark.parametrize("start", range(7))
+def test_roundrobin_over_candidates_picks_what_a_scan_of_every_agent_picks(start: int) -> None:
+    fitting = {1, 4, 5}  # the candidates are the agents that could fit at all; only some fit now
+    candidates = [1, 2, 4, 5]
+    everything = roundrobin.select(6, start, fitting.__contains__)
+    assert roundrobin.select(6, start, fitting.__contains__, candidates) == everything
+    assert roundrobin.select(6, start, set().__contains__, candidates) == (None, start % 6)

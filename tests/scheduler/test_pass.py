@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from domain.scheduling_config import GroupConfig
@@ -133,3 +135,16 @@ def test_fractional_and_byte_amounts_are_exact() -> None:
         session("y", {"cpu": "0.2", "mem": 2 * 1024**3 + 1}, at=1),
     ]
     assert set(run(agents, pending).placements) == {"x", "y"}
+
+
+def test_the_garbage_collector_is_left_as_the_pass_found_it() -> None:
+    pending = [session("s1", {"cpu": 1})]
+    assert gc.isenabled()
+    run([agent("a", {"cpu": 4})], pending)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        run([agent("a", {"cpu": 4})], pending)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
