@@ -290,7 +290,7 @@ class FolderFiles:
             raise InvalidInput(f"folder {folder.name} is {folder.status.value}, not READY", field="folder")
         if not mode.allows(need):
             raise Forbidden(f"folder {folder.name} is shared with you read-only", field="folder")
-        return folder, Path(folder.host_path).resolve()
+        return folder, await asyncio.to_thread(Path(folder.host_path).resolve)  # resolving reads the disk
 
 
 async def _receive(request: Request, fd: int, upload: Upload) -> int:

@@ -5,8 +5,8 @@ every write it makes carries the lease's fencing token. While leading it sweeps 
 of the policy in force:
 
 1. reload the policy file if it changed (:mod:`idle.reload`; SIGHUP asks for this at once);
-2. judge every RUNNING session (:mod:`idle.sweep`): lifetime from RUNNING, network idleness from the
-   activity the gateway records, utilization from Nomad's allocation stats;
+2. judge every RUNNING session (:class:`idle.sweeper.Sweeper`, which keeps the sweep's state): lifetime from
+   RUNNING, network idleness from the activity the gateway records, utilization from Nomad's allocation stats;
 3. store each verdict as the session's idle report (GraphQL ``idleChecks``), and every
    ``window_persist_interval`` the utilization windows, for the next leader;
 4. reclaim the sessions found idle through the one termination path (``domain.termination``, written by
@@ -32,7 +32,6 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -42,15 +41,11 @@ from core.keys import Keys
 from core.lease import Fence, Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
-from domain.idle.arbiter import Arbiter, Batch, evaluate
-from domain.idle.columns import WindowColumns
 from domain.idle.facts import SessionView
 from domain.idle.verdict import Verdict
-from domain.model import SessionStatus
 from domain.scheduling_config import load_scheduler_config
 from idle.reload import PolicySource
-from idle.sweep import Derived, check_once
-from idle.views import ViewCache
+from idle.sweeper import Sweeper
 from nomad_jobs.client import NomadClient
 from stores.activity import forget_activity
 from stores.idle import IdleStore, report_ttl
@@ -67,15 +62,10 @@ class Term:
     """What one leadership term keeps between sweeps."""
 
     fence: Fence
-    windows: WindowColumns
-    """Every session's utilization window, recorded into by each sweep."""
+    sweeper: Sweeper
+    """The sweep and what it keeps between sweeps: the windows, the views, what was derived from them."""
     saved_at: float = field(default_factory=time.monotonic)
-    views: ViewCache = field(default_factory=ViewCache)
-    """The sessions read last sweep: only changed documents are decoded again."""
-    derived: Mapping[str, Derived] = field(default_factory=dict)
-    """What the last sweep derived from each session (``idle.sweep.judge``)."""
-    batch: Batch | None = None
-    """The sessions as the last sweep's verdicts took them (``idle.sweep.judge``)."""
+    """When the windows were last saved."""
     collected_at: float = field(default_factory=time.monotonic)
     """When :func:`settle` last collected in full."""
 
@@ -96,7 +86,6 @@ class IdleService:
         nomad: NomadClient,
         *,
         policy: PolicySource | None = None,
-        arbiter: Arbiter = evaluate,
     ) -> None:
         """Raises :class:`domain.idle.policy_file.PolicyFileError` when the policy file is broken at start, and
         :class:`domain.scheduling_config.SchedulerConfigError` when the scheduling configuration is (its device names
@@ -108,7 +97,6 @@ class IdleService:
         self.nomad = nomad
         self.devices = load_scheduler_config(settings.scheduler.config_path).devices  # the operator's device names
         self.policy = policy or PolicySource(settings.idle.policy_path, self.devices)
-        self.arbiter = arbiter
         self.lease = Lease(redis, self.keys.idle_lease, self.keys.idle_fence, ttl=settings.idle.lease_ttl)
         self._wake = asyncio.Event()
 
@@ -126,7 +114,12 @@ class IdleService:
                     await self.lease.release()
 
     async def lead(self, fence: Fence) -> None:
-        term = Term(fence=fence, windows=await self.idle_store.load_windows())
+        windows = await self.idle_store.load_windows()
+        sweeper = Sweeper(
+            self.store, self.nomad, windows=windows, concurrency=self.settings.idle.stats_concurrency,
+            devices=self.devices,
+        )  # fmt: skip
+        term = Term(fence=fence, sweeper=sweeper)
         # frozen, not collected: a full collection walks the whole heap with the event loop blocked, and the lease
         # (renewed on that loop) could lapse meanwhile; the first one comes FULL_COLLECTION_INTERVAL later
         settle(collect=False)
@@ -147,36 +140,22 @@ class IdleService:
 
     async def sweep(self, term: Term) -> None:
         now = utcnow()
-        live_ids = sorted(await self.store.live_ids())
-        # the view, not whole sessions: the sweep reads a dozen fields of each, and reads and decodes only the
-        # documents whose revision changed (the revisions first: a document read after is at least as new)
-        revisions = await self.store.revisions(live_ids)
-        stale = term.views.stale(live_ids, revisions)
-        read = dict(zip(stale, await self.store.documents(stale), strict=True))
-        views = term.views.views(live_ids, [read.get(i) for i in live_ids], revisions)
-        sessions = [s for s in views if s and s.status is SessionStatus.RUNNING]
         config = self.policy.config
-        result = await check_once(
-            now=now, sessions=sessions, config=config, windows=term.windows,
-            redis=self.store.redis, keys=self.keys, nomad=self.nomad,
-            concurrency=self.settings.idle.stats_concurrency, arbiter=self.arbiter, devices=self.devices,
-            derived=term.derived, batch=term.batch,
-        )  # fmt: skip
-        term.windows, term.derived, term.batch = result.windows, result.derived, result.batch
+        live_ids, sessions, verdicts = await term.sweeper.sweep(now, config)
         save_windows = time.monotonic() - term.saved_at >= self.settings.idle.window_persist_interval
         await self.idle_store.save_sweep(
             term.fence,
             checked_at=now,
-            verdicts=result.verdicts,
+            verdicts=verdicts,
             ttl=report_ttl(config.check_interval),
-            windows=term.windows if save_windows else None,
+            windows=term.sweeper.windows if save_windows else None,
             interval=config.check_interval,
         )
         if save_windows:
             term.saved_at = time.monotonic()
             await forget_activity(self.store.redis, self.keys, keep=set(live_ids), now=now)
         for session in sessions:
-            await self._reclaim_if_idle(term, session, result.verdicts[session.id])
+            await self._reclaim_if_idle(term, session, verdicts[session.id])
         collect = time.monotonic() - term.collected_at >= FULL_COLLECTION_INTERVAL
         settle(collect=collect)
         if collect:

@@ -193,7 +193,7 @@ class Agent:
 
 
 async def run(args: argparse.Namespace) -> None:
-    token = Path(args.token_file).read_text().strip()
+    token = (await asyncio.to_thread(Path(args.token_file).read_text)).strip()
     client = NomadClient(NomadSettings(addr=args.nomad_addr, token=token))
     agent = Agent(client, args.node_name, Membership(args.state_dir), ipaddress.IPv4Network(args.supernet))
     try:

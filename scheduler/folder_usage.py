@@ -50,7 +50,7 @@ class UsageRecounter:
         for folder_id in folders_to_recount(ready, self.last_counted, now=now, interval=self.settings.recount_interval):
             self.last_counted[folder_id] = now
             host_path = ready[folder_id].host_path
-            if host_path is None or not Path(host_path).is_dir():
+            if host_path is None or not await asyncio.to_thread(Path(host_path).is_dir):
                 if folder_id not in self.absent:
                     self.absent.add(folder_id)
                     log.warning(

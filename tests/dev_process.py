@@ -91,7 +91,7 @@ async def caravan_dev(settings: Settings, **env: str) -> AsyncIterator[DevProces
     port = free_port()
     log = settings.home / "caravan-dev.log"
     with log.open("ab") as out:
-        supervisor = subprocess.Popen(
+        supervisor = subprocess.Popen(  # noqa: ASYNC220 (starts it and returns; asyncio's would tie it to this loop)
             [sys.executable, "-m", "caravan.cli", "dev"],
             stdout=out,
             stderr=out,

@@ -49,7 +49,7 @@ class NoNomad:
 
             do_GET = do_POST = do_PUT = do_DELETE = _refuse
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+            def log_message(self, format: str, *args: object) -> None:  # the base class's parameter names
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)

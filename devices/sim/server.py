@@ -105,7 +105,9 @@ class BaseService:
     def __init__(self, plugin: Plugin) -> None:
         self.plugin = plugin
 
-    def PluginInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC's names)
+    # the methods bear gRPC's names (CamelCase), as the generated servicers call them
+
+    def PluginInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
         return base_pb2.PluginInfoResponse(
             type=base_pb2.DEVICE,
             plugin_api_versions=[PLUGIN_API_VERSION],
@@ -113,10 +115,10 @@ class BaseService:
             name=PLUGIN_NAME,
         )
 
-    def ConfigSchema(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def ConfigSchema(self, request: Any, context: grpc.ServicerContext) -> Any:
         return base_pb2.ConfigSchemaResponse(spec=config_spec())
 
-    def SetConfig(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def SetConfig(self, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             raw = msgpack.unpackb(request.msgpack_config, raw=False) if request.msgpack_config else {}
             config = parse_config(raw if isinstance(raw, dict) else {})
@@ -140,7 +142,7 @@ class DeviceService:
     def __init__(self, plugin: Plugin) -> None:
         self.plugin = plugin
 
-    def Fingerprint(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+    def Fingerprint(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         config, state = self.plugin.configured(context)
         last: tuple[inventory.Group, ...] | None = None
         while context.is_active() and not self.plugin.stopping.is_set():
@@ -154,7 +156,7 @@ class DeviceService:
                 yield device_pb2.FingerprintResponse(device_group=[_group(g) for g in found])
             self.plugin.stopping.wait(config.fingerprint_period)
 
-    def Reserve(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def Reserve(self, request: Any, context: grpc.ServicerContext) -> Any:
         config, state = self.plugin.configured(context)
         ids = list(request.device_ids)
         if not ids or (unknown := inventory.unknown_ids(config, ids)):
@@ -171,7 +173,7 @@ class DeviceService:
         # returned any, so a reservation's mounts would replace the task's volume mounts (its storage folders).
         return device_pb2.ReserveResponse(container_res=device_pb2.ContainerReservation(envs=env))
 
-    def Stats(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+    def Stats(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         config, state = self.plugin.configured(context)
         interval = request.collection_interval.ToTimedelta().total_seconds() or 1.0
         found = inventory.groups(config, {})

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -65,12 +65,6 @@ class SessionFacts:
         for moment in (self.started_at, self.last_activity):
             if moment is not None and moment.tzinfo is None:
                 raise ValueError("SessionFacts needs timezone-aware datetimes")
-
-
-class Arbiter(Protocol):
-    """What the idle service calls per session: :func:`evaluate`, or a replacement taking the same keywords."""
-
-    def __call__(self, *, now: datetime, session: SessionFacts, policy: EffectivePolicy) -> Verdict: ...
 
 
 def evaluate(*, now: datetime, session: SessionFacts, policy: EffectivePolicy) -> Verdict:

@@ -18,7 +18,7 @@ sample, as numpy arrays:
 A session's window moves to fresh rows when the policy changes its shape (as ``record_sample`` starts a fresh window),
 and its rows are freed when a sweep no longer records it (not RUNNING any more, or its utilization not checked).
 The columns are a :class:`~collections.abc.Mapping` of session id -> :class:`UtilizationWindow`, built on access
-(tests, a custom arbiter). :meth:`WindowColumns.stored` writes the stored form, one :class:`WindowTableDoc` per table
+(the tests). :meth:`WindowColumns.stored` writes the stored form, one :class:`WindowTableDoc` per table
 (its numbers straight from the arrays), and :meth:`WindowColumns.from_stored` reads it back into arrays.
 """
 

@@ -140,7 +140,7 @@ class ControlPlane:
     async def run(self) -> None:
         """Keep HAProxy, while this process holds the control plane's lock (one per HAProxy: the gateway's other
         worker processes wait for it, and take over when its holder dies)."""
-        with open(self.paths.state_dir / "control.lock", "a") as lock:
+        with open(self.paths.state_dir / "control.lock", "a") as lock:  # noqa: ASYNC230 (once per process, a local file)
             while True:
                 try:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

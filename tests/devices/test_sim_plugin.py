@@ -35,11 +35,11 @@ pytestmark = pytest.mark.skipif(not NOMAD_HOME.exists(), reason="ops/install bui
 def launched(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     launcher = plugin_dir(tmp_path, NOMAD_HOME) / "caravan-device-sim"
     env = {"PATH": os.environ["PATH"], MAGIC_COOKIE_KEY: MAGIC_COOKIE_VALUE}
-    process = subprocess.Popen([launcher], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    assert process.stdout is not None
-    yield process, process.stdout.readline().decode()
-    process.terminate()
-    process.wait(10)
+    with subprocess.Popen([launcher], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as process:
+        assert process.stdout is not None
+        yield process, process.stdout.readline().decode()
+        process.terminate()
+        process.wait(10)
 
 
 def test_the_handshake_is_go_plugins(launched: tuple[subprocess.Popen[bytes], str]) -> None:
@@ -63,15 +63,14 @@ def test_a_plugin_whose_agent_was_killed_stops(tmp_path: Path) -> None:
     (orphans of killed test agents used to pile up). A shell stands for the agent and is SIGKILLed."""
     launcher = plugin_dir(tmp_path, NOMAD_HOME) / "caravan-device-sim"
     env = {"PATH": os.environ["PATH"], MAGIC_COOKIE_KEY: MAGIC_COOKIE_VALUE, "PLUGIN_UNIX_SOCKET_DIR": str(tmp_path)}
-    agent = subprocess.Popen(
-        ["sh", "-c", '"$0" & echo $! >&2; wait', str(launcher)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-    )
-    assert agent.stdout is not None and agent.stderr is not None
-    plugin = int(agent.stderr.readline())
-    address = agent.stdout.readline().decode().strip().split("|")[3]
-    assert Path(address).exists()
-    agent.kill()
-    agent.wait(10)
+    shell = ["sh", "-c", '"$0" & echo $! >&2; wait', str(launcher)]
+    with subprocess.Popen(shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as agent:
+        assert agent.stdout is not None and agent.stderr is not None
+        plugin = int(agent.stderr.readline())
+        address = agent.stdout.readline().decode().strip().split("|")[3]
+        assert Path(address).exists()
+        agent.kill()
+        agent.wait(10)
     deadline = time.monotonic() + 60
     while _running(plugin):
         assert time.monotonic() < deadline, "the orphaned plugin kept running"

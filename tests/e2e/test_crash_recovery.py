@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -37,8 +38,9 @@ async def start_scheduler(settings: Settings, log: object) -> asyncio.subprocess
 
 async def test_scheduler_killed_at_random_loses_and_doubles_nothing(settings: Settings) -> None:
     rng = random.Random(7)
-    log = (settings.home / "scheduler.log").open("ab")
-    async with running_caravan(settings, scheduler=False) as caravan:
+    async with contextlib.AsyncExitStack() as stack:  # the log closed after the schedulers' last exit
+        log = stack.enter_context((settings.home / "scheduler.log").open("ab"))
+        caravan = await stack.enter_async_context(running_caravan(settings, scheduler=False))
         process = await start_scheduler(settings, log)
         kills = 0
 

@@ -242,7 +242,7 @@ async def test_no_operation_leaves_the_folder_while_a_session_swaps_its_paths(ca
         counted = (await store.usage([folder_id]))[folder_id]
         return f"the recount counted {counted} bytes" if counted >= BIG else None
 
-    swapper = subprocess.Popen(
+    swapper = subprocess.Popen(  # noqa: ASYNC220 (starts it and returns; asyncio's would tie it to this loop)
         [
             sys.executable,
             str(Path(__file__).with_name("path_swapper.py")),

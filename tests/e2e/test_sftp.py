@@ -106,7 +106,8 @@ async def test_a_20_mib_file_goes_up_and_down_byte_exact_and_other_folders_are_u
     ], root
 
     stranger = tmp_path / "stranger"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    keygen = ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)]
+    await asyncio.to_thread(subprocess.run, keygen, check=True)
     with pytest.raises(AssertionError, match=r"sftp failed \(255\)"):  # refused at authentication
         await asyncio.to_thread(sftp, address, stranger, "ls /folders\n", patience=0)
 

@@ -26,7 +26,7 @@ async def test_workers_share_the_port_and_die_with_a_killed_supervisor(redis_set
     env = {**caravan_env(redis_settings, port), "CARAVAN_GATEWAY_WORKERS": "2"}
     url = f"http://127.0.0.1:{port}/graphql"
     with (redis_settings.home / "gateway.log").open("ab") as log:
-        supervisor = subprocess.Popen(
+        supervisor = subprocess.Popen(  # noqa: ASYNC220 (starts it and returns; asyncio's would tie it to this loop)
             [sys.executable, "-m", "caravan.cli", "gateway"],
             cwd=ROOT,
             env=env,

@@ -1,6 +1,7 @@
-"""``idle.sweep.judge`` (windows as columns, verdicts from their readings) against the plain per-session path: each
-window fed by ``record_sample``, each verdict ``evaluate(session_facts(...))``, sweep after sweep; and each verdict's
-stored report (``stores.idle.report_document``) as the dicts of ``Verdict.to_dict`` were written. Pure (no Redis).
+"""``idle.sweep.judge`` (windows as columns, verdicts from their readings) against the plain per-session path, the
+oracle: each window fed by ``record_sample``, each verdict ``evaluate(session_facts(...))``, sweep after sweep; the
+same oracle on the windows the columns hand back; and each verdict's stored report (``stores.idle.report_document``)
+as the dicts of ``Verdict.to_dict`` were written. Pure (no Redis).
 
 Each case is a list of sweeps; a sweep names the policy in force and, per session, its kernels' slots and its sample
 (a session not named is no longer RUNNING)."""
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from core.codec import decode, encode
-from domain.idle.arbiter import SessionFacts, evaluate
+from domain.idle.arbiter import evaluate
 from domain.idle.config import EffectivePolicy, IdlePolicyConfig
 from domain.idle.facts import Activity, SessionView, checked_metrics, policy_for, session_facts
 from domain.idle.policy_file import parse_policy
@@ -83,7 +84,7 @@ def reference(
     now_s: float, config: IdlePolicyConfig, sessions: list[Session], windows: dict[str, UtilizationWindow],
     samples: Mapping[str, Mapping[str, float]],
 ) -> tuple[dict[str, Verdict], dict[str, UtilizationWindow]]:  # fmt: skip
-    """The plain path: each session's window fed by ``record_sample``, its verdict ``evaluate``'s."""
+    """The oracle: each session's window fed by ``record_sample``, its verdict ``evaluate``'s."""
     now, verdicts, kept = at(now_s), {}, {}
     for s in sessions:
         policy: EffectivePolicy = policy_for(config, s)
@@ -98,14 +99,20 @@ def reference(
     return verdicts, kept
 
 
-def not_evaluate(*, now: Any, session: SessionFacts, policy: EffectivePolicy) -> Verdict:
-    """Another arbiter (the same judgement): judge hands it windows built from the columns."""
-    return evaluate(now=now, session=session, policy=policy)
+def judged_on(
+    now_s: float, config: IdlePolicyConfig, sessions: list[Session], windows: Mapping[str, UtilizationWindow]
+) -> dict[str, Verdict]:
+    """The oracle's verdicts on the windows judge kept (each built back from the columns)."""
+    verdicts = {}
+    for s in sessions:
+        policy = policy_for(config, s)
+        window = windows[s.id] if checked_metrics(s, policy) else None
+        verdicts[s.id] = evaluate(now=at(now_s), session=session_facts(s, ACTIVITY.get(s.id), window), policy=policy)
+    return verdicts
 
 
 def run(sweeps: list[Sweep], *, start: float = 0.0, every: float = 15.0) -> None:
     windows: Mapping[str, UtilizationWindow] = {}
-    other: Mapping[str, UtilizationWindow] = {}
     plain_windows: dict[str, UtilizationWindow] = {}
     derived: Mapping[str, Any] = {}
     batch = None
@@ -124,10 +131,8 @@ def run(sweeps: list[Sweep], *, start: float = 0.0, every: float = 15.0) -> None
             assert stored == encode({"checked_at": at(now_s), **verdict.to_dict()})
             assert Verdict.from_dict(decode(stored, ReportDoc)) == verdict
         assert dict(swept.windows) == plain_windows, f"sweep {n}"
-        slow = judge(now=at(now_s), sessions=views, config=config, windows=other, activity=ACTIVITY,
-                     samples=samples, arbiter=not_evaluate)  # fmt: skip
-        assert slow.verdicts == expected, f"sweep {n}, another arbiter"
-        windows, other, derived, batch = swept.windows, slow.windows, swept.derived, swept.batch
+        assert judged_on(now_s, config, sessions, swept.windows) == expected, f"sweep {n}, the columns' windows"
+        windows, derived, batch = swept.windows, swept.derived, swept.batch
 
 
 def steady(sessions: dict[str, Any], count: int, policy: str = "base") -> list[Sweep]:

@@ -126,21 +126,22 @@ def test_a_child_refused_later_stops_the_others_and_dev_exits_2() -> None:
 
 async def test_sighup_reaches_the_idle_checker_and_sigterm_stops_everyone(tmp_path: Path) -> None:
     listening, heard = tmp_path / "listening", tmp_path / "hup"
-    supervisor = supervising(
+    idle = (
         "import pathlib, signal, time\n"
         f"signal.signal(signal.SIGHUP, lambda *_: pathlib.Path({str(heard)!r}).touch())\n"
         f"pathlib.Path({str(listening)!r}).touch()\n"
         "time.sleep(300)"
     )
-    try:
-        await until(lambda: len(children_of(supervisor.pid)) == 3 and listening.exists(), 30, "three children")
-        children = children_of(supervisor.pid)
-        supervisor.send_signal(signal.SIGHUP)
-        await until(heard.exists, 10, "the idle checker to get SIGHUP")
-        assert children_of(supervisor.pid) == children  # nobody was restarted or stopped by it
-        supervisor.send_signal(signal.SIGTERM)
-        assert supervisor.wait(30) == 0
-        assert not any(alive(pid) for pid in children)
-    finally:
-        if supervisor.poll() is None:
-            os.killpg(supervisor.pid, signal.SIGKILL)
+    with supervising(idle) as supervisor:  # its output pipe closed after
+        try:
+            await until(lambda: len(children_of(supervisor.pid)) == 3 and listening.exists(), 30, "three children")
+            children = children_of(supervisor.pid)
+            supervisor.send_signal(signal.SIGHUP)
+            await until(heard.exists, 10, "the idle checker to get SIGHUP")
+            assert children_of(supervisor.pid) == children  # nobody was restarted or stopped by it
+            supervisor.send_signal(signal.SIGTERM)
+            assert supervisor.wait(30) == 0
+            assert not any(alive(pid) for pid in children)
+        finally:
+            if supervisor.poll() is None:
+                os.killpg(supervisor.pid, signal.SIGKILL)

@@ -6,12 +6,11 @@ import json
 
 import pytest
 
-from domain.idle.arbiter import Arbiter, evaluate
+from domain.idle.arbiter import evaluate
 from domain.idle.config import CheckName
 from domain.idle.verdict import CheckReport, RemainingBasis, TerminationReason, Verdict
 from tests.domain.idle.factories import at, facts, filled_window, policy, utilization
 
-DEFAULT_ARBITER: Arbiter = evaluate  # mypy checks that evaluate has the arbiter's signature
 IDLE_WINDOW = filled_window({"cpu_util": 0.0}, start=0, end=3600, window=60)
 
 

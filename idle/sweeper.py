@@ -1,0 +1,111 @@
+"""The idle sweep and the state it keeps from one sweep to the next, for one leadership term.
+
+A :class:`Sweeper` holds every session's utilization window (``domain.idle.columns``), the sessions' views
+(:class:`idle.views.ViewCache`), what the last sweep derived from each view (:class:`idle.sweep.Derived`) and the
+sessions as its verdicts took them (``domain.idle.arbiter.Batch``). Each :meth:`Sweeper.sweep` reads the live sessions
+(only the documents whose revision changed are decoded again), works out how each RUNNING one is judged under the
+policy file in force (:func:`idle.sweep.planned`: once per view and file), gathers the facts (the sampled sessions'
+allocation stats from Nomad, the activity the gateway records, SFTP clients seen, the owners' limits) and judges them
+(:func:`idle.sweep.judge`, pure). Leadership, reloading the policy, saving and reclaiming are the service's
+(:mod:`idle.service`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import datetime
+from typing import NamedTuple
+
+from devices.catalog import DeviceCatalog
+from domain import sftp
+from domain.idle.arbiter import Batch
+from domain.idle.columns import WindowColumns
+from domain.idle.config import IdlePolicyConfig
+from domain.idle.facts import Activity, SessionView
+from domain.idle.verdict import Verdict
+from domain.model import SessionStatus
+from idle.collect import collect_clients_seen, collect_samples
+from idle.sweep import Derived, judge, planned
+from idle.views import ViewCache
+from nomad_jobs.client import NomadClient
+from stores.activity import read_activity
+from stores.resource_policies import PolicyStore
+from stores.sessions import SessionStore
+
+NO_ACTIVITY = Activity(None, 0)
+
+
+class Swept(NamedTuple):
+    """What one sweep found."""
+
+    live_ids: list[str]
+    """Every live session's id (RUNNING or not)."""
+    sessions: list[SessionView]
+    """The RUNNING sessions, judged."""
+    verdicts: dict[str, Verdict]
+    """Session id -> verdict, for each of :attr:`sessions`."""
+
+
+class Sweeper:
+    def __init__(
+        self,
+        store: SessionStore,
+        nomad: NomadClient,
+        *,
+        windows: WindowColumns,
+        concurrency: int,
+        devices: DeviceCatalog | None = None,
+    ) -> None:
+        """``windows``: the last saved windows (``stores.idle.IdleStore.load_windows``); ``concurrency``: at most
+        this many Nomad requests at once; ``devices``: the operator's device names (they name the device metrics)."""
+        self.store = store
+        self.policies = PolicyStore(store.redis, store.keys)
+        self.nomad = nomad
+        self.concurrency = concurrency
+        self.devices = devices
+        self.windows = windows
+        """Every checked session's utilization window, recorded into by each sweep."""
+        self.views = ViewCache()
+        """The sessions read last sweep: only changed documents are decoded again."""
+        self.derived: Mapping[str, Derived] = {}
+        """What the last sweep derived from each session (:func:`idle.sweep.judge`)."""
+        self.batch: Batch | None = None
+        """The sessions as the last sweep's verdicts took them (:func:`idle.sweep.judge`)."""
+
+    async def sweep(self, now: datetime, config: IdlePolicyConfig) -> Swept:
+        """Verdicts on every RUNNING session at ``now`` under ``config``, with this sweep's samples recorded."""
+        live_ids = sorted(await self.store.live_ids())
+        # the view, not whole sessions: the sweep reads a dozen fields of each, and reads and decodes only the
+        # documents whose revision changed (the revisions first: a document read after is at least as new)
+        revisions = await self.store.revisions(live_ids)
+        stale = self.views.stale(live_ids, revisions)
+        read = dict(zip(stale, await self.store.documents(stale), strict=True))
+        views = self.views.views(live_ids, [read.get(i) for i in live_ids], revisions)
+        sessions = [s for s in views if s and s.status is SessionStatus.RUNNING]
+        plans = {s.id: planned(config, s, self.derived.get(s.id)) for s in sessions}
+        sampled = [s for s in sessions if plans[s.id][1].metrics]
+        in_flight = asyncio.Semaphore(self.concurrency)  # every Nomad request of the sweep, stats and SFTP alike
+        redis, keys = self.store.redis, self.store.keys
+        samples, activity, limits, clients = await asyncio.gather(
+            collect_samples(self.nomad, sampled, limit=in_flight, devices=self.devices),
+            read_activity(redis, keys, [s.id for s in sessions], now),
+            self.policies.limits_of(sessions),
+            collect_clients_seen(self.nomad, sessions, limit=in_flight),
+        )
+        for session_id, seen_at in clients.items():  # SFTP traffic, seen by the session's own server
+            known = activity.get(session_id, NO_ACTIVITY)
+            activity[session_id] = known.with_client_seen(seen_at, now=now, connected_within=sftp.CONNECTED_WITHIN)
+        result = judge(
+            now=now,
+            sessions=sessions,
+            config=config,
+            windows=self.windows,
+            activity=activity,
+            samples=samples,
+            limits=limits,
+            derived={session_id: known for session_id, (known, _) in plans.items()},
+            batch=self.batch,
+        )
+        self.windows, self.derived, self.batch = result.windows, result.derived, result.batch
+        return Swept(live_ids, sessions, result.verdicts)
