@@ -28,7 +28,7 @@ import stat
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import anyio
 from starlette.requests import Request
@@ -383,7 +383,9 @@ class DescriptorResponse(FileResponse):
 
     def __init__(self, fd: int, name: str) -> None:
         self.fd = fd
-        super().__init__(f"/proc/self/fd/{fd}", filename=name, stat_result=os.fstat(fd))
+        info = os.fstat(fd)
+        self.size = info.st_size  # what Content-Length announces: no more is ever sent
+        super().__init__(f"/proc/self/fd/{fd}", filename=name, stat_result=info)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         extensions = {k: v for k, v in scope.get("extensions", {}).items() if k != "http.response.pathsend"}
@@ -394,7 +396,29 @@ class DescriptorResponse(FileResponse):
 
     @contextlib.asynccontextmanager
     async def _open_file(self) -> AsyncIterator[anyio.AsyncFile[bytes]]:
-        yield anyio.wrap_file(os.fdopen(self.fd, "rb", closefd=False))
+        yield anyio.wrap_file(cast(IO[bytes], SizedReader(self.fd, self.size)))
+
+
+class SizedReader:
+    """The file ``fd`` read with ``pread`` up to the ``size`` its Content-Length announced, never beyond: a session
+    that appends to the file while it is sent does not make the answer longer than it said (which breaks the
+    connection); one that cuts it short ends the body early."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size, self.position = fd, size, 0
+
+    def read(self, count: int = -1) -> bytes:
+        left = self.size - self.position
+        data = os.pread(self.fd, left if count < 0 else min(count, left), self.position) if left > 0 else b""
+        self.position += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.position = offset if whence == os.SEEK_SET else self.position + offset
+        return self.position
+
+    def close(self) -> None:
+        """The descriptor is the response's to close."""
 
 
 LINK_THERE = "a symbolic link is there (the file API follows none)"
