@@ -5,6 +5,7 @@ every session it acknowledged is on the new primary."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -26,9 +27,10 @@ BATCH = {"type": "BATCH", "driver": "EXEC", "startupCommand": "exit 0"}
 
 @pytest.fixture
 def group(tmp_path: Path, redis_settings: Settings) -> Iterator[SentinelGroup]:
-    started = start_sentinel_group(
-        tmp_path / "sentinel-group", secrets_dir=redis_settings.secrets, key_prefixes=TEST_KEY_PREFIXES
-    )
+    # a copy of the test stack's secrets (the components' passwords): the group writes its own ACL file and users
+    # (replication, sentinel) there, never into the shared Redis' secrets
+    secrets = shutil.copytree(redis_settings.secrets, tmp_path / "secrets")
+    started = start_sentinel_group(tmp_path / "sentinel-group", secrets_dir=secrets, key_prefixes=TEST_KEY_PREFIXES)
     yield started
     started.stop()
 
@@ -37,6 +39,7 @@ async def test_the_gateway_rides_out_a_failover(redis_settings: Settings, group:
     sentinel_password = read_secret(redis_sentinel_client_path(group.secrets_dir))
     settings = replace(
         redis_settings,
+        secrets_dir=group.secrets_dir,
         redis=replace(
             redis_settings.redis,
             sentinels=group.sentinel_addresses,
