@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,23 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from core.clock import utcnow
+from core.settings import Settings
 from domain.users import Role
 from tests.harness import CREATE, Caravan
 from tests.idle.running import eventually, policy_file, running_idle, swept_since
+from tests.ingress import caravan_behind_haproxy
 from tests.ui.browser import Browser, attribute_is, fill, fill_select, sign_in, text_in, type_over, visible, wait
 
 pytestmark = [pytest.mark.ui]
+
+
+@pytest.fixture
+async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
+    """As the README's stack: the apps' origins through a HAProxy of the test's own, in front of the gateway (the
+    page itself is the gateway's)."""
+    async with caravan_behind_haproxy(settings) as (running, _):
+        yield running
+
 
 NO_RELOAD = "window.__caravanNoReload = true"
 """Set once after loading: still set later means the page was never reloaded."""
