@@ -147,13 +147,28 @@ class ControlPlane:
                     break
                 except BlockingIOError:
                     await asyncio.sleep(LOCK_RETRY)
-            await self._hold()
+            while True:  # whatever breaks it, the control plane is set up again: it never dies silently in a task
+                try:
+                    await self._hold()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("app control plane failed; starting it again")
+                    self.generation = None
+                    await asyncio.sleep(RETRY)
 
     async def _hold(self) -> None:
         self.paths.events.unlink(missing_ok=True)
-        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
-            lambda: self._events, local_addr=str(self.paths.events), family=socket.AF_UNIX
-        )
+        # the socket made and bound here, handed over whole: uvloop (the gateway's loop under uvicorn) takes no path
+        # as a datagram endpoint's local address
+        events = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            events.bind(str(self.paths.events))
+            events.setblocking(False)
+        except OSError:
+            events.close()
+            raise
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: self._events, sock=events)
         try:
             await self._loop()
         finally:
