@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -57,6 +58,41 @@ def create(stack: Stack, **spec: Any) -> str:
     return str(stack.gql(CREATE, {"input": spec})["createSession"]["sessions"][0]["id"])
 
 
+LAUNCH = """mutation($s: ID!) { launchApp(sessionId: $s, app: "web") { url } }"""
+
+
+def app_page(stack: Stack, session_id: str, timeout: float = 60) -> bytes:
+    """The app ``web``'s front page as a browser gets it: the launch URL (its cookie), then ``/``, each sent to the
+    stack's public port with the app's host (``*.localhost`` resolves to loopback in a browser, not here)."""
+    url = urllib.parse.urlsplit(stack.gql(LAUNCH, {"s": session_id})["launchApp"]["url"])
+    public = urllib.parse.urlsplit(stack.gateway)
+
+    def get(path: str, cookie: str = "") -> tuple[int, bytes, str]:
+        request = urllib.request.Request(f"http://{public.netloc}{path}", headers={"Host": url.netloc})
+        if cookie:
+            request.add_header("Cookie", cookie)
+        opener = urllib.request.build_opener(NoRedirect)
+        try:
+            with opener.open(request, timeout=10) as response:
+                return response.status, response.read(), response.headers.get("Set-Cookie", "")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read(), exc.headers.get("Set-Cookie", "")
+
+    status, _, set_cookie = get(f"{url.path}?{url.query}")
+    assert status in (302, 303), status
+    cookie = set_cookie.split(";", 1)[0]
+    deadline = time.monotonic() + timeout
+    while (answer := get("/", cookie))[0] != 200:  # the app's server starts just after the kernel does
+        assert time.monotonic() < deadline, answer[:2]
+        time.sleep(0.5)
+    return answer[1]
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any) -> None:
+        return None
+
+
 def namespace(stack: Stack, name: str) -> dict[str, Any]:
     request = urllib.request.Request(f"{stack.nomad}/v1/namespace/{urllib.parse.quote(name)}")
     request.add_header("X-Nomad-Token", read_secret(nomad_token_path(stack.home / "secrets", "admin")) or "")
@@ -68,10 +104,14 @@ def test_a_docker_session_commits_on_the_readme_stack_whose_sessions_have_no_raw
     stack.run("up")
     source = create(
         stack, name="to-commit", type="INTERACTIVE", driver="DOCKER", image=DEFAULT_IMAGE,
-        startupCommand="echo made-on-the-dev-stack > /kept.txt && sleep 600",
+        startupCommand="echo made-on-the-dev-stack > /kept.txt && mkdir -p /www && echo served > /www/index.html"
+        " && exec httpd -f -p 8080 -h /www",
+        apps=[{"name": "web", "port": 8080}],
     )  # fmt: skip
     until(stack, SESSION, {"id": source}, lambda s: s["status"] == "RUNNING")
     time.sleep(1)  # the startup command writes the file as the task starts
+    # its app, through the stack's HAProxy: the gateway's control plane (under uvloop, as uvicorn runs it) built it
+    assert app_page(stack, source) == b"served\n"
     image = stack.gql(COMMIT, {"id": source})["commitSession"]
     done = until(stack, IMAGE, {"id": image["id"]}, lambda i: i["status"] in ("READY", "FAILED"))
     assert done["status"] == "READY", done  # was: FAILED, raw_exec "is not allowed in namespace default"
