@@ -16,6 +16,7 @@ import pytest
 
 from core.clock import utcnow
 from domain.model import SessionStatus
+from idle.samples import kernel_sample
 from stores.known_resources import known_slot_types
 from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan
@@ -109,6 +110,24 @@ async def test_the_reservation_reaches_the_kernel(caravan: Caravan, driver: str)
 IDLE_CHECKS = """query($id: ID!) { session(id: $id) { idleChecks { checks {
   name note utilization { metric average threshold } } } } }"""
 GPU_BUSY = "echo util=85 mem_mib=2048 >$CARAVAN_SIM_LOAD_FILE; while :; do sleep 1; done"
+
+
+async def device_reports(caravan: Caravan, session_id: str, metric: str, value: float, timeout: float = 60) -> None:
+    """Wait until Nomad's statistics of the session's allocation carry ``metric`` at ``value``: the plugin finds a
+    kernel's load file in its allocation's directory on its own schedule, and the idle checker must judge by it."""
+    job = f"{caravan.settings.nomad.job_prefix}-{session_id}"
+    deadline = time.monotonic() + timeout
+    while True:
+        running = [a for a in await caravan.nomad.job_allocations(job) if a["ClientStatus"] == "running"]
+        sample = (
+            kernel_sample(await caravan.nomad.alloc_stats(running[0]["ID"]), cores=1, memory_bytes=1) if running else {}
+        )
+        if sample.get(metric) == pytest.approx(value):
+            return
+        assert time.monotonic() < deadline, sample
+        await asyncio.sleep(0.25)
+
+
 """A kernel that reports its device busy (the plugin's load file) and keeps no core busy."""
 
 
@@ -122,6 +141,7 @@ async def test_a_busy_gpu_survives_the_utilization_check_while_an_idle_one_is_re
     idle = await create(caravan, "gpu-idle", "0.5", driver="EXEC", startupCommand="while :; do sleep 1; done")
     await caravan.wait_for(busy, "RUNNING")
     await caravan.wait_for(idle, "RUNNING")
+    await device_reports(caravan, busy, "sim_util", 85)  # then the busy one is judged by its load from the start
     async with running_idle(caravan.settings, policy_file(tmp_path, policy)) as service:
         session = await caravan.wait_for(idle, "TERMINATED", "ERROR", timeout=30)
         assert (session["status"], session["statusInfo"]) == ("TERMINATED", "idle-utilization")

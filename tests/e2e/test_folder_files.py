@@ -314,7 +314,8 @@ async def test_an_upload_that_cannot_fit_is_refused_before_its_body_is_sent(cara
     big.write_bytes(os.urandom(QUOTA + 1))
     url = caravan.url.removesuffix("/graphql") + f"/folders/{folder_id}/files?path=big.bin"
     curl = await asyncio.create_subprocess_exec(
-        *("curl", "-sS", "-T", str(big), "-H", f"authorization: Bearer {token}", "-w", "\n%{http_code} %{size_upload}"),
+        *("curl", "-sS", "--expect100-timeout", "60", "-T", str(big), "-H", f"authorization: Bearer {token}"),
+        *("-w", "\n%{http_code} %{size_upload}"),
         url,
         stdout=asyncio.subprocess.PIPE,
     )
