@@ -303,8 +303,14 @@ async def test_concurrent_uploads_never_pass_the_bytes_quota_together(caravan: C
     answers = await asyncio.gather(put("a.bin", True), put("b.bin", False))
     assert answers.count(201) <= 1 and all(a in (201, 413) or str(a).startswith("cut") for a in answers), answers
     on_disk = sum(p.stat().st_size for p in host.iterdir())
-    usage = (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"]
-    assert on_disk <= QUOTA and usage == on_disk, (on_disk, usage)
+    assert on_disk <= QUOTA, on_disk
+    # the usage is what is on disk: at once, unless the scheduler's recount of this new folder (due as it becomes
+    # READY) landed during the uploads, which can under-count in-flight reservations until the next recount (README,
+    # "What the file API guarantees"; #23's note): then within one recount interval
+    deadline = asyncio.get_running_loop().time() + caravan.settings.storage.recount_interval + 30
+    while (usage := (await caravan.gql(USAGE, {"id": folder_id}, token=token))["folder"]["usageBytes"]) != on_disk:
+        assert asyncio.get_running_loop().time() < deadline, (on_disk, usage)
+        await asyncio.sleep(1)
 
 
 async def test_an_upload_that_cannot_fit_is_refused_before_its_body_is_sent(caravan: Caravan, tmp_path: Path) -> None:
