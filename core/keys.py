@@ -411,6 +411,18 @@ class Keys:
 
     # -- usage accounting (stores.usage) ----------------------------------------------------------------
 
+    @property
+    def endpoint_loads(self) -> str:
+        """HASH INFERENCE session id -> its endpoint's latest load sample (JSON ``endpoint_traffic.EndpointLoad``),
+        written by the ingress's control plane from HAProxy's counters, read by the autoscaler."""
+        return f"{self.prefix}:endpoints:loads"
+
+    @property
+    def endpoint_wakes(self) -> str:
+        """LIST of INFERENCE session ids whose endpoint got a request while it had no ready replica (the activator
+        pushes, the autoscaler pops at once: a cold start is asked for now, not at the next tick)."""
+        return f"{self.prefix}:endpoints:wakes"
+
     def usage_record(self, session_id: str) -> str:
         """JSON of one ended session's raw usage record (``domain.usage.UsageRecord``); expires after the raw
         retention (``CARAVAN_USAGE_RAW_RETENTION``)."""
