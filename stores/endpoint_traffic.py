@@ -38,9 +38,9 @@ class EndpointLoad(msgspec.Struct, frozen=True):
 
 async def record_loads(redis: Redis, keys: Keys, loads: Iterable[EndpointLoad]) -> None:
     """Store the latest sample of each endpoint (one write for all of them)."""
-    mapping = {load.session_id: encode(load) for load in loads}
-    if mapping:
-        await redis.hset(keys.endpoint_loads, mapping=mapping)
+    samples = list(loads)
+    if samples:
+        await redis.hset(keys.endpoint_loads, mapping={load.session_id: encode(load) for load in samples})
 
 
 async def read_loads(redis: Redis, keys: Keys) -> dict[str, EndpointLoad]:
