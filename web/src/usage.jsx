@@ -3,8 +3,7 @@
 // lazily). The API decides whose usage is in the answer: a user their own, an admin their projects', a superadmin all.
 import { useEffect, useState } from "preact/hooks";
 import { gql, usageCsv } from "./api.js";
-import { ErrorBox, timeZone } from "./util.jsx";
-import { saveBlob } from "./folders.jsx";
+import { ErrorBox, saveBlob, timeZone } from "./util.jsx";
 
 const QUERY = `query Usage($from: Date!, $to: Date!, $groupBy: [UsageGroupBy!], $timeZone: String!) {
   usage(from: $from, to: $to, groupBy: $groupBy, timeZone: $timeZone) { timeZone rows { day user project seconds

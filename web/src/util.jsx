@@ -97,3 +97,20 @@ export function FieldError({ error, field, id }) {
 /** Whether `error` belongs under one of `fields` (so a form shows it there, not in its general error box). */
 export const aboutField = (error, fields) =>
   !!(error && error.field && fields.some((f) => error.field === f || error.field.startsWith(`${f}.`) || error.field.startsWith(`${f}[`)));
+
+/** Have the browser download `url` (same origin) as a file named `name`. */
+export function saveLink(url, name) {
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+}
+
+/** Save a Blob as a file the browser downloads (an object URL: the token never appears in a link). */
+export function saveBlob(blob, name) {
+  const url = URL.createObjectURL(blob);
+  saveLink(url, name);
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
