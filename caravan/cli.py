@@ -9,7 +9,7 @@ import sys
 from caravan import services
 from core.settings import load_settings
 from domain.idle.policy_file import PolicyFileError
-from domain.scheduling_config import SchedulerConfigError
+from domain.scheduling_config import SchedulingConfigError
 from gateway.graphql.limits import Limits
 
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(runner[args.command](settings))
     except KeyboardInterrupt:
         pass
-    except (PolicyFileError, SchedulerConfigError) as refused:
+    except (PolicyFileError, SchedulingConfigError) as refused:
         print(f"caravan: configuration refused: {refused}", file=sys.stderr)
         return 2
     return 0

@@ -14,13 +14,13 @@ from starlette.applications import Starlette
 from caravan.supervisor import Supervisor, die_with_parent
 from core.redis import connect
 from core.settings import Settings, load_settings
-from domain.scheduling_config import load_scheduler_config
+from domain.scheduling_config import load_scheduling_config
 from gateway.app import create_app
 from gateway.http_server import GatewayHttpProtocol
 from idle.reload import PolicySource, reload_on_sighup
 from idle.service import IdleService
 from nomad_jobs.client import NomadClient
-from scheduler.config import scheduler_core
+from scheduler.config import pass_config
 from scheduler.service import Scheduler
 from stores.users import bootstrap_admin_token
 
@@ -102,7 +102,7 @@ async def run_scheduler(settings: Settings) -> None:
 
 
 async def run_idle(settings: Settings, policy: PolicySource | None = None) -> None:
-    devices = load_scheduler_config(settings.scheduler.config_path).devices  # a broken file stops us here
+    devices = load_scheduling_config(settings.scheduler.config_path).devices  # a broken file stops us here
     policy = policy or PolicySource(settings.idle.policy_path, devices)  # and so does a broken policy
     settings = settings.for_role("idle")
     redis = await connect(settings.redis, give_up_after=float("inf"))
@@ -120,8 +120,8 @@ def run_dev(settings: Settings) -> int:
     """``caravan dev``: the gateway (one worker), the scheduler and the idle checker as processes of their own, each
     ``caravan <role>`` with this process's environment, supervised by :class:`caravan.supervisor.Supervisor`. Their
     configuration files are read here first: a refused one stops us before anything starts."""
-    config = load_scheduler_config(settings.scheduler.config_path)
-    scheduler_core(config)
+    config = load_scheduling_config(settings.scheduler.config_path)
+    pass_config(config)
     PolicySource(settings.idle.policy_path, config.devices)
     env = {**os.environ, "CARAVAN_GATEWAY_WORKERS": "1"}
     return Supervisor(lambda role: [sys.executable, "-m", "caravan.cli", role], env).run()

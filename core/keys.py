@@ -450,6 +450,12 @@ class Keys:
         return f"{self.prefix}:usage:day-compact:{day}"
 
     @property
+    def usage_days_compacted(self) -> str:
+        """HASH day -> the version its compact document (``usage_day_compact``) was built at, written with it: the
+        days whose version moved on since are the ones the scheduler leader compacts again."""
+        return f"{self.prefix}:usage:days-compacted"
+
+    @property
     def usage_totals(self) -> str:
         """HASH ``project␟measure`` -> integer amount of every ended session ever (Prometheus' counters)."""
         return f"{self.prefix}:usage:totals"

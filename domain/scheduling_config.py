@@ -60,10 +60,10 @@ from domain.slots import InvalidQuantityError, ResourceSlots, guess_slot_type, p
 __all__ = [
     "DEFAULT_RESOURCES",
     "MIN_MEM_BYTES",
-    "SchedulerConfigError",
+    "SchedulingConfigError",
     "SchedulingConfig",
-    "load_scheduler_config",
-    "parse_scheduler_config",
+    "load_scheduling_config",
+    "parse_scheduling_config",
 ]
 
 DEFAULT_RESOURCES: Mapping[str, str] = MappingProxyType({"cpu": "0.25", "mem": str(256 * 1024 * 1024)})
@@ -121,7 +121,7 @@ class GroupConfig:
             raise ValueError(f"reserve_after must not be negative, got {self.reserve_after}")
 
 
-class SchedulerConfigError(ConfigFileError):
+class SchedulingConfigError(ConfigFileError):
     """A scheduler configuration file that cannot be used (``file:line: key.path: reason``)."""
 
 
@@ -166,10 +166,10 @@ class SchedulingConfig:
     lines: SourceLines | None = field(default=None, compare=False, repr=False)
     """Where each key is in the file (HCL only), for errors found after reading it (``refuse``)."""
 
-    def refuse(self, where: Where, reason: str) -> SchedulerConfigError:
+    def refuse(self, where: Where, reason: str) -> SchedulingConfigError:
         """An error about a key of this file (a strategy or selector the scheduler does not know), with its line."""
         line = self.lines.line_of(where) if self.lines is not None else None
-        return SchedulerConfigError(self.source, line, f"{'.'.join(where)}: {reason}")
+        return SchedulingConfigError(self.source, line, f"{'.'.join(where)}: {reason}")
 
     def group_sites(self) -> list[tuple[Where, GroupConfig]]:
         """Each group's configuration with where it is in the file: ``default``, then ``resource_group.<name>``."""
@@ -184,14 +184,14 @@ class SchedulingConfig:
         return DeviceCatalog(self.device_slots)
 
 
-def load_scheduler_config(path: str | os.PathLike[str] | None) -> SchedulingConfig:
-    """The configuration in force: the defaults when ``path`` is None, else the file's (``SchedulerConfigError``)."""
+def load_scheduling_config(path: str | os.PathLike[str] | None) -> SchedulingConfig:
+    """The configuration in force: the defaults when ``path`` is None, else the file's (``SchedulingConfigError``)."""
     if path is None:
-        return parse_scheduler_config({}, "built-in")
-    return parse_scheduler_config(read_text(path, SchedulerConfigError), os.fspath(path))
+        return parse_scheduling_config({}, "built-in")
+    return parse_scheduling_config(read_text(path, SchedulingConfigError), os.fspath(path))
 
 
-def parse_scheduler_config(text: str | Mapping[str, Any], source: str = "<config>") -> SchedulingConfig:
+def parse_scheduling_config(text: str | Mapping[str, Any], source: str = "<config>") -> SchedulingConfig:
     """Parse HCL text, JSON text (``source`` ending in ``.json``) or an already decoded mapping."""
     if not isinstance(text, str):
         return _Reader(source, None).config(text)
@@ -199,18 +199,18 @@ def parse_scheduler_config(text: str | Mapping[str, Any], source: str = "<config
         try:
             doc = json.loads(text)
         except ValueError as exc:
-            raise SchedulerConfigError(source, getattr(exc, "lineno", None), f"not valid JSON: {exc}") from exc
+            raise SchedulingConfigError(source, getattr(exc, "lineno", None), f"not valid JSON: {exc}") from exc
         if not isinstance(doc, dict):
-            raise SchedulerConfigError(source, 1, "expected a JSON object")
+            raise SchedulingConfigError(source, 1, "expected a JSON object")
         return _Reader(source, None).config(doc)
     reader = _Reader(source, text)
-    return reader.config(reader.from_hcl(parse_hcl(text, source, SchedulerConfigError, strip_quotes=True)))
+    return reader.config(reader.from_hcl(parse_hcl(text, source, SchedulingConfigError, strip_quotes=True)))
 
 
 class _Reader(ConfigReader):
     """Checks every value, naming the key path (and, for HCL, the line) of whatever is wrong."""
 
-    error = SchedulerConfigError
+    error = SchedulingConfigError
 
     # -- HCL -> the plain structure JSON gives directly --
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from core.errors import Unavailable
-from domain.scheduling_config import SchedulerConfigError, SchedulingConfig, load_scheduler_config
+from domain.scheduling_config import SchedulingConfig, SchedulingConfigError, load_scheduling_config
 
 _loaded: dict[str, tuple[tuple[int, int], SchedulingConfig]] = {}
 
@@ -19,12 +19,12 @@ def scheduling_config(path: Path | None) -> SchedulingConfig:
     """The configuration in force (``Unavailable`` when the file cannot be read or is refused)."""
     try:
         if path is None:
-            return load_scheduler_config(None)
+            return load_scheduling_config(None)
         stat = os.stat(path)
         stamp = (stat.st_mtime_ns, stat.st_size)
         cached = _loaded.get(str(path))
         if cached is None or cached[0] != stamp:
-            cached = _loaded[str(path)] = (stamp, load_scheduler_config(path))
+            cached = _loaded[str(path)] = (stamp, load_scheduling_config(path))
         return cached[1]
-    except (OSError, SchedulerConfigError) as exc:
+    except (OSError, SchedulingConfigError) as exc:
         raise Unavailable(f"the scheduler configuration cannot be read: {exc}") from exc

@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from core.clock import utcnow
-from core.errors import CaravanError, InvalidInput
+from core.errors import CaravanError, InvalidInput, Unauthenticated
 from domain.kernel_exec import ActivityClock, ExecFailed, ExecTarget
 from domain.users import User
 from gateway.auth import authenticate, first_message_token, header_token
@@ -61,10 +61,6 @@ AUTH_WAIT = 10.0
 """Seconds a connection without an Authorization header has to send its auth message."""
 MAX_MESSAGE = 64 << 10
 """Largest message a client may send, in bytes."""
-
-
-class Unauthenticated(CaravanError):
-    code = "UNAUTHENTICATED"
 
 
 @dataclass

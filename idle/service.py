@@ -43,7 +43,7 @@ from core.retry import forever
 from core.settings import Settings
 from domain.idle.facts import SessionView
 from domain.idle.verdict import Verdict
-from domain.scheduling_config import load_scheduler_config
+from domain.scheduling_config import load_scheduling_config
 from idle.reload import PolicySource
 from idle.sweeper import Sweeper
 from nomad_jobs.client import NomadClient
@@ -88,14 +88,14 @@ class IdleService:
         policy: PolicySource | None = None,
     ) -> None:
         """Raises :class:`domain.idle.policy_file.PolicyFileError` when the policy file is broken at start, and
-        :class:`domain.scheduling_config.SchedulerConfigError` when the scheduling configuration is (its device names
+        :class:`domain.scheduling_config.SchedulingConfigError` when the scheduling configuration is (its device names
         name the device metrics)."""
         self.settings = settings
         self.keys = Keys(settings.redis.prefix)
         self.store = SessionStore(redis, self.keys, usage_retention=settings.usage_raw_retention)
         self.idle_store = IdleStore(redis, self.keys)
         self.nomad = nomad
-        self.devices = load_scheduler_config(settings.scheduler.config_path).devices  # the operator's device names
+        self.devices = load_scheduling_config(settings.scheduler.config_path).devices  # the operator's device names
         self.policy = policy or PolicySource(settings.idle.policy_path, self.devices)
         self.lease = Lease(redis, self.keys.idle_lease, self.keys.idle_fence, ttl=settings.idle.lease_ttl)
         self._wake = asyncio.Event()

@@ -7,17 +7,17 @@ strategies (``scheduler.selection``) and agent selectors (``scheduler.agents``, 
 
 from __future__ import annotations
 
-from domain.scheduling_config import SchedulerConfigError, SchedulingConfig
+from domain.scheduling_config import SchedulingConfig, SchedulingConfigError
 from scheduler.agents import BUILTIN_SELECTORS, ROUNDROBIN, UnknownSelectorError, load_plugin_selectors
-from scheduler.pass_model import SchedulerConfig
+from scheduler.pass_model import PassConfig
 from scheduler.scheduling_pass import validate_config
 from scheduler.selection import STRATEGIES
 
-__all__ = ["SchedulerConfigError", "scheduler_core"]
+__all__ = ["SchedulingConfigError", "pass_config"]
 
 
-def scheduler_core(config: SchedulingConfig) -> SchedulerConfig:
-    """The pure pass's configuration of ``config``; :class:`SchedulerConfigError` for a strategy or selector nobody
+def pass_config(config: SchedulingConfig) -> PassConfig:
+    """The pure pass's configuration of ``config``; :class:`SchedulingConfigError` for a strategy or selector nobody
     provides."""
     wanted: dict[str, tuple[str, ...]] = {}
     for where, group in config.group_sites():
@@ -32,6 +32,6 @@ def scheduler_core(config: SchedulingConfig) -> SchedulerConfig:
         plugins = load_plugin_selectors(wanted)
     except UnknownSelectorError as exc:
         raise config.refuse((*wanted.get(exc.name, ()), "agent_selector"), str(exc)) from None
-    core = SchedulerConfig(default=config.default_group, groups=config.groups, plugin_selectors=plugins)
+    core = PassConfig(default=config.default_group, groups=config.groups, plugin_selectors=plugins)
     validate_config(core)
     return core

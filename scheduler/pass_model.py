@@ -26,7 +26,7 @@ __all__ = [
     "KernelPlacement",
     "PassResult",
     "Reservation",
-    "SchedulerConfig",
+    "PassConfig",
     "WaitExplanation",
     "WaitKind",
     "ClusterMode",
@@ -160,7 +160,10 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
+class PassConfig:
+    """What the pure pass is configured with: the file's groups (``domain.scheduling_config.SchedulingConfig``) with
+    their agent selectors resolved, plugins loaded (``scheduler.config.pass_config``)."""
+
     default: GroupConfig = GroupConfig()
     groups: Mapping[str, GroupConfig] = field(default_factory=dict)
     """Per resource group overrides of ``default`` (whole configs, not merged field by field)."""

@@ -32,8 +32,8 @@ from domain.scheduling_config import SchedulingConfig
 from domain.slots import SlotType
 from nomad_jobs.client import NomadClient
 from nomad_jobs.session_job import JobContext, render_session_job
-from scheduler.config import scheduler_core
-from scheduler.pass_model import KernelPlacement, PassResult, SchedulerConfig, WaitExplanation
+from scheduler.config import pass_config
+from scheduler.pass_model import KernelPlacement, PassConfig, PassResult, WaitExplanation
 from scheduler.scheduling_pass import run_pass
 from scheduler.snapshot import PassInput, SnapshotReader
 from stores.known_resources import record_resource_groups, record_slot_types
@@ -73,14 +73,14 @@ class Placer:
         fence: Fence | None,
         settings: Settings,
         config: SchedulingConfig,
-        core: SchedulerConfig | None = None,
+        core: PassConfig | None = None,
     ) -> None:
         """``core``: the pass's configuration (resolved from ``config`` when not given)."""
         self.store = store
         self.fence = fence
         self.settings = settings
         self.config = config
-        self.core = core if core is not None else scheduler_core(config)
+        self.core = core if core is not None else pass_config(config)
         self.reader = SnapshotReader(
             store, PolicyStore(store.redis, store.keys), nomad, config, settings.nomad.job_prefix
         )

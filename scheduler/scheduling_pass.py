@@ -36,11 +36,11 @@ from scheduler.pass_model import (
     Cancellation,
     ClusterMode,
     KernelPlacement,
+    PassConfig,
     PassResult,
     PendingSession,
     Reservation,
     RunningSession,
-    SchedulerConfig,
     Snapshot,
     WaitExplanation,
     WaitKind,
@@ -78,14 +78,14 @@ class _Outcomes:
         )
 
 
-def validate_config(config: SchedulerConfig) -> None:
+def validate_config(config: PassConfig) -> None:
     """Fail at startup, not in the middle of a pass: every configured strategy and selector name must resolve."""
     for group_config in (config.default, *config.groups.values()):
         get_strategy(group_config.session_strategy)
         resolve_selector(group_config.agent_selector, config.plugin_selectors)
 
 
-def run_pass(snapshot: Snapshot, config: SchedulerConfig, now: datetime) -> PassResult:
+def run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResult:
     with _collector_paused():
         return _run_pass(snapshot, config, now)
 
@@ -103,7 +103,7 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _run_pass(snapshot: Snapshot, config: SchedulerConfig, now: datetime) -> PassResult:
+def _run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResult:
     outcomes = _Outcomes(dict(snapshot.roundrobin_state))
     context = CheckContext(
         now,
@@ -184,7 +184,7 @@ def _schedule_group(
     sessions: Sequence[PendingSession],
     agents: Sequence[Agent],
     running: Sequence[RunningSession],
-    config: SchedulerConfig,
+    config: PassConfig,
     slot_names: set[str],
     context: CheckContext,
     now: datetime,

@@ -14,9 +14,9 @@ from core.lease import Fence, Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
 from domain.model import SessionResult
-from domain.scheduling_config import load_scheduler_config
+from domain.scheduling_config import load_scheduling_config
 from nomad_jobs.client import NomadClient
-from scheduler.config import scheduler_core
+from scheduler.config import pass_config
 from scheduler.folder_owner import FolderOwner
 from scheduler.folder_usage import UsageRecounter
 from scheduler.follower import Follower
@@ -27,6 +27,7 @@ from scheduler.schedules import ScheduleRunner
 from stores.folders import FolderStore
 from stores.images import ImageStore
 from stores.sessions import SessionStore
+from stores.usage import COMPACT_INTERVAL
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,8 @@ class Scheduler:
         self.lease = Lease(
             redis, self.keys.scheduler_lease, self.keys.scheduler_fence, ttl=settings.scheduler.lease_ttl
         )
-        self.config = load_scheduler_config(settings.scheduler.config_path)  # a broken file stops us here,
-        self.core = scheduler_core(self.config)  # and so does a strategy or selector nobody provides
+        self.config = load_scheduling_config(settings.scheduler.config_path)  # a broken file stops us here,
+        self.core = pass_config(self.config)  # and so does a strategy or selector nobody provides
 
     async def run_forever(self) -> None:
         await lead_forever("scheduler", self.lease, self.lead)
@@ -63,6 +64,7 @@ class Scheduler:
             tasks.create_task(forever("schedule", lambda: self._schedule_once(placer, fence)))
             tasks.create_task(forever("jobs", owner.run_forever))
             tasks.create_task(forever("folder usage", usage.recount_due, pause=usage.tick))
+            tasks.create_task(forever("usage compaction", self.compact_usage, pause=COMPACT_INTERVAL))
             tasks.create_task(forever("follow", follower.follow_events, pause=0.5))
             tasks.create_task(
                 forever("reconcile", follower.reconcile, pause=self.settings.scheduler.reconcile_interval)
@@ -79,6 +81,11 @@ class Scheduler:
         # Sleep until there is news (a session created or ended, a node changed) or the pass interval is over.
         await self.store.redis.blpop([self.keys.scheduler_wakeup], timeout=self.settings.scheduler.pass_interval)
         await self.store.redis.delete(self.keys.scheduler_wakeup)
+
+    async def compact_usage(self) -> None:
+        """The usage days written since their compact documents were built, built again off the reports' path."""
+        if built := await self.store.usage.compact_written_days():
+            log.debug("compacted the usage of %d days (%s … %s)", len(built), built[0], built[-1])
 
     async def end_overdue_batches(self, fence: Fence | None) -> None:
         """BATCH sessions past their batch timeout end FAILED with ``task-timeout``."""

@@ -53,6 +53,8 @@ UTILIZATION_TTL = 14 * 86400
 READ_CHUNK = 1000
 COMPACT_TTL = 35 * 86400
 """A day's compact document is dropped after this long unread (it is built again when asked)."""
+COMPACT_INTERVAL = 60.0
+"""Seconds between the scheduler leader's compactions of the days written since (``compact_written_days``)."""
 
 
 class CompactDay(msgspec.Struct, frozen=True):
@@ -150,8 +152,25 @@ class UsageStore:
             by_row.setdefault(row, {})[measure] = int(amount)
         day = CompactDay(name, int(version or 0), [(row, measures) for row, measures in by_row.items()])
         # a cache: a reader that stored an older one meanwhile only makes the next reader build it again
-        await self.redis.set(self.keys.usage_day_compact(name), encode(day), ex=COMPACT_TTL)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.usage_day_compact(name), encode(day), ex=COMPACT_TTL)
+            pipe.hset(self.keys.usage_days_compacted, name, day.version)
+            await pipe.execute()
         return day
+
+    async def compact_written_days(self) -> list[str]:
+        """Build again the compact document of every day written since its document was built (the scheduler
+        leader's task, every ``COMPACT_INTERVAL``): a report then finds its days ready and builds on its own path
+        only a day written within the last interval (today, mostly). Returns the days built, oldest first."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.keys.usage_day_versions)
+            pipe.hgetall(self.keys.usage_days_compacted)
+            versions, compacted = await pipe.execute()
+        built = text_hash(compacted)
+        written = sorted(day for day, version in text_hash(versions).items() if built.get(day) != version)
+        for name in written:
+            await self._compacted(name)
+        return written
 
     async def stored_rollup(self, days: Sequence[date]) -> tuple[Rollup, set[str]]:
         """The stored daily rollups of ``days`` (UTC) as rows, and the ids of live sessions."""

@@ -20,7 +20,7 @@ never empty; ``config.resource_priority`` is the group's slot order and ``config
 state kept between calls, no mutation of the arguments. A returned id that is not a candidate is a bug and raises.
 
 Load plugins once at startup with ``load_plugin_selectors()`` and put the result in
-``SchedulerConfig.plugin_selectors``; a pass never touches package metadata.
+``PassConfig.plugin_selectors``; a pass never touches package metadata.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ import pytest
 from domain.scheduling_config import (
     DEFAULT_RESOURCE_PRIORITY,
     GroupConfig,
-    SchedulerConfigError,
-    load_scheduler_config,
-    parse_scheduler_config,
+    SchedulingConfigError,
+    load_scheduling_config,
+    parse_scheduling_config,
 )
 
 FULL_HCL = """
@@ -50,7 +50,7 @@ FULL_JSON = {
 
 
 def test_no_file_means_the_defaults() -> None:
-    config = load_scheduler_config(None)
+    config = load_scheduling_config(None)
     assert config.default_group == GroupConfig()
     assert config.groups == {} and config.pending_timeout("any") is None
     assert config.cpu_mhz_per_core is None and config.source == "built-in"
@@ -60,7 +60,7 @@ def test_no_file_means_the_defaults() -> None:
 def test_a_group_inherits_what_it_does_not_set(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"scheduler.{suffix}"
     path.write_text(FULL_HCL if suffix == "hcl" else json.dumps(FULL_JSON))
-    config = load_scheduler_config(path)
+    config = load_scheduling_config(path)
     default = GroupConfig(session_strategy="drf", retries_to_skip=3, reserve_after=timedelta(minutes=10))
     assert config.default_group == default
     gpu = config.for_group("gpu")
@@ -74,12 +74,12 @@ def test_a_group_inherits_what_it_does_not_set(tmp_path: Path, suffix: str) -> N
 
 
 def test_device_slots_extend_the_built_in_names() -> None:
-    devices = parse_scheduler_config(FULL_HCL, "s.hcl").devices
+    devices = parse_scheduling_config(FULL_HCL, "s.hcl").devices
     assert devices.slot_of("nomad", "file", "mock") == "fake.device"
     assert devices.slot_of("nvidia", "gpu", "Tesla T4") == "cuda.device"
     assert devices.slot_of("intel", "gpu", "Arc") == "intel.gpu"
-    assert parse_scheduler_config("", "s.hcl").devices.slot_of("nomad", "file", "mock") == "mock.device"
-    assert parse_scheduler_config("", "s.hcl").default_group.resource_priority == DEFAULT_RESOURCE_PRIORITY
+    assert parse_scheduling_config("", "s.hcl").devices.slot_of("nomad", "file", "mock") == "mock.device"
+    assert parse_scheduling_config("", "s.hcl").default_group.resource_priority == DEFAULT_RESOURCE_PRIORITY
 
 
 @pytest.mark.parametrize(
@@ -121,8 +121,8 @@ def test_device_slots_extend_the_built_in_names() -> None:
     ids=lambda v: v if isinstance(v, str) and "\n" not in v and len(v) < 40 else "",
 )
 def test_a_broken_file_is_refused_with_line_and_reason(text: str, line: int, reason: str) -> None:
-    with pytest.raises(SchedulerConfigError) as refused:
-        parse_scheduler_config(text, "scheduler.hcl")
+    with pytest.raises(SchedulingConfigError) as refused:
+        parse_scheduling_config(text, "scheduler.hcl")
     assert refused.value.line == line
     assert reason in refused.value.reason
     assert str(refused.value).startswith(f"scheduler.hcl:{line}: ")
@@ -131,7 +131,7 @@ def test_a_broken_file_is_refused_with_line_and_reason(text: str, line: int, rea
 @pytest.mark.parametrize("suffix", ["hcl", "json"])
 def test_default_resources_merge_slot_by_slot_over_the_built_in_ones(tmp_path: Path, suffix: str) -> None:
     """Built-in 0.25 cpu and 256 MiB; the default block's over them, a group's over the default block's."""
-    assert dict(load_scheduler_config(None).default_resources("any")) == {"cpu": "0.25", "mem": str(256 << 20)}
+    assert dict(load_scheduling_config(None).default_resources("any")) == {"cpu": "0.25", "mem": str(256 << 20)}
     hcl = """
 default {
   default_resources = { cpu = 0.5 }
@@ -152,7 +152,7 @@ resource_group "plain" {
     }
     path = tmp_path / f"scheduler.{suffix}"
     path.write_text(hcl if suffix == "hcl" else json.dumps(doc))
-    config = load_scheduler_config(path)
+    config = load_scheduling_config(path)
     assert dict(config.default_resources("gpu")) == {"cpu": "0.5", "mem": str(1 << 30), "cuda.device": "1"}
     assert (
         dict(config.default_resources("plain"))
@@ -164,13 +164,13 @@ resource_group "plain" {
 def test_json_errors_name_the_key(tmp_path: Path) -> None:
     path = tmp_path / "scheduler.json"
     path.write_text(json.dumps({"resource_group": {"gpu": {"max_reservations": "two"}}}))
-    with pytest.raises(SchedulerConfigError, match=r"scheduler.json:-: resource_group.gpu.max_reservations: expected"):
-        load_scheduler_config(path)
+    with pytest.raises(SchedulingConfigError, match=r"scheduler.json:-: resource_group.gpu.max_reservations: expected"):
+        load_scheduling_config(path)
     path.write_text("{not json")
-    with pytest.raises(SchedulerConfigError, match="not valid JSON"):
-        load_scheduler_config(path)
+    with pytest.raises(SchedulingConfigError, match="not valid JSON"):
+        load_scheduling_config(path)
 
 
 def test_an_unreadable_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(SchedulerConfigError, match="cannot read the file"):
-        load_scheduler_config(tmp_path / "missing.hcl")
+    with pytest.raises(SchedulingConfigError, match="cannot read the file"):
+        load_scheduling_config(tmp_path / "missing.hcl")

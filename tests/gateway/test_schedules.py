@@ -11,7 +11,7 @@ import pytest
 
 from core.clock import utcnow
 from domain.schedules import run_key
-from domain.scheduling_config import load_scheduler_config
+from domain.scheduling_config import load_scheduling_config
 from domain.storage import FolderStatus
 from domain.users import Role
 from scheduler.schedules import ScheduleRunner
@@ -160,7 +160,7 @@ async def test_a_run_from_a_template_with_overrides_shows_in_the_history(caravan
         None,
         ["startup_command", "environ"],
     )
-    runner = ScheduleRunner(caravan.store, caravan.settings, load_scheduler_config(None), None, history=20)
+    runner = ScheduleRunner(caravan.store, caravan.settings, load_scheduling_config(None), None, history=20)
     due = datetime.fromisoformat(made["nextDue"])
     assert await runner.run_due(due + timedelta(seconds=0.2)) == 1
     [run] = (await caravan.gql(ONE, {"id": made["id"]}, token=alice))["schedule"]["history"]
@@ -282,7 +282,7 @@ async def test_a_schedule_is_refused_what_createsession_refuses_its_runs(caravan
     # what the owner may do is taken, and its runs are created
     good = {**BATCH, **mount(mine, "RW"), "priority": 20}
     changed = (await caravan.gql(UPDATE, {"id": made["id"], "input": {"spec": good}}, token=alice))["updateSchedule"]
-    runner = ScheduleRunner(caravan.store, caravan.settings, load_scheduler_config(None), None, history=20)
+    runner = ScheduleRunner(caravan.store, caravan.settings, load_scheduling_config(None), None, history=20)
     assert await runner.run_due(datetime.fromisoformat(changed["nextDue"]) + timedelta(seconds=0.2)) == 1
     [run] = (await caravan.gql(ONE, {"id": made["id"]}, token=alice))["schedule"]["history"]
     assert run["outcome"] == "CREATED", run

@@ -15,7 +15,7 @@ from core.errors import Forbidden, InvalidInput
 from core.settings import qemu_images_of
 from domain import vm
 from domain.model import Driver, Kernel, KernelObservation, Session, SessionStatus, SessionType
-from domain.scheduling_config import SchedulerConfigError, parse_scheduler_config
+from domain.scheduling_config import SchedulingConfigError, parse_scheduling_config
 from domain.session_requests import CreationRules, SessionRequest, build_sessions
 from domain.users import Role, User
 from nomad_jobs import qemu
@@ -200,17 +200,17 @@ def test_what_a_vm_cannot_take_is_refused_by_field(
 
 
 def test_resource_groups_name_their_allowed_drivers() -> None:
-    config = parse_scheduler_config(
+    config = parse_scheduling_config(
         'default {\n  allowed_drivers = ["exec", "docker"]\n}\n'
         'resource_group "vms" {\n  allowed_drivers = ["qemu"]\n}\n'
         'resource_group "gpu" {\n  agent_selector = "concentrated"\n}\n'
     )
     assert config.drivers_allowed("vms") == {"qemu"}
     assert config.drivers_allowed("gpu") == config.drivers_allowed("other") == {"exec", "docker"}  # inherited
-    assert parse_scheduler_config({}).drivers_allowed("any") == {d.value for d in Driver}
+    assert parse_scheduling_config({}).drivers_allowed("any") == {d.value for d in Driver}
     refused = 'resource_group "vms" {\n  agent_selector = "dispersed"\n  allowed_drivers = ["kvm"]\n}\n'
-    with pytest.raises(SchedulerConfigError, match=r"f.hcl:3: resource_group.vms.allowed_drivers: unknown driver"):
-        parse_scheduler_config(refused, "f.hcl")
+    with pytest.raises(SchedulingConfigError, match=r"f.hcl:3: resource_group.vms.allowed_drivers: unknown driver"):
+        parse_scheduling_config(refused, "f.hcl")
 
 
 def test_a_driver_the_group_does_not_allow_is_forbidden() -> None:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
-from scheduler.pass_model import ClusterMode, PassResult, PendingSession, SchedulerConfig, Snapshot
+from scheduler.pass_model import ClusterMode, PassConfig, PassResult, PendingSession, Snapshot
 from scheduler.scheduling_pass import run_pass
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -53,9 +53,9 @@ def session(
     )
 
 
-def config(**fields: object) -> SchedulerConfig:
+def config(**fields: object) -> PassConfig:
     plugins = fields.pop("plugin_selectors", {})
-    return SchedulerConfig(GroupConfig(**fields), plugin_selectors=plugins)  # type: ignore[arg-type]
+    return PassConfig(GroupConfig(**fields), plugin_selectors=plugins)  # type: ignore[arg-type]
 
 
 def run(

@@ -34,11 +34,11 @@ from domain.slots import ResourceSlots
 from scheduler.agents import concentrated
 from scheduler.pass_model import (
     DependencyState,
+    PassConfig,
     PassResult,
     PendingSession,
     ProjectPolicy,
     RunningSession,
-    SchedulerConfig,
     Snapshot,
     UserPolicy,
 )
@@ -150,7 +150,7 @@ def _extras(snapshot: Snapshot, rng: random.Random) -> Snapshot:
     return Snapshot(agents, tuple(pending), running, dependency_states, user_policies, project_policies, {"default": 7})
 
 
-def workload(case: Case) -> tuple[Snapshot, SchedulerConfig]:
+def workload(case: Case) -> tuple[Snapshot, PassConfig]:
     bench = bench_module()
     snapshot, priority = bench.load(bench.generate(case.pending, case.agents, case.seed))
     if case.extras:
@@ -165,7 +165,7 @@ def workload(case: Case) -> tuple[Snapshot, SchedulerConfig]:
     )
     other = replace(group, session_strategy="fifo" if case.strategy != "fifo" else "drf", resource_priority=("cpu",))
     plugins = {"plugin-pack": concentrated.select}
-    return snapshot, SchedulerConfig(group, {"gpu": other} if case.extras else {}, plugins)
+    return snapshot, PassConfig(group, {"gpu": other} if case.extras else {}, plugins)
 
 
 def passes(case: Case) -> Iterator[PassResult]:

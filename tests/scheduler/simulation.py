@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from domain.agents import Agent
 from domain.slots import ResourceSlots
-from scheduler.pass_model import PendingSession, RunningSession, SchedulerConfig, Snapshot
+from scheduler.pass_model import PassConfig, PendingSession, RunningSession, Snapshot
 from scheduler.scheduling_pass import run_pass
 from tests.scheduler.builders import T0
 
@@ -15,7 +15,7 @@ from tests.scheduler.builders import T0
 def simulate(
     agents: list[Agent],
     pending: list[PendingSession],
-    config: SchedulerConfig,
+    config: PassConfig,
     *,
     runs_for: int,
     max_passes: int,

@@ -15,7 +15,7 @@ from domain.scheduling_config import GroupConfig
 from scheduler.agents import UnknownSelectorError, load_plugin_selectors, roundrobin
 from scheduler.agents.base import AgentView, SelectionRequest, SelectorConfig
 from scheduler.agents.ranking import order_slots
-from scheduler.pass_model import ClusterMode, SchedulerConfig, WaitKind
+from scheduler.pass_model import ClusterMode, PassConfig, WaitKind
 from scheduler.scheduling_pass import validate_config
 from tests.scheduler.builders import agent, placed_on, run, session
 
@@ -298,12 +298,12 @@ def test_unknown_selector_lists_valid_names() -> None:
 
 def test_config_is_validated_up_front() -> None:
     validate_config(
-        SchedulerConfig(
+        PassConfig(
             GroupConfig(), groups={"gpu": GroupConfig(agent_selector="last")}, plugin_selectors={"last": pick_last}
         )
     )
     with pytest.raises(UnknownSelectorError):
-        validate_config(SchedulerConfig(GroupConfig(), groups={"gpu": GroupConfig(agent_selector="last")}))
+        validate_config(PassConfig(GroupConfig(), groups={"gpu": GroupConfig(agent_selector="last")}))
 
 
 def test_plugins_load_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ import pytest
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from domain.scheduling_config import SchedulingConfig
 from nomad_jobs.agents import agents_of, healthy_drivers
-from scheduler.config import scheduler_core
+from scheduler.config import pass_config
 from scheduler.pass_model import PassResult, Snapshot, WaitKind
 from scheduler.scheduling_pass import run_pass
 from scheduler.snapshot import pending_session, requiring_driver, with_wanted_slots
@@ -72,7 +72,7 @@ def schedule(nodes: list[dict[str, Any]], sessions: list[Session]) -> PassResult
     agents = agents_of(nodes, [], {s.id: s for s in sessions}, "cv", 1000, CONFIG.devices)
     drivers = {str(n["ID"]): healthy_drivers(n) for n in nodes}
     return run_pass(
-        Snapshot(with_wanted_slots(agents, drivers, pending), pending), scheduler_core(CONFIG), T0 + timedelta(1)
+        Snapshot(with_wanted_slots(agents, drivers, pending), pending), pass_config(CONFIG), T0 + timedelta(1)
     )
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
-from scheduler.pass_model import SchedulerConfig, Snapshot, WaitKind
+from scheduler.pass_model import PassConfig, Snapshot, WaitKind
 from scheduler.scheduling_pass import run_pass
 from tests.scheduler.builders import T0, agent, placed_on, run, session, slots
 
@@ -109,7 +109,7 @@ def test_groups_are_scheduled_independently_with_their_own_config() -> None:
         session("in-g2", {"cpu": 1}, group="g2"),
         session("g2-blocker", {"cpu": 9}, group="g2", at=-1),
     ]
-    config = SchedulerConfig(
+    config = PassConfig(
         GroupConfig(agent_selector="concentrated"), groups={"g2": GroupConfig(agent_selector="dispersed")}
     )
     result = run_pass(Snapshot(tuple(agents), tuple(pending)), config, T0)
@@ -121,8 +121,8 @@ def test_run_pass_does_not_mutate_its_input() -> None:
     agents = (agent("a1", {"cpu": 4}),)
     pending = (session("s", {"cpu": 2}),)
     snapshot = Snapshot(agents, pending, roundrobin_state={"g": 0})
-    first = run_pass(snapshot, SchedulerConfig(GroupConfig(agent_selector="roundrobin")), T0)
-    second = run_pass(snapshot, SchedulerConfig(GroupConfig(agent_selector="roundrobin")), T0)
+    first = run_pass(snapshot, PassConfig(GroupConfig(agent_selector="roundrobin")), T0)
+    second = run_pass(snapshot, PassConfig(GroupConfig(agent_selector="roundrobin")), T0)
     assert first == second
     assert snapshot.agents[0].occupied == ResourceSlots() and snapshot.roundrobin_state == {"g": 0}
 

@@ -13,7 +13,7 @@ from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
 from scheduler.agents import concentrated, dispersed
-from scheduler.pass_model import ClusterMode, PassResult, PendingSession, SchedulerConfig, Snapshot, WaitKind
+from scheduler.pass_model import ClusterMode, PassConfig, PassResult, PendingSession, Snapshot, WaitKind
 from scheduler.scheduling_pass import run_pass
 from tests.scheduler.builders import T0, agent, session
 from tests.scheduler.simulation import simulate
@@ -113,7 +113,7 @@ def assert_never_over_committed(all_agents: list[Agent], pending: list[PendingSe
 def test_no_agent_slot_is_ever_over_committed(
     all_agents: list[Agent], pending: list[PendingSession], group: GroupConfig
 ) -> None:
-    result = run_pass(Snapshot(tuple(all_agents), tuple(pending)), SchedulerConfig(group), NOW)
+    result = run_pass(Snapshot(tuple(all_agents), tuple(pending)), PassConfig(group), NOW)
     assert_never_over_committed(all_agents, pending, result)
     decided = set(result.placements) | set(result.waiting) | set(result.cancellations)
     assert decided == {s.id for s in pending} and not set(result.placements) & set(result.waiting)
@@ -130,7 +130,7 @@ def test_no_agent_slot_is_ever_over_committed(
 def test_strict_order_never_lets_a_later_session_overtake_for_resources(
     all_agents: list[Agent], pending: list[PendingSession], strategy: str, selector: str
 ) -> None:
-    config = SchedulerConfig(GroupConfig(session_strategy=strategy, agent_selector=selector, retries_to_skip=0))
+    config = PassConfig(GroupConfig(session_strategy=strategy, agent_selector=selector, retries_to_skip=0))
     result = run_pass(Snapshot(tuple(all_agents), tuple(pending)), config, NOW)
     age = 1 if strategy == "fifo" else -1
     order = sorted(pending, key=lambda s: (-s.priority, age * s.created_at.timestamp(), s.id))
@@ -167,7 +167,7 @@ def test_with_retries_to_skip_every_session_that_fits_is_eventually_placed(
     cluster: list[Agent], pending: list[PendingSession], group: GroupConfig, retries_to_skip: int, runs_for: int
 ) -> None:
     feasible = [s for s in pending if _fits_an_empty_cluster(s, cluster)]
-    config = SchedulerConfig(replace(group, retries_to_skip=retries_to_skip))
+    config = PassConfig(replace(group, retries_to_skip=retries_to_skip))
     bound = (len(feasible) + 1) * (runs_for + retries_to_skip + 2)
     placed = simulate(cluster, feasible, config, runs_for=runs_for, max_passes=bound)
     assert set(placed) == {s.id for s in feasible}
@@ -180,8 +180,8 @@ def test_indexed_selectors_choose_exactly_like_the_reference_selectors(
 ) -> None:
     snapshot = Snapshot(tuple(all_agents), tuple(pending))
     reference = {"ref": concentrated.select if group.agent_selector == "concentrated" else dispersed.select}
-    indexed = run_pass(snapshot, SchedulerConfig(group), NOW)
-    plain = run_pass(snapshot, SchedulerConfig(replace(group, agent_selector="ref"), plugin_selectors=reference), NOW)
+    indexed = run_pass(snapshot, PassConfig(group), NOW)
+    plain = run_pass(snapshot, PassConfig(replace(group, agent_selector="ref"), plugin_selectors=reference), NOW)
     assert indexed.placements == plain.placements
     assert indexed.retry_increments == plain.retry_increments
     assert {k: w.kind for k, w in indexed.waiting.items()} == {k: w.kind for k, w in plain.waiting.items()}

@@ -27,7 +27,7 @@ from domain.schedules import (
     run_request,
     run_session_name,
 )
-from domain.scheduling_config import load_scheduler_config
+from domain.scheduling_config import load_scheduling_config
 from domain.session_requests import build_sessions
 from domain.storage import FolderMode, FolderStatus, MountRequest, new_folder
 from domain.templates import TemplateSpec
@@ -46,7 +46,7 @@ SPEC = TemplateSpec(type=SessionType.BATCH, driver=Driver.EXEC, startup_command=
 
 
 def runner_of(redis: Redis, keys: Keys, settings: Settings, fence: Fence | None = None) -> ScheduleRunner:
-    return ScheduleRunner(SessionStore(redis, keys), settings, load_scheduler_config(None), fence, history=20)
+    return ScheduleRunner(SessionStore(redis, keys), settings, load_scheduling_config(None), fence, history=20)
 
 
 async def stored_schedule(
@@ -227,7 +227,7 @@ async def test_paused_schedules_leave_the_due_index(redis: Redis, keys: Keys, re
 
 async def test_the_history_keeps_the_newest_records(redis: Redis, keys: Keys, redis_settings: Settings) -> None:
     schedule = await stored_schedule(redis, keys)
-    runner = ScheduleRunner(SessionStore(redis, keys), redis_settings, load_scheduler_config(None), None, history=3)
+    runner = ScheduleRunner(SessionStore(redis, keys), redis_settings, load_scheduling_config(None), None, history=3)
     for minute in range(15):
         await runner.run_due(T0 + timedelta(minutes=minute, seconds=0.1))
     history = await ScheduleStore(redis, keys, history=3).history(schedule.id)

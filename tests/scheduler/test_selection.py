@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from domain.scheduling_config import GroupConfig
-from scheduler.pass_model import PendingSession, Reservation, RunningSession, SchedulerConfig, WaitKind
+from scheduler.pass_model import PassConfig, PendingSession, Reservation, RunningSession, WaitKind
 from scheduler.selection import UnknownStrategyError, get_strategy
 from tests.scheduler.builders import T0, agent, placed_on, run, session, slots
 from tests.scheduler.simulation import simulate
@@ -269,7 +269,7 @@ def test_reservation_bounds_starvation(reserve_after: timedelta | None, starves:
     # (pushed back after one failure) never sees 4 cpu free at once unless it reserves the agent.
     agents = [agent("a1", {"cpu": 4})]
     smalls = [session(f"s{n:03d}", {"cpu": 1}, at=n if n < 4 else 60 + n) for n in range(120)]
-    config = SchedulerConfig(GroupConfig(retries_to_skip=1, reserve_after=reserve_after))
+    config = PassConfig(GroupConfig(retries_to_skip=1, reserve_after=reserve_after))
     placed = simulate(agents, [session("big", {"cpu": 4}, at=10), *smalls], config, runs_for=3, max_passes=45)
     assert ("big" not in placed) is starves
     if not starves:

@@ -14,7 +14,7 @@ import pytest
 
 from domain.model import ClusterMode as SessionClusterMode
 from domain.model import Driver, Kernel, Session, SessionResult, SessionStatus, SessionType
-from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
+from domain.scheduling_config import SchedulingConfig, parse_scheduling_config
 from domain.slots import ResourceSlots
 from nomad_jobs.agents import agents_of, alloc_slots, is_schedulable, kernel_request, mhz_per_core, node_capacity
 from scheduler.pass_model import ClusterMode, DependencyState
@@ -161,7 +161,7 @@ def test_a_share_counts_one_kth_of_a_device() -> None:
 
 
 def test_configured_device_names_are_used() -> None:
-    config = parse_scheduler_config('device_slots = { "nomad/file" = "fpga.device" }', "s.hcl")
+    config = parse_scheduling_config('device_slots = { "nomad/file" = "fpga.device" }', "s.hcl")
     assert node_capacity(node("n", mock=(True,)), 1000, config.devices).amount("fpga.device") == 1
 
 
@@ -315,7 +315,7 @@ def test_a_vanished_dependency_has_failed() -> None:
 
 
 def test_pending_timeout_counts_from_the_start_time() -> None:
-    config = parse_scheduler_config(
+    config = parse_scheduling_config(
         'default {\n pending_timeout = "10m"\n}\nresource_group "slow" {\n pending_timeout = 0\n}', "s.hcl"
     )
     later = T0 + timedelta(minutes=11)

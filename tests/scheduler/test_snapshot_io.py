@@ -24,7 +24,7 @@ from core.lease import Fence, LostLease
 from core.settings import Settings
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from domain.resource_policies import UserResourcePolicy
-from domain.scheduling_config import SchedulingConfig, parse_scheduler_config
+from domain.scheduling_config import SchedulingConfig, parse_scheduling_config
 from domain.slots import SlotType
 from nomad_jobs.client import NomadClient
 from scheduler.placer import Placer
@@ -105,7 +105,7 @@ async def test_a_pass_records_the_node_pools_seen_and_the_configured_groups(
     redis: Redis, keys: Keys, nomad: NomadClient, settings: Settings, fence: Fence
 ) -> None:
     assert await redis.smembers(keys.known_resource_groups) == set()  # before any pass (the gateway adds default)
-    config = parse_scheduler_config('resource_group "gpu" {\n  agent_selector = "concentrated"\n}\n')
+    config = parse_scheduling_config('resource_group "gpu" {\n  agent_selector = "concentrated"\n}\n')
     await placer(redis, keys, nomad, settings, fence, config).run_pass()  # nothing pending: the first pass still reads
     assert await redis.smembers(keys.known_resource_groups) == {"default", "gpu"}  # the dev agent's pool, the config's
     assert await known_resource_groups(redis, keys, configured=["cpu-only"]) == {"default", "gpu", "cpu-only"}
@@ -153,7 +153,7 @@ async def test_pending_timeout_and_policies_from_redis(
     await store.create([old])
     await store.create([capped])
     await PolicyStore(redis, keys).put_user("carol", UserResourcePolicy(total_resource_slots={"cpu": "0.05"}))
-    config = parse_scheduler_config('resource_group "slow" {\n  pending_timeout = "1m"\n}', "s.hcl")
+    config = parse_scheduling_config('resource_group "slow" {\n  pending_timeout = "1m"\n}', "s.hcl")
     await placer(redis, keys, nomad, settings, fence, config).run_pass()
     timed_out = await store.get(old.id)
     assert timed_out is not None and (timed_out.status, timed_out.status_info) == (S.CANCELLED, "pending-timeout")
@@ -166,7 +166,7 @@ async def test_round_robin_resumes_where_the_last_leader_stopped(
     redis: Redis, keys: Keys, settings: Settings, nomad_cluster: NomadCluster, fence: Fence
 ) -> None:
     clustered = on_the_cluster(settings, nomad_cluster).for_role("scheduler")
-    config = parse_scheduler_config(scheduler_config('default {\n  agent_selector = "roundrobin"\n}'), "s.hcl")
+    config = parse_scheduling_config(scheduler_config('default {\n  agent_selector = "roundrobin"\n}'), "s.hcl")
     store = SessionStore(redis, keys)
     in_id_order = sorted(nomad_cluster.node_ids[name] for name in ("small", "medium", "large"))
     landed = []

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from core.errors import InvalidInput
 from core.keys import Keys
 from core.lease import Lease
+from core.replies import text_hash
 from domain.access import Scope
 from domain.idle.config import CheckName
 from domain.idle.verdict import CheckReport, MetricReading, Verdict
@@ -236,3 +237,24 @@ async def test_an_idle_sweep_adds_its_measured_utilization_to_the_session(redis:
     await move(store, session.id, S.TERMINATED, T0 + timedelta(seconds=60))
     record = await store.usage.record(session.id)
     assert record is not None and record.rates[USED + "cpu_util"] == 100
+
+
+async def test_the_leaders_compaction_builds_exactly_the_days_written_since(redis: Redis, keys: Keys) -> None:
+    store = SessionStore(redis, keys)
+    day1 = datetime(2026, 3, 10, 1, 0, tzinfo=UTC)
+    day2 = day1 + timedelta(days=1)
+    await run_and_end(store, new_session(owner="alice"), day1, 600)
+    await run_and_end(store, new_session(owner="bob"), day2, 600)
+    assert await store.usage.compact_written_days() == [day1.date().isoformat(), day2.date().isoformat()]
+    assert await store.usage.compact_written_days() == []  # nothing written since: nothing built
+    await run_and_end(store, new_session(owner="carol"), day2 + timedelta(hours=1), 600)
+    assert await store.usage.compact_written_days() == [day2.date().isoformat()]
+    # what it built is what a report reads: fresh, so the report builds nothing on its path
+    versions = text_hash(await redis.hgetall(keys.usage_day_versions))
+    compact, _ = await store.usage.compact_days([day1.date(), day2.date()])
+    assert [c.version for c in compact] == [int(versions[d.date().isoformat()]) for d in (day1, day2)]
+    assert {row.split(FIELD_SEPARATOR)[0] for row, _ in compact[1].rows} == {"bob", "carol"}
+    # a report that built a day itself counts as built for the leader too
+    await run_and_end(store, new_session(owner="dave"), day1 + timedelta(hours=2), 600)
+    await store.usage.compact_days([day1.date()])
+    assert await store.usage.compact_written_days() == []

@@ -12,7 +12,7 @@ from domain.storage import Folder, FolderStatus, check_folder_name, may_share_wi
 from domain.users import Role, User
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
-from gateway.graphql.folders.queries import folder_store, folder_view, visible
+from gateway.graphql.folders.queries import folder_of_viewer, folder_store, folder_view
 from gateway.graphql.folders.types import FolderMode, StorageFolder
 from stores.folders import Mutation
 
@@ -32,7 +32,7 @@ class FolderShareInput:
 
 
 async def _owned(ctx: Context, folder_id: str, viewer: User) -> Folder:
-    folder, _ = await visible(ctx, folder_id, viewer)
+    folder, _ = await folder_of_viewer(ctx, folder_id, viewer)
     if not owns(viewer, folder):
         raise Forbidden("only the folder's owner (or its project's admins) changes it", field="id")
     return folder

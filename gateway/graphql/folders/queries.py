@@ -17,7 +17,7 @@ def folder_store(ctx: Context) -> FolderStore:
     return FolderStore(ctx.sessions.redis, ctx.sessions.keys)
 
 
-async def visible(ctx: Context, folder_id: str, viewer: User, field: str = "id") -> tuple[Folder, FolderMode]:
+async def folder_of_viewer(ctx: Context, folder_id: str, viewer: User, field: str = "id") -> tuple[Folder, FolderMode]:
     """The folder and the viewer's mode on it; NOT_FOUND (on ``field``) when it does not exist or is not theirs."""
     found = await folder_store(ctx).get(folder_id)
     mode = mode_for(viewer, found) if found is not None else None
@@ -52,7 +52,7 @@ class FolderQueries:
 
     @fields.field(description="One folder; NOT_FOUND when it does not exist or you may not see it.")
     async def folder(self, info: Info, id: strawberry.ID) -> StorageFolder:
-        folder, mode = await visible(info.context, str(id), info.context.viewer)
+        folder, mode = await folder_of_viewer(info.context, str(id), info.context.viewer)
         return await folder_view(info.context, folder, mode)
 
     @fields.field(description="Your folders' number and bytes against your quotas.")

@@ -16,7 +16,7 @@ from domain.session_requests import build_sessions
 from domain.sftp import SFTP_PORT, SFTP_USER, checked_public_key, sftp_request
 from gateway.graphql import fields
 from gateway.graphql.context import Info
-from gateway.graphql.folders.queries import visible
+from gateway.graphql.folders.queries import folder_of_viewer
 from gateway.graphql.sessions.types import Session, session_type_of
 
 
@@ -68,7 +68,7 @@ class SftpMutations:
             private_key, public_key = generated_key_pair()
         else:
             public_key = checked_public_key(input.public_key)
-        folders = [await visible(ctx, str(f), viewer, field="folders") for f in input.folders]
+        folders = [await folder_of_viewer(ctx, str(f), viewer, field="folders") for f in input.folders]
         request = sftp_request(folders, public_key, image=image, name=f"sftp-{secrets.token_hex(4)}")
         rules = await ctx.creation.rules(
             resource_group=request.resource_group, preset=None, folders=[f.id for f, _ in folders]

@@ -22,7 +22,7 @@ from gateway.graphql.idle.types import (
     UtilizationPolicy,
     UtilizationThreshold,
 )
-from gateway.graphql.sessions.queries import visible
+from gateway.graphql.sessions.queries import session_visible
 from stores.idle import IdleStore
 from stores.resource_policies import PolicyStore
 
@@ -37,7 +37,7 @@ class IdleQueries:
         viewer = info.context.viewer
         store = info.context.sessions
         session = await store.get(str(session_id))
-        if session is None or not visible(session, viewer):
+        if session is None or not session_visible(session, viewer):
             raise NotFound(f"no session {session_id}", field="sessionId")
         if not administers(viewer, session.project):
             raise Forbidden("only administrators can read idle policies", field="sessionId")

@@ -13,7 +13,7 @@ from domain import images
 from domain.images import ImageStatus, may_use_image, new_commit
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
-from gateway.graphql.sessions.queries import visible
+from gateway.graphql.sessions.queries import session_visible
 from nomad_jobs.meta import TASK_NAME
 from stores.images import ImageStore
 
@@ -80,7 +80,7 @@ class ImageMutations:
     async def commit_session(self, info: Info, id: strawberry.ID, name: str, tag: str) -> SessionImage:
         ctx = info.context
         session = await ctx.sessions.get(str(id))
-        if session is None or not visible(session, ctx.viewer):
+        if session is None or not session_visible(session, ctx.viewer):
             raise NotFound(f"no session {str(id)[:80]}", field="id")
         image = new_commit(session, name=name, tag=tag, task=TASK_NAME, now=utcnow())
         await image_store(ctx).ask(image)  # INVALID_INPUT if the reference is taken (by this owner: it is theirs)

@@ -16,7 +16,7 @@ from gateway.auth import header_token
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.apps import AppLaunch, SessionApp, session_app_types
-from gateway.graphql.sessions.queries import visible
+from gateway.graphql.sessions.queries import session_visible
 from stores.app_access import LAUNCH_TTL, AppAccessStore
 
 
@@ -29,7 +29,7 @@ def _find(apps: Sequence[App], name: str) -> App:
 
 async def _visible_session(ctx: Context, session_id: str) -> SessionModel:
     found = await ctx.sessions.get(session_id)
-    if found is None or not visible(found, ctx.viewer):
+    if found is None or not session_visible(found, ctx.viewer):
         raise NotFound(f"no session {session_id}", field="sessionId")
     return found
 

@@ -20,7 +20,7 @@ from domain.users import User
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.inputs import CreateSessionInput, options_of
-from gateway.graphql.sessions.queries import visible
+from gateway.graphql.sessions.queries import session_visible
 from gateway.graphql.sessions.types import Session, session_type_of
 from stores.activity import record_activity
 
@@ -34,7 +34,7 @@ class CreateSessionPayload:
 
 async def _owned(ctx: Context, session_id: str, viewer: User) -> SessionModel:
     found = await ctx.sessions.get(session_id)
-    if found is None or not visible(found, viewer):
+    if found is None or not session_visible(found, viewer):
         raise NotFound(f"no session {session_id}", field="id")
     return found
 
@@ -61,7 +61,7 @@ async def create_from_input(ctx: Context, input: CreateSessionInput) -> list[Ses
     owner = await _owner_of_new(ctx, viewer, str(input.owner) if input.owner is not None else None)
     dependencies = [str(d) for d in input.dependencies]
     for dependency_id, found in zip(dependencies, await ctx.sessions.get_many(dependencies), strict=True):
-        if not visible(found, viewer):
+        if not session_visible(found, viewer):
             raise NotFound(f"dependency {dependency_id} does not exist", field="dependencies")
     request = SessionRequest(
         name=input.name,

@@ -49,7 +49,7 @@ def listed_session(document: str) -> Session:
     return session_type_of(decode(document, SessionModel))
 
 
-def visible(session: SessionModel | None, viewer: User) -> bool:
+def session_visible(session: SessionModel | None, viewer: User) -> bool:
     return session is not None and can_access(viewer, session.owner_id, session.project)
 
 
@@ -70,7 +70,7 @@ class SessionQueries:
     async def session(self, info: Info, id: strawberry.ID) -> Session:
         viewer = info.context.viewer
         found = await info.context.sessions.get(str(id))
-        if not visible(found, viewer):
+        if not session_visible(found, viewer):
             raise NotFound(f"no session {id}", field="id")
         assert found is not None
         return session_type_of(found)
