@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     deploy.add_argument("--config", type=Path, required=True, help="the deployment's JSON file (caravan/deploy.py)")
     deploy.add_argument("--render", action="store_true", help="print the job specs instead of submitting them")
     deploy.add_argument("--wait", type=float, default=0.0, help="seconds to wait for every deployment to succeed")
+    deploy.add_argument(
+        "--only", default="ingress,gateway,scheduler,idle", help="the jobs to submit, comma-separated (default: all)"
+    )
     ingress = commands.add_parser("ingress", help="HAProxy with its gateway backend following a file of replicas")
     ingress.add_argument("--gateways", type=Path, required=True, help="a file of address:port lines")
     ingress.add_argument("--slots", type=int, default=16, help="the most gateway replicas the backend lists")
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.render:
                 print(deployment.show(config, settings))
                 return 0
-            return deployment.deploy(config, settings, wait=args.wait)
+            return deployment.deploy(config, settings, wait=args.wait, only=deployment.jobs_named(args.only))
         except (deployment.DeployError, NomadACLError) as refused:
             print(f"caravan deploy: {refused}", file=sys.stderr)
             return 2

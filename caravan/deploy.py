@@ -43,7 +43,7 @@ from core.secrets import (
     redis_password_path,
     redis_sentinel_client_path,
 )
-from core.settings import Settings
+from core.settings import NomadSettings, Settings
 from stores.users import bootstrap_admin_token
 
 SECOND = 1_000_000_000
@@ -100,6 +100,8 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Seconds a stopping gateway replica keeps serving after leaving the service (the ingress drops it meanwhile)."""
     kill_timeout: float = 15.0
     """Seconds a task has between SIGTERM and SIGKILL (the gateway drains its requests within 5 s)."""
+    version: str = ""
+    """The release deployed (each job's ``caravan_version`` meta): a new one rolls the jobs (``--only gateway``...)."""
     env: dict[str, str] = msgspec.field(default_factory=dict)
     """``CARAVAN_*`` settings of every job (``CARAVAN_REDIS_URL``, ``CARAVAN_NOMAD_ADDR`` ...), without credentials."""
 
@@ -108,6 +110,15 @@ Job = Literal["gateway", "scheduler", "idle", "ingress"]
 JOBS: tuple[Job, ...] = ("ingress", "gateway", "scheduler", "idle")
 ROLE_OF: dict[Job, Role] = {"gateway": "gateway", "scheduler": "scheduler", "idle": "idle", "ingress": "gateway"}
 """Whose credentials a job's tasks run with (HAProxy needs only the app cookie key)."""
+
+
+def jobs_named(text: str) -> tuple[Job, ...]:
+    """``--only``'s comma-separated job names, checked."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in JOBS]
+    if unknown or not names:
+        raise DeployError(f"--only: {', '.join(unknown) or 'nothing'}: the jobs are {', '.join(JOBS)}")
+    return tuple(job for job in JOBS if job in names)
 
 
 def load_config(path: Path) -> DeployConfig:
@@ -124,6 +135,13 @@ def check(config: DeployConfig) -> None:
     for field, value in (("name", config.name), ("namespace", config.namespace)):
         if not NAME.match(value):
             raise DeployError(f"{field}: {value!r} is not a name (a-z, 0-9, '-', 40 at most, a letter first)")
+    theirs = (
+        config.env.get("CARAVAN_NOMAD_NAMESPACE", NomadSettings.namespace),
+        config.env.get("CARAVAN_NOMAD_PLATFORM_NAMESPACE", NomadSettings.platform_namespace),
+    )
+    if config.namespace in theirs:
+        raise DeployError(f"namespace: {config.namespace!r} is the sessions' or the platform's; Caravan's own jobs "
+                          "need one of their own (it allows raw_exec)")
     for field, replicas in (("gateway", config.gateway), ("scheduler", config.scheduler), ("idle", config.idle)):
         if not 1 <= replicas.count <= 64:
             raise DeployError(f"{field}.count: {replicas.count} is not between 1 and 64")
@@ -142,7 +160,7 @@ def check(config: DeployConfig) -> None:
             raise DeployError(f"env.{key}: set from the configuration's own fields")
         if key == "CARAVAN_REDIS_URL" and urllib.parse.urlsplit(value).password:
             raise DeployError("env.CARAVAN_REDIS_URL: carries a password; each role's comes from Nomad Variables")
-    for text in (config.python, config.home, config.host, *config.datacenters, *config.env.values()):
+    for text in (config.python, config.home, config.host, config.version, *config.datacenters, *config.env.values()):
         if "${" in text or "{{" in text:
             raise DeployError(f"{text!r}: no interpolation (${{...}}) or template ({{{{...}}}}) in a value")
 
@@ -257,7 +275,7 @@ def _job(config: DeployConfig, job: Job, group: dict[str, Any]) -> dict[str, Any
         "Namespace": config.namespace,
         "Type": "service",
         "Datacenters": list(config.datacenters),
-        "Meta": {"caravan_role": job},
+        "Meta": {"caravan_role": job, "caravan_version": config.version},
         "Update": {
             "MaxParallel": 1,
             "HealthCheck": "checks",
@@ -377,9 +395,16 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
     return {job: jobs[job] for job in JOBS}
 
 
-def deploy(config: DeployConfig, settings: Settings, *, wait: float = 0.0, out: Any = sys.stdout) -> int:
-    """Write the secrets into Nomad Variables, the namespace (raw_exec allowed), and register the four jobs; with
-    ``wait`` > 0, wait that many seconds for each job's deployment to succeed. Uses the operator's token (the secrets
+def deploy(
+    config: DeployConfig,
+    settings: Settings,
+    *,
+    wait: float = 0.0,
+    only: tuple[Job, ...] = JOBS,
+    out: Any = sys.stdout,
+) -> int:
+    """Write the secrets into Nomad Variables, the namespace (raw_exec allowed), and register the jobs (``only``
+    those); with ``wait`` > 0, wait that many seconds for each job's deployment to succeed. Uses the operator's token (the secrets
     directory's ``nomad-admin.token`` or ``CARAVAN_NOMAD_TOKEN``)."""
     admin_settings = settings.for_role("admin")
     nomad = NomadAdmin(admin_settings.nomad.addr, admin_settings.nomad.token)
@@ -396,6 +421,8 @@ def deploy(config: DeployConfig, settings: Settings, *, wait: float = 0.0, out: 
     specs = render(config, {job: set(items) for job, items in secrets.items()})
     evaluations: dict[Job, int] = {}
     for job, spec in specs.items():
+        if job not in only:
+            continue
         answer = nomad.call("POST", f"/v1/jobs?namespace={ns}", {"Job": spec})
         evaluations[job] = int(answer.get("JobModifyIndex", 0))
         print(f"caravan deploy: registered {spec['ID']} in {config.namespace}", file=out)

@@ -113,9 +113,10 @@ def deploy_command(settings: Settings, config_path: Path, *extra: str) -> subpro
     )
 
 
-def config_for(settings: Settings, **fields: Any) -> DeployConfig:
+def config_for(settings: Settings, extra_env: dict[str, str] | None = None, **fields: Any) -> DeployConfig:
     prefix = settings.redis.prefix
     env = {
+        **(extra_env or {}),
         "CARAVAN_REDIS_URL": plain_url(settings.redis.url),
         "CARAVAN_REDIS_PREFIX": prefix,
         "CARAVAN_NOMAD_ADDR": settings.nomad.addr,

@@ -4,13 +4,21 @@ stopped leader hands over (the time it took is printed: speed is bench/'s busine
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
 import time
 from typing import Any
 
+import httpx2
+import msgspec
 import pytest
+from msgspec.structs import replace as dataclasses_replace
 
 from core.settings import Settings
-from tests.deployed import Deployed, config_for, deployed
+from tests.deployed import Deployed, config_for, deploy_command, deployed
+from tests.harness import ADMIN_TOKEN
+from tests.ws_client import authenticated_socket
 
 pytestmark = [pytest.mark.nomad, pytest.mark.redis]
 
@@ -68,3 +76,60 @@ def test_deploy_brings_caravan_up_on_nomad(settings: Settings) -> None:
         until(lambda: stack.gql(STATUS, {"id": after})["session"]["status"] == "RUNNING", 120, "RUNNING after")
         for sid in (session_id, after):
             stack.gql(DESTROY, {"id": sid})
+
+
+class SteadyStream:
+    """GraphQL requests through HAProxy one after another, on a kept-alive connection, in a thread: how many were
+    sent, and every one that did not answer the admin's ``viewer``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.sent = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx2.Client(timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
+            while not self._stop.is_set():
+                self.sent += 1
+                try:
+                    response = http.post(self.url, json={"query": "{ viewer { id } }"})
+                    if response.status_code != 200 or response.json() != {"data": {"viewer": {"id": "admin"}}}:
+                        self.failures.append(f"{response.status_code} {response.text[:200]}")
+                except httpx2.HTTPError as failed:
+                    self.failures.append(repr(failed))
+
+    def __enter__(self) -> SteadyStream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+async def test_rolling_upgrade_of_the_gateway_fails_no_request(settings: Settings) -> None:
+    """A new release of the gateway job (``caravan deploy --only gateway``) replaces both replicas one at a time
+    under a steady stream of requests through HAProxy: none fails; a WebSocket open on an old replica is closed with
+    1012 (service restart: reconnect), not cut."""
+    config = config_for(settings, {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000"}, version="1")  # the stream is dense
+    with deployed(settings, config) as stack:
+        before = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 30, "two gateways")
+        until(lambda: stack.backend() == before, 30, f"HAProxy's backend to list {before}")
+        path = settings.home / "deploy.json"
+        path.write_text(json.dumps(msgspec.to_builtins(dataclasses_replace(config, version="2"))))
+        async with authenticated_socket(stack.url, ADMIN_TOKEN) as socket:
+            with SteadyStream(stack.url) as stream:
+                done = await asyncio.to_thread(deploy_command, settings, path, "--only", "gateway", "--wait", "180")
+                assert done.returncode == 0, done.stdout + done.stderr
+                after = until(
+                    lambda: r if len(r := stack.gateway_replicas()) == 2 and not set(r) & set(before) else None,
+                    60,
+                    "two new gateways",
+                )
+                until(lambda: stack.backend() == after, 30, f"HAProxy's backend to list {after}")
+            assert await socket.closed_with(30) == 1012
+        print(f"rolling upgrade of 2 gateway replicas: {stream.sent} requests, {len(stream.failures)} failed")
+        assert stream.sent > 0
+        assert stream.failures == []
