@@ -96,7 +96,7 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     ingress: IngressSpec = IngressSpec()
     distinct_hosts: bool = False
     """Put the replicas of each job on different clients (a real cluster; one machine has one client)."""
-    shutdown_delay: float = 3.0
+    shutdown_delay: float = 5.0
     """Seconds a stopping gateway replica keeps serving after leaving the service (the ingress drops it meanwhile)."""
     kill_timeout: float = 15.0
     """Seconds a task has between SIGTERM and SIGKILL (the gateway drains its requests within 5 s)."""
