@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from caravan import services
-from core.settings import load_settings
+from core.settings import Settings, load_settings
 from domain.idle.policy_file import PolicyFileError
 from domain.scheduling_config import SchedulerConfigError
 from gateway.graphql.limits import Limits
@@ -52,24 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"caravan: configuration refused: {refused}", file=sys.stderr)
         return 2
     services.configure_logging()
-    if args.command == "deploy":
-        from caravan import deploy as deployment
-        from caravan.stack.nomad_acl import NomadACLError
-
-        try:
-            config = deployment.load_config(args.config)
-            if args.render:
-                print(deployment.show(config, settings))
-                return 0
-            return deployment.deploy(config, settings, wait=args.wait, only=deployment.jobs_named(args.only))
-        except (deployment.DeployError, NomadACLError) as refused:
-            print(f"caravan deploy: {refused}", file=sys.stderr)
-            return 2
-    if args.command == "ingress":
-        from caravan.ingress import run_ingress
-
-        asyncio.run(run_ingress(settings, args.gateways, args.slots))
-        return 0
+    if args.command in ("deploy", "ingress"):
+        return deploy_command(args, settings)
     if args.command == "stack":
         from caravan.stack import dev_stack, nomad_acl, redis_acl
 
@@ -106,6 +90,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"caravan: configuration refused: {refused}", file=sys.stderr)
         return 2
     return 0
+
+
+def deploy_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``caravan deploy`` and ``caravan ingress`` (what the deployed ingress job runs)."""
+    if args.command == "ingress":
+        from caravan.ingress import run_ingress
+
+        asyncio.run(run_ingress(settings, args.gateways, args.slots))
+        return 0
+    from caravan import deploy as deployment
+    from caravan.stack.nomad_acl import NomadACLError
+
+    try:
+        config = deployment.load_config(args.config)
+        if args.render:
+            print(deployment.show(config, settings))
+            return 0
+        return deployment.deploy(config, settings, wait=args.wait, only=deployment.jobs_named(args.only))
+    except (deployment.DeployError, NomadACLError) as refused:
+        print(f"caravan deploy: {refused}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

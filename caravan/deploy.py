@@ -140,17 +140,26 @@ def check(config: DeployConfig) -> None:
         config.env.get("CARAVAN_NOMAD_PLATFORM_NAMESPACE", NomadSettings.platform_namespace),
     )
     if config.namespace in theirs:
-        raise DeployError(f"namespace: {config.namespace!r} is the sessions' or the platform's; Caravan's own jobs "
-                          "need one of their own (it allows raw_exec)")
+        raise DeployError(
+            f"namespace: {config.namespace!r} is the sessions' or the platform's; Caravan's own jobs "
+            "need one of their own (it allows raw_exec)"
+        )
     for field, replicas in (("gateway", config.gateway), ("scheduler", config.scheduler), ("idle", config.idle)):
         if not 1 <= replicas.count <= 64:
             raise DeployError(f"{field}.count: {replicas.count} is not between 1 and 64")
     if not config.gateway.count < config.ingress.gateway_slots <= 256:
-        raise DeployError("ingress.gateway_slots: more than gateway.count (a rolling update runs one more), 256 at most")
+        raise DeployError(
+            "ingress.gateway_slots: more than gateway.count (a rolling update runs one more), 256 at most"
+        )
     if not 1 <= config.ingress.port <= 65535:
         raise DeployError(f"ingress.port: {config.ingress.port} is not a port")
     if not Path(config.python).is_absolute() or not Path(config.home).is_absolute():
         raise DeployError("python and home are absolute paths on the clients")
+    _check_env(config)
+
+
+def _check_env(config: DeployConfig) -> None:
+    """No credential, nothing ``caravan deploy`` sets itself, no expression: values only."""
     for key, value in config.env.items():
         if not re.match(r"^CARAVAN_[A-Z0-9_]+$", key):
             raise DeployError(f"env.{key}: only CARAVAN_* settings")
@@ -217,7 +226,7 @@ def _templates(config: DeployConfig, job: Job, items: set[str]) -> list[dict[str
     """Template blocks writing each secret the job's Variable holds into ``secrets/`` (and the admin token into the
     gateway's environment); a changed Variable restarts the task with it."""
     path = variable_path(config, job)
-    templates = [
+    templates: list[dict[str, Any]] = [
         {
             "EmbeddedTmpl": f'{{{{ with nomadVar "{path}" }}}}{{{{ .{item} }}}}{{{{ end }}}}',
             "DestPath": f"secrets/{file}",
@@ -230,7 +239,9 @@ def _templates(config: DeployConfig, job: Job, items: set[str]) -> list[dict[str
     if "admin_token" in items:
         templates.append(
             {
-                "EmbeddedTmpl": f'{{{{ with nomadVar "{path}" }}}}CARAVAN_ADMIN_TOKEN={{{{ .admin_token }}}}{{{{ end }}}}',
+                "EmbeddedTmpl": (
+                    f'{{{{ with nomadVar "{path}" }}}}CARAVAN_ADMIN_TOKEN={{{{ .admin_token }}}}{{{{ end }}}}'
+                ),
                 "DestPath": "secrets/admin.env",
                 "Perms": "0600",
                 "Envvars": True,
@@ -240,9 +251,7 @@ def _templates(config: DeployConfig, job: Job, items: set[str]) -> list[dict[str
     return templates
 
 
-def _task(
-    config: DeployConfig, job: Job, args: list[str], env: Mapping[str, str], items: set[str]
-) -> dict[str, Any]:
+def _task(config: DeployConfig, job: Job, args: list[str], env: Mapping[str, str], items: set[str]) -> dict[str, Any]:
     return {
         "Name": job,
         "Driver": "raw_exec",
@@ -351,7 +360,13 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
                         **_task(
                             config,
                             "ingress",
-                            ["ingress", "--gateways", "${NOMAD_TASK_DIR}/gateways.txt", "--slots", str(config.ingress.gateway_slots)],
+                            [
+                                "ingress",
+                                "--gateways",
+                                "${NOMAD_TASK_DIR}/gateways.txt",
+                                "--slots",
+                                str(config.ingress.gateway_slots),
+                            ],
                             {"CARAVAN_INGRESS_PORT": str(config.ingress.port), "CARAVAN_INGRESS_DIR": haproxy_dir},
                             items["ingress"],
                         ),
@@ -404,20 +419,26 @@ def deploy(
     out: Any = sys.stdout,
 ) -> int:
     """Write the secrets into Nomad Variables, the namespace (raw_exec allowed), and register the jobs (``only``
-    those); with ``wait`` > 0, wait that many seconds for each job's deployment to succeed. Uses the operator's token (the secrets
-    directory's ``nomad-admin.token`` or ``CARAVAN_NOMAD_TOKEN``)."""
+    those); with ``wait`` > 0, wait that many seconds for each job's deployment to succeed. Uses the operator's
+    token (the secrets directory's ``nomad-admin.token`` or ``CARAVAN_NOMAD_TOKEN``)."""
     admin_settings = settings.for_role("admin")
     nomad = NomadAdmin(admin_settings.nomad.addr, admin_settings.nomad.token)
     secrets = variables(config, settings)
     nomad.call(
         "POST",
         f"/v1/namespace/{config.namespace}",
-        {"Name": config.namespace, "Description": "Caravan's own jobs", "Capabilities": {"EnabledTaskDrivers": ["raw_exec"]}},
+        {
+            "Name": config.namespace,
+            "Description": "Caravan's own jobs",
+            "Capabilities": {"EnabledTaskDrivers": ["raw_exec"]},
+        },
     )
     ns = urllib.parse.quote(config.namespace)
     for job, items in secrets.items():
         path = variable_path(config, job)
-        nomad.call("PUT", f"/v1/var/{path}?namespace={ns}", {"Namespace": config.namespace, "Path": path, "Items": items})
+        nomad.call(
+            "PUT", f"/v1/var/{path}?namespace={ns}", {"Namespace": config.namespace, "Path": path, "Items": items}
+        )
     specs = render(config, {job: set(items) for job, items in secrets.items()})
     evaluations: dict[Job, int] = {}
     for job, spec in specs.items():
@@ -439,7 +460,9 @@ def deploy(
 
 def _await_deployment(nomad: NomadAdmin, config: DeployConfig, job: Job, index: int, deadline: float) -> str:
     """The status of the job's deployment for the version registered at ``index`` (``successful``, ``failed`` ...)."""
-    path = f"/v1/job/{urllib.parse.quote(job_id(config, job))}/deployment?namespace={urllib.parse.quote(config.namespace)}"
+    path = (
+        f"/v1/job/{urllib.parse.quote(job_id(config, job))}/deployment?namespace={urllib.parse.quote(config.namespace)}"
+    )
     status = "none"
     while time.monotonic() < deadline:
         found = nomad.call("GET", path)

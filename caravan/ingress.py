@@ -95,7 +95,11 @@ class Backend:
             name = f"gateway/{GATEWAY_SLOT}{slot}"
             host, port = replica
             await self.api.run(
-                [f"set server {name} addr {host} port {port}", f"set server {name} health up", f"set server {name} state ready"]
+                [
+                    f"set server {name} addr {host} port {port}",
+                    f"set server {name} health up",
+                    f"set server {name} state ready",
+                ]
             )
             self.held[replica] = slot
             log.info("gateway replica %s:%d in the backend (slot %d)", host, port, slot)

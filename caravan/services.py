@@ -159,8 +159,7 @@ async def serve_health(settings: Settings, redis: Redis, lease: Lease) -> AsyncI
                     leading = None
             body = json.dumps({"leading": leading}).encode()
             writer.write(
-                b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                % (len(body), body)
+                b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
             )
             await writer.drain()
         except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):

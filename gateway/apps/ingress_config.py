@@ -173,7 +173,8 @@ def gateway_servers(config: IngressConfig) -> list[str]:
         "    option redispatch 1",
         "    retry-on conn-failure",
         "    balance roundrobin",
-        f"    server-template {GATEWAY_SLOT} 1-{config.gateway_slots} 127.0.0.1:1 disabled check inter 1s fall 2 rise 1",
+        f"    server-template {GATEWAY_SLOT} 1-{config.gateway_slots} 127.0.0.1:1 disabled check inter 1s fall 2 "
+        "rise 1",
     ]
 
 
