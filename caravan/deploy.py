@@ -95,6 +95,10 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     idle: Replicas = Replicas()
     ingress: IngressSpec = IngressSpec()
     distinct_hosts: bool = False
+    ingress_node: str | None = None
+    """The client (its Nomad node name) that runs HAProxy and the gateways: they share HAProxy's runtime socket and
+    state directory (the gateways' control plane keeps its maps), so on a cluster they must be together. Unset: one
+    machine, or a constraint of your own. With it, ``distinct_hosts`` applies to the scheduler and idle checker only."""
     """Put the replicas of each job on different clients (a real cluster; one machine has one client)."""
     shutdown_delay: float = 5.0
     """Seconds a stopping gateway replica keeps serving after leaving the service (the ingress drops it meanwhile)."""
@@ -169,7 +173,8 @@ def _check_env(config: DeployConfig) -> None:
             raise DeployError(f"env.{key}: set from the configuration's own fields")
         if key == "CARAVAN_REDIS_URL" and urllib.parse.urlsplit(value).password:
             raise DeployError("env.CARAVAN_REDIS_URL: carries a password; each role's comes from Nomad Variables")
-    for text in (config.python, config.home, config.host, config.version, *config.datacenters, *config.env.values()):
+    values = (config.python, config.home, config.host, config.version, config.ingress_node or "")
+    for text in (*values, *config.datacenters, *config.env.values()):
         if "${" in text or "{{" in text:
             raise DeployError(f"{text!r}: no interpolation (${{...}}) or template ({{{{...}}}}) in a value")
 
@@ -302,7 +307,10 @@ def _job(config: DeployConfig, job: Job, group: dict[str, Any]) -> dict[str, Any
             }
         ],
     }
-    if config.distinct_hosts:
+    with_ingress = job in ("ingress", "gateway")
+    if config.ingress_node and with_ingress:
+        spec["Constraints"] = [{"LTarget": "${node.unique.name}", "Operand": "=", "RTarget": config.ingress_node}]
+    elif config.distinct_hosts and job != "ingress":
         spec["Constraints"] = [{"Operand": "distinct_hosts", "RTarget": "true"}]
     return spec
 

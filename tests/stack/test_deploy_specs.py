@@ -50,6 +50,15 @@ def test_rendered_specs_hold_no_secret(operator: Settings) -> None:
     assert any('nomadService "caravan-gateway"' in t["EmbeddedTmpl"] for t in ingress["Templates"])
 
 
+def test_the_ingress_and_the_gateways_share_a_node_when_one_is_named(operator: Settings) -> None:
+    specs = json.loads(show(DeployConfig(ingress_node="edge-1", distinct_hosts=True), operator))
+    pinned = [{"LTarget": "${node.unique.name}", "Operand": "=", "RTarget": "edge-1"}]
+    assert specs["ingress"]["Job"]["Constraints"] == pinned
+    assert specs["gateway"]["Job"]["Constraints"] == pinned
+    spread = [{"Operand": "distinct_hosts", "RTarget": "true"}]
+    assert specs["scheduler"]["Job"]["Constraints"] == specs["idle"]["Job"]["Constraints"] == spread
+
+
 @pytest.mark.parametrize(
     ("config", "names"),
     [
@@ -59,6 +68,7 @@ def test_rendered_specs_hold_no_secret(operator: Settings) -> None:
         (DeployConfig(env={"PATH": "/x"}), "CARAVAN_"),
         (DeployConfig(env={"CARAVAN_DEFAULT_IMAGE": "${attr.x}"}), "interpolation"),
         (DeployConfig(home="/var/{{ env }}"), "template"),
+        (DeployConfig(ingress_node="${node.class}"), "interpolation"),
         (DeployConfig(name="Bad Name"), "name"),
         (DeployConfig(namespace="default"), "namespace"),
         (DeployConfig(gateway=Replicas(4), ingress=IngressSpec(gateway_slots=4)), "gateway_slots"),
