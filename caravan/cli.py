@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 from caravan import services
-from core.settings import load_settings
+from core.settings import Settings, load_settings
 from domain.idle.policy_file import PolicyFileError
 from domain.scheduling_config import SchedulingConfigError
 from gateway.graphql.limits import Limits
@@ -27,6 +28,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     stack.add_argument("action", choices=["up", "down", "reset", "status", "nomad-policies", "redis-users"])
     stack.add_argument("--yes", action="store_true", help="reset: delete every session and all state without asking")
+    deploy = commands.add_parser(
+        "deploy",
+        help="render Caravan's Nomad jobs (gateway, ingress, scheduler, idle checker) from a configuration file and "
+        "submit them, their secrets in Nomad Variables",
+    )
+    deploy.add_argument("--config", type=Path, required=True, help="the deployment's JSON file (caravan/deploy.py)")
+    deploy.add_argument("--render", action="store_true", help="print the job specs instead of submitting them")
+    deploy.add_argument("--wait", type=float, default=0.0, help="seconds to wait for every deployment to succeed")
+    deploy.add_argument(
+        "--only", default="ingress,gateway,scheduler,idle", help="the jobs to submit, comma-separated (default: all)"
+    )
+    ingress = commands.add_parser("ingress", help="HAProxy with its gateway backend following a file of replicas")
+    ingress.add_argument("--gateways", type=Path, required=True, help="a file of address:port lines")
+    ingress.add_argument("--slots", type=int, default=16, help="the most gateway replicas the backend lists")
     args = parser.parse_args(argv)
 
     try:
@@ -37,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"caravan: configuration refused: {refused}", file=sys.stderr)
         return 2
     services.configure_logging()
+    if args.command in ("deploy", "ingress"):
+        return deploy_command(args, settings)
     if args.command == "stack":
         from caravan.stack import dev_stack, nomad_acl, redis_acl
 
@@ -73,6 +90,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"caravan: configuration refused: {refused}", file=sys.stderr)
         return 2
     return 0
+
+
+def deploy_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``caravan deploy`` and ``caravan ingress`` (what the deployed ingress job runs)."""
+    if args.command == "ingress":
+        from caravan.ingress import run_ingress
+
+        asyncio.run(run_ingress(settings, args.gateways, args.slots))
+        return 0
+    from caravan import deploy as deployment
+    from caravan.stack.nomad_acl import NomadACLError
+
+    try:
+        config = deployment.load_config(args.config)
+        if args.render:
+            print(deployment.show(config, settings))
+            return 0
+        return deployment.deploy(config, settings, wait=args.wait, only=deployment.jobs_named(args.only))
+    except (deployment.DeployError, NomadACLError) as refused:
+        print(f"caravan deploy: {refused}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
 import multiprocessing
 import os
+import signal
 import sys
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import uvicorn
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 
 from caravan.supervisor import Supervisor, die_with_parent
+from core.lease import Lease
 from core.redis import connect
 from core.settings import Settings, load_settings
 from domain.scheduling_config import load_scheduling_config
@@ -95,7 +103,9 @@ async def run_scheduler(settings: Settings) -> None:
     redis = await connect(settings.redis, give_up_after=float("inf"))
     nomad = NomadClient(settings.nomad)
     try:
-        await Scheduler(settings, redis, nomad).run_forever()
+        scheduler = Scheduler(settings, redis, nomad)
+        async with serve_health(settings, redis, scheduler.lease):
+            await until_sigterm(scheduler.run_forever())
     finally:
         await nomad.aclose()
         await redis.aclose()
@@ -110,10 +120,58 @@ async def run_idle(settings: Settings, policy: PolicySource | None = None) -> No
     try:
         service = IdleService(settings, redis, nomad, policy=policy)
         with reload_on_sighup(service.request_reload):
-            await service.run_forever()
+            async with serve_health(settings, redis, service.lease):
+                await until_sigterm(service.run_forever())
     finally:
         await nomad.aclose()
         await redis.aclose()
+
+
+async def until_sigterm(service: Coroutine[Any, Any, None]) -> None:
+    """Run ``service`` until it ends or SIGTERM comes; then cancel it, so that its ``finally`` runs (a leader releases
+    its lease there: its follower takes over at once instead of after the lease's TTL)."""
+    task = asyncio.ensure_future(service)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+@contextlib.asynccontextmanager
+async def serve_health(settings: Settings, redis: Redis, lease: Lease) -> AsyncIterator[None]:
+    """With ``CARAVAN_HEALTH_PORT``: answer any HTTP request there with 200 and ``{"leading": <bool>}`` (whether this
+    process holds its lease now, read from Redis; ``null`` while Redis cannot say): Nomad's check of a deployed
+    scheduler or idle checker (``caravan deploy``), and how to see which replica leads."""
+    if settings.health_port is None:
+        yield
+        return
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(2):
+                await reader.readuntil(b"\r\n\r\n")
+                try:
+                    leading: bool | None = await redis.get(lease.key) in (lease.holder, lease.holder.encode())
+                except RedisError:
+                    leading = None
+            body = json.dumps({"leading": leading}).encode()
+            writer.write(
+                b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await writer.drain()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(answer, settings.gateway.host, settings.health_port)
+    try:
+        yield
+    finally:
+        server.close()
 
 
 def run_dev(settings: Settings) -> int:

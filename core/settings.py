@@ -168,6 +168,9 @@ class Settings:
     docker_images: tuple[str, ...] = ("caravan/*",)
     """Glob patterns of the Docker images sessions may name (``CARAVAN_DOCKER_IMAGES``, comma-separated), matched
     against the reference as written; default: the namespace ops/ builds locally. See ``domain/docker_images.py``."""
+    health_port: int | None = None
+    """``CARAVAN_HEALTH_PORT``: where a scheduler or idle checker answers its health check (``{"leading": ...}``, on
+    ``CARAVAN_GATEWAY_HOST``); unset, nowhere. ``caravan deploy`` sets it to a port Nomad hands out."""
     usage_raw_retention: float = 90 * 86400.0
     """Seconds each ended session's raw usage record is kept (``CARAVAN_USAGE_RAW_RETENTION``, default 90 days);
     daily rollups are kept forever (``stores.usage``)."""
@@ -285,6 +288,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         qemu_images=qemu_images_of(env),
         sftp_image=env.get("CARAVAN_SFTP_IMAGE") or None,
         usage_raw_retention=_positive_seconds(env, "CARAVAN_USAGE_RAW_RETENTION", Settings.usage_raw_retention),
+        health_port=int(env["CARAVAN_HEALTH_PORT"]) if env.get("CARAVAN_HEALTH_PORT") else None,
     )
 
 

@@ -4,6 +4,7 @@ follows Nomad, and reconciles. Each loop survives outages of Redis or Nomad by b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from redis.asyncio import Redis
@@ -49,7 +50,13 @@ class Scheduler:
         self.core = pass_config(self.config)  # and so does a strategy or selector nobody provides
 
     async def run_forever(self) -> None:
-        await lead_forever("scheduler", self.lease, self.lead)
+        try:
+            await lead_forever("scheduler", self.lease, self.lead)
+        finally:
+            # stopped (SIGTERM, caravan.services.until_sigterm): a standby takes over at once, not after the TTL
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await self.lease.release()
 
     async def lead(self, fence: Fence) -> None:
         if indexed := await self.store.ensure_listing_indexes():

@@ -157,6 +157,29 @@ class IngressConfig:
     cookie_key: str
     """The app cookie's HS256 key (the secrets directory's ``app-cookie.key``)."""
     upstream_timeout: float = 300.0
+    gateway_slots: int = 0
+    """0: one gateway, at ``gateway_port``. N > 0: the gateway's replicas, up to N, each filled in at run time into a
+    slot of the ``gateway`` backend (``gw1``..``gwN``, in maintenance until given an address) through the runtime API
+    (:mod:`caravan.ingress`, what ``caravan deploy``'s ingress job runs): HAProxy checks each (``/healthz``) and a
+    connection a replica refuses is retried on another."""
+
+
+def gateway_servers(config: IngressConfig) -> list[str]:
+    """The ``gateway`` backend's server lines."""
+    if not config.gateway_slots:
+        return [f"    server gateway 127.0.0.1:{config.gateway_port}"]
+    return [
+        "    option httpchk GET /healthz",
+        "    option redispatch 1",
+        "    retry-on conn-failure",
+        "    balance roundrobin",
+        f"    server-template {GATEWAY_SLOT} 1-{config.gateway_slots} 127.0.0.1:1 disabled check inter 1s fall 2 "
+        "rise 1",
+    ]
+
+
+GATEWAY_SLOT = "gw"
+"""The name of the gateway backend's slots (``gw1``, ``gw2``...) when it has several replicas."""
 
 
 def _json_body(code: str, message: str) -> str:
@@ -367,7 +390,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    http-request del-header x-forwarded-for",
         "    http-request set-header x-forwarded-proto http",
         "    option forwardfor",
-        f"    server gateway 127.0.0.1:{config.gateway_port}",
+        *gateway_servers(config),
         "",
         f"backend {STATS_TABLE}",
         f"    stick-table type string len 128 size 200k expire 1h store {COUNTERS}",

@@ -1,0 +1,488 @@
+"""``caravan deploy``: Caravan itself as Nomad jobs, rendered from a typed configuration and submitted.
+
+Four jobs, JSON job specs (Nomad's API form: no HCL is parsed, so no operator string can become an expression), each
+in the configuration's namespace (``caravan-system`` by default, raw_exec allowed there and nowhere else it was not):
+
+- ``<name>-gateway``: ``caravan gateway`` replicas (one worker each) on dynamic ports, registered as a Nomad service
+  with an HTTP check on ``/healthz``; rolling updates one at a time, each new replica healthy before the next old one
+  stops; a stopping replica leaves the service first, then waits ``shutdown_delay`` before its SIGTERM, so the ingress
+  takes it out of HAProxy's backend before it drains.
+- ``<name>-ingress``: HAProxy (``caravan ingress``), the one public port; its gateway backend lists every replica the
+  service has (a template over ``nomadService``, applied through HAProxy's runtime API, no reload).
+- ``<name>-scheduler`` and ``<name>-idle``: two or more each, one leading by its Redis lease; each answers ``/health``
+  (``{"leading": ...}``) on a dynamic port, Nomad's HTTP check.
+
+Secrets never appear in a job spec: ``caravan deploy`` writes each job's (its role's Nomad token and Redis password,
+the app cookie key, the bootstrap admin token, the Sentinels' client password) into the Nomad Variable
+``nomad/jobs/<job id>``, which only that job's tasks may read (Nomad's workload identity), and a ``template`` block
+writes them into the task's ``secrets/`` directory (``CARAVAN_SECRETS_DIR``) as the files Caravan already reads.
+The configuration's ``env`` is refused when it holds a credential.
+
+The tasks run the configured Python (the project's virtual environment on each client) with the raw_exec driver.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from caravan.stack.nomad_acl import NomadAdmin
+from core.secrets import (
+    Role,
+    ensure_app_cookie_key,
+    nomad_token_path,
+    read_secret,
+    redis_password_path,
+    redis_sentinel_client_path,
+)
+from core.settings import NomadSettings, Settings
+from stores.users import bootstrap_admin_token
+
+SECOND = 1_000_000_000
+"""Nomad's JSON durations are nanoseconds."""
+NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+FORBIDDEN_ENV = frozenset(
+    {"CARAVAN_NOMAD_TOKEN", "CARAVAN_ADMIN_TOKEN", "CARAVAN_REDIS_SENTINEL_PASSWORD", "CARAVAN_SECRETS_DIR"}
+)
+"""Variables the jobs get from Nomad Variables (or that point at them): never from the configuration."""
+OWN_ENV = frozenset(
+    {
+        "CARAVAN_HOME", "CARAVAN_GATEWAY_HOST", "CARAVAN_GATEWAY_PORT", "CARAVAN_GATEWAY_WORKERS",
+        "CARAVAN_INGRESS_PORT", "CARAVAN_INGRESS_DIR", "CARAVAN_HEALTH_PORT",
+    }
+)  # fmt: skip
+"""Variables ``caravan deploy`` sets itself, from the configuration's typed fields."""
+
+
+class DeployError(ValueError):
+    """A configuration ``caravan deploy`` refuses, or a Nomad that refused a step."""
+
+
+class Replicas(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    count: int = 2
+
+
+class IngressSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    port: int = 8420
+    """HAProxy's static port on its node (the one public port)."""
+    gateway_slots: int = 16
+    """The most gateway replicas the backend can list at once (a rolling update briefly runs one more)."""
+
+
+class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What ``caravan deploy --config <file.json>`` reads: a JSON object with these fields (all optional)."""
+
+    name: str = "caravan"
+    """Prefix of the job ids (``<name>-gateway`` ...) and of the gateway's Nomad service."""
+    namespace: str = "caravan-system"
+    datacenters: list[str] = msgspec.field(default_factory=lambda: ["dc1"])
+    python: str = sys.executable
+    """The Python of Caravan's virtual environment, at the same path on every client that runs Caravan's jobs."""
+    home: str = "/var/lib/caravan"
+    """Caravan's state directory on the clients (HAProxy's files under ``haproxy/``)."""
+    host: str = "127.0.0.1"
+    """The address the gateway replicas, health endpoints and HAProxy listen on."""
+    gateway: Replicas = Replicas()
+    scheduler: Replicas = Replicas()
+    idle: Replicas = Replicas()
+    ingress: IngressSpec = IngressSpec()
+    distinct_hosts: bool = False
+    ingress_node: str | None = None
+    """The client (its Nomad node name) that runs HAProxy and the gateways: they share HAProxy's runtime socket and
+    state directory (the gateways' control plane keeps its maps), so on a cluster they must be together. Unset: one
+    machine, or a constraint of your own. With it, ``distinct_hosts`` applies to the scheduler and idle checker only."""
+    """Put the replicas of each job on different clients (a real cluster; one machine has one client)."""
+    shutdown_delay: float = 5.0
+    """Seconds a stopping gateway replica keeps serving after leaving the service (the ingress drops it meanwhile)."""
+    kill_timeout: float = 15.0
+    """Seconds a task has between SIGTERM and SIGKILL (the gateway drains its requests within 5 s)."""
+    version: str = ""
+    """The release deployed (each job's ``caravan_version`` meta): a new one rolls the jobs (``--only gateway``...)."""
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    """``CARAVAN_*`` settings of every job (``CARAVAN_REDIS_URL``, ``CARAVAN_NOMAD_ADDR`` ...), without credentials."""
+
+
+Job = Literal["gateway", "scheduler", "idle", "ingress"]
+JOBS: tuple[Job, ...] = ("ingress", "gateway", "scheduler", "idle")
+ROLE_OF: dict[Job, Role] = {"gateway": "gateway", "scheduler": "scheduler", "idle": "idle", "ingress": "gateway"}
+"""Whose credentials a job's tasks run with (HAProxy needs only the app cookie key)."""
+
+
+def jobs_named(text: str) -> tuple[Job, ...]:
+    """``--only``'s comma-separated job names, checked."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in JOBS]
+    if unknown or not names:
+        raise DeployError(f"--only: {', '.join(unknown) or 'nothing'}: the jobs are {', '.join(JOBS)}")
+    return tuple(job for job in JOBS if job in names)
+
+
+def load_config(path: Path) -> DeployConfig:
+    try:
+        config = msgspec.json.decode(path.read_bytes(), type=DeployConfig)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DeployError(f"{path}: {exc}") from exc
+    check(config)
+    return config
+
+
+def check(config: DeployConfig) -> None:
+    """Refuse what would not make a working, secret-free deployment."""
+    for field, value in (("name", config.name), ("namespace", config.namespace)):
+        if not NAME.match(value):
+            raise DeployError(f"{field}: {value!r} is not a name (a-z, 0-9, '-', 40 at most, a letter first)")
+    theirs = (
+        config.env.get("CARAVAN_NOMAD_NAMESPACE", NomadSettings.namespace),
+        config.env.get("CARAVAN_NOMAD_PLATFORM_NAMESPACE", NomadSettings.platform_namespace),
+    )
+    if config.namespace in theirs:
+        raise DeployError(
+            f"namespace: {config.namespace!r} is the sessions' or the platform's; Caravan's own jobs "
+            "need one of their own (it allows raw_exec)"
+        )
+    for field, replicas in (("gateway", config.gateway), ("scheduler", config.scheduler), ("idle", config.idle)):
+        if not 1 <= replicas.count <= 64:
+            raise DeployError(f"{field}.count: {replicas.count} is not between 1 and 64")
+    if not config.gateway.count < config.ingress.gateway_slots <= 256:
+        raise DeployError(
+            "ingress.gateway_slots: more than gateway.count (a rolling update runs one more), 256 at most"
+        )
+    if not 1 <= config.ingress.port <= 65535:
+        raise DeployError(f"ingress.port: {config.ingress.port} is not a port")
+    if not Path(config.python).is_absolute() or not Path(config.home).is_absolute():
+        raise DeployError("python and home are absolute paths on the clients")
+    _check_env(config)
+
+
+def _check_env(config: DeployConfig) -> None:
+    """No credential, nothing ``caravan deploy`` sets itself, no expression: values only."""
+    for key, value in config.env.items():
+        if not re.match(r"^CARAVAN_[A-Z0-9_]+$", key):
+            raise DeployError(f"env.{key}: only CARAVAN_* settings")
+        if key in FORBIDDEN_ENV:
+            raise DeployError(f"env.{key}: a credential; caravan deploy puts it in Nomad Variables itself")
+        if key in OWN_ENV:
+            raise DeployError(f"env.{key}: set from the configuration's own fields")
+        if key == "CARAVAN_REDIS_URL" and urllib.parse.urlsplit(value).password:
+            raise DeployError("env.CARAVAN_REDIS_URL: carries a password; each role's comes from Nomad Variables")
+    values = (config.python, config.home, config.host, config.version, config.ingress_node or "")
+    for text in (*values, *config.datacenters, *config.env.values()):
+        if "${" in text or "{{" in text:
+            raise DeployError(f"{text!r}: no interpolation (${{...}}) or template ({{{{...}}}}) in a value")
+
+
+def job_id(config: DeployConfig, job: Job) -> str:
+    return f"{config.name}-{job}"
+
+
+def gateway_service(config: DeployConfig) -> str:
+    return f"{config.name}-gateway"
+
+
+def variable_path(config: DeployConfig, job: Job) -> str:
+    """The Nomad Variable only ``job``'s tasks read (workload identity's implicit access to ``nomad/jobs/<id>``)."""
+    return f"nomad/jobs/{job_id(config, job)}"
+
+
+def _secret_files(job: Job) -> dict[str, str]:
+    """Variable item -> file in the task's secrets directory."""
+    role = ROLE_OF[job]
+    files = {"app_cookie_key": "app-cookie.key"}
+    if job != "ingress":
+        files |= {
+            "nomad_token": nomad_token_path(Path(), role).name,
+            "redis_password": redis_password_path(Path(), role).name,
+            "sentinel_password": redis_sentinel_client_path(Path()).name,
+        }
+    return files
+
+
+def variables(config: DeployConfig, settings: Settings) -> dict[Job, dict[str, str]]:
+    """Each job's secrets, read from the operator's secrets directory (``CARAVAN_SECRETS_DIR``)."""
+    secrets = settings.secrets
+    cookie = ensure_app_cookie_key(secrets)
+    found: dict[Job, dict[str, str]] = {}
+    for job in JOBS:
+        role = ROLE_OF[job]
+        items = {"app_cookie_key": cookie}
+        if job != "ingress":
+            for item, path in (
+                ("nomad_token", nomad_token_path(secrets, role)),
+                ("redis_password", redis_password_path(secrets, role)),
+                ("sentinel_password", redis_sentinel_client_path(secrets)),
+            ):
+                if (value := read_secret(path)) is not None:
+                    items[item] = value
+        if job == "gateway":
+            items["admin_token"] = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
+        found[job] = items
+    return found
+
+
+def _templates(config: DeployConfig, job: Job, items: set[str]) -> list[dict[str, Any]]:
+    """Template blocks writing each secret the job's Variable holds into ``secrets/`` (and the admin token into the
+    gateway's environment); a changed Variable restarts the task with it."""
+    path = variable_path(config, job)
+    templates: list[dict[str, Any]] = [
+        {
+            "EmbeddedTmpl": f'{{{{ with nomadVar "{path}" }}}}{{{{ .{item} }}}}{{{{ end }}}}',
+            "DestPath": f"secrets/{file}",
+            "Perms": "0600",
+            "ChangeMode": "restart",
+        }
+        for item, file in _secret_files(job).items()
+        if item in items
+    ]
+    if "admin_token" in items:
+        templates.append(
+            {
+                "EmbeddedTmpl": (
+                    f'{{{{ with nomadVar "{path}" }}}}CARAVAN_ADMIN_TOKEN={{{{ .admin_token }}}}{{{{ end }}}}'
+                ),
+                "DestPath": "secrets/admin.env",
+                "Perms": "0600",
+                "Envvars": True,
+                "ChangeMode": "restart",
+            }
+        )
+    return templates
+
+
+def _task(config: DeployConfig, job: Job, args: list[str], env: Mapping[str, str], items: set[str]) -> dict[str, Any]:
+    return {
+        "Name": job,
+        "Driver": "raw_exec",
+        "Config": {"command": config.python, "args": ["-m", "caravan.cli", *args]},
+        "Env": {
+            **config.env,
+            "CARAVAN_HOME": config.home,
+            "CARAVAN_SECRETS_DIR": "${NOMAD_SECRETS_DIR}",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        },
+        "Templates": _templates(config, job, items),
+        "KillSignal": "SIGTERM",
+        "KillTimeout": int(config.kill_timeout * SECOND),
+        "Resources": {"CPU": 200, "MemoryMB": 512},
+    }
+
+
+def _check(kind: Literal["http", "tcp"], path: str | None = None) -> dict[str, Any]:
+    check: dict[str, Any] = {"Name": kind, "Type": kind, "Interval": SECOND, "Timeout": SECOND}
+    if path:
+        check["Path"] = path
+    return check
+
+
+def _job(config: DeployConfig, job: Job, group: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "ID": job_id(config, job),
+        "Name": job_id(config, job),
+        "Namespace": config.namespace,
+        "Type": "service",
+        "Datacenters": list(config.datacenters),
+        "Meta": {"caravan_role": job, "caravan_version": config.version},
+        "Update": {
+            "MaxParallel": 1,
+            "HealthCheck": "checks",
+            "MinHealthyTime": 2 * SECOND,
+            "HealthyDeadline": 60 * SECOND,
+            "ProgressDeadline": 120 * SECOND,
+            "AutoRevert": True,
+        },
+        "TaskGroups": [
+            {
+                "Name": job,
+                "RestartPolicy": {"Attempts": 10, "Interval": 300 * SECOND, "Delay": SECOND, "Mode": "delay"},
+                "ReschedulePolicy": {"Unlimited": True, "Delay": 5 * SECOND, "DelayFunction": "constant"},
+                **group,
+            }
+        ],
+    }
+    with_ingress = job in ("ingress", "gateway")
+    if config.ingress_node and with_ingress:
+        spec["Constraints"] = [{"LTarget": "${node.unique.name}", "Operand": "=", "RTarget": config.ingress_node}]
+    elif config.distinct_hosts and job != "ingress":
+        spec["Constraints"] = [{"Operand": "distinct_hosts", "RTarget": "true"}]
+    return spec
+
+
+def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dict[str, Any]]:
+    """The four job specs (JSON, Nomad's API form). ``items``: the names (never the values) of each job's secrets."""
+    check(config)
+    haproxy_dir = str(Path(config.home) / "haproxy")
+    gateway_env = {
+        "CARAVAN_GATEWAY_HOST": config.host,
+        "CARAVAN_GATEWAY_PORT": "${NOMAD_PORT_http}",
+        "CARAVAN_GATEWAY_WORKERS": "1",
+        "CARAVAN_INGRESS_PORT": str(config.ingress.port),
+        "CARAVAN_INGRESS_DIR": haproxy_dir,
+        "CARAVAN_TRUSTED_PROXIES": config.host,
+    }
+    gateways = (
+        f'{{{{ range nomadService "{gateway_service(config)}" }}}}{{{{ .Address }}}}:{{{{ .Port }}}}\n{{{{ end }}}}'
+    )
+    jobs: dict[Job, dict[str, Any]] = {
+        "gateway": _job(
+            config,
+            "gateway",
+            {
+                "Count": config.gateway.count,
+                "Networks": [{"DynamicPorts": [{"Label": "http", "HostNetwork": "default"}]}],
+                "Services": [
+                    {
+                        "Name": gateway_service(config),
+                        "Provider": "nomad",
+                        "PortLabel": "http",
+                        "Checks": [_check("http", "/healthz")],
+                    }
+                ],
+                "ShutdownDelay": int(config.shutdown_delay * SECOND),
+                "Tasks": [_task(config, "gateway", ["gateway"], gateway_env, items["gateway"])],
+            },
+        ),
+        "ingress": _job(
+            config,
+            "ingress",
+            {
+                "Count": 1,
+                "Networks": [{"ReservedPorts": [{"Label": "http", "Value": config.ingress.port}]}],
+                "Services": [
+                    {
+                        "Name": f"{config.name}-ingress",
+                        "Provider": "nomad",
+                        "PortLabel": "http",
+                        "Checks": [_check("tcp")],
+                    }
+                ],
+                "Tasks": [
+                    {
+                        **_task(
+                            config,
+                            "ingress",
+                            [
+                                "ingress",
+                                "--gateways",
+                                "${NOMAD_TASK_DIR}/gateways.txt",
+                                "--slots",
+                                str(config.ingress.gateway_slots),
+                            ],
+                            {"CARAVAN_INGRESS_PORT": str(config.ingress.port), "CARAVAN_INGRESS_DIR": haproxy_dir},
+                            items["ingress"],
+                        ),
+                        "Templates": [
+                            *_templates(config, "ingress", items["ingress"]),
+                            # the replicas as Nomad's service registry has them; caravan ingress applies each change
+                            {"EmbeddedTmpl": gateways, "DestPath": "local/gateways.txt", "ChangeMode": "noop"},
+                        ],
+                    }
+                ],
+            },
+        ),
+    }
+    for leader in ("scheduler", "idle"):
+        replicas = config.scheduler if leader == "scheduler" else config.idle
+        jobs[leader] = _job(
+            config,
+            leader,
+            {
+                "Count": replicas.count,
+                "Networks": [{"DynamicPorts": [{"Label": "health"}]}],
+                "Services": [
+                    {
+                        "Name": f"{config.name}-{leader}",
+                        "Provider": "nomad",
+                        "PortLabel": "health",
+                        "Checks": [_check("http", "/health")],
+                    }
+                ],
+                "Tasks": [
+                    _task(
+                        config,
+                        leader,
+                        [leader],
+                        {"CARAVAN_HEALTH_PORT": "${NOMAD_PORT_health}", "CARAVAN_GATEWAY_HOST": config.host},
+                        items[leader],
+                    )
+                ],
+            },
+        )
+    return {job: jobs[job] for job in JOBS}
+
+
+def deploy(
+    config: DeployConfig,
+    settings: Settings,
+    *,
+    wait: float = 0.0,
+    only: tuple[Job, ...] = JOBS,
+    out: Any = sys.stdout,
+) -> int:
+    """Write the secrets into Nomad Variables, the namespace (raw_exec allowed), and register the jobs (``only``
+    those); with ``wait`` > 0, wait that many seconds for each job's deployment to succeed. Uses the operator's
+    token (the secrets directory's ``nomad-admin.token`` or ``CARAVAN_NOMAD_TOKEN``)."""
+    admin_settings = settings.for_role("admin")
+    nomad = NomadAdmin(admin_settings.nomad.addr, admin_settings.nomad.token)
+    secrets = variables(config, settings)
+    nomad.call(
+        "POST",
+        f"/v1/namespace/{config.namespace}",
+        {
+            "Name": config.namespace,
+            "Description": "Caravan's own jobs",
+            "Capabilities": {"EnabledTaskDrivers": ["raw_exec"]},
+        },
+    )
+    ns = urllib.parse.quote(config.namespace)
+    for job, items in secrets.items():
+        path = variable_path(config, job)
+        nomad.call(
+            "PUT", f"/v1/var/{path}?namespace={ns}", {"Namespace": config.namespace, "Path": path, "Items": items}
+        )
+    specs = render(config, {job: set(items) for job, items in secrets.items()})
+    evaluations: dict[Job, int] = {}
+    for job, spec in specs.items():
+        if job not in only:
+            continue
+        answer = nomad.call("POST", f"/v1/jobs?namespace={ns}", {"Job": spec})
+        evaluations[job] = int(answer.get("JobModifyIndex", 0))
+        print(f"caravan deploy: registered {spec['ID']} in {config.namespace}", file=out)
+    if wait <= 0:
+        return 0
+    deadline = time.monotonic() + wait
+    for job, index in evaluations.items():
+        status = _await_deployment(nomad, config, job, index, deadline)
+        print(f"caravan deploy: {job_id(config, job)}: {status}", file=out)
+        if status != "successful":
+            return 1
+    return 0
+
+
+def _await_deployment(nomad: NomadAdmin, config: DeployConfig, job: Job, index: int, deadline: float) -> str:
+    """The status of the job's deployment for the version registered at ``index`` (``successful``, ``failed`` ...)."""
+    path = (
+        f"/v1/job/{urllib.parse.quote(job_id(config, job))}/deployment?namespace={urllib.parse.quote(config.namespace)}"
+    )
+    status = "none"
+    while time.monotonic() < deadline:
+        found = nomad.call("GET", path)
+        if isinstance(found, dict) and int(found.get("JobModifyIndex", 0)) >= index:
+            status = str(found.get("Status"))
+            if status not in ("running", "pending", "initializing", "blocked", "paused"):
+                return status
+        time.sleep(0.5)
+    return f"not done after the wait ({status})"
+
+
+def show(config: DeployConfig, settings: Settings) -> str:
+    """The rendered job specs as ``caravan deploy --render`` prints them (the secrets' names, never their values)."""
+    items = {job: set(found) for job, found in variables(config, settings).items()}
+    return json.dumps({job: {"Job": spec} for job, spec in render(config, items).items()}, indent=2)

@@ -1,0 +1,133 @@
+"""``caravan ingress``: HAProxy as a deployed job runs it, its gateway backend following the gateway's replicas.
+
+HAProxy is started on ``gateway.apps.ingress_config`` with ``gateway_slots`` slots (``gw1``..``gwN``, each in
+maintenance); a file of ``address:port`` lines (Nomad's template over the gateway's service, ``caravan deploy``)
+is read every :data:`POLL` seconds and applied through the runtime API, without a reload:
+
+- a replica new in the file is probed (``GET /healthz``) until it answers, then given a free slot (address, port,
+  health up, ready): no request goes to a replica that is not serving yet;
+- a replica gone from the file (its allocation is stopping: Nomad deregisters it before its ``shutdown_delay``) is
+  put in maintenance: no new request goes there, those in flight finish; its slot is reused last.
+
+SIGTERM stops HAProxy softly (``SIGUSR1``: it stops listening and ends once its connections are done) and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caravan.stack.haproxy import ingress_config, start_haproxy
+from core.settings import Settings
+from gateway.apps.ingress_config import GATEWAY_SLOT, IngressPaths
+from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
+
+log = logging.getLogger(__name__)
+
+POLL = 0.2
+"""Seconds between reads of the replicas' file."""
+PROBE_TIMEOUT = 1.0
+
+
+def read_replicas(path: Path) -> list[tuple[str, int]]:
+    """The ``address:port`` lines of ``path`` (none while the template has not written it)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in text.split():
+        host, _, port = line.rpartition(":")
+        if host and port.isdigit():
+            found.append((host, int(port)))
+    return found
+
+
+async def serving(host: str, port: int) -> bool:
+    """Whether the replica answers ``GET /healthz`` with 200."""
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(f"GET /healthz HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+                await writer.drain()
+                status = await reader.readline()
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+    except (OSError, TimeoutError):
+        return False
+    return status.split(b" ")[1:2] == [b"200"]
+
+
+@dataclass
+class Backend:
+    """Which replica holds which slot of HAProxy's gateway backend."""
+
+    api: RuntimeApi
+    slots: int
+    held: dict[tuple[str, int], int] = field(default_factory=dict)
+    freed: list[int] = field(default_factory=list)
+    """Slots given back, oldest first (a drained slot is reused last)."""
+
+    def __post_init__(self) -> None:
+        self.freed = list(range(1, self.slots + 1))
+
+    async def apply(self, wanted: list[tuple[str, int]]) -> None:
+        for replica in [r for r in self.held if r not in wanted]:
+            slot = self.held.pop(replica)
+            await self.api.run([f"set server gateway/{GATEWAY_SLOT}{slot} state maint"])
+            self.freed.append(slot)
+            log.info("gateway replica %s:%d out of the backend (slot %d)", *replica, slot)
+        for replica in [r for r in wanted if r not in self.held]:
+            if not self.freed:
+                log.warning("no free gateway slot for %s:%d", *replica)
+                continue
+            if not await serving(*replica):
+                continue  # probed again at the next poll
+            slot = self.freed.pop(0)
+            name = f"gateway/{GATEWAY_SLOT}{slot}"
+            host, port = replica
+            await self.api.run(
+                [
+                    f"set server {name} addr {host} port {port}",
+                    f"set server {name} health up",
+                    f"set server {name} state ready",
+                ]
+            )
+            self.held[replica] = slot
+            log.info("gateway replica %s:%d in the backend (slot %d)", host, port, slot)
+
+
+async def run_ingress(settings: Settings, replicas_file: Path, slots: int) -> None:
+    if settings.gateway.ingress_port is None:
+        raise ValueError("CARAVAN_INGRESS_PORT: the port HAProxy listens on")
+    config = dataclasses.replace(ingress_config(settings, settings.gateway.ingress_port, 0), gateway_slots=slots)
+    state = settings.ingress_dir
+    haproxy = await asyncio.to_thread(start_haproxy, config, state, log=state / "haproxy.log")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    backend = Backend(RuntimeApi(IngressPaths(state).socket), slots)
+    try:
+        while not stop.is_set() and haproxy.alive():
+            try:
+                await backend.apply(read_replicas(replicas_file))
+            except RuntimeApiError as failed:
+                log.warning("HAProxy's runtime API: %s", failed)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), POLL)
+    finally:
+        if haproxy.alive():
+            haproxy.process.send_signal(signal.SIGUSR1)  # soft stop: its connections end first
+            try:
+                await asyncio.to_thread(haproxy.process.wait, 10)
+            except Exception:
+                haproxy.stop()

@@ -1,0 +1,135 @@
+"""``caravan deploy`` on the tests' Nomad agent: Caravan's own jobs come up, GraphQL answers through the deployed
+HAProxy (whose gateway backend lists every replica), a session reaches RUNNING, one scheduler of two leads, and a
+stopped leader hands over (the time it took is printed: speed is bench/'s business)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+import httpx2
+import msgspec
+import pytest
+from msgspec.structs import replace as dataclasses_replace
+
+from core.settings import Settings
+from tests.deployed import Deployed, config_for, deploy_command, deployed
+from tests.harness import ADMIN_TOKEN
+from tests.ws_client import authenticated_socket
+
+pytestmark = [pytest.mark.nomad, pytest.mark.redis]
+
+CREATE = """mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id } } }"""
+STATUS = """query($id: ID!) { session(id: $id) { status waitReasons } }"""
+DESTROY = """mutation($id: ID!) { destroySession(ids: [$id]) { id } }"""
+
+
+def until(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return found
+
+
+def one_leader(stack: Deployed, job: str, count: int) -> str:
+    """The allocation id of the one replica of ``job`` that leads, once all ``count`` answer and one leads."""
+
+    def settled() -> dict[str, bool | None] | None:
+        health = stack.health(job)
+        return health if len(health) == count and any(health.values()) else None
+
+    health = until(settled, 60, f"{count} {job} replicas, one leading")
+    leaders = [alloc for alloc, leading in health.items() if leading]
+    assert len(leaders) == 1, health
+    return leaders[0]
+
+
+def test_deploy_brings_caravan_up_on_nomad(settings: Settings) -> None:
+    with deployed(settings, config_for(settings)) as stack:
+        assert stack.gql("{ viewer { id } }") == {"viewer": {"id": "admin"}}
+        # HAProxy's gateway backend: every replica Nomad runs, and nothing else
+        replicas = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 30, "two gateways")
+        until(lambda: stack.backend() == replicas, 30, f"HAProxy's backend to list {replicas}")
+
+        session = stack.gql(CREATE, {"input": {"name": "deployed", "type": "INTERACTIVE", "driver": "EXEC"}})
+        session_id = session["createSession"]["sessions"][0]["id"]
+        until(lambda: stack.gql(STATUS, {"id": session_id})["session"]["status"] == "RUNNING", 120, "RUNNING")
+
+        leader = one_leader(stack, "scheduler", 2)
+        one_leader(stack, "idle", 2)
+        stopped = time.monotonic()
+        stack.nomad.call("POST", f"/v1/allocation/{leader}/stop?namespace={stack.config.namespace}")
+        successor = until(
+            lambda: next((a for a, leading in stack.health("scheduler").items() if leading and a != leader), None),
+            60,
+            "another scheduler to lead",
+        )
+        print(f"scheduler leadership handed over in {time.monotonic() - stopped:.2f} s (allocation stopped)")
+        assert successor != leader
+        # the new leader schedules: a session created now runs too
+        session = stack.gql(CREATE, {"input": {"name": "after", "type": "INTERACTIVE", "driver": "EXEC"}})
+        after = session["createSession"]["sessions"][0]["id"]
+        until(lambda: stack.gql(STATUS, {"id": after})["session"]["status"] == "RUNNING", 120, "RUNNING after")
+        for sid in (session_id, after):
+            stack.gql(DESTROY, {"id": sid})
+
+
+class SteadyStream:
+    """GraphQL requests through HAProxy one after another, on a kept-alive connection, in a thread: how many were
+    sent, and every one that did not answer the admin's ``viewer``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.sent = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx2.Client(timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
+            while not self._stop.is_set():
+                self.sent += 1
+                try:
+                    response = http.post(self.url, json={"query": "{ viewer { id } }"})
+                    if response.status_code != 200 or response.json() != {"data": {"viewer": {"id": "admin"}}}:
+                        self.failures.append(f"{response.status_code} {response.text[:200]}")
+                except httpx2.HTTPError as failed:
+                    self.failures.append(repr(failed))
+
+    def __enter__(self) -> SteadyStream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+async def test_rolling_upgrade_of_the_gateway_fails_no_request(settings: Settings) -> None:
+    """A new release of the gateway job (``caravan deploy --only gateway``) replaces both replicas one at a time
+    under a steady stream of requests through HAProxy: none fails; a WebSocket open on an old replica is closed with
+    1012 (service restart: reconnect), not cut."""
+    config = config_for(settings, {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000"}, version="1")  # the stream is dense
+    with deployed(settings, config) as stack:
+        before = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 30, "two gateways")
+        until(lambda: stack.backend() == before, 30, f"HAProxy's backend to list {before}")
+        path = settings.home / "deploy.json"
+        path.write_text(json.dumps(msgspec.to_builtins(dataclasses_replace(config, version="2"))))
+        async with authenticated_socket(stack.url, ADMIN_TOKEN) as socket:
+            with SteadyStream(stack.url) as stream:
+                done = await asyncio.to_thread(deploy_command, settings, path, "--only", "gateway", "--wait", "180")
+                assert done.returncode == 0, done.stdout + done.stderr
+                after = until(
+                    lambda: r if len(r := stack.gateway_replicas()) == 2 and not set(r) & set(before) else None,
+                    60,
+                    "two new gateways",
+                )
+                until(lambda: stack.backend() == after, 30, f"HAProxy's backend to list {after}")
+            assert await socket.closed_with(30) == 1012
+        print(f"rolling upgrade of 2 gateway replicas: {stream.sent} requests, {len(stream.failures)} failed")
+        assert stream.sent > 0
+        assert stream.failures == []

@@ -1,0 +1,92 @@
+"""``caravan deploy``'s job specs, rendered without a Nomad: no secret in them (each comes from a Nomad Variable
+through a template), and configurations that would leak one or break the jobs are refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from caravan.deploy import DeployConfig, DeployError, IngressSpec, Replicas, check, show, variables
+from core.secrets import nomad_token_path, redis_password_path, redis_sentinel_client_path, write_secret
+from core.settings import Settings
+
+
+@pytest.fixture
+def operator(tmp_path: Path) -> Settings:
+    """An operator's secrets directory holding every credential the jobs need."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o700)
+    for role in ("gateway", "scheduler", "idle", "admin"):
+        write_secret(nomad_token_path(secrets, role), f"nomad-token-of-{role}-0123456789")
+        write_secret(redis_password_path(secrets, role), f"redis-password-of-{role}-0123456789")
+    write_secret(redis_sentinel_client_path(secrets), "sentinel-client-password-0123456789")
+    return Settings(home=tmp_path / "home", secrets_dir=secrets)
+
+
+def test_rendered_specs_hold_no_secret(operator: Settings) -> None:
+    config = DeployConfig(env={"CARAVAN_REDIS_URL": "redis://10.0.0.5:6379/0"})
+    secrets = variables(config, operator)
+    rendered = show(config, operator)
+    values = {value for items in secrets.values() for value in items.values()}
+    assert len(values) >= 9  # 3 roles' tokens and passwords, the sentinel's, the cookie key, the admin token
+    for value in values:
+        assert value not in rendered
+    specs = json.loads(rendered)
+    gateway = specs["gateway"]["Job"]["TaskGroups"][0]
+    templates = gateway["Tasks"][0]["Templates"]
+    assert {t["DestPath"] for t in templates} >= {
+        "secrets/nomad-gateway.token", "secrets/redis-gateway.password", "secrets/app-cookie.key", "secrets/admin.env"
+    }  # fmt: skip
+    assert all('nomadVar "nomad/jobs/caravan-gateway"' in t["EmbeddedTmpl"] for t in templates)
+    assert gateway["Count"] == 2 and specs["scheduler"]["Job"]["TaskGroups"][0]["Count"] == 2
+    assert gateway["Services"][0]["Checks"][0]["Path"] == "/healthz"
+    assert specs["gateway"]["Job"]["Update"]["MaxParallel"] == 1
+    # the ingress' backend follows the gateway's service
+    ingress = specs["ingress"]["Job"]["TaskGroups"][0]["Tasks"][0]
+    assert any('nomadService "caravan-gateway"' in t["EmbeddedTmpl"] for t in ingress["Templates"])
+
+
+def test_the_ingress_and_the_gateways_share_a_node_when_one_is_named(operator: Settings) -> None:
+    specs = json.loads(show(DeployConfig(ingress_node="edge-1", distinct_hosts=True), operator))
+    pinned = [{"LTarget": "${node.unique.name}", "Operand": "=", "RTarget": "edge-1"}]
+    assert specs["ingress"]["Job"]["Constraints"] == pinned
+    assert specs["gateway"]["Job"]["Constraints"] == pinned
+    spread = [{"Operand": "distinct_hosts", "RTarget": "true"}]
+    assert specs["scheduler"]["Job"]["Constraints"] == specs["idle"]["Job"]["Constraints"] == spread
+
+
+@pytest.mark.parametrize(
+    ("config", "names"),
+    [
+        (DeployConfig(env={"CARAVAN_NOMAD_TOKEN": "x"}), "CARAVAN_NOMAD_TOKEN"),
+        (DeployConfig(env={"CARAVAN_REDIS_URL": "redis://u:pw@h:1/0"}), "password"),
+        (DeployConfig(env={"CARAVAN_HOME": "/x"}), "CARAVAN_HOME"),
+        (DeployConfig(env={"PATH": "/x"}), "CARAVAN_"),
+        (DeployConfig(env={"CARAVAN_DEFAULT_IMAGE": "${attr.x}"}), "interpolation"),
+        (DeployConfig(home="/var/{{ env }}"), "template"),
+        (DeployConfig(ingress_node="${node.class}"), "interpolation"),
+        (DeployConfig(name="Bad Name"), "name"),
+        (DeployConfig(namespace="default"), "namespace"),
+        (DeployConfig(gateway=Replicas(4), ingress=IngressSpec(gateway_slots=4)), "gateway_slots"),
+        (DeployConfig(scheduler=Replicas(0)), "scheduler.count"),
+        (DeployConfig(python="python3"), "absolute"),
+    ],
+)
+def test_refused_configurations(config: DeployConfig, names: str) -> None:
+    with pytest.raises(DeployError, match=names):
+        check(config)
+
+
+def test_cli_refuses_a_bad_file_with_status_2(tmp_path: Path) -> None:
+    path = tmp_path / "deploy.json"
+    path.write_text(json.dumps({"gateway": {"count": 2}, "unknown": 1}))
+    done = subprocess.run(
+        [sys.executable, "-m", "caravan.cli", "deploy", "--config", str(path), "--render"],
+        capture_output=True, text=True, env={"CARAVAN_HOME": str(tmp_path)}, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "unknown" in done.stderr
