@@ -41,7 +41,7 @@ job "%(id)s" {
   type = "service"
   group "g" {
     network {
-      port "jupyter" {}
+%(network)s
     }
     restart {
       attempts = 0
@@ -55,10 +55,7 @@ job "%(id)s" {
       driver = "docker"
       config {
         image = "%(image)s"
-        network_mode = "host"
-        command = "python3"
-        args = ["-m", "notebook", "--no-browser", "--allow-root", "--ip=127.0.0.1", "--port=${NOMAD_PORT_jupyter}",
-                "--port-retries=0", "--notebook-dir=/home/work", "--NotebookApp.token=", "--NotebookApp.password="]
+%(config)s
       }
       resources {
         cpu = %(mhz)d
@@ -68,6 +65,24 @@ job "%(id)s" {
   }
 }
 """
+HOST_NETWORK = {
+    "network": '      port "jupyter" {}',
+    "config": """        network_mode = "host"
+        command = "python3"
+        args = ["-m", "notebook", "--no-browser", "--allow-root", "--ip=127.0.0.1", "--port=${NOMAD_PORT_jupyter}",
+                "--port-retries=0", "--notebook-dir=/home/work", "--NotebookApp.token=", "--NotebookApp.password="]""",
+}
+"""The bare baseline: the host's network, Jupyter straight on a Nomad port (no namespace, no pause container)."""
+SESSION_NETWORK = {
+    "network": """      mode = "cni/caravan"
+      port "jupyter" {
+        to = 8888
+      }""",
+    "config": '        command = "/usr/local/bin/caravan-env-start"',
+}
+"""The same job in the network Caravan gives sessions (a namespace of its own through the stack's CNI configuration,
+a pause container holding it, portmap): what isolation costs, apart from Caravan's own work."""
+TARGETS = {"caravan": None, "bare_nomad": HOST_NETWORK, "bare_nomad_session_network": SESSION_NETWORK}
 
 
 async def until_ok(http: httpx2.AsyncClient, url: str, headers: dict[str, str], started: float) -> float:
@@ -98,10 +113,10 @@ async def through_caravan(caravan: Caravan, image: str, token: str, port: int) -
     return seconds, steps
 
 
-async def bare_nomad(caravan: Caravan, image: str, mhz: int) -> float:
+async def bare_nomad(caravan: Caravan, image: str, mhz: int, shape: dict[str, str]) -> float:
     job_id = f"bench-bare-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
-    job = await caravan.nomad.parse(BARE_JOB % {"id": job_id, "image": image, "mhz": mhz})
+    job = await caravan.nomad.parse(BARE_JOB % {"id": job_id, "image": image, "mhz": mhz, **shape})
     await caravan.nomad.register(job)
     port = 0
     while not port:
@@ -127,24 +142,26 @@ async def measure(settings: Settings, image: str, runs: int) -> dict[str, Any]:
         [node] = [n for n in await caravan.nomad.nodes() if n["Status"] == "ready"]
         detail = await caravan.nomad._json("GET", f"/v1/node/{node['ID']}")
         mhz = int(detail["Attributes"].get("cpu.frequency", "1000"))  # one core, as Caravan asks for cpu 1
-        times: dict[str, list[float]] = {"caravan": [], "bare_nomad": []}
+        times: dict[str, list[float]] = {name: [] for name in TARGETS}
         for run in range(runs):
-            for name in ("caravan", "bare_nomad"):
+            for name, shape in TARGETS.items():
                 steps: dict[str, float] = {}
-                if name == "caravan":
+                if shape is None:
                     seconds, steps = await through_caravan(caravan, image, token, ingress.port)
                 else:
-                    seconds = await bare_nomad(caravan, image, mhz)
+                    seconds = await bare_nomad(caravan, image, mhz, shape)
                 times[name].append(seconds)
                 line = {"measure": "launch_to_jupyter", "target": name, "run": run, "seconds": round(seconds, 3)}
                 print(json.dumps(line | ({"status_changes": steps} if steps else {})), flush=True)
         medians = {k: round(statistics.median(v), 3) for k, v in times.items()}
         ratio = round(medians["caravan"] / medians["bare_nomad"], 3)
+        isolation = round(medians["bare_nomad_session_network"] / medians["bare_nomad"], 3)
         return {
             "measure": "summary",
             "median_seconds": medians,
             "max_seconds": {k: round(max(v), 3) for k, v in times.items()},
             "ratio": ratio,
+            "session_network_vs_bare": isolation,
             "goal": f"Caravan (createSession to Jupyter answering through HAProxy) within {GOAL_RATIO}x of the same "
             "image started by a bare Nomad job and polled directly (medians)",
             "loadavg_1m": os.getloadavg()[0],
