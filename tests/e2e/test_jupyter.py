@@ -1,8 +1,8 @@
 """A researcher's day on the real stack: the Jupyter environment ops/build-env-images built, registered in the
 catalog, launched as a docker session with a storage folder mounted and no app declared; Jupyter reached through
 HAProxy on the app's own origin (its REST API with its XSRF cookie, a kernel's WebSocket), a cell computed with numpy
-and pandas, the notebook saved into the folder; the session terminated and the notebook read back through the
-file API.
+and pandas, the notebook saved into the folder, the kernel's terminal running tmux; the session terminated and the
+notebook read back through the file API.
 
 Requests go to 127.0.0.1 with the app's ``Host`` (``*.localhost`` resolves to the loopback in browsers and curl, not
 necessarily through this machine's resolver), as in tests/e2e/test_app_proxy.py."""
@@ -22,6 +22,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from core.settings import Settings
 from tests.conftest import DOCKER, STACK
 from tests.e2e.test_storage import ready_folder
+from tests.e2e.test_terminal import terminal, until_output
 from tests.harness import CREATE, Caravan
 from tests.ingress import caravan_behind_haproxy
 
@@ -187,6 +188,13 @@ async def test_a_notebook_computed_in_jupyter_through_the_gateway_is_kept_in_the
     )
     assert saved.status_code in (200, 201), saved.text
     assert (await jupyter.call("DELETE", f"/api/kernels/{kernel_id}")).status_code == 204
+
+    # the kernel's terminal runs tmux (the image's $ENV for interactive shells), where the folder's notebook is
+    async with terminal(caravan, session["id"], alice) as ws:
+        await ws.send(json.dumps({"type": "resize", "rows": 30, "cols": 100}))
+        await until_output(ws, b"[main]")  # tmux's status line: its session "main"
+        await ws.send(b"ls data; echo in-tmux-$((6*7))\r")
+        await until_output(ws, b"in-tmux-42")
 
     await caravan.gql(DESTROY, {"ids": [session["id"]]}, token=alice)
     await caravan.wait_for(session["id"], "TERMINATED", timeout=120)
