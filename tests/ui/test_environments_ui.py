@@ -18,11 +18,12 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
 from core.settings import Settings
+from domain.users import Role
 from tests.conftest import DOCKER, STACK
 from tests.e2e.test_storage import ready_folder
 from tests.harness import Caravan
 from tests.ingress import caravan_behind_haproxy
-from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, visible, wait
+from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, type_over, visible, wait
 
 JUPYTER_IMAGE = STACK.get("CARAVAN_JUPYTER_IMAGE", "")
 pytestmark = [
@@ -121,3 +122,38 @@ async def test_jupyter_launched_from_the_environment_picker_opens_on_its_origin(
         visible(d, "tr[data-file='analysis.ipynb']")
 
     await browser.run(launch)
+
+
+async def test_a_superadmin_registers_and_retires_an_environment_on_the_admin_page(
+    caravan: Caravan, browser: Browser
+) -> None:
+    root = await caravan.user("root", Role.SUPERADMIN)
+    alice = await caravan.user("alice")
+    row = f"#environments tr[data-image='{JUPYTER_IMAGE}']"
+
+    def register_and_retire(d: WebDriver) -> None:
+        sign_in(d, browser.base, root)
+        d.find_element(By.ID, "nav-admin").click()
+        d.find_element(By.LINK_TEXT, "Environments").click()
+        visible(d, ".empty")
+        fill_in = visible(d, "#environment-image")
+        fill_in.send_keys("caravan/nothing-here:1")
+        d.find_element(By.ID, "register-environment").click()
+        text_in(d, "[role=alert]", "NOT_FOUND")  # the engine has no such image: nothing registered
+        type_over(d, fill_in, JUPYTER_IMAGE)
+        d.find_element(By.ID, "register-environment").click()
+        text_in(d, row, "jupyter:8888")  # read from the image's labels
+        text_in(d, f"{row} .status", "offered")
+        visible(d, f"{row} button").click()
+        text_in(d, f"{row} .status", "retired")
+
+    await browser.run(register_and_retire)
+
+    def user_launcher(d: WebDriver) -> None:  # retired: the launcher offers no environment, the image field is back
+        d.find_element(By.ID, "sign-out").click()
+        sign_in(d, browser.base, alice)
+        d.find_element(By.LINK_TEXT, "Launch").click()
+        visible(d, "input#f-image")
+        assert not d.find_elements(By.ID, "f-environment")
+
+    await browser.run(user_launcher)
