@@ -27,7 +27,10 @@ from tests.harness import CREATE, Caravan
 from tests.ingress import caravan_behind_haproxy
 
 JUPYTER_IMAGE = STACK.get("CARAVAN_JUPYTER_IMAGE", "")
-pytestmark = pytest.mark.skipif(not (DOCKER and JUPYTER_IMAGE), reason="needs Docker and ops/build-env-images")
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(not (DOCKER and JUPYTER_IMAGE), reason="needs Docker and ops/build-env-images"),
+]
 
 REGISTER = "mutation($i: String!) { registerEnvironment(image: $i) { image } }"
 APPS = "query($id: ID!) { session(id: $id) { apps { name port url } } }"

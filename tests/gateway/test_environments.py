@@ -17,7 +17,10 @@ from tests.conftest import DEFAULT_IMAGE, DOCKER, STACK
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
 JUPYTER_IMAGE = STACK.get("CARAVAN_JUPYTER_IMAGE", "")
-pytestmark = pytest.mark.skipif(not (DOCKER and JUPYTER_IMAGE), reason="needs Docker and ops/build-env-images")
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(not (DOCKER and JUPYTER_IMAGE), reason="needs Docker and ops/build-env-images"),
+]
 
 VERSION = "tag image apps { name port protocol } startupCommand minResources { slot amount } " + (
     "defaultResources { slot amount } retired"

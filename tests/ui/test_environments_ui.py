@@ -28,6 +28,7 @@ from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, type
 JUPYTER_IMAGE = STACK.get("CARAVAN_JUPYTER_IMAGE", "")
 pytestmark = [
     pytest.mark.ui,
+    pytest.mark.docker,
     pytest.mark.skipif(not (DOCKER and JUPYTER_IMAGE), reason="needs Docker and ops/build-env-images"),
 ]
 REGISTER = "mutation($i: String!) { registerEnvironment(image: $i) { image } }"
