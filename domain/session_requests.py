@@ -97,11 +97,11 @@ class CreationRules:
     platform: bool = False
     """The platform's own request (``domain.sftp``): the only one that may create a SYSTEM session."""
     committed_images: Mapping[str, Sequence[CommittedImage]] = field(default_factory=dict)
+    """The records of the committed images the request names (``named_images``), by ref (``stores.images``): a
+    committed image none of whose records the user may use is NOT_FOUND (``domain.images.check_image_use``)."""
     environments: Mapping[str, EnvironmentImage] = field(default_factory=dict)
     """The environment catalog by image reference (``domain.environments``): its images are allowed (its retired ones
     refused), and a session of one gets its apps, startup command and default resources when it leaves them out."""
-    """The records of the committed images the request names (``named_images``), by ref (``stores.images``): a
-    committed image none of whose records the user may use is NOT_FOUND (``domain.images.check_image_use``)."""
 
 
 @dataclass(frozen=True)
