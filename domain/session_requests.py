@@ -293,7 +293,7 @@ def check_request(
         )
     environ = _checked_environ(request.environ)
     preset = _preset(request.preset, rules.presets)
-    environment = rules.environments.get(image) if request.driver is Driver.DOCKER else None
+    environment = environment_for(image, request.driver, rules)
     slots = _checked_resources(
         {
             **rules.default_resources,
@@ -359,13 +359,23 @@ def check_catalog_image(reference: str, rules: CreationRules, *, field: str = "i
     check_docker_image(reference, allowed_patterns(rules.docker_images, rules.environments), field=field)
 
 
+def environment_for(image: str, driver: Driver, rules: CreationRules) -> EnvironmentImage | None:
+    """The catalog entry a docker session of ``image`` runs: the image's own (in use), or, for a committed image, the
+    one of the image its session ran (its labels came along); None for any other image."""
+    if driver is not Driver.DOCKER:
+        return None
+    entry = rules.environments.get(image)
+    if entry is not None:
+        return None if entry.retired else entry
+    bases = sorted({record.base_image for record in rules.committed_images.get(image, ()) if record.base_image})
+    return next((rules.environments[base] for base in bases if base in rules.environments), None)
+
+
 def with_environment(request: SessionRequest, rules: CreationRules) -> SessionRequest:
     """``request`` with what its catalog image declares where it leaves them out: the apps and the startup command
     (default resources are merged in :func:`check_request`). Unchanged for an image outside the catalog."""
-    if request.driver is not Driver.DOCKER:
-        return request
-    entry = rules.environments.get(request.image or rules.default_image or "")
-    if entry is None or entry.retired:
+    entry = environment_for(request.image or rules.default_image or "", request.driver, rules)
+    if entry is None:
         return request
     return replace(
         request,

@@ -130,33 +130,29 @@ class EnvironmentQueries:
     async def environments(self, info: Info, include_retired: bool = False) -> list[Environment]:
         ctx = info.context
         show_retired = include_retired and ctx.viewer.role is Role.SUPERADMIN
-        entries = [e for e in (await store_of(ctx).all()).values() if show_retired or not e.retired]
-        found = catalog_of(entries)
+        catalog = await store_of(ctx).all()
+        found = catalog_of([e for e in catalog.values() if show_retired or not e.retired])
         committed = [
             i
             for i in await ImageStore(ctx.sessions.redis, ctx.sessions.keys).usable_by(ctx.viewer)
             if i.status is ImageStatus.READY
         ]
         if committed:
+            versions = []
+            for image in committed:  # each as the catalog entry of the image its session ran (its labels came along)
+                base = catalog.get(image.base_image) or EnvironmentImage(image=image.ref, name=CUSTOMIZED, tag="")
+                tag = image.ref.rsplit(":", 1)[-1]
+                version = version_of(
+                    base.evolve(image=image.ref, tag=tag, retired=False, registered_at=image.created_at)
+                )
+                versions.append(version)
             found.append(
                 Environment(
                     name=CUSTOMIZED,
                     title="Customized",
                     description="Images committed from sessions (commitSession)",
                     customized=True,
-                    versions=[
-                        EnvironmentVersion(
-                            tag=i.ref.rsplit(":", 1)[-1],
-                            image=i.ref,
-                            apps=[],
-                            startup_command=None,
-                            min_resources=[],
-                            default_resources=[],
-                            retired=False,
-                            registered_at=i.created_at,
-                        )
-                        for i in committed
-                    ],
+                    versions=versions,
                 )
             )
         return found

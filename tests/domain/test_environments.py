@@ -14,6 +14,7 @@ from domain.environments import EnvironmentImage, environment_of
 from domain.model import Driver, SessionType
 from domain.session_requests import CreationRules, SessionRequest, build_sessions
 from domain.users import Role, User
+from tests.domain.test_images import image_of
 
 NOW = datetime(2026, 11, 27, 7, 0, tzinfo=UTC)
 ALICE = User("alice", "alice", Role.USER, ("lab",))
@@ -112,3 +113,14 @@ def test_the_catalog_is_the_allowlist_and_a_retired_image_is_refused() -> None:
         "image",
     )
     assert build_sessions(docker("caravan/busybox:1.35"), viewer=ALICE, now=NOW, rules=rules)[0].apps == ()
+
+
+def test_a_committed_image_serves_the_apps_of_the_image_its_session_ran() -> None:
+    jupyter = environment_of(IMAGE, LABELS, now=NOW)
+    record = image_of(ALICE, "mine").evolve(base_image=IMAGE)
+    rules = CreationRules(environments={IMAGE: jupyter}, committed_images={record.ref: [record]})
+    [session] = build_sessions(docker(record.ref), viewer=ALICE, now=NOW, rules=rules)
+    assert ([a.name for a in session.apps], session.startup_command) == (["jupyter", "tb"], jupyter.startup_command)
+    plain = record.evolve(base_image="")  # committed before the base was kept: no apps
+    rules = CreationRules(environments={IMAGE: jupyter}, committed_images={record.ref: [plain]})
+    assert build_sessions(docker(record.ref), viewer=ALICE, now=NOW, rules=rules)[0].apps == ()

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from core.clock import utcnow
-from domain.images import CommittedImage, ImageStatus
-from domain.users import Role
+from domain.images import ImageStatus
+from domain.users import Role, User
 from stores.images import ImageStore
 from tests.conftest import DEFAULT_IMAGE, DOCKER, STACK
+from tests.domain.test_images import image_of
 from tests.harness import CREATE, Caravan, GraphQLErrors
 
 JUPYTER_IMAGE = STACK.get("CARAVAN_JUPYTER_IMAGE", "")
@@ -104,19 +105,18 @@ async def test_refusals_are_typed_and_the_busybox_images_stay_allowed(caravan: C
 async def test_committed_images_are_listed_as_customized_to_whom_may_use_them(caravan: Caravan) -> None:
     alice, bob = await caravan.user("alice", projects=("lab",)), await caravan.user("bob", projects=("other",))
     images = ImageStore(caravan.store.redis, caravan.store.keys)
-    mine = CommittedImage(
-        id="img-1",
-        ref="caravan/u/alice/mine:v1",
-        owner_id="alice",
-        project="lab",
-        session_id="s",
-        node_id="n",
-        container="c",
-        created_at=utcnow(),
-    )
+    mine = image_of(User("alice", "alice", Role.USER, ("lab",)), "mine", ImageStatus.COMMITTING)
+    mine = mine.evolve(created_at=utcnow(), base_image=JUPYTER_IMAGE)
+    await caravan.gql(REGISTER, {"i": JUPYTER_IMAGE})
     await images.ask(mine)
     assert "customized" not in await listed(caravan, alice)  # COMMITTING: not usable yet
     await images.done(mine, mine.evolve(status=ImageStatus.READY), None)
     customized = (await listed(caravan, alice))["customized"]
-    assert customized["customized"] and [v["image"] for v in customized["versions"]] == ["caravan/u/alice/mine:v1"]
+    assert customized["customized"] and [v["image"] for v in customized["versions"]] == [mine.ref]
+    # committed from a Jupyter session, it serves Jupyter too (its labels came along): listed, and given to its sessions
+    assert customized["versions"][0]["apps"] == [{"name": "jupyter", "port": 8888, "protocol": "HTTP"}]
+    spec = {"name": "again", "type": "INTERACTIVE", "driver": "DOCKER", "image": mine.ref}
+    [session] = (await caravan.gql(CREATE, {"input": spec}, token=alice))["createSession"]["sessions"]
+    stored = await caravan.store.get(session["id"])
+    assert stored is not None and [a.name for a in stored.apps] == ["jupyter"]
     assert "customized" not in await listed(caravan, bob)
