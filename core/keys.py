@@ -278,6 +278,11 @@ class Keys:
         """JSON document of one committed image (``domain.images.CommittedImage``)."""
         return f"{self.prefix}:image:{image_id}"
 
+    @property
+    def environments(self) -> str:
+        """HASH image reference -> JSON of its environment catalog entry (``domain.environments``)."""
+        return f"{self.prefix}:environments"
+
     def image_by_ref(self, ref: str) -> str:
         """The id of the committed image whose reference is ``ref`` (claimed at commit: one image per reference)."""
         return f"{self.prefix}:image-ref:{ref}"

@@ -70,6 +70,9 @@ class CommittedImage:
     created_at: datetime
     status: ImageStatus = ImageStatus.COMMITTING
     status_info: str = ""
+    base_image: str = ""
+    """The image the session ran: a committed image keeps its labels, so it serves the apps of that image's catalog
+    entry (``domain.environments``); "" for images committed before it was kept."""
 
     def evolve(self, **changes: Any) -> CommittedImage:
         return replace(self, **changes)
@@ -140,6 +143,7 @@ def new_commit(session: Session, *, name: str, tag: str, task: str, now: datetim
         node_id=kernel.agent,
         container=f"{task}-{kernel.alloc_id}",
         created_at=now,
+        base_image=session.image,
     )
 
 

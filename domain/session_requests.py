@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from types import MappingProxyType
@@ -21,6 +21,7 @@ from core.settings import Settings
 from domain import vm
 from domain.apps import App, checked_apps
 from domain.docker_images import check_docker_image
+from domain.environments import EnvironmentImage, allowed_patterns, check_minimum, check_not_retired
 from domain.images import CommittedImage, check_image_use
 from domain.inference import replicas_of
 from domain.inference_options import ServiceOptions, checked_service_options
@@ -98,6 +99,9 @@ class CreationRules:
     committed_images: Mapping[str, Sequence[CommittedImage]] = field(default_factory=dict)
     """The records of the committed images the request names (``named_images``), by ref (``stores.images``): a
     committed image none of whose records the user may use is NOT_FOUND (``domain.images.check_image_use``)."""
+    environments: Mapping[str, EnvironmentImage] = field(default_factory=dict)
+    """The environment catalog by image reference (``domain.environments``): its images are allowed (its retired ones
+    refused), and a session of one gets its apps, startup command and default resources when it leaves them out."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,7 @@ def build_sessions(
     for one that differs only in what it leaves to this function (name, project, a client token as long): the
     schedule runner checks each shape of run once."""
     owner = owner or viewer
+    request = with_environment(request, rules)
     if not NAME_RULE.match(request.name):
         raise InvalidInput("name must be 4-64 characters: letters, digits, '_', and '.' or '-' inside", field="name")
     if checked is None:
@@ -256,6 +261,7 @@ def check_request(
 ) -> CheckedRequest:
     """Every rule of a creation but the session name's: also how a template's spec is checked when it is written."""
     known_slots, allowed_drivers, qemu_images = rules.known_slots, rules.allowed_drivers, rules.qemu_images
+    request = with_environment(request, rules)
     if request.type is SessionType.SYSTEM and not rules.platform:
         raise Forbidden("SYSTEM sessions are created by the platform (requestSftp), not by users", field="type")
     if request.type is SessionType.BATCH and not (request.startup_command or "").strip():
@@ -287,9 +293,18 @@ def check_request(
         )
     environ = _checked_environ(request.environ)
     preset = _preset(request.preset, rules.presets)
+    environment = environment_for(image, request.driver, rules)
     slots = _checked_resources(
-        {**rules.default_resources, **(preset.resources if preset else {}), **request.resources}, known_slots
+        {
+            **rules.default_resources,
+            **(environment.default_resources if environment else {}),
+            **(preset.resources if preset else {}),
+            **request.resources,
+        },
+        known_slots,
     )
+    if environment is not None:
+        check_minimum(environment, slots, known_slots)
     _check_batch_options(request)
     _check_shape(request, viewer)
     service = checked_service_options(
@@ -305,7 +320,7 @@ def check_request(
         request.cluster_size,
         image,
         slots,
-        _checked_roles(request.kernel_roles, request.driver, image, slots, known_slots, rules.docker_images),
+        _checked_roles(request.kernel_roles, request.driver, image, slots, known_slots, rules),
     )
     if service is not None:
         kernels = replicas_of(kernels[0], service.replicas)  # INFERENCE: each replica is a kernel (domain.inference)
@@ -333,8 +348,40 @@ def _checked_image(request: SessionRequest, rules: CreationRules) -> str:
     if not image:
         raise InvalidInput(f"the {request.driver.value} driver needs an image", field="image")
     if request.driver is Driver.DOCKER:
-        check_docker_image(image, rules.docker_images)
+        check_catalog_image(image, rules)
     return image
+
+
+def check_catalog_image(reference: str, rules: CreationRules, *, field: str = "image") -> None:
+    """A docker image a session may run: not a retired catalog image, and Docker's grammar, pinned, in the catalog
+    or matching the operator's patterns (``domain.docker_images``)."""
+    check_not_retired(reference, rules.environments, field=field)
+    check_docker_image(reference, allowed_patterns(rules.docker_images, rules.environments), field=field)
+
+
+def environment_for(image: str, driver: Driver, rules: CreationRules) -> EnvironmentImage | None:
+    """The catalog entry a docker session of ``image`` runs: the image's own (in use), or, for a committed image, the
+    one of the image its session ran (its labels came along); None for any other image."""
+    if driver is not Driver.DOCKER:
+        return None
+    entry = rules.environments.get(image)
+    if entry is not None:
+        return None if entry.retired else entry
+    bases = sorted({record.base_image for record in rules.committed_images.get(image, ()) if record.base_image})
+    return next((rules.environments[base] for base in bases if base in rules.environments), None)
+
+
+def with_environment(request: SessionRequest, rules: CreationRules) -> SessionRequest:
+    """``request`` with what its catalog image declares where it leaves them out: the apps and the startup command
+    (default resources are merged in :func:`check_request`). Unchanged for an image outside the catalog."""
+    entry = environment_for(request.image or rules.default_image or "", request.driver, rules)
+    if entry is None:
+        return request
+    return replace(
+        request,
+        apps=request.apps or entry.apps,
+        startup_command=request.startup_command or entry.startup_command,
+    )
 
 
 def named_images(request: SessionRequest) -> list[tuple[str, str]]:
@@ -384,7 +431,7 @@ def _checked_roles(
     image: str,
     slots: dict[str, str],
     known: Mapping[str, SlotType],
-    docker_images: Sequence[str],
+    rules: CreationRules,
 ) -> dict[str, tuple[str, dict[str, str]]]:
     """Per role: its image (the session's when it names none) and its slots (the session's, then its own)."""
     checked = {}
@@ -401,7 +448,7 @@ def _checked_roles(
                     field=f"kernelRoles.{role}.image",
                 )
             if driver is Driver.DOCKER:
-                check_docker_image(spec.image, docker_images, field=f"kernelRoles.{role}.image")
+                check_catalog_image(spec.image, rules, field=f"kernelRoles.{role}.image")
         try:
             role_slots = _checked_resources({**slots, **spec.resources}, known)
         except CaravanError as exc:

@@ -25,6 +25,7 @@ from domain.scheduling_config import SchedulingConfig
 from domain.session_requests import CreationRules
 from domain.storage import at_bytes_quota
 from domain.users import User
+from stores.environments import EnvironmentStore
 from stores.folders import FolderStore
 from stores.images import ImageStore
 from stores.known_resources import known_resource_groups, known_slot_types
@@ -68,6 +69,7 @@ async def read_creation_rules(
         folders=mounted,
         full_folders=frozenset(full),
         committed_images=await ImageStore(redis, keys).named(images, users),
+        environments=await EnvironmentStore(redis, keys).all(),
     )
 
 

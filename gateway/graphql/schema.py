@@ -12,6 +12,7 @@ from strawberry.types import ExecutionContext
 from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.document_limits import schema_extensions
+from gateway.graphql.environments import EnvironmentMutations, EnvironmentQueries
 from gateway.graphql.errors import ErrorCodes
 from gateway.graphql.execs.mutations import ExecMutations
 from gateway.graphql.execs.subscriptions import ExecSubscriptions
@@ -60,6 +61,7 @@ class Query(
     ScheduleQueries,
     FolderQueries,
     ImageQueries,
+    EnvironmentQueries,
     UsageQueries,
 ):
     @fields.field(description="Who you are, by your API token.")
@@ -79,6 +81,7 @@ class Mutation(
     FolderMutations,
     SftpMutations,
     ImageMutations,
+    EnvironmentMutations,
     ScheduleMutations,
 ):
     pass

@@ -15,6 +15,11 @@ const POLICIES = `{ resourcePresets { name resources { slot amount } sharedMemor
     maxSessionLifetime idleTimeout allowedResourceGroups allowedDrivers }
     projects { project totalResourceSlots { slot amount } maxSessionLifetime idleTimeout allowedResourceGroups allowedDrivers } } }`;
 
+const ENVIRONMENTS = `query Environments { environments(includeRetired: true) { name title customized
+  versions { tag image retired registeredAt apps { name port } minResources { slot amount } defaultResources { slot amount } } } }`;
+const REGISTER = `mutation Register($image: String!) { registerEnvironment(image: $image) { image } }`;
+const RETIRE = `mutation Retire($image: String!, $retired: Boolean!) { retireEnvironment(image: $image, retired: $retired) { image } }`;
+
 function useQuery(query, variables) {
   const [data, setData] = useState(null);
   const [error, setError] = useState(null);
@@ -113,6 +118,42 @@ function Users() {
   );
 }
 
+/** The environment catalog: each image's versions with what its labels declare; a SUPERADMIN registers an image the
+ * Docker engine has (its labels read then) and retires or restores a version. */
+function Environments({ viewer }) {
+  const { data, error, load } = useQuery(ENVIRONMENTS);
+  const [image, setImage] = useState("");
+  const [failure, setFailure] = useState(null);
+  const superadmin = viewer && viewer.role === "SUPERADMIN";
+  const act = (query, variables) => { setFailure(null); return gql(query, variables).then(load).catch(setFailure); };
+  if (error) return <ErrorBox error={error} />;
+  if (!data) return <p class="loading">Loading environments…</p>;
+  const catalog = data.environments.filter((e) => !e.customized);
+  return (
+    <>
+      <ErrorBox error={failure} />
+      {catalog.length === 0 ? <p class="empty">No environments: register an image.</p> : (
+        <table class="compact" id="environments"><thead><tr><th>Environment</th><th>Version</th><th>Apps</th><th>Minimum</th>
+          <th>Default</th><th>Status</th><th></th></tr></thead>
+          <tbody>{catalog.flatMap((e) => e.versions.map((v) => (
+            <tr data-image={v.image}><td>{e.title}</td><td><code>{v.tag}</code></td>
+              <td>{v.apps.map((a) => `${a.name}:${a.port}`).join(", ") || "—"}</td><td>{resources(v.minResources) || "—"}</td>
+              <td>{resources(v.defaultResources) || "—"}</td><td class="status">{v.retired ? "retired" : "offered"}</td>
+              <td>{superadmin && <button type="button" class={v.retired ? "secondary" : "danger"}
+                onClick={() => act(RETIRE, { image: v.image, retired: !v.retired })}>{v.retired ? "Restore" : "Retire"}</button>}</td></tr>
+          )))}</tbody></table>
+      )}
+      {superadmin && (
+        <form class="inline" onSubmit={(e) => { e.preventDefault(); act(REGISTER, { image: image.trim() }).then(() => setImage("")); }}>
+          <label>Image <input id="environment-image" value={image} placeholder="caravan/env-python:3.11-jupyter-…"
+            onInput={(e) => setImage(e.currentTarget.value)} /></label>
+          <button type="submit" id="register-environment" disabled={!image.trim()}>Register</button>
+        </form>
+      )}
+    </>
+  );
+}
+
 const limit = (v, f = (x) => x) => (v == null ? "unlimited" : f(v));
 function Policies() {
   const { data, error } = useQuery(POLICIES);
@@ -147,8 +188,9 @@ function Policies() {
   );
 }
 
-export function AdminPage({ section }) {
-  const tabs = [["groups", "Resource groups"], ["users", "Users and tokens"], ["policies", "Presets and policies"]];
+export function AdminPage({ section, viewer }) {
+  const tabs = [["groups", "Resource groups"], ["users", "Users and tokens"], ["policies", "Presets and policies"],
+    ["environments", "Environments"]];
   const current = section.replace(/^\//, "") || "groups";
   return (
     <section aria-labelledby="admin-title">
@@ -156,7 +198,8 @@ export function AdminPage({ section }) {
       <nav class="tabs" aria-label="Administration">
         {tabs.map(([k, label]) => <Link to={`/admin/${k}`} aria-current={current === k ? "page" : undefined}>{label}</Link>)}
       </nav>
-      {current === "users" ? <Users /> : current === "policies" ? <Policies /> : <Groups />}
+      {current === "users" ? <Users /> : current === "policies" ? <Policies />
+        : current === "environments" ? <Environments viewer={viewer} /> : <Groups />}
     </section>
   );
 }

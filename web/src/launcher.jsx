@@ -8,7 +8,8 @@ export const OPTIONS = `{ resourcePresets { name resources { slot amount } } res
   sessionTemplates { id name scope spec { type driver image startupCommand environ { name value } resources { slot amount }
     resourceGroup startsAt batchTimeout clusterSize clusterMode preopenPorts preset apps { name port protocol }
     mounts { folder path mode } } }
-  folders { id name status myMode } }`;
+  folders { id name status myMode }
+  environments { name title description customized versions { tag image apps { name } } } }`;
 const CREATE = `mutation Create($input: CreateSessionInput!) { createSession(input: $input) { sessions { id name } } }`;
 const SAVE = `mutation Save($input: CreateSessionTemplateInput!) { createSessionTemplate(input: $input) { id name } }`;
 
@@ -125,7 +126,9 @@ export function SpecFields({ kit, form, options, viewer, batchOnly = false, chil
           <select id="f-driver" value={form.driver} onChange={set("driver")}>
             <option>DOCKER</option><option>EXEC</option><option>QEMU</option>
             {viewer.role === "SUPERADMIN" && <option>RAW_EXEC</option>}</select>) })}
-        {Field({ name: "image", label: "Image", hint: "docker: an allowed image; qemu: a VM image; empty: the default", children: input("image") })}
+        {form.driver === "DOCKER" && options && options.environments.length > 0
+          ? <ImagePicker kit={kit} form={form} environments={options.environments} />
+          : Field({ name: "image", label: "Image", hint: "docker: an allowed image; qemu: a VM image; empty: the default", children: input("image") })}
         {Field({ name: "startupCommand", label: "Startup command", hint: batch ? "required for BATCH" : undefined, children: (
           <textarea id="f-startupCommand" rows="2" value={form.startupCommand} onInput={set("startupCommand")} aria-invalid={field === "startupCommand"} />) })}
       </fieldset>
@@ -166,6 +169,42 @@ export function SpecFields({ kit, form, options, viewer, batchOnly = false, chil
           {!batchOnly && Field({ name: "dependencies", label: "Dependencies", hint: "session ids that must succeed first", children: input("dependencies") })}
         </fieldset>
       )}
+    </>
+  );
+}
+
+/** The docker image as an environment and a version from the catalog (`environments`: its apps come with it), or
+ * any other allowed image typed in; the form keeps the image reference. */
+function ImagePicker({ kit, form, environments }) {
+  const { Field, input, set } = kit;
+  const [other, setOther] = useState(false);
+  const current = environments.find((e) => e.versions.some((v) => v.image === form.image));
+  const typed = other || (!current && form.image !== "");
+  const setImage = (value) => set("image")({ currentTarget: { value } });
+  function choose(e) {
+    const name = e.currentTarget.value;
+    setOther(name === "__other");
+    if (name === "__other") return;
+    const chosen = environments.find((x) => x.name === name);
+    setImage(chosen ? chosen.versions[0].image : "");
+  }
+  const apps = current && (current.versions.find((v) => v.image === form.image) || {}).apps;
+  return (
+    <>
+      <div class="field">
+        <label for="f-environment">Environment</label>
+        <select id="f-environment" value={typed ? "__other" : current ? current.name : ""} onChange={choose}>
+          <option value="">the default image</option>
+          {environments.map((e) => <option value={e.name}>{e.customized ? "Customized (your images)" : e.title}</option>)}
+          <option value="__other">another image…</option>
+        </select>
+        {current && current.description && <small class="hint">{current.description}</small>}
+      </div>
+      {typed
+        ? Field({ name: "image", label: "Image", hint: "an allowed docker image, name:tag", children: input("image") })
+        : current && Field({ name: "image", label: "Version", hint: apps && apps.length ? `apps: ${apps.map((a) => a.name).join(", ")}` : undefined,
+          children: (<select id="f-image" value={form.image} onChange={set("image")}>
+            {current.versions.map((v) => <option value={v.image}>{v.tag}</option>)}</select>) })}
     </>
   );
 }

@@ -1,0 +1,202 @@
+"""Seconds from launch to Jupyter answering: through Caravan (createSession of the Jupyter environment, then Jupyter's
+``/api/status`` through HAProxy on the app's origin, bearer token) against the same image started by a bare Nomad job
+(registered straight to Nomad's API, docker driver, host network, Jupyter on a Nomad port, polled directly), in the
+same run, alternating (Caravan first, then bare, ``--runs`` times), each torn down before the next.
+
+What Caravan adds: the GraphQL creation and its checks, the scheduler's pass and job rendering, the session's own
+network namespace, the control plane pushing the route to HAProxy, and the hop through it. Both poll every 50 ms.
+
+Prints one JSON line per launch, and a last line with the medians, their ratio, the goal (Caravan within 1.2x of bare
+Nomad), ``meets_goal`` and the load average.
+
+Usage: .venv/bin/python -m bench.jupyter_launch [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+import uuid
+from typing import Any
+
+import httpx2
+
+from caravan.stack.private_stack import private_stack, stack_env
+from core.settings import Settings
+from domain.apps import app_host, published_port
+from tests.harness import ADMIN_TOKEN, CREATE, Caravan
+from tests.ingress import caravan_behind_haproxy
+
+GOAL_RATIO = 1.2
+JUPYTER_PORT = 8888
+POLL = 0.05
+TIMEOUT = 300.0
+REGISTER = "mutation Register($i: String!) { registerEnvironment(image: $i) { image } }"
+DESTROY = "mutation Destroy($ids: [ID!]!) { destroySession(ids: $ids) { id } }"
+BARE_JOB = """
+job "%(id)s" {
+  type = "service"
+  group "g" {
+    network {
+%(network)s
+    }
+    restart {
+      attempts = 0
+      mode = "fail"
+    }
+    reschedule {
+      attempts = 0
+      unlimited = false
+    }
+    task "jupyter" {
+      driver = "docker"
+      config {
+        image = "%(image)s"
+%(config)s
+      }
+      resources {
+        cpu = %(mhz)d
+        memory = 1024
+      }
+    }
+  }
+}
+"""
+HOST_NETWORK = {
+    "network": '      port "jupyter" {}',
+    "config": """        network_mode = "host"
+        command = "python3"
+        args = ["-m", "notebook", "--no-browser", "--allow-root", "--ip=127.0.0.1", "--port=${NOMAD_PORT_jupyter}",
+                "--port-retries=0", "--notebook-dir=/home/work", "--NotebookApp.token=", "--NotebookApp.password="]""",
+}
+"""The bare baseline: the host's network, Jupyter straight on a Nomad port (no namespace, no pause container)."""
+SESSION_NETWORK = {
+    "network": """      mode = "cni/caravan"
+      port "jupyter" {
+        to = 8888
+      }""",
+    "config": '        command = "/usr/local/bin/caravan-env-start"',
+}
+"""The same job in the network Caravan gives sessions (a namespace of its own through the stack's CNI configuration,
+a pause container holding it, portmap): what isolation costs, apart from Caravan's own work."""
+TARGETS = {"caravan": None, "bare_nomad": HOST_NETWORK, "bare_nomad_session_network": SESSION_NETWORK}
+
+
+async def until_ok(http: httpx2.AsyncClient, url: str, headers: dict[str, str], started: float) -> float:
+    while time.monotonic() - started < TIMEOUT:
+        try:
+            if (await http.get(url, headers=headers, timeout=5)).status_code == 200:
+                return time.monotonic() - started
+        except httpx2.TransportError:
+            pass
+        await asyncio.sleep(POLL)
+    raise SystemExit(f"{url} did not answer within {TIMEOUT} s")
+
+
+async def through_caravan(caravan: Caravan, image: str, token: str, port: int) -> tuple[float, dict[str, float]]:
+    spec: dict[str, Any] = {"name": f"bench-{uuid.uuid4().hex[:8]}", "type": "INTERACTIVE", "driver": "DOCKER"}
+    spec["image"] = image
+    spec["resources"] = [{"slot": "cpu", "amount": "1"}, {"slot": "mem", "amount": "1g"}]
+    started = time.monotonic()
+    [session] = (await caravan.gql(CREATE, {"input": spec}, token=token))["createSession"]["sessions"]
+    host = f"{app_host('jupyter', session['id'], caravan.settings.gateway.apps_domain)}:{port}"
+    headers = {"Host": host, "Authorization": f"Bearer {token}"}
+    seconds, direct = await asyncio.gather(
+        until_ok(caravan.http, f"http://127.0.0.1:{port}/api/status", headers, started),
+        on_its_host_port(caravan, session["id"], started),
+    )
+    stored = await caravan.store.get(session["id"])
+    assert stored is not None
+    # where the time went: each status change's reason, seconds after the creation, and when Jupyter first answered
+    # on the kernel's Nomad host port (no HAProxy), polled at the same time
+    steps = {c.reason: round((c.at - stored.created_at).total_seconds(), 3) for c in stored.status_history}
+    steps["jupyter-answered-on-host-port"] = round(direct, 3)
+    await caravan.gql(DESTROY, {"ids": [session["id"]]}, token=token)
+    await caravan.wait_for(session["id"], "TERMINATED", timeout=120)
+    return seconds, steps
+
+
+async def on_its_host_port(caravan: Caravan, session_id: str, started: float) -> float:
+    """Seconds from ``started`` until Jupyter answers on the session kernel's Nomad host port, polled directly."""
+    while True:
+        stored = await caravan.store.get(session_id)
+        address = published_port(stored.kernels[0].ports, JUPYTER_PORT) if stored and stored.kernels else None
+        if address is not None:
+            return await until_ok(caravan.http, f"http://{address[0]}:{address[1]}/api/status", {}, started)
+        assert time.monotonic() - started < TIMEOUT, "the kernel's port was never published"
+        await asyncio.sleep(POLL)
+
+
+async def bare_nomad(caravan: Caravan, image: str, mhz: int, shape: dict[str, str]) -> float:
+    job_id = f"bench-bare-{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    job = await caravan.nomad.parse(BARE_JOB % {"id": job_id, "image": image, "mhz": mhz, **shape})
+    await caravan.nomad.register(job)
+    port = 0
+    while not port:
+        assert time.monotonic() - started < TIMEOUT, "the bare job was never placed"
+        for alloc in await caravan.nomad.job_allocations(job_id):
+            full = await caravan.nomad.allocation(alloc["ID"])
+            ports = (full.get("AllocatedResources") or {}).get("Shared", {}).get("Ports") or []
+            port = next((p["Value"] for p in ports if p["Label"] == "jupyter"), 0)
+        if not port:
+            await asyncio.sleep(POLL)
+    seconds = await until_ok(caravan.http, f"http://127.0.0.1:{port}/api/status", {}, started)
+    await caravan.nomad.deregister(job_id, purge=False)
+    while any(a["ClientStatus"] == "running" for a in await caravan.nomad.job_allocations(job_id)):
+        await asyncio.sleep(0.2)
+    await caravan.nomad.deregister(job_id, purge=True)
+    return seconds
+
+
+async def measure(settings: Settings, image: str, runs: int) -> dict[str, Any]:
+    async with caravan_behind_haproxy(settings) as (caravan, ingress):
+        await caravan.gql(REGISTER, {"i": image}, token=ADMIN_TOKEN)
+        token = await caravan.user("alice")
+        [node] = [n for n in await caravan.nomad.nodes() if n["Status"] == "ready"]
+        detail = await caravan.nomad._json("GET", f"/v1/node/{node['ID']}")
+        mhz = int(detail["Attributes"].get("cpu.frequency", "1000"))  # one core, as Caravan asks for cpu 1
+        times: dict[str, list[float]] = {name: [] for name in TARGETS}
+        for run in range(runs):
+            for name, shape in TARGETS.items():
+                steps: dict[str, float] = {}
+                if shape is None:
+                    seconds, steps = await through_caravan(caravan, image, token, ingress.port)
+                else:
+                    seconds = await bare_nomad(caravan, image, mhz, shape)
+                times[name].append(seconds)
+                line = {"measure": "launch_to_jupyter", "target": name, "run": run, "seconds": round(seconds, 3)}
+                print(json.dumps(line | ({"status_changes": steps} if steps else {})), flush=True)
+        medians = {k: round(statistics.median(v), 3) for k, v in times.items()}
+        ratio = round(medians["caravan"] / medians["bare_nomad"], 3)
+        isolation = round(medians["bare_nomad_session_network"] / medians["bare_nomad"], 3)
+        return {
+            "measure": "summary",
+            "median_seconds": medians,
+            "max_seconds": {k: round(max(v), 3) for k, v in times.items()},
+            "ratio": ratio,
+            "session_network_vs_bare": isolation,
+            "goal": f"Caravan (createSession to Jupyter answering through HAProxy) within {GOAL_RATIO}x of the same "
+            "image started by a bare Nomad job and polled directly (medians)",
+            "loadavg_1m": os.getloadavg()[0],
+            "meets_goal": ratio <= GOAL_RATIO,
+        }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="launches of each, alternating")
+    args = parser.parse_args()
+    image = stack_env().get("CARAVAN_JUPYTER_IMAGE", "")
+    if not image:
+        raise SystemExit("no Jupyter image: run ops/build-env-images")
+    with private_stack(want_drivers=("raw_exec", "exec", "docker")) as stack:
+        print(json.dumps(await measure(stack.settings, image, args.runs)), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
