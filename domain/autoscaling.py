@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from core.durations import duration_input
 from core.errors import InvalidInput
 
 MAX_REPLICAS = 16
@@ -313,3 +314,47 @@ def checked_rules(
         scale_to_zero_after=windows["scaleToZeroAfter"][0],
         drain_timeout=windows["drainTimeout"][0],
     )
+
+
+@dataclass(frozen=True)
+class ScalingRequest:
+    """Autoscaling rules as a user wrote them (durations as text: ``"90s"``, ``"5m"`` or seconds)."""
+
+    min_replicas: int
+    max_replicas: int
+    target: float
+    metric: Metric = Metric.IN_FLIGHT
+    stable_window: str | None = None
+    panic_window: str | None = None
+    panic_threshold: float | None = None
+    scale_down_delay: str | None = None
+    scale_to_zero_after: str | None = None
+    drain_timeout: str | None = None
+
+
+def rules_of_request(request: ScalingRequest) -> ScalingRules:
+    """:func:`checked_rules` of a request; INVALID_INPUT naming the field for a bad duration too."""
+    return checked_rules(
+        min_replicas=request.min_replicas,
+        max_replicas=request.max_replicas,
+        metric=request.metric,
+        target=request.target,
+        stable_window=duration_input("stableWindow", request.stable_window),
+        panic_window=duration_input("panicWindow", request.panic_window),
+        panic_threshold=request.panic_threshold,
+        scale_down_delay=duration_input("scaleDownDelay", request.scale_down_delay),
+        scale_to_zero_after=duration_input("scaleToZeroAfter", request.scale_to_zero_after),
+        drain_timeout=duration_input("drainTimeout", request.drain_timeout),
+    )
+
+
+def initial_replicas(rules: ScalingRules, replicas: int | None) -> int:
+    """The replicas an autoscaled endpoint starts with: ``replicas`` if given (within the rules), else the least the
+    rules allow but at least one (an endpoint starts, becomes RUNNING, and goes to zero only once idle)."""
+    start = max(rules.min_replicas, 1) if replicas is None else replicas
+    if not max(rules.min_replicas, 1) <= start <= rules.max_replicas:
+        raise InvalidInput(
+            f"replicas must be between {max(rules.min_replicas, 1)} and maxReplicas ({rules.max_replicas})",
+            field="replicas",
+        )
+    return start

@@ -91,12 +91,18 @@ def service_endpoint(session: Session, kernel: Kernel) -> str | None:
     return next((p[len(head) :] for p in kernel.ports if p.startswith(head)), None)
 
 
+def takes_traffic(kernel: Kernel) -> bool:
+    """A replica gets requests while it runs, passes its check, and is neither draining nor parked (the autoscaler's
+    scale-down takes it out of traffic first: ``domain.endpoint_scaling``)."""
+    return kernel.status is S.RUNNING and kernel.healthy is True and kernel.draining_since is None and not kernel.parked
+
+
 def endpoints_of(session: Session) -> tuple[str, ...]:
-    """The service endpoint of every RUNNING replica whose check is known to pass, in replica order (empty unless
-    INFERENCE)."""
+    """The service endpoint of every replica that takes traffic (:func:`takes_traffic`), in replica order (empty
+    unless INFERENCE)."""
     if not is_inference(session) or session.status.is_terminal:
         return ()
-    found = (service_endpoint(session, k) for k in session.kernels if k.status is S.RUNNING and k.healthy is True)
+    found = (service_endpoint(session, k) for k in session.kernels if takes_traffic(k))
     return tuple(e for e in found if e)
 
 

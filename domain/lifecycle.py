@@ -111,6 +111,8 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     kernels = list(session.kernels)
     for i, kernel in enumerate(kernels):
         if kernel.hostname == seen.hostname:
+            if kernel.parked:
+                return None  # an endpoint at zero replicas: its last replica's old allocation says nothing now
             if kernel.status.is_terminal and not seen.status.is_terminal:
                 return None  # an old allocation's late report
             if not seen.placed and kernel.alloc_id is not None:

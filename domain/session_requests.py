@@ -20,6 +20,7 @@ from core.errors import CaravanError, Forbidden, InvalidInput, UnsupportedResour
 from core.settings import Settings
 from domain import vm
 from domain.apps import App, checked_apps
+from domain.autoscaling import ScalingRequest
 from domain.docker_images import check_docker_image
 from domain.images import CommittedImage, check_image_use
 from domain.inference import replicas_of
@@ -133,6 +134,8 @@ class SessionRequest:
     service_port: int | None = None
     health_check_path: str | None = None
     health_check_grace: str | None = None
+    autoscaling: ScalingRequest | None = None
+    """INFERENCE only: the endpoint's autoscaling rules (``domain.autoscaling``); None: ``replicas`` for good."""
     apps: Sequence[App] = ()
     """Named ports the gateway proxies (``domain.apps``)."""
     mounts: Sequence[MountRequest] = ()
@@ -208,6 +211,7 @@ def build_sessions(
             service_port=checked.service.port if checked.service else None,
             health_check_path=checked.service.health_check_path if checked.service else None,
             health_check_grace=checked.service.health_check_grace if checked.service else None,
+            autoscaling=checked.service.autoscaling if checked.service else None,
             apps=checked_apps(request.apps),
             mounts=mounts,
         )
@@ -300,6 +304,7 @@ def check_request(
         health_check_grace=request.health_check_grace,
         cluster_size=request.cluster_size,
         startup_command=request.startup_command,
+        autoscaling=request.autoscaling,
     )
     kernels = kernels_of(
         request.cluster_size,

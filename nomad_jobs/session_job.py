@@ -199,7 +199,7 @@ def render_session_job(session: Session, ctx: JobContext) -> RenderedJob:
 
 
 def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext) -> None:
-    group = job.block("group", kernel.hostname, count=1)
+    group = job.block("group", kernel.hostname, count=0 if kernel.parked else 1)  # parked: an endpoint at zero
     group.block("meta").set(**{meta.KERNEL: kernel.hostname})
     node = ctx.pinned_nodes.get(kernel.hostname) or session.designated_agent
     if node:
@@ -302,9 +302,10 @@ def _environment(session: Session, kernel: Kernel, network_mode: str) -> dict[st
         "CARAVAN_CLUSTER_ROLE": kernel.role,
         "CARAVAN_CLUSTER_IDX": str(kernel.index),
         "CARAVAN_CLUSTER_HOST": kernel.hostname,
-        "CARAVAN_CLUSTER_SIZE": str(session.cluster_size),
-        "CARAVAN_CLUSTER_HOSTS": hosts,
     }
+    if session.type is not SessionType.INFERENCE:
+        # Not for replicas: they come and go as the endpoint scales, and a changed value would restart every one.
+        env |= {"CARAVAN_CLUSTER_SIZE": str(session.cluster_size), "CARAVAN_CLUSTER_HOSTS": hosts}
     if session.driver is Driver.DOCKER:
         env["CARAVAN_OUTPUT_LINGER"] = OUTPUT_LINGER_SECONDS
     if waits_for_main(session, kernel):

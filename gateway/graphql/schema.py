@@ -31,6 +31,7 @@ from gateway.graphql.schedules.queries import ScheduleQueries
 from gateway.graphql.sessions.app_mutations import AppMutations
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
+from gateway.graphql.sessions.scaling import ScalingMutations
 from gateway.graphql.sessions.subscriptions import SessionSubscriptions
 from gateway.graphql.templates.mutations import TemplateMutations
 from gateway.graphql.templates.queries import TemplateQueries
@@ -71,6 +72,7 @@ class Query(
 @strawberry.type
 class Mutation(
     SessionMutations,
+    ScalingMutations,
     AppMutations,
     UserMutations,
     TemplateMutations,

@@ -1,0 +1,138 @@
+"""A live endpoint's replicas changed: which to add, drain, stop or park, and who still gets traffic."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from core.errors import Forbidden
+from domain.autoscaling import ScalingRules
+from domain.endpoint_scaling import (
+    PROPAGATION,
+    ReplicaPlan,
+    check_replica_ceiling,
+    plan_replicas,
+    replicas_now,
+    with_plan,
+)
+from domain.inference import endpoints_of
+from domain.lifecycle import observe_kernel
+from domain.model import Driver, Kernel, KernelObservation, Session, SessionType
+from domain.model import SessionStatus as S
+from domain.resource_policies import UserResourcePolicy
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def replica(i: int, **changes: object) -> Kernel:
+    kernel = Kernel(
+        role="main",
+        index=i,
+        hostname=f"main{i}",
+        image="img",
+        resources={"cpu": "1"},
+        status=S.RUNNING,
+        agent="node-a",
+        alloc_id=f"alloc{i}",
+        ports=(f"8000=127.0.0.1:{20000 + i}",),
+        healthy=True,
+    )
+    return replace(kernel, **changes)  # type: ignore[arg-type]
+
+
+def endpoint(*kernels: Kernel) -> Session:
+    return Session(
+        id="s1",
+        name="ep",
+        owner_id="u1",
+        type=SessionType.INFERENCE,
+        driver=Driver.EXEC,
+        image="img",
+        resources={"cpu": "1"},
+        kernels=kernels,
+        created_at=T0,
+        status=S.RUNNING,
+        service_port=8000,
+        started_at=T0,
+    )
+
+
+def plan(session: Session, desired: int, *, now: datetime = T0, in_flight: int | None = 3) -> ReplicaPlan:
+    return plan_replicas(session, desired, now=now, drain_timeout=30, in_flight=in_flight, sampled_at=now.timestamp())
+
+
+@pytest.mark.parametrize(
+    ("kernels", "desired", "expected"),
+    [
+        ((replica(1), replica(2)), 2, ReplicaPlan()),
+        ((replica(1),), 3, ReplicaPlan(add=("main2", "main3"))),
+        ((replica(1), replica(3)), 3, ReplicaPlan(add=("main2",))),  # the lowest free index
+        ((replica(1), replica(2), replica(3)), 1, ReplicaPlan(drain=("main3", "main2"))),  # the highest first
+        ((replica(1), replica(2, draining_since=T0)), 2, ReplicaPlan(undrain=("main2",))),  # taken back first
+        ((replica(1, parked=True, status=S.TERMINATED),), 2, ReplicaPlan(add=("main1", "main2"))),  # woken
+        ((replica(1),), 0, ReplicaPlan(drain=("main1",))),
+    ],
+)
+def test_plan(kernels: tuple[Kernel, ...], desired: int, expected: ReplicaPlan) -> None:
+    assert plan(endpoint(*kernels), desired) == expected
+
+
+def test_a_draining_replica_leaves_the_endpoints_at_once_and_stops_once_drained() -> None:
+    session = endpoint(replica(1), replica(2))
+    drained = with_plan(session, plan(session, 1), now=T0, agents={})
+    assert endpoints_of(drained) == ("127.0.0.1:20001",)  # no new request reaches main2
+    assert replicas_now(drained).current == 1
+    # Requests still in flight: kept running.
+    assert plan(drained, 1, now=T0 + timedelta(seconds=5), in_flight=2).stop == ()
+    # Nothing in flight, but in a sample from before the ingress dropped it: kept.
+    early = plan_replicas(
+        drained, 1, now=T0 + timedelta(seconds=1), drain_timeout=30, in_flight=0, sampled_at=T0.timestamp() + 1
+    )
+    assert early.stop == ()
+    # Nothing in flight after the ingress dropped it: stopped.
+    later = T0 + timedelta(seconds=PROPAGATION + 1)
+    assert plan(drained, 1, now=later, in_flight=0).stop == ("main2",)
+    # Busy for ever: stopped at the drain timeout.
+    assert plan(drained, 1, now=T0 + timedelta(seconds=30), in_flight=9).stop == ("main2",)
+    stopped = with_plan(drained, plan(drained, 1, now=later, in_flight=0), now=later, agents={})
+    assert [k.hostname for k in stopped.kernels] == ["main1"]
+
+
+def test_the_last_replica_is_parked_and_woken() -> None:
+    session = endpoint(replica(1))
+    draining = with_plan(session, plan(session, 0), now=T0, agents={})
+    assert endpoints_of(draining) == ()
+    later = T0 + timedelta(seconds=10)
+    parked = with_plan(draining, plan(draining, 0, now=later, in_flight=0), now=later, agents={})
+    (kernel,) = parked.kernels
+    assert kernel.parked and kernel.agent is None and kernel.alloc_id is None
+    assert parked.status is S.RUNNING  # a live endpoint at zero
+    assert replicas_now(parked).current == 0
+    # Its old allocation's late report changes nothing.
+    late = KernelObservation(hostname="main1", status=S.TERMINATED, reason="completed", alloc_id="alloc1")
+    assert observe_kernel(parked, late, at=later) is None
+    woken = with_plan(parked, plan(parked, 1, now=later), now=later, agents={"main1": "node-b"})
+    (kernel,) = woken.kernels
+    assert not kernel.parked and kernel.status is S.PENDING and kernel.agent == "node-b"
+    assert replicas_now(woken).current == 1
+
+
+def test_a_new_replica_without_an_agent_waits() -> None:
+    session = endpoint(replica(1))
+    grown = with_plan(session, plan(session, 3), now=T0, agents={"main2": "node-b"})
+    assert [k.hostname for k in grown.kernels] == ["main1", "main2"]
+    assert grown.kernels[1].agent == "node-b" and grown.kernels[1].status is S.PENDING
+
+
+@pytest.mark.parametrize(("max_replicas", "refused"), [(4, False), (5, True)])
+def test_max_replicas_must_fit_the_policy(max_replicas: int, refused: bool) -> None:
+    policy = UserResourcePolicy(total_resource_slots={"cpu": "4"})
+    rules = ScalingRules(min_replicas=0, max_replicas=max_replicas)
+    if refused:
+        with pytest.raises(Forbidden) as caught:
+            check_replica_ceiling(endpoint(replica(1)), rules, user=policy, project=None)
+        assert caught.value.field == "maxReplicas"
+    else:
+        check_replica_ceiling(endpoint(replica(1)), rules, user=policy, project=None)
