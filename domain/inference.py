@@ -83,6 +83,19 @@ def replica_observation(session: Session, seen: KernelObservation) -> KernelObse
     return replace(seen, status=S.PREPARING, reason=f"recovering: {seen.reason}")
 
 
+def earlier_run(session: Session, kernel: Kernel, seen: KernelObservation) -> bool:
+    """Is ``seen`` about an earlier replica of the same name? A replica the autoscaler added (or woke from zero) has no
+    allocation yet, and the one stopped before under its name may still be reported, down, until Nomad places the new
+    one: that report is not about this replica (a new replica's own allocation is seen running before it can fail)."""
+    return (
+        is_inference(session)
+        and session.status is S.RUNNING
+        and kernel.alloc_id is None
+        and seen.alloc_id is not None
+        and seen.status in REPLICA_DOWN
+    )
+
+
 def service_endpoint(session: Session, kernel: Kernel) -> str | None:
     """``host:port`` where ``kernel`` serves the session's service port, once Nomad allocated it."""
     if session.service_port is None:

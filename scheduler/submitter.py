@@ -80,9 +80,7 @@ async def resubmit(store: SessionStore, nomad: NomadClient, session: Session) ->
         job = await nomad.parse(session.job_hcl)
         check_job_shape(session, job)
         await nomad.register(job, source_hcl=session.job_hcl, create_only=False)
-        log.info(
-            "session=%s job=%s registered again: %d replicas", session.id, session.nomad_job_id, len(job["TaskGroups"])
-        )
+        log.info("session=%s job=%s registered again (replicas changed)", session.id, session.nomad_job_id)
     except PermanentError as exc:
         log.error("session=%s job=%s change refused: %s", session.id, session.nomad_job_id, exc)
     await store.mark_submitted(session.id)

@@ -119,6 +119,21 @@ def test_the_last_replica_is_parked_and_woken() -> None:
     assert replicas_now(woken).current == 1
 
 
+def test_a_new_replica_ignores_the_stopped_allocation_of_its_name() -> None:
+    """main2 was stopped, then added again: until Nomad places the new one, the old allocation is still reported."""
+    session = endpoint(replica(1))
+    grown = with_plan(session, plan(session, 2), now=T0, agents={"main2": "node-b"})
+    old = KernelObservation(hostname="main2", status=S.TERMINATED, reason="completed", alloc_id="old", agent="node-a")
+    assert observe_kernel(grown, old, at=T0) is None
+    new = KernelObservation(hostname="main2", status=S.RUNNING, reason="running", alloc_id="new", agent="node-b")
+    seen = observe_kernel(grown, new, at=T0)
+    assert seen is not None and seen.kernels[1].alloc_id == "new" and seen.kernels[1].status is S.RUNNING
+    # Once it has run, a failure of its own is read as usual: recovering.
+    failed = replace(new, status=S.ERROR, reason="task-failed")
+    after = observe_kernel(seen, failed, at=T0)
+    assert after is not None and after.kernels[1].status_info.startswith("recovering")
+
+
 def test_a_new_replica_without_an_agent_waits() -> None:
     session = endpoint(replica(1))
     grown = with_plan(session, plan(session, 3), now=T0, agents={"main2": "node-b"})
