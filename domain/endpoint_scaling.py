@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 
-from core.errors import Forbidden
+from core.errors import Conflict, Forbidden
 from domain.autoscaling import Replicas, ScalingRules
-from domain.inference import endpoints_of, is_inference
-from domain.model import Kernel, ScalingStatus, Session, SessionStatus
+from domain.inference import endpoints_of, is_inference, takes_traffic
+from domain.model import Kernel, ReplicaSpec, ScalingStatus, Session, SessionStatus
 from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy
 
 S = SessionStatus
@@ -146,21 +146,26 @@ def with_plan(session: Session, plan: ReplicaPlan, *, now: datetime, agents: Map
         elif kernel.hostname in plan.drain:
             kernels[i] = replace(kernel, draining_since=now)
         elif kernel.hostname in plan.add and kernel.parked and kernel.hostname in agents:
-            kernels[i] = fresh(kernel, kernel.index, agents[kernel.hostname])
+            kernels[i] = fresh(kernel, kernel.index, agents[kernel.hostname], session.revision)
     existing = {k.hostname for k in kernels}
     for hostname in plan.add:
         if hostname not in existing and hostname in agents:
-            kernels.append(fresh(template, int(hostname.removeprefix("main")), agents[hostname]))
+            index = int(hostname.removeprefix("main"))
+            kernels.append(fresh(template, index, agents[hostname], session.revision))
     stopping = set(plan.stop)
     kept = [k for k in kernels if k.hostname not in stopping]
     if not kept:  # the last replica: parked, not removed (the endpoint lives on at zero)
         last = min((k for k in kernels if k.hostname in stopping), key=lambda k: k.index)
         kept = [park(last)]
-    return session.evolve(kernels=tuple(sorted(kept, key=lambda k: k.index)))
+    after = session.evolve(kernels=tuple(sorted(kept, key=lambda k: k.index)))
+    if after.previous is not None and not behind(after):
+        after = after.evolve(previous=None)  # the rolling update is over: no replica runs the previous revision
+    return after
 
 
-def fresh(template: Kernel, index: int, agent: str) -> Kernel:
-    """A new run of a replica: the template's image and resources, on ``agent``, with nothing observed yet."""
+def fresh(template: Kernel, index: int, agent: str, revision: int = 0) -> Kernel:
+    """A new run of a replica: the template's image and resources, on ``agent``, at ``revision``, with nothing observed
+    yet."""
     return Kernel(
         role=template.role,
         index=index,
@@ -168,12 +173,13 @@ def fresh(template: Kernel, index: int, agent: str) -> Kernel:
         image=template.image,
         resources=dict(template.resources),
         agent=agent,
+        revision=revision,
     )
 
 
 def park(kernel: Kernel) -> Kernel:
     return replace(
-        fresh(kernel, kernel.index, ""),
+        fresh(kernel, kernel.index, "", kernel.revision),
         agent=None,
         parked=True,
         status=S.TERMINATED,
@@ -213,3 +219,57 @@ def check_replica_ceiling(
                     f"policy's total of {limit}",
                     field="maxReplicas",
                 )
+
+
+# -- rolling updates --
+
+
+def behind(session: Session) -> tuple[Kernel, ...]:
+    """Replicas still on an older revision than the endpoint's (a parked one is woken at the current one)."""
+    return tuple(k for k in session.kernels if k.revision < session.revision and not k.parked)
+
+
+def with_update(session: Session, startup_command: str | None, environ: dict[str, str]) -> Session:
+    """The endpoint at a new revision running ``startup_command`` with ``environ``: its replicas keep the previous one
+    (``previous``) until the rolling update has replaced them. Refused while one is in progress."""
+    if session.previous is not None and behind(session):
+        raise Conflict("a rolling update of this endpoint is in progress: wait until it is over", field="id")
+    previous = ReplicaSpec(session.startup_command, dict(session.environ), len(serving(session)))
+    return session.evolve(
+        startup_command=startup_command, environ=dict(environ), revision=session.revision + 1, previous=previous
+    )
+
+
+def as_run_by(session: Session, kernel: Kernel) -> Session:
+    """``session`` as ``kernel``'s task group is rendered: with the previous revision's command and environment while
+    the replica runs that revision."""
+    if session.previous is None or kernel.revision >= session.revision:
+        return session
+    return session.evolve(startup_command=session.previous.startup_command, environ=session.previous.environ)
+
+
+def plan_rollout(
+    session: Session, *, now: datetime, drain_timeout: float, in_flight: int | None, sampled_at: float | None
+) -> ReplicaPlan | None:
+    """The next step of a rolling update, one replica at a time (None: no replica is behind).
+
+    Surge first: a replica of the new revision is added; once it takes traffic (its check passed), the highest
+    replica of the old revision is drained (it finishes its requests) and then stopped, and so on. So the endpoint
+    never serves with fewer replicas than it had, and each old replica leaves only after a new one serves."""
+    if not behind(session):
+        return None
+    old = [k for k in serving(session) if k.revision < session.revision]
+    draining = [k for k in session.kernels if k.draining_since is not None]
+    stop = tuple(
+        k.hostname for k in draining if drained(k, now=now, timeout=drain_timeout, in_flight=in_flight, at=sampled_at)
+    )
+    new = [k for k in serving(session) if k.revision == session.revision]
+    if any(not takes_traffic(k) for k in new) or draining or not old:
+        return ReplicaPlan(stop=stop)  # a new replica is not serving yet, or an old one drains: wait
+    kept = session.previous.replicas if session.previous is not None else len(old)
+    if len(serving(session)) > kept:  # the new replica serves: retire the highest old one
+        victim = max(old, key=lambda k: k.index)
+        return ReplicaPlan(drain=(victim.hostname,), stop=stop)
+    used = {k.index for k in session.kernels}
+    index = next(i for i in range(1, len(used) + 2) if i not in used)
+    return ReplicaPlan(add=(f"main{index}",), stop=stop)

@@ -119,6 +119,9 @@ class Kernel:
     parked: bool = False
     """INFERENCE at zero replicas: the last replica, kept as the template of the next one with no allocation (its task
     group rendered with ``count = 0``); woken, it runs again."""
+    revision: int = 0
+    """INFERENCE: the endpoint revision this replica runs (``Session.revision``); an older one is replaced by a rolling
+    update (``domain.endpoint_scaling``)."""
 
     @property
     def is_main(self) -> bool:
@@ -137,6 +140,17 @@ class RoleSpec:
     """None: the session's image."""
     resources: dict[str, str] = field(default_factory=dict)
     """Slot -> amount as the user wrote it; these slots replace the session's for this role's kernels."""
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What an inference endpoint's replicas of one revision run, beyond their kernel's image and slots."""
+
+    startup_command: str | None
+    environ: dict[str, str] = field(default_factory=dict)
+    replicas: int = 1
+    """How many replicas served when the update began: the rolling update keeps that many, one more while a new
+    replica starts."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +226,10 @@ class Session:
     """INFERENCE: the endpoint's autoscaling rules (``domain.autoscaling``); None: a fixed number of replicas."""
     scaling: ScalingStatus | None = None
     """INFERENCE: the autoscaler's last decision that changed something (``domain.endpoint_scaling``)."""
+    revision: int = 0
+    """INFERENCE: bumped by each update of the replicas' command or environment (``updateEndpoint``)."""
+    previous: ReplicaSpec | None = None
+    """INFERENCE, during a rolling update: what the replicas of the previous revision run (rendered so for them)."""
 
     @property
     def main_kernel(self) -> Kernel:

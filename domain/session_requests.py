@@ -481,6 +481,17 @@ def _checked_shared_memory(
     return str(amount)
 
 
+def checked_replica_update(startup_command: str, environ: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """A live inference endpoint's new command and environment (``updateEndpoint``), checked as createSession checks
+    them."""
+    if not startup_command.strip():
+        raise InvalidInput(
+            "an INFERENCE session needs a startupCommand: the server its replicas run", field="startupCommand"
+        )
+    _check_text("startupCommand", startup_command)
+    return startup_command, _checked_environ(environ)
+
+
 def _check_text(field_name: str, value: str) -> None:
     if "\x00" in value:
         raise InvalidInput(f"{field_name} cannot contain NUL characters", field=field_name)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from devices.catalog import MODEL_ATTRIBUTE, DeviceAsk
+from domain.endpoint_scaling import as_run_by
 from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs import meta, qemu
 from nomad_jobs.hcl import Block, render, runtime_text
@@ -194,7 +195,7 @@ def render_session_job(session: Session, ctx: JobContext) -> RenderedJob:
         },
     )
     for kernel in session.kernels:
-        _kernel_group(job, session, kernel, ctx)
+        _kernel_group(job, as_run_by(session, kernel), kernel, ctx)  # a replica of the previous revision as it was
     return RenderedJob(job_id=job_id, hcl=render(job))
 
 

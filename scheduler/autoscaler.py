@@ -37,6 +37,7 @@ from domain.endpoint_scaling import (
     fresh,
     is_scalable,
     plan_replicas,
+    plan_rollout,
     replicas_now,
     rules_of,
     serving,
@@ -118,14 +119,15 @@ class Autoscaler:
         if busy:  # its last change is not registered in Nomad yet: decide again once it is
             return
         fresh_load = load is not None and now.timestamp() - load.sampled_at <= STALE_AFTER
-        plan = plan_replicas(
-            session,
-            decision.desired,
-            now=now,
-            drain_timeout=rules.drain_timeout,
-            in_flight=load.in_flight + load.held if load is not None and fresh_load else None,
-            sampled_at=load.sampled_at if load is not None and fresh_load else None,
-        )
+        in_flight = load.in_flight + load.held if load is not None and fresh_load else None
+        sampled_at = load.sampled_at if load is not None and fresh_load else None
+        drain = rules.drain_timeout
+        # A rolling update goes first (the endpoint keeps its replicas meanwhile), then the load decides.
+        plan = plan_rollout(session, now=now, drain_timeout=drain, in_flight=in_flight, sampled_at=sampled_at)
+        if plan is None:
+            plan = plan_replicas(
+                session, decision.desired, now=now, drain_timeout=drain, in_flight=in_flight, sampled_at=sampled_at
+            )
         recorded = with_decision(session, decision.desired, decision.reason, decision.panicking, now=now)
         if plan.empty and recorded is session:
             if wake and replicas.current > 0:
@@ -176,7 +178,7 @@ class Autoscaler:
         mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
         agents = agents_of(nodes, allocs, live, self.settings.nomad.job_prefix, mhz, self.config.devices)
         template = session.kernels[0]
-        new = tuple(fresh(template, int(h.removeprefix("main")), "") for h in hostnames)
+        new = tuple(fresh(template, int(h.removeprefix("main")), "", session.revision) for h in hostnames)
         anchor = next((k.agent for k in serving(session) if k.agent), None)
         asked = session.evolve(kernels=new)
         if session.cluster_mode is ClusterMode.SINGLE_NODE and anchor is not None:

@@ -7,19 +7,22 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.errors import Forbidden
+from core.errors import Conflict, Forbidden
 from domain.autoscaling import ScalingRules
 from domain.endpoint_scaling import (
     PROPAGATION,
     ReplicaPlan,
+    as_run_by,
     check_replica_ceiling,
     plan_replicas,
+    plan_rollout,
     replicas_now,
     with_plan,
+    with_update,
 )
 from domain.inference import endpoints_of
 from domain.lifecycle import observe_kernel
-from domain.model import Driver, Kernel, KernelObservation, Session, SessionType
+from domain.model import Driver, Kernel, KernelObservation, ReplicaSpec, Session, SessionType
 from domain.model import SessionStatus as S
 from domain.resource_policies import UserResourcePolicy
 
@@ -151,3 +154,61 @@ def test_max_replicas_must_fit_the_policy(max_replicas: int, refused: bool) -> N
         assert caught.value.field == "maxReplicas"
     else:
         check_replica_ceiling(endpoint(replica(1)), rules, user=policy, project=None)
+
+
+# -- rolling updates --
+
+
+def serve(session: Session, hostname: str) -> Session:
+    """``hostname`` running and passing its check (what the follower records once Nomad says so)."""
+    kernels = tuple(
+        replace(k, status=S.RUNNING, healthy=True, alloc_id=f"a-{k.hostname}", ports=(f"8000=127.0.0.1:2{k.index}",))
+        if k.hostname == hostname
+        else k
+        for k in session.kernels
+    )
+    return session.evolve(kernels=kernels)
+
+
+def step(session: Session, now: datetime, agents: dict[str, str] | None = None) -> tuple[Session, ReplicaPlan]:
+    found = plan_rollout(session, now=now, drain_timeout=30, in_flight=0, sampled_at=now.timestamp())
+    assert found is not None
+    return with_plan(session, found, now=now, agents=agents or {}), found
+
+
+def test_a_rolling_update_replaces_one_replica_at_a_time_and_never_serves_fewer() -> None:
+    session = with_update(
+        endpoint(replica(1), replica(2)).evolve(startup_command="serve v1"), "serve v2", {"MODEL": "v2"}
+    )
+    assert (session.revision, session.previous) == (1, ReplicaSpec("serve v1", {}, 2))
+    assert [as_run_by(session, k).startup_command for k in session.kernels] == ["serve v1", "serve v1"]
+    now = T0
+    session, did = step(session, now, {"main3": "node-a"})
+    assert did == ReplicaPlan(add=("main3",))  # surge: a new replica first
+    assert as_run_by(session, session.kernels[2]).environ == {"MODEL": "v2"}
+    _, did = step(session, now)
+    assert did == ReplicaPlan()  # the new one does not serve yet: nothing else moves
+    session = serve(session, "main3")
+    session, did = step(session, now)
+    assert did == ReplicaPlan(drain=("main2",))
+    assert len(endpoints_of(session)) == 2  # main1 and main3: never fewer than before
+    now += timedelta(seconds=PROPAGATION + 1)
+    session, did = step(session, now)
+    assert did == ReplicaPlan(stop=("main2",))
+    session, did = step(session, now, {"main2": "node-a"})
+    assert did == ReplicaPlan(add=("main2",)) and session.kernels[1].revision == 1
+    session = serve(session, "main2")
+    session, did = step(session, now)
+    assert did == ReplicaPlan(drain=("main1",))
+    now += timedelta(seconds=PROPAGATION + 1)
+    session, did = step(session, now)
+    assert did == ReplicaPlan(stop=("main1",))
+    assert [(k.hostname, k.revision) for k in session.kernels] == [("main2", 1), ("main3", 1)]
+    assert session.previous is None  # over
+    assert plan_rollout(session, now=now, drain_timeout=30, in_flight=0, sampled_at=None) is None
+
+
+def test_a_second_update_waits_for_the_first() -> None:
+    session = with_update(endpoint(replica(1)), "serve v2", {})
+    with pytest.raises(Conflict):
+        with_update(session, "serve v3", {})

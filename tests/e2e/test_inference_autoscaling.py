@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from stores.endpoint_traffic import EndpointLoad, record_loads, request_wake
@@ -25,6 +25,7 @@ query($id: ID!) { session(id: $id) {
   id status replicas endpoints
   kernels { hostname status statusInfo }
   autoscaling { desiredReplicas currentReplicas readyReplicas drainingReplicas lastDecisionReason panicking
+                revision replicasBehind
                 rules { minReplicas maxReplicas target metric drainTimeout } }
 } }
 """
@@ -165,3 +166,60 @@ async def test_load_scales_replicas_up_and_after_it_stops_down(caravan: Caravan)
         calm = await replicas_serving(caravan, session_id, ["main1"])
         assert calm["autoscaling"]["desiredReplicas"] == 1
     await destroy(caravan, session_id)
+
+
+VERSIONED = (
+    'mkdir -p /tmp/www && echo "$VERSION $CARAVAN_CLUSTER_HOST" > /tmp/www/index.html && '
+    'exec httpd -f -p "$CARAVAN_SERVICE_PORT" -h /tmp/www'
+)
+"""Each replica answers with the version its environment names, and its hostname."""
+UPDATE_ENDPOINT = """
+mutation($id: ID!, $input: EndpointUpdateInput!) {
+  updateEndpoint(id: $id, input: $input) { revision replicasBehind }
+}
+"""
+
+
+async def test_a_rolling_update_replaces_every_replica_while_the_endpoint_keeps_serving(caravan: Caravan) -> None:
+    session_id = await create(
+        caravan,
+        startupCommand=VERSIONED,
+        healthCheckPath="/",
+        replicas=2,
+        environ=[{"name": "VERSION", "value": "v1"}],
+        autoscaling={"minReplicas": 2, "maxReplicas": 2, "target": 10, **QUICK},
+    )
+
+    async def answers() -> list[str | None]:
+        session = await scaling(caravan, session_id)
+        return [await answer(caravan.http, e) for e in session["endpoints"]]
+
+    assert sorted(await eventually(lambda: _all_answer(answers, "v1", 2), "two v1 replicas serving")) == [
+        "v1 main1\n",
+        "v1 main2\n",
+    ]
+    started = await caravan.gql(
+        UPDATE_ENDPOINT,
+        {"id": session_id, "input": {"startupCommand": VERSIONED, "environ": [{"name": "VERSION", "value": "v2"}]}},
+    )
+    assert started["updateEndpoint"] == {"revision": 1, "replicasBehind": 2}
+    seen: list[list[str | None]] = []
+
+    async def updated() -> list[str] | None:
+        served = await answers()
+        seen.append(served)
+        assert served and all(served), f"the endpoint stopped serving during the update: {seen[-5:]}"
+        done = all(a is not None and a.startswith("v2 ") for a in served) and len(served) == 2
+        session = await scaling(caravan, session_id)
+        return [a for a in served if a] if done and session["autoscaling"]["replicasBehind"] == 0 else None
+
+    final = await eventually(updated, "every replica at v2", timeout=180)
+    assert len(final) == 2
+    assert any(any(a and a.startswith("v2 ") for a in s) and any(a and a.startswith("v1 ") for a in s) for s in seen)
+    await destroy(caravan, session_id)
+
+
+async def _all_answer(answers: Callable[[], Awaitable[list[str | None]]], version: str, count: int) -> list[str] | None:
+    served = await answers()
+    ok = len(served) == count and all(a is not None and a.startswith(f"{version} ") for a in served)
+    return [a for a in served if a] if ok else None

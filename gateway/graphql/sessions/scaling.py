@@ -11,9 +11,11 @@ import strawberry
 from core.errors import Conflict, InvalidInput, NotFound
 from domain import autoscaling as policy
 from domain.access import can_access
-from domain.endpoint_scaling import check_replica_ceiling, replicas_now
+from domain.endpoint_scaling import behind, check_replica_ceiling, replicas_now, with_update
 from domain.inference import is_inference
 from domain.model import Session as SessionModel
+from domain.model import SessionStatus as Status
+from domain.session_requests import checked_replica_update
 from gateway.graphql import fields
 from gateway.graphql.context import Info
 
@@ -84,6 +86,10 @@ class EndpointScaling:
     current_replicas: int = strawberry.field(description="Replicas starting, running or recovering (not draining).")
     ready_replicas: int = strawberry.field(description="Replicas taking traffic (len(endpoints)).")
     draining_replicas: int = strawberry.field(description="Replicas out of traffic, finishing their requests.")
+    revision: int = strawberry.field(description="Bumped by each updateEndpoint.")
+    replicas_behind: int = strawberry.field(
+        description="Replicas still on an older revision (a rolling update in progress when above 0)."
+    )
     last_decision_reason: str | None
     last_decision_at: datetime | None
     panicking: bool
@@ -113,9 +119,25 @@ def scaling_of(s: SessionModel) -> EndpointScaling | None:
         current_replicas=replicas.current,
         ready_replicas=replicas.ready,
         draining_replicas=sum(1 for k in s.kernels if k.draining_since is not None),
+        revision=s.revision,
+        replicas_behind=len(behind(s)),
         last_decision_reason=s.scaling.reason if s.scaling is not None else None,
         last_decision_at=s.scaling.at if s.scaling is not None else None,
         panicking=s.scaling.panicking if s.scaling is not None else False,
+    )
+
+
+@strawberry.input
+class EndpointEnvVarInput:
+    name: str
+    value: str
+
+
+@strawberry.input(description="What a live endpoint's replicas run: replaced one at a time (a rolling update).")
+class EndpointUpdateInput:
+    startup_command: str = strawberry.field(description="The server each replica runs.")
+    environ: list[EndpointEnvVarInput] = strawberry.field(
+        default_factory=list, description="The replicas' environment (replaces the previous one whole)."
     )
 
 
@@ -151,6 +173,34 @@ class ScalingMutations:
         updated = await ctx.sessions.update(found.id, mutate)
         if updated is None or updated.status.is_terminal:
             raise Conflict("the endpoint ended meanwhile", field="id")
+        scaling = scaling_of(updated)
+        assert scaling is not None
+        return scaling
+
+    @fields.mutation(
+        description="Change what a live INFERENCE endpoint's replicas run (command, environment): a rolling update "
+        "starts a replica of the new revision, waits until its health check passes, then drains and stops one of "
+        "the old, one at a time; the endpoint keeps serving throughout. CONFLICT while an update is in progress."
+    )
+    async def update_endpoint(self, info: Info, id: strawberry.ID, input: EndpointUpdateInput) -> EndpointScaling:
+        ctx = info.context
+        found = await ctx.sessions.get(str(id))
+        if found is None or not can_access(ctx.viewer, found.owner_id, found.project):
+            raise NotFound(f"no session {id}", field="id")
+        if not is_inference(found):
+            raise InvalidInput("only an INFERENCE session is updated this way", field="id")
+        environ = {e.name: e.value for e in input.environ}
+        if len(environ) != len(input.environ):
+            raise InvalidInput("each environment variable may be given once", field="environ")
+        command, environ = checked_replica_update(input.startup_command, environ)
+
+        def mutate(session: SessionModel) -> SessionModel | None:
+            if session.status is not Status.RUNNING:
+                raise Conflict(f"only a RUNNING endpoint is updated; this one is {session.status.value}", field="id")
+            return with_update(session, command, environ)
+
+        updated = await ctx.sessions.update(found.id, mutate)
+        assert updated is not None
         scaling = scaling_of(updated)
         assert scaling is not None
         return scaling
