@@ -221,13 +221,27 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
     add_service(task, session, kernel.hostname)
     cores = Decimal(kernel.resources.get("cpu", "1"))
     mem = Decimal(kernel.resources.get("mem", str(256 * MIB)))
-    resources = task.block("resources", cpu=max(1, int(cores * ctx.mhz_per_core)), memory=max(16, math.ceil(mem / MIB)))
+    resources = task.block("resources", cpu=cpu_mhz(cores, ctx.mhz_per_core), memory=max(16, math.ceil(mem / MIB)))
     for slot, ask in sorted(ctx.devices.items()):
         count = math.ceil(Decimal(kernel.resources.get(slot, "0")) * ask.units)
         if count > 0:
             device = resources.block("device", ask.id, count=count)
             if ask.model is not None:
                 device.block("constraint", attribute=f"${{device.attr.{MODEL_ATTRIBUTE}}}", value=ask.model)
+
+
+def cpu_mhz(cores: Decimal, mhz_per_core: int) -> int:
+    """Nomad's ``cpu`` (MHz) for ``cores``."""
+    return max(1, int(cores * mhz_per_core))
+
+
+def mhz_rendered(cpu: int, cores: Decimal) -> int | None:
+    """A MHz per core that renders ``cores`` as ``cpu`` again (how a registered job was rendered, so that a job
+    rendered anew leaves its groups as they are, even if the agents' MHz per core changed since); None: none does."""
+    if cores <= 0:
+        return None
+    guess = int(Decimal(cpu) / cores)
+    return next((m for m in range(max(1, guess - 2), guess + 3) if cpu_mhz(cores, m) == cpu), None)
 
 
 def add_mounts(group: Block, task: Block, session: Session) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
+from decimal import Decimal
 
 from core.clock import utcnow
 from core.lease import Fence
@@ -48,7 +49,7 @@ from domain.model import ClusterMode, Session, SessionType
 from domain.scheduling_config import SchedulingConfig
 from nomad_jobs.agents import agents_of, allowed_drivers, devices_of, healthy_drivers, mhz_per_core
 from nomad_jobs.client import NomadClient
-from nomad_jobs.session_job import JobContext, render_session_job
+from nomad_jobs.session_job import JobContext, mhz_rendered, render_session_job
 from scheduler.pass_model import SchedulerConfig, Snapshot
 from scheduler.placer import job_context
 from scheduler.scheduling_pass import run_pass
@@ -135,7 +136,7 @@ class Autoscaler:
             return
         agents = await self.place(session, plan.add, now) if plan.add else {}
         placed = ReplicaPlan(tuple(h for h in plan.add if h in agents), plan.undrain, plan.drain, plan.stop)
-        context = await self.job_context() if placed.changes_job else None
+        context = await self.job_context(session) if placed.changes_job else None
         before = session.kernels
 
         def mutate(current: Session) -> Session | None:
@@ -193,11 +194,12 @@ class Autoscaler:
             log.info("session=%s new replicas wait: %s", session.id, why.message if why else "not placed")
         return placements
 
-    async def job_context(self) -> Callable[[Session], JobContext]:
+    async def job_context(self, session: Session) -> Callable[[Session], JobContext]:
         """How the session's job is rendered, as the placer rendered it (the same inputs give the same groups, so
-        the replicas that stay are left as they run), for its kernels as they will be."""
+        the replicas that stay are left as they run), for its kernels as they will be. The MHz per core is the one
+        the registered job was rendered with (the agents' may have changed since, as nodes came and went)."""
         nodes = await self.nomad.nodes()
-        mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
+        mhz = await self.rendered_mhz(session) or mhz_per_core(nodes, self.config.cpu_mhz_per_core)
         devices = device_asks(self.config.devices, devices_of(nodes))
 
         def context(after: Session) -> JobContext:
@@ -205,3 +207,15 @@ class Autoscaler:
             return job_context(self.settings, after, mhz, devices, pinned)
 
         return context
+
+    async def rendered_mhz(self, session: Session) -> int | None:
+        """The MHz per core the session's job was rendered with, from Nomad's parse of its HCL (None: not known)."""
+        if not session.job_hcl:
+            return None
+        job = await self.nomad.parse(session.job_hcl)
+        for group in job.get("TaskGroups") or []:
+            kernel = next((k for k in session.kernels if k.hostname == group.get("Name")), None)
+            cpu = ((group.get("Tasks") or [{}])[0].get("Resources") or {}).get("CPU")
+            if kernel is not None and isinstance(cpu, int):
+                return mhz_rendered(cpu, Decimal(kernel.resources.get("cpu", "1")))
+        return None
