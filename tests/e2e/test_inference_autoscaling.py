@@ -154,6 +154,25 @@ async def test_an_idle_endpoint_goes_to_zero_and_a_wake_brings_a_replica_back(ca
     await destroy(caravan, session_id)
 
 
+async def test_an_endpoint_at_zero_is_destroyed_like_any_other(caravan: Caravan) -> None:
+    rules = {"minReplicas": 0, "maxReplicas": 1, "target": 10, "scaleToZeroAfter": "2s", **QUICK}
+    session_id = await create(caravan, startupCommand=SERVE, healthCheckPath="/", autoscaling=rules)
+    await replicas_serving(caravan, session_id, ["main1"])
+    async with load(caravan, session_id, lambda: (0, 0)):
+
+        async def at_zero() -> dict[str, Any] | None:
+            session = await scaling(caravan, session_id)
+            return (
+                session
+                if session["replicas"] == 0 and session["kernels"][0]["statusInfo"] == "scaled-to-zero"
+                else None
+            )
+
+        await eventually(at_zero, "the endpoint at zero", timeout=120)
+        final = await destroy(caravan, session_id)
+    assert (final["status"], final["statusInfo"]) == ("TERMINATED", "user-requested")
+
+
 async def test_load_scales_replicas_up_and_after_it_stops_down(caravan: Caravan) -> None:
     rules = {"minReplicas": 1, "maxReplicas": 3, "target": 1, **QUICK}
     session_id = await create(caravan, startupCommand=SERVE, healthCheckPath="/", autoscaling=rules)
