@@ -83,6 +83,19 @@ def replica_observation(session: Session, seen: KernelObservation) -> KernelObse
     return replace(seen, status=S.PREPARING, reason=f"recovering: {seen.reason}")
 
 
+def earlier_run(session: Session, kernel: Kernel, seen: KernelObservation) -> bool:
+    """Is ``seen`` about an earlier replica of the same name? A replica the autoscaler added (or woke from zero) has no
+    allocation yet, and the one stopped before under its name may still be reported, down, until Nomad places the new
+    one: that report is not about this replica (a new replica's own allocation is seen running before it can fail)."""
+    return (
+        is_inference(session)
+        and session.status is S.RUNNING
+        and kernel.alloc_id is None
+        and seen.alloc_id is not None
+        and seen.status in REPLICA_DOWN
+    )
+
+
 def service_endpoint(session: Session, kernel: Kernel) -> str | None:
     """``host:port`` where ``kernel`` serves the session's service port, once Nomad allocated it."""
     if session.service_port is None:
@@ -91,12 +104,18 @@ def service_endpoint(session: Session, kernel: Kernel) -> str | None:
     return next((p[len(head) :] for p in kernel.ports if p.startswith(head)), None)
 
 
+def takes_traffic(kernel: Kernel) -> bool:
+    """A replica gets requests while it runs, passes its check, and is neither draining nor parked (the autoscaler's
+    scale-down takes it out of traffic first: ``domain.endpoint_scaling``)."""
+    return kernel.status is S.RUNNING and kernel.healthy is True and kernel.draining_since is None and not kernel.parked
+
+
 def endpoints_of(session: Session) -> tuple[str, ...]:
-    """The service endpoint of every RUNNING replica whose check is known to pass, in replica order (empty unless
-    INFERENCE)."""
+    """The service endpoint of every replica that takes traffic (:func:`takes_traffic`), in replica order (empty
+    unless INFERENCE)."""
     if not is_inference(session) or session.status.is_terminal:
         return ()
-    found = (service_endpoint(session, k) for k in session.kernels if k.status is S.RUNNING and k.healthy is True)
+    found = (service_endpoint(session, k) for k in session.kernels if takes_traffic(k))
     return tuple(e for e in found if e)
 
 

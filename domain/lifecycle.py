@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from domain.inference import replica_observation
+from domain.inference import earlier_run, replica_observation
 from domain.model import Kernel, KernelObservation, Session, SessionResult, SessionStatus, SessionType, StatusChange
 
 S = SessionStatus
@@ -107,10 +107,13 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     """
     if session.status.is_terminal:
         return None
+    reported = seen
     seen = replica_observation(session, seen)  # an INFERENCE replica going down is recovering, not ending
     kernels = list(session.kernels)
     for i, kernel in enumerate(kernels):
         if kernel.hostname == seen.hostname:
+            if kernel.parked or earlier_run(session, kernel, reported):
+                return None  # an endpoint's replica at zero, or not placed yet: an old allocation says nothing of it
             if kernel.status.is_terminal and not seen.status.is_terminal:
                 return None  # an old allocation's late report
             if not seen.placed and kernel.alloc_id is not None:

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from domain.apps import App
+from domain.autoscaling import ScalingRules
 from domain.storage import Mount
 
 DEFAULT_GROUP = "default"
@@ -112,6 +113,15 @@ class Kernel:
     healthy: bool | None = None
     """INFERENCE: whether this run of the replica passes its service check (None: not known yet, or not a replica);
     read from Nomad at each reconciliation, forgotten when the replica stops, restarts or moves (domain.inference)."""
+    draining_since: datetime | None = None
+    """INFERENCE: when the autoscaler took this replica out of traffic, to stop it once its requests ended
+    (``domain.endpoint_scaling``); None: serving as usual."""
+    parked: bool = False
+    """INFERENCE at zero replicas: the last replica, kept as the template of the next one with no allocation (its task
+    group rendered with ``count = 0``); woken, it runs again."""
+    revision: int = 0
+    """INFERENCE: the endpoint revision this replica runs (``Session.revision``); an older one is replaced by a rolling
+    update (``domain.endpoint_scaling``)."""
 
     @property
     def is_main(self) -> bool:
@@ -130,6 +140,27 @@ class RoleSpec:
     """None: the session's image."""
     resources: dict[str, str] = field(default_factory=dict)
     """Slot -> amount as the user wrote it; these slots replace the session's for this role's kernels."""
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What an inference endpoint's replicas of one revision run, beyond their kernel's image and slots."""
+
+    startup_command: str | None
+    environ: dict[str, str] = field(default_factory=dict)
+    replicas: int = 1
+    """How many replicas served when the update began: the rolling update keeps that many, one more while a new
+    replica starts."""
+
+
+@dataclass(frozen=True)
+class ScalingStatus:
+    """An inference endpoint's last scaling decision, as the autoscaler recorded it."""
+
+    desired: int
+    reason: str
+    at: datetime
+    panicking: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,6 +222,14 @@ class Session:
     """Named ports of the main kernel the gateway proxies (``domain.apps``); preopened ports are apps too."""
     mounts: tuple[Mount, ...] = ()
     """Storage folders mounted into every kernel (``domain.storage``); the session runs on their node."""
+    autoscaling: ScalingRules | None = None
+    """INFERENCE: the endpoint's autoscaling rules (``domain.autoscaling``); None: a fixed number of replicas."""
+    scaling: ScalingStatus | None = None
+    """INFERENCE: the autoscaler's last decision that changed something (``domain.endpoint_scaling``)."""
+    revision: int = 0
+    """INFERENCE: bumped by each update of the replicas' command or environment (``updateEndpoint``)."""
+    previous: ReplicaSpec | None = None
+    """INFERENCE, during a rolling update: what the replicas of the previous revision run (rendered so for them)."""
 
     @property
     def main_kernel(self) -> Kernel:

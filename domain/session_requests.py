@@ -20,6 +20,7 @@ from core.errors import CaravanError, Forbidden, InvalidInput, UnsupportedResour
 from core.settings import Settings
 from domain import vm
 from domain.apps import App, checked_apps
+from domain.autoscaling import ScalingRequest
 from domain.docker_images import check_docker_image
 from domain.environments import EnvironmentImage, allowed_patterns, check_minimum, check_not_retired
 from domain.images import CommittedImage, check_image_use
@@ -137,6 +138,8 @@ class SessionRequest:
     service_port: int | None = None
     health_check_path: str | None = None
     health_check_grace: str | None = None
+    autoscaling: ScalingRequest | None = None
+    """INFERENCE only: the endpoint's autoscaling rules (``domain.autoscaling``); None: ``replicas`` for good."""
     apps: Sequence[App] = ()
     """Named ports the gateway proxies (``domain.apps``)."""
     mounts: Sequence[MountRequest] = ()
@@ -213,6 +216,7 @@ def build_sessions(
             service_port=checked.service.port if checked.service else None,
             health_check_path=checked.service.health_check_path if checked.service else None,
             health_check_grace=checked.service.health_check_grace if checked.service else None,
+            autoscaling=checked.service.autoscaling if checked.service else None,
             apps=checked_apps(request.apps),
             mounts=mounts,
         )
@@ -315,6 +319,7 @@ def check_request(
         health_check_grace=request.health_check_grace,
         cluster_size=request.cluster_size,
         startup_command=request.startup_command,
+        autoscaling=request.autoscaling,
     )
     kernels = kernels_of(
         request.cluster_size,
@@ -521,6 +526,17 @@ def _checked_shared_memory(
     if any(amount >= Decimal(kernel.resources["mem"]) for kernel in kernels):
         raise InvalidInput("sharedMemory must be less than the mem of every kernel", field="sharedMemory")
     return str(amount)
+
+
+def checked_replica_update(startup_command: str, environ: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """A live inference endpoint's new command and environment (``updateEndpoint``), checked as createSession checks
+    them."""
+    if not startup_command.strip():
+        raise InvalidInput(
+            "an INFERENCE session needs a startupCommand: the server its replicas run", field="startupCommand"
+        )
+    _check_text("startupCommand", startup_command)
+    return startup_command, _checked_environ(environ)
 
 
 def _check_text(field_name: str, value: str) -> None:

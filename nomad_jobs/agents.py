@@ -24,7 +24,7 @@ from typing import Any
 
 from devices.catalog import Device, DeviceCatalog, units_of
 from domain.agents import Agent
-from domain.model import Kernel, Session, SessionStatus
+from domain.model import Kernel, Session, SessionStatus, SessionType
 from domain.slots import ResourceSlots
 from nomad_jobs.meta import session_id_of
 
@@ -155,9 +155,11 @@ def agents_of(
             seen.add((session.id, kernel.hostname))
         occupied[str(alloc.get("NodeID"))] += used
     for session in sessions.values():
-        if session.status in NOT_YET_VISIBLE:
+        # A live endpoint's new replica holds its agent from the autoscaler's placement on, as a new session does.
+        scaling = session.type is SessionType.INFERENCE and session.status in OCCUPYING
+        if session.status in NOT_YET_VISIBLE or scaling:
             for kernel in session.kernels:
-                if kernel.agent and (session.id, kernel.hostname) not in seen:
+                if kernel.agent and not kernel.parked and (session.id, kernel.hostname) not in seen:
                     occupied[kernel.agent] += kernel_request(kernel)
     return tuple(
         Agent(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from devices.catalog import MODEL_ATTRIBUTE, DeviceAsk
+from domain.endpoint_scaling import as_run_by
 from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs import meta, qemu
 from nomad_jobs.hcl import Block, render, runtime_text
@@ -194,12 +195,12 @@ def render_session_job(session: Session, ctx: JobContext) -> RenderedJob:
         },
     )
     for kernel in session.kernels:
-        _kernel_group(job, session, kernel, ctx)
+        _kernel_group(job, as_run_by(session, kernel), kernel, ctx)  # a replica of the previous revision as it was
     return RenderedJob(job_id=job_id, hcl=render(job))
 
 
 def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext) -> None:
-    group = job.block("group", kernel.hostname, count=1)
+    group = job.block("group", kernel.hostname, count=0 if kernel.parked else 1)  # parked: an endpoint at zero
     group.block("meta").set(**{meta.KERNEL: kernel.hostname})
     node = ctx.pinned_nodes.get(kernel.hostname) or session.designated_agent
     if node:
@@ -220,13 +221,27 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
     add_service(task, session, kernel.hostname)
     cores = Decimal(kernel.resources.get("cpu", "1"))
     mem = Decimal(kernel.resources.get("mem", str(256 * MIB)))
-    resources = task.block("resources", cpu=max(1, int(cores * ctx.mhz_per_core)), memory=max(16, math.ceil(mem / MIB)))
+    resources = task.block("resources", cpu=cpu_mhz(cores, ctx.mhz_per_core), memory=max(16, math.ceil(mem / MIB)))
     for slot, ask in sorted(ctx.devices.items()):
         count = math.ceil(Decimal(kernel.resources.get(slot, "0")) * ask.units)
         if count > 0:
             device = resources.block("device", ask.id, count=count)
             if ask.model is not None:
                 device.block("constraint", attribute=f"${{device.attr.{MODEL_ATTRIBUTE}}}", value=ask.model)
+
+
+def cpu_mhz(cores: Decimal, mhz_per_core: int) -> int:
+    """Nomad's ``cpu`` (MHz) for ``cores``."""
+    return max(1, int(cores * mhz_per_core))
+
+
+def mhz_rendered(cpu: int, cores: Decimal) -> int | None:
+    """A MHz per core that renders ``cores`` as ``cpu`` again (how a registered job was rendered, so that a job
+    rendered anew leaves its groups as they are, even if the agents' MHz per core changed since); None: none does."""
+    if cores <= 0:
+        return None
+    guess = int(Decimal(cpu) / cores)
+    return next((m for m in range(max(1, guess - 2), guess + 3) if cpu_mhz(cores, m) == cpu), None)
 
 
 def add_mounts(group: Block, task: Block, session: Session) -> None:
@@ -302,9 +317,10 @@ def _environment(session: Session, kernel: Kernel, network_mode: str) -> dict[st
         "CARAVAN_CLUSTER_ROLE": kernel.role,
         "CARAVAN_CLUSTER_IDX": str(kernel.index),
         "CARAVAN_CLUSTER_HOST": kernel.hostname,
-        "CARAVAN_CLUSTER_SIZE": str(session.cluster_size),
-        "CARAVAN_CLUSTER_HOSTS": hosts,
     }
+    if session.type is not SessionType.INFERENCE:
+        # Not for replicas: they come and go as the endpoint scales, and a changed value would restart every one.
+        env |= {"CARAVAN_CLUSTER_SIZE": str(session.cluster_size), "CARAVAN_CLUSTER_HOSTS": hosts}
     if session.driver is Driver.DOCKER:
         env["CARAVAN_OUTPUT_LINGER"] = OUTPUT_LINGER_SECONDS
     if waits_for_main(session, kernel):

@@ -23,13 +23,14 @@ from core.clock import utcnow
 from core.errors import PermanentError
 from core.lease import Fence
 from core.retry import stop_if_cancelled
+from domain.inference import is_inference
 from domain.model import Session, SessionStatus
 from domain.termination import STOPPING
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import TASK_NAME
 from scheduler.folder_owner import FolderOwner
 from scheduler.image_owner import ImageOwner
-from scheduler.submitter import submit
+from scheduler.submitter import resubmit, submit
 from stores.sessions import SessionStore, StopMode
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ CONCURRENCY = 32
 IDLE_WAIT = 1.0
 """Seconds the owner waits for news when it has nothing to do (requests wake it at once)."""
 ENDED = STOPPING | {SessionStatus.CANCELLED}
+RESCALABLE = frozenset({SessionStatus.PREPARING, SessionStatus.RUNNING})
+"""A live INFERENCE session's job is registered again as stored now when its replicas change."""
 
 
 class JobOwner:
@@ -96,6 +99,8 @@ class JobOwner:
         if register:
             if session.status is SessionStatus.SCHEDULED:
                 await submit(self.store, self.nomad, session, self.fence)
+            elif is_inference(session) and session.status in RESCALABLE:
+                await resubmit(self.store, self.nomad, session)  # its replicas changed (scheduler.autoscaler)
             else:  # registered already (only the registration moves it on): the request's removal was lost
                 await self.store.mark_submitted(session_id)
         if restart:

@@ -143,23 +143,12 @@ class Placer:
         self, kernels: Sequence[KernelPlacement], mhz: int, devices: Mapping[str, DeviceAsk], now: datetime
     ) -> Mutation:
         on = {p.role: p.agent_id for p in kernels}  # roles are the kernels' hostnames (see scheduler.snapshot)
-        nomad = self.settings.nomad
 
         def mutate(session: Session) -> Session | None:
             if session.status is not SessionStatus.PENDING:
                 return None
             placed = session.evolve(kernels=tuple(_on(k, on[k.hostname]) for k in session.kernels))
-            ctx = JobContext(
-                job_prefix=nomad.job_prefix,
-                datacenter=nomad.datacenter,
-                namespace=nomad.namespace,
-                mhz_per_core=mhz,
-                pinned_nodes=dict(on),
-                node_pool=session.resource_group,
-                devices=devices,
-                qemu_images=self.settings.qemu_images,
-                network_mode=self.settings.session_network,
-            )
+            ctx = job_context(self.settings, session, mhz, devices, on)
             rendered = render_session_job(placed, ctx)
             placed = placed.evolve(nomad_job_id=rendered.job_id, job_hcl=rendered.hcl)
             return transition(placed, SessionStatus.SCHEDULED, reason="scheduled", at=now)
@@ -193,6 +182,25 @@ class Placer:
         if new := groups - self._recorded_groups:
             await record_resource_groups(self.store.redis, self.store.keys, new)
             self._recorded_groups |= new
+
+
+def job_context(
+    settings: Settings, session: Session, mhz: int, devices: Mapping[str, DeviceAsk], pinned: Mapping[str, str]
+) -> JobContext:
+    """How a session's job is rendered: its kernels pinned to their agents (the autoscaler renders a live endpoint's
+    job again the same way, so the replicas that stay are left as they run)."""
+    nomad = settings.nomad
+    return JobContext(
+        job_prefix=nomad.job_prefix,
+        datacenter=nomad.datacenter,
+        namespace=nomad.namespace,
+        mhz_per_core=mhz,
+        pinned_nodes=dict(pinned),
+        node_pool=session.resource_group,
+        devices=devices,
+        qemu_images=settings.qemu_images,
+        network_mode=settings.session_network,
+    )
 
 
 def _on(kernel: Kernel, agent: str) -> Kernel:

@@ -17,6 +17,7 @@ from core.settings import Settings
 from domain.model import SessionResult
 from domain.scheduling_config import load_scheduling_config
 from nomad_jobs.client import NomadClient
+from scheduler.autoscaler import Autoscaler
 from scheduler.config import pass_config
 from scheduler.folder_owner import FolderOwner
 from scheduler.folder_usage import UsageRecounter
@@ -81,6 +82,8 @@ class Scheduler:
                 self.store, self.settings, self.config, fence, history=self.settings.scheduler.schedule_history
             )
             tasks.create_task(forever("schedules", runner.run_forever))
+            scaler = Autoscaler(self.store, self.nomad, fence, self.settings, self.config, self.core)
+            tasks.create_task(forever("autoscaler", scaler.run_forever))
 
     async def _schedule_once(self, placer: Placer, fence: Fence) -> None:
         await placer.run_pass()

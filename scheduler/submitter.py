@@ -68,6 +68,24 @@ async def submit(store: SessionStore, nomad: NomadClient, session: Session, fenc
     await store.mark_submitted(session.id)
 
 
+async def resubmit(store: SessionStore, nomad: NomadClient, session: Session) -> None:
+    """Register a live endpoint's job again, as stored now (the autoscaler added, stopped or parked replicas).
+
+    A plain register (not create-only): Nomad compares each task group with the running version, places the new
+    groups, stops the removed ones (and a parked one's ``count = 0``), and leaves unchanged groups as they run. Done
+    once the request is removed; an outage (TransientError) keeps the request for the next round. The registration is
+    idempotent: the same job again changes nothing in Nomad."""
+    assert session.nomad_job_id and session.job_hcl
+    try:
+        job = await nomad.parse(session.job_hcl)
+        check_job_shape(session, job)
+        await nomad.register(job, source_hcl=session.job_hcl, create_only=False)
+        log.info("session=%s job=%s registered again (replicas changed)", session.id, session.nomad_job_id)
+    except PermanentError as exc:
+        log.error("session=%s job=%s change refused: %s", session.id, session.nomad_job_id, exc)
+    await store.mark_submitted(session.id)
+
+
 def _registered(session: Session) -> Session | None:
     if session.status is not SessionStatus.SCHEDULED:
         return None

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from core.keys import Keys
 from core.settings import Settings
+from domain.endpoint_scaling import check_replica_ceiling
 from domain.model import Session
 from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy, check_admission
 from domain.scheduling_config import SchedulingConfig
@@ -87,6 +88,7 @@ class Policies:
         first = sessions[0]
         user = self.users.get(first.owner_id)
         check_admission(first, viewer=viewer, user=user, project=self.projects.get(first.project))
+        check_replica_ceiling(first, first.autoscaling, user=user, project=self.projects.get(first.project))
         limit = user.max_pending_sessions if user is not None else None
         return pending_admission(first.owner_id, limit, adding=len(sessions))
 

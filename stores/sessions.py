@@ -23,7 +23,7 @@ from core.keys import Keys
 from core.lease import Fence, watch_fenced
 from core.replies import begin, optional_texts, ranked, text_set
 from core.transactions import transact
-from domain.model import Session, SessionResult, SessionStatus
+from domain.model import Session, SessionResult, SessionStatus, SessionType
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
 from stores.coalesced import Coalesced, guard_failed
@@ -311,7 +311,11 @@ class SessionStore:
     def _reindex(self, pipe: Redis, before: Session, after: Session, owned_name_key: str | None) -> None:
         if before.status is SessionStatus.PENDING and after.status is not SessionStatus.PENDING:
             pipe.zrem(self.keys.pending_queue(before.resource_group), before.id)
-        if after.status is SessionStatus.SCHEDULED and before.status is not SessionStatus.SCHEDULED:
+        if (
+            after.status is SessionStatus.SCHEDULED
+            and before.status is not SessionStatus.SCHEDULED
+            or rescaled(before, after)
+        ):
             pipe.sadd(self.keys.work_to_submit, after.id)
             self._wake_owner(pipe)
         if after.nomad_job_id and job_outlives(before, after):
@@ -421,6 +425,16 @@ class SessionStore:
     def _publish(self, pipe: Redis, session: Session) -> None:
         """Append the status change to the session's and the owner's event streams, in the caller's MULTI."""
         events.append(pipe, self.keys, session)
+
+
+def rescaled(before: Session, after: Session) -> bool:
+    """A live INFERENCE session whose job changed (the autoscaler added, stopped or parked replicas)."""
+    return (
+        after.type is SessionType.INFERENCE
+        and after.job_hcl != before.job_hcl
+        and before.job_hcl is not None
+        and after.status in (SessionStatus.PREPARING, SessionStatus.RUNNING)
+    )
 
 
 def ids_of(sessions: Iterable[Session]) -> list[str]:

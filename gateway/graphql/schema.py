@@ -32,6 +32,7 @@ from gateway.graphql.schedules.queries import ScheduleQueries
 from gateway.graphql.sessions.app_mutations import AppMutations
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
+from gateway.graphql.sessions.scaling import ScalingMutations
 from gateway.graphql.sessions.subscriptions import SessionSubscriptions
 from gateway.graphql.templates.mutations import TemplateMutations
 from gateway.graphql.templates.queries import TemplateQueries
@@ -73,6 +74,7 @@ class Query(
 @strawberry.type
 class Mutation(
     SessionMutations,
+    ScalingMutations,
     AppMutations,
     UserMutations,
     TemplateMutations,

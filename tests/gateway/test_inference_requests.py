@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from core.codec import decode, encode
 from core.errors import InvalidInput
+from domain.autoscaling import Metric, ScalingRequest, ScalingRules
 from domain.model import Driver, SessionType
 from domain.session_requests import SessionRequest, build_sessions
 from domain.users import Role, User
@@ -24,6 +26,9 @@ GOOD: dict[str, Any] = {
     "startup_command": "serve",
     "service_port": 8000,
 }
+
+
+RULES = ScalingRequest(min_replicas=0, max_replicas=4, target=5)
 
 
 def build(**change: Any) -> list[Any]:
@@ -59,6 +64,18 @@ REFUSED = [
         )
     ],
     ("service port on BATCH", {"type": SessionType.BATCH}, "servicePort"),
+    (
+        "autoscaling on INTERACTIVE",
+        {"type": SessionType.INTERACTIVE, "service_port": None, "autoscaling": RULES},
+        "autoscaling",
+    ),
+    ("min above max", {"autoscaling": replace(RULES, min_replicas=3, max_replicas=2)}, "minReplicas"),
+    ("max above 16", {"autoscaling": replace(RULES, max_replicas=17)}, "maxReplicas"),
+    ("no target", {"autoscaling": replace(RULES, target=0)}, "target"),
+    ("window garbage", {"autoscaling": replace(RULES, stable_window="soon")}, "stableWindow"),
+    ("panic longer than stable", {"autoscaling": replace(RULES, panic_window="2m")}, "panicWindow"),
+    ("start above max", {"replicas": 5, "autoscaling": RULES}, "replicas"),
+    ("start below min", {"replicas": 1, "autoscaling": replace(RULES, min_replicas=2)}, "replicas"),
 ]
 
 
@@ -98,4 +115,15 @@ def test_other_types_have_no_service() -> None:
 
 def test_an_inference_session_round_trips_through_json() -> None:
     [session] = build(replicas=3, health_check_path="/h", health_check_grace="5s")
+    assert decode(encode(session), type(session)) == session
+
+
+@pytest.mark.parametrize(("replicas", "minimum", "started"), [(None, 0, 1), (None, 2, 2), (3, 0, 3)])
+def test_an_autoscaled_endpoint_starts_within_its_rules(replicas: int | None, minimum: int, started: int) -> None:
+    rules = replace(RULES, min_replicas=minimum, metric=Metric.RPS, scale_to_zero_after="2m")
+    [session] = build(replicas=replicas, autoscaling=rules)
+    assert len(session.kernels) == started
+    assert session.autoscaling == ScalingRules(
+        min_replicas=minimum, max_replicas=4, metric=Metric.RPS, target=5.0, scale_to_zero_after=120.0
+    )
     assert decode(encode(session), type(session)) == session

@@ -276,3 +276,50 @@ async def test_policies_stored_before_the_new_fields_read_as_unlimited(caravan: 
     found = await store.user("old")
     assert found == UserResourcePolicy(max_concurrent_sessions=2, total_resource_slots={"cpu": "4"})
     assert (found.max_session_lifetime, found.idle_timeout, found.allowed_drivers) == (None, None, None)
+
+
+ENDPOINT_SCALING = """mutation($id: ID!, $rules: AutoscalingInput) {
+  updateEndpointScaling(id: $id, autoscaling: $rules) { desiredReplicas rules { minReplicas maxReplicas } } }"""
+
+
+def endpoint(name: str, **rules: Any) -> dict[str, Any]:
+    return exec_session(
+        name,
+        type="INFERENCE",
+        startupCommand="serve",
+        servicePort=8000,
+        resources=[{"slot": "cpu", "amount": "0.5"}],
+        autoscaling={"minReplicas": 0, "target": 4, **rules},
+    )
+
+
+async def test_an_endpoints_most_replicas_must_fit_its_owners_policy(caravan: Caravan) -> None:
+    """Rules whose maxReplicas the owner's total slots could never hold are refused, at creation and on update;
+    nothing is stored or changed by a refusal."""
+    alice = await caravan.user("alice")
+    await caravan.gql(SET_USER, {"user": "alice", "policy": {"totalResourceSlots": [{"slot": "cpu", "amount": "2"}]}})
+    assert await refused(caravan, CREATE, endpoint("too-many", maxReplicas=5), alice) == {
+        "code": "FORBIDDEN",
+        "field": "maxReplicas",
+    }
+    assert await caravan.store.session_ids(owner_id="alice") == []
+    created = await caravan.gql(CREATE, endpoint("fits", maxReplicas=4), token=alice)
+    session_id = created["createSession"]["sessions"][0]["id"]
+    stored = await caravan.store.get(session_id)
+    assert stored is not None and stored.autoscaling is not None and stored.autoscaling.max_replicas == 4
+    too_many = {"minReplicas": 1, "maxReplicas": 6, "target": 4}
+    assert await refused(caravan, ENDPOINT_SCALING, {"id": session_id, "rules": too_many}, alice) == {
+        "code": "FORBIDDEN",
+        "field": "maxReplicas",
+    }
+    assert (await caravan.store.get(session_id)) == stored
+    bad = {"minReplicas": 1, "maxReplicas": 2, "target": 4, "scaleDownDelay": "later"}
+    assert await refused(caravan, ENDPOINT_SCALING, {"id": session_id, "rules": bad}, alice) == {
+        "code": "INVALID_INPUT",
+        "field": "scaleDownDelay",
+    }
+    fits = {"minReplicas": 1, "maxReplicas": 2, "target": 4}
+    changed = await caravan.gql(ENDPOINT_SCALING, {"id": session_id, "rules": fits}, token=alice)
+    assert changed["updateEndpointScaling"]["rules"] == {"minReplicas": 1, "maxReplicas": 2}
+    cleared = await caravan.gql(ENDPOINT_SCALING, {"id": session_id, "rules": None}, token=alice)
+    assert cleared["updateEndpointScaling"]["rules"] is None

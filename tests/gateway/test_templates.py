@@ -253,7 +253,7 @@ def test_every_create_session_option_can_be_overridden() -> None:
 
 def test_a_template_holds_every_create_session_option_but_those_of_one_creation() -> None:
     """Nothing but the options of one creation is left out of a template's spec, and the spec reads back whole."""
-    per_creation = {"name", "clientToken", "dependencies", "project", "owner"}
+    per_creation = {"name", "clientToken", "dependencies", "project", "owner", "autoscaling"}
     assert field_names("CreateSessionInput") - field_names("SessionSpecInput") == per_creation
     assert field_names("SessionSpecInput") <= field_names("CreateSessionInput")
     assert field_names("SessionSpec") == field_names("SessionSpecInput")

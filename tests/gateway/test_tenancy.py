@@ -29,7 +29,7 @@ CALLERS = ("owner", "user", "admin", "admin'", "super", "anon")
 super: the bootstrap SUPERADMIN; anon: no token."""
 
 OK, LISTED, HIDDEN = "ok", "listed", "hidden"
-NF, FB, UA, CF = "NOT_FOUND", "FORBIDDEN", "UNAUTHENTICATED", "CONFLICT"
+NF, FB, UA, CF, II = "NOT_FOUND", "FORBIDDEN", "UNAUTHENTICATED", "CONFLICT", "INVALID_INPUT"
 SHORT = {NF: "NF", FB: "FB", UA: "UA", CF: "CF", "INVALID_INPUT": "II", "INTERNAL": "500"}
 
 ACCESS = (OK, NF, OK, NF, OK, UA)
@@ -237,6 +237,18 @@ SESSION_ROWS = [
     Row(
         "restartSession", "mutation($id: ID!) { restartSession(id: $id) { id } }", (CF, NF, CF, NF, CF, UA), the_session
     ),  # CONFLICT: allowed, but a PENDING session has nothing to restart
+    Row(
+        "updateEndpointScaling",
+        "mutation($id: ID!) { updateEndpointScaling(id: $id, autoscaling: null) { desiredReplicas } }",
+        (II, NF, II, NF, II, UA),
+        the_session,
+    ),  # INVALID_INPUT: allowed, but the session is no INFERENCE endpoint; others do not learn it exists
+    Row(
+        "updateEndpoint",
+        'mutation($id: ID!) { updateEndpoint(id: $id, input: {startupCommand: "serve"}) { revision } }',
+        (II, NF, II, NF, II, UA),
+        the_session,
+    ),
 ]
 
 

@@ -21,9 +21,21 @@ from core.codec import MalformedDocument, decode, encode
 from core.keys import Keys
 from core.lease import Fence
 from domain.apps import App, AppProtocol
+from domain.autoscaling import Metric, ScalingRules
 from domain.idle.columns import Entry, WindowColumns, WindowTableDoc
 from domain.idle.window import MetricSeries, UtilizationWindow, WindowDoc
-from domain.model import ClusterMode, Driver, Kernel, RoleSpec, Session, SessionStatus, SessionType, StatusChange
+from domain.model import (
+    ClusterMode,
+    Driver,
+    Kernel,
+    ReplicaSpec,
+    RoleSpec,
+    ScalingStatus,
+    Session,
+    SessionStatus,
+    SessionType,
+    StatusChange,
+)
 from domain.presets import ResourcePreset
 from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy
 from domain.storage import Mount
@@ -67,10 +79,17 @@ def test_every_field_of_the_full_session_is_set() -> None:
     that the comparisons above cover every field's encoding."""
     session = values.full_session()
     assert defaulted(session) == set(legacy.ADDED_SINCE)
-    assert defaulted(session.kernels[0]) & defaulted(session.kernels[1]) == set()
+    assert defaulted(session.kernels[0]) & defaulted(session.kernels[1]) == set(KERNEL_ADDED_SINCE)
 
 
-ADDED_DEFAULTS = (b',"mounts":[]', b',"apps":[]')
+KERNEL_ADDED_SINCE = ("draining_since", "parked", "revision")
+"""Kernel fields added after the fixtures were written (an endpoint's replicas draining and parked)."""
+ADDED_DEFAULTS = (
+    b',"autoscaling":null,"scaling":null,"revision":0,"previous":null',
+    b',"mounts":[]',
+    b',"apps":[]',
+    b',"draining_since":null,"parked":false,"revision":0',
+)
 """How the fields added since the fixtures were written (``legacy.ADDED_SINCE``) are encoded at their defaults: last
 in their object (a session, a template's spec)."""
 
@@ -98,6 +117,23 @@ def test_a_sessions_mounts_are_read_back_exactly() -> None:
     assert b'"mounts":[{"folder_id":"f1","volume_name":"caravan-folder-f1","path":"/data","read_only":true' in (
         encode(session)
     )
+
+
+def test_an_endpoints_scaling_is_read_back_exactly() -> None:
+    """``autoscaling``, ``scaling``, ``revision``, ``previous`` and a replica's ``draining_since``, ``parked`` and
+    ``revision`` came after the fixtures."""
+    full = values.full_session()
+    kernels = (replace(full.kernels[0], draining_since=T1, revision=2), replace(full.kernels[1], parked=True))
+    session = replace(
+        full,
+        kernels=kernels,
+        autoscaling=ScalingRules(min_replicas=0, max_replicas=4, metric=Metric.RPS, target=2.5),
+        scaling=ScalingStatus(desired=3, reason="panic: 9.0 in flight over 6s", at=T2, panicking=True),
+        revision=3,
+        previous=ReplicaSpec("serve v2", {"MODEL": "v2"}, 2),
+    )
+    assert decode(encode(session), Session) == session
+    assert b'"autoscaling":{"min_replicas":0,"max_replicas":4,"metric":"RPS","target":2.5' in encode(session)
 
 
 def defaulted(value: Session | Kernel) -> set[str]:

@@ -19,11 +19,13 @@ from domain.model import ClusterMode as ClusterModeModel
 from domain.model import Driver as DriverModel
 from gateway.graphql.folders.mounts import MountInput, mount_inputs_of, mounts_of
 from gateway.graphql.sessions.apps import AppInput, app_inputs_of, apps_of
+from gateway.graphql.sessions.scaling import AutoscalingInput
 from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType
 
-PER_CREATION = ("name", "client_token", "dependencies", "project", "owner")
+PER_CREATION = ("name", "client_token", "dependencies", "project", "owner", "autoscaling")
 """The createSession options a template does not hold: they name one creation (its session name, its idempotency
-key, the sessions it waits for) or whom and where it is for (the user of the template decides)."""
+key, the sessions it waits for) or whom and where it is for (the user of the template decides); and an endpoint's
+autoscaling rules (given at creation or set later with ``updateEndpointScaling``)."""
 
 
 @strawberry.input
@@ -145,6 +147,10 @@ class CreateSessionInput(SessionSpecInput):
     )
     owner: strawberry.ID | None = strawberry.field(
         default=None, description="SUPERADMIN: create the sessions for this user (owner and project are theirs)."
+    )
+    autoscaling: AutoscalingInput | None = strawberry.field(
+        default=None,
+        description="INFERENCE: autoscaling rules (replicas then is where it starts: default max(minReplicas, 1)).",
     )
 
 

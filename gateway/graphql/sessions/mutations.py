@@ -21,6 +21,7 @@ from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.sessions.inputs import CreateSessionInput, options_of
 from gateway.graphql.sessions.queries import session_visible
+from gateway.graphql.sessions.scaling import scaling_request_of
 from gateway.graphql.sessions.types import Session, session_type_of
 from stores.activity import record_activity
 
@@ -68,6 +69,7 @@ async def create_from_input(ctx: Context, input: CreateSessionInput) -> list[Ses
         client_token=input.client_token,
         dependencies=dependencies,
         project=input.project,
+        autoscaling=scaling_request_of(input.autoscaling),
         **options_of(input),
     )
     rules = await ctx.creation.rules(

@@ -9,6 +9,7 @@ import strawberry
 
 from core.clock import utcnow
 from domain import model
+from domain.endpoint_scaling import replicas_now
 from domain.inference import endpoints_of, is_inference
 from domain.sftp import sftp_address
 from gateway.graphql import fields
@@ -18,6 +19,7 @@ from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
 from gateway.graphql.sessions.apps import SessionApp, session_app_types
 from gateway.graphql.sessions.log_tail import checked_tail_bytes
+from gateway.graphql.sessions.scaling import EndpointScaling, scaling_of
 from nomad_jobs.client import NomadNotFound
 from nomad_jobs.meta import TASK_NAME
 from stores.activity import record_activity
@@ -213,7 +215,10 @@ class Session:
         "preopened port), each on an origin of its own."
     )
     designated_agent: str | None
-    replicas: int = strawberry.field(description="INFERENCE: replicas of the main kernel (main1 … mainN); 1 otherwise.")
+    replicas: int = strawberry.field(
+        description="INFERENCE: replicas of the main kernel (main1 … mainN) not draining nor parked (0 at zero); 1 "
+        "otherwise."
+    )
     service_port: int | None = strawberry.field(description="INFERENCE: the port each replica serves.")
     health_check_path: str | None = strawberry.field(
         description="INFERENCE: the HTTP path of the replicas' health check; null: a TCP check."
@@ -224,6 +229,10 @@ class Session:
     endpoints: list[str] = strawberry.field(
         description="INFERENCE: 'host:port' of the service port of every RUNNING replica whose health check is known "
         "to pass (kernel.healthy); one loading, failing or recovering drops out until its check passes again."
+    )
+    autoscaling: EndpointScaling | None = strawberry.field(
+        description="INFERENCE: the endpoint's autoscaling rules, replicas desired, current, ready and draining, and "
+        "the last scaling decision with its reason; null otherwise."
     )
 
     @fields.field(description="The owner's user record (batched over a page); null if it no longer exists.")
@@ -305,9 +314,10 @@ def session_type_of(s: model.Session) -> Session:
         mounts=session_mounts_of(s),
         sftp_address=sftp_address(s.main_kernel.ports) if s.type is model.SessionType.SYSTEM else None,
         designated_agent=s.designated_agent,
-        replicas=len(s.kernels) if is_inference(s) else 1,
+        replicas=replicas_now(s).current if is_inference(s) else 1,
         service_port=s.service_port,
         health_check_path=s.health_check_path,
         health_check_grace=s.health_check_grace,
         endpoints=list(endpoints_of(s)),
+        autoscaling=scaling_of(s),
     )

@@ -35,6 +35,7 @@ from gateway.graphql.sessions.inputs import (
     options_of,
 )
 from gateway.graphql.sessions.mutations import CreateSessionPayload, create_from_input
+from gateway.graphql.sessions.scaling import AutoscalingInput
 from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType, session_type_of
 from gateway.graphql.templates.queries import usable
 from gateway.graphql.templates.types import SessionTemplate, TemplateScope, template_type_of
@@ -100,6 +101,7 @@ class SessionOverridesInput:
     mounts: list[MountInput] | None = UNSET
     project: str | None = UNSET
     owner: strawberry.ID | None = UNSET
+    autoscaling: AutoscalingInput | None = UNSET
 
 
 def spec_of(input: SessionSpecInput) -> TemplateSpec:
