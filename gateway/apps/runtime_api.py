@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 PROMPT = b"\n> "
+ENTRY = re.compile(r"^0x[0-9a-f]+: key=(?P<key>.*?) (?P<rest>use=.*)$")
+"""A line of ``show table``: the key (which may hold spaces) up to the counters."""
 TIMEOUT = 10.0
 """Seconds one batch may take before the API counts as unreachable."""
 
@@ -34,7 +37,10 @@ class RuntimeApi:
             if "\n" in command:
                 raise ValueError(f"a runtime API command is one line: {command[:80]!r}")
         try:
-            return await asyncio.wait_for(self._run(commands), TIMEOUT)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that arrives as the answer
+            # does, and the control plane's task then never stops
+            async with asyncio.timeout(TIMEOUT):
+                return await self._run(commands)
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
             raise RuntimeApiError(f"HAProxy's runtime API at {self.socket}: {type(exc).__name__}: {exc}") from exc
 
@@ -87,15 +93,17 @@ class RuntimeApi:
                 found[parts[1]] = parts[2]
         return found
 
-    async def table(self, name: str) -> list[dict[str, str]]:
-        """The entries of stick table ``name``: ``key`` and each stored counter."""
-        (answer,) = await self.run([f"show table {name}"])
+    async def table(self, name: str, where: str = "") -> list[dict[str, str]]:
+        """The entries of stick table ``name`` (those matching ``where``, e.g. ``data.conn_cur gt 0``): ``key`` and
+        each stored counter."""
+        (answer,) = await self.run([f"show table {name} {where}".rstrip()])
         entries = []
         for line in answer.splitlines():
-            if line.startswith("#") or ": key=" not in line:
+            found = ENTRY.match(line)
+            if found is None:
                 continue
-            fields = dict(part.split("=", 1) for part in line.split(": ", 1)[1].split() if "=" in part)
-            entries.append(fields)
+            fields = dict(part.split("=", 1) for part in found["rest"].split() if "=" in part)
+            entries.append({**fields, "key": found["key"]})
         return entries
 
 
