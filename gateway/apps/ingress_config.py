@@ -271,6 +271,10 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "",
         "defaults",
         "    mode http",
+        # a new connection to the app (or the gateway) per request, closed after its response: one kept for the
+        # client's next request may be closing on the app's side (an idle timeout) as that request arrives, and HAProxy
+        # 2.6 answers that on a kept-alive connection's later request by closing the client's connection unanswered
+        "    option http-server-close",
         # a connect not answered in 100 ms is tried again on a new socket: an app's full accept queue (busybox httpd
         # listens with a backlog of 9) drops the SYN, which the kernel would send again only after a second; 30
         # tries (a refused one waits this timeout before the next) give up after about 3 s: 502, except on a
@@ -335,9 +339,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    default_backend gateway",
         "",
         "backend apps",
-        # no idle upstream connection is reused: one an app closed meanwhile (busybox httpd closes every one) would
-        # fail the request sent on it, and HAProxy then cuts the client's connection off without an answer
-        "    http-reuse never",
+        "    http-reuse never",  # nor shared between clients (http-server-close above: none is kept anyway)
         # no L7 retries (retry-on): a request the app may have acted on is never sent twice
         f"    errorfile 503 {paths.error(502)}",  # HAProxy's 503 here is a refused connection: the app is unreachable
         "    acl names_headers req.fhdr(connection) -m found",
@@ -365,9 +367,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    server app 0.0.0.0:0",
         "",
         "backend gateway",
-        # a fresh connection per request: uvicorn closes an idle one after 5 s, and a request HAProxy sent on it just
-        # then (on a client's kept-alive connection) would be answered by closing that connection unanswered
-        "    http-reuse never",
+        "    http-reuse never",  # uvicorn closes an idle connection after 5 s (http-server-close above)
         # the gateway believes these from HAProxy alone (CARAVAN_TRUSTED_PROXIES): the client's own never pass
         "    http-request del-header x-forwarded-for",
         "    http-request set-header x-forwarded-proto http",

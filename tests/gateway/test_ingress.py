@@ -301,6 +301,57 @@ def exchange(connection: socket.socket, data: bytes) -> bytes:
     return header + b"\r\n\r\n" + body
 
 
+class OneRequestPerConnection:
+    """Fault injector: an app that answers the first request of each connection (keep-alive, as far as its headers
+    say) and closes the connection, unanswered, when a second one arrives on it: what a real app does when the next
+    request reaches it just as it closes an idle connection (uvicorn after 5 s, tornado, any server's idle timeout),
+    a race a real app loses only now and then."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.answered = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = self.listener.accept()
+                threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
+
+    def _answer(self, connection: socket.socket) -> None:
+        with connection, contextlib.suppress(OSError):
+            data = b""
+            while b"\r\n\r\n" not in data and (chunk := connection.recv(65536)):
+                data += chunk
+            self.answered += 1
+            connection.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst")
+            connection.recv(65536)  # the next request: closed unanswered
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+async def test_a_kept_alive_connection_survives_an_app_closing_its_idle_connection(
+    behind: tuple[Caravan, Ingress],
+) -> None:
+    """HAProxy opens a connection to the app per request (``option http-server-close``): a server connection kept
+    for the client's next request could be one the app is closing, and HAProxy 2.6 answers that failure on a
+    kept-alive connection's later request by closing the client's connection unanswered."""
+    caravan, ingress = behind
+    alice = await caravan.user("alice")
+    app = OneRequestPerConnection()
+    try:
+        [host] = await started(caravan, running_app("alice", app.port))
+        await until_status(ingress, host, alice, 200)
+        with socket.create_connection(("127.0.0.1", ingress.port), timeout=30) as connection:
+            for _ in range(3):
+                answer = await asyncio.to_thread(exchange, connection, request(host, alice))
+                assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"first"), answer
+    finally:
+        app.close()
+
+
 async def connect_retries(ingress: Ingress) -> int:
     """HAProxy's count of connects to apps it tried again (``wretr`` of backend ``apps``)."""
     (stats,) = await ingress.api.run(["show stat"])
