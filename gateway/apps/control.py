@@ -59,7 +59,7 @@ from domain.app_routes import (
 from domain.apps import parse_app_host
 from domain.model import Session
 from gateway.apps.ingress_config import STATS_TABLE, WS_TABLE, IngressPaths
-from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
+from gateway.apps.runtime_api import MapEdit, RuntimeApi, RuntimeApiError
 from stores.activity import close_connection, open_connection, record_activity
 from stores.events import last_id
 from stores.sessions import SessionStore
@@ -218,11 +218,12 @@ class ControlPlane:
             self._versions[0] = versions[0]
 
     async def _apply(self, desired: Maps) -> None:
-        for name, content in desired.items():
-            change = edits(self.applied.get(name, {}), content)
-            if change:
-                await self.api.edit_map(self.paths.map(name), change.add, change.change, change.delete)
-                self.applied[name] = content
+        changed = {name: edits(self.applied.get(name, {}), content) for name, content in desired.items()}
+        changed = {name: change for name, change in changed.items() if change}
+        if changed:  # one batch: one connection to HAProxy for every map a write touched
+            batch = [MapEdit(self.paths.map(n), c.add, c.change, c.delete) for n, c in changed.items()]
+            await self.api.edit_maps(batch)
+            self.applied.update({name: desired[name] for name in changed})
         await self.close_refused()
 
     async def open_sockets(self) -> dict[str, OpenSocket]:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 PROMPT = b"\n> "
@@ -19,6 +20,16 @@ ENTRY = re.compile(r"^0x[0-9a-f]+: key=(?P<key>.*?) (?P<rest>use=.*)$")
 """A line of ``show table``: the key (which may hold spaces) up to the counters."""
 TIMEOUT = 10.0
 """Seconds one batch may take before the API counts as unreachable."""
+
+
+@dataclass(frozen=True)
+class MapEdit:
+    """What to delete, change and add in one map."""
+
+    path: Path
+    add: Mapping[str, str]
+    change: Mapping[str, str]
+    delete: Sequence[str]
 
 
 class RuntimeApiError(Exception):
@@ -77,10 +88,18 @@ class RuntimeApi:
     async def edit_map(
         self, path: Path, add: Mapping[str, str], change: Mapping[str, str], delete: Sequence[str]
     ) -> None:
+        await self.edit_maps([MapEdit(path, add, change, delete)])
+
+    async def edit_maps(self, edits: Sequence[MapEdit]) -> None:
+        """Several maps' edits in one batch (one connection), in order."""
         commands = [
-            *(f"del map {path} {key}" for key in delete),
-            *(f"set map {path} {key} {value}" for key, value in change.items()),
-            *(f"add map {path} {key} {value}" for key, value in add.items()),
+            command
+            for edit in edits
+            for command in (
+                *(f"del map {edit.path} {key}" for key in edit.delete),
+                *(f"set map {edit.path} {key} {value}" for key, value in edit.change.items()),
+                *(f"add map {edit.path} {key} {value}" for key, value in edit.add.items()),
+            )
         ]
         _check(commands, await self.run(commands))
 
