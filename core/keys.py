@@ -166,6 +166,13 @@ class Keys:
         return f"{self.prefix}:users:version"
 
     @property
+    def route_changes(self) -> str:
+        """STREAM with an entry in the MULTI of every write that bumps ``sessions_version`` or ``users_version``
+        (capped in length): the app data plane's control (``gateway.apps.control``) blocks reading it (``XREAD
+        BLOCK``) instead of polling the counters."""
+        return f"{self.prefix}:route-changes"
+
+    @property
     def token_revocations(self) -> str:
         """STREAM of revoked tokens (``token``: the SHA-256 of the secret), appended in the MULTI of each revocation
         and capped in length; every gateway process reads it to close the revoked tokens' WebSocket connections."""

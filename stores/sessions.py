@@ -26,6 +26,7 @@ from core.transactions import transact
 from domain.model import Session, SessionResult, SessionStatus, SessionType
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
+from stores.changes import sessions_changed
 from stores.coalesced import Coalesced, guard_failed
 from stores.usage import DEFAULT_RAW_RETENTION, UsageStore
 
@@ -145,7 +146,7 @@ class SessionStore:
                 self._write_new(pipe, session, name_key)
             if token_key:
                 pipe.set(token_key, encode([s.id for s in sessions]))
-            pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
+            sessions_changed(pipe, self.keys)  # stored GraphQL answers are now out of date
             pipe.rpush(self.keys.scheduler_wakeup, "created")
             pipe.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
             await pipe.execute()
@@ -192,7 +193,7 @@ class SessionStore:
                         outcome[token] = [s.id for s in sessions]
                 if not claimed:
                     return outcome
-                merged.incr(self.keys.sessions_version)
+                sessions_changed(merged, self.keys)
                 merged.rpush(self.keys.scheduler_wakeup, "created")
                 merged.ltrim(self.keys.scheduler_wakeup, -WAKEUP_BACKLOG, -1)
                 merged.flush()
@@ -243,7 +244,7 @@ class SessionStore:
             self._index_for_listing(pipe, session)
             if session.terminated_at:
                 pipe.zadd(self.keys.sessions_by_terminated, {session.id: session.terminated_at.timestamp()})
-        pipe.incr(self.keys.sessions_version)
+        sessions_changed(pipe, self.keys)
         await pipe.execute()
 
     def _index_for_listing(self, pipe: Redis, session: Session) -> None:
@@ -302,7 +303,7 @@ class SessionStore:
             self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
             if stop_job is not None and after.nomad_job_id and after.status in STOPPING:
                 self._ask_to_stop(pipe, after.id, stop_job)
-            pipe.incr(self.keys.sessions_version)  # stored GraphQL answers are now out of date
+            sessions_changed(pipe, self.keys)  # stored GraphQL answers are now out of date
             await pipe.execute()
             return after
 

@@ -32,6 +32,7 @@ from core.settings import GatewaySettings
 from core.transactions import transact
 from domain.app_routes import TokenEntry
 from domain.users import BOOTSTRAP_ADMIN_ID, BOOTSTRAP_TOKEN_ID, ApiToken, Role, User, hash_token, new_secret
+from stores.changes import users_changed
 
 REVOCATIONS_KEPT = 10_000
 """Entries the token revocation stream keeps (about: trimmed approximately); its readers follow it live."""
@@ -171,7 +172,7 @@ class UserStore:
 
     def _write_user(self, pipe: Redis, before: User | None, after: User) -> None:
         pipe.set(self.keys.user(after.id), encode(after))
-        pipe.incr(self.keys.users_version)
+        users_changed(pipe, self.keys)
         pipe.sadd(self.keys.all_users, after.id)
         for project in set(before.projects if before else ()) - set(after.projects):
             pipe.srem(self.keys.project_members(project), after.id)
@@ -298,7 +299,7 @@ class UserStore:
                 pipe.pexpireat(self.keys.api_token(token_hash), int(expires_at.timestamp() * 1000))
             pipe.hset(self.keys.api_token_ids, token_id, token_hash)
             pipe.sadd(tokens_key, token_id)
-            pipe.incr(self.keys.users_version)
+            users_changed(pipe, self.keys)
             await pipe.execute()
             return record
 
@@ -348,7 +349,7 @@ class UserStore:
     def _announce_revocation(self, pipe: Redis, token_hash: str) -> None:
         """In the revocation's MULTI: tell every gateway (``gateway.revocations``) to close the token's connections."""
         pipe.xadd(self.keys.token_revocations, {"token": token_hash}, maxlen=REVOCATIONS_KEPT, approximate=True)
-        pipe.incr(self.keys.users_version)
+        users_changed(pipe, self.keys)
 
     async def live_tokens(self) -> list[TokenEntry]:
         """Every stored token (hash, user, expiry), for the app data plane (``domain.app_routes``)."""

@@ -9,7 +9,7 @@ import dataclasses
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,13 +47,13 @@ class Ingress:
     def log(self) -> Path:
         return self.paths.state_dir / "haproxy.log"
 
-    async def built(self, timeout: float = 60.0) -> str:
-        """The control plane's mark, once HAProxy holds a complete build."""
+    async def built(self, timeout: float = 60.0, *, after: str | None = None) -> str:
+        """The control plane's mark, once HAProxy holds a complete build (another than ``after``)."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             with contextlib.suppress(RuntimeApiError):
                 generation = (await self.api.show_map(self.paths.map("meta"))).get("generation")
-                if generation:
+                if generation and generation != after:
                     return generation
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError("the control plane did not build HAProxy")
@@ -66,23 +66,39 @@ def with_ingress(settings: Settings, state_dir: Path, port: int) -> Settings:
     )
 
 
+@contextlib.contextmanager
+def haproxy_for(settings: Settings) -> Iterator[Ingress]:
+    """A HAProxy of its own (port, state directory) in front of a gateway yet to start on ``ingress.gateway_port``
+    with ``ingress.settings``."""
+    state_dir = Path(tempfile.mkdtemp(prefix="cvh-", dir="/tmp"))  # a unix socket path has at most 107 bytes
+    port, gateway_port = free_port(), free_port()
+    settings = with_ingress(settings, state_dir, port)
+    ingress = Ingress(settings, IngressPaths(state_dir), port, gateway_port, None)  # type: ignore[arg-type]
+    ingress.start()
+    try:
+        yield ingress
+    finally:
+        ingress.service.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def gateway_behind(ingress: Ingress, **harness: Any) -> AsyncIterator[Caravan]:
+    """A gateway (and scheduler: ``harness`` as ``running_caravan`` takes it) behind ``ingress``; yields once HAProxy
+    holds a build of its control plane."""
+    async with running_caravan(ingress.settings, port=ingress.gateway_port, **harness) as caravan:
+        await ingress.built()
+        # GraphQL too through HAProxy, the stack's one ingress, as every client of the stack reaches it
+        yield dataclasses.replace(caravan, url=f"http://127.0.0.1:{ingress.port}/graphql")
+
+
 @contextlib.asynccontextmanager
 async def caravan_behind_haproxy(settings: Settings, **harness: Any) -> AsyncIterator[tuple[Caravan, Ingress]]:
     """A gateway (and scheduler: ``harness`` as ``running_caravan`` takes it) behind a HAProxy of their own; yields
     once HAProxy holds its first build."""
-    state_dir = Path(tempfile.mkdtemp(prefix="cvh-", dir="/tmp"))  # a unix socket path has at most 107 bytes
-    port, gateway_port = free_port(), free_port()
-    settings = with_ingress(settings, state_dir, port)
-    paths = IngressPaths(state_dir)
-    ingress = Ingress(settings, paths, port, gateway_port, None)  # type: ignore[arg-type]
-    ingress.start()
-    try:
-        async with running_caravan(settings, port=gateway_port, **harness) as caravan:
-            await ingress.built()
+    with haproxy_for(settings) as ingress:
+        async with gateway_behind(ingress, **harness) as caravan:
             yield caravan, ingress
-    finally:
-        ingress.service.stop()
-        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def running_app(owner: str, port: int, *, public: bool = False) -> Session:

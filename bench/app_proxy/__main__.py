@@ -19,7 +19,12 @@ route added or removed in Redis takes to be in effect at HAProxy (``--route-chan
 through Caravan again with 10,000 routes loaded (its p99 against the first run's, with a handful). Prints one JSON line
 per measurement, and a last line with the ratios, the goal and ``meets_goal``.
 
-Usage: .venv/bin/python -m bench.app_proxy [--duration 8] [--connections 16]
+Every measure runs ``--rounds`` times, the targets in turn, and counts by its median: the machine's other work
+weighs on each target alike. wrk times a request from when it is written, so the connect to busybox ``httpd`` (it
+closes every connection) is outside the direct target's latency and inside Caravan's (HAProxy connects per request):
+compare the p99s with that in mind.
+
+Usage: .venv/bin/python -m bench.app_proxy [--duration 8] [--connections 16] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -125,24 +130,37 @@ def _get(url: str, headers: dict[str, str]) -> int:
 
 
 def http_runs(targets: list[Target], work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    results: dict[str, dict[str, Any]] = {}
+    """Each kind of request against each target, the targets in turn, ``--rounds`` times: the median of each figure
+    per target (other work on the machine then weighs on every target alike)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
     for kind, path, connections in (("small", "/", args.connections), ("bulk", "/big", args.bulk_connections)):
-        for target in targets:
-            figures = run_wrk(
-                target.url + path,
-                headers_script(target.headers),
-                work,
-                duration=args.duration,
-                connections=connections,
-                threads=1,
-            )
-            if figures["non_2xx"] or figures.get("socket_errors"):
-                raise SystemExit(f"{target.name} {kind}: failed requests: {figures}")
-            if kind == "bulk":
-                figures = {"mib_per_s": round(figures["rps"] * BIG_MIB, 1), **figures}
-            results[f"{kind}:{target.name}"] = figures
-            print(json.dumps({"measure": kind, "target": target.name, "connections": connections, **figures}))
-    return results
+        for round_ in range(args.rounds):
+            for target in targets:
+                figures = run_wrk(
+                    target.url + path,
+                    headers_script(target.headers),
+                    work,
+                    duration=args.duration,
+                    connections=connections,
+                    threads=1,
+                )
+                if target.name == "caravan" and (figures["non_2xx"] or figures.get("socket_errors")):
+                    raise SystemExit(f"{target.name} {kind}: failed requests: {figures}")  # the anchors' are shown
+                if kind == "bulk":
+                    figures = {"mib_per_s": round(figures["rps"] * BIG_MIB, 1), **figures}
+                runs.setdefault(f"{kind}:{target.name}", []).append(figures)
+                line = {"measure": kind, "target": target.name, "round": round_, "connections": connections}
+                print(json.dumps({**line, **figures, "loadavg_1m": os.getloadavg()[0]}), flush=True)
+    return {key: medians(figures) for key, figures in runs.items()}
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each numeric figure of several runs."""
+    return {
+        key: round(statistics.median(run[key] for run in runs), 2)
+        for key, value in runs[0].items()
+        if isinstance(value, int | float)
+    }
 
 
 async def ws_rate(url: str, headers: dict[str, str], connections: int, seconds: float) -> float:
@@ -300,25 +318,33 @@ async def measure(settings: Settings, work: Path, args: argparse.Namespace) -> N
 
             echo_host = f"{app_host('echo', echo_id, domain)}:{ingress.port}"
             admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-            ws = {
-                "direct": await ws_rate(f"ws://127.0.0.1:{echo_port}/", {}, args.ws_connections, args.duration),
-                "caravan": await ws_rate(f"ws://{echo_host}/", admin, args.ws_connections, args.duration),
-            }
-            for name, rate in ws.items():
-                print(json.dumps({"measure": "websocket", "target": name, "round_trips_per_s": round(rate)}))
+            ws_targets = {"direct": (f"ws://127.0.0.1:{echo_port}/", {}), "caravan": (f"ws://{echo_host}/", admin)}
+            ws_rates: dict[str, list[float]] = {name: [] for name in ws_targets}
+            for round_ in range(args.rounds):
+                for name, (url, headers) in ws_targets.items():
+                    ws_rates[name].append(await ws_rate(url, headers, args.ws_connections, args.duration))
+                    line = {"measure": "websocket", "target": name, "round": round_}
+                    print(json.dumps({**line, "round_trips_per_s": round(ws_rates[name][-1])}), flush=True)
+            ws = {name: statistics.median(rates) for name, rates in ws_rates.items()}
             routes = await route_changes(caravan, ingress, token, web_port, args.route_changes)
             print(json.dumps({"measure": "route_changes", **routes}))
             await load_routes(caravan, ingress, web_port, MANY_ROUTES)
-            many = await asyncio.to_thread(
-                run_wrk,
-                caravan_target.url + "/",
-                headers_script(caravan_target.headers),
-                work,
-                duration=args.duration,
-                connections=args.connections,
-                threads=1,
-            )
-            print(json.dumps({"measure": "small", "target": "caravan", "routes": MANY_ROUTES, **many}))
+            many_runs = []
+            for round_ in range(args.rounds):
+                many_runs.append(
+                    await asyncio.to_thread(
+                        run_wrk,
+                        caravan_target.url + "/",
+                        headers_script(caravan_target.headers),
+                        work,
+                        duration=args.duration,
+                        connections=args.connections,
+                        threads=1,
+                    )
+                )
+                line = {"measure": "small", "target": "caravan", "routes": MANY_ROUTES, "round": round_}
+                print(json.dumps({**line, **many_runs[-1]}), flush=True)
+            many = medians(many_runs)
             print(json.dumps(summary(results, ws, routes, many)), flush=True)
         finally:
             for process in processes:
@@ -332,6 +358,7 @@ async def main() -> None:
     parser.add_argument("--bulk-connections", type=int, default=4, help="wrk connections for the 10 MiB GET")
     parser.add_argument("--ws-connections", type=int, default=8)
     parser.add_argument("--route-changes", type=int, default=20, help="routes added and removed, one at a time")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each measure, the targets in turn (medians)")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (ops/install installs Debian's wrk)")

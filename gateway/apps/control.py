@@ -1,16 +1,22 @@
 """The apps' control plane: one task in the gateway process that keeps HAProxy's maps (``gateway.apps.ingress_config``)
 equal to what Redis says, through HAProxy's runtime API (no reload, ever).
 
-- **Changes.** Every :data:`POLL` seconds it reads two counters in one ``MGET``: ``Keys.sessions_version`` (bumped in
-  the MULTI of every session write) and ``Keys.users_version`` (every user, token or revocation write). When one
-  moved it reads what changed (sessions by their revision, ``Keys.session_revisions``; users and tokens whole) and
-  sends HAProxy only the edits (``domain.app_routes.edits``): a session started, ended, changed apps or went
-  public/private, a token issued or revoked, a user deactivated: in effect at HAProxy's next request, within a few
-  tens of milliseconds, also on a kept-alive connection (maps are read per request).
+- **Changes.** It blocks reading ``Keys.route_changes`` (``XREAD BLOCK``), a stream every session, user, token or
+  revocation write appends to in its MULTI (``stores.changes``), for at most :data:`CHECK_INTERVAL` seconds (the
+  bounded fallback: a change is seen within it even if the stream were lost), then reads two counters in one
+  ``MGET``: ``Keys.sessions_version`` and ``Keys.users_version``. When one moved it reads what changed (sessions
+  by their revision, ``Keys.session_revisions``; users and tokens whole) and sends HAProxy only the edits
+  (``domain.app_routes.edits``): a session started, ended, changed apps or went public/private, a token issued or
+  revoked, a user deactivated: in effect at HAProxy's next request, within a few tens of milliseconds, also on a
+  kept-alive connection (maps are read per request).
 - **Restarts.** HAProxy starts with empty maps (nobody passes). Every :data:`CHECK_INTERVAL` seconds the task asks for
   its mark (``meta.map``: ``generation``); a HAProxy without it (restarted, or new) is rebuilt whole from Redis, each
   map swapped atomically, the mark last. A restarted gateway rebuilds once (it has no memory of what HAProxy holds);
   HAProxy keeps serving meanwhile with what it had.
+- **Open WebSockets.** HAProxy keeps them itself, in a stick table (``ingress_config.WS_TABLE``) keyed by who opened
+  each (client address, host, token hash, user): after every change it applied, and every :data:`CHECK_INTERVAL`
+  seconds, the task reads the open ones and shuts down those that no longer pass. Nothing of it lives in this
+  process, so a restarted gateway closes the WebSockets opened before it as well.
 - **Traffic as activity.** Every :data:`SAMPLE_INTERVAL` seconds it reads HAProxy's per-host stick table: a host
   whose request or byte counters moved is the session's activity (``stores.activity``), and a host with connections
   open (a WebSocket, a long download) holds an open connection record, as the idle checker expects.
@@ -27,7 +33,6 @@ import asyncio
 import contextlib
 import fcntl
 import logging
-import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,7 +43,10 @@ from redis.exceptions import RedisError
 
 from core.clock import utcnow
 from core.keys import Keys
+from core.replies import stream_reads
+from core.retry import stop_if_cancelled
 from domain.app_routes import (
+    FIELD,
     SESSION_MAPS,
     USER_MAPS,
     Maps,
@@ -50,18 +58,18 @@ from domain.app_routes import (
 )
 from domain.apps import parse_app_host
 from domain.model import Session
-from gateway.apps.ingress_config import STATS_TABLE, WS_EVENT, IngressPaths
-from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
+from gateway.apps.ingress_config import STATS_TABLE, WS_TABLE, IngressPaths
+from gateway.apps.runtime_api import MapEdit, RuntimeApi, RuntimeApiError
 from stores.activity import close_connection, open_connection, record_activity
+from stores.events import last_id
 from stores.sessions import SessionStore
 from stores.users import UserStore
 
 log = logging.getLogger(__name__)
 
-POLL = 0.005
-"""Seconds between reads of the change counters."""
 CHECK_INTERVAL = 0.25
-"""Seconds between checks that HAProxy still has the control plane's mark (else: restarted, rebuild)."""
+"""Seconds between checks that HAProxy still has the control plane's mark (else: restarted, rebuild) and sweeps of
+its open WebSockets; also the longest wait for a change (``Keys.route_changes``) before the counters are read anyway."""
 SAMPLE_INTERVAL = 2.0
 """Seconds between samples of HAProxy's traffic counters."""
 LOCK_RETRY = 1.0
@@ -69,39 +77,25 @@ LOCK_RETRY = 1.0
 RETRY = 0.5
 """Seconds to wait after Redis or HAProxy failed to answer."""
 CONNECTION_ID = "haproxy"
-MAX_SOCKETS = 100_000
-"""Open WebSockets remembered at once (each is forgotten when HAProxy no longer has it)."""
 
 
 @dataclass(frozen=True)
 class OpenSocket:
-    """A WebSocket HAProxy admitted to an app (its announcement): who opened it, with which token."""
+    """A WebSocket HAProxy admitted to an app: who opened it, with which token."""
 
     host: str
     user: str | None
     token_hash: str | None
 
 
-def parse_event(datagram: bytes) -> tuple[str, OpenSocket] | None:
-    """``(client address:port, socket)`` of HAProxy's announcement of a WebSocket, or None."""
-    words = datagram.decode(errors="replace").split()
-    if len(words) != 5 or words[0] != WS_EVENT:
+def parse_socket(key: str) -> tuple[str, OpenSocket] | None:
+    """``(client address:port, socket)`` of a key of HAProxy's table of open WebSockets (``ingress_config.WS_TABLE``:
+    ``<client>|<host>|<token hash>|<user>``, ``-`` or nothing for none), or None."""
+    parts = key.split(FIELD, 3)
+    if len(parts) != 4:
         return None
-    _, client, host, user, token = words
-    return client, OpenSocket(host, None if user == "-" else user, None if token == "-" else token)
-
-
-class _Events(asyncio.DatagramProtocol):
-    def __init__(self, sockets: dict[str, OpenSocket]) -> None:
-        self.sockets = sockets
-        self.fresh = False
-        """A socket was announced since the last check (it may have been admitted just before a revocation)."""
-
-    def datagram_received(self, data: bytes, addr: object) -> None:
-        found = parse_event(data)
-        if found is not None and len(self.sockets) < MAX_SOCKETS:
-            self.sockets[found[0]] = found[1]
-            self.fresh = True
+    client, host, token, user = parts
+    return client, OpenSocket(host, user if user not in ("", "-") else None, token if token not in ("", "-") else None)
 
 
 @dataclass
@@ -131,9 +125,8 @@ class ControlPlane:
         self._versions: list[str | None] = [None, None]
         self._expiry: datetime | None = None
         self._traffic = _Traffic()
-        self.sockets: dict[str, OpenSocket] = {}
-        """Client address:port -> the WebSocket HAProxy announced from it (``ingress_config.WS_EVENT``)."""
-        self._events = _Events(self.sockets)
+        self._change: str | None = None
+        """The last entry of ``Keys.route_changes`` seen (None: not read yet)."""
         self.rebuilds = 0
         """Complete rebuilds done (tests and logs)."""
 
@@ -149,7 +142,7 @@ class ControlPlane:
                     await asyncio.sleep(LOCK_RETRY)
             while True:  # whatever breaks it, the control plane is set up again: it never dies silently in a task
                 try:
-                    await self._hold()
+                    await self._loop()
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -157,45 +150,39 @@ class ControlPlane:
                     self.generation = None
                     await asyncio.sleep(RETRY)
 
-    async def _hold(self) -> None:
-        self.paths.events.unlink(missing_ok=True)
-        # the socket made and bound here, handed over whole: uvloop (the gateway's loop under uvicorn) takes no path
-        # as a datagram endpoint's local address
-        events = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            events.bind(str(self.paths.events))
-            events.setblocking(False)
-        except OSError:
-            events.close()
-            raise
-        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: self._events, sock=events)
-        try:
-            await self._loop()
-        finally:
-            transport.close()
-
     async def _loop(self) -> None:
         last_check = last_sample = 0.0
         while True:
+            stop_if_cancelled()  # a cancellation redis-py lost (core.retry) would otherwise never stop the task
             try:
+                if self._change is None:  # from now on: whatever was written before, the next sync reads
+                    self._change = await last_id(self.redis, self.keys.route_changes)
                 now = time.monotonic()
                 if self.generation is None or now - last_check >= CHECK_INTERVAL:
                     last_check = now
                     await self._ensure_built()
+                    await self.close_refused()  # admitted by a HAProxy thread as the last change was applied
                 await self.sync()
-                if self._events.fresh:
-                    self._events.fresh = False
-                    await self.close_refused()
                 if now - last_sample >= SAMPLE_INTERVAL:
                     last_sample = now
                     await self.sample_traffic()
-                await asyncio.sleep(POLL)
+                await self._await_change(last_check + CHECK_INTERVAL - time.monotonic())
             except asyncio.CancelledError:
                 raise
             except (RuntimeApiError, RedisError, OSError) as exc:
                 log.warning("app control plane: %s; retrying", exc)
                 self.generation = None
+                self._change = None
                 await asyncio.sleep(RETRY)
+
+    async def _await_change(self, timeout: float) -> None:
+        """Until a write appends to ``Keys.route_changes`` after the last entry seen, or ``timeout`` seconds."""
+        assert self._change is not None
+        block = max(1, int(timeout * 1000))
+        reply = await self.redis.xread({self.keys.route_changes: self._change}, count=100, block=block)
+        for _stream, entries in stream_reads(reply):
+            if entries:
+                self._change = entries[-1][0]
 
     async def _ensure_built(self) -> None:
         meta = await self.api.show_map(self.paths.map("meta"))
@@ -231,21 +218,34 @@ class ControlPlane:
             self._versions[0] = versions[0]
 
     async def _apply(self, desired: Maps) -> None:
-        for name, content in desired.items():
-            change = edits(self.applied.get(name, {}), content)
-            if change:
-                await self.api.edit_map(self.paths.map(name), change.add, change.change, change.delete)
-                self.applied[name] = content
+        changed = {name: edits(self.applied.get(name, {}), content) for name, content in desired.items()}
+        changed = {name: change for name, change in changed.items() if change}
+        if changed:  # one batch: one connection to HAProxy for every map a write touched
+            batch = [MapEdit(self.paths.map(n), c.add, c.change, c.delete) for n, c in changed.items()]
+            await self.api.edit_maps(batch)
+            self.applied.update({name: desired[name] for name in changed})
         await self.close_refused()
+
+    async def open_sockets(self) -> dict[str, OpenSocket]:
+        """Client address:port -> the WebSocket HAProxy has open from it (its table ``ingress_config.WS_TABLE``)."""
+        found = {}
+        for entry in await self.api.table(WS_TABLE, "data.conn_cur gt 0"):
+            parsed = parse_socket(entry.get("key", ""))
+            if parsed is not None:
+                found[parsed[0]] = parsed[1]
+        return found
 
     async def close_refused(self) -> None:
         """Close the open WebSockets whose token, user or app stopped passing (``domain.app_routes.may_pass``)."""
-        refused = {c for c, s in self.sockets.items() if not may_pass(self.applied, s.host, s.user, s.token_hash)}
+        if not self.applied:
+            return  # nothing applied yet: every socket would count as refused
+        sockets = await self.open_sockets()
+        refused = {c for c, s in sockets.items() if not may_pass(self.applied, s.host, s.user, s.token_hash)}
         if refused:
             await self._shutdown(refused)
 
     async def _shutdown(self, clients: set[str]) -> None:
-        """HAProxy's streams from ``clients`` closed; and the sockets it no longer has forgotten."""
+        """HAProxy's streams from ``clients`` closed."""
         (listing,) = await self.api.run(["show sess"])
         streams = {}
         for line in listing.splitlines():
@@ -253,8 +253,6 @@ class ControlPlane:
             if len(words) > 2 and words[0].endswith(":") and words[2].startswith("src="):
                 streams[words[2][4:]] = words[0][:-1]
         await self.api.run([f"shutdown session {streams[c]}" for c in clients if c in streams])
-        for client in [c for c in self.sockets if c in clients or c not in streams]:
-            del self.sockets[client]
 
     async def _session_maps(self) -> Maps:
         revisions = {
@@ -290,8 +288,6 @@ class ControlPlane:
             if int(entry.get("conn_cur", "0")) > 0:
                 seen.add(session_id)
                 await open_connection(self.redis, self.keys, session_id, CONNECTION_ID, now)
-        if self.sockets:  # forget the closed ones
-            await self._shutdown(set())
         for session_id in self._traffic.open - seen:
             with contextlib.suppress(RedisError, OSError):
                 await close_connection(self.redis, self.keys, session_id, CONNECTION_ID, now)

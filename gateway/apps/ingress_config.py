@@ -103,11 +103,17 @@ end)
 """
 MAX_COOKIE_CANDIDATES = 200
 """App cookies looked at per request (more than a browser keeps for one site: Chromium and Firefox keep 180)."""
-WS_EVENT = "caravan-ws"
-"""The first word of HAProxy's announcement of a WebSocket: ``caravan-ws <client addr:port> <host> <user> <token>``."""
+WS_TABLE = "app_websockets"
+"""Stick table of the apps' WebSockets HAProxy admitted, keyed ``<client addr:port>|<host>|<token hash>|<user>``
+(``-`` for none): those with ``conn_cur`` 1 are open. The control plane reads it to close the ones that stop passing."""
 AWAIT_MS = 100
-"""Milliseconds a request about to be refused waits before it is decided again (the control plane polls Redis every
-5 ms): what was granted a moment ago passes; a refusal costs this much more (also a damper on guessing)."""
+"""Milliseconds a request about to be refused waits before it is decided again (the control plane applies a change
+within milliseconds of its write to Redis): what was granted a moment ago passes; a refusal costs this much more (also
+a damper on guessing)."""
+CONNECT_TIMEOUT_MS = 100
+"""Milliseconds HAProxy waits for an app to accept a connection before it tries again on a new socket."""
+CONNECT_RETRIES = 30
+"""Connect attempts after the first before an app counts as unreachable (502 ``UPSTREAM_UNREACHABLE``)."""
 PLAIN_CONNECTION = r"^\s*(keep-alive|close|upgrade)(\s*,\s*(keep-alive|close|upgrade))*\s*$"
 """A ``Connection`` header that names no other header (the usual case: no Lua runs)."""
 
@@ -134,11 +140,6 @@ class IngressPaths:
     @property
     def lua(self) -> Path:
         return self.state_dir / "caravan.lua"
-
-    @property
-    def events(self) -> Path:
-        """A unix datagram socket the control plane reads: HAProxy's announcements of the apps' WebSockets."""
-        return self.state_dir / "events.sock"
 
     def map(self, name: str) -> Path:
         return self.state_dir / "maps" / f"{name}.map"
@@ -293,11 +294,17 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "",
         "defaults",
         "    mode http",
-        # a connect not answered in half a second is retried on a new socket (3 times): HAProxy's pause between
-        # retries is this timeout when below 1 s, and a stuck SYN (a reused port the kernel's NAT still remembers)
-        # costs a second otherwise
-        "    timeout connect 500ms",
-        "    retries 3",
+        # a new connection to the app (or the gateway) per request, closed after its response: one kept for the
+        # client's next request may be closing on the app's side (an idle timeout) as that request arrives, and HAProxy
+        # 2.6 answers that on a kept-alive connection's later request by closing the client's connection unanswered
+        "    option http-server-close",
+        # a connect not answered in 100 ms is tried again on a new socket: an app's full accept queue (busybox httpd
+        # listens with a backlog of 9) drops the SYN, which the kernel would send again only after a second; 30
+        # tries (a refused one waits this timeout before the next) give up after about 3 s: 502, except on a
+        # kept-alive connection's later request after timeouts, which HAProxy 2.6 closes unanswered (for the client
+        # to retry): so many short tries that a busy app is not given up on
+        f"    timeout connect {CONNECT_TIMEOUT_MS}ms",
+        f"    retries {CONNECT_RETRIES}",
         "    timeout client 300s",
         f"    timeout server {int(config.upstream_timeout)}s",
         "    timeout http-request 30s",
@@ -308,9 +315,6 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "",
         "frontend ingress",
         f"    bind 127.0.0.1:{config.port}",
-        f"    log unix@{paths.events} len 1024 format raw local0 info",
-        "    option logasap",
-        f'    log-format "{WS_EVENT} %ci:%cp %[var(txn.host)] %[var(txn.user)] %[var(txn.token)]"',
         "    http-request set-var(txn.host) req.hdr(host),field(1,:),lower",
         f"    acl app_host var(txn.host) -m reg ^{_host_pattern(config.apps_domain)}$",
         f"    acl launch path {LAUNCH_PATH}",
@@ -349,17 +353,17 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    http-request set-dst var(txn.upstream),field(1,:) if app",
         "    http-request set-dst-port var(txn.upstream),field(2,:) if app",
         f"    http-request track-sc0 var(txn.host) table {STATS_TABLE} if app",
-        # a WebSocket to an app is announced to the control plane (who opened it, with which token), which closes it
-        # when that token, user or app stops passing (gateway.apps.control); nothing else is logged
-        "    http-request set-log-level silent unless app is_ws",
+        # a WebSocket to an app is kept in a table with who opened it, with which token: the control plane closes it
+        # when that token, user or app stops passing (gateway.apps.control); HAProxy logs nothing
+        f'    http-request set-var-fmt(txn.ws) "%ci:%cp{FIELD}%[var(txn.host)]{FIELD}%[var(txn.token)]{FIELD}'
+        f'%[var(txn.user)]" if app is_ws',
+        f"    http-request track-sc1 var(txn.ws) table {WS_TABLE} if app is_ws",
         "    use_backend apps if app",
         "    default_backend gateway",
         "",
         "backend apps",
-        # no idle upstream connection is reused: one an app closed meanwhile (busybox httpd closes every one) would
-        # fail the request sent on it, and HAProxy then cuts the client's connection off without an answer
-        "    http-reuse never",
-        "    retry-on conn-failure empty-response",
+        "    http-reuse never",  # nor shared between clients (http-server-close above: none is kept anyway)
+        # no L7 retries (retry-on): a request the app may have acted on is never sent twice
         f"    errorfile 503 {paths.error(502)}",  # HAProxy's 503 here is a refused connection: the app is unreachable
         "    acl names_headers req.fhdr(connection) -m found",
         f"    acl plain_connection req.fhdr(connection) -m reg -i {PLAIN_CONNECTION}",
@@ -386,6 +390,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    server app 0.0.0.0:0",
         "",
         "backend gateway",
+        "    http-reuse never",  # uvicorn closes an idle connection after 5 s (http-server-close above)
         # the gateway believes these from HAProxy alone (CARAVAN_TRUSTED_PROXIES): the client's own never pass
         "    http-request del-header x-forwarded-for",
         "    http-request set-header x-forwarded-proto http",
@@ -394,6 +399,9 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "",
         f"backend {STATS_TABLE}",
         f"    stick-table type string len 128 size 200k expire 1h store {COUNTERS}",
+        "",
+        f"backend {WS_TABLE}",
+        "    stick-table type string len 400 size 200k expire 1m store conn_cur",
         "",
     ]
     return "\n".join(line for line in lines if line != "") + "\n"

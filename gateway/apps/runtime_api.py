@@ -10,12 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 PROMPT = b"\n> "
+ENTRY = re.compile(r"^0x[0-9a-f]+: key=(?P<key>.*?) (?P<rest>use=.*)$")
+"""A line of ``show table``: the key (which may hold spaces) up to the counters."""
 TIMEOUT = 10.0
 """Seconds one batch may take before the API counts as unreachable."""
+
+
+@dataclass(frozen=True)
+class MapEdit:
+    """What to delete, change and add in one map."""
+
+    path: Path
+    add: Mapping[str, str]
+    change: Mapping[str, str]
+    delete: Sequence[str]
 
 
 class RuntimeApiError(Exception):
@@ -34,7 +48,10 @@ class RuntimeApi:
             if "\n" in command:
                 raise ValueError(f"a runtime API command is one line: {command[:80]!r}")
         try:
-            return await asyncio.wait_for(self._run(commands), TIMEOUT)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that arrives as the answer
+            # does, and the control plane's task then never stops
+            async with asyncio.timeout(TIMEOUT):
+                return await self._run(commands)
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
             raise RuntimeApiError(f"HAProxy's runtime API at {self.socket}: {type(exc).__name__}: {exc}") from exc
 
@@ -71,10 +88,18 @@ class RuntimeApi:
     async def edit_map(
         self, path: Path, add: Mapping[str, str], change: Mapping[str, str], delete: Sequence[str]
     ) -> None:
+        await self.edit_maps([MapEdit(path, add, change, delete)])
+
+    async def edit_maps(self, edits: Sequence[MapEdit]) -> None:
+        """Several maps' edits in one batch (one connection), in order."""
         commands = [
-            *(f"del map {path} {key}" for key in delete),
-            *(f"set map {path} {key} {value}" for key, value in change.items()),
-            *(f"add map {path} {key} {value}" for key, value in add.items()),
+            command
+            for edit in edits
+            for command in (
+                *(f"del map {edit.path} {key}" for key in edit.delete),
+                *(f"set map {edit.path} {key} {value}" for key, value in edit.change.items()),
+                *(f"add map {edit.path} {key} {value}" for key, value in edit.add.items()),
+            )
         ]
         _check(commands, await self.run(commands))
 
@@ -87,15 +112,17 @@ class RuntimeApi:
                 found[parts[1]] = parts[2]
         return found
 
-    async def table(self, name: str) -> list[dict[str, str]]:
-        """The entries of stick table ``name``: ``key`` and each stored counter."""
-        (answer,) = await self.run([f"show table {name}"])
+    async def table(self, name: str, where: str = "") -> list[dict[str, str]]:
+        """The entries of stick table ``name`` (those matching ``where``, e.g. ``data.conn_cur gt 0``): ``key`` and
+        each stored counter."""
+        (answer,) = await self.run([f"show table {name} {where}".rstrip()])
         entries = []
         for line in answer.splitlines():
-            if line.startswith("#") or ": key=" not in line:
+            found = ENTRY.match(line)
+            if found is None:
                 continue
-            fields = dict(part.split("=", 1) for part in line.split(": ", 1)[1].split() if "=" in part)
-            entries.append(fields)
+            fields = dict(part.split("=", 1) for part in found["rest"].split() if "=" in part)
+            entries.append({**fields, "key": found["key"]})
         return entries
 
 

@@ -279,17 +279,16 @@ async def test_the_cookie_counts_only_from_the_apps_own_origin(caravan: Caravan,
     site = await _site(caravan, alice, WEB)
     launch = (await caravan.gql(LAUNCH, {"s": site.session_id, "a": "web"}, token=alice))["launchApp"]
     exchanged = await site.get(launch["url"].split(site.host, 1)[1], None)
-    # each request on a connection of its own: under load, a kept-alive connection that carried a refusal was
-    # sometimes closed by HAProxy without a word, so the next request on it got no answer (#24, open; a browser
-    # retries such a request, httpx does not)
-    cookie = {"Cookie": exchanged.headers["set-cookie"].split(";", 1)[0], "Connection": "close"}
+    # every request on the client's kept-alive connections (HAProxy no longer gives up on a busy app's connect:
+    # tests/gateway/test_ingress.py, test_a_busy_app_is_waited_for_on_a_kept_alive_connection)
+    cookie = {"Cookie": exchanged.headers["set-cookie"].split(";", 1)[0]}
     own = {"Origin": f"http://{site.host}"}
     other = {"Origin": "http://" + site.host.replace(site.session_id, str(uuid.uuid4()))}
     subresource = {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}
     navigation = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
 
     async def post(headers: dict[str, str], token: str | None = None) -> httpx2.Response:
-        auth = {"Authorization": f"Bearer {token}", "Connection": "close"} if token else {}
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
         return await caravan.http.post(
             site.gateway("/cgi-bin/sum"), content=b"x", headers={"Host": site.host, **auth, **headers}
         )

@@ -19,14 +19,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from caravan.stack.haproxy import ingress_config, start_haproxy
 from caravan.stack.processes import free_port
 from core.settings import Settings
 from domain.apps import app_host
 from domain.model import Session
+from gateway.apps import control
 from tests.harness import ADMIN_TOKEN, Caravan
-from tests.ingress import Ingress, caravan_behind_haproxy, running_app
+from tests.ingress import Ingress, caravan_behind_haproxy, gateway_behind, haproxy_for, running_app
 
 BOUND = 5.0
 """Seconds a change may take to reach HAProxy here (it takes milliseconds; bench/app_proxy measures it): a busy
@@ -109,10 +113,12 @@ def request(host: str, token: str | None, path: str = "/", extra: str = "") -> b
     return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}{extra}\r\n".encode()
 
 
-async def until_status(ingress: Ingress, host: str, token: str | None, status: int) -> bytes:
+async def until_status(ingress: Ingress, host: str, token: str | None, status: int, wait: float = 2.0) -> bytes:
     deadline = asyncio.get_running_loop().time() + BOUND
     while True:
-        answer = await asyncio.to_thread(raw, ingress.port, request(host, token, extra="Connection: close\r\n"))
+        answer = await asyncio.to_thread(
+            raw, ingress.port, request(host, token, extra="Connection: close\r\n"), wait=wait
+        )
         if answer.startswith(f"HTTP/1.1 {status} ".encode()):
             return answer
         assert asyncio.get_running_loop().time() < deadline, answer[:300]
@@ -238,6 +244,150 @@ async def test_a_revoked_token_is_refused_on_a_kept_alive_connection(
         assert await asyncio.to_thread(exchange, connection) == b"HTTP/1.1 401 Unauthorized"
 
 
+class BusyApp:
+    """An app too busy to accept connections until :meth:`wake`: its accept queue is full (a backlog of 0 and one
+    connection never accepted), so the kernel drops every SYN, as it does for a real app whose backlog overflows
+    (busybox httpd listens with 9). Woken, it accepts and answers every request ``200 awake``."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(0)
+        self.port = int(self.listener.getsockname()[1])
+        self.filler = socket.create_connection(("127.0.0.1", self.port))
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.awake = threading.Event()
+        self.thread.start()
+
+    def wake(self) -> None:
+        self.awake.set()
+
+    def _serve(self) -> None:
+        self.awake.wait()
+        self.filler.close()
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = self.listener.accept()
+                threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
+
+    @staticmethod
+    def _answer(connection: socket.socket) -> None:
+        with connection, contextlib.suppress(OSError):
+            data = b""
+            while b"\r\n\r\n" not in data and (chunk := connection.recv(65536)):
+                data += chunk
+            if data:
+                connection.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nawake")
+
+    def close(self) -> None:
+        self.awake.set()
+        self.listener.close()
+
+
+def exchange(connection: socket.socket, data: bytes) -> bytes:
+    """One request on a kept-alive ``connection``: the answer's head and body (b"" if it was closed unanswered)."""
+    connection.sendall(data)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        if not (chunk := connection.recv(65536)):
+            return head
+        head += chunk
+    header, _, body = head.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in header.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length and (chunk := connection.recv(65536)):
+        body += chunk
+    return header + b"\r\n\r\n" + body
+
+
+class OneRequestPerConnection:
+    """Fault injector: an app that answers the first request of each connection (keep-alive, as far as its headers
+    say) and closes the connection, unanswered, when a second one arrives on it: what a real app does when the next
+    request reaches it just as it closes an idle connection (uvicorn after 5 s, tornado, any server's idle timeout),
+    a race a real app loses only now and then."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.answered = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = self.listener.accept()
+                threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
+
+    def _answer(self, connection: socket.socket) -> None:
+        with connection, contextlib.suppress(OSError):
+            data = b""
+            while b"\r\n\r\n" not in data and (chunk := connection.recv(65536)):
+                data += chunk
+            self.answered += 1
+            connection.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst")
+            connection.recv(65536)  # the next request: closed unanswered
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+async def test_a_kept_alive_connection_survives_an_app_closing_its_idle_connection(
+    behind: tuple[Caravan, Ingress],
+) -> None:
+    """HAProxy opens a connection to the app per request (``option http-server-close``): a server connection kept
+    for the client's next request could be one the app is closing, and HAProxy 2.6 answers that failure on a
+    kept-alive connection's later request by closing the client's connection unanswered."""
+    caravan, ingress = behind
+    alice = await caravan.user("alice")
+    app = OneRequestPerConnection()
+    try:
+        [host] = await started(caravan, running_app("alice", app.port))
+        await until_status(ingress, host, alice, 200)
+        with socket.create_connection(("127.0.0.1", ingress.port), timeout=30) as connection:
+            for _ in range(3):
+                answer = await asyncio.to_thread(exchange, connection, request(host, alice))
+                assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"first"), answer
+    finally:
+        app.close()
+
+
+async def connect_retries(ingress: Ingress) -> int:
+    """HAProxy's count of connects to apps it tried again (``wretr`` of backend ``apps``)."""
+    (stats,) = await ingress.api.run(["show stat"])
+    lines = stats.splitlines()
+    names = lines[0].lstrip("# ").split(",")
+    row = next(dict(zip(names, line.split(","), strict=False)) for line in lines if line.startswith("apps,BACKEND,"))
+    return int(row["wretr"] or 0)
+
+
+async def test_a_busy_app_is_waited_for_on_a_kept_alive_connection(
+    behind: tuple[Caravan, Ingress], upstreams: tuple[Upstream, Upstream]
+) -> None:
+    """An app whose accept queue overflows drops the SYN; HAProxy tries the connect again on a new socket, as often
+    as it takes a busy app to catch up. Once its tries ran out on a connection that carried a request before, HAProxy
+    2.6 closes that connection without an answer (a connect timeout there is left to the client to retry): that was
+    the kept-alive connection closed silently under load (4 tries, 500 ms each, against a busybox httpd whose
+    backlog of 9 overflowed)."""
+    caravan, ingress = behind
+    alice = await caravan.user("alice")
+    busy = BusyApp()
+    try:
+        live, sleepy = await started(caravan, running_app("alice", upstreams[0].port), running_app("alice", busy.port))
+        await until_status(ingress, live, alice, 200)
+        with socket.create_connection(("127.0.0.1", ingress.port), timeout=60) as connection:
+            assert (await asyncio.to_thread(exchange, connection, request(live, alice))).startswith(b"HTTP/1.1 200 ")
+            before = await connect_retries(ingress)
+            answer = asyncio.create_task(asyncio.to_thread(exchange, connection, request(sleepy, alice)))
+            # the app stays busy until HAProxy tried again more often than it used to in all
+            while await connect_retries(ingress) - before < 6 and not answer.done():
+                await asyncio.sleep(0.01)
+            busy.wake()
+            assert (await answer).startswith(b"HTTP/1.1 200 "), await answer
+    finally:
+        busy.close()
+
+
 async def test_ten_thousand_routes(behind: tuple[Caravan, Ingress], upstreams: tuple[Upstream, Upstream]) -> None:
     caravan, ingress = behind
     alice = await caravan.user("alice")
@@ -252,6 +402,82 @@ async def test_ten_thousand_routes(behind: tuple[Caravan, Ingress], upstreams: t
     for index in (0, 4_999, 9_998, 9_999):
         answer = await asyncio.to_thread(raw, ingress.port, request(hosts[index], alice, extra="Connection: close\r\n"))
         assert answer.startswith(b"HTTP/1.1 200 ") and f'"{upstreams[index % 2].name}"'.encode() in answer
+
+
+async def test_the_control_plane_waits_for_changes_instead_of_polling(
+    redis_settings: Settings, upstreams: tuple[Upstream, Upstream], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control plane blocks on ``Keys.route_changes`` (every session, user or token write appends to it): with
+    its fallback read pushed out of reach, it reads Redis's counters only when something was written, and a change
+    still takes effect at once (it used to read them every 5 ms)."""
+    monkeypatch.setattr(control, "CHECK_INTERVAL", 3600.0)
+    syncs = 0
+    sync = control.ControlPlane.sync
+
+    async def counted(plane: control.ControlPlane) -> None:
+        nonlocal syncs
+        syncs += 1
+        await sync(plane)
+
+    monkeypatch.setattr(control.ControlPlane, "sync", counted)
+    with haproxy_for(redis_settings) as ingress:
+        async with gateway_behind(ingress, scheduler=False) as caravan:
+            alice = await caravan.user("alice")
+            [host] = await started(caravan, running_app("alice", upstreams[0].port))
+            await until_status(ingress, host, alice, 200)  # woken by the writes
+            quiet = syncs
+            await asyncio.sleep(0.5)  # nothing written meanwhile
+            assert syncs == quiet
+            await caravan.users.deactivate("alice")
+            await until_status(ingress, host, alice, 401)
+
+
+async def opened(ingress: Ingress, host: str, token: str) -> ClientConnection:
+    """A WebSocket to ``host``'s app through HAProxy, once its route is there."""
+    deadline = asyncio.get_running_loop().time() + BOUND
+    while True:
+        try:
+            return await connect(
+                f"ws://{host}:{ingress.port}/",
+                host="127.0.0.1",
+                port=ingress.port,
+                additional_headers={"Authorization": f"Bearer {token}"},
+            )
+        except InvalidStatus:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.02)
+
+
+async def test_a_websocket_opened_before_a_gateway_restart_closes_when_its_token_is_revoked(
+    redis_settings: Settings,
+) -> None:
+    """HAProxy keeps the open WebSockets (who opened each, with which token) in a table of its own: a gateway that
+    started after a socket opened finds it there, and closes it when its token is revoked."""
+
+    async def echo(ws: ServerConnection) -> None:
+        async for message in ws:
+            await ws.send(message)
+
+    async with serve(echo, "127.0.0.1", 0) as server:
+        app_port = int(next(iter(server.sockets)).getsockname()[1])
+        with haproxy_for(redis_settings) as ingress:
+            async with gateway_behind(ingress, scheduler=False) as caravan:
+                await caravan.user("alice")
+                token, record = await caravan.users.new_token("alice", "socket")
+                [host] = await started(caravan, running_app("alice", app_port))
+                ws = await opened(ingress, host, token)
+                generation = await ingress.built()
+            async with ws:
+                await ws.send("across")
+                assert await ws.recv() == "across"  # no gateway now: HAProxy carries it on alone
+                async with gateway_behind(ingress, scheduler=False) as caravan:
+                    await ingress.built(after=generation)  # the new gateway's control plane rebuilt HAProxy
+                    await caravan.users.revoke_token(record.id)
+                    with pytest.raises(ConnectionClosed):
+                        async with asyncio.timeout(BOUND):
+                            while True:
+                                await ws.send("still there?")
+                                await ws.recv()
 
 
 def listening_tcp_ports(pid: int) -> set[int]:
