@@ -9,10 +9,11 @@ order's time (sessions created together) are resolved by id, exactly as Redis or
 from __future__ import annotations
 
 import contextlib
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from redis.asyncio import Redis
 
@@ -20,6 +21,9 @@ from core.replies import optional_texts
 from domain.listing import NAME_SCAN_BATCH, Plan, Position, ScoreRange, past
 from stores.sessions import SessionStore
 
+MAX_COUNTED_UNION = 4
+"""Most indexes whose union is counted by inclusion-exclusion (2^k - 1 commands for k indexes, each at most as
+costly as its smallest index); an admin of more projects is counted by a scratch union."""
 SCRATCH_TTL = 30
 """Seconds a scratch set outlives a request that died before deleting it."""
 TIE_SLACK = 8
@@ -157,11 +161,10 @@ class SessionListing(Generic[T]):
                             num=want,
                             withscores=True,
                         )
-                if count and total is None:
-                    self._queue_count(pipe, sources, scores)
+                counted = self._queue_count(pipe, sources, scores) if count and total is None else None
                 replies = await pipe.execute()
-            if count and total is None:
-                total = int(replies[len(sources) if len(sources) == 1 else -2])
+            if counted is not None:
+                total = counted(replies[len(sources) :])
             batches = [[Position(score, member) for member, score in reply] for reply in replies[: len(sources)]]
             positions, complete = merge(batches, want, descending)
             if until is not None and positions and not past(until, positions[-1], descending):
@@ -175,14 +178,30 @@ class SessionListing(Generic[T]):
                 return positions[:limit], total
             want *= 4
 
-    def _queue_count(self, pipe: Redis, sources: Sequence[str], scores: ScoreRange) -> None:
+    def _queue_count(self, pipe: Redis, sources: Sequence[str], scores: ScoreRange) -> Callable[[list[Any]], int]:
+        """Queue the commands that count the sessions of ``sources`` in ``scores``; the count from their replies.
+
+        Over several indexes (an admin's own and their projects'), the size of their union: with no score range, by
+        inclusion-exclusion over ZCARD and ZINTERCARD of the indexes (nothing written, no sorted set of every
+        session built, per request), for up to :data:`MAX_COUNTED_UNION` indexes; else by a scratch union."""
         if len(sources) == 1:
             pipe.zcount(sources[0], scores.redis_low(), scores.redis_high())
-            return
+            return lambda replies: int(replies[0])
+        if scores.unbounded and len(sources) <= MAX_COUNTED_UNION:
+            signs = []
+            for size in range(1, len(sources) + 1):
+                for subset in itertools.combinations(sources, size):
+                    if size == 1:
+                        pipe.zcard(subset[0])
+                    else:
+                        pipe.zintercard(size, list(subset))
+                    signs.append(1 if size % 2 else -1)
+            return lambda replies: sum(sign * int(n) for sign, n in zip(signs, replies, strict=True))
         union = self.keys.listing_scratch(uuid.uuid4().hex)
         pipe.zunionstore(union, list(sources), aggregate="MIN")
         pipe.zcount(union, scores.redis_low(), scores.redis_high())
         pipe.delete(union)
+        return lambda replies: int(replies[1])
 
     # -- nameContains: scanned in batches ------------------------------------------------------
 
