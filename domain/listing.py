@@ -142,6 +142,9 @@ class Plan:
     other_range: tuple[str, ScoreRange] | None = None
     """A ZSET of the other time and the range its score must be in."""
     name_contains: str | None = None
+    disjoint: tuple[tuple[str, ...], ...] = ()
+    """Groups of ``sources`` no two of which share a session: owners' indexes, projects' indexes (a session has one
+    owner and one project). Counting their union skips the intersections that are empty by this."""
 
     @property
     def empty(self) -> bool:
@@ -189,7 +192,12 @@ def plan_listing(keys: Keys, scope: Scope, wanted: ListingFilter, order: Listing
             filters.insert(0, scope_keys)
         return Plan((keys.sessions_by_terminated,), tuple(filters), terminated, order.descending, other, name)
     other = None if terminated.unbounded else (keys.sessions_by_terminated, terminated)
-    return Plan(scope_keys, tuple(filters), created, order.descending, other, name)
+    disjoint = (
+        ()
+        if scope.everything
+        else tuple(g for g in (scope_keys[: len(scope.owners)], scope_keys[len(scope.owners) :]) if g)
+    )
+    return Plan(scope_keys, tuple(filters), created, order.descending, other, name, disjoint)
 
 
 def past(position: Position, cursor: Position, descending: bool) -> bool:
