@@ -106,16 +106,10 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
             return super().execute_fields(parent_type, source_value, path, grouped_field_set, position_context)
         done: dict[str, Any] = {}
         waiting: list[str] = []
-        rest: GroupedFieldSet = {}
         try:
-            for response_name, read in self.reading(parent_type, grouped_field_set):
-                details = grouped_field_set[response_name]
-                if read is None or not self.read_plain(
-                    read, source_value, path, parent_type, response_name, details, position_context, done
-                ):
-                    rest[response_name] = details
-                elif self.is_awaitable(done[response_name]):
-                    waiting.append(response_name)
+            rest = self.read_fields(parent_type, source_value, path, grouped_field_set, position_context, done, waiting)
+            if not rest and not waiting:
+                return done  # in the selection's order already
             if not done:
                 return super().execute_fields(parent_type, source_value, path, grouped_field_set, position_context)
             executed = super().execute_fields(parent_type, source_value, path, rest, position_context) if rest else {}
@@ -137,6 +131,40 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
 
         return merged()
 
+    def read_fields(
+        self,
+        parent_type: GraphQLObjectType,
+        source_value: Any,
+        path: Path | None,
+        grouped_field_set: GroupedFieldSet,
+        position_context: Any,
+        done: dict[str, Any],
+        waiting: list[str],
+    ) -> GroupedFieldSet:
+        """Read the plain fields into ``done`` (``waiting``: those still to await); the fields left to graphql-core."""
+        rest: GroupedFieldSet = {}
+        for response_name, read in self.reading(parent_type, grouped_field_set):
+            if read is not None and isinstance(leaf := read[2], GraphQLLeafType):  # the most common case, inline
+                try:
+                    value = read[0](source_value, read[1])
+                    if value is not None and value is not Undefined and not isinstance(value, Exception):
+                        coerced = leaf.coerce_output_value(value)
+                        if coerced is not None and coerced is not Undefined:
+                            done[response_name] = coerced
+                            continue
+                except Exception:  # the ordinary way raises it again, located
+                    pass
+                rest[response_name] = grouped_field_set[response_name]
+                continue
+            details = grouped_field_set[response_name]
+            if read is None or not self.read_plain(
+                read, source_value, path, parent_type, response_name, details, position_context, done
+            ):
+                rest[response_name] = details
+            elif self.is_awaitable(done[response_name]):
+                waiting.append(response_name)
+        return rest
+
     def read_plain(
         self,
         read: PlainField,
@@ -148,34 +176,25 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
         position_context: Any,
         done: dict[str, Any],
     ) -> bool:
-        """Put a plain field's value in ``done`` as graphql-core would complete it; False to leave it to graphql-core
-        (it resolves and completes it again, and reports what went wrong as usual)."""
+        """Put a plain object field's value in ``done`` as ``execute_field`` would complete it (its selection set
+        executed, its errors handled as that handles them); False to leave it to graphql-core (a null, an error)."""
         resolver, attribute, named, declared = read
+        assert isinstance(named, GraphQLObjectType)
         try:
             value = resolver(source_value, attribute)
         except Exception:  # the ordinary way raises it again, located
             return False
         if value is None or value is Undefined or isinstance(value, Exception):
             return False  # null (and an error if the field is non-null): the ordinary way
-        if isinstance(named, GraphQLObjectType):  # execute_field's own steps, without resolver and resolve info
-            field_path = Path(path, response_name, parent_type.name)
-            try:
-                completed = self.collect_and_execute_subfields(named, details, field_path, value, position_context)
-            except Exception as error:
-                self.handle_field_error(error, declared, details, field_path)  # raises it on if the field is non-null
-                completed = None
-            if self.is_awaitable(completed):
-                completed = self.settled(completed, declared, details, field_path)
-            done[response_name] = completed
-            return True
-        assert isinstance(named, GraphQLLeafType)
+        field_path = Path(path, response_name, parent_type.name)
         try:
-            coerced = named.coerce_output_value(value)
-        except Exception:
-            return False
-        if coerced is None or coerced is Undefined:
-            return False
-        done[response_name] = coerced
+            completed = self.collect_and_execute_subfields(named, details, field_path, value, position_context)
+        except Exception as error:
+            self.handle_field_error(error, declared, details, field_path)  # raises it on if the field is non-null
+            completed = None
+        if self.is_awaitable(completed):
+            completed = self.settled(completed, declared, details, field_path)
+        done[response_name] = completed
         return True
 
     async def settled(
