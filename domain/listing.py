@@ -9,7 +9,8 @@ created meanwhile. :func:`plan_listing` turns a listing into a :class:`Plan` ove
 What each filter costs (N = sessions in the viewer's scope, P = page size):
 
 - none, as a USER or SUPERADMIN (one ordered index): O(log N + P), no scan;
-- none, as an ADMIN (own + project indexes, merged): O(k·(log N + P)) for k indexes;
+- none, as an ADMIN (own + project indexes, merged): O(k·(log N + P)) for k indexes; its ``totalCount`` by
+  inclusion-exclusion over ZCARD and ZINTERCARD (``Plan.disjoint``: only the own index meets a project's), O(k·own);
 - ``owner`` / ``project`` as a SUPERADMIN: O(log N + P) (that owner's or project's own index);
 - ``createdAfter/Before`` under the created order, ``terminatedAfter/Before`` under the terminated
   order: a score range of the ordered index, O(log N + P);
