@@ -9,7 +9,8 @@ created meanwhile. :func:`plan_listing` turns a listing into a :class:`Plan` ove
 What each filter costs (N = sessions in the viewer's scope, P = page size):
 
 - none, as a USER or SUPERADMIN (one ordered index): O(log N + P), no scan;
-- none, as an ADMIN (own + project indexes, merged): O(k·(log N + P)) for k indexes;
+- none, as an ADMIN (own + project indexes, merged): O(k·(log N + P)) for k indexes; its ``totalCount`` by
+  inclusion-exclusion over ZCARD and ZINTERCARD (``Plan.disjoint``: only the own index meets a project's), O(k·own);
 - ``owner`` / ``project`` as a SUPERADMIN: O(log N + P) (that owner's or project's own index);
 - ``createdAfter/Before`` under the created order, ``terminatedAfter/Before`` under the terminated
   order: a score range of the ordered index, O(log N + P);
@@ -142,6 +143,9 @@ class Plan:
     other_range: tuple[str, ScoreRange] | None = None
     """A ZSET of the other time and the range its score must be in."""
     name_contains: str | None = None
+    disjoint: tuple[tuple[str, ...], ...] = ()
+    """Groups of ``sources`` no two of which share a session: owners' indexes, projects' indexes (a session has one
+    owner and one project). Counting their union skips the intersections that are empty by this."""
 
     @property
     def empty(self) -> bool:
@@ -189,7 +193,12 @@ def plan_listing(keys: Keys, scope: Scope, wanted: ListingFilter, order: Listing
             filters.insert(0, scope_keys)
         return Plan((keys.sessions_by_terminated,), tuple(filters), terminated, order.descending, other, name)
     other = None if terminated.unbounded else (keys.sessions_by_terminated, terminated)
-    return Plan(scope_keys, tuple(filters), created, order.descending, other, name)
+    disjoint = (
+        ()
+        if scope.everything
+        else tuple(g for g in (scope_keys[: len(scope.owners)], scope_keys[len(scope.owners) :]) if g)
+    )
+    return Plan(scope_keys, tuple(filters), created, order.descending, other, name, disjoint)
 
 
 def past(position: Position, cursor: Position, descending: bool) -> bool:

@@ -9,10 +9,12 @@ order's time (sessions created together) are resolved by id, exactly as Redis or
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from redis.asyncio import Redis
 
@@ -20,6 +22,9 @@ from core.replies import optional_texts
 from domain.listing import NAME_SCAN_BATCH, Plan, Position, ScoreRange, past
 from stores.sessions import SessionStore
 
+MAX_COUNT_COMMANDS = 64
+"""Most commands counting a union of indexes by inclusion-exclusion; past it (an admin of more than 31 projects), a
+scratch union counts it."""
 SCRATCH_TTL = 30
 """Seconds a scratch set outlives a request that died before deleting it."""
 TIE_SLACK = 8
@@ -67,8 +72,9 @@ class SessionListing(Generic[T]):
                 if count:
                     total = await self._count_names(plan, sources)
             else:
+                disjoint = plan.disjoint if sources == plan.sources else ()
                 positions, total = await self._read(
-                    sources, plan.scores, plan.descending, after, until, size + 1, count=count
+                    sources, plan.scores, plan.descending, after, until, size + 1, count=count, disjoint=disjoint
                 )
         has_more = len(positions) > size
         positions = positions[:size]
@@ -128,8 +134,10 @@ class SessionListing(Generic[T]):
         limit: int,
         *,
         count: bool = False,
+        disjoint: Sequence[Sequence[str]] = (),
     ) -> tuple[list[Position], int | None]:
-        """Up to ``limit`` positions past ``after`` merged over ``sources``, and their count if asked."""
+        """Up to ``limit`` positions past ``after`` merged over ``sources``, and their count if asked (``disjoint``:
+        groups of sources that share no session, see ``Plan.disjoint``)."""
         window = scores.from_position(after, descending) if after else scores
         want = limit + (TIE_SLACK if after else 0)
         total: int | None = None
@@ -157,11 +165,10 @@ class SessionListing(Generic[T]):
                             num=want,
                             withscores=True,
                         )
-                if count and total is None:
-                    self._queue_count(pipe, sources, scores)
+                counted = self._queue_count(pipe, sources, scores, disjoint) if count and total is None else None
                 replies = await pipe.execute()
-            if count and total is None:
-                total = int(replies[len(sources) if len(sources) == 1 else -2])
+            if counted is not None:
+                total = counted(replies[len(sources) :])
             batches = [[Position(score, member) for member, score in reply] for reply in replies[: len(sources)]]
             positions, complete = merge(batches, want, descending)
             if until is not None and positions and not past(until, positions[-1], descending):
@@ -175,14 +182,37 @@ class SessionListing(Generic[T]):
                 return positions[:limit], total
             want *= 4
 
-    def _queue_count(self, pipe: Redis, sources: Sequence[str], scores: ScoreRange) -> None:
+    def _queue_count(
+        self, pipe: Redis, sources: Sequence[str], scores: ScoreRange, disjoint: Sequence[Sequence[str]] = ()
+    ) -> Callable[[list[Any]], int]:
+        """Queue the commands that count the sessions of ``sources`` in ``scores``; the count from their replies.
+
+        Over several indexes (an admin's own and their projects'), the size of their union: with no score range, by
+        inclusion-exclusion over ZCARD and ZINTERCARD of the indexes (nothing written, no sorted set of every session
+        built per request), leaving out the intersections empty by ``disjoint`` (1 owner and p projects: 2p + 1
+        commands, each as costly as the owner's index at most), up to :data:`MAX_COUNT_COMMANDS`; else by a scratch
+        union of them all."""
         if len(sources) == 1:
             pipe.zcount(sources[0], scores.redis_low(), scores.redis_high())
-            return
+            return lambda replies: int(replies[0])
+        grouped = {key for group in disjoint for key in group}
+        groups = [tuple(g) for g in disjoint] + [(key,) for key in sources if key not in grouped]
+        if scores.unbounded and math.prod(len(g) + 1 for g in groups) - 1 <= MAX_COUNT_COMMANDS:
+            signs = []
+            for choice in itertools.product(*[(None, *g) for g in groups]):
+                subset = [key for key in choice if key is not None]
+                if len(subset) == 1:
+                    pipe.zcard(subset[0])
+                elif subset:
+                    pipe.zintercard(len(subset), subset)
+                if subset:
+                    signs.append(1 if len(subset) % 2 else -1)
+            return lambda replies: sum(sign * int(n) for sign, n in zip(signs, replies, strict=True))
         union = self.keys.listing_scratch(uuid.uuid4().hex)
         pipe.zunionstore(union, list(sources), aggregate="MIN")
         pipe.zcount(union, scores.redis_low(), scores.redis_high())
         pipe.delete(union)
+        return lambda replies: int(replies[1])
 
     # -- nameContains: scanned in batches ------------------------------------------------------
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 from cross_web import HTTPException, StarletteRequestAdapter
 from graphql import GraphQLError
 from starlette.requests import Request
@@ -47,6 +48,9 @@ from gateway.graphql.result_cache import CachedResult, EncodedBody, ResultCache
 from gateway.prometheus import Metrics
 
 JSON = "application/json"
+ENCODER = msgspec.json.Encoder()
+"""Answers are encoded by msgspec: compact JSON as Strawberry's ``json.dumps`` writes it, in UTF-8, several times
+faster (a page of 50 sessions took longer to encode than to execute its plain fields)."""
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 
 CODES = {400: "BAD_REQUEST", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
@@ -176,6 +180,9 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         sub_response.media_type = request.state.media_type
         request.state.sub_response = sub_response
         return sub_response
+
+    def encode_json(self, data: object) -> bytes:
+        return ENCODER.encode(data)
 
     def parse_json(self, data: str | bytes) -> Any:
         try:

@@ -16,6 +16,7 @@ from gateway.graphql.environments import EnvironmentMutations, EnvironmentQuerie
 from gateway.graphql.errors import ErrorCodes
 from gateway.graphql.execs.mutations import ExecMutations
 from gateway.graphql.execs.subscriptions import ExecSubscriptions
+from gateway.graphql.execution import execution_for
 from gateway.graphql.folders.mutations import FolderMutations
 from gateway.graphql.folders.queries import FolderQueries
 from gateway.graphql.folders.sftp import SftpMutations
@@ -106,7 +107,7 @@ def build_schema(limits: Limits | None = None) -> strawberry.Schema:
     """The schema with ``limits``' document limits (default: ``Limits()``; the SDL is the same for any limits)."""
     if limits is None:
         limits = Limits()
-    return CaravanSchema(
+    built = CaravanSchema(
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
@@ -119,6 +120,8 @@ def build_schema(limits: Limits | None = None) -> strawberry.Schema:
         ],
         config=StrawberryConfig(relay_max_results=limits.max_page, scalar_map={Bytes: BYTES_SCALAR}),
     )
+    built.execution_context_class = execution_for(built._schema)  # plain data fields read directly
+    return built
 
 
 schema = build_schema()

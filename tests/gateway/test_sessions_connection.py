@@ -361,6 +361,39 @@ async def test_users_see_their_own_and_admins_also_their_projects(caravan: Carav
     assert len(ids(await page(caravan))) == 5  # the superadmin sees all
 
 
+async def test_an_admins_count_over_overlapping_indexes_builds_no_union(caravan: Caravan, redis: Redis) -> None:
+    """An admin's listing merges their own index with their projects' (which hold some of their own too); its
+    totalCount is the size of the union, counted without storing the union of every session in Redis each time."""
+    sessions = [
+        new_session(f"{owner}-{project}-{i}", T0 + timedelta(seconds=10 * n + i), owner=owner, project=project)
+        for n, (owner, project) in enumerate(
+            [("erin", "p1"), ("erin", "p2"), ("erin", "p9"), ("frank", "p1"), ("gus", "p2"), ("gus", "p3")]
+        )
+        for i in range(3)
+    ]
+    await seed(caravan, sessions)
+    await caravan.users.put(User(id="erin", name="erin", role=Role.ADMIN, projects=("p1", "p2", "p3")))
+    erin = await caravan.users.issue_token("erin")
+    stats_before = await redis.info("commandstats")
+
+    def calls(stats: dict[str, Any], command: str) -> int:
+        return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    first = await page(caravan, token=erin, first=2)
+    after_first = await redis.info("commandstats")
+    # her own index meets each project's; projects share no session (nor do owners): no other intersection counted
+    assert calls(after_first, "zintercard") - calls(stats_before, "zintercard") == 3
+    everything = await walk(caravan, 4, token=erin)
+
+    assert first["totalCount"] == len(everything) == 18  # every session but none: erin's p9 ones are her own
+    assert sorted(everything) == sorted(s.id for s in sessions)
+    assert (await page(caravan, token=erin, filter={"createdAfter": (T0 + timedelta(seconds=35)).isoformat()}))[
+        "totalCount"
+    ] == 6  # with a time bound: the union's count in that range
+    stats = await redis.info("commandstats")
+    assert calls(stats, "zunionstore") - calls(stats_before, "zunionstore") == 1, "only the time-bounded count does"
+
+
 # -- cost ------------------------------------------------------------------------------------------------------
 
 

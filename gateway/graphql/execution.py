@@ -1,0 +1,218 @@
+"""graphql-core's executor, with plain data fields read straight off their objects.
+
+Most of what a page of sessions answers are plain data fields: a value read from an attribute of an object already in
+hand (``Session.name``, ``SessionEdge.cursor``, ``SessionEdge.node``...), with no resolver, argument, permission or
+field extension of its own (Strawberry's "basic" fields). graphql-core executes each of them as it executes any
+field: a ``Path``, a resolve-info object, Strawberry's resolver wrapper, two awaitable checks and the nested
+``complete_value`` steps, about 450 times for ``sessions(first: 50)``, which made them most of what an uncached page
+cost.
+
+:class:`PlainFieldsExecution` reads such a field as those steps would end up reading it: the attribute (by
+Strawberry's default resolver, as the field itself would call it), then for a scalar or an enum the type's
+``coerce_output_value``, for an object (without ``is_type_of``) its selection set executed, its errors handled as
+``execute_field`` handles them. A plain field whose value is null, an error, or not coercible goes the ordinary way,
+so every such error, its path and the nulls it propagates are graphql-core's own. Fields with a resolver, lists, and
+every field while an extension resolves through middleware are executed as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from graphql import (
+    GraphQLLeafType,
+    GraphQLNamedOutputType,
+    GraphQLNonNull,
+    GraphQLObjectType,
+    GraphQLOutputType,
+    GraphQLSchema,
+    Undefined,
+    is_leaf_type,
+)
+from graphql.execution.collect_fields import FieldDetailsList, GroupedFieldSet
+from graphql.pyutils import AwaitableOrValue, Path, gather_with_cancel
+from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
+from strawberry.schema.schema_converter import GraphQLCoreConverter
+from strawberry.types.field import StrawberryField
+
+PlainField = tuple[Callable[[Any, str], object], str, GraphQLNamedOutputType, GraphQLOutputType]
+"""How to read one plain field: Strawberry's default resolver, the attribute's name, the named type (a leaf, or an
+object type to complete) and the field's type as declared (with its non-null wrapper)."""
+
+
+def plain_fields(schema: GraphQLSchema) -> dict[tuple[str, str], PlainField]:
+    """The plain data fields of ``schema`` by (object type, field): Strawberry fields without resolver or field
+    extensions (its own test: ``is_basic_field``, whose resolver is its ``_get_basic_result``) and without arguments,
+    whose type is a scalar, an enum or an object type without ``is_type_of``, nullable or not (lists are not)."""
+    found: dict[tuple[str, str], PlainField] = {}
+    for type_ in schema.type_map.values():
+        if not isinstance(type_, GraphQLObjectType) or type_.name.startswith("__"):
+            continue
+        for name, field in type_.fields.items():
+            definition = field.extensions.get(GraphQLCoreConverter.DEFINITION_BACKREF)
+            named = field.type.of_type if isinstance(field.type, GraphQLNonNull) else field.type
+            if (
+                isinstance(definition, StrawberryField)
+                and definition.is_basic_field
+                and getattr(field.resolve, "_is_default", False)
+                and not field.args
+                and (is_leaf_type(named) or (isinstance(named, GraphQLObjectType) and named.is_type_of is None))
+                and definition.default_resolver is not None
+            ):
+                assert isinstance(named, GraphQLLeafType | GraphQLObjectType)
+                found[type_.name, name] = (definition.default_resolver, definition.python_name, named, field.type)
+    return found
+
+
+Reading = tuple[tuple[str, PlainField | None], ...]
+"""A selection set's fields in order, each with how to read it when it is plain (else None: the ordinary way)."""
+
+
+class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
+    """Strawberry's execution context; :func:`execution_for` makes one per schema, with its :data:`plain` fields."""
+
+    plain: Mapping[tuple[str, str], PlainField] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._readings: dict[tuple[int, str], tuple[GroupedFieldSet, Reading]] = {}
+        """Per selection set (graphql-core collects each once per operation: the 50 nodes of a page share theirs)
+        and parent type, how its fields are read; the set itself is kept with it, so its id is not reused."""
+
+    def reading(self, parent_type: GraphQLObjectType, grouped_field_set: GroupedFieldSet) -> Reading:
+        key = (id(grouped_field_set), parent_type.name)
+        kept = self._readings.get(key)
+        if kept is not None and kept[0] is grouped_field_set:
+            return kept[1]
+        plain, parent = self.plain, parent_type.name
+        reading = tuple(
+            (name, None if details[0].node.arguments else plain.get((parent, details[0].node.name.value)))
+            for name, details in grouped_field_set.items()
+        )
+        self._readings[key] = (grouped_field_set, reading)
+        return reading
+
+    def execute_fields(
+        self,
+        parent_type: GraphQLObjectType,
+        source_value: Any,
+        path: Path | None,
+        grouped_field_set: GroupedFieldSet,
+        position_context: Any,
+    ) -> AwaitableOrValue[dict[str, Any]]:
+        manager = self.middleware_manager
+        if manager is not None and manager.middlewares:  # an extension wraps every resolver: each field goes through it
+            return super().execute_fields(parent_type, source_value, path, grouped_field_set, position_context)
+        done: dict[str, Any] = {}
+        waiting: list[str] = []
+        try:
+            rest = self.read_fields(parent_type, source_value, path, grouped_field_set, position_context, done, waiting)
+            if not rest and not waiting:
+                return done  # in the selection's order already
+            if not done:
+                return super().execute_fields(parent_type, source_value, path, grouped_field_set, position_context)
+            executed = super().execute_fields(parent_type, source_value, path, rest, position_context) if rest else {}
+        except Exception:
+            if waiting:  # as graphql-core does: what was started is settled, its errors observed
+                self.settle_in_background([done[name] for name in waiting])
+            raise
+        order = list(grouped_field_set)
+        if not waiting and not self.is_awaitable(executed):
+            assert isinstance(executed, dict)
+            return in_order(order, done, executed)
+
+        async def merged() -> dict[str, Any]:
+            ordinary = await executed if self.is_awaitable(executed) else executed
+            assert isinstance(ordinary, dict)
+            if waiting:
+                done.update(zip(waiting, await gather_with_cancel(*(done[n] for n in waiting)), strict=True))
+            return in_order(order, done, ordinary)
+
+        return merged()
+
+    def read_fields(
+        self,
+        parent_type: GraphQLObjectType,
+        source_value: Any,
+        path: Path | None,
+        grouped_field_set: GroupedFieldSet,
+        position_context: Any,
+        done: dict[str, Any],
+        waiting: list[str],
+    ) -> GroupedFieldSet:
+        """Read the plain fields into ``done`` (``waiting``: those still to await); the fields left to graphql-core."""
+        rest: GroupedFieldSet = {}
+        for response_name, read in self.reading(parent_type, grouped_field_set):
+            if read is not None and isinstance(leaf := read[2], GraphQLLeafType):  # the most common case, inline
+                try:
+                    value = read[0](source_value, read[1])
+                    if value is not None and value is not Undefined and not isinstance(value, Exception):
+                        coerced = leaf.coerce_output_value(value)
+                        if coerced is not None and coerced is not Undefined:
+                            done[response_name] = coerced
+                            continue
+                except Exception:  # the ordinary way raises it again, located
+                    pass
+                rest[response_name] = grouped_field_set[response_name]
+                continue
+            details = grouped_field_set[response_name]
+            if read is None or not self.read_plain(
+                read, source_value, path, parent_type, response_name, details, position_context, done
+            ):
+                rest[response_name] = details
+            elif self.is_awaitable(done[response_name]):
+                waiting.append(response_name)
+        return rest
+
+    def read_plain(
+        self,
+        read: PlainField,
+        source_value: Any,
+        path: Path | None,
+        parent_type: GraphQLObjectType,
+        response_name: str,
+        details: FieldDetailsList,
+        position_context: Any,
+        done: dict[str, Any],
+    ) -> bool:
+        """Put a plain object field's value in ``done`` as ``execute_field`` would complete it (its selection set
+        executed, its errors handled as that handles them); False to leave it to graphql-core (a null, an error)."""
+        resolver, attribute, named, declared = read
+        assert isinstance(named, GraphQLObjectType)
+        try:
+            value = resolver(source_value, attribute)
+        except Exception:  # the ordinary way raises it again, located
+            return False
+        if value is None or value is Undefined or isinstance(value, Exception):
+            return False  # null (and an error if the field is non-null): the ordinary way
+        field_path = Path(path, response_name, parent_type.name)
+        try:
+            completed = self.collect_and_execute_subfields(named, details, field_path, value, position_context)
+        except Exception as error:
+            self.handle_field_error(error, declared, details, field_path)  # raises it on if the field is non-null
+            completed = None
+        if self.is_awaitable(completed):
+            completed = self.settled(completed, declared, details, field_path)
+        done[response_name] = completed
+        return True
+
+    async def settled(
+        self, completed: Awaitable[Any], declared: GraphQLOutputType, details: FieldDetailsList, path: Path
+    ) -> Any:
+        """An object field's completion once awaited, its error handled as ``execute_field`` handles it."""
+        try:
+            return await completed
+        except Exception as error:
+            self.handle_field_error(error, declared, details, path)
+            return None
+
+
+def in_order(order: list[str], done: dict[str, Any], executed: dict[str, Any]) -> dict[str, Any]:
+    """The fields' results in the order they were selected (as the answer must list them)."""
+    return {name: done[name] if name in done else executed[name] for name in order if name in done or name in executed}
+
+
+def execution_for(schema: GraphQLSchema) -> type[PlainFieldsExecution]:
+    """The execution context class of ``schema``: :class:`PlainFieldsExecution` with its plain fields."""
+    return type("SchemaExecution", (PlainFieldsExecution,), {"plain": plain_fields(schema)})
