@@ -28,8 +28,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.settings import EndpointSettings
 from domain.app_routes import FIELD
 from domain.apps import APP_NAME_RULE, SEPARATOR, SESSION_ID_RULE
+from gateway.endpoints import ingress as endpoint_ingress
 
 COOKIE_NAME = "caravan_app"
 """The app cookie (the launch exchange sets it; HAProxy checks it; the app never sees it)."""
@@ -157,6 +159,8 @@ class IngressConfig:
     cookie_key: str
     """The app cookie's HS256 key (the secrets directory's ``app-cookie.key``)."""
     upstream_timeout: float = 300.0
+    endpoints: EndpointSettings = EndpointSettings()
+    """Inference endpoints' part of the configuration (``gateway.endpoints.ingress``)."""
 
 
 def _json_body(code: str, message: str) -> str:
@@ -329,6 +333,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         # a WebSocket to an app is announced to the control plane (who opened it, with which token), which closes it
         # when that token, user or app stops passing (gateway.apps.control); nothing else is logged
         "    http-request set-log-level silent unless app is_ws",
+        *endpoint_ingress.frontend_rules(config.endpoints, paths.state_dir, config.apps_domain),
         "    use_backend apps if app",
         "    default_backend gateway",
         "",
@@ -371,6 +376,9 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "",
         f"backend {STATS_TABLE}",
         f"    stick-table type string len 128 size 200k expire 1h store {COUNTERS}",
+        *endpoint_ingress.sections(
+            config.endpoints, paths.state_dir, config.gateway_port, config.cookie_key, paths.error(502)
+        ),
         "",
     ]
     return "\n".join(line for line in lines if line != "") + "\n"
@@ -384,6 +392,7 @@ def write_files(config: IngressConfig, paths: IngressPaths) -> None:
         folder.mkdir(exist_ok=True, mode=0o700)
     for name in MAPS:
         paths.map(name).write_text("")
+    endpoint_ingress.write_maps(paths.state_dir)
     lua = LUA.replace("AWAIT_MS", str(AWAIT_MS)).replace("COOKIE_NAME", COOKIE_NAME)
     lua = lua.replace("MAX_CANDIDATES", str(MAX_COOKIE_CANDIDATES)).replace("COOKIE_KEY", config.cookie_key)
     paths.lua.write_text(lua)

@@ -29,6 +29,7 @@ from gateway.graphql.policies.queries import PolicyQueries
 from gateway.graphql.schedules.mutations import ScheduleMutations
 from gateway.graphql.schedules.queries import ScheduleQueries
 from gateway.graphql.sessions.app_mutations import AppMutations
+from gateway.graphql.sessions.endpoints import EndpointMutations
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
 from gateway.graphql.sessions.subscriptions import SessionSubscriptions
@@ -72,6 +73,7 @@ class Query(
 class Mutation(
     SessionMutations,
     AppMutations,
+    EndpointMutations,
     UserMutations,
     TemplateMutations,
     PolicyMutations,

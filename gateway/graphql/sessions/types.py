@@ -17,6 +17,7 @@ from gateway.graphql.folders.mounts import SessionMount, session_mounts_of
 from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
 from gateway.graphql.sessions.apps import SessionApp, session_app_types
+from gateway.graphql.sessions.endpoints import Endpoint, endpoint_of, endpoint_url_of
 from gateway.graphql.sessions.log_tail import checked_tail_bytes
 from nomad_jobs.client import NomadNotFound
 from nomad_jobs.meta import TASK_NAME
@@ -224,6 +225,14 @@ class Session:
     endpoints: list[str] = strawberry.field(
         description="INFERENCE: 'host:port' of the service port of every RUNNING replica whose health check is known "
         "to pass (kernel.healthy); one loading, failing or recovering drops out until its check passes again."
+    )
+    endpoint_url: str | None = strawberry.field(
+        resolver=endpoint_url_of,
+        description="INFERENCE: the session's stable address, balanced over its routable replicas (README "
+        "'Inference endpoints'); null otherwise.",
+    )
+    endpoint: Endpoint | None = strawberry.field(
+        resolver=endpoint_of, description="INFERENCE: the endpoint's access, traffic and cold starts; null otherwise."
     )
 
     @fields.field(description="The owner's user record (batched over a page); null if it no longer exists.")
