@@ -84,6 +84,8 @@ query($id: ID!) { session(id: $id) {
 ISSUE = "mutation($s: ID!, $n: String!) { issueEndpointToken(sessionId: $s, name: $n) { token { id name } secret } }"
 REVOKE = "mutation($s: ID!, $t: ID!) { revokeEndpointToken(sessionId: $s, tokenId: $t) }"
 PUBLIC = "mutation($s: ID!, $p: Boolean!) { setEndpointPublic(sessionId: $s, public: $p) { url public } }"
+HTTPD = 'mkdir -p /tmp/w && echo model > /tmp/w/index.html && exec httpd -f -p "$CARAVAN_SERVICE_PORT" -h /tmp/w'
+"""A one-page model in an exec kernel (busybox httpd), for the tests that need no Python in the replica."""
 CHANGE_BOUND = 5.0
 """Seconds a change (token issued or revoked, replica routable) may take to reach HAProxy on a busy machine (the
 product's bound is 1 s: bench/inference_serving)."""
@@ -215,8 +217,7 @@ async def test_private_endpoint_tokens(caravan: Caravan, model: Path) -> None:
         "servicePort": 8000,
         "replicas": 1,
         "healthCheckPath": "/",
-        "startupCommand": 'mkdir -p /tmp/w && echo model > /tmp/w/index.html && exec httpd -f -p "$CARAVAN_SERVICE_PORT"'
-        " -h /tmp/w",
+        "startupCommand": HTTPD,
         "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "64m"}],
     }
     [session] = (await caravan.gql(CREATE, {"input": request}, token=alice))["createSession"]["sessions"]
