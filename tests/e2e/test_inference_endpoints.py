@@ -18,6 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from core.replies import text
 from core.settings import Settings
 from nomad_jobs.meta import TASK_NAME
 from tests.e2e.test_inference import RECONCILE_INTERVAL, alloc_of, eventually
@@ -292,7 +293,7 @@ async def test_the_activator_holds_a_request_until_a_replica_is_routable(
 
     await eventually(waiting, "the request held by the activator")
     keys = caravan.store.keys
-    assert endpoint.session_id in [w.decode() for w in await caravan.store.redis.lrange(keys.endpoint_wakes, 0, -1)]
+    assert endpoint.session_id in [text(w) for w in await caravan.store.redis.lrange(keys.endpoint_wakes, 0, -1)]
     assert not held.done()
     gate.touch()  # the model loaded: it listens, its check passes, it becomes routable
     answer = await held
