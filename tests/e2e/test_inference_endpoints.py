@@ -47,9 +47,14 @@ class Model(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def die_here(self, query):  # a replica failing mid-request: gone without an answer
+        if query.get("on", [""])[0] == host:
+            os._exit(1)
+
     def do_GET(self):
         url = urlparse(self.path)
         query = parse_qs(url.query)
+        self.die_here(query)
         if url.path == "/stream":  # tokens one by one; the second only once the file "next" names exists
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -70,6 +75,7 @@ class Model(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.die_here(parse_qs(urlparse(self.path).query))
         self.answer(body)
 
 ThreadingHTTPServer.daemon_threads = True
@@ -273,6 +279,38 @@ async def test_a_replica_killed_under_load_loses_no_idempotent_request(caravan: 
     stop.set()
     await asyncio.gather(*workers)
     assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+
+
+async def test_a_replica_failing_mid_request_retries_what_is_idempotent(caravan: Caravan, model: Path) -> None:
+    endpoint = await _create(caravan, model, replicas=2)
+    await _serving(endpoint, 2)
+    restarts = await _restarts(caravan, endpoint.session_id)
+    for _ in range(4):  # main2 dies on the request, which HAProxy sends again to main1
+        answer = await endpoint.get("/die?on=main2")
+        assert (answer.status_code, answer.text) == (200, "replica main1\n")
+    await eventually(lambda: _restarted(caravan, endpoint.session_id, restarts), "main2 died on a request")
+    await _serving(endpoint, 2)
+    statuses = []
+    for _ in range(8):  # a POST is not sent twice: the one main2 dies on is 502
+        answer = await caravan.http.post(
+            endpoint.address("/die?on=main2"), headers=endpoint.headers(ADMIN_TOKEN), content=b"prompt"
+        )
+        statuses.append(answer.status_code)
+        if answer.status_code == 502:
+            assert answer.json()["error"]["code"] == "UPSTREAM_UNREACHABLE"
+            break
+        assert answer.content == b"prompt"
+    assert statuses[-1] == 502 and set(statuses[:-1]) <= {200}, statuses
+
+
+async def _restarts(caravan: Caravan, session_id: str) -> int:
+    stored = await caravan.store.get(session_id)
+    assert stored is not None
+    return next(k.restarts for k in stored.kernels if k.hostname == "main2")
+
+
+async def _restarted(caravan: Caravan, session_id: str, before: int) -> bool | None:
+    return True if await _restarts(caravan, session_id) > before else None
 
 
 async def _at_least(items: list[int], count: int) -> bool | None:
