@@ -215,7 +215,11 @@ class EndpointControl:
                     commands.append(f"set server {server} state maint")
                 else:
                     host, _, port = address.rpartition(":")
-                    commands += [f"set server {server} addr {host} port {port}", f"set server {server} state ready"]
+                    commands += [
+                        f"set server {server} addr {host} port {port}",
+                        f"set server {server} state ready",
+                        f"set server {server} health up",
+                    ]
             self.servers[slot] = placed
         for command, answer in zip(commands, await self.api.run(commands), strict=True):
             if "No such" in answer or "Require" in answer or "invalid" in answer.lower():

@@ -32,6 +32,10 @@ from domain.endpoint_routes import ENDPOINT_MAPS, backend_name, host_pattern, se
 META_MAP = "endpoint_meta"
 RATE_TABLE = "endpoint_rate"
 ACTIVATOR_HEADER = "x-caravan-activator"
+SERVER_CHECKS = "check inter 1s rise 1 fall 2 observe layer4 error-limit 1 on-error mark-down"
+"""A replica that refuses a connection is out at once (``leastconn`` would otherwise send the retry back to it: a
+dead replica has the fewest connections); a TCP check every second brings it back once it listens. The control plane
+declares a replica up when it puts it in (its Nomad check passed)."""
 IDEMPOTENT = ("GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE")
 """RFC 9110 9.2.2: what may be sent twice (retried on another replica when the first failed before answering)."""
 
@@ -138,6 +142,9 @@ def sections(
             "    http-reuse safe",
             "    option redispatch 1",
             "    retries 2",
+            # a request is sent again only while HAProxy still holds it whole: it waits for a body up to its buffer
+            # (tune.bufsize) before connecting; a bigger one streams, and is not retried
+            "    option http-buffer-request",
             "    retry-on conn-failure empty-response junk-response",
             f"    http-request disable-l7-retry unless {{ method {' '.join(IDEMPOTENT)} }}",
             f"    errorfile 503 {error_502}",  # HAProxy's 503 here is no replica reachable after the retries
@@ -147,7 +154,7 @@ def sections(
             "    http-request del-header proxy-authorization",
             "    http-request set-header x-forwarded-proto http",
             "    http-request set-header x-forwarded-host %[req.fhdr(host)]",
-            *(f"    server {name} 0.0.0.0:0 disabled" for name in server_names()),
+            *(f"    server {name} 0.0.0.0:0 disabled {SERVER_CHECKS}" for name in server_names()),
             f"    server activator unix@{socket} backup",
         ]
     lines += [
