@@ -361,3 +361,15 @@ async def test_a_held_request_times_out_to_503(settings: Settings, model: Path, 
         assert answer.headers["retry-after"] == "5"
         [cold] = (await endpoint.view())["endpoint"]["coldStarts"]
         assert (cold["outcome"], cold["firstByteAt"]) == ("TIMED_OUT", None)
+
+
+async def test_a_token_over_the_rate_limit_is_429(settings: Settings, model: Path) -> None:
+    async with caravan_behind_haproxy(_settings(settings, rate_limit=5)) as (caravan, _):
+        endpoint = await _create(caravan, model, replicas=1)
+        await _serving(endpoint, 1)
+        answers = await asyncio.gather(*(endpoint.get("/") for _ in range(30)))  # far more than 5 in one second
+        limited = [a for a in answers if a.status_code == 429]
+        assert limited and {a.status_code for a in answers} <= {200, 429}
+        assert {(a.json()["error"]["code"], a.headers["retry-after"]) for a in limited} == {("RATE_LIMITED", "1")}
+        # refused requests count too: sent more slowly than the limit, they pass again
+        await eventually(lambda: _answers(endpoint, ADMIN_TOKEN), "a request under the limit passing")
