@@ -27,6 +27,8 @@ TOKEN_PREFIX = "cep_"
 MAX_TOKENS = 100
 """Live tokens per endpoint."""
 COLD_STARTS_KEPT = 20
+LATENCY_WINDOW = 1024
+"""Requests whose response times make an endpoint's p50 and p99."""
 
 
 class EndpointToken(msgspec.Struct, frozen=True):
@@ -61,6 +63,9 @@ class EndpointStats(msgspec.Struct, frozen=True):
     """HAProxy's average total time of a request over the backend's last 1024 requests."""
     replicas_routable: int
     held: int
+    p50_ms: float | None = None
+    """Median time to the response's headers over the endpoint's last :data:`LATENCY_WINDOW` requests (HAProxy)."""
+    p99_ms: float | None = None
 
 
 class EndpointAccessStore:

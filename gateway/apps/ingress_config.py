@@ -270,6 +270,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    stats timeout 2m",
         f"    pidfile {paths.pidfile}",
         f"    lua-load {paths.lua}",
+        *endpoint_ingress.global_lines(paths.state_dir),
         "    tune.bufsize 32768",
         "",
         "defaults",
@@ -392,7 +393,7 @@ def write_files(config: IngressConfig, paths: IngressPaths) -> None:
         folder.mkdir(exist_ok=True, mode=0o700)
     for name in MAPS:
         paths.map(name).write_text("")
-    endpoint_ingress.write_maps(paths.state_dir)
+    endpoint_ingress.write_files(paths.state_dir)
     lua = LUA.replace("AWAIT_MS", str(AWAIT_MS)).replace("COOKIE_NAME", COOKIE_NAME)
     lua = lua.replace("MAX_CANDIDATES", str(MAX_COOKIE_CANDIDATES)).replace("COOKIE_KEY", config.cookie_key)
     paths.lua.write_text(lua)

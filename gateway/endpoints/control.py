@@ -17,13 +17,16 @@ no reload, ever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import fcntl
 import io
 import logging
+import math
 import time
 import uuid
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -44,8 +47,8 @@ from domain.endpoint_routes import (
 from domain.model import Session
 from gateway.apps.ingress_config import IngressPaths
 from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
-from gateway.endpoints.ingress import META_MAP, map_path
-from stores.endpoint_access import EndpointAccessStore, EndpointStats
+from gateway.endpoints.ingress import LATENCY_COMMAND, META_MAP, map_path
+from stores.endpoint_access import LATENCY_WINDOW, EndpointAccessStore, EndpointStats
 from stores.endpoint_traffic import EndpointLoad, forget_loads, record_loads
 from stores.sessions import SessionStore
 
@@ -67,11 +70,32 @@ class _Counter:
     base_errors: int
     last_requests: int = 0
     last_at: float = 0.0
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    """The last response times (ms, to the headers) HAProxy measured on this backend for this session."""
 
 
 def _stat_rows(csv_text: str) -> list[dict[str, str]]:
     body = csv_text.lstrip("# ")
     return list(csv.DictReader(io.StringIO(body)))
+
+
+def _latencies(answer: str) -> dict[str, list[float]]:
+    """Backend name -> response times (ms) from the answer of :data:`LATENCY_COMMAND`."""
+    found: dict[str, list[float]] = {}
+    for line in answer.splitlines():
+        words = line.split()
+        if words:
+            with contextlib.suppress(ValueError):
+                found.setdefault(words[0], []).extend(float(v) for v in words[1:])
+    return found
+
+
+def percentile(values: list[float], share: float) -> float | None:
+    """The nearest-rank percentile of ``values`` (``share`` in 0-1), or None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))], 1)
 
 
 def _int(row: dict[str, str], name: str) -> int:
@@ -227,8 +251,9 @@ class EndpointControl:
 
     async def sample(self) -> None:
         """HAProxy's counters of each endpoint's backend into its load sample and stats."""
-        (answer,) = await self.api.run(["show stat"])
+        answer, timings = await self.api.run(["show stat", LATENCY_COMMAND])
         rows = _stat_rows(answer)
+        latencies = _latencies(timings)
         now = time.time()
         held = await self.access.all_held()
         loads: list[EndpointLoad] = []
@@ -251,6 +276,8 @@ class EndpointControl:
             elapsed = now - counter.last_at
             rate = (requests - counter.last_requests) / elapsed if elapsed > 0 else 0.0
             counter.last_requests, counter.last_at = requests, now
+            counter.latencies.extend(latencies.get(name, ()))
+            window = list(counter.latencies)
             waiting = held.get(session_id, 0)
             loads.append(EndpointLoad(session_id, in_flight, total, now, held=waiting))
             stats[session_id] = EndpointStats(
@@ -263,6 +290,8 @@ class EndpointControl:
                 avg_total_ms=_int(backend, "ttime"),
                 replicas_routable=sum(1 for a in self.servers.get(slot, {}).values() if a is not None),
                 held=waiting,
+                p50_ms=percentile(window, 0.5),
+                p99_ms=percentile(window, 0.99),
             )
         await record_loads(self.redis, self.keys, loads)
         await self.access.record_stats(stats)

@@ -40,6 +40,46 @@ IDEMPOTENT = ("GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE")
 """RFC 9110 9.2.2: what may be sent twice (retried on another replica when the first failed before answering)."""
 
 
+LATENCY_COMMAND = "caravan latencies"
+"""Runtime API command (registered by :data:`LUA`): each endpoint backend's response times since the last call."""
+MAX_SAMPLES = 4096
+"""Response times kept per backend between two reads (the control plane reads every second)."""
+LUA = """
+-- Each endpoint request's time to its response's headers (ms), per backend, until the control plane reads them.
+local samples = {}
+
+core.register_action("ep_start", { "http-req" }, function(txn)
+    local now = core.now()
+    txn:set_priv(now.sec * 1000 + now.usec / 1000)
+end)
+
+core.register_action("ep_done", { "http-res" }, function(txn)
+    local start = txn:get_priv()
+    if type(start) ~= "number" then return end
+    local now = core.now()
+    local name = txn.f:be_name()
+    local ring = samples[name]
+    if ring == nil then
+        ring = {}
+        samples[name] = ring
+    end
+    if #ring < MAX_SAMPLES then
+        ring[#ring + 1] = now.sec * 1000 + now.usec / 1000 - start
+    end
+end)
+
+core.register_cli({ "caravan", "latencies" }, "endpoint response times since the last call", function(applet)
+    local taken = samples
+    samples = {}
+    for name, ring in pairs(taken) do
+        local parts = {}
+        for i, ms in ipairs(ring) do parts[i] = string.format("%.1f", ms) end
+        applet:send(name .. " " .. table.concat(parts, " ") .. "\\n")
+    end
+end)
+"""
+
+
 def activator_secret(cookie_key: str) -> str:
     """The value HAProxy's activator listener sets in :data:`ACTIVATOR_HEADER`: derived from the app cookie's key
     (a secret only HAProxy's 0600 configuration and the gateway hold)."""
@@ -149,6 +189,8 @@ def sections(
             f"    http-request disable-l7-retry unless {{ method {' '.join(IDEMPOTENT)} }}",
             f"    errorfile 503 {error_502}",  # HAProxy's 503 here is no replica reachable after the retries
             "    option forwardfor",
+            "    http-request lua.ep_start",
+            "    http-response lua.ep_done",
             "    http-request del-header authorization",
             "    http-request del-header forwarded",
             "    http-request del-header proxy-authorization",
@@ -171,7 +213,17 @@ def sections(
     return lines
 
 
-def write_maps(state_dir: Path) -> None:
-    """Empty maps (fail closed: no endpoint is known, and none is marked built)."""
+def lua_path(state_dir: Path) -> Path:
+    return state_dir / "endpoints.lua"
+
+
+def global_lines(state_dir: Path) -> list[str]:
+    return [f"    lua-load {lua_path(state_dir)}"]
+
+
+def write_files(state_dir: Path) -> None:
+    """Empty maps (fail closed: no endpoint is known, and none is marked built) and the latency recorder."""
     for name in (*ENDPOINT_MAPS, META_MAP):
         map_path(state_dir, name).write_text("")
+    lua_path(state_dir).write_text(LUA.replace("MAX_SAMPLES", str(MAX_SAMPLES)))
+    lua_path(state_dir).chmod(0o600)

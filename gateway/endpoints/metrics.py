@@ -17,6 +17,8 @@ GAUGES = (
     ("replicas_routable", "Replicas in the endpoint's HAProxy backend."),
     ("avg_response_ms", "HAProxy's average time to the answer's headers, last 1024 requests (ms)."),
     ("avg_total_ms", "HAProxy's average total time of a request, last 1024 requests (ms)."),
+    ("p50_ms", "Median time to the answer's headers over the last 1024 requests (ms)."),
+    ("p99_ms", "99th percentile of the time to the answer's headers over the last 1024 requests (ms)."),
 )
 COUNTERS = (
     ("requests", "requests_total", "Requests the endpoint received (since this HAProxy started)."),
@@ -32,7 +34,9 @@ class EndpointCollector(Collector):
         for name, description in GAUGES:
             gauge = GaugeMetricFamily(f"caravan_endpoint_{name}", description, labels=["session"])
             for session_id, stats in sorted(self.stats.items()):
-                gauge.add_metric([session_id], float(getattr(stats, name)))
+                value = getattr(stats, name)
+                if value is not None:
+                    gauge.add_metric([session_id], float(value))
             yield gauge
         for name, field, description in COUNTERS:
             counter = CounterMetricFamily(f"caravan_endpoint_{name}", description, labels=["session"])

@@ -86,7 +86,7 @@ VIEW = """
 query($id: ID!) { session(id: $id) {
   id status endpoints endpointUrl
   endpoint { url public tokens { id name } coldStarts { outcome arrivedAt routableAt firstByteAt secondsToFirstByte }
-    stats { requestsTotal replicasRoutable inFlight held errorsTotal } }
+    stats { requestsTotal replicasRoutable inFlight held errorsTotal p50Ms p99Ms } }
 } }
 """
 ISSUE = "mutation($s: ID!, $n: String!) { issueEndpointToken(sessionId: $s, name: $n) { token { id name } secret } }"
@@ -194,6 +194,16 @@ async def test_balanced_and_streamed_token_by_token(caravan: Caravan, model: Pat
     answers = [(await endpoint.get("/")).text for _ in range(20)]
     assert set(answers) == {"replica main1\n", "replica main2\n"}
     assert min(answers.count(a) for a in set(answers)) >= 5  # balanced, not one replica with a straggler
+
+    async def measured() -> dict[str, Any] | None:  # HAProxy's counters, read by the control plane each second
+        stats: dict[str, Any] | None = (await endpoint.view())["endpoint"]["stats"]
+        return stats if stats is not None and stats["requestsTotal"] >= 20 and stats["p99Ms"] is not None else None
+
+    stats = await eventually(measured, "the endpoint's traffic measured")
+    assert stats["replicasRoutable"] == 2 and stats["errorsTotal"] == 0 and stats["held"] == 0
+    assert 0 <= stats["p50Ms"] <= stats["p99Ms"]
+    metrics = (await caravan.http.get(f"{caravan.url.rsplit('/', 1)[0]}/metrics")).text
+    assert f'caravan_endpoint_replicas_routable{{session="{endpoint.session_id}"}} 2.0' in metrics
     echoed = await caravan.http.post(endpoint.address("/"), headers=endpoint.headers(ADMIN_TOKEN), content=b"x" * 5000)
     assert (echoed.status_code, echoed.content) == (200, b"x" * 5000)
     next_token = tmp_path / "next"

@@ -52,6 +52,10 @@ class EndpointStatsInfo:
     avg_total_ms: int = strawberry.field(description="Average total time of a request (last 1024 requests).")
     replicas_routable: int
     held: int = strawberry.field(description="Requests the activator holds now, waiting for a replica.")
+    p50_ms: float | None = strawberry.field(
+        description="Median time to the answer's headers, measured by HAProxy, over the last 1024 requests."
+    )
+    p99_ms: float | None = strawberry.field(description="The 99th percentile of the same.")
 
 
 @strawberry.type(description="An INFERENCE session's stable address, balanced over its routable replicas.")
@@ -79,6 +83,8 @@ class Endpoint:
             avg_total_ms=found.avg_total_ms,
             replicas_routable=found.replicas_routable,
             held=found.held,
+            p50_ms=found.p50_ms,
+            p99_ms=found.p99_ms,
         )
 
     @fields.field(description="The last cold starts (requests held by the activator), newest first.")
