@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from core.settings import Settings
 from domain.endpoint_routes import parse_endpoint_host, routable
 from domain.inference import is_inference
+from gateway.endpoints.control import raise_if_cancelling
 from gateway.endpoints.ingress import ACTIVATOR_HEADER, IDEMPOTENT, activator_secret
 from stores.endpoint_access import ColdStart, EndpointAccessStore
 from stores.endpoint_traffic import request_wake
@@ -155,15 +156,19 @@ class EndpointActivator:
     async def _poll(self, session_id: str, wait: _Wait) -> None:
         sessions: SessionStore = self.state["sessions"]
         while True:
-            with contextlib.suppress(Exception):
+            try:
                 session = await sessions.get(session_id)
-                if session is None or session.status.is_terminal:
-                    wait.ready.set_result(())
-                    return
-                replicas = routable(session)
-                if replicas:
-                    wait.ready.set_result(replicas)
-                    return
+            except Exception:  # Redis away a moment: the held requests wait on, up to their timeout
+                raise_if_cancelling()
+                await asyncio.sleep(HOLD_POLL)
+                continue
+            if session is None or session.status.is_terminal:
+                wait.ready.set_result(())
+                return
+            replicas = routable(session)
+            if replicas:
+                wait.ready.set_result(replicas)
+                return
             await asyncio.sleep(HOLD_POLL)
 
     def _http(self) -> httpx2.AsyncClient:

@@ -74,7 +74,7 @@ class _Counter:
     """The last response times (ms, to the headers) HAProxy measured on this backend for this session."""
 
 
-def _raise_if_cancelling() -> None:
+def raise_if_cancelling() -> None:
     """A cancellation some client turned into its own error (redis-py, the runtime API's) still ends the task: the
     gateway's shutdown waits for it."""
     task = asyncio.current_task()
@@ -148,7 +148,7 @@ class EndpointControl:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    _raise_if_cancelling()
+                    raise_if_cancelling()
                     log.exception("endpoint control plane failed; starting it again")
                     self.generation = None
                     await asyncio.sleep(RETRY)
@@ -171,7 +171,7 @@ class EndpointControl:
             except asyncio.CancelledError:
                 raise
             except (RuntimeApiError, RedisError, OSError) as exc:
-                _raise_if_cancelling()
+                raise_if_cancelling()
                 log.warning("endpoint control plane: %s; retrying", exc)
                 self.generation = None
                 await asyncio.sleep(RETRY)
