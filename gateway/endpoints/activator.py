@@ -156,6 +156,7 @@ class EndpointActivator:
     async def _poll(self, session_id: str, wait: _Wait) -> None:
         sessions: SessionStore = self.state["sessions"]
         while True:
+            raise_if_cancelling()
             try:
                 session = await sessions.get(session_id)
             except Exception:  # Redis away a moment: the held requests wait on, up to their timeout

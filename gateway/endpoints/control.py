@@ -75,7 +75,8 @@ class _Counter:
 
 
 def raise_if_cancelling() -> None:
-    """A cancellation some client turned into its own error (redis-py, the runtime API's) still ends the task: the
+    """A cancellation that a client turned into its own error (redis-py), or that Python 3.11's ``asyncio.wait_for``
+    swallowed (it returns the inner result when that finished at the same moment), still ends the task: the
     gateway's shutdown waits for it."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
@@ -156,6 +157,7 @@ class EndpointControl:
     async def _loop(self) -> None:
         last_check = last_sample = 0.0
         while True:
+            raise_if_cancelling()  # Python 3.11's wait_for (the runtime API's) may swallow a cancellation
             try:
                 now = time.monotonic()
                 if self.generation is None or now - last_check >= CHECK_INTERVAL:

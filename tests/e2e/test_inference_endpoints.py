@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx2
 import pytest
+import websockets
+from websockets.asyncio.client import connect
 
 from core.replies import text
 from core.settings import Settings
@@ -124,7 +126,9 @@ class Endpoint:
         return found
 
 
-async def _create(caravan: Caravan, model: Path, replicas: int, gate: Path | None = None) -> Endpoint:
+async def _create(
+    caravan: Caravan, model: Path, replicas: int, gate: Path | None = None, check: str | None = "/"
+) -> Endpoint:
     command = f"exec {sys.executable} {model} {gate or '-'}"
     request = {
         "name": "ep-" + uuid.uuid4().hex[:8],
@@ -132,7 +136,7 @@ async def _create(caravan: Caravan, model: Path, replicas: int, gate: Path | Non
         "driver": "RAW_EXEC",
         "servicePort": 8000,
         "replicas": replicas,
-        "healthCheckPath": "/",
+        **({"healthCheckPath": check} if check else {}),
         "startupCommand": command,
         "resources": [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "128m"}],
     }
@@ -383,3 +387,39 @@ async def test_a_token_over_the_rate_limit_is_429(settings: Settings, model: Pat
         assert {(a.json()["error"]["code"], a.headers["retry-after"]) for a in limited} == {("RATE_LIMITED", "1")}
         # refused requests count too: sent more slowly than the limit, they pass again
         await eventually(lambda: _answers(endpoint, ADMIN_TOKEN), "a request under the limit passing")
+
+
+ECHO = """
+import asyncio, os
+from websockets.asyncio.server import serve
+async def echo(ws):
+    async for message in ws:
+        await ws.send(message)
+async def main():
+    async with serve(echo, "127.0.0.1", int(os.environ["CARAVAN_SERVICE_PORT"])):
+        await asyncio.Future()
+asyncio.run(main())
+"""
+
+
+async def test_a_websocket_is_relayed(caravan: Caravan, tmp_path: Path) -> None:
+    server = tmp_path / "echo.py"
+    server.write_text(ECHO)
+    tmp_path.chmod(0o755)
+    endpoint = await _create(caravan, server, replicas=1, check=None)  # a TCP check: it answers no plain GET
+    await caravan.wait_for(endpoint.session_id, "RUNNING")
+    port = caravan.settings.public_port
+
+    async def echoed() -> str | None:
+        try:
+            async with connect(f"ws://{endpoint.host}:{port}/", host="127.0.0.1", port=port,
+                               additional_headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as ws:  # fmt: skip
+                await ws.send("token by token")
+                return str(await ws.recv())
+        except (OSError, websockets.exceptions.InvalidStatus, websockets.exceptions.InvalidMessage):
+            return None  # not routable yet (the activator refuses a WebSocket it cannot hold)
+
+    assert await eventually(echoed, "an echo through the endpoint") == "token by token"
+    with pytest.raises(websockets.exceptions.InvalidStatus, match="401"):
+        async with connect(f"ws://{endpoint.host}:{port}/", host="127.0.0.1", port=port):
+            pass
