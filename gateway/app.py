@@ -165,10 +165,11 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             log.warning("could not register the bootstrap admin yet: %s", exc)
         yield
         for task in (control, endpoint_control):
-            if task is not None:
+            # cancelled again until it ends: Python 3.11's asyncio.wait_for (the runtime API's, redis-py's) may
+            # swallow a cancellation that lands as the awaited call finishes, and the loop would go on
+            while task is not None and not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await asyncio.wait([task], timeout=0.1)
         await state["endpoint_http"].aclose()
         await state["hub"].aclose()
         await state["revocations"].aclose()
