@@ -435,6 +435,38 @@ class Keys:
         pushes, the autoscaler pops at once: a cold start is asked for now, not at the next tick)."""
         return f"{self.prefix}:endpoints:wakes"
 
+    @property
+    def endpoints_version(self) -> str:
+        """Counter bumped by every write of an endpoint's access (public flag, token issued or revoked): the endpoint
+        control plane (``gateway.endpoints.control``) reads what changed when it moves."""
+        return f"{self.prefix}:endpoints:version"
+
+    @property
+    def endpoint_public(self) -> str:
+        """SET of the INFERENCE session ids whose endpoint is public (no token needed)."""
+        return f"{self.prefix}:endpoints:public"
+
+    @property
+    def endpoint_tokens(self) -> str:
+        """HASH SHA-256 of an endpoint token -> JSON ``stores.endpoint_access.EndpointToken`` (its id, endpoint, name,
+        when issued); a revoked token is deleted."""
+        return f"{self.prefix}:endpoints:tokens"
+
+    @property
+    def endpoint_held(self) -> str:
+        """HASH INFERENCE session id -> requests the activator holds for it now (all gateway processes)."""
+        return f"{self.prefix}:endpoints:held"
+
+    @property
+    def endpoint_stats(self) -> str:
+        """HASH INFERENCE session id -> JSON ``stores.endpoint_access.EndpointStats``, the control plane's latest
+        reading of HAProxy's counters of the endpoint (about once a second)."""
+        return f"{self.prefix}:endpoints:stats"
+
+    def endpoint_cold_starts(self, session_id: str) -> str:
+        """LIST of JSON ``stores.endpoint_access.ColdStart``, newest first, the last few of one endpoint."""
+        return f"{self.prefix}:endpoints:cold-starts:{session_id}"
+
     def usage_record(self, session_id: str) -> str:
         """JSON of one ended session's raw usage record (``domain.usage.UsageRecord``); expires after the raw
         retention (``CARAVAN_USAGE_RAW_RETENTION``)."""

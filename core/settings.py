@@ -96,6 +96,26 @@ class GatewaySettings:
 
 
 @dataclass(frozen=True)
+class EndpointSettings:
+    """Inference endpoints on the ingress (``gateway.endpoints``; README "Inference endpoints")."""
+
+    backends: int = 64
+    """HAProxy backends declared for endpoints (``CARAVAN_ENDPOINT_BACKENDS``): live INFERENCE sessions beyond
+    this many get no endpoint (their url answers 404) until one ends."""
+    max_body: int = 64 << 20
+    """Largest request body an endpoint accepts, in bytes, by its ``Content-Length`` (``CARAVAN_ENDPOINT_MAX_BODY``):
+    413 above."""
+    rate_limit: int = 1000
+    """Requests per second one token (or, on a public endpoint without one, one client address) may send to
+    endpoints (``CARAVAN_ENDPOINT_RATE_LIMIT``): 429 above, with ``Retry-After: 1``."""
+    hold_timeout: float = 60.0
+    """Seconds the activator holds a request for an endpoint with no routable replica before answering 503
+    (``CARAVAN_ENDPOINT_HOLD_TIMEOUT``)."""
+    hold_max: int = 100
+    """Requests the activator holds per endpoint and gateway process (``CARAVAN_ENDPOINT_HOLD_MAX``): 503 beyond."""
+
+
+@dataclass(frozen=True)
 class SchedulerSettings:
     reconcile_interval: float = 10.0
     """Seconds between full reconciliations with Nomad, the safety net behind the event stream."""
@@ -158,6 +178,7 @@ class Settings:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     idle: IdleSettings = field(default_factory=IdleSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
+    endpoints: EndpointSettings = field(default_factory=EndpointSettings)
     default_image: str | None = None
     """Image for sessions that name none (``CARAVAN_DEFAULT_IMAGE``; ops/ builds caravan/busybox)."""
     session_network: str = "cni/caravan"
@@ -280,6 +301,13 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             recount_interval=_positive_seconds(
                 env, "CARAVAN_FOLDER_RECOUNT_INTERVAL", StorageSettings.recount_interval
             ),
+        ),
+        endpoints=EndpointSettings(
+            backends=_at_least_one(env, "CARAVAN_ENDPOINT_BACKENDS", EndpointSettings.backends),
+            max_body=_at_least_one(env, "CARAVAN_ENDPOINT_MAX_BODY", EndpointSettings.max_body),
+            rate_limit=_at_least_one(env, "CARAVAN_ENDPOINT_RATE_LIMIT", EndpointSettings.rate_limit),
+            hold_timeout=_positive_seconds(env, "CARAVAN_ENDPOINT_HOLD_TIMEOUT", EndpointSettings.hold_timeout),
+            hold_max=_at_least_one(env, "CARAVAN_ENDPOINT_HOLD_MAX", EndpointSettings.hold_max),
         ),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
         session_network=env.get("CARAVAN_SESSION_NETWORK") or Settings.session_network,

@@ -28,6 +28,9 @@ from gateway.apps.control import ControlPlane
 from gateway.apps.ingress_config import IngressPaths
 from gateway.apps.proxy import AppLaunches, AppOrigins
 from gateway.auth import authenticate, header_token
+from gateway.endpoints.activator import EndpointActivator
+from gateway.endpoints.activator import http_client as endpoint_http_client
+from gateway.endpoints.control import EndpointControl
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.guard import Guard
@@ -141,23 +144,33 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         state["apps"] = AppLaunches(  # the launch exchange; HAProxy serves the apps themselves
             settings, AppAccessStore(redis, keys), users, ensure_app_cookie_key(settings.secrets)
         )
-        control = None
+        control = endpoint_control = None
         if settings.gateway.ingress_port is not None:  # this process keeps HAProxy's maps
             plane = ControlPlane(
                 redis, keys, state["sessions"], users, IngressPaths(settings.ingress_dir), settings.gateway.apps_domain
             )
             state["control_plane"] = plane
             control = asyncio.create_task(plane.run(), name="app control plane")
+            endpoint_plane = EndpointControl(
+                redis, keys, state["sessions"], IngressPaths(settings.ingress_dir), settings.gateway.apps_domain,
+                settings.endpoints.backends,
+            )  # fmt: skip
+            state["endpoint_control"] = endpoint_plane
+            endpoint_control = asyncio.create_task(endpoint_plane.run(), name="endpoint control plane")
+        state["endpoint_http"] = endpoint_http_client(settings)
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:
             await state["users"].ensure_bootstrap_admin(token)
         except Exception as exc:  # Redis may come up after us; readiness reports it meanwhile
             log.warning("could not register the bootstrap admin yet: %s", exc)
         yield
-        if control is not None:
-            control.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await control
+        for task in (control, endpoint_control):
+            # cancelled again until it ends: Python 3.11's asyncio.wait_for (the runtime API's, redis-py's) may
+            # swallow a cancellation that lands as the awaited call finishes, and the loop would go on
+            while task is not None and not task.done():
+                task.cancel()
+                await asyncio.wait([task], timeout=0.1)
+        await state["endpoint_http"].aclose()
         await state["hub"].aclose()
         await state["revocations"].aclose()
         await nomad.aclose()
@@ -199,5 +212,6 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             *usage_export.routes(state),
         ],
         lifespan=lifespan,
-        middleware=[Middleware(AppOrigins, state=state)],  # app origins (domain.apps) before the routes
+        # app origins (domain.apps) and endpoint hosts (domain.endpoint_routes) before the routes
+        middleware=[Middleware(AppOrigins, state=state), Middleware(EndpointActivator, state=state)],
     )

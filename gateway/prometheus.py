@@ -29,6 +29,8 @@ from starlette.responses import Response
 
 from domain.model import SessionStatus
 from domain.usage import SECONDS, SLOT, resource_seconds
+from gateway.endpoints.metrics import EndpointCollector
+from stores.endpoint_access import EndpointAccessStore
 from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ class Metrics:
         self.queued = Gauge("caravan_queue_depth_total", "PENDING sessions waiting in all queues.", registry=registry)
         self.usage = UsageCounters()
         registry.register(self.usage)
+        self.endpoints = EndpointCollector()
+        registry.register(self.endpoints)
         self.store_up = Gauge(
             "caravan_metrics_store_up", "1 if the last scrape could read Redis, else 0.", registry=registry
         )
@@ -86,6 +90,7 @@ class Metrics:
             depths = await queue_depths(store)
             live, statuses = await live_statuses(store)
             self.usage.totals = await store.usage.totals()
+            self.endpoints.stats = await EndpointAccessStore(store.redis, store.keys).stats()
         except (RedisError, OSError) as exc:
             log.warning("metrics: cannot read Redis: %s", exc)
             self.store_up.set(0)

@@ -23,6 +23,7 @@ def ingress_config(settings: Settings, port: int, gateway_port: int) -> IngressC
         apps_domain=settings.gateway.apps_domain,
         cookie_key=ensure_app_cookie_key(settings.secrets),
         upstream_timeout=settings.gateway.app_upstream_timeout,
+        endpoints=settings.endpoints,
     )
 
 

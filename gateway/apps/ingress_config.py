@@ -28,8 +28,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.settings import EndpointSettings
 from domain.app_routes import FIELD
 from domain.apps import APP_NAME_RULE, SEPARATOR, SESSION_ID_RULE
+from gateway.endpoints import ingress as endpoint_ingress
 
 COOKIE_NAME = "caravan_app"
 """The app cookie (the launch exchange sets it; HAProxy checks it; the app never sees it)."""
@@ -163,6 +165,8 @@ class IngressConfig:
     slot of the ``gateway`` backend (``gw1``..``gwN``, in maintenance until given an address) through the runtime API
     (:mod:`caravan.ingress`, what ``caravan deploy``'s ingress job runs): HAProxy checks each (``/healthz``) and a
     connection a replica refuses is retried on another."""
+    endpoints: EndpointSettings = EndpointSettings()
+    """Inference endpoints' part of the configuration (``gateway.endpoints.ingress``)."""
 
 
 def gateway_servers(config: IngressConfig) -> list[str]:
@@ -290,6 +294,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    stats timeout 2m",
         f"    pidfile {paths.pidfile}",
         f"    lua-load {paths.lua}",
+        *endpoint_ingress.global_lines(paths.state_dir),
         "    tune.bufsize 32768",
         "",
         "defaults",
@@ -358,6 +363,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         f'    http-request set-var-fmt(txn.ws) "%ci:%cp{FIELD}%[var(txn.host)]{FIELD}%[var(txn.token)]{FIELD}'
         f'%[var(txn.user)]" if app is_ws',
         f"    http-request track-sc1 var(txn.ws) table {WS_TABLE} if app is_ws",
+        *endpoint_ingress.frontend_rules(config.endpoints, paths.state_dir, config.apps_domain),
         "    use_backend apps if app",
         "    default_backend gateway",
         "",
@@ -399,6 +405,9 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "",
         f"backend {STATS_TABLE}",
         f"    stick-table type string len 128 size 200k expire 1h store {COUNTERS}",
+        *endpoint_ingress.sections(
+            config.endpoints, paths.state_dir, config.gateway_port, config.cookie_key, paths.error(502)
+        ),
         "",
         f"backend {WS_TABLE}",
         "    stick-table type string len 400 size 200k expire 1m store conn_cur",
@@ -415,6 +424,7 @@ def write_files(config: IngressConfig, paths: IngressPaths) -> None:
         folder.mkdir(exist_ok=True, mode=0o700)
     for name in MAPS:
         paths.map(name).write_text("")
+    endpoint_ingress.write_files(paths.state_dir)
     lua = LUA.replace("AWAIT_MS", str(AWAIT_MS)).replace("COOKIE_NAME", COOKIE_NAME)
     lua = lua.replace("MAX_CANDIDATES", str(MAX_COOKIE_CANDIDATES)).replace("COOKIE_KEY", config.cookie_key)
     paths.lua.write_text(lua)

@@ -31,6 +31,7 @@ from gateway.graphql.policies.queries import PolicyQueries
 from gateway.graphql.schedules.mutations import ScheduleMutations
 from gateway.graphql.schedules.queries import ScheduleQueries
 from gateway.graphql.sessions.app_mutations import AppMutations
+from gateway.graphql.sessions.endpoints import EndpointMutations
 from gateway.graphql.sessions.mutations import SessionMutations
 from gateway.graphql.sessions.queries import SessionQueries
 from gateway.graphql.sessions.scaling import ScalingMutations
@@ -77,6 +78,7 @@ class Mutation(
     SessionMutations,
     ScalingMutations,
     AppMutations,
+    EndpointMutations,
     UserMutations,
     TemplateMutations,
     PolicyMutations,

@@ -18,6 +18,7 @@ from gateway.graphql.folders.mounts import SessionMount, session_mounts_of
 from gateway.graphql.idle.checks import idle_checks_of
 from gateway.graphql.idle.types import IdleChecks
 from gateway.graphql.sessions.apps import SessionApp, session_app_types
+from gateway.graphql.sessions.endpoints import Endpoint, endpoint_of, endpoint_url_of
 from gateway.graphql.sessions.log_tail import checked_tail_bytes
 from gateway.graphql.sessions.scaling import EndpointScaling, scaling_of
 from nomad_jobs.client import NomadNotFound
@@ -233,6 +234,14 @@ class Session:
     autoscaling: EndpointScaling | None = strawberry.field(
         description="INFERENCE: the endpoint's autoscaling rules, replicas desired, current, ready and draining, and "
         "the last scaling decision with its reason; null otherwise."
+    )
+    endpoint_url: str | None = strawberry.field(
+        resolver=endpoint_url_of,
+        description="INFERENCE: the session's stable address, balanced over its routable replicas (README "
+        "'Inference endpoints'); null otherwise.",
+    )
+    endpoint: Endpoint | None = strawberry.field(
+        resolver=endpoint_of, description="INFERENCE: the endpoint's access, traffic and cold starts; null otherwise."
     )
 
     @fields.field(description="The owner's user record (batched over a page); null if it no longer exists.")

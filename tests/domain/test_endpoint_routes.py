@@ -1,0 +1,66 @@
+"""Inference endpoints' routes (domain.endpoint_routes): hosts, the pool's backends, server slots, the maps."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+from domain.endpoint_routes import (
+    TokenGrant,
+    assign_backends,
+    endpoint_host,
+    endpoint_maps,
+    live_endpoints,
+    parse_endpoint_host,
+    place_servers,
+)
+from domain.model import Session, SessionStatus, SessionType
+from tests.ingress import running_app
+
+
+def inference(owner: str = "alice", *healthy: bool, status: SessionStatus = SessionStatus.RUNNING) -> Session:
+    session = running_app(owner, 1)
+    kernels = tuple(
+        dataclasses.replace(session.kernels[0], index=i, hostname=f"main{i}", ports=(f"8000=127.0.0.1:{9000 + i}",),
+                            healthy=h)
+        for i, h in enumerate(healthy, start=1)
+    )  # fmt: skip
+    return session.evolve(type=SessionType.INFERENCE, service_port=8000, kernels=kernels, status=status, apps=())
+
+
+def test_hosts_round_trip_and_never_overlap_app_origins() -> None:
+    session_id = str(uuid.uuid4())
+    host = endpoint_host(session_id, "apps.localhost")
+    assert host == f"{session_id}.endpoints.apps.localhost"
+    assert parse_endpoint_host(host.upper() + ":8420", "apps.localhost") == session_id
+    assert parse_endpoint_host(f"web--{session_id}.apps.localhost", "apps.localhost") is None
+    assert parse_endpoint_host(f"x.{session_id}.endpoints.apps.localhost", "apps.localhost") is None
+    assert parse_endpoint_host("not-a-uuid.endpoints.apps.localhost", "apps.localhost") is None
+
+
+def test_a_session_keeps_its_backend_and_a_freed_one_is_reused() -> None:
+    assert assign_backends({}, ["a", "b"], 3) == {"a": 0, "b": 1}
+    assert assign_backends({"a": 0, "b": 1}, ["b", "c", "d"], 3) == {"b": 1, "c": 0, "d": 2}
+    assert assign_backends({"b": 1}, ["b", "c", "d"], 2) == {"b": 1, "c": 0}  # the pool is full: d has none
+    assert assign_backends({"a": 5}, ["a"], 2) == {"a": 0}  # a pool that shrank
+
+
+def test_a_replica_keeps_its_server_slot() -> None:
+    placed = place_servers({}, ["h:1", "h:2"])
+    assert (placed["r1"], placed["r2"], placed["r3"]) == ("h:1", "h:2", None)
+    again = place_servers(placed, ["h:2", "h:3"])
+    assert (again["r1"], again["r2"], again["r3"]) == ("h:3", "h:2", None)
+    assert set(place_servers(again, []).values()) == {None}
+    assert len([a for a in place_servers({}, [f"h:{i}" for i in range(40)]).values() if a]) == 16
+
+
+def test_maps_name_only_live_endpoints_with_a_backend_and_their_tokens() -> None:
+    first, second, ended = inference("alice", True), inference("bob", False), inference(status=SessionStatus.TERMINATED)
+    other = running_app("carol", 2)  # an INTERACTIVE session has no endpoint
+    live = live_endpoints([first, second, ended, other])
+    assert set(live) == {first.id, second.id}
+    backends = assign_backends({}, [first.id], 1)
+    tokens = [TokenGrant("abc", first.id), TokenGrant("def", second.id), TokenGrant("bad hash", first.id)]
+    maps = endpoint_maps(live, backends, {first.id}, tokens, "apps.localhost")
+    host = endpoint_host(first.id, "apps.localhost")
+    assert maps == {"endpoints": {host: "alice|default|1|ep0"}, "endpoint_tokens": {f"{host}|abc": "1"}}
