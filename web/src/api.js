@@ -7,7 +7,7 @@ export const getToken = () => sessionStorage.getItem(TOKEN_KEY);
 export const setToken = (t) => sessionStorage.setItem(TOKEN_KEY, t);
 export function clearToken() {
   sessionStorage.removeItem(TOKEN_KEY);
-  if (wsClient) wsClient.dispose();
+  if (wsClient) wsClient.stop();
   wsClient = null;
   connections = 0;
 }
@@ -60,18 +60,30 @@ export function onReconnect(fn) {
 function ws() {
   if (!wsClient) {
     const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/graphql`;
-    wsClient = createClient({
+    // A socket closed while it still connects makes the browser log an error ("closed before the connection is
+    // established"): `stop` (sign-out) waits for it to open or fail, then disposes of the client.
+    let connecting = false;
+    let stopping = false;
+    const client = createClient({
       url,
       connectionParams: () => ({ authorization: `Bearer ${getToken()}` }),
       retryAttempts: 1000,
-      shouldRetry: () => true,
+      shouldRetry: () => !stopping,
       lazy: true,
       on: {
+        connecting: () => { connecting = true; },
+        opened: () => { connecting = false; if (stopping) client.dispose(); },
+        closed: () => { connecting = false; if (stopping) client.dispose(); },
         connected: () => {
           if (connections++ > 0) reconnected.forEach((fn) => fn());  // events may have been missed meanwhile
         },
       },
     });
+    client.stop = () => {
+      stopping = true;
+      if (!connecting) client.dispose();
+    };
+    wsClient = client;
   }
   return wsClient;
 }
