@@ -42,6 +42,7 @@ from core.lease import Fence, Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
 from domain.idle.facts import SessionView
+from domain.idle.series import series_points
 from domain.idle.verdict import Verdict
 from domain.scheduling_config import load_scheduling_config
 from idle.reload import PolicySource
@@ -68,6 +69,8 @@ class Term:
     """When the windows were last saved."""
     collected_at: float = field(default_factory=time.monotonic)
     """When :func:`settle` last collected in full."""
+    series_lengths: dict[str, int] = field(default_factory=dict)
+    """Session id -> points in its stored utilization series (``stores.idle.IdleStore.series_to_write``)."""
 
 
 def settle(*, collect: bool) -> None:
@@ -141,7 +144,10 @@ class IdleService:
     async def sweep(self, term: Term) -> None:
         now = utcnow()
         config = self.policy.config
-        live_ids, sessions, verdicts = await term.sweeper.sweep(now, config)
+        live_ids, sessions, verdicts, kernel_samples = await term.sweeper.sweep(now, config)
+        appended, rewritten = await self.idle_store.series_to_write(
+            series_points(now.timestamp(), kernel_samples, verdicts), term.series_lengths
+        )
         save_windows = time.monotonic() - term.saved_at >= self.settings.idle.window_persist_interval
         await self.idle_store.save_sweep(
             term.fence,
@@ -150,7 +156,11 @@ class IdleService:
             ttl=report_ttl(config.check_interval),
             windows=term.sweeper.windows if save_windows else None,
             interval=config.check_interval,
+            series_appended=appended,
+            series_rewritten=rewritten,
         )
+        for gone in term.series_lengths.keys() - set(live_ids):
+            del term.series_lengths[gone]
         if save_windows:
             term.saved_at = time.monotonic()
             await forget_activity(self.store.redis, self.keys, keep=set(live_ids), now=now)

@@ -25,7 +25,7 @@ from domain.idle.config import IdlePolicyConfig
 from domain.idle.facts import Activity, SessionView
 from domain.idle.verdict import Verdict
 from domain.model import SessionStatus
-from idle.collect import collect_clients_seen, collect_samples
+from idle.collect import Sample, collect_clients_seen, collect_samples
 from idle.sweep import Derived, judge, planned
 from idle.views import ViewCache
 from nomad_jobs.client import NomadClient
@@ -45,6 +45,8 @@ class Swept(NamedTuple):
     """The RUNNING sessions, judged."""
     verdicts: dict[str, Verdict]
     """Session id -> verdict, for each of :attr:`sessions`."""
+    kernel_samples: dict[str, dict[str, Sample]]
+    """Session id -> kernel hostname -> this sweep's sample of it, for the sampled kernels that answered."""
 
 
 class Sweeper:
@@ -87,8 +89,9 @@ class Sweeper:
         sampled = [s for s in sessions if plans[s.id][1].metrics]
         in_flight = asyncio.Semaphore(self.concurrency)  # every Nomad request of the sweep, stats and SFTP alike
         redis, keys = self.store.redis, self.store.keys
+        per_kernel: dict[str, dict[str, Sample]] = {}
         samples, activity, limits, clients = await asyncio.gather(
-            collect_samples(self.nomad, sampled, limit=in_flight, devices=self.devices),
+            collect_samples(self.nomad, sampled, limit=in_flight, devices=self.devices, per_kernel=per_kernel),
             read_activity(redis, keys, [s.id for s in sessions], now),
             self.policies.limits_of(sessions),
             collect_clients_seen(self.nomad, sessions, limit=in_flight),
@@ -108,4 +111,4 @@ class Sweeper:
             batch=self.batch,
         )
         self.windows, self.derived, self.batch = result.windows, result.derived, result.batch
-        return Swept(live_ids, sessions, result.verdicts)
+        return Swept(live_ids, sessions, result.verdicts, per_kernel)
