@@ -1,5 +1,6 @@
-"""``Session.idleChecks`` and ``Session.utilization``: the stored verdict of the idle checker's last sweep, read from Redis only
-(never recomputed with Nomad calls in the request path); the verdicts batched per request by ``Context.loaders``."""
+"""``Session.idleChecks`` (the stored verdict of the idle checker's last sweep, batched per request by
+``Context.loaders``) and ``Session.utilization`` (the series the checker keeps), read from Redis only (never recomputed
+with Nomad calls in the request path)."""
 
 from __future__ import annotations
 
