@@ -42,7 +42,6 @@ from core.lease import Fence, Lease, lead_forever
 from core.retry import forever
 from core.settings import Settings
 from domain.idle.facts import SessionView
-from domain.idle.series import series_points
 from domain.idle.verdict import Verdict
 from domain.scheduling_config import load_scheduling_config
 from idle.reload import PolicySource
@@ -144,10 +143,8 @@ class IdleService:
     async def sweep(self, term: Term) -> None:
         now = utcnow()
         config = self.policy.config
-        live_ids, sessions, verdicts, kernel_samples = await term.sweeper.sweep(now, config)
-        appended, rewritten = await self.idle_store.series_to_write(
-            series_points(now.timestamp(), kernel_samples, verdicts), term.series_lengths
-        )
+        live_ids, sessions, verdicts, points = await term.sweeper.sweep(now, config)
+        appended, rewritten = await self.idle_store.series_to_write(points, term.series_lengths)
         save_windows = time.monotonic() - term.saved_at >= self.settings.idle.window_persist_interval
         await self.idle_store.save_sweep(
             term.fence,

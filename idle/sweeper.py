@@ -23,10 +23,11 @@ from domain.idle.arbiter import Batch
 from domain.idle.columns import WindowColumns
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.facts import Activity, SessionView
+from domain.idle.series import SeriesPoint
 from domain.idle.verdict import Verdict
 from domain.model import SessionStatus
 from idle.collect import Sample, collect_clients_seen, collect_samples
-from idle.sweep import Derived, judge, planned
+from idle.sweep import Derived, chart_points, judge, planned
 from idle.views import ViewCache
 from nomad_jobs.client import NomadClient
 from stores.activity import read_activity
@@ -45,8 +46,9 @@ class Swept(NamedTuple):
     """The RUNNING sessions, judged."""
     verdicts: dict[str, Verdict]
     """Session id -> verdict, for each of :attr:`sessions`."""
-    kernel_samples: dict[str, dict[str, Sample]]
-    """Session id -> kernel hostname -> this sweep's sample of it, for the sampled kernels that answered."""
+    points: dict[str, SeriesPoint]
+    """Session id -> this sweep's point of its utilization series (``domain.idle.series``): each kernel's own sample
+    and the thresholds judged, for the sampled sessions some kernel of which answered."""
 
 
 class Sweeper:
@@ -74,6 +76,8 @@ class Sweeper:
         """What the last sweep derived from each session (:func:`idle.sweep.judge`)."""
         self.batch: Batch | None = None
         """The sessions as the last sweep's verdicts took them (:func:`idle.sweep.judge`)."""
+        self.sweeps = 0
+        """Sweeps so far in this term (whose turn it is to get a point of its utilization series)."""
 
     async def sweep(self, now: datetime, config: IdlePolicyConfig) -> Swept:
         """Verdicts on every RUNNING session at ``now`` under ``config``, with this sweep's samples recorded."""
@@ -111,4 +115,5 @@ class Sweeper:
             batch=self.batch,
         )
         self.windows, self.derived, self.batch = result.windows, result.derived, result.batch
-        return Swept(live_ids, sessions, result.verdicts, per_kernel)
+        self.sweeps += 1
+        return Swept(live_ids, sessions, result.verdicts, chart_points(self.sweeps, now, per_kernel, plans))

@@ -1,11 +1,12 @@
 """A session's utilization over its life, per kernel, at a bounded resolution: what the session page charts.
 
-The idle checker samples each kernel once a sweep (``idle.collect``); each sweep appends one :class:`SeriesPoint` to
-the session's series: every kernel's sample (metric -> percent) and the thresholds the sweep judged the session by, so a
-chart draws them on the same axes. A series never holds more than ``max_points`` points: when it grows past that,
-:func:`compact` merges the older half pairwise (a weighted mean per kernel and metric), so the newest samples keep
-the sweep's resolution and older ones get coarser the older they are, as a session ages. Pure: the caller passes the
-moment of each point and stores the result (``stores.idle``).
+The idle checker samples each kernel once a sweep (``idle.collect``); every :data:`SWEEPS_PER_POINT` sweeps
+(:func:`due`, staggered) the session's series gets one :class:`SeriesPoint`: every kernel's sample at that sweep
+(metric -> percent) and the thresholds the sweep judged the session by, so a chart draws them on the same axes. A
+series never holds more than ``max_points`` points: when it grows past that, :func:`compact` merges the older half
+pairwise (a weighted mean per kernel and metric), so the newest points keep their resolution and older ones get
+coarser the older they are, as a session ages. Pure: the caller passes the moment of each point and stores the
+result (``stores.idle``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from domain.idle.config import CheckName
-from domain.idle.verdict import Verdict
-
 MAX_POINTS = 240
-"""Points kept per session: an hour at 15-second sweeps at full resolution, the older life coarser."""
+"""Points kept per session: four hours at full resolution (a point a minute at 15-second sweeps), older life coarser."""
+SWEEPS_PER_POINT = 4
+"""A session gets a point every this many sweeps (its first at once): a point costs about as much as the sweep's report
+of the session, which every sweep of 10,000 sessions cannot afford on top of the rest (``bench/idle``)."""
 SERIES_RETENTION = 24 * 3600.0
 """Seconds a session's series is kept after its last point (after the session ends, its page still charts it)."""
 
@@ -26,7 +27,9 @@ KernelSamples = Mapping[str, Mapping[str, float]]
 """Kernel hostname -> metric -> percent."""
 
 
-class SeriesPoint(msgspec.Struct, frozen=True, gc=False):
+class SeriesPoint(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    """Stored as a JSON array (``[at, until, weight, kernels, thresholds]``): a third of the bytes, quicker to write."""
+
     at: float
     """Unix seconds of the first sweep the point covers."""
     until: float
@@ -77,22 +80,29 @@ def needs_compaction(length: int, max_points: int = MAX_POINTS) -> bool:
     return length > max_points + max_points // 2
 
 
-def judged_thresholds(verdict: Verdict) -> dict[str, float]:
-    """Metric -> threshold (percent) the utilization check judged in ``verdict`` (none when it judged none)."""
-    return {
-        reading.metric: reading.threshold
-        for report in verdict.reports
-        if report.name is CheckName.UTILIZATION
-        for reading in report.readings
-    }
+def due(session_id: str, sweep: int) -> bool:
+    """Whether the session gets a point at the leader's ``sweep``-th sweep: every :data:`SWEEPS_PER_POINT` sweeps, its
+    turn set by its id (the sessions' points spread evenly over the sweeps, whenever each started)."""
+    return (hash(session_id) + sweep) % SWEEPS_PER_POINT == 0
 
 
 def series_points(
-    at: float, kernel_samples: Mapping[str, KernelSamples], verdicts: Mapping[str, Verdict]
+    at: float, kernel_samples: Mapping[str, dict[str, dict[str, float]]], thresholds: Mapping[str, Mapping[str, float]]
 ) -> dict[str, SeriesPoint]:
-    """Session id -> this sweep's point at ``at``, for every session some kernel of which was sampled."""
-    return {
-        session_id: point(at, kernels, judged_thresholds(verdicts[session_id]) if session_id in verdicts else {})
-        for session_id, kernels in kernel_samples.items()
-        if kernels
-    }
+    """Session id -> this sweep's point at ``at``, for every session some kernel of which was sampled: its kernels'
+    samples as they are (``idle.collect`` makes fresh ones each sweep) and ``thresholds[session id]`` (what its plan
+    judges; sessions share a handful of these mappings, each copied once here)."""
+    copies: dict[int, dict[str, float]] = {}
+    points = {}
+    for session_id, kernels in kernel_samples.items():
+        if not kernels:
+            continue
+        judged = thresholds.get(session_id) or _NONE
+        copy = copies.get(id(judged))
+        if copy is None:
+            copy = copies[id(judged)] = dict(judged)
+        points[session_id] = SeriesPoint(at, at, 1, kernels, copy)
+    return points
+
+
+_NONE: Mapping[str, float] = {}

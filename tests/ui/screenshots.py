@@ -126,7 +126,7 @@ async def test_usage_charts_screenshot(caravan: Caravan, browser: Browser, tmp_p
     admin = await caravan.user("ada", Role.SUPERADMIN)
     busy = await start_interactive(caravan, "train-resnet", BUSY)
     async with running_idle(caravan.settings, policy_file(tmp_path, POLICY)):
-        await sampled(caravan, busy, 20)
+        await sampled(caravan, busy, 12)
 
         def shoot(d: WebDriver) -> None:
             sign_in(d, browser.base, admin)

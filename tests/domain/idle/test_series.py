@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 
-from domain.idle.config import CheckName, ThresholdOperator
-from domain.idle.series import compact, merge, needs_compaction, point, series_points
-from domain.idle.verdict import CheckReport, MetricReading, Verdict
+from core.codec import decode, encode
+from domain.idle.series import (
+    SWEEPS_PER_POINT,
+    SeriesPoint,
+    compact,
+    due,
+    merge,
+    needs_compaction,
+    point,
+    series_points,
+)
 
 
 def sweeps(n: int, start: float = 1000.0, every: float = 15.0) -> list:
@@ -52,16 +62,19 @@ def test_the_stored_series_is_rewritten_only_every_half_of_its_bound() -> None:
         compact(sweeps(3), 1)
 
 
-def test_a_sweeps_points_carry_the_thresholds_its_verdict_judged() -> None:
-    report = CheckReport(
-        name=CheckName.UTILIZATION,
-        expired=False,
-        remaining=10.0,
-        measured_against=None,
-        operator=ThresholdOperator.ALL,
-        readings=(MetricReading("cpu_util", 2.0, 30.0),),
-    )
-    verdict = Verdict(terminate=False, reason=None, reports=(report,))
-    points = series_points(50.0, {"s1": {"k1": {"cpu_util": 2.0}}, "s2": {}}, {"s1": verdict})
-    assert list(points) == ["s1"]
+def test_a_sweeps_points_carry_each_kernels_sample_and_the_thresholds_judged() -> None:
+    shared = MappingProxyType({"cpu_util": 30.0})
+    samples = {"s1": {"k1": {"cpu_util": 2.0}}, "s2": {}, "s3": {"k1": {"mem": 1.0}, "k2": {"mem": 3.0}}}
+    points = series_points(50.0, samples, {"s1": shared, "s3": shared})
+    assert list(points) == ["s1", "s3"]  # s2: no kernel answered
     assert points["s1"] == point(50.0, {"k1": {"cpu_util": 2.0}}, {"cpu_util": 30.0})
+    assert points["s3"].kernels == {"k1": {"mem": 1.0}, "k2": {"mem": 3.0}} and points["s3"].thresholds == shared
+    assert decode(encode(points["s3"]), SeriesPoint) == points["s3"]  # stored as it is read back
+
+
+def test_each_session_gets_a_point_every_few_sweeps_and_the_sweeps_share_them_out() -> None:
+    ids = [f"session-{i}" for i in range(4000)]
+    turns = [[i for i in ids if due(i, sweep)] for sweep in range(10, 10 + SWEEPS_PER_POINT)]
+    assert sorted(i for turn in turns for i in turn) == sorted(ids)  # each exactly once in SWEEPS_PER_POINT sweeps
+    assert all(abs(len(turn) - len(ids) / SWEEPS_PER_POINT) < len(ids) / 10 for turn in turns)
+    assert [i for i in ids if due(i, 10 + SWEEPS_PER_POINT)] == turns[0]
