@@ -386,6 +386,12 @@ class Keys:
         """JSON of the idle checker's last verdict on a session (short TTL; GraphQL ``idleChecks``)."""
         return f"{self.prefix}:idle:report:{session_id}"
 
+    def idle_series(self, session_id: str) -> str:
+        """LIST of a session's utilization over its life, oldest first, one ``domain.idle.series.SeriesPoint`` JSON per
+        element (per kernel, with the thresholds judged); the idle leader appends a point per sweep and rewrites it
+        compacted now and then; it expires ``SERIES_RETENTION`` after the last point (the session page's charts)."""
+        return f"{self.prefix}:idle:series:{session_id}"
+
     @property
     def idle_window_tables(self) -> str:
         """HASH table name -> one table of the utilization windows (``domain.idle.columns.WindowTableDoc`` JSON: one

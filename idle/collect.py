@@ -75,9 +75,11 @@ async def collect_samples(
     *,
     limit: asyncio.Semaphore,
     devices: DeviceCatalog | None = None,
+    per_kernel: dict[str, dict[str, Sample]] | None = None,
 ) -> dict[str, Sample]:
     """Session id -> metric -> percent; a session none of whose kernels answered maps to ``{}``. ``limit``: the
-    sweep's bound on Nomad requests in flight, shared with :func:`collect_clients_seen`."""
+    sweep's bound on Nomad requests in flight, shared with :func:`collect_clients_seen`; ``per_kernel``: filled with
+    session id -> kernel hostname -> its own sample, for each kernel that answered (the session page's charts)."""
 
     async def kernel(session: SweptSession, kernel: SweptKernel) -> Sample | None:
         if kernel.alloc_id is None:
@@ -92,6 +94,8 @@ async def collect_samples(
         sample = kernel_sample(stats, cores=cores, memory_bytes=memory, devices=devices)
         if not sample:
             unmeasured.append(kernel.alloc_id)
+        elif per_kernel is not None:
+            per_kernel.setdefault(session.id, {})[kernel.hostname] = sample
         return sample
 
     async def one(session: SweptSession) -> Sample:

@@ -68,6 +68,8 @@ class Term:
     """When the windows were last saved."""
     collected_at: float = field(default_factory=time.monotonic)
     """When :func:`settle` last collected in full."""
+    series_lengths: dict[str, int] = field(default_factory=dict)
+    """Session id -> points in its stored utilization series (``stores.idle.IdleStore.series_to_write``)."""
 
 
 def settle(*, collect: bool) -> None:
@@ -141,7 +143,8 @@ class IdleService:
     async def sweep(self, term: Term) -> None:
         now = utcnow()
         config = self.policy.config
-        live_ids, sessions, verdicts = await term.sweeper.sweep(now, config)
+        live_ids, sessions, verdicts, points = await term.sweeper.sweep(now, config)
+        appended, rewritten = await self.idle_store.series_to_write(points, term.series_lengths)
         save_windows = time.monotonic() - term.saved_at >= self.settings.idle.window_persist_interval
         await self.idle_store.save_sweep(
             term.fence,
@@ -150,7 +153,11 @@ class IdleService:
             ttl=report_ttl(config.check_interval),
             windows=term.sweeper.windows if save_windows else None,
             interval=config.check_interval,
+            series_appended=appended,
+            series_rewritten=rewritten,
         )
+        for gone in term.series_lengths.keys() - set(live_ids):
+            del term.series_lengths[gone]
         if save_windows:
             term.saved_at = time.monotonic()
             await forget_activity(self.store.redis, self.keys, keep=set(live_ids), now=now)

@@ -20,6 +20,7 @@ from domain.idle.columns import WindowColumns
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.facts import Activity, SweptSession, policy_for, requested_slots, started_at
 from domain.idle.metrics import requested_device_prefixes
+from domain.idle.series import SeriesPoint, due, series_points
 from domain.idle.verdict import Verdict
 from domain.idle.window import UtilizationWindow
 from domain.resource_policies import SessionLimits
@@ -162,3 +163,13 @@ def judge(
     batch = batch_of(facts, batch)
     verdicts = evaluate_many(ts, batch, last_activity, open_connections, recorded.averages, recorded.to_fill)
     return Sweep(dict(zip(ids, verdicts, strict=True)), columns, kept, batch)
+
+
+def chart_points(
+    sweep: int, now: datetime, per_kernel: Mapping[str, dict[str, Sample]], plans: Mapping[str, tuple[Derived, Plan]]
+) -> dict[str, SeriesPoint]:
+    """The points of the sessions' utilization series at the term's ``sweep``-th sweep (``now``): each sampled session
+    whose turn it is (``domain.idle.series.due``), its kernels' samples (``per_kernel``, as ``idle.collect`` fills it)
+    and the thresholds its plan judges."""
+    turn = {i: kernels for i, kernels in per_kernel.items() if due(i, sweep)}
+    return series_points(now.timestamp(), turn, {i: plans[i][1].judged.checked or {} for i in turn})

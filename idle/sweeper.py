@@ -23,10 +23,11 @@ from domain.idle.arbiter import Batch
 from domain.idle.columns import WindowColumns
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.facts import Activity, SessionView
+from domain.idle.series import SeriesPoint
 from domain.idle.verdict import Verdict
 from domain.model import SessionStatus
-from idle.collect import collect_clients_seen, collect_samples
-from idle.sweep import Derived, judge, planned
+from idle.collect import Sample, collect_clients_seen, collect_samples
+from idle.sweep import Derived, chart_points, judge, planned
 from idle.views import ViewCache
 from nomad_jobs.client import NomadClient
 from stores.activity import read_activity
@@ -45,6 +46,9 @@ class Swept(NamedTuple):
     """The RUNNING sessions, judged."""
     verdicts: dict[str, Verdict]
     """Session id -> verdict, for each of :attr:`sessions`."""
+    points: dict[str, SeriesPoint]
+    """Session id -> this sweep's point of its utilization series (``domain.idle.series``): each kernel's own sample
+    and the thresholds judged, for the sampled sessions some kernel of which answered."""
 
 
 class Sweeper:
@@ -72,6 +76,8 @@ class Sweeper:
         """What the last sweep derived from each session (:func:`idle.sweep.judge`)."""
         self.batch: Batch | None = None
         """The sessions as the last sweep's verdicts took them (:func:`idle.sweep.judge`)."""
+        self.sweeps = 0
+        """Sweeps so far in this term (whose turn it is to get a point of its utilization series)."""
 
     async def sweep(self, now: datetime, config: IdlePolicyConfig) -> Swept:
         """Verdicts on every RUNNING session at ``now`` under ``config``, with this sweep's samples recorded."""
@@ -87,8 +93,9 @@ class Sweeper:
         sampled = [s for s in sessions if plans[s.id][1].metrics]
         in_flight = asyncio.Semaphore(self.concurrency)  # every Nomad request of the sweep, stats and SFTP alike
         redis, keys = self.store.redis, self.store.keys
+        per_kernel: dict[str, dict[str, Sample]] = {}
         samples, activity, limits, clients = await asyncio.gather(
-            collect_samples(self.nomad, sampled, limit=in_flight, devices=self.devices),
+            collect_samples(self.nomad, sampled, limit=in_flight, devices=self.devices, per_kernel=per_kernel),
             read_activity(redis, keys, [s.id for s in sessions], now),
             self.policies.limits_of(sessions),
             collect_clients_seen(self.nomad, sessions, limit=in_flight),
@@ -108,4 +115,5 @@ class Sweeper:
             batch=self.batch,
         )
         self.windows, self.derived, self.batch = result.windows, result.derived, result.batch
-        return Swept(live_ids, sessions, result.verdicts)
+        self.sweeps += 1
+        return Swept(live_ids, sessions, result.verdicts, chart_points(self.sweeps, now, per_kernel, plans))

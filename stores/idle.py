@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
+from types import MappingProxyType
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -31,6 +32,7 @@ from core.replies import optional_text, optional_texts, text_hash
 from domain.idle.columns import WindowColumns, WindowTableDoc
 from domain.idle.config import CheckName, IdlePolicyConfig
 from domain.idle.policy_file import parse_policy
+from domain.idle.series import SERIES_RETENTION, SeriesPoint, compact, needs_compaction
 from domain.idle.verdict import Verdict, VerdictDoc
 from domain.idle.window import UtilizationWindow, WindowDoc
 from stores.usage import add_utilization
@@ -89,11 +91,23 @@ class IdleStore:
         ttl: int,
         windows: WindowColumns | None = None,
         interval: float = 0.0,
+        series_appended: Mapping[str, SeriesPoint] = MappingProxyType({}),
+        series_rewritten: Mapping[str, Sequence[SeriesPoint]] = MappingProxyType({}),
     ) -> None:
         """One sweep's reports, and (when given) every window, replacing those saved before, in one transaction;
-        each session's measured utilization counts for ``interval`` seconds of its usage (``stores.usage``)."""
+        each session's measured utilization counts for ``interval`` seconds of its usage (``stores.usage``); the
+        sessions' utilization series get this sweep's point appended, or are replaced (:meth:`series_to_write`)."""
 
         def write(pipe: Pipeline) -> None:
+            retention = round(SERIES_RETENTION)
+            for session_id, appended in series_appended.items():
+                pipe.rpush(self.keys.idle_series(session_id), encode(appended))
+                pipe.expire(self.keys.idle_series(session_id), retention)
+            for session_id, points in series_rewritten.items():
+                pipe.delete(self.keys.idle_series(session_id))
+                if points:
+                    pipe.rpush(self.keys.idle_series(session_id), *[encode(p) for p in points])
+                    pipe.expire(self.keys.idle_series(session_id), retention)
             stamp = encode(checked_at)
             for session_id, verdict in verdicts.items():
                 pipe.set(self.keys.idle_report(session_id), report_document(stamp, verdict), ex=ttl)
@@ -113,7 +127,42 @@ class IdleStore:
 
         await write_fenced(self.redis, fence, write)
 
+    async def series_to_write(
+        self, points: Mapping[str, SeriesPoint], lengths: dict[str, int]
+    ) -> tuple[dict[str, SeriesPoint], dict[str, list[SeriesPoint]]]:
+        """This sweep's ``points`` split into (session id -> point to append, session id -> whole series to write
+        instead): a series grown past :func:`~domain.idle.series.needs_compaction` is read, compacted with its new
+        point and rewritten. ``lengths``: session id -> its stored length, kept by the leader (unknown ones are read
+        here) and updated to what :meth:`save_sweep` leaves."""
+        unknown = [session_id for session_id in points if session_id not in lengths]
+        if unknown:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for session_id in unknown:
+                    pipe.llen(self.keys.idle_series(session_id))
+                lengths.update(zip(unknown, await pipe.execute(), strict=True))
+        appended: dict[str, SeriesPoint] = {}
+        rewritten: dict[str, list[SeriesPoint]] = {}
+        for session_id, new in points.items():
+            if needs_compaction(lengths[session_id] + 1):
+                kept = compact([*await self.series(session_id), new])
+                rewritten[session_id] = kept
+                lengths[session_id] = len(kept)
+            else:
+                appended[session_id] = new
+                lengths[session_id] += 1
+        return appended, rewritten
+
     # -- reads ------------------------------------------------------------------------------------
+
+    async def series(self, session_id: str) -> list[SeriesPoint]:
+        """A session's utilization series, oldest first (empty when none is kept); an unreadable point is skipped."""
+        points = []
+        for raw in await self.redis.lrange(self.keys.idle_series(session_id), 0, -1):
+            try:
+                points.append(decode(raw, SeriesPoint))
+            except ValueError as exc:
+                log.warning("session=%s utilization series point unreadable, skipped: %s", session_id, exc)
+        return points
 
     async def load_windows(self) -> WindowColumns:
         """The saved windows; a malformed table or window is skipped (its sessions start those series afresh)."""

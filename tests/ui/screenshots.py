@@ -16,7 +16,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from domain.users import Role
 from tests.harness import CREATE, Caravan
+from tests.idle.running import BUSY, policy_file, running_idle, start_interactive
 from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, visible
+from tests.ui.test_usage_charts_ui import POLICY, charts_on_page, sampled
 
 pytestmark = [pytest.mark.ui]
 
@@ -117,3 +119,19 @@ async def test_screenshots(caravan: Caravan, browser: Browser) -> None:
 
     await browser.run(pages)
     await caravan.gql("mutation($ids: [ID!]!) { destroySession(ids: $ids, forced: true) { id } }", {"ids": made[:1]})
+
+
+async def test_usage_charts_screenshot(caravan: Caravan, browser: Browser, tmp_path: Path) -> None:
+    """The session page's usage charts: a kernel burning a core, sampled by a real idle checker for a few sweeps."""
+    admin = await caravan.user("ada", Role.SUPERADMIN)
+    busy = await start_interactive(caravan, "train-resnet", BUSY)
+    async with running_idle(caravan.settings, policy_file(tmp_path, POLICY)):
+        await sampled(caravan, busy, 12)
+
+        def shoot(d: WebDriver) -> None:
+            sign_in(d, browser.base, admin)
+            charts_on_page(d, browser.base, busy)
+            browser.screenshot(OUT / "usage-charts.png")
+
+        await browser.run(shoot)
+    await caravan.gql("mutation($ids: [ID!]!) { destroySession(ids: $ids, forced: true) { id } }", {"ids": [busy]})

@@ -18,9 +18,16 @@ const POLICY = `query Policy($id: ID!) { effectiveIdlePolicy(sessionId: $id) { s
   networkIdleTimeout exemptFrom utilization { __typename } } }`;
 const IDLE = `query Idle($id: ID!) { session(id: $id) { idleChecks { checkedAt terminate reason checks { name expired remaining
   measuredAgainst note utilization { metric average threshold } } } } }`;
+const UTILIZATION = `query Utilization($id: ID!, $kernel: String) { session(id: $id) { utilization(kernel: $kernel) {
+  kernel kernels points { at until values { metric percent } } thresholds { metric threshold } } } }`;
+/** What each metric is called on its chart (device metrics: "<prefix>_util" busy time, "<prefix>_mem" device memory). */
+const METRIC_LABELS = { cpu_util: "CPU (% of allocated cores)", mem: "Memory (% of allocated)" };
+const metricLabel = (m) => METRIC_LABELS[m] || (m.endsWith("_util") ? `${m.slice(0, -5)} utilization (%)` : m.endsWith("_mem") ? `${m.slice(0, -4)} memory (%)` : m);
 /** How often a RUNNING session's idle verdict is read again: the API has no event for a new verdict (the idle checker
  * writes one each sweep), so this one small read repeats; everything else on the page follows sessionEvents. */
 const IDLE_REFRESH_MS = 30_000;
+/** How often a RUNNING session's usage charts are read again (a point per sweep; sweeps are 15 s by default). */
+const UTILIZATION_REFRESH_MS = 15_000;
 const EVENTS = `subscription Events($id: ID!) { sessionEvents(sessionId: $id) { eventId status reason } }`;
 const LOGS = `subscription Logs($id: ID!, $kernel: String!, $stream: LogStream!) {
   kernelLogs(sessionId: $id, kernel: $kernel, stream: $stream, tailBytes: 65536) }`;
@@ -71,6 +78,66 @@ function Logs({ session }) {
       </div>
       <ErrorBox error={error} />
       <pre class="logs" id="logs" ref={box} tabindex="0" aria-label="Log output">{text || (state === "following" ? "(waiting for output…)" : "(no output)")}</pre>
+    </section>
+  );
+}
+
+/** One metric of one kernel over the session's life: a line of percent over time (older points average several sweeps),
+ * and the idle threshold judged for it drawn dashed across the same axes: under it the kernel counts as idle. */
+function MetricChart({ metric, points, threshold }) {
+  const width = 360, height = 130, left = 34, right = 6, top = 8, bottom = 18;
+  const series = points.map((p) => [Date.parse(p.at), (p.values.find((v) => v.metric === metric) || {}).percent])
+    .filter(([, v]) => v != null);
+  const t0 = series.length ? series[0][0] : 0, t1 = series.length ? series[series.length - 1][0] : 1;
+  const max = Math.max(100, threshold || 0, ...series.map(([, v]) => v));
+  const x = (t) => left + (t1 > t0 ? (t - t0) / (t1 - t0) : 1) * (width - left - right);
+  const y = (v) => top + (1 - v / max) * (height - top - bottom);
+  const line = series.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
+  const last = series.length ? series[series.length - 1][1] : null;
+  const minutes = (t1 - t0) / 60000;
+  return (
+    <figure class="metric-chart" data-metric={metric}>
+      <figcaption>{metricLabel(metric)}{last != null && <span class="muted small"> now {last.toFixed(1)}%</span>}
+        {threshold != null && <span class="muted small"> · idle below {threshold}%</span>}</figcaption>
+      <svg viewBox={`0 0 ${width} ${height}`} role="img" aria-label={`${metricLabel(metric)} over the session's life`}>
+        <line x1={left} y1={y(0)} x2={width - right} y2={y(0)} stroke="currentColor" stroke-opacity="0.4" />
+        <text x={left - 4} y={top + 8} text-anchor="end" font-size="10">{max.toFixed(0)}</text>
+        <text x={left - 4} y={y(0)} text-anchor="end" font-size="10">0</text>
+        <text x={width - right} y={height - 4} text-anchor="end" font-size="9">now</text>
+        <text x={left} y={height - 4} font-size="9">{minutes >= 1 ? `${minutes.toFixed(0)} min ago` : "start"}</text>
+        {threshold != null && <line class="threshold" x1={left} x2={width - right} y1={y(threshold)} y2={y(threshold)}
+          stroke="#b5485d" stroke-dasharray="4 3" data-threshold={threshold}><title>{`idle threshold ${threshold}%`}</title></line>}
+        {series.length > 1 ? <polyline class="series" points={line} fill="none" stroke="#3b6ea5" stroke-width="1.5" />
+          : series.length === 1 && <circle class="series" cx={x(t0)} cy={y(series[0][1])} r="2.5" fill="#3b6ea5" />}
+      </svg>
+    </figure>
+  );
+}
+
+/** The kernels' utilization over the session's life as the idle checker sampled it, per metric, with its thresholds. */
+function UsageCharts({ id, running, kernels }) {
+  const [kernel, setKernel] = useState(null);
+  const [series, setSeries] = useState(null);
+  useEffect(() => {
+    let live = true;
+    const read = () => gql(UTILIZATION, { id, kernel }).then((d) => live && setSeries(d.session.utilization)).catch(() => {});
+    read();
+    const every = running ? setInterval(read, UTILIZATION_REFRESH_MS) : null;
+    return () => { live = false; if (every) clearInterval(every); };
+  }, [id, kernel, running]);
+  if (!series) return null;
+  const thresholds = Object.fromEntries(series.thresholds.map((t) => [t.metric, t.threshold]));
+  const metrics = [...new Set([...series.points.flatMap((p) => p.values.map((v) => v.metric)), ...Object.keys(thresholds)])].sort();
+  const name = (host) => { const k = kernels.find((k) => k.hostname === host); return k ? `${kernelName(k)} (${host})` : host; };
+  return (
+    <section class="card" aria-labelledby="usage-title" id="usage-charts" data-kernel={series.kernel || ""}>
+      <h2 id="usage-title">Usage over time</h2>
+      {series.kernels.length > 1 && <label>Kernel <select id="usage-kernel" value={series.kernel}
+        onChange={(e) => setKernel(e.currentTarget.value)}>{series.kernels.map((h) => <option value={h}>{name(h)}</option>)}</select></label>}
+      {series.points.length === 0 ? <p class="muted" id="usage-none">No samples: the idle checker samples a session's usage
+        while a utilization threshold applies to it (and keeps them a day after the last).</p> : (
+        <div class="charts">{metrics.map((m) => <MetricChart key={m} metric={m} points={series.points} threshold={thresholds[m]} />)}</div>
+      )}
     </section>
   );
 }
@@ -207,6 +274,7 @@ export function DetailPage({ id, viewer }) {
           </Suspense>
         )}
       </section>
+      <UsageCharts id={s.id} running={s.status === "RUNNING"} kernels={s.kernels} />
       <Logs session={s} key={s.id + (s.status === "RUNNING" ? "r" : "")} />
       <section class="card" aria-labelledby="history-title">
         <h2 id="history-title">Status history</h2>

@@ -3,6 +3,12 @@
 import { useEffect, useState } from "preact/hooks";
 import { gql } from "./api.js";
 import { navigate, ErrorBox } from "./util.jsx";
+import { addRecent, loadRecent, renameRecent, saveRecent, togglePin } from "./recent.js";
+
+/** What the "HPC threads" field sets (the job sets each to the kernel's allocated cores, rounded up, unless the session's
+ * environment names it: nomad_jobs/session_job.py HPC_THREAD_VARIABLES, less NPROC, which stays the core count). */
+export const THREAD_VARIABLES = ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+  "NUMEXPR_NUM_THREADS"];
 
 export const OPTIONS = `{ resourcePresets { name resources { slot amount } } resourceGroups { name allowedDrivers capacity { slot amount } }
   sessionTemplates { id name scope spec { type driver image startupCommand environ { name value } resources { slot amount }
@@ -17,6 +23,7 @@ export const EMPTY = {
   name: "", type: "INTERACTIVE", driver: "DOCKER", image: "", preset: "", cpu: "", mem: "", accelerators: "",
   resourceGroup: "default", clusterMode: "SINGLE_NODE", clusterSize: "1", environ: "", startupCommand: "",
   startsAt: "", batchTimeout: "", dependencies: "", apps: "", preopenPorts: "", mounts: "", templateName: "",
+  count: "1", threads: "",
 };
 
 /** The form's text fields as CreateSessionInput (or a template's spec when `spec`); `folders` (id, name) turn a mount's
@@ -39,14 +46,23 @@ export function toInput(f, { spec = false, folders = [] } = {}) {
     const eq = l.indexOf("=");
     return eq < 0 ? { name: l, value: "" } : { name: l.slice(0, eq), value: l.slice(eq + 1) };
   });
+  const threads = (f.threads || "").trim();
+  if (threads) {  // a variable the environment names itself keeps its value
+    for (const name of THREAD_VARIABLES) if (!input.environ.some((e) => e.name === name)) input.environ.push({ name, value: threads });
+  }
+  if (!spec && (f.count || "1").trim() !== "1") input.count = parseInt(f.count, 10);
   if (f.startupCommand.trim()) input.startupCommand = f.startupCommand;
   if (f.startsAt.trim()) input.startsAt = f.startsAt.trim();
   if (f.batchTimeout.trim()) input.batchTimeout = f.batchTimeout.trim();
   if (!spec) input.dependencies = f.dependencies.split(/[\s,]+/).filter(Boolean);
   input.preopenPorts = f.preopenPorts.split(/[\s,]+/).filter(Boolean).map((p) => parseInt(p, 10));
   input.apps = f.apps.split(/[\n,]+/).map((l) => l.trim()).filter(Boolean).map((l) => {
-    const [name, port, protocol = "HTTP"] = l.split(":");
-    return { name: name.trim(), port: parseInt(port, 10), protocol: protocol.trim().toUpperCase() };
+    const [name, port, ...rest] = l.split(":").map((x) => x.trim());
+    const options = rest.map((x) => x.toLowerCase());
+    const protocol = (options.find((x) => x !== "public") || "http").toUpperCase();
+    const app = { name, port: parseInt(port, 10), protocol };
+    if (options.includes("public")) app.public = true;
+    return app;
   });
   input.mounts = f.mounts.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => {
     const [folder, path = "", mode = "RW"] = l.split(":").map((x) => x.trim());
@@ -152,7 +168,9 @@ export function SpecFields({ kit, form, options, viewer, batchOnly = false, chil
       <fieldset><legend>Environment and apps</legend>
         {Field({ name: "environ", label: "Environment variables", hint: "one NAME=value per line", children: (
           <textarea id="f-environ" rows="3" value={form.environ} onInput={set("environ")} aria-invalid={field === "environ"} />) })}
-        {Field({ name: "apps", label: "Apps", hint: "name:port[:HTTP|WEBSOCKET|TCP], one per line", children: (
+        {Field({ name: "threads", label: "HPC threads", hint: `${THREAD_VARIABLES.slice(0, 3).join(", ")}…; empty: the allocated cores`,
+          children: input("threads", { type: "number", min: 1, placeholder: "cores" }) })}
+        {Field({ name: "apps", label: "Apps", hint: "name:port[:HTTP|WEBSOCKET|TCP][:public], one per line; public: open to anyone with the link, no sign-in", children: (
           <textarea id="f-apps" rows="2" value={form.apps} onInput={set("apps")} aria-invalid={field === "apps"} />) })}
         {Field({ name: "preopenPorts", label: "Preopened ports", hint: "comma-separated", children: input("preopenPorts") })}
       </fieldset>
@@ -209,22 +227,52 @@ function ImagePicker({ kit, form, environments }) {
   );
 }
 
+/** The five latest launches of this browser's user (recent.js): fill the form with one, launch it again as it was,
+ * rename it, pin it so newer launches never push it out. */
+function RecentLaunches({ recent, busy, onChange, onUse, onLaunch }) {
+  const [renaming, setRenaming] = useState(null);
+  const [label, setLabel] = useState("");
+  if (!recent.length) return null;
+  return (
+    <section class="card recent" aria-labelledby="recent-title" id="recent-launches">
+      <h2 id="recent-title">Recent launches</h2>
+      <ul>{recent.map((r) => (
+        <li key={r.id} data-recent={r.label} data-pinned={r.pinned ? "true" : "false"}>
+          {renaming === r.id ? (
+            <form class="inline" onSubmit={(e) => { e.preventDefault(); onChange(renameRecent(recent, r.id, label.trim() || r.label)); setRenaming(null); }}>
+              <input class="recent-label" aria-label="New name" value={label} onInput={(e) => setLabel(e.currentTarget.value)} />
+              <button type="submit" class="secondary">Save</button></form>
+          ) : <span class="recent-name">{r.pinned ? "📌 " : ""}{r.label}</span>}
+          <span class="muted small"> {r.form.type.toLowerCase()} · {r.form.image || r.form.driver.toLowerCase()}{r.form.count && r.form.count !== "1" ? ` ×${r.form.count}` : ""}</span>
+          <button type="button" class="secondary recent-use" onClick={() => onUse(r)}>Edit</button>
+          <button type="button" class="recent-launch" disabled={busy} onClick={() => onLaunch(r)}>Re-launch</button>
+          <button type="button" class="secondary recent-rename" onClick={() => { setRenaming(r.id); setLabel(r.label); }}>Rename</button>
+          <button type="button" class="secondary recent-pin" aria-pressed={r.pinned} onClick={() => onChange(togglePin(recent, r.id))}>{r.pinned ? "Unpin" : "Pin"}</button>
+        </li>
+      ))}</ul>
+    </section>
+  );
+}
+
 export function LauncherPage({ viewer }) {
   const [form, setForm] = useState(EMPTY);
   const [options, setOptions] = useState(null);
   const [error, setError] = useState(null);
   const [busy, setBusy] = useState(false);
   const [saved, setSaved] = useState(null);
+  const [recent, setRecent] = useState(() => loadRecent(viewer.id));
+  const keepRecent = (list) => setRecent(saveRecent(viewer.id, list));
   useEffect(() => { gql(OPTIONS).then(setOptions).catch(setError); }, []);
   const field = error && formField(error.field);
   const kit = useFieldKit({ form, setForm, field, error });
   const { Field, input } = kit;
 
-  async function submit(e) {
-    e.preventDefault();
+  async function submit(e, launched = form) {
+    if (e) e.preventDefault();
     setBusy(true); setError(null); setSaved(null);
     try {
-      const d = await gql(CREATE, { input: toInput(form, { folders: options ? options.folders : [] }) });
+      const d = await gql(CREATE, { input: toInput(launched, { folders: options ? options.folders : [] }) });
+      keepRecent(addRecent(loadRecent(viewer.id), launched, Date.now()));
       const made = d.createSession.sessions;
       navigate(made.length === 1 ? `/sessions/${made[0].id}` : "/");
     } catch (exc) { setError(exc); } finally { setBusy(false); }
@@ -242,6 +290,8 @@ export function LauncherPage({ viewer }) {
     <section aria-labelledby="launch-title">
       <h1 id="launch-title">Launch a session</h1>
       {!options && !error && <p class="loading">Loading presets and resource groups…</p>}
+      <RecentLaunches recent={recent} busy={busy} onChange={keepRecent}
+        onUse={(r) => setForm({ ...EMPTY, ...r.form })} onLaunch={(r) => { setForm({ ...EMPTY, ...r.form }); submit(null, { ...EMPTY, ...r.form }); }} />
       <form class="launcher" onSubmit={submit} noValidate aria-label="Launch a session">
         {options && options.sessionTemplates.length > 0 && (
           <div class="field">
@@ -257,6 +307,7 @@ export function LauncherPage({ viewer }) {
         )}
         <SpecFields kit={kit} form={form} options={options} viewer={viewer}>
           {Field({ name: "name", label: "Name", hint: "4-64 characters: letters, digits, '_', and '.' or '-' inside", children: input("name", { required: true }) })}
+          {Field({ name: "count", label: "Sessions to create", hint: "more than one: named name-1, name-2…", children: input("count", { type: "number", min: 1, max: 100 }) })}
         </SpecFields>
         {error && !field && <ErrorBox error={error} />}
         <div class="actions">

@@ -100,3 +100,27 @@ def idle_checks_type(stored: StoredVerdict) -> IdleChecks:
             for report in stored.verdict.reports
         ],
     )
+
+
+@strawberry.type(description="One metric's value in a utilization point, in percent of what the kernel was allocated.")
+class MetricValue:
+    metric: str
+    percent: float
+
+
+@strawberry.type(description="A kernel's utilization over some sweeps: one sweep's sample, or the mean of older ones.")
+class UtilizationPoint:
+    at: datetime = strawberry.field(description="The first sweep it covers.")
+    until: datetime = strawberry.field(description="The last sweep it covers (= at for one sweep).")
+    sweeps: int = strawberry.field(description="How many sweeps it averages (older points are coarser).")
+    values: list[MetricValue]
+
+
+@strawberry.type(description="A kernel's utilization over the session's life, with the idle thresholds judged.")
+class UtilizationSeries:
+    kernel: str | None = strawberry.field(description="The kernel's hostname; null when none was sampled yet.")
+    kernels: list[str] = strawberry.field(description="Every kernel with samples (hostnames).")
+    points: list[UtilizationPoint] = strawberry.field(description="Oldest first; at most a few hundred.")
+    thresholds: list[UtilizationThreshold] = strawberry.field(
+        description="What the utilization check judged at the newest point (below all/any: idle); empty when unchecked."
+    )

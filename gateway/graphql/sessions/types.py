@@ -15,8 +15,8 @@ from domain.sftp import sftp_address
 from gateway.graphql import fields
 from gateway.graphql.context import Info
 from gateway.graphql.folders.mounts import SessionMount, session_mounts_of
-from gateway.graphql.idle.checks import idle_checks_of
-from gateway.graphql.idle.types import IdleChecks
+from gateway.graphql.idle.checks import idle_checks_of, utilization_of
+from gateway.graphql.idle.types import IdleChecks, UtilizationSeries
 from gateway.graphql.sessions.apps import SessionApp, session_app_types
 from gateway.graphql.sessions.endpoints import Endpoint, endpoint_of, endpoint_url_of
 from gateway.graphql.sessions.log_tail import checked_tail_bytes
@@ -259,6 +259,15 @@ class Session:
     )
     async def idle_checks(self, info: Info) -> IdleChecks | None:
         return await idle_checks_of(info, str(self.id))
+
+    @fields.field(
+        description="One kernel's CPU, memory and accelerator utilization over the session's life as the idle checker "
+        "sampled it (kernel: a hostname; null: the first kernel with samples), at a bounded resolution (older points "
+        "average more sweeps), with the idle thresholds judged. Empty when its utilization is not sampled (no "
+        "threshold applies to it) or the series expired (a day after the last sample)."
+    )
+    async def utilization(self, info: Info, kernel: str | None = None) -> UtilizationSeries:
+        return await utilization_of(info, str(self.id), kernel)
 
 
 def session_type_of(s: model.Session) -> Session:
