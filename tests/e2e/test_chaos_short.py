@@ -1,0 +1,61 @@
+"""The chaos run's short version (``bench/chaos``), as CI runs it: Caravan's processes, the multi-host cluster's
+Nomad servers and clients, the Redis primary and HAProxy killed at random under a steady stream of sessions; nothing
+acknowledged may be lost, duplicated, left in a wrong final state or with an orphaned job, and every request answered.
+
+Only the fault kinds that recover within seconds are drawn (not the leaders killed or paused, which wait out a 10 s
+lease), so that enough faults fit in CI's time; and not a Nomad client killed, which can leave a BATCH session ERROR
+(a known bug, found by this run: an allocation whose network setup the kill interrupted fails at the client's restart
+with "network already configured but not found in state", and a batch kernel is never retried; see bench/README.md).
+The run starts its own multi-host cluster: it runs before ``test_multihost.py`` (whose cluster, once up, stays up for
+the session; one such cluster per machine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from caravan.stack import multihost
+
+FAST = "gateway_kill,gateway_term,scheduler_term_leader,idle_term_leader,nomad_leader,redis_primary,haproxy_kill"
+FAULTS = 20
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.nomad
+@pytest.mark.cluster
+def test_a_short_chaos_run_loses_nothing(tmp_path: object) -> None:
+    owner = multihost.RECORDS / "owner"
+    if owner.exists() and owner.read_text().strip() == str(os.getpid()):
+        pytest.skip("this session's multi-host cluster is up already (one per machine): run this test on its own")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(multihost.PROJECT / "bench" / "chaos"),
+            f"--faults={FAULTS}",
+            f"--kinds={FAST}",
+            "--no-calm",
+            "--settle=90",
+            f"--state={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=multihost.PROJECT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["faults"] == FAULTS, summary
+    failures = {
+        name: summary[name]
+        for name in ("lost", "duplicated", "orphaned", "wrong_final", "unacknowledged")
+        if summary[name]
+    }
+    assert failures == {}, done.stdout[-4000:]
+    assert summary["jobs_per_session_max"] <= 1, summary
+    assert summary["requests"]["untyped_errors"] == 0 and summary["requests"]["hangs"] == 0, done.stdout[-4000:]
+    assert all(line["unrecovered"] == 0 for line in summary["per_kind"].values()), summary["per_kind"]
