@@ -26,7 +26,10 @@ class GraphQLSocket:
 
     async def receive(self, timeout: float = 30.0) -> dict[str, Any]:
         """The next message on the socket, whatever its operation."""
-        message: dict[str, Any] = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        frame = await asyncio.wait_for(self.ws.recv(), timeout)
+        # graphql-transport-ws speaks in text frames: a browser's client cannot read a binary one (a Blob)
+        assert isinstance(frame, str), f"a binary frame: {frame[:80]!r}"
+        message: dict[str, Any] = json.loads(frame)
         return message
 
     async def init(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -181,8 +181,10 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         request.state.sub_response = sub_response
         return sub_response
 
-    def encode_json(self, data: object) -> bytes:
-        return ENCODER.encode(data)
+    def encode_json(self, data: object) -> str:
+        # text, not bytes: the same method encodes graphql-transport-ws messages, which bytes would send as binary
+        # frames, and a browser's client cannot read those
+        return ENCODER.encode(data).decode()
 
     def parse_json(self, data: str | bytes) -> Any:
         try:
