@@ -75,6 +75,11 @@ class NomadNotFound(PermanentError):
     pass
 
 
+class NomadDenied(NomadRejected):
+    """Nomad answered 403 (Permission denied): the token may not do this, or the server answering has not restored its
+    ACL state yet (seen just after a Nomad server restarts: bench/chaos)."""
+
+
 class JobExists(PermanentError):
     """A create-only registration found the job already there: a re-delivered submission."""
 
@@ -140,6 +145,8 @@ class NomadClient:
             raise TransientError(f"Nomad {method} {path} answered {response.status_code}: {text}")
         if response.status_code == 404:
             raise NomadNotFound(f"{path}: {response.text.strip()}")
+        if response.status_code == 403:
+            raise NomadDenied(f"Nomad {method} {path} refused: {response.text.strip()}")
         if response.status_code >= 400:
             raise NomadRejected(f"Nomad {method} {path} refused: {response.text.strip()}")
         return response

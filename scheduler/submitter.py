@@ -12,11 +12,11 @@ from datetime import datetime
 from typing import Any
 
 from core.clock import utcnow
-from core.errors import PermanentError
+from core.errors import PermanentError, TransientError
 from core.lease import Fence
 from domain.lifecycle import transition
 from domain.model import Session, SessionStatus
-from nomad_jobs.client import JobExists, NomadClient
+from nomad_jobs.client import JobExists, NomadClient, NomadDenied
 from nomad_jobs.explain import clipped
 from nomad_jobs.meta import SESSION_ID, TASK_NAME
 from stores.sessions import SessionStore
@@ -56,6 +56,10 @@ async def submit(store: SessionStore, nomad: NomadClient, session: Session, fenc
         log.info("session=%s job=%s registered", session.id, session.nomad_job_id)
     except JobExists:
         log.info("session=%s job=%s was already registered", session.id, session.nomad_job_id)
+    except NomadDenied as exc:
+        # the job owner's token may register jobs: a 403 is a server that has not restored its ACL state yet (just
+        # after a restart), not a verdict on the job; the request stays for the next round instead of failing it
+        raise TransientError(f"Nomad denied the registration for now: {exc}") from exc
     except PermanentError as exc:
         log.error("session=%s job=%s refused: %s", session.id, session.nomad_job_id, exc)
         reason = clipped(f"Nomad refused the job: {exc}")
@@ -81,6 +85,8 @@ async def resubmit(store: SessionStore, nomad: NomadClient, session: Session) ->
         check_job_shape(session, job)
         await nomad.register(job, source_hcl=session.job_hcl, create_only=False)
         log.info("session=%s job=%s registered again (replicas changed)", session.id, session.nomad_job_id)
+    except NomadDenied as exc:
+        raise TransientError(f"Nomad denied the registration for now: {exc}") from exc  # as in submit
     except PermanentError as exc:
         log.error("session=%s job=%s change refused: %s", session.id, session.nomad_job_id, exc)
     await store.mark_submitted(session.id)

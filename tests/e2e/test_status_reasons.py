@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.clock import utcnow
+from core.errors import TransientError
 from core.settings import Settings
 from domain.lifecycle import transition
 from domain.model import SessionStatus
@@ -318,3 +319,29 @@ async def test_destroying_an_error_session_with_a_kernel_still_running_stops_it_
     assert (ended["status"], ended["statusInfo"]) == ("TERMINATED", "user-requested") and ended["terminatedAt"]
     assert [k["status"] for k in ended["kernels"]] == ["TERMINATED", "ERROR"]
     assert await live_metrics(caravan) == (0, 0)
+
+
+async def test_a_registration_nomad_denies_for_now_keeps_the_session_for_the_next_round(settings: Settings) -> None:
+    """A 403 on the job owner's registration (a restarted Nomad server answers so until its ACL state is back, as
+    bench/chaos found) is an outage, not a refusal: the session stays SCHEDULED and the request stays. Here a token
+    that may not register jobs (the gateway's) stands in for that server: a real 403 from Nomad."""
+    async with running_caravan(settings, scheduler=False) as caravan:
+        session_id = await create(caravan, driver="EXEC", startupCommand="true")
+        stored = await caravan.store.get(session_id)
+        assert stored is not None
+        job = render_session_job(stored, JobContext(job_prefix=caravan.settings.nomad.job_prefix))
+        scheduled = await caravan.store.update(
+            session_id,
+            lambda s: transition(
+                s.evolve(nomad_job_id=job.job_id, job_hcl=job.hcl), SessionStatus.SCHEDULED, reason="s", at=utcnow()
+            ),
+        )
+        assert scheduled is not None
+        denied = NomadClient(caravan.settings.for_role("gateway").nomad)
+        try:
+            with pytest.raises(TransientError, match="denied"):
+                await submit(caravan.store, denied, scheduled, None)
+        finally:
+            await denied.aclose()
+        found = await session_of(caravan, session_id)
+        assert (found["status"], found["statusInfo"]) == ("SCHEDULED", "s"), found
