@@ -78,7 +78,8 @@ async def test_a_sub_that_ends_at_once_is_known_and_a_running_sub_is_reached_by_
     assert f"addr={named['main1'][0]}\n" in stdout
     assert all(named[h][0].startswith("172.26.") for h in ("main1", "sub1", "sub2")), named
     # sub2 waited for main1 (0), unless it was stopped before its command ended (143: a TERM, not a failure).
-    assert (kernel(session, "sub2")["status"], kernel(session, "sub2")["exitCode"] in (0, 143)) == ("TERMINATED", True)
+    sub2 = kernel(session, "sub2")
+    assert (sub2["status"], sub2["exitCode"] in (0, 143)) == ("TERMINATED", True), sub2
 
 
 @pytest.mark.docker
