@@ -4,6 +4,7 @@ retried; rollups equal the raw records recomputed; live sessions count up to now
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import uuid
 from datetime import UTC, date, datetime, timedelta
@@ -108,6 +109,21 @@ async def test_an_ended_session_is_recorded_once_with_its_rollup(redis: Redis, k
     await store.update(session.id, lambda s: s.evolve(status_detail="the task's exit code arrived late"))
     assert await stored_days(store, T0.date(), T0.date() + timedelta(days=1)) == rows
     assert (await store.usage.totals())[("p1", SLOT + "cpu")] == 1000 * 7200
+
+
+async def test_amounts_beyond_a_doubles_precision_are_added_exactly(redis: Redis, keys: Keys) -> None:
+    """The recording script passes amounts to HINCRBY as strings: a Lua number (a double) would round these."""
+    store = SessionStore(redis, keys)
+    big = new_session()
+    huge = {"cpu": "0.5", "mem": str(2**40 + 1), "sim.shares": "0.25"}  # a TiB for 10 days: ~9.5e17 byte-s
+    big = big.evolve(kernels=(dataclasses.replace(big.kernels[0], resources=huge),))
+    await run_and_end(store, big, T0, 10 * 86400 + 1)
+    await run_and_end(store, new_session(), T0, 3)  # and 3 more seconds of 256 MiB on top
+    total = (2**40 + 1) * (10 * 86400 + 1) + 268435456 * 3  # odd, and above 2**53
+    assert total > 2**53 and float(total) != total
+    assert (await store.usage.totals())[("p1", SLOT + "mem")] == total
+    rows = await stored_days(store, T0.date(), T0.date() + timedelta(days=10))
+    assert sum(r.get(SLOT + "mem", 0) for r in rows.values()) == total
 
 
 async def test_concurrent_enders_count_a_session_once(redis: Redis, keys: Keys) -> None:
