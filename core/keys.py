@@ -475,6 +475,11 @@ class Keys:
         """LIST of JSON ``stores.endpoint_access.ColdStart``, newest first, the last few of one endpoint."""
         return f"{self.prefix}:endpoints:cold-starts:{session_id}"
 
+    def endpoint_series(self, session_id: str) -> str:
+        """LIST of JSON ``domain.endpoint_series.EndpointPoint``, oldest first, at most ``MAX_POINTS``: the endpoint's
+        requests/s and replicas over the last hour (the Endpoints page's chart)."""
+        return f"{self.prefix}:endpoints:series:{session_id}"
+
     def usage_record(self, session_id: str) -> str:
         """JSON of one ended session's raw usage record (``domain.usage.UsageRecord``); expires after the raw
         retention (``CARAVAN_USAGE_RAW_RETENTION``)."""

@@ -26,6 +26,7 @@ from core.keys import Keys
 from core.replies import text
 from domain.app_routes import FIELD
 from domain.endpoint_routes import TokenGrant
+from domain.endpoint_series import MAX_POINTS, EndpointPoint
 from domain.users import hash_token
 from stores.changes import endpoints_changed
 
@@ -157,7 +158,7 @@ class EndpointAccessStore:
             if held:
                 pipe.hdel(self.keys.endpoint_held, *held)
             for session_id in ids:
-                pipe.delete(self.keys.endpoint_cold_starts(session_id))
+                pipe.delete(self.keys.endpoint_cold_starts(session_id), self.keys.endpoint_series(session_id))
             endpoints_changed(pipe, self.keys)
             await pipe.execute()
 
@@ -203,6 +204,26 @@ class EndpointAccessStore:
         for raw in await self.redis.lrange(self.keys.endpoint_cold_starts(session_id), 0, -1):
             try:
                 found.append(decode(raw, ColdStart))
+            except MalformedDocument:
+                continue
+        return found
+
+    async def record_points(self, points: dict[str, EndpointPoint]) -> None:
+        """Append one point to each endpoint's series, which keeps its last ``MAX_POINTS``."""
+        if not points:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id, point in points.items():
+                key = self.keys.endpoint_series(session_id)
+                pipe.rpush(key, encode(point))
+                pipe.ltrim(key, -MAX_POINTS, -1)
+            await pipe.execute()
+
+    async def series(self, session_id: str) -> list[EndpointPoint]:
+        found = []
+        for raw in await self.redis.lrange(self.keys.endpoint_series(session_id), 0, -1):
+            try:
+                found.append(decode(raw, EndpointPoint))
             except MalformedDocument:
                 continue
         return found

@@ -16,7 +16,8 @@ session write, endpoint token issued or revoked and public flag set appends to (
   private or ended, an API token revoked or its user no longer allowed).
 - **Load.** Every :data:`SAMPLE_INTERVAL` seconds it reads ``show stat`` and writes one load sample per endpoint
   (``stores.endpoint_traffic.record_loads``: in-flight is the replicas' current sessions plus the backend's queue;
-  held, the activator's) and the counters the API and ``/metrics`` show (``stores.endpoint_access``).
+  held, the activator's) and the counters the API and ``/metrics`` show (``stores.endpoint_access``); every
+  ``domain.endpoint_series.STEP`` seconds a point of the endpoint's series (requests/s, replicas) the web UI charts.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from domain.endpoint_routes import (
     place_servers,
     routable,
 )
+from domain.endpoint_series import EndpointPoint, due, point
 from domain.model import Session
 from gateway.apps.ingress_config import IngressPaths
 from gateway.apps.plane import OpenSocket, Plane
@@ -71,6 +73,9 @@ class _Counter:
     base_errors: int
     last_requests: int = 0
     last_at: float = 0.0
+    point_requests: int = 0
+    point_at: float = 0.0
+    """The request counter and the moment of the endpoint's last series point (``domain.endpoint_series``)."""
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     """The last response times (ms, to the headers) HAProxy measured on this backend for this session."""
 
@@ -238,6 +243,7 @@ class EndpointControl(Plane):
         held = await self.access.all_held(now)
         loads: list[EndpointLoad] = []
         stats: dict[str, EndpointStats] = {}
+        points: dict[str, EndpointPoint] = {}
         for session_id, slot in self.backends.items():
             name = backend_name(slot)
             mine = [r for r in rows if r.get("pxname") == name]
@@ -248,7 +254,7 @@ class EndpointControl(Plane):
             errors = _int(backend, "hrsp_5xx") + _int(backend, "econ") + _int(backend, "eresp")
             counter = self._counters.get(slot)
             if counter is None or counter.session_id != session_id or requests < counter.last_requests:
-                counter = self._counters[slot] = _Counter(session_id, requests, errors, requests, now)
+                counter = self._counters[slot] = _Counter(session_id, requests, errors, requests, now, requests, now)
             in_flight = _int(backend, "qcur") + sum(
                 _int(r, "scur") for r in mine if r.get("svname", "").startswith(SERVER_PREFIX)
             )
@@ -259,6 +265,12 @@ class EndpointControl(Plane):
             counter.latencies.extend(latencies.get(name, ()))
             window = list(counter.latencies)
             waiting = held.get(session_id, 0)
+            routable_now = sum(1 for a in self.servers.get(slot, {}).values() if a is not None)
+            if due(counter.point_at, now):
+                points[session_id] = point(
+                    now, counter.point_at, requests, counter.point_requests, routable_now, in_flight
+                )
+                counter.point_requests, counter.point_at = requests, now
             loads.append(EndpointLoad(session_id, in_flight, total, now, held=waiting))
             stats[session_id] = EndpointStats(
                 sampled_at=now,
@@ -268,10 +280,11 @@ class EndpointControl(Plane):
                 errors_total=errors - counter.base_errors,
                 avg_response_ms=_int(backend, "rtime"),
                 avg_total_ms=_int(backend, "ttime"),
-                replicas_routable=sum(1 for a in self.servers.get(slot, {}).values() if a is not None),
+                replicas_routable=routable_now,
                 held=waiting,
                 p50_ms=percentile(window, 0.5),
                 p99_ms=percentile(window, 0.99),
             )
         await record_loads(self.redis, self.keys, loads)
         await self.access.record_stats(stats)
+        await self.access.record_points(points)
