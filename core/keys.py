@@ -167,9 +167,9 @@ class Keys:
 
     @property
     def route_changes(self) -> str:
-        """STREAM with an entry in the MULTI of every write that bumps ``sessions_version`` or ``users_version``
-        (capped in length): the app data plane's control (``gateway.apps.control``) blocks reading it (``XREAD
-        BLOCK``) instead of polling the counters."""
+        """STREAM with an entry in the MULTI of every write that bumps ``sessions_version``, ``users_version`` or
+        ``endpoints_version`` (capped in length): the data plane's control planes (``gateway.apps.plane``) block
+        reading it (``XREAD BLOCK``) instead of polling the counters."""
         return f"{self.prefix}:route-changes"
 
     @property
@@ -460,7 +460,9 @@ class Keys:
 
     @property
     def endpoint_held(self) -> str:
-        """HASH INFERENCE session id -> requests the activator holds for it now (all gateway processes)."""
+        """HASH ``<INFERENCE session id>|<activator instance>`` -> ``<requests held>|<lease end, unix s>``: the
+        requests each gateway process's activator holds now, counted only while its lease runs (a crashed process's
+        count lapses with it)."""
         return f"{self.prefix}:endpoints:held"
 
     @property
@@ -472,6 +474,11 @@ class Keys:
     def endpoint_cold_starts(self, session_id: str) -> str:
         """LIST of JSON ``stores.endpoint_access.ColdStart``, newest first, the last few of one endpoint."""
         return f"{self.prefix}:endpoints:cold-starts:{session_id}"
+
+    def endpoint_series(self, session_id: str) -> str:
+        """LIST of JSON ``domain.endpoint_series.EndpointPoint``, oldest first, at most ``MAX_POINTS``: the endpoint's
+        requests/s and replicas over the last hour (the Endpoints page's chart)."""
+        return f"{self.prefix}:endpoints:series:{session_id}"
 
     def usage_record(self, session_id: str) -> str:
         """JSON of one ended session's raw usage record (``domain.usage.UsageRecord``); expires after the raw

@@ -108,8 +108,12 @@ def may_pass(maps: Maps, host: str, user: str | None, token_hash: str | None) ->
     if info is None or host not in maps.get("routes", {}):
         return False
     owner, project, public = (info.split(FIELD) + ["", "", ""])[:3]
-    if public == "1":
-        return True
+    return public == "1" or user_passes(maps, owner, project, user, token_hash)
+
+
+def user_passes(maps: Maps, owner: str, project: str, user: str | None, token_hash: str | None) -> bool:
+    """Whether ``user``, with the API token ``token_hash``, may reach a private object of ``owner`` in ``project``
+    by the user maps (``USER_MAPS``) HAProxy holds: its owner, a superadmin, an admin of the project."""
     if not user or not token_hash or maps.get("tokens", {}).get(token_hash) != user:
         return False
     return (

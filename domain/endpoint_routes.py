@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from domain.app_routes import FIELD, Maps
+from domain.app_routes import FIELD, Maps, user_passes
 from domain.apps import SESSION_ID_RULE
 from domain.inference import MAX_REPLICAS, endpoints_of, is_inference
 from domain.model import Session
@@ -146,3 +146,17 @@ def endpoint_maps(
 def routable(session: Session) -> tuple[str, ...]:
     """The replicas that may get traffic: ``domain.inference.endpoints_of``, the one predicate."""
     return endpoints_of(session)
+
+
+def may_pass(maps: Maps, users: Maps, host: str, user: str | None, token_hash: str | None) -> bool:
+    """Whether HAProxy, holding the endpoint maps ``maps`` and the apps' user maps ``users``, lets a request with the
+    token ``token_hash`` (of ``user``, None: not an API token) through to the endpoint ``host``: the rule of
+    ``gateway.endpoints.ingress``, for what stays open (a WebSocket is admitted once; the endpoint control plane
+    closes it when this turns false)."""
+    info = maps.get("endpoints", {}).get(host)
+    if info is None:
+        return False
+    owner, project, public = (info.split(FIELD) + ["", "", ""])[:3]
+    if public == "1" or (token_hash and f"{host}{FIELD}{token_hash}" in maps.get("endpoint_tokens", {})):
+        return True
+    return user_passes(users, owner, project, user, token_hash)

@@ -1,9 +1,9 @@
 """The counters a write of a session, user or token bumps, and the wake-up it leaves for readers that block.
 
-Every such write calls one of these in its MULTI: ``Keys.sessions_version`` / ``Keys.users_version`` move (the
-GraphQL result cache and the apps' control plane compare them), and an entry is appended to ``Keys.route_changes``,
-which the apps' control plane (``gateway.apps.control``) reads with ``XREAD BLOCK``: it learns of the change at once,
-without polling Redis.
+Every such write calls one of these in its MULTI: ``Keys.sessions_version`` / ``Keys.users_version`` /
+``Keys.endpoints_version`` move (the GraphQL result cache and the control planes compare them), and an entry is
+appended to ``Keys.route_changes``, which the apps' and the endpoints' control planes (``gateway.apps.plane``) read
+with ``XREAD BLOCK``: they learn of the change at once, without polling Redis.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ def sessions_changed(pipe: Redis | Coalesced, keys: Keys) -> None:
     """In the MULTI of a write of session documents or listing indexes."""
     pipe.incr(keys.sessions_version)
     pipe.xadd(keys.route_changes, {"what": "sessions"}, maxlen=CHANGES_KEPT, approximate=True)
+
+
+def endpoints_changed(pipe: Redis, keys: Keys) -> None:
+    """In the MULTI of a write of an endpoint's access (public flag, endpoint token)."""
+    pipe.incr(keys.endpoints_version)
+    pipe.xadd(keys.route_changes, {"what": "endpoints"}, maxlen=CHANGES_KEPT, approximate=True)
 
 
 def users_changed(pipe: Redis, keys: Keys) -> None:

@@ -2,8 +2,13 @@
 requests the activator holds, cold starts, the latest counters.
 
 Tokens are stored by the SHA-256 of their secret only (a leak of Redis' contents opens no endpoint); every write of a
-flag or a token bumps ``Keys.endpoints_version`` in the same transaction, which the endpoint control plane
-(``gateway.endpoints.control``) polls: an issued token passes, a revoked one is refused, within milliseconds.
+flag or a token bumps ``Keys.endpoints_version`` and appends to ``Keys.route_changes`` in the same transaction
+(``stores.changes.endpoints_changed``), which wakes the endpoint control plane (``gateway.endpoints.control``): an
+issued token passes, a revoked one is refused (and its open WebSockets closed), within milliseconds.
+
+The requests the activator holds are counted per gateway process (its activator's instance id) under a lease
+(:data:`HELD_LEASE`) the process renews while it holds any: a process killed while holding leaves a count that lapses
+at its lease's end, never one that stays (a shared counter would keep the crashed process's increments for ever).
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from redis.asyncio import Redis
 from core.codec import MalformedDocument, decode, encode
 from core.keys import Keys
 from core.replies import text
+from domain.app_routes import FIELD
 from domain.endpoint_routes import TokenGrant
+from domain.endpoint_series import MAX_POINTS, EndpointPoint
 from domain.users import hash_token
+from stores.changes import endpoints_changed
 
 TOKEN_PREFIX = "cep_"
 """Endpoint tokens start with this (told apart from API tokens at a glance)."""
@@ -29,6 +37,14 @@ MAX_TOKENS = 100
 COLD_STARTS_KEPT = 20
 LATENCY_WINDOW = 1024
 """Requests whose response times make an endpoint's p50 and p99."""
+HELD_LEASE = 10.0
+"""Seconds a gateway process's count of held requests stands without being renewed (it renews it every third of
+this while it holds any)."""
+
+
+def _held_field(field: str) -> tuple[str, str]:
+    session_id, _, instance = field.partition(FIELD)
+    return session_id, instance
 
 
 class EndpointToken(msgspec.Struct, frozen=True):
@@ -79,7 +95,7 @@ class EndpointAccessStore:
                 pipe.sadd(self.keys.endpoint_public, session_id)
             else:
                 pipe.srem(self.keys.endpoint_public, session_id)
-            pipe.incr(self.keys.endpoints_version)
+            endpoints_changed(pipe, self.keys)
             await pipe.execute()
 
     async def public(self) -> set[str]:
@@ -113,7 +129,7 @@ class EndpointAccessStore:
         token = EndpointToken(uuid.uuid4().hex[:16], session_id, name, now)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self.keys.endpoint_tokens, hash_token(secret), encode(token))
-            pipe.incr(self.keys.endpoints_version)
+            endpoints_changed(pipe, self.keys)
             await pipe.execute()
         return token, secret
 
@@ -123,7 +139,7 @@ class EndpointAccessStore:
             return False
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self.keys.endpoint_tokens, *found)
-            pipe.incr(self.keys.endpoints_version)
+            endpoints_changed(pipe, self.keys)
             await pipe.execute()
         return True
 
@@ -133,22 +149,48 @@ class EndpointAccessStore:
         if not ids:
             return
         hashes = [h for h, t in (await self._all_tokens()).items() if t.session_id in ids]
+        held = [f for f in await self.redis.hkeys(self.keys.endpoint_held) if _held_field(text(f))[0] in ids]
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.srem(self.keys.endpoint_public, *ids)
             if hashes:
                 pipe.hdel(self.keys.endpoint_tokens, *hashes)
             pipe.hdel(self.keys.endpoint_stats, *ids)
-            pipe.hdel(self.keys.endpoint_held, *ids)
+            if held:
+                pipe.hdel(self.keys.endpoint_held, *held)
             for session_id in ids:
-                pipe.delete(self.keys.endpoint_cold_starts(session_id))
-            pipe.incr(self.keys.endpoints_version)
+                pipe.delete(self.keys.endpoint_cold_starts(session_id), self.keys.endpoint_series(session_id))
+            endpoints_changed(pipe, self.keys)
             await pipe.execute()
 
-    async def held(self, session_id: str, delta: int) -> None:
-        await self.redis.hincrby(self.keys.endpoint_held, session_id, delta)
+    async def set_held(self, instance: str, session_id: str, count: int, now: float) -> None:
+        """``instance`` (one gateway process's activator) holds ``count`` requests for ``session_id`` now; the count
+        stands until ``now`` + :data:`HELD_LEASE` unless set again."""
+        field = f"{session_id}{FIELD}{instance}"
+        if count > 0:
+            await self.redis.hset(self.keys.endpoint_held, field, f"{count}{FIELD}{now + HELD_LEASE}")
+        else:
+            await self.redis.hdel(self.keys.endpoint_held, field)
 
-    async def all_held(self) -> dict[str, int]:
-        return {text(k): max(0, int(v)) for k, v in (await self.redis.hgetall(self.keys.endpoint_held)).items()}
+    async def all_held(self, now: float) -> dict[str, int]:
+        """Session id -> requests held for it by every gateway process whose lease runs at ``now``; lapsed counts
+        (a process that died holding) are dropped."""
+        found: dict[str, int] = {}
+        lapsed = []
+        for key, value in (await self.redis.hgetall(self.keys.endpoint_held)).items():
+            session_id, _ = _held_field(text(key))
+            count, _, until = text(value).partition(FIELD)
+            try:
+                live = float(until) > now
+                held = max(0, int(count))
+            except ValueError:
+                live, held = False, 0
+            if live:
+                found[session_id] = found.get(session_id, 0) + held
+            else:
+                lapsed.append(key)
+        if lapsed:
+            await self.redis.hdel(self.keys.endpoint_held, *lapsed)
+        return found
 
     async def record_cold_start(self, session_id: str, cold: ColdStart) -> None:
         key = self.keys.endpoint_cold_starts(session_id)
@@ -162,6 +204,26 @@ class EndpointAccessStore:
         for raw in await self.redis.lrange(self.keys.endpoint_cold_starts(session_id), 0, -1):
             try:
                 found.append(decode(raw, ColdStart))
+            except MalformedDocument:
+                continue
+        return found
+
+    async def record_points(self, points: dict[str, EndpointPoint]) -> None:
+        """Append one point to each endpoint's series, which keeps its last ``MAX_POINTS``."""
+        if not points:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id, point in points.items():
+                key = self.keys.endpoint_series(session_id)
+                pipe.rpush(key, encode(point))
+                pipe.ltrim(key, -MAX_POINTS, -1)
+            await pipe.execute()
+
+    async def series(self, session_id: str) -> list[EndpointPoint]:
+        found = []
+        for raw in await self.redis.lrange(self.keys.endpoint_series(session_id), 0, -1):
+            try:
+                found.append(decode(raw, EndpointPoint))
             except MalformedDocument:
                 continue
         return found

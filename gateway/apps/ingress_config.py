@@ -424,7 +424,7 @@ def write_files(config: IngressConfig, paths: IngressPaths) -> None:
         folder.mkdir(exist_ok=True, mode=0o700)
     for name in MAPS:
         paths.map(name).write_text("")
-    endpoint_ingress.write_files(paths.state_dir)
+    endpoint_ingress.write_files(paths.state_dir, config.endpoints)
     lua = LUA.replace("AWAIT_MS", str(AWAIT_MS)).replace("COOKIE_NAME", COOKIE_NAME)
     lua = lua.replace("MAX_CANDIDATES", str(MAX_COOKIE_CANDIDATES)).replace("COOKIE_KEY", config.cookie_key)
     paths.lua.write_text(lua)

@@ -14,6 +14,10 @@ and the gateway know (anything else on an endpoint host is 404). Then:
 
 One poller per endpoint and gateway process reads the session while requests wait (every :data:`HOLD_POLL` s). A
 WebSocket cannot be held: it is refused (close 1013, "try again later") once it woke the endpoint.
+
+The requests held are counted per gateway process (an instance id of its activator) under a lease the process renews
+while it holds any (``stores.endpoint_access.HELD_LEASE``): the count the control plane reads (the autoscaler's
+``held``, the endpoint's stats) is right again within a lease after a gateway was killed while holding.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import itertools
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +42,7 @@ from domain.endpoint_routes import parse_endpoint_host, routable
 from domain.inference import is_inference
 from gateway.endpoints.control import raise_if_cancelling
 from gateway.endpoints.ingress import ACTIVATOR_HEADER, IDEMPOTENT, activator_secret
-from stores.endpoint_access import ColdStart, EndpointAccessStore
+from stores.endpoint_access import HELD_LEASE, ColdStart, EndpointAccessStore
 from stores.endpoint_traffic import request_wake
 from stores.sessions import SessionStore
 
@@ -75,6 +80,11 @@ class EndpointActivator:
         self.state = state
         self._waits: dict[str, _Wait] = {}
         self._turn = itertools.count()
+        self.instance = uuid.uuid4().hex[:16]
+        """This process's activator, in the counts of held requests (``stores.endpoint_access.set_held``)."""
+        self._held: dict[str, int] = {}
+        """Session id -> requests this process holds for it."""
+        self._lease: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -129,7 +139,9 @@ class EndpointActivator:
                         [(b"retry-after", str(RETRY_AFTER).encode())])  # fmt: skip
             return ColdStart(arrived, None, None, "REFUSED"), ()
         wait.waiters += 1
-        await access.held(session_id, 1)
+        await self._count(access, session_id, 1)
+        if self._lease is None or self._lease.done():
+            self._lease = asyncio.create_task(self._renew(access), name="activator lease")
         try:
             await request_wake(sessions.redis, sessions.keys, session_id)
             if wait.poller is None:
@@ -140,7 +152,8 @@ class EndpointActivator:
                 replicas = ()
         finally:
             wait.waiters -= 1
-            await access.held(session_id, -1)
+            with contextlib.suppress(Exception):
+                await self._count(access, session_id, -1)
             if wait.waiters == 0 and wait.poller is not None and not wait.ready.done():
                 wait.poller.cancel()
                 self._waits.pop(session_id, None)
@@ -152,6 +165,20 @@ class EndpointActivator:
                         [(b"retry-after", str(RETRY_AFTER).encode())])  # fmt: skip
             return cold, ()
         return ColdStart(arrived, time.time(), None, "SERVED"), replicas
+
+    async def _count(self, access: EndpointAccessStore, session_id: str, delta: int) -> None:
+        held = self._held[session_id] = self._held.get(session_id, 0) + delta
+        if held <= 0:
+            self._held.pop(session_id, None)
+        await access.set_held(self.instance, session_id, held, time.time())
+
+    async def _renew(self, access: EndpointAccessStore) -> None:
+        """The lease of this process's counts, renewed while it holds any request."""
+        while self._held:
+            await asyncio.sleep(HELD_LEASE / 3)
+            for session_id in list(self._held):
+                with contextlib.suppress(Exception):  # Redis away a moment: the next turn renews it
+                    await self._count(access, session_id, 0)
 
     async def _poll(self, session_id: str, wait: _Wait) -> None:
         sessions: SessionStore = self.state["sessions"]

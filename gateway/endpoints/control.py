@@ -1,25 +1,29 @@
 """The inference endpoints' control plane: one task in the gateway process (next to the apps' control plane, with a
 lock of its own) that keeps HAProxy's endpoint maps and backends equal to what Redis says, through the runtime API:
-no reload, ever.
+no reload, ever. Its loop is the apps' (``gateway.apps.plane``): it blocks on ``Keys.route_changes``, which every
+session write, endpoint token issued or revoked and public flag set appends to (``stores.changes``).
 
-- **Changes.** Every :data:`POLL` seconds it reads ``Keys.sessions_version`` and ``Keys.endpoints_version``; when one
+- **Changes.** When woken it reads ``Keys.sessions_version`` and ``Keys.endpoints_version``; when one
   moved it reads what changed and sends HAProxy the edits: each live INFERENCE session gets a backend of the pool
   (``domain.endpoint_routes.assign_backends``), its routable replicas (``domain.inference.endpoints_of``) in that
   backend's server slots (``set server … addr``, ``state ready``; the others ``state maint``), then its map entries.
   Order: an entry removed before its servers go, servers ready before an entry is added (a new endpoint's first
   request finds its replicas).
 - **Restarts.** The same as the apps': a HAProxy without the mark in ``endpoint_meta.map`` is rebuilt whole.
+- **Open WebSockets.** HAProxy keeps the WebSockets it admitted to an endpoint in a table of their own
+  (``ingress.WS_TABLE``: client, host, token hash, user); after each change and every check the plane shuts down
+  those that no longer pass (``domain.endpoint_routes.may_pass``: an endpoint token revoked, the endpoint made
+  private or ended, an API token revoked or its user no longer allowed).
 - **Load.** Every :data:`SAMPLE_INTERVAL` seconds it reads ``show stat`` and writes one load sample per endpoint
   (``stores.endpoint_traffic.record_loads``: in-flight is the replicas' current sessions plus the backend's queue;
-  held, the activator's) and the counters the API and ``/metrics`` show (``stores.endpoint_access``).
+  held, the activator's) and the counters the API and ``/metrics`` show (``stores.endpoint_access``); every
+  ``domain.endpoint_series.STEP`` seconds a point of the endpoint's series (requests/s, replicas) the web UI charts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import csv
-import fcntl
 import io
 import logging
 import math
@@ -29,11 +33,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from core.keys import Keys
 from core.replies import text
-from domain.app_routes import Maps, edits
+from core.retry import stop_if_cancelled
+from domain.app_routes import USER_MAPS, Maps, edits
 from domain.endpoint_routes import (
     ENDPOINT_MAPS,
     SERVER_PREFIX,
@@ -41,24 +45,23 @@ from domain.endpoint_routes import (
     backend_name,
     endpoint_maps,
     live_endpoints,
+    may_pass,
     place_servers,
     routable,
 )
+from domain.endpoint_series import EndpointPoint, due, point
 from domain.model import Session
 from gateway.apps.ingress_config import IngressPaths
+from gateway.apps.plane import OpenSocket, Plane
 from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
-from gateway.endpoints.ingress import LATENCY_COMMAND, META_MAP, map_path
+from gateway.endpoints.ingress import LATENCY_COMMAND, META_MAP, WS_TABLE, map_path
 from stores.endpoint_access import LATENCY_WINDOW, EndpointAccessStore, EndpointStats
 from stores.endpoint_traffic import EndpointLoad, forget_loads, record_loads
 from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
-POLL = 0.005
-CHECK_INTERVAL = 0.25
 SAMPLE_INTERVAL = 1.0
-LOCK_RETRY = 1.0
-RETRY = 0.5
 Servers = dict[str, str | None]
 
 
@@ -70,17 +73,17 @@ class _Counter:
     base_errors: int
     last_requests: int = 0
     last_at: float = 0.0
+    point_requests: int = 0
+    point_at: float = 0.0
+    """The request counter and the moment of the endpoint's last series point (``domain.endpoint_series``)."""
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     """The last response times (ms, to the headers) HAProxy measured on this backend for this session."""
 
 
 def raise_if_cancelling() -> None:
     """A cancellation that a client turned into its own error (redis-py), or that Python 3.11's ``asyncio.wait_for``
-    swallowed (it returns the inner result when that finished at the same moment), still ends the task: the
-    gateway's shutdown waits for it."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+    swallowed, still ends the task (``core.retry.stop_if_cancelled``)."""
+    stop_if_cancelled()
 
 
 def _stat_rows(csv_text: str) -> list[dict[str, str]]:
@@ -112,19 +115,20 @@ def _int(row: dict[str, str], name: str) -> int:
     return int(value) if value.isdigit() else 0
 
 
-class EndpointControl:
+class EndpointControl(Plane):
+    name = "endpoint control plane"
+    sockets_table = WS_TABLE
+    sample_interval = SAMPLE_INTERVAL
+
     def __init__(
         self, redis: Redis, keys: Keys, sessions: SessionStore, paths: IngressPaths, domain: str, pool: int
     ) -> None:
-        self.redis = redis
-        self.keys = keys
+        super().__init__(redis, keys, RuntimeApi(paths.socket), str(paths.state_dir / "endpoints.lock"))
         self.sessions = sessions
         self.paths = paths
         self.domain = domain
         self.pool = pool
-        self.api = RuntimeApi(paths.socket)
         self.access = EndpointAccessStore(redis, keys)
-        self.generation: str | None = None
         self.backends: dict[str, int] = {}
         """Session id -> its backend slot, as HAProxy holds them."""
         self.servers: dict[int, Servers] = {}
@@ -135,48 +139,8 @@ class EndpointControl:
         self._versions: list[str | None] = [None, None]
         self._counters: dict[int, _Counter] = {}
 
-    async def run(self) -> None:
-        with open(self.paths.state_dir / "endpoints.lock", "a") as lock:  # noqa: ASYNC230 (once per process)
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(LOCK_RETRY)
-            while True:
-                try:
-                    await self._loop()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    raise_if_cancelling()
-                    log.exception("endpoint control plane failed; starting it again")
-                    self.generation = None
-                    await asyncio.sleep(RETRY)
-
-    async def _loop(self) -> None:
-        last_check = last_sample = 0.0
-        while True:
-            raise_if_cancelling()  # Python 3.11's wait_for (the runtime API's) may swallow a cancellation
-            try:
-                now = time.monotonic()
-                if self.generation is None or now - last_check >= CHECK_INTERVAL:
-                    last_check = now
-                    meta = await self.api.show_map(map_path(self.paths.state_dir, META_MAP))
-                    if self.generation is None or meta.get("generation") != self.generation:
-                        await self.rebuild()
-                await self.sync()
-                if now - last_sample >= SAMPLE_INTERVAL:
-                    last_sample = now
-                    await self.sample()
-                await asyncio.sleep(POLL)
-            except asyncio.CancelledError:
-                raise
-            except (RuntimeApiError, RedisError, OSError) as exc:
-                raise_if_cancelling()
-                log.warning("endpoint control plane: %s; retrying", exc)
-                self.generation = None
-                await asyncio.sleep(RETRY)
+    async def mark(self) -> str | None:
+        return (await self.api.show_map(map_path(self.paths.state_dir, META_MAP))).get("generation")
 
     async def rebuild(self) -> None:
         """Every backend's servers and every map whole; the mark last."""
@@ -216,9 +180,18 @@ class EndpointControl:
                 await self.api.edit_map(map_path(self.paths.state_dir, name), change.add, change.change, [])
             self.applied[name] = maps[name]
         self._versions = versions
+        await self.close_refused()
         if ended:
             await self.access.forget(ended)
             await forget_loads(self.redis, self.keys, ended)
+
+    async def refused(self, sockets: dict[str, OpenSocket]) -> set[str]:
+        """The open WebSockets whose endpoint token was revoked, whose endpoint went private or ended, or whose
+        user's API token no longer passes (the apps' user maps, read from HAProxy only when a socket has a user)."""
+        users: Maps = {}
+        if any(s.user for s in sockets.values()):
+            users = {name: await self.api.show_map(self.paths.map(name)) for name in USER_MAPS}
+        return {c for c, s in sockets.items() if not may_pass(self.applied, users, s.host, s.user, s.token_hash)}
 
     async def _desired(self) -> Maps:
         """Reads Redis; sets ``self.endpoints`` and ``self.backends``; the maps HAProxy must hold."""
@@ -267,9 +240,10 @@ class EndpointControl:
         rows = _stat_rows(answer)
         latencies = _latencies(timings)
         now = time.time()
-        held = await self.access.all_held()
+        held = await self.access.all_held(now)
         loads: list[EndpointLoad] = []
         stats: dict[str, EndpointStats] = {}
+        points: dict[str, EndpointPoint] = {}
         for session_id, slot in self.backends.items():
             name = backend_name(slot)
             mine = [r for r in rows if r.get("pxname") == name]
@@ -280,7 +254,7 @@ class EndpointControl:
             errors = _int(backend, "hrsp_5xx") + _int(backend, "econ") + _int(backend, "eresp")
             counter = self._counters.get(slot)
             if counter is None or counter.session_id != session_id or requests < counter.last_requests:
-                counter = self._counters[slot] = _Counter(session_id, requests, errors, requests, now)
+                counter = self._counters[slot] = _Counter(session_id, requests, errors, requests, now, requests, now)
             in_flight = _int(backend, "qcur") + sum(
                 _int(r, "scur") for r in mine if r.get("svname", "").startswith(SERVER_PREFIX)
             )
@@ -291,6 +265,12 @@ class EndpointControl:
             counter.latencies.extend(latencies.get(name, ()))
             window = list(counter.latencies)
             waiting = held.get(session_id, 0)
+            routable_now = sum(1 for a in self.servers.get(slot, {}).values() if a is not None)
+            if due(counter.point_at, now):
+                points[session_id] = point(
+                    now, counter.point_at, requests, counter.point_requests, routable_now, in_flight
+                )
+                counter.point_requests, counter.point_at = requests, now
             loads.append(EndpointLoad(session_id, in_flight, total, now, held=waiting))
             stats[session_id] = EndpointStats(
                 sampled_at=now,
@@ -300,10 +280,11 @@ class EndpointControl:
                 errors_total=errors - counter.base_errors,
                 avg_response_ms=_int(backend, "rtime"),
                 avg_total_ms=_int(backend, "ttime"),
-                replicas_routable=sum(1 for a in self.servers.get(slot, {}).values() if a is not None),
+                replicas_routable=routable_now,
                 held=waiting,
                 p50_ms=percentile(window, 0.5),
                 p99_ms=percentile(window, 0.99),
             )
         await record_loads(self.redis, self.keys, loads)
         await self.access.record_stats(stats)
+        await self.access.record_points(points)

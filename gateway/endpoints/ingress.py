@@ -10,9 +10,12 @@ Per request, HAProxy alone decides (no Python on the way once an endpoint has a 
    API token: its user passes as the apps' rule says, owner, project admin, superadmin). A refusal waits once
    (``lua.await_control``, as the apps do) so a token issued a moment ago passes. No credential: 401; unknown
    endpoint or not the user's: 404;
-3. a body over ``CARAVAN_ENDPOINT_MAX_BODY`` by its ``Content-Length``: 413; over ``CARAVAN_ENDPOINT_RATE_LIMIT``
+3. a body over ``CARAVAN_ENDPOINT_MAX_BODY`` by its ``Content-Length``: 413 at once; a chunked one is counted as it
+   streams through (a Lua filter on each endpoint backend, :data:`LUA`'s ``ep_body_cap``) and cut with 413 at the
+   first byte over (the replica sees its request aborted); over ``CARAVAN_ENDPOINT_RATE_LIMIT``
    requests/s for its token (or client address, without one): 429 with ``Retry-After: 1`` (stick table
-   ``endpoint_rate``);
+   ``endpoint_rate``); a WebSocket is kept in a table with who opened it, with which token (:data:`WS_TABLE`): the
+   endpoint control plane closes it when that stops passing;
 4. ``use_backend`` the endpoint's: ``leastconn`` over its routable replicas (server slots the control plane fills),
    upstream keep-alive, an idempotent request that fails before an answer (refused, reset, empty) retried on another
    replica, the rest 502 with the typed JSON body. With no replica in service the backup server takes the request:
@@ -31,6 +34,7 @@ from domain.endpoint_routes import ENDPOINT_MAPS, backend_name, host_pattern, se
 
 META_MAP = "endpoint_meta"
 RATE_TABLE = "endpoint_rate"
+WS_TABLE = "endpoint_websockets"
 ACTIVATOR_HEADER = "x-caravan-activator"
 SERVER_CHECKS = "check inter 1s rise 1 fall 2 observe layer4 error-limit 1 on-error mark-down"
 """A replica that refuses a connection is out at once (``leastconn`` would otherwise send the retry back to it: a
@@ -67,6 +71,35 @@ core.register_action("ep_done", { "http-res" }, function(txn)
         ring[#ring + 1] = now.sec * 1000 + now.usec / 1000 - start
     end
 end)
+
+-- A request body over MAX_BODY bytes, counted as it streams (chunked: no Content-Length to refuse it by), is cut: the
+-- filter's error ends the request with HAProxy's 400, which the endpoint backends answer with their 413 file.
+BodyCap = {}
+BodyCap.id = "endpoint body cap"
+BodyCap.flags = filter.FLT_CFG_FL_HTX
+BodyCap.__index = BodyCap
+
+function BodyCap:new()
+    return setmetatable({ seen = 0 }, BodyCap)
+end
+
+function BodyCap:start_analyze(txn, chn)
+    if not chn:is_resp() then filter.register_data_filter(self, chn) end
+end
+
+function BodyCap:http_payload(txn, msg)
+    local n = msg:input()
+    if self.seen + n > MAX_BODY then
+        -- input() counts the end-of-message block too: the body's own bytes decide
+        local body = msg:body(0, -1)
+        if self.seen + (body and #body or 0) > MAX_BODY then
+            error("request body over MAX_BODY bytes")
+        end
+    end
+    self.seen = self.seen + msg:forward(n)
+end
+
+core.register_filter("ep_body_cap", BodyCap, function(class, args) return class end)
 
 core.register_cli({ "caravan", "latencies" }, "endpoint response times since the last call", function(applet)
     local taken = samples
@@ -155,6 +188,10 @@ def frontend_rules(settings: EndpointSettings, state_dir: Path, apps_domain: str
             f"the request body is over {settings.max_body} bytes",
             f"ep {{ req.hdr_val(content-length) gt {settings.max_body} }}",
         ),
+        # who opened a WebSocket, with which token: the endpoint control plane closes it when that stops passing
+        f'    http-request set-var-fmt(txn.ep_ws) "%ci:%cp{FIELD}%[var(txn.host)]{FIELD}%[var(txn.token)]{FIELD}'
+        f'%[var(txn.user)]" if ep is_ws',
+        f"    http-request track-sc0 var(txn.ep_ws) table {WS_TABLE} if ep is_ws",
         "    http-request set-var(txn.ep_rate) var(txn.token) if ep { var(txn.token) -m found }",
         "    http-request set-var(txn.ep_rate) src if ep !{ var(txn.token) -m found }",
         f"    http-request track-sc1 var(txn.ep_rate) table {RATE_TABLE} if ep",
@@ -191,6 +228,10 @@ def sections(
             "    retry-on conn-failure empty-response junk-response",
             f"    http-request disable-l7-retry unless {{ method {' '.join(IDEMPOTENT)} }}",
             f"    errorfile 503 {error_502}",  # HAProxy's 503 here is no replica reachable after the retries
+            # the body cap's cut (a filter's error is HAProxy's 400; a request malformed in its headers is refused in
+            # the frontend, before any backend)
+            f"    errorfile 400 {too_large_path(state_dir)}",
+            "    filter lua.ep_body_cap",
             "    option forwardfor",
             "    http-request lua.ep_start",
             "    http-response lua.ep_done",
@@ -212,6 +253,8 @@ def sections(
         f"    server gateway 127.0.0.1:{gateway_port}",
         f"backend {RATE_TABLE}",
         "    stick-table type string len 80 size 200k expire 10m store http_req_rate(1s)",
+        f"backend {WS_TABLE}",
+        "    stick-table type string len 400 size 200k expire 1m store conn_cur",
     ]
     return lines
 
@@ -224,9 +267,24 @@ def global_lines(state_dir: Path) -> list[str]:
     return [f"    lua-load {lua_path(state_dir)}"]
 
 
-def write_files(state_dir: Path) -> None:
-    """Empty maps (fail closed: no endpoint is known, and none is marked built) and the latency recorder."""
+def too_large_path(state_dir: Path) -> Path:
+    return state_dir / "errors" / "endpoint_413.http"
+
+
+def _too_large(max_body: int) -> str:
+    body = f'{{"error": {{"code": "PAYLOAD_TOO_LARGE", "message": "the request body is over {max_body} bytes"}}}}'
+    return (
+        "HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\ncache-control: no-cache\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n{body}"
+    )
+
+
+def write_files(state_dir: Path, settings: EndpointSettings) -> None:
+    """Empty maps (fail closed: no endpoint is known, and none is marked built), the Lua of the latency recorder and
+    the body cap, the body cap's answer (``state_dir/errors`` exists)."""
     for name in (*ENDPOINT_MAPS, META_MAP):
         map_path(state_dir, name).write_text("")
-    lua_path(state_dir).write_text(LUA.replace("MAX_SAMPLES", str(MAX_SAMPLES)))
+    lua = LUA.replace("MAX_SAMPLES", str(MAX_SAMPLES)).replace("MAX_BODY", str(settings.max_body))
+    lua_path(state_dir).write_text(lua)
     lua_path(state_dir).chmod(0o600)
+    too_large_path(state_dir).write_text(_too_large(settings.max_body))

@@ -11,9 +11,11 @@ from domain.endpoint_routes import (
     endpoint_host,
     endpoint_maps,
     live_endpoints,
+    may_pass,
     parse_endpoint_host,
     place_servers,
 )
+from domain.endpoint_series import STEP, EndpointPoint, due, point
 from domain.model import Session, SessionStatus, SessionType
 from tests.ingress import running_app
 
@@ -64,3 +66,32 @@ def test_maps_name_only_live_endpoints_with_a_backend_and_their_tokens() -> None
     maps = endpoint_maps(live, backends, {first.id}, tokens, "apps.localhost")
     host = endpoint_host(first.id, "apps.localhost")
     assert maps == {"endpoints": {host: "alice|default|1|ep0"}, "endpoint_tokens": {f"{host}|abc": "1"}}
+
+
+def test_an_open_socket_passes_while_its_endpoint_token_public_flag_or_user_does() -> None:
+    host = "s1.endpoints.apps.localhost"
+    maps = {"endpoints": {host: "alice|p1|0|ep0"}, "endpoint_tokens": {f"{host}|h-ep": "1"}}
+    users = {
+        "tokens": {"h-alice": "alice", "h-bob": "bob", "h-root": "root", "h-carol": "carol"},
+        "roles": {"root": "SUPERADMIN"},
+        "admins": {"p1|carol": "1"},
+    }
+    cases = [
+        (maps, None, "h-ep", True),  # an endpoint token of its own
+        ({**maps, "endpoint_tokens": {}}, None, "h-ep", False),  # revoked
+        (maps, "alice", "h-alice", True),  # the owner's API token
+        (maps, "bob", "h-bob", False),  # another user's
+        (maps, "root", "h-root", True),  # a superadmin
+        (maps, "carol", "h-carol", True),  # the project's admin
+        (maps, "alice", "h-gone", False),  # an API token revoked
+        ({**maps, "endpoints": {host: "alice|p1|1|ep0"}}, None, None, True),  # public
+        ({**maps, "endpoints": {}}, "alice", "h-alice", False),  # ended
+    ]
+    for held, user, token, passes in cases:
+        assert may_pass(held, users, host, user, token) is passes, (user, token)
+
+
+def test_a_series_point_is_the_mean_rate_over_its_step() -> None:
+    assert not due(100.0, 104.9) and due(100.0, 100.0 + STEP)
+    assert point(110.0, 100.0, 250, 200, 2, 3) == EndpointPoint(110.0, 5.0, 2, 3)
+    assert point(110.0, 100.0, 10, 200, 1, 0).requests_per_second == 0.0  # HAProxy restarted: its counter dropped

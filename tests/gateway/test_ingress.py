@@ -28,7 +28,7 @@ from caravan.stack.processes import free_port
 from core.settings import Settings
 from domain.apps import app_host
 from domain.model import Session
-from gateway.apps import control
+from gateway.apps import control, plane
 from tests.harness import ADMIN_TOKEN, Caravan
 from tests.ingress import Ingress, caravan_behind_haproxy, gateway_behind, haproxy_for, running_app
 
@@ -410,7 +410,7 @@ async def test_the_control_plane_waits_for_changes_instead_of_polling(
     """The control plane blocks on ``Keys.route_changes`` (every session, user or token write appends to it): with
     its fallback read pushed out of reach, it reads Redis's counters only when something was written, and a change
     still takes effect at once (it used to read them every 5 ms)."""
-    monkeypatch.setattr(control, "CHECK_INTERVAL", 3600.0)
+    monkeypatch.setattr(plane, "CHECK_INTERVAL", 3600.0)
     syncs = 0
     sync = control.ControlPlane.sync
 

@@ -14,6 +14,7 @@ import "./style.css";
 const FoldersPage = lazy(() => import("./folders.jsx"));
 const SchedulesPage = lazy(() => import("./schedules.jsx"));
 const UsagePage = lazy(() => import("./usage.jsx"));
+const EndpointsPage = lazy(() => import("./endpoints.jsx"));
 
 const VIEWER = `{ viewer { id name role projects } }`;
 
@@ -70,6 +71,7 @@ function Shell({ viewer, onSignOut }) {
   else if (path === "/folders") page = <FoldersPage viewer={viewer} />;
   else if (path === "/schedules") page = <SchedulesPage viewer={viewer} />;
   else if (path === "/usage") page = <UsagePage viewer={viewer} />;
+  else if (path === "/endpoints") page = <EndpointsPage viewer={viewer} />;
   else if (path.startsWith("/admin") && admin) page = <AdminPage viewer={viewer} section={path.slice(7) || "groups"} />;
   else page = <p class="empty">Nothing here. <Link to="/">Back to the sessions</Link></p>;
   const current = (p) => (path.startsWith(p) ? "page" : undefined);
@@ -82,6 +84,7 @@ function Shell({ viewer, onSignOut }) {
           <Link to="/launch" aria-current={current("/launch")}>Launch</Link>
           <Link to="/folders" aria-current={current("/folders")}>Folders</Link>
           <Link to="/schedules" aria-current={current("/schedules")}>Schedules</Link>
+          <Link to="/endpoints" aria-current={current("/endpoints")} id="nav-endpoints">Endpoints</Link>
           <Link to="/usage" aria-current={current("/usage")} id="nav-usage">Usage</Link>
           {admin && <Link to="/admin" aria-current={current("/admin")} id="nav-admin">Admin</Link>}
         </nav>

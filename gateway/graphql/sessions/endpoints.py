@@ -12,6 +12,7 @@ from core.clock import utcnow
 from core.errors import InvalidInput, NotFound, QuotaExceeded
 from domain.access import can_access
 from domain.endpoint_routes import endpoint_url
+from domain.endpoint_series import MAX_POINTS, STEP
 from domain.inference import is_inference
 from domain.model import Session as SessionModel
 from gateway.graphql import fields
@@ -58,6 +59,14 @@ class EndpointStatsInfo:
     p99_ms: float | None = strawberry.field(description="The 99th percentile of the same.")
 
 
+@strawberry.type(description="One point of an endpoint's traffic over time (one every few seconds, the last hour).")
+class EndpointPointInfo:
+    at: datetime = strawberry.field(description="The end of the step the point covers.")
+    requests_per_second: float = strawberry.field(description="The mean over the step.")
+    replicas: int = strawberry.field(description="Replicas taking traffic at the step's end.")
+    in_flight: int
+
+
 @strawberry.type(description="An INFERENCE session's stable address, balanced over its routable replicas.")
 class Endpoint:
     url: str
@@ -86,6 +95,21 @@ class Endpoint:
             p50_ms=found.p50_ms,
             p99_ms=found.p99_ms,
         )
+
+    @fields.field(
+        description=f"Requests/s and replicas over the last hour, a point every {STEP:g} seconds, oldest first "
+        f"(at most {MAX_POINTS})."
+    )
+    async def series(self, info: Info) -> list[EndpointPointInfo]:
+        return [
+            EndpointPointInfo(
+                at=datetime.fromtimestamp(p.at, UTC),
+                requests_per_second=p.requests_per_second,
+                replicas=p.replicas,
+                in_flight=p.in_flight,
+            )
+            for p in await _store(info.context).series(self.session_id)
+        ]
 
     @fields.field(description="The last cold starts (requests held by the activator), newest first.")
     async def cold_starts(self, info: Info) -> list[EndpointColdStart]:
