@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from core.keys import Keys
 from core.settings import Settings
+from domain.autoscaling import ScalingRules
 from domain.endpoint_scaling import check_replica_ceiling
 from domain.model import Session
 from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy, check_admission
@@ -86,11 +87,25 @@ class Policies:
         runner passes the owner); else the check of the owner's pending limit that ``SessionStore.create`` runs as it
         stores them (``QUOTA_EXCEEDED``, exact under racing creations), None without a limit."""
         first = sessions[0]
+        self.admit_replicas(first, first.autoscaling, viewer=viewer)
         user = self.users.get(first.owner_id)
-        check_admission(first, viewer=viewer, user=user, project=self.projects.get(first.project))
-        check_replica_ceiling(first, first.autoscaling, user=user, project=self.projects.get(first.project))
         limit = user.max_pending_sessions if user is not None else None
         return pending_admission(first.owner_id, limit, adding=len(sessions))
+
+    def admit_replicas(
+        self,
+        session: Session,
+        rules: ScalingRules | None,
+        *,
+        viewer: User,
+        replica: Mapping[str, str] | None = None,
+    ) -> None:
+        """Refuse (``FORBIDDEN``) what the policies do not allow ``session``: :func:`check_admission`, and its
+        endpoint's most replicas under ``rules`` (``check_replica_ceiling``), each of ``replica``'s slots when given
+        (a rolling update's new slots). A creation is checked so, and so is an endpoint's update."""
+        user, project = self.users.get(session.owner_id), self.projects.get(session.project)
+        check_admission(session, viewer=viewer, user=user, project=project)
+        check_replica_ceiling(session, rules, user=user, project=project, replica=replica)
 
 
 class SessionCreation:
