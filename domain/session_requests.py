@@ -561,7 +561,7 @@ def checked_replica_update(
     environment = environment_for(new_image, session.driver, rules)
     if environment is not None and (image is not None or resources is not None):
         check_minimum(environment, slots, rules.known_slots)
-    if session.shared_memory is not None and Decimal(slots["mem"]) <= Decimal(session.shared_memory):
+    if session.shared_memory is not None and Decimal(slots.get("mem", "0")) <= Decimal(session.shared_memory):
         raise InvalidInput("mem must be more than the session's sharedMemory", field="resources.mem")
     return ReplicaUpdate(
         startup_command=command,

@@ -87,24 +87,19 @@ class Policies:
         runner passes the owner); else the check of the owner's pending limit that ``SessionStore.create`` runs as it
         stores them (``QUOTA_EXCEEDED``, exact under racing creations), None without a limit."""
         first = sessions[0]
-        self.admit_replicas(first, first.autoscaling, viewer=viewer)
         user = self.users.get(first.owner_id)
+        check_admission(first, viewer=viewer, user=user, project=self.projects.get(first.project))
+        self.admit_replicas(first, first.autoscaling)
         limit = user.max_pending_sessions if user is not None else None
         return pending_admission(first.owner_id, limit, adding=len(sessions))
 
     def admit_replicas(
-        self,
-        session: Session,
-        rules: ScalingRules | None,
-        *,
-        viewer: User,
-        replica: Mapping[str, str] | None = None,
+        self, session: Session, rules: ScalingRules | None, *, replica: Mapping[str, str] | None = None
     ) -> None:
-        """Refuse (``FORBIDDEN``) what the policies do not allow ``session``: :func:`check_admission`, and its
-        endpoint's most replicas under ``rules`` (``check_replica_ceiling``), each of ``replica``'s slots when given
-        (a rolling update's new slots). A creation is checked so, and so is an endpoint's update."""
+        """Refuse (``FORBIDDEN``) an endpoint whose most replicas under ``rules`` the owner's or the project's policy
+        could never hold (``check_replica_ceiling``), each of ``replica``'s slots when given (a rolling update's new
+        slots): a creation is checked so, and so is an update of the rules or of the replicas' slots."""
         user, project = self.users.get(session.owner_id), self.projects.get(session.project)
-        check_admission(session, viewer=viewer, user=user, project=project)
         check_replica_ceiling(session, rules, user=user, project=project, replica=replica)
 
 

@@ -13,7 +13,6 @@ from domain import autoscaling as policy
 from domain.access import can_access
 from domain.endpoint_scaling import (
     behind,
-    check_replica_ceiling,
     replica_template,
     replicas_now,
     rules_of,
@@ -189,10 +188,7 @@ class ScalingMutations:
             raise Conflict("an ended endpoint cannot be scaled", field="id")
         request = scaling_request_of(autoscaling)
         rules = policy.rules_of_request(request) if request is not None else None
-        policies = await ctx.creation.policies([found.owner_id], [found.project])
-        check_replica_ceiling(
-            found, rules, user=policies.users.get(found.owner_id), project=policies.projects.get(found.project)
-        )
+        (await ctx.creation.policies([found.owner_id], [found.project])).admit_replicas(found, rules)
 
         def mutate(session: SessionModel) -> SessionModel | None:
             if session.status.is_terminal:
@@ -243,7 +239,7 @@ class ScalingMutations:
             users=[ctx.viewer] + ([owner] if owner is not None and owner.id != ctx.viewer.id else []),
         )
         policies = await ctx.creation.policies([found.owner_id], [found.project])
-        policies.admit_replicas(found, rules_of(found), viewer=ctx.viewer, replica=update.resources)
+        policies.admit_replicas(found, rules_of(found), replica=update.resources)
 
         def mutate(session: SessionModel) -> SessionModel | None:
             if session.status is not Status.RUNNING:
