@@ -13,6 +13,9 @@ session's kernels (each replica is a kernel ``mainN``, one Nomad task group, see
 * **zero**: the last replica is not removed but *parked*: the kernel stays as the template of the next replica, its
   group rendered with ``count = 0`` (no allocation, nothing held). The session stays RUNNING: an endpoint at zero is a
   live endpoint with no replica, woken by the next request (``domain.autoscaling``'s wake).
+* **rolling update** (``with_update``, ``plan_rollout``): a new revision of what the replicas run (command,
+  environment, image, slots); new replicas are made of it (:func:`replica_template`), the old ones keep theirs (their
+  kernel's image and slots, the previous command and environment: :func:`as_run_by`) until replaced one by one.
 """
 
 from __future__ import annotations
@@ -139,14 +142,14 @@ def with_plan(session: Session, plan: ReplicaPlan, *, now: datetime, agents: Map
     """``session`` with ``plan`` applied to its kernels; ``agents``: the agent each added replica was placed on (an
     added replica without one is left out: it waits for the next decision)."""
     kernels = list(session.kernels)
-    template = kernels[0]
+    template = replica_template(session)
     for i, kernel in enumerate(kernels):
         if kernel.hostname in plan.undrain:
             kernels[i] = replace(kernel, draining_since=None)
         elif kernel.hostname in plan.drain:
             kernels[i] = replace(kernel, draining_since=now)
         elif kernel.hostname in plan.add and kernel.parked and kernel.hostname in agents:
-            kernels[i] = fresh(kernel, kernel.index, agents[kernel.hostname], session.revision)
+            kernels[i] = fresh(template, kernel.index, agents[kernel.hostname], session.revision)
     existing = {k.hostname for k in kernels}
     for hostname in plan.add:
         if hostname not in existing and hostname in agents:
@@ -161,6 +164,16 @@ def with_plan(session: Session, plan: ReplicaPlan, *, now: datetime, agents: Map
     if after.previous is not None and not behind(after):
         after = after.evolve(previous=None)  # the rolling update is over: no replica runs the previous revision
     return after
+
+
+def replica_template(session: Session) -> Kernel:
+    """What a new replica of the endpoint's revision copies (its image and slots): a replica already at that revision
+    (the lowest), else, while a rolling update has made none yet, the first kernel with the revision's image and slots
+    (``Session.image`` and ``resources``, which :func:`with_update` sets)."""
+    current = [k for k in session.kernels if k.revision == session.revision]
+    if current:
+        return min(current, key=lambda k: k.index)
+    return replace(session.kernels[0], image=session.image, resources=dict(session.resources))
 
 
 def fresh(template: Kernel, index: int, agent: str, revision: int = 0) -> Kernel:
@@ -202,22 +215,26 @@ def check_replica_ceiling(
     *,
     user: UserResourcePolicy | None,
     project: ProjectResourcePolicy | None,
+    replica: Mapping[str, str] | None = None,
 ) -> None:
-    """Refuse (FORBIDDEN on ``maxReplicas``) rules whose most replicas the owner's or the project's policy could never
-    hold: ``max_replicas`` × a replica's slots above a listed ``total_resource_slots`` (the scheduler would leave such
-    replicas waiting for ever). What the owner's other sessions hold is the scheduler's to count, at placement."""
+    """Refuse (FORBIDDEN) rules whose most replicas the owner's or the project's policy could never hold:
+    ``max_replicas`` × a replica's slots above a listed ``total_resource_slots`` (the scheduler would leave such
+    replicas waiting for ever). What the owner's other sessions hold is the scheduler's to count, at placement.
+
+    ``replica``: the slots of a replica (default: those new replicas get, :func:`replica_template`); when given (a
+    rolling update's new slots), the refusal is on ``resources.<slot>``, else on ``maxReplicas``."""
     if rules is None or not session.kernels:
         return
-    replica = session.kernels[0].resources
+    slots = replica if replica is not None else replica_template(session).resources
     for scope, policy in (("your", user), (f"project {session.project!r}'s", project)):
         limits = policy.total_resource_slots if policy is not None else None
         for slot, limit in sorted((limits or {}).items()):
-            wanted = Decimal(replica.get(slot, "0")) * rules.max_replicas
+            wanted = Decimal(slots.get(slot, "0")) * rules.max_replicas
             if wanted > limit:
                 raise Forbidden(
-                    f"maxReplicas {rules.max_replicas} would hold {wanted} of {slot}, above {scope} resource "
+                    f"{rules.max_replicas} replicas would hold {wanted} of {slot}, above {scope} resource "
                     f"policy's total of {limit}",
-                    field="maxReplicas",
+                    field="maxReplicas" if replica is None else f"resources.{slot}",
                 )
 
 
@@ -229,14 +246,31 @@ def behind(session: Session) -> tuple[Kernel, ...]:
     return tuple(k for k in session.kernels if k.revision < session.revision and not k.parked)
 
 
-def with_update(session: Session, startup_command: str | None, environ: dict[str, str]) -> Session:
-    """The endpoint at a new revision running ``startup_command`` with ``environ``: its replicas keep the previous one
-    (``previous``) until the rolling update has replaced them. Refused while one is in progress."""
+@dataclass(frozen=True)
+class ReplicaUpdate:
+    """What the replicas of an endpoint's next revision run (``updateEndpoint``, checked by
+    ``domain.session_requests.checked_replica_update``): each field given, or the current revision's."""
+
+    startup_command: str | None
+    environ: dict[str, str]
+    image: str
+    resources: dict[str, str]
+
+
+def with_update(session: Session, update: ReplicaUpdate) -> Session:
+    """The endpoint at a new revision running ``update``: its replicas keep the previous one (their kernels' image and
+    slots, ``previous``'s command and environment) until the rolling update has replaced them. Refused while one is
+    in progress."""
     if session.previous is not None and behind(session):
         raise Conflict("a rolling update of this endpoint is in progress: wait until it is over", field="id")
     previous = ReplicaSpec(session.startup_command, dict(session.environ), len(serving(session)))
     return session.evolve(
-        startup_command=startup_command, environ=dict(environ), revision=session.revision + 1, previous=previous
+        startup_command=update.startup_command,
+        environ=dict(update.environ),
+        image=update.image,
+        resources=dict(update.resources),
+        revision=session.revision + 1,
+        previous=previous,
     )
 
 

@@ -22,6 +22,7 @@ from domain import vm
 from domain.apps import App, checked_apps
 from domain.autoscaling import ScalingRequest
 from domain.docker_images import check_docker_image
+from domain.endpoint_scaling import ReplicaUpdate
 from domain.environments import EnvironmentImage, allowed_patterns, check_minimum, check_not_retired
 from domain.images import CommittedImage, check_image_use
 from domain.inference import replicas_of
@@ -528,15 +529,61 @@ def _checked_shared_memory(
     return str(amount)
 
 
-def checked_replica_update(startup_command: str, environ: Mapping[str, str]) -> tuple[str, dict[str, str]]:
-    """A live inference endpoint's new command and environment (``updateEndpoint``), checked as createSession checks
-    them."""
-    if not startup_command.strip():
+def checked_replica_update(
+    session: Session,
+    template: Kernel,
+    *,
+    startup_command: str | None,
+    environ: Mapping[str, str] | None,
+    image: str | None,
+    resources: Mapping[str, str] | None,
+    rules: CreationRules,
+    users: Sequence[User],
+) -> ReplicaUpdate:
+    """What a live inference endpoint's next revision runs (``updateEndpoint``), each given field checked as
+    createSession checks it, the others kept from ``session`` and its replica ``template``
+    (``domain.endpoint_scaling.replica_template``): the image against the driver, the allowlist and catalog and the
+    committed images ``users`` (who asks, and the owner) may use; the slots (those given over the template's) against
+    the known slots, the image's environment minimum and the session's /dev/shm. The owner's resource policy is the
+    caller's to check (``stores.creation_rules.Policies.admit_replicas``)."""
+    if (startup_command, environ, image, resources) == (None, None, None, None):
+        raise InvalidInput("nothing to update: give startupCommand, environ, image or resources", field="input")
+    command = session.startup_command if startup_command is None else startup_command
+    if not (command or "").strip():
         raise InvalidInput(
             "an INFERENCE session needs a startupCommand: the server its replicas run", field="startupCommand"
         )
-    _check_text("startupCommand", startup_command)
-    return startup_command, _checked_environ(environ)
+    _check_text("startupCommand", command or "")
+    new_image = template.image if image is None else _checked_update_image(session.driver, image, rules, users)
+    slots = dict(template.resources)
+    if resources is not None:
+        slots = _checked_resources({**template.resources, **resources}, rules.known_slots)
+    environment = environment_for(new_image, session.driver, rules)
+    if environment is not None and (image is not None or resources is not None):
+        check_minimum(environment, slots, rules.known_slots)
+    if session.shared_memory is not None and Decimal(slots.get("mem", "0")) <= Decimal(session.shared_memory):
+        raise InvalidInput("mem must be more than the session's sharedMemory", field="resources.mem")
+    return ReplicaUpdate(
+        startup_command=command,
+        environ=dict(session.environ) if environ is None else _checked_environ(environ),
+        image=new_image,
+        resources=slots,
+    )
+
+
+def _checked_update_image(driver: Driver, image: str, rules: CreationRules, users: Sequence[User]) -> str:
+    if driver not in IMAGE_DRIVERS:
+        raise InvalidInput(
+            f"the {driver.value} driver runs no image: an endpoint of it cannot change its image", field="image"
+        )
+    _check_text("image", image)
+    if not image.strip():
+        raise InvalidInput("image cannot be empty", field="image")
+    if driver is Driver.DOCKER:
+        check_catalog_image(image, rules)
+    for user in users:
+        check_image_use(image, rules.committed_images, user)
+    return image
 
 
 def _check_text(field_name: str, value: str) -> None:

@@ -39,6 +39,7 @@ from domain.endpoint_scaling import (
     is_scalable,
     plan_replicas,
     plan_rollout,
+    replica_template,
     replicas_now,
     rules_of,
     serving,
@@ -178,7 +179,7 @@ class Autoscaler:
         live = {s.id: s for s in await self.store.get_many(sorted(await self.store.live_ids())) if s is not None}
         mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
         agents = agents_of(nodes, allocs, live, self.settings.nomad.job_prefix, mhz, self.config.devices)
-        template = session.kernels[0]
+        template = replica_template(session)  # a rolling update's new replicas: the new revision's image and slots
         new = tuple(fresh(template, int(h.removeprefix("main")), "", session.revision) for h in hostnames)
         anchor = next((k.agent for k in serving(session) if k.agent), None)
         asked = session.evolve(kernels=new)

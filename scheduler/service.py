@@ -33,9 +33,12 @@ from stores.usage import COMPACT_INTERVAL
 
 log = logging.getLogger(__name__)
 
-REPLICA_HEALTH_INTERVAL = 1.0
+REPLICA_HEALTH_INTERVAL = 0.25
 """Seconds between reads of the checks of INFERENCE replicas not yet known healthy (a replica joins ``endpoints``
-within about this long of passing; Nomad's event stream carries no check results)."""
+within about this long of passing; Nomad's event stream carries no check results). Each read costs a SINTER and an
+MGET of the live INFERENCE sessions, and a Nomad call per replica not yet healthy: nothing of Nomad once every
+replica is. It bounds a cold start from zero and each step of a scale-up or a rolling update: at 1 s, a woken
+replica was routable 0.3-0.95 s after Nomad's own check passed (``bench/inference_serving``)."""
 
 
 class Scheduler:

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from core.keys import Keys
 from core.settings import Settings
+from domain.autoscaling import ScalingRules
 from domain.endpoint_scaling import check_replica_ceiling
 from domain.model import Session
 from domain.resource_policies import ProjectResourcePolicy, UserResourcePolicy, check_admission
@@ -88,9 +89,18 @@ class Policies:
         first = sessions[0]
         user = self.users.get(first.owner_id)
         check_admission(first, viewer=viewer, user=user, project=self.projects.get(first.project))
-        check_replica_ceiling(first, first.autoscaling, user=user, project=self.projects.get(first.project))
+        self.admit_replicas(first, first.autoscaling)
         limit = user.max_pending_sessions if user is not None else None
         return pending_admission(first.owner_id, limit, adding=len(sessions))
+
+    def admit_replicas(
+        self, session: Session, rules: ScalingRules | None, *, replica: Mapping[str, str] | None = None
+    ) -> None:
+        """Refuse (``FORBIDDEN``) an endpoint whose most replicas under ``rules`` the owner's or the project's policy
+        could never hold (``check_replica_ceiling``), each of ``replica``'s slots when given (a rolling update's new
+        slots): a creation is checked so, and so is an update of the rules or of the replicas' slots."""
+        user, project = self.users.get(session.owner_id), self.projects.get(session.project)
+        check_replica_ceiling(session, rules, user=user, project=project, replica=replica)
 
 
 class SessionCreation:

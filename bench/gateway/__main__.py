@@ -197,7 +197,11 @@ def run_wrk(url: str, script: str, workdir: Path, *, duration: int, connections:
     path = workdir / f"wrk-{uuid.uuid4().hex[:6]}.lua"
     path.write_text(script)
     argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(path), url]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return wrk_figures(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+
+
+def wrk_figures(out: str) -> dict[str, Any]:
+    """What wrk printed: requests/s, p50 and p99 in ms, requests, non-2xx answers and socket errors (if any)."""
     latency = {m[1]: float(m[2]) * UNITS[m[3]] for m in re.finditer(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)}
     requests = re.search(r"(\d+) requests in", out)
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)

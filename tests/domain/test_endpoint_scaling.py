@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
-from core.errors import Conflict, Forbidden
+from core.errors import Conflict, Forbidden, InvalidInput, UnsupportedResource
 from domain.autoscaling import ScalingRules
 from domain.endpoint_scaling import (
     PROPAGATION,
     ReplicaPlan,
+    ReplicaUpdate,
     as_run_by,
     check_replica_ceiling,
+    fixed_rules,
     plan_replicas,
     plan_rollout,
+    replica_template,
     replicas_now,
     with_plan,
     with_update,
@@ -25,6 +29,8 @@ from domain.lifecycle import observe_kernel
 from domain.model import Driver, Kernel, KernelObservation, ReplicaSpec, Session, SessionType
 from domain.model import SessionStatus as S
 from domain.resource_policies import UserResourcePolicy
+from domain.session_requests import CreationRules, checked_replica_update
+from domain.users import Role, User
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -170,6 +176,12 @@ def serve(session: Session, hostname: str) -> Session:
     return session.evolve(kernels=kernels)
 
 
+def update(
+    command: str, environ: dict[str, str] | None = None, image: str = "img", resources: dict[str, str] | None = None
+) -> ReplicaUpdate:
+    return ReplicaUpdate(command, environ or {}, image, resources or {"cpu": "1"})
+
+
 def step(session: Session, now: datetime, agents: dict[str, str] | None = None) -> tuple[Session, ReplicaPlan]:
     found = plan_rollout(session, now=now, drain_timeout=30, in_flight=0, sampled_at=now.timestamp())
     assert found is not None
@@ -178,7 +190,7 @@ def step(session: Session, now: datetime, agents: dict[str, str] | None = None) 
 
 def test_a_rolling_update_replaces_one_replica_at_a_time_and_never_serves_fewer() -> None:
     session = with_update(
-        endpoint(replica(1), replica(2)).evolve(startup_command="serve v1"), "serve v2", {"MODEL": "v2"}
+        endpoint(replica(1), replica(2)).evolve(startup_command="serve v1"), update("serve v2", {"MODEL": "v2"})
     )
     assert (session.revision, session.previous) == (1, ReplicaSpec("serve v1", {}, 2))
     assert [as_run_by(session, k).startup_command for k in session.kernels] == ["serve v1", "serve v1"]
@@ -209,6 +221,81 @@ def test_a_rolling_update_replaces_one_replica_at_a_time_and_never_serves_fewer(
 
 
 def test_a_second_update_waits_for_the_first() -> None:
-    session = with_update(endpoint(replica(1)), "serve v2", {})
+    session = with_update(endpoint(replica(1)), update("serve v2"))
     with pytest.raises(Conflict):
-        with_update(session, "serve v3", {})
+        with_update(session, update("serve v3"))
+
+
+def test_a_rolling_update_of_image_and_slots_makes_new_replicas_of_them_and_leaves_the_old_as_they_run() -> None:
+    before = endpoint(replica(1), replica(2)).evolve(driver=Driver.DOCKER, startup_command="serve")
+    session = with_update(before, update("serve", image="img:v2", resources={"cpu": "2", "mem": "268435456"}))
+    assert (session.image, session.resources) == ("img:v2", {"cpu": "2", "mem": "268435456"})
+    assert [(k.image, k.resources) for k in session.kernels] == [("img", {"cpu": "1"})] * 2  # as they run
+    assert replica_template(session).image == "img:v2"
+    session, did = step(session, T0, {"main3": "node-a"})
+    assert did == ReplicaPlan(add=("main3",))
+    new = session.kernels[2]
+    assert (new.image, new.resources, new.revision) == ("img:v2", {"cpu": "2", "mem": "268435456"}, 1)
+    assert replica_template(session) == new  # from now on, the new revision's replica is the template
+
+
+def test_a_replica_woken_after_an_update_runs_the_new_revision() -> None:
+    parked = endpoint(replica(1, parked=True, status=S.TERMINATED, agent=None))
+    session = with_update(parked, update("serve v2", image="img:v2", resources={"cpu": "0.5"}))
+    woken = with_plan(session, plan(session, 1), now=T0, agents={"main1": "node-b"})
+    (kernel,) = woken.kernels
+    assert (kernel.image, kernel.resources, kernel.revision, kernel.parked) == ("img:v2", {"cpu": "0.5"}, 1, False)
+
+
+def test_new_slots_must_fit_the_policy_for_every_replica() -> None:
+    policy = UserResourcePolicy(total_resource_slots={"cpu": "4"})
+    session = endpoint(replica(1), replica(2))
+    check_replica_ceiling(session, fixed_rules(session), user=policy, project=None, replica={"cpu": "2"})
+    with pytest.raises(Forbidden) as caught:
+        check_replica_ceiling(session, fixed_rules(session), user=policy, project=None, replica={"cpu": "2.5"})
+    assert caught.value.field == "resources.cpu"
+
+
+ADMIN = User(id="admin", name="admin", role=Role.SUPERADMIN, projects=("default",))
+RULES = CreationRules(docker_images=("caravan/*",))
+
+
+def checked(session: Session, **given: Any) -> ReplicaUpdate:
+    fields: dict[str, Any] = {"startup_command": None, "environ": None, "image": None, "resources": None, **given}
+    return checked_replica_update(session, replica_template(session), rules=RULES, users=[ADMIN], **fields)
+
+
+def test_an_update_keeps_what_it_does_not_give() -> None:
+    session = endpoint(replica(1, resources={"cpu": "1", "mem": "268435456"})).evolve(
+        driver=Driver.DOCKER, startup_command="serve", environ={"A": "1"}
+    )
+    assert checked(session, image="caravan/model:2") == ReplicaUpdate(
+        "serve", {"A": "1"}, "caravan/model:2", {"cpu": "1", "mem": "268435456"}
+    )
+    assert checked(session, resources={"mem": "512m"}).resources == {"cpu": "1", "mem": str(512 * 1024 * 1024)}
+    assert checked(session, environ={}).environ == {}
+
+
+@pytest.mark.parametrize(
+    ("driver", "given", "error", "field"),
+    [
+        (Driver.DOCKER, {}, InvalidInput, "input"),
+        (Driver.DOCKER, {"image": "elsewhere/model:1"}, InvalidInput, "image"),  # not allowlisted
+        (Driver.DOCKER, {"image": ""}, InvalidInput, "image"),
+        (Driver.EXEC, {"image": "caravan/model:2"}, InvalidInput, "image"),  # exec runs no image
+        (Driver.DOCKER, {"resources": {"gpu.magic": "1"}}, UnsupportedResource, "resources.gpu.magic"),
+        (Driver.DOCKER, {"resources": {"mem": "1m"}}, InvalidInput, "resources.mem"),
+        (Driver.DOCKER, {"resources": {"cpu": "0"}}, InvalidInput, "resources.cpu"),
+        (Driver.DOCKER, {"startup_command": " "}, InvalidInput, "startupCommand"),
+        (Driver.DOCKER, {"environ": {"CARAVAN_X": "1"}}, InvalidInput, "environ.CARAVAN_X"),
+    ],
+)
+def test_a_bad_update_is_refused_naming_its_field(
+    driver: Driver, given: dict[str, Any], error: type[Exception], field: str
+) -> None:
+    session = endpoint(replica(1, resources={"cpu": "1", "mem": "268435456"})).evolve(
+        driver=driver, startup_command="serve"
+    )
+    with pytest.raises(error) as caught:
+        checked(session, **given)
+    assert getattr(caught.value, "field", None) == field

@@ -38,7 +38,7 @@ from gateway.graphql.policies.types import (
     project_policy_type_of,
     user_policy_type_of,
 )
-from gateway.graphql.sessions.inputs import ResourceInput
+from gateway.graphql.sessions.resource_input import ResourceInput
 from gateway.graphql.sessions.types import Driver
 from stores.known_resources import known_slot_types
 from stores.presets import PresetStore

@@ -41,7 +41,8 @@ from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
 from gateway.graphql.schedules.queries import owned, store_of
 from gateway.graphql.schedules.types import Schedule, schedule_type_of
-from gateway.graphql.sessions.inputs import EnvVarInput, ResourceInput, SessionSpecInput
+from gateway.graphql.sessions.inputs import EnvVarInput, SessionSpecInput
+from gateway.graphql.sessions.resource_input import ResourceInput
 from gateway.graphql.templates.mutations import in_spec, spec_of
 from gateway.graphql.templates.queries import usable
 

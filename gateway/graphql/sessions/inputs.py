@@ -19,6 +19,7 @@ from domain.model import ClusterMode as ClusterModeModel
 from domain.model import Driver as DriverModel
 from gateway.graphql.folders.mounts import MountInput, mount_inputs_of, mounts_of
 from gateway.graphql.sessions.apps import AppInput, app_inputs_of, apps_of
+from gateway.graphql.sessions.resource_input import ResourceInput
 from gateway.graphql.sessions.scaling import AutoscalingInput
 from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType
 
@@ -32,12 +33,6 @@ autoscaling rules (given at creation or set later with ``updateEndpointScaling``
 class EnvVarInput:
     name: str
     value: str
-
-
-@strawberry.input
-class ResourceInput:
-    slot: str = strawberry.field(description="Slot name: cpu (cores), mem (bytes), cuda.device, …")
-    amount: str = strawberry.field(description="Amount, with units for bytes: '1.5', '512m', '2g'.")
 
 
 @strawberry.enum(name="KernelRole")

@@ -11,13 +11,20 @@ import strawberry
 from core.errors import Conflict, InvalidInput, NotFound
 from domain import autoscaling as policy
 from domain.access import can_access
-from domain.endpoint_scaling import behind, check_replica_ceiling, replicas_now, with_update
+from domain.endpoint_scaling import (
+    behind,
+    replica_template,
+    replicas_now,
+    rules_of,
+    with_update,
+)
 from domain.inference import is_inference
 from domain.model import Session as SessionModel
 from domain.model import SessionStatus as Status
 from domain.session_requests import checked_replica_update
 from gateway.graphql import fields
 from gateway.graphql.context import Info
+from gateway.graphql.sessions.resource_input import ResourceInput
 
 
 @strawberry.enum(name="ScalingMetric", description="What an endpoint's target counts, per replica.")
@@ -133,12 +140,33 @@ class EndpointEnvVarInput:
     value: str
 
 
-@strawberry.input(description="What a live endpoint's replicas run: replaced one at a time (a rolling update).")
+@strawberry.input(
+    description="What a live endpoint's replicas run: replaced one at a time (a rolling update). A field left out "
+    "(or null) keeps its current value; at least one is given."
+)
 class EndpointUpdateInput:
-    startup_command: str = strawberry.field(description="The server each replica runs.")
-    environ: list[EndpointEnvVarInput] = strawberry.field(
-        default_factory=list, description="The replicas' environment (replaces the previous one whole)."
+    startup_command: str | None = strawberry.field(default=None, description="The server each replica runs.")
+    environ: list[EndpointEnvVarInput] | None = strawberry.field(
+        default=None, description="The replicas' environment (replaces the previous one whole)."
     )
+    image: str | None = strawberry.field(
+        default=None, description="docker: the replicas' image, allowed as at createSession (allowlist, catalog)."
+    )
+    resources: list[ResourceInput] | None = strawberry.field(
+        default=None,
+        description="Slots of each replica: those given replace the current ones, the others stay; admitted under "
+        "the owner's and the project's resource policies as at creation.",
+    )
+
+
+def _once(pairs: list[tuple[str, str]] | None, field: str, what: str) -> dict[str, str] | None:
+    """``pairs`` as a mapping (None: not given); a name given twice is INVALID_INPUT on ``field``."""
+    if pairs is None:
+        return None
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise InvalidInput(f"each {what} may be given once", field=field)
+    return found
 
 
 @strawberry.type
@@ -160,10 +188,7 @@ class ScalingMutations:
             raise Conflict("an ended endpoint cannot be scaled", field="id")
         request = scaling_request_of(autoscaling)
         rules = policy.rules_of_request(request) if request is not None else None
-        policies = await ctx.creation.policies([found.owner_id], [found.project])
-        check_replica_ceiling(
-            found, rules, user=policies.users.get(found.owner_id), project=policies.projects.get(found.project)
-        )
+        (await ctx.creation.policies([found.owner_id], [found.project])).admit_replicas(found, rules)
 
         def mutate(session: SessionModel) -> SessionModel | None:
             if session.status.is_terminal:
@@ -178,9 +203,11 @@ class ScalingMutations:
         return scaling
 
     @fields.mutation(
-        description="Change what a live INFERENCE endpoint's replicas run (command, environment): a rolling update "
-        "starts a replica of the new revision, waits until its health check passes, then drains and stops one of "
-        "the old, one at a time; the endpoint keeps serving throughout. CONFLICT while an update is in progress."
+        description="Change what a live INFERENCE endpoint's replicas run (command, environment, image, slots): a "
+        "rolling update starts a replica of the new revision, waits until its health check passes, then drains and "
+        "stops one of the old, one at a time; the endpoint keeps serving throughout. The image and slots are checked "
+        "as at createSession (allowlist, known slots, the owner's resource policy). CONFLICT while an update is in "
+        "progress."
     )
     async def update_endpoint(self, info: Info, id: strawberry.ID, input: EndpointUpdateInput) -> EndpointScaling:
         ctx = info.context
@@ -189,15 +216,35 @@ class ScalingMutations:
             raise NotFound(f"no session {id}", field="id")
         if not is_inference(found):
             raise InvalidInput("only an INFERENCE session is updated this way", field="id")
-        environ = {e.name: e.value for e in input.environ}
-        if len(environ) != len(input.environ):
-            raise InvalidInput("each environment variable may be given once", field="environ")
-        command, environ = checked_replica_update(input.startup_command, environ)
+        environ = _once(None if input.environ is None else [(e.name, e.value) for e in input.environ], "environ",
+                        "environment variable")  # fmt: skip
+        slots = _once(None if input.resources is None else [(r.slot, r.amount) for r in input.resources],
+                      "resources", "slot")  # fmt: skip
+        template = replica_template(found)
+        owner = await ctx.users.get(found.owner_id)
+        rules = await ctx.creation.rules(
+            resource_group=found.resource_group,
+            preset=None,
+            images=[input.image] if input.image else [],
+            users=(ctx.viewer.id, found.owner_id),
+        )
+        update = checked_replica_update(
+            found,
+            template,
+            startup_command=input.startup_command,
+            environ=environ,
+            image=input.image,
+            resources=slots,
+            rules=rules,
+            users=[ctx.viewer] + ([owner] if owner is not None and owner.id != ctx.viewer.id else []),
+        )
+        policies = await ctx.creation.policies([found.owner_id], [found.project])
+        policies.admit_replicas(found, rules_of(found), replica=update.resources)
 
         def mutate(session: SessionModel) -> SessionModel | None:
             if session.status is not Status.RUNNING:
                 raise Conflict(f"only a RUNNING endpoint is updated; this one is {session.status.value}", field="id")
-            return with_update(session, command, environ)
+            return with_update(session, update)
 
         updated = await ctx.sessions.update(found.id, mutate)
         assert updated is not None

@@ -29,12 +29,12 @@ from gateway.graphql.sessions.inputs import (
     CreateSessionInput,
     EnvVarInput,
     KernelRoleInput,
-    ResourceInput,
     SessionSpecInput,
     input_values_of,
     options_of,
 )
 from gateway.graphql.sessions.mutations import CreateSessionPayload, create_from_input
+from gateway.graphql.sessions.resource_input import ResourceInput
 from gateway.graphql.sessions.scaling import AutoscalingInput
 from gateway.graphql.sessions.types import ClusterMode, Driver, SessionType, session_type_of
 from gateway.graphql.templates.queries import usable
