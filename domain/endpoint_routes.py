@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from domain.app_routes import FIELD, Maps, user_passes
 from domain.apps import SESSION_ID_RULE
-from domain.inference import MAX_REPLICAS, endpoints_of, is_inference
+from domain.inference import MAX_REPLICAS, endpoints_of, is_inference, takes_traffic
 from domain.model import Session
 
 LABEL = "endpoints"
@@ -146,6 +146,13 @@ def endpoint_maps(
 def routable(session: Session) -> tuple[str, ...]:
     """The replicas that may get traffic: ``domain.inference.endpoints_of``, the one predicate."""
     return endpoints_of(session)
+
+
+def replica_started(session: Session) -> float | None:
+    """When the first replica that takes traffic started its task (unix seconds; None: none has): for a cold start,
+    the moment its allocation was placed and running, between the request's arrival and the replica's check passing."""
+    started = [k.started_at.timestamp() for k in session.kernels if takes_traffic(k) and k.started_at is not None]
+    return min(started, default=None)
 
 
 def may_pass(maps: Maps, users: Maps, host: str, user: str | None, token_hash: str | None) -> bool:

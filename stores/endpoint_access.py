@@ -55,13 +55,15 @@ class EndpointToken(msgspec.Struct, frozen=True):
 
 
 class ColdStart(msgspec.Struct, frozen=True):
-    """One request the activator held: when it arrived, when the endpoint first had a routable replica, when the
-    replica's first byte came back (unix seconds); ``outcome``: SERVED, TIMED_OUT, FAILED."""
+    """One request the activator held: when it arrived, when the first replica's task started (placed and running),
+    when the endpoint first had a routable replica (its health check passed), when the replica's first byte came back
+    (unix seconds); ``outcome``: SERVED, TIMED_OUT, FAILED."""
 
     arrived_at: float
     routable_at: float | None
     first_byte_at: float | None
     outcome: str
+    started_at: float | None = None
 
 
 class EndpointStats(msgspec.Struct, frozen=True):

@@ -38,7 +38,7 @@ import httpx2
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.settings import Settings
-from domain.endpoint_routes import parse_endpoint_host, routable
+from domain.endpoint_routes import parse_endpoint_host, replica_started, routable
 from domain.inference import is_inference
 from gateway.endpoints.control import raise_if_cancelling
 from gateway.endpoints.ingress import ACTIVATOR_HEADER, IDEMPOTENT, activator_secret
@@ -70,6 +70,8 @@ class _Wait:
     waiters: int = 0
     ready: asyncio.Future[tuple[str, ...]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     poller: asyncio.Task[None] | None = None
+    started_at: float | None = None
+    """When the replica that made the endpoint routable started its task (``domain.endpoint_routes.replica_started``)."""
 
 
 class EndpointActivator:
@@ -164,7 +166,7 @@ class EndpointActivator:
                         f"no replica of this endpoint became ready within {settings.endpoints.hold_timeout:g}s",
                         [(b"retry-after", str(RETRY_AFTER).encode())])  # fmt: skip
             return cold, ()
-        return ColdStart(arrived, time.time(), None, "SERVED"), replicas
+        return ColdStart(arrived, time.time(), None, "SERVED", started_at=wait.started_at), replicas
 
     async def _count(self, access: EndpointAccessStore, session_id: str, delta: int) -> None:
         held = self._held[session_id] = self._held.get(session_id, 0) + delta
@@ -195,6 +197,7 @@ class EndpointActivator:
                 return
             replicas = routable(session)
             if replicas:
+                wait.started_at = replica_started(session)
                 wait.ready.set_result(replicas)
                 return
             await asyncio.sleep(HOLD_POLL)
@@ -261,7 +264,8 @@ class EndpointActivator:
         if cold is None:
             return
         sessions: SessionStore = self.state["sessions"]
-        record = ColdStart(cold.arrived_at, cold.routable_at, time.time() if first_byte else None, outcome)
+        first = time.time() if first_byte else None
+        record = ColdStart(cold.arrived_at, cold.routable_at, first, outcome, started_at=cold.started_at)
         with contextlib.suppress(Exception):
             await EndpointAccessStore(sessions.redis, sessions.keys).record_cold_start(session_id, record)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from datetime import UTC, datetime
 
 from domain.endpoint_routes import (
     TokenGrant,
@@ -14,6 +15,7 @@ from domain.endpoint_routes import (
     may_pass,
     parse_endpoint_host,
     place_servers,
+    replica_started,
 )
 from domain.endpoint_series import STEP, EndpointPoint, due, point
 from domain.model import Session, SessionStatus, SessionType
@@ -95,3 +97,13 @@ def test_a_series_point_is_the_mean_rate_over_its_step() -> None:
     assert not due(100.0, 104.9) and due(100.0, 100.0 + STEP)
     assert point(110.0, 100.0, 250, 200, 2, 3) == EndpointPoint(110.0, 5.0, 2, 3)
     assert point(110.0, 100.0, 10, 200, 1, 0).requests_per_second == 0.0  # HAProxy restarted: its counter dropped
+
+
+def test_a_cold_start_is_stamped_with_the_first_routable_replicas_task_start() -> None:
+    t1, t2, t3 = (datetime(2026, 11, 27, 10, 0, s, tzinfo=UTC) for s in (1, 2, 3))
+    session = inference("alice", False, True, True)
+    starts = (t1, t3, t2)  # main1 started first but does not pass its check: it made nothing routable
+    kernels = tuple(dataclasses.replace(k, started_at=t) for k, t in zip(session.kernels, starts, strict=True))
+    assert replica_started(session.evolve(kernels=kernels)) == t2.timestamp()
+    assert replica_started(session) is None  # no task started yet
+    assert replica_started(inference("alice", False)) is None  # nothing routable

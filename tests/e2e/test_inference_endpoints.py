@@ -88,7 +88,7 @@ ThreadingHTTPServer(("127.0.0.1", int(os.environ["CARAVAN_SERVICE_PORT"])), Mode
 VIEW = """
 query($id: ID!) { session(id: $id) {
   id status endpoints endpointUrl
-  endpoint { url public tokens { id name } coldStarts { outcome arrivedAt routableAt firstByteAt secondsToFirstByte }
+  endpoint { url public tokens { id name } coldStarts { outcome arrivedAt startedAt routableAt firstByteAt secondsToFirstByte }
     stats { sampledAt requestsTotal replicasRoutable inFlight held errorsTotal p50Ms p99Ms } }
 } }
 """
@@ -368,7 +368,11 @@ async def test_the_activator_holds_a_request_until_a_replica_is_routable(
     assert (answer.status_code, answer.text) == (200, "replica main1\n")
     [cold] = (await endpoint.view())["endpoint"]["coldStarts"]
     assert cold["outcome"] == "SERVED"
-    assert cold["arrivedAt"] <= cold["routableAt"] <= cold["firstByteAt"]
+    arrived, started, routable, first = (
+        datetime.fromisoformat(cold[k]) for k in ("arrivedAt", "startedAt", "routableAt", "firstByteAt")
+    )
+    assert arrived <= routable <= first
+    assert started <= routable  # the replica's task ran (here before the request came: its model was still loading)
     assert (await endpoint.get("/")).text == "replica main1\n"  # and from now on HAProxy routes it directly
 
 

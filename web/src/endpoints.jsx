@@ -12,7 +12,7 @@ const QUERY = `query Endpoints($filter: SessionFilter) { sessions(first: 100, fi
   autoscaling { desiredReplicas currentReplicas readyReplicas lastDecisionReason lastDecisionAt panicking }
   endpoint { url public tokens { id name createdAt }
     stats { sampledAt requestsPerSecond inFlight requestsTotal errorsTotal held p50Ms p99Ms }
-    coldStarts { arrivedAt routableAt firstByteAt outcome secondsToFirstByte }
+    coldStarts { arrivedAt startedAt routableAt firstByteAt outcome secondsToFirstByte }
     series { at requestsPerSecond replicas } } } } } }`;
 const SET_PUBLIC = `mutation Public($id: ID!, $public: Boolean!) { setEndpointPublic(sessionId: $id, public: $public) { public } }`;
 const ISSUE = `mutation Issue($id: ID!, $name: String!) { issueEndpointToken(sessionId: $id, name: $name) { token { id name } secret } }`;
@@ -119,9 +119,10 @@ function EndpointCard({ session, onChange }) {
       <h3>Recent cold starts</h3>
       {endpoint.coldStarts.length === 0 ? <p class="empty">No cold start yet.</p> : (
         <table data-cold-starts>
-          <thead><tr><th>arrived</th><th>to routable</th><th>to first byte</th><th>outcome</th></tr></thead>
+          <thead><tr><th>arrived</th><th>to started</th><th>to routable</th><th>to first byte</th><th>outcome</th></tr></thead>
           <tbody>{endpoint.coldStarts.slice(0, 5).map((c) => (
-            <tr key={c.arrivedAt}><td>{localTime(c.arrivedAt)}</td><td>{since(c.arrivedAt, c.routableAt)}</td>
+            <tr key={c.arrivedAt}><td>{localTime(c.arrivedAt)}</td><td>{since(c.arrivedAt, c.startedAt)}</td>
+              <td>{since(c.arrivedAt, c.routableAt)}</td>
               <td>{since(c.arrivedAt, c.firstByteAt)}</td><td>{c.outcome}</td></tr>
           ))}</tbody>
         </table>

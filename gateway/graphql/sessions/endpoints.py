@@ -36,7 +36,12 @@ class EndpointTokenInfo:
 @strawberry.type(description="One request the activator held while the endpoint had no routable replica.")
 class EndpointColdStart:
     arrived_at: datetime
-    routable_at: datetime | None = strawberry.field(description="When the endpoint first had a routable replica.")
+    started_at: datetime | None = strawberry.field(
+        description="When the first replica's task started (placed and running), before its health check passed."
+    )
+    routable_at: datetime | None = strawberry.field(
+        description="When the endpoint first had a routable replica (its health check passed)."
+    )
     first_byte_at: datetime | None = strawberry.field(description="When the replica's answer began.")
     outcome: str = strawberry.field(description="SERVED, TIMED_OUT (503 to the caller), FAILED or REFUSED.")
     seconds_to_first_byte: float | None
@@ -119,6 +124,7 @@ class Endpoint:
 def _cold(c: ColdStart) -> EndpointColdStart:
     return EndpointColdStart(
         arrived_at=datetime.fromtimestamp(c.arrived_at, UTC),
+        started_at=_at(c.started_at),
         routable_at=_at(c.routable_at),
         first_byte_at=_at(c.first_byte_at),
         outcome=c.outcome,
