@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 
+from domain.idle.network import NET_STATS_FILE
 from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs.hcl import Block
 from nomad_jobs.replica_service import exposed_ports, port_label, service_name
@@ -34,6 +35,8 @@ SESSION_NETWORK = "cni/caravan"
 PEERS_FILE = "/local/caravan-peers"
 """Where a cluster kernel finds its peers' addresses, ``<address> <hostname>`` per line (the task directory's
 ``local/`` is mounted at ``/local`` by the docker and exec drivers)."""
+NET_STATS_PATH = "/" + NET_STATS_FILE
+"""Where an isolated kernel's bootstrap copies its network counters (``domain.idle.network``)."""
 PEERS_TEMPLATE = '{{ range nomadService "%s" }}{{ .Address }}{{ range .Tags }} {{ . }}{{ end }}\n{{ end }}'
 
 
@@ -86,10 +89,13 @@ def add_peers_template(task: Block, session: Session, network_mode: str) -> None
 
 
 def network_environment(session: Session, kernel: Kernel, network_mode: str) -> dict[str, str]:
-    """``CARAVAN_CLUSTER_PEERS`` (isolated clusters: the bootstrap resolves the peers and sets the address), else
-    ``CARAVAN_CLUSTER_ADDR``, the kernel's loopback address on the host's network."""
+    """``CARAVAN_CLUSTER_PEERS`` (isolated clusters: the bootstrap resolves the peers and sets the address) and
+    ``CARAVAN_NET_STATS`` (an isolated kernel: where the bootstrap copies its namespace's network counters,
+    ``domain.idle.network``), else ``CARAVAN_CLUSTER_ADDR``, the kernel's loopback address on the host's network (whose
+    counters are the host's, not the kernel's: not copied)."""
     if is_isolated(session, network_mode):
-        return {"CARAVAN_CLUSTER_PEERS": PEERS_FILE} if has_peers(session) else {}
+        net = {"CARAVAN_NET_STATS": NET_STATS_PATH}
+        return {"CARAVAN_CLUSTER_PEERS": PEERS_FILE, **net} if has_peers(session) else net
     return {"CARAVAN_CLUSTER_ADDR": loopback_addresses(session)[kernel.hostname]}
 
 
