@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 from domain.idle.network import NET_STATS_FILE
 from domain.model import Driver, Kernel, Session, SessionType
@@ -54,15 +55,20 @@ def peers_service_name(session: Session) -> str:
     return service_name(session, "caravan-peers-")
 
 
-def add_network(group: Block, session: Session, kernel: Kernel, network_mode: str) -> None:
-    """The group's ``network`` block (and the peers service of an isolated cluster kernel)."""
+def add_network(
+    group: Block, session: Session, kernel: Kernel, network_mode: str, static_ports: Mapping[int, int] | None = None
+) -> None:
+    """The group's ``network`` block (and the peers service of an isolated cluster kernel). ``static_ports``: the
+    main kernel's ports published on a host port of their own (container port -> host port: the apps' preferred
+    ports the scheduler granted, ``domain.apps.grant_preferred_ports``); every other port gets a dynamic one."""
     ports = exposed_ports(session)
+    static = (static_ports or {}) if kernel.is_main else {}
     if is_isolated(session, network_mode):
         # exec cannot set the namespace's hostname (Nomad refuses), docker can: its /etc/hosts then names the kernel
         hostname = kernel.hostname if session.driver is Driver.DOCKER else None
         network = group.block("network", mode=network_mode, hostname=hostname)
         for port in ports:
-            network.block("port", port_label(port), to=port)
+            network.block("port", port_label(port), static=static.get(port), to=port)
         if has_peers(session):
             group.block(
                 "service",
@@ -74,7 +80,7 @@ def add_network(group: Block, session: Session, kernel: Kernel, network_mode: st
     elif ports:
         network = group.block("network")
         for port in ports:
-            network.block("port", port_label(port))
+            network.block("port", port_label(port), static=static.get(port))
 
 
 def add_peers_template(task: Block, session: Session, network_mode: str) -> None:

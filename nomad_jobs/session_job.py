@@ -180,6 +180,8 @@ class JobContext:
     kernel asking for such a slot gets a ``device`` block, so Nomad reserves the instances the scheduler counted."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
     """Allowlisted VM image name → its directory (``Settings.qemu_images``), for qemu kernels."""
+    static_ports: Mapping[int, int] = field(default_factory=dict)
+    """The main kernel's container port -> the host port granted it (apps' preferred ports); the rest are dynamic."""
     network_mode: str = SESSION_NETWORK
     """Nomad network mode of docker and exec kernels (``Settings.session_network``): ``cni/caravan``, a namespace of
     their own on the session network, or ``host`` (no isolation); see ``nomad_jobs.kernel_network``."""
@@ -225,7 +227,7 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
     if session.type is SessionType.INFERENCE:
         add_recovery(group)  # a killed or unhealthy replica comes back: restarted in place, else rescheduled
     if session.driver is not Driver.QEMU:
-        add_network(group, session, kernel, ctx.network_mode)
+        add_network(group, session, kernel, ctx.network_mode, ctx.static_ports)
     task = group.block("task", meta.TASK_NAME, driver=session.driver.value)
     task.block("config", **_driver_config(session, kernel, ctx))
     add_mounts(group, task, session)

@@ -5,6 +5,8 @@ checker judged; another user's session answers not found."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -97,41 +99,54 @@ def sent(series: dict[str, Any]) -> list[float]:
     return [v["value"] for p in series["points"] for v in p["values"] if v["metric"] == "net_tx"]
 
 
-async def test_traffic_a_kernel_serves_shows_in_its_network_series(caravan: Caravan, tmp_path: Path) -> None:
-    """Nomad's stats have no network counters: the kernel's own namespace's, copied by its bootstrap and read through
-    Nomad's file API (``domain.idle.network``), chart its I/O in bytes per second."""
+async def serving_session(caravan: Caravan, name: str, *, busy: bool = False) -> tuple[str, str]:
+    """A RUNNING session whose kernel serves a megabyte (and burns a core when ``busy``): its id and the file's URL
+    on the kernel's published port."""
+    command = (f"{{ {BUSY}; }} & " if busy else "") + SERVE_BIG
     data = await caravan.gql(CREATE, {"input": {
-        "name": "serving", "type": "INTERACTIVE", "driver": "EXEC", "preopenPorts": [SERVED_PORT],
-        "startupCommand": SERVE_BIG, "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}],
+        "name": name, "type": "INTERACTIVE", "driver": "EXEC", "preopenPorts": [SERVED_PORT], "startupCommand": command,
+        "resources": [{"slot": "cpu", "amount": "0.5"}, {"slot": "mem", "amount": "64m"}],
     }})  # fmt: skip
-    session_id = data["createSession"]["sessions"][0]["id"]
+    session_id = str(data["createSession"]["sessions"][0]["id"])
     await caravan.wait_for(session_id, "RUNNING", timeout=60)
     stored = await caravan.store.get(session_id)
     assert stored is not None
     [published] = stored.main_kernel.ports
-    url = f"http://127.0.0.1:{published.rsplit(':', 1)[1]}/big"
-    fetched = 0
+    return session_id, f"http://127.0.0.1:{published.rsplit(':', 1)[1]}/big"
+
+
+@contextlib.asynccontextmanager
+async def fetching(caravan: Caravan, url: str) -> AsyncIterator[list[int]]:
+    """Fetch ``url`` over and over while the block runs; yields the bytes fetched so far (one number, kept current)."""
+    fetched = [0]
 
     async def fetch_forever() -> None:
-        nonlocal fetched
         while True:
             try:
-                fetched += len((await caravan.http.get(url, timeout=5)).content)
+                fetched[0] += len((await caravan.http.get(url, timeout=5)).content)
             except Exception:  # not answering yet
                 await asyncio.sleep(0.2)
+
+    task = asyncio.create_task(fetch_forever())
+    try:
+        yield fetched
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_traffic_a_kernel_serves_shows_in_its_network_series(caravan: Caravan, tmp_path: Path) -> None:
+    """Nomad's stats have no network counters: the kernel's own namespace's, copied by its bootstrap and read through
+    Nomad's file API (``domain.idle.network``), chart its I/O in bytes per second."""
+    session_id, url = await serving_session(caravan, "serving")
 
     async def busy_sending() -> dict[str, Any] | None:
         series: dict[str, Any] = (await caravan.gql(NET, {"id": session_id}))["session"]["utilization"]
         return series if sum(1 for v in sent(series) if v > 100_000) >= 2 else None
 
-    fetching = asyncio.create_task(fetch_forever())
-    try:
-        async with running_idle(caravan.settings, policy_file(tmp_path, UNCHECKED)):
-            series = await eventually(busy_sending, timeout=120)
-    finally:
-        fetching.cancel()
-        await asyncio.gather(fetching, return_exceptions=True)
-    assert fetched > 2_000_000
+    async with fetching(caravan, url) as fetched, running_idle(caravan.settings, policy_file(tmp_path, UNCHECKED)):
+        series = await eventually(busy_sending, timeout=120)
+    assert fetched[0] > 2_000_000
     values = [v for p in series["points"] for v in p["values"]]
     assert {(v["unit"], v["percent"]) for v in values if v["metric"] in ("net_rx", "net_tx")} == {
         ("BYTES_PER_SECOND", None)

@@ -11,7 +11,7 @@ const SESSION = `query Session($id: ID!) { session(id: $id) {
   resourceGroup driver image startupCommand resources { slot amount } waitReasons queuePosition retries
   statusHistory { status at reason detail }
   kernels { role index hostname status statusInfo statusDetail agent startedAt finishedAt exitCode ports restarts }
-  apps { name port protocol url public }
+  apps { name port protocol url public preferredPort preferredPortTaken hostPort }
   idleChecks { checkedAt terminate reason checks { name expired remaining measuredAgainst note
     utilization { metric average threshold } } } } }`;
 const POLICY = `query Policy($id: ID!) { effectiveIdlePolicy(sessionId: $id) { source checkInterval maxSessionLifetime
@@ -253,7 +253,12 @@ export function DetailPage({ id, viewer }) {
             <ul class="apps">{s.apps.map((a) => (
               <li>{a.url ? <button type="button" class="app" data-app={a.name} disabled={s.status !== "RUNNING"}
                 onClick={() => openApp(a.name)}>Open {a.name}</button> : <span>{a.name}</span>}
-                <span class="muted small"> port {a.port} · {a.protocol}{a.public ? " · public" : ""}</span></li>
+                <span class="muted small"> port {a.port} · {a.protocol}{a.public ? " · public" : ""}
+                  {a.hostPort != null && ` · host port ${a.hostPort}`}</span>
+                {a.preferredPort != null && <span class={`small preferred-port${a.preferredPortTaken ? " taken" : ""}`}
+                  data-app={a.name} data-taken={String(a.preferredPortTaken)}>{a.preferredPortTaken
+                    ? ` · preferred port ${a.preferredPort} was taken on its node: published on ${a.hostPort ?? "another port"} instead`
+                    : ` · preferred port ${a.preferredPort}`}</span>}</li>
             ))}</ul>
           )}
           <h2>Idle checks</h2>
