@@ -18,7 +18,7 @@ cookie of a request that does not come from the app's own origin (:func:`cookie_
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -31,6 +31,10 @@ APP_NAME_RULE = re.compile(r"^[a-z](?:[a-z0-9-]{0,23}[a-z0-9])?$")
 (63 at most)."""
 SEPARATOR = "--"
 """Between the app's name and the session id in an app's host name (so an app name never contains it)."""
+PREFERRED_PORTS = range(20000, 32001)
+"""Where a preferred host port may be: Nomad's dynamic port range (``min_dynamic_port``-``max_dynamic_port``, its
+defaults), which Nomad tracks per node and none of the platform's own listeners use: a published port is forwarded on
+the node to the kernel, so one outside it could shadow a service of the node's."""
 SESSION_ID_RULE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -51,6 +55,11 @@ class App:
     protocol: AppProtocol = AppProtocol.HTTP
     public: bool = False
     """Reachable through the gateway with no credentials (the owner's choice, ``setAppPublic``)."""
+    preferred_port: int | None = None
+    """The host port the owner would like the app published on, on the main kernel's node ("try preferred port"):
+    what a client reaching the node directly (a TCP app: SSH, a database) would rather keep from one session to the
+    next. Granted when no allocation holds it there as the session is placed, else the app gets a dynamic host port
+    like any other and the session says so (:func:`grant_preferred_ports`). Within :data:`PREFERRED_PORTS`."""
 
     @property
     def proxied(self) -> bool:
@@ -59,11 +68,12 @@ class App:
 
 def checked_apps(apps: Sequence[App], *, field: str = "apps") -> tuple[App, ...]:
     """``apps`` as a session keeps them, or INVALID_INPUT naming the field: names DNS-label-like and unique, ports
-    1-65535 and unique, at most :data:`MAX_APPS`."""
+    1-65535 and unique, preferred host ports in :data:`PREFERRED_PORTS` and unique, at most :data:`MAX_APPS`."""
     if len(apps) > MAX_APPS:
         raise InvalidInput(f"at most {MAX_APPS} apps", field=field)
     names: set[str] = set()
     ports: set[int] = set()
+    preferred: set[int] = set()
     for i, app in enumerate(apps):
         where = f"{field}[{i}]"
         if not APP_NAME_RULE.match(app.name) or SEPARATOR in app.name:
@@ -74,6 +84,18 @@ def checked_apps(apps: Sequence[App], *, field: str = "apps") -> tuple[App, ...]
             )
         if not 1 <= app.port <= 65535:
             raise InvalidInput(f"app port {app.port} is outside 1-65535", field=f"{where}.port")
+        if app.preferred_port is not None:
+            if app.preferred_port not in PREFERRED_PORTS:
+                raise InvalidInput(
+                    f"preferred port {app.preferred_port} is outside {PREFERRED_PORTS.start}-{PREFERRED_PORTS.stop - 1}"
+                    " (Nomad's dynamic port range)",
+                    field=f"{where}.preferredPort",
+                )
+            if app.preferred_port in preferred:
+                raise InvalidInput(
+                    f"preferred port {app.preferred_port} is given twice", field=f"{where}.preferredPort"
+                )
+            preferred.add(app.preferred_port)
         if app.name in names:
             raise InvalidInput(f"app name {app.name!r} is given twice", field=f"{where}.name")
         if app.port in ports:
@@ -90,6 +112,22 @@ def session_apps(apps: Iterable[App], preopen_ports: Iterable[int]) -> tuple[App
     names = {a.name for a in declared}
     extra = tuple(App(f"p{p}", p) for p in preopen_ports if p not in taken and f"p{p}" not in names)
     return declared + extra
+
+
+def grant_preferred_ports(apps: Iterable[App], in_use: Set[int]) -> tuple[dict[int, int], tuple[str, ...]]:
+    """Which apps get their preferred host port on the node the main kernel is placed on, where ``in_use`` are the
+    host ports held there: (container port -> granted host port, the names of the apps whose preferred port was
+    taken, which get a dynamic one)."""
+    granted: dict[int, int] = {}
+    taken: list[str] = []
+    for app in apps:
+        if app.preferred_port is None:
+            continue
+        if app.preferred_port in in_use:
+            taken.append(app.name)
+        else:
+            granted[app.port] = app.preferred_port
+    return granted, tuple(taken)
 
 
 def app_host(app: str, session_id: str, domain: str) -> str:

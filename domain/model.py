@@ -230,6 +230,9 @@ class Session:
     """INFERENCE: bumped by each update of the replicas' command or environment (``updateEndpoint``)."""
     previous: ReplicaSpec | None = None
     """INFERENCE, during a rolling update: what the replicas of the previous revision run (rendered so for them)."""
+    preferred_ports_taken: tuple[str, ...] = ()
+    """The apps whose preferred host port (``App.preferred_port``) another allocation held on the main kernel's node
+    when the session was placed: each got a dynamic host port instead (the others got theirs)."""
 
     @property
     def main_kernel(self) -> Kernel:

@@ -487,6 +487,10 @@ def _check_shape(request: SessionRequest, viewer: User) -> None:
         if not 1024 <= port <= 65535:
             raise InvalidInput(f"preopen port {port} is outside 1024-65535", field="preopenPorts")
     checked_apps(request.apps)
+    if request.type is SessionType.INFERENCE and any(app.preferred_port is not None for app in request.apps):
+        raise InvalidInput(
+            "an INFERENCE endpoint's replicas cannot share one host port: no preferred port", field="apps"
+        )
     check_mounts(list(request.mounts))
     if request.designated_agent is not None and not viewer.is_admin:
         raise Forbidden("only admins may designate an agent", field="designatedAgent")

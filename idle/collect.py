@@ -18,6 +18,7 @@ from core.errors import PermanentError, TransientError
 from devices.catalog import DeviceCatalog
 from domain import sftp
 from domain.idle.facts import SweptKernel, SweptSession, kernel_allocation
+from domain.idle.network import NET_STATS_FILE, NetReading, net_rates, parse_net_stats
 from domain.model import SessionType
 from idle.samples import kernel_sample, session_sample
 from nomad_jobs.client import NomadClient
@@ -107,3 +108,42 @@ async def collect_samples(
     if unmeasured:
         _warn_unmeasured(unmeasured, time.monotonic())
     return {session.id: sample for session, sample in zip(sessions, found, strict=True)}
+
+
+async def collect_network(
+    nomad: NomadClient,
+    sessions: Sequence[SweptSession],
+    readings: dict[str, NetReading],
+    *,
+    limit: asyncio.Semaphore,
+) -> dict[str, dict[str, Sample]]:
+    """Session id -> kernel hostname -> its network I/O since its last reading (``domain.idle.network``: bytes per
+    second received and sent), for the kernels of ``sessions`` whose counters were read now and earlier. ``readings``:
+    allocation id -> its last reading, updated in place (the caller forgets the allocations gone). A kernel with no
+    counters (not on the session network, just started, its node unreachable) is left out. ``limit``: the sweep's
+    bound on Nomad requests in flight."""
+
+    async def kernel(kernel: SweptKernel) -> dict[str, float]:
+        alloc_id = kernel.alloc_id
+        if alloc_id is None:
+            return {}
+        async with limit:
+            try:
+                text = await nomad.read_file(alloc_id, NET_STATS_FILE)
+            except (TransientError, PermanentError) as exc:
+                log.debug("kernel=%s no network counters: %s", kernel.hostname, exc)
+                return {}
+        reading = parse_net_stats(text.decode(errors="replace"))
+        if reading is None:
+            return {}
+        rates = net_rates(readings.get(alloc_id), reading)
+        readings[alloc_id] = reading
+        return rates
+
+    pairs = [(s.id, k) for s in sessions for k in s.kernels]
+    found = await asyncio.gather(*(kernel(k) for _, k in pairs))
+    rates: dict[str, dict[str, Sample]] = {}
+    for (session_id, k), measured in zip(pairs, found, strict=True):
+        if measured:
+            rates.setdefault(session_id, {})[k.hostname] = measured
+    return rates

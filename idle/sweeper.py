@@ -23,10 +23,11 @@ from domain.idle.arbiter import Batch
 from domain.idle.columns import WindowColumns
 from domain.idle.config import IdlePolicyConfig
 from domain.idle.facts import Activity, SessionView
-from domain.idle.series import SeriesPoint
+from domain.idle.network import NetReading
+from domain.idle.series import SeriesPoint, due
 from domain.idle.verdict import Verdict
 from domain.model import SessionStatus
-from idle.collect import Sample, collect_clients_seen, collect_samples
+from idle.collect import Sample, collect_clients_seen, collect_network, collect_samples
 from idle.sweep import Derived, chart_points, judge, planned
 from idle.views import ViewCache
 from nomad_jobs.client import NomadClient
@@ -78,6 +79,8 @@ class Sweeper:
         """The sessions as the last sweep's verdicts took them (:func:`idle.sweep.judge`)."""
         self.sweeps = 0
         """Sweeps so far in this term (whose turn it is to get a point of its utilization series)."""
+        self.net_readings: dict[str, NetReading] = {}
+        """Allocation id -> the last reading of its network counters (``domain.idle.network``), for the next rate."""
 
     async def sweep(self, now: datetime, config: IdlePolicyConfig) -> Swept:
         """Verdicts on every RUNNING session at ``now`` under ``config``, with this sweep's samples recorded."""
@@ -90,16 +93,28 @@ class Sweeper:
         views = self.views.views(live_ids, [read.get(i) for i in live_ids], revisions)
         sessions = [s for s in views if s and s.status is SessionStatus.RUNNING]
         plans = {s.id: planned(config, s, self.derived.get(s.id)) for s in sessions}
-        sampled = [s for s in sessions if plans[s.id][1].metrics]
+        sweep = self.sweeps + 1
+        # the checked sessions every sweep (their windows), every other one on its chart turn only (its series): each
+        # running session is charted, and an unchecked one costs a stats read every SWEEPS_PER_POINT sweeps
+        sampled = [s for s in sessions if plans[s.id][1].metrics or due(s.id, sweep)]
         in_flight = asyncio.Semaphore(self.concurrency)  # every Nomad request of the sweep, stats and SFTP alike
         redis, keys = self.store.redis, self.store.keys
         per_kernel: dict[str, dict[str, Sample]] = {}
-        samples, activity, limits, clients = await asyncio.gather(
+        charted = [s for s in sessions if due(s.id, sweep)]
+        samples, network, activity, limits, clients = await asyncio.gather(
             collect_samples(self.nomad, sampled, limit=in_flight, devices=self.devices, per_kernel=per_kernel),
+            collect_network(self.nomad, charted, self.net_readings, limit=in_flight),
             read_activity(redis, keys, [s.id for s in sessions], now),
             self.policies.limits_of(sessions),
             collect_clients_seen(self.nomad, sessions, limit=in_flight),
         )
+        if network or self.net_readings:  # the allocations gone are forgotten
+            live = {k.alloc_id for s in sessions for k in s.kernels}
+            self.net_readings = {a: r for a, r in self.net_readings.items() if a in live}
+        for session_id, kernels in network.items():  # a new dict per kernel: the sample itself is the session's too
+            charts = per_kernel.setdefault(session_id, {})
+            for hostname, rates in kernels.items():
+                charts[hostname] = {**charts.get(hostname, {}), **rates}
         for session_id, seen_at in clients.items():  # SFTP traffic, seen by the session's own server
             known = activity.get(session_id, NO_ACTIVITY)
             activity[session_id] = known.with_client_seen(seen_at, now=now, connected_within=sftp.CONNECTED_WITHIN)
@@ -115,5 +130,5 @@ class Sweeper:
             batch=self.batch,
         )
         self.windows, self.derived, self.batch = result.windows, result.derived, result.batch
-        self.sweeps += 1
-        return Swept(live_ids, sessions, result.verdicts, chart_points(self.sweeps, now, per_kernel, plans))
+        self.sweeps = sweep
+        return Swept(live_ids, sessions, result.verdicts, chart_points(sweep, now, per_kernel, plans))

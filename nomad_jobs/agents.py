@@ -173,6 +173,24 @@ def agents_of(
     )
 
 
+def host_ports_in_use(allocs: Iterable[Json]) -> dict[str, set[int]]:
+    """Node id -> the host ports its live allocations hold (any job, any namespace; static and dynamic alike): the
+    group's ports (``Shared.Ports``, ``Shared.Networks``) and the tasks' (``Tasks.*.Networks``)."""
+    used: dict[str, set[int]] = {}
+    for alloc in allocs:
+        resources = _dig(alloc, "AllocatedResources")
+        shared = resources.get("Shared") or {}
+        networks = [*(shared.get("Networks") or ())]
+        for task in (resources.get("Tasks") or {}).values():
+            networks += (task or {}).get("Networks") or ()
+        ports = [*(shared.get("Ports") or ())]
+        for network in networks:
+            ports += [*((network or {}).get("ReservedPorts") or ()), *((network or {}).get("DynamicPorts") or ())]
+        held = used.setdefault(str(alloc.get("NodeID")), set())
+        held.update(int(port["Value"]) for port in ports if isinstance(port, dict) and port.get("Value"))
+    return used
+
+
 def _kernel(session: Session, hostname: str) -> Kernel | None:
     return next((k for k in session.kernels if k.hostname == hostname), None)
 

@@ -223,6 +223,12 @@ class NomadClient:
         except (KeyError, TypeError, ValueError) as exc:
             raise NomadRejected(f"allocation {alloc_id}: no modification time for {path}: {found!r:.200}") from exc
 
+    async def read_file(self, alloc_id: str, path: str) -> bytes:
+        """The content of the file at ``path`` (relative to the allocation's directory), read through the allocation's
+        client (``fs/cat``; the server forwards the call, whichever node runs it). For small files only."""
+        response = await self._request("GET", f"/v1/client/fs/cat/{alloc_id}", params={"path": path})
+        return response.content
+
     async def allocation_checks(self, alloc_id: str) -> Json:
         """The latest result of each Nomad-native service check of the allocation: check id -> ``{"Status":
         "success"|"failure"|"pending", "Mode": "healthiness"|"readiness", "Timestamp": unix seconds, "Output",

@@ -22,7 +22,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
+from domain.idle.network import NET_STATS_FILE
 from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs.hcl import Block
 from nomad_jobs.replica_service import exposed_ports, port_label, service_name
@@ -34,6 +36,8 @@ SESSION_NETWORK = "cni/caravan"
 PEERS_FILE = "/local/caravan-peers"
 """Where a cluster kernel finds its peers' addresses, ``<address> <hostname>`` per line (the task directory's
 ``local/`` is mounted at ``/local`` by the docker and exec drivers)."""
+NET_STATS_PATH = "/" + NET_STATS_FILE
+"""Where an isolated kernel's bootstrap copies its network counters (``domain.idle.network``)."""
 PEERS_TEMPLATE = '{{ range nomadService "%s" }}{{ .Address }}{{ range .Tags }} {{ . }}{{ end }}\n{{ end }}'
 
 
@@ -51,15 +55,20 @@ def peers_service_name(session: Session) -> str:
     return service_name(session, "caravan-peers-")
 
 
-def add_network(group: Block, session: Session, kernel: Kernel, network_mode: str) -> None:
-    """The group's ``network`` block (and the peers service of an isolated cluster kernel)."""
+def add_network(
+    group: Block, session: Session, kernel: Kernel, network_mode: str, static_ports: Mapping[int, int] | None = None
+) -> None:
+    """The group's ``network`` block (and the peers service of an isolated cluster kernel). ``static_ports``: the
+    main kernel's ports published on a host port of their own (container port -> host port: the apps' preferred
+    ports the scheduler granted, ``domain.apps.grant_preferred_ports``); every other port gets a dynamic one."""
     ports = exposed_ports(session)
+    static = (static_ports or {}) if kernel.is_main else {}
     if is_isolated(session, network_mode):
         # exec cannot set the namespace's hostname (Nomad refuses), docker can: its /etc/hosts then names the kernel
         hostname = kernel.hostname if session.driver is Driver.DOCKER else None
         network = group.block("network", mode=network_mode, hostname=hostname)
         for port in ports:
-            network.block("port", port_label(port), to=port)
+            network.block("port", port_label(port), static=static.get(port), to=port)
         if has_peers(session):
             group.block(
                 "service",
@@ -71,7 +80,7 @@ def add_network(group: Block, session: Session, kernel: Kernel, network_mode: st
     elif ports:
         network = group.block("network")
         for port in ports:
-            network.block("port", port_label(port))
+            network.block("port", port_label(port), static=static.get(port))
 
 
 def add_peers_template(task: Block, session: Session, network_mode: str) -> None:
@@ -86,10 +95,13 @@ def add_peers_template(task: Block, session: Session, network_mode: str) -> None
 
 
 def network_environment(session: Session, kernel: Kernel, network_mode: str) -> dict[str, str]:
-    """``CARAVAN_CLUSTER_PEERS`` (isolated clusters: the bootstrap resolves the peers and sets the address), else
-    ``CARAVAN_CLUSTER_ADDR``, the kernel's loopback address on the host's network."""
+    """``CARAVAN_CLUSTER_PEERS`` (isolated clusters: the bootstrap resolves the peers and sets the address) and
+    ``CARAVAN_NET_STATS`` (an isolated kernel: where the bootstrap copies its namespace's network counters,
+    ``domain.idle.network``), else ``CARAVAN_CLUSTER_ADDR``, the kernel's loopback address on the host's network (whose
+    counters are the host's, not the kernel's: not copied)."""
     if is_isolated(session, network_mode):
-        return {"CARAVAN_CLUSTER_PEERS": PEERS_FILE} if has_peers(session) else {}
+        net = {"CARAVAN_NET_STATS": NET_STATS_PATH}
+        return {"CARAVAN_CLUSTER_PEERS": PEERS_FILE, **net} if has_peers(session) else net
     return {"CARAVAN_CLUSTER_ADDR": loopback_addresses(session)[kernel.hostname]}
 
 

@@ -22,6 +22,7 @@ from decimal import Decimal
 
 from devices.catalog import MODEL_ATTRIBUTE, DeviceAsk
 from domain.endpoint_scaling import as_run_by
+from domain.idle.network import NET_STATS_INTERVAL
 from domain.model import Driver, Kernel, Session, SessionType
 from nomad_jobs import meta, qemu
 from nomad_jobs.hcl import Block, render, runtime_text
@@ -53,6 +54,16 @@ for caravan_name in $CARAVAN_ENCODED_ENV; do
   unset "CARAVAN_B64_$caravan_name"
 done
 unset CARAVAN_ENCODED_ENV caravan_name caravan_value
+if [ -n "${CARAVAN_NET_STATS:-}" ]; then
+  (
+    trap - TERM INT
+    while :; do
+      cat /proc/uptime /proc/net/dev > "$CARAVAN_NET_STATS.tmp" && mv -f "$CARAVAN_NET_STATS.tmp" "$CARAVAN_NET_STATS"
+      sleep %(net_interval)s
+    done
+  ) </dev/null >/dev/null 2>&1 &
+  unset CARAVAN_NET_STATS
+fi
 if [ -n "${CARAVAN_CLUSTER_PEERS:-}" ]; then
   caravan_listed() {
     caravan_rest="$CARAVAN_CLUSTER_HOSTS," caravan_known= caravan_missing=
@@ -119,14 +130,16 @@ if [ -n "${CARAVAN_OUTPUT_LINGER:-}${CARAVAN_WAIT_FOR_MAIN:-}" ]; then
   exit "$caravan_code"
 fi
 exec /bin/sh -c "$1"
-"""
-"""Every kernel starts as ``sh -c BOOTSTRAP caravan-kernel <command>``: the bootstrap restores encoded
-environment values; in a cluster session on the session network it waits (up to 120 s) until every peer's address
-is known (a kernel stopped meanwhile exits 143 at once: a container's first process ignores an untrapped TERM) and
-writes ``/etc/hosts``: its lines naming no kernel of the session, then one line per kernel (Docker's own
-line for the kernel's hostname is replaced, not repeated; ``rm`` first: an exec kernel's ``/etc`` may hold hard links
-into the shared root filesystem; Docker's ``/etc/hosts`` is a per-allocation bind mount, written in place); then it
-replaces itself with ``/bin/sh -c <command>``, so the user's command reaches its shell byte for byte.
+""".replace("%(net_interval)s", str(NET_STATS_INTERVAL))
+"""Every kernel starts as ``sh -c BOOTSTRAP caravan-kernel <command>``: the bootstrap restores encoded environment
+values; an isolated kernel (``CARAVAN_NET_STATS``) gets a background loop copying its namespace's network counters
+into its allocation directory every ``domain.idle.network.NET_STATS_INTERVAL`` seconds (the session page's network
+chart: Nomad's stats have none); in a cluster session on the session network it waits (up to 120 s) until every
+peer's address is known (a kernel stopped meanwhile exits 143 at once: a container's first process ignores an
+untrapped TERM) and writes ``/etc/hosts``: its lines naming no kernel of the session, then one line per kernel
+(Docker's own line for the kernel's hostname is replaced, not repeated; ``rm`` first: an exec kernel's ``/etc`` may
+hold hard links into the shared root filesystem; Docker's ``/etc/hosts`` is a per-allocation bind mount, written in
+place); then it replaces itself with ``/bin/sh -c <command>``, so the user's command reaches its shell byte for byte.
 
 A docker kernel (``CARAVAN_OUTPUT_LINGER``) instead runs the command as its child, passes signals on to it, and
 lingers :data:`OUTPUT_LINGER_SECONDS` after it ends before exiting with its status: Nomad stops copying a container's
@@ -167,6 +180,8 @@ class JobContext:
     kernel asking for such a slot gets a ``device`` block, so Nomad reserves the instances the scheduler counted."""
     qemu_images: Mapping[str, str] = field(default_factory=dict)
     """Allowlisted VM image name → its directory (``Settings.qemu_images``), for qemu kernels."""
+    static_ports: Mapping[int, int] = field(default_factory=dict)
+    """The main kernel's container port -> the host port granted it (apps' preferred ports); the rest are dynamic."""
     network_mode: str = SESSION_NETWORK
     """Nomad network mode of docker and exec kernels (``Settings.session_network``): ``cni/caravan``, a namespace of
     their own on the session network, or ``host`` (no isolation); see ``nomad_jobs.kernel_network``."""
@@ -212,7 +227,7 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
     if session.type is SessionType.INFERENCE:
         add_recovery(group)  # a killed or unhealthy replica comes back: restarted in place, else rescheduled
     if session.driver is not Driver.QEMU:
-        add_network(group, session, kernel, ctx.network_mode)
+        add_network(group, session, kernel, ctx.network_mode, ctx.static_ports)
     task = group.block("task", meta.TASK_NAME, driver=session.driver.value)
     task.block("config", **_driver_config(session, kernel, ctx))
     add_mounts(group, task, session)

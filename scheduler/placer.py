@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from redis.typing import EncodableT
@@ -26,6 +26,7 @@ from core.clock import utcnow
 from core.lease import Fence, write_fenced
 from core.settings import Settings
 from devices.catalog import DeviceAsk
+from domain.apps import grant_preferred_ports
 from domain.lifecycle import transition
 from domain.model import Kernel, Session, SessionStatus
 from domain.scheduling_config import SchedulingConfig
@@ -120,9 +121,12 @@ class Placer:
         for session_id, cancellation in result.cancellations.items():
             log.info("session=%s cancelled: %s", session_id, cancellation.message)
             writes.append((session_id, _cancel(cancellation.reason, now)))
+        granted: dict[str, dict[int, str]] = {}  # node -> preferred port -> the session of this pass granted it
         for session_id, kernels in result.placements.items():
             log.info("session=%s placed: %s", session_id, ", ".join(f"{k.role} on {k.agent_id}" for k in kernels))
-            writes.append((session_id, self._place(kernels, read.mhz_per_core, read.device_asks, now)))
+            writes.append(
+                (session_id, self._place(kernels, read.mhz_per_core, read.device_asks, now, read.host_ports, granted))
+            )
         waiting = 0
         for session_id, explanation in result.waiting.items():
             before = read.sessions[session_id]
@@ -140,17 +144,33 @@ class Placer:
         return PassSummary(len(result.placements), cancelled, waiting)
 
     def _place(
-        self, kernels: Sequence[KernelPlacement], mhz: int, devices: Mapping[str, DeviceAsk], now: datetime
+        self,
+        kernels: Sequence[KernelPlacement],
+        mhz: int,
+        devices: Mapping[str, DeviceAsk],
+        now: datetime,
+        host_ports: Mapping[str, Set[int]],
+        granted: dict[str, dict[int, str]],
     ) -> Mutation:
+        """``host_ports``: node -> the host ports held there as the pass began; ``granted``: node -> the preferred
+        ports this pass granted, and to which session (filled in: a session written again keeps its own)."""
         on = {p.role: p.agent_id for p in kernels}  # roles are the kernels' hostnames (see scheduler.snapshot)
 
         def mutate(session: Session) -> Session | None:
             if session.status is not SessionStatus.PENDING:
                 return None
             placed = session.evolve(kernels=tuple(_on(k, on[k.hostname]) for k in session.kernels))
-            ctx = job_context(self.settings, session, mhz, devices, on)
+            node = on[session.main_kernel.hostname]
+            here = granted.setdefault(node, {})
+            in_use = host_ports.get(node, set()) | {port for port, holder in here.items() if holder != session.id}
+            static, taken = grant_preferred_ports(session.apps, in_use)
+            for host_port in static.values():
+                here[host_port] = session.id
+            if taken:
+                log.info("session=%s preferred ports taken on %s: %s get dynamic ones", session.id, node, taken)
+            ctx = replace(job_context(self.settings, session, mhz, devices, on), static_ports=static)
             rendered = render_session_job(placed, ctx)
-            placed = placed.evolve(nomad_job_id=rendered.job_id, job_hcl=rendered.hcl)
+            placed = placed.evolve(nomad_job_id=rendered.job_id, job_hcl=rendered.hcl, preferred_ports_taken=taken)
             return transition(placed, SessionStatus.SCHEDULED, reason="scheduled", at=now)
 
         return mutate

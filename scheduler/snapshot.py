@@ -17,8 +17,8 @@ with a kind of slot a session does not use ranks after those without).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -35,6 +35,7 @@ from nomad_jobs.agents import (
     allowed_drivers,
     devices_of,
     healthy_drivers,
+    host_ports_in_use,
     kernel_request,
     mhz_per_core,
 )
@@ -164,6 +165,9 @@ class PassInput:
     """Slot types of every agent's capacity (to record for the gateway)."""
     device_asks: Mapping[str, DeviceAsk]
     """Device slot -> how a job asks Nomad for it, for the jobs' ``device`` blocks (``devices.catalog.device_asks``)."""
+    host_ports: Mapping[str, Set[int]] = field(default_factory=dict)
+    """Node id -> the host ports held there: its live allocations' and the preferred ports granted to the sessions
+    placed whose allocation Nomad does not show yet (where an app's preferred port may go, ``domain.apps``)."""
 
 
 class SnapshotReader:
@@ -194,7 +198,13 @@ class SnapshotReader:
         )
         slot_types = accumulate_slot_types(agent.capacity for agent in agents)
         return PassInput(
-            snapshot, sessions, expired, mhz, slot_types, device_asks(self.config.devices, devices_of(nodes))
+            snapshot,
+            sessions,
+            expired,
+            mhz,
+            slot_types,
+            device_asks(self.config.devices, devices_of(nodes)),
+            host_ports(allocs, live) if pending else {},
         )
 
     async def _checks_input(self, pending: Sequence[PendingSession], sessions: Mapping[str, Session]) -> dict[str, Any]:
@@ -214,3 +224,15 @@ class SnapshotReader:
     async def _roundrobin(self) -> dict[str, int]:
         stored = text_hash(await self.store.redis.hgetall(self.store.keys.scheduler_roundrobin))
         return {group: int(index) for group, index in stored.items()}
+
+
+def host_ports(allocs: Sequence[Json], live: Sequence[Session]) -> dict[str, set[int]]:
+    """Node id -> the host ports held there (:attr:`PassInput.host_ports`)."""
+    used = host_ports_in_use(allocs)
+    for session in live:
+        main = session.main_kernel if session.kernels else None
+        if session.status in OCCUPYING and main is not None and main.agent and main.alloc_id is None:
+            taken = set(session.preferred_ports_taken)
+            granted = {a.preferred_port for a in session.apps if a.preferred_port is not None and a.name not in taken}
+            used.setdefault(main.agent, set()).update(granted)
+    return used

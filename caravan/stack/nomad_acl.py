@@ -25,6 +25,7 @@ call                                           capability                       
 ``GET /v1/client/fs/logs/:id``                 ``read-logs``                       gateway
 ``GET /v1/client/fs/ls/:id`` (log offsets)     ``read-fs``                         gateway
 ``GET /v1/client/fs/stat/:id`` (SFTP clients)  ``read-fs``                         idle
+``GET /v1/client/fs/cat/:id`` (net counters)   ``read-fs``                         idle
 ``GET /v1/client/allocation/:id/exec`` (WS)  ``alloc-exec``                      gateway (execs, terminals)
 ``GET /v1/nodes``, ``/v1/node/:id``            ``node { policy = "read" }``        scheduler, gateway (groups)
 ``GET /v1/event/stream`` Alloc., Eval., Node   ``read-job``; node read             scheduler
@@ -83,7 +84,7 @@ _NAMESPACE_CAPABILITIES: dict[Role, tuple[str, ...]] = {
         "host-volume-delete",  # a trashed folder purged
     ),
     "gateway": ("read-job", "read-logs", "read-fs", "alloc-exec"),  # never alloc-node-exec: raw_exec runs on the host
-    "idle": ("read-job", "read-fs"),  # read-fs: an SFTP session's client-seen file, its time only (fs/stat)
+    "idle": ("read-job", "read-fs"),  # read-fs: an SFTP session's client-seen file (its time), kernels' net counters
 }
 _PLATFORM_CAPABILITIES: dict[Role, tuple[str, ...]] = {
     "scheduler": ("read-job", "parse-job", "register-job", "deregister-job", "purge-job"),

@@ -20,7 +20,7 @@ from domain.images import ImageStatus
 from domain.users import Role, User
 from gateway.graphql import fields
 from gateway.graphql.context import Context, Info
-from gateway.graphql.sessions.apps import AppSpec
+from gateway.graphql.sessions.apps import AppSpec, app_specs_of
 from gateway.graphql.sessions.types import Resource
 from stores.environments import EnvironmentStore
 from stores.images import ImageStore
@@ -53,7 +53,7 @@ def version_of(e: EnvironmentImage) -> EnvironmentVersion:
     return EnvironmentVersion(
         tag=e.tag,
         image=e.image,
-        apps=[AppSpec(name=a.name, port=a.port, protocol=a.protocol, public=a.public) for a in e.apps],
+        apps=app_specs_of(e.apps),
         startup_command=e.startup_command,
         min_resources=[Resource(slot=k, amount=v) for k, v in e.min_resources.items()],
         default_resources=[Resource(slot=k, amount=v) for k, v in e.default_resources.items()],

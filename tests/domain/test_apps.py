@@ -13,6 +13,7 @@ from domain.apps import (
     app_host,
     checked_apps,
     cookie_may_pass,
+    grant_preferred_ports,
     parse_app_host,
     published_port,
     session_apps,
@@ -122,3 +123,9 @@ def test_the_apps_cookie_counts_only_from_the_apps_own_origin(
         fetch_dest=dest,
     )
     assert judged is passes
+
+
+def test_a_preferred_port_is_granted_unless_held_on_the_node() -> None:
+    apps = [App("db", 5432, AppProtocol.TCP, preferred_port=25432), App("web", 8080), App("ssh", 22, preferred_port=2)]
+    assert grant_preferred_ports(apps, set()) == ({5432: 25432, 22: 2}, ())
+    assert grant_preferred_ports(apps, {25432}) == ({22: 2}, ("db",))

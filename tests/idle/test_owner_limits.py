@@ -47,7 +47,7 @@ def test_the_stricter_deadline_wins(
 
 
 async def test_the_owners_and_the_projects_policies_reclaim_sessions_the_file_would_keep(
-    redis_settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
+    settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
 ) -> None:
     store, policies = SessionStore(redis, keys), PolicyStore(redis, keys)
     alice = User("alice", "alice", Role.USER)
@@ -67,7 +67,7 @@ async def test_the_owners_and_the_projects_policies_reclaim_sessions_the_file_wo
         found = await store.get(session_id)
         return found.status_info if found and found.status is SessionStatus.TERMINATING else None
 
-    async with running_idle(redis_settings, path):
+    async with running_idle(settings, path):
         assert await eventually(lambda: reason(limited.id), timeout=30) == "idle-session-lifetime"
         assert await eventually(lambda: reason(in_project.id), timeout=30) == "idle-timeout"
     after = await store.get(unlimited.id)

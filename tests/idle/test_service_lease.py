@@ -27,12 +27,12 @@ async def holder(redis: Redis, keys: Keys) -> str | None:
 
 
 async def test_one_leader_and_a_standby_that_takes_over_at_once(
-    redis_settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
+    settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
 ) -> None:
     path = policy_file(tmp_path, FAST)
-    async with running_idle(redis_settings, path, lease_ttl=30) as first:
+    async with running_idle(settings, path, lease_ttl=30) as first:
         first_tries = acquire_tries(first)
-        async with running_idle(redis_settings, path, lease_ttl=30) as second:
+        async with running_idle(settings, path, lease_ttl=30) as second:
             second_tries = acquire_tries(second)
             leader = await eventually(lambda: holder(redis, keys), timeout=30)
             assert leader in {first.lease.holder, second.lease.holder}
@@ -74,12 +74,12 @@ async def test_a_deposed_leaders_writes_are_refused(redis_settings: Settings, re
 
 
 async def test_a_checker_that_lost_its_lease_stops_acting_until_it_leads_again(
-    redis_settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
+    settings: Settings, redis: Redis, keys: Keys, tmp_path: Path
 ) -> None:
     store = SessionStore(redis, keys)
     session = await stored_session(store, running_since=utcnow() - timedelta(seconds=60))
     path = policy_file(tmp_path, FAST + "defaults {\n  max_session_lifetime = 3600\n}\n")
-    async with running_idle(redis_settings, path, lease_ttl=0.6) as service:
+    async with running_idle(settings, path, lease_ttl=0.6) as service:
         tries = acquire_tries(service)
         await eventually(lambda: holder(redis, keys), timeout=30)
         await redis.delete(keys.idle_lease)  # as if its lease had expired while it stalled

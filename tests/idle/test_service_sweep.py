@@ -66,34 +66,34 @@ async def report(idle_store: IdleStore, session: Session) -> StoredVerdict:
     ids=["lifetime", "network", "both: lifetime first"],
 )
 async def test_an_expired_check_reclaims_with_its_reason(
-    redis_settings: Settings, store: SessionStore, tmp_path: Path, body: str, running_for: float, reason: str
+    settings: Settings, store: SessionStore, tmp_path: Path, body: str, running_for: float, reason: str
 ) -> None:
     session = await stored_session(store, running_since=utcnow() - timedelta(seconds=running_for))
-    async with running_idle(redis_settings, policy(tmp_path, body)):
+    async with running_idle(settings, policy(tmp_path, body)):
         assert await reclaimed(store, session) == reason
     after = await store.get(session.id)
     assert after is not None and after.status_history[-1].reason == reason
 
 
 async def test_lifetime_counts_from_running_not_from_creation(
-    redis_settings: Settings, store: SessionStore, idle_store: IdleStore, tmp_path: Path
+    settings: Settings, store: SessionStore, idle_store: IdleStore, tmp_path: Path
 ) -> None:
     session = await stored_session(store, running_since=utcnow() + timedelta(seconds=30))  # queued a long time
-    async with running_idle(redis_settings, policy(tmp_path, "max_session_lifetime = 60")):
+    async with running_idle(settings, policy(tmp_path, "max_session_lifetime = 60")):
         lifetime = (await report(idle_store, session)).verdict.reports[0]
     assert lifetime.name is CheckName.SESSION_LIFETIME and lifetime.measured_against is RemainingBasis.LIFETIME
     assert lifetime.remaining is not None and 85 < lifetime.remaining <= 90
 
 
 async def test_recent_activity_or_an_open_connection_keeps_a_session(
-    redis_settings: Settings, redis: Redis, keys: Keys, store: SessionStore, tmp_path: Path
+    settings: Settings, redis: Redis, keys: Keys, store: SessionStore, tmp_path: Path
 ) -> None:
     long_ago = utcnow() - timedelta(seconds=60)
     used = await stored_session(store, name="used", running_since=long_ago)
     connected = await stored_session(store, name="connected", running_since=long_ago)
     unused = await stored_session(store, name="unused", running_since=long_ago)
     await open_connection(redis, keys, connected.id, "terminal", utcnow(), ttl=30)
-    async with running_idle(redis_settings, policy(tmp_path, "network_idle_timeout = 1.5")):
+    async with running_idle(settings, policy(tmp_path, "network_idle_timeout = 1.5")):
         for _ in range(10):
             await record_activity(redis, keys, used.id, utcnow())
             await asyncio.sleep(0.2)
@@ -112,7 +112,7 @@ async def test_recent_activity_or_an_open_connection_keeps_a_session(
     ids=["batch", "inference"],
 )
 async def test_exemptions_by_session_type(
-    redis_settings: Settings,
+    settings: Settings,
     store: SessionStore,
     idle_store: IdleStore,
     tmp_path: Path,
@@ -121,7 +121,7 @@ async def test_exemptions_by_session_type(
     reason: str | None,
 ) -> None:
     session = await stored_session(store, type=type, running_since=utcnow() - timedelta(seconds=60))
-    async with running_idle(redis_settings, policy(tmp_path, "max_session_lifetime = 1\nnetwork_idle_timeout = 1")):
+    async with running_idle(settings, policy(tmp_path, "max_session_lifetime = 1\nnetwork_idle_timeout = 1")):
         stored = await report(idle_store, session)
         if reason is not None:
             assert await reclaimed(store, session) == reason
@@ -152,12 +152,12 @@ async def test_utilization_without_stats_is_a_gap_not_idleness(
 
 
 async def test_only_running_sessions_are_judged_and_reports_expire(
-    redis_settings: Settings, redis: Redis, keys: Keys, store: SessionStore, idle_store: IdleStore, tmp_path: Path
+    settings: Settings, redis: Redis, keys: Keys, store: SessionStore, idle_store: IdleStore, tmp_path: Path
 ) -> None:
     preparing = await stored_session(store, name="preparing", status=S.PREPARING)
     running = await stored_session(store, name="running")
     started = utcnow()
-    async with running_idle(redis_settings, policy(tmp_path, "max_session_lifetime = 3600")):
+    async with running_idle(settings, policy(tmp_path, "max_session_lifetime = 3600")):
         stored = await report(idle_store, running)
     assert started - timedelta(seconds=1) < stored.checked_at < utcnow()
     assert stored.verdict.terminate is False

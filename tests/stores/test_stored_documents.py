@@ -85,6 +85,7 @@ def test_every_field_of_the_full_session_is_set() -> None:
 KERNEL_ADDED_SINCE = ("draining_since", "parked", "revision")
 """Kernel fields added after the fixtures were written (an endpoint's replicas draining and parked)."""
 ADDED_DEFAULTS = (
+    b',"preferred_ports_taken":[]',
     b',"autoscaling":null,"scaling":null,"revision":0,"previous":null',
     b',"mounts":[]',
     b',"apps":[]',
@@ -106,7 +107,13 @@ def test_a_sessions_apps_are_read_back_exactly() -> None:
     apps = (App("web", 8080), App("ws", 9000, AppProtocol.WEBSOCKET, public=True))
     session = replace(values.full_session(), apps=apps)
     assert decode(encode(session), Session) == session
-    assert b'"apps":[{"name":"web","port":8080,"protocol":"HTTP","public":false}' in encode(session)
+    assert b'"apps":[{"name":"web","port":8080,"protocol":"HTTP","public":false,"preferred_port":null}' in encode(
+        session
+    )
+    preferring = replace(
+        session, apps=(App("db", 5432, AppProtocol.TCP, preferred_port=25432),), preferred_ports_taken=("db",)
+    )
+    assert decode(encode(preferring), Session) == preferring
 
 
 def test_a_sessions_mounts_are_read_back_exactly() -> None:

@@ -15,8 +15,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from domain.users import Role
+from tests.e2e.test_utilization_series import fetching, serving_session
 from tests.harness import CREATE, Caravan
-from tests.idle.running import BUSY, policy_file, running_idle, start_interactive
+from tests.idle.running import policy_file, running_idle
 from tests.ui.browser import Browser, attribute_is, fill, sign_in, text_in, visible
 from tests.ui.test_usage_charts_ui import POLICY, charts_on_page, sampled
 
@@ -122,16 +123,23 @@ async def test_screenshots(caravan: Caravan, browser: Browser) -> None:
 
 
 async def test_usage_charts_screenshot(caravan: Caravan, browser: Browser, tmp_path: Path) -> None:
-    """The session page's usage charts: a kernel burning a core, sampled by a real idle checker for a few sweeps."""
+    """The session page's usage charts: a kernel burning a core and serving a file fetched over and over, sampled by
+    a real idle checker for a few sweeps (CPU and memory against their thresholds, network I/O in bytes/s)."""
     admin = await caravan.user("ada", Role.SUPERADMIN)
-    busy = await start_interactive(caravan, "train-resnet", BUSY)
-    async with running_idle(caravan.settings, policy_file(tmp_path, POLICY)):
+    busy, url = await serving_session(caravan, "train-resnet", busy=True)
+    async with fetching(caravan, url), running_idle(caravan.settings, policy_file(tmp_path, POLICY)):
         await sampled(caravan, busy, 12)
 
         def shoot(d: WebDriver) -> None:
             sign_in(d, browser.base, admin)
             charts_on_page(d, browser.base, busy)
-            browser.screenshot(OUT / "usage-charts.png")
+            visible(d, "#usage-charts figure[data-metric='net_tx'] polyline.series")
+            size = d.get_window_size()
+            d.set_window_size(size["width"], 1000)  # the four charts and the apps above them
+            try:
+                browser.screenshot(OUT / "usage-charts.png")
+            finally:
+                d.set_window_size(size["width"], size["height"])
 
         await browser.run(shoot)
     await caravan.gql("mutation($ids: [ID!]!) { destroySession(ids: $ids, forced: true) { id } }", {"ids": [busy]})

@@ -11,6 +11,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from domain.users import Role
+from tests.e2e.test_utilization_series import fetching, serving_session
 from tests.harness import Caravan
 from tests.idle.running import BUSY, eventually, policy_file, running_idle, start_interactive
 from tests.ui.browser import Browser, sign_in, visible, wait
@@ -70,7 +71,7 @@ async def test_a_busy_kernels_chart_runs_above_its_idle_threshold(
             return charts_on_page(d, browser.base, busy)
 
         shown = await browser.run(step)
-    assert shown["metrics"] == ["cpu_util", "mem"] and shown["threshold"] == "10"
+    assert shown["metrics"][:2] == ["cpu_util", "mem"] and shown["threshold"] == "10"
     assert "idle below 10%" in shown["caption"]
     assert len(shown["ys"]) >= 4
     # SVG's y grows downwards: the busy kernel's line is, on average, drawn above the threshold's
@@ -88,4 +89,36 @@ async def test_a_session_without_samples_says_why(caravan: Caravan, browser: Bro
         wait(d).until(lambda _: d.find_elements(By.ID, "usage-none"))
         return str(d.find_element(By.ID, "usage-none").text)
 
-    assert "utilization threshold" in await browser.run(step)
+    assert "every running" in await browser.run(step)
+
+
+def network_chart(d: WebDriver, base: str, session_id: str) -> dict[str, Any]:
+    d.get(f"{base}/ui/sessions/{session_id}")
+    visible(d, "#usage-charts figure[data-metric='net_tx'] polyline.series")
+    d.execute_script("document.getElementById('usage-charts').scrollIntoView()")
+    figure = d.find_element(By.CSS_SELECTOR, "#usage-charts figure[data-metric='net_tx']")
+    return {
+        "unit": figure.get_attribute("data-unit"),
+        "thresholds": len(figure.find_elements(By.CSS_SELECTOR, "line.threshold")),
+        "caption": figure.find_element(By.TAG_NAME, "figcaption").text,
+        "metrics": [f.get_attribute("data-metric") for f in d.find_elements(By.CSS_SELECTOR, "#usage-charts figure")],
+    }
+
+
+async def test_a_kernels_network_io_is_charted_in_bytes_per_second(
+    caravan: Caravan, browser: Browser, tmp_path: Path
+) -> None:
+    admin = await caravan.user("root", Role.SUPERADMIN)
+    serving, url = await serving_session(caravan, "ui-serving")
+    async with fetching(caravan, url), running_idle(caravan.settings, policy_file(tmp_path, POLICY)):
+        await sampled(caravan, serving, 12)  # the second point on has a rate
+
+        def step(d: WebDriver) -> dict[str, Any]:
+            sign_in(d, browser.base, admin)
+            return network_chart(d, browser.base, serving)
+
+        shown = await browser.run(step)
+    assert shown["metrics"] == ["cpu_util", "mem", "net_rx", "net_tx"]
+    assert shown["unit"] == "BYTES_PER_SECOND" and shown["thresholds"] == 0
+    assert "Network sent" in shown["caption"] and "B/s" in shown["caption"]
+    assert not browser.console_errors()

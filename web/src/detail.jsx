@@ -11,7 +11,7 @@ const SESSION = `query Session($id: ID!) { session(id: $id) {
   resourceGroup driver image startupCommand resources { slot amount } waitReasons queuePosition retries
   statusHistory { status at reason detail }
   kernels { role index hostname status statusInfo statusDetail agent startedAt finishedAt exitCode ports restarts }
-  apps { name port protocol url public }
+  apps { name port protocol url public preferredPort preferredPortTaken hostPort }
   idleChecks { checkedAt terminate reason checks { name expired remaining measuredAgainst note
     utilization { metric average threshold } } } } }`;
 const POLICY = `query Policy($id: ID!) { effectiveIdlePolicy(sessionId: $id) { source checkInterval maxSessionLifetime
@@ -19,9 +19,10 @@ const POLICY = `query Policy($id: ID!) { effectiveIdlePolicy(sessionId: $id) { s
 const IDLE = `query Idle($id: ID!) { session(id: $id) { idleChecks { checkedAt terminate reason checks { name expired remaining
   measuredAgainst note utilization { metric average threshold } } } } }`;
 const UTILIZATION = `query Utilization($id: ID!, $kernel: String) { session(id: $id) { utilization(kernel: $kernel) {
-  kernel kernels points { at until values { metric percent } } thresholds { metric threshold } } } }`;
+  kernel kernels points { at until values { metric value unit } } thresholds { metric threshold } } } }`;
 /** What each metric is called on its chart (device metrics: "<prefix>_util" busy time, "<prefix>_mem" device memory). */
-const METRIC_LABELS = { cpu_util: "CPU (% of allocated cores)", mem: "Memory (% of allocated)" };
+const METRIC_LABELS = { cpu_util: "CPU (% of allocated cores)", mem: "Memory (% of allocated)", net_rx: "Network received",
+  net_tx: "Network sent" };
 const metricLabel = (m) => METRIC_LABELS[m] || (m.endsWith("_util") ? `${m.slice(0, -5)} utilization (%)` : m.endsWith("_mem") ? `${m.slice(0, -4)} memory (%)` : m);
 /** How often a RUNNING session's idle verdict is read again: the API has no event for a new verdict (the idle checker
  * writes one each sweep), so this one small read repeats; everything else on the page follows sessionEvents. */
@@ -82,26 +83,33 @@ function Logs({ session }) {
   );
 }
 
-/** One metric of one kernel over the session's life: a line of percent over time (older points average several sweeps),
- * and the idle threshold judged for it drawn dashed across the same axes: under it the kernel counts as idle. */
+/** Bytes per second, readable: B/s, KB/s, MB/s, GB/s (powers of 1000). */
+const rate = (v) => { let u = 0; while (v >= 1000 && u < 3) { v /= 1000; u += 1; } return `${v.toFixed(v < 10 && u ? 1 : 0)} ${["B", "KB", "MB", "GB"][u]}/s`; };
+
+/** One metric of one kernel over the session's life: a line over time (older points average several sweeps), in
+ * percent with the idle threshold judged for it drawn dashed across the same axes (under it the kernel counts as idle),
+ * or network I/O in bytes per second on an axis of its own (no threshold: the idle policy's network check is the time
+ * since the session's last traffic through the gateway). */
 function MetricChart({ metric, points, threshold }) {
   const width = 360, height = 130, left = 34, right = 6, top = 8, bottom = 18;
-  const series = points.map((p) => [Date.parse(p.at), (p.values.find((v) => v.metric === metric) || {}).percent])
-    .filter(([, v]) => v != null);
+  const values = points.map((p) => [Date.parse(p.at), p.values.find((v) => v.metric === metric)]).filter(([, v]) => v);
+  const series = values.map(([t, v]) => [t, v.value]);
+  const bytes = values.some(([, v]) => v.unit === "BYTES_PER_SECOND");
+  const shown = (v) => (bytes ? rate(v) : `${v.toFixed(1)}%`);
   const t0 = series.length ? series[0][0] : 0, t1 = series.length ? series[series.length - 1][0] : 1;
-  const max = Math.max(100, threshold || 0, ...series.map(([, v]) => v));
+  const max = Math.max(bytes ? 1000 : 100, threshold || 0, ...series.map(([, v]) => v));
   const x = (t) => left + (t1 > t0 ? (t - t0) / (t1 - t0) : 1) * (width - left - right);
   const y = (v) => top + (1 - v / max) * (height - top - bottom);
   const line = series.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
   const last = series.length ? series[series.length - 1][1] : null;
   const minutes = (t1 - t0) / 60000;
   return (
-    <figure class="metric-chart" data-metric={metric}>
-      <figcaption>{metricLabel(metric)}{last != null && <span class="muted small"> now {last.toFixed(1)}%</span>}
+    <figure class="metric-chart" data-metric={metric} data-unit={bytes ? "BYTES_PER_SECOND" : "PERCENT"}>
+      <figcaption>{metricLabel(metric)}{last != null && <span class="muted small"> now {shown(last)}</span>}
         {threshold != null && <span class="muted small"> · idle below {threshold}%</span>}</figcaption>
       <svg viewBox={`0 0 ${width} ${height}`} role="img" aria-label={`${metricLabel(metric)} over the session's life`}>
         <line x1={left} y1={y(0)} x2={width - right} y2={y(0)} stroke="currentColor" stroke-opacity="0.4" />
-        <text x={left - 4} y={top + 8} text-anchor="end" font-size="10">{max.toFixed(0)}</text>
+        <text x={left - 4} y={top + 8} text-anchor="end" font-size="10">{bytes ? rate(max).replace("/s", "") : max.toFixed(0)}</text>
         <text x={left - 4} y={y(0)} text-anchor="end" font-size="10">0</text>
         <text x={width - right} y={height - 4} text-anchor="end" font-size="9">now</text>
         <text x={left} y={height - 4} font-size="9">{minutes >= 1 ? `${minutes.toFixed(0)} min ago` : "start"}</text>
@@ -134,8 +142,8 @@ function UsageCharts({ id, running, kernels }) {
       <h2 id="usage-title">Usage over time</h2>
       {series.kernels.length > 1 && <label>Kernel <select id="usage-kernel" value={series.kernel}
         onChange={(e) => setKernel(e.currentTarget.value)}>{series.kernels.map((h) => <option value={h}>{name(h)}</option>)}</select></label>}
-      {series.points.length === 0 ? <p class="muted" id="usage-none">No samples: the idle checker samples a session's usage
-        while a utilization threshold applies to it (and keeps them a day after the last).</p> : (
+      {series.points.length === 0 ? <p class="muted" id="usage-none">No samples yet: the idle checker samples every running
+        session's usage (a point every few sweeps) and keeps them a day after the last.</p> : (
         <div class="charts">{metrics.map((m) => <MetricChart key={m} metric={m} points={series.points} threshold={thresholds[m]} />)}</div>
       )}
     </section>
@@ -245,7 +253,12 @@ export function DetailPage({ id, viewer }) {
             <ul class="apps">{s.apps.map((a) => (
               <li>{a.url ? <button type="button" class="app" data-app={a.name} disabled={s.status !== "RUNNING"}
                 onClick={() => openApp(a.name)}>Open {a.name}</button> : <span>{a.name}</span>}
-                <span class="muted small"> port {a.port} · {a.protocol}{a.public ? " · public" : ""}</span></li>
+                <span class="muted small"> port {a.port} · {a.protocol}{a.public ? " · public" : ""}
+                  {a.hostPort != null && ` · host port ${a.hostPort}`}</span>
+                {a.preferredPort != null && <span class={`small preferred-port${a.preferredPortTaken ? " taken" : ""}`}
+                  data-app={a.name} data-taken={String(a.preferredPortTaken)}>{a.preferredPortTaken
+                    ? ` · preferred port ${a.preferredPort} was taken on its node: published on ${a.hostPort ?? "another port"} instead`
+                    : ` · preferred port ${a.preferredPort}`}</span>}</li>
             ))}</ul>
           )}
           <h2>Idle checks</h2>

@@ -12,7 +12,7 @@ export const THREAD_VARIABLES = ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL
 
 export const OPTIONS = `{ resourcePresets { name resources { slot amount } } resourceGroups { name allowedDrivers capacity { slot amount } }
   sessionTemplates { id name scope spec { type driver image startupCommand environ { name value } resources { slot amount }
-    resourceGroup startsAt batchTimeout clusterSize clusterMode preopenPorts preset apps { name port protocol }
+    resourceGroup startsAt batchTimeout clusterSize clusterMode preopenPorts preset apps { name port protocol preferredPort }
     mounts { folder path mode } } }
   folders { id name status myMode }
   environments { name title description customized versions { tag image apps { name } } } }`;
@@ -23,7 +23,7 @@ export const EMPTY = {
   name: "", type: "INTERACTIVE", driver: "DOCKER", image: "", preset: "", cpu: "", mem: "", accelerators: "",
   resourceGroup: "default", clusterMode: "SINGLE_NODE", clusterSize: "1", environ: "", startupCommand: "",
   startsAt: "", batchTimeout: "", dependencies: "", apps: "", preopenPorts: "", mounts: "", templateName: "",
-  count: "1", threads: "",
+  count: "1", threads: "", preferPort: false, preferredPort: "",
 };
 
 /** The form's text fields as CreateSessionInput (or a template's spec when `spec`); `folders` (id, name) turn a mount's
@@ -59,11 +59,17 @@ export function toInput(f, { spec = false, folders = [] } = {}) {
   input.apps = f.apps.split(/[\n,]+/).map((l) => l.trim()).filter(Boolean).map((l) => {
     const [name, port, ...rest] = l.split(":").map((x) => x.trim());
     const options = rest.map((x) => x.toLowerCase());
-    const protocol = (options.find((x) => x !== "public") || "http").toUpperCase();
+    const protocol = (options.find((x) => x !== "public" && !x.startsWith("prefer=")) || "http").toUpperCase();
     const app = { name, port: parseInt(port, 10), protocol };
     if (options.includes("public")) app.public = true;
+    const prefer = options.find((x) => x.startsWith("prefer="));
+    if (prefer) app.preferredPort = parseInt(prefer.slice(7), 10);
     return app;
   });
+  // "Try preferred port": the first app's host port, unless its line names one (prefer=<port>)
+  if (f.preferPort && f.preferredPort.trim() && input.apps.length && input.apps[0].preferredPort == null) {
+    input.apps[0].preferredPort = parseInt(f.preferredPort, 10);
+  }
   input.mounts = f.mounts.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => {
     const [folder, path = "", mode = "RW"] = l.split(":").map((x) => x.trim());
     const known = folders.find((x) => x.name === folder || x.id === folder);
@@ -79,7 +85,7 @@ export function fromSpec(t, folders = []) {
     resourceGroup: s.resourceGroup, clusterMode: s.clusterMode, clusterSize: String(s.clusterSize),
     environ: s.environ.map((e) => `${e.name}=${e.value}`).join("\n"), startupCommand: s.startupCommand || "",
     startsAt: s.startsAt || "", batchTimeout: s.batchTimeout || "", preopenPorts: s.preopenPorts.join(", "),
-    apps: s.apps.map((a) => `${a.name}:${a.port}:${a.protocol}`).join("\n"),
+    apps: s.apps.map((a) => `${a.name}:${a.port}:${a.protocol}${a.preferredPort ? `:prefer=${a.preferredPort}` : ""}`).join("\n"),
     mounts: (s.mounts || []).map((m) => `${(folders.find((x) => x.id === m.folder) || { name: m.folder }).name}:${m.path}:${m.mode}`).join("\n") };
 }
 
@@ -90,6 +96,7 @@ export function formField(apiField) {
   if (head === "resources") return /mem/.test(apiField) ? "mem" : /cpu/.test(apiField) ? "cpu" : "accelerators";
   if (head === "environ") return "environ";
   if (head === "kernelRoles") return "image";
+  if (/^apps\[0\]\.preferredPort$/.test(apiField)) return "preferredPort";
   return head in EMPTY ? head : null;
 }
 
@@ -102,6 +109,7 @@ export function useFieldKit({ form, setForm, field, error }) {
     if (el) { el.focus(); el.scrollIntoView({ block: "center" }); }
   }, [error]);
   const set = (k) => (e) => setForm({ ...form, [k]: e.currentTarget.value });
+  const toggle = (k) => (e) => setForm({ ...form, [k]: e.currentTarget.checked });
   function Field({ name, label, hint, children }) {
     const wrong = field === name;
     return (
@@ -118,13 +126,13 @@ export function useFieldKit({ form, setForm, field, error }) {
     <input id={`f-${name}`} name={name} value={form[name]} onInput={set(name)} aria-invalid={field === name}
       aria-describedby={field === name ? `error-${name}` : undefined} {...props} />
   );
-  return { Field, input, set, field };
+  return { Field, input, set, toggle, field };
 }
 
 /** A session's options (createSession's, a template's or a schedule's spec) as fieldsets; `children` lead the first
  * (the launcher's session name); `batchOnly`: a schedule's runs, always BATCH, with no dependencies. */
 export function SpecFields({ kit, form, options, viewer, batchOnly = false, children }) {
-  const { Field, input, set } = kit;
+  const { Field, input, set, toggle } = kit;
   const field = kit.field;
   const batch = batchOnly || form.type === "BATCH";
   // accelerator slots (anything but cpu and mem) some group's agents have: the field shows only when there are some
@@ -170,8 +178,13 @@ export function SpecFields({ kit, form, options, viewer, batchOnly = false, chil
           <textarea id="f-environ" rows="3" value={form.environ} onInput={set("environ")} aria-invalid={field === "environ"} />) })}
         {Field({ name: "threads", label: "HPC threads", hint: `${THREAD_VARIABLES.slice(0, 3).join(", ")}…; empty: the allocated cores`,
           children: input("threads", { type: "number", min: 1, placeholder: "cores" }) })}
-        {Field({ name: "apps", label: "Apps", hint: "name:port[:HTTP|WEBSOCKET|TCP][:public], one per line; public: open to anyone with the link, no sign-in", children: (
+        {Field({ name: "apps", label: "Apps", hint: "name:port[:HTTP|WEBSOCKET|TCP][:public][:prefer=<host port>], one per line; public: open to anyone with the link, no sign-in", children: (
           <textarea id="f-apps" rows="2" value={form.apps} onInput={set("apps")} aria-invalid={field === "apps"} />) })}
+        <label class="check"><input type="checkbox" id="f-preferPort" checked={form.preferPort}
+          onChange={toggle("preferPort")} /> Try preferred port</label>
+        {form.preferPort && Field({ name: "preferredPort", label: "Preferred host port", hint:
+          "the first app's port on its node, 20000-32000 (for direct TCP clients); if taken there, it gets another and the session page says so",
+        children: input("preferredPort", { type: "number", min: 20000, max: 32000, placeholder: "25432" }) })}
         {Field({ name: "preopenPorts", label: "Preopened ports", hint: "comma-separated", children: input("preopenPorts") })}
       </fieldset>
       <fieldset><legend>Storage folders</legend>

@@ -39,7 +39,7 @@ async def utilization_of(info: Info, session_id: str, kernel: str | None) -> Uti
                 at=datetime.fromtimestamp(p.at, UTC),
                 until=datetime.fromtimestamp(p.until, UTC),
                 sweeps=p.weight,
-                values=[MetricValue(metric=m, percent=v) for m, v in sorted(p.kernels[chosen].items())],
+                values=[MetricValue.of(m, v) for m, v in sorted(p.kernels[chosen].items())],
             )
             for p in points
             if chosen in p.kernels

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import Enum
 
 import strawberry
 
 from domain.idle import config, verdict
+from domain.idle.network import NETWORK_METRICS
 from stores.idle import StoredVerdict
 
 # The domain's enums are the GraphQL enums: strawberry.enum marks the class itself (and returns it), so the
@@ -102,10 +104,28 @@ def idle_checks_type(stored: StoredVerdict) -> IdleChecks:
     )
 
 
-@strawberry.type(description="One metric's value in a utilization point, in percent of what the kernel was allocated.")
+@strawberry.enum(description="What a metric's value counts.")
+class MetricUnit(Enum):
+    PERCENT = "PERCENT"
+    """Percent of what the kernel was allocated (CPU, memory, an accelerator)."""
+    BYTES_PER_SECOND = "BYTES_PER_SECOND"
+    """Network I/O (net_rx received, net_tx sent), never judged by a threshold."""
+
+
+@strawberry.type(description="One metric's value in a utilization point.")
 class MetricValue:
     metric: str
-    percent: float
+    value: float = strawberry.field(description="In its unit.")
+    unit: MetricUnit
+    percent: float | None = strawberry.field(
+        description="The value, when it is a percent of what the kernel was allocated; null for network I/O."
+    )
+
+    @classmethod
+    def of(cls, metric: str, value: float) -> MetricValue:
+        if metric in NETWORK_METRICS:
+            return cls(metric=metric, value=value, unit=MetricUnit.BYTES_PER_SECOND, percent=None)
+        return cls(metric=metric, value=value, unit=MetricUnit.PERCENT, percent=value)
 
 
 @strawberry.type(description="A kernel's utilization over some sweeps: one sweep's sample, or the mean of older ones.")

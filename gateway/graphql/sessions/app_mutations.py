@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 import strawberry
@@ -64,7 +65,7 @@ class AppMutations:
         session = await _visible_session(ctx, str(session_id))
         declared = _find(session_apps(session.apps, session.preopen_ports), app)
 
-        changed = App(declared.name, declared.port, declared.protocol, public)
+        changed = replace(declared, public=public)  # its preferred port kept
 
         def mutate(before: SessionModel) -> SessionModel:
             apps = tuple(changed if a.name == changed.name else a for a in before.apps)

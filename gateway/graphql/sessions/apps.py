@@ -8,7 +8,7 @@ from datetime import datetime
 
 import strawberry
 
-from domain.apps import App, AppProtocol, app_url, session_apps
+from domain.apps import App, AppProtocol, app_url, published_port, session_apps
 from domain.model import Session as SessionModel
 from gateway.graphql import fields
 from gateway.graphql.context import Info
@@ -32,6 +32,13 @@ class AppInput:
         description="HTTP (and WebSockets upgraded from it), WEBSOCKET, or TCP (published, not proxied: no url).",
     )
     public: bool = strawberry.field(default=False, description="Reachable through the gateway without credentials.")
+    preferred_port: int | None = strawberry.field(
+        default=None,
+        description="Try a preferred port: the host port to publish the app on, on the main kernel's node (for "
+        "clients reaching the node directly, e.g. a TCP app), within 20000-32000 (Nomad's dynamic port range). "
+        "If another allocation holds it there when the session is placed, the app gets another (dynamic) port and "
+        "the app's preferredPortTaken says so.",
+    )
 
 
 @strawberry.type(description="An app as a template holds it.")
@@ -40,6 +47,7 @@ class AppSpec:
     port: int
     protocol: AppProtocol
     public: bool
+    preferred_port: int | None = None
 
 
 @strawberry.type(
@@ -51,6 +59,17 @@ class SessionApp:
     protocol: AppProtocol
     public: bool
     session_id: strawberry.Private[str]
+    preferred_port: int | None = strawberry.field(default=None, description="The host port asked for, if any.")
+    preferred_port_taken: bool = strawberry.field(
+        default=False,
+        description="The preferred port was held by another allocation on the node when the session was placed: "
+        "the app got another one (hostPort).",
+    )
+    host_port: int | None = strawberry.field(
+        default=None,
+        description="The host port the app is published on, on the main kernel's node (the preferred one when "
+        "granted); null until Nomad allocated it.",
+    )
 
     @fields.field(
         description="The app's address through the gateway (needs your token as a bearer, or the cookie of "
@@ -80,18 +99,25 @@ class AppLaunch:
 
 
 def apps_of(inputs: Iterable[AppInput]) -> tuple[App, ...]:
-    return tuple(App(a.name, a.port, a.protocol, a.public) for a in inputs)
+    return tuple(App(a.name, a.port, a.protocol, a.public, a.preferred_port) for a in inputs)
 
 
 def app_inputs_of(apps: Iterable[App]) -> list[AppInput]:
-    return [AppInput(name=a.name, port=a.port, protocol=a.protocol, public=a.public) for a in apps]
+    return [
+        AppInput(name=a.name, port=a.port, protocol=a.protocol, public=a.public, preferred_port=a.preferred_port)
+        for a in apps
+    ]
 
 
 def app_specs_of(apps: Iterable[App]) -> list[AppSpec]:
-    return [AppSpec(name=a.name, port=a.port, protocol=a.protocol, public=a.public) for a in apps]
+    return [
+        AppSpec(name=a.name, port=a.port, protocol=a.protocol, public=a.public, preferred_port=a.preferred_port)
+        for a in apps
+    ]
 
 
 def session_app_types(session: SessionModel) -> list[SessionApp]:
+    ports = session.main_kernel.ports if session.kernels else ()
     return [
         SessionApp(
             name=a.name,
@@ -99,6 +125,9 @@ def session_app_types(session: SessionModel) -> list[SessionApp]:
             protocol=a.protocol,
             public=a.public,
             session_id=session.id,
+            preferred_port=a.preferred_port,
+            preferred_port_taken=a.name in session.preferred_ports_taken,
+            host_port=published[1] if (published := published_port(ports, a.port)) else None,
         )
         for a in session_apps(session.apps, session.preopen_ports)
     ]

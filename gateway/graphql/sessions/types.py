@@ -263,8 +263,8 @@ class Session:
     @fields.field(
         description="One kernel's CPU, memory and accelerator utilization over the session's life as the idle checker "
         "sampled it (kernel: a hostname; null: the first kernel with samples), at a bounded resolution (older points "
-        "average more sweeps), with the idle thresholds judged. Empty when its utilization is not sampled (no "
-        "threshold applies to it) or the series expired (a day after the last sample)."
+        "average more sweeps), with the idle thresholds judged (none when no threshold applies to it). Empty before "
+        "its first sample or once the series expired (a day after the last sample)."
     )
     async def utilization(self, info: Info, kernel: str | None = None) -> UtilizationSeries:
         return await utilization_of(info, str(self.id), kernel)

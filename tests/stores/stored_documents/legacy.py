@@ -35,7 +35,7 @@ def session_to_json(self: Session) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-ADDED_SINCE = ("apps", "mounts", "autoscaling", "scaling", "revision", "previous")
+ADDED_SINCE = ("apps", "mounts", "autoscaling", "scaling", "revision", "previous", "preferred_ports_taken")
 """Session fields added after 1171ae4, which this reader never knew (their tests are in tests/core/test_codec.py)."""
 
 
