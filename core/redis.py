@@ -167,6 +167,15 @@ class SentinelIdleClosingPool(IdleClosingPool, SentinelConnectionPool):
 
     def __init__(self, service_name: str, sentinel_manager: Sentinel, **kwargs: Any) -> None:
         super().__init__(service_name=service_name, sentinel_manager=sentinel_manager, **kwargs)
+        self.sentinels = sentinel_manager
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        """The pool's connections and the Sentinel clients' own (redis-py's pool leaves those open: they warned at
+        garbage collection as unclosed connections)."""
+        try:
+            await super().disconnect(inuse_connections)
+        finally:
+            await self.sentinels.aclose()
 
 
 def client(settings: RedisSettings) -> Redis:
