@@ -1,6 +1,6 @@
 """``session-peers``: the agent that joins a session's kernels across hosts. One runs on every Nomad client host.
 
-The isolation plugin (``nomad_jobs/cni_isolation.py``) knows only the kernels of its own host (its membership files).
+The isolation plugin (``node_plugins/cni_isolation.py``) knows only the kernels of its own host (its membership files).
 A session whose kernels run on several hosts needs two more things on each host, and this agent derives both from
 Nomad, read with a token that can only read (``caravan.stack.nomad_acl.SESSION_PEERS_RULES``):
 
@@ -38,8 +38,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from core.settings import NomadSettings
+from node_plugins.cni_isolation import Kernel, Membership, nft, remote_commands, session_key
 from nomad_jobs.client import Json, NomadClient
-from nomad_jobs.cni_isolation import Kernel, Membership, nft, remote_commands, session_key
 
 SUBNET_META = "caravan_session_subnet"
 """Node meta: the client's session subnet (its bridge's /24)."""

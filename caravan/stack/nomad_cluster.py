@@ -2,9 +2,8 @@
 
 Each client gets its own name, data directory, ports and cgroup parent, advertises a capacity of its own
 (``cpu_total_compute`` MHz, ``memory_total_mb``), joins a node pool, and optionally offers simulated accelerators
-through Caravan's device plugin (:mod:`devices.sim`; whole devices or shares, a model of its own). Used by the tests
-that check where the
-scheduler puts sessions; everything listens on 127.0.0.1.
+through Caravan's device plugin (:mod:`node_plugins.devices.sim`; whole devices or shares, a model of its own).
+Used by the tests that check where the scheduler puts sessions; everything listens on 127.0.0.1.
 
 ACLs are on in the server and every client (:mod:`caravan.stack.nomad_acl`): the server is bootstrapped with
 Caravan's secret as soon as it has a leader, and given Caravan's policies and tokens. Readiness is polled: the server
@@ -145,7 +144,7 @@ class NomadCluster:
     networks: dict[str, SessionNetwork] = field(default_factory=dict)
     """Client name -> its session network (each client has a bridge and subnet of its own)."""
     device_dirs: dict[str, Path] = field(default_factory=dict)
-    """Client name -> its device plugin's state directory (:mod:`devices.sim.state`)."""
+    """Client name -> its device plugin's state directory (:mod:`node_plugins.devices.sim.state`)."""
     secrets_dir: Path | None = None
     """Where the management token and the components' tokens are (``<state_dir>/secrets`` if None)."""
     namespace: str = "default"

@@ -27,7 +27,7 @@ import pytest
 from caravan.stack import multihost
 from caravan.stack.multihost import ROOT_ADDRESS, MultiHostCluster, server_address
 from caravan.stack.session_network import MEMBERSHIP_DIR
-from nomad_jobs.cni_isolation import Membership
+from node_plugins.cni_isolation import Membership
 from tests.harness import CREATE, Caravan
 from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from nomad_jobs.cni_isolation import Kernel, session_key
+from node_plugins.cni_isolation import Kernel, session_key
 from nomad_jobs.session_peers import (
     ADDRESS_META,
     SUBNET_META,

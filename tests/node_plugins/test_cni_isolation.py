@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from nomad_jobs import cni_isolation
-from nomad_jobs.cni_isolation import (
+from node_plugins import cni_isolation
+from node_plugins.cni_isolation import (
     RULES,
     TABLE,
     Kernel,

@@ -35,7 +35,7 @@ the same transaction (nft 1.0.6 has no ``destroy``).
 Standalone and quick on purpose: Nomad runs it as ``/usr/bin/python3 -I -S cni_isolation.py`` for every kernel
 start and stop, with no project packages, so it imports only a few standard modules (no ``typing``, ``dataclasses``
 or ``pathlib``: they would double its start-up time, which is on every session's start). The rule set's text and the
-CNI result handling are pure functions, tested in ``tests/nomad_jobs/test_cni_isolation.py``; the plugin runs for
+CNI result handling are pure functions, tested in ``tests/node_plugins/test_cni_isolation.py``; the plugin runs for
 real in the e2e isolation tests.
 """
 
