@@ -20,7 +20,7 @@ ARP and in IP (``ports``), and only ARP and IPv4 pass a bridge port.
 Membership is kept in files under ``stateDir`` (one directory per session, one file per allocation), under one lock,
 so the pairs are right whatever order kernels come and go in. All of one host's clients share the directory, so a
 session whose kernels run on several clients of one host (the multi-client test cluster) is one network. Kernels on
-other hosts are not in these files: ``nomad_jobs.session_peers``, an agent on each host, learns them from Nomad's
+other hosts are not in these files: ``nomad_jobs.session_peers``, a daemon on each host, learns them from Nomad's
 allocations and keeps their pairs with this host's kernels in the same ``peers`` sets, under the same lock, listed in
 ``remote-peers.json`` (:data:`REMOTE_PEERS`). A pair arriving from another host is let in by the forward chain's
 ``oifname`` rule. Where no agent runs, cross-host traffic between kernels is refused (the safe way round). A kernel

@@ -302,7 +302,7 @@ def start_nomad_single_node(
     (state_dir / "single.hcl").write_text(SINGLE_NODE_CONFIG.format(name=name, cgroup_parent=_cgroup_parent(name)))
     argv = (str(binary), "agent", f"-config={state_dir / 'nomad.hcl'}", f"-config={state_dir / 'single.hcl'}")
     server = spawn("nomad", argv, log or state_dir / "nomad.log", env=CLEAN_ENV, clean=True)
-    agent = SingleNodeNomad(
+    nomad_agent = SingleNodeNomad(
         addr=f"http://127.0.0.1:{http}",
         server=server,
         state_dir=state_dir,
@@ -318,11 +318,11 @@ def start_nomad_single_node(
         platform_namespace=platform_namespace,
     )
     try:
-        agent._wait_ready(timeout)
+        nomad_agent._wait_ready(timeout)
     except BaseException:
-        agent.server.stop()  # not stop(): that purges every job, and a persisted agent's jobs are the user's
+        nomad_agent.server.stop()  # not stop(): that purges every job, and a persisted agent's jobs are the user's
         raise
-    return agent
+    return nomad_agent
 
 
 def single_node_ports(http: int) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""The session-peers agent's pure decisions (it runs for real in tests/e2e/test_multihost.py)."""
+"""The session-peers daemon's pure decisions (it runs for real in tests/e2e/test_multihost.py)."""
 
 from __future__ import annotations
 
