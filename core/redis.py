@@ -30,10 +30,10 @@ MaxConnectionsError), then fails as an outage (UNAVAILABLE)."""
 
 
 class HiredisPacking(AbstractConnection):
-    """Commands packed by hiredis's C packer, as redis-py's synchronous client packs them: its asyncio connection
-    packs in Python, which was a quarter of the schedule runner's CPU (``bench/schedules``: 10,000 runs write large
-    MSET and ZADD commands). Same bytes on the wire: str as UTF-8, floats as ``repr``, and what the Python packer
-    refuses (None, bool, other types) is a ``DataError`` here too."""
+    """Commands packed by hiredis's C packer, as redis-py's synchronous client packs them: its asyncio connection packs
+    in Python, a large share of the schedule runner's CPU when many runs write large MSET and ZADD commands
+    (``bench/schedules``; the figure in bench/README.md). Same bytes on the wire: str as UTF-8, floats as ``repr``, and
+    what the Python packer refuses (None, bool, other types) is a ``DataError`` here too."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         if isinstance(args[0], str):
