@@ -1,5 +1,5 @@
 """Session networks across hosts, on the multi-host test cluster (``tests/multihost_fixtures.py``): two hosts, each a
-network namespace with its own Nomad client, session bridge, isolation rules and session-peers agent; three servers.
+network namespace with its own Nomad client, session bridge, isolation rules and session-peers daemon; three servers.
 
 A cluster session's two kernels land on different hosts and reach each other by hostname, both ways (their subnets
 routed between the hosts, the pairs let through by each host's agent from Nomad's allocations). A kernel of another
