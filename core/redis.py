@@ -30,10 +30,10 @@ MaxConnectionsError), then fails as an outage (UNAVAILABLE)."""
 
 
 class HiredisPacking(AbstractConnection):
-    """Commands packed by hiredis's C packer, as redis-py's synchronous client packs them: its asyncio connection
-    packs in Python, which was a quarter of the schedule runner's CPU (``bench/schedules``: 10,000 runs write large
-    MSET and ZADD commands). Same bytes on the wire: str as UTF-8, floats as ``repr``, and what the Python packer
-    refuses (None, bool, other types) is a ``DataError`` here too."""
+    """Commands packed by hiredis's C packer, as redis-py's synchronous client packs them: its asyncio connection packs
+    in Python, a large share of the schedule runner's CPU when many runs write large MSET and ZADD commands
+    (``bench/schedules``; the figure in bench/README.md). Same bytes on the wire: str as UTF-8, floats as ``repr``, and
+    what the Python packer refuses (None, bool, other types) is a ``DataError`` here too."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         if isinstance(args[0], str):
@@ -167,6 +167,15 @@ class SentinelIdleClosingPool(IdleClosingPool, SentinelConnectionPool):
 
     def __init__(self, service_name: str, sentinel_manager: Sentinel, **kwargs: Any) -> None:
         super().__init__(service_name=service_name, sentinel_manager=sentinel_manager, **kwargs)
+        self.sentinels = sentinel_manager
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        """The pool's connections and the Sentinel clients' own (redis-py's pool leaves those open: they warned at
+        garbage collection as unclosed connections)."""
+        try:
+            await super().disconnect(inuse_connections)
+        finally:
+            await self.sentinels.aclose()
 
 
 def client(settings: RedisSettings) -> Redis:

@@ -9,10 +9,10 @@ else ``<vendor>.<type>`` (``intel/gpu`` -> ``intel.gpu``). A slot's *device pref
 (``cuda.device`` and ``cuda.shares`` are both ``cuda``), and a device's utilization metrics are
 ``<prefix>_util`` (busy time, percent) and ``<prefix>_mem`` (device memory in use, percent).
 
-Shares: a device offered as K shares (Caravan's simulated accelerator, :mod:`devices.sim`) is a group of K instances
-named ``<model>@<device>`` with the attribute ``shares = K``, one group per physical device; each instance counts
-1/K of its slot (``sim.shares``: 0.5 is half a device), and a job asks for ``amount × K`` instances of the type with a
-constraint on the model (Nomad fills one request from one group, so a kernel's shares are of one device).
+Shares: a device offered as K shares (Caravan's simulated accelerator, :mod:`node_plugins.devices.sim`) is a group of K
+instances named ``<model>@<device>`` with the attribute ``shares = K``, one group per physical device; each instance
+counts 1/K of its slot (``sim.shares``: 0.5 is half a device), and a job asks for ``amount × K`` instances of the type
+with a constraint on the model (Nomad fills one request from one group, so a kernel's shares are of one device).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ BUILTIN_SLOTS: Mapping[str, str] = MappingProxyType(
         "nvidia/gpu": "cuda.device",
         "amd/gpu": "rocm.device",
         "nomad/file/mock": "mock.device",  # Nomad's example device plugin: fake devices for tests and demos
-        "caravan-sim/gpu": "sim.device",  # Caravan's simulated accelerator (devices/sim): whole devices
+        "caravan-sim/gpu": "sim.device",  # Caravan's simulated accelerator (node_plugins/devices/sim): whole devices
         "caravan-sim/gpu-share": "sim.shares",  # ... and devices offered as shares
     }
 )

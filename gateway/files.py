@@ -52,8 +52,8 @@ CHUNK = 1 << 20
 """Bytes per write of an upload (reserved against the quotas before each: one ``os.writev`` into the page cache, on
 the event loop, well under a millisecond) and per read of a download (Starlette's, through a thread)."""
 RESERVE_AHEAD = 8 * CHUNK
-"""Bytes an upload reserves beyond what it has written: a quota check (two Redis round trips, ~0.2 ms) per 8 MiB,
-not per MiB, where it cost ~20% of an upload's throughput."""
+"""Bytes an upload reserves beyond what it has written: a quota check (two Redis round trips) per 8 MiB,
+not per MiB, where it cost a noticeable share of an upload's throughput (bench/README.md)."""
 IOV_MAX = 1024
 """Buffers one ``os.writev`` takes (Linux's limit)."""
 

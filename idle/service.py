@@ -18,9 +18,9 @@ Windows live in the leader's memory between saves; a new leader starts from the 
 
 Between sweeps the leader holds every session's utilization window (as numpy arrays, ``domain.idle.columns``), the
 sessions' views and what the sweep derived from them: long-lived objects Python's cyclic garbage collector would
-otherwise walk again and again while a sweep allocates (a third to a half of what decoding cost in ``bench/idle``).
+otherwise walk again and again while a sweep allocates (a cost ``bench/idle`` measured: bench/README.md).
 :func:`settle` moves them out of its reach (``gc.freeze``) after the windows are loaded and after each sweep; every
-:data:`FULL_COLLECTION_INTERVAL` of a term it first collects in full (a fifth of a second for 10,000 sessions), so
+:data:`FULL_COLLECTION_INTERVAL` of a term it first collects in full, so
 cyclic garbage frozen meanwhile is freed within minutes. Reference counting frees everything else as usual. The service
 runs in a process of its own (``caravan idle``).
 """

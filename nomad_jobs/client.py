@@ -63,7 +63,8 @@ REFUSALS_AS_500 = (
 @functools.cache
 def tls_context() -> ssl.SSLContext:
     """httpx's default TLS context, built once per process and shared by every client's pools: building one reads the
-    system's CA bundle (about 50 ms), and each client has two pools (a test suite makes hundreds of clients)."""
+    system's CA bundle (tens of milliseconds: bench/README.md), and each client has two pools (a test suite makes
+    hundreds of clients)."""
     return httpx2.create_ssl_context()
 
 

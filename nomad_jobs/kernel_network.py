@@ -2,7 +2,7 @@
 
 - **docker and exec kernels** run in a namespace of their own on the client's session network
   (``network { mode = "cni/caravan" }``, set up by ``caravan.stack.session_network`` and guarded by
-  ``nomad_jobs/cni_isolation.py``): they reach the other kernels of their session and nothing else. A preopened port
+  ``node_plugins/cni_isolation.py``): they reach the other kernels of their session and nothing else. A preopened port
   (and an INFERENCE service port) is ``port "p<port>" { to = <port> }``: the kernel listens on its own port, Nomad
   publishes it on a host port, and that host port is what ``Kernel.ports`` reports.
 - **Cluster sessions** (several kernels, not INFERENCE replicas) find each other by hostname: every kernel registers a

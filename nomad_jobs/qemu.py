@@ -63,7 +63,7 @@ def driver_config(image_dir: str, command: str, environ: Mapping[str, str], core
     if environ:  # QEMU refuses an empty string item
         args += ["-fw_cfg", f"name=opt/caravan/environ,string={environ_item(environ)}"]
     vcpus = max(1, math.ceil(cores))
-    if vcpus > 1:  # each vCPU is brought up under software emulation: one boots ~2 s faster than two
+    if vcpus > 1:  # each vCPU is brought up under software emulation: one boots faster than two
         args += ["-smp", str(vcpus)]
     return {
         "image_path": runtime_text(str(image / INITRD_FILE)),

@@ -1,11 +1,11 @@
-"""``session-peers``: the agent that joins a session's kernels across hosts. One runs on every Nomad client host.
+"""``session-peers``: the daemon that joins a session's kernels across hosts. One runs on every Nomad client host.
 
-The isolation plugin (``nomad_jobs/cni_isolation.py``) knows only the kernels of its own host (its membership files).
-A session whose kernels run on several hosts needs two more things on each host, and this agent derives both from
+The isolation plugin (``node_plugins/cni_isolation.py``) knows only the kernels of its own host (its membership files).
+A session whose kernels run on several hosts needs two more things on each host, and this daemon derives both from
 Nomad, read with a token that can only read (``caravan.stack.nomad_acl.SESSION_PEERS_RULES``):
 
 - **routes**: each client advertises its session subnet and its address on the hosts' network in its node meta
-  (:data:`SUBNET_META`, :data:`ADDRESS_META`); the agent keeps a route to every other ready host's subnet through
+  (:data:`SUBNET_META`, :data:`ADDRESS_META`); the daemon keeps a route to every other ready host's subnet through
   that host's address (routing protocol :data:`ROUTE_PROTOCOL`, so it touches no route of anyone else). Sessions'
   subnets are routed between hosts, with no encapsulation: the hosts must share a link (or their routers must know
   the subnets).
@@ -15,7 +15,7 @@ Nomad, read with a token that can only read (``caravan.stack.nomad_acl.SESSION_P
   listed in the plugin's ``remote-peers.json``. An allocation's address counts only if it lies in the subnet its own
   node advertises, and a subnet claimed by two nodes (or overlapping this host's) counts for neither.
 
-Trust: the agent believes what Nomad's servers say about nodes and allocations (a node that lies in its meta or its
+Trust: the daemon believes what Nomad's servers say about nodes and allocations (a node that lies in its meta or its
 allocations' network status can attract its claimed addresses' traffic, as any routed network trusts its routers),
 and traffic on the hosts' link is not encrypted (a machine on that link can send with a session's source address).
 
@@ -38,15 +38,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from core.settings import NomadSettings
+from node_plugins.cni_isolation import Kernel, Membership, nft, remote_commands, session_key
 from nomad_jobs.client import Json, NomadClient
-from nomad_jobs.cni_isolation import Kernel, Membership, nft, remote_commands, session_key
 
 SUBNET_META = "caravan_session_subnet"
 """Node meta: the client's session subnet (its bridge's /24)."""
 ADDRESS_META = "caravan_host_address"
 """Node meta: the client's address on the hosts' network, where other hosts route its session subnet."""
 ROUTE_PROTOCOL = "199"
-"""The routing protocol number of the agent's routes (``ip route … proto 199``): its own, listed and removed alone."""
+"""The routing protocol number of the daemon's routes (``ip route … proto 199``): its own, listed and removed alone."""
 
 Pair = tuple[str, str]
 
@@ -156,7 +156,7 @@ def sync_pairs(members: Membership, remote: Sequence[RemoteKernel]) -> tuple[int
 
 
 @dataclasses.dataclass
-class Agent:
+class PeerDaemon:
     client: NomadClient
     node_name: str
     members: Membership
@@ -195,11 +195,11 @@ class Agent:
 async def run(args: argparse.Namespace) -> None:
     token = (await asyncio.to_thread(Path(args.token_file).read_text)).strip()
     client = NomadClient(NomadSettings(addr=args.nomad_addr, token=token))
-    agent = Agent(client, args.node_name, Membership(args.state_dir), ipaddress.IPv4Network(args.supernet))
+    daemon = PeerDaemon(client, args.node_name, Membership(args.state_dir), ipaddress.IPv4Network(args.supernet))
     try:
         while True:
             try:
-                await agent.once()
+                await daemon.once()
             except Exception as exc:  # Nomad away, the node not registered yet: try again next period
                 print(f"session-peers: {exc!r}", file=sys.stderr, flush=True)
             await asyncio.sleep(args.interval)

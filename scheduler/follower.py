@@ -198,7 +198,7 @@ class Follower:
             if session is None:
                 await self.owner.stop_orphan(running[session_id])
             else:
-                await self.store.request_stop(session_id)
+                await self.store.requests.request_stop(session_id)
             stopped.append(running[session_id])
         return stopped
 
@@ -278,7 +278,9 @@ class Follower:
             if is_inference(session):
                 await self.read_replica_health(session.id, latest.values())
             if session.status is S.TERMINATING and not job.get("Stop"):
-                await self.store.request_stop(session.id)  # asked, but not done yet (or lost before the owner existed)
+                await self.store.requests.request_stop(
+                    session.id
+                )  # asked, but not done yet (or lost before the owner existed)
             elif job.get("Stop") and session.status is S.TERMINATING and not any(map(is_live, allocs)):
                 await self.store.update(session.id, _stopped, fence=self.fence)
 

@@ -31,7 +31,8 @@ from nomad_jobs.meta import TASK_NAME
 from scheduler.folder_owner import FolderOwner
 from scheduler.image_owner import ImageOwner
 from scheduler.submitter import resubmit, submit
-from stores.sessions import SessionStore, StopMode
+from stores.owner_requests import StopMode
+from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class JobOwner:
         images: ImageOwner | None = None,
     ) -> None:
         self.store = store
+        self.requests = store.requests
+        """Its queue (``stores.owner_requests``): what it is asked to register, stop, restart."""
         self.nomad = nomad
         self.fence = fence
         self.folders = folders
@@ -69,11 +72,11 @@ class JobOwner:
                 await self.folders.act()
             if self.images is not None:
                 await self.images.act()
-            await self.store.wait_for_owner_work(IDLE_WAIT)
+            await self.requests.wait_for_owner_work(IDLE_WAIT)
 
     async def act(self) -> None:
         """Carry out every request stored now, one coroutine per session."""
-        to_submit, to_stop, to_restart = await self.store.owner_work()
+        to_submit, to_stop, to_restart = await self.requests.owner_work()
         limit = asyncio.Semaphore(CONCURRENCY)
 
         async def one(session_id: str) -> None:
@@ -91,10 +94,10 @@ class JobOwner:
             return
         if stop is not None or session.status in ENDED:
             if register:
-                await self.store.mark_submitted(session_id)  # ended before its job was registered: never register
+                await self.requests.mark_submitted(session_id)  # ended before its job was registered: never register
             await self._stop(session, stop or "stop")
             if restart:
-                await self.store.restarted(session_id)
+                await self.requests.restarted(session_id)
             return
         if register:
             if session.status is SessionStatus.SCHEDULED:
@@ -102,7 +105,7 @@ class JobOwner:
             elif is_inference(session) and session.status in RESCALABLE:
                 await resubmit(self.store, self.nomad, session)  # its replicas changed (scheduler.autoscaler)
             else:  # registered already (only the registration moves it on): the request's removal was lost
-                await self.store.mark_submitted(session_id)
+                await self.requests.mark_submitted(session_id)
         if restart:
             await self._restart(session)
 
@@ -120,7 +123,7 @@ class JobOwner:
             "purged" if mode == "purge" else "stopping",
             session.status_info,
         )
-        await self.store.stopped(session.id, mode)
+        await self.requests.stopped(session.id, mode)
 
     async def _restart(self, session: Session) -> None:
         if session.status is SessionStatus.RUNNING:
@@ -131,15 +134,15 @@ class JobOwner:
                     except PermanentError as exc:  # the allocation is gone or stopping meanwhile
                         log.warning("session=%s kernel=%s not restarted: %s", session.id, kernel.hostname, exc)
             log.info("session=%s restarted in place at %s", session.id, utcnow().isoformat())
-        await self.store.restarted(session.id)
+        await self.requests.restarted(session.id)
 
     async def _forget(self, session_id: str, register: bool, stop: StopMode | None, restart: bool) -> None:
         if register:
-            await self.store.mark_submitted(session_id)
+            await self.requests.mark_submitted(session_id)
         if stop is not None:
-            await self.store.stopped(session_id, stop)
+            await self.requests.stopped(session_id, stop)
         if restart:
-            await self.store.restarted(session_id)
+            await self.requests.restarted(session_id)
 
     async def stop_orphan(self, job_id: str) -> None:
         """Stop a Caravan job that has no session at all (Redis lost it): nothing to ask through the store."""

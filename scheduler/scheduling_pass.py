@@ -92,8 +92,9 @@ def run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResul
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """A pass allocates many small objects and frees them by reference counting; the cyclic collector would only
-    walk the whole snapshot again and again (a third of a 100k-session pass). It resumes as soon as the pass ends."""
+    """A pass allocates many small objects and frees them by reference counting; the cyclic collector would only walk
+    the whole snapshot again and again (a large share of a big pass: bench/README.md). It resumes as soon as the pass
+    ends."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -64,12 +64,12 @@ async def submit(store: SessionStore, nomad: NomadClient, session: Session, fenc
         log.error("session=%s job=%s refused: %s", session.id, session.nomad_job_id, exc)
         reason = clipped(f"Nomad refused the job: {exc}")
         await store.update(session.id, lambda s: refused(s, reason, at=utcnow()), fence=fence)
-        await store.mark_submitted(session.id)
+        await store.requests.mark_submitted(session.id)
         return
     # A session ended meanwhile (destroyed, or a batch that already ran) is not stopped here: its end stored a stop
     # request, which the job owner carries out next, with the mode asked (a purge only if forced).
     await store.update(session.id, _registered, fence=fence)
-    await store.mark_submitted(session.id)
+    await store.requests.mark_submitted(session.id)
 
 
 async def resubmit(store: SessionStore, nomad: NomadClient, session: Session) -> None:
@@ -89,7 +89,7 @@ async def resubmit(store: SessionStore, nomad: NomadClient, session: Session) ->
         raise TransientError(f"Nomad denied the registration for now: {exc}") from exc  # as in submit
     except PermanentError as exc:
         log.error("session=%s job=%s change refused: %s", session.id, session.nomad_job_id, exc)
-    await store.mark_submitted(session.id)
+    await store.requests.mark_submitted(session.id)
 
 
 def _registered(session: Session) -> Session | None:

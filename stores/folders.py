@@ -22,6 +22,7 @@ from core.settings import StorageSettings
 from core.transactions import transact
 from domain.storage import Folder, FolderStatus, check_bytes_quota, check_count_quota, mode_for
 from domain.users import Role, User
+from stores.owner_requests import wake_owner
 
 WAKEUP_BACKLOG = 8
 
@@ -274,5 +275,4 @@ class FolderStore:
             pipe.sadd(self.keys.folders_shared_with_project(project), folder.id)
 
     def _wake_owner(self, pipe: Redis) -> None:
-        pipe.rpush(self.keys.job_owner_wakeup, "folder")
-        pipe.ltrim(self.keys.job_owner_wakeup, -WAKEUP_BACKLOG, -1)
+        wake_owner(pipe, self.keys, "folder", backlog=WAKEUP_BACKLOG)

@@ -16,6 +16,7 @@ from core.replies import begin, text, text_set
 from core.transactions import transact
 from domain.images import LEGACY, CommittedImage, ImageStatus, committed_key, may_use_image
 from domain.users import User
+from stores.owner_requests import wake_owner
 
 WAKEUP_BACKLOG = 8
 
@@ -68,8 +69,7 @@ class ImageStore:
         pipe.sadd(self.keys.images_of_owner(image.owner_id), image.id)
         pipe.sadd(self.keys.images_of_project(image.project), image.id)
         pipe.sadd(self.keys.images_to_act_on, image.id)
-        pipe.rpush(self.keys.job_owner_wakeup, "image")
-        pipe.ltrim(self.keys.job_owner_wakeup, -WAKEUP_BACKLOG, -1)
+        wake_owner(pipe, self.keys, "image", backlog=WAKEUP_BACKLOG)
 
     async def ask_delete(self, image_id: str) -> CommittedImage | None:
         """Mark the image DELETING and ask the job owner to remove it, in one transaction on the image as stored now;

@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -28,10 +28,16 @@ from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
 from stores.changes import sessions_changed
 from stores.coalesced import Coalesced, guard_failed
+from stores.owner_requests import (
+    WAKEUP_BACKLOG,
+    OwnerRequests,
+    StopMode,
+    ask_to_stop,
+    ask_to_submit,
+    forget_submission,
+)
 from stores.usage import DEFAULT_RAW_RETENTION, UsageStore
 
-WAKEUP_BACKLOG = 64
-"""The wakeup list only signals 'there is work'; a few entries are as good as many."""
 LISTING_INDEXES_VERSION = "1"
 """Bump when the listing indexes change shape: the scheduler then indexes every stored session again, once."""
 REINDEX_BATCH = 500
@@ -40,13 +46,6 @@ REINDEX_BATCH = 500
 T = TypeVar("T")
 
 
-StopMode = Literal["stop", "purge"]
-"""How the job owner stops a session's job: ``stop`` keeps it in Nomad (its allocations' logs stay readable),
-``purge`` removes it (a forced destroy)."""
-_FORGET_IF_UNCHANGED = """
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
-return 0
-"""
 Mutation = Callable[[Session], Session | None]
 Admission = Callable[["SessionStore"], Awaitable[None]]
 """A creation-time check that raises to refuse (``stores.resource_policies.pending_admission``)."""
@@ -63,6 +62,8 @@ class SessionStore:
         self.keys = keys
         self.usage = UsageStore(redis, keys, raw_retention=usage_retention)
         """Usage accounting: a session's usage is recorded in the MULTI that ends it (``stores.usage``)."""
+        self.requests = OwnerRequests(redis, keys)
+        """The job owner's request queue (``stores.owner_requests``); a session's new state asks in its own MULTI."""
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -302,7 +303,7 @@ class SessionStore:
             pipe.hset(self.keys.session_revisions, session_id, revision())
             self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
             if stop_job is not None and after.nomad_job_id and after.status in STOPPING:
-                self._ask_to_stop(pipe, after.id, stop_job)
+                ask_to_stop(pipe, self.keys, after.id, stop_job)
             sessions_changed(pipe, self.keys)  # stored GraphQL answers are now out of date
             await pipe.execute()
             return after
@@ -317,11 +318,10 @@ class SessionStore:
             and before.status is not SessionStatus.SCHEDULED
             or rescaled(before, after)
         ):
-            pipe.sadd(self.keys.work_to_submit, after.id)
-            self._wake_owner(pipe)
+            ask_to_submit(pipe, self.keys, after.id)
         if after.nomad_job_id and job_outlives(before, after):
             # ended by what Nomad reported while Nomad would restart or reschedule it (an ended request asks itself)
-            self._ask_to_stop(pipe, after.id, "stop")
+            ask_to_stop(pipe, self.keys, after.id, "stop")
         if after.status is SessionStatus.RUNNING and after.batch_timeout and after.started_at:
             pipe.zadd(self.keys.batch_deadlines, {after.id: after.started_at.timestamp() + after.batch_timeout})
         elif after.status is not SessionStatus.RUNNING:
@@ -329,7 +329,7 @@ class SessionStore:
         if after.status.is_terminal:
             pipe.srem(self.keys.sessions_live, after.id)
             pipe.hdel(self.keys.session_revisions, after.id)
-            pipe.srem(self.keys.work_to_submit, after.id)
+            forget_submission(pipe, self.keys, after.id)
             if owned_name_key:
                 pipe.delete(owned_name_key)
         elif after.name != before.name:
@@ -343,10 +343,7 @@ class SessionStore:
     async def overdue_batch_sessions(self, now: float) -> list[str]:
         return ranked(await self.redis.zrangebyscore(self.keys.batch_deadlines, "-inf", now))
 
-    async def mark_submitted(self, session_id: str) -> None:
-        await self.redis.srem(self.keys.work_to_submit, session_id)
-
-    # -- asking the job owner (scheduler.job_owner), the one writer of sessions' Nomad jobs --------------------
+    # -- asking the job owner (stores.owner_requests) -----------------------------------------------------------
 
     async def request_termination(
         self,
@@ -367,53 +364,6 @@ class SessionStore:
             fence=fence,
             stop_job="purge" if forced else "stop",
         )
-
-    async def request_stop(self, session_id: str) -> None:
-        """Ask the job owner to stop the job of a session that ended (reconciliation's safety net)."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            self._ask_to_stop(pipe, session_id, "stop")
-            await pipe.execute()
-
-    async def request_restart(self, session_id: str, at: datetime) -> None:
-        """Ask the job owner to restart the running kernels of a session in place."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.jobs_to_restart, session_id, repr(at.timestamp()))
-            self._wake_owner(pipe)
-            await pipe.execute()
-
-    async def owner_work(self) -> tuple[set[str], dict[str, StopMode], set[str]]:
-        """What the job owner has to do, in one round trip: sessions to register, to stop (how), to restart."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.smembers(self.keys.work_to_submit)
-            pipe.hgetall(self.keys.jobs_to_stop)
-            pipe.hkeys(self.keys.jobs_to_restart)
-            submit, stop, restart = await pipe.execute()
-        return set(submit), {k: ("purge" if v == "purge" else "stop") for k, v in stop.items()}, set(restart)
-
-    async def stopped(self, session_id: str, mode: StopMode) -> None:
-        """The job owner stopped the session's job as asked: forget the request, unless a stronger one (a purge
-        asked meanwhile) replaced it."""
-        await self.redis.eval(_FORGET_IF_UNCHANGED, 1, self.keys.jobs_to_stop, session_id, mode)
-
-    async def restarted(self, session_id: str) -> None:
-        await self.redis.hdel(self.keys.jobs_to_restart, session_id)
-
-    async def wait_for_owner_work(self, timeout: float) -> None:
-        """Block until the job owner is woken (new work), at most ``timeout`` seconds."""
-        await self.redis.blpop([self.keys.job_owner_wakeup], timeout=timeout)
-        await self.redis.delete(self.keys.job_owner_wakeup)
-
-    def _ask_to_stop(self, pipe: Redis, session_id: str, mode: StopMode) -> None:
-        """A purge replaces a plain stop asked before; a plain stop never weakens a purge."""
-        if mode == "purge":
-            pipe.hset(self.keys.jobs_to_stop, session_id, mode)
-        else:
-            pipe.hsetnx(self.keys.jobs_to_stop, session_id, mode)
-        self._wake_owner(pipe)
-
-    def _wake_owner(self, pipe: Redis) -> None:
-        pipe.rpush(self.keys.job_owner_wakeup, "work")
-        pipe.ltrim(self.keys.job_owner_wakeup, -WAKEUP_BACKLOG, -1)
 
     async def wake_scheduler(self, reason: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:

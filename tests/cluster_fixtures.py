@@ -4,7 +4,7 @@ Started once per test session, and only when a test asks for ``nomad_cluster`` (
 ``cpu_mhz_per_core = 1000`` (see :func:`scheduler_config`) the clients offer:
 
 =======  =========  =====  ========  ===========================================================
-client   node pool  cores  memory    devices (Caravan's simulated accelerator, ``devices/sim``)
+client   node pool  cores  memory    devices (Caravan's simulated accelerator, ``node_plugins/devices/sim``)
 =======  =========  =====  ========  ===========================================================
 small    default    2      2 GiB
 medium   default    4      4 GiB

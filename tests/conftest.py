@@ -80,7 +80,7 @@ def redis_server(state_dir: Path, secrets_dir: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def nomad_agent(state_dir: Path, secrets_dir: Path) -> Iterator[NomadAgent]:
     drivers = ("raw_exec", "exec") + (("docker",) if DOCKER else ()) + (("qemu",) if QEMU else ())
-    agent = start_nomad_dev(
+    started = start_nomad_dev(
         state_dir / "nomad",
         nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
         rootfs=Path(STACK["CARAVAN_ROOTFS"]),
@@ -90,8 +90,8 @@ def nomad_agent(state_dir: Path, secrets_dir: Path) -> Iterator[NomadAgent]:
         pause_image=STACK.get("CARAVAN_PAUSE_IMAGE"),
         secrets_dir=secrets_dir,
     )
-    yield agent
-    agent.stop()
+    yield started
+    started.stop()
 
 
 @pytest.fixture

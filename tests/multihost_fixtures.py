@@ -1,5 +1,5 @@
 """The multi-host test cluster (``caravan.stack.multihost``): three Nomad servers in Raft and two hosts, each a network
-namespace of its own with its own Nomad client, session network and session-peers agent.
+namespace of its own with its own Nomad client, session network and session-peers daemon.
 
 Started once per test session, only when a test asks for ``multihost_cluster``. Each host offers 3 cores
 (``cpu_mhz_per_core = 1000``) and 2 GiB: a kernel of 2 cores fills a host's share for sessions, so the two kernels of

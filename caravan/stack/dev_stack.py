@@ -156,7 +156,7 @@ def _start_nomad(settings: Settings) -> None:
             "ops/reset), which set them"
         )
     # Not a -dev agent: its state is on disk, so sessions survive ./ops/stop and a Nomad restart.
-    agent = start_nomad_single_node(
+    nomad_agent = start_nomad_single_node(
         settings.home / "nomad",
         nomad_home=Path(env["CARAVAN_NOMAD_HOME"]),
         rootfs=Path(env["CARAVAN_ROOTFS"]),
@@ -170,7 +170,7 @@ def _start_nomad(settings: Settings) -> None:
         namespace=settings.nomad.namespace,
         platform_namespace=settings.nomad.platform_namespace,
     )
-    _remember(settings, agent.server)
+    _remember(settings, nomad_agent.server)
 
 
 def down(settings: Settings) -> int:

@@ -1,5 +1,5 @@
-"""The simulated accelerators a stack's Nomad clients offer: Caravan's device plugin (:mod:`devices.sim`), its
-launcher in the client's own ``plugin_dir`` and its ``plugin`` block.
+"""The simulated accelerators a stack's Nomad clients offer: Caravan's device plugin
+(:mod:`node_plugins.devices.sim`), its launcher in the client's own ``plugin_dir`` and its ``plugin`` block.
 
 Each agent gets a plugin directory of its own (``<state>/plugins``) holding only the launcher, pointing at this
 checkout: two checkouts' stacks on one machine never run each other's plugin. The generated gRPC stubs come from
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from caravan.stack.processes import StartupFailed
-from devices.sim.config import PLUGIN_NAME
-from devices.sim.launcher import install_launcher
+from node_plugins.devices.sim.config import PLUGIN_NAME
+from node_plugins.devices.sim.launcher import install_launcher
 
 
 @dataclass(frozen=True)
 class SimDevices:
-    """What one client's plugin offers (the ``plugin`` block's values; :mod:`devices.sim.config`)."""
+    """What one client's plugin offers (the ``plugin`` block's values; :mod:`node_plugins.devices.sim.config`)."""
 
     count: int = 2
     model: str = "SimGPU-16G"

@@ -9,7 +9,7 @@ Topology (every name starts with :data:`PREFIX`; every address is in ``session_n
 - a namespace per host, named as its node (``cvmh-host1``…; 172.26.255.11…): a Nomad client each, on its own
   address with Nomad's default ports, with its own session network (a bridge and a /24 reserved machine-wide like
   every client's, its own isolation rule set and membership directory) advertised in its node meta, and its own
-  ``session-peers`` agent (``nomad_jobs.session_peers``: routes to the other hosts' subnets and the cross-host pairs
+  ``session-peers`` daemon (``nomad_jobs.session_peers``: routes to the other hosts' subnets and the cross-host pairs
   of each session, from Nomad, with a read-only token);
 - the machine itself reaches the link as 172.26.255.1 (``cvmh-root``): the tests' Caravan talks to the first server.
 
@@ -111,7 +111,7 @@ class NetHost:
     members_dir: Path
     """The host's isolation plugin ``stateDir``."""
     peers: Service | None = None
-    """Its session-peers agent."""
+    """Its session-peers daemon."""
 
 
 @dataclass

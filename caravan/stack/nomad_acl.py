@@ -288,14 +288,14 @@ def lock_down(
 
 SESSION_PEERS_POLICY = POLICY_PREFIX + "session-peers"
 SESSION_PEERS_RULES = 'namespace "*" {\n  capabilities = ["read-job"]\n}\nnode {\n  policy = "read"\n}\n'
-"""The session-peers agent on each host (``nomad_jobs.session_peers``): it reads nodes (their meta) and live
+"""The session-peers daemon on each host (``nomad_jobs.session_peers``): it reads nodes (their meta) and live
 allocations of every namespace (their addresses), and nothing else; it writes nothing to Nomad."""
 
 
 def session_peers_token(addr: str, management: str, path: Path) -> str:
     """Apply the session-peers policy and write a client token of it to ``path`` (0600); returns the token."""
     admin = NomadAdmin(addr, management)
-    description = "Caravan session-peers agents (read nodes and allocations)"
+    description = "Caravan session-peers daemons (read nodes and allocations)"
     admin.call(
         "POST",
         f"/v1/acl/policy/{SESSION_PEERS_POLICY}",

@@ -96,7 +96,7 @@ class NomadAgent:
     token: str | None = None
     """The management token (``nomad-admin.token`` in the secrets directory)."""
     device_dir: Path | None = None
-    """The device plugin's state directory (:mod:`devices.sim.state`: health switches, load files)."""
+    """The device plugin's state directory (:mod:`node_plugins.devices.sim.state`: health switches, load files)."""
 
     def stop(self, drain_timeout: float = 20.0) -> None:
         """Purge every job and wait for its tasks to end first: an exec task's executor outlives a stopped agent."""

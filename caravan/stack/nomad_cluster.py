@@ -2,9 +2,8 @@
 
 Each client gets its own name, data directory, ports and cgroup parent, advertises a capacity of its own
 (``cpu_total_compute`` MHz, ``memory_total_mb``), joins a node pool, and optionally offers simulated accelerators
-through Caravan's device plugin (:mod:`devices.sim`; whole devices or shares, a model of its own). Used by the tests
-that check where the
-scheduler puts sessions; everything listens on 127.0.0.1.
+through Caravan's device plugin (:mod:`node_plugins.devices.sim`; whole devices or shares, a model of its own).
+Used by the tests that check where the scheduler puts sessions; everything listens on 127.0.0.1.
 
 ACLs are on in the server and every client (:mod:`caravan.stack.nomad_acl`): the server is bootstrapped with
 Caravan's secret as soon as it has a leader, and given Caravan's policies and tokens. Readiness is polled: the server
@@ -145,7 +144,7 @@ class NomadCluster:
     networks: dict[str, SessionNetwork] = field(default_factory=dict)
     """Client name -> its session network (each client has a bridge and subnet of its own)."""
     device_dirs: dict[str, Path] = field(default_factory=dict)
-    """Client name -> its device plugin's state directory (:mod:`devices.sim.state`)."""
+    """Client name -> its device plugin's state directory (:mod:`node_plugins.devices.sim.state`)."""
     secrets_dir: Path | None = None
     """Where the management token and the components' tokens are (``<state_dir>/secrets`` if None)."""
     namespace: str = "default"
@@ -303,7 +302,7 @@ def start_nomad_single_node(
     (state_dir / "single.hcl").write_text(SINGLE_NODE_CONFIG.format(name=name, cgroup_parent=_cgroup_parent(name)))
     argv = (str(binary), "agent", f"-config={state_dir / 'nomad.hcl'}", f"-config={state_dir / 'single.hcl'}")
     server = spawn("nomad", argv, log or state_dir / "nomad.log", env=CLEAN_ENV, clean=True)
-    agent = SingleNodeNomad(
+    nomad_agent = SingleNodeNomad(
         addr=f"http://127.0.0.1:{http}",
         server=server,
         state_dir=state_dir,
@@ -319,11 +318,11 @@ def start_nomad_single_node(
         platform_namespace=platform_namespace,
     )
     try:
-        agent._wait_ready(timeout)
+        nomad_agent._wait_ready(timeout)
     except BaseException:
-        agent.server.stop()  # not stop(): that purges every job, and a persisted agent's jobs are the user's
+        nomad_agent.server.stop()  # not stop(): that purges every job, and a persisted agent's jobs are the user's
         raise
-    return agent
+    return nomad_agent
 
 
 def single_node_ports(http: int) -> tuple[int, int]:

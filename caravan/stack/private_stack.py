@@ -36,7 +36,7 @@ def stack_env() -> dict[str, str]:
 class PrivateStack:
     settings: Settings
     """Admin settings for this stack: its Redis and Nomad, ``home`` the temporary directory, a ``bench<hex>`` prefix."""
-    agent: NomadAgent
+    nomad_agent: NomadAgent
     """The running dev agent (``addr``, ``node_id``, ``device_dir``)."""
     env: dict[str, str]
     """``stack.env`` as read at start (see ``stack_env``)."""
@@ -53,13 +53,13 @@ def private_stack(
     want_drivers: tuple[str, ...] = ("raw_exec", "exec"),
     pause_image: bool = True,
     settings: dict[str, Any] | None = None,
-    **agent_options: Any,
+    **nomad_options: Any,
 ) -> Iterator[PrivateStack]:
     """Start a private Redis and Nomad dev agent; yield them with admin ``Settings``; stop both on exit.
 
-    ``want_drivers`` are the agent's task drivers; ``pause_image`` passes the installed pause image (bridge networking
-    for docker kernels); ``settings`` are extra ``Settings`` fields (e.g. ``storage=StorageSettings(...)``); any other
-    keyword goes to ``start_nomad_dev`` (e.g. ``devices=``)."""
+    ``want_drivers`` are the Nomad agent's task drivers; ``pause_image`` passes the installed pause image (bridge
+    networking for docker kernels); ``settings`` are extra ``Settings`` fields (e.g.
+    ``storage=StorageSettings(...)``); any other keyword goes to ``start_nomad_dev`` (e.g. ``devices=``)."""
     env = stack_env()
     with tempfile.TemporaryDirectory(prefix="caravan-bench-") as tmp:
         home = Path(tmp)
@@ -69,7 +69,7 @@ def private_stack(
             home / "redis", redis_port, log=home / "redis.log", secrets_dir=secrets, key_prefixes=("bench*",)
         )
         try:
-            agent = start_nomad_dev(
+            nomad_agent = start_nomad_dev(
                 home / "nomad",
                 nomad_home=Path(env["CARAVAN_NOMAD_HOME"]),
                 rootfs=Path(env["CARAVAN_ROOTFS"]),
@@ -77,7 +77,7 @@ def private_stack(
                 log=home / "nomad.log",
                 pause_image=env.get("CARAVAN_PAUSE_IMAGE") if pause_image else None,
                 secrets_dir=secrets,
-                **agent_options,
+                **nomad_options,
             )
         except BaseException:
             redis.stop()
@@ -87,10 +87,10 @@ def private_stack(
                 home=home,
                 secrets_dir=secrets,
                 redis=RedisSettings(url=f"redis://127.0.0.1:{redis_port}/0"),
-                nomad=NomadSettings(addr=agent.addr),
+                nomad=NomadSettings(addr=nomad_agent.addr),
             )
             chosen = replace(base, **(settings or {})).with_prefix("bench" + uuid.uuid4().hex[:6]).for_role("admin")
-            yield PrivateStack(settings=chosen, agent=agent, env=env)
+            yield PrivateStack(settings=chosen, nomad_agent=nomad_agent, env=env)
         finally:
-            agent.stop()
+            nomad_agent.stop()
             redis.stop()

@@ -10,12 +10,9 @@ Durability choice (issue #3, "no acknowledged session is lost"): ``appendfsync a
 - A machine crash or power loss takes what the kernel has not flushed: up to about 2 s of acknowledged sessions with
   ``everysec``, nothing with ``always`` (Redis fsyncs before it replies, once per event-loop turn for all clients).
 
-The cost, measured with ``bench/redis_fsync`` on the shared 2-core test machine (ext4), ranges over runs with a
-busy and an idle disk: Redis alone drops from 10-27k to 0.3-3.4k SET/s with one client, and from 13-51k to
-2-20k with 16 (one fsync per event-loop turn serves them all). ``createSession`` through the gateway stays at
-27-106/s either way (within the machine's noise): Caravan's Python bounds it, not the fsync. One client creating
-sequentially waits for each fsync: 34 -> 23/s in one run on a busy disk, no difference in the others.
-``appendfsync`` is a parameter for whoever wants the other trade.
+The cost, measured with ``bench/redis_fsync`` (figures in bench/README.md): Redis alone falls several-fold (one fsync
+per event-loop turn serves all clients), while ``createSession`` through the gateway stays within the machine's
+noise: Caravan's Python bounds it, not the fsync. ``appendfsync`` is a parameter for whoever wants the other trade.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Each Nomad client the stack starts gets a session network of its own:
   host-local address management (its state under the client's directory);
 - **portmap**: a kernel's ports are published on the client's loopback as Nomad-allocated host ports, so the port a
   session reports is the port that answers (``127.0.0.1:<host port>`` → the kernel's own port);
-- **caravan-isolation** (``nomad_jobs/cni_isolation.py``), chained last: a kernel reaches the other kernels of its own
+- **caravan-isolation** (``node_plugins/cni_isolation.py``), chained last: a kernel reaches the other kernels of its own
   session and nothing else (not the host and its loopback services, not another session, not beyond the host).
 
 No masquerading is configured: sessions have no egress beyond the host (see the README for the operator's choice in
@@ -42,7 +42,7 @@ MEMBERSHIP_DIR = Path("/run/caravan-cni")
 HOST_NETWORK = ipaddress.IPv4Network("172.26.255.0/24")
 """Never a session subnet: the hosts' own addresses on the multi-host test cluster's link
 (:mod:`caravan.stack.multihost`)."""
-ISOLATION_MODULE = Path(__file__).resolve().parents[2] / "nomad_jobs" / "cni_isolation.py"
+ISOLATION_MODULE = Path(__file__).resolve().parents[2] / "node_plugins" / "cni_isolation.py"
 
 
 @dataclass(frozen=True)

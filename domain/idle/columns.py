@@ -2,9 +2,9 @@
 operations over all sessions at once. Pure: the caller passes the sweep's moment.
 
 :class:`~domain.idle.window.UtilizationWindow` is one session's window as immutable Python objects, the reference
-implementation of the rules (:mod:`domain.idle.window`). Recording 10,000 of them one by one every sweep cost about
-half of ``bench/idle``'s sweep; :class:`WindowColumns` holds the same series and follows the same rules, sample by
-sample, as numpy arrays:
+implementation of the rules (:mod:`domain.idle.window`). Recording many of them one by one every sweep was a large part
+of ``bench/idle``'s sweep (bench/README.md); :class:`WindowColumns` holds the same series and follows the same rules,
+sample by sample, as numpy arrays:
 
 * one :class:`SeriesTable` per window shape (``window_seconds``, ``interval``) and metric: a row per session whose
   window of that shape keeps that metric, each row a ring of stamps and values (fixed point, as the window's) with its

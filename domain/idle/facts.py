@@ -5,8 +5,8 @@ from creation: time spent queued is not the user's.
 
 The functions here take any :class:`SweptSession`: a whole :class:`~domain.model.Session` (the gateway's
 ``idleChecks``) or the :class:`SessionView` the idle service reads every sweep. The view decodes only the dozen fields
-the checks read from a stored session's document and skips the rest (its rendered job, about 4 KB of the 6): reading
-10,000 RUNNING sessions that way costs a fifth of decoding them whole (``bench/idle``).
+the checks read from a stored session's document and skips the rest (its rendered job, most of the document): reading
+RUNNING sessions that way costs a fraction of decoding them whole (``bench/idle``; the figures in bench/README.md).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ MAX_POINTS = 240
 """Points kept per session: four hours at full resolution (a point a minute at 15-second sweeps), older life coarser."""
 SWEEPS_PER_POINT = 4
 """A session gets a point every this many sweeps (its first at once): a point costs about as much as the sweep's report
-of the session, which every sweep of 10,000 sessions cannot afford on top of the rest (``bench/idle``)."""
+of the session, which a sweep of many sessions cannot afford every time on top of the rest (``bench/idle``)."""
 SERIES_RETENTION = 24 * 3600.0
 """Seconds a session's series is kept after its last point (after the session ends, its page still charts it)."""
 
@@ -28,7 +28,8 @@ KernelSamples = Mapping[str, Mapping[str, float]]
 
 
 class SeriesPoint(msgspec.Struct, frozen=True, gc=False, array_like=True):
-    """Stored as a JSON array (``[at, until, weight, kernels, thresholds]``): a third of the bytes, quicker to write."""
+    """Stored as a JSON array (``[at, until, weight, kernels, thresholds]``): fewer bytes than an object, quicker to
+    write (bench/README.md)."""
 
     at: float
     """Unix seconds of the first sweep the point covers."""

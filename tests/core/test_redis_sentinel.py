@@ -278,3 +278,15 @@ def await_lease(lease: Lease, fences: list[object]) -> object:
         return False
 
     return taken
+
+
+async def test_closing_the_client_closes_the_sentinels_connections(settings: Settings) -> None:
+    """``aclose()`` closes the connections to the Sentinels too, not only the primary's: redis-py's Sentinel pool
+    left them open, and they warned (ResourceWarning) at garbage collection, in whichever test ran then."""
+    redis = client(settings.for_role("gateway").redis)
+    await redis.ping()  # asks the Sentinels for the primary first
+    sentinel_pools = [sentinel.connection_pool for sentinel in redis.connection_pool.sentinel_manager.sentinels]
+    assert any(pool._available_connections for pool in sentinel_pools), "no Sentinel was asked: nothing to test"
+    await redis.aclose()
+    still_open = [c for pool in sentinel_pools for c in pool._available_connections if c.is_connected]
+    assert not still_open, f"{len(still_open)} connections to the Sentinels left open"

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from caravan.stack.nomad_cluster import NomadCluster
-from devices.sim.state import StateDir
+from node_plugins.devices.sim.state import StateDir
 from stores.known_resources import known_slot_types
 from tests.cluster_fixtures import OnCluster
 from tests.harness import CREATE, Caravan

@@ -1,5 +1,5 @@
 """Session networks across hosts, on the multi-host test cluster (``tests/multihost_fixtures.py``): two hosts, each a
-network namespace with its own Nomad client, session bridge, isolation rules and session-peers agent; three servers.
+network namespace with its own Nomad client, session bridge, isolation rules and session-peers daemon; three servers.
 
 A cluster session's two kernels land on different hosts and reach each other by hostname, both ways (their subnets
 routed between the hosts, the pairs let through by each host's agent from Nomad's allocations). A kernel of another
@@ -27,7 +27,7 @@ import pytest
 from caravan.stack import multihost
 from caravan.stack.multihost import ROOT_ADDRESS, MultiHostCluster, server_address
 from caravan.stack.session_network import MEMBERSHIP_DIR
-from nomad_jobs.cni_isolation import Membership
+from node_plugins.cni_isolation import Membership
 from tests.harness import CREATE, Caravan
 from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
 

@@ -1,11 +1,11 @@
-"""The session-peers agent's pure decisions (it runs for real in tests/e2e/test_multihost.py)."""
+"""The session-peers daemon's pure decisions (it runs for real in tests/e2e/test_multihost.py)."""
 
 from __future__ import annotations
 
 import ipaddress
 from typing import Any
 
-from nomad_jobs.cni_isolation import Kernel, session_key
+from node_plugins.cni_isolation import Kernel, session_key
 from nomad_jobs.session_peers import (
     ADDRESS_META,
     SUBNET_META,

@@ -21,6 +21,7 @@ from domain.scheduling_config import SchedulingConfig
 from nomad_jobs.client import NomadClient, NomadNotFound
 from scheduler.job_owner import JobOwner
 from scheduler.placer import Placer
+from stores.owner_requests import OwnerRequests
 from stores.sessions import SessionStore
 from tests.harness import CREATE, running_caravan
 from tests.scheduler.test_snapshot_io import new_session
@@ -57,7 +58,7 @@ async def test_a_session_destroyed_before_its_job_is_registered_is_never_registe
             raise AssertionError("the job of a session destroyed before its registration was registered")
         except NomadNotFound:
             pass
-        assert await store.owner_work() == (set(), {}, set())  # nothing left to do, nothing repeated later
+        assert await store.requests.owner_work() == (set(), {}, set())  # nothing left to do, nothing repeated later
     finally:
         await nomad.aclose()
 
@@ -132,7 +133,7 @@ async def test_restart_session_restarts_the_kernels_in_place(settings: Settings)
         assert after is not None and after.main_kernel.alloc_id == before.main_kernel.alloc_id  # in place
 
 
-class SwallowsOneCancel(SessionStore):
+class SwallowsOneCancel(OwnerRequests):
     """Fault injector (redis-py loses a cancellation now and then: ``core.retry.stop_if_cancelled``): the owner's wait
     for work swallows the first cancellation and returns as if woken."""
 
@@ -148,7 +149,8 @@ class SwallowsOneCancel(SessionStore):
 
 
 async def test_the_owner_stops_even_when_its_cancellation_is_lost(redis: Redis, keys: Keys, settings: Settings) -> None:
-    store = SwallowsOneCancel(redis, keys)
+    store = SessionStore(redis, keys)
+    store.requests = requests = SwallowsOneCancel(redis, keys)
     nomad = NomadClient(settings.for_role("scheduler").nomad)
     try:
         running = asyncio.create_task(JobOwner(store, nomad, None).run_forever())
@@ -156,6 +158,6 @@ async def test_the_owner_stops_even_when_its_cancellation_is_lost(redis: Redis, 
         running.cancel()
         done, _ = await asyncio.wait({running}, timeout=10)
         assert done == {running} and running.cancelled(), "the owner went on after its stop was lost"
-        assert store.swallowed == 1
+        assert requests.swallowed == 1
     finally:
         await nomad.aclose()

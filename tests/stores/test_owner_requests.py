@@ -49,7 +49,7 @@ async def test_ending_a_session_with_a_job_asks_to_stop_it_in_the_same_write(red
     running = await stored(store, S.RUNNING)
     after = await store.request_termination(running.id, reason="user-requested", at=utcnow())
     assert after is not None and after.status is S.TERMINATING
-    _, stop, _ = await store.owner_work()
+    _, stop, _ = await store.requests.owner_work()
     assert stop == {running.id: "stop"}
     assert await redis.llen(keys.job_owner_wakeup) >= 1  # and woke the owner
 
@@ -59,12 +59,12 @@ async def test_a_forced_end_asks_for_a_purge_and_a_plain_one_never_weakens_it(re
     running = await stored(store, S.RUNNING)
     await store.request_termination(running.id, reason="user-requested", at=utcnow())
     await store.request_termination(running.id, reason="user-requested", at=utcnow(), forced=True)
-    await store.request_stop(running.id)  # the reconciler's safety net, later
-    assert (await store.owner_work())[1] == {running.id: "purge"}
-    await store.stopped(running.id, "stop")  # a stop done for the first request does not settle the purge
-    assert (await store.owner_work())[1] == {running.id: "purge"}
-    await store.stopped(running.id, "purge")
-    assert (await store.owner_work())[1] == {}
+    await store.requests.request_stop(running.id)  # the reconciler's safety net, later
+    assert (await store.requests.owner_work())[1] == {running.id: "purge"}
+    await store.requests.stopped(running.id, "stop")  # a stop done for the first request does not settle the purge
+    assert (await store.requests.owner_work())[1] == {running.id: "purge"}
+    await store.requests.stopped(running.id, "purge")
+    assert (await store.requests.owner_work())[1] == {}
 
 
 async def test_a_service_session_ended_by_observation_has_its_job_stopped_a_batch_one_not(
@@ -75,13 +75,13 @@ async def test_a_service_session_ended_by_observation_has_its_job_stopped_a_batc
     store = SessionStore(redis, keys)
     running = await stored(store, S.RUNNING)
     await store.update(running.id, lambda s: replace(s, status=S.TERMINATED))
-    assert (await store.owner_work())[1] == {running.id: "stop"}
+    assert (await store.requests.owner_work())[1] == {running.id: "stop"}
     batch = session(S.PENDING)
     batch = replace(batch, type=SessionType.BATCH)
     await store.create([batch])
     await store.update(batch.id, lambda s: replace(s, status=S.RUNNING))
     await store.update(batch.id, lambda s: replace(s, status=S.TERMINATED))
-    assert batch.id not in (await store.owner_work())[1]
+    assert batch.id not in (await store.requests.owner_work())[1]
 
 
 async def test_nothing_is_asked_for_a_session_without_a_job(redis: Redis, keys: Keys) -> None:
@@ -89,13 +89,13 @@ async def test_nothing_is_asked_for_a_session_without_a_job(redis: Redis, keys: 
     pending = await stored(store, S.PENDING, job=False)
     after = await store.request_termination(pending.id, reason="user-requested", at=utcnow())
     assert after is not None and after.status is S.CANCELLED
-    assert await store.owner_work() == (set(), {}, set())
+    assert await store.requests.owner_work() == (set(), {}, set())
 
 
 async def test_a_restart_is_asked_and_forgotten_once_done(redis: Redis, keys: Keys) -> None:
     store = SessionStore(redis, keys)
     running = await stored(store, S.RUNNING)
-    await store.request_restart(running.id, utcnow())
-    assert (await store.owner_work())[2] == {running.id}
-    await store.restarted(running.id)
-    assert (await store.owner_work())[2] == set()
+    await store.requests.request_restart(running.id, utcnow())
+    assert (await store.requests.owner_work())[2] == {running.id}
+    await store.requests.restarted(running.id)
+    assert (await store.requests.owner_work())[2] == set()

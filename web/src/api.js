@@ -33,7 +33,11 @@ export async function gql(query, variables = {}, token = getToken()) {
   try {
     response = await fetch("/graphql", {
       method: "POST",
-      headers: { "content-type": "application/json", accept: "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
+      headers: {
+        "content-type": "application/json",
+        accept: "application/json",
+        ...(token ? { authorization: `Bearer ${token}` } : {}),
+      },
       body: JSON.stringify({ query, variables }),
     });
   } catch (exc) {
@@ -71,11 +75,19 @@ function ws() {
       shouldRetry: () => !stopping,
       lazy: true,
       on: {
-        connecting: () => { connecting = true; },
-        opened: () => { connecting = false; if (stopping) client.dispose(); },
-        closed: () => { connecting = false; if (stopping) client.dispose(); },
+        connecting: () => {
+          connecting = true;
+        },
+        opened: () => {
+          connecting = false;
+          if (stopping) client.dispose();
+        },
+        closed: () => {
+          connecting = false;
+          if (stopping) client.dispose();
+        },
         connected: () => {
-          if (connections++ > 0) reconnected.forEach((fn) => fn());  // events may have been missed meanwhile
+          if (connections++ > 0) reconnected.forEach((fn) => fn()); // events may have been missed meanwhile
         },
       },
     });
@@ -97,7 +109,13 @@ export function subscribe(query, variables, { onNext, onError, onDone }) {
       error: (err) => {
         if (!onError) return;
         if (Array.isArray(err)) onError(toError(err));
-        else onError(new ApiError(err && err.reason ? err.reason : String(err && err.message ? err.message : err), "SUBSCRIPTION"));
+        else
+          onError(
+            new ApiError(
+              err && err.reason ? err.reason : String(err && err.message ? err.message : err),
+              "SUBSCRIPTION",
+            ),
+          );
       },
       complete: () => onDone && onDone(),
     },
@@ -117,9 +135,17 @@ const auth = () => ({ authorization: `Bearer ${getToken()}` });
 
 async function fileError(response) {
   let body = null;
-  try { body = await response.json(); } catch { /* not JSON */ }
+  try {
+    body = await response.json();
+  } catch {
+    /* not JSON */
+  }
   const e = (body && body.error) || {};
-  return new ApiError(e.message || `the gateway answered ${response.status}`, e.code || `HTTP_${response.status}`, e.field);
+  return new ApiError(
+    e.message || `the gateway answered ${response.status}`,
+    e.code || `HTTP_${response.status}`,
+    e.field,
+  );
 }
 
 async function filesCall(method, folder, verb, params) {
@@ -145,14 +171,16 @@ export const files = {
   /** Upload `file` to `path` in pieces; onProgress(sentBytes, totalBytes). A piece that fails on the network is sent
    * again from the size the file has (up to 3 times); an API refusal (quota, RO share) stops the upload. */
   upload: async (folder, path, file, onProgress) => {
-    let sent = 0, retries = 0;
+    let sent = 0,
+      retries = 0;
     onProgress(0, file.size);
     do {
       const piece = file.slice(sent, Math.min(file.size, sent + PIECE));
       try {
         // the first piece replaces the file (or makes it), the next ones append at its size
-        await putPiece(filesUrl(folder, "", sent === 0 ? { path } : { path, offset: sent }), piece,
-          (n) => onProgress(sent + n, file.size));
+        await putPiece(filesUrl(folder, "", sent === 0 ? { path } : { path, offset: sent }), piece, (n) =>
+          onProgress(sent + n, file.size),
+        );
         sent += piece.size;
         retries = 0;
         onProgress(sent, file.size);
@@ -161,7 +189,7 @@ export const files = {
         const dir = path.includes("/") ? path.slice(0, path.lastIndexOf("/")) : "";
         const name = path.slice(path.lastIndexOf("/") + 1);
         const there = (await files.list(folder, dir)).find((e) => e.name === name);
-        sent = there ? there.size : 0;  // resume where the file ends
+        sent = there ? there.size : 0; // resume where the file ends
       }
     } while (sent < file.size);
   },
@@ -178,7 +206,11 @@ function putPiece(url, body, onProgress) {
     xhr.onload = () => {
       if (xhr.status < 300) return resolve();
       let e = {};
-      try { e = JSON.parse(xhr.responseText).error || {}; } catch { /* not JSON */ }
+      try {
+        e = JSON.parse(xhr.responseText).error || {};
+      } catch {
+        /* not JSON */
+      }
       reject(new ApiError(e.message || `the gateway answered ${xhr.status}`, e.code || `HTTP_${xhr.status}`, e.field));
     };
     xhr.send(body);

@@ -18,32 +18,74 @@ const SET_PUBLIC = `mutation Public($id: ID!, $public: Boolean!) { setEndpointPu
 const ISSUE = `mutation Issue($id: ID!, $name: String!) { issueEndpointToken(sessionId: $id, name: $name) { token { id name } secret } }`;
 const REVOKE = `mutation Revoke($id: ID!, $token: ID!) { revokeEndpointToken(sessionId: $id, tokenId: $token) }`;
 const REFRESH_MS = 3000;
-const RPS = "#3b6ea5", REPLICAS = "#d9822b";
+const RPS = "#3b6ea5",
+  REPLICAS = "#d9822b";
 const ms = (v) => (v == null ? "—" : `${v.toFixed(v < 10 ? 1 : 0)} ms`);
 const since = (from, to) => (from && to ? `${((Date.parse(to) - Date.parse(from)) / 1000).toFixed(2)} s` : "—");
 
 /** Requests/s (left axis) and routable replicas (right axis) over the series' span, as two lines. */
 function Chart({ id, series }) {
-  const width = 720, height = 180, left = 40, right = 28, bottom = 20, top = 8;
-  if (series.length < 2) return <p class="empty" data-chart="empty">The chart starts after a few seconds of traffic samples.</p>;
-  const t0 = Date.parse(series[0].at), t1 = Date.parse(series[series.length - 1].at);
+  const width = 720,
+    height = 180,
+    left = 40,
+    right = 28,
+    bottom = 20,
+    top = 8;
+  if (series.length < 2)
+    return (
+      <p class="empty" data-chart="empty">
+        The chart starts after a few seconds of traffic samples.
+      </p>
+    );
+  const t0 = Date.parse(series[0].at),
+    t1 = Date.parse(series[series.length - 1].at);
   const maxRps = Math.max(1, ...series.map((p) => p.requestsPerSecond));
   const maxReplicas = Math.max(1, ...series.map((p) => p.replicas));
   const x = (p) => left + ((Date.parse(p.at) - t0) / Math.max(t1 - t0, 1)) * (width - left - right);
   const y = (v, max) => height - bottom - (v / max) * (height - bottom - top);
-  const line = (value, max) => series.map((p, i) => `${i ? "L" : "M"}${x(p).toFixed(1)},${y(value(p), max).toFixed(1)}`).join("");
+  const line = (value, max) =>
+    series.map((p, i) => `${i ? "L" : "M"}${x(p).toFixed(1)},${y(value(p), max).toFixed(1)}`).join("");
   return (
-    <svg id={`endpoint-chart-${id}`} class="usage-chart endpoint-chart" viewBox={`0 0 ${width} ${height}`} role="img"
-      aria-label="requests per second and replicas over time" data-points={series.length}>
-      <line x1={left} y1={height - bottom} x2={width - right} y2={height - bottom} stroke="currentColor" stroke-opacity="0.4" />
-      <text x={left - 4} y={top + 4} text-anchor="end" font-size="10" fill={RPS}>{maxRps.toFixed(maxRps < 10 ? 1 : 0)}</text>
-      <text x={left - 4} y={height - bottom} text-anchor="end" font-size="10">0</text>
-      <text x={width - right + 4} y={top + 4} font-size="10" fill={REPLICAS}>{maxReplicas}</text>
-      <text x={left} y={height - 4} font-size="9">{localTime(series[0].at)}</text>
-      <text x={width - right} y={height - 4} font-size="9" text-anchor="end">{localTime(series[series.length - 1].at)}</text>
+    <svg
+      id={`endpoint-chart-${id}`}
+      class="usage-chart endpoint-chart"
+      viewBox={`0 0 ${width} ${height}`}
+      role="img"
+      aria-label="requests per second and replicas over time"
+      data-points={series.length}
+    >
+      <line
+        x1={left}
+        y1={height - bottom}
+        x2={width - right}
+        y2={height - bottom}
+        stroke="currentColor"
+        stroke-opacity="0.4"
+      />
+      <text x={left - 4} y={top + 4} text-anchor="end" font-size="10" fill={RPS}>
+        {maxRps.toFixed(maxRps < 10 ? 1 : 0)}
+      </text>
+      <text x={left - 4} y={height - bottom} text-anchor="end" font-size="10">
+        0
+      </text>
+      <text x={width - right + 4} y={top + 4} font-size="10" fill={REPLICAS}>
+        {maxReplicas}
+      </text>
+      <text x={left} y={height - 4} font-size="9">
+        {localTime(series[0].at)}
+      </text>
+      <text x={width - right} y={height - 4} font-size="9" text-anchor="end">
+        {localTime(series[series.length - 1].at)}
+      </text>
       <path d={line((p) => p.requestsPerSecond, maxRps)} fill="none" stroke={RPS} stroke-width="1.5" data-line="rps" />
-      <path d={line((p) => p.replicas, maxReplicas)} fill="none" stroke={REPLICAS} stroke-width="1.5" stroke-dasharray="4 2"
-        data-line="replicas" />
+      <path
+        d={line((p) => p.replicas, maxReplicas)}
+        fill="none"
+        stroke={REPLICAS}
+        stroke-width="1.5"
+        stroke-dasharray="4 2"
+        data-line="replicas"
+      />
     </svg>
   );
 }
@@ -54,7 +96,15 @@ function Tokens({ session, onChange, setError }) {
   const [busy, setBusy] = useState(false);
   const act = async (fn) => {
     setBusy(true);
-    try { await fn(); setError(null); onChange(); } catch (exc) { setError(exc); } finally { setBusy(false); }
+    try {
+      await fn();
+      setError(null);
+      onChange();
+    } catch (exc) {
+      setError(exc);
+    } finally {
+      setBusy(false);
+    }
   };
   const issue = (e) => {
     e.preventDefault();
@@ -68,20 +118,42 @@ function Tokens({ session, onChange, setError }) {
   return (
     <div class="endpoint-tokens">
       <h3>Tokens</h3>
-      {tokens.length === 0 ? <p class="empty">No endpoint token.</p> : (
-        <ul>{tokens.map((t) => (
-          <li key={t.id} data-token={t.name}>{t.name} <span class="hint">issued {localTime(t.createdAt)}</span>{" "}
-            <button type="button" class="secondary" disabled={busy} data-revoke={t.name}
-              onClick={() => act(() => gql(REVOKE, { id: session.id, token: t.id }))}>Revoke</button></li>
-        ))}</ul>
+      {tokens.length === 0 ? (
+        <p class="empty">No endpoint token.</p>
+      ) : (
+        <ul>
+          {tokens.map((t) => (
+            <li key={t.id} data-token={t.name}>
+              {t.name} <span class="hint">issued {localTime(t.createdAt)}</span>{" "}
+              <button
+                type="button"
+                class="secondary"
+                disabled={busy}
+                data-revoke={t.name}
+                onClick={() => act(() => gql(REVOKE, { id: session.id, token: t.id }))}
+              >
+                Revoke
+              </button>
+            </li>
+          ))}
+        </ul>
       )}
       <form onSubmit={issue} aria-label="Issue a token">
-        <input placeholder="token name" value={name} maxLength={100} data-issue-name
-          onInput={(e) => setName(e.currentTarget.value)} />
-        <button type="submit" disabled={busy || !name.trim()} data-issue>Issue token</button>
+        <input
+          placeholder="token name"
+          value={name}
+          maxLength={100}
+          data-issue-name
+          onInput={(e) => setName(e.currentTarget.value)}
+        />
+        <button type="submit" disabled={busy || !name.trim()} data-issue>
+          Issue token
+        </button>
       </form>
       {issued && (
-        <p class="secret" data-secret>Secret of <b>{issued.token.name}</b> (shown this once): <code>{issued.secret}</code></p>
+        <p class="secret" data-secret>
+          Secret of <b>{issued.token.name}</b> (shown this once): <code>{issued.secret}</code>
+        </p>
       )}
     </div>
   );
@@ -92,39 +164,102 @@ function EndpointCard({ session, onChange }) {
   const { endpoint, autoscaling } = session;
   const stats = endpoint.stats;
   const toggle = async () => {
-    try { await gql(SET_PUBLIC, { id: session.id, public: !endpoint.public }); setError(null); onChange(); } catch (exc) { setError(exc); }
+    try {
+      await gql(SET_PUBLIC, { id: session.id, public: !endpoint.public });
+      setError(null);
+      onChange();
+    } catch (exc) {
+      setError(exc);
+    }
   };
   return (
     <article class="card endpoint" data-endpoint={session.id}>
-      <h2><Link to={`/sessions/${encodeURIComponent(session.id)}`}>{session.name}</Link> <StatusBadge status={session.status} />{" "}
-        <span class="badge" data-access>{endpoint.public ? "public" : "private"}</span>{" "}
+      <h2>
+        <Link to={`/sessions/${encodeURIComponent(session.id)}`}>{session.name}</Link>{" "}
+        <StatusBadge status={session.status} />{" "}
+        <span class="badge" data-access>
+          {endpoint.public ? "public" : "private"}
+        </span>{" "}
         <button type="button" class="secondary" data-toggle-public onClick={toggle}>
-          {endpoint.public ? "Make private" : "Make public"}</button></h2>
-      <p><code data-url>{endpoint.url}</code></p>
+          {endpoint.public ? "Make private" : "Make public"}
+        </button>
+      </h2>
+      <p>
+        <code data-url>{endpoint.url}</code>
+      </p>
       <ErrorBox error={error} />
       <dl class="figures">
-        <div><dt>Replicas (ready / desired)</dt><dd data-replicas>{autoscaling ? `${autoscaling.readyReplicas} / ${autoscaling.desiredReplicas}` : "—"}</dd></div>
-        <div><dt>Requests/s</dt><dd data-rps>{stats ? stats.requestsPerSecond.toFixed(1) : "—"}</dd></div>
-        <div><dt>Latency p50 / p99</dt><dd data-latency>{stats ? `${ms(stats.p50Ms)} / ${ms(stats.p99Ms)}` : "—"}</dd></div>
-        <div><dt>In flight</dt><dd data-in-flight>{stats ? stats.inFlight + stats.held : "—"}</dd></div>
-        <div><dt>Requests / errors</dt><dd data-errors>{stats ? `${stats.requestsTotal} / ${stats.errorsTotal}` : "—"}</dd></div>
+        <div>
+          <dt>Replicas (ready / desired)</dt>
+          <dd data-replicas>{autoscaling ? `${autoscaling.readyReplicas} / ${autoscaling.desiredReplicas}` : "—"}</dd>
+        </div>
+        <div>
+          <dt>Requests/s</dt>
+          <dd data-rps>{stats ? stats.requestsPerSecond.toFixed(1) : "—"}</dd>
+        </div>
+        <div>
+          <dt>Latency p50 / p99</dt>
+          <dd data-latency>{stats ? `${ms(stats.p50Ms)} / ${ms(stats.p99Ms)}` : "—"}</dd>
+        </div>
+        <div>
+          <dt>In flight</dt>
+          <dd data-in-flight>{stats ? stats.inFlight + stats.held : "—"}</dd>
+        </div>
+        <div>
+          <dt>Requests / errors</dt>
+          <dd data-errors>{stats ? `${stats.requestsTotal} / ${stats.errorsTotal}` : "—"}</dd>
+        </div>
       </dl>
-      <p class="decision" data-decision>Last scaling decision:{" "}
-        {autoscaling && autoscaling.lastDecisionReason
-          ? <>{autoscaling.lastDecisionReason} <span class="hint">({localTime(autoscaling.lastDecisionAt)}{autoscaling.panicking ? ", panic mode" : ""})</span></>
-          : "none yet"}</p>
+      <p class="decision" data-decision>
+        Last scaling decision:{" "}
+        {autoscaling && autoscaling.lastDecisionReason ? (
+          <>
+            {autoscaling.lastDecisionReason}{" "}
+            <span class="hint">
+              ({localTime(autoscaling.lastDecisionAt)}
+              {autoscaling.panicking ? ", panic mode" : ""})
+            </span>
+          </>
+        ) : (
+          "none yet"
+        )}
+      </p>
       <Chart id={session.id} series={endpoint.series} />
-      <ul class="legend"><li><span class="swatch" style={{ background: RPS }} />requests/s</li>
-        <li><span class="swatch" style={{ background: REPLICAS }} />replicas</li></ul>
+      <ul class="legend">
+        <li>
+          <span class="swatch" style={{ background: RPS }} />
+          requests/s
+        </li>
+        <li>
+          <span class="swatch" style={{ background: REPLICAS }} />
+          replicas
+        </li>
+      </ul>
       <h3>Recent cold starts</h3>
-      {endpoint.coldStarts.length === 0 ? <p class="empty">No cold start yet.</p> : (
+      {endpoint.coldStarts.length === 0 ? (
+        <p class="empty">No cold start yet.</p>
+      ) : (
         <table data-cold-starts>
-          <thead><tr><th>arrived</th><th>to started</th><th>to routable</th><th>to first byte</th><th>outcome</th></tr></thead>
-          <tbody>{endpoint.coldStarts.slice(0, 5).map((c) => (
-            <tr key={c.arrivedAt}><td>{localTime(c.arrivedAt)}</td><td>{since(c.arrivedAt, c.startedAt)}</td>
-              <td>{since(c.arrivedAt, c.routableAt)}</td>
-              <td>{since(c.arrivedAt, c.firstByteAt)}</td><td>{c.outcome}</td></tr>
-          ))}</tbody>
+          <thead>
+            <tr>
+              <th>arrived</th>
+              <th>to started</th>
+              <th>to routable</th>
+              <th>to first byte</th>
+              <th>outcome</th>
+            </tr>
+          </thead>
+          <tbody>
+            {endpoint.coldStarts.slice(0, 5).map((c) => (
+              <tr key={c.arrivedAt}>
+                <td>{localTime(c.arrivedAt)}</td>
+                <td>{since(c.arrivedAt, c.startedAt)}</td>
+                <td>{since(c.arrivedAt, c.routableAt)}</td>
+                <td>{since(c.arrivedAt, c.firstByteAt)}</td>
+                <td>{c.outcome}</td>
+              </tr>
+            ))}
+          </tbody>
         </table>
       )}
       <Tokens session={session} onChange={onChange} setError={setError} />
@@ -138,23 +273,35 @@ export default function EndpointsPage() {
   const [turn, setTurn] = useState(0);
   useEffect(() => {
     let live = true;
-    const load = () => gql(QUERY, { filter: { type: "INFERENCE", statuses: LIVE } })
-      .then((d) => { if (live) { setSessions(d.sessions.edges.map((e) => e.node)); setError(null); } })
-      .catch((exc) => live && setError(exc));
+    const load = () =>
+      gql(QUERY, { filter: { type: "INFERENCE", statuses: LIVE } })
+        .then((d) => {
+          if (live) {
+            setSessions(d.sessions.edges.map((e) => e.node));
+            setError(null);
+          }
+        })
+        .catch((exc) => live && setError(exc));
     load();
     const timer = setInterval(load, REFRESH_MS);
-    return () => { live = false; clearInterval(timer); };
+    return () => {
+      live = false;
+      clearInterval(timer);
+    };
   }, [turn]);
   return (
     <section class="endpoints">
       <h1>Endpoints</h1>
       <ErrorBox error={error} />
       {sessions && sessions.length === 0 && (
-        <p class="empty" id="endpoints-empty">No live endpoint. <Link to="/launch">Launch an INFERENCE session</Link>.</p>
+        <p class="empty" id="endpoints-empty">
+          No live endpoint. <Link to="/launch">Launch an INFERENCE session</Link>.
+        </p>
       )}
-      {sessions && sessions.filter((s) => s.endpoint).map((s) => (
-        <EndpointCard key={s.id} session={s} onChange={() => setTurn((t) => t + 1)} />
-      ))}
+      {sessions &&
+        sessions
+          .filter((s) => s.endpoint)
+          .map((s) => <EndpointCard key={s.id} session={s} onChange={() => setTurn((t) => t + 1)} />)}
     </section>
   );
 }

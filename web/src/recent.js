@@ -8,18 +8,29 @@ export function loadRecent(userId) {
   try {
     const list = JSON.parse(localStorage.getItem(key(userId)) || "[]");
     return Array.isArray(list) ? list.filter((r) => r && typeof r.id === "string" && r.form) : [];
-  } catch { return []; }
+  } catch {
+    return [];
+  }
 }
 
 export function saveRecent(userId, list) {
-  try { localStorage.setItem(key(userId), JSON.stringify(list)); } catch { /* storage full or disabled: kept for the page */ }
+  try {
+    localStorage.setItem(key(userId), JSON.stringify(list));
+  } catch {
+    /* storage full or disabled: kept for the page */
+  }
   return list;
 }
 
 /** `list` with `form` launched at `now` first: the oldest unpinned launches dropped past MAX_RECENT (pinned ones stay). */
 export function addRecent(list, form, now) {
-  const entry = { id: `${now}-${Math.random().toString(36).slice(2, 8)}`, label: form.name || "session", at: now, pinned: false,
-    form: { ...form, templateName: "" } };
+  const entry = {
+    id: `${now}-${Math.random().toString(36).slice(2, 8)}`,
+    label: form.name || "session",
+    at: now,
+    pinned: false,
+    form: { ...form, templateName: "" },
+  };
   const next = [entry, ...list];
   while (next.length > MAX_RECENT) {
     const drop = next.map((r) => !r.pinned).lastIndexOf(true);

@@ -23,7 +23,9 @@ const DESTROY = `mutation Destroy($ids: [ID!]!) { destroySession(ids: $ids) { id
 export function idleLeft(session, now) {
   const idle = session.idleChecks;
   if (!idle) return null;
-  const left = idle.checks.filter((c) => c.remaining != null).map((c) => c.remaining - (now - Date.parse(idle.checkedAt)) / 1000);
+  const left = idle.checks
+    .filter((c) => c.remaining != null)
+    .map((c) => c.remaining - (now - Date.parse(idle.checkedAt)) / 1000);
   return left.length ? Math.max(0, Math.min(...left)) : null;
 }
 
@@ -57,12 +59,22 @@ export function SessionsPage({ viewer }) {
     }
   }
   reload.current = load;
-  useEffect(() => {  // the first page shown: a mark bench/ui reads (ms since the navigation started)
-    if (data && !performance.getEntriesByName("caravan:sessions-rendered").length) performance.mark("caravan:sessions-rendered");
+  useEffect(() => {
+    // the first page shown: a mark bench/ui reads (ms since the navigation started)
+    if (data && !performance.getEntriesByName("caravan:sessions-rendered").length)
+      performance.mark("caravan:sessions-rendered");
   }, [data]);
-  useEffect(() => { load(); }, [filter, cursor]);
-  useEffect(() => {  // search as you type, 250 ms after the last key
-    const id = setTimeout(() => { if (search !== filter.search) { setFilter({ ...filter, search }); setCursor({ first: pageSize }); } }, 250);
+  useEffect(() => {
+    load();
+  }, [filter, cursor]);
+  useEffect(() => {
+    // search as you type, 250 ms after the last key
+    const id = setTimeout(() => {
+      if (search !== filter.search) {
+        setFilter({ ...filter, search });
+        setCursor({ first: pageSize });
+      }
+    }, 250);
     return () => clearTimeout(id);
   }, [search]);
 
@@ -74,30 +86,63 @@ export function SessionsPage({ viewer }) {
       const edges = d.edges.map((edge) => {
         if (edge.node.id !== e.sessionId) return edge;
         known = true;
-        return { ...edge, node: { ...edge.node, status: e.status, statusInfo: e.reason, ...(TERMINAL.has(e.status) ? { terminatedAt: e.at } : {}) } };
+        return {
+          ...edge,
+          node: {
+            ...edge.node,
+            status: e.status,
+            statusInfo: e.reason,
+            ...(TERMINAL.has(e.status) ? { terminatedAt: e.at } : {}),
+          },
+        };
       });
       return { ...d, edges };
     });
     return known;
   }
-  useEffect(() => {  // the viewer's own sessions: one subscription, which also announces new ones
-    const stop = subscribe(EVENTS, {}, {
-      onNext: ({ sessionEvents: e }) => {
-        setLive("live");
-        if (!apply(e)) reload.current();  // a session this page does not show yet (a new one): read the page again
+  useEffect(() => {
+    // the viewer's own sessions: one subscription, which also announces new ones
+    const stop = subscribe(
+      EVENTS,
+      {},
+      {
+        onNext: ({ sessionEvents: e }) => {
+          setLive("live");
+          if (!apply(e)) reload.current(); // a session this page does not show yet (a new one): read the page again
+        },
+        onError: (exc) => {
+          setLive("error");
+          setError(exc);
+        },
       },
-      onError: (exc) => { setLive("error"); setError(exc); },
-    });
+    );
     setLive("live");
-    const stopReloading = onReconnect(() => { setLive("live"); reload.current(); });  // what changed while cut off
-    return () => { stop(); stopReloading(); };
+    const stopReloading = onReconnect(() => {
+      setLive("live");
+      reload.current();
+    }); // what changed while cut off
+    return () => {
+      stop();
+      stopReloading();
+    };
   }, []);
   // others' sessions an admin sees on this page: one subscription per live session (the API sends a viewer the
   // events of their own sessions only, and any session's by its id)
-  const others = data ? data.edges.map((e) => e.node).filter((s) => s.ownerId !== viewer.id && !TERMINAL.has(s.status)).map((s) => s.id).sort().join(",") : "";
+  const others = data
+    ? data.edges
+        .map((e) => e.node)
+        .filter((s) => s.ownerId !== viewer.id && !TERMINAL.has(s.status))
+        .map((s) => s.id)
+        .sort()
+        .join(",")
+    : "";
   useEffect(() => {
     if (!others) return undefined;
-    const stops = others.split(",").map((id) => subscribe(SESSION_EVENTS, { id }, { onNext: ({ sessionEvents: e }) => apply(e), onError: () => {} }));
+    const stops = others
+      .split(",")
+      .map((id) =>
+        subscribe(SESSION_EVENTS, { id }, { onNext: ({ sessionEvents: e }) => apply(e), onError: () => {} }),
+      );
     return () => stops.forEach((stop) => stop());
   }, [others]);
 
@@ -126,52 +171,139 @@ export function SessionsPage({ viewer }) {
     <section aria-labelledby="sessions-title">
       <div class="title-row">
         <h1 id="sessions-title">Sessions</h1>
-        <span class={`live live-${live}`} aria-live="polite">{live === "live" ? "● live" : live}</span>
-        <Link to="/launch" class="button">Launch a session</Link>
+        <span class={`live live-${live}`} aria-live="polite">
+          {live === "live" ? "● live" : live}
+        </span>
+        <Link to="/launch" class="button">
+          Launch a session
+        </Link>
       </div>
       <form class="filters" onSubmit={(e) => e.preventDefault()} aria-label="Filters">
-        <label>Search <input type="search" id="search" placeholder="name contains…" value={search}
-          onInput={(e) => setSearch(e.currentTarget.value)} /></label>
-        <label>Status <select id="filter-status" value={filter.status}
-          onChange={(e) => { setFilter({ ...filter, status: e.currentTarget.value }); setCursor({ first: pageSize }); }}>
-          <option value="">any</option>{STATUSES.map((s) => <option>{s}</option>)}</select></label>
-        <label>Type <select id="filter-type" value={filter.type}
-          onChange={(e) => { setFilter({ ...filter, type: e.currentTarget.value }); setCursor({ first: pageSize }); }}>
-          <option value="">any</option>{TYPES.map((s) => <option>{s}</option>)}</select></label>
-        <label>Per page <select value={pageSize} aria-label="Sessions per page"
-          onChange={(e) => { const n = +e.currentTarget.value; setPageSize(n); setCursor({ first: n }); }}>
-          {PAGE_SIZES.map((n) => <option value={n}>{n}</option>)}</select></label>
-        <button type="button" id="terminate-selected" class="danger" disabled={!selected.size || busy} onClick={terminate}>
+        <label>
+          Search{" "}
+          <input
+            type="search"
+            id="search"
+            placeholder="name contains…"
+            value={search}
+            onInput={(e) => setSearch(e.currentTarget.value)}
+          />
+        </label>
+        <label>
+          Status{" "}
+          <select
+            id="filter-status"
+            value={filter.status}
+            onChange={(e) => {
+              setFilter({ ...filter, status: e.currentTarget.value });
+              setCursor({ first: pageSize });
+            }}
+          >
+            <option value="">any</option>
+            {STATUSES.map((s) => (
+              <option>{s}</option>
+            ))}
+          </select>
+        </label>
+        <label>
+          Type{" "}
+          <select
+            id="filter-type"
+            value={filter.type}
+            onChange={(e) => {
+              setFilter({ ...filter, type: e.currentTarget.value });
+              setCursor({ first: pageSize });
+            }}
+          >
+            <option value="">any</option>
+            {TYPES.map((s) => (
+              <option>{s}</option>
+            ))}
+          </select>
+        </label>
+        <label>
+          Per page{" "}
+          <select
+            value={pageSize}
+            aria-label="Sessions per page"
+            onChange={(e) => {
+              const n = +e.currentTarget.value;
+              setPageSize(n);
+              setCursor({ first: n });
+            }}
+          >
+            {PAGE_SIZES.map((n) => (
+              <option value={n}>{n}</option>
+            ))}
+          </select>
+        </label>
+        <button
+          type="button"
+          id="terminate-selected"
+          class="danger"
+          disabled={!selected.size || busy}
+          onClick={terminate}
+        >
           Terminate selected ({selected.size})
         </button>
       </form>
       <ErrorBox error={error} />
       {!data && !error && <p class="loading">Loading sessions…</p>}
       {data && edges.length === 0 && (
-        <p class="empty" id="no-sessions">No sessions{filter.status || filter.type || filter.search ? " match these filters" : " yet"}. <Link to="/launch">Launch one</Link>.</p>
+        <p class="empty" id="no-sessions">
+          No sessions{filter.status || filter.type || filter.search ? " match these filters" : " yet"}.{" "}
+          <Link to="/launch">Launch one</Link>.
+        </p>
       )}
       {data && edges.length > 0 && (
         <div class="table-wrap">
           <table class="sessions" id="sessions-table" data-count={edges.length}>
             <thead>
               <tr>
-                <th><input type="checkbox" aria-label="Select all on this page" checked={all}
-                  onChange={() => setSelected(all ? new Set() : new Set(selectable.map((e) => e.node.id)))} /></th>
-                <th>Name</th><th>Status</th><th>Type</th><th>Resources</th><th>Age</th><th>Idle in</th>
+                <th>
+                  <input
+                    type="checkbox"
+                    aria-label="Select all on this page"
+                    checked={all}
+                    onChange={() => setSelected(all ? new Set() : new Set(selectable.map((e) => e.node.id)))}
+                  />
+                </th>
+                <th>Name</th>
+                <th>Status</th>
+                <th>Type</th>
+                <th>Resources</th>
+                <th>Age</th>
+                <th>Idle in</th>
                 {viewer.role !== "USER" && <th>Owner</th>}
               </tr>
             </thead>
             <tbody>
               {edges.map(({ node: s }) => (
                 <tr key={s.id} data-session={s.id} data-name={s.name}>
-                  <td><input type="checkbox" aria-label={`Select ${s.name}`} disabled={TERMINAL.has(s.status)}
-                    checked={selected.has(s.id)} onChange={() => toggle(s.id)} /></td>
-                  <td><Link to={`/sessions/${s.id}`}>{s.name}</Link></td>
-                  <td><StatusBadge status={s.status} /> {s.status === "TERMINATED" && s.result !== "UNDEFINED" && <span class={`result result-${s.result.toLowerCase()}`}>{s.result}</span>}
-                    <div class="muted small">{s.statusInfo}</div></td>
+                  <td>
+                    <input
+                      type="checkbox"
+                      aria-label={`Select ${s.name}`}
+                      disabled={TERMINAL.has(s.status)}
+                      checked={selected.has(s.id)}
+                      onChange={() => toggle(s.id)}
+                    />
+                  </td>
+                  <td>
+                    <Link to={`/sessions/${s.id}`}>{s.name}</Link>
+                  </td>
+                  <td>
+                    <StatusBadge status={s.status} />{" "}
+                    {s.status === "TERMINATED" && s.result !== "UNDEFINED" && (
+                      <span class={`result result-${s.result.toLowerCase()}`}>{s.result}</span>
+                    )}
+                    <div class="muted small">{s.statusInfo}</div>
+                  </td>
                   <td>{s.type}</td>
                   <td class="small">{resources(s.resources)}</td>
-                  <td title={localTime(s.createdAt)}>{duration(((s.terminatedAt ? Date.parse(s.terminatedAt) : now) - Date.parse(s.createdAt)) / 1000)}</td>
+                  <td title={localTime(s.createdAt)}>
+                    {duration(((s.terminatedAt ? Date.parse(s.terminatedAt) : now) - Date.parse(s.createdAt)) / 1000)}
+                  </td>
                   <td>{s.status === "RUNNING" ? duration(idleLeft(s, now)) : "—"}</td>
                   {viewer.role !== "USER" && <td>{s.ownerId}</td>}
                 </tr>
@@ -183,10 +315,21 @@ export function SessionsPage({ viewer }) {
       {data && (
         <nav class="pager" aria-label="Pages">
           <span>{data.totalCount} session(s)</span>
-          <button type="button" disabled={!data.pageInfo.hasPreviousPage}
-            onClick={() => setCursor({ last: pageSize, before: data.pageInfo.startCursor })}>← Newer</button>
-          <button type="button" disabled={!data.pageInfo.hasNextPage} id="next-page"
-            onClick={() => setCursor({ first: pageSize, after: data.pageInfo.endCursor })}>Older →</button>
+          <button
+            type="button"
+            disabled={!data.pageInfo.hasPreviousPage}
+            onClick={() => setCursor({ last: pageSize, before: data.pageInfo.startCursor })}
+          >
+            ← Newer
+          </button>
+          <button
+            type="button"
+            disabled={!data.pageInfo.hasNextPage}
+            id="next-page"
+            onClick={() => setCursor({ first: pageSize, after: data.pageInfo.endCursor })}
+          >
+            Older →
+          </button>
         </nav>
       )}
     </section>

@@ -16,9 +16,14 @@ export default function KernelTerminal({ sessionId, kernel, onClose }) {
     term.open(host.current);
     fit.fit();
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const ws = new WebSocket(`${scheme}://${location.host}/sessions/${encodeURIComponent(sessionId)}/kernels/${encodeURIComponent(kernel)}/terminal`);
+    const ws = new WebSocket(
+      `${scheme}://${location.host}/sessions/${encodeURIComponent(sessionId)}/kernels/${encodeURIComponent(kernel)}/terminal`,
+    );
     ws.binaryType = "arraybuffer";
-    const resize = () => { fit.fit(); if (ws.readyState === 1) ws.send(JSON.stringify({ type: "resize", rows: term.rows, cols: term.cols })); };
+    const resize = () => {
+      fit.fit();
+      if (ws.readyState === 1) ws.send(JSON.stringify({ type: "resize", rows: term.rows, cols: term.cols }));
+    };
     ws.onopen = () => {
       ws.send(JSON.stringify({ type: "auth", token: getToken() }));
       setState("open");
@@ -26,20 +31,38 @@ export default function KernelTerminal({ sessionId, kernel, onClose }) {
       term.focus();
     };
     ws.onmessage = (m) => {
-      if (typeof m.data !== "string") { term.write(new Uint8Array(m.data)); return; }
+      if (typeof m.data !== "string") {
+        term.write(new Uint8Array(m.data));
+        return;
+      }
       const msg = JSON.parse(m.data);
-      if (msg.type === "exit") { setState(`exited (${msg.exitCode})`); }
-      else if (msg.type === "error") { setState(`${msg.code}: ${msg.message}`); }
+      if (msg.type === "exit") {
+        setState(`exited (${msg.exitCode})`);
+      } else if (msg.type === "error") {
+        setState(`${msg.code}: ${msg.message}`);
+      }
     };
     ws.onclose = () => setState((s) => (s === "open" || s === "connecting" ? "closed" : s));
     const data = term.onData((d) => ws.readyState === 1 && ws.send(JSON.stringify({ type: "stdin", data: d })));
     addEventListener("resize", resize);
-    return () => { removeEventListener("resize", resize); data.dispose(); ws.close(); term.dispose(); };
+    return () => {
+      removeEventListener("resize", resize);
+      data.dispose();
+      ws.close();
+      term.dispose();
+    };
   }, [sessionId, kernel]);
   return (
     <div class="terminal">
-      <div class="toolbar"><strong>Terminal: {kernel}</strong> <span class="muted small" aria-live="polite" id="terminal-state">{state}</span>
-        <button type="button" class="secondary" onClick={onClose}>Close terminal</button></div>
+      <div class="toolbar">
+        <strong>Terminal: {kernel}</strong>{" "}
+        <span class="muted small" aria-live="polite" id="terminal-state">
+          {state}
+        </span>
+        <button type="button" class="secondary" onClick={onClose}>
+          Close terminal
+        </button>
+      </div>
       <div ref={host} class="xterm-host" aria-label={`Terminal of ${kernel}`} />
     </div>
   );

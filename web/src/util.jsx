@@ -50,8 +50,10 @@ export const timeZone = Intl.DateTimeFormat().resolvedOptions().timeZone;
 export function duration(seconds) {
   if (seconds == null) return "—";
   seconds = Math.max(0, Math.round(seconds));
-  const d = Math.floor(seconds / 86400), h = Math.floor((seconds % 86400) / 3600);
-  const m = Math.floor((seconds % 3600) / 60), s = seconds % 60;
+  const d = Math.floor(seconds / 86400),
+    h = Math.floor((seconds % 86400) / 3600);
+  const m = Math.floor((seconds % 3600) / 60),
+    s = seconds % 60;
   if (d) return `${d}d ${h}h`;
   if (h) return `${h}h ${m}m`;
   if (m) return `${m}m ${s}s`;
@@ -62,8 +64,12 @@ export function amount(slot, value) {
   const n = Number(value);
   if (slot === "mem" && !Number.isNaN(n)) {
     const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let v = n, i = 0;
-    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    let v = n,
+      i = 0;
+    while (v >= 1024 && i < units.length - 1) {
+      v /= 1024;
+      i++;
+    }
     return `${v.toFixed(v < 10 && i ? 1 : 0)} ${units[i]}`;
   }
   return Number.isNaN(n) ? value : String(+n.toFixed(2));
@@ -73,7 +79,11 @@ export const resources = (list) => (list || []).map((r) => `${r.slot} ${amount(r
 export const TERMINAL = new Set(["TERMINATED", "CANCELLED", "ERROR"]);
 
 export function StatusBadge({ status }) {
-  return <span class={`badge status-${status.toLowerCase()}`} data-status={status}>{status}</span>;
+  return (
+    <span class={`badge status-${status.toLowerCase()}`} data-status={status}>
+      {status}
+    </span>
+  );
 }
 
 export function ErrorBox({ error }) {
@@ -92,11 +102,19 @@ export const bytes = (n) => amount("mem", n);
  * the control with id `id` (role=alert, data-code); nothing for other errors. */
 export function FieldError({ error, field, id }) {
   if (!aboutField(error, Array.isArray(field) ? field : [field])) return null;
-  return <small class="field-error" id={`error-${id}`} role="alert" data-code={error.code}>{error.code}: {error.message}</small>;
+  return (
+    <small class="field-error" id={`error-${id}`} role="alert" data-code={error.code}>
+      {error.code}: {error.message}
+    </small>
+  );
 }
 /** Whether `error` belongs under one of `fields` (so a form shows it there, not in its general error box). */
 export const aboutField = (error, fields) =>
-  !!(error && error.field && fields.some((f) => error.field === f || error.field.startsWith(`${f}.`) || error.field.startsWith(`${f}[`)));
+  !!(
+    error &&
+    error.field &&
+    fields.some((f) => error.field === f || error.field.startsWith(`${f}.`) || error.field.startsWith(`${f}[`))
+  );
 
 /** Have the browser download `url` (same origin) as a file named `name`. */
 export function saveLink(url, name) {

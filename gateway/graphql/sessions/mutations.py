@@ -133,5 +133,5 @@ class SessionMutations:
             raise Conflict(f"only a RUNNING session can be restarted; this one is {session.status.value}", field="id")
         now = utcnow()
         await record_activity(ctx.sessions.redis, ctx.sessions.keys, session.id, now)  # using it, for idleness
-        await ctx.sessions.request_restart(session.id, now)  # the scheduler's job owner restarts its kernels
+        await ctx.sessions.requests.request_restart(session.id, now)  # the scheduler's job owner restarts its kernels
         return session_type_of(session)

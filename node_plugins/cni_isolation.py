@@ -20,7 +20,7 @@ ARP and in IP (``ports``), and only ARP and IPv4 pass a bridge port.
 Membership is kept in files under ``stateDir`` (one directory per session, one file per allocation), under one lock,
 so the pairs are right whatever order kernels come and go in. All of one host's clients share the directory, so a
 session whose kernels run on several clients of one host (the multi-client test cluster) is one network. Kernels on
-other hosts are not in these files: ``nomad_jobs.session_peers``, an agent on each host, learns them from Nomad's
+other hosts are not in these files: ``nomad_jobs.session_peers``, a daemon on each host, learns them from Nomad's
 allocations and keeps their pairs with this host's kernels in the same ``peers`` sets, under the same lock, listed in
 ``remote-peers.json`` (:data:`REMOTE_PEERS`). A pair arriving from another host is let in by the forward chain's
 ``oifname`` rule. Where no agent runs, cross-host traffic between kernels is refused (the safe way round). A kernel
@@ -35,7 +35,7 @@ the same transaction (nft 1.0.6 has no ``destroy``).
 Standalone and quick on purpose: Nomad runs it as ``/usr/bin/python3 -I -S cni_isolation.py`` for every kernel
 start and stop, with no project packages, so it imports only a few standard modules (no ``typing``, ``dataclasses``
 or ``pathlib``: they would double its start-up time, which is on every session's start). The rule set's text and the
-CNI result handling are pure functions, tested in ``tests/nomad_jobs/test_cni_isolation.py``; the plugin runs for
+CNI result handling are pure functions, tested in ``tests/node_plugins/test_cni_isolation.py``; the plugin runs for
 real in the e2e isolation tests.
 """
 

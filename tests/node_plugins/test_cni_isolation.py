@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from nomad_jobs import cni_isolation
-from nomad_jobs.cni_isolation import (
+from node_plugins import cni_isolation
+from node_plugins.cni_isolation import (
     RULES,
     TABLE,
     Kernel,
@@ -147,7 +147,7 @@ def test_remote_pairs_go_both_ways_in_the_inet_table_and_validate_with_the_rules
 
 def test_a_kernel_that_comes_or_goes_takes_its_remote_pairs_with_it(tmp_path: Path) -> None:
     """An address reused on this host must not inherit the cross-host pairs of the kernel that had it before: the
-    plugin drops them (record and nft commands) whatever the session-peers agent has not seen yet."""
+    plugin drops them (record and nft commands) whatever the session-peers daemon has not seen yet."""
     members = cni_isolation.Membership(str(tmp_path))
     assert members.without_remote(["10.0.0.1"]) == ([], None)
     members.keep_remote_pairs([["10.0.0.1", "10.0.9.1"], ["10.0.0.2", "10.0.9.1"]])

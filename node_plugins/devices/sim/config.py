@@ -52,8 +52,8 @@ SCHEMA: Mapping[str, tuple[str, str | None]] = {
     "shares": ("number", "0"),
     "fingerprint_period": ("string", '"1s"'),
 }
-"""Attribute -> (HCL type, default as an HCL expression; None: required). :mod:`devices.sim.server` turns it into
-Nomad's ``hclspec``."""
+"""Attribute -> (HCL type, default as an HCL expression; None: required). :mod:`node_plugins.devices.sim.server` turns
+it into Nomad's ``hclspec``."""
 
 
 class ConfigError(ValueError):

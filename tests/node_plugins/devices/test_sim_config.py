@@ -1,4 +1,5 @@
-"""The simulated accelerator's configuration, inventory and load files (pure parts of :mod:`devices.sim`)."""
+"""The simulated accelerator's configuration, inventory and load files (pure parts of
+:mod:`node_plugins.devices.sim`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from devices.sim.config import ConfigError, SimConfig, parse_config
-from devices.sim.inventory import Load, groups, instance_stats, parse_load, reservation_env, unknown_ids
+from node_plugins.devices.sim.config import ConfigError, SimConfig, parse_config
+from node_plugins.devices.sim.inventory import Load, groups, instance_stats, parse_load, reservation_env, unknown_ids
 
 GOOD = {
     "state_dir": "/var/lib/sim",

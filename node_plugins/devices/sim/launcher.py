@@ -1,5 +1,6 @@
-"""The launcher Nomad runs: a small script named :data:`~devices.sim.config.PLUGIN_NAME` in a client's ``plugin_dir``
-that starts ``python -m devices.sim`` from this checkout, with Nomad's generated plugin stubs on its path."""
+"""The launcher Nomad runs: a small script named :data:`~node_plugins.devices.sim.config.PLUGIN_NAME` in a client's
+``plugin_dir`` that starts ``python -m node_plugins.devices.sim`` from this checkout, with Nomad's generated plugin
+stubs on its path."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from devices.sim.config import PLUGIN_NAME
+from node_plugins.devices.sim.config import PLUGIN_NAME
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 """The checkout the launcher runs the plugin from."""
 
 
@@ -23,8 +24,9 @@ def install_launcher(plugin_dir: Path, protos: Path, *, python: str = sys.execut
     path = plugin_dir / PLUGIN_NAME
     script = (
         "#!/bin/sh\n"
-        "# Caravan's simulated-accelerator device plugin (devices/sim), started by Nomad through go-plugin.\n"
-        f'PYTHONPATH={shlex.quote(f"{ROOT}{os.pathsep}{protos}")} exec {shlex.quote(python)} -m devices.sim "$@"\n'
+        "# Caravan's simulated-accelerator device plugin (node_plugins/devices/sim), started by Nomad (go-plugin).\n"
+        f"PYTHONPATH={shlex.quote(f'{ROOT}{os.pathsep}{protos}')} "
+        f'exec {shlex.quote(python)} -m node_plugins.devices.sim "$@"\n'
     )
     temporary = path.with_name(f".{PLUGIN_NAME}.tmp")
     temporary.write_text(script)
@@ -34,9 +36,10 @@ def install_launcher(plugin_dir: Path, protos: Path, *, python: str = sys.execut
 
 
 def main() -> int:
-    """``python -m devices.sim.launcher <plugin_dir> <protos dir>`` (what ``ops/install-device-plugin`` runs)."""
+    """``python -m node_plugins.devices.sim.launcher <plugin_dir> <protos dir>``, by hand (the stacks write their
+    own: ``caravan.stack.device_plugin``; ``ops/install-device-protos`` prints the protos directory)."""
     if len(sys.argv) != 3:
-        print("usage: python -m devices.sim.launcher PLUGIN_DIR PROTOS_DIR", file=sys.stderr)
+        print("usage: python -m node_plugins.devices.sim.launcher PLUGIN_DIR PROTOS_DIR", file=sys.stderr)
         return 2
     print(install_launcher(Path(sys.argv[1]), Path(sys.argv[2])))
     return 0

@@ -29,9 +29,9 @@ import grpc
 import msgpack
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from devices.sim import inventory
-from devices.sim.config import PLUGIN_NAME, PLUGIN_VERSION, SCHEMA, ConfigError, SimConfig, parse_config
-from devices.sim.state import TASK_ALLOC_DIR, StateDir, task_load_name
+from node_plugins.devices.sim import inventory
+from node_plugins.devices.sim.config import PLUGIN_NAME, PLUGIN_VERSION, SCHEMA, ConfigError, SimConfig, parse_config
+from node_plugins.devices.sim.state import TASK_ALLOC_DIR, StateDir, task_load_name
 
 MAGIC_COOKIE_KEY = "NOMAD_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "e4327c2e01eabfd75a8a67adb114fb34a757d57eee7728d857a8cec6e91a7255"
@@ -73,7 +73,8 @@ def _load_stubs() -> None:
 
 
 def config_spec() -> Any:
-    """:data:`devices.sim.config.SCHEMA` as Nomad's ``hclspec``: an object of attributes, defaults as literals."""
+    """:data:`node_plugins.devices.sim.config.SCHEMA` as Nomad's ``hclspec``: an object of attributes, defaults as
+    literals."""
     attributes = {}
     for name, (kind, default) in SCHEMA.items():
         attr = hclspec.Spec(Attr=hclspec.Attr(name=name, type=kind, required=default is None))

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from devices.sim.inventory import Load, parse_load
+from node_plugins.devices.sim.inventory import Load, parse_load
 
 LOAD_FILE_BYTES = 4096
 """At most this much of a load file is read: the workload owns it."""

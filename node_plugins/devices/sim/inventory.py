@@ -1,5 +1,5 @@
 """The devices a configuration offers, as Nomad device groups, and what they report. Pure: health and load readings
-come in as arguments (:mod:`devices.sim.state` reads them).
+come in as arguments (:mod:`node_plugins.devices.sim.state` reads them).
 
 Instance ids are stable across restarts: devices ``gpu0``..``gpu<N-1>``; the shares of ``gpu0`` are ``gpu0-s0`` ..
 ``gpu0-s<K-1>``. Every share of a device has its device's health; a reservation's load counts for each of its
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from devices.sim.config import SHARE_TYPE, VENDOR, WHOLE_TYPE, SimConfig
+from node_plugins.devices.sim.config import SHARE_TYPE, VENDOR, WHOLE_TYPE, SimConfig
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from caravan.stack.device_plugin import SimDevices, plugin_dir, protos_dir
 from caravan.stack.nomad_agent import NomadAgent, start_nomad_dev
 from caravan.stack.processes import StartupFailed
 from core.settings import Settings
-from devices.sim.server import MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE
-from devices.sim.state import StateDir
+from node_plugins.devices.sim.server import MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE
+from node_plugins.devices.sim.state import StateDir
 from nomad_jobs.client import NomadClient
 from tests.conftest import STACK
 

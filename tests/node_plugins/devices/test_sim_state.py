@@ -1,6 +1,7 @@
-"""Where the plugin reads a reservation's load (:class:`devices.sim.state.StateDir`), on real files: the file a task
-wrote in its allocation's shared directory under the client's ``alloc_dir``, else the reservation's own (raw_exec's).
-The task owns that directory and the plugin runs as root: a symlink, a FIFO or a device node there is never read."""
+"""Where the plugin reads a reservation's load (:class:`node_plugins.devices.sim.state.StateDir`), on real files: the
+file a task wrote in its allocation's shared directory under the client's ``alloc_dir``, else the reservation's own
+(raw_exec's). The task owns that directory and the plugin runs as root: a symlink, a FIFO or a device node there is
+never read."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from devices.sim.inventory import Load
-from devices.sim.state import LOCATE_PERIOD, StateDir, task_load_name
+from node_plugins.devices.sim.inventory import Load
+from node_plugins.devices.sim.state import LOCATE_PERIOD, StateDir, task_load_name
 
 IDS = ["gpu0-s0", "gpu0-s1"]
 

@@ -1,0 +1,1 @@
+"""Nomad device plugins Caravan ships (``sim``: the simulated accelerator)."""
