@@ -71,7 +71,7 @@ class _Wait:
     ready: asyncio.Future[tuple[str, ...]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     poller: asyncio.Task[None] | None = None
     started_at: float | None = None
-    """When the replica that made the endpoint routable started its task (``domain.endpoint_routes.replica_started``)."""
+    """When the replica that made the endpoint routable started its task (``endpoint_routes.replica_started``)."""
 
 
 class EndpointActivator:

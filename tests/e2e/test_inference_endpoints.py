@@ -88,7 +88,8 @@ ThreadingHTTPServer(("127.0.0.1", int(os.environ["CARAVAN_SERVICE_PORT"])), Mode
 VIEW = """
 query($id: ID!) { session(id: $id) {
   id status endpoints endpointUrl
-  endpoint { url public tokens { id name } coldStarts { outcome arrivedAt startedAt routableAt firstByteAt secondsToFirstByte }
+  endpoint { url public tokens { id name }
+    coldStarts { outcome arrivedAt startedAt routableAt firstByteAt secondsToFirstByte }
     stats { sampledAt requestsTotal replicasRoutable inFlight held errorsTotal p50Ms p99Ms } }
 } }
 """
