@@ -45,13 +45,23 @@ from scheduler.pass_model import (
     WaitExplanation,
     WaitKind,
 )
-from scheduler.selection import get_strategy
-from scheduler.selection.base import QueueEntry
+from scheduler.selection import drf, get_strategy
+from scheduler.selection.base import QueueEntry, by_age
 from scheduler.selection.drf import DominantShares
 from scheduler.selection.sequence import attempt_order, is_overdue, is_pushed_back
 from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks
 
 __all__ = ["run_pass", "validate_config"]
+
+
+class _NoShares:
+    """What an order other than DRF is given: it never asks."""
+
+    def share(self, user: str) -> float:
+        return 0.0
+
+
+_NO_SHARES = _NoShares()
 
 
 class _Outcomes:
@@ -142,13 +152,19 @@ def _slot_names(snapshot: Snapshot) -> set[str]:
     return names
 
 
-def _entry(session: PendingSession, codec: SlotCodec, config: GroupConfig) -> QueueEntry:
-    if session.cluster_mode is ClusterMode.MULTI_NODE:
-        demands = tuple(codec.demand(kernel.requested) for kernel in session.kernels)
-    else:
-        only = session.kernels[0].requested if len(session.kernels) == 1 else session.requested
-        demands = (codec.demand(only),)
-    return QueueEntry(session, session.created_at.timestamp(), demands, is_pushed_back(session, config))
+def _entries(sessions: Sequence[PendingSession], codec: SlotCodec, config: GroupConfig) -> list[QueueEntry]:
+    """One entry per session; the demands of one request are one tuple, shared (sessions mostly reuse presets)."""
+    single: dict[ResourceSlots, tuple[Demand]] = {}
+    entries = []
+    for session in sessions:
+        kernels = session.kernels
+        if session.cluster_mode is ClusterMode.MULTI_NODE:
+            demands: tuple[Demand, ...] = tuple(codec.demand(kernel.requested) for kernel in kernels)
+        else:
+            only = kernels[0].requested if len(kernels) == 1 else session.requested
+            demands = single.get(only) or single.setdefault(only, (codec.demand(only),))
+        entries.append(QueueEntry(session, session.created_at.timestamp(), demands, is_pushed_back(session, config)))
+    return entries
 
 
 def _total(demands: Sequence[Demand]) -> Demand:
@@ -202,15 +218,15 @@ def _schedule_group(
         selector_config,
         outcomes.roundrobin_state.get(group, 0),
     )
-    shares = _shares(occupancy, running)
-    entries = [_entry(session, codec, group_config) for session in sessions]
+    shares = _shares(occupancy, running) if order is drf.order else None  # only DRF reads shares
+    entries = _entries(sessions, codec, group_config)
     holders = _reserve_for_overdue(entries, occupancy, group_config, context, now)
     # holders go first: they have waited longer than reserve_after, and a session that finds its agent reserved
     # must not be able to block the line in front of the holder
     first = sorted((entry for entry in entries if entry.session.id in holders), key=_reservation_order)
-    rest = [entry for entry in entries if entry.session.id not in holders]
+    rest = [entry for entry in entries if entry.session.id not in holders] if holders else entries
     walk = _GroupWalk(group, occupancy, chooser, shares, context, outcomes, holders)
-    for entry in chain(first, attempt_order(rest, order, shares)):
+    for entry in chain(first, attempt_order(rest, order, shares or _NO_SHARES)):
         walk.visit(entry)
     walk.finish()
     if isinstance(chooser, RoundRobinChooser):
@@ -225,7 +241,7 @@ class _GroupWalk:
         group: str,
         occupancy: GroupOccupancy,
         chooser: Chooser,
-        shares: DominantShares,
+        shares: DominantShares | None,
         context: CheckContext,
         outcomes: _Outcomes,
         holders: set[str],
@@ -233,6 +249,7 @@ class _GroupWalk:
         self.group, self.occupancy, self.chooser, self.shares = group, occupancy, chooser, shares
         self.context, self.outcomes, self.holders = context, outcomes, holders
         self.blocker: str | None = None
+        self.single: dict[tuple[str, int], tuple[KernelPlacement]] = {}  # immutable: shared by every such placement
         self.blocked: WaitExplanation | None = None
         self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
         self.still_waiting: list[str] = []
@@ -279,8 +296,11 @@ class _GroupWalk:
 
     def _placed(self, entry: QueueEntry, agents: tuple[int, ...]) -> None:
         session, ids = entry.session, self.occupancy.ids
-        if len(agents) == 1:  # the common case, without the generator
-            placed: tuple[KernelPlacement, ...] = (KernelPlacement(0, session.kernels[0].role, ids[agents[0]]),)
+        if len(agents) == 1:  # the common case: one outcome per role and agent, built once
+            key = (session.kernels[0].role, agents[0])
+            placed: tuple[KernelPlacement, ...] | None = self.single.get(key)
+            if placed is None:
+                placed = self.single[key] = (KernelPlacement(0, key[0], ids[key[1]]),)
         else:
             placed = tuple(
                 KernelPlacement(index, kernel.role, ids[ordinal])
@@ -288,7 +308,8 @@ class _GroupWalk:
             )
         self.outcomes.placements[session.id] = placed
         self.context.usage.add_placed(session)
-        self.shares.add(session.user, _total(entry.demands))
+        if self.shares is not None:
+            self.shares.add(session.user, _total(entry.demands))
 
     def finish(self) -> None:
         """Explain the sessions short of resources (against the final state), list reservations, number the queue."""
@@ -310,9 +331,11 @@ def _reserve_for_overdue(
 ) -> set[str]:
     """Reserve agents for overdue sessions, highest band and oldest first, up to ``max_reservations``; an agent holds
     one reservation at most."""
-    overdue = sorted((entry for entry in entries if is_overdue(entry.session, config, now)), key=_reservation_order)
     holders: set[str] = set()
-    for entry in overdue:
+    if config.reserve_after is None or config.max_reservations == 0:
+        return holders
+    overdue = [entry for entry in entries if entry.pushed_back and is_overdue(entry.session, config, now)]
+    for entry in _in_reservation_order(overdue):
         if len(holders) >= config.max_reservations:
             break
         if failed_checks(entry.session, context) or any(occupancy.never_fits(d) for d in entry.demands):
@@ -324,6 +347,16 @@ def _reserve_for_overdue(
 
 def _reservation_order(entry: QueueEntry) -> tuple[int, float, str]:
     return -entry.session.priority, entry.created, entry.session.id
+
+
+def _in_reservation_order(entries: Sequence[QueueEntry]) -> Iterator[QueueEntry]:
+    """``sorted(entries, key=_reservation_order)``, lazily: band by band, each by age (nearly every session of a busy
+    queue can be overdue, and only the first few are wanted)."""
+    bands: dict[int, list[QueueEntry]] = defaultdict(list)
+    for entry in entries:
+        bands[entry.session.priority].append(entry)
+    for priority in sorted(bands, reverse=True):
+        yield from by_age(bands[priority], newest_first=False)
 
 
 def _attempt(entry: QueueEntry, occupancy: GroupOccupancy, chooser: Chooser, holders: set[str]) -> Attempt:

@@ -56,6 +56,16 @@ class _Tier:
         else:
             insort(bucket, key)
 
+    def move(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+        """``remove(old)`` then ``add(new)``; a key that stays in its bucket moves inside that list."""
+        bucket = self.buckets[old[0]]
+        if new[0] == old[0]:
+            del bucket[bisect_left(bucket, old)]
+            insort(bucket, new)
+            return
+        self.remove(old)
+        self.add(new)
+
     def first(self) -> int | None:
         return self.buckets[self.values[0]][0][-1] if self.values else None
 
@@ -123,15 +133,15 @@ class PackingIndex:
         return ordinal in self._key_of
 
     def _key(self, ordinal: int, vector: Sequence[int]) -> tuple[int, ...]:
-        direction = self.direction
-        return (*(direction * vector[position] for position in self.positions), ordinal)
+        if self.direction == CONCENTRATED:
+            return (*[vector[position] for position in self.positions], ordinal)
+        return (*[-vector[position] for position in self.positions], ordinal)
 
     def update(self, ordinal: int, vector: Sequence[int]) -> None:
         """Re-sort one member after its available amounts changed."""
-        tier = self._tiers[self._tier_of[ordinal]]
-        tier.remove(self._key_of[ordinal])
-        new = self._key_of[ordinal] = self._key(ordinal, vector)
-        tier.add(new)
+        new = self._key(ordinal, vector)
+        self._tiers[self._tier_of[ordinal]].move(self._key_of[ordinal], new)
+        self._key_of[ordinal] = new
 
     def find(self, demand: Demand) -> int | None:
         """The best member that fits ``demand`` (whose positions are exactly this index's), or None."""

@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Iterator, Mapping, Sequence
 
 from scheduler.agents.vectors import Demand
-from scheduler.selection.base import QueueEntry, ShareView
+from scheduler.selection.base import QueueEntry, ShareView, by_age
 
 __all__ = ["DominantShares", "order"]
 
@@ -45,7 +45,7 @@ class DominantShares:
 
 def order(entries: Sequence[QueueEntry], shares: ShareView) -> Iterator[QueueEntry]:
     queues: dict[str, list[QueueEntry]] = {}
-    for entry in sorted(entries, key=lambda entry: (entry.created, entry.session.id), reverse=True):
+    for entry in by_age(entries, newest_first=True, ids_descending=True):
         queues.setdefault(entry.session.user, []).append(entry)  # reversed: pop() gives the oldest
     heap = [(shares.share(user), queue[-1].created, queue[-1].session.id, user) for user, queue in queues.items()]
     heapq.heapify(heap)
