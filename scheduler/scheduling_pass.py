@@ -54,6 +54,9 @@ from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_check
 __all__ = ["run_pass", "validate_config"]
 
 
+_UNKNOWN = -1
+
+
 class _NoShares:
     """What an order other than DRF is given: it never asks."""
 
@@ -249,6 +252,7 @@ class _GroupWalk:
         self.group, self.occupancy, self.chooser, self.shares = group, occupancy, chooser, shares
         self.context, self.outcomes, self.holders = context, outcomes, holders
         self.blocker: str | None = None
+        self.hopeless: dict[int, int | None] = {}  # id(demands) -> index of the one no agent can ever host
         self.single: dict[tuple[str, int], tuple[KernelPlacement]] = {}  # immutable: shared by every such placement
         self.blocked: WaitExplanation | None = None
         self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
@@ -257,7 +261,7 @@ class _GroupWalk:
     def visit(self, entry: QueueEntry) -> None:
         session = entry.session
         failures = failed_checks(session, self.context)
-        cancel = next((failure for failure in failures if failure.cancel_reason), None)
+        cancel = next((failure for failure in failures if failure.cancel_reason), None) if failures else None
         if cancel is not None:
             self.outcomes.cancellations[session.id] = Cancellation(
                 session.id, str(cancel.cancel_reason), cancel.message
@@ -289,7 +293,12 @@ class _GroupWalk:
                 message = f"waiting behind {self.blocker}, which is first in line"
                 self.blocked = WaitExplanation(WaitKind.BLOCKED, message, blocked_by=self.blocker)
             return self.blocked
-        hopeless = next((i for i, demand in enumerate(entry.demands) if self.occupancy.never_fits(demand)), None)
+        demands = entry.demands
+        hopeless = self.hopeless.get(id(demands), _UNKNOWN)  # static, and entries share one tuple per request
+        if hopeless is _UNKNOWN:
+            hopeless = self.hopeless[id(demands)] = next(
+                (i for i, demand in enumerate(demands) if self.occupancy.never_fits(demand)), None
+            )
         if hopeless is not None:
             return explain_never_fits(self.occupancy, self.group, entry.demands[hopeless], _role(entry, hopeless))
         return None
@@ -360,7 +369,7 @@ def _in_reservation_order(entries: Sequence[QueueEntry]) -> Iterator[QueueEntry]
 
 
 def _attempt(entry: QueueEntry, occupancy: GroupOccupancy, chooser: Chooser, holders: set[str]) -> Attempt:
-    if entry.session.id not in holders:
+    if not holders or entry.session.id not in holders:
         return place(occupancy, chooser, entry.session, entry.demands, use_cache=True)
     released = occupancy.release_holds(entry.session.id)  # the holder sees its own reservation as free
     attempt = place(occupancy, chooser, entry.session, entry.demands, use_cache=False)

@@ -103,6 +103,8 @@ class GroupOccupancy:
 
     def known_to_fail(self, demand: Demand) -> bool:
         """A request at least as big as one that already found no agent cannot fit either (avail only shrank)."""
+        if not self._failed:  # nothing failed yet (most of a pass that places much)
+            return False
         if demand in self._failed_exactly:  # a busy queue repeats a few presets: most failures are seen before
             return True
         failed = self._failed.get(positions_of(demand))
