@@ -48,7 +48,7 @@ from scheduler.pass_model import (
 from scheduler.selection import drf, get_strategy
 from scheduler.selection.base import QueueEntry, by_age
 from scheduler.selection.drf import DominantShares
-from scheduler.selection.sequence import attempt_order, is_overdue, is_pushed_back
+from scheduler.selection.sequence import attempt_order, is_overdue
 from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks
 
 __all__ = ["run_pass", "validate_config"]
@@ -159,6 +159,7 @@ def _entries(sessions: Sequence[PendingSession], codec: SlotCodec, config: Group
     """One entry per session; the demands of one request are one tuple, shared (sessions mostly reuse presets)."""
     single: dict[ResourceSlots, tuple[Demand]] = {}
     entries = []
+    skip = config.retries_to_skip
     for session in sessions:
         kernels = session.kernels
         if session.cluster_mode is ClusterMode.MULTI_NODE:
@@ -166,7 +167,8 @@ def _entries(sessions: Sequence[PendingSession], codec: SlotCodec, config: Group
         else:
             only = kernels[0].requested if len(kernels) == 1 else session.requested
             demands = single.get(only) or single.setdefault(only, (codec.demand(only),))
-        entries.append(QueueEntry(session, session.created_at.timestamp(), demands, is_pushed_back(session, config)))
+        pushed_back = skip > 0 and session.retries >= skip  # is_pushed_back, inline
+        entries.append(QueueEntry(session, session.created_at.timestamp(), demands, pushed_back))
     return entries
 
 

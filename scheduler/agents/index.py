@@ -19,7 +19,7 @@ a bisection, so a bucket short of the second slot costs one comparison.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 
 from scheduler.agents.vectors import Demand, amounts_of
@@ -31,93 +31,45 @@ DISPERSED = -1
 
 
 class _Tier:
-    """The keys of one tier, bucketed by their first component (sorted ``values``, one sorted list per value).
+    """The keys of one tier, bucketed by their first component (sorted ``values``, one sorted list per value)."""
 
-    For every second-slot amount a search has asked for, ``lists`` keeps the sorted values of the buckets holding an
-    agent with at least that much of the second slot: a search walks only those (agents short of memory but with
-    cores left would otherwise be skipped one bucket at a time, dozens per search on a full cluster)."""
+    __slots__ = ("buckets", "values")
 
-    __slots__ = ("buckets", "direction", "lists", "thresholds", "values")
-
-    def __init__(self, keys: list[tuple[int, ...]], direction: int) -> None:
+    def __init__(self, keys: list[tuple[int, ...]]) -> None:
         self.buckets: dict[int, list[tuple[int, ...]]] = {}
         for key in sorted(keys):
             self.buckets.setdefault(key[0], []).append(key)
         self.values = sorted(self.buckets)
-        self.direction = direction
-        self.thresholds: list[int] = []
-        self.lists: dict[int, list[int]] = {}
-
-    def _best(self, value: int) -> int | None:
-        """The most of the second slot an agent of bucket ``value`` has (None: no such bucket)."""
-        bucket = self.buckets.get(value)
-        if bucket is None:
-            return None
-        return bucket[-1][1] if self.direction == CONCENTRATED else -bucket[0][1]
-
-    def with_second(self, amount: int) -> list[int]:
-        """The sorted bucket values having an agent with at least ``amount`` of the second slot (kept current)."""
-        found = self.lists.get(amount)
-        if found is None:
-            found = self.lists[amount] = [value for value in self.values if self._best(value) >= amount]  # type: ignore[operator]
-            insort(self.thresholds, amount)
-        return found
-
-    def _relist(self, value: int, before: int | None, after: int | None) -> None:
-        """Bucket ``value``'s best second amount went from ``before`` to ``after``: update the lists it crossed."""
-        if before == after:
-            return
-        low: int | None
-        if before is None or after is None:  # a bucket made or emptied: every list up to its best
-            low, high, joins = None, after if before is None else before, before is None
-        else:
-            low, high, joins = min(before, after), max(before, after), after > before
-        thresholds = self.thresholds
-        assert high is not None
-        crossed = thresholds[0 if low is None else bisect_right(thresholds, low) : bisect_right(thresholds, high)]
-        for threshold in crossed:
-            values = self.lists[threshold]
-            if joins:
-                insort(values, value)
-            else:
-                del values[bisect_left(values, value)]
 
     def move(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
-        """``remove(old)`` then ``add(new)`` in one step (the one operation of every placement)."""
-        buckets, values, thresholds = self.buckets, self.values, self.thresholds
-        was, now = old[0], new[0]
-        if thresholds:
-            before_was, before_now = self._best(was), self._best(now)
-        bucket = buckets[was]
+        """Replace ``old`` by ``new`` (the one operation of every placement, in one step)."""
+        buckets = self.buckets
+        bucket = buckets[old[0]]
         del bucket[bisect_left(bucket, old)]
         if not bucket:
-            del buckets[was]
-            del values[bisect_left(values, was)]
-        target = buckets.get(now)
+            del buckets[old[0]]
+            del self.values[bisect_left(self.values, old[0])]
+        target = buckets.get(new[0])
         if target is None:
-            buckets[now] = [new]
-            insort(values, now)
+            buckets[new[0]] = [new]
+            insort(self.values, new[0])
         else:
             insort(target, new)
-        if thresholds:
-            self._relist(was, before_was, self._best(was))
-            if now != was:
-                self._relist(now, before_now, self._best(now))
 
     def first(self) -> int | None:
         return self.buckets[self.values[0]][0][-1] if self.values else None
 
     def scan_up(self, need: tuple[int, ...]) -> int | None:
         """Concentrated: the smallest key with every amount >= need."""
-        buckets = self.buckets
+        values, buckets = self.values, self.buckets
+        start = bisect_left(values, need[0])
         if len(need) == 1:
-            values = self.values
-            start = bisect_left(values, need[0])
             return buckets[values[start]][0][-1] if start < len(values) else None
         second, rest = need[1], need[2:]
-        values = self.with_second(second)
-        for position in range(bisect_left(values, need[0]), len(values)):
+        for position in range(start, len(values)):
             bucket = buckets[values[position]]
+            if bucket[-1][1] < second:  # even its most of the second slot is short
+                continue
             for index in range(bisect_left(bucket, (bucket[0][0], second)), len(bucket)):
                 key = bucket[index]
                 if all(have >= want for have, want in zip(key[2:-1], rest, strict=True)):
@@ -126,16 +78,18 @@ class _Tier:
 
     def scan_down(self, need: tuple[int, ...]) -> int | None:
         """Dispersed (keys negated): the smallest key with every negated amount <= -need."""
-        buckets = self.buckets
-        negated = tuple(-want for want in need)
+        values, buckets = self.values, self.buckets
+        negated = tuple([-want for want in need])
         if len(need) == 1:
-            values = self.values
             return buckets[values[0]][0][-1] if values and values[0] <= negated[0] else None
         second, rest = negated[1], negated[2:]
-        for value in self.with_second(need[1]):
+        for value in values:
             if value > negated[0]:  # from here on avail[k1] < need[k1]: nothing later fits
                 return None
-            for key in buckets[value]:  # a bucket starts with its most of the second slot: once short, the rest is
+            bucket = buckets[value]
+            if bucket[0][1] > second:  # even its most of the second slot is short
+                continue
+            for key in bucket:  # a bucket starts with its most of the second slot: once short, the rest is
                 if key[1] > second:
                     break
                 if all(have <= want for have, want in zip(key[2:-1], rest, strict=True)):
@@ -162,7 +116,7 @@ class PackingIndex:
             tier_numbers[ordinal] = tier
             self._key_of[ordinal] = key
             keys_by_tier.setdefault(tier, []).append(key)
-        tiers = {tier: _Tier(keys, direction) for tier, keys in keys_by_tier.items()}
+        tiers = {tier: _Tier(keys) for tier, keys in keys_by_tier.items()}
         self._tier_order = [tiers[tier] for tier in sorted(tiers)]
         self._tier_of = {ordinal: tiers[tier] for ordinal, tier in tier_numbers.items()}
 

@@ -22,11 +22,12 @@ class DominantShares:
 
     def __init__(self, capacity: Sequence[int], occupied_by_user: Mapping[str, Sequence[int]]) -> None:
         self._capacity = list(capacity)
+        self._scale = [(position, cap) for position, cap in enumerate(self._capacity) if cap > 0]
         self._occupied = {user: list(vector) for user, vector in occupied_by_user.items()}
         self._shares = {user: self._compute(vector) for user, vector in self._occupied.items()}
 
     def _compute(self, occupied: Sequence[int]) -> float:
-        return max((used / cap for used, cap in zip(occupied, self._capacity, strict=True) if cap > 0), default=0.0)
+        return max([occupied[position] / cap for position, cap in self._scale], default=0.0)
 
     def share(self, user: str) -> float:
         share = self._shares.get(user)
