@@ -247,11 +247,13 @@ class ResourceSlots(Mapping[str, Decimal]):
 
     def __hash__(self) -> int:
         if self._hash is None:  # requests are dict keys in the pass (presets repeat): hash once
-            self._hash = hash(frozenset(self._amounts.items()))
+            self._hash = hash(tuple(self._amounts.items()))  # kept sorted by slot: equal maps, equal tuples
         return self._hash
 
     # -- arithmetic and order, missing = 0 --
     def __eq__(self, other: object) -> bool:
+        if type(other) is ResourceSlots:  # the common case, without the ABC check (a pass compares 100k keys)
+            return self._amounts == other._amounts
         if not isinstance(other, Mapping):
             return NotImplemented
         return self._amounts == _as_slots(other)._amounts

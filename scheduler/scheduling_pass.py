@@ -45,13 +45,26 @@ from scheduler.pass_model import (
     WaitExplanation,
     WaitKind,
 )
-from scheduler.selection import get_strategy
-from scheduler.selection.base import QueueEntry
+from scheduler.selection import drf, get_strategy
+from scheduler.selection.base import QueueEntry, by_age
 from scheduler.selection.drf import DominantShares
-from scheduler.selection.sequence import attempt_order, is_overdue, is_pushed_back
+from scheduler.selection.sequence import attempt_order, is_overdue
 from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks
 
 __all__ = ["run_pass", "validate_config"]
+
+
+_UNKNOWN = -1
+
+
+class _NoShares:
+    """What an order other than DRF is given: it never asks."""
+
+    def share(self, user: str) -> float:
+        return 0.0
+
+
+_NO_SHARES = _NoShares()
 
 
 class _Outcomes:
@@ -143,13 +156,21 @@ def _slot_names(snapshot: Snapshot) -> set[str]:
     return names
 
 
-def _entry(session: PendingSession, codec: SlotCodec, config: GroupConfig) -> QueueEntry:
-    if session.cluster_mode is ClusterMode.MULTI_NODE:
-        demands = tuple(codec.demand(kernel.requested) for kernel in session.kernels)
-    else:
-        only = session.kernels[0].requested if len(session.kernels) == 1 else session.requested
-        demands = (codec.demand(only),)
-    return QueueEntry(session, session.created_at.timestamp(), demands, is_pushed_back(session, config))
+def _entries(sessions: Sequence[PendingSession], codec: SlotCodec, config: GroupConfig) -> list[QueueEntry]:
+    """One entry per session; the demands of one request are one tuple, shared (sessions mostly reuse presets)."""
+    single: dict[ResourceSlots, tuple[Demand]] = {}
+    entries = []
+    skip = config.retries_to_skip
+    for session in sessions:
+        kernels = session.kernels
+        if session.cluster_mode is ClusterMode.MULTI_NODE:
+            demands: tuple[Demand, ...] = tuple(codec.demand(kernel.requested) for kernel in kernels)
+        else:
+            only = kernels[0].requested if len(kernels) == 1 else session.requested
+            demands = single.get(only) or single.setdefault(only, (codec.demand(only),))
+        pushed_back = skip > 0 and session.retries >= skip  # is_pushed_back, inline
+        entries.append(QueueEntry(session, session.created_at.timestamp(), demands, pushed_back))
+    return entries
 
 
 def _total(demands: Sequence[Demand]) -> Demand:
@@ -203,15 +224,15 @@ def _schedule_group(
         selector_config,
         outcomes.roundrobin_state.get(group, 0),
     )
-    shares = _shares(occupancy, running)
-    entries = [_entry(session, codec, group_config) for session in sessions]
+    shares = _shares(occupancy, running) if order is drf.order else None  # only DRF reads shares
+    entries = _entries(sessions, codec, group_config)
     holders = _reserve_for_overdue(entries, occupancy, group_config, context, now)
     # holders go first: they have waited longer than reserve_after, and a session that finds its agent reserved
     # must not be able to block the line in front of the holder
     first = sorted((entry for entry in entries if entry.session.id in holders), key=_reservation_order)
-    rest = [entry for entry in entries if entry.session.id not in holders]
+    rest = [entry for entry in entries if entry.session.id not in holders] if holders else entries
     walk = _GroupWalk(group, occupancy, chooser, shares, context, outcomes, holders)
-    for entry in chain(first, attempt_order(rest, order, shares)):
+    for entry in chain(first, attempt_order(rest, order, shares or _NO_SHARES)):
         walk.visit(entry)
     walk.finish()
     if isinstance(chooser, RoundRobinChooser):
@@ -226,7 +247,7 @@ class _GroupWalk:
         group: str,
         occupancy: GroupOccupancy,
         chooser: Chooser,
-        shares: DominantShares,
+        shares: DominantShares | None,
         context: CheckContext,
         outcomes: _Outcomes,
         holders: set[str],
@@ -234,6 +255,8 @@ class _GroupWalk:
         self.group, self.occupancy, self.chooser, self.shares = group, occupancy, chooser, shares
         self.context, self.outcomes, self.holders = context, outcomes, holders
         self.blocker: str | None = None
+        self.hopeless: dict[int, int | None] = {}  # id(demands) -> index of the one no agent can ever host
+        self.single: dict[tuple[str, int], tuple[KernelPlacement]] = {}  # immutable: shared by every such placement
         self.blocked: WaitExplanation | None = None
         self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
         self.still_waiting: list[str] = []
@@ -241,7 +264,7 @@ class _GroupWalk:
     def visit(self, entry: QueueEntry) -> None:
         session = entry.session
         failures = failed_checks(session, self.context)
-        cancel = next((failure for failure in failures if failure.cancel_reason), None)
+        cancel = next((failure for failure in failures if failure.cancel_reason), None) if failures else None
         if cancel is not None:
             self.outcomes.cancellations[session.id] = Cancellation(
                 session.id, str(cancel.cancel_reason), cancel.message
@@ -273,15 +296,23 @@ class _GroupWalk:
                 message = f"waiting behind {self.blocker}, which is first in line"
                 self.blocked = WaitExplanation(WaitKind.BLOCKED, message, blocked_by=self.blocker)
             return self.blocked
-        hopeless = next((i for i, demand in enumerate(entry.demands) if self.occupancy.never_fits(demand)), None)
+        demands = entry.demands
+        hopeless = self.hopeless.get(id(demands), _UNKNOWN)  # static, and entries share one tuple per request
+        if hopeless is _UNKNOWN:
+            hopeless = self.hopeless[id(demands)] = next(
+                (i for i, demand in enumerate(demands) if self.occupancy.never_fits(demand)), None
+            )
         if hopeless is not None:
             return explain_never_fits(self.occupancy, self.group, entry.demands[hopeless], _role(entry, hopeless))
         return None
 
     def _placed(self, entry: QueueEntry, agents: tuple[int, ...]) -> None:
         session, ids = entry.session, self.occupancy.ids
-        if len(agents) == 1:  # the common case, without the generator
-            placed: tuple[KernelPlacement, ...] = (KernelPlacement(0, session.kernels[0].role, ids[agents[0]]),)
+        if len(agents) == 1:  # the common case: one outcome per role and agent, built once
+            key = (session.kernels[0].role, agents[0])
+            placed: tuple[KernelPlacement, ...] | None = self.single.get(key)
+            if placed is None:
+                placed = self.single[key] = (KernelPlacement(0, key[0], ids[key[1]]),)
         else:
             placed = tuple(
                 KernelPlacement(index, kernel.role, ids[ordinal])
@@ -289,7 +320,8 @@ class _GroupWalk:
             )
         self.outcomes.placements[session.id] = placed
         self.context.usage.add_placed(session)
-        self.shares.add(session.user, _total(entry.demands))
+        if self.shares is not None:
+            self.shares.add(session.user, _total(entry.demands))
 
     def finish(self) -> None:
         """Explain the sessions short of resources (against the final state), list reservations, number the queue."""
@@ -311,9 +343,11 @@ def _reserve_for_overdue(
 ) -> set[str]:
     """Reserve agents for overdue sessions, highest band and oldest first, up to ``max_reservations``; an agent holds
     one reservation at most."""
-    overdue = sorted((entry for entry in entries if is_overdue(entry.session, config, now)), key=_reservation_order)
     holders: set[str] = set()
-    for entry in overdue:
+    if config.reserve_after is None or config.max_reservations == 0:
+        return holders
+    overdue = [entry for entry in entries if entry.pushed_back and is_overdue(entry.session, config, now)]
+    for entry in _in_reservation_order(overdue):
         if len(holders) >= config.max_reservations:
             break
         if failed_checks(entry.session, context) or any(occupancy.never_fits(d) for d in entry.demands):
@@ -327,8 +361,18 @@ def _reservation_order(entry: QueueEntry) -> tuple[int, float, str]:
     return -entry.session.priority, entry.created, entry.session.id
 
 
+def _in_reservation_order(entries: Sequence[QueueEntry]) -> Iterator[QueueEntry]:
+    """``sorted(entries, key=_reservation_order)``, lazily: band by band, each by age (nearly every session of a busy
+    queue can be overdue, and only the first few are wanted)."""
+    bands: dict[int, list[QueueEntry]] = defaultdict(list)
+    for entry in entries:
+        bands[entry.session.priority].append(entry)
+    for priority in sorted(bands, reverse=True):
+        yield from by_age(bands[priority], newest_first=False)
+
+
 def _attempt(entry: QueueEntry, occupancy: GroupOccupancy, chooser: Chooser, holders: set[str]) -> Attempt:
-    if entry.session.id not in holders:
+    if not holders or entry.session.id not in holders:
         return place(occupancy, chooser, entry.session, entry.demands, use_cache=True)
     released = occupancy.release_holds(entry.session.id)  # the holder sees its own reservation as free
     attempt = place(occupancy, chooser, entry.session, entry.demands, use_cache=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from scheduler.agents import ROUNDROBIN, resolve_selector, roundrobin
 from scheduler.agents.base import AgentSelector, AgentView, SelectionRequest, SelectorConfig
@@ -104,8 +104,7 @@ def make_chooser(
     return PluginChooser(occupancy, selector, config)
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(NamedTuple):  # one per attempt: a tuple is the cheapest immutable record to build
     agents: tuple[int, ...] | None
     """One ordinal per kernel when placed (single-node: the same agent for all), else None."""
     failed_kernel: int = 0

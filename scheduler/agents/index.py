@@ -41,20 +41,20 @@ class _Tier:
             self.buckets.setdefault(key[0], []).append(key)
         self.values = sorted(self.buckets)
 
-    def remove(self, key: tuple[int, ...]) -> None:
-        bucket = self.buckets[key[0]]
-        del bucket[bisect_left(bucket, key)]
+    def move(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+        """Replace ``old`` by ``new`` (the one operation of every placement, in one step)."""
+        buckets = self.buckets
+        bucket = buckets[old[0]]
+        del bucket[bisect_left(bucket, old)]
         if not bucket:
-            del self.buckets[key[0]]
-            del self.values[bisect_left(self.values, key[0])]
-
-    def add(self, key: tuple[int, ...]) -> None:
-        bucket = self.buckets.get(key[0])
-        if bucket is None:
-            self.buckets[key[0]] = [key]
-            insort(self.values, key[0])
+            del buckets[old[0]]
+            del self.values[bisect_left(self.values, old[0])]
+        target = buckets.get(new[0])
+        if target is None:
+            buckets[new[0]] = [new]
+            insort(self.values, new[0])
         else:
-            insort(bucket, key)
+            insort(target, new)
 
     def first(self) -> int | None:
         return self.buckets[self.values[0]][0][-1] if self.values else None
@@ -79,7 +79,7 @@ class _Tier:
     def scan_down(self, need: tuple[int, ...]) -> int | None:
         """Dispersed (keys negated): the smallest key with every negated amount <= -need."""
         values, buckets = self.values, self.buckets
-        negated = tuple(-want for want in need)
+        negated = tuple([-want for want in need])
         if len(need) == 1:
             return buckets[values[0]][0][-1] if values and values[0] <= negated[0] else None
         second, rest = negated[1], negated[2:]
@@ -108,30 +108,35 @@ class PackingIndex:
         """``members``: (agent ordinal, unused accelerator kinds) of every agent having all ``positions``."""
         self.positions = positions
         self.direction = direction
-        self._tier_of: dict[int, int] = {}
+        tier_numbers: dict[int, int] = {}
         self._key_of: dict[int, tuple[int, ...]] = {}
         keys_by_tier: dict[int, list[tuple[int, ...]]] = {}
         for ordinal, tier in members:
             key = self._key(ordinal, avail[ordinal])
-            self._tier_of[ordinal] = tier
+            tier_numbers[ordinal] = tier
             self._key_of[ordinal] = key
             keys_by_tier.setdefault(tier, []).append(key)
-        self._tiers = {tier: _Tier(keys) for tier, keys in keys_by_tier.items()}
-        self._tier_order = [self._tiers[tier] for tier in sorted(self._tiers)]
+        tiers = {tier: _Tier(keys) for tier, keys in keys_by_tier.items()}
+        self._tier_order = [tiers[tier] for tier in sorted(tiers)]
+        self._tier_of = {ordinal: tiers[tier] for ordinal, tier in tier_numbers.items()}
 
     def __contains__(self, ordinal: int) -> bool:
         return ordinal in self._key_of
 
     def _key(self, ordinal: int, vector: Sequence[int]) -> tuple[int, ...]:
-        direction = self.direction
-        return (*(direction * vector[position] for position in self.positions), ordinal)
+        if self.direction == CONCENTRATED:
+            return (*[vector[position] for position in self.positions], ordinal)
+        return (*[-vector[position] for position in self.positions], ordinal)
 
     def update(self, ordinal: int, vector: Sequence[int]) -> None:
         """Re-sort one member after its available amounts changed."""
-        tier = self._tiers[self._tier_of[ordinal]]
-        tier.remove(self._key_of[ordinal])
-        new = self._key_of[ordinal] = self._key(ordinal, vector)
-        tier.add(new)
+        key_of = self._key_of
+        if self.direction == CONCENTRATED:
+            new = (*[vector[position] for position in self.positions], ordinal)
+        else:
+            new = (*[-vector[position] for position in self.positions], ordinal)
+        self._tier_of[ordinal].move(key_of[ordinal], new)
+        key_of[ordinal] = new
 
     def find(self, demand: Demand) -> int | None:
         """The best member that fits ``demand`` (whose positions are exactly this index's), or None."""

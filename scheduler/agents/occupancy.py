@@ -51,6 +51,7 @@ class GroupOccupancy:
         self._indexes_of: list[list[PackingIndex]] = [[] for _ in ordered]
         self._members: dict[tuple[int, ...], list[int]] = {}
         self._failed: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        self._failed_exactly: set[Demand] = set()
         self._capacity_fronts: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
         self._never_fits: dict[Demand, bool] = {}
         self._avail_fronts: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
@@ -102,17 +103,25 @@ class GroupOccupancy:
 
     def known_to_fail(self, demand: Demand) -> bool:
         """A request at least as big as one that already found no agent cannot fit either (avail only shrank)."""
+        if not self._failed:  # nothing failed yet (most of a pass that places much)
+            return False
+        if demand in self._failed_exactly:  # a busy queue repeats a few presets: most failures are seen before
+            return True
         failed = self._failed.get(positions_of(demand))
         if not failed:
             return False
         need = amounts_of(demand)
-        return any(dominates(need, smaller) for smaller in failed)
+        if any(dominates(need, smaller) for smaller in failed):
+            self._failed_exactly.add(demand)
+            return True
+        return False
 
     def remember_failure(self, demand: Demand) -> None:
         positions = positions_of(demand)
         need = amounts_of(demand)
         kept = [smaller for smaller in self._failed.get(positions, []) if not dominates(smaller, need)]
         self._failed[positions] = [need, *kept][:_FAILED_CACHE_SIZE]
+        self._failed_exactly.add(demand)
 
     def find_packed(self, demand: Demand) -> int | None:
         """The concentrated/dispersed choice via the sorted index (the group's ``direction`` must be set)."""
@@ -155,6 +164,7 @@ class GroupOccupancy:
             self._add(ordinal, demand, +1)
         if released:
             self._failed.clear()  # avail went up: earlier failures may fit now
+            self._failed_exactly.clear()
         return released
 
     # -- explanation --

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from operator import itemgetter
 
 from domain.slots import ResourceSlots
 from scheduler.agents.ranking import order_slots
@@ -24,11 +25,14 @@ Demand = tuple[tuple[int, int], ...]
 
 def positions_of(demand: Demand) -> tuple[int, ...]:
     """The demand's *signature*: which slots it asks for (agents lacking one of them can never host it)."""
-    return tuple(position for position, _ in demand)
+    return tuple(map(_first, demand))
 
 
 def amounts_of(demand: Demand) -> tuple[int, ...]:
-    return tuple(amount for _, amount in demand)
+    return tuple(map(_second, demand))
+
+
+_first, _second = itemgetter(0), itemgetter(1)
 
 
 def _to_milli(amount: Decimal, *, round_up: bool) -> int:

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
 from scheduler.agents.vectors import Demand
 from scheduler.pass_model import PendingSession
 
-__all__ = ["QueueEntry", "SessionOrder", "ShareView"]
+__all__ = ["QueueEntry", "SessionOrder", "ShareView", "by_age"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class QueueEntry:
+    """One pending session as the pass orders it (built once per session and pass: not frozen, which is cheaper to
+    build; nothing changes it)."""
+
     session: PendingSession
     created: float
     """``created_at`` as a POSIX timestamp: the precomputed age key."""
@@ -35,3 +39,18 @@ class ShareView(Protocol):
 
 class SessionOrder(Protocol):
     def __call__(self, entries: Sequence[QueueEntry], shares: ShareView) -> Iterator[QueueEntry]: ...
+
+
+_created = attrgetter("created")
+
+
+def by_age(entries: Sequence[QueueEntry], *, newest_first: bool, ids_descending: bool = False) -> list[QueueEntry]:
+    """``entries`` by ``created`` (oldest first, or newest first), equal times by session id (ascending, or descending
+    with ``ids_descending``). Creation times are nearly always distinct: then the float alone is the key (a tenth of
+    the cost of a tuple key over 100k sessions) and the order is the same."""
+    if len({entry.created for entry in entries}) == len(entries):
+        return sorted(entries, key=_created, reverse=newest_first)
+    if newest_first == ids_descending:
+        return sorted(entries, key=lambda entry: (entry.created, entry.session.id), reverse=newest_first)
+    sign = -1 if newest_first else 1
+    return sorted(entries, key=lambda entry: (sign * entry.created, entry.session.id), reverse=ids_descending)

@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Iterator, Mapping, Sequence
 
 from scheduler.agents.vectors import Demand
-from scheduler.selection.base import QueueEntry, ShareView
+from scheduler.selection.base import QueueEntry, ShareView, by_age
 
 __all__ = ["DominantShares", "order"]
 
@@ -22,11 +22,12 @@ class DominantShares:
 
     def __init__(self, capacity: Sequence[int], occupied_by_user: Mapping[str, Sequence[int]]) -> None:
         self._capacity = list(capacity)
+        self._scale = [(position, cap) for position, cap in enumerate(self._capacity) if cap > 0]
         self._occupied = {user: list(vector) for user, vector in occupied_by_user.items()}
         self._shares = {user: self._compute(vector) for user, vector in self._occupied.items()}
 
     def _compute(self, occupied: Sequence[int]) -> float:
-        return max((used / cap for used, cap in zip(occupied, self._capacity, strict=True) if cap > 0), default=0.0)
+        return max([occupied[position] / cap for position, cap in self._scale], default=0.0)
 
     def share(self, user: str) -> float:
         share = self._shares.get(user)
@@ -45,7 +46,7 @@ class DominantShares:
 
 def order(entries: Sequence[QueueEntry], shares: ShareView) -> Iterator[QueueEntry]:
     queues: dict[str, list[QueueEntry]] = {}
-    for entry in sorted(entries, key=lambda entry: (entry.created, entry.session.id), reverse=True):
+    for entry in by_age(entries, newest_first=True, ids_descending=True):
         queues.setdefault(entry.session.user, []).append(entry)  # reversed: pop() gives the oldest
     heap = [(shares.share(user), queue[-1].created, queue[-1].session.id, user) for user, queue in queues.items()]
     heapq.heapify(heap)

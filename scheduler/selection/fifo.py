@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from scheduler.selection.base import QueueEntry, ShareView
+from scheduler.selection.base import QueueEntry, ShareView, by_age
 
 __all__ = ["order"]
 
 
 def order(entries: Sequence[QueueEntry], shares: ShareView) -> Iterator[QueueEntry]:
-    return iter(sorted(entries, key=lambda entry: (entry.created, entry.session.id)))
+    return iter(by_age(entries, newest_first=False))

@@ -274,3 +274,18 @@ def test_reservation_bounds_starvation(reserve_after: timedelta | None, starves:
     assert ("big" not in placed) is starves
     if not starves:
         assert placed["big"] < 20
+
+
+@pytest.mark.parametrize(
+    ("strategy", "expected"),
+    [
+        ("fifo", ["old", "a", "b", "c", "new"]),
+        ("lifo", ["new", "a", "b", "c", "old"]),
+        ("drf", ["old", "a", "b", "c", "new"]),
+    ],
+)
+def test_sessions_created_at_the_same_instant_go_by_id(strategy: str, expected: list[str]) -> None:
+    # the order sorts on the creation time alone when no two are equal; equal times must still go by session id
+    pending = [session(sid, {"cpu": 8}, at=at) for sid, at in (("c", 1), ("new", 2), ("a", 1), ("old", 0), ("b", 1))]
+    result = run([agent("a1", {"cpu": 4})], pending, session_strategy=strategy, retries_to_skip=1)
+    assert sorted(result.queue_positions, key=result.queue_positions.__getitem__) == expected
