@@ -15,8 +15,10 @@ RUNNING, as the scheduler records them); the rest stay PENDING. Then, one JSON l
   sweep of a leader (every document read and decoded) and the median of ``--sweeps`` steady sweeps after it, each
   with ``--churn`` (2 %) of the RUNNING sessions changed since the one before (the idle service's ``settle`` after
   each). The policy checks lifetime and network idleness, no utilization, so the sweep asks Nomad for nothing (its
-  client points where nothing listens): what is timed is Redis and the sweep's own Python (``idle_sweep_reads_s``:
-  the part every steady sweep reads whatever changed, every live id and every revision);
+  client points where nothing listens): what is timed is Redis and the sweep's own Python. A steady sweep follows
+  the change feed (``stores.session_changes``): ``idle_sweep_full_reads`` counts the steady sweeps that read every
+  live session all the same (0 expected), ``idle_sweep_reads_s`` what such a full read's first two reads cost (every
+  live id and every revision: a term's first sweep, then every ``idle.sweeper.RESYNC_INTERVAL``);
 - ``events_p50_ms`` / ``events_p99_ms``: ``--events`` status changes written through ``SessionStore.update`` while
   one ``stores.event_hub.EventHub`` follows every owner's event stream, from the start of the write (its own round
   trips included) to the follower's receipt;
@@ -186,6 +188,7 @@ async def sweep_times(store: SessionStore, running: list[str], sweeps: int, chur
         started = time.perf_counter()
         await store.revisions(sorted(await store.live_ids()))
         reads = time.perf_counter() - started
+        full_reads = sweeper.full_reads - 1  # the steady sweeps' (the first reads everything)
     finally:
         await nowhere.aclose()
         gc.unfreeze()
@@ -193,6 +196,7 @@ async def sweep_times(store: SessionStore, running: list[str], sweeps: int, chur
         "idle_sweep_cold_s": round(cold, 3),
         "idle_sweep_s": round(statistics.median(warm), 3),
         "idle_sweep_reads_s": round(reads, 3),
+        "idle_sweep_full_reads": full_reads,
     }
 
 
