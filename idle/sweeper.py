@@ -32,10 +32,9 @@ from idle.collect import Sample, collect_clients_seen, collect_samples
 from idle.sweep import Derived, chart_points, judge, planned
 from idle.views import ViewCache
 from nomad_jobs.client import NomadClient
-from stores import session_changes
 from stores.activity import read_activity
 from stores.resource_policies import PolicyStore
-from stores.session_changes import Cursor
+from stores.session_changes import Follower
 from stores.sessions import SessionStore
 
 NO_ACTIVITY = Activity(None, 0)
@@ -87,12 +86,9 @@ class Sweeper:
         """The sessions as the last sweep's verdicts took them (:func:`idle.sweep.judge`)."""
         self.sweeps = 0
         """Sweeps so far in this term (whose turn it is to get a point of its utilization series)."""
-        self.cursor: Cursor | None = None
-        """Where the last sweep stopped reading the change feed (``stores.session_changes``)."""
-        self.resynced_at: datetime | None = None
-        """When the last sweep that read every live session ran."""
-        self.full_reads = 0
-        """Sweeps so far in this term that read every live session."""
+        self.feed = Follower(store.redis, store.keys, resync_every=RESYNC_INTERVAL, limit=FEED_READ_LIMIT)
+        """Where the last sweep stopped reading the change feed (``stores.session_changes``), and how many sweeps
+        of this term read every live session."""
 
     async def sweep(self, now: datetime, config: IdlePolicyConfig) -> Swept:
         """Verdicts on every RUNNING session at ``now`` under ``config``, with this sweep's samples recorded."""
@@ -130,18 +126,13 @@ class Sweeper:
     async def _read_live(self, now: datetime) -> tuple[list[str], Sequence[SessionView | None]]:
         """Every live session's id and view: only what the change feed names since the last sweep, or everything
         (a new term's first sweep, every :data:`RESYNC_INTERVAL`, or when the feed cannot vouch for what changed)."""
-        redis, keys = self.store.redis, self.store.keys
-        if self.cursor is not None and self.resynced_at is not None and now - self.resynced_at < RESYNC_INTERVAL:
-            found = await session_changes.changes_since(redis, keys, self.cursor, limit=FEED_READ_LIMIT)
-            if found is not None:
-                self.cursor, changed = found
-                ids = sorted(changed)
-                revisions = await self.store.revisions(ids)  # first: a document read after is at least as new
-                self.views.apply(ids, revisions, await self.store.documents(ids))
-                return self.views.live()
-        self.full_reads += 1
-        self.cursor = await session_changes.latest(redis, keys)  # first: a write after it is in the next changes
-        self.resynced_at = now
+        changed = await self.feed.changed(now)
+        if changed is not None:
+            ids = sorted(changed)
+            revisions = await self.store.revisions(ids)  # first: a document read after is at least as new
+            self.views.apply(ids, revisions, await self.store.documents(ids))
+            return self.views.live()
+        await self.feed.resyncing(now)
         live_ids = sorted(await self.store.live_ids())
         # the view, not whole sessions: the sweep reads a dozen fields of each, and reads and decodes only the
         # documents whose revision changed (the revisions first: a document read after is at least as new)

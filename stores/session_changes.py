@@ -21,6 +21,7 @@ then keeps a document newer than the one stored until that session is written ag
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from redis.asyncio import Redis
@@ -63,3 +64,37 @@ async def changes_since(redis: Redis, keys: Keys, cursor: Cursor, *, limit: int)
     for _, fields in entries[1:]:
         changed.update(fields.get("ids", "").split())
     return Cursor(entries[-1][0]), changed
+
+
+class Follower:
+    """A reader's place in the feed, for a reader that keeps decoded sessions between reads: :meth:`changed` before
+    each read says which sessions to read again, or None to read everything (then :meth:`resyncing` first)."""
+
+    def __init__(self, redis: Redis, keys: Keys, *, resync_every: timedelta, limit: int) -> None:
+        """``resync_every``: read everything at least this often; ``limit``: more writes than this since the last
+        read, read everything instead."""
+        self.redis, self.keys = redis, keys
+        self.resync_every, self.limit = resync_every, limit
+        self.cursor: Cursor | None = None
+        """Where the last read stopped (None: nothing read yet, or the stream was empty)."""
+        self.resynced_at: datetime | None = None
+        """When everything was last read."""
+        self.full_reads = 0
+        """Reads of everything so far."""
+
+    async def changed(self, now: datetime) -> set[str] | None:
+        """The sessions written since the last read (``now``: the reader's clock), or None to read everything."""
+        if self.cursor is None or self.resynced_at is None or now - self.resynced_at >= self.resync_every:
+            return None
+        found = await changes_since(self.redis, self.keys, self.cursor, limit=self.limit)
+        if found is None:
+            return None
+        self.cursor, changed = found
+        return changed
+
+    async def resyncing(self, now: datetime) -> None:
+        """The reader is about to read everything: the cursor taken first (a write after it is in the next
+        :meth:`changed`)."""
+        self.full_reads += 1
+        self.cursor = await latest(self.redis, self.keys)
+        self.resynced_at = now

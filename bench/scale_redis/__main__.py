@@ -22,8 +22,11 @@ RUNNING, as the scheduler records them); the rest stay PENDING. Then, one JSON l
 - ``events_p50_ms`` / ``events_p99_ms``: ``--events`` status changes written through ``SessionStore.update`` while
   one ``stores.event_hub.EventHub`` follows every owner's event stream, from the start of the write (its own round
   trips included) to the follower's receipt;
-- ``snapshot_s``: ``scheduler.snapshot.SnapshotReader.read``, the scheduler's read of every live session before a
-  pass, with Nomad stood in by an empty cluster (no nodes, no allocations): its Redis reads and decoding.
+- ``snapshot_first_s`` / ``snapshot_s``: ``scheduler.snapshot.SnapshotReader.read``, the scheduler's read of every
+  live session before a pass, with Nomad stood in by an empty cluster (no nodes, no allocations): its Redis reads and
+  decoding. The first read of a leader (everything read), then the median of ``--sweeps`` reads after it, each with
+  ``--churn`` of the RUNNING sessions changed since the one before (it follows the change feed:
+  ``snapshot_full_reads``, 0 expected).
 
 The last line (``"bench": "scale_redis"``) has every size's figures, the goal (an idle sweep under 1 s at the largest
 size) and ``meets_goal``.
@@ -188,7 +191,7 @@ async def sweep_times(store: SessionStore, running: list[str], sweeps: int, chur
         started = time.perf_counter()
         await store.revisions(sorted(await store.live_ids()))
         reads = time.perf_counter() - started
-        full_reads = sweeper.full_reads - 1  # the steady sweeps' (the first reads everything)
+        full_reads = sweeper.feed.full_reads - 1  # the steady sweeps' (the first reads everything)
     finally:
         await nowhere.aclose()
         gc.unfreeze()
@@ -239,18 +242,27 @@ async def event_times(store: SessionStore, running: list[str], count: int) -> di
     }
 
 
-async def snapshot_time(store: SessionStore) -> dict[str, Any]:
+async def snapshot_time(store: SessionStore, running: list[str], reads: int, churn: float) -> dict[str, Any]:
     reader = SnapshotReader(
         store, PolicyStore(store.redis, store.keys), cast(NomadClient, EmptyCluster()), SchedulingConfig(), "caravan-"
     )
-    times, read = [], None
-    for _ in range(3):
+    rng = random.Random(2)
+    started = time.perf_counter()
+    read = await reader.read(datetime.now(UTC) - timedelta(seconds=1))
+    first = time.perf_counter() - started
+    times = []
+    for _ in range(reads):
+        changed = rng.sample(running, int(len(running) * churn))
+        await gather_limited(
+            [lambda i=i: store.update(i, lambda s: dataclasses.replace(s, retries=s.retries + 1)) for i in changed]
+        )
         started = time.perf_counter()
         read = await reader.read(datetime.now(UTC) - timedelta(seconds=1))
         times.append(time.perf_counter() - started)
-    assert read is not None
     return {
+        "snapshot_first_s": round(first, 3),
         "snapshot_s": round(statistics.median(times), 3),
+        "snapshot_full_reads": reader.feed.full_reads - 1,
         "snapshot_pending": len(read.snapshot.pending),
         "snapshot_live": len(read.sessions),
     }
@@ -273,7 +285,7 @@ async def measure(redis_url: str, prefix: str, args: argparse.Namespace, size: i
             "listing": await listing_times(store, args.pages),
         }
         figures.update(await sweep_times(store, running, args.sweeps, args.churn))
-        figures.update(await snapshot_time(store))
+        figures.update(await snapshot_time(store, running, args.sweeps, args.churn))
         figures.update(await event_times(store, running, args.events))
         return figures
     finally:

@@ -76,18 +76,18 @@ async def test_a_write_between_two_sweeps_is_seen_without_reading_every_session(
     sweep = sweeper(store, nomad)
     first = await sweep.sweep(utcnow(), CONFIG)
     assert {s.id for s in first.sessions} == {a.id, b.id} and not lifetime_expired(first, a.id)
-    assert sweep.full_reads == 1
+    assert sweep.feed.full_reads == 1
 
     await store.update(a.id, started(120))  # running for two hours now: past the lifetime
     c = await running(store, "c")
     await store.request_termination(b.id, reason="test", at=utcnow(), forced=True)  # TERMINATED at once
     second = await sweep.sweep(utcnow(), CONFIG)
-    assert sweep.full_reads == 1  # followed the feed: read only a, b and c
+    assert sweep.feed.full_reads == 1  # followed the feed: read only a, b and c
     assert {s.id for s in second.sessions} == {a.id, c.id} and set(second.live_ids) == {a.id, c.id}
     assert lifetime_expired(second, a.id) and not lifetime_expired(second, c.id)
 
     third = await sweep.sweep(utcnow(), CONFIG)  # nothing written since: nothing read, the same views
-    assert sweep.full_reads == 1 and third.sessions == second.sessions
+    assert sweep.feed.full_reads == 1 and third.sessions == second.sessions
     assert all(x is y for x, y in zip(third.sessions, second.sessions, strict=True))
 
 
@@ -101,16 +101,16 @@ async def test_a_lost_cursor_reads_everything_again(store: SessionStore, nomad: 
     await redis.xtrim(store.keys.session_changes, maxlen=0, approximate=False)
     await store.update(a.id, started(120))
     swept = await sweep.sweep(utcnow(), CONFIG)
-    assert sweep.full_reads == 2 and lifetime_expired(swept, a.id)
+    assert sweep.feed.full_reads == 2 and lifetime_expired(swept, a.id)
 
     # the feed deleted (a Redis restarted without its data): read everything, then follow the new feed
     await redis.delete(store.keys.session_changes)
     b = await running(store, "b")
     swept = await sweep.sweep(utcnow(), CONFIG)
-    assert sweep.full_reads == 3 and {s.id for s in swept.sessions} == {a.id, b.id}
+    assert sweep.feed.full_reads == 3 and {s.id for s in swept.sessions} == {a.id, b.id}
     await store.update(b.id, started(120))
     swept = await sweep.sweep(utcnow(), CONFIG)
-    assert sweep.full_reads == 3 and lifetime_expired(swept, b.id)
+    assert sweep.feed.full_reads == 3 and lifetime_expired(swept, b.id)
 
 
 async def test_every_resync_interval_everything_is_read_again(store: SessionStore, nomad: NomadClient) -> None:
@@ -119,28 +119,26 @@ async def test_every_resync_interval_everything_is_read_again(store: SessionStor
     now = utcnow()
     await sweep.sweep(now, CONFIG)
     await sweep.sweep(now + RESYNC_INTERVAL - timedelta(seconds=1), CONFIG)
-    assert sweep.full_reads == 1
+    assert sweep.feed.full_reads == 1
     await sweep.sweep(now + RESYNC_INTERVAL, CONFIG)  # the periodic full read
-    assert sweep.full_reads == 2
+    assert sweep.feed.full_reads == 2
     await sweep.sweep(now + RESYNC_INTERVAL + timedelta(seconds=15), CONFIG)
-    assert sweep.full_reads == 2
+    assert sweep.feed.full_reads == 2
 
 
-async def test_more_writes_than_the_limit_read_everything_again(
-    store: SessionStore, nomad: NomadClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("idle.sweeper.FEED_READ_LIMIT", 2)
+async def test_more_writes_than_the_limit_read_everything_again(store: SessionStore, nomad: NomadClient) -> None:
     sessions = [await running(store, f"s{i}") for i in range(3)]
     sweep = sweeper(store, nomad)
+    sweep.feed.limit = 2
     await sweep.sweep(utcnow(), CONFIG)
     for session in sessions[:2]:
         await store.update(session.id, started(120))
     await sweep.sweep(utcnow(), CONFIG)
-    assert sweep.full_reads == 1  # two writes: within the limit
+    assert sweep.feed.full_reads == 1  # two writes: within the limit
     for session in sessions:  # three: more
         await store.update(session.id, started(5))
     swept = await sweep.sweep(utcnow(), CONFIG)
-    assert sweep.full_reads == 2 and not any(v.terminate for v in swept.verdicts.values()), swept.verdicts
+    assert sweep.feed.full_reads == 2 and not any(v.terminate for v in swept.verdicts.values()), swept.verdicts
 
 
 async def test_following_the_feed_judges_as_reading_everything(
@@ -188,5 +186,5 @@ async def test_following_the_feed_judges_as_reading_everything(
         assert {s.id for s in swept.sessions} == {s.id for s in live}
         assert {s.id: s for s in swept.sessions} == {s.id: s for s in oracle.sessions}
         assert swept.verdicts == oracle.verdicts
-    assert following.full_reads == 1
+    assert following.feed.full_reads == 1
     assert any(v.terminate for v in swept.verdicts.values()) and not all(v.terminate for v in swept.verdicts.values())
