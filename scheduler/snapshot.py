@@ -21,11 +21,11 @@ feed cannot vouch for what changed (at 100,000 live sessions, reading and decodi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from core.replies import text_hash
 from devices.catalog import DeviceAsk, device_asks
@@ -73,6 +73,7 @@ S = SessionStatus
 DESIGNATED = "designated:"
 DESIGNATED_CAPACITY = 1_000_000
 DRIVER = DRIVER_MARKER
+T = TypeVar("T")
 RESYNC_INTERVAL = timedelta(minutes=10)
 """How long the reader keeps its live sessions, following the change feed, before it reads them all again."""
 FEED_READ_LIMIT = 20_000
@@ -116,6 +117,27 @@ def running_session(session: Session) -> RunningSession:
     for kernel in session.kernels:
         occupied += kernel_request(kernel)
     return RunningSession(session.id, session.owner_id, session.resource_group, occupied, session.project)
+
+
+def as_pending(session: Session) -> PendingSession:
+    """A PENDING session as the pass takes it, asking for its driver."""
+    return requiring_driver(pending_session(session), session.driver.value)
+
+
+def kept_converted(
+    sessions: Iterable[Session], convert: Callable[[Session], T], last: Mapping[str, tuple[Session, T]]
+) -> tuple[list[T], dict[str, tuple[Session, T]]]:
+    """``convert`` of each session, reusing ``last``'s for the very same session object (sessions and what the pass
+    takes of them are immutable, and the reader hands back the same object while a session is unchanged); with what
+    to pass as ``last`` next time."""
+    kept: dict[str, tuple[Session, T]] = {}
+    converted = []
+    for session in sessions:
+        before = last.get(session.id)
+        value = before[1] if before is not None and before[0] is session else convert(session)
+        kept[session.id] = (session, value)
+        converted.append(value)
+    return converted, kept
 
 
 def dependency_state(session: Session | None) -> DependencyState:
@@ -185,23 +207,29 @@ class SnapshotReader:
         """Where the last read stopped in the change feed (``stores.session_changes``)."""
         self._live: dict[str, Session] = {}
         """Every live session as the last read left it (sessions are immutable: shared across passes)."""
+        self._pending: dict[str, tuple[Session, PendingSession]] = {}
+        self._running: dict[str, tuple[Session, RunningSession]] = {}
+        """The last read's sessions as the pass takes them, each kept with the very session it was made from."""
 
     async def read(self, now: datetime) -> PassInput:
         live = await self._live_sessions(now)
         sessions = {s.id: s for s in live}
         waiting = sorted((s for s in live if s.status is S.PENDING), key=lambda s: (s.created_at, s.id))
         expired = tuple(s.id for s in waiting if timed_out(s, self.config, now))
-        pending = tuple(requiring_driver(pending_session(s), s.driver.value) for s in waiting if s.id not in expired)
+        waited, self._pending = kept_converted((s for s in waiting if s.id not in expired), as_pending, self._pending)
+        pending = tuple(waited)
         nodes = await self.nomad.nodes()
         mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
         allocs = await self.nomad.live_allocations() if pending else []
         capabilities = await self.nomad.namespace_capabilities() if pending else {}
         drivers = {str(n["ID"]): allowed_drivers(healthy_drivers(n), capabilities) for n in nodes}
         agents = agents_of(nodes, allocs, sessions, self.job_prefix, mhz, self.config.devices)
+        occupying = (s for s in live if s.status in OCCUPYING)
+        running, self._running = kept_converted(occupying, running_session, self._running)
         snapshot = Snapshot(
             agents=with_wanted_slots(agents, drivers, pending),
             pending=pending,
-            running=tuple(running_session(s) for s in live if s.status in OCCUPYING),
+            running=tuple(running),
             **(await self._checks_input(pending, sessions) if pending else {}),
             roundrobin_state=await self._roundrobin(),
         )

@@ -4,7 +4,8 @@ scheduler's snapshot read, at each of ``--sizes`` (10,000 and 100,000).
 Per size, a private Redis of its own (as the stack starts it) is seeded through ``SessionStore`` as the gateway and
 the scheduler write: the sessions created (``SessionStore.create``, 500 per call and owner, ``--owners`` owners, two
 projects), then ``--running-share`` of them (half) taken to RUNNING by ``SessionStore.update`` (SCHEDULED, then
-RUNNING, as the scheduler records them); the rest stay PENDING. Then, one JSON line per size:
+RUNNING, as the scheduler records them); the rest stay PENDING. Every Redis call goes through the services' own
+client (``core.redis.client``: commands packed by hiredis). Then, one JSON line per size:
 
 - ``memory_per_session_bytes``: Redis's ``used_memory`` after the seeding minus before, over the sessions (documents,
   revisions, the listing's indexes, names, the queues and event streams: everything a session costs);
@@ -58,7 +59,8 @@ from redis.asyncio import Redis
 from bench.gateway.__main__ import OWNERS, calibration, own_redis, stored_session
 from caravan.stack.processes import free_port
 from core.keys import Keys
-from core.settings import NomadSettings
+from core.redis import client as redis_client
+from core.settings import NomadSettings, RedisSettings
 from domain.access import Scope
 from domain.idle.columns import WindowColumns
 from domain.idle.config import CheckName, IdlePolicyConfig
@@ -268,9 +270,9 @@ async def snapshot_time(store: SessionStore, running: list[str], reads: int, chu
     }
 
 
-async def measure(redis_url: str, prefix: str, args: argparse.Namespace, size: int) -> dict[str, Any]:
-    redis = Redis.from_url(redis_url, decode_responses=True)
-    store = SessionStore(redis, Keys(prefix))
+async def measure(settings: RedisSettings, args: argparse.Namespace, size: int) -> dict[str, Any]:
+    redis = redis_client(settings)  # the services' client (commands packed by hiredis)
+    store = SessionStore(redis, Keys(settings.prefix))
     try:
         before = await used_memory(redis)
         ids, seeded_s = await seed(store, size, args.running_share)
@@ -308,7 +310,7 @@ def main() -> None:
             prefix = "scale" + uuid.uuid4().hex[:8]
             service, settings = own_redis(Path(tmp), prefix)
             try:
-                figures = asyncio.run(measure(settings.for_role("admin").redis.url, prefix, args, size))
+                figures = asyncio.run(measure(settings.for_role("admin").redis, args, size))
             finally:
                 service.stop()
         figures["loadavg_1m"] = round(os.getloadavg()[0], 2)

@@ -59,7 +59,8 @@ async def test_a_pass_after_the_first_reads_only_what_changed_and_sees_it(
     assert following.feed.full_reads == 1  # followed the feed
     assert set(second.sessions) == {"snap-a", "snap-c", "snap-d"} and second.sessions["snap-a"].status is S.SCHEDULED
     assert [s.id for s in second.snapshot.pending] == ["snap-c", "snap-d"]
-    assert second.sessions["snap-c"] is first.sessions["snap-c"]  # unchanged: not read again
+    assert second.sessions["snap-c"] is first.sessions["snap-c"]  # unchanged: not read again, nor converted
+    assert second.snapshot.pending[0] is first.snapshot.pending[2]
     same_input(second, await reader(store, nomad, settings).read(now))
 
     await redis.xtrim(keys.session_changes, maxlen=0, approximate=False)  # the cursor's entry gone: read it all
