@@ -78,6 +78,12 @@ class Keys:
         changed. Dropped when the session ends."""
         return f"{self.prefix}:sessions:revisions"
 
+    @property
+    def session_changes(self) -> str:
+        """STREAM of session document writes, one entry per transaction naming the sessions it wrote (appended in
+        its MULTI, ``stores.session_changes``): the idle checker reads only what changed since its cursor. Capped."""
+        return f"{self.prefix}:sessions:changes"
+
     def pending_queue(self, resource_group: str) -> str:
         """ZSET of PENDING session ids of a resource group scored by creation time."""
         return f"{self.prefix}:queue:{resource_group}"

@@ -3,7 +3,9 @@
 A :class:`Sweeper` holds every session's utilization window (``domain.idle.columns``), the sessions' views
 (:class:`idle.views.ViewCache`), what the last sweep derived from each view (:class:`idle.sweep.Derived`) and the
 sessions as its verdicts took them (``domain.idle.arbiter.Batch``). Each :meth:`Sweeper.sweep` reads the live sessions
-(only the documents whose revision changed are decoded again), works out how each RUNNING one is judged under the
+(the sessions the change feed names since the last sweep, ``stores.session_changes``, or every live one at a term's
+start, every :data:`RESYNC_INTERVAL` and when the feed has a gap; only the documents whose revision changed are
+decoded again), works out how each RUNNING one is judged under the
 policy file in force (:func:`idle.sweep.planned`: once per view and file), gathers the facts (the sampled sessions'
 allocation stats from Nomad, the activity the gateway records, SFTP clients seen, the owners' limits) and judges them
 (:func:`idle.sweep.judge`, pure). Leadership, reloading the policy, saving and reclaiming are the service's
@@ -13,8 +15,8 @@ allocation stats from Nomad, the activity the gateway records, SFTP clients seen
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from devices.catalog import DeviceCatalog
@@ -33,9 +35,15 @@ from idle.views import ViewCache
 from nomad_jobs.client import NomadClient
 from stores.activity import read_activity
 from stores.resource_policies import PolicyStore
+from stores.session_changes import Follower
 from stores.sessions import SessionStore
 
 NO_ACTIVITY = Activity(None, 0)
+RESYNC_INTERVAL = timedelta(minutes=10)
+"""How long a term follows the change feed before a sweep reads every live session again (a safety net: the feed
+gives up by itself when it cannot vouch for what changed, ``stores.session_changes``)."""
+FEED_READ_LIMIT = 20_000
+"""Changes (writes) since the last sweep above which the sweep reads everything instead."""
 
 
 class Swept(NamedTuple):
@@ -81,16 +89,13 @@ class Sweeper:
         """Sweeps so far in this term (whose turn it is to get a point of its utilization series)."""
         self.net_readings: dict[str, NetReading] = {}
         """Allocation id -> the last reading of its network counters (``domain.idle.network``), for the next rate."""
+        self.feed = Follower(store.redis, store.keys, resync_every=RESYNC_INTERVAL, limit=FEED_READ_LIMIT)
+        """Where the last sweep stopped reading the change feed (``stores.session_changes``), and how many sweeps
+        of this term read every live session."""
 
     async def sweep(self, now: datetime, config: IdlePolicyConfig) -> Swept:
         """Verdicts on every RUNNING session at ``now`` under ``config``, with this sweep's samples recorded."""
-        live_ids = sorted(await self.store.live_ids())
-        # the view, not whole sessions: the sweep reads a dozen fields of each, and reads and decodes only the
-        # documents whose revision changed (the revisions first: a document read after is at least as new)
-        revisions = await self.store.revisions(live_ids)
-        stale = self.views.stale(live_ids, revisions)
-        read = dict(zip(stale, await self.store.documents(stale), strict=True))
-        views = self.views.views(live_ids, [read.get(i) for i in live_ids], revisions)
+        live_ids, views = await self._read_live(now)
         sessions = [s for s in views if s and s.status is SessionStatus.RUNNING]
         plans = {s.id: planned(config, s, self.derived.get(s.id)) for s in sessions}
         sweep = self.sweeps + 1
@@ -132,3 +137,21 @@ class Sweeper:
         self.windows, self.derived, self.batch = result.windows, result.derived, result.batch
         self.sweeps = sweep
         return Swept(live_ids, sessions, result.verdicts, chart_points(sweep, now, per_kernel, plans))
+
+    async def _read_live(self, now: datetime) -> tuple[list[str], Sequence[SessionView | None]]:
+        """Every live session's id and view: only what the change feed names since the last sweep, or everything
+        (a new term's first sweep, every :data:`RESYNC_INTERVAL`, or when the feed cannot vouch for what changed)."""
+        changed = await self.feed.changed(now)
+        if changed is not None:
+            ids = sorted(changed)
+            revisions = await self.store.revisions(ids)  # first: a document read after is at least as new
+            self.views.apply(ids, revisions, await self.store.documents(ids))
+            return self.views.live()
+        await self.feed.resyncing(now)
+        live_ids = sorted(await self.store.live_ids())
+        # the view, not whole sessions: the sweep reads a dozen fields of each, and reads and decodes only the
+        # documents whose revision changed (the revisions first: a document read after is at least as new)
+        revisions = await self.store.revisions(live_ids)
+        stale = self.views.stale(live_ids, revisions)
+        read = dict(zip(stale, await self.store.documents(stale), strict=True))
+        return live_ids, self.views.views(live_ids, [read.get(i) for i in live_ids], revisions)

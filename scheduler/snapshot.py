@@ -13,15 +13,19 @@ Agents are Nomad client nodes, their capacity and occupancy read as ``nomad_jobs
 A session designated to an agent (admins) asks for one unit of a slot ``designated:<node id>`` that only that agent
 has, so the pass places it there or explains why not; while it waits, other sessions prefer other agents (an agent
 with a kind of slot a session does not use ranks after those without).
+
+The live sessions are kept between passes: each read takes only those the change feed (``stores.session_changes``)
+names since the last one, and reads them all at a leader's first pass, every :data:`RESYNC_INTERVAL` and when the
+feed cannot vouch for what changed (at 100,000 live sessions, reading and decoding them all is seconds per pass).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from core.replies import text_hash
 from devices.catalog import DeviceAsk, device_asks
@@ -53,6 +57,7 @@ from scheduler.pass_model import (
     UserPolicy,
 )
 from stores.resource_policies import PolicyStore
+from stores.session_changes import Follower
 from stores.sessions import SessionStore
 
 __all__ = [
@@ -69,6 +74,11 @@ S = SessionStatus
 DESIGNATED = "designated:"
 DESIGNATED_CAPACITY = 1_000_000
 DRIVER = DRIVER_MARKER
+T = TypeVar("T")
+RESYNC_INTERVAL = timedelta(minutes=10)
+"""How long the reader keeps its live sessions, following the change feed, before it reads them all again."""
+FEED_READ_LIMIT = 20_000
+"""Writes since the last read above which the reader reads every live session again instead."""
 Json = Mapping[str, Any]
 
 
@@ -108,6 +118,27 @@ def running_session(session: Session) -> RunningSession:
     for kernel in session.kernels:
         occupied += kernel_request(kernel)
     return RunningSession(session.id, session.owner_id, session.resource_group, occupied, session.project)
+
+
+def as_pending(session: Session) -> PendingSession:
+    """A PENDING session as the pass takes it, asking for its driver."""
+    return requiring_driver(pending_session(session), session.driver.value)
+
+
+def kept_converted(
+    sessions: Iterable[Session], convert: Callable[[Session], T], last: Mapping[str, tuple[Session, T]]
+) -> tuple[list[T], dict[str, tuple[Session, T]]]:
+    """``convert`` of each session, reusing ``last``'s for the very same session object (sessions and what the pass
+    takes of them are immutable, and the reader hands back the same object while a session is unchanged); with what
+    to pass as ``last`` next time."""
+    kept: dict[str, tuple[Session, T]] = {}
+    converted = []
+    for session in sessions:
+        before = last.get(session.id)
+        value = before[1] if before is not None and before[0] is session else convert(session)
+        kept[session.id] = (session, value)
+        converted.append(value)
+    return converted, kept
 
 
 def dependency_state(session: Session | None) -> DependencyState:
@@ -176,23 +207,33 @@ class SnapshotReader:
     ) -> None:
         self.store, self.policies, self.nomad = store, policies, nomad
         self.config, self.job_prefix = config, job_prefix
+        self.feed = Follower(store.redis, store.keys, resync_every=RESYNC_INTERVAL, limit=FEED_READ_LIMIT)
+        """Where the last read stopped in the change feed (``stores.session_changes``)."""
+        self._live: dict[str, Session] = {}
+        """Every live session as the last read left it (sessions are immutable: shared across passes)."""
+        self._pending: dict[str, tuple[Session, PendingSession]] = {}
+        self._running: dict[str, tuple[Session, RunningSession]] = {}
+        """The last read's sessions as the pass takes them, each kept with the very session it was made from."""
 
     async def read(self, now: datetime) -> PassInput:
-        live = [s for s in await self.store.get_many(sorted(await self.store.live_ids())) if s is not None]
+        live = await self._live_sessions(now)
         sessions = {s.id: s for s in live}
         waiting = sorted((s for s in live if s.status is S.PENDING), key=lambda s: (s.created_at, s.id))
         expired = tuple(s.id for s in waiting if timed_out(s, self.config, now))
-        pending = tuple(requiring_driver(pending_session(s), s.driver.value) for s in waiting if s.id not in expired)
+        waited, self._pending = kept_converted((s for s in waiting if s.id not in expired), as_pending, self._pending)
+        pending = tuple(waited)
         nodes = await self.nomad.nodes()
         mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
         allocs = await self.nomad.live_allocations() if pending else []
         capabilities = await self.nomad.namespace_capabilities() if pending else {}
         drivers = {str(n["ID"]): allowed_drivers(healthy_drivers(n), capabilities) for n in nodes}
         agents = agents_of(nodes, allocs, sessions, self.job_prefix, mhz, self.config.devices)
+        occupying = (s for s in live if s.status in OCCUPYING)
+        running, self._running = kept_converted(occupying, running_session, self._running)
         snapshot = Snapshot(
             agents=with_wanted_slots(agents, drivers, pending),
             pending=pending,
-            running=tuple(running_session(s) for s in live if s.status in OCCUPYING),
+            running=tuple(running),
             **(await self._checks_input(pending, sessions) if pending else {}),
             roundrobin_state=await self._roundrobin(),
         )
@@ -206,6 +247,24 @@ class SnapshotReader:
             device_asks(self.config.devices, devices_of(nodes)),
             host_ports(allocs, live) if pending else {},
         )
+
+    async def _live_sessions(self, now: datetime) -> list[Session]:
+        """Every live session, by id: the last read's, with those the change feed names since read again; or all of
+        them read (the first read, every :data:`RESYNC_INTERVAL`, or when the feed cannot vouch for what changed)."""
+        changed = await self.feed.changed(now)
+        if changed is None:
+            await self.feed.resyncing(now)
+            live = [s for s in await self.store.get_many(sorted(await self.store.live_ids())) if s is not None]
+            self._live = {s.id: s for s in live}
+            return live
+        ids = sorted(changed)
+        kept = self._live
+        for session_id, session in zip(ids, await self.store.get_many(ids), strict=True):
+            if session is None or session.status.is_terminal:
+                kept.pop(session_id, None)
+            else:
+                kept[session_id] = session
+        return [kept[i] for i in sorted(kept)]
 
     async def _checks_input(self, pending: Sequence[PendingSession], sessions: Mapping[str, Session]) -> dict[str, Any]:
         wanted = {dep for session in pending for dep in session.dependencies}

@@ -90,8 +90,12 @@ class PolicyStore:
         users = await self.users({s.owner_id for s in sessions})
         projects = await self.projects({s.project for s in sessions})
         found = {}
+        of_pair: dict[tuple[str, str], SessionLimits] = {}  # a few owners and projects, many sessions
         for session in sessions:
-            limits = session_limits(users.get(session.owner_id), projects.get(session.project))
+            pair = (session.owner_id, session.project)
+            limits = of_pair.get(pair)
+            if limits is None:
+                limits = of_pair[pair] = session_limits(users.get(pair[0]), projects.get(pair[1]))
             if limits != (None, None):
                 found[session.id] = limits
         return found

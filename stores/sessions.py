@@ -2,7 +2,8 @@
 
 Each write is one optimistic transaction (WATCH … MULTI/EXEC, retried on conflict), so a
 session document and its indexes (live set, pending queue, name claim) never disagree. Each also increments
-``Keys.sessions_version`` in its MULTI: the gateway's result cache serves a stored answer only while it is unchanged.
+``Keys.sessions_version`` in its MULTI: the gateway's result cache serves a stored answer only while it is unchanged;
+and names the sessions it wrote in the change feed (``stores.session_changes``), which the idle checker follows.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from core.replies import begin, optional_texts, ranked, text_set
 from core.transactions import transact
 from domain.model import Session, SessionResult, SessionStatus, SessionType
 from domain.termination import STOPPING, begin_termination, job_outlives
-from stores import events
+from stores import events, session_changes
 from stores.changes import sessions_changed
 from stores.coalesced import Coalesced, guard_failed
 from stores.owner_requests import (
@@ -145,6 +146,7 @@ class SessionStore:
             begin(pipe)
             for session, name_key in zip(sessions, name_keys, strict=True):
                 self._write_new(pipe, session, name_key)
+            session_changes.record(pipe, self.keys, ids_of(sessions))
             if token_key:
                 pipe.set(token_key, encode([s.id for s in sessions]))
             sessions_changed(pipe, self.keys)  # stored GraphQL answers are now out of date
@@ -190,6 +192,7 @@ class SessionStore:
                         claimed = True
                         for session, name_key in zip(sessions, name_keys, strict=True):
                             self._write_new(merged.as_pipe(), session, name_key)
+                        session_changes.record(merged, self.keys, ids_of(sessions))
                         merged.set(token_key, encode([s.id for s in sessions]))
                         outcome[token] = [s.id for s in sessions]
                 if not claimed:
@@ -301,6 +304,7 @@ class SessionStore:
                 self.usage.write_ended(pipe, after, used)
             pipe.set(key, encode(after))
             pipe.hset(self.keys.session_revisions, session_id, revision())
+            session_changes.record(pipe, self.keys, [session_id])
             self._reindex(pipe, before, after, name_key if name_owner == session_id else None)
             if stop_job is not None and after.nomad_job_id and after.status in STOPPING:
                 ask_to_stop(pipe, self.keys, after.id, stop_job)

@@ -4,7 +4,8 @@ scheduler's snapshot read, at each of ``--sizes`` (10,000 and 100,000).
 Per size, a private Redis of its own (as the stack starts it) is seeded through ``SessionStore`` as the gateway and
 the scheduler write: the sessions created (``SessionStore.create``, 500 per call and owner, ``--owners`` owners, two
 projects), then ``--running-share`` of them (half) taken to RUNNING by ``SessionStore.update`` (SCHEDULED, then
-RUNNING, as the scheduler records them); the rest stay PENDING. Then, one JSON line per size:
+RUNNING, as the scheduler records them); the rest stay PENDING. Every Redis call goes through the services' own
+client (``core.redis.client``: commands packed by hiredis). Then, one JSON line per size:
 
 - ``memory_per_session_bytes``: Redis's ``used_memory`` after the seeding minus before, over the sessions (documents,
   revisions, the listing's indexes, names, the queues and event streams: everything a session costs);
@@ -15,13 +16,18 @@ RUNNING, as the scheduler records them); the rest stay PENDING. Then, one JSON l
   sweep of a leader (every document read and decoded) and the median of ``--sweeps`` steady sweeps after it, each
   with ``--churn`` (2 %) of the RUNNING sessions changed since the one before (the idle service's ``settle`` after
   each). The policy checks lifetime and network idleness, no utilization, so the sweep asks Nomad for nothing (its
-  client points where nothing listens): what is timed is Redis and the sweep's own Python (``idle_sweep_reads_s``:
-  the part every steady sweep reads whatever changed, every live id and every revision);
+  client points where nothing listens): what is timed is Redis and the sweep's own Python. A steady sweep follows
+  the change feed (``stores.session_changes``): ``idle_sweep_full_reads`` counts the steady sweeps that read every
+  live session all the same (0 expected), ``idle_sweep_reads_s`` what such a full read's first two reads cost (every
+  live id and every revision: a term's first sweep, then every ``idle.sweeper.RESYNC_INTERVAL``);
 - ``events_p50_ms`` / ``events_p99_ms``: ``--events`` status changes written through ``SessionStore.update`` while
   one ``stores.event_hub.EventHub`` follows every owner's event stream, from the start of the write (its own round
   trips included) to the follower's receipt;
-- ``snapshot_s``: ``scheduler.snapshot.SnapshotReader.read``, the scheduler's read of every live session before a
-  pass, with Nomad stood in by an empty cluster (no nodes, no allocations): its Redis reads and decoding.
+- ``snapshot_first_s`` / ``snapshot_s``: ``scheduler.snapshot.SnapshotReader.read``, the scheduler's read of every
+  live session before a pass, with Nomad stood in by an empty cluster (no nodes, no allocations): its Redis reads and
+  decoding. The first read of a leader (everything read), then the median of ``--sweeps`` reads after it, each with
+  ``--churn`` of the RUNNING sessions changed since the one before (it follows the change feed:
+  ``snapshot_full_reads``, 0 expected).
 
 The last line (``"bench": "scale_redis"``) has every size's figures, the goal (an idle sweep under 1 s at the largest
 size) and ``meets_goal``.
@@ -53,7 +59,8 @@ from redis.asyncio import Redis
 from bench.gateway.__main__ import OWNERS, calibration, own_redis, stored_session
 from caravan.stack.processes import free_port
 from core.keys import Keys
-from core.settings import NomadSettings
+from core.redis import client as redis_client
+from core.settings import NomadSettings, RedisSettings
 from domain.access import Scope
 from domain.idle.columns import WindowColumns
 from domain.idle.config import CheckName, IdlePolicyConfig
@@ -186,6 +193,7 @@ async def sweep_times(store: SessionStore, running: list[str], sweeps: int, chur
         started = time.perf_counter()
         await store.revisions(sorted(await store.live_ids()))
         reads = time.perf_counter() - started
+        full_reads = sweeper.feed.full_reads - 1  # the steady sweeps' (the first reads everything)
     finally:
         await nowhere.aclose()
         gc.unfreeze()
@@ -193,6 +201,7 @@ async def sweep_times(store: SessionStore, running: list[str], sweeps: int, chur
         "idle_sweep_cold_s": round(cold, 3),
         "idle_sweep_s": round(statistics.median(warm), 3),
         "idle_sweep_reads_s": round(reads, 3),
+        "idle_sweep_full_reads": full_reads,
     }
 
 
@@ -235,26 +244,35 @@ async def event_times(store: SessionStore, running: list[str], count: int) -> di
     }
 
 
-async def snapshot_time(store: SessionStore) -> dict[str, Any]:
+async def snapshot_time(store: SessionStore, running: list[str], reads: int, churn: float) -> dict[str, Any]:
     reader = SnapshotReader(
         store, PolicyStore(store.redis, store.keys), cast(NomadClient, EmptyCluster()), SchedulingConfig(), "caravan-"
     )
-    times, read = [], None
-    for _ in range(3):
+    rng = random.Random(2)
+    started = time.perf_counter()
+    read = await reader.read(datetime.now(UTC) - timedelta(seconds=1))
+    first = time.perf_counter() - started
+    times = []
+    for _ in range(reads):
+        changed = rng.sample(running, int(len(running) * churn))
+        await gather_limited(
+            [lambda i=i: store.update(i, lambda s: dataclasses.replace(s, retries=s.retries + 1)) for i in changed]
+        )
         started = time.perf_counter()
         read = await reader.read(datetime.now(UTC) - timedelta(seconds=1))
         times.append(time.perf_counter() - started)
-    assert read is not None
     return {
+        "snapshot_first_s": round(first, 3),
         "snapshot_s": round(statistics.median(times), 3),
+        "snapshot_full_reads": reader.feed.full_reads - 1,
         "snapshot_pending": len(read.snapshot.pending),
         "snapshot_live": len(read.sessions),
     }
 
 
-async def measure(redis_url: str, prefix: str, args: argparse.Namespace, size: int) -> dict[str, Any]:
-    redis = Redis.from_url(redis_url, decode_responses=True)
-    store = SessionStore(redis, Keys(prefix))
+async def measure(settings: RedisSettings, args: argparse.Namespace, size: int) -> dict[str, Any]:
+    redis = redis_client(settings)  # the services' client (commands packed by hiredis)
+    store = SessionStore(redis, Keys(settings.prefix))
     try:
         before = await used_memory(redis)
         ids, seeded_s = await seed(store, size, args.running_share)
@@ -269,7 +287,7 @@ async def measure(redis_url: str, prefix: str, args: argparse.Namespace, size: i
             "listing": await listing_times(store, args.pages),
         }
         figures.update(await sweep_times(store, running, args.sweeps, args.churn))
-        figures.update(await snapshot_time(store))
+        figures.update(await snapshot_time(store, running, args.sweeps, args.churn))
         figures.update(await event_times(store, running, args.events))
         return figures
     finally:
@@ -292,7 +310,7 @@ def main() -> None:
             prefix = "scale" + uuid.uuid4().hex[:8]
             service, settings = own_redis(Path(tmp), prefix)
             try:
-                figures = asyncio.run(measure(settings.for_role("admin").redis.url, prefix, args, size))
+                figures = asyncio.run(measure(settings.for_role("admin").redis, args, size))
             finally:
                 service.stop()
         figures["loadavg_1m"] = round(os.getloadavg()[0], 2)
