@@ -35,8 +35,9 @@ CONFIG = IdlePolicyConfig(
 
 
 @pytest.fixture
-async def nomad(redis_settings: Settings) -> AsyncIterator[NomadClient]:
-    client = NomadClient(redis_settings.nomad)  # the tripwire: never called
+async def nomad(settings: Settings) -> AsyncIterator[NomadClient]:
+    # the real agent: every running session is read on its chart turn (its stored allocation is none Nomad knows)
+    client = NomadClient(settings.nomad)
     yield client
     await client.aclose()
 
