@@ -8,7 +8,6 @@ and names the sessions it wrote in the change feed (``stores.session_changes``),
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
@@ -292,8 +291,8 @@ class SessionStore:
                 return before
             name_key = self.keys.live_name(before.owner_id, before.name)
             ends = after.status.is_terminal and not before.status.is_terminal
-            if ends:  # what the idle checker measured, read beside (not WATCHed: a sweep more or less is noise)
-                name_owner, used = await asyncio.gather(pipe.get(name_key), self.usage.utilization(session_id))
+            if ends:  # and what the idle checker measured (not WATCHed: a sweep more or less is noise)
+                name_owner, used = await self.usage.name_and_utilization(pipe, name_key, session_id)
             else:
                 name_owner, used = await pipe.get(name_key), {}
             new_name_key = self.keys.live_name(after.owner_id, after.name)

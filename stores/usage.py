@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime
+from typing import Any
 
 import msgspec
 from redis.asyncio import Redis
@@ -57,6 +58,7 @@ COMPACT_INTERVAL = 60.0
 """Seconds between the scheduler leader's compactions of the days written since (``compact_written_days``)."""
 
 
+_NAME_AND_SUMS = "return {redis.call('GET', KEYS[1]), redis.call('HGETALL', KEYS[2])}"
 _FIRST_DAY_KEY = 6
 _RECORD = """
 -- KEYS: 1 the raw record, 2 the records' index by end, 3 the days' versions, 4 the totals, 5 a key to delete (or the
@@ -106,14 +108,16 @@ class UsageStore:
 
     async def utilization(self, session_id: str) -> dict[str, float]:
         """The average utilization (percent) of each metric the idle checker measured over the session."""
-        sums = text_hash(await self.redis.hgetall(self.keys.usage_utilization(session_id)))
-        averages = {}
-        for metric, total in sums.items():
-            seconds = sums.get(f"{metric}:seconds")
-            if metric.endswith(":seconds") or not seconds or float(seconds) <= 0:
-                continue
-            averages[metric] = float(total) / float(seconds)
-        return averages
+        return averages(text_hash(await self.redis.hgetall(self.keys.usage_utilization(session_id))))
+
+    async def name_and_utilization(
+        self, watched: Redis, name_key: str, session_id: str
+    ) -> tuple[bytes | str | None, dict[str, float]]:
+        """On the connection of a WATCHed transaction about to end a session, in one round trip: who holds the live
+        name ``name_key``, and the session's utilization sums (:func:`averages` of them: what its record keeps). A
+        second connection read beside cost the ending write about a fifth more (``bench/usage``)."""
+        owner, sums = await watched.eval(_NAME_AND_SUMS, 2, name_key, self.keys.usage_utilization(session_id))
+        return owner, averages(text_hash(_pairs(sums)))
 
     def write_ended(self, pipe: Redis, session: Session, used: Mapping[str, float]) -> None:
         """Queue, in the caller's MULTI, the ended session's raw record, its rollup increments and its totals."""
@@ -303,3 +307,19 @@ def add_utilization(pipe: Redis, keys: Keys, session_id: str, averages: Mapping[
         pipe.hincrbyfloat(key, f"{metric}:seconds", seconds)
     if averages:
         pipe.expire(key, UTILIZATION_TTL)
+
+
+def averages(sums: Mapping[str, str]) -> dict[str, float]:
+    """The average utilization (percent) of each metric, from a session's sums (``metric`` and ``metric:seconds``)."""
+    found = {}
+    for metric, total in sums.items():
+        seconds = sums.get(f"{metric}:seconds")
+        if metric.endswith(":seconds") or not seconds or float(seconds) <= 0:
+            continue
+        found[metric] = float(total) / float(seconds)
+    return found
+
+
+def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
+    """HGETALL's reply inside a script: a flat list of field, value."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
