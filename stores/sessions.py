@@ -24,6 +24,7 @@ from core.lease import Fence, watch_fenced
 from core.replies import begin, optional_texts, ranked, text_set
 from core.transactions import transact
 from domain.model import Session, SessionResult, SessionStatus, SessionType
+from domain.start_retry import start_retry_asked
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events
 from stores.changes import sessions_changed
@@ -316,6 +317,7 @@ class SessionStore:
             after.status is SessionStatus.SCHEDULED
             and before.status is not SessionStatus.SCHEDULED
             or rescaled(before, after)
+            or start_retry_asked(before, after)
         ):
             pipe.sadd(self.keys.work_to_submit, after.id)
             self._wake_owner(pipe)
