@@ -296,13 +296,13 @@ async def test_nomad_killed_while_it_sets_up_a_batch_kernels_network_runs_the_co
     try:
         async with running_caravan(own_settings) as caravan:
             await create(caravan, {**batch("held-1", "exit 7"), "driver": "EXEC"})
-            async with asyncio.timeout(60):
+            async with asyncio.timeout(180):
                 while not entered.exists():
                     await asyncio.sleep(0.05)
             await asyncio.to_thread(own_stack.nomad.kill, signal.SIGKILL)
             release.touch()
             await asyncio.to_thread(own_stack.nomad.restart)
-            [session] = await converged(caravan)
+            [session] = await converged(caravan, timeout=240)
             assert (session.status, session.exit_code, session.result) == (S.TERMINATED, 7, SessionResult.FAILURE), (
                 session.status,
                 session.status_info,
