@@ -11,6 +11,7 @@ from datetime import datetime
 
 from domain.inference import earlier_run, replica_observation
 from domain.model import Kernel, KernelObservation, Session, SessionResult, SessionStatus, SessionType, StatusChange
+from domain.start_retry import retried_observation
 
 S = SessionStatus
 
@@ -112,13 +113,9 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     kernels = list(session.kernels)
     for i, kernel in enumerate(kernels):
         if kernel.hostname == seen.hostname:
-            if kernel.parked or earlier_run(session, kernel, reported):
-                return None  # an endpoint's replica at zero, or not placed yet: an old allocation says nothing of it
-            if kernel.status.is_terminal and not seen.status.is_terminal:
-                return None  # an old allocation's late report
-            if not seen.placed and kernel.alloc_id is not None:
-                return None  # a failed placement reported after Nomad placed the kernel: its allocation speaks
-            kernels[i] = _observed(kernel, seen)
+            if (taken := _taken(session, kernel, seen, reported)) is None:
+                return None
+            kernels[i] = _observed(kernel, taken)
             break
     else:
         return None
@@ -139,10 +136,24 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     return transition(updated, target, reason=reason, detail=detail, at=_moment(updated, target, at))
 
 
+def _taken(
+    session: Session, kernel: Kernel, seen: KernelObservation, reported: KernelObservation
+) -> KernelObservation | None:
+    """The observation of ``kernel`` as the session takes it; None when it says nothing of the kernel now."""
+    if kernel.parked or earlier_run(session, kernel, reported):
+        return None  # an endpoint's replica at zero, or not placed yet: an old allocation says nothing of it
+    if kernel.status.is_terminal and not seen.status.is_terminal:
+        return None  # an old allocation's late report
+    if not seen.placed and kernel.alloc_id is not None:
+        return None  # a failed placement reported after Nomad placed the kernel: its allocation speaks
+    # a batch kernel whose command never ran is started again (None: that failed set-up is being retried already)
+    return retried_observation(session, kernel, seen)
+
+
 def _batch_result(before: Session, after: Session, target: SessionStatus) -> Session:
     """A BATCH session's result and exit code, decided once by the kernel that ends it (:func:`deciding_kernel`);
     a session ended otherwise (a timeout, a destroy) takes its main kernel's exit code."""
-    if after.result is SessionResult.UNDEFINED:
+    if after.result is SessionResult.UNDEFINED and before.status is not S.ERROR:  # failed: its job is being stopped
         decider = deciding_kernel(after, live=before.status is not S.TERMINATING)
         if decider is not None:
             success = decider.exit_code == 0

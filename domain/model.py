@@ -272,3 +272,6 @@ class KernelObservation:
     """When the task ended for good (Nomad's ``TaskState.FinishedAt``); None while it runs or may restart."""
     placed: bool = True
     """False: read from an evaluation that could not place the kernel (there is no allocation to speak for it)."""
+    setup_failed: bool = False
+    """True: the allocation failed in Nomad's own set-up (a ``Setup Failure`` event: its network, its volumes) before
+    its task ever started, so its command never ran (``domain.start_retry``)."""

@@ -51,13 +51,16 @@ def may_run(kernel: Kernel) -> bool:
 
 
 def job_outlives(before: Session, after: Session) -> bool:
-    """Did ``after`` end by what Nomad reported (a task failed or finished), leaving a job Nomad still restarts or
-    reschedules? A service job (INTERACTIVE, INFERENCE) is, per its restart and reschedule policies; a BATCH job never
-    is (``nomad_jobs.session_job``: no restarts, no rescheduling), and a session ended by a request (TERMINATING
-    first) had its job stopped with the request."""
-    return (
-        after.status.is_terminal
-        and not before.status.is_terminal
-        and before.status is not S.TERMINATING
-        and after.type is not SessionType.BATCH
-    )
+    """Did ``after`` end by what Nomad reported (a task failed or finished), leaving a job that would run on?
+
+    A service job (INTERACTIVE, INFERENCE) is, once the session ended, per its restart and reschedule policies. A BATCH
+    job is never restarted or rescheduled (``nomad_jobs.session_job``), but a BATCH session that fails (ERROR: a kernel
+    could not start) while another kernel may still run leaves that kernel running for nothing: a sub waits for a
+    main1 that will never start, a main1 runs for a result nobody can have (found by ``bench/chaos``: a job left
+    running after its session's ERROR). A session ended by a request (TERMINATING first) had its job stopped with the
+    request."""
+    if before.status.is_terminal or before.status is S.TERMINATING:
+        return False
+    if after.type is SessionType.BATCH:
+        return after.status is S.ERROR and before.status is not S.ERROR and any(map(may_run, after.kernels))
+    return after.status.is_terminal

@@ -7,6 +7,9 @@ SESSION_NAME = "caravan_session_name"
 OWNER = "caravan_owner"
 SESSION_TYPE = "caravan_session_type"
 KERNEL = "caravan_kernel"
+START_ATTEMPT = "caravan_start_attempt"
+"""A batch kernel's group meta when it is placed again after its set-up failed (``domain.start_retry``): the attempt's
+number, a change to that group alone, so that Nomad replaces its failed allocation and no other group's."""
 
 TASK_NAME = "kernel"
 """Each kernel is the single task of its own task group; the group is named after the kernel's hostname."""

@@ -71,7 +71,18 @@ def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
         restarts=restarts,
         started_at=moment(state.get("StartedAt")),
         finished_at=moment(state.get("FinishedAt")),
+        setup_failed=status is S.ERROR and setup_failed(state),
     )
+
+
+SETUP_FAILURE = "Setup Failure"
+
+
+def setup_failed(state: Mapping[str, Any]) -> bool:
+    """Did the task fail in its allocation's set-up (Nomad's ``Setup Failure``: a pre-run hook such as the network's)
+    without ever starting (no ``Started`` event)? Its command never ran."""
+    kinds = {event.get("Type") for event in state.get("Events") or []}
+    return SETUP_FAILURE in kinds and "Started" not in kinds and moment(state.get("StartedAt")) is None
 
 
 def _status_of(client: object, desired: object, code: int | None, restarts: int) -> tuple[SessionStatus, str]:

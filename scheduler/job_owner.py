@@ -25,12 +25,13 @@ from core.lease import Fence
 from core.retry import stop_if_cancelled
 from domain.inference import is_inference
 from domain.model import Session, SessionStatus
+from domain.start_retry import awaits_start_retry
 from domain.termination import STOPPING
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import TASK_NAME
 from scheduler.folder_owner import FolderOwner
 from scheduler.image_owner import ImageOwner
-from scheduler.submitter import resubmit, submit
+from scheduler.submitter import place_again, resubmit, submit
 from stores.owner_requests import StopMode
 from stores.sessions import SessionStore
 
@@ -104,6 +105,8 @@ class JobOwner:
                 await submit(self.store, self.nomad, session, self.fence)
             elif is_inference(session) and session.status in RESCALABLE:
                 await resubmit(self.store, self.nomad, session)  # its replicas changed (scheduler.autoscaler)
+            elif awaits_start_retry(session):
+                await place_again(self.store, self.nomad, session)  # its set-up failed (domain.start_retry)
             else:  # registered already (only the registration moves it on): the request's removal was lost
                 await self.requests.mark_submitted(session_id)
         if restart:

@@ -16,9 +16,10 @@ from core.errors import PermanentError, TransientError
 from core.lease import Fence
 from domain.lifecycle import transition
 from domain.model import Session, SessionStatus
+from domain.start_retry import START_RETRIED, start_retries
 from nomad_jobs.client import JobExists, NomadClient, NomadDenied
 from nomad_jobs.explain import clipped
-from nomad_jobs.meta import SESSION_ID, TASK_NAME
+from nomad_jobs.meta import SESSION_ID, START_ATTEMPT, TASK_NAME
 from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,31 @@ async def resubmit(store: SessionStore, nomad: NomadClient, session: Session) ->
         raise TransientError(f"Nomad denied the registration for now: {exc}") from exc  # as in submit
     except PermanentError as exc:
         log.error("session=%s job=%s change refused: %s", session.id, session.nomad_job_id, exc)
+    await store.requests.mark_submitted(session.id)
+
+
+async def place_again(store: SessionStore, nomad: NomadClient, session: Session) -> None:
+    """Register again the job of a batch session whose kernel failed in its set-up without ever starting
+    (``domain.start_retry``), with that kernel's group stamped with the attempt's number (:data:`START_ATTEMPT`):
+    Nomad sees that group changed and replaces its failed allocation (a batch job's reschedule policy would not, and
+    ``-force-reschedule`` needs one); the other groups are unchanged and run on. A repeated request (its removal
+    lost) registers the same job again, which changes nothing. Done once the request is removed; an outage
+    (TransientError) keeps it for the next round."""
+    assert session.nomad_job_id and session.job_hcl
+    attempt = str(start_retries(session))
+    retried = {k.hostname for k in session.kernels if k.status_info == START_RETRIED}
+    try:
+        job = await nomad.parse(session.job_hcl)
+        check_job_shape(session, job)
+        for group in job["TaskGroups"]:
+            if group["Name"] in retried:
+                group["Meta"] = {**(group.get("Meta") or {}), START_ATTEMPT: attempt}
+        await nomad.register(job, source_hcl=session.job_hcl, create_only=False)
+        log.info("session=%s job=%s: %s placed again (attempt %s)", session.id, session.nomad_job_id, retried, attempt)
+    except NomadDenied as exc:
+        raise TransientError(f"Nomad denied the registration for now: {exc}") from exc  # as in submit
+    except PermanentError as exc:  # the job is gone (the follower reads that as job-lost) or refused now
+        log.error("session=%s job=%s could not be placed again: %s", session.id, session.nomad_job_id, exc)
     await store.requests.mark_submitted(session.id)
 
 

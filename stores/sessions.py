@@ -24,6 +24,7 @@ from core.lease import Fence, watch_fenced
 from core.replies import begin, optional_texts, ranked, text_set
 from core.transactions import transact
 from domain.model import Session, SessionResult, SessionStatus, SessionType
+from domain.start_retry import start_retry_asked
 from domain.termination import STOPPING, begin_termination, job_outlives
 from stores import events, session_changes
 from stores.changes import sessions_changed
@@ -320,6 +321,7 @@ class SessionStore:
             after.status is SessionStatus.SCHEDULED
             and before.status is not SessionStatus.SCHEDULED
             or rescaled(before, after)
+            or start_retry_asked(before, after)
         ):
             ask_to_submit(pipe, self.keys, after.id)
         if after.nomad_job_id and job_outlives(before, after):

@@ -276,14 +276,8 @@ def start_multihost_cluster(
             cluster.hosts[spec.name] = host
             cluster.networks[spec.name] = host.network
             cluster.device_dirs[spec.name] = state_dir / spec.name / "devices"
-            placed = ClientHost(
-                address=host.address,
-                interface=INTERFACE,
-                enter=enter(host.namespace),
-                meta=((SUBNET_META, host.network.subnet), (ADDRESS_META, host.address)),
-            )
             cluster.clients[spec.name] = _start_client(
-                binary, state_dir, spec, servers, nomad_home, rootfs, host.network, host=placed
+                binary, state_dir, spec, servers, nomad_home, rootfs, host.network, host=_placed(host)
             )
         assert cluster.token is not None
         token_file = (secrets_dir or state_dir / "secrets") / "nomad-session-peers.token"
@@ -300,6 +294,25 @@ def start_multihost_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+def restart_client(cluster: MultiHostCluster, spec: ClientSpec, *, nomad_home: Path, rootfs: Path) -> None:
+    """Start host ``spec.name``'s Nomad client again (after it was killed): same address, state and session network,
+    so it reattaches to the tasks it left running."""
+    servers = [f"{server_address(i)}:4647" for i in range(SERVERS)]
+    host = cluster.hosts[spec.name]
+    cluster.clients[spec.name] = _start_client(
+        _binary(nomad_home), cluster.state_dir, spec, servers, nomad_home, rootfs, host.network, host=_placed(host)
+    )
+
+
+def _placed(host: NetHost) -> ClientHost:
+    return ClientHost(
+        address=host.address,
+        interface=INTERFACE,
+        enter=enter(host.namespace),
+        meta=((SUBNET_META, host.network.subnet), (ADDRESS_META, host.address)),
+    )
 
 
 def _start_server(binary: Path, state_dir: Path, index: int) -> Service:

@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from domain.model import SessionStatus as S
-from domain.termination import begin_termination
+from domain.model import SessionType
+from domain.termination import begin_termination, job_outlives
 from tests.domain.test_lifecycle import kernel, session
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -48,3 +49,33 @@ def test_other_sessions(status: S, expected: S | None) -> None:
         session(kernel("main1", S.RUNNING, role="main"), status=status), reason="user-requested", at=NOW
     )
     assert (after.status if after else None) is expected
+
+
+@pytest.mark.parametrize(
+    ("type_", "before", "after", "kernels", "outlives"),
+    [
+        (SessionType.BATCH, S.PREPARING, S.ERROR, (S.RUNNING, S.ERROR), True),  # a sub waits for a main1 that failed
+        (SessionType.BATCH, S.PREPARING, S.ERROR, (S.PREPARING, S.ERROR), True),
+        (SessionType.BATCH, S.PREPARING, S.ERROR, (S.ERROR,), False),  # nothing left to run
+        (SessionType.BATCH, S.ERROR, S.ERROR, (S.RUNNING, S.ERROR), False),  # asked when it failed
+        (SessionType.BATCH, S.RUNNING, S.TERMINATED, (S.TERMINATED,), False),  # a batch's job ends by itself
+        (SessionType.BATCH, S.TERMINATING, S.ERROR, (S.RUNNING, S.ERROR), False),  # stopped with the request
+        (SessionType.INTERACTIVE, S.RUNNING, S.TERMINATED, (S.TERMINATED,), True),  # Nomad would restart it
+        (SessionType.INTERACTIVE, S.TERMINATING, S.TERMINATED, (S.TERMINATED,), False),
+    ],
+    ids=[
+        "batch-error-running",
+        "batch-error-preparing",
+        "batch-error-alone",
+        "already-error",
+        "batch-ended",
+        "stopping",
+        "service-ended",
+        "service-stopped",
+    ],
+)
+def test_which_ended_sessions_leave_a_job_to_stop(
+    type_: SessionType, before: S, after: S, kernels: tuple[S, ...], outlives: bool
+) -> None:
+    ks = tuple(kernel(f"k{i}", status, role="main" if i == 0 else "sub") for i, status in enumerate(kernels))
+    assert job_outlives(session(*ks, type=type_, status=before), session(*ks, type=type_, status=after)) is outlives

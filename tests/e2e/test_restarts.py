@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import shutil
 import signal
 import sys
 import time
@@ -266,6 +267,56 @@ async def test_nomad_stopped_and_restarted_every_session_converges(
             assert [a["ID"] for a in allocations] == [a["ID"] for a in allocations_before[session_id]]
             assert allocations[0]["ClientStatus"] == "running"
         await assert_one_job_each(caravan, sessions)
+
+
+HELD_ISOLATION = """#!/bin/sh
+# the test's hold on the session network's set-up: the first ADD waits here (the agent is killed meanwhile)
+if [ "$CNI_COMMAND" = ADD ] && [ ! -e "{release}" ]; then
+  touch "{entered}"
+  while [ ! -e "{release}" ]; do sleep 0.1; done
+fi
+exec "{real}" "$@"
+"""
+
+
+async def test_nomad_killed_while_it_sets_up_a_batch_kernels_network_runs_the_command_once_back(
+    own_stack: OwnStack, own_settings: Settings, tmp_path: Path
+) -> None:
+    """Found by bench/chaos: the agent killed while it sets up an allocation's network fails that allocation at its
+    restart (``network already configured but not found in state``) before the task ever started. A batch kernel is
+    never rescheduled, so the session ended ERROR although its command never ran. Now it is placed again and runs.
+
+    The moment is held, not hoped for: the client's ``caravan-isolation`` CNI plugin (the last of the network's
+    set-up) is wrapped so that its first ADD waits for the test, which kills the real agent meanwhile."""
+    shim = Path(own_stack.nomad.state_dir) / "cni-bin" / "caravan-isolation"
+    real = shim.with_name("caravan-isolation.real")
+    entered, release = tmp_path / "entered", tmp_path / "release"
+    shutil.copy2(shim, real)
+    shim.write_text(HELD_ISOLATION.format(release=release, entered=entered, real=real))
+    try:
+        async with running_caravan(own_settings) as caravan:
+            await create(caravan, {**batch("held-1", "exit 7"), "driver": "EXEC"})
+            async with asyncio.timeout(180):
+                while not entered.exists():
+                    await asyncio.sleep(0.05)
+            await asyncio.to_thread(own_stack.nomad.kill, signal.SIGKILL)
+            release.touch()
+            await asyncio.to_thread(own_stack.nomad.restart)
+            [session] = await converged(caravan, timeout=240)
+            assert (session.status, session.exit_code, session.result) == (S.TERMINATED, 7, SessionResult.FAILURE), (
+                session.status,
+                session.status_info,
+                session.status_detail,
+            )
+            allocations = await caravan.nomad.job_allocations(session.nomad_job_id or "")
+            broken, ran = sorted(allocations, key=lambda a: int(a["CreateIndex"]))  # one broken by the kill, one ran
+            events = [e["Type"] for e in broken["TaskStates"]["kernel"]["Events"]]
+            assert "Setup Failure" in events and "Started" not in events, events
+            assert "Started" in [e["Type"] for e in ran["TaskStates"]["kernel"]["Events"]]
+            assert [c.reason for c in session.status_history].count("start-retried") == 1
+    finally:
+        shutil.copy2(real, shim)
+        release.touch()
 
 
 async def session_of(caravan: Caravan, session_id: str) -> Session:

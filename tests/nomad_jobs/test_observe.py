@@ -255,3 +255,18 @@ def test_a_newer_evaluation_that_placed_everything_clears_the_failure() -> None:
 )
 def test_placement_failures_read_as_nomad_job_status_prints_them(metric: dict[str, Any], text: str) -> None:
     assert placement_failure(metric) == f"Nomad cannot place it: {text}"
+
+
+def test_only_a_set_up_failure_before_any_start_says_the_command_never_ran() -> None:
+    pulled = answer("allocation-docker-image-missing-batch")  # a driver failure: Nomad's verdict on the task itself
+    assert observe_allocation(pulled).setup_failed is False
+    setup = {
+        "Type": "Setup Failure",
+        "Details": {"setup_error": 'failed to setup alloc: pre-run hook "network" failed: network already configured'},
+    }
+    state = {**pulled["TaskStates"]["kernel"], "Events": [{"Type": "Received"}, setup], "StartedAt": None}
+    broken = {**pulled, "TaskStates": {"kernel": state}}
+    seen = observe_allocation(broken)
+    assert (seen.status, seen.reason, seen.setup_failed) == (S.ERROR, "failed-to-start", True)
+    started = {**state, "Events": [{"Type": "Started"}, setup]}
+    assert observe_allocation({**broken, "TaskStates": {"kernel": started}}).setup_failed is False

@@ -1,0 +1,79 @@
+"""A batch kernel whose command never ran (its allocation's set-up failed) is started again, a bounded number of
+times (pure: ``domain.start_retry`` through ``observe_kernel``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from domain.lifecycle import observe_kernel
+from domain.model import KernelObservation, Session, SessionType
+from domain.model import SessionStatus as S
+from domain.start_retry import START_ATTEMPTS, START_RETRIED, awaits_start_retry, start_retry_asked
+from tests.domain.test_lifecycle import T0, kernel, preparing
+
+SETUP = 'Setup Failure: failed to setup alloc: pre-run hook "network" failed: network already configured'
+
+
+def setup_failure(alloc: str, hostname: str = "main1") -> KernelObservation:
+    return KernelObservation(
+        hostname=hostname,
+        status=S.ERROR,
+        reason="failed-to-start",
+        alloc_id=alloc,
+        detail=SETUP,
+        finished_at=T0,
+        setup_failed=True,
+    )
+
+
+def pending(alloc: str, hostname: str = "main1") -> KernelObservation:
+    return KernelObservation(hostname=hostname, status=S.PREPARING, reason="allocation-pending", alloc_id=alloc)
+
+
+def observed(session: Session, *seen: KernelObservation) -> Session:
+    for n, one in enumerate(seen):
+        after = observe_kernel(session, one, at=T0 + timedelta(seconds=n + 1))
+        session = after if after is not None else session
+    return session
+
+
+def test_a_batch_kernel_that_never_started_waits_to_be_placed_again() -> None:
+    before = preparing(kernel("main1", S.PREPARING, role="main"))
+    after = observe_kernel(before, setup_failure("a1"), at=T0)
+    assert after is not None and (after.status, after.status_info) == (S.PREPARING, START_RETRIED)
+    assert after.status_detail == f"attempt 2 of {START_ATTEMPTS + 1}, after: {SETUP}"
+    assert (after.main_kernel.status, after.main_kernel.alloc_id) == (S.PREPARING, "a1")
+    assert start_retry_asked(before, after) and awaits_start_retry(after)
+    assert observe_kernel(after, setup_failure("a1"), at=T0) is None  # the same allocation read again: asked already
+    placed = observe_kernel(after, pending("a2"), at=T0)
+    assert placed is not None and not awaits_start_retry(placed) and not start_retry_asked(after, placed)
+
+
+def test_the_attempts_are_bounded_then_it_fails_saying_so() -> None:
+    session = preparing(kernel("main1", S.PREPARING, role="main"))
+    for n in range(START_ATTEMPTS):
+        session = observed(session, setup_failure(f"a{n}"), pending(f"b{n}"))
+    ended = observe_kernel(session, setup_failure("last"), at=T0 + timedelta(minutes=1))
+    assert ended is not None and (ended.status, ended.status_info) == (S.ERROR, "failed-to-start")
+    assert ended.status_detail == f"{SETUP} (not started after {START_ATTEMPTS + 1} attempts)"
+
+
+def test_a_failure_after_the_start_a_service_or_a_decided_batch_is_not_retried() -> None:
+    started = replace(setup_failure("a1"), setup_failed=False)  # e.g. a driver failure: Nomad's own verdict
+    failed = observe_kernel(preparing(kernel("main1", S.PREPARING, role="main")), started, at=T0)
+    assert failed is not None and failed.status is S.ERROR
+    service = preparing(kernel("main1", S.PREPARING, role="main"), type=SessionType.INTERACTIVE)
+    failed = observe_kernel(service, setup_failure("a1"), at=T0)
+    assert failed is not None and failed.status is S.ERROR
+    sub_failed = replace(kernel("sub1", S.ERROR), status_info="failed-to-start")
+    cluster = preparing(kernel("main1", S.PREPARING, role="main"), sub_failed)
+    after = observe_kernel(cluster, setup_failure("a1"), at=T0)  # the session's result is decided: failed
+    assert after is not None and after.main_kernel.status is S.ERROR and not awaits_start_retry(after)
+
+
+def test_one_kernel_of_a_cluster_is_retried_while_the_others_run_on() -> None:
+    cluster = preparing(kernel("main1", S.PREPARING, role="main"), kernel("sub1", S.RUNNING))
+    after = observe_kernel(cluster, setup_failure("a1"), at=T0)
+    assert after is not None and after.status is S.PREPARING and awaits_start_retry(after)
+    assert [k.status for k in after.kernels] == [S.PREPARING, S.RUNNING]
