@@ -18,14 +18,16 @@ from typing import Any
 import httpx2
 import pytest
 
+from core.settings import Settings
 from tests.conftest import DEFAULT_IMAGE
 from tests.e2e.test_inference import SERVE, eventually
 from tests.e2e.test_inference_autoscaling import UPDATE_ENDPOINT as UPDATE
-from tests.e2e.test_inference_endpoints import VIEW, Endpoint, caravan
+from tests.e2e.test_inference_endpoints import VIEW, Endpoint, _settings
 from tests.e2e.test_kernel_roles import allocated, second_tag
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan, GraphQLErrors
+from tests.ingress import caravan_behind_haproxy
 
-__all__ = ["caravan", "second_tag"]  # the fixtures: Caravan behind HAProxy, the busybox image under a second tag
+__all__ = ["second_tag"]  # the fixture: the busybox image under a second tag
 
 SCALING = """
 query($id: ID!) { session(id: $id) {
@@ -37,8 +39,20 @@ query($id: ID!) { session(id: $id) {
 QUICK = {"minReplicas": 2, "maxReplicas": 2, "target": 100, "drainTimeout": "3s", "stableWindow": "4s",
          "panicWindow": "2s", "scaleDownDelay": "0s"}  # fmt: skip
 """Two replicas for good (the load must not scale them), drained for at most 3 s."""
+PACE = 0.05
+"""Seconds each client waits between two requests: a steady load (at most 160 requests a second), not a flood. On a
+quiet machine, 8 clients back to back (about 800 a second, each answer closing its connection) made HAProxy's
+frontend refuse the harness's own GraphQL connections for a while; not explained yet (docs/inference.md)."""
 WORKERS = 8
 SLOTS = [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "64m"}]
+
+
+@pytest.fixture
+async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
+    """Caravan behind HAProxy, the per-token rate limit out of the way: the load here is one token's, as fast as the
+    machine sends it (a quiet machine sends more than the default 1,000 requests a second: 429s, not failures)."""
+    async with caravan_behind_haproxy(_settings(settings, rate_limit=1_000_000)) as (running, _):
+        yield running
 
 
 async def _endpoint(caravan: Caravan, token: str = ADMIN_TOKEN, **fields: Any) -> Endpoint:
@@ -77,6 +91,7 @@ async def _constant_load(endpoint: Endpoint, token: str) -> AsyncIterator[list[i
                     outcomes.append((await endpoint.get("/", token, client=client)).status_code)
                 except httpx2.HTTPError as exc:
                     outcomes.append(repr(exc))
+                await asyncio.sleep(PACE)
 
     workers = [asyncio.create_task(worker()) for _ in range(WORKERS)]
     try:
