@@ -16,7 +16,7 @@ from core.errors import PermanentError, TransientError
 from core.lease import Fence
 from domain.lifecycle import transition
 from domain.model import Session, SessionStatus
-from domain.start_retry import START_RETRIED, start_retries
+from domain.start_retry import START_RETRIED, awaits_start_retry, start_retries
 from nomad_jobs.client import JobExists, NomadClient, NomadDenied
 from nomad_jobs.explain import clipped
 from nomad_jobs.meta import SESSION_ID, START_ATTEMPT, TASK_NAME
@@ -104,6 +104,12 @@ async def place_again(store: SessionStore, nomad: NomadClient, session: Session)
     attempt = str(start_retries(session))
     retried = {k.hostname for k in session.kernels if k.status_info == START_RETRIED}
     try:
+        if await _ended_meanwhile(store, nomad, session):
+            # a plain register would bring a stopped job back to life (a job ended by the session's end, stopped by
+            # this job owner a moment ago or by a deposed leader's successor): the ended session's job stays stopped
+            log.info("session=%s job=%s ended meanwhile: not placed again", session.id, session.nomad_job_id)
+            await store.requests.mark_submitted(session.id)
+            return
         job = await nomad.parse(session.job_hcl)
         check_job_shape(session, job)
         for group in job["TaskGroups"]:
@@ -116,6 +122,16 @@ async def place_again(store: SessionStore, nomad: NomadClient, session: Session)
     except PermanentError as exc:  # the job is gone (the follower reads that as job-lost) or refused now
         log.error("session=%s job=%s could not be placed again: %s", session.id, session.nomad_job_id, exc)
     await store.requests.mark_submitted(session.id)
+
+
+async def _ended_meanwhile(store: SessionStore, nomad: NomadClient, session: Session) -> bool:
+    """Whether the session no longer waits for a kernel to be placed again, or its job was stopped (found by
+    bench/chaos: a re-registration after the stop left a pending job of a TERMINATED session)."""
+    current = await store.get(session.id)
+    if current is None or not awaits_start_retry(current):
+        return True
+    assert session.nomad_job_id
+    return bool((await nomad.job(session.nomad_job_id)).get("Stop"))
 
 
 def _registered(session: Session) -> Session | None:

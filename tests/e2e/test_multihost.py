@@ -153,6 +153,8 @@ def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> No
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()  # else it is closed at garbage collection, with a ResourceWarning (an error here)
     assert started, "the killed run never got its kernel running"
     subnet = ipaddress.IPv4Network(started["subnet"])
     reservation = MEMBERSHIP_DIR / "subnets" / str(subnet).replace("/", "_")
