@@ -5,6 +5,7 @@ restarts the kernels in place."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -18,9 +19,11 @@ from core.settings import NomadSettings, Settings
 from domain.lifecycle import transition
 from domain.model import Session, SessionStatus
 from domain.scheduling_config import SchedulingConfig
+from domain.start_retry import START_RETRIED, awaits_start_retry
 from nomad_jobs.client import NomadClient, NomadNotFound
 from scheduler.job_owner import JobOwner
 from scheduler.placer import Placer
+from scheduler.submitter import place_again
 from stores.owner_requests import OwnerRequests
 from stores.sessions import SessionStore
 from tests.harness import CREATE, running_caravan
@@ -159,5 +162,34 @@ async def test_the_owner_stops_even_when_its_cancellation_is_lost(redis: Redis, 
         done, _ = await asyncio.wait({running}, timeout=10)
         assert done == {running} and running.cancelled(), "the owner went on after its stop was lost"
         assert requests.swallowed == 1
+    finally:
+        await nomad.aclose()
+
+
+async def test_a_kernel_is_not_placed_again_into_a_job_that_was_stopped(
+    redis: Redis, keys: Keys, settings: Settings
+) -> None:
+    """A kernel waits to be placed again (its set-up failed) when its job is stopped (the session's end, carried out by
+    a new leader's job owner while a deposed one still holds the request it read). Placing it again must not register
+    the job again: a plain register brings a stopped job back to life, a pending job of an ended session (bench/chaos
+    found two)."""
+    store = SessionStore(redis, keys)
+    nomad = NomadClient(settings.for_role("scheduler").nomad)
+    try:
+        session = new_session()
+        await store.create([session])
+        await Placer(store, nomad, None, settings, SchedulingConfig()).run_pass()
+        await JobOwner(store, nomad, None).act()  # registered: PREPARING
+        registered = await store.get(session.id)
+        assert registered is not None and registered.status is S.PREPARING and registered.nomad_job_id
+        [kernel] = registered.kernels
+        waiting = registered.evolve(kernels=(dataclasses.replace(kernel, status_info=START_RETRIED),))
+        assert awaits_start_retry(waiting)
+        await nomad.deregister(registered.nomad_job_id)  # stopped (not purged), as a session's end stops it
+        stopped = await nomad.job(registered.nomad_job_id)
+        assert stopped["Stop"] is True
+        await place_again(store, nomad, waiting)  # the deposed owner, with the session as it read it
+        job = await nomad.job(registered.nomad_job_id)
+        assert job["Stop"] is True and job["Version"] == stopped["Version"], "a stopped job was registered again"
     finally:
         await nomad.aclose()
