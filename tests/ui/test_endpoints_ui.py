@@ -64,7 +64,7 @@ async def test_the_endpoints_page_shows_an_endpoint_and_manages_its_tokens(
         text_in(d, f"{card} [data-latency]", "ms")
         chart = visible(d, f"{card} svg.endpoint-chart")
         assert int(chart.get_attribute("data-points") or 0) >= 2
-        assert chart.find_element(By.CSS_SELECTOR, "path[data-line='rps']").get_attribute("d")
+        assert chart.find_element(By.CSS_SELECTOR, "polyline[data-line='rps']").get_attribute("points")
         if os.environ.get("CARAVAN_SCREENSHOTS"):
             d.execute_script("window.scrollTo(0, 0)")
             browser.screenshot(Path(os.environ["CARAVAN_SCREENSHOTS"]) / "endpoints.png")

@@ -3,6 +3,7 @@ import { useEffect, useRef, useState } from "preact/hooks";
 import { lazy, Suspense } from "preact/compat";
 import { gql, onReconnect, subscribe } from "./api.js";
 import { navigate, useNow, localTime, duration, resources, StatusBadge, ErrorBox, TERMINAL } from "./util.jsx";
+import { TimeChart } from "./chart.jsx";
 
 const Terminal = lazy(() => import("./terminal.jsx"));
 
@@ -132,17 +133,13 @@ const rate = (v) => {
   return `${v.toFixed(v < 10 && u ? 1 : 0)} ${["B", "KB", "MB", "GB"][u]}/s`;
 };
 
+const METRIC_FRAME = { width: 360, height: 130, left: 34, right: 6, top: 8, bottom: 18 };
+
 /** One metric of one kernel over the session's life: a line over time (older points average several sweeps), in
  * percent with the idle threshold judged for it drawn dashed across the same axes (under it the kernel counts as idle),
  * or network I/O in bytes per second on an axis of its own (no threshold: the idle policy's network check is the time
  * since the session's last traffic through the gateway). */
 function MetricChart({ metric, points, threshold }) {
-  const width = 360,
-    height = 130,
-    left = 34,
-    right = 6,
-    top = 8,
-    bottom = 18;
   const values = points.map((p) => [Date.parse(p.at), p.values.find((v) => v.metric === metric)]).filter(([, v]) => v);
   const series = values.map(([t, v]) => [t, v.value]);
   const bytes = values.some(([, v]) => v.unit === "BYTES_PER_SECOND");
@@ -150,9 +147,6 @@ function MetricChart({ metric, points, threshold }) {
   const t0 = series.length ? series[0][0] : 0,
     t1 = series.length ? series[series.length - 1][0] : 1;
   const max = Math.max(bytes ? 1000 : 100, threshold || 0, ...series.map(([, v]) => v));
-  const x = (t) => left + (t1 > t0 ? (t - t0) / (t1 - t0) : 1) * (width - left - right);
-  const y = (v) => top + (1 - v / max) * (height - top - bottom);
-  const line = series.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
   const last = series.length ? series[series.length - 1][1] : null;
   const minutes = (t1 - t0) / 60000;
   return (
@@ -162,40 +156,35 @@ function MetricChart({ metric, points, threshold }) {
         {last != null && <span class="muted small"> now {shown(last)}</span>}
         {threshold != null && <span class="muted small"> · idle below {threshold}%</span>}
       </figcaption>
-      <svg viewBox={`0 0 ${width} ${height}`} role="img" aria-label={`${metricLabel(metric)} over the session's life`}>
-        <line x1={left} y1={y(0)} x2={width - right} y2={y(0)} stroke="currentColor" stroke-opacity="0.4" />
-        <text x={left - 4} y={top + 8} text-anchor="end" font-size="10">
-          {bytes ? rate(max).replace("/s", "") : max.toFixed(0)}
-        </text>
-        <text x={left - 4} y={y(0)} text-anchor="end" font-size="10">
-          0
-        </text>
-        <text x={width - right} y={height - 4} text-anchor="end" font-size="9">
-          now
-        </text>
-        <text x={left} y={height - 4} font-size="9">
-          {minutes >= 1 ? `${minutes.toFixed(0)} min ago` : "start"}
-        </text>
-        {threshold != null && (
-          <line
-            class="threshold"
-            x1={left}
-            x2={width - right}
-            y1={y(threshold)}
-            y2={y(threshold)}
-            stroke="#b5485d"
-            stroke-dasharray="4 3"
-            data-threshold={threshold}
-          >
-            <title>{`idle threshold ${threshold}%`}</title>
-          </line>
-        )}
-        {series.length > 1 ? (
-          <polyline class="series" points={line} fill="none" stroke="#3b6ea5" stroke-width="1.5" />
-        ) : (
-          series.length === 1 && <circle class="series" cx={x(t0)} cy={y(series[0][1])} r="2.5" fill="#3b6ea5" />
-        )}
-      </svg>
+      <TimeChart
+        frame={METRIC_FRAME}
+        t0={t0}
+        t1={t1}
+        aria-label={`${metricLabel(metric)} over the session's life`}
+        labels={{
+          yMax: bytes ? rate(max).replace("/s", "") : max.toFixed(0),
+          yZero: "0",
+          tStart: minutes >= 1 ? `${minutes.toFixed(0)} min ago` : "start",
+          tEnd: "now",
+        }}
+        lines={[{ points: series, max, class: "series", stroke: "#3b6ea5" }]}
+        overlay={(y) =>
+          threshold != null && (
+            <line
+              class="threshold"
+              x1={METRIC_FRAME.left}
+              x2={METRIC_FRAME.width - METRIC_FRAME.right}
+              y1={y(threshold, max)}
+              y2={y(threshold, max)}
+              stroke="#b5485d"
+              stroke-dasharray="4 3"
+              data-threshold={threshold}
+            >
+              <title>{`idle threshold ${threshold}%`}</title>
+            </line>
+          )
+        }
+      />
     </figure>
   );
 }

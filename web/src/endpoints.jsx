@@ -5,6 +5,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { gql } from "./api.js";
 import { ErrorBox, Link, StatusBadge, localTime } from "./util.jsx";
+import { TimeChart } from "./chart.jsx";
 
 const LIVE = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING"];
 const QUERY = `query Endpoints($filter: SessionFilter) { sessions(first: 100, filter: $filter) { edges { node {
@@ -25,68 +26,43 @@ const since = (from, to) => (from && to ? `${((Date.parse(to) - Date.parse(from)
 
 /** Requests/s (left axis) and routable replicas (right axis) over the series' span, as two lines. */
 function Chart({ id, series }) {
-  const width = 720,
-    height = 180,
-    left = 40,
-    right = 28,
-    bottom = 20,
-    top = 8;
   if (series.length < 2)
     return (
       <p class="empty" data-chart="empty">
         The chart starts after a few seconds of traffic samples.
       </p>
     );
-  const t0 = Date.parse(series[0].at),
-    t1 = Date.parse(series[series.length - 1].at);
+  const times = series.map((p) => Date.parse(p.at));
   const maxRps = Math.max(1, ...series.map((p) => p.requestsPerSecond));
   const maxReplicas = Math.max(1, ...series.map((p) => p.replicas));
-  const x = (p) => left + ((Date.parse(p.at) - t0) / Math.max(t1 - t0, 1)) * (width - left - right);
-  const y = (v, max) => height - bottom - (v / max) * (height - bottom - top);
-  const line = (value, max) =>
-    series.map((p, i) => `${i ? "L" : "M"}${x(p).toFixed(1)},${y(value(p), max).toFixed(1)}`).join("");
+  const points = (value) => series.map((p, i) => [times[i], value(p)]);
   return (
-    <svg
+    <TimeChart
       id={`endpoint-chart-${id}`}
       class="usage-chart endpoint-chart"
-      viewBox={`0 0 ${width} ${height}`}
-      role="img"
       aria-label="requests per second and replicas over time"
       data-points={series.length}
-    >
-      <line
-        x1={left}
-        y1={height - bottom}
-        x2={width - right}
-        y2={height - bottom}
-        stroke="currentColor"
-        stroke-opacity="0.4"
-      />
-      <text x={left - 4} y={top + 4} text-anchor="end" font-size="10" fill={RPS}>
-        {maxRps.toFixed(maxRps < 10 ? 1 : 0)}
-      </text>
-      <text x={left - 4} y={height - bottom} text-anchor="end" font-size="10">
-        0
-      </text>
-      <text x={width - right + 4} y={top + 4} font-size="10" fill={REPLICAS}>
-        {maxReplicas}
-      </text>
-      <text x={left} y={height - 4} font-size="9">
-        {localTime(series[0].at)}
-      </text>
-      <text x={width - right} y={height - 4} font-size="9" text-anchor="end">
-        {localTime(series[series.length - 1].at)}
-      </text>
-      <path d={line((p) => p.requestsPerSecond, maxRps)} fill="none" stroke={RPS} stroke-width="1.5" data-line="rps" />
-      <path
-        d={line((p) => p.replicas, maxReplicas)}
-        fill="none"
-        stroke={REPLICAS}
-        stroke-width="1.5"
-        stroke-dasharray="4 2"
-        data-line="replicas"
-      />
-    </svg>
+      frame={{ width: 720, height: 180, left: 40, right: 28, top: 8, bottom: 20 }}
+      t0={times[0]}
+      t1={times[times.length - 1]}
+      labels={{
+        yMax: [maxRps.toFixed(maxRps < 10 ? 1 : 0), RPS],
+        yZero: "0",
+        yMaxRight: [maxReplicas, REPLICAS],
+        tStart: localTime(series[0].at),
+        tEnd: localTime(series[series.length - 1].at),
+      }}
+      lines={[
+        { points: points((p) => p.requestsPerSecond), max: maxRps, stroke: RPS, "data-line": "rps" },
+        {
+          points: points((p) => p.replicas),
+          max: maxReplicas,
+          stroke: REPLICAS,
+          "stroke-dasharray": "4 2",
+          "data-line": "replicas",
+        },
+      ]}
+    />
   );
 }
 
