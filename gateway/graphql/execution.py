@@ -21,7 +21,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from graphql import (
+    FieldNode,
     GraphQLLeafType,
+    GraphQLList,
     GraphQLNamedOutputType,
     GraphQLNonNull,
     GraphQLObjectType,
@@ -29,6 +31,7 @@ from graphql import (
     GraphQLSchema,
     Undefined,
     is_leaf_type,
+    is_list_type,
 )
 from graphql.execution.collect_fields import FieldDetailsList, GroupedFieldSet
 from graphql.pyutils import AwaitableOrValue, Path, gather_with_cancel
@@ -44,14 +47,15 @@ object type to complete) and the field's type as declared (with its non-null wra
 def plain_fields(schema: GraphQLSchema) -> dict[tuple[str, str], PlainField]:
     """The plain data fields of ``schema`` by (object type, field): Strawberry fields without resolver or field
     extensions (its own test: ``is_basic_field``, whose resolver is its ``_get_basic_result``) and without arguments,
-    whose type is a scalar, an enum or an object type without ``is_type_of``, nullable or not (lists are not)."""
+    whose type is a scalar, an enum or an object type without ``is_type_of``, or a list of one of those, nullable or
+    not (a list of lists is not). The named type of a list field is its items'."""
     found: dict[tuple[str, str], PlainField] = {}
     for type_ in schema.type_map.values():
         if not isinstance(type_, GraphQLObjectType) or type_.name.startswith("__"):
             continue
         for name, field in type_.fields.items():
             definition = field.extensions.get(GraphQLCoreConverter.DEFINITION_BACKREF)
-            named = field.type.of_type if isinstance(field.type, GraphQLNonNull) else field.type
+            named = item_type(field.type)
             if (
                 isinstance(definition, StrawberryField)
                 and definition.is_basic_field
@@ -65,6 +69,25 @@ def plain_fields(schema: GraphQLSchema) -> dict[tuple[str, str], PlainField]:
     return found
 
 
+def item_type(type_: GraphQLOutputType) -> GraphQLOutputType:
+    """The named type of a field's type, through its non-null wrappers and one list (a list of lists stays a list)."""
+    if isinstance(type_, GraphQLNonNull):
+        type_ = type_.of_type
+    if isinstance(type_, GraphQLList):
+        type_ = type_.of_type
+        if isinstance(type_, GraphQLNonNull):
+            type_ = type_.of_type
+    return type_
+
+
+TYPENAME, SINGLE_LEAF, SINGLE_OBJECT, LIST_LEAF, LIST_OBJECT = range(5)
+Step = tuple[str, int, Callable[[Any, str], object] | None, str, "GraphQLLeafType | Plan | str", bool, bool]
+"""One field of a :data:`Plan`: its response name, its kind (one of the above), how to read it (Strawberry's default
+resolver and the attribute), what completes its value (a leaf type, the plan of its object type's selection set;
+``__typename``: the parent type's name), whether it may be null, whether its list's items may."""
+Plan = tuple[Step, ...]
+"""A selection set compiled: its fields in the selection's order."""
+
 Reading = tuple[tuple[str, PlainField | None], ...]
 """A selection set's fields in order, each with how to read it when it is plain (else None: the ordinary way)."""
 
@@ -76,9 +99,57 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._plans: dict[tuple[int, str], tuple[GroupedFieldSet, Plan | None]] = {}
         self._readings: dict[tuple[int, str], tuple[GroupedFieldSet, Reading]] = {}
         """Per selection set (graphql-core collects each once per operation: the 50 nodes of a page share theirs)
         and parent type, how its fields are read; the set itself is kept with it, so its id is not reused."""
+
+    def plan(self, parent_type: GraphQLObjectType, grouped_field_set: GroupedFieldSet) -> Plan | None:
+        """How to read this whole selection set (and those below it) in one go, or None if any field in it is not
+        plain (a resolver, an argument, an abstract type, a list of lists, a deferred fragment...)."""
+        key = (id(grouped_field_set), parent_type.name)
+        kept = self._plans.get(key)
+        if kept is not None and kept[0] is grouped_field_set:
+            return kept[1]
+        plan = self.compile(parent_type, grouped_field_set)
+        self._plans[key] = (grouped_field_set, plan)
+        return plan
+
+    def compile(self, parent_type: GraphQLObjectType, grouped_field_set: GroupedFieldSet) -> Plan | None:
+        steps: list[Step] = []
+        for response_name, details in grouped_field_set.items():
+            node = details[0].node
+            if node.name.value == "__typename":
+                steps.append((response_name, TYPENAME, None, "", parent_type.name, False, False))
+                continue
+            read = None if node.arguments else self.plain.get((parent_type.name, node.name.value))
+            if read is None or any(detail.node.directives and has_stream(detail.node) for detail in details):
+                return None
+            resolver, attribute, named, declared = read
+            nullable = not isinstance(declared, GraphQLNonNull)
+            listed = declared.of_type if isinstance(declared, GraphQLNonNull) else declared
+            items_nullable = False
+            if isinstance(listed, GraphQLList):
+                items_nullable = not isinstance(listed.of_type, GraphQLNonNull)
+            target: GraphQLLeafType | Plan
+            if isinstance(named, GraphQLLeafType):
+                target = named
+            else:
+                assert isinstance(named, GraphQLObjectType)
+                collected = self.collect_subfields(named, details)
+                if collected.new_defer_usages or collected.forbidden_directive_instances:
+                    return None
+                sub = self.plan(named, collected.grouped_field_set)
+                if sub is None:
+                    return None
+                target = sub
+            is_leaf = isinstance(target, GraphQLLeafType)
+            if isinstance(listed, GraphQLList):
+                kind = LIST_LEAF if is_leaf else LIST_OBJECT
+            else:
+                kind = SINGLE_LEAF if is_leaf else SINGLE_OBJECT
+            steps.append((response_name, kind, resolver, attribute, target, nullable, items_nullable))
+        return tuple(steps)
 
     def reading(self, parent_type: GraphQLObjectType, grouped_field_set: GroupedFieldSet) -> Reading:
         key = (id(grouped_field_set), parent_type.name)
@@ -87,8 +158,9 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
             return kept[1]
         plain, parent = self.plain, parent_type.name
         reading = tuple(
-            (name, None if details[0].node.arguments else plain.get((parent, details[0].node.name.value)))
+            (name, read if read is not None and not is_listed(read[3]) else None)
             for name, details in grouped_field_set.items()
+            for read in [None if details[0].node.arguments else plain.get((parent, details[0].node.name.value))]
         )
         self._readings[key] = (grouped_field_set, reading)
         return reading
@@ -104,6 +176,12 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
         manager = self.middleware_manager
         if manager is not None and manager.middlewares:  # an extension wraps every resolver: each field goes through it
             return super().execute_fields(parent_type, source_value, path, grouped_field_set, position_context)
+        plan = self.plan(parent_type, grouped_field_set)
+        if plan is not None:
+            try:
+                return run(plan, source_value)
+            except Exception:  # anything but plain values: field by field below, graphql-core's errors and nulls
+                pass
         done: dict[str, Any] = {}
         waiting: list[str] = []
         try:
@@ -206,6 +284,67 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
         except Exception as error:
             self.handle_field_error(error, declared, details, path)
             return None
+
+
+def is_listed(declared: GraphQLOutputType) -> bool:
+    return is_list_type(declared.of_type if isinstance(declared, GraphQLNonNull) else declared)
+
+
+def has_stream(node: FieldNode) -> bool:
+    return any(directive.name.value == "stream" for directive in node.directives or ())
+
+
+class Irregular(Exception):
+    """A value the plan does not read (a null where one is not allowed, an error, not a list...)."""
+
+
+def run(plan: Plan, source: Any) -> dict[str, Any]:
+    """The answer of a selection set over ``source`` by ``plan``, as graphql-core completes it when every value is
+    plain; raises (:class:`Irregular`, or whatever reading or coercing raised) on anything else."""
+    answer: dict[str, Any] = {}
+    for response_name, kind, resolver, attribute, target, nullable, items_nullable in plan:
+        if kind == TYPENAME:
+            answer[response_name] = target
+            continue
+        value = resolver(source, attribute)  # type: ignore[misc]
+        if value is None:
+            if not nullable:
+                raise Irregular
+            answer[response_name] = None
+        elif kind == SINGLE_LEAF:
+            answer[response_name] = leaf(target, value)  # type: ignore[arg-type]
+        elif kind == SINGLE_OBJECT:
+            if isinstance(value, Exception):
+                raise Irregular
+            answer[response_name] = run(target, value)  # type: ignore[arg-type]
+        elif type(value) is not list:
+            raise Irregular  # any other iterable: graphql-core's completion
+        elif kind == LIST_LEAF:
+            answer[response_name] = [
+                None if item is None and items_nullable else leaf(target, item)  # type: ignore[arg-type]
+                for item in value
+            ]
+        else:
+            answer[response_name] = [
+                None if item is None and items_nullable else run(target, object_item(item))  # type: ignore[arg-type]
+                for item in value
+            ]
+    return answer
+
+
+def leaf(type_: GraphQLLeafType, value: Any) -> Any:
+    if value is None or value is Undefined or isinstance(value, Exception):
+        raise Irregular
+    coerced = type_.coerce_output_value(value)
+    if coerced is None or coerced is Undefined:
+        raise Irregular
+    return coerced
+
+
+def object_item(value: Any) -> Any:
+    if value is None or value is Undefined or isinstance(value, Exception):
+        raise Irregular
+    return value
 
 
 def in_order(order: list[str], done: dict[str, Any], executed: dict[str, Any]) -> dict[str, Any]:
