@@ -17,7 +17,9 @@ every field while an extension resolves through middleware are executed as befor
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
+from enum import Enum
 from typing import Any
 
 from graphql import (
@@ -36,7 +38,7 @@ from graphql import (
 from graphql.execution.collect_fields import FieldDetailsList, GroupedFieldSet
 from graphql.pyutils import AwaitableOrValue, Path, gather_with_cancel
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
-from strawberry.schema.schema_converter import GraphQLCoreConverter
+from strawberry.schema.schema_converter import CustomGraphQLEnumType, GraphQLCoreConverter
 from strawberry.types.field import StrawberryField
 
 PlainField = tuple[Callable[[Any, str], object], str, GraphQLNamedOutputType, GraphQLOutputType]
@@ -81,10 +83,11 @@ def item_type(type_: GraphQLOutputType) -> GraphQLOutputType:
 
 
 TYPENAME, SINGLE_LEAF, SINGLE_OBJECT, LIST_LEAF, LIST_OBJECT = range(5)
-Step = tuple[str, int, Callable[[Any, str], object] | None, str, "GraphQLLeafType | Plan | str", bool, bool]
+Coerce = Callable[[Any], Any]
+Step = tuple[str, int, Callable[[Any, str], object] | None, str, "Coerce | Plan | str", bool, bool]
 """One field of a :data:`Plan`: its response name, its kind (one of the above), how to read it (Strawberry's default
-resolver and the attribute), what completes its value (a leaf type, the plan of its object type's selection set;
-``__typename``: the parent type's name), whether it may be null, whether its list's items may."""
+resolver and the attribute), what completes its value (a leaf type's :func:`coercer`, the plan of its object type's
+selection set; ``__typename``: the parent type's name), whether it may be null, whether its list's items may."""
 Plan = tuple[Step, ...]
 """A selection set compiled: its fields in the selection's order."""
 
@@ -96,6 +99,8 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
     """Strawberry's execution context; :func:`execution_for` makes one per schema, with its :data:`plain` fields."""
 
     plain: Mapping[tuple[str, str], PlainField] = {}
+    coercers: Mapping[str, Coerce] = {}
+    """Each leaf type's :func:`coercer`, by name."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -131,9 +136,9 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
             items_nullable = False
             if isinstance(listed, GraphQLList):
                 items_nullable = not isinstance(listed.of_type, GraphQLNonNull)
-            target: GraphQLLeafType | Plan
+            target: Coerce | Plan
             if isinstance(named, GraphQLLeafType):
-                target = named
+                target = self.coercers[named.name]
             else:
                 assert isinstance(named, GraphQLObjectType)
                 collected = self.collect_subfields(named, details)
@@ -143,7 +148,7 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
                 if sub is None:
                     return None
                 target = sub
-            is_leaf = isinstance(target, GraphQLLeafType)
+            is_leaf = isinstance(named, GraphQLLeafType)
             if isinstance(listed, GraphQLList):
                 kind = LIST_LEAF if is_leaf else LIST_OBJECT
             else:
@@ -312,9 +317,14 @@ def run(plan: Plan, source: Any) -> dict[str, Any]:
                 raise Irregular
             answer[response_name] = None
         elif kind == SINGLE_LEAF:
-            answer[response_name] = leaf(target, value)  # type: ignore[arg-type]
+            if value is Undefined or isinstance(value, Exception):
+                raise Irregular
+            coerced = target(value)  # type: ignore[operator]
+            if coerced is None or coerced is Undefined:
+                raise Irregular
+            answer[response_name] = coerced
         elif kind == SINGLE_OBJECT:
-            if isinstance(value, Exception):
+            if value is Undefined or isinstance(value, Exception):
                 raise Irregular
             answer[response_name] = run(target, value)  # type: ignore[arg-type]
         elif type(value) is not list:
@@ -332,13 +342,32 @@ def run(plan: Plan, source: Any) -> dict[str, Any]:
     return answer
 
 
-def leaf(type_: GraphQLLeafType, value: Any) -> Any:
+def leaf(coerce: Coerce, value: Any) -> Any:
     if value is None or value is Undefined or isinstance(value, Exception):
         raise Irregular
-    coerced = type_.coerce_output_value(value)
+    coerced = coerce(value)
     if coerced is None or coerced is Undefined:
         raise Irregular
     return coerced
+
+
+def coercer(type_: GraphQLLeafType) -> Coerce:
+    """``type_.coerce_output_value``; for an enum of Strawberry's, the same answers read from a table of its members
+    (its own looks through the enum's values, comparing each, for every value it is given)."""
+    wrapped = getattr(type_, "wrapped_cls", None)
+    if not isinstance(type_, CustomGraphQLEnumType) or not isinstance(wrapped, type) or not issubclass(wrapped, Enum):
+        return type_.coerce_output_value
+    names: dict[object, str] = {}
+    for member in wrapped:
+        with contextlib.suppress(Exception):  # not a value of the GraphQL enum: its own coercion raises as before
+            names[member] = type_.coerce_output_value(member)
+    ordinary = type_.coerce_output_value
+
+    def coerce(value: Any) -> Any:
+        name = names.get(value) if type(value) is wrapped else None
+        return ordinary(value) if name is None else name
+
+    return coerce
 
 
 def object_item(value: Any) -> Any:
@@ -354,4 +383,5 @@ def in_order(order: list[str], done: dict[str, Any], executed: dict[str, Any]) -
 
 def execution_for(schema: GraphQLSchema) -> type[PlainFieldsExecution]:
     """The execution context class of ``schema``: :class:`PlainFieldsExecution` with its plain fields."""
-    return type("SchemaExecution", (PlainFieldsExecution,), {"plain": plain_fields(schema)})
+    coercers = {name: coercer(t) for name, t in schema.type_map.items() if isinstance(t, GraphQLLeafType)}
+    return type("SchemaExecution", (PlainFieldsExecution,), {"plain": plain_fields(schema), "coercers": coercers})
