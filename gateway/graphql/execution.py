@@ -31,11 +31,13 @@ from graphql import (
     GraphQLObjectType,
     GraphQLOutputType,
     GraphQLSchema,
+    OperationDefinitionNode,
+    SelectionSetNode,
     Undefined,
     is_leaf_type,
     is_list_type,
 )
-from graphql.execution.collect_fields import FieldDetailsList, GroupedFieldSet
+from graphql.execution.collect_fields import FieldDetails, FieldDetailsList, GroupedFieldSet
 from graphql.pyutils import AwaitableOrValue, Path, gather_with_cancel
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.schema.schema_converter import CustomGraphQLEnumType, GraphQLCoreConverter
@@ -83,6 +85,8 @@ def item_type(type_: GraphQLOutputType) -> GraphQLOutputType:
 
 
 TYPENAME, SINGLE_LEAF, SINGLE_OBJECT, LIST_LEAF, LIST_OBJECT = range(5)
+SHARED_PLANS = 1024
+"""Plans (and operations' directive checks) kept across operations per worker; past it, all are dropped."""
 Coerce = Callable[[Any], Any]
 Step = tuple[str, int, Callable[[Any, str], object] | None, str, "Coerce | Plan | str", bool, bool]
 """One field of a :data:`Plan`: its response name, its kind (one of the above), how to read it (Strawberry's default
@@ -101,24 +105,59 @@ class PlainFieldsExecution(StrawberryGraphQLCoreExecutionContext):
     plain: Mapping[tuple[str, str], PlainField] = {}
     coercers: Mapping[str, Coerce] = {}
     """Each leaf type's :func:`coercer`, by name."""
+    shared_plans: dict[tuple[Any, ...], tuple[GroupedFieldSet, Plan | None]] = {}
+    """Plans kept across operations (per schema: :func:`execution_for` gives each its own), by parent type and the
+    identity of the selection set's field nodes."""
+    undirected: dict[int, tuple[OperationDefinitionNode, bool]] = {}
+    """Per operation node (kept with it): :meth:`fixed_selections`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plans: dict[tuple[int, str], tuple[GroupedFieldSet, Plan | None]] = {}
+        self._fixed: bool | None = None
         self._readings: dict[tuple[int, str], tuple[GroupedFieldSet, Reading]] = {}
         """Per selection set (graphql-core collects each once per operation: the 50 nodes of a page share theirs)
         and parent type, how its fields are read; the set itself is kept with it, so its id is not reused."""
 
     def plan(self, parent_type: GraphQLObjectType, grouped_field_set: GroupedFieldSet) -> Plan | None:
         """How to read this whole selection set (and those below it) in one go, or None if any field in it is not
-        plain (a resolver, an argument, an abstract type, a list of lists, a deferred fragment...)."""
+        plain (a resolver, an argument, an abstract type, a list of lists, a deferred fragment...).
+
+        Compiled once per operation; and kept across operations of the same (cached, so the same objects) document
+        when it has no directive at all: its selection sets are then collected the same whatever the variables."""
         key = (id(grouped_field_set), parent_type.name)
         kept = self._plans.get(key)
         if kept is not None and kept[0] is grouped_field_set:
             return kept[1]
+        shared_key = None
+        if self.fixed_selections():
+            shared_key = (parent_type.name, *((n, *map(id, map(node_of, d))) for n, d in grouped_field_set.items()))
+            shared = self.shared_plans.get(shared_key)
+            if shared is not None:
+                self._plans[key] = (grouped_field_set, shared[1])
+                return shared[1]
         plan = self.compile(parent_type, grouped_field_set)
         self._plans[key] = (grouped_field_set, plan)
+        if shared_key is not None:
+            if len(self.shared_plans) >= SHARED_PLANS:
+                self.shared_plans.clear()
+            self.shared_plans[shared_key] = (grouped_field_set, plan)  # the set holds its nodes: their ids stay theirs
         return plan
+
+    def fixed_selections(self) -> bool:
+        """True if the operation and its fragments carry no directive (so no @skip, @include or @defer)."""
+        if self._fixed is None:
+            key = id(self.operation)
+            kept = self.undirected.get(key)
+            if kept is None or kept[0] is not self.operation:
+                if len(self.undirected) >= SHARED_PLANS:
+                    self.undirected.clear()
+                fixed = not has_directives(self.operation.selection_set) and not any(
+                    has_directives(f.selection_set) for f in self.fragment_definitions.values()
+                )
+                kept = self.undirected[key] = (self.operation, fixed)
+            self._fixed = kept[1]
+        return self._fixed
 
     def compile(self, parent_type: GraphQLObjectType, grouped_field_set: GroupedFieldSet) -> Plan | None:
         steps: list[Step] = []
@@ -295,6 +334,20 @@ def is_listed(declared: GraphQLOutputType) -> bool:
     return is_list_type(declared.of_type if isinstance(declared, GraphQLNonNull) else declared)
 
 
+def node_of(details: FieldDetails) -> FieldNode:
+    return details.node
+
+
+def has_directives(selection_set: SelectionSetNode | None) -> bool:
+    """Does any selection in this set, or below it, carry a directive?"""
+    if selection_set is None:
+        return False
+    return any(
+        bool(selection.directives) or has_directives(getattr(selection, "selection_set", None))
+        for selection in selection_set.selections
+    )
+
+
 def has_stream(node: FieldNode) -> bool:
     return any(directive.name.value == "stream" for directive in node.directives or ())
 
@@ -384,4 +437,5 @@ def in_order(order: list[str], done: dict[str, Any], executed: dict[str, Any]) -
 def execution_for(schema: GraphQLSchema) -> type[PlainFieldsExecution]:
     """The execution context class of ``schema``: :class:`PlainFieldsExecution` with its plain fields."""
     coercers = {name: coercer(t) for name, t in schema.type_map.items() if isinstance(t, GraphQLLeafType)}
-    return type("SchemaExecution", (PlainFieldsExecution,), {"plain": plain_fields(schema), "coercers": coercers})
+    members = {"plain": plain_fields(schema), "coercers": coercers, "shared_plans": {}, "undirected": {}}
+    return type("SchemaExecution", (PlainFieldsExecution,), members)
