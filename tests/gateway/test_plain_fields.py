@@ -23,6 +23,7 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from domain.model import Driver, Kernel, Session, SessionType
 from gateway.graphql.document_cache import DocumentCache
 from gateway.graphql.execution import PlainFieldsExecution, execution_for
+from tests.gateway.conftest import GatewayWith
 from tests.harness import ADMIN_TOKEN, Caravan
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -104,9 +105,17 @@ GATEWAY_DOCUMENTS = [
 ]
 
 
-async def test_the_gateway_answers_as_graphql_cores_executor(caravan: Caravan, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_gateway_answers_as_graphql_cores_executor(
+    gateway_with: GatewayWith, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The real gateway's schema, Redis, a user's and an admin's pages: every document answers the same with the
-    plans (twice: the second time from plans kept) and with graphql-core's own execution."""
+    plans (twice: the second time from plans kept) and with graphql-core's own execution (the result cache off, so
+    every answer is executed)."""
+    async with gateway_with(result_cache=0) as caravan:
+        await compare_executions(caravan, monkeypatch)
+
+
+async def compare_executions(caravan: Caravan, monkeypatch: pytest.MonkeyPatch) -> None:
     resources = {"cpu": "1", "mem": str(64 << 20)}
     kernel = Kernel(role="main", index=1, hostname="main1", image="img:1", resources=resources)
     user = await caravan.user("cmp-user")
