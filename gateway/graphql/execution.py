@@ -11,8 +11,16 @@ cost.
 Strawberry's default resolver, as the field itself would call it), then for a scalar or an enum the type's
 ``coerce_output_value``, for an object (without ``is_type_of``) its selection set executed, its errors handled as
 ``execute_field`` handles them. A plain field whose value is null, an error, or not coercible goes the ordinary way,
-so every such error, its path and the nulls it propagates are graphql-core's own. Fields with a resolver, lists, and
-every field while an extension resolves through middleware are executed as before.
+so every such error, its path and the nulls it propagates are graphql-core's own. Fields with a resolver, and every
+field while an extension resolves through middleware, are executed as before.
+
+A selection set whose fields are all plain (lists of scalars, enums or plain objects included, and ``__typename``), and
+so are those of the objects below it, is read by a :data:`Plan` compiled from it (once per operation; across
+operations of a cached document without directives): one pass building the answer, no ``Path``, resolve info or
+completion per field. It answers only when every value is one graphql-core would complete without an error; anything
+else (a null where none is allowed, an error as a value, a value its scalar or enum refuses or coerces to null, a list
+that is not a Python list) makes the plan give up on that selection set, which then goes field by field as above (its
+objects' selection sets get their own plans again). A plan's reads are attribute reads: reading again changes nothing.
 """
 
 from __future__ import annotations
