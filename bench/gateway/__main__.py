@@ -132,7 +132,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

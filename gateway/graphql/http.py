@@ -21,6 +21,7 @@ What Strawberry leaves out and this view adds:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -103,6 +104,13 @@ def is_request_error(result: ExecutionResult) -> bool:
     return result.data is None and bool(errors) and all(e.path is None for e in errors)
 
 
+@functools.lru_cache(maxsize=64)
+def media_type_of(content_type: str) -> str:
+    """The media type of a Content-Type header (Strawberry's parse, through the standard library's email parser,
+    costs more than some whole answers; clients send the same few headers)."""
+    return parse_content_type(content_type)[0]
+
+
 def with_charset(media_type: str) -> str:
     return f"{media_type}; charset=utf-8"
 
@@ -166,7 +174,7 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
     def check_media_types(self, request: Request, accepted: str | None) -> None:
         if accepted is None and not self.should_render_graphql_ide(StarletteRequestAdapter(request)):
             raise RequestError(406, f"the Accept header allows neither {GRAPHQL_RESPONSE} nor {JSON}", "NOT_ACCEPTABLE")
-        if request.method == "POST" and parse_content_type(request.headers.get("content-type", ""))[0] != JSON:
+        if request.method == "POST" and media_type_of(request.headers.get("content-type", "")) != JSON:
             raise RequestError(415, f"send the request body as {JSON}", "UNSUPPORTED_MEDIA_TYPE")
 
     def refusal(self, request: Request, refused: RequestError) -> Response:

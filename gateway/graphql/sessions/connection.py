@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -68,7 +69,15 @@ class SessionConnection:
 
 
 def encode_cursor(order: ListingOrder, position: Position) -> str:
-    raw = f"{order.value}|{position.score!r}|{position.id}"
+    if not position.score:  # 0.0 and -0.0 are one key of the cache, and two cursors
+        return _cursor.__wrapped__(order.value, position.score, position.id)
+    return _cursor(order.value, position.score, position.id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cursor(order: str, score: float, session_id: str) -> str:
+    """Kept per worker: the same newest pages are listed again and again, and a position never changes."""
+    raw = f"{order}|{score!r}|{session_id}"
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
 

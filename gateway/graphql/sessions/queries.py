@@ -6,12 +6,13 @@ projects, a SUPERADMIN all; a session you may not see is NOT_FOUND.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from functools import lru_cache
 
 import strawberry
+from graphql import FieldNode, FragmentDefinitionNode, FragmentSpreadNode, InlineFragmentNode, SelectionNode
 from strawberry.relay import PageInfo
-from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 
 from core.codec import decode
 from core.errors import NotFound
@@ -53,14 +54,20 @@ def session_visible(session: SessionModel | None, viewer: User) -> bool:
     return session is not None and can_access(viewer, session.owner_id, session.project)
 
 
-def selects(selections: list[SelectedField | FragmentSpread | InlineFragment], name: str) -> bool:
-    """Does this selection set ask for field ``name`` (directly or in a fragment)?"""
+def selects(selections: Iterable[SelectionNode], fragments: Mapping[str, FragmentDefinitionNode], name: str) -> bool:
+    """Does this selection set ask for field ``name`` (directly or in a fragment)? Read off the document itself
+    (Strawberry's ``info.selected_fields`` converts the whole selection, arguments and all, on every request)."""
     for selection in selections:
-        if isinstance(selection, SelectedField):
-            if selection.name == name:
+        if isinstance(selection, FieldNode):
+            if selection.name.value == name:
                 return True
-        elif selects(selection.selections, name):
-            return True
+        elif isinstance(selection, InlineFragmentNode):
+            if selects(selection.selection_set.selections, fragments, name):
+                return True
+        elif isinstance(selection, FragmentSpreadNode):
+            fragment = fragments.get(selection.name.value)
+            if fragment is not None and selects(fragment.selection_set.selections, fragments, name):
+                return True
     return False
 
 
@@ -99,7 +106,11 @@ class SessionQueries:
         plan = plan_listing(store.keys, listing_scope(viewer), wanted, order)
         if request.backward:
             plan = replace(plan, descending=not plan.descending)
-        count = selects(info.selected_fields[0].selections, "totalCount")
+        raw = info._raw_info
+        count = any(
+            node.selection_set is not None and selects(node.selection_set.selections, raw.fragments, "totalCount")
+            for node in raw.field_nodes
+        )
         page = await SessionListing(store, listed_session).page(
             plan, size=request.size, after=request.start, until=request.end, count=count
         )
