@@ -48,6 +48,10 @@ from stores.users import bootstrap_admin_token
 
 SECOND = 1_000_000_000
 """Nomad's JSON durations are nanoseconds."""
+REPLICAS_WAIT = 0.2
+"""Seconds the ingress' template of the gateway replicas waits before writing a change (Nomad's default for a client,
+5 s, is the whole ``shutdown_delay``: a stopping replica left HAProxy's backend as it stopped listening, and a request
+sent to it then was cut)."""
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 FORBIDDEN_ENV = frozenset(
     {"CARAVAN_NOMAD_TOKEN", "CARAVAN_ADMIN_TOKEN", "CARAVAN_REDIS_SENTINEL_PASSWORD", "CARAVAN_SECRETS_DIR"}
@@ -381,7 +385,12 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
                         "Templates": [
                             *_templates(config, "ingress", items["ingress"]),
                             # the replicas as Nomad's service registry has them; caravan ingress applies each change
-                            {"EmbeddedTmpl": gateways, "DestPath": "local/gateways.txt", "ChangeMode": "noop"},
+                            {
+                                "EmbeddedTmpl": gateways,
+                                "DestPath": "local/gateways.txt",
+                                "ChangeMode": "noop",
+                                "Wait": {"Min": 0, "Max": int(REPLICAS_WAIT * SECOND)},
+                            },
                         ],
                     }
                 ],
