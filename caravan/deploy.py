@@ -8,7 +8,10 @@ in the configuration's namespace (``caravan-system`` by default, raw_exec allowe
   stops; a stopping replica leaves the service first, then waits ``shutdown_delay`` before its SIGTERM, so the ingress
   takes it out of HAProxy's backend before it drains.
 - ``<name>-ingress``: HAProxy (``caravan ingress``), the one public port; its gateway backend lists every replica the
-  service has (a template over ``nomadService``, applied through HAProxy's runtime API, no reload).
+  service has (a template over ``nomadService``, applied through HAProxy's runtime API, no reload). The public port
+  is HAProxy's own bind, not a Nomad reservation: an update starts the new allocation as a canary beside the old one,
+  binding the same port (``SO_REUSEPORT``), and stops the old one once the new is healthy (HAProxy's ``/healthz`` on
+  a dynamic port, Nomad's check): the port never closes.
 - ``<name>-scheduler`` and ``<name>-idle``: two or more each, one leading by its Redis lease; each answers ``/health``
   (``{"leading": ...}``) on a dynamic port, Nomad's HTTP check.
 
@@ -311,6 +314,10 @@ def _job(config: DeployConfig, job: Job, group: dict[str, Any]) -> dict[str, Any
             }
         ],
     }
+    if job == "ingress":
+        # the new HAProxy starts beside the old one (a canary: a replacement on the same client would wait for the old
+        # one to end) and binds the public port with it (SO_REUSEPORT); once healthy it is promoted, the old one stops
+        spec["Update"] |= {"Canary": 1, "AutoPromote": True}
     with_ingress = job in ("ingress", "gateway")
     if config.ingress_node and with_ingress:
         spec["Constraints"] = [{"LTarget": "${node.unique.name}", "Operand": "=", "RTarget": config.ingress_node}]
@@ -358,13 +365,13 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
             "ingress",
             {
                 "Count": 1,
-                "Networks": [{"ReservedPorts": [{"Label": "http", "Value": config.ingress.port}]}],
+                "Networks": [{"DynamicPorts": [{"Label": "health"}]}],
                 "Services": [
                     {
                         "Name": f"{config.name}-ingress",
                         "Provider": "nomad",
-                        "PortLabel": "http",
-                        "Checks": [_check("tcp")],
+                        "PortLabel": "health",
+                        "Checks": [_check("http", "/healthz")],
                     }
                 ],
                 "Tasks": [
@@ -378,6 +385,8 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
                                 "${NOMAD_TASK_DIR}/gateways.txt",
                                 "--slots",
                                 str(config.ingress.gateway_slots),
+                                "--health-port",
+                                "${NOMAD_PORT_health}",
                             ],
                             {"CARAVAN_INGRESS_PORT": str(config.ingress.port), "CARAVAN_INGRESS_DIR": haproxy_dir},
                             items["ingress"],
