@@ -1,8 +1,8 @@
 """A Nomad client down long enough for Nomad to mark its node down (SIGKILLed, on a cluster of two clients of its own on
 this machine): the INTERACTIVE and BATCH sessions it ran are reported ``ERROR`` ``job-lost`` (their kernels' state was
 on that node: not replaced, docs/sessions.md), the detail naming the lost node (it said ``Tasks are running; alloc is
-lost since its node is down``: the client's stale last word, no node). The client is started again at the end: it
-stops what it still ran."""
+lost since its node is down``: the client's stale last word, no node). The client started again stops what it still
+ran: the sessions end TERMINATED."""
 
 from __future__ import annotations
 
@@ -82,3 +82,6 @@ async def test_a_client_lost_reports_its_sessions_naming_the_node(
                 clean=True,
             )
             await node_status(caravan, "alpha", "ready")
+        # back, the client stops the lost allocations Nomad told it to: the kernels end, and so do their sessions
+        for session_id in ids.values():
+            await caravan.wait_for(session_id, "TERMINATED", timeout=120)
