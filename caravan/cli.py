@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ingress = commands.add_parser("ingress", help="HAProxy with its gateway backend following a file of replicas")
     ingress.add_argument("--gateways", type=Path, required=True, help="a file of address:port lines")
     ingress.add_argument("--slots", type=int, default=16, help="the most gateway replicas the backend lists")
+    ingress.add_argument("--health-port", type=int, help="where HAProxy answers GET /healthz (Nomad's check)")
     args = parser.parse_args(argv)
 
     try:
@@ -97,7 +98,7 @@ def deploy_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "ingress":
         from caravan.ingress import run_ingress
 
-        asyncio.run(run_ingress(settings, args.gateways, args.slots))
+        asyncio.run(run_ingress(settings, args.gateways, args.slots, args.health_port))
         return 0
     from caravan import deploy as deployment
     from caravan.stack.nomad_acl import NomadACLError

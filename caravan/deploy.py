@@ -8,7 +8,10 @@ in the configuration's namespace (``caravan-system`` by default, raw_exec allowe
   stops; a stopping replica leaves the service first, then waits ``shutdown_delay`` before its SIGTERM, so the ingress
   takes it out of HAProxy's backend before it drains.
 - ``<name>-ingress``: HAProxy (``caravan ingress``), the one public port; its gateway backend lists every replica the
-  service has (a template over ``nomadService``, applied through HAProxy's runtime API, no reload).
+  service has (a template over ``nomadService``, applied through HAProxy's runtime API, no reload). The public port
+  is HAProxy's own bind, not a Nomad reservation: an update starts the new allocation as a canary beside the old one,
+  binding the same port (``SO_REUSEPORT``), and stops the old one once the new is healthy (HAProxy's ``/healthz`` on
+  a dynamic port, Nomad's check): the port never closes.
 - ``<name>-scheduler`` and ``<name>-idle``: two or more each, one leading by its Redis lease; each answers ``/health``
   (``{"leading": ...}``) on a dynamic port, Nomad's HTTP check.
 
@@ -48,6 +51,10 @@ from stores.users import bootstrap_admin_token
 
 SECOND = 1_000_000_000
 """Nomad's JSON durations are nanoseconds."""
+REPLICAS_WAIT = 0.2
+"""Seconds the ingress' template of the gateway replicas waits before writing a change (Nomad's default for a client,
+5 s, is the whole ``shutdown_delay``: a stopping replica left HAProxy's backend as it stopped listening, and a request
+sent to it then was cut)."""
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 FORBIDDEN_ENV = frozenset(
     {"CARAVAN_NOMAD_TOKEN", "CARAVAN_ADMIN_TOKEN", "CARAVAN_REDIS_SENTINEL_PASSWORD", "CARAVAN_SECRETS_DIR"}
@@ -307,6 +314,10 @@ def _job(config: DeployConfig, job: Job, group: dict[str, Any]) -> dict[str, Any
             }
         ],
     }
+    if job == "ingress":
+        # the new HAProxy starts beside the old one (a canary: a replacement on the same client would wait for the old
+        # one to end) and binds the public port with it (SO_REUSEPORT); once healthy it is promoted, the old one stops
+        spec["Update"] |= {"Canary": 1, "AutoPromote": True}
     with_ingress = job in ("ingress", "gateway")
     if config.ingress_node and with_ingress:
         spec["Constraints"] = [{"LTarget": "${node.unique.name}", "Operand": "=", "RTarget": config.ingress_node}]
@@ -354,13 +365,13 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
             "ingress",
             {
                 "Count": 1,
-                "Networks": [{"ReservedPorts": [{"Label": "http", "Value": config.ingress.port}]}],
+                "Networks": [{"DynamicPorts": [{"Label": "health"}]}],
                 "Services": [
                     {
                         "Name": f"{config.name}-ingress",
                         "Provider": "nomad",
-                        "PortLabel": "http",
-                        "Checks": [_check("tcp")],
+                        "PortLabel": "health",
+                        "Checks": [_check("http", "/healthz")],
                     }
                 ],
                 "Tasks": [
@@ -374,6 +385,8 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
                                 "${NOMAD_TASK_DIR}/gateways.txt",
                                 "--slots",
                                 str(config.ingress.gateway_slots),
+                                "--health-port",
+                                "${NOMAD_PORT_health}",
                             ],
                             {"CARAVAN_INGRESS_PORT": str(config.ingress.port), "CARAVAN_INGRESS_DIR": haproxy_dir},
                             items["ingress"],
@@ -381,7 +394,12 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
                         "Templates": [
                             *_templates(config, "ingress", items["ingress"]),
                             # the replicas as Nomad's service registry has them; caravan ingress applies each change
-                            {"EmbeddedTmpl": gateways, "DestPath": "local/gateways.txt", "ChangeMode": "noop"},
+                            {
+                                "EmbeddedTmpl": gateways,
+                                "DestPath": "local/gateways.txt",
+                                "ChangeMode": "noop",
+                                "Wait": {"Min": 0, "Max": int(REPLICAS_WAIT * SECOND)},
+                            },
                         ],
                     }
                 ],

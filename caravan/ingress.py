@@ -1,8 +1,9 @@
 """``caravan ingress``: HAProxy as a deployed job runs it, its gateway backend following the gateway's replicas.
 
-HAProxy is started on ``gateway.apps.ingress_config`` with ``gateway_slots`` slots (``gw1``..``gwN``, each in
-maintenance); a file of ``address:port`` lines (Nomad's template over the gateway's service, ``caravan deploy``)
-is read every :data:`POLL` seconds and applied through the runtime API, without a reload:
+HAProxy is started on ``gateway.apps.ingress_config`` with ``gateway_slots`` slots (``gw1``..``gwN``): the replicas
+already serving hold the first ones, the others are in maintenance; a file of ``address:port`` lines (Nomad's
+template over the gateway's service, ``caravan deploy``) is read every :data:`POLL` seconds and applied through the
+runtime API, without a reload:
 
 - a replica new in the file is probed (``GET /healthz``) until it answers, then given a free slot (address, port,
   health up, ready): no request goes to a replica that is not serving yet;
@@ -10,6 +11,10 @@ is read every :data:`POLL` seconds and applied through the runtime API, without 
   put in maintenance: no new request goes there, those in flight finish; its slot is reused last.
 
 SIGTERM stops HAProxy softly (``SIGUSR1``: it stops listening and ends once its connections are done) and exits.
+
+An upgrade overlaps two of them: the new allocation's HAProxy binds the port beside the old one (``SO_REUSEPORT``,
+HAProxy's default on Linux) during the old one's ``shutdown_delay``; it takes over the state directory (a new runtime
+socket), and the old ``caravan ingress``, seeing the socket is no longer its own, leaves the backend to it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -35,7 +41,7 @@ PROBE_TIMEOUT = 1.0
 
 
 def read_replicas(path: Path) -> list[tuple[str, int]]:
-    """The ``address:port`` lines of ``path`` (none while the template has not written it)."""
+    """The ``address:port`` lines of ``path`` (none while the template has not written it); an IP address each."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -43,8 +49,9 @@ def read_replicas(path: Path) -> list[tuple[str, int]]:
     found = []
     for line in text.split():
         host, _, port = line.rpartition(":")
-        if host and port.isdigit():
-            found.append((host, int(port)))
+        with contextlib.suppress(ValueError):
+            if port.isdigit() and 0 < int(port) < 65536:
+                found.append((str(ipaddress.ip_address(host)), int(port)))
     return found
 
 
@@ -77,7 +84,7 @@ class Backend:
     """Slots given back, oldest first (a drained slot is reused last)."""
 
     def __post_init__(self) -> None:
-        self.freed = list(range(1, self.slots + 1))
+        self.freed = [slot for slot in range(1, self.slots + 1) if slot not in self.held.values()]
 
     async def apply(self, wanted: list[tuple[str, int]]) -> None:
         for replica in [r for r in self.held if r not in wanted]:
@@ -105,21 +112,32 @@ class Backend:
             log.info("gateway replica %s:%d in the backend (slot %d)", host, port, slot)
 
 
-async def run_ingress(settings: Settings, replicas_file: Path, slots: int) -> None:
+async def run_ingress(settings: Settings, replicas_file: Path, slots: int, health_port: int | None = None) -> None:
     if settings.gateway.ingress_port is None:
         raise ValueError("CARAVAN_INGRESS_PORT: the port HAProxy listens on")
-    config = dataclasses.replace(ingress_config(settings, settings.gateway.ingress_port, 0), gateway_slots=slots)
+    # the replicas already serving are in the configuration: a new HAProxy (an upgrade overlapping the old one on the
+    # port) answers GraphQL from its first connection, not 503 until the first poll
+    initial = tuple([r for r in read_replicas(replicas_file) if await serving(*r)][:slots])
+    config = dataclasses.replace(
+        ingress_config(settings, settings.gateway.ingress_port, 0),
+        gateway_slots=slots,
+        gateway_initial=initial,
+        health_port=health_port,
+    )
     state = settings.ingress_dir
     haproxy = await asyncio.to_thread(start_haproxy, config, state, log=state / "haproxy.log")
+    runtime = IngressPaths(state).socket
+    ours = runtime.stat().st_ino
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
-    backend = Backend(RuntimeApi(IngressPaths(state).socket), slots)
+    backend = Backend(RuntimeApi(runtime), slots, {replica: slot for slot, replica in enumerate(initial, 1)})
     try:
         while not stop.is_set() and haproxy.alive():
             try:
-                await backend.apply(read_replicas(replicas_file))
+                if _inode(runtime) == ours:  # else the next HAProxy took over the state directory: its ingress decides
+                    await backend.apply(read_replicas(replicas_file))
             except RuntimeApiError as failed:
                 log.warning("HAProxy's runtime API: %s", failed)
             with contextlib.suppress(TimeoutError):
@@ -131,3 +149,10 @@ async def run_ingress(settings: Settings, replicas_file: Path, slots: int) -> No
                 await asyncio.to_thread(haproxy.process.wait, 10)
             except Exception:
                 haproxy.stop()
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None

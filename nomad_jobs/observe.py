@@ -107,6 +107,10 @@ def allocation_detail(alloc: Mapping[str, Any], status: SessionStatus) -> str | 
         return None
     if found := task_failure(task_state_of(alloc)):
         return found
+    if alloc.get("ClientStatus") == "lost":
+        # the client's last word ("Tasks are running") is stale: the node is what matters, by name
+        node = alloc.get("NodeName") or alloc.get("NodeID") or "?"
+        return clipped(f"node {node} is down: {alloc.get('DesiredDescription') or 'allocation lost'}")
     if status is S.ERROR:
         described = [str(alloc.get(f) or "").strip() for f in ("ClientDescription", "DesiredDescription")]
         return clipped("; ".join(d for d in described if d)) or None

@@ -54,19 +54,28 @@ CLIENTS = (
 MHZ_PER_CORE = 1000
 
 
-@pytest.fixture(scope="session")
-def nomad_cluster(state_dir: Path) -> Iterator[NomadCluster]:
+@contextlib.contextmanager
+def cluster_of(directory: Path, clients: tuple[ClientSpec, ...]) -> Iterator[NomadCluster]:
+    """A Nomad server and ``clients`` on this machine, their state under ``directory``; stopped at the end."""
     from tests.conftest import STACK  # not at import time: conftest imports this module
 
     cluster = start_nomad_cluster(
-        state_dir / "cluster",
+        directory,
         nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
         rootfs=Path(STACK["CARAVAN_ROOTFS"]),
-        clients=CLIENTS,
-        secrets_dir=state_dir / "cluster" / "secrets",
+        clients=clients,
+        secrets_dir=directory / "secrets",
     )
-    yield cluster
-    cluster.stop()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def nomad_cluster(state_dir: Path) -> Iterator[NomadCluster]:
+    with cluster_of(state_dir / "cluster", CLIENTS) as cluster:
+        yield cluster
 
 
 def on_the_cluster(settings: Settings, cluster: NomadCluster) -> Settings:
@@ -88,6 +97,17 @@ def scheduler_config(body: str = "") -> str:
     return f"cpu_mhz_per_core = {MHZ_PER_CORE}\n{body}"
 
 
+def scheduled_on(settings: Settings, cluster: NomadCluster, directory: Path, config: str = "") -> Settings:
+    """``settings`` on the cluster, with a scheduler configuration (``config`` after the MHz per core) in
+    ``directory`` and a scheduler pass every half second."""
+    path = directory / "scheduler.hcl"
+    path.write_text(scheduler_config(config))
+    return dataclasses.replace(
+        on_the_cluster(settings, cluster),
+        scheduler=dataclasses.replace(settings.scheduler, config_path=path, pass_interval=0.5),
+    )
+
+
 OnCluster = Callable[..., AbstractAsyncContextManager[Caravan]]
 
 
@@ -106,13 +126,7 @@ def on_cluster(settings: Settings, nomad_cluster: NomadCluster, tmp_path: Path) 
 
     @contextlib.asynccontextmanager
     async def start(config: str = "") -> AsyncIterator[Caravan]:
-        path = tmp_path / "scheduler.hcl"
-        path.write_text(scheduler_config(config))
-        clustered = dataclasses.replace(
-            on_the_cluster(settings, nomad_cluster),
-            scheduler=dataclasses.replace(settings.scheduler, config_path=path, pass_interval=0.5),
-        )
-        async with running_caravan(clustered) as caravan:
+        async with running_caravan(scheduled_on(settings, nomad_cluster, tmp_path, config)) as caravan:
             await _pools_known(caravan)
             yield caravan
 

@@ -165,6 +165,12 @@ class IngressConfig:
     slot of the ``gateway`` backend (``gw1``..``gwN``, in maintenance until given an address) through the runtime API
     (:mod:`caravan.ingress`, what ``caravan deploy``'s ingress job runs): HAProxy checks each (``/healthz``) and a
     connection a replica refuses is retried on another."""
+    health_port: int | None = None
+    """Where HAProxy itself answers ``GET /healthz`` 200 (``monitor-uri``; 127.0.0.1): the deployed ingress' Nomad
+    check, on a port of its own (the public one is HAProxy's bind, not a Nomad reservation: old and new share it)."""
+    gateway_initial: tuple[tuple[str, int], ...] = ()
+    """Replicas serving when HAProxy starts (address, port): they hold the first slots from the configuration on, so
+    a new HAProxy answers from its first connection (an ingress upgrade overlaps the old one on the port)."""
     endpoints: EndpointSettings = EndpointSettings()
     """Inference endpoints' part of the configuration (``gateway.endpoints.ingress``)."""
 
@@ -173,13 +179,20 @@ def gateway_servers(config: IngressConfig) -> list[str]:
     """The ``gateway`` backend's server lines."""
     if not config.gateway_slots:
         return [f"    server gateway 127.0.0.1:{config.gateway_port}"]
+    check = "check inter 1s fall 2 rise 1"
+    initial = config.gateway_initial[: config.gateway_slots]
+    first_free = len(initial) + 1
     return [
         "    option httpchk GET /healthz",
         "    option redispatch 1",
         "    retry-on conn-failure",
         "    balance roundrobin",
-        f"    server-template {GATEWAY_SLOT} 1-{config.gateway_slots} 127.0.0.1:1 disabled check inter 1s fall 2 "
-        "rise 1",
+        *(f"    server {GATEWAY_SLOT}{slot} {host}:{port} {check}" for slot, (host, port) in enumerate(initial, 1)),
+        *(
+            [f"    server-template {GATEWAY_SLOT} {first_free}-{config.gateway_slots} 127.0.0.1:1 disabled {check}"]
+            if first_free <= config.gateway_slots
+            else []
+        ),
     ]
 
 
@@ -318,6 +331,11 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "    timeout client-fin 5s",
         *(f"    errorfile {status} {paths.error(status)}" for status in sorted(ERRORS)),
         "",
+        *(
+            ["frontend health", f"    bind 127.0.0.1:{config.health_port}", "    monitor-uri /healthz", ""]
+            if config.health_port
+            else []
+        ),
         "frontend ingress",
         f"    bind 127.0.0.1:{config.port}",
         "    http-request set-var(txn.host) req.hdr(host),field(1,:),lower",

@@ -138,16 +138,17 @@ def test_a_running_or_stopping_kernel_has_no_detail_even_after_a_failure() -> No
         assert (seen.status, seen.detail) == (status, None)
 
 
-def test_a_lost_allocation_says_what_nomad_says_of_it() -> None:
+def test_a_lost_allocation_names_its_node_and_says_what_nomad_says_of_it() -> None:
     lost = {
         **answer("allocation-exec-true"),
         "ClientStatus": "lost",
-        "TaskStates": {},
-        "ClientDescription": "",
+        "NodeName": "edge-1",
+        "ClientDescription": "Tasks are running",  # the client's last word, before it went down: stale
         "DesiredDescription": "alloc is lost since its node is down",
     }
     seen = observe_allocation(lost)
-    assert (seen.status, seen.reason, seen.detail) == (S.ERROR, "job-lost", "alloc is lost since its node is down")
+    detail = "node edge-1 is down: alloc is lost since its node is down"
+    assert (seen.status, seen.reason, seen.detail) == (S.ERROR, "job-lost", detail)
 
 
 @pytest.mark.parametrize(
