@@ -99,15 +99,23 @@ async def collect_samples(
             per_kernel.setdefault(session.id, {})[kernel.hostname] = sample
         return sample
 
-    async def one(session: SweptSession) -> Sample:
-        samples = await asyncio.gather(*(kernel(session, k) for k in session.kernels))
+    async def one(session: SweptSession, placed: list[SweptKernel]) -> Sample:
+        if len(placed) == 1:  # most sessions: no task of its own per kernel
+            sample = await kernel(session, placed[0])
+            return session_sample([sample] if sample is not None else [])
+        samples = await asyncio.gather(*(kernel(session, k) for k in placed))
         return session_sample([s for s in samples if s is not None])  # a list: one kernel takes the short path
 
     unmeasured: list[str] = []
-    found = await asyncio.gather(*(one(s) for s in sessions))
+    # only kernels with an allocation are asked: at 100,000 sessions a coroutine for each of the others was most of
+    # a steady sweep (bench/scale_redis)
+    asked = [(s, placed) for s in sessions if (placed := [k for k in s.kernels if k.alloc_id is not None])]
+    found = await asyncio.gather(*(one(s, placed) for s, placed in asked))
     if unmeasured:
         _warn_unmeasured(unmeasured, time.monotonic())
-    return {session.id: sample for session, sample in zip(sessions, found, strict=True)}
+    samples: dict[str, Sample] = {session.id: {} for session in sessions}
+    samples.update((session.id, sample) for (session, _), sample in zip(asked, found, strict=True))
+    return samples
 
 
 async def collect_network(
@@ -123,10 +131,7 @@ async def collect_network(
     counters (not on the session network, just started, its node unreachable) is left out. ``limit``: the sweep's
     bound on Nomad requests in flight."""
 
-    async def kernel(kernel: SweptKernel) -> dict[str, float]:
-        alloc_id = kernel.alloc_id
-        if alloc_id is None:
-            return {}
+    async def kernel(kernel: SweptKernel, alloc_id: str) -> dict[str, float]:
         async with limit:
             try:
                 text = await nomad.read_file(alloc_id, NET_STATS_FILE)
@@ -140,10 +145,10 @@ async def collect_network(
         readings[alloc_id] = reading
         return rates
 
-    pairs = [(s.id, k) for s in sessions for k in s.kernels]
-    found = await asyncio.gather(*(kernel(k) for _, k in pairs))
+    pairs = [(s.id, k, k.alloc_id) for s in sessions for k in s.kernels if k.alloc_id is not None]
+    found = await asyncio.gather(*(kernel(k, alloc_id) for _, k, alloc_id in pairs))
     rates: dict[str, dict[str, Sample]] = {}
-    for (session_id, k), measured in zip(pairs, found, strict=True):
+    for (session_id, k, _), measured in zip(pairs, found, strict=True):
         if measured:
             rates.setdefault(session_id, {})[k.hostname] = measured
     return rates

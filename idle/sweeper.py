@@ -15,7 +15,7 @@ allocation stats from Nomad, the activity the gateway records, SFTP clients seen
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -28,7 +28,6 @@ from domain.idle.facts import Activity, SessionView
 from domain.idle.network import NetReading
 from domain.idle.series import SeriesPoint, due
 from domain.idle.verdict import Verdict
-from domain.model import SessionStatus
 from idle.collect import Sample, collect_clients_seen, collect_network, collect_samples
 from idle.sweep import Derived, chart_points, judge, planned
 from idle.views import ViewCache
@@ -95,17 +94,18 @@ class Sweeper:
 
     async def sweep(self, now: datetime, config: IdlePolicyConfig) -> Swept:
         """Verdicts on every RUNNING session at ``now`` under ``config``, with this sweep's samples recorded."""
-        live_ids, views = await self._read_live(now)
-        sessions = [s for s in views if s and s.status is SessionStatus.RUNNING]
-        plans = {s.id: planned(config, s, self.derived.get(s.id)) for s in sessions}
+        live_ids, sessions = await self._read_live(now)
+        derived_of = self.derived.get
+        plans = {s.id: planned(config, s, derived_of(s.id)) for s in sessions}
         sweep = self.sweeps + 1
         # the checked sessions every sweep (their windows), every other one on its chart turn only (its series): each
         # running session is charted, and an unchecked one costs a stats read every SWEEPS_PER_POINT sweeps
-        sampled = [s for s in sessions if plans[s.id][1].metrics or due(s.id, sweep)]
+        charted = [s for s in sessions if due(s.id, sweep)]
+        checked = [s for s, (_, plan) in zip(sessions, plans.values(), strict=True) if plan.metrics]
+        sampled = checked + [s for s in charted if not plans[s.id][1].metrics] if checked else charted
         in_flight = asyncio.Semaphore(self.concurrency)  # every Nomad request of the sweep, stats and SFTP alike
         redis, keys = self.store.redis, self.store.keys
         per_kernel: dict[str, dict[str, Sample]] = {}
-        charted = [s for s in sessions if due(s.id, sweep)]
         samples, network, activity, limits, clients = await asyncio.gather(
             collect_samples(self.nomad, sampled, limit=in_flight, devices=self.devices, per_kernel=per_kernel),
             collect_network(self.nomad, charted, self.net_readings, limit=in_flight),
@@ -138,9 +138,10 @@ class Sweeper:
         self.sweeps = sweep
         return Swept(live_ids, sessions, result.verdicts, chart_points(sweep, now, per_kernel, plans))
 
-    async def _read_live(self, now: datetime) -> tuple[list[str], Sequence[SessionView | None]]:
-        """Every live session's id and view: only what the change feed names since the last sweep, or everything
-        (a new term's first sweep, every :data:`RESYNC_INTERVAL`, or when the feed cannot vouch for what changed)."""
+    async def _read_live(self, now: datetime) -> tuple[list[str], list[SessionView]]:
+        """Every live session's id, and the RUNNING ones' views: only what the change feed names since the last sweep
+        read, or everything (a new term's first sweep, every :data:`RESYNC_INTERVAL`, or when the feed cannot vouch
+        for what changed)."""
         changed = await self.feed.changed(now)
         if changed is not None:
             ids = sorted(changed)
@@ -154,4 +155,5 @@ class Sweeper:
         revisions = await self.store.revisions(live_ids)
         stale = self.views.stale(live_ids, revisions)
         read = dict(zip(stale, await self.store.documents(stale), strict=True))
-        return live_ids, self.views.views(live_ids, [read.get(i) for i in live_ids], revisions)
+        self.views.views(live_ids, [read.get(i) for i in live_ids], revisions)
+        return live_ids, self.views.live()[1]

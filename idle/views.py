@@ -20,7 +20,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from core.codec import decode
+from core.collector import collector_paused
 from domain.idle.facts import SessionView
+from domain.model import SessionStatus
 
 
 class Kept(NamedTuple):
@@ -36,6 +38,9 @@ class ViewCache:
 
     def __init__(self) -> None:
         self._read: dict[str, Kept] = {}
+        self._running: dict[str, SessionView] = {}
+        """The RUNNING ones among them (the sessions a sweep judges), kept as the reads change them: a sweep that
+        follows the feed does not look at every live session to find them."""
 
     def stale(self, session_ids: Sequence[str], revisions: Sequence[str | None]) -> list[str]:
         """Those of ``session_ids`` whose document must be read (``revisions``: theirs, in order, as
@@ -62,22 +67,24 @@ class ViewCache:
         if revisions is None:
             revisions = [None] * len(session_ids)
         views: list[SessionView | None] = []
-        for session_id, document, revision in zip(session_ids, documents, revisions, strict=True):
-            before = last.get(session_id)
-            if revision is not None and before is not None and before.revision == revision:
-                kept_now[session_id] = before
-                views.append(before.view)
-                continue
-            if document is None:
-                views.append(None)
-                continue
-            if before is not None and before.document is not None and before.document == document:
-                view = before.view
-            else:
-                view = decode(document, SessionView)
-            kept_now[session_id] = Kept(revision, document if revision is None else None, view)
-            views.append(view)
+        with collector_paused():  # many views, no cycles (core.collector)
+            for session_id, document, revision in zip(session_ids, documents, revisions, strict=True):
+                before = last.get(session_id)
+                if revision is not None and before is not None and before.revision == revision:
+                    kept_now[session_id] = before
+                    views.append(before.view)
+                    continue
+                if document is None:
+                    views.append(None)
+                    continue
+                if before is not None and before.document is not None and before.document == document:
+                    view = before.view
+                else:
+                    view = decode(document, SessionView)
+                kept_now[session_id] = Kept(revision, document if revision is None else None, view)
+                views.append(view)
         self._read = kept_now
+        self._running = {i: kept.view for i, kept in kept_now.items() if kept.view.status is SessionStatus.RUNNING}
         return views
 
     def apply(
@@ -86,18 +93,23 @@ class ViewCache:
         """The sessions written since the last read, with their revisions and then their documents (in order): a
         session with neither (ended: its revision goes in the MULTI that ends it) or whose document has ended is
         forgotten, one of another revision decoded again, every session not named kept as it was."""
-        kept = self._read
+        kept, running = self._read, self._running
         for session_id, revision, document in zip(session_ids, revisions, documents, strict=True):
             before = kept.get(session_id)
             if revision is None or document is None:
                 kept.pop(session_id, None)
+                running.pop(session_id, None)
             elif before is None or before.revision != revision:
                 view = decode(document, SessionView)
                 if view.status.is_terminal:  # ended after its revision was read
                     kept.pop(session_id, None)
                 else:
                     kept[session_id] = Kept(revision, None, view)
+                if view.status is SessionStatus.RUNNING:
+                    running[session_id] = view
+                else:
+                    running.pop(session_id, None)
 
     def live(self) -> tuple[list[str], list[SessionView]]:
-        """The sessions kept (every live one, as last read): their ids and views, in the same order."""
-        return list(self._read), [kept.view for kept in self._read.values()]
+        """The sessions kept (every live one, as last read): their ids and the views of the RUNNING ones."""
+        return list(self._read), list(self._running.values())

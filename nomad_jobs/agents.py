@@ -16,6 +16,7 @@ alike.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -129,7 +130,14 @@ def _device(group: Json) -> Device:
 
 def kernel_request(kernel: Kernel) -> ResourceSlots:
     """What the kernel takes on its agent: its slots, with ``mem`` as Nomad reserves it (whole MiB, at least 16)."""
-    requested = ResourceSlots.from_json(kernel.resources)
+    return _request(tuple(kernel.resources.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _request(resources: tuple[tuple[str, str], ...]) -> ResourceSlots:
+    # kernels' resources repeat (presets) and slots are immutable: each distinct request is parsed once (at 100,000
+    # live sessions, parsing them was most of the scheduler's first read, bench/scale_redis)
+    requested = ResourceSlots.from_json(dict(resources))
     mem = requested.amount("mem")
     reserved = max(MIN_MEM_MIB, math.ceil(mem / MIB)) * MIB
     return requested + {"mem": Decimal(reserved) - mem}

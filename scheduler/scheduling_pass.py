@@ -16,13 +16,12 @@ costs only its checks; a request at least as big as one that already failed is s
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from datetime import datetime
 from itertools import chain
 
+from core.collector import collector_paused
 from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
@@ -99,22 +98,10 @@ def validate_config(config: PassConfig) -> None:
 
 
 def run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResult:
-    with _collector_paused():
+    # a pass allocates many small objects and frees them by reference counting; the cyclic collector would only walk
+    # the whole snapshot again and again (a large share of a big pass: bench/README.md)
+    with collector_paused():
         return _run_pass(snapshot, config, now)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """A pass allocates many small objects and frees them by reference counting; the cyclic collector would only walk
-    the whole snapshot again and again (a large share of a big pass: bench/README.md). It resumes as soon as the pass
-    ends."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResult:

@@ -21,12 +21,14 @@ feed cannot vouch for what changed (at 100,000 live sessions, reading and decodi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
+from core.collector import collector_paused
 from core.replies import text_hash
 from devices.catalog import DeviceAsk, device_asks
 from domain.model import ClusterMode as SessionClusterMode
@@ -88,14 +90,17 @@ Json = Mapping[str, Any]
 # -- Caravan's sessions, converted --
 
 
-def pending_session(session: Session) -> PendingSession:
-    designated = {f"{DESIGNATED}{session.designated_agent}": Decimal(1)} if session.designated_agent else {}
+def pending_session(session: Session, *, driver: str | None = None) -> PendingSession:
+    """The session as the pass takes it; with ``driver``, asking for it as :func:`requiring_driver` does."""
+    markers: tuple[str, ...] = (f"{DESIGNATED}{session.designated_agent}",) if session.designated_agent else ()
+    if driver is not None:
+        markers += (f"{DRIVER}{driver}",)
     return PendingSession(
         id=session.id,
         user=session.owner_id,
         resource_group=session.resource_group,
         created_at=session.created_at,
-        kernels=tuple(KernelRequest(k.hostname, kernel_request(k) + designated) for k in session.kernels),
+        kernels=tuple(KernelRequest(k.hostname, with_markers(kernel_request(k), markers)) for k in session.kernels),
         project=session.project,
         priority=session.priority,
         cluster_mode=ClusterMode.MULTI_NODE
@@ -113,16 +118,22 @@ def requiring_driver(pending: PendingSession, driver: str) -> PendingSession:
     return replace(pending, kernels=tuple(replace(k, requested=k.requested + needs) for k in pending.kernels))
 
 
+@functools.lru_cache(maxsize=4096)
+def with_markers(requested: ResourceSlots, markers: tuple[str, ...]) -> ResourceSlots:
+    """``requested`` and one unit of each marker slot (``designated:``, ``driver:``): requests repeat, and slots are
+    immutable, so each distinct one is made once."""
+    return requested + dict.fromkeys(markers, Decimal(1)) if markers else requested
+
+
 def running_session(session: Session) -> RunningSession:
-    occupied = ResourceSlots()
-    for kernel in session.kernels:
-        occupied += kernel_request(kernel)
+    requests = [kernel_request(kernel) for kernel in session.kernels]
+    occupied = requests[0] if len(requests) == 1 else sum(requests, ResourceSlots())
     return RunningSession(session.id, session.owner_id, session.resource_group, occupied, session.project)
 
 
 def as_pending(session: Session) -> PendingSession:
     """A PENDING session as the pass takes it, asking for its driver."""
-    return requiring_driver(pending_session(session), session.driver.value)
+    return pending_session(session, driver=session.driver.value)
 
 
 def kept_converted(
@@ -133,11 +144,12 @@ def kept_converted(
     to pass as ``last`` next time."""
     kept: dict[str, tuple[Session, T]] = {}
     converted = []
-    for session in sessions:
-        before = last.get(session.id)
-        value = before[1] if before is not None and before[0] is session else convert(session)
-        kept[session.id] = (session, value)
-        converted.append(value)
+    with collector_paused():  # many objects, no cycles (core.collector)
+        for session in sessions:
+            before = last.get(session.id)
+            value = before[1] if before is not None and before[0] is session else convert(session)
+            kept[session.id] = (session, value)
+            converted.append(value)
     return converted, kept
 
 
@@ -157,6 +169,25 @@ def timed_out(session: Session, config: SchedulingConfig, now: datetime) -> bool
     timeout = config.pending_timeout(session.resource_group)
     waiting_since = max(session.created_at, session.starts_at or session.created_at)
     return timeout is not None and now - waiting_since > timeout
+
+
+def timed_out_ids(waiting: Iterable[Session], config: SchedulingConfig, now: datetime) -> tuple[str, ...]:
+    """The ids of those of ``waiting`` (PENDING sessions) that have :func:`timed_out`, each group's timeout looked up
+    once (none at all without a timeout)."""
+    waiting = list(waiting)
+    cutoffs = {}
+    for group in {s.resource_group for s in waiting}:
+        timeout = config.pending_timeout(group)
+        if timeout is not None:
+            cutoffs[group] = now - timeout
+    if not cutoffs:
+        return ()
+    return tuple(
+        s.id
+        for s in waiting
+        if (cutoff := cutoffs.get(s.resource_group)) is not None
+        and max(s.created_at, s.starts_at or s.created_at) < cutoff
+    )
 
 
 def with_wanted_slots(
@@ -216,11 +247,12 @@ class SnapshotReader:
         """The last read's sessions as the pass takes them, each kept with the very session it was made from."""
 
     async def read(self, now: datetime) -> PassInput:
-        live = await self._live_sessions(now)
-        sessions = {s.id: s for s in live}
+        sessions = await self._live_sessions(now)
+        live = list(sessions.values())
         waiting = sorted((s for s in live if s.status is S.PENDING), key=lambda s: (s.created_at, s.id))
-        expired = tuple(s.id for s in waiting if timed_out(s, self.config, now))
-        waited, self._pending = kept_converted((s for s in waiting if s.id not in expired), as_pending, self._pending)
+        expired = timed_out_ids(waiting, self.config, now)
+        gone = set(expired)
+        waited, self._pending = kept_converted((s for s in waiting if s.id not in gone), as_pending, self._pending)
         pending = tuple(waited)
         nodes = await self.nomad.nodes()
         mhz = mhz_per_core(nodes, self.config.cpu_mhz_per_core)
@@ -248,32 +280,37 @@ class SnapshotReader:
             host_ports(allocs, live) if pending else {},
         )
 
-    async def _live_sessions(self, now: datetime) -> list[Session]:
-        """Every live session, by id: the last read's, with those the change feed names since read again; or all of
-        them read (the first read, every :data:`RESYNC_INTERVAL`, or when the feed cannot vouch for what changed)."""
+    async def _live_sessions(self, now: datetime) -> dict[str, Session]:
+        """Every live session, by id (in the order of their ids): the last read's, with those the change feed names
+        since read again; or all of them read (the first read, every :data:`RESYNC_INTERVAL`, or when the feed cannot
+        vouch for what changed)."""
         changed = await self.feed.changed(now)
         if changed is None:
             await self.feed.resyncing(now)
             live = [s for s in await self.store.get_many(sorted(await self.store.live_ids())) if s is not None]
             self._live = {s.id: s for s in live}
-            return live
+            return dict(self._live)
         ids = sorted(changed)
         kept = self._live
+        added = False
         for session_id, session in zip(ids, await self.store.get_many(ids), strict=True):
             if session is None or session.status.is_terminal:
                 kept.pop(session_id, None)
             else:
+                added = added or session_id not in kept
                 kept[session_id] = session
-        return [kept[i] for i in sorted(kept)]
+        if added:  # a session written in place keeps its place; a new one goes where its id sorts
+            self._live = kept = {i: kept[i] for i in sorted(kept)}
+        return dict(kept)
 
     async def _checks_input(self, pending: Sequence[PendingSession], sessions: Mapping[str, Session]) -> dict[str, Any]:
         wanted = {dep for session in pending for dep in session.dependencies}
         missing = sorted(wanted - sessions.keys())
-        found = {**sessions, **{i: s for i, s in zip(missing, await self.store.get_many(missing), strict=True) if s}}
+        found = {i: s for i, s in zip(missing, await self.store.get_many(missing), strict=True) if s}
         users = await self.policies.users(s.user for s in pending)
         projects = await self.policies.projects(s.project for s in pending if s.project)
         return {
-            "dependency_states": {dep: dependency_state(found.get(dep)) for dep in wanted},
+            "dependency_states": {dep: dependency_state(sessions.get(dep) or found.get(dep)) for dep in wanted},
             "user_policies": {
                 u: UserPolicy(p.max_concurrent_sessions, p.total_resource_slots) for u, p in users.items()
             },
@@ -289,8 +326,10 @@ def host_ports(allocs: Sequence[Json], live: Sequence[Session]) -> dict[str, set
     """Node id -> the host ports held there (:attr:`PassInput.host_ports`)."""
     used = host_ports_in_use(allocs)
     for session in live:
-        main = session.main_kernel if session.kernels else None
-        if session.status in OCCUPYING and main is not None and main.agent and main.alloc_id is None:
+        if session.status not in OCCUPYING or not session.kernels:
+            continue
+        main = session.main_kernel
+        if main.agent and main.alloc_id is None:
             taken = set(session.preferred_ports_taken)
             granted = {a.preferred_port for a in session.apps if a.preferred_port is not None and a.name not in taken}
             used.setdefault(main.agent, set()).update(granted)

@@ -49,7 +49,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -111,6 +111,29 @@ async def gather_limited(calls: list[Callable[[], Awaitable[Any]]], limit: int =
             await call()
 
     await asyncio.gather(*(one(c) for c in calls))
+
+
+@dataclasses.dataclass
+class Timed:
+    wall: float = 0.0
+    cpu: float = 0.0
+    """This process's CPU seconds (user and system): the reader's own work, whatever else loads the machine."""
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[Timed]:
+    """The wall and CPU time of the block (filled in when it ends)."""
+    figures = Timed()
+    wall, cpu = time.perf_counter(), time.process_time()
+    yield figures
+    figures.wall, figures.cpu = time.perf_counter() - wall, time.process_time() - cpu
+
+
+async def churned(store: SessionStore, session_ids: list[str]) -> None:
+    """Each of these sessions written once (its document changed), as between two sweeps or passes."""
+    await gather_limited(
+        [lambda i=i: store.update(i, lambda s: dataclasses.replace(s, retries=s.retries + 1)) for i in session_ids]
+    )
 
 
 async def used_memory(redis: Redis) -> int:
@@ -175,20 +198,16 @@ async def sweep_times(store: SessionStore, running: list[str], sweeps: int, chur
     sweeper = Sweeper(store, nowhere, windows=WindowColumns(), concurrency=8)
     rng = random.Random(1)
     try:
-        started = time.perf_counter()
-        swept = await sweeper.sweep(datetime.now(UTC), config)
-        cold = time.perf_counter() - started
+        with timed() as cold:
+            swept = await sweeper.sweep(datetime.now(UTC), config)
         assert len(swept.sessions) == len(running), (len(swept.sessions), len(running))
         settle(collect=True)
         warm = []
         for _ in range(sweeps):
-            changed = rng.sample(running, int(len(running) * churn))
-            await gather_limited(
-                [lambda i=i: store.update(i, lambda s: dataclasses.replace(s, retries=s.retries + 1)) for i in changed]
-            )
-            started = time.perf_counter()
-            await sweeper.sweep(datetime.now(UTC), config)
-            warm.append(time.perf_counter() - started)
+            await churned(store, rng.sample(running, int(len(running) * churn)))
+            with timed() as steady:
+                await sweeper.sweep(datetime.now(UTC), config)
+            warm.append(steady)
             settle(collect=False)
         started = time.perf_counter()
         await store.revisions(sorted(await store.live_ids()))
@@ -198,8 +217,11 @@ async def sweep_times(store: SessionStore, running: list[str], sweeps: int, chur
         await nowhere.aclose()
         gc.unfreeze()
     return {
-        "idle_sweep_cold_s": round(cold, 3),
-        "idle_sweep_s": round(statistics.median(warm), 3),
+        "idle_sweep_cold_s": round(cold.wall, 3),
+        "idle_sweep_cold_cpu_s": round(cold.cpu, 3),
+        "idle_sweep_s": round(statistics.median(t.wall for t in warm), 3),
+        "idle_sweep_cpu_s": round(statistics.median(t.cpu for t in warm), 3),
+        "idle_sweep_max_s": round(max(t.wall for t in warm), 3),
         "idle_sweep_reads_s": round(reads, 3),
         "idle_sweep_full_reads": full_reads,
     }
@@ -249,21 +271,19 @@ async def snapshot_time(store: SessionStore, running: list[str], reads: int, chu
         store, PolicyStore(store.redis, store.keys), cast(NomadClient, EmptyCluster()), SchedulingConfig(), "caravan-"
     )
     rng = random.Random(2)
-    started = time.perf_counter()
-    read = await reader.read(datetime.now(UTC) - timedelta(seconds=1))
-    first = time.perf_counter() - started
+    with timed() as first:
+        read = await reader.read(datetime.now(UTC) - timedelta(seconds=1))
     times = []
     for _ in range(reads):
-        changed = rng.sample(running, int(len(running) * churn))
-        await gather_limited(
-            [lambda i=i: store.update(i, lambda s: dataclasses.replace(s, retries=s.retries + 1)) for i in changed]
-        )
-        started = time.perf_counter()
-        read = await reader.read(datetime.now(UTC) - timedelta(seconds=1))
-        times.append(time.perf_counter() - started)
+        await churned(store, rng.sample(running, int(len(running) * churn)))
+        with timed() as steady:
+            read = await reader.read(datetime.now(UTC) - timedelta(seconds=1))
+        times.append(steady)
     return {
-        "snapshot_first_s": round(first, 3),
-        "snapshot_s": round(statistics.median(times), 3),
+        "snapshot_first_s": round(first.wall, 3),
+        "snapshot_first_cpu_s": round(first.cpu, 3),
+        "snapshot_s": round(statistics.median(t.wall for t in times), 3),
+        "snapshot_cpu_s": round(statistics.median(t.cpu for t in times), 3),
         "snapshot_full_reads": reader.feed.full_reads - 1,
         "snapshot_pending": len(read.snapshot.pending),
         "snapshot_live": len(read.sessions),

@@ -21,7 +21,8 @@ from core.keys import Keys
 from core.settings import Settings
 from domain.idle.columns import WindowColumns
 from domain.idle.config import IdlePolicyConfig, PolicyLayer
-from domain.model import Session
+from domain.lifecycle import transition
+from domain.model import Session, SessionStatus
 from idle.sweeper import RESYNC_INTERVAL, Sweeper, Swept
 from nomad_jobs.client import NomadClient
 from stores.activity import record_activity
@@ -90,6 +91,30 @@ async def test_a_write_between_two_sweeps_is_seen_without_reading_every_session(
     third = await sweep.sweep(utcnow(), CONFIG)  # nothing written since: nothing read, the same views
     assert sweep.feed.full_reads == 1 and third.sessions == second.sessions
     assert all(x is y for x, y in zip(third.sessions, second.sessions, strict=True))
+
+
+async def test_a_session_that_starts_or_stops_running_between_two_sweeps_is_judged_as_a_full_read_judges(
+    store: SessionStore, nomad: NomadClient
+) -> None:
+    """The sweep keeps its RUNNING sessions as the feed's writes change them (``idle.views.ViewCache``): a session
+    that reaches RUNNING is judged from the next sweep on, on its new document; one that leaves RUNNING is not."""
+    preparing = await stored_session(store, name="feed-preparing", status=SessionStatus.PREPARING)
+    stays = await running(store, "stays")
+    leaves = await running(store, "leaves")
+    sweep = sweeper(store, nomad)
+    first = await sweep.sweep(utcnow(), CONFIG)
+    assert {s.id for s in first.sessions} == {stays.id, leaves.id}
+
+    two_hours_ago = utcnow() - timedelta(minutes=120)
+    await store.update(preparing.id, lambda s: transition(s, SessionStatus.RUNNING, reason="test", at=two_hours_ago))
+    await store.request_termination(leaves.id, reason="test", at=utcnow())  # TERMINATING: live, not judged
+    now = utcnow()
+    second = await sweep.sweep(now, CONFIG)
+    oracle = await sweeper(store, nomad).sweep(now, CONFIG)
+    assert sweep.feed.full_reads == 1  # followed the feed
+    assert {s.id for s in second.sessions} == {s.id for s in oracle.sessions} == {stays.id, preparing.id}
+    assert set(second.live_ids) == set(oracle.live_ids) == {stays.id, preparing.id, leaves.id}
+    assert second.verdicts == oracle.verdicts and lifetime_expired(second, preparing.id)
 
 
 async def test_a_lost_cursor_reads_everything_again(store: SessionStore, nomad: NomadClient, redis: Redis) -> None:

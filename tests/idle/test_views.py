@@ -18,6 +18,7 @@ from idle.sweep import judge
 from idle.views import ViewCache
 from tests.domain.idle.factories import T0, at
 
+S = SessionStatus
 LIFETIME = 3600.0
 CONFIG = IdlePolicyConfig(source="test", defaults=PolicyLayer(max_session_lifetime=LIFETIME))
 
@@ -66,6 +67,34 @@ def test_with_revisions_only_the_changed_documents_are_read() -> None:
     assert cache.stale(["a", "d"], ["r1", "r1"]) == ["d"]
     assert cache.views(["a", "d"], [None, None], ["r1", "r1"]) == [first[0], None]  # "d" has no document
     assert cache.stale(["a", "d"], ["r1", "r1"]) == ["d"]  # nothing kept of it
+
+
+def status(session_id: str, to: SessionStatus) -> str:
+    return text(replace(session(session_id), status=to))
+
+
+def test_the_running_sessions_follow_what_each_read_applies_as_a_full_read_finds_them() -> None:
+    """A session's move into or out of RUNNING, applied from the feed, changes the running sessions a sweep judges
+    (kept by the cache, not found again among every live one) exactly as a full read of the same documents does."""
+    cache = ViewCache()
+    ids = ["a", "b", "c", "d"]
+    documents = [status("a", S.RUNNING), status("b", S.PENDING), status("c", S.RUNNING), status("d", S.RUNNING)]
+    cache.views(ids, documents, ["r1"] * 4)
+    assert [v.id for v in cache.live()[1]] == ["a", "c", "d"]
+
+    # b starts, c starts terminating, d ends (TERMINATED: its revision gone with it), e is new and running
+    changed = ["b", "c", "d", "e"]
+    writes = [status("b", S.RUNNING), status("c", S.TERMINATING), None, status("e", S.RUNNING)]
+    cache.apply(changed, ["r2", "r2", None, "r1"], writes)
+    live_ids, running = cache.live()
+    assert sorted(live_ids) == ["a", "b", "c", "e"] and sorted(v.id for v in running) == ["a", "b", "e"]
+
+    full = ViewCache()
+    documents = [status("a", S.RUNNING), status("b", S.RUNNING), status("c", S.TERMINATING), status("e", S.RUNNING)]
+    full.views(sorted(live_ids), documents, ["r1", "r2", "r2", "r1"])
+    assert {v.id: v for v in full.live()[1]} == {v.id: v for v in running}
+    cache.apply(["b"], ["r3"], [status("b", S.TERMINATING)])
+    assert sorted(v.id for v in cache.live()[1]) == ["a", "e"]
 
 
 def test_a_session_read_again_after_a_gap_is_decoded_afresh() -> None:

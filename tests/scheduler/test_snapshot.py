@@ -18,7 +18,14 @@ from domain.scheduling_config import SchedulingConfig, parse_scheduling_config
 from domain.slots import ResourceSlots
 from nomad_jobs.agents import agents_of, alloc_slots, is_schedulable, kernel_request, mhz_per_core, node_capacity
 from scheduler.pass_model import ClusterMode, DependencyState
-from scheduler.snapshot import dependency_state, pending_session, timed_out
+from scheduler.snapshot import (
+    dependency_state,
+    pending_session,
+    requiring_driver,
+    running_session,
+    timed_out,
+    timed_out_ids,
+)
 
 S = SessionStatus
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -292,6 +299,28 @@ def test_a_designated_session_asks_for_its_agents_own_slot() -> None:
     assert pending.kernels[0].requested.amount("designated:n2") == Decimal(1)
 
 
+def test_a_session_asking_for_its_driver_in_one_step_asks_as_in_two() -> None:
+    # the snapshot's as_pending makes each distinct request once (memoized): the same request, made of the same slots
+    # as the reference's two steps, for repeated, designated and multi-kernel sessions alike
+    stored = [
+        session("a"),
+        session("b"),
+        session("c", designated_agent="n2"),
+        session("d", S.PENDING, kernel(cpu="0.5", mem=MIB), kernel("sub1", cpu="2")),
+    ]
+    for one in stored:
+        assert pending_session(one, driver="docker") == requiring_driver(pending_session(one), "docker")
+    first, second = (pending_session(one, driver="docker") for one in stored[:2])
+    assert first.kernels[0].requested is second.kernels[0].requested  # one request shared: slots are immutable
+    assert stored[0].kernels[0].resources == {"cpu": "1", "mem": str(256 * MIB)}  # the session's own left as it was
+
+
+def test_a_running_session_occupies_the_sum_of_its_kernels_requests() -> None:
+    two = session("s", S.RUNNING, kernel(cpu="0.5", mem=MIB), kernel("sub1", cpu="2"))
+    assert running_session(two).occupied == slots(cpu="2.5", mem=str(16 * MIB + 256 * MIB))
+    assert running_session(session("t", S.RUNNING)).occupied == kernel_request(kernel())
+
+
 @pytest.mark.parametrize(
     ("status", "result", "state"),
     [
@@ -323,3 +352,13 @@ def test_pending_timeout_counts_from_the_start_time() -> None:
     assert not timed_out(session("s"), config, T0 + timedelta(minutes=10))
     assert not timed_out(session("s", resource_group="slow"), config, later)
     assert not timed_out(session("s", starts_at=T0 + timedelta(minutes=5)), config, later)
+    # the snapshot's reading of many at once (each group's timeout looked up once): the same sessions, in order
+    waiting = [
+        session("a"),
+        session("b", resource_group="slow"),
+        session("c", starts_at=T0 + timedelta(minutes=5)),
+        session("d", starts_at=T0 - timedelta(minutes=1)),
+    ]
+    for moment in (T0 + timedelta(minutes=10), later, T0 + timedelta(minutes=16)):
+        assert timed_out_ids(waiting, config, moment) == tuple(s.id for s in waiting if timed_out(s, config, moment))
+    assert timed_out_ids(waiting, CONFIG, later) == ()  # no timeout at all
