@@ -11,7 +11,7 @@ from datetime import datetime
 
 from domain.inference import earlier_run, replica_observation
 from domain.model import Kernel, KernelObservation, Session, SessionResult, SessionStatus, SessionType, StatusChange
-from domain.start_retry import retried_observation
+from domain.start_retry import START_RETRIED, retried_observation, start_retry_asked
 
 S = SessionStatus
 
@@ -69,10 +69,12 @@ def transition(
 
 def restate(session: Session, *, reason: str, detail: str | None, at: datetime) -> Session:
     """The session in the same status with a new reason, recorded like a change (a history entry, an event): a
-    PREPARING session learning why it does not start yet (a kernel Nomad cannot place, or restarts after a failure)."""
-    if session.status is not S.PREPARING:
+    PREPARING session learning why it does not start yet (a kernel Nomad cannot place, or restarts after a failure),
+    a RUNNING one whose kernel is placed again (``domain.start_retry``)."""
+    if session.status not in (S.PREPARING, S.RUNNING):
         raise ValueError(
-            f"only a PREPARING session changes its reason without changing its status, not a {session.status.value} one"
+            f"only a PREPARING or RUNNING session changes its reason without changing its status, "
+            f"not a {session.status.value} one"
         )
     history = (*session.status_history, StatusChange(session.status, at, reason, detail))
     return session.evolve(status_info=reason, status_detail=detail, status_history=history)
@@ -131,6 +133,8 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     if target is session.status or not can_transition(session.status, target):
         if target is session.status is S.PREPARING:
             updated = _restated(updated, at)
+        elif session.status is S.RUNNING:
+            updated = _running_restated(session, updated, at)
         return updated if updated != session else None
     reason, detail = _reason_for(session, updated, target)
     return transition(updated, target, reason=reason, detail=detail, at=_moment(updated, target, at))
@@ -258,6 +262,17 @@ def _restated(session: Session, at: datetime) -> Session:
     if (reason, detail) == (session.status_info, session.status_detail):
         return session
     return restate(session, reason=reason, detail=detail, at=at)
+
+
+def _running_restated(before: Session, session: Session, at: datetime) -> Session:
+    """A RUNNING session one of whose kernels is placed again (``domain.start_retry``) records it (reason
+    ``start-retried``, the kernel's detail); once its kernels all run again, its reason is ``kernels-running`` again."""
+    if start_retry_asked(before, session):
+        retried = next(k for k in session.kernels if k.status_info == START_RETRIED)
+        return restate(session, reason=START_RETRIED, detail=_kernel_detail(session, retried), at=at)
+    if session.status_info == START_RETRIED and all(k.status is S.RUNNING for k in session.kernels):
+        return restate(session, reason="kernels-running", detail=None, at=at)
+    return session
 
 
 def _troubled(session: Session) -> Kernel | None:

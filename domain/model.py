@@ -273,5 +273,9 @@ class KernelObservation:
     placed: bool = True
     """False: read from an evaluation that could not place the kernel (there is no allocation to speak for it)."""
     setup_failed: bool = False
-    """True: the allocation failed in Nomad's own set-up (a ``Setup Failure`` event: its network, its volumes) before
-    its task ever started, so its command never ran (``domain.start_retry``)."""
+    """True: the allocation failed in Nomad's own set-up (a ``Setup Failure`` event: its network, its volumes), before
+    its task started or at its client's restart (then Nomad killed the task), so no exit code is the command's
+    (``domain.start_retry``)."""
+    command_started: bool = False
+    """With ``setup_failed``: the task had started before Nomad failed the set-up and killed it (its command ran in
+    part: placing it again runs it a second time)."""

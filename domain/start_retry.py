@@ -9,6 +9,12 @@ Nomad to place its allocation again (``scheduler.submitter.place_again``: its jo
 group stamped with the attempt, so Nomad replaces that group's failed allocation), at most :data:`START_ATTEMPTS` times
 per session; after that it fails as before (``failed-to-start``, its detail saying how many attempts were made).
 
+The same when the task had started: a Nomad client killed just after starting it fails the allocation's set-up at its
+restart and kills the task (its exit code is Nomad's signal, not the command's: found by ``bench/chaos``). The kernel
+is placed again and the session reports the new run's exit code, so its command may run twice, the first run cut
+short (at least once, as for any command run on a host that can fail). Its session may be RUNNING already (its
+other kernels run on): it stays RUNNING, the retry recorded in its history with its reason.
+
 Only while the session's result is open: a session being stopped, or one with a kernel that failed or ended with a
 non-zero code, is not started again.
 """
@@ -24,7 +30,7 @@ START_RETRIED = "start-retried"
 """A kernel's (and its session's) reason while its allocation is placed again after a set-up failure."""
 START_ATTEMPTS = 3
 """Times one session's kernels are started again at most, in all."""
-OPEN = frozenset({S.SCHEDULED, S.PREPARING})
+OPEN = frozenset({S.SCHEDULED, S.PREPARING, S.RUNNING})
 
 
 def start_retries(session: Session) -> int:
@@ -45,7 +51,8 @@ def retried_observation(session: Session, kernel: Kernel, seen: KernelObservatio
     made = start_retries(session)
     if made >= START_ATTEMPTS:
         return replace(seen, detail=f"{seen.detail or 'setup failure'} (not started after {made + 1} attempts)")
-    detail = f"attempt {made + 2} of {START_ATTEMPTS + 1}, after: {seen.detail or 'setup failure'}"
+    ran = "; its command runs again" if seen.command_started else ""
+    detail = f"attempt {made + 2} of {START_ATTEMPTS + 1}, after: {seen.detail or 'setup failure'}{ran}"
     return replace(seen, status=S.PREPARING, reason=START_RETRIED, detail=detail)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from core.clock import from_iso
 from domain.model import Driver, KernelObservation, SessionStatus
-from nomad_jobs.explain import clipped, exit_code_hint, placement_failure, task_failure
+from nomad_jobs.explain import clipped, describe_event, exit_code_hint, placement_failure, task_failure
 from nomad_jobs.meta import TASK_NAME
 from nomad_jobs.qemu import guest_exit_code
 
@@ -55,15 +55,19 @@ def is_superseded(alloc: dict[str, Any]) -> bool:
 
 
 def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
-    code = exit_code_of(alloc)
     restarts = restarts_of(alloc)
     state = task_state_of(alloc)
+    failed_setup = setup_failed(state)
+    code = None if failed_setup else exit_code_of(alloc)  # after a set-up failure, a task's end is Nomad's kill
     status, reason = _status_of(alloc.get("ClientStatus"), alloc.get("DesiredStatus"), code, restarts)
+    detail = allocation_detail(alloc, status)
+    if failed_setup and status is S.ERROR:
+        detail = setup_failure_detail(state)
     return KernelObservation(
         hostname=str(alloc.get("TaskGroup", "")),
         status=status,
         reason=reason,
-        detail=allocation_detail(alloc, status),
+        detail=detail,
         agent=alloc.get("NodeID"),
         alloc_id=alloc.get("ID"),
         exit_code=code,
@@ -71,7 +75,8 @@ def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
         restarts=restarts,
         started_at=moment(state.get("StartedAt")),
         finished_at=moment(state.get("FinishedAt")),
-        setup_failed=status is S.ERROR and setup_failed(state),
+        setup_failed=status is S.ERROR and failed_setup,
+        command_started=failed_setup and command_started(state),
     )
 
 
@@ -79,10 +84,32 @@ SETUP_FAILURE = "Setup Failure"
 
 
 def setup_failed(state: Mapping[str, Any]) -> bool:
-    """Did the task fail in its allocation's set-up (Nomad's ``Setup Failure``: a pre-run hook such as the network's)
-    without ever starting (no ``Started`` event)? Its command never ran."""
+    """Did the allocation fail in Nomad's own set-up (``Setup Failure``: a pre-run hook such as the network's) before
+    its task ended on its own? Either before the task ever started, or at its client's restart: a client killed just
+    after starting a task (before it kept the allocation's network in its state) finds ``network already configured
+    but not found in state`` when it restarts, fails the allocation and kills the task it had started (exit 130, 137 or
+    143: Nomad's signal, found by bench/chaos). Either way the task's end is not the command's result."""
+    kinds = [event.get("Type") for event in state.get("Events") or []]
+    if SETUP_FAILURE not in kinds:
+        return False
+    last = len(kinds) - 1 - kinds[::-1].index(SETUP_FAILURE)
+    return "Terminated" not in kinds[:last]  # a task that had ended before the failure had its own result
+
+
+def command_started(state: Mapping[str, Any]) -> bool:
+    """Had the task of an allocation that failed in its set-up started (so Nomad killed its command)?"""
     kinds = {event.get("Type") for event in state.get("Events") or []}
-    return SETUP_FAILURE in kinds and "Started" not in kinds and moment(state.get("StartedAt")) is None
+    return bool(kinds & {"Started", "Terminated"}) or moment(state.get("StartedAt")) is not None
+
+
+def setup_failure_detail(state: Mapping[str, Any]) -> str | None:
+    """Nomad's set-up failure, and, for a task that had started, that Nomad killed it."""
+    events = state.get("Events") or []
+    failure = next((e for e in reversed(events) if e.get("Type") == SETUP_FAILURE), None)
+    text = describe_event(failure) if failure else None
+    if command_started(state):
+        text = f"{text or SETUP_FAILURE}; the task it had started was killed by Nomad"
+    return clipped(text) if text else None
 
 
 def _status_of(client: object, desired: object, code: int | None, restarts: int) -> tuple[SessionStatus, str]:

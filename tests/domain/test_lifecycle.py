@@ -324,9 +324,9 @@ def test_a_running_session_is_not_restated() -> None:
     assert after.main_kernel.status_detail == "Terminated: Exit Code: 1"
 
 
-def test_restate_is_for_preparing_sessions_only() -> None:
+def test_restate_is_for_preparing_and_running_sessions_only() -> None:
     with pytest.raises(ValueError):
-        restate(session(status=S.RUNNING), reason="x", detail=None, at=T0)
+        restate(session(status=S.TERMINATED), reason="x", detail=None, at=T0)
 
 
 def test_a_kernel_failing_while_its_session_is_stopped_ends_the_session() -> None:

@@ -77,3 +77,23 @@ def test_one_kernel_of_a_cluster_is_retried_while_the_others_run_on() -> None:
     after = observe_kernel(cluster, setup_failure("a1"), at=T0)
     assert after is not None and after.status is S.PREPARING and awaits_start_retry(after)
     assert [k.status for k in after.kernels] == [S.PREPARING, S.RUNNING]
+
+
+def test_a_kernel_killed_by_its_clients_failed_set_up_while_running_is_placed_again_and_recorded() -> None:
+    running = observed(preparing(kernel("main1", S.PREPARING, role="main")), pending("a1"))
+    running = observed(
+        running, KernelObservation(hostname="main1", status=S.RUNNING, reason="kernel-running", alloc_id="a1")
+    )
+    assert running.status is S.RUNNING
+    killed = replace(setup_failure("a1"), command_started=True)
+    after = observe_kernel(running, killed, at=T0 + timedelta(minutes=1))
+    assert after is not None and (after.status, after.status_info) == (S.RUNNING, START_RETRIED)
+    assert after.status_detail is not None and after.status_detail.endswith("its command runs again")
+    assert awaits_start_retry(after) and start_retry_asked(running, after)
+    again = observed(
+        after,
+        pending("a2"),
+        KernelObservation(hostname="main1", status=S.RUNNING, reason="kernel-running", alloc_id="a2"),
+    )
+    assert (again.status, again.status_info) == (S.RUNNING, "kernels-running") and not awaits_start_retry(again)
+    assert [c.reason for c in again.status_history].count(START_RETRIED) == 1

@@ -1,8 +1,10 @@
 """The chaos run's short version (``bench/chaos``), as CI runs it: Caravan's processes, the multi-host cluster's
 Nomad servers and clients (killed, their RPC cut, their host's link cut), the Redis primary and HAProxy hit at random,
-two at a time, under a steady stream of two tenants' sessions; nothing acknowledged may be lost, duplicated, left in a
-wrong final state or with an orphaned job, every request answered, no tenant may read the other's session and no
-revoked token may be let in.
+three at a time, under a steady stream of two tenants' sessions (batch, interactive, cluster, a folder written by
+sessions, an inference endpoint under light load through HAProxy, a schedule firing); nothing acknowledged may be lost,
+duplicated, left in a wrong final state or with an orphaned job, route or volume, every request (GraphQL or to the
+endpoint) answered, success or typed, every schedule run exactly once, every file written found, no tenant may read the
+other's session and no revoked token may be let in.
 
 Only the fault kinds that recover within seconds are drawn (not the leaders killed or paused, which wait out a 10 s
 lease), so that enough faults fit in CI's time. A Nomad client killed is drawn since it no longer ends a BATCH
@@ -25,7 +27,7 @@ FAST = (
     "gateway_kill,gateway_term,scheduler_term_leader,idle_term_leader,nomad_leader,nomad_client,nomad_client_rpc_cut,"
     "host_network_cut,redis_primary,haproxy_kill"
 )
-FAULTS = 20
+FAULTS = 50
 
 
 @pytest.mark.slow
@@ -42,14 +44,14 @@ def test_a_short_chaos_run_loses_nothing(tmp_path: object) -> None:
             str(multihost.PROJECT / "bench" / "chaos"),
             f"--faults={FAULTS}",
             f"--kinds={FAST}",
-            "--lanes=2",
+            "--lanes=3",
             "--no-calm",
             "--settle=90",
             f"--state={tmp_path}",
         ],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=540,
         cwd=multihost.PROJECT,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -72,3 +74,14 @@ def test_a_short_chaos_run_loses_nothing(tmp_path: object) -> None:
     assert summary["jobs_per_session_max"] <= 1, summary
     assert summary["requests"]["untyped_errors"] == 0 and summary["requests"]["hangs"] == 0, done.stdout[-4000:]
     assert all(line["unrecovered"] == 0 for line in summary["per_kind"].values()), summary["per_kind"]
+    schedule = summary["schedule"]
+    assert schedule["runs_started"] >= 1 and schedule_clean(schedule), schedule
+    assert summary["folder_writes"] >= 1 and summary["folder_missing"] == 0, done.stdout[-4000:]
+    endpoint = summary["endpoint"]
+    assert endpoint["answers"].get("200") and endpoint["untyped"] == 0 and endpoint["hangs"] == 0, endpoint
+    assert summary["routes_seen_live"] > 0, summary  # the orphaned-route check reads HAProxy's maps
+
+
+def schedule_clean(schedule: dict[str, object]) -> bool:
+    """Every run of the schedule exactly once, each ended with its command's 0."""
+    return schedule["duplicated"] == schedule["lost"] == schedule["wrong_final"] == 0

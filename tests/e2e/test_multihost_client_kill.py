@@ -19,6 +19,7 @@ from pathlib import Path
 
 from caravan.stack import multihost
 from caravan.stack.multihost import MultiHostCluster
+from caravan.stack.nomad_cluster import ClientSpec
 from tests.harness import CREATE, Caravan
 from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
 
@@ -49,6 +50,14 @@ async def create_on(caravan: Caravan, cluster: MultiHostCluster, name: str, **fi
     return str(data["createSession"]["sessions"][0]["id"])
 
 
+async def restart_client(cluster: MultiHostCluster, host: ClientSpec) -> None:
+    """Start the host's killed Nomad client again (same state and session network)."""
+    from tests.conftest import STACK
+
+    nomad_home, rootfs = Path(STACK["CARAVAN_NOMAD_HOME"]), Path(STACK["CARAVAN_ROOTFS"])
+    await asyncio.to_thread(multihost.restart_client, cluster, host, nomad_home=nomad_home, rootfs=rootfs)
+
+
 async def host_ready(caravan: Caravan, name: str) -> None:
     async with asyncio.timeout(120):
         while not any(n["Name"] == name and n["Status"] == "ready" for n in await caravan.nomad.nodes()):
@@ -60,8 +69,6 @@ async def test_a_hosts_client_killed_during_a_batch_kernels_set_up_reports_it_an
     multihost_cluster: MultiHostCluster,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    from tests.conftest import STACK
-
     cluster, host = multihost_cluster, HOSTS[0]
     shim = Path(cluster.hosts[host.name].network.bin_dir) / "caravan-isolation"
     real = shim.with_name("caravan-isolation.real")
@@ -82,13 +89,7 @@ async def test_a_hosts_client_killed_during_a_batch_kernels_set_up_reports_it_an
             os.kill(client.pid, signal.SIGKILL)
             await asyncio.to_thread(client.process.wait, 30)
             release.touch()
-            await asyncio.to_thread(
-                multihost.restart_client,
-                cluster,
-                host,
-                nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
-                rootfs=Path(STACK["CARAVAN_ROOTFS"]),
-            )
+            await restart_client(cluster, host)
         finally:
             shutil.copy2(real, shim)
             release.touch()

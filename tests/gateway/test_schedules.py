@@ -4,12 +4,14 @@ from a template with overrides showing in the history with its session."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from core.clock import utcnow
+from core.settings import Settings
 from domain.schedules import run_key
 from domain.scheduling_config import load_scheduling_config
 from domain.storage import FolderStatus
@@ -17,7 +19,7 @@ from domain.users import Role
 from scheduler.schedules import ScheduleRunner
 from stores.folders import FolderStore
 from stores.schedules import ScheduleStore
-from tests.harness import Caravan, GraphQLErrors
+from tests.harness import Caravan, GraphQLErrors, running_caravan
 
 SCHEDULE_FIELDS = """id name ownerId project cron interval timeZone paused concurrency missedRuns nextDue runsStarted
 templateId overridden spec { type startupCommand }"""
@@ -288,3 +290,20 @@ async def test_a_schedule_is_refused_what_createsession_refuses_its_runs(caravan
     assert run["outcome"] == "CREATED", run
     session = await caravan.store.get(run["sessionIds"][0])
     assert session is not None and session.priority == 20 and [m.folder_id for m in session.mounts] == [mine]
+
+
+async def test_the_history_shows_as_many_runs_as_are_kept(redis_settings: Settings) -> None:
+    """``CARAVAN_SCHEDULE_HISTORY`` over the default 20: ``history(limit)`` shows that many (found by bench/chaos: the
+    gateway read the runs with the default, so it showed 20 of the 1,000 kept)."""
+    kept = 30
+    scheduler = dataclasses.replace(redis_settings.scheduler, schedule_history=kept)
+    async with running_caravan(dataclasses.replace(redis_settings, scheduler=scheduler), scheduler=False) as caravan:
+        alice = await caravan.user("alice")
+        made = await create(caravan, alice, cron="* * * * *")
+        runner = ScheduleRunner(caravan.store, caravan.settings, load_scheduling_config(None), None, history=kept)
+        due = datetime.fromisoformat(made["nextDue"])
+        for minute in range(25):
+            await runner.run_due(due + timedelta(minutes=minute, seconds=0.2))
+        query = "query($id: ID!) { schedule(id: $id) { runsStarted history(limit: 100) { dueAt } } }"
+        found = (await caravan.gql(query, {"id": made["id"]}, token=alice))["schedule"]
+        assert len(found["history"]) == 25, (found["runsStarted"], len(found["history"]))

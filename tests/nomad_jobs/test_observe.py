@@ -258,7 +258,7 @@ def test_placement_failures_read_as_nomad_job_status_prints_them(metric: dict[st
     assert placement_failure(metric) == f"Nomad cannot place it: {text}"
 
 
-def test_only_a_set_up_failure_before_any_start_says_the_command_never_ran() -> None:
+def test_a_set_up_failure_before_or_after_the_start_is_not_the_commands_result() -> None:
     pulled = answer("allocation-docker-image-missing-batch")  # a driver failure: Nomad's verdict on the task itself
     assert observe_allocation(pulled).setup_failed is False
     setup = {
@@ -268,6 +268,17 @@ def test_only_a_set_up_failure_before_any_start_says_the_command_never_ran() -> 
     state = {**pulled["TaskStates"]["kernel"], "Events": [{"Type": "Received"}, setup], "StartedAt": None}
     broken = {**pulled, "TaskStates": {"kernel": state}}
     seen = observe_allocation(broken)
-    assert (seen.status, seen.reason, seen.setup_failed) == (S.ERROR, "failed-to-start", True)
-    started = {**state, "Events": [{"Type": "Started"}, setup]}
-    assert observe_allocation({**broken, "TaskStates": {"kernel": started}}).setup_failed is False
+    assert (seen.status, seen.reason, seen.setup_failed, seen.command_started) == (
+        S.ERROR,
+        "failed-to-start",
+        True,
+        False,
+    )
+    # a client killed just after starting the task: at its restart the set-up fails, Nomad kills the task (bench/chaos)
+    killed = {"Type": "Terminated", "Details": {"exit_code": "130"}}
+    started = {**state, "Events": [{"Type": "Started"}, setup, killed]}
+    seen = observe_allocation({**broken, "TaskStates": {"kernel": started}})
+    assert (seen.status, seen.exit_code, seen.setup_failed, seen.command_started) == (S.ERROR, None, True, True)
+    assert seen.detail is not None and seen.detail.endswith("the task it had started was killed by Nomad"), seen.detail
+    ended_first = {**state, "Events": [{"Type": "Started"}, {**killed, "Details": {"exit_code": "3"}}, setup]}
+    assert observe_allocation({**broken, "TaskStates": {"kernel": ended_first}}).setup_failed is False

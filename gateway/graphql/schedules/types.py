@@ -90,7 +90,8 @@ class Schedule:
 
     @fields.field(description="The latest runs, newest first (CARAVAN_SCHEDULE_HISTORY are kept).")
     async def history(self, info: Info, limit: int = 20) -> list[ScheduleRun]:
-        store = ScheduleStore(info.context.sessions.redis, info.context.sessions.keys)
+        kept = info.context.settings.scheduler.schedule_history
+        store = ScheduleStore(info.context.sessions.redis, info.context.sessions.keys, history=kept)
         runs = await store.history(self.model.id, max(1, min(limit, MAX_HISTORY)))
         return [run_type_of(r) for r in runs]
 
