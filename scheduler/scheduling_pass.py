@@ -48,7 +48,7 @@ from scheduler.pass_model import (
 from scheduler.selection import drf, get_strategy
 from scheduler.selection.base import QueueEntry, by_age
 from scheduler.selection.drf import DominantShares
-from scheduler.selection.sequence import attempt_order, is_overdue
+from scheduler.selection.sequence import attempt_order, overdue_before
 from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks
 
 __all__ = ["run_pass", "validate_config"]
@@ -226,10 +226,10 @@ def _schedule_group(
     )
     shares = _shares(occupancy, running) if order is drf.order else None  # only DRF reads shares
     entries = _entries(sessions, codec, group_config)
-    holders = _reserve_for_overdue(entries, occupancy, group_config, context, now)
+    first = _reserve_for_overdue(entries, occupancy, group_config, context, now)
+    holders = {entry.session.id for entry in first}
     # holders go first: they have waited longer than reserve_after, and a session that finds its agent reserved
     # must not be able to block the line in front of the holder
-    first = sorted((entry for entry in entries if entry.session.id in holders), key=_reservation_order)
     rest = [entry for entry in entries if entry.session.id not in holders] if holders else entries
     walk = _GroupWalk(group, occupancy, chooser, shares, context, outcomes, holders)
     for entry in chain(first, attempt_order(rest, order, shares or _NO_SHARES)):
@@ -340,30 +340,27 @@ class _GroupWalk:
 
 def _reserve_for_overdue(
     entries: Sequence[QueueEntry], occupancy: GroupOccupancy, config: GroupConfig, context: CheckContext, now: datetime
-) -> set[str]:
+) -> list[QueueEntry]:
     """Reserve agents for overdue sessions, highest band and oldest first, up to ``max_reservations``; an agent holds
-    one reservation at most."""
-    holders: set[str] = set()
-    if config.reserve_after is None or config.max_reservations == 0:
+    one reservation at most. Returns the holders, in that order."""
+    holders: list[QueueEntry] = []
+    cutoff = overdue_before(config, now)  # is_overdue, with the subtraction done once
+    if cutoff is None or config.max_reservations == 0:
         return holders
-    overdue = [entry for entry in entries if entry.pushed_back and is_overdue(entry.session, config, now)]
+    overdue = [entry for entry in entries if entry.pushed_back and entry.session.created_at < cutoff]
     for entry in _in_reservation_order(overdue):
         if len(holders) >= config.max_reservations:
             break
         if failed_checks(entry.session, context) or any(occupancy.never_fits(d) for d in entry.demands):
             continue  # it could not be placed anyway; holding an agent for it would only waste it
         if reserve(occupancy, entry.session.id, entry.demands):
-            holders.add(entry.session.id)
+            holders.append(entry)
     return holders
 
 
-def _reservation_order(entry: QueueEntry) -> tuple[int, float, str]:
-    return -entry.session.priority, entry.created, entry.session.id
-
-
 def _in_reservation_order(entries: Sequence[QueueEntry]) -> Iterator[QueueEntry]:
-    """``sorted(entries, key=_reservation_order)``, lazily: band by band, each by age (nearly every session of a busy
-    queue can be overdue, and only the first few are wanted)."""
+    """Highest band first, oldest first, equal ages by id; lazily: band by band, each by age (nearly every session
+    of a busy queue can be overdue, and only the first few are wanted)."""
     bands: dict[int, list[QueueEntry]] = defaultdict(list)
     for entry in entries:
         bands[entry.session.priority].append(entry)

@@ -51,8 +51,10 @@ def order(entries: Sequence[QueueEntry], shares: ShareView) -> Iterator[QueueEnt
     heap = [(shares.share(user), queue[-1].created, queue[-1].session.id, user) for user, queue in queues.items()]
     heapq.heapify(heap)
     while heap:
-        user = heapq.heappop(heap)[3]
+        user = heap[0][3]
         queue = queues[user]
         yield queue.pop()
-        if queue:  # only this user's share can have changed since it was pushed
-            heapq.heappush(heap, (shares.share(user), queue[-1].created, queue[-1].session.id, user))
+        if queue:  # only this user's share can have changed: one sift replaces the head (keys are unique)
+            heapq.heapreplace(heap, (shares.share(user), queue[-1].created, queue[-1].session.id, user))
+        else:
+            heapq.heappop(heap)
