@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from itertools import chain
+from itertools import chain, count
 
 from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
@@ -232,8 +232,7 @@ def _schedule_group(
     # must not be able to block the line in front of the holder
     rest = [entry for entry in entries if entry.session.id not in holders] if holders else entries
     walk = _GroupWalk(group, occupancy, chooser, shares, context, outcomes, holders)
-    for entry in chain(first, attempt_order(rest, order, shares or _NO_SHARES)):
-        walk.visit(entry)
+    walk.walk(chain(first, attempt_order(rest, order, shares or _NO_SHARES)))
     walk.finish()
     if isinstance(chooser, RoundRobinChooser):
         outcomes.roundrobin_state[group] = chooser.next_index
@@ -257,11 +256,10 @@ class _GroupWalk:
         self.blocker: str | None = None
         self.hopeless: dict[int, int | None] = {}  # id(demands) -> index of the one no agent can ever host
         self.single: dict[tuple[str, int], tuple[KernelPlacement]] = {}  # immutable: shared by every such placement
-        self.blocked: WaitExplanation | None = None
         self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
         self.still_waiting: list[str] = []
 
-    def visit(self, entry: QueueEntry) -> None:
+    def _visit(self, entry: QueueEntry) -> None:
         session = entry.session
         failures = failed_checks(session, self.context)
         cancel = next((failure for failure in failures if failure.cancel_reason), None) if failures else None
@@ -285,17 +283,34 @@ class _GroupWalk:
         if not entry.pushed_back:
             self.blocker = session.id
 
+    def walk(self, line: Iterator[QueueEntry]) -> None:
+        """Visit the sessions in attempt order until one short of resources blocks the line."""
+        for entry in line:
+            self._visit(entry)
+            if self.blocker is not None:
+                self._wait_behind(self.blocker, line)
+                return
+
+    def _wait_behind(self, blocker: str, rest: Iterator[QueueEntry]) -> None:
+        """The rest of the line once ``blocker`` blocks it: nothing more is attempted, so nothing changes but what
+        their checks say (most have no check that can fail: they all get one shared explanation)."""
+        message = f"waiting behind {blocker}, which is first in line"
+        blocked = WaitExplanation(WaitKind.BLOCKED, message, blocked_by=blocker)
+        context, waiting, still_waiting = self.context, self.outcomes.waiting, self.still_waiting
+        for entry in rest:
+            session = entry.session
+            if failed_checks(session, context):
+                self._visit(entry)  # explained by its checks, or cancelled
+            else:
+                still_waiting.append(session.id)
+                waiting[session.id] = blocked
+
     def _not_attempted(self, entry: QueueEntry, failures: list[CheckResult]) -> WaitExplanation | None:
         """Why the session is not even tried (cheap: no agent is looked at), or None to try it."""
         if failures:
             checks = tuple((failure.name, failure.message) for failure in failures)
             message = "; ".join(failure.message for failure in failures)
             return WaitExplanation(WaitKind.CHECKS_FAILED, message, failed_checks=checks)
-        if self.blocker is not None:
-            if self.blocked is None or self.blocked.blocked_by != self.blocker:  # one (immutable) answer per blocker
-                message = f"waiting behind {self.blocker}, which is first in line"
-                self.blocked = WaitExplanation(WaitKind.BLOCKED, message, blocked_by=self.blocker)
-            return self.blocked
         demands = entry.demands
         hopeless = self.hopeless.get(id(demands), _UNKNOWN)  # static, and entries share one tuple per request
         if hopeless is _UNKNOWN:
@@ -335,7 +350,7 @@ class _GroupWalk:
             outcomes.waiting[entry.session.id] = explained[key]
         for ordinal, (holder, demand) in sorted(occupancy.holds.items()):
             outcomes.reservations.append(Reservation(holder, occupancy.ids[ordinal], occupancy.codec.to_slots(demand)))
-        outcomes.positions.update((session_id, n) for n, session_id in enumerate(self.still_waiting, 1))
+        outcomes.positions.update(zip(self.still_waiting, count(1)))
 
 
 def _reserve_for_overdue(
