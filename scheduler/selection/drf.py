@@ -44,17 +44,33 @@ class DominantShares:
         self._shares.pop(user, None)
 
 
+_Key = tuple[float, float, str, str]
+"""A user's place in line: (dominant share, its oldest session's age and id, user)."""
+
+
 def order(entries: Sequence[QueueEntry], shares: ShareView) -> Iterator[QueueEntry]:
     queues: dict[str, list[QueueEntry]] = {}
     for entry in by_age(entries, newest_first=True, ids_descending=True):
         queues.setdefault(entry.session.user, []).append(entry)  # reversed: pop() gives the oldest
-    heap = [(shares.share(user), queue[-1].created, queue[-1].session.id, user) for user, queue in queues.items()]
+    heap: list[_Key] = [
+        (shares.share(user), queue[-1].created, queue[-1].session.id, user) for user, queue in queues.items()
+    ]
     heapq.heapify(heap)
     while heap:
         user = heap[0][3]
         queue = queues[user]
         yield queue.pop()
-        if queue:  # only this user's share can have changed: one sift replaces the head (keys are unique)
-            heapq.heapreplace(heap, (shares.share(user), queue[-1].created, queue[-1].session.id, user))
+        if queue:  # only this user's share can have changed since it was pushed
+            _replace_head(heap, (shares.share(user), queue[-1].created, queue[-1].session.id, user))
         else:
             heapq.heappop(heap)
+
+
+def _replace_head(heap: list[_Key], key: _Key) -> None:
+    """``heapq.heapreplace`` without its sift when ``key`` is still below both children: a user whose share did not
+    change (nothing placed) keeps its turn. Keys are unique (session ids), so the order is the same either way."""
+    size = len(heap)
+    if (size < 2 or key < heap[1]) and (size < 3 or key < heap[2]):
+        heap[0] = key
+    else:
+        heapq.heapreplace(heap, key)
