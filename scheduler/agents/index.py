@@ -25,7 +25,8 @@ amounts back (a rolled-back tentative placement, a released reservation) forgets
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from operator import itemgetter
 
 from scheduler.agents.vectors import Demand, amounts_of
 
@@ -106,6 +107,13 @@ class _Tier:
         return None
 
 
+def _picker(positions: tuple[int, ...]) -> Callable[[Sequence[int]], tuple[int, ...]]:
+    """``vector -> tuple(vector[p] for p in positions)``, in C for two positions or more (one per placement)."""
+    if len(positions) > 1:
+        return itemgetter(*positions)
+    return lambda vector: tuple([vector[position] for position in positions])
+
+
 class PackingIndex:
     def __init__(
         self,
@@ -117,6 +125,7 @@ class PackingIndex:
         """``members``: (agent ordinal, unused accelerator kinds) of every agent having all ``positions``."""
         self.positions = positions
         self.direction = direction
+        self._pick = _picker(positions)
         tier_numbers: dict[int, int] = {}
         self._key_of: dict[int, tuple[int, ...]] = {}
         keys_by_tier: dict[int, list[tuple[int, ...]]] = {}
@@ -134,18 +143,14 @@ class PackingIndex:
 
     def _key(self, ordinal: int, vector: Sequence[int]) -> tuple[int, ...]:
         if self.direction == CONCENTRATED:
-            return (*[vector[position] for position in self.positions], ordinal)
+            return (*self._pick(vector), ordinal)
         return (*[-vector[position] for position in self.positions], ordinal)
 
     def update(self, ordinal: int, vector: Sequence[int]) -> None:
         """Re-sort one member after its available amounts changed."""
-        key_of = self._key_of
-        if self.direction == CONCENTRATED:
-            new = (*[vector[position] for position in self.positions], ordinal)
-        else:
-            new = (*[-vector[position] for position in self.positions], ordinal)
-        self._tier_of[ordinal].move(key_of[ordinal], new)
-        key_of[ordinal] = new
+        new = self._key(ordinal, vector)
+        self._tier_of[ordinal].move(self._key_of[ordinal], new)
+        self._key_of[ordinal] = new
 
     def forget_starts(self) -> None:
         """Amounts went up (a rollback, a released reservation): a skipped bucket may fit again."""
