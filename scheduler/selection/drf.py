@@ -31,17 +31,22 @@ class DominantShares:
 
     def share(self, user: str) -> float:
         share = self._shares.get(user)
-        if share is None:  # never held anything, or changed since last asked
+        if share is None:  # not asked yet
             occupied = self._occupied.get(user)
             share = self._shares[user] = 0.0 if occupied is None else self._compute(occupied)
         return share
 
     def add(self, user: str, demand: Demand) -> None:
-        """Count a placement; the share is recomputed when next asked (only DRF asks)."""
+        """Count a placement. Amounts only grow, so a known share becomes the larger of itself and the placed slots'
+        shares (the same float ``_compute`` would give: max picks one of the same quotients)."""
         occupied = self._occupied.setdefault(user, [0] * len(self._capacity))
         for position, amount in demand:
             occupied[position] += amount
-        self._shares.pop(user, None)
+        share = self._shares.get(user)
+        if share is not None:
+            capacity = self._capacity
+            placed = [occupied[position] / capacity[position] for position, _ in demand if capacity[position] > 0]
+            self._shares[user] = max(share, *placed) if placed else share
 
 
 _Key = tuple[float, float, str, str]
