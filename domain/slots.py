@@ -12,7 +12,7 @@ Rules (after Backend.AI's ``ResourceSlot``, minus its mutating ``sync_keys``):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from enum import StrEnum
 from types import MappingProxyType
@@ -241,6 +241,12 @@ class ResourceSlots(Mapping[str, Decimal]):
 
     def __len__(self) -> int:
         return len(self._amounts)
+
+    def keys(self) -> KeysView[str]:  # the dict's own views: iterated in C (a pass walks 100k requests)
+        return self._amounts.keys()
+
+    def items(self) -> ItemsView[str, Decimal]:
+        return self._amounts.items()
 
     def __repr__(self) -> str:
         return f"ResourceSlots({self.to_json()!r})"

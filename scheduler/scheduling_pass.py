@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from itertools import chain
+from itertools import chain, count
 
 from core.collector import collector_paused
 from domain.agents import Agent
@@ -47,7 +47,7 @@ from scheduler.pass_model import (
 from scheduler.selection import drf, get_strategy
 from scheduler.selection.base import QueueEntry, by_age
 from scheduler.selection.drf import DominantShares
-from scheduler.selection.sequence import attempt_order, is_overdue
+from scheduler.selection.sequence import attempt_order, overdue_before
 from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks
 
 __all__ = ["run_pass", "validate_config"]
@@ -213,14 +213,13 @@ def _schedule_group(
     )
     shares = _shares(occupancy, running) if order is drf.order else None  # only DRF reads shares
     entries = _entries(sessions, codec, group_config)
-    holders = _reserve_for_overdue(entries, occupancy, group_config, context, now)
+    first = _reserve_for_overdue(entries, occupancy, group_config, context, now)
+    holders = {entry.session.id for entry in first}
     # holders go first: they have waited longer than reserve_after, and a session that finds its agent reserved
     # must not be able to block the line in front of the holder
-    first = sorted((entry for entry in entries if entry.session.id in holders), key=_reservation_order)
     rest = [entry for entry in entries if entry.session.id not in holders] if holders else entries
     walk = _GroupWalk(group, occupancy, chooser, shares, context, outcomes, holders)
-    for entry in chain(first, attempt_order(rest, order, shares or _NO_SHARES)):
-        walk.visit(entry)
+    walk.walk(chain(first, attempt_order(rest, order, shares or _NO_SHARES)))
     walk.finish()
     if isinstance(chooser, RoundRobinChooser):
         outcomes.roundrobin_state[group] = chooser.next_index
@@ -244,11 +243,10 @@ class _GroupWalk:
         self.blocker: str | None = None
         self.hopeless: dict[int, int | None] = {}  # id(demands) -> index of the one no agent can ever host
         self.single: dict[tuple[str, int], tuple[KernelPlacement]] = {}  # immutable: shared by every such placement
-        self.blocked: WaitExplanation | None = None
         self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
         self.still_waiting: list[str] = []
 
-    def visit(self, entry: QueueEntry) -> None:
+    def _visit(self, entry: QueueEntry) -> None:
         session = entry.session
         failures = failed_checks(session, self.context)
         cancel = next((failure for failure in failures if failure.cancel_reason), None) if failures else None
@@ -272,17 +270,34 @@ class _GroupWalk:
         if not entry.pushed_back:
             self.blocker = session.id
 
+    def walk(self, line: Iterator[QueueEntry]) -> None:
+        """Visit the sessions in attempt order until one short of resources blocks the line."""
+        for entry in line:
+            self._visit(entry)
+            if self.blocker is not None:
+                self._wait_behind(self.blocker, line)
+                return
+
+    def _wait_behind(self, blocker: str, rest: Iterator[QueueEntry]) -> None:
+        """The rest of the line once ``blocker`` blocks it: nothing more is attempted, so nothing changes but what
+        their checks say (most have no check that can fail: they all get one shared explanation)."""
+        message = f"waiting behind {blocker}, which is first in line"
+        blocked = WaitExplanation(WaitKind.BLOCKED, message, blocked_by=blocker)
+        context, waiting, still_waiting = self.context, self.outcomes.waiting, self.still_waiting
+        for entry in rest:
+            session = entry.session
+            if failed_checks(session, context):
+                self._visit(entry)  # explained by its checks, or cancelled
+            else:
+                still_waiting.append(session.id)
+                waiting[session.id] = blocked
+
     def _not_attempted(self, entry: QueueEntry, failures: list[CheckResult]) -> WaitExplanation | None:
         """Why the session is not even tried (cheap: no agent is looked at), or None to try it."""
         if failures:
             checks = tuple((failure.name, failure.message) for failure in failures)
             message = "; ".join(failure.message for failure in failures)
             return WaitExplanation(WaitKind.CHECKS_FAILED, message, failed_checks=checks)
-        if self.blocker is not None:
-            if self.blocked is None or self.blocked.blocked_by != self.blocker:  # one (immutable) answer per blocker
-                message = f"waiting behind {self.blocker}, which is first in line"
-                self.blocked = WaitExplanation(WaitKind.BLOCKED, message, blocked_by=self.blocker)
-            return self.blocked
         demands = entry.demands
         hopeless = self.hopeless.get(id(demands), _UNKNOWN)  # static, and entries share one tuple per request
         if hopeless is _UNKNOWN:
@@ -322,35 +337,32 @@ class _GroupWalk:
             outcomes.waiting[entry.session.id] = explained[key]
         for ordinal, (holder, demand) in sorted(occupancy.holds.items()):
             outcomes.reservations.append(Reservation(holder, occupancy.ids[ordinal], occupancy.codec.to_slots(demand)))
-        outcomes.positions.update((session_id, n) for n, session_id in enumerate(self.still_waiting, 1))
+        outcomes.positions.update(zip(self.still_waiting, count(1)))
 
 
 def _reserve_for_overdue(
     entries: Sequence[QueueEntry], occupancy: GroupOccupancy, config: GroupConfig, context: CheckContext, now: datetime
-) -> set[str]:
+) -> list[QueueEntry]:
     """Reserve agents for overdue sessions, highest band and oldest first, up to ``max_reservations``; an agent holds
-    one reservation at most."""
-    holders: set[str] = set()
-    if config.reserve_after is None or config.max_reservations == 0:
+    one reservation at most. Returns the holders, in that order."""
+    holders: list[QueueEntry] = []
+    cutoff = overdue_before(config, now)  # is_overdue, with the subtraction done once
+    if cutoff is None or config.max_reservations == 0:
         return holders
-    overdue = [entry for entry in entries if entry.pushed_back and is_overdue(entry.session, config, now)]
+    overdue = [entry for entry in entries if entry.pushed_back and entry.session.created_at < cutoff]
     for entry in _in_reservation_order(overdue):
         if len(holders) >= config.max_reservations:
             break
         if failed_checks(entry.session, context) or any(occupancy.never_fits(d) for d in entry.demands):
             continue  # it could not be placed anyway; holding an agent for it would only waste it
         if reserve(occupancy, entry.session.id, entry.demands):
-            holders.add(entry.session.id)
+            holders.append(entry)
     return holders
 
 
-def _reservation_order(entry: QueueEntry) -> tuple[int, float, str]:
-    return -entry.session.priority, entry.created, entry.session.id
-
-
 def _in_reservation_order(entries: Sequence[QueueEntry]) -> Iterator[QueueEntry]:
-    """``sorted(entries, key=_reservation_order)``, lazily: band by band, each by age (nearly every session of a busy
-    queue can be overdue, and only the first few are wanted)."""
+    """Highest band first, oldest first, equal ages by id; lazily: band by band, each by age (nearly every session
+    of a busy queue can be overdue, and only the first few are wanted)."""
     bands: dict[int, list[QueueEntry]] = defaultdict(list)
     for entry in entries:
         bands[entry.session.priority].append(entry)

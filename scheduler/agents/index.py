@@ -15,12 +15,18 @@ Inside a tier the keys are bucketed by their first amount (a few hundred distinc
 multiples of a preset's size), each bucket a sorted list: a search walks the buckets from the first that could fit
 and skips a bucket on its one extreme second amount (its last key for concentrated, its first for dispersed) without
 a bisection, so a bucket short of the second slot costs one comparison.
+
+Dispersed also remembers, per request, the bucket where its last search found an agent: the buckets before it held
+no agent that fits, and none ever will while amounts only go down (an agent only moves to a later bucket, and one
+that did not fit does not fit with less), so the next search of the same request starts there. Anything that gives
+amounts back (a rolled-back tentative placement, a released reservation) forgets these starts (``forget_starts``).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from operator import itemgetter
 
 from scheduler.agents.vectors import Demand, amounts_of
 
@@ -33,13 +39,14 @@ DISPERSED = -1
 class _Tier:
     """The keys of one tier, bucketed by their first component (sorted ``values``, one sorted list per value)."""
 
-    __slots__ = ("buckets", "values")
+    __slots__ = ("buckets", "starts", "values")
 
     def __init__(self, keys: list[tuple[int, ...]]) -> None:
         self.buckets: dict[int, list[tuple[int, ...]]] = {}
         for key in sorted(keys):
             self.buckets.setdefault(key[0], []).append(key)
         self.values = sorted(self.buckets)
+        self.starts: dict[tuple[int, ...], int] = {}  # dispersed: need -> first bucket value that may fit it
 
     def move(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
         """Replace ``old`` by ``new`` (the one operation of every placement, in one step)."""
@@ -83,7 +90,9 @@ class _Tier:
         if len(need) == 1:
             return buckets[values[0]][0][-1] if values and values[0] <= negated[0] else None
         second, rest = negated[1], negated[2:]
-        for value in values:
+        start = self.starts.get(need)
+        for position in range(0 if start is None else bisect_left(values, start), len(values)):
+            value = values[position]
             if value > negated[0]:  # from here on avail[k1] < need[k1]: nothing later fits
                 return None
             bucket = buckets[value]
@@ -93,8 +102,16 @@ class _Tier:
                 if key[1] > second:
                     break
                 if all(have <= want for have, want in zip(key[2:-1], rest, strict=True)):
+                    self.starts[need] = value
                     return key[-1]
         return None
+
+
+def _picker(positions: tuple[int, ...]) -> Callable[[Sequence[int]], tuple[int, ...]]:
+    """``vector -> tuple(vector[p] for p in positions)``, in C for two positions or more (one per placement)."""
+    if len(positions) > 1:
+        return itemgetter(*positions)
+    return lambda vector: tuple([vector[position] for position in positions])
 
 
 class PackingIndex:
@@ -108,6 +125,7 @@ class PackingIndex:
         """``members``: (agent ordinal, unused accelerator kinds) of every agent having all ``positions``."""
         self.positions = positions
         self.direction = direction
+        self._pick = _picker(positions)
         tier_numbers: dict[int, int] = {}
         self._key_of: dict[int, tuple[int, ...]] = {}
         keys_by_tier: dict[int, list[tuple[int, ...]]] = {}
@@ -125,18 +143,19 @@ class PackingIndex:
 
     def _key(self, ordinal: int, vector: Sequence[int]) -> tuple[int, ...]:
         if self.direction == CONCENTRATED:
-            return (*[vector[position] for position in self.positions], ordinal)
+            return (*self._pick(vector), ordinal)
         return (*[-vector[position] for position in self.positions], ordinal)
 
     def update(self, ordinal: int, vector: Sequence[int]) -> None:
         """Re-sort one member after its available amounts changed."""
-        key_of = self._key_of
-        if self.direction == CONCENTRATED:
-            new = (*[vector[position] for position in self.positions], ordinal)
-        else:
-            new = (*[-vector[position] for position in self.positions], ordinal)
-        self._tier_of[ordinal].move(key_of[ordinal], new)
-        key_of[ordinal] = new
+        new = self._key(ordinal, vector)
+        self._tier_of[ordinal].move(self._key_of[ordinal], new)
+        self._key_of[ordinal] = new
+
+    def forget_starts(self) -> None:
+        """Amounts went up (a rollback, a released reservation): a skipped bucket may fit again."""
+        for tier in self._tier_order:
+            tier.starts.clear()
 
     def find(self, demand: Demand) -> int | None:
         """The best member that fits ``demand`` (whose positions are exactly this index's), or None."""

@@ -143,6 +143,9 @@ class GroupOccupancy:
             avail[position] += sign * amount
         for index in self._indexes_of[ordinal]:
             index.update(ordinal, avail)
+        if sign > 0:
+            for index in self._indexes.values():
+                index.forget_starts()
         if self._avail_fronts:
             self._avail_fronts.clear()
 

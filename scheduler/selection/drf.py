@@ -31,28 +31,51 @@ class DominantShares:
 
     def share(self, user: str) -> float:
         share = self._shares.get(user)
-        if share is None:  # never held anything, or changed since last asked
+        if share is None:  # not asked yet
             occupied = self._occupied.get(user)
             share = self._shares[user] = 0.0 if occupied is None else self._compute(occupied)
         return share
 
     def add(self, user: str, demand: Demand) -> None:
-        """Count a placement; the share is recomputed when next asked (only DRF asks)."""
+        """Count a placement. Amounts only grow, so a known share becomes the larger of itself and the placed slots'
+        shares (the same float ``_compute`` would give: max picks one of the same quotients)."""
         occupied = self._occupied.setdefault(user, [0] * len(self._capacity))
         for position, amount in demand:
             occupied[position] += amount
-        self._shares.pop(user, None)
+        share = self._shares.get(user)
+        if share is not None:
+            capacity = self._capacity
+            placed = [occupied[position] / capacity[position] for position, _ in demand if capacity[position] > 0]
+            self._shares[user] = max(share, *placed) if placed else share
+
+
+_Key = tuple[float, float, str, str]
+"""A user's place in line: (dominant share, its oldest session's age and id, user)."""
 
 
 def order(entries: Sequence[QueueEntry], shares: ShareView) -> Iterator[QueueEntry]:
     queues: dict[str, list[QueueEntry]] = {}
     for entry in by_age(entries, newest_first=True, ids_descending=True):
         queues.setdefault(entry.session.user, []).append(entry)  # reversed: pop() gives the oldest
-    heap = [(shares.share(user), queue[-1].created, queue[-1].session.id, user) for user, queue in queues.items()]
+    heap: list[_Key] = [
+        (shares.share(user), queue[-1].created, queue[-1].session.id, user) for user, queue in queues.items()
+    ]
     heapq.heapify(heap)
     while heap:
-        user = heapq.heappop(heap)[3]
+        user = heap[0][3]
         queue = queues[user]
         yield queue.pop()
         if queue:  # only this user's share can have changed since it was pushed
-            heapq.heappush(heap, (shares.share(user), queue[-1].created, queue[-1].session.id, user))
+            _replace_head(heap, (shares.share(user), queue[-1].created, queue[-1].session.id, user))
+        else:
+            heapq.heappop(heap)
+
+
+def _replace_head(heap: list[_Key], key: _Key) -> None:
+    """``heapq.heapreplace`` without its sift when ``key`` is still below both children: a user whose share did not
+    change (nothing placed) keeps its turn. Keys are unique (session ids), so the order is the same either way."""
+    size = len(heap)
+    if (size < 2 or key < heap[1]) and (size < 3 or key < heap[2]):
+        heap[0] = key
+    else:
+        heapq.heapreplace(heap, key)

@@ -21,19 +21,21 @@ from domain.scheduling_config import GroupConfig
 from scheduler.pass_model import PendingSession
 from scheduler.selection.base import QueueEntry, SessionOrder, ShareView
 
-__all__ = ["attempt_order", "is_overdue", "is_pushed_back"]
+__all__ = ["attempt_order", "is_overdue", "is_pushed_back", "overdue_before"]
 
 
 def is_pushed_back(session: PendingSession, config: GroupConfig) -> bool:
     return config.retries_to_skip > 0 and session.retries >= config.retries_to_skip
 
 
+def overdue_before(config: GroupConfig, now: datetime) -> datetime | None:
+    """A pushed-back session created before this instant is overdue (None: reservations are off)."""
+    return None if config.reserve_after is None else now - config.reserve_after
+
+
 def is_overdue(session: PendingSession, config: GroupConfig, now: datetime) -> bool:
-    return (
-        config.reserve_after is not None
-        and is_pushed_back(session, config)
-        and now - session.created_at > config.reserve_after
-    )
+    cutoff = overdue_before(config, now)
+    return cutoff is not None and is_pushed_back(session, config) and session.created_at < cutoff
 
 
 def attempt_order(entries: Sequence[QueueEntry], order: SessionOrder, shares: ShareView) -> Iterator[QueueEntry]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import gc
+from datetime import timedelta
 
 import pytest
 
 from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
-from scheduler.pass_model import PassConfig, Snapshot, WaitKind
+from scheduler.pass_model import ClusterMode, PassConfig, Snapshot, WaitKind
 from scheduler.scheduling_pass import run_pass
 from tests.scheduler.builders import T0, agent, placed_on, run, session, slots
 
@@ -148,3 +149,37 @@ def test_the_garbage_collector_is_left_as_the_pass_found_it() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_dispersed_sees_the_amounts_a_failed_multi_node_session_gave_back() -> None:
+    # c1's kernels go to a (the most free), then b, then find nothing: both are rolled back. s2 asks for the same
+    # amounts and must get a again; a search that remembered where it last found an agent (b's amounts) would skip
+    # a, now back among the freest (fails if the rollback does not make the index forget those starts)
+    agents = [agent("a", {"cpu": 8, "mem": "8g"}), agent("b", {"cpu": 7, "mem": "7g"}), agent("c", {"cpu": 1})]
+    cluster = session("c1", {"cpu": 6, "mem": "6g"}, size=3, mode=ClusterMode.MULTI_NODE, priority=20, retries=1)
+    result = run(
+        agents,
+        [cluster, session("s2", {"cpu": 6, "mem": "6g"}, at=1)],
+        agent_selector="dispersed",
+        retries_to_skip=1,
+    )
+    assert "c1" not in result.placements
+    assert placed_on(result) == {"s2": "a"}
+
+
+def test_dispersed_sees_the_amounts_a_released_reservation_gave_back() -> None:
+    # h1 and h2 are overdue: h1 holds a, h2 holds x. h1 releases a and is placed there; then h2 releases x, which is
+    # freer than a ever was, and must be placed on it (fails if the release does not make the index forget where
+    # the same request was last found: the search would start past x and find nothing)
+    agents = [agent("a", {"cpu": 8, "mem": "8g"}), agent("x", {"cpu": 10, "mem": "10g"})]
+    overdue = [session(f"h{n}", {"cpu": 6, "mem": "6g"}, at=n, retries=1) for n in (1, 2)]
+    result = run(
+        agents,
+        overdue,
+        now=T0 + timedelta(hours=2),
+        agent_selector="dispersed",
+        retries_to_skip=1,
+        reserve_after=timedelta(hours=1),
+        max_reservations=2,
+    )
+    assert placed_on(result) == {"h1": "a", "h2": "x"}
