@@ -20,7 +20,7 @@ session's kernels (each replica is a kernel ``mainN``, one Nomad task group, see
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
@@ -199,6 +199,22 @@ def park(kernel: Kernel) -> Kernel:
         status_info=SCALED_TO_ZERO,
         finished_at=kernel.finished_at,
     )
+
+
+def stranded(session: Session, down: Set[str]) -> tuple[str, ...]:
+    """Replicas down on an agent whose Nomad node is ``down`` (its client lost): each replica is pinned to its agent
+    (``nomad_jobs.session_job``), so Nomad cannot place it elsewhere; the scheduler places it again
+    (:func:`moved`). A replica running there (its client back) is left as it runs."""
+    return tuple(k.hostname for k in serving(session) if k.agent in down and k.status is not S.RUNNING)
+
+
+def moved(session: Session, agents: Mapping[str, str]) -> Session:
+    """``session`` with each replica named in ``agents`` a new run on its new agent (its own image, slots and
+    revision): its job rendered again changes only that replica's group (its pin), so Nomad places it there."""
+    kernels = tuple(
+        fresh(k, k.index, agents[k.hostname], k.revision) if k.hostname in agents else k for k in session.kernels
+    )
+    return session.evolve(kernels=kernels)
 
 
 def with_decision(session: Session, desired: int, reason: str, panicking: bool, *, now: datetime) -> Session:

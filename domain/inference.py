@@ -96,6 +96,13 @@ def earlier_run(session: Session, kernel: Kernel, seen: KernelObservation) -> bo
     )
 
 
+def elsewhere(session: Session, kernel: Kernel, seen: KernelObservation) -> bool:
+    """Is ``seen`` about an allocation on another agent than the replica's? A replica is pinned to its agent, so such
+    an allocation is the run it had before the scheduler moved it off a lost node (``domain.endpoint_scaling.moved``):
+    that node's client, back, stops it, and its reports say nothing of the replica now."""
+    return is_inference(session) and kernel.agent is not None and seen.agent is not None and seen.agent != kernel.agent
+
+
 def service_endpoint(session: Session, kernel: Kernel) -> str | None:
     """``host:port`` where ``kernel`` serves the session's service port, once Nomad allocated it."""
     if session.service_port is None:

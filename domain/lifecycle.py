@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from domain.inference import earlier_run, replica_observation
+from domain.inference import earlier_run, elsewhere, replica_observation
 from domain.model import Kernel, KernelObservation, Session, SessionResult, SessionStatus, SessionType, StatusChange
 from domain.start_retry import START_RETRIED, retried_observation, start_retry_asked
 
@@ -144,8 +144,8 @@ def _taken(
     session: Session, kernel: Kernel, seen: KernelObservation, reported: KernelObservation
 ) -> KernelObservation | None:
     """The observation of ``kernel`` as the session takes it; None when it says nothing of the kernel now."""
-    if kernel.parked or earlier_run(session, kernel, reported):
-        return None  # an endpoint's replica at zero, or not placed yet: an old allocation says nothing of it
+    if kernel.parked or earlier_run(session, kernel, reported) or elsewhere(session, kernel, reported):
+        return None  # an endpoint's replica at zero, not placed yet or moved: an old allocation says nothing of it
     if kernel.status.is_terminal and not seen.status.is_terminal:
         return None  # an old allocation's late report
     if not seen.placed and kernel.alloc_id is not None:

@@ -13,6 +13,9 @@ Every :data:`TICK` seconds, and at once when the activator asks to wake an endpo
    with the kernels in one fenced update. The store asks the job owner, in that same transaction, to register the job
    as it now is (``stores.sessions.rescaled``); the owner alone writes to Nomad (``scheduler.submitter.resubmit``).
 
+A replica down on a node Nomad marks down (its client lost) is placed again the same way, on another agent
+(``move_stranded``): it is pinned to its agent, so Nomad itself cannot move it.
+
 The loop changes an endpoint's job only when the previous change is registered (the session is no longer in the
 owner's ``work_to_submit``): so two changes never race, and the owner never registers a job older than the stored one.
 It uses Nomad's plain job registration, not its ``job scale`` API: a registration is accepted while a deployment is
@@ -37,16 +40,18 @@ from domain.endpoint_scaling import (
     ReplicaPlan,
     fresh,
     is_scalable,
+    moved,
     plan_replicas,
     plan_rollout,
     replica_template,
     replicas_now,
     rules_of,
     serving,
+    stranded,
     with_decision,
     with_plan,
 )
-from domain.model import ClusterMode, Session, SessionType
+from domain.model import ClusterMode, Session, SessionStatus, SessionType
 from domain.scheduling_config import SchedulingConfig
 from nomad_jobs.agents import agents_of, allowed_drivers, devices_of, healthy_drivers, mhz_per_core
 from nomad_jobs.client import NomadClient
@@ -59,6 +64,7 @@ from stores.endpoint_traffic import EndpointLoad, next_wakes, read_loads
 from stores.sessions import SessionStore
 
 log = logging.getLogger(__name__)
+S = SessionStatus
 
 TICK = 1.0
 """Seconds between two decisions of every endpoint (a wake decides at once)."""
@@ -120,6 +126,8 @@ class Autoscaler:
         self.states[session.id] = decision.state
         if busy:  # its last change is not registered in Nomad yet: decide again once it is
             return
+        if await self.move_stranded(session, now):
+            return  # a replica moved off a lost node: the load decides again at the next tick
         fresh_load = load is not None and now.timestamp() - load.sampled_at <= STALE_AFTER
         in_flight = load.in_flight + load.held if load is not None and fresh_load else None
         sampled_at = load.sampled_at if load is not None and fresh_load else None
@@ -170,6 +178,33 @@ class Autoscaler:
             if serving(stored):
                 self.waking.discard(session.id)
 
+    async def move_stranded(self, session: Session, now: datetime) -> bool:
+        """Place again, on another agent, each replica down on a node Nomad marks down (``domain.endpoint_scaling``'s
+        ``stranded``: its pin keeps Nomad from rescheduling it), and render the job with the new pins; the store asks
+        the job owner to register it, as for any change of replicas. One Nomad call (the nodes) per endpoint with a
+        replica not running, none otherwise. Whether it changed the endpoint."""
+        if all(k.status is S.RUNNING for k in serving(session)):
+            return False
+        down = {str(n["ID"]) for n in await self.nomad.nodes() if n.get("Status") == "down"}
+        lost = stranded(session, down)
+        agents = await self.place(session, lost, now) if lost else {}
+        if not agents:
+            return False
+        context = await self.job_context(session)
+        before = session.kernels
+
+        def mutate(current: Session) -> Session | None:
+            if not is_scalable(current) or current.kernels != before:
+                return None  # moved on meanwhile (observed, ended): looked at again at the next tick
+            after = moved(current, agents)
+            return after.evolve(job_hcl=render_session_job(after, context(after)).hcl)
+
+        stored = await self.store.update(session.id, mutate, fence=self.fence)
+        if stored is None or stored.kernels == before:
+            return False
+        log.info("session=%s replicas on a lost node placed again: %s", session.id, agents)
+        return True
+
     async def place(self, session: Session, hostnames: Sequence[str], now: datetime) -> dict[str, str]:
         """An agent for each new replica, by the scheduler's pass over what Nomad reports free (those that fit now;
         the others wait for the next decision)."""
@@ -181,7 +216,7 @@ class Autoscaler:
         agents = agents_of(nodes, allocs, live, self.settings.nomad.job_prefix, mhz, self.config.devices)
         template = replica_template(session)  # a rolling update's new replicas: the new revision's image and slots
         new = tuple(fresh(template, int(h.removeprefix("main")), "", session.revision) for h in hostnames)
-        anchor = next((k.agent for k in serving(session) if k.agent), None)
+        anchor = next((k.agent for k in serving(session) if k.agent and k.hostname not in hostnames), None)
         asked = session.evolve(kernels=new)
         if session.cluster_mode is ClusterMode.SINGLE_NODE and anchor is not None:
             asked = asked.evolve(designated_agent=anchor)  # replicas of a single-node endpoint share its agent

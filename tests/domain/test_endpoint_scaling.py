@@ -17,10 +17,12 @@ from domain.endpoint_scaling import (
     as_run_by,
     check_replica_ceiling,
     fixed_rules,
+    moved,
     plan_replicas,
     plan_rollout,
     replica_template,
     replicas_now,
+    stranded,
     with_plan,
     with_update,
 )
@@ -141,6 +143,28 @@ def test_a_new_replica_ignores_the_stopped_allocation_of_its_name() -> None:
     failed = replace(new, status=S.ERROR, reason="task-failed")
     after = observe_kernel(seen, failed, at=T0)
     assert after is not None and after.kernels[1].status_info.startswith("recovering")
+
+
+def test_a_replica_down_on_a_lost_node_moves_and_its_old_allocation_no_longer_counts() -> None:
+    """main1 was lost with node-a (Nomad marked it down); main2 runs on node-b and serves meanwhile."""
+    lost = observe_kernel(
+        endpoint(replica(1), replica(2, agent="node-b")),
+        KernelObservation(hostname="main1", status=S.ERROR, reason="job-lost", alloc_id="alloc1", agent="node-a"),
+        at=T0,
+    )
+    assert lost is not None and lost.kernels[0].status_info == "recovering: job-lost"
+    assert endpoints_of(lost) == ("127.0.0.1:20002",)
+    assert stranded(lost, {"node-a"}) == ("main1",) and stranded(lost, {"node-c"}) == ()
+    assert stranded(endpoint(replica(1)), {"node-a"}) == ()  # running there (its client back): left as it runs
+    now = moved(lost, {"main1": "node-b"})
+    assert now.kernels[0].agent == "node-b" and now.kernels[0].alloc_id is None and now.kernels[1] == lost.kernels[1]
+    new = KernelObservation(hostname="main1", status=S.RUNNING, reason="running", alloc_id="new", agent="node-b")
+    seen = observe_kernel(now, new, at=T0)
+    assert seen is not None and seen.kernels[0].alloc_id == "new"
+    # node-a back, its client stops the old allocation (and may say it runs first): neither says anything of main1
+    for status in (S.RUNNING, S.TERMINATED):
+        old = KernelObservation(hostname="main1", status=status, reason="x", alloc_id="alloc1", agent="node-a")
+        assert observe_kernel(seen, old, at=T0) is None
 
 
 def test_a_new_replica_without_an_agent_waits() -> None:
