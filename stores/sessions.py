@@ -124,7 +124,8 @@ class SessionStore:
     async def create(
         self, sessions: Sequence[Session], *, client_token: str | None = None, admit: Admission | None = None
     ) -> list[Session]:
-        """Store new PENDING sessions atomically; a repeated ``client_token`` returns the first call's sessions.
+        """Store new PENDING sessions atomically; a repeated ``client_token`` returns the first call's sessions, once
+        the replicas confirmed them (as a creation's own answer waits: the first call's may have been refused).
 
         ``admit`` (a quota check) runs under a WATCH of the owner's session index and raises to refuse: a creation
         of the same owner racing this one makes it run again, so two racing requests cannot both slip under a limit.
@@ -139,6 +140,11 @@ class SessionStore:
             await pipe.watch(*watched)
             if token_key and (earlier := await pipe.get(token_key)):
                 found = await self.get_many(decode(earlier, list[str]))
+                # the first call may have been refused as not replicated (its sessions on the primary alone): the
+                # token written again, as it was, makes this answer wait for the replicas as a creation does
+                begin(pipe)
+                pipe.set(token_key, earlier, keepttl=True)
+                await pipe.execute()
                 return [s for s in found if s is not None]
             if admit:
                 await admit(self)

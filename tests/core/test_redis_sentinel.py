@@ -175,6 +175,29 @@ async def test_a_write_no_replica_has_is_never_acknowledged(
     assert await store.get_many([before.id]) != [None]
 
 
+async def test_a_repeated_client_token_is_not_acknowledged_before_a_replica_has_its_sessions(
+    group: SentinelGroup, settings: Settings, gateway_redis: Redis
+) -> None:
+    """The caller's retry of a creation refused as not replicated (same ``clientToken``) finds the first call's
+    sessions on the primary: it must not answer "created" while no replica has them either (bench/chaos lost two such
+    sessions in a failover). Once the replicas are back, the retry answers the first call's sessions, once."""
+    store = SessionStore(gateway_redis, Keys(settings.redis.prefix))
+    replicas = [node for node in group.nodes if node.port != group.primary_port()]
+    for node in replicas:
+        os.kill(node.service.pid, signal.SIGSTOP)
+    first = new_session("retried")
+    try:
+        with pytest.raises(NotReplicated):
+            await store.create([first], client_token="retry-1")
+        with pytest.raises(NotReplicated):  # the old code answered [first] here, from the primary alone
+            await store.create([new_session("retried")], client_token="retry-1")
+    finally:
+        for node in replicas:
+            os.kill(node.service.pid, signal.SIGCONT)
+    again = await store.create([new_session("retried")], client_token="retry-1")
+    assert [s.id for s in again] == [first.id]
+
+
 def await_created(store: SessionStore, session: Session) -> object:
     """A condition for :func:`until`: ``session`` created (retried through the outage)."""
     state: dict[str, object] = {}
