@@ -12,9 +12,10 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,12 @@ from core.redis import NotReplicated, client
 from core.retry import TRANSIENT
 from core.settings import RedisSettings, Settings
 from domain.model import Driver, Kernel, Session, SessionType
+from domain.schedules import RunOutcome
+from stores.schedules import ScheduleStore
 from stores.sessions import SessionStore
 from tests.failover import longest_gap
+from tests.scheduler.test_schedule_runner import T0 as SCHEDULE_T0
+from tests.scheduler.test_schedule_runner import owned_sessions, runner_of, stored_schedule
 
 pytestmark = [pytest.mark.redis]
 
@@ -87,6 +92,27 @@ async def until(condition: object, *, timeout: float = 60.0, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"not {what} after {timeout:.0f}s")
         await asyncio.sleep(0.05)
+
+
+@contextmanager
+def replicas_frozen(group: SentinelGroup) -> Iterator[None]:
+    """Every replica stopped (SIGSTOP) for the block: the primary takes writes no replica reads."""
+    replicas = [node for node in group.nodes if node.port != group.primary_port()]
+    for node in replicas:
+        os.kill(node.service.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for node in replicas:
+            os.kill(node.service.pid, signal.SIGCONT)
+
+
+def kill_primary(group: SentinelGroup) -> int:
+    """kill -9 of the primary; its port."""
+    old = group.primary_port()
+    assert old is not None
+    group.node(old).kill()
+    return old
 
 
 async def new_primary(group: SentinelGroup, old: int) -> int:
@@ -157,19 +183,11 @@ async def test_a_write_no_replica_has_is_never_acknowledged(
     store = SessionStore(gateway_redis, Keys(settings.redis.prefix))
     before = new_session("before")
     await store.create([before])
-    replicas = [node for node in group.nodes if node.port != group.primary_port()]
-    for node in replicas:
-        os.kill(node.service.pid, signal.SIGSTOP)
-    try:
+    with replicas_frozen(group):
         unreplicated = new_session("unreplicated")
         with pytest.raises(NotReplicated):
             await store.create([unreplicated])
-        old = group.primary_port()
-        assert old is not None
-        group.node(old).kill()
-    finally:
-        for node in replicas:
-            os.kill(node.service.pid, signal.SIGCONT)
+        old = kill_primary(group)
     await new_primary(group, old)
     await until(await_created(store, new_session("after")), what="creating on the new primary")
     assert await store.get_many([before.id]) != [None]
@@ -182,38 +200,65 @@ async def test_a_repeated_client_token_is_not_acknowledged_before_a_replica_has_
     sessions on the primary: it must not answer "created" while no replica has them either (bench/chaos lost two such
     sessions in a failover). Once the replicas are back, the retry answers the first call's sessions, once."""
     store = SessionStore(gateway_redis, Keys(settings.redis.prefix))
-    replicas = [node for node in group.nodes if node.port != group.primary_port()]
-    for node in replicas:
-        os.kill(node.service.pid, signal.SIGSTOP)
     first = new_session("retried")
-    try:
+    with replicas_frozen(group):
         with pytest.raises(NotReplicated):
             await store.create([first], client_token="retry-1")
         with pytest.raises(NotReplicated):  # the old code answered [first] here, from the primary alone
             await store.create([new_session("retried")], client_token="retry-1")
-    finally:
-        for node in replicas:
-            os.kill(node.service.pid, signal.SIGCONT)
     again = await store.create([new_session("retried")], client_token="retry-1")
     assert [s.id for s in again] == [first.id]
 
 
-def await_created(store: SessionStore, session: Session) -> object:
-    """A condition for :func:`until`: ``session`` created (retried through the outage)."""
+async def test_a_schedule_run_is_settled_only_once_a_replica_has_its_sessions(
+    group: SentinelGroup, settings: Settings, gateway_redis: Redis
+) -> None:
+    """A schedule runner creates a run's sessions in one script call outside any transaction (``create_each``), so
+    no ``WAIT`` follows that call; the run's settlement (a transaction) comes after it on the same replication stream,
+    and its ``WAIT`` covers both. Both replicas frozen: the run is not acknowledged as settled; across the failover that
+    follows, the due time ends with exactly one run and its sessions, whichever prefix of the stream the new primary
+    had (none: the run is made again; the sessions only: the runner finds them by its run key and settles them)."""
+    keys = Keys(settings.redis.prefix)
+    schedule = await stored_schedule(gateway_redis, keys)
+    runner = runner_of(gateway_redis, keys, settings)
+    due = SCHEDULE_T0 + timedelta(seconds=0.3)
+    with replicas_frozen(group):
+        with pytest.raises(NotReplicated):
+            await runner.run_due(due)
+        # the settlement is on the primary alone: nothing is due there, and nothing more is written or answered
+        assert await runner.run_due(due) == 0
+        old = kill_primary(group)
+    await new_primary(group, old)
+    settled: list[object] = []
+    await until(await_done(lambda: runner.run_due(due), settled), what="the run settled on the new primary")
+    [run] = await ScheduleStore(gateway_redis, keys).history(schedule.id)
+    assert run.outcome is RunOutcome.CREATED and run.due_at == SCHEDULE_T0
+    assert sorted(run.session_ids) == sorted(await owned_sessions(gateway_redis, keys))
+    assert None not in await SessionStore(gateway_redis, keys).get_many(list(run.session_ids))
+
+
+def await_done(call: Callable[[], Awaitable[object]], results: list[object]) -> object:
+    """A condition for :func:`until`: ``call`` answered (retried through the outage), its answer put in ``results``."""
     state: dict[str, object] = {}
 
-    def created() -> bool:
+    def done() -> bool:
         task = state.get("task")
         if isinstance(task, asyncio.Task) and task.done():
             if task.exception() is None:
+                results.append(task.result())
                 return True
             assert isinstance(task.exception(), TRANSIENT), task.exception()
             task = None
         if task is None:
-            state["task"] = asyncio.ensure_future(store.create([session]))
+            state["task"] = asyncio.ensure_future(call())
         return False
 
-    return created
+    return done
+
+
+def await_created(store: SessionStore, session: Session) -> object:
+    """A condition for :func:`until`: ``session`` created (retried through the outage)."""
+    return await_done(lambda: store.create([session]), [])
 
 
 async def test_the_old_primary_acknowledges_nothing_after_the_failover(
@@ -262,18 +307,10 @@ async def test_a_lease_is_not_handed_out_twice_with_one_fencing_token(group: Sen
         term = await ahead.try_acquire()  # a term that every replica has
         assert term is not None
         await ahead.release()
-        replicas = [node for node in group.nodes if node.port != group.primary_port()]
-        for node in replicas:
-            os.kill(node.service.pid, signal.SIGSTOP)
-        try:
+        with replicas_frozen(group):
             with pytest.raises(NotReplicated):
                 await ahead.try_acquire()
-            old = group.primary_port()
-            assert old is not None
-            group.node(old).kill()
-        finally:
-            for node in replicas:
-                os.kill(node.service.pid, signal.SIGCONT)
+            old = kill_primary(group)
         await new_primary(group, old)
         behind = Lease(second, keys.scheduler_lease, keys.scheduler_fence, ttl=2)
         fences = []
