@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
@@ -212,6 +212,15 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
             *usage_export.routes(state),
         ],
         lifespan=lifespan,
+        exception_handlers={ClientDisconnect: client_gone},
         # app origins (domain.apps) and endpoint hosts (domain.endpoint_routes) before the routes
         middleware=[Middleware(AppOrigins, state=state), Middleware(EndpointActivator, state=state)],
     )
+
+
+async def client_gone(request: Request, exc: Exception) -> Response:
+    """The client (or the ingress in front of it) went away while its request was read: nobody is left to answer,
+    so no error is logged (uvicorn's "Exception in ASGI application" with a traceback, before); the answer is
+    dropped by the server."""
+    log.info("%s %s: the client went away before its request was read", request.method, request.url.path)
+    return Response(status_code=499)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
@@ -210,3 +212,30 @@ def test_limits_from_environment() -> None:
         Limits.from_env({"CARAVAN_GRAPHQL_MAX_USER_LOG_FOLLOWS": "64"})  # one user could take every follow
     assert Limits.from_env({"CARAVAN_GRAPHQL_MAX_LOG_FOLLOWS": "4"}).max_log_follows == 4
     assert Limits.from_env({"CARAVAN_GRAPHQL_MAX_USER_LOG_FOLLOWS": "63"}).max_user_log_follows == 63
+
+
+async def test_a_client_that_leaves_mid_request_leaves_no_error_behind(
+    caravan: Caravan, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client (or HAProxy dying under it) that goes away while its request body is read: the gateway logs no
+    error and no traceback (uvicorn's "Exception in ASGI application", before: bench/chaos's gateways' logs were
+    full of them), and goes on answering."""
+    caplog.set_level(logging.INFO, logger="gateway.app")
+    token = await caravan.user("alice")
+    url = httpx2.URL(caravan.url)
+    for _ in range(2):
+        _, writer = await asyncio.open_connection(url.host, url.port)
+        head = (
+            f"POST /graphql HTTP/1.1\r\nHost: {url.host}\r\nAuthorization: Bearer {token}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+        )
+        writer.write(head.encode() + b'{"query": "' + b" " * 1000)
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the gateway is reading the body
+        writer.close()
+        await writer.wait_closed()
+    assert (await caravan.gql("{ viewer { id } }", token=token))["viewer"]["id"]
+    await asyncio.sleep(0.2)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not errors, [r.getMessage() for r in errors]
+    assert sum("went away" in r.getMessage() for r in caplog.records) == 2
