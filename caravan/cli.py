@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     ingress.add_argument("--gateways", type=Path, required=True, help="a file of address:port lines")
     ingress.add_argument("--slots", type=int, default=16, help="the most gateway replicas the backend lists")
     ingress.add_argument("--health-port", type=int, help="where HAProxy answers GET /healthz (Nomad's check)")
+    ingress.add_argument(
+        "--keep-maps",
+        action="store_true",
+        help="keep HAProxy's app and endpoint maps here (the gateways run with CARAVAN_GATEWAY_KEEPS_MAPS=0)",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -98,7 +103,7 @@ def deploy_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "ingress":
         from caravan.ingress import run_ingress
 
-        asyncio.run(run_ingress(settings, args.gateways, args.slots, args.health_port))
+        asyncio.run(run_ingress(settings, args.gateways, args.slots, args.health_port, keep_maps=args.keep_maps))
         return 0
     from caravan import deploy as deployment
     from caravan.stack.nomad_acl import NomadACLError

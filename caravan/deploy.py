@@ -96,16 +96,18 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     home: str = "/var/lib/caravan"
     """Caravan's state directory on the clients (HAProxy's files under ``haproxy/``)."""
     host: str = "127.0.0.1"
-    """The address the gateway replicas, health endpoints and HAProxy listen on."""
+    """The ingress' address as the gateways see its connections: they believe it when it names a client
+    (``X-Forwarded-For``). The gateways and the health endpoints listen where Nomad registers them (their client's
+    ``network_interface``); HAProxy binds 127.0.0.1 (``gateway.apps.ingress_config``)."""
     gateway: Replicas = Replicas()
     scheduler: Replicas = Replicas()
     idle: Replicas = Replicas()
     ingress: IngressSpec = IngressSpec()
     distinct_hosts: bool = False
     ingress_node: str | None = None
-    """The client (its Nomad node name) that runs HAProxy and the gateways: they share HAProxy's runtime socket and
-    state directory (the gateways' control plane keeps its maps), so on a cluster they must be together. Unset: one
-    machine, or a constraint of your own. With it, ``distinct_hosts`` applies to the scheduler and idle checker only."""
+    """The client (its Nomad node name) that runs HAProxy, with its control planes (``caravan ingress
+    --keep-maps``): the edge whose address clients reach. Unset: any client, or a constraint of your own. The gateways
+    run anywhere (``distinct_hosts`` spreads them too)."""
     """Put the replicas of each job on different clients (a real cluster; one machine has one client)."""
     shutdown_delay: float = 5.0
     """Seconds a stopping gateway replica keeps serving after leaving the service (the ingress drops it meanwhile)."""
@@ -202,13 +204,13 @@ def variable_path(config: DeployConfig, job: Job) -> str:
 def _secret_files(job: Job) -> dict[str, str]:
     """Variable item -> file in the task's secrets directory."""
     role = ROLE_OF[job]
-    files = {"app_cookie_key": "app-cookie.key"}
-    if job != "ingress":
-        files |= {
-            "nomad_token": nomad_token_path(Path(), role).name,
-            "redis_password": redis_password_path(Path(), role).name,
-            "sentinel_password": redis_sentinel_client_path(Path()).name,
-        }
+    files = {
+        "app_cookie_key": "app-cookie.key",
+        "redis_password": redis_password_path(Path(), role).name,
+        "sentinel_password": redis_sentinel_client_path(Path()).name,
+    }
+    if job != "ingress":  # HAProxy's control planes read Redis only
+        files["nomad_token"] = nomad_token_path(Path(), role).name
     return files
 
 
@@ -220,14 +222,14 @@ def variables(config: DeployConfig, settings: Settings) -> dict[Job, dict[str, s
     for job in JOBS:
         role = ROLE_OF[job]
         items = {"app_cookie_key": cookie}
-        if job != "ingress":
-            for item, path in (
-                ("nomad_token", nomad_token_path(secrets, role)),
-                ("redis_password", redis_password_path(secrets, role)),
-                ("sentinel_password", redis_sentinel_client_path(secrets)),
-            ):
-                if (value := read_secret(path)) is not None:
-                    items[item] = value
+        kept = {
+            "nomad_token": nomad_token_path(secrets, role),
+            "redis_password": redis_password_path(secrets, role),
+            "sentinel_password": redis_sentinel_client_path(secrets),
+        }
+        for item in _secret_files(job).keys() & kept.keys():
+            if (value := read_secret(kept[item])) is not None:
+                items[item] = value
         if job == "gateway":
             items["admin_token"] = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         found[job] = items
@@ -318,8 +320,7 @@ def _job(config: DeployConfig, job: Job, group: dict[str, Any]) -> dict[str, Any
         # the new HAProxy starts beside the old one (a canary: a replacement on the same client would wait for the old
         # one to end) and binds the public port with it (SO_REUSEPORT); once healthy it is promoted, the old one stops
         spec["Update"] |= {"Canary": 1, "AutoPromote": True}
-    with_ingress = job in ("ingress", "gateway")
-    if config.ingress_node and with_ingress:
+    if config.ingress_node and job == "ingress":
         spec["Constraints"] = [{"LTarget": "${node.unique.name}", "Operand": "=", "RTarget": config.ingress_node}]
     elif config.distinct_hosts and job != "ingress":
         spec["Constraints"] = [{"Operand": "distinct_hosts", "RTarget": "true"}]
@@ -331,11 +332,11 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
     check(config)
     haproxy_dir = str(Path(config.home) / "haproxy")
     gateway_env = {
-        "CARAVAN_GATEWAY_HOST": config.host,
+        "CARAVAN_GATEWAY_HOST": "${NOMAD_IP_http}",  # where Nomad registers it: the client's address
         "CARAVAN_GATEWAY_PORT": "${NOMAD_PORT_http}",
         "CARAVAN_GATEWAY_WORKERS": "1",
         "CARAVAN_INGRESS_PORT": str(config.ingress.port),
-        "CARAVAN_INGRESS_DIR": haproxy_dir,
+        "CARAVAN_GATEWAY_KEEPS_MAPS": "0",  # the ingress job keeps HAProxy's maps: the gateways go on any client
         "CARAVAN_TRUSTED_PROXIES": config.host,
     }
     gateways = (
@@ -387,6 +388,7 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
                                 str(config.ingress.gateway_slots),
                                 "--health-port",
                                 "${NOMAD_PORT_health}",
+                                "--keep-maps",
                             ],
                             {"CARAVAN_INGRESS_PORT": str(config.ingress.port), "CARAVAN_INGRESS_DIR": haproxy_dir},
                             items["ingress"],
@@ -427,7 +429,7 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
                         config,
                         leader,
                         [leader],
-                        {"CARAVAN_HEALTH_PORT": "${NOMAD_PORT_health}", "CARAVAN_GATEWAY_HOST": config.host},
+                        {"CARAVAN_HEALTH_PORT": "${NOMAD_PORT_health}", "CARAVAN_GATEWAY_HOST": "${NOMAD_IP_health}"},
                         items[leader],
                     )
                 ],

@@ -25,13 +25,20 @@ import dataclasses
 import ipaddress
 import logging
 import signal
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from caravan.stack.haproxy import ingress_config, start_haproxy
+from caravan.stack.processes import Service
+from core.keys import Keys
+from core.redis import client as redis_client
 from core.settings import Settings
 from gateway.apps.ingress_config import GATEWAY_SLOT, IngressPaths
 from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
+from gateway.planes import planes_running
+from stores.sessions import SessionStore
+from stores.users import UserStore
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +119,11 @@ class Backend:
             log.info("gateway replica %s:%d in the backend (slot %d)", host, port, slot)
 
 
-async def run_ingress(settings: Settings, replicas_file: Path, slots: int, health_port: int | None = None) -> None:
+async def run_ingress(
+    settings: Settings, replicas_file: Path, slots: int, health_port: int | None = None, *, keep_maps: bool = False
+) -> None:
+    """HAProxy and its gateway backend until SIGTERM; with ``keep_maps``, HAProxy's control planes too
+    (``gateway.planes``, as the gateway's Redis user): the gateways then run on any client."""
     if settings.gateway.ingress_port is None:
         raise ValueError("CARAVAN_INGRESS_PORT: the port HAProxy listens on")
     # the replicas already serving are in the configuration: a new HAProxy (an upgrade overlapping the old one on the
@@ -134,14 +145,10 @@ async def run_ingress(settings: Settings, replicas_file: Path, slots: int, healt
     loop.add_signal_handler(signal.SIGINT, stop.set)
     backend = Backend(RuntimeApi(runtime), slots, {replica: slot for slot, replica in enumerate(initial, 1)})
     try:
-        while not stop.is_set() and haproxy.alive():
-            try:
-                if _inode(runtime) == ours:  # else the next HAProxy took over the state directory: its ingress decides
-                    await backend.apply(read_replicas(replicas_file))
-            except RuntimeApiError as failed:
-                log.warning("HAProxy's runtime API: %s", failed)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), POLL)
+        async with contextlib.AsyncExitStack() as planes:
+            if keep_maps:
+                await planes.enter_async_context(maps_kept(settings))
+            await follow_replicas(backend, replicas_file, (runtime, ours), haproxy, stop)
     finally:
         if haproxy.alive():
             haproxy.process.send_signal(signal.SIGUSR1)  # soft stop: its connections end first
@@ -149,6 +156,37 @@ async def run_ingress(settings: Settings, replicas_file: Path, slots: int, healt
                 await asyncio.to_thread(haproxy.process.wait, 10)
             except Exception:
                 haproxy.stop()
+
+
+async def follow_replicas(
+    backend: Backend, replicas_file: Path, socket: tuple[Path, int], haproxy: Service, stop: asyncio.Event
+) -> None:
+    """Apply the replicas' file to the backend every :data:`POLL` seconds, while this HAProxy runs and owns the
+    state directory (``socket``: the runtime socket's path and this HAProxy's inode of it; another inode: the next
+    HAProxy took the directory over, its ingress decides)."""
+    runtime, ours = socket
+    while not stop.is_set() and haproxy.alive():
+        try:
+            if _inode(runtime) == ours:
+                await backend.apply(read_replicas(replicas_file))
+        except RuntimeApiError as failed:
+            log.warning("HAProxy's runtime API: %s", failed)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), POLL)
+
+
+@contextlib.asynccontextmanager
+async def maps_kept(settings: Settings) -> AsyncIterator[None]:
+    """HAProxy's control planes running in this process, with the gateway's Redis user."""
+    redis = redis_client(settings.for_role("gateway").redis)
+    keys = Keys(settings.redis.prefix)
+    sessions = SessionStore(redis, keys, usage_retention=settings.usage_raw_retention)
+    users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
+    try:
+        async with planes_running(settings, redis, sessions, users):
+            yield
+    finally:
+        await redis.aclose()
 
 
 def _inode(path: Path) -> int | None:

@@ -82,6 +82,9 @@ class GatewaySettings:
     """HAProxy's port (``CARAVAN_INGRESS_PORT``): the apps' data plane and the stack's ingress, in front of this
     gateway (``gateway.apps.ingress_config``). App URLs name it; the gateway then keeps HAProxy's maps
     (``gateway.apps.control``) and signs app cookies HAProxy checks itself. None: no HAProxy."""
+    keeps_maps: bool = True
+    """With ``ingress_port``: this gateway keeps HAProxy's maps (``gateway.planes``; ``CARAVAN_GATEWAY_KEEPS_MAPS``,
+    ``0`` to leave them to ``caravan ingress --keep-maps``, as ``caravan deploy`` does)."""
     backend_port: int | None = None
     """In the dev stack (``./ops/dev``), where the gateway process listens behind HAProxy, which takes ``port``
     (``CARAVAN_GATEWAY_BACKEND_PORT``; default: ``port`` + 1)."""
@@ -274,6 +277,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             apps_domain=(env.get("CARAVAN_APPS_DOMAIN") or GatewaySettings.apps_domain).strip(".").lower(),
             ingress_port=int(env["CARAVAN_INGRESS_PORT"]) if env.get("CARAVAN_INGRESS_PORT") else None,
             ingress_dir=Path(env["CARAVAN_INGRESS_DIR"]) if env.get("CARAVAN_INGRESS_DIR") else None,
+            keeps_maps=_switch(env, "CARAVAN_GATEWAY_KEEPS_MAPS", GatewaySettings.keeps_maps),
             backend_port=int(env["CARAVAN_GATEWAY_BACKEND_PORT"]) if env.get("CARAVAN_GATEWAY_BACKEND_PORT") else None,
             app_cookie_ttl=_at_least_one(env, "CARAVAN_APP_COOKIE_TTL", GatewaySettings.app_cookie_ttl),
             app_upstream_timeout=_positive_seconds(
@@ -347,6 +351,13 @@ def _host_ports(env: Mapping[str, str], name: str) -> tuple[tuple[str, int], ...
             raise ValueError(f"{name} must list host:port pairs, not {entry[:60]!r}")
         pairs.append((host.strip("[]"), int(port)))
     return tuple(pairs)
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or ("1" if default else "0")).strip().lower()
+    if raw not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), not {raw!r}")
+    return raw in ("1", "true", "yes", "on")
 
 
 def _at_least_one(env: Mapping[str, str], name: str, default: int) -> int:

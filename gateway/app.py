@@ -3,7 +3,6 @@ assets at /graphiql/), health at /healthz and /readyz, Prometheus at /metrics.""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import uuid
@@ -24,13 +23,10 @@ from core.redis import client as redis_client
 from core.secrets import ensure_app_cookie_key
 from core.settings import Settings
 from gateway import files, ide, terminal, usage_export, web
-from gateway.apps.control import ControlPlane
-from gateway.apps.ingress_config import IngressPaths
 from gateway.apps.proxy import AppLaunches, AppOrigins
 from gateway.auth import authenticate, header_token
 from gateway.endpoints.activator import EndpointActivator
 from gateway.endpoints.activator import http_client as endpoint_http_client
-from gateway.endpoints.control import EndpointControl
 from gateway.graphql.context import Context
 from gateway.graphql.errors import OUTAGES
 from gateway.graphql.guard import Guard
@@ -44,6 +40,7 @@ from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
 from gateway.kernel_exec import ExecSlots, exec_limits_from_env
 from gateway.log_follows import LogFollows
 from gateway.nomad_shares import NomadShares
+from gateway.planes import planes_running
 from gateway.prometheus import Metrics
 from gateway.revocations import RevocationWatch
 from nomad_jobs.client import LOG_FOLLOWS, NomadClient
@@ -144,32 +141,16 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         state["apps"] = AppLaunches(  # the launch exchange; HAProxy serves the apps themselves
             settings, AppAccessStore(redis, keys), users, ensure_app_cookie_key(settings.secrets)
         )
-        control = endpoint_control = None
-        if settings.gateway.ingress_port is not None:  # this process keeps HAProxy's maps
-            plane = ControlPlane(
-                redis, keys, state["sessions"], users, IngressPaths(settings.ingress_dir), settings.gateway.apps_domain
-            )
-            state["control_plane"] = plane
-            control = asyncio.create_task(plane.run(), name="app control plane")
-            endpoint_plane = EndpointControl(
-                redis, keys, state["sessions"], IngressPaths(settings.ingress_dir), settings.gateway.apps_domain,
-                settings.endpoints.backends,
-            )  # fmt: skip
-            state["endpoint_control"] = endpoint_plane
-            endpoint_control = asyncio.create_task(endpoint_plane.run(), name="endpoint control plane")
         state["endpoint_http"] = endpoint_http_client(settings)
         token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         try:
             await state["users"].ensure_bootstrap_admin(token)
         except Exception as exc:  # Redis may come up after us; readiness reports it meanwhile
             log.warning("could not register the bootstrap admin yet: %s", exc)
-        yield
-        for task in (control, endpoint_control):
-            # cancelled again until it ends: Python 3.11's asyncio.wait_for (the runtime API's, redis-py's) may
-            # swallow a cancellation that lands as the awaited call finishes, and the loop would go on
-            while task is not None and not task.done():
-                task.cancel()
-                await asyncio.wait([task], timeout=0.1)
+        async with contextlib.AsyncExitStack() as planes:
+            if settings.gateway.ingress_port is not None and settings.gateway.keeps_maps:  # HAProxy's maps: here
+                await planes.enter_async_context(planes_running(settings, redis, state["sessions"], users))
+            yield
         await state["endpoint_http"].aclose()
         await state["hub"].aclose()
         await state["revocations"].aclose()

@@ -77,21 +77,43 @@ class Deployed:
 
     def backend(self) -> list[tuple[str, int]]:
         """The gateway backend's servers HAProxy has in service (address, port), from its runtime API."""
-        with socket.socket(socket.AF_UNIX) as client:
-            client.settimeout(5)
-            client.connect(str(IngressPaths(Path(self.config.home) / "haproxy").socket))
-            client.sendall(b"show servers state gateway\n")
-            text = b""
-            while chunk := client.recv(65536):
-                text += chunk
         servers = []
-        for line in text.decode().splitlines():
+        for line in self.runtime("show servers state gateway").splitlines():
             fields = line.split()
             # be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state ... srv_port at 18; running (2) and
             # in no maintenance but the configuration's (0x04: the slot was declared disabled)
             if len(fields) > 18 and fields[1] == "gateway" and fields[5] == "2" and not int(fields[6]) & ~0x04:
                 servers.append((fields[4], int(fields[18])))
         return sorted(servers)
+
+    def runtime(self, command: str) -> str:
+        """What HAProxy's runtime API answers ``command``."""
+        with socket.socket(socket.AF_UNIX) as client:
+            client.settimeout(5)
+            client.connect(str(IngressPaths(Path(self.config.home) / "haproxy").socket))
+            client.sendall(command.encode() + b"\n")
+            text = b""
+            while chunk := client.recv(65536):
+                text += chunk
+        return text.decode()
+
+    def map_values(self, name: str) -> list[str]:
+        """The values of HAProxy's map ``name`` (``tokens``: user ids)."""
+        path = IngressPaths(Path(self.config.home) / "haproxy").map(name)
+        return [line.split()[-1] for line in self.runtime(f"show map {path}").splitlines() if line.strip()]
+
+    def map_keepers(self) -> dict[str, str]:
+        """Each control plane's lock in HAProxy's state directory -> the command line of the process holding it
+        (``/proc/locks``: the holder of a ``flock`` on the file's inode)."""
+        state = Path(self.config.home) / "haproxy"
+        inodes = {(path.stat().st_ino): path.name for path in state.glob("*.lock")}
+        held: dict[str, str] = {}
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()  # 1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF
+            if len(fields) >= 6 and fields[1] == "FLOCK" and (inode := int(fields[5].rsplit(":", 1)[1])) in inodes:
+                with contextlib.suppress(FileNotFoundError):
+                    held[inodes[inode]] = Path(f"/proc/{fields[4]}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        return held
 
     def gateway_replicas(self) -> list[tuple[str, int]]:
         return sorted((s["Address"], int(s["Port"])) for s in self.services(gateway_service(self.config)))

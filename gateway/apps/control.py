@@ -18,10 +18,10 @@ equal to what Redis says, through HAProxy's runtime API (no reload, ever).
   whose request or byte counters moved is the session's activity (``stores.activity``), and a host with connections
   open (a WebSocket, a long download) holds an open connection record, as the idle checker expects.
 
-Why a task in the gateway rather than a process of its own: it needs the gateway's Redis user and nothing else, and
-lives and dies with the process that serves the launch exchange. With several gateway workers, one holds the control
-plane's lock and keeps HAProxy; the others take over when its holder dies (the new holder rebuilds HAProxy once: it
-cannot know what the old one sent).
+Where it runs (``gateway.planes``): a task of the gateway on one machine; deployed, a task of the ingress job's
+``caravan ingress --keep-maps`` beside HAProxy, so that the gateways can run on other clients. It needs the gateway's
+Redis user and nothing else. With several processes, one holds the control plane's lock and keeps HAProxy; the others
+take over when its holder dies (the new holder rebuilds HAProxy once: it cannot know what the old one sent).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What the apps' and the endpoints' control planes share (``gateway.apps.control``, ``gateway.endpoints.control``):
-one task in the gateway process that keeps part of HAProxy equal to what Redis says, through the runtime API.
+one task (in the gateway, or deployed in ``caravan ingress``: ``gateway.planes``) that keeps part of HAProxy equal to
+what Redis says, through the runtime API.
 
 - **One holder.** With several gateway workers, the holder of a lock (``flock`` on a file in HAProxy's state
   directory, one per plane) keeps HAProxy; the others wait for it and take over when its holder dies.

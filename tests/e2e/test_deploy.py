@@ -57,6 +57,12 @@ def test_deploy_brings_caravan_up_on_nomad(settings: Settings) -> None:
         replicas = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 30, "two gateways")
         until(lambda: stack.backend() == replicas, 30, f"HAProxy's backend to list {replicas}")
 
+        # HAProxy's maps are kept by the ingress job's own process (the gateways could run on any client)
+        keepers = until(lambda: k if len(k := stack.map_keepers()) == 2 else None, 30, "both control planes")
+        assert sorted(keepers) == ["control.lock", "endpoints.lock"]
+        assert all("caravan.cli ingress" in command for command in keepers.values()), keepers
+        until(lambda: "admin" in stack.map_values("tokens"), 30, "the admin's token in HAProxy's tokens map")
+
         session = stack.gql(CREATE, {"input": {"name": "deployed", "type": "INTERACTIVE", "driver": "EXEC"}})
         session_id = session["createSession"]["sessions"][0]["id"]
         until(lambda: stack.gql(STATUS, {"id": session_id})["session"]["status"] == "RUNNING", 120, "RUNNING")

@@ -50,13 +50,21 @@ def test_rendered_specs_hold_no_secret(operator: Settings) -> None:
     assert any('nomadService "caravan-gateway"' in t["EmbeddedTmpl"] for t in ingress["Templates"])
 
 
-def test_the_ingress_and_the_gateways_share_a_node_when_one_is_named(operator: Settings) -> None:
+def test_the_ingress_keeps_the_maps_on_its_node_and_the_gateways_go_anywhere(operator: Settings) -> None:
+    """HAProxy's control planes run in the ingress job (``--keep-maps``, with the gateway's Redis credentials and
+    no Nomad token), so only the ingress is pinned; the gateways keep no maps and spread like the others."""
     specs = json.loads(show(DeployConfig(ingress_node="edge-1", distinct_hosts=True), operator))
     pinned = [{"LTarget": "${node.unique.name}", "Operand": "=", "RTarget": "edge-1"}]
     assert specs["ingress"]["Job"]["Constraints"] == pinned
-    assert specs["gateway"]["Job"]["Constraints"] == pinned
     spread = [{"Operand": "distinct_hosts", "RTarget": "true"}]
-    assert specs["scheduler"]["Job"]["Constraints"] == specs["idle"]["Job"]["Constraints"] == spread
+    for job in ("gateway", "scheduler", "idle"):
+        assert specs[job]["Job"]["Constraints"] == spread, job
+    [ingress] = specs["ingress"]["Job"]["TaskGroups"][0]["Tasks"]
+    assert "--keep-maps" in ingress["Config"]["args"]
+    assert {t["DestPath"] for t in ingress["Templates"]} >= {"secrets/redis-gateway.password", "secrets/app-cookie.key"}
+    assert not any("nomad-gateway.token" in t["DestPath"] for t in ingress["Templates"])
+    [gateway] = specs["gateway"]["Job"]["TaskGroups"][0]["Tasks"]
+    assert gateway["Env"]["CARAVAN_GATEWAY_KEEPS_MAPS"] == "0" and "CARAVAN_INGRESS_DIR" not in gateway["Env"]
 
 
 @pytest.mark.parametrize(
