@@ -21,9 +21,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
-from websockets.exceptions import InvalidStatus
 
 from core.keys import Keys
 from core.redis import client as redis_client
@@ -37,7 +35,7 @@ from stores.endpoint_traffic import read_loads
 from stores.sessions import SessionStore
 from tests.dev_process import gateway_answers
 from tests.gateway.test_endpoint_ingress import app_of, inference
-from tests.gateway.test_ingress import BOUND, Upstream, raw, request, until_status
+from tests.gateway.test_ingress import BOUND, Upstream, opened, raw, request, until_status
 from tests.harness import Caravan, caravan_env
 from tests.ingress import Ingress, caravan_behind_haproxy, gateway_behind, haproxy_for
 
@@ -106,22 +104,6 @@ async def test_the_endpoint_plane_is_woken_by_changes_and_applies_them(
         deadline = asyncio.get_running_loop().time() + BOUND
         while await asyncio.to_thread(names, ingress, host, None) != {"main1", "main2"}:
             assert asyncio.get_running_loop().time() < deadline
-
-
-async def opened(ingress: Ingress, host: str, token: str) -> ClientConnection:
-    """A WebSocket to the endpoint ``host`` through HAProxy, once its route is there."""
-    deadline = asyncio.get_running_loop().time() + BOUND
-    while True:
-        try:
-            return await connect(
-                f"ws://{host}:{ingress.port}/",
-                host="127.0.0.1",
-                port=ingress.port,
-                additional_headers={"Authorization": f"Bearer {token}"},
-            )
-        except InvalidStatus:
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.02)
 
 
 async def test_an_open_endpoint_websocket_is_cut_when_its_token_is_revoked(redis_settings: Settings) -> None:

@@ -433,7 +433,7 @@ async def test_the_control_plane_waits_for_changes_instead_of_polling(
 
 
 async def opened(ingress: Ingress, host: str, token: str) -> ClientConnection:
-    """A WebSocket to ``host``'s app through HAProxy, once its route is there."""
+    """A WebSocket to ``host`` (an app's, an endpoint's) through HAProxy, once its route is there."""
     deadline = asyncio.get_running_loop().time() + BOUND
     while True:
         try:
