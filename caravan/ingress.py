@@ -29,6 +29,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from redis.asyncio import Redis
+
 from caravan.stack.haproxy import ingress_config, start_haproxy
 from caravan.stack.processes import Service
 from core.keys import Keys
@@ -36,7 +38,7 @@ from core.redis import client as redis_client
 from core.settings import Settings
 from gateway.apps.ingress_config import GATEWAY_SLOT, IngressPaths
 from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
-from gateway.planes import planes_running
+from gateway.planes import planes_running, prefilled
 from stores.sessions import SessionStore
 from stores.users import UserStore
 
@@ -136,26 +138,31 @@ async def run_ingress(
         health_port=health_port,
     )
     state = settings.ingress_dir
-    haproxy = await asyncio.to_thread(start_haproxy, config, state, log=state / "haproxy.log")
-    runtime = IngressPaths(state).socket
-    ours = runtime.stat().st_ino
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    backend = Backend(RuntimeApi(runtime), slots, {replica: slot for slot, replica in enumerate(initial, 1)})
-    try:
-        async with contextlib.AsyncExitStack() as planes:
-            if keep_maps:
-                await planes.enter_async_context(maps_kept(settings))
-            await follow_replicas(backend, replicas_file, (runtime, ours), haproxy, stop)
-    finally:
-        if haproxy.alive():
-            haproxy.process.send_signal(signal.SIGUSR1)  # soft stop: its connections end first
-            try:
-                await asyncio.to_thread(haproxy.process.wait, 10)
-            except Exception:
-                haproxy.stop()
+    async with contextlib.AsyncExitStack() as stack:
+        keeper = await stack.enter_async_context(MapKeeper.connected(settings)) if keep_maps else None
+        maps = await keeper.prefilled() if keeper else None
+        haproxy = await asyncio.to_thread(start_haproxy, config, state, log=state / "haproxy.log", maps=maps)
+        stack.push_async_callback(soft_stop, haproxy)
+        runtime = IngressPaths(state).socket
+        ours = runtime.stat().st_ino
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        backend = Backend(RuntimeApi(runtime), slots, {replica: slot for slot, replica in enumerate(initial, 1)})
+        if keeper:
+            await stack.enter_async_context(keeper.running())
+        await follow_replicas(backend, replicas_file, (runtime, ours), haproxy, stop)
+
+
+async def soft_stop(haproxy: Service) -> None:
+    """SIGUSR1: HAProxy stops listening and ends once its connections are done (10 s at most, then killed)."""
+    if haproxy.alive():
+        haproxy.process.send_signal(signal.SIGUSR1)
+        try:
+            await asyncio.to_thread(haproxy.process.wait, 10)
+        except Exception:
+            haproxy.stop()
 
 
 async def follow_replicas(
@@ -175,18 +182,32 @@ async def follow_replicas(
             await asyncio.wait_for(stop.wait(), POLL)
 
 
-@contextlib.asynccontextmanager
-async def maps_kept(settings: Settings) -> AsyncIterator[None]:
-    """HAProxy's control planes running in this process, with the gateway's Redis user."""
-    redis = redis_client(settings.for_role("gateway").redis)
-    keys = Keys(settings.redis.prefix)
-    sessions = SessionStore(redis, keys, usage_retention=settings.usage_raw_retention)
-    users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
-    try:
-        async with planes_running(settings, redis, sessions, users):
-            yield
-    finally:
-        await redis.aclose()
+@dataclass
+class MapKeeper:
+    """HAProxy's control planes in this process (``--keep-maps``), with the gateway's Redis user."""
+
+    settings: Settings
+    redis: Redis
+    sessions: SessionStore
+    users: UserStore
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connected(cls, settings: Settings) -> AsyncIterator[MapKeeper]:
+        redis = redis_client(settings.for_role("gateway").redis)
+        keys = Keys(settings.redis.prefix)
+        sessions = SessionStore(redis, keys, usage_retention=settings.usage_raw_retention)
+        users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
+        try:
+            yield cls(settings, redis, sessions, users)
+        finally:
+            await redis.aclose()
+
+    async def prefilled(self) -> dict[str, dict[str, str]]:
+        return await prefilled(self.settings, self.redis, self.sessions, self.users)
+
+    def running(self) -> contextlib.AbstractAsyncContextManager[object]:
+        return planes_running(self.settings, self.redis, self.sessions, self.users)
 
 
 def _inode(path: Path) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
@@ -24,6 +25,18 @@ from gateway.apps.ingress_config import IngressPaths
 from gateway.endpoints.control import EndpointControl
 from stores.sessions import SessionStore
 from stores.users import UserStore
+
+
+async def prefilled(
+    settings: Settings, redis: Redis, sessions: SessionStore, users: UserStore
+) -> dict[str, dict[str, str]]:
+    """The apps' maps as Redis has them now, for a HAProxy about to start (``start_haproxy(maps=...)``), under a mark
+    no plane left: the new HAProxy routes apps and checks tokens from its first connection (an upgrade's new HAProxy
+    shares the port with the old one at once), and the lock's holder still rebuilds it whole at its next check,
+    atomically, so nothing written meanwhile is missed. The endpoints' maps start empty (503 until rebuilt)."""
+    keys, paths = Keys(settings.redis.prefix), IngressPaths(settings.ingress_dir)
+    apps = ControlPlane(redis, keys, sessions, users, paths, settings.gateway.apps_domain)
+    return {**await apps.desired(), "meta": {"generation": f"prefilled-{uuid.uuid4().hex}"}}
 
 
 @contextlib.asynccontextmanager

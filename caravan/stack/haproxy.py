@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 from caravan.stack.nomad_agent import CLEAN_ENV
@@ -27,13 +28,16 @@ def ingress_config(settings: Settings, port: int, gateway_port: int) -> IngressC
     )
 
 
-def start_haproxy(config: IngressConfig, state_dir: Path, *, log: Path) -> Service:
-    """Start HAProxy on ``config`` with its files (fresh, empty maps) in ``state_dir``; wait for its runtime API."""
+def start_haproxy(
+    config: IngressConfig, state_dir: Path, *, log: Path, maps: Mapping[str, Mapping[str, str]] | None = None
+) -> Service:
+    """Start HAProxy on ``config`` with its files in ``state_dir`` (fresh maps: empty, or ``maps``' content); wait
+    for its runtime API."""
     binary = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
     if not binary:
         raise StartupFailed("haproxy is not installed (ops/install installs Debian's haproxy)")
     paths = IngressPaths(state_dir)
-    write_files(config, paths)
+    write_files(config, paths, maps)
     paths.socket.unlink(missing_ok=True)
     service = spawn("haproxy", [binary, "-db", "-f", str(paths.config)], log, env=CLEAN_ENV, clean=True)
 

@@ -102,7 +102,7 @@ class ControlPlane(Plane):
         self._versions = [None, None]
         self._cached = {}
         self.applied = {}
-        desired = {**await self._session_maps(), **await self._user_maps()}
+        desired = await self.desired()
         for name in (*USER_MAPS, *SESSION_MAPS):
             await self.api.replace_map(self.paths.map(name), desired[name])
             self.applied[name] = desired[name]
@@ -111,6 +111,10 @@ class ControlPlane(Plane):
         self.generation = generation
         self.rebuilds += 1
         log.info("app control plane: HAProxy rebuilt (%d routes)", len(desired["routes"]))
+
+    async def desired(self) -> Maps:
+        """Every map this plane keeps, as Redis has it now."""
+        return {**await self._session_maps(), **await self._user_maps()}
 
     async def sync(self) -> None:
         """Send HAProxy what changed in Redis since the last call."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -434,14 +435,18 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
     return "\n".join(line for line in lines if line != "") + "\n"
 
 
-def write_files(config: IngressConfig, paths: IngressPaths) -> None:
-    """The configuration, empty maps (fail closed) and the JSON error files, under ``paths.state_dir`` (0700)."""
+def write_files(
+    config: IngressConfig, paths: IngressPaths, maps: Mapping[str, Mapping[str, str]] | None = None
+) -> None:
+    """The configuration, the maps (empty: fail closed; or ``maps``' content, ``gateway.planes.prefilled``) and the
+    JSON error files, under ``paths.state_dir`` (0700)."""
     paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     paths.state_dir.chmod(0o700)
     for folder in (paths.map("x").parent, paths.error(400).parent):
         folder.mkdir(exist_ok=True, mode=0o700)
     for name in MAPS:
-        paths.map(name).write_text("")
+        content = (maps or {}).get(name, {})
+        paths.map(name).write_text("".join(f"{key} {value}\n" for key, value in content.items()))
     endpoint_ingress.write_files(paths.state_dir, config.endpoints)
     lua = LUA.replace("AWAIT_MS", str(AWAIT_MS)).replace("COOKIE_NAME", COOKIE_NAME)
     lua = lua.replace("MAX_CANDIDATES", str(MAX_COOKIE_CANDIDATES)).replace("COOKIE_KEY", config.cookie_key)

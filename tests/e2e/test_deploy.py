@@ -5,6 +5,7 @@ stopped leader hands over (the time it took is printed: speed is bench/'s busine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -17,13 +18,21 @@ import pytest
 from msgspec.structs import replace as dataclasses_replace
 
 from caravan.deploy import gateway_service
+from core.keys import Keys
+from core.redis import client as redis_client
 from core.settings import Settings
+from domain.apps import app_host
+from domain.model import Session
+from stores.sessions import SessionStore
 from tests.deployed import Deployed, config_for, deploy_command, deployed
+from tests.gateway.test_ingress import Upstream
 from tests.harness import ADMIN_TOKEN
+from tests.ingress import running_app
 from tests.ws_client import authenticated_socket
 
 pytestmark = [pytest.mark.nomad, pytest.mark.redis]
 
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CREATE = """mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id } } }"""
 STATUS = """query($id: ID!) { session(id: $id) { status waitReasons } }"""
 DESTROY = """mutation($id: ID!) { destroySession(ids: [$id]) { id } }"""
@@ -87,12 +96,16 @@ def test_deploy_brings_caravan_up_on_nomad(settings: Settings) -> None:
 
 
 class SteadyStream:
-    """GraphQL requests through HAProxy one after another, on a kept-alive connection (or a new one each with
-    ``keep_alive=False``), in a thread: how many were sent, and every one that did not answer the admin's ``viewer``."""
+    """Requests through HAProxy one after another, on a kept-alive connection (or a new one each with
+    ``keep_alive=False``), in a thread: how many were sent, and every one that did not answer as expected. GraphQL
+    (the admin's ``viewer``) by default; with ``app_host``, a GET of that app (the upstream's 200)."""
 
-    def __init__(self, url: str, *, keep_alive: bool = True) -> None:
+    def __init__(self, url: str, *, keep_alive: bool = True, app_host: str | None = None) -> None:
         self.url = url
         self.headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"} | ({} if keep_alive else {"Connection": "close"})
+        if app_host:
+            self.headers["Host"] = app_host
+        self.app = app_host is not None
         self.sent = 0
         self.failures: list[str] = []
         self._stop = threading.Event()
@@ -103,8 +116,13 @@ class SteadyStream:
             while not self._stop.is_set():
                 self.sent += 1
                 try:
-                    response = http.post(self.url, json={"query": "{ viewer { id } }"})
-                    if response.status_code != 200 or response.json() != {"data": {"viewer": {"id": "admin"}}}:
+                    if self.app:
+                        response = http.get(self.url)
+                        good = response.status_code == 200 and response.json()["app"] == "upstream"
+                    else:
+                        response = http.post(self.url, json={"query": "{ viewer { id } }"})
+                        good = response.status_code == 200 and response.json() == {"data": {"viewer": {"id": "admin"}}}
+                    if not good:
                         self.failures.append(f"{response.status_code} {response.text[:200]}")
                 except httpx2.HTTPError as failed:
                     self.failures.append(repr(failed))
@@ -187,13 +205,23 @@ def test_an_upgrade_of_the_ingress_refuses_no_connection(settings: Settings) -> 
     fails. (Before, the old allocation stopped first and its replacement waited for it to end: the port was closed
     6.6 s, 80 of 232 new connections refused.)"""
     config = config_for(settings, {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000"}, version="1")
-    with deployed(settings, config) as stack:
+    with deployed(settings, config) as stack, contextlib.closing(Upstream("upstream")) as upstream:
         replicas = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 60, "two gateways")
         until(lambda: stack.backend() == replicas, 60, f"HAProxy's backend to list {replicas}")
+        # an app (the admin's session, published on the upstream's port): its requests HAProxy routes by its maps
+        app = running_app("admin", upstream.port)
+        asyncio.run(stored(settings, app))
+        host = app_host("web", app.id, settings.gateway.apps_domain)
+        origin = f"http://127.0.0.1:{config.ingress.port}/"
+        until(lambda: httpx2.get(origin, headers={"Host": host, **AUTH}).status_code == 200, 30, "the app's route")
         [old] = stack.allocations("ingress")
         path = settings.home / "deploy.json"
         path.write_text(json.dumps(msgspec.to_builtins(dataclasses_replace(config, version="2"))))
-        with SteadyStream(stack.url) as kept, SteadyStream(stack.url, keep_alive=False) as fresh:
+        with (
+            SteadyStream(stack.url) as kept,
+            SteadyStream(stack.url, keep_alive=False) as fresh,
+            SteadyStream(origin, keep_alive=False, app_host=host) as apps,
+        ):
             done = deploy_command(settings, path, "--only", "ingress", "--wait", "180")
             assert done.returncode == 0, done.stdout + done.stderr
             until(lambda: [a["ID"] for a in stack.allocations("ingress")] not in ([], [old["ID"]]), 60, "a new HAProxy")
@@ -202,7 +230,15 @@ def test_an_upgrade_of_the_ingress_refuses_no_connection(settings: Settings) -> 
             sent = (kept.sent, fresh.sent)
             until(lambda: kept.sent > sent[0] + 10 and fresh.sent > sent[1] + 10, 60, "requests after the old stopped")
         print(
-            f"ingress upgrade: {kept.sent} requests kept alive, {fresh.sent} on new connections; failed: "
-            f"{len(kept.failures)}, {len(fresh.failures)}"
+            f"ingress upgrade: {kept.sent} requests kept alive, {fresh.sent} on new connections, {apps.sent} to an "
+            f"app; failed: {len(kept.failures)}, {len(fresh.failures)}, {len(apps.failures)} {apps.failures[:3]}"
         )
-        assert (kept.failures, fresh.failures) == ([], [])
+        assert (kept.failures, fresh.failures, apps.failures) == ([], [], [])
+
+
+async def stored(settings: Settings, *sessions: Session) -> None:
+    redis = redis_client(settings.redis)
+    try:
+        await SessionStore(redis, Keys(settings.redis.prefix)).create(list(sessions))
+    finally:
+        await redis.aclose()
