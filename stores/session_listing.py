@@ -1,9 +1,12 @@
 """Runs a listing :class:`~domain.listing.Plan` against Redis: one page of sessions from a position.
 
-Round trips per page: one range read (with the count, when asked, in the same pipeline) and one
-MGET of the page's documents; a plan that combines indexes adds one MULTI that builds a scratch set
-and one that deletes it; ``nameContains`` adds one HMGET of names per scanned batch. Ties in an
-order's time (sessions created together) are resolved by id, exactly as Redis orders them.
+Round trips per page: over one index (a superadmin's or a user's page, or the scratch set of a filter), one
+script (:data:`READ_PAGE`) reads the range, the count when asked and the documents of the sessions read; over several
+(an admin's own and project indexes), one range read (with the count, when asked, in the same pipeline) and one MGET
+of the page's documents. A plan that combines indexes adds one MULTI that builds a scratch set and one that deletes
+it; ``nameContains`` adds one HMGET of names per scanned batch. Ties in an order's time (sessions created together)
+are resolved by id, exactly as Redis orders them (more read past them when a range held too many: those documents are
+read by an MGET).
 """
 
 from __future__ import annotations
@@ -31,6 +34,30 @@ TIE_SLACK = 8
 """Extra entries read past a cursor for the ones sharing its time (read again, more, if all are ties)."""
 
 
+READ_PAGE = """
+local rows
+if ARGV[1] == '1' then
+  rows = redis.call('ZRANGE', KEYS[1], ARGV[3], ARGV[2], 'BYSCORE', 'REV', 'LIMIT', 0, ARGV[4], 'WITHSCORES')
+else
+  rows = redis.call('ZRANGE', KEYS[1], ARGV[2], ARGV[3], 'BYSCORE', 'LIMIT', 0, ARGV[4], 'WITHSCORES')
+end
+local count = false
+if ARGV[5] ~= '' then count = redis.call('ZCOUNT', KEYS[1], ARGV[5], ARGV[6]) end
+local documents = {}
+if #rows > 0 then
+  local keys = {}
+  for i = 1, #rows, 2 do keys[#keys + 1] = ARGV[7] .. rows[i] end
+  documents = redis.call('MGET', unpack(keys))
+end
+return {rows, count, documents}
+"""
+"""One index's range read with its sessions' documents, in one round trip. KEYS[1]: the index (a ZSET of session
+ids by order time). ARGV[1]: '1' to read descending; ARGV[2], ARGV[3]: the range's low and high bounds (as ZRANGE
+BYSCORE takes them); ARGV[4]: the most entries; ARGV[5], ARGV[6]: the bounds to count within ('' : no count);
+ARGV[7]: the documents' key prefix (``Keys.session`` of an empty id). Returns {id, score, id, score..., the count or
+false, each id's document or false}. The documents are keys the script does not declare: one Redis, as every store
+here assumes (a Redis Cluster would need them in the index's hash slot)."""
+
 T = TypeVar("T")
 
 
@@ -52,6 +79,7 @@ class SessionListing(Generic[T]):
         self.redis: Redis = store.redis
         self.keys = store.keys
         self.decode = decode
+        self._read_page = store.redis.register_script(READ_PAGE)
 
     async def page(
         self,
@@ -65,6 +93,7 @@ class SessionListing(Generic[T]):
         """Up to ``size`` sessions past ``after`` (and before ``until``) in the plan's direction."""
         if plan.empty:
             return Page([], False, 0 if count else None)
+        documents: dict[str, str | None] = {}
         async with self._sources(plan) as sources:
             total: int | None = None
             if plan.name_contains is not None:
@@ -74,12 +103,22 @@ class SessionListing(Generic[T]):
             else:
                 disjoint = plan.disjoint if sources == plan.sources else ()
                 positions, total = await self._read(
-                    sources, plan.scores, plan.descending, after, until, size + 1, count=count, disjoint=disjoint
+                    sources,
+                    plan.scores,
+                    plan.descending,
+                    after,
+                    until,
+                    size + 1,
+                    count=count,
+                    disjoint=disjoint,
+                    documents=documents,
                 )
         has_more = len(positions) > size
         positions = positions[:size]
-        raws = optional_texts(await self.redis.mget([self.keys.session(p.id) for p in positions])) if positions else []
-        entries = [(p, self.decode(raw)) for p, raw in zip(positions, raws, strict=True) if raw is not None]
+        if missing := [p.id for p in positions if p.id not in documents]:
+            raws = optional_texts(await self.redis.mget([self.keys.session(i) for i in missing]))
+            documents.update(zip(missing, raws, strict=True))
+        entries = [(p, self.decode(raw)) for p in positions if (raw := documents[p.id]) is not None]
         return Page(entries, has_more, total)
 
     # -- where the candidates come from ---------------------------------------------------------
@@ -135,41 +174,24 @@ class SessionListing(Generic[T]):
         *,
         count: bool = False,
         disjoint: Sequence[Sequence[str]] = (),
+        documents: dict[str, str | None] | None = None,
     ) -> tuple[list[Position], int | None]:
         """Up to ``limit`` positions past ``after`` merged over ``sources``, and their count if asked (``disjoint``:
-        groups of sources that share no session, see ``Plan.disjoint``)."""
+        groups of sources that share no session, see ``Plan.disjoint``). Over one source, with ``documents`` given,
+        the first read is :data:`READ_PAGE`'s, and the documents of the sessions it read are left in ``documents``."""
         window = scores.from_position(after, descending) if after else scores
         want = limit + (TIE_SLACK if after else 0)
         total: int | None = None
         while True:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for key in sources:
-                    if descending:
-                        pipe.zrange(
-                            key,
-                            window.redis_high(),
-                            window.redis_low(),
-                            desc=True,
-                            byscore=True,
-                            offset=0,
-                            num=want,
-                            withscores=True,
-                        )
-                    else:
-                        pipe.zrange(
-                            key,
-                            window.redis_low(),
-                            window.redis_high(),
-                            byscore=True,
-                            offset=0,
-                            num=want,
-                            withscores=True,
-                        )
-                counted = self._queue_count(pipe, sources, scores, disjoint) if count and total is None else None
-                replies = await pipe.execute()
-            if counted is not None:
-                total = counted(replies[len(sources) :])
-            batches = [[Position(score, member) for member, score in reply] for reply in replies[: len(sources)]]
+            if documents is not None and len(sources) == 1:
+                batches, total = await self._read_with_documents(
+                    sources[0], window, descending, want, scores if count and total is None else None, documents
+                )
+                documents = None  # read again (more past ties): the MGET of the page reads what is missing
+            else:
+                batches, total = await self._read_ranges(
+                    sources, window, scores, descending, want, total, count=count, disjoint=disjoint
+                )
             positions, complete = merge(batches, want, descending)
             if until is not None and positions and not past(until, positions[-1], descending):
                 complete = True  # read up to the end bound: nothing more is wanted
@@ -181,6 +203,76 @@ class SessionListing(Generic[T]):
             if len(positions) >= limit or complete:
                 return positions[:limit], total
             want *= 4
+
+    async def _read_with_documents(
+        self,
+        source: str,
+        window: ScoreRange,
+        descending: bool,
+        want: int,
+        counted: ScoreRange | None,
+        documents: dict[str, str | None],
+    ) -> tuple[list[list[Position]], int | None]:
+        """One source's range (and count within ``counted``), its sessions' documents into ``documents``."""
+        count_args = (counted.redis_low(), counted.redis_high()) if counted is not None else ("", "")
+        rows, total, raws = await self._read_page(
+            keys=[source],
+            args=[
+                1 if descending else 0,
+                window.redis_low(),
+                window.redis_high(),
+                want,
+                *count_args,
+                self.keys.session(""),
+            ],
+            client=self.redis,
+        )
+        ids = rows[::2]
+        documents.update(zip(ids, optional_texts(raws), strict=True))
+        batch = [Position(float(score), member) for member, score in zip(ids, rows[1::2], strict=True)]
+        return [batch], None if total is None else int(total)
+
+    async def _read_ranges(
+        self,
+        sources: Sequence[str],
+        window: ScoreRange,
+        scores: ScoreRange,
+        descending: bool,
+        want: int,
+        total: int | None,
+        *,
+        count: bool,
+        disjoint: Sequence[Sequence[str]],
+    ) -> tuple[list[list[Position]], int | None]:
+        """Each source's range in one pipeline (with the count, when asked and not known yet)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in sources:
+                if descending:
+                    pipe.zrange(
+                        key,
+                        window.redis_high(),
+                        window.redis_low(),
+                        desc=True,
+                        byscore=True,
+                        offset=0,
+                        num=want,
+                        withscores=True,
+                    )
+                else:
+                    pipe.zrange(
+                        key,
+                        window.redis_low(),
+                        window.redis_high(),
+                        byscore=True,
+                        offset=0,
+                        num=want,
+                        withscores=True,
+                    )
+            counted = self._queue_count(pipe, sources, scores, disjoint) if count and total is None else None
+            replies = await pipe.execute()
+        if counted is not None:
+            total = counted(replies[len(sources) :])
+        return [[Position(score, member) for member, score in reply] for reply in replies[: len(sources)]], total
 
     def _queue_count(
         self, pipe: Redis, sources: Sequence[str], scores: ScoreRange, disjoint: Sequence[Sequence[str]] = ()

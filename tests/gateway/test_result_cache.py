@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import replace
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlparse
