@@ -12,6 +12,7 @@ held too many: the documents the script did not read are read by an MGET).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import uuid
@@ -289,31 +290,14 @@ class SessionListing(Generic[T]):
         """Each source's range in one pipeline (with the count, when asked and not known yet); with ``documents``,
         the ranges are :data:`READ_PAGE`'s, with the documents it read."""
         if documents is not None:
+            read = functools.partial(
+                self._read_ranges_with_documents, sources, window, scores, descending, want, total, count, disjoint
+            )
             try:
-                return await self._read_ranges_with_documents(
-                    sources,
-                    window,
-                    scores,
-                    descending,
-                    want,
-                    total,
-                    count=count,
-                    disjoint=disjoint,
-                    documents=documents,
-                )
+                return await read(documents)
             except NoScriptError:  # not loaded yet (or flushed, or a new primary): loaded, then read again
                 await self.redis.script_load(READ_PAGE)
-                return await self._read_ranges_with_documents(
-                    sources,
-                    window,
-                    scores,
-                    descending,
-                    want,
-                    total,
-                    count=count,
-                    disjoint=disjoint,
-                    documents=documents,
-                )
+                return await read(documents)
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in sources:
                 if descending:
@@ -351,7 +335,6 @@ class SessionListing(Generic[T]):
         descending: bool,
         want: int,
         total: int | None,
-        *,
         count: bool,
         disjoint: Sequence[Sequence[str]],
         documents: dict[str, str | None],
