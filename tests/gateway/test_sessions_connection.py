@@ -500,5 +500,5 @@ async def test_a_page_costs_the_same_redis_commands_whatever_its_size(caravan: C
         assert data["sessions"]["edges"][0]["node"]["owner"] == {"id": "admin", "name": "admin"}
     assert costs[5] == costs[50], costs
     # token script (EVALSHA+GET+HMGET), rate limit with the result cache's version (MULTI INCRBY EXPIRE GET EXEC),
-    # ZRANGE+ZCOUNT, 3 MGETs
+    # the listing's script (EVALSHA+ZCOUNT+ZRANGE+MGET), MGETs of the owners and idle checks
     assert costs[50] <= 13, costs
