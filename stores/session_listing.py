@@ -1,14 +1,18 @@
 """Runs a listing :class:`~domain.listing.Plan` against Redis: one page of sessions from a position.
 
-Round trips per page: one range read (with the count, when asked, in the same pipeline) and one
-MGET of the page's documents; a plan that combines indexes adds one MULTI that builds a scratch set
-and one that deletes it; ``nameContains`` adds one HMGET of names per scanned batch. Ties in an
-order's time (sessions created together) are resolved by id, exactly as Redis orders them.
+Round trips per page: one. A script (:data:`READ_PAGE`) reads the ranges of the plan's indexes (one for a superadmin's
+or a user's page, or the scratch set of a filter; an admin's own and project indexes, merged) and the documents of the
+first sessions of their merged order; the count, when asked, is in the script (one index) or in the same pipeline.
+A plan that combines indexes adds one MULTI that builds a scratch set and one that deletes it; ``nameContains`` scans
+names instead, one range and one HMGET of names per batch, and one MGET of the page's documents. Ties in an order's
+time (sessions created together) are resolved by id, exactly as Redis orders them (more read past them when a range
+held too many: the documents the script did not read are read by an MGET).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import uuid
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from core.replies import optional_texts
 from domain.listing import NAME_SCAN_BATCH, Plan, Position, ScoreRange, past
@@ -30,6 +35,54 @@ SCRATCH_TTL = 30
 TIE_SLACK = 8
 """Extra entries read past a cursor for the ones sharing its time (read again, more, if all are ties)."""
 
+
+READ_PAGE = """
+local descending = ARGV[1] == '1'
+local count = false
+if ARGV[6] ~= '' then count = redis.call('ZCOUNT', KEYS[1], ARGV[6], ARGV[7]) end
+local reply, entries, seen = {count}, {}, {}
+for k = 1, #KEYS do
+  local rows
+  if descending then
+    rows = redis.call('ZRANGE', KEYS[k], ARGV[3], ARGV[2], 'BYSCORE', 'REV', 'LIMIT', 0, ARGV[4], 'WITHSCORES')
+  else
+    rows = redis.call('ZRANGE', KEYS[k], ARGV[2], ARGV[3], 'BYSCORE', 'LIMIT', 0, ARGV[4], 'WITHSCORES')
+  end
+  reply[k + 3] = rows
+  for i = 1, #rows, 2 do
+    if not seen[rows[i]] then
+      seen[rows[i]] = true
+      entries[#entries + 1] = {tonumber(rows[i + 1]), rows[i]}
+    end
+  end
+end
+if #KEYS > 1 then
+  table.sort(entries, function(a, b)
+    if a[1] ~= b[1] then
+      if descending then return a[1] > b[1] else return a[1] < b[1] end
+    end
+    if descending then return a[2] > b[2] else return a[2] < b[2] end
+  end)
+end
+local ids, keys = {}, {}
+for i = 1, math.min(#entries, tonumber(ARGV[4])) do
+  ids[i] = entries[i][2]
+  keys[i] = ARGV[5] .. entries[i][2]
+end
+reply[2] = ids
+reply[3] = {}
+if #keys > 0 then reply[3] = redis.call('MGET', unpack(keys)) end
+return reply
+"""
+"""The ranges of one or more indexes and the documents of the first sessions of their merged order, in one round
+trip. KEYS: the indexes (ZSETs of session ids by order time). ARGV[1]: '1' to read descending; ARGV[2], ARGV[3]: the
+range's low and high bounds (as ZRANGE BYSCORE takes them); ARGV[4]: the most entries per index, and of documents;
+ARGV[5]: the documents' key prefix (``Keys.session`` of an empty id); ARGV[6], ARGV[7]: bounds to count the first
+index's sessions within ('': no count). Returns {the count or false, the ids whose documents were read, their
+documents (false: gone), then each index's {id, score, id, score...}}. The documents are keys the script does not
+declare: one Redis, as every store here assumes (a Redis Cluster would need them in the indexes' hash slot). Which
+documents it reads only saves a round trip: the merge that decides the page is :func:`merge`'s, and a document it did
+not read is read by the page's MGET."""
 
 T = TypeVar("T")
 
@@ -52,6 +105,7 @@ class SessionListing(Generic[T]):
         self.redis: Redis = store.redis
         self.keys = store.keys
         self.decode = decode
+        self._read_page = store.redis.register_script(READ_PAGE)
 
     async def page(
         self,
@@ -65,6 +119,7 @@ class SessionListing(Generic[T]):
         """Up to ``size`` sessions past ``after`` (and before ``until``) in the plan's direction."""
         if plan.empty:
             return Page([], False, 0 if count else None)
+        documents: dict[str, str | None] = {}
         async with self._sources(plan) as sources:
             total: int | None = None
             if plan.name_contains is not None:
@@ -74,12 +129,22 @@ class SessionListing(Generic[T]):
             else:
                 disjoint = plan.disjoint if sources == plan.sources else ()
                 positions, total = await self._read(
-                    sources, plan.scores, plan.descending, after, until, size + 1, count=count, disjoint=disjoint
+                    sources,
+                    plan.scores,
+                    plan.descending,
+                    after,
+                    until,
+                    size + 1,
+                    count=count,
+                    disjoint=disjoint,
+                    documents=documents,
                 )
         has_more = len(positions) > size
         positions = positions[:size]
-        raws = optional_texts(await self.redis.mget([self.keys.session(p.id) for p in positions])) if positions else []
-        entries = [(p, self.decode(raw)) for p, raw in zip(positions, raws, strict=True) if raw is not None]
+        if missing := [p.id for p in positions if p.id not in documents]:
+            raws = optional_texts(await self.redis.mget([self.keys.session(i) for i in missing]))
+            documents.update(zip(missing, raws, strict=True))
+        entries = [(p, self.decode(raw)) for p in positions if (raw := documents[p.id]) is not None]
         return Page(entries, has_more, total)
 
     # -- where the candidates come from ---------------------------------------------------------
@@ -135,41 +200,32 @@ class SessionListing(Generic[T]):
         *,
         count: bool = False,
         disjoint: Sequence[Sequence[str]] = (),
+        documents: dict[str, str | None] | None = None,
     ) -> tuple[list[Position], int | None]:
         """Up to ``limit`` positions past ``after`` merged over ``sources``, and their count if asked (``disjoint``:
-        groups of sources that share no session, see ``Plan.disjoint``)."""
+        groups of sources that share no session, see ``Plan.disjoint``). Over one source, with ``documents`` given,
+        the first read is :data:`READ_PAGE`'s, and the documents of the sessions it read are left in ``documents``."""
         window = scores.from_position(after, descending) if after else scores
         want = limit + (TIE_SLACK if after else 0)
         total: int | None = None
         while True:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for key in sources:
-                    if descending:
-                        pipe.zrange(
-                            key,
-                            window.redis_high(),
-                            window.redis_low(),
-                            desc=True,
-                            byscore=True,
-                            offset=0,
-                            num=want,
-                            withscores=True,
-                        )
-                    else:
-                        pipe.zrange(
-                            key,
-                            window.redis_low(),
-                            window.redis_high(),
-                            byscore=True,
-                            offset=0,
-                            num=want,
-                            withscores=True,
-                        )
-                counted = self._queue_count(pipe, sources, scores, disjoint) if count and total is None else None
-                replies = await pipe.execute()
-            if counted is not None:
-                total = counted(replies[len(sources) :])
-            batches = [[Position(score, member) for member, score in reply] for reply in replies[: len(sources)]]
+            if documents is not None and len(sources) == 1:  # the count in the script: no pipeline
+                batches, total = await self._read_with_documents(
+                    sources, window, descending, want, scores if count and total is None else None, documents
+                )
+            else:
+                batches, total = await self._read_ranges(
+                    sources,
+                    window,
+                    scores,
+                    descending,
+                    want,
+                    total,
+                    count=count,
+                    disjoint=disjoint,
+                    documents=documents,
+                )
+            documents = None  # read again (more past ties): the page's MGET reads the documents still missing
             positions, complete = merge(batches, want, descending)
             if until is not None and positions and not past(until, positions[-1], descending):
                 complete = True  # read up to the end bound: nothing more is wanted
@@ -181,6 +237,115 @@ class SessionListing(Generic[T]):
             if len(positions) >= limit or complete:
                 return positions[:limit], total
             want *= 4
+
+    def _read_page_args(
+        self, window: ScoreRange, descending: bool, want: int, counted: ScoreRange | None = None
+    ) -> list[Any]:
+        count_args = (counted.redis_low(), counted.redis_high()) if counted is not None else ("", "")
+        return [
+            1 if descending else 0,
+            window.redis_low(),
+            window.redis_high(),
+            want,
+            self.keys.session(""),
+            *count_args,
+        ]
+
+    async def _read_with_documents(
+        self,
+        sources: Sequence[str],
+        window: ScoreRange,
+        descending: bool,
+        want: int,
+        counted: ScoreRange | None,
+        documents: dict[str, str | None],
+    ) -> tuple[list[list[Position]], int | None]:
+        """One source's range (and count within ``counted``), its sessions' documents into ``documents``."""
+        reply = await self._read_page(
+            keys=sources, args=self._read_page_args(window, descending, want, counted), client=self.redis
+        )
+        total = reply[0]
+        return self._read_page_reply(reply, documents), None if total is None else int(total)
+
+    @staticmethod
+    def _read_page_reply(reply: list[Any], documents: dict[str, str | None]) -> list[list[Position]]:
+        """Each source's positions from a :data:`READ_PAGE` reply; the documents it read into ``documents``."""
+        _, ids, raws, *ranges = reply
+        documents.update(zip(ids, optional_texts(raws), strict=True))
+        return [[Position(float(score), member) for member, score in zip(r[::2], r[1::2], strict=True)] for r in ranges]
+
+    async def _read_ranges(
+        self,
+        sources: Sequence[str],
+        window: ScoreRange,
+        scores: ScoreRange,
+        descending: bool,
+        want: int,
+        total: int | None,
+        *,
+        count: bool,
+        disjoint: Sequence[Sequence[str]],
+        documents: dict[str, str | None] | None = None,
+    ) -> tuple[list[list[Position]], int | None]:
+        """Each source's range in one pipeline (with the count, when asked and not known yet); with ``documents``,
+        the ranges are :data:`READ_PAGE`'s, with the documents it read."""
+        if documents is not None:
+            read = functools.partial(
+                self._read_ranges_with_documents, sources, window, scores, descending, want, total, count, disjoint
+            )
+            try:
+                return await read(documents)
+            except NoScriptError:  # not loaded yet (or flushed, or a new primary): loaded, then read again
+                await self.redis.script_load(READ_PAGE)
+                return await read(documents)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in sources:
+                if descending:
+                    pipe.zrange(
+                        key,
+                        window.redis_high(),
+                        window.redis_low(),
+                        desc=True,
+                        byscore=True,
+                        offset=0,
+                        num=want,
+                        withscores=True,
+                    )
+                else:
+                    pipe.zrange(
+                        key,
+                        window.redis_low(),
+                        window.redis_high(),
+                        byscore=True,
+                        offset=0,
+                        num=want,
+                        withscores=True,
+                    )
+            counted = self._queue_count(pipe, sources, scores, disjoint) if count and total is None else None
+            replies = await pipe.execute()
+        if counted is not None:
+            total = counted(replies[len(sources) :])
+        return [[Position(score, member) for member, score in reply] for reply in replies[: len(sources)]], total
+
+    async def _read_ranges_with_documents(
+        self,
+        sources: Sequence[str],
+        window: ScoreRange,
+        scores: ScoreRange,
+        descending: bool,
+        want: int,
+        total: int | None,
+        count: bool,
+        disjoint: Sequence[Sequence[str]],
+        documents: dict[str, str | None],
+    ) -> tuple[list[list[Position]], int | None]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.evalsha(self._read_page.sha, len(sources), *sources, *self._read_page_args(window, descending, want))
+            counted = self._queue_count(pipe, sources, scores, disjoint) if count and total is None else None
+            replies = await pipe.execute()
+        if counted is not None:
+            total = counted(replies[1:])
+        return self._read_page_reply(replies[0], documents), total
 
     def _queue_count(
         self, pipe: Redis, sources: Sequence[str], scores: ScoreRange, disjoint: Sequence[Sequence[str]] = ()

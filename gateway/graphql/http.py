@@ -45,6 +45,7 @@ from strawberry.types.graphql import OperationType
 
 from gateway.graphql.context import Context
 from gateway.graphql.guard import Guard, RequestError
+from gateway.graphql.known_operations import KnownOperations
 from gateway.graphql.result_cache import CachedResult, EncodedBody, ResultCache
 from gateway.prometheus import Metrics
 
@@ -142,6 +143,7 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         self.guard = guard
         self.metrics = metrics
         self.result_cache = result_cache
+        self.known: KnownOperations | None = getattr(schema, "known_operations", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -159,7 +161,7 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
                 if self.result_cache is not None:
                     self.result_cache.started(request, read)
                 self.check_media_types(request, media_type)
-                response = await self.run(request)
+                response = await self.run_known(request) or await self.run(request)
             except RequestError as refused:
                 response = self.refusal(request, refused)
             except HTTPException as exc:
@@ -170,6 +172,31 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         finally:
             self.metrics.observe(request.state.operation, status, time.perf_counter() - started)
         await response(scope, receive, send)
+
+    async def run_known(self, request: Request) -> Response | None:
+        """A POSTed query the schema knows (:mod:`gateway.graphql.known_operations`) answered without Strawberry's
+        view: the body parsed as it parses it, the same context, result processing and response. None when the
+        request is anything else (a batch, a GET, an unknown document, a streaming ``Accept``...): Strawberry's view
+        answers it, from the same (cached) body."""
+        if self.known is None or request.method != "POST" or self._get_stream_transport_from_headers(request.headers):
+            return None
+        try:
+            body = self.decode_json(await request.body())
+        except (ValueError, RecursionError):
+            return None
+        if type(body) is not dict or body.get("extensions") is not None:
+            return None
+        query, variables, name = body.get("query"), body.get("variables"), body.get("operationName")
+        if type(query) is not str or not isinstance(variables, dict | None) or not isinstance(name, str | None):
+            return None
+        data = GraphQLRequestData(query=query, variables=variables, operation_name=name, extensions=None)
+        if self.known.document(data) is None:
+            return None
+        sub_response = await self.get_sub_response(request)
+        context = await self.get_context(request, response=sub_response)
+        adapter = self.request_adapter_class(request)
+        result = await self.execute_single(request, adapter, sub_response, context, None, data)
+        return self.create_response(await self.process_result(request, result), sub_response)
 
     def check_media_types(self, request: Request, accepted: str | None) -> None:
         if accepted is None and not self.should_render_graphql_ide(StarletteRequestAdapter(request)):
@@ -270,6 +297,10 @@ class GraphQLOverHTTP(GraphQL[Context, None]):
         request_data: GraphQLRequestData,
     ) -> ExecutionResult:
         async def execute() -> ExecutionResult:
+            known = self.known.document(request_data) if self.known is not None else None
+            if known is not None:
+                assert self.known is not None
+                return await self.known.execute(known, request_data, context)
             return await super(GraphQLOverHTTP, self).execute_single(
                 request, request_adapter, sub_response, context, root_value, request_data
             )

@@ -24,6 +24,7 @@ from gateway.graphql.folders.types import BYTES_SCALAR, Bytes
 from gateway.graphql.http import RecordOperation
 from gateway.graphql.idle.queries import IdleQueries
 from gateway.graphql.images.schema_part import ImageMutations, ImageQueries
+from gateway.graphql.known_operations import KnownOperations, NoteKnown
 from gateway.graphql.limits import Limits
 from gateway.graphql.operation_name import OperationNameRequired
 from gateway.graphql.policies.mutations import PolicyMutations
@@ -98,6 +99,9 @@ class Subscription(SessionSubscriptions, ExecSubscriptions):
 
 
 class CaravanSchema(strawberry.Schema):
+    known_operations: KnownOperations
+    """Queries seen to pass parsing and validation, executed without Strawberry's per-request machinery."""
+
     def process_errors(self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None) -> None:
         """Strawberry logs every error at ERROR; most are the client's (bad input, NOT_FOUND…). Unexpected ones are
         logged by ``ErrorCodes`` with their request id, so here they are only traced."""
@@ -105,7 +109,7 @@ class CaravanSchema(strawberry.Schema):
             log.debug("graphql error at %s: %s", error.path, error.message)
 
 
-def build_schema(limits: Limits | None = None) -> strawberry.Schema:
+def build_schema(limits: Limits | None = None) -> CaravanSchema:
     """The schema with ``limits``' document limits (default: ``Limits()``; the SDL is the same for any limits)."""
     if limits is None:
         limits = Limits()
@@ -119,10 +123,12 @@ def build_schema(limits: Limits | None = None) -> strawberry.Schema:
             ErrorCodes,
             RecordOperation,
             SubscriptionsOverWebSocket,
+            NoteKnown,  # last: after every extension that may refuse the document
         ],
         config=StrawberryConfig(relay_max_results=limits.max_page, scalar_map={Bytes: BYTES_SCALAR}),
     )
     built.execution_context_class = execution_for(built._schema)  # plain data fields read directly
+    built.known_operations = KnownOperations(built, limits.max_cost, limits.max_page, limits.max_tokens)
     return built
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,6 +23,7 @@ from domain.lifecycle import transition
 from domain.model import Driver, Kernel, Session, SessionStatus, SessionType
 from domain.users import Role, User
 from gateway.graphql.http import GRAPHQL_RESPONSE, JSON
+from gateway.graphql.known_operations import KnownOperations
 from gateway.graphql.result_cache import Answers, cacheable_operation
 from gateway.graphql.schema import CaravanSchema, schema
 from stores.session_listing import SessionListing
@@ -54,17 +56,20 @@ def new_session(name: str, at: datetime, *, owner: str = "admin", project: str =
 
 
 class Executions:
-    """How many operations the schema really executed (the spy calls the real ``execute``)."""
+    """How many operations the schema really executed, through Strawberry or as a known query (the spies call the
+    real ``execute``)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        real = CaravanSchema.execute
+        for owner in (CaravanSchema, KnownOperations):
+            monkeypatch.setattr(owner, "execute", self.counted(owner.execute))
 
-        async def counted(schema: Any, *args: Any, **kwargs: Any) -> Any:
+    def counted(self, real: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
             self.count += 1
-            return await real(schema, *args, **kwargs)
+            return await real(*args, **kwargs)
 
-        monkeypatch.setattr(CaravanSchema, "execute", counted)
+        return counted
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
 
 from domain.lifecycle import transition
 from domain.listing import NAME_SCAN_BATCH
@@ -162,6 +163,37 @@ async def test_pages_forwards_and_backwards_with_stable_cursors_while_sessions_a
     backward_middle = await page(caravan, last=2, after=cursors[1], before=cursors[6])
     assert ids(backward_middle) == everything[4:6] and backward_middle["pageInfo"]["hasPreviousPage"]
     assert full["totalCount"] == len(everything) and not full["pageInfo"]["hasNextPage"]
+
+
+async def test_more_ties_than_one_read_holds_page_through_in_order(caravan: Caravan) -> None:
+    """30 sessions created together: past a cursor deep in them, the first read (with its documents) holds only ties
+    before the cursor, so more is read (and the documents past the first read are read by an MGET)."""
+    tied = [new_session(f"tie-{i:02d}", T0 + timedelta(minutes=5)) for i in range(30)]
+    spread = [new_session(f"spread-{i}", T0 + timedelta(minutes=i * 3)) for i in range(4)]
+    seeded = await seed(caravan, tied + spread)
+    expected = newest_first(seeded)
+    for size in (3, 7):
+        assert await walk(caravan, size) == expected
+        assert await walk(caravan, size, backward=True) == expected
+        assert await walk(caravan, size, order="CREATED_AT_ASC") == expected[::-1]
+    names = {s.id: s.name for s in seeded}
+    deep = await page(caravan, first=30)
+    past_ties = await page(caravan, first=3, after=deep["edges"][-1]["cursor"])
+    assert [e["node"]["name"] for e in past_ties["edges"]] == [names[i] for i in expected[30:33]]
+
+    # an admin's page merges their own index and their project's: ties in both, and sessions in both
+    await caravan.users.put(User(id="tie-admin", name="tie-admin", role=Role.ADMIN, projects=("research",)))
+    admin = await caravan.users.issue_token("tie-admin")
+    theirs = [
+        new_session(
+            f"mine-{i:02d}", T0 + timedelta(minutes=5), owner="tie-admin", project=["default", "research"][i % 2]
+        )
+        for i in range(12)
+    ] + [new_session(f"proj-{i:02d}", T0 + timedelta(minutes=5), owner="other", project="research") for i in range(12)]
+    visible = newest_first(await seed(caravan, theirs))
+    for size in (3, 7):
+        assert await walk(caravan, size, token=admin) == visible
+        assert await walk(caravan, size, backward=True, token=admin) == visible
 
 
 async def test_first_zero_and_an_empty_listing(caravan: Caravan) -> None:
@@ -402,6 +434,57 @@ async def commands_run(redis: Redis) -> int:
     return sum(v["calls"] for k, v in stats.items() if not k.endswith("_info"))
 
 
+async def test_a_page_reads_its_indexes_and_documents_in_one_round_trip(
+    gateway_with: GatewayWith, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round trips to Redis per page, counted as the commands (or pipelines) the gateway's connections send (a spy
+    on the real method): the token check with the rate limit's count, then one read of the range, the count and
+    the documents for a page over one index (a superadmin's, a user's) or several (an admin's own and project
+    indexes, their count beside it); a filter adds the scratch set's building and deleting (the result cache off:
+    every page executed)."""
+    async with gateway_with(result_cache=0) as caravan:
+        await count_round_trips(caravan, redis, monkeypatch)
+
+
+async def count_round_trips(caravan: Caravan, redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    user = await caravan.user("trips-user")
+    await caravan.users.put(User(id="trips-admin", name="trips-admin", role=Role.ADMIN, projects=("research",)))
+    admin = await caravan.users.issue_token("trips-admin")
+    await seed(
+        caravan,
+        [
+            new_session(f"s-{i:02d}", T0 + timedelta(seconds=i), owner=["admin", "trips-user"][i % 2], project=p)
+            for i, p in enumerate(["default", "research"] * 10)
+        ],
+    )
+    sent = 0
+    real_send = AbstractConnection.send_packed_command
+
+    async def counted(self: AbstractConnection, *args: Any, **kwargs: Any) -> None:
+        nonlocal sent
+        sent += 1
+        await real_send(self, *args, **kwargs)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+
+    async def round_trips(token: str | None, **arguments: Any) -> int:
+        nonlocal sent
+        await page(caravan, token=token, first=5, **arguments)  # the scripts loaded, the document known
+        sent = 0
+        connection = await page(caravan, token=token, first=5, **arguments)
+        assert connection["edges"] and connection["totalCount"]
+        return sent
+
+    assert await round_trips(None) == 2  # the bootstrap superadmin: every session
+    assert await round_trips(user) == 2  # their own index
+    assert await round_trips(None, filter={"type": "BATCH", "statuses": ["PENDING"]}) == 4
+    assert await round_trips(admin) == 2  # their own and the project's indexes
+    for token in (admin, None):  # the script gone (flushed, or a new primary): loaded again, the page as before
+        expected = await page(caravan, token=token, first=5)
+        await redis.script_flush()
+        assert await page(caravan, token=token, first=5) == expected
+
+
 async def test_a_page_costs_the_same_redis_commands_whatever_its_size(caravan: Caravan, redis: Redis) -> None:
     """Counted on the real Redis (INFO commandstats): owner and idleChecks are batched per page, not per session."""
     await seed(caravan, [new_session(f"s-{i:03d}", T0 + timedelta(seconds=i)) for i in range(60)])
@@ -417,5 +500,5 @@ async def test_a_page_costs_the_same_redis_commands_whatever_its_size(caravan: C
         assert data["sessions"]["edges"][0]["node"]["owner"] == {"id": "admin", "name": "admin"}
     assert costs[5] == costs[50], costs
     # token script (EVALSHA+GET+HMGET), rate limit with the result cache's version (MULTI INCRBY EXPIRE GET EXEC),
-    # ZRANGE+ZCOUNT, 3 MGETs
+    # the listing's script (EVALSHA+ZCOUNT+ZRANGE+MGET), MGETs of the owners and idle checks
     assert costs[50] <= 13, costs
