@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from scheduler.agents import ROUNDROBIN, resolve_selector, roundrobin
 from scheduler.agents.base import AgentSelector, AgentView, SelectionRequest, SelectorConfig
@@ -21,28 +21,29 @@ from scheduler.pass_model import ClusterMode, PendingSession
 __all__ = ["Attempt", "Chooser", "make_chooser", "packing_direction", "place", "reserve"]
 
 
-class Chooser(Protocol):
-    none_means_full: bool
+class Chooser:
+    """A base class, not a Protocol: compiled (ops/build-native), a call through it is a direct one."""
+
+    none_means_full: bool = True
     """True when ``choose`` returning None proves that no agent fits (feeds the failed-request cache)."""
 
     def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
         """An agent ordinal that fits ``demand`` now, or None."""
+        raise NotImplementedError
 
 
 @dataclass
-class PackedChooser:
+class PackedChooser(Chooser):
     occupancy: GroupOccupancy
-    none_means_full = True
 
     def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
         return self.occupancy.find_packed(demand)
 
 
 @dataclass
-class RoundRobinChooser:
+class RoundRobinChooser(Chooser):
     occupancy: GroupOccupancy
     next_index: int
-    none_means_full = True
 
     def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
         occupancy = self.occupancy
@@ -53,11 +54,13 @@ class RoundRobinChooser:
 
 
 @dataclass
-class PluginChooser:
+class PluginChooser(Chooser):
     occupancy: GroupOccupancy
     selector: AgentSelector
     config: SelectorConfig
-    none_means_full = False  # a plugin may decline although agents fit
+
+    def __post_init__(self) -> None:
+        self.none_means_full = False  # a plugin may decline although agents fit
 
     def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
         occupancy, codec = self.occupancy, self.occupancy.codec

@@ -41,7 +41,7 @@ def is_overdue(session: PendingSession, config: GroupConfig, now: datetime) -> b
 def attempt_order(entries: Sequence[QueueEntry], order: SessionOrder, shares: ShareView) -> Iterator[QueueEntry]:
     bands: dict[int, tuple[list[QueueEntry], list[QueueEntry]]] = {}
     for entry in entries:
-        normal, pushed = bands.setdefault(entry.session.priority, ([], []))
+        normal, pushed = bands.setdefault(entry.priority, ([], []))
         (pushed if entry.pushed_back else normal).append(entry)
     for priority in sorted(bands, reverse=True):
         normal, pushed = bands[priority]
