@@ -149,10 +149,10 @@ def _entries(
     """One entry per session; the demands of one request are one tuple, shared (sessions mostly reuse presets)."""
     single: dict[ResourceSlots, tuple[Demand]] = {}
     entries = []
-    skip = config.retries_to_skip
+    skip, multi_node = config.retries_to_skip, ClusterMode.MULTI_NODE
     for session in sessions:
         kernels = session.kernels
-        if session.cluster_mode is ClusterMode.MULTI_NODE:
+        if session.cluster_mode is multi_node:
             demands: tuple[Demand, ...] = tuple(codec.demand(kernel.requested) for kernel in kernels)
         else:
             only = kernels[0].requested if len(kernels) == 1 else session.requested
@@ -161,7 +161,19 @@ def _entries(
         created = session.created_at.timestamp()
         checked = may_fail(session, context)
         entries.append(
-            QueueEntry(session, created, demands, pushed_back, session.id, session.user, session.priority, checked)
+            QueueEntry(
+                session,
+                created,
+                demands,
+                pushed_back,
+                session.id,
+                session.user,
+                session.project,
+                session.priority,
+                len(kernels),
+                kernels[0].role,
+                checked,
+            )
         )
     return entries
 
@@ -316,7 +328,7 @@ class _GroupWalk:
     def _placed(self, entry: QueueEntry, agents: tuple[int, ...]) -> None:
         session, ids = entry.session, self.occupancy.ids
         if len(agents) == 1:  # the common case: one outcome per role and agent, built once
-            role, ordinal = session.kernels[0].role, agents[0]
+            role, ordinal = entry.role, agents[0]
             by_agent = self.single.get(role)
             if by_agent is None:
                 by_agent = self.single[role] = [None] * len(ids)
@@ -329,7 +341,7 @@ class _GroupWalk:
                 for index, (kernel, ordinal) in enumerate(zip(session.kernels, agents, strict=True))
             )
         self.outcomes.placements[entry.id] = placed
-        self.context.usage.add_placed(session)
+        self.context.usage.add_placed(entry.user, entry.project, session)
         if self.shares is not None:
             self.shares.add(entry.user, _total(entry.demands))
 
@@ -382,9 +394,9 @@ def _in_reservation_order(entries: Sequence[QueueEntry]) -> Iterator[QueueEntry]
 
 def _attempt(entry: QueueEntry, occupancy: GroupOccupancy, chooser: Chooser, holders: set[str]) -> Attempt:
     if not holders or entry.id not in holders:
-        return place(occupancy, chooser, entry.session, entry.demands, use_cache=True)
+        return place(occupancy, chooser, entry.session, entry.demands, use_cache=True, kernel_count=entry.kernel_count)
     released = occupancy.release_holds(entry.id)  # the holder sees its own reservation as free
-    attempt = place(occupancy, chooser, entry.session, entry.demands, use_cache=False)
+    attempt = place(occupancy, chooser, entry.session, entry.demands, use_cache=False, kernel_count=entry.kernel_count)
     if attempt.agents is None:
         for ordinal, demand in released:
             occupancy.hold(ordinal, entry.id, demand)

@@ -60,9 +60,10 @@ class Usage:
         if project is not None and project in self.slots_by_project:
             self.slots_by_project[project] += slots
 
-    def add_placed(self, session: PendingSession) -> None:
-        tracked = session.user in self.slots_by_user or session.project in self.slots_by_project
-        self.add(session.user, session.project, session.requested if tracked else _NOTHING)
+    def add_placed(self, user: str, project: str | None, session: PendingSession) -> None:
+        """``user`` and ``project``: the session's (at hand in the caller); its slots are read only when tracked."""
+        tracked = user in self.slots_by_user or project in self.slots_by_project
+        self.add(user, project, session.requested if tracked else _NOTHING)
 
 
 @dataclass(frozen=True)

@@ -115,15 +115,22 @@ class Attempt(NamedTuple):  # one per attempt: a tuple is the cheapest immutable
 
 
 def place(
-    occupancy: GroupOccupancy, chooser: Chooser, session: PendingSession, demands: Sequence[Demand], *, use_cache: bool
+    occupancy: GroupOccupancy,
+    chooser: Chooser,
+    session: PendingSession,
+    demands: Sequence[Demand],
+    *,
+    use_cache: bool,
+    kernel_count: int,
 ) -> Attempt:
     """Place every demand in order against the state after the previous ones; roll all back if one fails.
 
-    ``demands`` holds one summed demand for a single-node session, one per kernel for a multi-node one. Only a failure
-    of the first demand (nothing tentative consumed) feeds the "smallest failed request" cache.
+    ``demands`` holds one summed demand for a single-node session, one per kernel for a multi-node one;
+    ``kernel_count``: the session's kernels. Only a failure of the first demand (nothing tentative consumed) feeds the
+    "smallest failed request" cache.
     """
     if len(demands) == 1:
-        return _place_one(occupancy, chooser, session, demands[0], use_cache=use_cache)
+        return _place_one(occupancy, chooser, session, demands[0], use_cache=use_cache, kernel_count=kernel_count)
     consumed: list[tuple[int, Demand]] = []
     for kernel, demand in enumerate(demands):
         first = not consumed
@@ -139,12 +146,17 @@ def place(
             return Attempt(None, kernel)
         occupancy.consume(picked, demand)
         consumed.append((picked, demand))
-    agents = tuple(ordinal for ordinal, _ in consumed)
-    return Attempt(agents * len(session.kernels) if len(demands) == 1 else agents)
+    return Attempt(tuple(ordinal for ordinal, _ in consumed))
 
 
 def _place_one(
-    occupancy: GroupOccupancy, chooser: Chooser, session: PendingSession, demand: Demand, *, use_cache: bool
+    occupancy: GroupOccupancy,
+    chooser: Chooser,
+    session: PendingSession,
+    demand: Demand,
+    *,
+    use_cache: bool,
+    kernel_count: int,
 ) -> Attempt:
     """``place`` for a single demand (a single-node session): nothing tentative to roll back."""
     if use_cache and occupancy.known_to_fail(demand):
@@ -155,7 +167,7 @@ def _place_one(
             occupancy.remember_failure(demand)
         return _NOT_PLACED
     occupancy.consume(picked, demand)
-    return Attempt((picked,) * len(session.kernels))
+    return Attempt((picked,) * kernel_count)
 
 
 _NOT_PLACED = Attempt(None, 0)

@@ -138,7 +138,7 @@ class PackingIndex:
         self.direction = direction
         self._pick = _picker(positions)
         tier_numbers: dict[int, int] = {}
-        self._key_of: dict[int, tuple[int, ...]] = {}
+        self._key_of: list[tuple[int, ...]] = [()] * len(avail)  # by ordinal (lists: cheaper than dicts); () = none
         keys_by_tier: dict[int, list[tuple[int, ...]]] = {}
         for ordinal, tier in members:
             key = self._key(ordinal, avail[ordinal])
@@ -147,10 +147,12 @@ class PackingIndex:
             keys_by_tier.setdefault(tier, []).append(key)
         tiers = {tier: _Tier(keys) for tier, keys in keys_by_tier.items()}
         self._tier_order = [tiers[tier] for tier in sorted(tiers)]
-        self._tier_of = {ordinal: tiers[tier] for ordinal, tier in tier_numbers.items()}
+        self._tier_of: list[_Tier | None] = [None] * len(avail)
+        for ordinal, tier in tier_numbers.items():
+            self._tier_of[ordinal] = tiers[tier]
 
     def __contains__(self, ordinal: int) -> bool:
-        return ordinal in self._key_of
+        return 0 <= ordinal < len(self._key_of) and bool(self._key_of[ordinal])
 
     def _key(self, ordinal: int, vector: Sequence[int]) -> tuple[int, ...]:
         if self.direction == CONCENTRATED:
@@ -160,7 +162,9 @@ class PackingIndex:
     def update(self, ordinal: int, vector: Sequence[int]) -> None:
         """Re-sort one member after its available amounts changed."""
         new = self._key(ordinal, vector)
-        self._tier_of[ordinal].move(self._key_of[ordinal], new)
+        tier = self._tier_of[ordinal]
+        assert tier is not None, f"agent {ordinal} is not a member"
+        tier.move(self._key_of[ordinal], new)
         self._key_of[ordinal] = new
 
     def forget_starts(self) -> None:

@@ -33,8 +33,12 @@ class QueueEntry:
     """Failed ``retries_to_skip`` attempts already: goes behind its band and blocks nobody."""
     id: str
     user: str
+    project: str | None
     priority: int
-    """The session's, copied: read several times per session in a pass (cheaper on this class, compiled or not)."""
+    kernel_count: int
+    role: str
+    """The session's (its first kernel's role), copied: read several times per session in a pass (cheaper on this
+    class, compiled or not)."""
     checked: bool
     """Some non-resource check may fail (``scheduler.wait_checks.may_fail``); False for most sessions."""
 
