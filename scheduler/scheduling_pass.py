@@ -45,7 +45,7 @@ from scheduler.pass_model import (
     WaitKind,
 )
 from scheduler.selection import drf, get_strategy
-from scheduler.selection.base import QueueEntry, by_age
+from scheduler.selection.base import QueueEntry, ShareView, by_age
 from scheduler.selection.drf import DominantShares
 from scheduler.selection.sequence import attempt_order, overdue_before
 from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks, may_fail
@@ -56,14 +56,7 @@ __all__ = ["run_pass", "validate_config"]
 _UNKNOWN = -1
 
 
-class _NoShares:
-    """What an order other than DRF is given: it never asks."""
-
-    def share(self, user: str) -> float:
-        return 0.0
-
-
-_NO_SHARES = _NoShares()
+_NO_SHARES = ShareView()  # what an order other than DRF is given: it never asks
 
 
 class _Outcomes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
 
 from scheduler.agents import ROUNDROBIN, resolve_selector, roundrobin
 from scheduler.agents.base import AgentSelector, AgentView, SelectionRequest, SelectorConfig
@@ -107,11 +106,17 @@ def make_chooser(
     return PluginChooser(occupancy, selector, config)
 
 
-class Attempt(NamedTuple):  # one per attempt: a tuple is the cheapest immutable record to build
-    agents: tuple[int, ...] | None
-    """One ordinal per kernel when placed (single-node: the same agent for all), else None."""
-    failed_kernel: int = 0
-    """Index into the demands of the one that found no agent."""
+class Attempt:
+    """One per attempt (a plain class: compiled, the cheapest record to build; a NamedTuple's constructor is Python).
+    Not changed once built."""
+
+    __slots__ = ("agents", "failed_kernel")
+
+    def __init__(self, agents: tuple[int, ...] | None, failed_kernel: int = 0) -> None:
+        self.agents = agents
+        """One ordinal per kernel when placed (single-node: the same agent for all), else None."""
+        self.failed_kernel = failed_kernel
+        """Index into the demands of the one that found no agent."""
 
 
 def place(

@@ -43,8 +43,13 @@ class QueueEntry:
     """Some non-resource check may fail (``scheduler.wait_checks.may_fail``); False for most sessions."""
 
 
-class ShareView(Protocol):
-    def share(self, user: str) -> float: ...
+class ShareView:
+    """What a strategy may ask about a user: its dominant share (DRF). This base answers 0 for everyone (what orders
+    that never ask are given). A base class, not a Protocol: compiled (ops/build-native), a call through it is a direct
+    one."""
+
+    def share(self, user: str) -> float:
+        return 0.0
 
 
 class SessionOrder(Protocol):

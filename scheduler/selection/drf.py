@@ -17,7 +17,7 @@ from scheduler.selection.base import QueueEntry, ShareView, by_age
 __all__ = ["DominantShares", "order"]
 
 
-class DominantShares:
+class DominantShares(ShareView):
     """Per-user occupancy of one group over its capacity (milli-unit vectors). Shares are floats: order only."""
 
     def __init__(self, capacity: Sequence[int], occupied_by_user: Mapping[str, Sequence[int]]) -> None:
