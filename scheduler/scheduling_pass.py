@@ -45,10 +45,10 @@ from scheduler.pass_model import (
     WaitKind,
 )
 from scheduler.selection import drf, get_strategy
-from scheduler.selection.base import QueueEntry, by_age
+from scheduler.selection.base import QueueEntry, ShareView, by_age
 from scheduler.selection.drf import DominantShares
 from scheduler.selection.sequence import attempt_order, overdue_before
-from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks
+from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_checks, may_fail
 
 __all__ = ["run_pass", "validate_config"]
 
@@ -56,14 +56,7 @@ __all__ = ["run_pass", "validate_config"]
 _UNKNOWN = -1
 
 
-class _NoShares:
-    """What an order other than DRF is given: it never asks."""
-
-    def share(self, user: str) -> float:
-        return 0.0
-
-
-_NO_SHARES = _NoShares()
+_NO_SHARES = ShareView()  # what an order other than DRF is given: it never asks
 
 
 class _Outcomes:
@@ -143,20 +136,38 @@ def _slot_names(snapshot: Snapshot) -> set[str]:
     return names
 
 
-def _entries(sessions: Sequence[PendingSession], codec: SlotCodec, config: GroupConfig) -> list[QueueEntry]:
+def _entries(
+    sessions: Sequence[PendingSession], codec: SlotCodec, config: GroupConfig, context: CheckContext
+) -> list[QueueEntry]:
     """One entry per session; the demands of one request are one tuple, shared (sessions mostly reuse presets)."""
     single: dict[ResourceSlots, tuple[Demand]] = {}
     entries = []
-    skip = config.retries_to_skip
+    skip, multi_node = config.retries_to_skip, ClusterMode.MULTI_NODE
     for session in sessions:
         kernels = session.kernels
-        if session.cluster_mode is ClusterMode.MULTI_NODE:
+        if session.cluster_mode is multi_node:
             demands: tuple[Demand, ...] = tuple(codec.demand(kernel.requested) for kernel in kernels)
         else:
             only = kernels[0].requested if len(kernels) == 1 else session.requested
             demands = single.get(only) or single.setdefault(only, (codec.demand(only),))
         pushed_back = skip > 0 and session.retries >= skip  # is_pushed_back, inline
-        entries.append(QueueEntry(session, session.created_at.timestamp(), demands, pushed_back))
+        created = session.created_at.timestamp()
+        checked = may_fail(session, context)
+        entries.append(
+            QueueEntry(
+                session,
+                created,
+                demands,
+                pushed_back,
+                session.id,
+                session.user,
+                session.project,
+                session.priority,
+                len(kernels),
+                kernels[0].role,
+                checked,
+            )
+        )
     return entries
 
 
@@ -212,12 +223,12 @@ def _schedule_group(
         outcomes.roundrobin_state.get(group, 0),
     )
     shares = _shares(occupancy, running) if order is drf.order else None  # only DRF reads shares
-    entries = _entries(sessions, codec, group_config)
+    entries = _entries(sessions, codec, group_config, context)
     first = _reserve_for_overdue(entries, occupancy, group_config, context, now)
-    holders = {entry.session.id for entry in first}
+    holders = {entry.id for entry in first}
     # holders go first: they have waited longer than reserve_after, and a session that finds its agent reserved
     # must not be able to block the line in front of the holder
-    rest = [entry for entry in entries if entry.session.id not in holders] if holders else entries
+    rest = [entry for entry in entries if entry.id not in holders] if holders else entries
     walk = _GroupWalk(group, occupancy, chooser, shares, context, outcomes, holders)
     walk.walk(chain(first, attempt_order(rest, order, shares or _NO_SHARES)))
     walk.finish()
@@ -242,33 +253,33 @@ class _GroupWalk:
         self.context, self.outcomes, self.holders = context, outcomes, holders
         self.blocker: str | None = None
         self.hopeless: dict[int, int | None] = {}  # id(demands) -> index of the one no agent can ever host
-        self.single: dict[tuple[str, int], tuple[KernelPlacement]] = {}  # immutable: shared by every such placement
+        self.single: dict[str, list[tuple[KernelPlacement] | None]] = {}  # role -> by agent; shared, immutable
         self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
         self.still_waiting: list[str] = []
 
     def _visit(self, entry: QueueEntry) -> None:
-        session = entry.session
-        failures = failed_checks(session, self.context)
+        session_id = entry.id
+        failures = failed_checks(entry.session, self.context) if entry.checked else None
         cancel = next((failure for failure in failures if failure.cancel_reason), None) if failures else None
         if cancel is not None:
-            self.outcomes.cancellations[session.id] = Cancellation(
-                session.id, str(cancel.cancel_reason), cancel.message
+            self.outcomes.cancellations[session_id] = Cancellation(
+                session_id, str(cancel.cancel_reason), cancel.message
             )
             return
-        self.still_waiting.append(session.id)
+        self.still_waiting.append(session_id)
         not_attempted = self._not_attempted(entry, failures)
         if not_attempted is not None:
-            self.outcomes.waiting[session.id] = not_attempted
+            self.outcomes.waiting[session_id] = not_attempted
             return
         attempt = _attempt(entry, self.occupancy, self.chooser, self.holders)
         if attempt.agents is not None:
             self.still_waiting.pop()
             self._placed(entry, attempt.agents)
             return
-        self.outcomes.retries[session.id] = 1
+        self.outcomes.retries[session_id] = 1
         self.short.append((entry, attempt.failed_kernel))
         if not entry.pushed_back:
-            self.blocker = session.id
+            self.blocker = session_id
 
     def walk(self, line: Iterator[QueueEntry]) -> None:
         """Visit the sessions in attempt order until one short of resources blocks the line."""
@@ -285,14 +296,13 @@ class _GroupWalk:
         blocked = WaitExplanation(WaitKind.BLOCKED, message, blocked_by=blocker)
         context, waiting, still_waiting = self.context, self.outcomes.waiting, self.still_waiting
         for entry in rest:
-            session = entry.session
-            if failed_checks(session, context):
+            if entry.checked and failed_checks(entry.session, context):
                 self._visit(entry)  # explained by its checks, or cancelled
             else:
-                still_waiting.append(session.id)
-                waiting[session.id] = blocked
+                still_waiting.append(entry.id)
+                waiting[entry.id] = blocked
 
-    def _not_attempted(self, entry: QueueEntry, failures: list[CheckResult]) -> WaitExplanation | None:
+    def _not_attempted(self, entry: QueueEntry, failures: list[CheckResult] | None) -> WaitExplanation | None:
         """Why the session is not even tried (cheap: no agent is looked at), or None to try it."""
         if failures:
             checks = tuple((failure.name, failure.message) for failure in failures)
@@ -311,19 +321,22 @@ class _GroupWalk:
     def _placed(self, entry: QueueEntry, agents: tuple[int, ...]) -> None:
         session, ids = entry.session, self.occupancy.ids
         if len(agents) == 1:  # the common case: one outcome per role and agent, built once
-            key = (session.kernels[0].role, agents[0])
-            placed: tuple[KernelPlacement, ...] | None = self.single.get(key)
+            role, ordinal = entry.role, agents[0]
+            by_agent = self.single.get(role)
+            if by_agent is None:
+                by_agent = self.single[role] = [None] * len(ids)
+            placed: tuple[KernelPlacement, ...] | None = by_agent[ordinal]
             if placed is None:
-                placed = self.single[key] = (KernelPlacement(0, key[0], ids[key[1]]),)
+                placed = by_agent[ordinal] = (KernelPlacement(0, role, ids[ordinal]),)
         else:
             placed = tuple(
                 KernelPlacement(index, kernel.role, ids[ordinal])
                 for index, (kernel, ordinal) in enumerate(zip(session.kernels, agents, strict=True))
             )
-        self.outcomes.placements[session.id] = placed
-        self.context.usage.add_placed(session)
+        self.outcomes.placements[entry.id] = placed
+        self.context.usage.add_placed(entry.user, entry.project, session)
         if self.shares is not None:
-            self.shares.add(session.user, _total(entry.demands))
+            self.shares.add(entry.user, _total(entry.demands))
 
     def finish(self) -> None:
         """Explain the sessions short of resources (against the final state), list reservations, number the queue."""
@@ -331,10 +344,10 @@ class _GroupWalk:
         reserved_agent = {holder: occupancy.ids[ordinal] for ordinal, (holder, _) in occupancy.holds.items()}
         explained: dict[tuple[Demand, str | None, str | None], WaitExplanation] = {}  # the state is final now
         for entry, kernel in self.short:
-            key = (entry.demands[kernel], _role(entry, kernel), reserved_agent.get(entry.session.id))
+            key = (entry.demands[kernel], _role(entry, kernel), reserved_agent.get(entry.id))
             if key not in explained:
                 explained[key] = explain_no_fit(occupancy, *key)
-            outcomes.waiting[entry.session.id] = explained[key]
+            outcomes.waiting[entry.id] = explained[key]
         for ordinal, (holder, demand) in sorted(occupancy.holds.items()):
             outcomes.reservations.append(Reservation(holder, occupancy.ids[ordinal], occupancy.codec.to_slots(demand)))
         outcomes.positions.update(zip(self.still_waiting, count(1)))
@@ -353,9 +366,11 @@ def _reserve_for_overdue(
     for entry in _in_reservation_order(overdue):
         if len(holders) >= config.max_reservations:
             break
-        if failed_checks(entry.session, context) or any(occupancy.never_fits(d) for d in entry.demands):
+        if entry.checked and failed_checks(entry.session, context):
+            continue
+        if any(occupancy.never_fits(demand) for demand in entry.demands):
             continue  # it could not be placed anyway; holding an agent for it would only waste it
-        if reserve(occupancy, entry.session.id, entry.demands):
+        if reserve(occupancy, entry.id, entry.demands):
             holders.append(entry)
     return holders
 
@@ -365,17 +380,17 @@ def _in_reservation_order(entries: Sequence[QueueEntry]) -> Iterator[QueueEntry]
     of a busy queue can be overdue, and only the first few are wanted)."""
     bands: dict[int, list[QueueEntry]] = defaultdict(list)
     for entry in entries:
-        bands[entry.session.priority].append(entry)
+        bands[entry.priority].append(entry)
     for priority in sorted(bands, reverse=True):
         yield from by_age(bands[priority], newest_first=False)
 
 
 def _attempt(entry: QueueEntry, occupancy: GroupOccupancy, chooser: Chooser, holders: set[str]) -> Attempt:
-    if not holders or entry.session.id not in holders:
-        return place(occupancy, chooser, entry.session, entry.demands, use_cache=True)
-    released = occupancy.release_holds(entry.session.id)  # the holder sees its own reservation as free
-    attempt = place(occupancy, chooser, entry.session, entry.demands, use_cache=False)
+    if not holders or entry.id not in holders:
+        return place(occupancy, chooser, entry.session, entry.demands, use_cache=True, kernel_count=entry.kernel_count)
+    released = occupancy.release_holds(entry.id)  # the holder sees its own reservation as free
+    attempt = place(occupancy, chooser, entry.session, entry.demands, use_cache=False, kernel_count=entry.kernel_count)
     if attempt.agents is None:
         for ordinal, demand in released:
-            occupancy.hold(ordinal, entry.session.id, demand)
+            occupancy.hold(ordinal, entry.id, demand)
     return attempt

@@ -16,7 +16,7 @@ from decimal import Decimal
 from domain.slots import ResourceSlots, format_amount
 from scheduler.pass_model import DependencyState, PendingSession, ProjectPolicy, Snapshot, UserPolicy
 
-__all__ = ["CHECKS", "DEPENDENCY_FAILED", "CheckContext", "CheckResult", "Usage", "failed_checks"]
+__all__ = ["CHECKS", "DEPENDENCY_FAILED", "CheckContext", "CheckResult", "Usage", "failed_checks", "may_fail"]
 
 DEPENDENCY_FAILED = "dependency-failed"
 _NOTHING = ResourceSlots()
@@ -60,9 +60,10 @@ class Usage:
         if project is not None and project in self.slots_by_project:
             self.slots_by_project[project] += slots
 
-    def add_placed(self, session: PendingSession) -> None:
-        tracked = session.user in self.slots_by_user or session.project in self.slots_by_project
-        self.add(session.user, session.project, session.requested if tracked else _NOTHING)
+    def add_placed(self, user: str, project: str | None, session: PendingSession) -> None:
+        """``user`` and ``project``: the session's (at hand in the caller); its slots are read only when tracked."""
+        tracked = user in self.slots_by_user or project in self.slots_by_project
+        self.add(user, project, session.requested if tracked else _NOTHING)
 
 
 @dataclass(frozen=True)
@@ -152,12 +153,12 @@ def failed_checks(
     session: PendingSession, context: CheckContext, checks: Iterable[Check] = CHECKS
 ) -> list[CheckResult]:
     """Every failing check (all are evaluated, none short-circuits)."""
-    if checks is CHECKS and not _may_fail(session, context):
+    if checks is CHECKS and not may_fail(session, context):
         return []
     return [result for result in (check(session, context) for check in checks) if not result.passed]
 
 
-def _may_fail(session: PendingSession, context: CheckContext) -> bool:
+def may_fail(session: PendingSession, context: CheckContext) -> bool:
     """Cheap guard: most sessions have no start time, no dependencies and no policy, so no built-in check applies."""
     return bool(
         session.starts_at is not None

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple, Protocol
 
 from scheduler.agents import ROUNDROBIN, resolve_selector, roundrobin
 from scheduler.agents.base import AgentSelector, AgentView, SelectionRequest, SelectorConfig
@@ -21,28 +20,29 @@ from scheduler.pass_model import ClusterMode, PendingSession
 __all__ = ["Attempt", "Chooser", "make_chooser", "packing_direction", "place", "reserve"]
 
 
-class Chooser(Protocol):
-    none_means_full: bool
+class Chooser:
+    """A base class, not a Protocol: compiled (ops/build-native), a call through it is a direct one."""
+
+    none_means_full: bool = True
     """True when ``choose`` returning None proves that no agent fits (feeds the failed-request cache)."""
 
     def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
         """An agent ordinal that fits ``demand`` now, or None."""
+        raise NotImplementedError
 
 
 @dataclass
-class PackedChooser:
+class PackedChooser(Chooser):
     occupancy: GroupOccupancy
-    none_means_full = True
 
     def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
         return self.occupancy.find_packed(demand)
 
 
 @dataclass
-class RoundRobinChooser:
+class RoundRobinChooser(Chooser):
     occupancy: GroupOccupancy
     next_index: int
-    none_means_full = True
 
     def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
         occupancy = self.occupancy
@@ -53,11 +53,13 @@ class RoundRobinChooser:
 
 
 @dataclass
-class PluginChooser:
+class PluginChooser(Chooser):
     occupancy: GroupOccupancy
     selector: AgentSelector
     config: SelectorConfig
-    none_means_full = False  # a plugin may decline although agents fit
+
+    def __post_init__(self) -> None:
+        self.none_means_full = False  # a plugin may decline although agents fit
 
     def choose(self, session: PendingSession, kernel: int, demand: Demand) -> int | None:
         occupancy, codec = self.occupancy, self.occupancy.codec
@@ -104,23 +106,36 @@ def make_chooser(
     return PluginChooser(occupancy, selector, config)
 
 
-class Attempt(NamedTuple):  # one per attempt: a tuple is the cheapest immutable record to build
-    agents: tuple[int, ...] | None
-    """One ordinal per kernel when placed (single-node: the same agent for all), else None."""
-    failed_kernel: int = 0
-    """Index into the demands of the one that found no agent."""
+class Attempt:
+    """One per attempt (a plain class: compiled, the cheapest record to build; a NamedTuple's constructor is Python).
+    Not changed once built."""
+
+    __slots__ = ("agents", "failed_kernel")
+
+    def __init__(self, agents: tuple[int, ...] | None, failed_kernel: int = 0) -> None:
+        self.agents = agents
+        """One ordinal per kernel when placed (single-node: the same agent for all), else None."""
+        self.failed_kernel = failed_kernel
+        """Index into the demands of the one that found no agent."""
 
 
 def place(
-    occupancy: GroupOccupancy, chooser: Chooser, session: PendingSession, demands: Sequence[Demand], *, use_cache: bool
+    occupancy: GroupOccupancy,
+    chooser: Chooser,
+    session: PendingSession,
+    demands: Sequence[Demand],
+    *,
+    use_cache: bool,
+    kernel_count: int,
 ) -> Attempt:
     """Place every demand in order against the state after the previous ones; roll all back if one fails.
 
-    ``demands`` holds one summed demand for a single-node session, one per kernel for a multi-node one. Only a failure
-    of the first demand (nothing tentative consumed) feeds the "smallest failed request" cache.
+    ``demands`` holds one summed demand for a single-node session, one per kernel for a multi-node one;
+    ``kernel_count``: the session's kernels. Only a failure of the first demand (nothing tentative consumed) feeds the
+    "smallest failed request" cache.
     """
     if len(demands) == 1:
-        return _place_one(occupancy, chooser, session, demands[0], use_cache=use_cache)
+        return _place_one(occupancy, chooser, session, demands[0], use_cache=use_cache, kernel_count=kernel_count)
     consumed: list[tuple[int, Demand]] = []
     for kernel, demand in enumerate(demands):
         first = not consumed
@@ -136,12 +151,17 @@ def place(
             return Attempt(None, kernel)
         occupancy.consume(picked, demand)
         consumed.append((picked, demand))
-    agents = tuple(ordinal for ordinal, _ in consumed)
-    return Attempt(agents * len(session.kernels) if len(demands) == 1 else agents)
+    return Attempt(tuple(ordinal for ordinal, _ in consumed))
 
 
 def _place_one(
-    occupancy: GroupOccupancy, chooser: Chooser, session: PendingSession, demand: Demand, *, use_cache: bool
+    occupancy: GroupOccupancy,
+    chooser: Chooser,
+    session: PendingSession,
+    demand: Demand,
+    *,
+    use_cache: bool,
+    kernel_count: int,
 ) -> Attempt:
     """``place`` for a single demand (a single-node session): nothing tentative to roll back."""
     if use_cache and occupancy.known_to_fail(demand):
@@ -152,7 +172,7 @@ def _place_one(
             occupancy.remember_failure(demand)
         return _NOT_PLACED
     occupancy.consume(picked, demand)
-    return Attempt((picked,) * len(session.kernels))
+    return Attempt((picked,) * kernel_count)
 
 
 _NOT_PLACED = Attempt(None, 0)

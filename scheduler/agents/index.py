@@ -37,15 +37,17 @@ DISPERSED = -1
 
 
 class _Tier:
-    """The keys of one tier, bucketed by their first component (sorted ``values``, one sorted list per value)."""
+    """The keys of one tier, bucketed by their first component: sorted ``values`` and, in the same order, ``lists``
+    (one sorted list of keys per value; ``buckets`` maps a value to its list)."""
 
-    __slots__ = ("buckets", "starts", "values")
+    __slots__ = ("buckets", "lists", "starts", "values")
 
     def __init__(self, keys: list[tuple[int, ...]]) -> None:
         self.buckets: dict[int, list[tuple[int, ...]]] = {}
         for key in sorted(keys):
             self.buckets.setdefault(key[0], []).append(key)
         self.values = sorted(self.buckets)
+        self.lists = [self.buckets[value] for value in self.values]  # a scan walks these without a dict lookup
         self.starts: dict[tuple[int, ...], int] = {}  # dispersed: need -> first bucket value that may fit it
 
     def move(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
@@ -55,53 +57,62 @@ class _Tier:
         del bucket[bisect_left(bucket, old)]
         if not bucket:
             del buckets[old[0]]
-            del self.values[bisect_left(self.values, old[0])]
+            position = bisect_left(self.values, old[0])
+            del self.values[position]
+            del self.lists[position]
         target = buckets.get(new[0])
         if target is None:
-            buckets[new[0]] = [new]
-            insort(self.values, new[0])
+            target = buckets[new[0]] = [new]
+            position = bisect_left(self.values, new[0])
+            self.values.insert(position, new[0])
+            self.lists.insert(position, target)
         else:
             insort(target, new)
 
     def first(self) -> int | None:
-        return self.buckets[self.values[0]][0][-1] if self.values else None
+        return self.lists[0][0][-1] if self.lists else None
 
     def scan_up(self, need: tuple[int, ...]) -> int | None:
         """Concentrated: the smallest key with every amount >= need."""
-        values, buckets = self.values, self.buckets
-        start = bisect_left(values, need[0])
+        lists = self.lists
+        start = bisect_left(self.values, need[0])
         if len(need) == 1:
-            return buckets[values[start]][0][-1] if start < len(values) else None
-        second, rest = need[1], need[2:]
-        for position in range(start, len(values)):
-            bucket = buckets[values[position]]
+            return lists[start][0][-1] if start < len(lists) else None
+        second, size = need[1], len(need)
+        for position in range(start, len(lists)):
+            bucket = lists[position]
             if bucket[-1][1] < second:  # even its most of the second slot is short
                 continue
             for index in range(bisect_left(bucket, (bucket[0][0], second)), len(bucket)):
                 key = bucket[index]
-                if all(have >= want for have, want in zip(key[2:-1], rest, strict=True)):
+                slot = 2
+                while slot < size and key[slot] >= need[slot]:
+                    slot += 1
+                if slot == size:
                     return key[-1]
         return None
 
     def scan_down(self, need: tuple[int, ...]) -> int | None:
         """Dispersed (keys negated): the smallest key with every negated amount <= -need."""
-        values, buckets = self.values, self.buckets
-        negated = tuple([-want for want in need])
+        values, lists = self.values, self.lists
         if len(need) == 1:
-            return buckets[values[0]][0][-1] if values and values[0] <= negated[0] else None
-        second, rest = negated[1], negated[2:]
+            return lists[0][0][-1] if values and values[0] <= -need[0] else None
+        first, second, size = -need[0], -need[1], len(need)
         start = self.starts.get(need)
         for position in range(0 if start is None else bisect_left(values, start), len(values)):
             value = values[position]
-            if value > negated[0]:  # from here on avail[k1] < need[k1]: nothing later fits
+            if value > first:  # from here on avail[k1] < need[k1]: nothing later fits
                 return None
-            bucket = buckets[value]
+            bucket = lists[position]
             if bucket[0][1] > second:  # even its most of the second slot is short
                 continue
             for key in bucket:  # a bucket starts with its most of the second slot: once short, the rest is
                 if key[1] > second:
                     break
-                if all(have <= want for have, want in zip(key[2:-1], rest, strict=True)):
+                slot = 2
+                while slot < size and key[slot] <= -need[slot]:
+                    slot += 1
+                if slot == size:
                     self.starts[need] = value
                     return key[-1]
         return None
@@ -127,7 +138,7 @@ class PackingIndex:
         self.direction = direction
         self._pick = _picker(positions)
         tier_numbers: dict[int, int] = {}
-        self._key_of: dict[int, tuple[int, ...]] = {}
+        self._key_of: list[tuple[int, ...]] = [()] * len(avail)  # by ordinal (lists: cheaper than dicts); () = none
         keys_by_tier: dict[int, list[tuple[int, ...]]] = {}
         for ordinal, tier in members:
             key = self._key(ordinal, avail[ordinal])
@@ -136,10 +147,12 @@ class PackingIndex:
             keys_by_tier.setdefault(tier, []).append(key)
         tiers = {tier: _Tier(keys) for tier, keys in keys_by_tier.items()}
         self._tier_order = [tiers[tier] for tier in sorted(tiers)]
-        self._tier_of = {ordinal: tiers[tier] for ordinal, tier in tier_numbers.items()}
+        self._tier_of: list[_Tier | None] = [None] * len(avail)
+        for ordinal, tier in tier_numbers.items():
+            self._tier_of[ordinal] = tiers[tier]
 
     def __contains__(self, ordinal: int) -> bool:
-        return ordinal in self._key_of
+        return 0 <= ordinal < len(self._key_of) and bool(self._key_of[ordinal])
 
     def _key(self, ordinal: int, vector: Sequence[int]) -> tuple[int, ...]:
         if self.direction == CONCENTRATED:
@@ -149,7 +162,9 @@ class PackingIndex:
     def update(self, ordinal: int, vector: Sequence[int]) -> None:
         """Re-sort one member after its available amounts changed."""
         new = self._key(ordinal, vector)
-        self._tier_of[ordinal].move(self._key_of[ordinal], new)
+        tier = self._tier_of[ordinal]
+        assert tier is not None, f"agent {ordinal} is not a member"
+        tier.move(self._key_of[ordinal], new)
         self._key_of[ordinal] = new
 
     def forget_starts(self) -> None:
@@ -159,7 +174,10 @@ class PackingIndex:
 
     def find(self, demand: Demand) -> int | None:
         """The best member that fits ``demand`` (whose positions are exactly this index's), or None."""
-        need = amounts_of(demand)
+        return self.search(amounts_of(demand))
+
+    def search(self, need: tuple[int, ...]) -> int | None:
+        """``find`` given the demand's amounts (``vectors.amounts_of``)."""
         for tier in self._tier_order:
             if not need:
                 found = tier.first()

@@ -48,6 +48,7 @@ class GroupOccupancy:
         self._kinds = [accelerator_kinds(agent.capacity) for agent in ordered]
         self._direction = direction
         self._indexes: dict[tuple[int, ...], PackingIndex] = {}
+        self._packed: dict[int, tuple[PackingIndex, tuple[int, ...], Demand]] = {}  # id(demand) -> index, amounts
         self._indexes_of: list[list[PackingIndex]] = [[] for _ in ordered]
         self._members: dict[tuple[int, ...], list[int]] = {}
         self._failed: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
@@ -126,14 +127,17 @@ class GroupOccupancy:
     def find_packed(self, demand: Demand) -> int | None:
         """The concentrated/dispersed choice via the sorted index (the group's ``direction`` must be set)."""
         assert self._direction is not None, "no packing index for this selector"
-        positions = positions_of(demand)
-        index = self._indexes.get(positions)
-        if index is None:
-            members = ((ordinal, self.unused_kinds(ordinal, positions)) for ordinal in self.members(positions))
-            index = self._indexes[positions] = PackingIndex(positions, self._direction, members, self.avail)
-            for ordinal in self.members(positions):
-                self._indexes_of[ordinal].append(index)
-        return index.find(demand)
+        known = self._packed.get(id(demand))  # by identity: requests share one demand tuple, kept alive here
+        if known is None:
+            positions = positions_of(demand)
+            index = self._indexes.get(positions)
+            if index is None:
+                members = ((ordinal, self.unused_kinds(ordinal, positions)) for ordinal in self.members(positions))
+                index = self._indexes[positions] = PackingIndex(positions, self._direction, members, self.avail)
+                for ordinal in self.members(positions):
+                    self._indexes_of[ordinal].append(index)
+            known = self._packed[id(demand)] = (index, amounts_of(demand), demand)
+        return known[0].search(known[1])
 
     # -- changing amounts --
 

@@ -31,10 +31,25 @@ class QueueEntry:
     """One summed demand (single-node) or one per kernel (multi-node), encoded for the group."""
     pushed_back: bool
     """Failed ``retries_to_skip`` attempts already: goes behind its band and blocks nobody."""
+    id: str
+    user: str
+    project: str | None
+    priority: int
+    kernel_count: int
+    role: str
+    """The session's (its first kernel's role), copied: read several times per session in a pass (cheaper on this
+    class, compiled or not)."""
+    checked: bool
+    """Some non-resource check may fail (``scheduler.wait_checks.may_fail``); False for most sessions."""
 
 
-class ShareView(Protocol):
-    def share(self, user: str) -> float: ...
+class ShareView:
+    """What a strategy may ask about a user: its dominant share (DRF). This base answers 0 for everyone (what orders
+    that never ask are given). A base class, not a Protocol: compiled (ops/build-native), a call through it is a direct
+    one."""
+
+    def share(self, user: str) -> float:
+        return 0.0
 
 
 class SessionOrder(Protocol):
@@ -51,6 +66,6 @@ def by_age(entries: Sequence[QueueEntry], *, newest_first: bool, ids_descending:
     if len({entry.created for entry in entries}) == len(entries):
         return sorted(entries, key=_created, reverse=newest_first)
     if newest_first == ids_descending:
-        return sorted(entries, key=lambda entry: (entry.created, entry.session.id), reverse=newest_first)
+        return sorted(entries, key=lambda entry: (entry.created, entry.id), reverse=newest_first)
     sign = -1 if newest_first else 1
-    return sorted(entries, key=lambda entry: (sign * entry.created, entry.session.id), reverse=ids_descending)
+    return sorted(entries, key=lambda entry: (sign * entry.created, entry.id), reverse=ids_descending)

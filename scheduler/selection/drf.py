@@ -17,7 +17,7 @@ from scheduler.selection.base import QueueEntry, ShareView, by_age
 __all__ = ["DominantShares", "order"]
 
 
-class DominantShares:
+class DominantShares(ShareView):
     """Per-user occupancy of one group over its capacity (milli-unit vectors). Shares are floats: order only."""
 
     def __init__(self, capacity: Sequence[int], occupied_by_user: Mapping[str, Sequence[int]]) -> None:
@@ -45,8 +45,10 @@ class DominantShares:
         share = self._shares.get(user)
         if share is not None:
             capacity = self._capacity
-            placed = [occupied[position] / capacity[position] for position, _ in demand if capacity[position] > 0]
-            self._shares[user] = max(share, *placed) if placed else share
+            for position, _ in demand:
+                if capacity[position] > 0:
+                    share = max(share, occupied[position] / capacity[position])
+            self._shares[user] = share
 
 
 _Key = tuple[float, float, str, str]
@@ -56,17 +58,15 @@ _Key = tuple[float, float, str, str]
 def order(entries: Sequence[QueueEntry], shares: ShareView) -> Iterator[QueueEntry]:
     queues: dict[str, list[QueueEntry]] = {}
     for entry in by_age(entries, newest_first=True, ids_descending=True):
-        queues.setdefault(entry.session.user, []).append(entry)  # reversed: pop() gives the oldest
-    heap: list[_Key] = [
-        (shares.share(user), queue[-1].created, queue[-1].session.id, user) for user, queue in queues.items()
-    ]
+        queues.setdefault(entry.user, []).append(entry)  # reversed: pop() gives the oldest
+    heap: list[_Key] = [(shares.share(user), queue[-1].created, queue[-1].id, user) for user, queue in queues.items()]
     heapq.heapify(heap)
     while heap:
         user = heap[0][3]
         queue = queues[user]
         yield queue.pop()
         if queue:  # only this user's share can have changed since it was pushed
-            _replace_head(heap, (shares.share(user), queue[-1].created, queue[-1].session.id, user))
+            _replace_head(heap, (shares.share(user), queue[-1].created, queue[-1].id, user))
         else:
             heapq.heappop(heap)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import datetime
+from itertools import chain
 
 from domain.scheduling_config import GroupConfig
 from scheduler.pass_model import PendingSession
@@ -41,9 +42,9 @@ def is_overdue(session: PendingSession, config: GroupConfig, now: datetime) -> b
 def attempt_order(entries: Sequence[QueueEntry], order: SessionOrder, shares: ShareView) -> Iterator[QueueEntry]:
     bands: dict[int, tuple[list[QueueEntry], list[QueueEntry]]] = {}
     for entry in entries:
-        normal, pushed = bands.setdefault(entry.session.priority, ([], []))
+        normal, pushed = bands.setdefault(entry.priority, ([], []))
         (pushed if entry.pushed_back else normal).append(entry)
-    for priority in sorted(bands, reverse=True):
-        normal, pushed = bands[priority]
-        yield from order(normal, shares)
-        yield from order(pushed, shares)
+    # chained, not yielded from: each entry then comes straight from the strategy's iterator
+    return chain.from_iterable(
+        order(part, shares) for priority in sorted(bands, reverse=True) for part in bands[priority]
+    )
