@@ -129,14 +129,18 @@ async def nomad_steps(caravan: Caravan, job_id: str, since: float) -> dict[str, 
     ``nomad-alloc-created`` (placed), ``nomad-task-setup`` (the group's network is up: the pause container started
     and the CNI plugins ran), ``nomad-task-started`` (the container runs)."""
     names = {"Task Setup": "nomad-task-setup", "Started": "nomad-task-started"}
-    steps = {}
-    for alloc in await caravan.nomad.job_allocations(job_id):
-        full = await caravan.nomad.allocation(alloc["ID"])
-        steps["nomad-alloc-created"] = round(full["CreateTime"] / 1e9 - since, 3)
-        for state in (full.get("TaskStates") or {}).values():
-            for event in state.get("Events") or []:
-                if event["Type"] in names:
-                    steps.setdefault(names[event["Type"]], round(event["Time"] / 1e9 - since, 3))
+    steps: dict[str, float] = {}
+    for _ in range(20):  # the client reports its task events to the servers in batches, up to 0.2 s late
+        for alloc in await caravan.nomad.job_allocations(job_id):
+            full = await caravan.nomad.allocation(alloc["ID"])
+            steps["nomad-alloc-created"] = round(full["CreateTime"] / 1e9 - since, 3)
+            for state in (full.get("TaskStates") or {}).values():
+                for event in state.get("Events") or []:
+                    if event["Type"] in names:
+                        steps.setdefault(names[event["Type"]], round(event["Time"] / 1e9 - since, 3))
+        if "nomad-task-started" in steps:
+            break
+        await asyncio.sleep(0.1)
     return steps
 
 
