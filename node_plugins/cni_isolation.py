@@ -16,9 +16,8 @@ namespace exactly this:
 
 and nothing else: no new connection to the host itself (any of its addresses, its loopback services included:
 ``route_localnet``, which this plugin turns on for the bridge as portmap did, is no way in), to another session, or
-beyond the host. A
-kernel cannot pretend to be another one either: a frame from a kernel's port must carry that kernel's address, in
-ARP and in IP (``ports``), and only ARP and IPv4 pass a bridge port.
+beyond the host. A kernel cannot pretend to be another one either: a frame from a kernel's port must carry that
+kernel's address, in ARP and in IP (``ports``), and only ARP and IPv4 pass a bridge port.
 
 Membership is kept in files under ``stateDir`` (one directory per session, one file per allocation), under one lock,
 so the pairs are right whatever order kernels come and go in. All of one host's clients share the directory, so a
@@ -59,7 +58,7 @@ if TYPE_CHECKING:
 
 CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0")
 TABLE = "caravan_isolation"
-"""The nftables table of this plugin, in both the ``inet`` and the ``bridge`` family."""
+"""The nftables table of this plugin, in the ``inet``, ``bridge`` and ``ip`` (published ports) families."""
 
 
 def _dnat_rules(chain: str) -> str:
