@@ -6,8 +6,10 @@ same run, alternating (Caravan first, then bare, ``--runs`` times), each torn do
 What Caravan adds: the GraphQL creation and its checks, the scheduler's pass and job rendering, the session's own
 network namespace, the control plane pushing the route to HAProxy, and the hop through it. Both poll every 50 ms.
 
-Prints one JSON line per launch, and a last line with the medians, their ratio, the goal (Caravan within 1.2x of bare
-Nomad), ``meets_goal`` and the load average.
+Prints one JSON line per launch with its ``steps``, in seconds after the creation (Caravan: each status change's
+reason, and when Jupyter first answered on the kernel's host port; both: Nomad's own moments, ``nomad_steps``), and
+a last line with the medians, their ratio, the goal (Caravan within 1.2x of bare Nomad), ``meets_goal`` and the
+load average.
 
 Usage: .venv/bin/python -m bench.jupyter_launch [--runs 3]
 """
@@ -82,7 +84,8 @@ SESSION_NETWORK = {
     "config": '        command = "/usr/local/bin/caravan-env-start"',
 }
 """The same job in the network Caravan gives sessions (a namespace of its own through the stack's CNI configuration,
-a pause container holding it, portmap): what isolation costs, apart from Caravan's own work."""
+a pause container holding it, the isolation plugin publishing its port): what isolation costs, apart from Caravan's
+own work."""
 TARGETS = {"caravan": None, "bare_nomad": HOST_NETWORK, "bare_nomad_session_network": SESSION_NETWORK}
 
 
@@ -114,10 +117,31 @@ async def through_caravan(caravan: Caravan, image: str, token: str, port: int) -
     # where the time went: each status change's reason, seconds after the creation, and when Jupyter first answered
     # on the kernel's Nomad host port (no HAProxy), polled at the same time
     steps = {c.reason: round((c.at - stored.created_at).total_seconds(), 3) for c in stored.status_history}
+    steps |= await nomad_steps(caravan, stored.nomad_job_id or "", stored.created_at.timestamp())
     steps["jupyter-answered-on-host-port"] = round(direct, 3)
     await caravan.gql(DESTROY, {"ids": [session["id"]]}, token=token)
     await caravan.wait_for(session["id"], "TERMINATED", timeout=120)
     return seconds, steps
+
+
+async def nomad_steps(caravan: Caravan, job_id: str, since: float) -> dict[str, float]:
+    """Nomad's own moments of the job's allocation, in seconds after ``since`` (unix time; one machine, one clock):
+    ``nomad-alloc-created`` (placed), ``nomad-task-setup`` (the group's network is up: the pause container started
+    and the CNI plugins ran), ``nomad-task-started`` (the container runs)."""
+    names = {"Task Setup": "nomad-task-setup", "Started": "nomad-task-started"}
+    steps: dict[str, float] = {}
+    for _ in range(20):  # the client reports its task events to the servers in batches, up to 0.2 s late
+        for alloc in await caravan.nomad.job_allocations(job_id):
+            full = await caravan.nomad.allocation(alloc["ID"])
+            steps["nomad-alloc-created"] = round(full["CreateTime"] / 1e9 - since, 3)
+            for state in (full.get("TaskStates") or {}).values():
+                for event in state.get("Events") or []:
+                    if event["Type"] in names:
+                        steps.setdefault(names[event["Type"]], round(event["Time"] / 1e9 - since, 3))
+        if "nomad-task-started" in steps:
+            break
+        await asyncio.sleep(0.1)
+    return steps
 
 
 async def on_its_host_port(caravan: Caravan, session_id: str, started: float) -> float:
@@ -131,9 +155,9 @@ async def on_its_host_port(caravan: Caravan, session_id: str, started: float) ->
         await asyncio.sleep(POLL)
 
 
-async def bare_nomad(caravan: Caravan, image: str, mhz: int, shape: dict[str, str]) -> float:
+async def bare_nomad(caravan: Caravan, image: str, mhz: int, shape: dict[str, str]) -> tuple[float, dict[str, float]]:
     job_id = f"bench-bare-{uuid.uuid4().hex[:8]}"
-    started = time.monotonic()
+    since, started = time.time(), time.monotonic()
     job = await caravan.nomad.parse(BARE_JOB % {"id": job_id, "image": image, "mhz": mhz, **shape})
     await caravan.nomad.register(job)
     port = 0
@@ -146,11 +170,12 @@ async def bare_nomad(caravan: Caravan, image: str, mhz: int, shape: dict[str, st
         if not port:
             await asyncio.sleep(POLL)
     seconds = await until_ok(caravan.http, f"http://127.0.0.1:{port}/api/status", {}, started)
+    steps = await nomad_steps(caravan, job_id, since)
     await caravan.nomad.deregister(job_id, purge=False)
     while any(a["ClientStatus"] == "running" for a in await caravan.nomad.job_allocations(job_id)):
         await asyncio.sleep(0.2)
     await caravan.nomad.deregister(job_id, purge=True)
-    return seconds
+    return seconds, steps
 
 
 async def measure(settings: Settings, image: str, runs: int) -> dict[str, Any]:
@@ -163,14 +188,13 @@ async def measure(settings: Settings, image: str, runs: int) -> dict[str, Any]:
         times: dict[str, list[float]] = {name: [] for name in TARGETS}
         for run in range(runs):
             for name, shape in TARGETS.items():
-                steps: dict[str, float] = {}
                 if shape is None:
                     seconds, steps = await through_caravan(caravan, image, token, ingress.port)
                 else:
-                    seconds = await bare_nomad(caravan, image, mhz, shape)
+                    seconds, steps = await bare_nomad(caravan, image, mhz, shape)
                 times[name].append(seconds)
                 line = {"measure": "launch_to_jupyter", "target": name, "run": run, "seconds": round(seconds, 3)}
-                print(json.dumps(line | ({"status_changes": steps} if steps else {})), flush=True)
+                print(json.dumps(line | {"steps": steps}), flush=True)
         medians = {k: round(statistics.median(v), 3) for k, v in times.items()}
         ratio = round(medians["caravan"] / medians["bare_nomad"], 3)
         isolation = round(medians["bare_nomad_session_network"] / medians["bare_nomad"], 3)

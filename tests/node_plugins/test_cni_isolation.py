@@ -155,3 +155,68 @@ def test_a_kernel_that_comes_or_goes_takes_its_remote_pairs_with_it(tmp_path: Pa
     assert kept == [["10.0.0.2", "10.0.9.1"]]
     assert commands == cni_isolation.remote_commands("delete", [["10.0.0.1", "10.0.9.1"]])
     assert members.remote_pairs() == [["10.0.0.1", "10.0.9.1"], ["10.0.0.2", "10.0.9.1"]]  # kept once nft applied
+
+
+def test_published_ports_as_nomad_passes_them_and_nothing_else() -> None:
+    """Nomad writes the CNI ``portMappings`` with Go's field names (``HostPort``...), CNI's convention is
+    ``hostPort``: both are read; anything that is not a port, a protocol or an IPv4 address is refused (the values
+    are written into an nft script), an IPv6 host address skipped (the session network is IPv4)."""
+    mappings = [
+        {"HostPort": 31001, "ContainerPort": 8888, "Protocol": "tcp", "HostIP": ""},
+        {"hostPort": 31001, "containerPort": 8888, "protocol": "udp", "hostIP": "127.0.0.1"},
+        {"hostPort": 31002, "containerPort": 22, "protocol": "tcp", "hostIP": "fd00::1"},
+    ]
+    config = {"runtimeConfig": {"portMappings": mappings}}
+    assert cni_isolation.published_ports(config) == (("", "tcp", 31001, 8888), ("127.0.0.1", "udp", 31001, 8888))
+    assert cni_isolation.published_ports({}) == ()
+    for bad in (
+        {"hostPort": 31001, "containerPort": 8888, "protocol": "sctp"},
+        {"hostPort": 0, "containerPort": 8888},
+        {"hostPort": 31001, "containerPort": 8888, "hostIP": "127.0.0.1 } ; flush ruleset ; {"},
+    ):
+        with pytest.raises(PluginError, match="port mapping"):
+            cni_isolation.published_ports({"runtimeConfig": {"portMappings": [bad]}})
+
+
+def test_a_kernels_published_ports_come_and_go_with_it_in_the_same_transaction() -> None:
+    """CNI's portmap plugin (a process of its own and a dozen iptables calls per kernel) is replaced by two nft maps
+    of this plugin's transaction: a published port leads to the kernel's port, and goes when the kernel does."""
+    kernel = Kernel("a", "s", "10.0.0.1", "veth1", (("", "tcp", 31001, 8888), ("127.0.0.1", "udp", 31001, 53)))
+    added = element_commands("add", kernel, [], "cv1")
+    assert added[-2:] == [
+        f"add element ip {TABLE} anyports {{ tcp . 31001 : 10.0.0.1 . 8888 }}",
+        f"add element ip {TABLE} hostports {{ 127.0.0.1 . udp . 31001 : 10.0.0.1 . 53 }}",
+    ]
+    removed = removal_commands(kernel, [])
+    assert removed[-2:] == [
+        f"delete element ip {TABLE} anyports {{ tcp . 31001 }}",
+        f"delete element ip {TABLE} hostports {{ 127.0.0.1 . udp . 31001 }}",
+    ]
+    assert set(added[-2:]) <= set(removed)  # added first: a port already gone is no error
+    script = "\n".join([RULES, *added, *removed])
+    checked = subprocess.run(["nft", "-c", "-f", "-"], input=script, text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    assert "dnat ip to" in RULES and "masquerade" in RULES
+
+
+def test_a_host_port_handed_out_again_goes_to_the_new_kernel_only(tmp_path: Path) -> None:
+    """An older record still holding the host port (its DEL never ran) loses that port, and only that: the new
+    kernel's element is added after the old one's is removed (the same key with another value would fail the whole
+    transaction), and the old record no longer names the port, so its late DEL cannot remove the new kernel's."""
+    old = Kernel("old", "s1", "10.0.0.5", "veth5", (("", "tcp", 31001, 80), ("", "tcp", 31009, 81)))
+    other = Kernel("other", "s2", "10.0.0.6", "veth6", (("", "tcp", 31002, 80),))
+    new = Kernel("new", "s3", "10.0.0.7", "veth7", (("", "tcp", 31001, 8888),))
+    commands, losing = cni_isolation.ports_taken_over(new, [old, other])
+    assert commands == [
+        f"add element ip {TABLE} anyports {{ tcp . 31001 : 10.0.0.5 . 80 }}",
+        f"delete element ip {TABLE} anyports {{ tcp . 31001 }}",
+    ]
+    assert losing == [old._replace(published=(("", "tcp", 31009, 81),))]
+    script = "\n".join(
+        [RULES, *element_commands("add", old, [], "cv1"), *commands, *element_commands("add", new, [], "cv1")]
+    )
+    checked = subprocess.run(["nft", "-c", "-f", "-"], input=script, text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    members = cni_isolation.Membership(str(tmp_path))
+    members.remember(losing[0])
+    assert members.recall("old") == losing[0]  # published ports survive the record's round trip

@@ -18,7 +18,7 @@ def test_clients_get_distinct_subnets_before_any_bridge_exists(tmp_path: Path) -
         assert first.subnet != second.subnet
         assert all(ipaddress.ip_network(n.subnet).subnet_of(SESSION_SUPERNET) for n in (first, second))
         conflist = json.loads((Path(first.config_dir) / "caravan.conflist").read_text())
-        assert [p["type"] for p in conflist["plugins"]] == ["loopback", "bridge", "portmap", "caravan-isolation"]
+        assert [p["type"] for p in conflist["plugins"]] == ["loopback", "bridge", "caravan-isolation"]
         assert conflist["plugins"][1]["ipMasq"] is False  # no egress beyond the host
         shim = Path(first.bin_dir) / "caravan-isolation"
         assert shim.stat().st_mode & 0o111 and "cni_isolation.py" in shim.read_text()
