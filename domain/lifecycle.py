@@ -107,6 +107,13 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     failed), and a BATCH session's result comes from the kernel that decides it (:func:`deciding_kernel`). Start and
     end times are Nomad's (the task's), so a kernel that ran and ended between two observations still has both; a
     change is recorded at the kernels' time, never before the previous change nor after ``at``.
+
+    A BATCH session in ERROR stays ERROR, with no exit code, until it is asked to end (``domain.termination``): the
+    kernel that failed (``failed-to-start``, ``not started after 4 attempts`` once its start retries ran out:
+    ``domain.start_retry``) is its result, so later reports of that kernel change nothing, nor do the ends of its
+    other kernels, which Caravan stops (``domain.termination.job_outlives``). Found by bench/chaos: a cluster session
+    that ran out of start retries while its sub's next allocation was being placed saw that allocation stopped and
+    main1 killed by the stop (exit 143), and ended TERMINATED (``terminating``, or main1's 143) instead of ERROR.
     """
     if session.status.is_terminal:
         return None
@@ -127,7 +134,8 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     target = _target(updated)
     main = updated.main_kernel
     if session.type is SessionType.BATCH:
-        updated = _batch_result(session, updated, target)
+        if session.status is not S.ERROR:  # an ERROR one's kernels' ends are Caravan's stop of its job, not a result
+            updated = _batch_result(session, updated, target)
     elif target is S.TERMINATED or main.status is S.TERMINATED:
         updated = updated.evolve(exit_code=main.exit_code)
     if target is session.status or not can_transition(session.status, target):
@@ -146,6 +154,8 @@ def _taken(
     """The observation of ``kernel`` as the session takes it; None when it says nothing of the kernel now."""
     if kernel.parked or earlier_run(session, kernel, reported) or elsewhere(session, kernel, reported):
         return None  # an endpoint's replica at zero, not placed yet or moved: an old allocation says nothing of it
+    if session.type is SessionType.BATCH and session.status is S.ERROR and kernel.status is S.ERROR:
+        return None  # the failure that made the session ERROR stands (see observe_kernel)
     if kernel.status.is_terminal and not seen.status.is_terminal:
         return None  # an old allocation's late report
     if not seen.placed and kernel.alloc_id is not None:
