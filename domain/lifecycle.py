@@ -156,6 +156,11 @@ def _taken(
         return None  # an endpoint's replica at zero, not placed yet or moved: an old allocation says nothing of it
     if session.type is SessionType.BATCH and session.status is S.ERROR and kernel.status is S.ERROR:
         return None  # the failure that made the session ERROR stands (see observe_kernel)
+    if seen.alloc_index and seen.alloc_index < kernel.alloc_index:
+        # an allocation created before the kernel's own, reported late (the event stream replayed by a new leader, a
+        # restarted client): bench/chaos saw such a report of a failed set-up counted as one more failed start, and
+        # a session give up before the last allocation it asked for could start
+        return None
     if kernel.status.is_terminal and not seen.status.is_terminal:
         return None  # an old allocation's late report
     if not seen.placed and kernel.alloc_id is not None:
@@ -223,6 +228,7 @@ def _observed(kernel: Kernel, seen: KernelObservation) -> Kernel:
             "status_detail": seen.detail,
             "agent": seen.agent or kernel.agent,
             "alloc_id": seen.alloc_id or kernel.alloc_id,
+            "alloc_index": seen.alloc_index or kernel.alloc_index,
             "exit_code": seen.exit_code if seen.exit_code is not None else kernel.exit_code,
             "ports": seen.ports or kernel.ports,
             "restarts": seen.restarts,

@@ -9,7 +9,7 @@ from datetime import timedelta
 from domain.lifecycle import observe_kernel
 from domain.model import KernelObservation, Session, SessionType
 from domain.model import SessionStatus as S
-from domain.start_retry import START_ATTEMPTS, START_RETRIED, awaits_start_retry, start_retry_asked
+from domain.start_retry import START_ATTEMPTS, START_RETRIED, awaits_start_retry, start_retries, start_retry_asked
 from tests.domain.test_lifecycle import T0, kernel, preparing
 
 SETUP = 'Setup Failure: failed to setup alloc: pre-run hook "network" failed: network already configured'
@@ -120,3 +120,19 @@ def test_a_cluster_out_of_start_retries_ends_error_whatever_its_kernels_report_a
     assert after.status_detail == gave_up.status_detail and after.status_detail is not None
     assert after.status_detail.endswith(f"(not started after {START_ATTEMPTS + 1} attempts)")
     assert [k.status for k in after.kernels] == [S.TERMINATED, S.ERROR]
+
+
+def test_an_earlier_allocations_late_report_is_not_one_more_failed_start() -> None:
+    # Found by bench/chaos: a session gave up 44 ms after it asked for its last attempt, before that allocation could
+    # start. A report of an earlier failed allocation that comes after the kernel moved on to a newer one (the event
+    # stream replayed from its stored index by a new scheduler leader, or a restarted Nomad client reporting its
+    # allocations again) was counted as one more failed start.
+    session = preparing(kernel("main1", S.PREPARING, role="main"))
+    first = replace(setup_failure("a1"), alloc_index=10)
+    session = observed(session, first, replace(pending("a2"), alloc_index=20))
+    assert start_retries(session) == 1 and not awaits_start_retry(session)
+    assert observe_kernel(session, first, at=T0 + timedelta(minutes=1)) is None  # a1 again, late: nothing new
+    second = replace(setup_failure("a2"), alloc_index=20)
+    after = observed(session, second)
+    assert start_retries(after) == 2 and awaits_start_retry(after)
+    assert observe_kernel(after, first, at=T0 + timedelta(minutes=1)) is None
