@@ -190,12 +190,16 @@ class SentinelIdleClosingPool(IdleClosingPool, SentinelConnectionPool):
         self.sentinels = sentinel_manager
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
-        """The pool's connections and the Sentinel clients' own (redis-py's pool leaves those open: they warned at
-        garbage collection as unclosed connections)."""
+        """The pool's connections and, at its end (``aclose``: every connection), the Sentinel clients' own (redis-py's
+        pool leaves those open: they warned at garbage collection as unclosed connections). redis-py also calls this
+        when the Sentinels name a new primary, for the idle connections alone: the Sentinel clients stay open then,
+        as other tasks may be asking a Sentinel on them (found by bench/chaos: closed under such a task, they failed
+        it with ``AttributeError`` or ``RuntimeError``, not a connection error, and the gateway answered 500)."""
         try:
             await super().disconnect(inuse_connections)
         finally:
-            await self.sentinels.aclose()
+            if inuse_connections:
+                await self.sentinels.aclose()
 
 
 def client(settings: RedisSettings) -> Redis:
