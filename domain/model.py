@@ -123,8 +123,8 @@ class Kernel:
     """INFERENCE: the endpoint revision this replica runs (``Session.revision``); an older one is replaced by a rolling
     update (``domain.endpoint_scaling``)."""
     alloc_index: int = 0
-    """Nomad's ``CreateIndex`` of ``alloc_id`` (0: not known): a report of an allocation created before it is late and
-    says nothing of the kernel now (``domain.lifecycle``)."""
+    """Nomad's ``CreateIndex`` of ``alloc_id`` (0: not known): a failed set-up of an allocation created before it is a
+    late report, not one more failed start (``domain.lifecycle``)."""
 
     @property
     def is_main(self) -> bool:
