@@ -16,7 +16,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, ResponseError
+from redis.exceptions import DataError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from core.errors import TransientError
@@ -61,6 +61,12 @@ class NotReplicated(ResponseError, TransientError):
     services retry with backoff)."""
 
 
+class NotPrimary(ReadOnlyError, TransientError):
+    """A transaction refused by a primary that a failover has just demoted (``READONLY`` inside ``EXEC``: a script's
+    write, say): nothing was written. An outage, as :class:`NotReplicated`: the connection to it is dropped, so the
+    next attempt goes to the primary the Sentinels name now."""
+
+
 class ReplicaRefusals(AbstractConnection):
     """``NOREPLICAS`` (a primary with fewer good replicas than ``min-replicas-to-write``) read as :class:`NotReplicated`
     rather than as a plain error reply (which the gateway would report as INTERNAL)."""
@@ -89,7 +95,21 @@ class ReplicatedPipeline(Pipeline):
     wait_ms = 1000
 
     async def _execute_transaction(self, connection: Any, commands: Any, raise_on_error: Any) -> Any:
-        result = await super()._execute_transaction(connection, commands, raise_on_error)
+        """The transaction's replies. A refusal inside ``EXEC`` (a script's write refused with ``NOREPLICAS`` or
+        ``READONLY`` during a failover) is not a plain error reply but an outage (:class:`NotReplicated`,
+        :class:`NotPrimary`): found by bench/chaos, where a standby scheduler or idle checker taking the lease then
+        died of it (the lease's EVAL), and no standby took over a paused leader's lease for 30 s."""
+        try:
+            result = await super()._execute_transaction(connection, commands, raise_on_error)
+        except NotReplicated:
+            raise
+        except ReadOnlyError as exc:
+            await connection.disconnect()
+            raise NotPrimary(str(exc)) from exc
+        except ResponseError as exc:
+            if "NOREPLICAS" in str(exc):
+                raise NotReplicated(str(exc)) from exc
+            raise
         if self.replicas:
             try:
                 await connection.send_command("WAIT", self.replicas, self.wait_ms)
@@ -170,12 +190,16 @@ class SentinelIdleClosingPool(IdleClosingPool, SentinelConnectionPool):
         self.sentinels = sentinel_manager
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
-        """The pool's connections and the Sentinel clients' own (redis-py's pool leaves those open: they warned at
-        garbage collection as unclosed connections)."""
+        """The pool's connections and, at its end (``aclose``: every connection), the Sentinel clients' own (redis-py's
+        pool leaves those open: they warned at garbage collection as unclosed connections). redis-py also calls this
+        when the Sentinels name a new primary, for the idle connections alone: the Sentinel clients stay open then,
+        as other tasks may be asking a Sentinel on them (found by bench/chaos: closed under such a task, they failed
+        it with ``AttributeError`` or ``RuntimeError``, not a connection error, and the gateway answered 500)."""
         try:
             await super().disconnect(inuse_connections)
         finally:
-            await self.sentinels.aclose()
+            if inuse_connections:
+                await self.sentinels.aclose()
 
 
 def client(settings: RedisSettings) -> Redis:

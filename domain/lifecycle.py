@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from domain.inference import earlier_run, elsewhere, replica_observation
+from domain.inference import NEVER_STARTED_FAILURE, earlier_run, elsewhere, replica_observation
 from domain.model import Kernel, KernelObservation, Session, SessionResult, SessionStatus, SessionType, StatusChange
 from domain.start_retry import START_RETRIED, retried_observation, start_retry_asked
 
@@ -107,7 +107,14 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     failed), and a BATCH session's result comes from the kernel that decides it (:func:`deciding_kernel`). Start and
     end times are Nomad's (the task's), so a kernel that ran and ended between two observations still has both; a
     change is recorded at the kernels' time, never before the previous change nor after ``at``.
-    """
+
+    A BATCH session in ERROR because a kernel could not start stays ERROR, with no exit code, until it is asked to end
+    (``domain.termination``): the kernel that failed (``failed-to-start``, ``not started after 4 attempts`` once its
+    start retries ran out: ``domain.start_retry``) is its result, so later reports of that kernel change nothing, nor
+    do the ends of its other kernels, which Caravan stops (``domain.termination.job_outlives``). Found by bench/chaos:
+    a cluster session that ran out of start retries while its sub's next allocation was being placed saw that
+    allocation stopped and main1 killed by the stop (exit 143), and ended TERMINATED (``terminating``, or main1's 143)
+    instead of ERROR."""
     if session.status.is_terminal:
         return None
     reported = seen
@@ -127,7 +134,8 @@ def observe_kernel(session: Session, seen: KernelObservation, *, at: datetime) -
     target = _target(updated)
     main = updated.main_kernel
     if session.type is SessionType.BATCH:
-        updated = _batch_result(session, updated, target)
+        if not _start_failed(session):  # else its kernels' ends are Caravan's stop of its job, not a result
+            updated = _batch_result(session, updated, target)
     elif target is S.TERMINATED or main.status is S.TERMINATED:
         updated = updated.evolve(exit_code=main.exit_code)
     if target is session.status or not can_transition(session.status, target):
@@ -146,12 +154,31 @@ def _taken(
     """The observation of ``kernel`` as the session takes it; None when it says nothing of the kernel now."""
     if kernel.parked or earlier_run(session, kernel, reported) or elsewhere(session, kernel, reported):
         return None  # an endpoint's replica at zero, not placed yet or moved: an old allocation says nothing of it
+    if _start_failed(session) and kernel.status is S.ERROR and kernel.status_info == NEVER_STARTED_FAILURE:
+        return None  # the failure that made the session ERROR stands (see observe_kernel)
+    if seen.setup_failed and seen.alloc_index and seen.alloc_index < kernel.alloc_index:
+        # the failed set-up of an allocation created before the kernel's own, reported late (the event stream
+        # replayed by a new leader, a restarted client): bench/chaos saw one counted as one more failed start, and a
+        # session give up before the last allocation it asked for could start. Other late reports still count: a
+        # lost allocation's end, once its client is back, ends its ERROR job-lost session (Nomad placed a
+        # replacement meanwhile, which the kernel followed)
+        return None
     if kernel.status.is_terminal and not seen.status.is_terminal:
         return None  # an old allocation's late report
     if not seen.placed and kernel.alloc_id is not None:
         return None  # a failed placement reported after Nomad placed the kernel: its allocation speaks
     # a batch kernel whose command never ran is started again (None: that failed set-up is being retried already)
     return retried_observation(session, kernel, seen)
+
+
+def _start_failed(session: Session) -> bool:
+    """Is this a BATCH session in ERROR because a kernel could not start (its result, which nothing changes now)? One
+    in ERROR ``job-lost`` is not: its kernel may still run on a node that comes back, and its end is reported then."""
+    return (
+        session.type is SessionType.BATCH
+        and session.status is S.ERROR
+        and any(k.status is S.ERROR and k.status_info == NEVER_STARTED_FAILURE for k in session.kernels)
+    )
 
 
 def _batch_result(before: Session, after: Session, target: SessionStatus) -> Session:
@@ -213,6 +240,7 @@ def _observed(kernel: Kernel, seen: KernelObservation) -> Kernel:
             "status_detail": seen.detail,
             "agent": seen.agent or kernel.agent,
             "alloc_id": seen.alloc_id or kernel.alloc_id,
+            "alloc_index": seen.alloc_index or kernel.alloc_index,
             "exit_code": seen.exit_code if seen.exit_code is not None else kernel.exit_code,
             "ports": seen.ports or kernel.ports,
             "restarts": seen.restarts,

@@ -122,6 +122,9 @@ class Kernel:
     revision: int = 0
     """INFERENCE: the endpoint revision this replica runs (``Session.revision``); an older one is replaced by a rolling
     update (``domain.endpoint_scaling``)."""
+    alloc_index: int = 0
+    """Nomad's ``CreateIndex`` of ``alloc_id`` (0: not known): a failed set-up of an allocation created before it is a
+    late report, not one more failed start (``domain.lifecycle``)."""
 
     @property
     def is_main(self) -> bool:
@@ -279,3 +282,5 @@ class KernelObservation:
     command_started: bool = False
     """With ``setup_failed``: the task had started before Nomad failed the set-up and killed it (its command ran in
     part: placing it again runs it a second time)."""
+    alloc_index: int = 0
+    """Nomad's ``CreateIndex`` of the allocation (0: none, or not known)."""

@@ -77,6 +77,7 @@ def observe_allocation(alloc: dict[str, Any]) -> KernelObservation:
         finished_at=moment(state.get("FinishedAt")),
         setup_failed=status is S.ERROR and failed_setup,
         command_started=failed_setup and command_started(state),
+        alloc_index=int(alloc.get("CreateIndex") or 0),
     )
 
 

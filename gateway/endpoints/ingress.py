@@ -4,7 +4,8 @@ frontend's endpoint rules, the pool of backends, the activator's listener), and 
 Per request, HAProxy alone decides (no Python on the way once an endpoint has a routable replica):
 
 1. the ``Host`` is an endpoint's (``domain.endpoint_routes.host_pattern``); until the endpoint control plane marked a
-   complete build (``endpoint_meta.map``), 503 (a restarted HAProxy lets no one in);
+   complete build (``endpoint_meta.map``) and the apps' one did too (``meta.map``: the user maps step 2 reads), 503
+   (a restarted HAProxy lets no one in, and refuses no valid token);
 2. ``endpoints.map`` gives owner, project, public flag and backend; a bearer token is hashed and looked up in
    ``endpoint_tokens.map`` (``host|hash``: an endpoint token of this endpoint) and in the apps' ``tokens.map`` (an
    API token: its user passes as the apps' rule says, owner, project admin, superadmin). A refusal waits once
@@ -162,7 +163,12 @@ def frontend_rules(settings: EndpointSettings, state_dir: Path, apps_domain: str
         "    http-request set-var(txn.ep) bool(1) if ep_host",
         "    acl ep var(txn.ep) -m bool",
         f"    acl ep_built str(generation),map({meta}) -m found",
-        _return(503, "UNAVAILABLE", "the endpoint routes are being rebuilt: retry in a moment", "ep !ep_built"),
+        # both marks: the admission below reads the apps' user maps (tokens, roles, admins) as well as the endpoint
+        # maps, and the apps' control plane rebuilds them on its own (bench/chaos: a valid API token answered 401 by
+        # a restarted HAProxy whose endpoint maps were rebuilt before its tokens map)
+        _return(
+            503, "UNAVAILABLE", "the endpoint routes are being rebuilt: retry in a moment", "ep !ep_built || ep !built"
+        ),
         *_admission(state_dir, "ep"),
         "    acl ep_grant var(txn.ep_grant) -m found",
         "    acl ep_user_ok var(txn.user) -m found",

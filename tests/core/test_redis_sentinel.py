@@ -351,3 +351,23 @@ async def test_closing_the_client_closes_the_sentinels_connections(settings: Set
     await redis.aclose()
     still_open = [c for pool in sentinel_pools for c in pool._available_connections if c.is_connected]
     assert not still_open, f"{len(still_open)} connections to the Sentinels left open"
+
+
+async def test_a_new_primary_leaves_the_sentinel_connections_in_use_open(gateway_redis: Redis) -> None:
+    """When the Sentinels name a new primary, redis-py drops the pool's idle connections (``disconnect`` with
+    ``inuse_connections=False``). That closed the Sentinel clients' connections too, under the tasks asking a Sentinel
+    on them at that moment: bench/chaos saw them fail with ``AttributeError`` / ``RuntimeError`` (not connection
+    errors), which the gateway answered with an untyped 500. Here a Sentinel connection held as a discovery holds it."""
+    await gateway_redis.ping()
+    pool = gateway_redis.connection_pool
+    sentinel = pool.sentinels.sentinels[0]
+    held = await sentinel.connection_pool.get_connection()
+    try:
+        assert held.is_connected
+        await pool.disconnect(inuse_connections=False)  # what redis-py does when the primary changes
+        assert held.is_connected
+        await held.send_command("PING")
+        assert await held.read_response() in ("PONG", b"PONG", True)
+    finally:
+        await sentinel.connection_pool.release(held)
+    assert await gateway_redis.ping()

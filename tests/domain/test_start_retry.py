@@ -9,7 +9,7 @@ from datetime import timedelta
 from domain.lifecycle import observe_kernel
 from domain.model import KernelObservation, Session, SessionType
 from domain.model import SessionStatus as S
-from domain.start_retry import START_ATTEMPTS, START_RETRIED, awaits_start_retry, start_retry_asked
+from domain.start_retry import START_ATTEMPTS, START_RETRIED, awaits_start_retry, start_retries, start_retry_asked
 from tests.domain.test_lifecycle import T0, kernel, preparing
 
 SETUP = 'Setup Failure: failed to setup alloc: pre-run hook "network" failed: network already configured'
@@ -97,3 +97,42 @@ def test_a_kernel_killed_by_its_clients_failed_set_up_while_running_is_placed_ag
     )
     assert (again.status, again.status_info) == (S.RUNNING, "kernels-running") and not awaits_start_retry(again)
     assert [c.reason for c in again.status_history].count(START_RETRIED) == 1
+
+
+def test_a_cluster_out_of_start_retries_ends_error_whatever_its_kernels_report_after() -> None:
+    # Found by bench/chaos: sub1 ran out of start retries while its next allocation was being placed; that allocation
+    # (pending, then stopped with the job) and main1 (killed by Caravan's stop: 143) were reported after the give-up,
+    # and the session ended TERMINATED ("terminating", or main1's 143) instead of ERROR failed-to-start.
+    session = preparing(kernel("main1", S.PREPARING, role="main"), kernel("sub1", S.PREPARING))
+    running_main = KernelObservation(hostname="main1", status=S.RUNNING, reason="kernel-running", alloc_id="m1")
+    session = observed(session, running_main)
+    for n in range(START_ATTEMPTS):
+        session = observed(session, setup_failure(f"a{n}", "sub1"), pending(f"b{n}", "sub1"))
+    gave_up = observed(session, setup_failure("late", "sub1"))
+    assert (gave_up.status, gave_up.status_info, gave_up.exit_code) == (S.ERROR, "failed-to-start", None)
+    stopped = KernelObservation(hostname="sub1", status=S.TERMINATING, reason="stopping", alloc_id="next")
+    killed = KernelObservation(
+        hostname="main1", status=S.TERMINATED, reason="task-failed", alloc_id="m1", exit_code=143, finished_at=T0
+    )
+    ended_sub = KernelObservation(hostname="sub1", status=S.TERMINATED, reason="task-finished", alloc_id="next")
+    after = observed(gave_up, pending("next", "sub1"), stopped, killed, ended_sub)
+    assert (after.status, after.status_info, after.exit_code) == (S.ERROR, "failed-to-start", None)
+    assert after.status_detail == gave_up.status_detail and after.status_detail is not None
+    assert after.status_detail.endswith(f"(not started after {START_ATTEMPTS + 1} attempts)")
+    assert [k.status for k in after.kernels] == [S.TERMINATED, S.ERROR]
+
+
+def test_an_earlier_allocations_late_report_is_not_one_more_failed_start() -> None:
+    # Found by bench/chaos: a session gave up 44 ms after it asked for its last attempt, before that allocation could
+    # start. A report of an earlier failed allocation that comes after the kernel moved on to a newer one (the event
+    # stream replayed from its stored index by a new scheduler leader, or a restarted Nomad client reporting its
+    # allocations again) was counted as one more failed start.
+    session = preparing(kernel("main1", S.PREPARING, role="main"))
+    first = replace(setup_failure("a1"), alloc_index=10)
+    session = observed(session, first, replace(pending("a2"), alloc_index=20))
+    assert start_retries(session) == 1 and not awaits_start_retry(session)
+    assert observe_kernel(session, first, at=T0 + timedelta(minutes=1)) is None  # a1 again, late: nothing new
+    second = replace(setup_failure("a2"), alloc_index=20)
+    after = observed(session, second)
+    assert start_retries(after) == 2 and awaits_start_retry(after)
+    assert observe_kernel(after, first, at=T0 + timedelta(minutes=1)) is None

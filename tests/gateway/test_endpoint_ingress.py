@@ -14,8 +14,11 @@ import pytest
 from caravan.stack.haproxy import ingress_config, start_haproxy
 from caravan.stack.processes import free_port
 from core.settings import Settings
-from domain.endpoint_routes import endpoint_host
+from domain.endpoint_routes import ENDPOINT_MAPS, endpoint_host
 from domain.model import Session, SessionStatus, SessionType
+from gateway.apps.ingress_config import MAPS, IngressPaths
+from gateway.apps.runtime_api import RuntimeApi
+from gateway.endpoints.ingress import META_MAP, map_path
 from tests.gateway.test_ingress import Upstream, raw, request, until_status
 from tests.harness import ADMIN_TOKEN, Caravan
 from tests.ingress import Ingress, caravan_behind_haproxy, running_app
@@ -46,6 +49,16 @@ def inference(owner: str, *ports: int) -> Session:
     return session.evolve(type=SessionType.INFERENCE, service_port=8000, kernels=kernels, apps=())
 
 
+async def serving(caravan: Caravan, ingress: Ingress, replicas: tuple[Upstream, Upstream]) -> tuple[str, Session, str]:
+    """alice's token, her endpoint on ``replicas``, and its host, once it serves her through HAProxy."""
+    alice = await caravan.user("alice")
+    session = inference("alice", replicas[0].port, replicas[1].port)
+    await caravan.store.create([session])
+    host = endpoint_host(session.id, caravan.settings.gateway.apps_domain)
+    await until_status(ingress, host, alice, 200)
+    return alice, session, host
+
+
 def app_of(answer: bytes) -> str:
     return str(json.loads(answer.split(b"\r\n\r\n", 1)[1])["app"])
 
@@ -54,11 +67,7 @@ async def test_endpoint_routes_follow_the_routable_replicas_and_fail_closed(
     behind: tuple[Caravan, Ingress], replicas: tuple[Upstream, Upstream]
 ) -> None:
     caravan, ingress = behind
-    alice = await caravan.user("alice")
-    session = inference("alice", replicas[0].port, replicas[1].port)
-    await caravan.store.create([session])
-    host = endpoint_host(session.id, caravan.settings.gateway.apps_domain)
-    await until_status(ingress, host, alice, 200)
+    alice, session, host = await serving(caravan, ingress, replicas)
     seen = {app_of(await asyncio.to_thread(raw, ingress.port, request(host, alice, extra="Connection: close\r\n")))
             for _ in range(8)}  # fmt: skip
     assert seen == {"main1", "main2"}
@@ -106,3 +115,42 @@ async def test_endpoint_routes_follow_the_routable_replicas_and_fail_closed(
     # ended: gone
     await caravan.store.update(session.id, lambda s: s.evolve(status=SessionStatus.TERMINATED))
     await until_status(ingress, host, alice, 404)
+
+
+async def test_a_restarted_haproxy_never_answers_a_valid_token_401_while_half_rebuilt(
+    behind: tuple[Caravan, Ingress], replicas: tuple[Upstream, Upstream]
+) -> None:
+    # The endpoint and the apps' control planes rebuild a restarted HAProxy each on its own, and an endpoint's
+    # admission reads the apps' tokens map too. A HAProxy whose endpoint maps and mark are back but not yet its apps'
+    # maps (bench/chaos caught 14 such answers) answered a valid API token 401; now 503 UNAVAILABLE, retried.
+    caravan, ingress = behind
+    alice, _, host = await serving(caravan, ingress, replicas)
+    half_dir = ingress.paths.state_dir / "half"
+    half_port = free_port()
+    half = start_haproxy(ingress_config(ingress.settings, half_port, ingress.gateway_port), half_dir,
+                         log=half_dir.parent / "half.log")  # fmt: skip
+    try:
+        half_api, half_paths = RuntimeApi(IngressPaths(half_dir).socket), IngressPaths(half_dir)
+        for name in (*ENDPOINT_MAPS, META_MAP):  # what the endpoint control plane's rebuild writes, its mark last
+            held = await ingress.api.show_map(map_path(ingress.paths.state_dir, name))
+            assert held or name == "endpoint_tokens", name  # alice has no endpoint token: her API token
+            await half_api.replace_map(map_path(half_dir, name), held)
+        answer = await asyncio.to_thread(raw, half_port, request(host, alice, extra="Connection: close\r\n"))
+        assert answer.startswith(b"HTTP/1.1 503 ") and b'"UNAVAILABLE"' in answer, answer[:300]
+        for name in MAPS:  # then the apps' rebuild, its mark last: alice's token passes (her replicas serve her)
+            await half_api.replace_map(half_paths.map(name), await ingress.api.show_map(ingress.paths.map(name)))
+        answer = await asyncio.to_thread(raw, half_port, request(host, alice, extra="Connection: close\r\n"))
+        assert not answer.startswith((b"HTTP/1.1 401 ", b"HTTP/1.1 404 ")), answer[:300]
+        assert b"being rebuilt" not in answer, answer[:300]
+    finally:
+        half.stop()
+    # and the real thing: killed with -9, started again, asked at once and until it serves: never a 401
+    ingress.service.process.kill()
+    ingress.service.process.wait(10)
+    ingress.start()
+    statuses = []
+    while not statuses or statuses[-1] != b"200":
+        answer = await asyncio.to_thread(raw, ingress.port, request(host, alice, extra="Connection: close\r\n"))
+        statuses.append(answer.split(b" ", 2)[1])
+        assert len(statuses) < 2000, statuses[-5:]
+    assert set(statuses) <= {b"503", b"200"}, statuses

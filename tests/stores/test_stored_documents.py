@@ -82,14 +82,15 @@ def test_every_field_of_the_full_session_is_set() -> None:
     assert defaulted(session.kernels[0]) & defaulted(session.kernels[1]) == set(KERNEL_ADDED_SINCE)
 
 
-KERNEL_ADDED_SINCE = ("draining_since", "parked", "revision")
-"""Kernel fields added after the fixtures were written (an endpoint's replicas draining and parked)."""
+KERNEL_ADDED_SINCE = ("draining_since", "parked", "revision", "alloc_index")
+"""Kernel fields added after the fixtures were written (an endpoint's replicas draining and parked, the allocation's
+index)."""
 ADDED_DEFAULTS = (
     b',"preferred_ports_taken":[]',
     b',"autoscaling":null,"scaling":null,"revision":0,"previous":null',
     b',"mounts":[]',
     b',"apps":[]',
-    b',"draining_since":null,"parked":false,"revision":0',
+    b',"draining_since":null,"parked":false,"revision":0,"alloc_index":0',
 )
 """How the fields added since the fixtures were written (``legacy.ADDED_SINCE``) are encoded at their defaults: last
 in their object (a session, a template's spec)."""
