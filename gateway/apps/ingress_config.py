@@ -304,6 +304,9 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
     lines = [
         "global",
         "    maxconn 8000",
+        # one thread: on two, Debian's HAProxy 2.6.12 corrupted the endpoints' Lua filter state under load ("attempt
+        # to index a number value", then a segfault in liblua5.3; docs/production.md)
+        "    nbthread 1",
         f"    stats socket {paths.socket} mode 600 level admin",
         "    stats timeout 2m",
         f"    pidfile {paths.pidfile}",
