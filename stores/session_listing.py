@@ -12,7 +12,6 @@ held too many: the documents the script did not read are read by an MGET).
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import math
 import uuid
@@ -95,6 +94,20 @@ class Page(Generic[T]):
     """Whether more sessions follow the page in that direction."""
     total: int | None
     """Sessions matching the whole listing (not only the page), when asked for."""
+
+
+@dataclass(frozen=True)
+class _Ranges:
+    """One read of :meth:`SessionListing._read`: ``want`` positions of each source within ``window`` in order, and,
+    when ``count``, the number of sessions in ``scores`` over them all (``disjoint`` as in ``Plan.disjoint``)."""
+
+    sources: Sequence[str]
+    window: ScoreRange
+    scores: ScoreRange
+    descending: bool
+    want: int
+    count: bool
+    disjoint: Sequence[Sequence[str]]
 
 
 class SessionListing(Generic[T]):
@@ -214,17 +227,9 @@ class SessionListing(Generic[T]):
                     sources, window, descending, want, scores if count and total is None else None, documents
                 )
             else:
-                batches, total = await self._read_ranges(
-                    sources,
-                    window,
-                    scores,
-                    descending,
-                    want,
-                    total,
-                    count=count,
-                    disjoint=disjoint,
-                    documents=documents,
-                )
+                ranges = _Ranges(sources, window, scores, descending, want, count and total is None, disjoint)
+                batches, counted = await self._read_ranges(ranges, documents)
+                total = total if counted is None else counted
             documents = None  # read again (more past ties): the page's MGET reads the documents still missing
             positions, complete = merge(batches, want, descending)
             if until is not None and positions and not past(until, positions[-1], descending):
@@ -275,77 +280,45 @@ class SessionListing(Generic[T]):
         return [[Position(float(score), member) for member, score in zip(r[::2], r[1::2], strict=True)] for r in ranges]
 
     async def _read_ranges(
-        self,
-        sources: Sequence[str],
-        window: ScoreRange,
-        scores: ScoreRange,
-        descending: bool,
-        want: int,
-        total: int | None,
-        *,
-        count: bool,
-        disjoint: Sequence[Sequence[str]],
-        documents: dict[str, str | None] | None = None,
+        self, ranges: _Ranges, documents: dict[str, str | None] | None = None
     ) -> tuple[list[list[Position]], int | None]:
-        """Each source's range in one pipeline (with the count, when asked and not known yet); with ``documents``,
-        the ranges are :data:`READ_PAGE`'s, with the documents it read."""
+        """Each source's range in one pipeline (and the count, when asked); with ``documents``, the ranges are
+        :data:`READ_PAGE`'s, with the documents it read."""
         if documents is not None:
-            read = functools.partial(
-                self._read_ranges_with_documents, sources, window, scores, descending, want, total, count, disjoint
-            )
             try:
-                return await read(documents)
+                return await self._read_ranges_with_documents(ranges, documents)
             except NoScriptError:  # not loaded yet (or flushed, or a new primary): loaded, then read again
                 await self.redis.script_load(READ_PAGE)
-                return await read(documents)
+                return await self._read_ranges_with_documents(ranges, documents)
+        low, high = ranges.window.redis_low(), ranges.window.redis_high()
+        if ranges.descending:  # ZRANGE BYSCORE REV takes its bounds from the high end
+            low, high = high, low
         async with self.redis.pipeline(transaction=False) as pipe:
-            for key in sources:
-                if descending:
-                    pipe.zrange(
-                        key,
-                        window.redis_high(),
-                        window.redis_low(),
-                        desc=True,
-                        byscore=True,
-                        offset=0,
-                        num=want,
-                        withscores=True,
-                    )
-                else:
-                    pipe.zrange(
-                        key,
-                        window.redis_low(),
-                        window.redis_high(),
-                        byscore=True,
-                        offset=0,
-                        num=want,
-                        withscores=True,
-                    )
-            counted = self._queue_count(pipe, sources, scores, disjoint) if count and total is None else None
+            for key in ranges.sources:
+                pipe.zrange(
+                    key, low, high, desc=ranges.descending, byscore=True, offset=0, num=ranges.want, withscores=True
+                )
+            counted = self._queue_ranges_count(pipe, ranges)
             replies = await pipe.execute()
-        if counted is not None:
-            total = counted(replies[len(sources) :])
-        return [[Position(score, member) for member, score in reply] for reply in replies[: len(sources)]], total
+        sources = len(ranges.sources)
+        total = counted(replies[sources:]) if counted is not None else None
+        return [[Position(score, member) for member, score in reply] for reply in replies[:sources]], total
 
     async def _read_ranges_with_documents(
-        self,
-        sources: Sequence[str],
-        window: ScoreRange,
-        scores: ScoreRange,
-        descending: bool,
-        want: int,
-        total: int | None,
-        count: bool,
-        disjoint: Sequence[Sequence[str]],
-        documents: dict[str, str | None],
+        self, ranges: _Ranges, documents: dict[str, str | None]
     ) -> tuple[list[list[Position]], int | None]:
+        sources = ranges.sources
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.evalsha(self._read_page.sha, len(sources), *sources, *self._read_page_args(window, descending, want))
-            counted = self._queue_count(pipe, sources, scores, disjoint) if count and total is None else None
+            args = self._read_page_args(ranges.window, ranges.descending, ranges.want)
+            pipe.evalsha(self._read_page.sha, len(sources), *sources, *args)
+            counted = self._queue_ranges_count(pipe, ranges)
             replies = await pipe.execute()
-        if counted is not None:
-            total = counted(replies[1:])
+        total = counted(replies[1:]) if counted is not None else None
         return self._read_page_reply(replies[0], documents), total
+
+    def _queue_ranges_count(self, pipe: Redis, ranges: _Ranges) -> Callable[[list[Any]], int] | None:
+        """The count of ``ranges``' sessions queued in ``pipe`` when asked (see :meth:`_queue_count`)."""
+        return self._queue_count(pipe, ranges.sources, ranges.scores, ranges.disjoint) if ranges.count else None
 
     def _queue_count(
         self, pipe: Redis, sources: Sequence[str], scores: ScoreRange, disjoint: Sequence[Sequence[str]] = ()
