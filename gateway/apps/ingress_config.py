@@ -114,9 +114,17 @@ AWAIT_MS = 100
 within milliseconds of its write to Redis): what was granted a moment ago passes; a refusal costs this much more (also
 a damper on guessing)."""
 CONNECT_TIMEOUT_MS = 100
-"""Milliseconds HAProxy waits for an app to accept a connection before it tries again on a new socket."""
+"""Milliseconds HAProxy waits for the gateway to accept a connection before it tries again on a new socket."""
 CONNECT_RETRIES = 30
-"""Connect attempts after the first before an app counts as unreachable (502 ``UPSTREAM_UNREACHABLE``)."""
+"""Connect attempts to the gateway after the first before it counts as unreachable."""
+APP_CONNECT_TIMEOUT_MS = 25
+"""Milliseconds HAProxy waits for an app to accept a connection before it tries again on a new socket, and after an
+app refused one (HAProxy 2.6 waits min(``timeout connect``, 1 s) between two connects to the same server): an app
+still starting (Jupyter listens ~0.4 s after its container started; its route is in HAProxy from the session's
+RUNNING on) is reached within this much of listening."""
+APP_CONNECT_RETRIES = 120
+"""Connect attempts to an app after the first before it counts as unreachable (502 ``UPSTREAM_UNREACHABLE``): about
+3 s of tries, as many as it takes a busy or starting app to catch up."""
 PLAIN_CONNECTION = r"^\s*(keep-alive|close|upgrade)(\s*,\s*(keep-alive|close|upgrade))*\s*$"
 """A ``Connection`` header that names no other header (the usual case: no Lua runs)."""
 
@@ -324,7 +332,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         # listens with a backlog of 9) drops the SYN, which the kernel would send again only after a second; 30
         # tries (a refused one waits this timeout before the next) give up after about 3 s: 502, except on a
         # kept-alive connection's later request after timeouts, which HAProxy 2.6 closes unanswered (for the client
-        # to retry): so many short tries that a busy app is not given up on
+        # to retry): so many short tries that a busy app is not given up on (the apps' backend: shorter, more of them)
         f"    timeout connect {CONNECT_TIMEOUT_MS}ms",
         f"    retries {CONNECT_RETRIES}",
         "    timeout client 300s",
@@ -391,6 +399,10 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         "",
         "backend apps",
         "    http-reuse never",  # nor shared between clients (http-server-close above: none is kept anyway)
+        # an app refusing the connect (still starting) or dropping the SYN (a full accept queue) is tried again
+        # every 25 ms, 120 times: about 3 s, then 502
+        f"    timeout connect {APP_CONNECT_TIMEOUT_MS}ms",
+        f"    retries {APP_CONNECT_RETRIES}",
         # no L7 retries (retry-on): a request the app may have acted on is never sent twice
         f"    errorfile 503 {paths.error(502)}",  # HAProxy's 503 here is a refused connection: the app is unreachable
         "    acl names_headers req.fhdr(connection) -m found",

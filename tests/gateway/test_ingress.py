@@ -41,7 +41,7 @@ class Upstream:
     """An HTTP/1.1 server on loopback (keep-alive) that answers ``<name> <method> <path>`` and records each request
     line it parsed."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, port: int = 0) -> None:
         self.name = name
         self.lines: list[str] = []
         seen = self.lines
@@ -67,7 +67,7 @@ class Upstream:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = int(self.server.server_address[1])
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -386,6 +386,32 @@ async def test_a_busy_app_is_waited_for_on_a_kept_alive_connection(
             assert (await answer).startswith(b"HTTP/1.1 200 "), await answer
     finally:
         busy.close()
+
+
+async def test_an_app_still_starting_is_tried_again_until_it_listens(behind: tuple[Caravan, Ingress]) -> None:
+    """A session is RUNNING (its route in HAProxy) before its app listens (Jupyter ~0.4 s after its container
+    started): the connect is refused, and HAProxy 2.6 waits min(``timeout connect``, 1 s) before it tries the same
+    server again, so a starting app was reached up to that long after it listened. The apps' backend tries every
+    25 ms (``APP_CONNECT_TIMEOUT_MS``), 120 times (about 3 s, as before): the request waits through more than the
+    30 tries of 100 ms it had (then 502), and is answered once the app listens."""
+    caravan, ingress = behind
+    alice = await caravan.user("alice")
+    port = free_port()  # nothing listens on it yet: refused
+    [host] = await started(caravan, running_app("alice", port))
+    deadline = asyncio.get_running_loop().time() + BOUND
+    while host not in await ingress.api.show_map(ingress.paths.map("routes")):
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.02)
+    before = await connect_retries(ingress)
+    data = request(host, alice, extra="Connection: close\r\n")
+    answer = asyncio.create_task(asyncio.to_thread(raw, ingress.port, data, wait=60))
+    while await connect_retries(ingress) - before < 60 and not answer.done():
+        await asyncio.sleep(0.005)
+    app = Upstream("late", port)
+    try:
+        assert (await answer).startswith(b"HTTP/1.1 200 "), await answer
+    finally:
+        app.close()
 
 
 async def test_ten_thousand_routes(behind: tuple[Caravan, Ingress], upstreams: tuple[Upstream, Upstream]) -> None:
