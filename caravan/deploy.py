@@ -26,6 +26,7 @@ The tasks run the configured Python (the project's virtual environment on each c
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import sys
@@ -40,6 +41,7 @@ import msgspec
 from caravan.stack.nomad_acl import NomadAdmin
 from core.secrets import (
     Role,
+    app_cookie_key_path,
     ensure_app_cookie_key,
     nomad_token_path,
     read_secret,
@@ -63,7 +65,7 @@ FORBIDDEN_ENV = frozenset(
 OWN_ENV = frozenset(
     {
         "CARAVAN_HOME", "CARAVAN_GATEWAY_HOST", "CARAVAN_GATEWAY_PORT", "CARAVAN_GATEWAY_WORKERS",
-        "CARAVAN_INGRESS_PORT", "CARAVAN_INGRESS_DIR", "CARAVAN_HEALTH_PORT",
+        "CARAVAN_INGRESS_PORT", "CARAVAN_INGRESS_DIR", "CARAVAN_INGRESS_BIND", "CARAVAN_HEALTH_PORT",
     }
 )  # fmt: skip
 """Variables ``caravan deploy`` sets itself, from the configuration's typed fields."""
@@ -82,6 +84,9 @@ class IngressSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """HAProxy's static port on its node (the one public port)."""
     gateway_slots: int = 16
     """The most gateway replicas the backend can list at once (a rolling update briefly runs one more)."""
+    bind: str | None = None
+    """The address the public port binds: unset, the ingress' client's (Nomad's ``${NOMAD_IP_health}``: its
+    ``network_interface``); or an address of that client's (``0.0.0.0`` for all of them)."""
 
 
 class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -98,7 +103,7 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     host: str = "127.0.0.1"
     """The ingress' address as the gateways see its connections: they believe it when it names a client
     (``X-Forwarded-For``). The gateways and the health endpoints listen where Nomad registers them (their client's
-    ``network_interface``); HAProxy binds 127.0.0.1 (``gateway.apps.ingress_config``)."""
+    ``network_interface``), and so does HAProxy (``ingress.bind``)."""
     gateway: Replicas = Replicas()
     scheduler: Replicas = Replicas()
     idle: Replicas = Replicas()
@@ -166,6 +171,11 @@ def check(config: DeployConfig) -> None:
         )
     if not 1 <= config.ingress.port <= 65535:
         raise DeployError(f"ingress.port: {config.ingress.port} is not a port")
+    if config.ingress.bind is not None:
+        try:
+            ipaddress.ip_address(config.ingress.bind)
+        except ValueError:
+            raise DeployError(f"ingress.bind: {config.ingress.bind!r} is not an IP address") from None
     if not Path(config.python).is_absolute() or not Path(config.home).is_absolute():
         raise DeployError("python and home are absolute paths on the clients")
     _check_env(config)
@@ -201,35 +211,27 @@ def variable_path(config: DeployConfig, job: Job) -> str:
     return f"nomad/jobs/{job_id(config, job)}"
 
 
-def _secret_files(job: Job) -> dict[str, str]:
-    """Variable item -> file in the task's secrets directory."""
+def _secrets(job: Job, secrets: Path) -> dict[str, Path]:
+    """Variable item -> its file in the ``secrets`` directory: the operator's, read by ``caravan deploy``; the file's
+    name is the one the task finds in its own ``secrets/`` (the files Caravan reads anyway)."""
     role = ROLE_OF[job]
     files = {
-        "app_cookie_key": "app-cookie.key",
-        "redis_password": redis_password_path(Path(), role).name,
-        "sentinel_password": redis_sentinel_client_path(Path()).name,
+        "app_cookie_key": app_cookie_key_path(secrets),
+        "redis_password": redis_password_path(secrets, role),
+        "sentinel_password": redis_sentinel_client_path(secrets),
     }
     if job != "ingress":  # HAProxy's control planes read Redis only
-        files["nomad_token"] = nomad_token_path(Path(), role).name
+        files["nomad_token"] = nomad_token_path(secrets, role)
     return files
 
 
 def variables(config: DeployConfig, settings: Settings) -> dict[Job, dict[str, str]]:
     """Each job's secrets, read from the operator's secrets directory (``CARAVAN_SECRETS_DIR``)."""
     secrets = settings.secrets
-    cookie = ensure_app_cookie_key(secrets)
+    ensure_app_cookie_key(secrets)
     found: dict[Job, dict[str, str]] = {}
     for job in JOBS:
-        role = ROLE_OF[job]
-        items = {"app_cookie_key": cookie}
-        kept = {
-            "nomad_token": nomad_token_path(secrets, role),
-            "redis_password": redis_password_path(secrets, role),
-            "sentinel_password": redis_sentinel_client_path(secrets),
-        }
-        for item in _secret_files(job).keys() & kept.keys():
-            if (value := read_secret(kept[item])) is not None:
-                items[item] = value
+        items = {item: value for item, path in _secrets(job, secrets).items() if (value := read_secret(path))}
         if job == "gateway":
             items["admin_token"] = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
         found[job] = items
@@ -243,11 +245,11 @@ def _templates(config: DeployConfig, job: Job, items: set[str]) -> list[dict[str
     templates: list[dict[str, Any]] = [
         {
             "EmbeddedTmpl": f'{{{{ with nomadVar "{path}" }}}}{{{{ .{item} }}}}{{{{ end }}}}',
-            "DestPath": f"secrets/{file}",
+            "DestPath": f"secrets/{file.name}",
             "Perms": "0600",
             "ChangeMode": "restart",
         }
-        for item, file in _secret_files(job).items()
+        for item, file in _secrets(job, Path()).items()
         if item in items
     ]
     if "admin_token" in items:
@@ -390,7 +392,12 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
                                 "${NOMAD_PORT_health}",
                                 "--keep-maps",
                             ],
-                            {"CARAVAN_INGRESS_PORT": str(config.ingress.port), "CARAVAN_INGRESS_DIR": haproxy_dir},
+                            {
+                                "CARAVAN_INGRESS_PORT": str(config.ingress.port),
+                                "CARAVAN_INGRESS_DIR": haproxy_dir,
+                                # the client's address (its network_interface), where Nomad checks the health port
+                                "CARAVAN_INGRESS_BIND": config.ingress.bind or "${NOMAD_IP_health}",
+                            },
                             items["ingress"],
                         ),
                         "Templates": [

@@ -37,8 +37,9 @@ from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
 from gateway.apps.ingress_config import GATEWAY_SLOT, IngressPaths
+from gateway.apps.plane import inode
 from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
-from gateway.planes import planes_running, prefilled
+from gateway.planes import Prefill, planes_running, prefilled
 from stores.sessions import SessionStore
 from stores.users import UserStore
 
@@ -140,7 +141,10 @@ async def run_ingress(
     state = settings.ingress_dir
     async with contextlib.AsyncExitStack() as stack:
         keeper = await stack.enter_async_context(MapKeeper.connected(settings)) if keep_maps else None
-        maps = await keeper.prefilled() if keeper else None
+        prefill = await keeper.prefilled() if keeper else None
+        if prefill:
+            config = dataclasses.replace(config, endpoint_servers=prefill.endpoint_servers)
+        maps = prefill.maps if prefill else None
         haproxy = await asyncio.to_thread(start_haproxy, config, state, log=state / "haproxy.log", maps=maps)
         stack.push_async_callback(soft_stop, haproxy)
         runtime = IngressPaths(state).socket
@@ -174,7 +178,7 @@ async def follow_replicas(
     runtime, ours = socket
     while not stop.is_set() and haproxy.alive():
         try:
-            if _inode(runtime) == ours:
+            if inode(runtime) == ours:
                 await backend.apply(read_replicas(replicas_file))
         except RuntimeApiError as failed:
             log.warning("HAProxy's runtime API: %s", failed)
@@ -203,15 +207,8 @@ class MapKeeper:
         finally:
             await redis.aclose()
 
-    async def prefilled(self) -> dict[str, dict[str, str]]:
+    async def prefilled(self) -> Prefill:
         return await prefilled(self.settings, self.redis, self.sessions, self.users)
 
     def running(self) -> contextlib.AbstractAsyncContextManager[object]:
         return planes_running(self.settings, self.redis, self.sessions, self.users)
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except FileNotFoundError:
-        return None

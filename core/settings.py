@@ -88,6 +88,9 @@ class GatewaySettings:
     backend_port: int | None = None
     """In the dev stack (``./ops/dev``), where the gateway process listens behind HAProxy, which takes ``port``
     (``CARAVAN_GATEWAY_BACKEND_PORT``; default: ``port`` + 1)."""
+    ingress_bind: str = "127.0.0.1"
+    """The address HAProxy's public port binds (``CARAVAN_INGRESS_BIND``): 127.0.0.1 on one machine; deployed, the
+    ingress' client's (``caravan deploy``)."""
     ingress_dir: Path | None = None
     """HAProxy's state directory: its configuration, maps and runtime socket (``CARAVAN_INGRESS_DIR``; default
     ``<home>/haproxy``)."""
@@ -277,6 +280,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             apps_domain=(env.get("CARAVAN_APPS_DOMAIN") or GatewaySettings.apps_domain).strip(".").lower(),
             ingress_port=int(env["CARAVAN_INGRESS_PORT"]) if env.get("CARAVAN_INGRESS_PORT") else None,
             ingress_dir=Path(env["CARAVAN_INGRESS_DIR"]) if env.get("CARAVAN_INGRESS_DIR") else None,
+            ingress_bind=_address(env, "CARAVAN_INGRESS_BIND", GatewaySettings.ingress_bind),
             keeps_maps=_switch(env, "CARAVAN_GATEWAY_KEEPS_MAPS", GatewaySettings.keeps_maps),
             backend_port=int(env["CARAVAN_GATEWAY_BACKEND_PORT"]) if env.get("CARAVAN_GATEWAY_BACKEND_PORT") else None,
             app_cookie_ttl=_at_least_one(env, "CARAVAN_APP_COOKIE_TTL", GatewaySettings.app_cookie_ttl),
@@ -376,6 +380,15 @@ def _networks(env: Mapping[str, str], name: str) -> tuple[str, ...]:
         except ValueError:
             raise ValueError(f"{name} must list IP addresses or networks, not {entry[:60]!r}") from None
     return entries
+
+
+def _address(env: Mapping[str, str], name: str, default: str) -> str:
+    """One IP address."""
+    raw = (env.get(name) or default).strip()
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        raise ValueError(f"{name} must be an IP address, not {raw[:60]!r}") from None
 
 
 def _positive_seconds(env: Mapping[str, str], name: str, default: float) -> float:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
@@ -23,20 +24,36 @@ from core.settings import Settings
 from gateway.apps.control import ControlPlane
 from gateway.apps.ingress_config import IngressPaths
 from gateway.endpoints.control import EndpointControl
+from gateway.endpoints.ingress import META_MAP
 from stores.sessions import SessionStore
 from stores.users import UserStore
 
 
-async def prefilled(
-    settings: Settings, redis: Redis, sessions: SessionStore, users: UserStore
-) -> dict[str, dict[str, str]]:
-    """The apps' maps as Redis has them now, for a HAProxy about to start (``start_haproxy(maps=...)``), under a mark
-    no plane left: the new HAProxy routes apps and checks tokens from its first connection (an upgrade's new HAProxy
-    shares the port with the old one at once), and the lock's holder still rebuilds it whole at its next check,
-    atomically, so nothing written meanwhile is missed. The endpoints' maps start empty (503 until rebuilt)."""
-    keys, paths = Keys(settings.redis.prefix), IngressPaths(settings.ingress_dir)
-    apps = ControlPlane(redis, keys, sessions, users, paths, settings.gateway.apps_domain)
-    return {**await apps.desired(), "meta": {"generation": f"prefilled-{uuid.uuid4().hex}"}}
+@dataclass(frozen=True)
+class Prefill:
+    """What a new HAProxy starts with (``start_haproxy(maps=...)``, ``IngressConfig.endpoint_servers``)."""
+
+    maps: dict[str, dict[str, str]]
+    endpoint_servers: tuple[tuple[int, str, str], ...]
+
+
+async def prefilled(settings: Settings, redis: Redis, sessions: SessionStore, users: UserStore) -> Prefill:
+    """Both planes' maps and the endpoints' replicas as Redis has them now, for a HAProxy about to start, under marks
+    no plane left: the new HAProxy routes apps and endpoints and checks tokens from its first connection (an
+    upgrade's new HAProxy shares the port with the old one at once), and each lock's holder still rebuilds it whole
+    at its next check (it looks for a new HAProxy before each change it applies: ``gateway.apps.plane``), so nothing
+    written meanwhile is missed. Both marks are set from one read: an endpoint request needs both (its admission
+    reads the apps' token maps too), and a HAProxy started without this prefill still answers 503 until both planes
+    built it. The endpoint plane's rebuild keeps the mark while HAProxy routes endpoints as Redis says; when Redis
+    moved on since this read, it takes the mark away first (503 while it refills the backends, never a request sent
+    to another endpoint's replicas)."""
+    keys, paths, domain = Keys(settings.redis.prefix), IngressPaths(settings.ingress_dir), settings.gateway.apps_domain
+    apps = ControlPlane(redis, keys, sessions, users, paths, domain)
+    endpoints = EndpointControl(redis, keys, sessions, paths, domain, settings.endpoints.backends)
+    generation = {"generation": f"prefilled-{uuid.uuid4().hex}"}
+    endpoint_maps, servers = await endpoints.prefill()
+    maps = {**await apps.desired(), "meta": generation, **endpoint_maps, META_MAP: generation}
+    return Prefill(maps, tuple(servers))
 
 
 @contextlib.asynccontextmanager

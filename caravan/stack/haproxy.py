@@ -25,6 +25,7 @@ def ingress_config(settings: Settings, port: int, gateway_port: int) -> IngressC
         cookie_key=ensure_app_cookie_key(settings.secrets),
         upstream_timeout=settings.gateway.app_upstream_timeout,
         endpoints=settings.endpoints,
+        bind=settings.gateway.ingress_bind,
     )
 
 

@@ -162,7 +162,7 @@ class IngressPaths:
 @dataclass(frozen=True)
 class IngressConfig:
     port: int
-    """Where HAProxy listens (127.0.0.1): the apps' origins and, for every other host, the gateway."""
+    """Where HAProxy listens (on ``bind``): the apps' origins and, for every other host, the gateway."""
     gateway_port: int
     """The gateway process behind it (127.0.0.1)."""
     apps_domain: str
@@ -175,13 +175,19 @@ class IngressConfig:
     (:mod:`caravan.ingress`, what ``caravan deploy``'s ingress job runs): HAProxy checks each (``/healthz``) and a
     connection a replica refuses is retried on another."""
     health_port: int | None = None
-    """Where HAProxy itself answers ``GET /healthz`` 200 (``monitor-uri``; 127.0.0.1): the deployed ingress' Nomad
+    """Where HAProxy itself answers ``GET /healthz`` 200 (``monitor-uri``; on ``bind``): the deployed ingress' Nomad
     check, on a port of its own (the public one is HAProxy's bind, not a Nomad reservation: old and new share it)."""
     gateway_initial: tuple[tuple[str, int], ...] = ()
     """Replicas serving when HAProxy starts (address, port): they hold the first slots from the configuration on, so
     a new HAProxy answers from its first connection (an ingress upgrade overlaps the old one on the port)."""
     endpoints: EndpointSettings = EndpointSettings()
     """Inference endpoints' part of the configuration (``gateway.endpoints.ingress``)."""
+    endpoint_servers: tuple[tuple[int, str, str], ...] = ()
+    """Replicas the endpoint backends start with (backend slot, server slot name, ``host:port``):
+    ``gateway.planes.prefilled``, with the endpoint maps that route to them."""
+    bind: str = "127.0.0.1"
+    """The address of the public port and of ``health_port``: 127.0.0.1 on one machine; deployed, the address of
+    the ingress' client (``caravan deploy``: Nomad's ``${NOMAD_IP_health}``, or ``ingress.bind``)."""
 
 
 def gateway_servers(config: IngressConfig) -> list[str]:
@@ -207,6 +213,14 @@ def gateway_servers(config: IngressConfig) -> list[str]:
 
 GATEWAY_SLOT = "gw"
 """The name of the gateway backend's slots (``gw1``, ``gw2``...) when it has several replicas."""
+
+
+def endpoint_servers(config: IngressConfig) -> dict[int, dict[str, str]]:
+    """``config.endpoint_servers`` by backend slot."""
+    servers: dict[int, dict[str, str]] = {}
+    for slot, name, address in config.endpoint_servers:
+        servers.setdefault(slot, {})[name] = address
+    return servers
 
 
 def _json_body(code: str, message: str) -> str:
@@ -344,12 +358,12 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         *(f"    errorfile {status} {paths.error(status)}" for status in sorted(ERRORS)),
         "",
         *(
-            ["frontend health", f"    bind 127.0.0.1:{config.health_port}", "    monitor-uri /healthz", ""]
+            ["frontend health", f"    bind {config.bind}:{config.health_port}", "    monitor-uri /healthz", ""]
             if config.health_port
             else []
         ),
         "frontend ingress",
-        f"    bind 127.0.0.1:{config.port}",
+        f"    bind {config.bind}:{config.port}",
         "    http-request set-var(txn.host) req.hdr(host),field(1,:),lower",
         f"    acl app_host var(txn.host) -m reg ^{_host_pattern(config.apps_domain)}$",
         f"    acl launch path {LAUNCH_PATH}",
@@ -440,7 +454,12 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         f"backend {STATS_TABLE}",
         f"    stick-table type string len 128 size 200k expire 1h store {COUNTERS}",
         *endpoint_ingress.sections(
-            config.endpoints, paths.state_dir, config.gateway_port, config.cookie_key, paths.error(502)
+            config.endpoints,
+            paths.state_dir,
+            config.gateway_port,
+            config.cookie_key,
+            paths.error(502),
+            endpoint_servers(config),
         ),
         "",
         f"backend {WS_TABLE}",
@@ -462,7 +481,7 @@ def write_files(
     for name in MAPS:
         content = (maps or {}).get(name, {})
         paths.map(name).write_text("".join(f"{key} {value}\n" for key, value in content.items()))
-    endpoint_ingress.write_files(paths.state_dir, config.endpoints)
+    endpoint_ingress.write_files(paths.state_dir, config.endpoints, maps)
     lua = LUA.replace("AWAIT_MS", str(AWAIT_MS)).replace("COOKIE_NAME", COOKIE_NAME)
     lua = lua.replace("MAX_CANDIDATES", str(MAX_COOKIE_CANDIDATES)).replace("COOKIE_KEY", config.cookie_key)
     paths.lua.write_text(lua)

@@ -25,6 +25,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -84,6 +85,15 @@ class Plane(ABC):
         """The mark this task left in HAProxy (None: unknown, rebuild)."""
         self._change: str | None = None
         """The last entry of ``Keys.route_changes`` seen (None: not read yet)."""
+        self._inode: int | None = None
+        """The runtime socket's inode when the mark was last checked."""
+
+    def haproxy_replaced(self) -> bool:
+        """Whether the runtime socket is another than at the last check of the mark: a new HAProxy took the state
+        directory over (an ingress upgrade's, prefilled: ``gateway.planes.prefilled``). Checked before each change
+        is applied, so no edit meant for the old HAProxy's content lands on the new one's (the endpoints' backends
+        may be assigned otherwise there)."""
+        return inode(self.api.socket) != self._inode
 
     async def run(self) -> None:
         """Keep HAProxy while this process holds the plane's lock; whatever breaks the loop, it is set up again: the
@@ -115,12 +125,15 @@ class Plane(ABC):
                 if self._change is None:  # from now on: whatever was written before, the next sync reads
                     self._change = await last_id(self.redis, self.keys.route_changes)
                 now = time.monotonic()
-                if self.generation is None or now - last_check >= CHECK_INTERVAL:
+                if self.generation is None or now - last_check >= CHECK_INTERVAL or self.haproxy_replaced():
                     last_check = now
+                    self._inode = inode(self.api.socket)
                     if self.generation is None or await self.mark() != self.generation:
                         await self.rebuild()
                     await self.close_refused()  # admitted by a HAProxy thread as the last change was applied
                 await self.sync()
+                if self.generation is None:
+                    continue  # sync saw a new HAProxy: rebuild it now
                 if now - last_sample >= self.sample_interval:
                     last_sample = now
                     await self.sample()
@@ -191,3 +204,11 @@ class Plane(ABC):
             if len(words) > 2 and words[0].endswith(":") and words[2].startswith("src="):
                 streams[words[2][4:]] = words[0][:-1]
         await self.api.run([f"shutdown session {streams[c]}" for c in clients if c in streams])
+
+
+def inode(path: Path) -> int | None:
+    """``path``'s inode (None: no such file)."""
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None

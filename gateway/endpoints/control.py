@@ -143,14 +143,13 @@ class EndpointControl(Plane):
         return (await self.api.show_map(map_path(self.paths.state_dir, META_MAP))).get("generation")
 
     async def rebuild(self) -> None:
-        """Every backend's servers and every map whole; the mark last."""
-        self._versions = [None, None]
-        self._cached = {}
-        self.applied = {}
-        self.backends = {}
-        self.servers = {slot: {} for slot in range(self.pool)}
-        self._counters = {}
+        """Every backend's servers and every map whole; the mark last. A HAProxy that routes endpoints otherwise
+        than Redis now says (a prefilled one Redis moved on from, another holder's) loses its mark first: its
+        endpoint requests answer 503 while its backends are refilled, never reaching another endpoint's replicas."""
+        self._reset()
         maps = await self._desired()
+        if await self.api.show_map(map_path(self.paths.state_dir, "endpoints")) != maps["endpoints"]:
+            await self.api.replace_map(map_path(self.paths.state_dir, META_MAP), {})
         await self._push_servers(force=True)
         for name in ENDPOINT_MAPS:
             await self.api.replace_map(map_path(self.paths.state_dir, name), maps[name])
@@ -159,6 +158,27 @@ class EndpointControl(Plane):
         await self.api.replace_map(map_path(self.paths.state_dir, META_MAP), {"generation": generation})
         self.generation = generation
         log.info("endpoint control plane: HAProxy rebuilt (%d endpoints)", len(self.backends))
+
+    def _reset(self) -> None:
+        self._versions = [None, None]
+        self._cached = {}
+        self.applied = {}
+        self.backends = {}
+        self.servers = {slot: {} for slot in range(self.pool)}
+        self._counters = {}
+
+    async def prefill(self) -> tuple[Maps, list[tuple[int, str, str]]]:
+        """The maps and the replicas (backend slot, server slot, ``host:port``) a new HAProxy starts with, as Redis
+        has them now: what :meth:`rebuild` would build (the same backends: assigned afresh, in the same order)."""
+        self._reset()
+        maps = await self._desired()
+        servers = [
+            (slot, name, address)
+            for session_id, slot in self.backends.items()
+            for name, address in place_servers({}, routable(self.endpoints[session_id])).items()
+            if address is not None
+        ]
+        return maps, servers
 
     async def sync(self) -> None:
         versions = [text(v) if v is not None else None for v in await self.redis.mget(
@@ -169,6 +189,10 @@ class EndpointControl(Plane):
         ended = set(self.endpoints)
         maps = await self._desired()
         ended -= set(self.endpoints)
+        if self.haproxy_replaced():  # the edits are against the old HAProxy's backends: rebuild the new one instead
+            self.generation = None
+            await self._forget(ended)
+            return
         for name in ENDPOINT_MAPS:  # entries gone first: no request is routed to a backend being emptied
             change = edits(self.applied.get(name, {}), maps[name])
             if change.delete:
@@ -181,6 +205,9 @@ class EndpointControl(Plane):
             self.applied[name] = maps[name]
         self._versions = versions
         await self.close_refused()
+        await self._forget(ended)
+
+    async def _forget(self, ended: set[str]) -> None:
         if ended:
             await self.access.forget(ended)
             await forget_loads(self.redis, self.keys, ended)

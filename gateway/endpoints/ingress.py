@@ -27,6 +27,7 @@ Per request, HAProxy alone decides (no Python on the way once an endpoint has a 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 
 from core.settings import EndpointSettings
@@ -212,10 +213,30 @@ def frontend_rules(settings: EndpointSettings, state_dir: Path, apps_domain: str
     ]
 
 
+Servers = Mapping[int, Mapping[str, str]]
+"""Endpoint backend slot -> server slot name -> ``host:port`` (the replicas a new HAProxy starts with)."""
+
+
+def server_lines(servers: Mapping[str, str]) -> list[str]:
+    """One endpoint backend's server slots: those in ``servers`` ready at their replica, the others in maintenance
+    until the control plane fills them."""
+    return [
+        f"    server {name} {servers[name]} {SERVER_CHECKS}" if name in servers
+        else f"    server {name} 0.0.0.0:0 disabled {SERVER_CHECKS}"
+        for name in server_names()
+    ]  # fmt: skip
+
+
 def sections(
-    settings: EndpointSettings, state_dir: Path, gateway_port: int, cookie_key: str, error_502: Path
+    settings: EndpointSettings,
+    state_dir: Path,
+    gateway_port: int,
+    cookie_key: str,
+    error_502: Path,
+    servers: Servers | None = None,
 ) -> list[str]:
-    """The pool of endpoint backends, the activator's listener, the rate table."""
+    """The pool of endpoint backends (``servers``: the replicas they start with, ``gateway.planes.prefilled``), the
+    activator's listener, the rate table."""
     socket = activator_socket(state_dir)
     lines: list[str] = []
     for slot in range(settings.backends):
@@ -246,7 +267,7 @@ def sections(
             "    http-request del-header proxy-authorization",
             "    http-request set-header x-forwarded-proto http",
             "    http-request set-header x-forwarded-host %[req.fhdr(host)]",
-            *(f"    server {name} 0.0.0.0:0 disabled {SERVER_CHECKS}" for name in server_names()),
+            *server_lines((servers or {}).get(slot, {})),
             f"    server activator unix@{socket} backup",
         ]
     lines += [
@@ -285,11 +306,15 @@ def _too_large(max_body: int) -> str:
     )
 
 
-def write_files(state_dir: Path, settings: EndpointSettings) -> None:
-    """Empty maps (fail closed: no endpoint is known, and none is marked built), the Lua of the latency recorder and
-    the body cap, the body cap's answer (``state_dir/errors`` exists)."""
+def write_files(
+    state_dir: Path, settings: EndpointSettings, maps: Mapping[str, Mapping[str, str]] | None = None
+) -> None:
+    """The maps (empty: fail closed, no endpoint is known and none is marked built; or ``maps``' content,
+    ``gateway.planes.prefilled``), the Lua of the latency recorder and the body cap, the body cap's answer
+    (``state_dir/errors`` exists)."""
     for name in (*ENDPOINT_MAPS, META_MAP):
-        map_path(state_dir, name).write_text("")
+        content = (maps or {}).get(name, {})
+        map_path(state_dir, name).write_text("".join(f"{key} {value}\n" for key, value in content.items()))
     lua = LUA.replace("MAX_SAMPLES", str(MAX_SAMPLES)).replace("MAX_BODY", str(settings.max_body))
     lua_path(state_dir).write_text(lua)
     lua_path(state_dir).chmod(0o600)

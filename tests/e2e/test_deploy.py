@@ -22,9 +22,11 @@ from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
 from domain.apps import app_host
+from domain.endpoint_routes import endpoint_host
 from domain.model import Session
 from stores.sessions import SessionStore
 from tests.deployed import Deployed, config_for, deploy_command, deployed
+from tests.gateway.test_endpoint_ingress import inference
 from tests.gateway.test_ingress import Upstream
 from tests.harness import ADMIN_TOKEN
 from tests.ingress import running_app
@@ -199,11 +201,13 @@ def test_a_stopping_gateway_leaves_the_backend_while_it_still_serves(settings: S
 
 
 def test_an_upgrade_of_the_ingress_refuses_no_connection(settings: Settings) -> None:
-    """A new release of the ingress job (HAProxy) under two streams of requests, one on a kept-alive connection, one
-    on a new connection each: the new HAProxy starts beside the old one on the public port (a canary), with the
-    gateways already in its backend, and the old one stops once it is healthy: no connection is refused, no request
-    fails. (Before, the old allocation stopped first and its replacement waited for it to end: the port was closed
-    6.6 s, 80 of 232 new connections refused.)"""
+    """A new release of the ingress job (HAProxy) under streams of requests, GraphQL on a kept-alive connection and
+    on a new connection each, an app's and an inference endpoint's on new connections: the new HAProxy starts beside
+    the old one on the public port (a canary), with the gateways already in its backend and the apps' and endpoints'
+    maps and backends prefilled (``gateway.planes.prefilled``), and the old one stops once it is healthy: no
+    connection is refused, no request fails. (Before, the old allocation stopped first and its replacement waited for
+    it to end: the port was closed 6.6 s, 80 of 232 new connections refused; with the maps empty, app and endpoint
+    requests on the new HAProxy answered 503 until its control planes rebuilt it.)"""
     config = config_for(settings, {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000"}, version="1")
     with deployed(settings, config) as stack, contextlib.closing(Upstream("upstream")) as upstream:
         replicas = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 60, "two gateways")
@@ -214,6 +218,11 @@ def test_an_upgrade_of_the_ingress_refuses_no_connection(settings: Settings) -> 
         host = app_host("web", app.id, settings.gateway.apps_domain)
         origin = f"http://127.0.0.1:{config.ingress.port}/"
         until(lambda: httpx2.get(origin, headers={"Host": host, **AUTH}).status_code == 200, 30, "the app's route")
+        # an inference endpoint of the admin's, its one replica the upstream: HAProxy routes it by its endpoint maps
+        endpoint = inference("admin", upstream.port)
+        asyncio.run(stored(settings, endpoint))
+        ep_host = endpoint_host(endpoint.id, settings.gateway.apps_domain)
+        until(lambda: httpx2.get(origin, headers={"Host": ep_host, **AUTH}).status_code == 200, 30, "the endpoint")
         [old] = stack.allocations("ingress")
         path = settings.home / "deploy.json"
         path.write_text(json.dumps(msgspec.to_builtins(dataclasses_replace(config, version="2"))))
@@ -221,6 +230,7 @@ def test_an_upgrade_of_the_ingress_refuses_no_connection(settings: Settings) -> 
             SteadyStream(stack.url) as kept,
             SteadyStream(stack.url, keep_alive=False) as fresh,
             SteadyStream(origin, keep_alive=False, app_host=host) as apps,
+            SteadyStream(origin, keep_alive=False, app_host=ep_host) as endpoints,
         ):
             done = deploy_command(settings, path, "--only", "ingress", "--wait", "180")
             assert done.returncode == 0, done.stdout + done.stderr
@@ -229,11 +239,14 @@ def test_an_upgrade_of_the_ingress_refuses_no_connection(settings: Settings) -> 
             until(lambda: stack.backend() == replicas, 60, f"the new HAProxy's backend to list {replicas}")
             sent = (kept.sent, fresh.sent)
             until(lambda: kept.sent > sent[0] + 10 and fresh.sent > sent[1] + 10, 60, "requests after the old stopped")
+        unavailable = sum(failure.startswith("503 ") for failure in endpoints.failures)
         print(
             f"ingress upgrade: {kept.sent} requests kept alive, {fresh.sent} on new connections, {apps.sent} to an "
-            f"app; failed: {len(kept.failures)}, {len(fresh.failures)}, {len(apps.failures)} {apps.failures[:3]}"
+            f"app, {endpoints.sent} to an endpoint; failed: {len(kept.failures)}, {len(fresh.failures)}, "
+            f"{len(apps.failures)} {apps.failures[:3]}, {len(endpoints.failures)} ({unavailable} 503) "
+            f"{endpoints.failures[:3]}"
         )
-        assert (kept.failures, fresh.failures, apps.failures) == ([], [], [])
+        assert (kept.failures, fresh.failures, apps.failures, endpoints.failures) == ([], [], [], [])
 
 
 async def stored(settings: Settings, *sessions: Session) -> None:

@@ -7,18 +7,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
 from caravan.stack.haproxy import ingress_config, start_haproxy
-from caravan.stack.processes import free_port
+from caravan.stack.processes import Service, free_port
+from core.keys import Keys
 from core.settings import Settings
 from domain.endpoint_routes import ENDPOINT_MAPS, endpoint_host
 from domain.model import Session, SessionStatus, SessionType
 from gateway.apps.ingress_config import MAPS, IngressPaths
 from gateway.apps.runtime_api import RuntimeApi
+from gateway.endpoints.control import EndpointControl
 from gateway.endpoints.ingress import META_MAP, map_path
+from gateway.planes import prefilled
 from tests.gateway.test_ingress import Upstream, raw, request, until_status
 from tests.harness import ADMIN_TOKEN, Caravan
 from tests.ingress import Ingress, caravan_behind_haproxy, running_app
@@ -154,3 +158,80 @@ async def test_a_restarted_haproxy_never_answers_a_valid_token_401_while_half_re
         statuses.append(answer.split(b" ", 2)[1])
         assert len(statuses) < 2000, statuses[-5:]
     assert set(statuses) <= {b"503", b"200"}, statuses
+
+
+class Recorded(RuntimeApi):
+    """The real runtime API, every command it sends kept in order (a spy: HAProxy answers them all)."""
+
+    def __init__(self, socket: Path) -> None:
+        super().__init__(socket)
+        self.sent: list[str] = []
+
+    async def run(self, commands: Sequence[str]) -> list[str]:
+        self.sent += commands
+        return await super().run(commands)
+
+
+async def test_a_prefilled_haproxy_routes_endpoints_at_once_and_is_refilled_behind_a_closed_mark(
+    behind: tuple[Caravan, Ingress], replicas: tuple[Upstream, Upstream]
+) -> None:
+    """A new HAProxy (an ingress upgrade's) starts with the endpoints' maps and replicas as Redis has them
+    (``gateway.planes.prefilled``): an endpoint serves from its first request, no plane needed (before: 503 until
+    the endpoint plane rebuilt it). The plane's rebuild of it keeps the mark when it routes as Redis says; when Redis
+    moved on since (an endpoint ended, another took its backend), the mark goes first: the refill is never seen
+    half done, no request reaches another endpoint's replicas."""
+    caravan, ingress = behind
+    alice = await caravan.user("alice")
+    first = inference("alice", replicas[0].port)
+    await caravan.store.create([first])
+    domain = caravan.settings.gateway.apps_domain
+    first_host = endpoint_host(first.id, domain)
+    await until_status(ingress, first_host, alice, 200)
+
+    async def fresh(name: str) -> tuple[int, Path, Service]:
+        state_dir, port = ingress.paths.state_dir / name, free_port()
+        prefill = await prefilled(ingress.settings, caravan.store.redis, caravan.store, caravan.users)
+        config = ingress_config(ingress.settings, port, ingress.gateway_port)
+        config = dataclasses.replace(config, endpoint_servers=prefill.endpoint_servers)
+        service = start_haproxy(config, state_dir, log=state_dir.parent / f"{name}.log", maps=prefill.maps)
+        return port, state_dir, service
+
+    def rebuilt_by(state_dir: Path) -> tuple[EndpointControl, Recorded]:
+        paths = IngressPaths(state_dir)
+        plane = EndpointControl(caravan.store.redis, Keys(ingress.settings.redis.prefix), caravan.store, paths, domain,
+                                ingress.settings.endpoints.backends)  # fmt: skip
+        plane.api = Recorded(paths.socket)
+        return plane, plane.api
+
+    def meta_commits(sent: list[str]) -> list[int]:
+        return [i for i, c in enumerate(sent) if c.startswith("commit map") and c.endswith(f"{META_MAP}.map")]
+
+    port, state_dir, service = await fresh("prefilled")
+    try:
+        answer = await asyncio.to_thread(raw, port, request(first_host, alice, extra="Connection: close\r\n"))
+        assert answer.startswith(b"HTTP/1.1 200 ") and app_of(answer) == "main1", answer[:300]
+        plane, api = rebuilt_by(state_dir)
+        await plane.rebuild()  # Redis as prefilled: the mark stays until the new one replaces it
+        servers = [i for i, c in enumerate(api.sent) if c.startswith("set server")]
+        assert servers and meta_commits(api.sent) and min(meta_commits(api.sent)) > max(servers), api.sent
+    finally:
+        service.stop()
+
+    port, state_dir, service = await fresh("moved")
+    try:
+        # Redis moves on before the plane rebuilds it: alice's first endpoint ends, a second one (on main2) is
+        # assigned its backend by the rebuild
+        await caravan.store.update(first.id, lambda s: s.evolve(status=SessionStatus.TERMINATED))
+        second = inference("alice", replicas[1].port)
+        await caravan.store.create([second])
+        plane, api = rebuilt_by(state_dir)
+        await plane.rebuild()
+        servers = [i for i, c in enumerate(api.sent) if c.startswith("set server")]
+        assert len(meta_commits(api.sent)) == 2 and meta_commits(api.sent)[0] < min(servers), api.sent
+        second_host = endpoint_host(second.id, domain)
+        answer = await asyncio.to_thread(raw, port, request(second_host, alice, extra="Connection: close\r\n"))
+        assert app_of(answer) == "main2", answer[:300]
+        answer = await asyncio.to_thread(raw, port, request(first_host, alice, extra="Connection: close\r\n"))
+        assert answer.startswith(b"HTTP/1.1 404 "), answer[:300]
+    finally:
+        service.stop()

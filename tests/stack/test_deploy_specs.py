@@ -3,6 +3,7 @@ through a template), and configurations that would leak one or break the jobs ar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from caravan.deploy import DeployConfig, DeployError, IngressSpec, Replicas, check, show, variables
+from caravan.stack.haproxy import ingress_config
 from core.secrets import nomad_token_path, redis_password_path, redis_sentinel_client_path, write_secret
-from core.settings import Settings
+from core.settings import Settings, load_settings
+from gateway.apps.ingress_config import IngressPaths, render
 
 
 @pytest.fixture
@@ -67,6 +70,32 @@ def test_the_ingress_keeps_the_maps_on_its_node_and_the_gateways_go_anywhere(ope
     assert gateway["Env"]["CARAVAN_GATEWAY_KEEPS_MAPS"] == "0" and "CARAVAN_INGRESS_DIR" not in gateway["Env"]
 
 
+def test_the_deployed_ingress_binds_its_clients_address_and_one_machine_loopback(
+    operator: Settings, tmp_path: Path
+) -> None:
+    """Deployed, HAProxy's public and health ports bind the address of the ingress' client (Nomad's, where it checks
+    the health port and where clients reach it) or the configured one; on one machine (``./ops/dev``, the tests),
+    127.0.0.1."""
+
+    def bind(config: DeployConfig) -> str:
+        [task] = json.loads(show(config, operator))["ingress"]["Job"]["TaskGroups"][0]["Tasks"]
+        return str(task["Env"]["CARAVAN_INGRESS_BIND"])
+
+    assert bind(DeployConfig()) == "${NOMAD_IP_health}"
+    assert bind(DeployConfig(ingress=IngressSpec(bind="172.26.255.11"))) == "172.26.255.11"
+
+    def rendered(env: dict[str, str]) -> str:
+        settings = load_settings({"CARAVAN_HOME": str(tmp_path), **env})
+        return render(dataclasses.replace(ingress_config(settings, 8420, 0), health_port=8421), IngressPaths(tmp_path))
+
+    assert "bind 127.0.0.1:8420" in rendered({}) and "bind 127.0.0.1:8421" in rendered({})
+    deployed = rendered({"CARAVAN_INGRESS_BIND": "172.26.255.11"})
+    assert "bind 172.26.255.11:8420" in deployed and "bind 172.26.255.11:8421" in deployed
+    assert "127.0.0.1:842" not in deployed
+    with pytest.raises(ValueError, match="CARAVAN_INGRESS_BIND"):
+        load_settings({"CARAVAN_HOME": str(tmp_path), "CARAVAN_INGRESS_BIND": "edge-1"})
+
+
 @pytest.mark.parametrize(
     ("config", "names"),
     [
@@ -82,6 +111,8 @@ def test_the_ingress_keeps_the_maps_on_its_node_and_the_gateways_go_anywhere(ope
         (DeployConfig(gateway=Replicas(4), ingress=IngressSpec(gateway_slots=4)), "gateway_slots"),
         (DeployConfig(scheduler=Replicas(0)), "scheduler.count"),
         (DeployConfig(python="python3"), "absolute"),
+        (DeployConfig(ingress=IngressSpec(bind="edge-1")), "ingress.bind"),
+        (DeployConfig(env={"CARAVAN_INGRESS_BIND": "0.0.0.0"}), "CARAVAN_INGRESS_BIND"),
     ],
 )
 def test_refused_configurations(config: DeployConfig, names: str) -> None:

@@ -1,0 +1,99 @@
+"""``caravan deploy`` on the multi-host test cluster (``tests/multihost_fixtures.py``: three Nomad servers, two hosts,
+each a network namespace with its own Nomad client): HAProxy pinned to one host binds that host's address on the
+hosts' link (Nomad's ``${NOMAD_IP_health}``: not 127.0.0.1, which is the host's own loopback there) and answers
+the machine at it; its gateway backend holds a gateway on the other host, which serves requests through it.
+
+The deployed jobs reach Redis on the machine's end of the link (a Redis of the test's own, 172.26.255.1, its users'
+passwords as every test Redis's): the tests' Redis listens on the machine's loopback, which no host reaches."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from caravan.deploy import Replicas
+from caravan.stack.multihost import ROOT_ADDRESS, MultiHostCluster, host_address
+from caravan.stack.processes import free_port
+from caravan.stack.redis_server import start_redis
+from core.settings import Settings
+from tests.cluster_fixtures import on_the_cluster
+from tests.conftest import TEST_KEY_PREFIXES
+from tests.deployed import Deployed, config_for, deployed
+from tests.e2e.test_deploy import until
+from tests.harness import ADMIN_TOKEN
+from tests.multihost_fixtures import HOSTS, multihost_cluster  # noqa: F401
+
+pytestmark = [pytest.mark.cluster]
+
+VIEWER = {"query": "{ viewer { id } }"}
+
+
+@pytest.fixture
+def linked_redis(settings: Settings, tmp_path: Path) -> Iterator[str]:
+    """A Redis the hosts reach: on the machine's end of their link (and its loopback), the tests' users."""
+    port = free_port()
+    service = start_redis(
+        tmp_path / "redis",
+        port,
+        log=tmp_path / "redis.log",
+        secrets_dir=settings.secrets,
+        key_prefixes=TEST_KEY_PREFIXES,
+        extra_args=("--bind", "127.0.0.1", ROOT_ADDRESS),
+    )
+    try:
+        yield f"redis://{ROOT_ADDRESS}:{port}/0"
+    finally:
+        service.stop()
+
+
+def served_by(stack: Deployed) -> dict[str, int]:
+    """Requests each gateway replica answered through HAProxy (by its address), from its runtime API."""
+    names = {}
+    for line in stack.runtime("show servers state gateway").splitlines():
+        fields = line.split()
+        if len(fields) > 18 and fields[1] == "gateway":
+            names[fields[3]] = fields[4]
+    rows = csv.DictReader(io.StringIO(stack.runtime("show stat").lstrip("# ")))
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row["pxname"] == "gateway" and row["svname"] in names:
+            address = names[row["svname"]]
+            counts[address] = counts.get(address, 0) + int(row["hrsp_2xx"] or 0)
+    return counts
+
+
+def test_the_deployed_ingress_answers_at_its_hosts_address_through_a_gateway_on_another_host(
+    settings: Settings,
+    multihost_cluster: MultiHostCluster,  # noqa: F811
+    linked_redis: str,
+) -> None:
+    clustered = on_the_cluster(settings, multihost_cluster)
+    clustered = dataclasses.replace(clustered, redis=dataclasses.replace(clustered.redis, url=linked_redis))
+    edge, other = HOSTS[0].name, HOSTS[1].name
+    config = config_for(
+        clustered,
+        {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000"},
+        ingress_node=edge,
+        distinct_hosts=True,  # the two gateways on two hosts
+        scheduler=Replicas(1),
+        idle=Replicas(1),
+    )
+    with deployed(clustered, config) as stack:
+        url = f"http://{host_address(0)}:{config.ingress.port}/graphql"
+        answer = httpx2.post(url, json=VIEWER, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
+        assert answer.json() == {"data": {"viewer": {"id": "admin"}}}, answer.text
+        replicas = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 60, "two gateways")
+        assert {address for address, _ in replicas} == {host_address(0), host_address(1)}, (edge, other, replicas)
+        until(lambda: stack.backend() == replicas, 60, f"HAProxy's backend to list {replicas}")
+        with httpx2.Client(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10) as http:
+            for _ in range(20):
+                assert http.post(url, json=VIEWER).json() == {"data": {"viewer": {"id": "admin"}}}
+        counts = served_by(stack)
+        print(f"deployed on two hosts: requests each gateway answered through HAProxy: {counts}")
+        assert counts.get(host_address(1), 0) > 0, counts
