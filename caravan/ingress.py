@@ -36,7 +36,7 @@ from caravan.stack.processes import Service
 from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
-from gateway.apps.ingress_config import GATEWAY_SLOT, IngressPaths
+from gateway.apps.ingress_config import GATEWAY_BACKENDS, GATEWAY_SLOT, IngressPaths
 from gateway.apps.plane import inode
 from gateway.apps.runtime_api import RuntimeApi, RuntimeApiError
 from gateway.planes import Prefill, planes_running, prefilled
@@ -99,7 +99,7 @@ class Backend:
     async def apply(self, wanted: list[tuple[str, int]]) -> None:
         for replica in [r for r in self.held if r not in wanted]:
             slot = self.held.pop(replica)
-            await self.api.run([f"set server gateway/{GATEWAY_SLOT}{slot} state maint"])
+            await self.api.run([f"set server {b}/{GATEWAY_SLOT}{slot} state maint" for b in GATEWAY_BACKENDS])
             self.freed.append(slot)
             log.info("gateway replica %s:%d out of the backend (slot %d)", *replica, slot)
         for replica in [r for r in wanted if r not in self.held]:
@@ -109,15 +109,13 @@ class Backend:
             if not await serving(*replica):
                 continue  # probed again at the next poll
             slot = self.freed.pop(0)
-            name = f"gateway/{GATEWAY_SLOT}{slot}"
             host, port = replica
-            await self.api.run(
-                [
-                    f"set server {name} addr {host} port {port}",
-                    f"set server {name} health up",
-                    f"set server {name} state ready",
-                ]
-            )
+            commands: list[str] = []
+            for backend in GATEWAY_BACKENDS:
+                name = f"{backend}/{GATEWAY_SLOT}{slot}"
+                commands += [f"set server {name} addr {host} port {port}", f"set server {name} health up"]
+                commands.append(f"set server {name} state ready")
+            await self.api.run(commands)
             self.held[replica] = slot
             log.info("gateway replica %s:%d in the backend (slot %d)", host, port, slot)
 

@@ -99,8 +99,13 @@ class Deployed:
 
     def map_values(self, name: str) -> list[str]:
         """The values of HAProxy's map ``name`` (``tokens``: user ids)."""
+        return list(self.map_entries(name).values())
+
+    def map_entries(self, name: str) -> dict[str, str]:
+        """HAProxy's map ``name``: key -> value (``show map``'s lines: ``<entry id> <key> <value>``)."""
         path = IngressPaths(Path(self.config.home) / "haproxy").map(name)
-        return [line.split()[-1] for line in self.runtime(f"show map {path}").splitlines() if line.strip()]
+        lines = [line.split() for line in self.runtime(f"show map {path}").splitlines() if line.strip()]
+        return {fields[1]: fields[-1] for fields in lines}
 
     def map_keepers(self) -> dict[str, str]:
         """Each control plane's lock in HAProxy's state directory -> the command line of the process holding it

@@ -213,6 +213,9 @@ def gateway_servers(config: IngressConfig) -> list[str]:
 
 GATEWAY_SLOT = "gw"
 """The name of the gateway backend's slots (``gw1``, ``gw2``...) when it has several replicas."""
+GATEWAY_BACKENDS = ("gateway", endpoint_ingress.ACTIVATOR_BACKEND)
+"""HAProxy's backends that list the gateway replicas (:func:`gateway_servers`), their slots filled alike: GraphQL and
+the UI's, and the endpoint activator's."""
 
 
 def endpoint_servers(config: IngressConfig) -> dict[int, dict[str, str]]:
@@ -456,7 +459,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         *endpoint_ingress.sections(
             config.endpoints,
             paths.state_dir,
-            config.gateway_port,
+            gateway_servers(config),
             config.cookie_key,
             paths.error(502),
             endpoint_servers(config),

@@ -27,7 +27,7 @@ Per request, HAProxy alone decides (no Python on the way once an endpoint has a 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from core.settings import EndpointSettings
@@ -38,6 +38,8 @@ META_MAP = "endpoint_meta"
 RATE_TABLE = "endpoint_rate"
 WS_TABLE = "endpoint_websockets"
 ACTIVATOR_HEADER = "x-caravan-activator"
+ACTIVATOR_BACKEND = "endpoint_activator"
+"""HAProxy's backend from the activator's listener to the gateways (the same servers as its ``gateway`` backend)."""
 SERVER_CHECKS = "check inter 1s rise 1 fall 2 observe layer4 error-limit 1 on-error mark-down"
 """A replica that refuses a connection is out at once (``leastconn`` would otherwise send the retry back to it: a
 dead replica has the fewest connections); a TCP check every second brings it back once it listens. The control plane
@@ -230,13 +232,14 @@ def server_lines(servers: Mapping[str, str]) -> list[str]:
 def sections(
     settings: EndpointSettings,
     state_dir: Path,
-    gateway_port: int,
+    gateway_servers: Sequence[str],
     cookie_key: str,
     error_502: Path,
     servers: Servers | None = None,
 ) -> list[str]:
     """The pool of endpoint backends (``servers``: the replicas they start with, ``gateway.planes.prefilled``), the
-    activator's listener, the rate table."""
+    activator's listener (to the gateways: ``gateway_servers``, the lines of HAProxy's gateway backend, whose slots
+    the ingress fills in both backends), the rate table."""
     socket = activator_socket(state_dir)
     lines: list[str] = []
     for slot in range(settings.backends):
@@ -274,10 +277,10 @@ def sections(
         "frontend endpoint_activator",
         f"    bind unix@{socket} mode 600",
         f"    http-request set-header {ACTIVATOR_HEADER} {activator_secret(cookie_key)}",
-        "    default_backend endpoint_activator",
-        "backend endpoint_activator",
+        f"    default_backend {ACTIVATOR_BACKEND}",
+        f"backend {ACTIVATOR_BACKEND}",
         "    timeout server 3600s",
-        f"    server gateway 127.0.0.1:{gateway_port}",
+        *gateway_servers,
         f"backend {RATE_TABLE}",
         "    stick-table type string len 80 size 200k expire 10m store http_req_rate(1s)",
         f"backend {WS_TABLE}",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -62,7 +63,7 @@ def one_leader(stack: Deployed, job: str, count: int) -> str:
 
 
 def test_deploy_brings_caravan_up_on_nomad(settings: Settings) -> None:
-    with deployed(settings, config_for(settings)) as stack:
+    with deployed(settings, config_for(settings, {"CARAVAN_ENDPOINT_HOLD_TIMEOUT": "1"})) as stack:
         assert stack.gql("{ viewer { id } }") == {"viewer": {"id": "admin"}}
         # HAProxy's gateway backend: every replica Nomad runs, and nothing else
         replicas = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 30, "two gateways")
@@ -73,6 +74,18 @@ def test_deploy_brings_caravan_up_on_nomad(settings: Settings) -> None:
         assert sorted(keepers) == ["control.lock", "endpoints.lock"]
         assert all("caravan.cli ingress" in command for command in keepers.values()), keepers
         until(lambda: "admin" in stack.map_values("tokens"), 30, "the admin's token in HAProxy's tokens map")
+
+        # an endpoint with no replica in service: HAProxy hands its request to the activator, in a gateway replica
+        # (before, the activator's backend was 127.0.0.1 and the gateway's port 0: HAProxy's own 503, no wake-up)
+        cold = inference("admin", 9)
+        cold = cold.evolve(kernels=tuple(dataclasses.replace(k, healthy=False) for k in cold.kernels))
+        asyncio.run(stored(settings, cold))
+        host = endpoint_host(cold.id, settings.gateway.apps_domain)
+        until(lambda: host in stack.map_entries("endpoints"), 30, "the endpoint's route in HAProxy")
+        origin = f"http://127.0.0.1:{stack.config.ingress.port}/"
+        answer = httpx2.get(origin, headers={"Host": host, **AUTH}, timeout=30)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "ENDPOINT_COLD", answer.text
 
         session = stack.gql(CREATE, {"input": {"name": "deployed", "type": "INTERACTIVE", "driver": "EXEC"}})
         session_id = session["createSession"]["sessions"][0]["id"]
