@@ -133,7 +133,9 @@ class GroupOccupancy:
             index = self._indexes.get(positions)
             if index is None:
                 members = ((ordinal, self.unused_kinds(ordinal, positions)) for ordinal in self.members(positions))
-                index = self._indexes[positions] = PackingIndex(positions, self._direction, members, self.avail)
+                index = self._indexes[positions] = PackingIndex(
+                    positions, self._direction, members, self.avail, self.capacity
+                )
                 for ordinal in self.members(positions):
                     self._indexes_of[ordinal].append(index)
             known = self._packed[id(demand)] = (index, amounts_of(demand), demand)
