@@ -81,16 +81,15 @@ class _Encoding:
             raise ValueError(f"amount {amount} at slot {self.positions[index]} is outside the index's range")
         return encoded
 
-    def bucket(self, vector: Sequence[int]) -> int:
-        return self.field(0, vector[self.positions[0]]) if self.positions else 0
-
-    def key(self, ordinal: int, vector: Sequence[int]) -> int:
-        """The in-bucket key: fields 1.. and the ordinal."""
-        key = ordinal
+    def encode(self, ordinal: int, vector: Sequence[int]) -> tuple[int, int]:
+        """(bucket value: field 0, in-bucket key: fields 1.. and the ordinal)."""
         positions, shifts = self.positions, self.shifts
+        if not positions:
+            return 0, ordinal
+        key = ordinal
         for index in range(1, len(positions)):
             key |= self.field(index, vector[positions[index]]) << shifts[index]
-        return key
+        return self.field(0, vector[positions[0]]), key
 
     def least(self, index: int, amount: int) -> int:
         """Concentrated: the smallest field ``index`` of an amount >= ``amount``."""
@@ -161,7 +160,7 @@ class PackingIndex:
         self._key_of: list[int] = [0] * len(avail)
         keys_by_tier: dict[int, list[tuple[int, int]]] = {}
         for ordinal, tier in listed:
-            value, key = encoding.bucket(avail[ordinal]), encoding.key(ordinal, avail[ordinal])
+            value, key = encoding.encode(ordinal, avail[ordinal])
             self._value_of[ordinal], self._key_of[ordinal] = value, key
             keys_by_tier.setdefault(tier, []).append((value, key))
         tiers = {tier: _Tier(keys) for tier, keys in keys_by_tier.items()}
@@ -177,7 +176,7 @@ class PackingIndex:
         """Re-sort one member after its available amounts changed."""
         tier = self._tier_of[ordinal]
         assert tier is not None, f"agent {ordinal} is not a member"
-        value, key = self._encoding.bucket(vector), self._encoding.key(ordinal, vector)
+        value, key = self._encoding.encode(ordinal, vector)
         tier.move(self._value_of[ordinal], self._key_of[ordinal], value, key)
         self._value_of[ordinal], self._key_of[ordinal] = value, key
 
