@@ -28,7 +28,7 @@ amounts back (a rolled-back tentative placement, a released reservation) forgets
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from scheduler.agents.vectors import Demand, amounts_of
 
@@ -53,8 +53,8 @@ class _Encoding:
         self,
         positions: tuple[int, ...],
         direction: int,
-        vectors: Sequence[Sequence[int]],
-        capacity: Sequence[Sequence[int]],
+        vectors: list[list[int]],
+        capacity: list[list[int]],
         agents: int,
     ) -> None:
         self.positions = positions
@@ -81,7 +81,7 @@ class _Encoding:
             raise ValueError(f"amount {amount} at slot {self.positions[index]} is outside the index's range")
         return encoded
 
-    def encode(self, ordinal: int, vector: Sequence[int]) -> tuple[int, int]:
+    def encode(self, ordinal: int, vector: list[int]) -> tuple[int, int]:
         """(bucket value: field 0, in-bucket key: fields 1.. and the ordinal)."""
         positions, shifts = self.positions, self.shifts
         if not positions:
@@ -140,11 +140,12 @@ class PackingIndex:
         positions: tuple[int, ...],
         direction: int,
         members: Iterable[tuple[int, int]],
-        avail: Sequence[Sequence[int]],
-        capacity: Sequence[Sequence[int]],
+        avail: list[list[int]],
+        capacity: list[list[int]],
     ) -> None:
         """``members``: (agent ordinal, unused accelerator kinds) of every agent having all ``positions``;
-        ``avail`` and ``capacity``: every agent's amounts (``avail`` is read, never written, by later searches)."""
+        ``avail`` and ``capacity``: every agent's amounts (lists: indexed without a generic call; ``avail`` is
+        read, never written, by later searches)."""
         self.positions = positions
         self.direction = direction
         self._avail = avail
@@ -172,7 +173,7 @@ class PackingIndex:
     def __contains__(self, ordinal: int) -> bool:
         return 0 <= ordinal < len(self._value_of) and self._value_of[ordinal] >= 0
 
-    def update(self, ordinal: int, vector: Sequence[int]) -> None:
+    def update(self, ordinal: int, vector: list[int]) -> None:
         """Re-sort one member after its available amounts changed."""
         tier = self._tier_of[ordinal]
         assert tier is not None, f"agent {ordinal} is not a member"
