@@ -125,22 +125,29 @@ def _run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResu
 
 
 def _slot_names(snapshot: Snapshot) -> set[str]:
-    names: set[str] = set()
+    """Every slot named anywhere. Requests and occupancies are shared objects (presets repeat; the snapshot reader
+    memoizes them): each distinct object is read once, found by identity (no Python-level hash per session)."""
+    distinct: dict[int, ResourceSlots] = {}
     for agent in snapshot.agents:
-        names.update(agent.capacity, agent.occupied)
+        distinct[id(agent.capacity)], distinct[id(agent.occupied)] = agent.capacity, agent.occupied
     for session in snapshot.pending:
         for kernel in session.kernels:
-            names.update(kernel.requested)
+            distinct[id(kernel.requested)] = kernel.requested
     for running in snapshot.running:
-        names.update(running.occupied)
+        distinct[id(running.occupied)] = running.occupied
+    names: set[str] = set()
+    for slots in distinct.values():
+        names.update(slots.keys())
     return names
 
 
 def _entries(
     sessions: Sequence[PendingSession], codec: SlotCodec, config: GroupConfig, context: CheckContext
 ) -> list[QueueEntry]:
-    """One entry per session; the demands of one request are one tuple, shared (sessions mostly reuse presets)."""
+    """One entry per session; the demands of one request are one tuple, shared (sessions mostly reuse presets, as
+    shared objects: found by identity first, which needs no Python-level hash, then by value)."""
     single: dict[ResourceSlots, tuple[Demand]] = {}
+    same: dict[int, tuple[ResourceSlots, tuple[Demand]]] = {}  # id(request) -> (request, kept alive; its demands)
     entries = []
     skip, multi_node = config.retries_to_skip, ClusterMode.MULTI_NODE
     for session in sessions:
@@ -149,7 +156,10 @@ def _entries(
             demands: tuple[Demand, ...] = tuple(codec.demand(kernel.requested) for kernel in kernels)
         else:
             only = kernels[0].requested if len(kernels) == 1 else session.requested
-            demands = single.get(only) or single.setdefault(only, (codec.demand(only),))
+            known = same.get(id(only))
+            if known is None:
+                known = same[id(only)] = (only, single.get(only) or single.setdefault(only, (codec.demand(only),)))
+            demands = known[1]
         pushed_back = skip > 0 and session.retries >= skip  # is_pushed_back, inline
         created = session.created_at.timestamp()
         checked = may_fail(session, context)
@@ -184,12 +194,12 @@ def _total(demands: Sequence[Demand]) -> Demand:
 def _shares(occupancy: GroupOccupancy, running: Sequence[RunningSession]) -> DominantShares:
     capacity = [sum(column) for column in zip(*occupancy.capacity, strict=True)] or [0] * len(occupancy.codec)
     by_user: dict[str, list[int]] = {}
-    dense: dict[ResourceSlots, list[int]] = {}  # running sessions mostly hold a few presets
+    dense: dict[int, list[int]] = {}  # by id: running sessions mostly share a few preset objects (alive meanwhile)
     for session in running:
         held = by_user.setdefault(session.user, [0] * len(occupancy.codec))
-        vector = dense.get(session.occupied)
+        vector = dense.get(id(session.occupied))
         if vector is None:
-            vector = dense[session.occupied] = occupancy.codec.dense(session.occupied, round_up=True)
+            vector = dense[id(session.occupied)] = occupancy.codec.dense(session.occupied, round_up=True)
         for position, amount in enumerate(vector):
             held[position] += amount
     return DominantShares(capacity, by_user)

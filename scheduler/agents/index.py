@@ -2,7 +2,7 @@
 
 One index per request *signature* (the tuple of slot positions a request asks for, in priority order). Agents
 lacking any of those slots are not members. Members are split into tiers by unused accelerator kinds (fewer first)
-and each tier is a list of keys sorted ascending:
+and each tier is sorted ascending by
 
 * concentrated: ``(avail[k1], avail[k2], ..., ordinal)``  - the first key with ``avail[k1] >= need[k1]`` that fits
   on every slot is the smallest fitting key, i.e. the least remaining;
@@ -11,10 +11,13 @@ and each tier is a list of keys sorted ascending:
 
 Agent ordinals follow agent ids, so equal amounts break ties by id exactly as the reference selectors do.
 
-Inside a tier the keys are bucketed by their first amount (a few hundred distinct values at most: amounts are
-multiples of a preset's size), each bucket a sorted list: a search walks the buckets from the first that could fit
-and skips a bucket on its one extreme second amount (its last key for concentrated, its first for dispersed) without
-a bisection, so a bucket short of the second slot costs one comparison.
+Each key is one non-negative ``int`` (``_Encoding``): every amount shifted to a field of fixed width, the ordinal in
+the lowest bits, so the ints sort exactly as those tuples and a bisection compares ints, not tuples. Inside a tier
+the keys are bucketed by their first field (a few hundred distinct values at most: amounts are multiples of a
+preset's size), each bucket a sorted list of the rest of the key: a search walks the buckets from the first that
+could fit and skips a bucket on its one extreme second amount (its last key for concentrated, its first for
+dispersed) without a bisection, so a bucket short of the second slot costs one comparison. Further slots are checked
+against the agent's amounts themselves.
 
 Dispersed also remembers, per request, the bucket where its last search found an agent: the buckets before it held
 no agent that fits, and none ever will while amounts only go down (an agent only moves to a later bucket, and one
@@ -25,8 +28,7 @@ amounts back (a rolled-back tentative placement, a released reservation) forgets
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterable, Sequence
-from operator import itemgetter
+from collections.abc import Iterable
 
 from scheduler.agents.vectors import Demand, amounts_of
 
@@ -36,93 +38,100 @@ CONCENTRATED = 1
 DISPERSED = -1
 
 
+class _Encoding:
+    """Amounts at ``positions`` as fields of one int: field ``i`` is ``direction * amount + bases[i]``, never
+    negative, ``shifts[i]`` bits up; the ordinal takes the lowest ``shifts[-1]`` bits. Field 0 is the bucket value,
+    the others and the ordinal the key inside the bucket.
+
+    The bounds come from the pass's invariants: an agent's amount never rises above where the pass found it (only
+    placements and holds are taken, and only they are given back), and falls below zero only by one hold of at most
+    its capacity; ``field`` checks them anyway (a wrong order would place silently wrong)."""
+
+    __slots__ = ("bases", "direction", "mask", "positions", "shifts", "spans")
+
+    def __init__(
+        self,
+        positions: tuple[int, ...],
+        direction: int,
+        vectors: list[list[int]],
+        capacity: list[list[int]],
+        agents: int,
+    ) -> None:
+        self.positions = positions
+        self.direction = direction
+        self.bases: list[int] = []
+        self.spans: list[int] = []
+        for position in positions:
+            amounts = [vector[position] for vector in vectors]
+            most_held = max([vector[position] for vector in capacity], default=0)
+            high = max([most_held, *amounts])
+            low = min([0, *amounts]) - most_held
+            self.bases.append(-low if direction == CONCENTRATED else high)
+            self.spans.append(high - low)
+        self.shifts = [0] * len(positions)
+        shift = max(agents - 1, 1).bit_length()
+        self.mask = (1 << shift) - 1
+        for field in range(len(positions) - 1, 0, -1):
+            self.shifts[field] = shift
+            shift += self.spans[field].bit_length()
+
+    def field(self, index: int, amount: int) -> int:
+        encoded = self.direction * amount + self.bases[index]
+        if not 0 <= encoded <= self.spans[index]:
+            raise ValueError(f"amount {amount} at slot {self.positions[index]} is outside the index's range")
+        return encoded
+
+    def encode(self, ordinal: int, vector: list[int]) -> tuple[int, int]:
+        """(bucket value: field 0, in-bucket key: fields 1.. and the ordinal)."""
+        positions, shifts = self.positions, self.shifts
+        if not positions:
+            return 0, ordinal
+        key = ordinal
+        for index in range(1, len(positions)):
+            key |= self.field(index, vector[positions[index]]) << shifts[index]
+        return self.field(0, vector[positions[0]]), key
+
+    def least(self, index: int, amount: int) -> int:
+        """Concentrated: the smallest field ``index`` of an amount >= ``amount``."""
+        return amount + self.bases[index]
+
+    def most(self, index: int, amount: int) -> int:
+        """Dispersed: the largest field ``index`` of an amount >= ``amount``."""
+        return self.bases[index] - amount
+
+
 class _Tier:
-    """The keys of one tier, bucketed by their first component: sorted ``values`` and, in the same order, ``lists``
-    (one sorted list of keys per value; ``buckets`` maps a value to its list)."""
+    """The keys of one tier, bucketed by their first field: sorted ``values`` and, in the same order, ``lists`` (one
+    sorted list of in-bucket keys per value; ``buckets`` maps a value to its list)."""
 
     __slots__ = ("buckets", "lists", "starts", "values")
 
-    def __init__(self, keys: list[tuple[int, ...]]) -> None:
-        self.buckets: dict[int, list[tuple[int, ...]]] = {}
-        for key in sorted(keys):
-            self.buckets.setdefault(key[0], []).append(key)
+    def __init__(self, keys: list[tuple[int, int]]) -> None:
+        self.buckets: dict[int, list[int]] = {}
+        for value, key in sorted(keys):
+            self.buckets.setdefault(value, []).append(key)
         self.values = sorted(self.buckets)
         self.lists = [self.buckets[value] for value in self.values]  # a scan walks these without a dict lookup
         self.starts: dict[tuple[int, ...], int] = {}  # dispersed: need -> first bucket value that may fit it
 
-    def move(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
-        """Replace ``old`` by ``new`` (the one operation of every placement, in one step)."""
+    def move(self, old_value: int, old: int, new_value: int, new: int) -> None:
+        """Replace key ``old`` of bucket ``old_value`` by ``new`` of ``new_value`` (every placement, in one step)."""
         buckets = self.buckets
-        bucket = buckets[old[0]]
-        del bucket[bisect_left(bucket, old)]
+        bucket = buckets[old_value]
+        bucket.pop(bisect_left(bucket, old))  # pop, not del: compiled, a direct list call
         if not bucket:
-            del buckets[old[0]]
-            position = bisect_left(self.values, old[0])
-            del self.values[position]
-            del self.lists[position]
-        target = buckets.get(new[0])
+            del buckets[old_value]
+            position = bisect_left(self.values, old_value)
+            self.values.pop(position)
+            self.lists.pop(position)
+        target = buckets.get(new_value)
         if target is None:
-            target = buckets[new[0]] = [new]
-            position = bisect_left(self.values, new[0])
-            self.values.insert(position, new[0])
+            target = buckets[new_value] = [new]
+            position = bisect_left(self.values, new_value)
+            self.values.insert(position, new_value)
             self.lists.insert(position, target)
         else:
             insort(target, new)
-
-    def first(self) -> int | None:
-        return self.lists[0][0][-1] if self.lists else None
-
-    def scan_up(self, need: tuple[int, ...]) -> int | None:
-        """Concentrated: the smallest key with every amount >= need."""
-        lists = self.lists
-        start = bisect_left(self.values, need[0])
-        if len(need) == 1:
-            return lists[start][0][-1] if start < len(lists) else None
-        second, size = need[1], len(need)
-        for position in range(start, len(lists)):
-            bucket = lists[position]
-            if bucket[-1][1] < second:  # even its most of the second slot is short
-                continue
-            for index in range(bisect_left(bucket, (bucket[0][0], second)), len(bucket)):
-                key = bucket[index]
-                slot = 2
-                while slot < size and key[slot] >= need[slot]:
-                    slot += 1
-                if slot == size:
-                    return key[-1]
-        return None
-
-    def scan_down(self, need: tuple[int, ...]) -> int | None:
-        """Dispersed (keys negated): the smallest key with every negated amount <= -need."""
-        values, lists = self.values, self.lists
-        if len(need) == 1:
-            return lists[0][0][-1] if values and values[0] <= -need[0] else None
-        first, second, size = -need[0], -need[1], len(need)
-        start = self.starts.get(need)
-        for position in range(0 if start is None else bisect_left(values, start), len(values)):
-            value = values[position]
-            if value > first:  # from here on avail[k1] < need[k1]: nothing later fits
-                return None
-            bucket = lists[position]
-            if bucket[0][1] > second:  # even its most of the second slot is short
-                continue
-            for key in bucket:  # a bucket starts with its most of the second slot: once short, the rest is
-                if key[1] > second:
-                    break
-                slot = 2
-                while slot < size and key[slot] <= -need[slot]:
-                    slot += 1
-                if slot == size:
-                    self.starts[need] = value
-                    return key[-1]
-        return None
-
-
-def _picker(positions: tuple[int, ...]) -> Callable[[Sequence[int]], tuple[int, ...]]:
-    """``vector -> tuple(vector[p] for p in positions)``, in C for two positions or more (one per placement)."""
-    if len(positions) > 1:
-        return itemgetter(*positions)
-    return lambda vector: tuple([vector[position] for position in positions])
 
 
 class PackingIndex:
@@ -131,41 +140,46 @@ class PackingIndex:
         positions: tuple[int, ...],
         direction: int,
         members: Iterable[tuple[int, int]],
-        avail: Sequence[Sequence[int]],
+        avail: list[list[int]],
+        capacity: list[list[int]],
     ) -> None:
-        """``members``: (agent ordinal, unused accelerator kinds) of every agent having all ``positions``."""
+        """``members``: (agent ordinal, unused accelerator kinds) of every agent having all ``positions``;
+        ``avail`` and ``capacity``: every agent's amounts (lists: indexed without a generic call; ``avail`` is
+        read, never written, by later searches)."""
         self.positions = positions
         self.direction = direction
-        self._pick = _picker(positions)
-        tier_numbers: dict[int, int] = {}
-        self._key_of: list[tuple[int, ...]] = [()] * len(avail)  # by ordinal (lists: cheaper than dicts); () = none
-        keys_by_tier: dict[int, list[tuple[int, ...]]] = {}
-        for ordinal, tier in members:
-            key = self._key(ordinal, avail[ordinal])
-            tier_numbers[ordinal] = tier
-            self._key_of[ordinal] = key
-            keys_by_tier.setdefault(tier, []).append(key)
+        self._avail = avail
+        listed = list(members)
+        self._encoding = encoding = _Encoding(
+            positions,
+            direction,
+            [avail[ordinal] for ordinal, _ in listed],
+            [capacity[ordinal] for ordinal, _ in listed],
+            len(avail),
+        )
+        self._value_of: list[int] = [-1] * len(avail)  # by ordinal (lists: cheaper than dicts); -1 = not a member
+        self._key_of: list[int] = [0] * len(avail)
+        keys_by_tier: dict[int, list[tuple[int, int]]] = {}
+        for ordinal, tier in listed:
+            value, key = encoding.encode(ordinal, avail[ordinal])
+            self._value_of[ordinal], self._key_of[ordinal] = value, key
+            keys_by_tier.setdefault(tier, []).append((value, key))
         tiers = {tier: _Tier(keys) for tier, keys in keys_by_tier.items()}
         self._tier_order = [tiers[tier] for tier in sorted(tiers)]
         self._tier_of: list[_Tier | None] = [None] * len(avail)
-        for ordinal, tier in tier_numbers.items():
+        for ordinal, tier in listed:
             self._tier_of[ordinal] = tiers[tier]
 
     def __contains__(self, ordinal: int) -> bool:
-        return 0 <= ordinal < len(self._key_of) and bool(self._key_of[ordinal])
+        return 0 <= ordinal < len(self._value_of) and self._value_of[ordinal] >= 0
 
-    def _key(self, ordinal: int, vector: Sequence[int]) -> tuple[int, ...]:
-        if self.direction == CONCENTRATED:
-            return (*self._pick(vector), ordinal)
-        return (*[-vector[position] for position in self.positions], ordinal)
-
-    def update(self, ordinal: int, vector: Sequence[int]) -> None:
+    def update(self, ordinal: int, vector: list[int]) -> None:
         """Re-sort one member after its available amounts changed."""
-        new = self._key(ordinal, vector)
         tier = self._tier_of[ordinal]
         assert tier is not None, f"agent {ordinal} is not a member"
-        tier.move(self._key_of[ordinal], new)
-        self._key_of[ordinal] = new
+        value, key = self._encoding.encode(ordinal, vector)
+        tier.move(self._value_of[ordinal], self._key_of[ordinal], value, key)
+        self._value_of[ordinal], self._key_of[ordinal] = value, key
 
     def forget_starts(self) -> None:
         """Amounts went up (a rollback, a released reservation): a skipped bucket may fit again."""
@@ -180,11 +194,59 @@ class PackingIndex:
         """``find`` given the demand's amounts (``vectors.amounts_of``)."""
         for tier in self._tier_order:
             if not need:
-                found = tier.first()
+                found = tier.lists[0][0] & self._encoding.mask if tier.lists else None
             elif self.direction == CONCENTRATED:
-                found = tier.scan_up(need)
+                found = self._scan_up(tier, need)
             else:
-                found = tier.scan_down(need)
+                found = self._scan_down(tier, need)
             if found is not None:
                 return found
+        return None
+
+    def _fits_beyond_second(self, ordinal: int, need: tuple[int, ...]) -> bool:
+        vector, positions = self._avail[ordinal], self.positions
+        slot, size = 2, len(need)
+        while slot < size and vector[positions[slot]] >= need[slot]:
+            slot += 1
+        return slot == size
+
+    def _scan_up(self, tier: _Tier, need: tuple[int, ...]) -> int | None:
+        """Concentrated: the smallest key with every amount >= need."""
+        encoding, lists = self._encoding, tier.lists
+        start = bisect_left(tier.values, encoding.least(0, need[0]))
+        if len(need) == 1:
+            return lists[start][0] & encoding.mask if start < len(lists) else None
+        second = encoding.least(1, need[1]) << encoding.shifts[1]  # the least in-bucket key with enough of slot 2
+        for position in range(start, len(lists)):
+            bucket = lists[position]
+            if bucket[-1] < second:  # even its most of the second slot is short
+                continue
+            for index in range(bisect_left(bucket, second), len(bucket)):
+                ordinal = bucket[index] & encoding.mask
+                if self._fits_beyond_second(ordinal, need):
+                    return ordinal
+        return None
+
+    def _scan_down(self, tier: _Tier, need: tuple[int, ...]) -> int | None:
+        """Dispersed (fields of negated amounts): the smallest key whose every amount >= need."""
+        encoding, values, lists = self._encoding, tier.values, tier.lists
+        first = encoding.most(0, need[0])
+        if len(need) == 1:
+            return lists[0][0] & encoding.mask if values and values[0] <= first else None
+        beyond = (encoding.most(1, need[1]) + 1) << encoding.shifts[1]  # in-bucket keys short of slot 2 and up
+        start = tier.starts.get(need)
+        for position in range(0 if start is None else bisect_left(values, start), len(values)):
+            value = values[position]
+            if value > first:  # from here on avail[k1] < need[k1]: nothing later fits
+                return None
+            bucket = lists[position]
+            if bucket[0] >= beyond:  # even its most of the second slot is short
+                continue
+            for key in bucket:  # a bucket starts with its most of the second slot: once short, the rest is
+                if key >= beyond:
+                    break
+                ordinal = key & encoding.mask
+                if self._fits_beyond_second(ordinal, need):
+                    tier.starts[need] = value
+                    return ordinal
         return None

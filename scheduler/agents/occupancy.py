@@ -45,7 +45,12 @@ class GroupOccupancy:
             [cap - used for cap, used in zip(capacity, codec.dense(agent.occupied, round_up=True), strict=True)]
             for capacity, agent in zip(self.capacity, ordered, strict=True)
         ]
-        self._kinds = [accelerator_kinds(agent.capacity) for agent in ordered]
+        kinds: dict[tuple[str, ...], frozenset[str]] = {}  # agents come in a few shapes: each computed once
+        self._kinds = [
+            kinds.get(names) or kinds.setdefault(names, accelerator_kinds(names))
+            for names in (tuple(agent.capacity.keys()) for agent in ordered)
+        ]
+        self._asked_kinds: dict[tuple[int, ...], frozenset[str]] = {}
         self._direction = direction
         self._indexes: dict[tuple[int, ...], PackingIndex] = {}
         self._packed: dict[int, tuple[PackingIndex, tuple[int, ...], Demand]] = {}  # id(demand) -> index, amounts
@@ -72,7 +77,10 @@ class GroupOccupancy:
         return self._members[positions]
 
     def unused_kinds(self, ordinal: int, positions: tuple[int, ...]) -> int:
-        return len(self._kinds[ordinal] - {device_prefix(self.codec.names[p]) for p in positions})
+        asked = self._asked_kinds.get(positions)
+        if asked is None:
+            asked = self._asked_kinds[positions] = frozenset(device_prefix(self.codec.names[p]) for p in positions)
+        return len(self._kinds[ordinal] - asked)
 
     def never_fits(self, demand: Demand) -> bool:
         """True when no agent could host ``demand`` even when empty."""
@@ -133,7 +141,9 @@ class GroupOccupancy:
             index = self._indexes.get(positions)
             if index is None:
                 members = ((ordinal, self.unused_kinds(ordinal, positions)) for ordinal in self.members(positions))
-                index = self._indexes[positions] = PackingIndex(positions, self._direction, members, self.avail)
+                index = self._indexes[positions] = PackingIndex(
+                    positions, self._direction, members, self.avail, self.capacity
+                )
                 for ordinal in self.members(positions):
                     self._indexes_of[ordinal].append(index)
             known = self._packed[id(demand)] = (index, amounts_of(demand), demand)
