@@ -95,3 +95,25 @@ async def test_a_wrong_final_state_keeps_its_allocations_events(nomad_agent: Any
     (alloc,) = json.loads((tmp_path / "wrong_final" / f"{session}.json").read_text())
     events = alloc["TaskStates"]["kernel"]["Events"]
     assert [e["Details"].get("exit_code") for e in events if e["Type"] == "Terminated"] == ["3"]
+
+
+def test_a_dependent_of_a_session_that_gave_up_is_rightly_cancelled() -> None:
+    """The long run of session 15: 7 batch sessions CANCELLED ``dependency-failed`` because the session they depend on
+    ran out of its start retries (or was itself so cancelled) were counted as wrong final states."""
+    chaos = chaos_module()
+    parent, child, grandchild, other = (
+        chaos.Expected(f"s{i}", f"n{i}", "batch", 0, depends) for i, depends in enumerate((None, "s0", "s1", None))
+    )
+    orphan_of_a_result = chaos.Expected("s4", "n4", "batch", 3, "s3")
+    cancelled = shown("CANCELLED", "dependency-failed", "", None)
+    states = {
+        "s0": shown("ERROR", "failed-to-start", DETAIL, None),
+        "s1": cancelled,
+        "s2": cancelled,
+        "s3": shown("TERMINATED", "task-finished", None, 0),
+        "s4": cancelled,  # its dependency ended with 0: it had to run
+    }
+    work = SimpleNamespace(sessions=[parent, child, grandchild, other, orphan_of_a_result])
+    lost, wrong, given_up, dependents = chaos.final_states(work, states)
+    assert (len(lost), len(given_up), len(dependents)) == (0, 1, 2)
+    assert [line.split()[2] for line in wrong] == ["s4:"]
