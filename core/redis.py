@@ -89,7 +89,7 @@ class SentinelReconnects(SentinelManagedConnection):
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         if not self.is_connected:
-            await self.connect()  # the Sentinel-aware connect: asks for the primary again
+            await self.connect()  # type: ignore[no-untyped-call]  # Sentinel-aware: asks for the primary again
         await super().send_packed_command(command, check_health)
 
 
