@@ -143,8 +143,10 @@ async def until_sigterm(service: Coroutine[Any, Any, None]) -> None:
 @contextlib.asynccontextmanager
 async def serve_health(settings: Settings, redis: Redis, lease: Lease) -> AsyncIterator[None]:
     """With ``CARAVAN_HEALTH_PORT``: answer any HTTP request there with 200 and ``{"leading": <bool>}`` (whether this
-    process holds its lease now, read from Redis; ``null`` while Redis cannot say): Nomad's check of a deployed
-    scheduler or idle checker (``caravan deploy``), and how to see which replica leads."""
+    process leads a term and still holds its lease, read from Redis; ``null`` while Redis cannot say): Nomad's check of
+    a deployed scheduler or idle checker (``caravan deploy``), and how to see which replica leads. A lease of its own
+    in Redis is not enough: a standby's refused attempt may leave one there (bench/chaos paused such a standby,
+    named leader by its health, while nobody led)."""
     if settings.health_port is None:
         yield
         return
@@ -154,7 +156,10 @@ async def serve_health(settings: Settings, redis: Redis, lease: Lease) -> AsyncI
             async with asyncio.timeout(2):
                 await reader.readuntil(b"\r\n\r\n")
                 try:
-                    leading: bool | None = await redis.get(lease.key) in (lease.holder, lease.holder.encode())
+                    leading: bool | None = lease.term is not None and await redis.get(lease.key) in (
+                        lease.holder,
+                        lease.holder.encode(),
+                    )
                 except RedisError:
                     leading = None
             body = json.dumps({"leading": leading}).encode()

@@ -80,10 +80,27 @@ class ReplicaRefusals(AbstractConnection):
             raise
 
 
+class SentinelReconnects(SentinelManagedConnection):
+    """A Sentinel-managed connection that, broken, connects again to the primary the Sentinels name now. redis-py
+    (8.1) reconnects a broken connection on its next command to the address it had (``send_packed_command``), not
+    through the Sentinels as a new connection does: a transaction's ``UNWATCH`` after its primary was killed reconnected
+    to that port, where the node was back as a replica, and the pool handed the connection out again; every attempt
+    then read ``READONLY`` there and began again at once (bench/chaos: a gateway spun on it at start, never ready)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self.is_connected:
+            await self.connect()  # type: ignore[no-untyped-call]  # Sentinel-aware: asks for the primary again
+        await super().send_packed_command(command, check_health)
+
+
 def with_hiredis_packing(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
     """``connection_class`` (plain, TLS, Unix socket or Sentinel-managed) packing with hiredis, reading
-    ``NOREPLICAS`` as :class:`NotReplicated`."""
-    return type(f"Hiredis{connection_class.__name__}", (HiredisPacking, ReplicaRefusals, connection_class), {})
+    ``NOREPLICAS`` as :class:`NotReplicated`; a Sentinel-managed one reconnecting through the Sentinels
+    (:class:`SentinelReconnects`)."""
+    bases: tuple[type[AbstractConnection], ...] = (HiredisPacking, ReplicaRefusals)
+    if issubclass(connection_class, SentinelManagedConnection):
+        bases += (SentinelReconnects,)
+    return type(f"Hiredis{connection_class.__name__}", (*bases, connection_class), {})
 
 
 class ReplicatedPipeline(Pipeline):

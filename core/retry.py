@@ -49,8 +49,9 @@ async def forever(name: str, step: Callable[[], Awaitable[None]], *, pause: floa
             delay = min(delay * 2, 5.0)
 
 
-async def with_backoff(name: str, step: Callable[[], Awaitable[T]]) -> T:
-    """``step``'s result, retrying transient failures with backoff for as long as it takes."""
+async def with_backoff(name: str, step: Callable[[], Awaitable[T]], *, max_delay: float = 5.0) -> T:
+    """``step``'s result, retrying transient failures with backoff (at most ``max_delay`` apart) for as long as it
+    takes."""
     delay = 0.2
     while True:
         stop_if_cancelled()
@@ -60,7 +61,7 @@ async def with_backoff(name: str, step: Callable[[], Awaitable[T]]) -> T:
             stop_if_cancelled(exc)
             log.warning("%s: %s; retrying in %.1fs", name, exc, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, max_delay)
             continue
         stop_if_cancelled()  # a caller asked to stop must not go on with the result
         return result

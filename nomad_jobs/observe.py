@@ -89,12 +89,18 @@ def setup_failed(state: Mapping[str, Any]) -> bool:
     its task ended on its own? Either before the task ever started, or at its client's restart: a client killed just
     after starting a task (before it kept the allocation's network in its state) finds ``network already configured
     but not found in state`` when it restarts, fails the allocation and kills the task it had started (exit 130, 137 or
-    143: Nomad's signal, found by bench/chaos). Either way the task's end is not the command's result."""
+    143: Nomad's signal, found by bench/chaos). Either way the task's end is not the command's result.
+
+    Only the task's last run counts (its events from the last ``Started``), and in it only a ``Terminated`` before the
+    run's FIRST set-up failure is the command's own end: Nomad 1.11.3 persists each event as it comes (``EmitEvent``),
+    so a client killed again between the kill's ``Terminated`` and the task's ``dead`` state restores a task still
+    "running" whose events already read ``Setup Failure, Terminated`` (Nomad's kill, 143), and fails its set-up once
+    more at that restart: ``Setup Failure, Terminated, [Restore Failed,] Setup Failure`` (bench/chaos, session 14)."""
     kinds = [event.get("Type") for event in state.get("Events") or []]
-    if SETUP_FAILURE not in kinds:
+    run = kinds[len(kinds) - 1 - kinds[::-1].index("Started") :] if "Started" in kinds else kinds
+    if SETUP_FAILURE not in run:
         return False
-    last = len(kinds) - 1 - kinds[::-1].index(SETUP_FAILURE)
-    return "Terminated" not in kinds[:last]  # a task that had ended before the failure had its own result
+    return "Terminated" not in run[: run.index(SETUP_FAILURE)]  # a task that had ended before it had its own result
 
 
 def command_started(state: Mapping[str, Any]) -> bool:

@@ -20,14 +20,17 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ReadOnlyError
 
-from caravan.stack.redis_sentinel import SentinelGroup, start_sentinel_group
+from caravan.stack.redis_sentinel import SentinelGroup, data_node_users, start_sentinel_group
+from caravan.stack.redis_server import start_redis
 from core.keys import Keys
 from core.lease import Lease
 from core.redis import NotReplicated, client
 from core.retry import TRANSIENT
 from core.settings import RedisSettings, Settings
+from core.transactions import transact
 from domain.model import Driver, Kernel, Session, SessionType
 from domain.schedules import RunOutcome
 from stores.schedules import ScheduleStore
@@ -371,3 +374,54 @@ async def test_a_new_primary_leaves_the_sentinel_connections_in_use_open(gateway
     finally:
         await sentinel.connection_pool.release(held)
     assert await gateway_redis.ping()
+
+
+def restart_as_replica(group: SentinelGroup, old: int, primary: int) -> None:
+    """The killed node started again on its port, following ``primary`` (as bench/chaos brings a killed one back)."""
+    node = group.node(old)
+    argv = [str(a) for a in node.service.process.args]  # type: ignore[union-attr]
+    kept = argv[argv.index("--masteruser") :]
+    kept = kept[: kept.index("--replicaof")] if "--replicaof" in kept else kept
+    index = group.nodes.index(node)
+    state_dir = Path(argv[argv.index("--dir") + 1])
+    node.service = start_redis(
+        state_dir,
+        old,
+        log=state_dir.parent / f"redis-{index}.log",
+        secrets_dir=group.secrets_dir,
+        key_prefixes=KEY_PREFIXES,
+        extra_users=data_node_users(group.secrets_dir),
+        extra_args=[*kept, "--replicaof", "127.0.0.1", str(primary)],
+        name=f"redis-{index}",
+    )
+
+
+async def test_a_transaction_cut_by_a_failover_goes_to_the_new_primary(
+    group: SentinelGroup, gateway_redis: Redis, settings: Settings
+) -> None:
+    """A WATCHed transaction whose primary is killed and comes back at once as a replica (same port) is written on the
+    new primary. Found by bench/chaos: redis-py (8.1) reconnected the broken connection to the same address to send
+    ``UNWATCH`` (not asking the Sentinels), handed it back to the pool connected to the replica, and each new attempt
+    there read ``READONLY`` and started again at once: a gateway spun on it at start, never ready, until killed."""
+    key = f"{settings.redis.prefix}:transaction"
+    await gateway_redis.set(key, "before")  # the pool's connection, to the primary
+    old = group.primary_port()
+    assert old is not None
+    attempts = 0
+
+    async def attempt(pipe: Pipeline) -> None:
+        nonlocal attempts
+        attempts += 1
+        assert attempts <= 5, f"{attempts} attempts: spinning on the demoted primary"
+        await pipe.watch(key)
+        if attempts == 1:  # FAULT: the primary killed under the transaction, back at once as a replica
+            kill_primary(group)
+            new = await new_primary(group, old)
+            restart_as_replica(group, old, new)
+            await until(lambda: group.admin(old).role()[0] == "slave", what="the old primary following the new one")
+        pipe.multi()
+        pipe.set(key, "after")
+        await pipe.execute()
+
+    await transact(gateway_redis, attempt)
+    assert await gateway_redis.get(key) == "after"

@@ -282,3 +282,53 @@ def test_a_set_up_failure_before_or_after_the_start_is_not_the_commands_result()
     assert seen.detail is not None and seen.detail.endswith("the task it had started was killed by Nomad"), seen.detail
     ended_first = {**state, "Events": [{"Type": "Started"}, {**killed, "Details": {"exit_code": "3"}}, setup]}
     assert observe_allocation({**broken, "TaskStates": {"kernel": ended_first}}).setup_failed is False
+
+
+SETUP = {
+    "Type": "Setup Failure",
+    "Details": {"setup_error": 'failed to setup alloc: pre-run hook "network" failed: network already configured'},
+}
+
+
+def ended(*events: dict[str, Any]) -> Any:
+    """A failed BATCH allocation whose kernel task's events are ``events``."""
+    pulled = answer("allocation-docker-image-missing-batch")
+    state = {**pulled["TaskStates"]["kernel"], "Events": [{"Type": "Received"}, *events]}
+    return observe_allocation({**pulled, "TaskStates": {"kernel": state}})
+
+
+def terminated(code: int) -> dict[str, Any]:
+    return {"Type": "Terminated", "Details": {"exit_code": str(code)}}
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        # the client killed again between Nomad's kill (after the first set-up failure) and the task's dead state: at
+        # the next restart the task is restored "running" with those events, and its set-up fails once more
+        # (Nomad 1.11.3's EmitEvent persists each event; bench/chaos session 14: `wrong_final` exit 143)
+        [{"Type": "Started"}, SETUP, terminated(143), {"Type": "Restore Failed"}, SETUP],
+        [{"Type": "Started"}, SETUP, terminated(143), SETUP],
+        # an earlier run ended (restarted in place), the last run failed its set-up before it ended
+        [{"Type": "Started"}, terminated(143), {"Type": "Restarting"}, {"Type": "Started"}, SETUP],
+    ],
+)
+def test_nomads_kill_after_a_set_up_failure_is_never_the_commands_result(events: list[dict[str, Any]]) -> None:
+    seen = ended(*events)
+    assert (seen.status, seen.reason, seen.exit_code, seen.setup_failed, seen.command_started) == (
+        S.ERROR,
+        "failed-to-start",
+        None,
+        True,
+        True,
+    )
+
+
+def test_a_commands_own_end_before_a_set_up_failure_stays_its_result() -> None:
+    # the command ended on its own (even with 143, `exit 143`), then its client restarted and failed the set-up
+    for code in (3, 143):
+        seen = ended({"Type": "Started"}, terminated(code), SETUP)
+        assert (seen.status, seen.exit_code, seen.setup_failed) == (S.TERMINATED, code, False)
+    # a set-up failure of an earlier run is not the last run's end
+    seen = ended(SETUP, {"Type": "Started"}, terminated(0))
+    assert (seen.status, seen.exit_code, seen.setup_failed) == (S.TERMINATED, 0, False)
