@@ -40,6 +40,7 @@ from gateway.graphql.websocket import RateLimitedTransportWS, accept_connection
 from gateway.kernel_exec import ExecSlots, exec_limits_from_env
 from gateway.log_follows import LogFollows
 from gateway.nomad_shares import NomadShares
+from gateway.outages import OutageAnswers
 from gateway.planes import planes_running
 from gateway.prometheus import Metrics
 from gateway.revocations import RevocationWatch
@@ -195,7 +196,12 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
         lifespan=lifespan,
         exception_handlers={ClientDisconnect: client_gone},
         # app origins (domain.apps) and endpoint hosts (domain.endpoint_routes) before the routes
-        middleware=[Middleware(AppOrigins, state=state), Middleware(EndpointActivator, state=state)],
+        # outermost: an outage in them answers 503 UNAVAILABLE (gateway.outages), not 500
+        middleware=[
+            Middleware(OutageAnswers),
+            Middleware(AppOrigins, state=state),
+            Middleware(EndpointActivator, state=state),
+        ],
     )
 
 

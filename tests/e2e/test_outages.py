@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from urllib.parse import urlparse
 
+from core.secrets import ensure_app_cookie_key
 from core.settings import Settings
+from domain.apps import app_host
+from domain.endpoint_routes import endpoint_host
+from gateway.apps.ingress_config import LAUNCH_PATH
+from gateway.endpoints.ingress import ACTIVATOR_HEADER, activator_secret
 from tests.faults import NetworkCut
 from tests.harness import CREATE, GraphQLErrors, running_caravan
 
@@ -28,6 +34,18 @@ async def test_gateway_answers_unavailable_without_redis(settings: Settings) -> 
                     raise AssertionError("expected UNAVAILABLE")
             ready = await caravan.http.get(caravan.url.replace("/graphql", "/readyz"))
             assert ready.status_code == 503 and ready.json()["redis"] != "ok"
+            # what reads Redis before the routes (an app's launch exchange, the endpoint activator) answers as they
+            # do: 503 UNAVAILABLE, retry (before: Starlette's 500 and a traceback in the log)
+            root = caravan.url.replace("/graphql", "/")
+            domain = settings.gateway.apps_domain
+            activator = {ACTIVATOR_HEADER: activator_secret(ensure_app_cookie_key(settings.secrets))}
+            for host, path, headers in (
+                (app_host("web", str(uuid.uuid4()), domain), LAUNCH_PATH.lstrip("/") + "?code=x", {}),
+                (endpoint_host(str(uuid.uuid4()), domain), "", activator),
+            ):
+                answer = await caravan.http.get(root + path, headers={"Host": host, **headers})
+                assert answer.status_code == 503, (host, answer.status_code, answer.text)
+                assert answer.json()["error"]["code"] == "UNAVAILABLE" and answer.headers["retry-after"] == "1"
             cut.set_cut(False)
             assert (await caravan.gql("{ viewer { id } }"))["viewer"]["id"] == "admin"
 

@@ -1,0 +1,54 @@
+"""The gateway's outermost ASGI middleware: an outage (Redis away, a failover under way) that reaches no answer of its
+own is answered ``503 UNAVAILABLE`` with ``Retry-After`` (a WebSocket not accepted yet: closed 1013, try again later),
+never Starlette's ``500`` with a traceback in the log.
+
+The GraphQL view types its own outage errors; what reaches this is what runs before the routes: the app origins'
+launch exchange (``gateway.apps.proxy``) and the endpoint activator (``gateway.endpoints.activator``), which read Redis
+for every request on their hosts. An outage after the answer began is not answerable: it is raised as before (the
+server closes the connection). Each answer is counted in the process's log of outages (``gateway.outage_log``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.graphql.errors import OUTAGES, REPORTER
+
+RETRY_AFTER = 1
+"""Seconds a client is asked to wait: a Sentinel failover takes a few, and most outages here are one."""
+BODY = json.dumps({"error": {"code": "UNAVAILABLE", "message": "the service is unavailable; retry shortly"}}).encode()
+
+
+class OutageAnswers:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        answered = False
+
+        async def sending(message: Message) -> None:
+            nonlocal answered
+            answered = answered or message["type"] in ("http.response.start", "websocket.accept", "websocket.close")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except OUTAGES as exc:
+            if answered:
+                raise
+            REPORTER.answered(exc)
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1013, "reason": "UNAVAILABLE"})
+                return
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(BODY)).encode()),
+                (b"retry-after", str(RETRY_AFTER).encode()),
+            ]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": BODY})
