@@ -93,11 +93,29 @@ class SentinelReconnects(SentinelManagedConnection):
         await super().send_packed_command(command, check_health)
 
 
+class ClosedTransports(AbstractConnection):
+    """A write on a connection whose peer has closed it read as the connection error it is. Under uvloop (the
+    services' event loop) writing to a transport closed by the peer raises ``RuntimeError`` ("the handler is
+    closed"), which redis-py lets through, where asyncio's own loop drops the write and the read that follows fails
+    as a ``ConnectionError``: found by bench/chaos, a primary that closed a connection just made to it (killed, or
+    demoted by a failover) during its ``HELLO``, and the gateway answered ``createSession`` with INTERNAL."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except RuntimeError as exc:
+            if "closed" not in str(exc):
+                raise
+            await self.disconnect(nowait=True)
+            raise RedisConnectionError(f"the connection was closed by the server: {exc}") from exc
+
+
 def with_hiredis_packing(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
     """``connection_class`` (plain, TLS, Unix socket or Sentinel-managed) packing with hiredis, reading
-    ``NOREPLICAS`` as :class:`NotReplicated`; a Sentinel-managed one reconnecting through the Sentinels
+    ``NOREPLICAS`` as :class:`NotReplicated` and a write to a transport the server closed as a connection error
+    (:class:`ClosedTransports`); a Sentinel-managed one reconnecting through the Sentinels
     (:class:`SentinelReconnects`)."""
-    bases: tuple[type[AbstractConnection], ...] = (HiredisPacking, ReplicaRefusals)
+    bases: tuple[type[AbstractConnection], ...] = (ClosedTransports, HiredisPacking, ReplicaRefusals)
     if issubclass(connection_class, SentinelManagedConnection):
         bases += (SentinelReconnects,)
     return type(f"Hiredis{connection_class.__name__}", (*bases, connection_class), {})

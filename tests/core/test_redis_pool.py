@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError
 
 from core.redis import HiredisPacking, client
@@ -86,3 +87,29 @@ def test_what_redis_py_refuses_hiredis_packing_refuses_too(bad: object) -> None:
         Connection().pack_command("SET", "k", bad)
     with pytest.raises(DataError):
         connection.pack_command("SET", "k", bad)
+
+
+def test_a_write_to_a_connection_being_closed_is_a_connection_error_under_uvloop(redis_settings: Settings) -> None:
+    """The services run on uvloop, where writing to a closed transport raises ``RuntimeError`` ("the handler is
+    closed"). redis-py closes a connection's transport and then awaits its end with the transport still set (its
+    ``disconnect``: the Sentinel pool's, of its idle connections when the Sentinels name a new primary), and a task
+    writing on it meanwhile got that ``RuntimeError``: a ``createSession`` during a failover answered INTERNAL
+    (bench/chaos). It is a connection error, so the caller sees an outage (UNAVAILABLE)."""
+    import uvloop
+
+    async def write_while_it_closes() -> None:
+        pooled = client(redis_settings.redis)
+        connection = await pooled.connection_pool.get_connection()
+        try:
+            closing = asyncio.ensure_future(connection.disconnect())
+            await asyncio.sleep(0)  # the transport is closed; the disconnect awaits its end
+            assert connection.is_connected
+            with pytest.raises(RedisConnectionError):  # the old code: RuntimeError ... the handler is closed
+                await connection.send_command("PING", check_health=False)
+            await closing
+        finally:
+            await pooled.connection_pool.release(connection)
+            await pooled.aclose()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(write_while_it_closes())
