@@ -128,9 +128,9 @@ class ScheduleRunner:
             again = set(await self.schedules.settle([_settlement(p, now) for p in pending], self.fence))
             if not again:
                 return len(pending)
-            log.info("schedule runs created meanwhile by another runner, looking again (%d)", len(again))
+            log.info("schedule runs created meanwhile by another runner, or lost, looking again (%d)", len(again))
             pending = [
-                replace(p, outcome=None, sessions=None, admit=None, reason=None)
+                replace(p, outcome=None, sessions=None, admit=None, reason=None, session_ids=())
                 for p in pending
                 if p.schedule.id in again
             ]
@@ -300,8 +300,10 @@ def _settlement(p: Pending, now: datetime) -> Settlement:
             return after
         return after | {"next_due": following(before.timing, now, runs)}
 
-    token = (p.schedule.owner_id, p.key) if p.due is not None and not created else None
-    return Settlement(p.schedule.id, p.handled, triggered, change, tuple(records), token, p.read)
+    token = (p.schedule.owner_id, p.key) if p.due is not None else None
+    return Settlement(
+        p.schedule.id, p.handled, triggered, change, tuple(records), token, ids if created else (), p.read
+    )
 
 
 async def run_once(runner: ScheduleRunner, now: datetime | None = None) -> int:

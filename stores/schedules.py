@@ -51,7 +51,13 @@ class Settlement:
     records: tuple[Run, ...]
     """New history records, oldest first."""
     owner_token: tuple[str, str] | None = None
-    """(owner, run key) of a run settled as not created: refused if sessions exist for the key by then."""
+    """(owner, run key) of the run settled: one settled as not created is refused if sessions exist for the key by
+    then; one settled as created, unless the key still names its sessions (``created``)."""
+    created: tuple[str, ...] = ()
+    """The sessions of a run settled as created. The runner creates them before it settles, in a write of its own
+    that no replica confirms (``SessionStore.create_each``): a failover in between can lose them, and the settlement,
+    retried on the new primary, must not name sessions that are not there (bench/chaos: a run whose session was
+    never found)."""
     read: tuple[str, Schedule] | None = None
     """The stored document the runner decided from and the schedule it decodes to: if the document is still
     that text, it is not decoded again."""
@@ -147,7 +153,7 @@ class ScheduleStore:
     async def settle(self, settlements: Sequence[Settlement], fence: Fence | None) -> list[str]:
         """Store the settlements whose due time is still the schedule's, in one transaction under ``fence``
         (``LostLease`` when it is stale). Returns the ids of the schedules to look at again: a run settled as not
-        created whose key holds sessions by now."""
+        created whose key holds sessions by now, or one settled as created whose key no longer names its sessions."""
         doc_keys = [self.keys.schedule(s.schedule_id) for s in settlements]
         checked = [s for s in settlements if s.owner_token]
         token_keys = [self.keys.client_token(*s.owner_token) for s in checked if s.owner_token]
@@ -156,7 +162,7 @@ class ScheduleStore:
             await watch_fenced(pipe, fence, *doc_keys, *token_keys)
             raws = await pipe.mget(doc_keys) if doc_keys else []
             used = await pipe.mget(token_keys) if token_keys else []
-            again = {s.schedule_id for s, u in zip(checked, used, strict=True) if u}
+            again = {s.schedule_id for s, u in zip(checked, used, strict=True) if not _token_holds(s, u)}
             begin(pipe)
             merged = Coalesced(pipe)  # one ZADD of the due index, one MSET, one script for the histories
             for settlement, raw in zip(settlements, optional_texts(raws), strict=True):
@@ -200,3 +206,10 @@ class ScheduleStore:
     def _wake(self, pipe: Redis) -> None:
         pipe.rpush(self.keys.schedules_wakeup, "changed")
         pipe.ltrim(self.keys.schedules_wakeup, -8, -1)
+
+
+def _token_holds(settlement: Settlement, stored: bytes | str | None) -> bool:
+    """Whether the run key's stored sessions are the settlement's: none for a run not created, its own otherwise."""
+    if not settlement.created:
+        return stored is None
+    return stored is not None and decode(stored, list[str]) == list(settlement.created)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
 
 from core.codec import encode
+from core.errors import Conflict
 from core.keys import Keys
 from core.lease import Fence, LostLease
 from core.settings import Settings
@@ -130,6 +132,34 @@ async def test_a_crash_between_creating_and_settling_leaves_one_run(
     assert await owned_sessions(redis, keys) == [created]
     [run] = await ScheduleStore(redis, keys).history(schedule.id)
     assert (run.outcome, run.session_ids) == (RunOutcome.CREATED, (created,))
+
+
+async def test_a_run_whose_sessions_a_failover_lost_is_created_again_not_settled_without_them(
+    redis: Redis, keys: Keys, redis_settings: Settings
+) -> None:
+    """The runner creates a run's sessions (one script, which no replica confirms) and then settles the run (a
+    transaction that waits for a replica). A failover in between loses the sessions, and the settlement, retried on the
+    new primary, recorded a run naming sessions that were never found (bench/chaos). Now the settlement checks that the
+    run key still names its sessions; it does not, so the run is decided again and its sessions made on the new
+    primary: one run, whose sessions exist."""
+    schedule = await stored_schedule(redis, keys)
+    runner = runner_of(redis, keys, redis_settings)
+    # fault: the first creation goes to a primary that a failover then loses (here: keys no one reads again)
+    lost_primary = SessionStore(redis, Keys(f"{keys.prefix}-lost-primary"))
+    created_on = []
+    real_create_each = runner.sessions.create_each
+
+    async def create_each(batches: Sequence[tuple[Sequence[Session], str]]) -> dict[str, list[str] | Conflict]:
+        created_on.append("lost primary" if not created_on else "new primary")
+        return await (lost_primary.create_each if len(created_on) == 1 else real_create_each)(batches)
+
+    runner.sessions.create_each = create_each  # type: ignore[method-assign]
+    assert await runner.run_due(T0 + timedelta(seconds=0.3)) == 1
+    assert created_on == ["lost primary", "new primary"]
+    [run] = await ScheduleStore(redis, keys).history(schedule.id)
+    assert run.outcome is RunOutcome.CREATED
+    assert list(run.session_ids) == await owned_sessions(redis, keys)  # the old code: the lost session's id, and []
+    assert None not in await SessionStore(redis, keys).get_many(list(run.session_ids))
 
 
 async def test_forbid_skips_while_the_previous_run_is_live_and_replace_ends_it(
