@@ -10,15 +10,13 @@ server closes the connection). Each answer is counted in the process's log of ou
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.graphql.errors import OUTAGES, REPORTER
+from gateway.json_errors import send_error
 
 RETRY_AFTER = 1
 """Seconds a client is asked to wait: a Sentinel failover takes a few, and most outages here are one."""
-BODY = json.dumps({"error": {"code": "UNAVAILABLE", "message": "the service is unavailable; retry shortly"}}).encode()
 
 
 class OutageAnswers:
@@ -45,10 +43,5 @@ class OutageAnswers:
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1013, "reason": "UNAVAILABLE"})
                 return
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(BODY)).encode()),
-                (b"retry-after", str(RETRY_AFTER).encode()),
-            ]
-            await send({"type": "http.response.start", "status": 503, "headers": headers})
-            await send({"type": "http.response.body", "body": BODY})
+            retry = [(b"retry-after", str(RETRY_AFTER).encode())]
+            await send_error(send, 503, "UNAVAILABLE", "the service is unavailable; retry shortly", retry)

@@ -23,7 +23,6 @@ see the app (or there is no such app), 503 while the app has no port yet; each a
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from core.settings import EndpointSettings
 from domain.app_routes import FIELD
 from domain.apps import APP_NAME_RULE, SEPARATOR, SESSION_ID_RULE
 from gateway.endpoints import ingress as endpoint_ingress
+from gateway.json_errors import error_body
 
 COOKIE_NAME = "caravan_app"
 """The app cookie (the launch exchange sets it; HAProxy checks it; the app never sees it)."""
@@ -226,18 +226,14 @@ def endpoint_servers(config: IngressConfig) -> dict[int, dict[str, str]]:
     return servers
 
 
-def _json_body(code: str, message: str) -> str:
-    return json.dumps({"error": {"code": code, "message": message}})
-
-
 def _return(status: int, code: str, message: str, condition: str) -> str:
-    body = _json_body(code, message).replace("\\", "\\\\").replace('"', '\\"')
+    body = error_body(code, message).decode().replace("\\", "\\\\").replace('"', '\\"')
     return f'    http-request return status {status} content-type application/json string "{body}" if {condition}'
 
 
 def _error_file(status: int) -> str:
     code, message = ERRORS[status]
-    body = _json_body(code, message)
+    body = error_body(code, message).decode()
     return (
         f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-type: application/json\r\ncache-control: no-cache\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n{body}"

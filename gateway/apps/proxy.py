@@ -9,7 +9,6 @@ request that reaches the gateway named no app HAProxy knows: 404, as HAProxy ans
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from core.settings import Settings
 from domain.apps import parse_app_host
 from gateway.apps.headers import app_cookie, signed_cookie_value
 from gateway.apps.ingress_config import LAUNCH_PATH
+from gateway.json_errors import send_error
 from stores.app_access import AppAccessStore
 from stores.users import UserStore
 
@@ -40,13 +40,6 @@ def _header(scope: Scope, name: bytes) -> str:
     return next((str(v.decode("latin-1")) for k, v in scope["headers"] if k == name), "")
 
 
-async def _json(send: Send, status: int, code: str, message: str) -> None:
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 class AppOrigins:
     """ASGI middleware: app origins' launch exchange (and 404 for the rest of them); other hosts to ``app``."""
 
@@ -63,7 +56,7 @@ class AppOrigins:
                 if scope["type"] == "http" and scope["path"] == LAUNCH_PATH:
                     await _launch(self.state["apps"], scope, send, hostname)
                 elif scope["type"] == "http":
-                    await _json(send, 404, "NOT_FOUND", "no such app")
+                    await send_error(send, 404, "NOT_FOUND", "no such app")
                 elif (await receive())["type"] == "websocket.connect":
                     await send({"type": "websocket.close", "code": 1008, "reason": "NOT_FOUND"})
                 return
@@ -75,11 +68,11 @@ async def _launch(launches: AppLaunches, scope: Scope, send: Send, hostname: str
     codes = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("code", [])
     grant = await launches.access.take_launch_code(codes[0]) if len(codes) == 1 else None
     if grant is None or grant.host != hostname:
-        await _json(send, 404, "NOT_FOUND", "unknown, used or expired launch code: ask launchApp for a new one")
+        await send_error(send, 404, "NOT_FOUND", "unknown, used or expired launch code: ask launchApp for a new one")
         return
     found = await launches.users.authenticate_hash(grant.token_hash)
     if found is None:
-        await _json(send, 401, "UNAUTHENTICATED", "the token this launch was made with is no longer valid")
+        await send_error(send, 401, "UNAUTHENTICATED", "the token this launch was made with is no longer valid")
         return
     ttl = launches.settings.gateway.app_cookie_ttl
     value = signed_cookie_value(

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import hmac
 import itertools
-import json
 import logging
 import time
 import uuid
@@ -42,6 +41,7 @@ from domain.endpoint_routes import parse_endpoint_host, replica_started, routabl
 from domain.inference import is_inference
 from gateway.endpoints.control import raise_if_cancelling
 from gateway.endpoints.ingress import ACTIVATOR_HEADER, IDEMPOTENT, activator_secret
+from gateway.json_errors import send_error
 from stores.endpoint_access import HELD_LEASE, ColdStart, EndpointAccessStore
 from stores.endpoint_traffic import request_wake
 from stores.sessions import SessionStore
@@ -54,13 +54,6 @@ RETRY_AFTER = 5
 HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer", b"upgrade"}
 )
-
-
-async def _json(send: Send, status: int, code: str, message: str, headers: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
-    start = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
-    await send({"type": "http.response.start", "status": status, "headers": start})
-    await send({"type": "http.response.body", "body": body})
 
 
 @dataclass
@@ -126,7 +119,7 @@ class EndpointActivator:
             await receive()
             await send({"type": "websocket.close", "code": 1013 if status == 503 else 1008, "reason": code})
         else:
-            await _json(send, status, code, text)
+            await send_error(send, status, code, text)
 
     async def _hold(self, session_id: str, settings: Settings, send: Send) -> tuple[ColdStart, tuple[str, ...]]:
         """Wait for a routable replica: ``(cold start so far, replicas)``; empty replicas: answered already."""
@@ -137,8 +130,8 @@ class EndpointActivator:
         if wait is None or wait.ready.done():
             wait = self._waits[session_id] = _Wait()
         if wait.waiters >= settings.endpoints.hold_max:
-            await _json(send, 503, "ENDPOINT_BUSY", "too many requests wait for this endpoint's first replica",
-                        [(b"retry-after", str(RETRY_AFTER).encode())])  # fmt: skip
+            await send_error(send, 503, "ENDPOINT_BUSY", "too many requests wait for this endpoint's first replica",
+                             [(b"retry-after", str(RETRY_AFTER).encode())])  # fmt: skip
             return ColdStart(arrived, None, None, "REFUSED"), ()
         wait.waiters += 1
         await self._count(access, session_id, 1)
@@ -162,9 +155,9 @@ class EndpointActivator:
         if not replicas:
             cold = ColdStart(arrived, None, None, "TIMED_OUT")
             await access.record_cold_start(session_id, cold)
-            await _json(send, 503, "ENDPOINT_COLD",
-                        f"no replica of this endpoint became ready within {settings.endpoints.hold_timeout:g}s",
-                        [(b"retry-after", str(RETRY_AFTER).encode())])  # fmt: skip
+            await send_error(send, 503, "ENDPOINT_COLD",
+                             f"no replica of this endpoint became ready within {settings.endpoints.hold_timeout:g}s",
+                             [(b"retry-after", str(RETRY_AFTER).encode())])  # fmt: skip
             return cold, ()
         return ColdStart(arrived, time.time(), None, "SERVED", started_at=wait.started_at), replicas
 
@@ -241,13 +234,13 @@ class EndpointActivator:
                 response = await self._http().send(request, stream=True)
                 break
             except httpx2.TimeoutException:
-                await _json(send, 504, "UPSTREAM_TIMEOUT", "the endpoint did not answer in time")
+                await send_error(send, 504, "UPSTREAM_TIMEOUT", "the endpoint did not answer in time")
                 return
             except httpx2.HTTPError:
                 continue
         if response is None:
             await self._cold(session_id, cold, "FAILED")
-            await _json(send, 502, "UPSTREAM_UNREACHABLE", "no replica of the endpoint could be reached")
+            await send_error(send, 502, "UPSTREAM_UNREACHABLE", "no replica of the endpoint could be reached")
             return
         try:
             out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.multi_items()]
