@@ -38,8 +38,9 @@ def multihost_cluster(state_dir: Path) -> Iterator[MultiHostCluster]:
         nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
         rootfs=Path(STACK["CARAVAN_ROOTFS"]),
         hosts=HOSTS,
-        want_drivers=("exec",),
+        want_drivers=("exec", "docker") if STACK.get("CARAVAN_PAUSE_IMAGE") else ("exec",),
         secrets_dir=state_dir / "multihost" / "secrets",
+        pause_image=STACK.get("CARAVAN_PAUSE_IMAGE"),
     )
     yield cluster
     cluster.stop()

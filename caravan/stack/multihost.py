@@ -118,6 +118,8 @@ class NetHost:
 class MultiHostCluster(NomadCluster):
     servers: list[Service] = field(default_factory=list)
     hosts: dict[str, NetHost] = field(default_factory=dict)
+    pause_image: str | None = None
+    """The hosts' docker driver's infra container image (None: no docker driver)."""
 
     @property
     def server_addrs(self) -> list[str]:
@@ -247,9 +249,11 @@ def start_multihost_cluster(
     timeout: float = 180.0,
     secrets_dir: Path | None = None,
     namespace: str = "default",
+    pause_image: str | None = None,
 ) -> MultiHostCluster:
     """Sweep, then build the link, :data:`SERVERS` servers and one host per ``hosts`` spec (the spec's name is the
-    host's namespace and its node's name: ``cvmh-host1``…)."""
+    host's namespace and its node's name: ``cvmh-host1``…). ``pause_image``: the hosts run the docker driver too
+    (the machine's one Docker daemon, shared by every host), with this infra container image."""
     sweep()
     RECORDS.mkdir(parents=True, exist_ok=True, mode=0o700)
     (RECORDS / "owner").write_text(str(os.getpid()))
@@ -262,6 +266,7 @@ def start_multihost_cluster(
         secrets_dir=secrets_dir,
         namespace=namespace,
         allow_raw_exec="raw_exec" in want_drivers,
+        pause_image=pause_image,
     )
     try:
         _make_link()
@@ -277,7 +282,9 @@ def start_multihost_cluster(
             cluster.networks[spec.name] = host.network
             cluster.device_dirs[spec.name] = state_dir / spec.name / "devices"
             cluster.clients[spec.name] = _start_client(
-                binary, state_dir, spec, servers, nomad_home, rootfs, host.network, host=_placed(host)
+                binary, state_dir, spec, servers, nomad_home, rootfs, host.network,
+                host=_placed(host),
+                pause_image=pause_image,
             )
         assert cluster.token is not None
         token_file = (secrets_dir or state_dir / "secrets") / "nomad-session-peers.token"
@@ -302,7 +309,9 @@ def restart_client(cluster: MultiHostCluster, spec: ClientSpec, *, nomad_home: P
     servers = [f"{server_address(i)}:4647" for i in range(SERVERS)]
     host = cluster.hosts[spec.name]
     cluster.clients[spec.name] = _start_client(
-        _binary(nomad_home), cluster.state_dir, spec, servers, nomad_home, rootfs, host.network, host=_placed(host)
+        _binary(nomad_home), cluster.state_dir, spec, servers, nomad_home, rootfs, host.network,
+        host=_placed(host),
+        pause_image=cluster.pause_image,
     )
 
 

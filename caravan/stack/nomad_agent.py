@@ -60,6 +60,15 @@ plugin "raw_exec" {{
     enabled = {raw_exec}
   }}
 }}
+{docker_plugin}plugin "qemu" {{
+  config {{
+    image_paths = {image_paths}
+  }}
+}}
+{device_plugin}"""
+
+
+DOCKER_PLUGIN = """\
 plugin "docker" {{
   config {{
 {infra_image}    # No host paths into containers: a job spec (even one registered with a leaked token) cannot
@@ -72,12 +81,12 @@ plugin "docker" {{
     }}
   }}
 }}
-plugin "qemu" {{
-  config {{
-    image_paths = {image_paths}
-  }}
-}}
-{device_plugin}"""
+"""
+
+
+def docker_plugin(pause_image: str | None) -> str:
+    """The docker driver's block; ``pause_image``: its infra container image (see :func:`write_config`)."""
+    return DOCKER_PLUGIN.format(infra_image=f'    infra_image = "{pause_image}"\n' if pause_image else "")
 
 
 CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
@@ -171,7 +180,7 @@ def write_config(
             rpc=rpc,
             serf=serf,
             network_config=network.client_config(),
-            infra_image=f'    infra_image = "{pause_image}"\n' if pause_image else "",
+            docker_plugin=docker_plugin(pause_image),
             raw_exec="true" if raw_exec else "false",
         )
     )

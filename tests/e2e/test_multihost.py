@@ -28,6 +28,7 @@ from caravan.stack import multihost
 from caravan.stack.multihost import ROOT_ADDRESS, MultiHostCluster, server_address
 from caravan.stack.session_network import MEMBERSHIP_DIR
 from node_plugins.cni_isolation import Membership
+from tests.conftest import DEFAULT_IMAGE
 from tests.harness import CREATE, Caravan
 from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
 
@@ -172,11 +173,16 @@ def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> No
     assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split() == []
 
 
+@pytest.mark.parametrize("driver", ["EXEC", pytest.param("DOCKER", marks=pytest.mark.docker)])
 async def test_a_cluster_session_spans_two_hosts_and_nothing_else_reaches_its_kernels(
     on_multihost: OnMultihost,  # noqa: F811
     multihost_cluster: MultiHostCluster,  # noqa: F811
+    driver: str,
 ) -> None:
+    """The session's kernels and the intruders run with ``driver``: exec, or docker (the machine's one Docker daemon
+    serves every host; each host's client runs the CNI chain in its own namespace)."""
     cluster = multihost_cluster
+    image = {"image": DEFAULT_IMAGE} if driver == "DOCKER" else {}
     async with on_multihost() as caravan:
         data = await caravan.gql(
             CREATE,
@@ -184,7 +190,8 @@ async def test_a_cluster_session_spans_two_hosts_and_nothing_else_reaches_its_ke
                 "input": {
                     "name": "spans",
                     "type": "INTERACTIVE",
-                    "driver": "EXEC",
+                    "driver": driver,
+                    **image,
                     "clusterSize": 2,
                     "clusterMode": "MULTI_NODE",
                     "resources": [{"slot": "cpu", "amount": "2"}, {"slot": "mem", "amount": "128m"}],
@@ -233,7 +240,8 @@ async def test_a_cluster_session_spans_two_hosts_and_nothing_else_reaches_its_ke
                     "input": {
                         "name": f"intruder-{host.name}",
                         "type": "BATCH",
-                        "driver": "EXEC",
+                        "driver": driver,
+                        **image,
                         "designatedAgent": cluster.node_ids[host.name],
                         "startupCommand": intruder_script(targets),
                     }
