@@ -180,6 +180,7 @@ def sweep(*, own: bool = False) -> None:
     ours = [n for n in _namespaces() if n.startswith(f"{PREFIX}-")]
     for namespace in ours:  # the agents, clients, servers and task executors of a killed run
         _kill_members(namespace)
+    _remove_containers(_recorded_clients())
     networks = [n for n in map(recorded_network, _recorded_clients()) if n is not None]
     _delete_allocation_namespaces([ipaddress.IPv4Network(n.subnet) for n in networks])
     for namespace in ours:
@@ -198,6 +199,31 @@ def _kill_members(namespace: str) -> None:
     for member in listed.split():
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(member), signal.SIGKILL)
+
+
+ALLOC_LABEL = "com.hashicorp.nomad.alloc_id"
+
+
+def _remove_containers(client_dirs: list[Path]) -> None:
+    """The docker kernels (and their pause containers) of the clients' allocations: a killed client leaves them
+    running in the machine's Docker daemon, which no namespace holds. Found by allocation id (Nomad's label, and its
+    names ``<task>-<alloc id>``, ``nomad_init_<alloc id>``), among the allocation directories the clients made."""
+    directories = [client_dir / "alloc" for client_dir in client_dirs]
+    allocations = {entry.name for directory in directories if directory.is_dir() for entry in directory.iterdir()}
+    if not allocations or shutil.which("docker") is None:
+        return
+    listed = subprocess.run(
+        ["docker", "ps", "-a", "--format", f'{{{{.ID}}}} {{{{.Names}}}} {{{{.Label "{ALLOC_LABEL}"}}}}'],
+        capture_output=True,
+        text=True,
+    ).stdout
+    ours = []
+    for line in listed.splitlines():
+        container, name, *label = [*line.split(), ""]
+        if label[0] in allocations or any(name.endswith(allocation) for allocation in allocations):
+            ours.append(container)
+    if ours:
+        subprocess.run(["docker", "rm", "-f", *ours], capture_output=True, check=False)
 
 
 def _delete_allocation_namespaces(subnets: list[ipaddress.IPv4Network]) -> None:
@@ -250,10 +276,13 @@ def start_multihost_cluster(
     secrets_dir: Path | None = None,
     namespace: str = "default",
     pause_image: str | None = None,
+    data_plane: tuple[str, ...] = (ROOT_ADDRESS,),
 ) -> MultiHostCluster:
     """Sweep, then build the link, :data:`SERVERS` servers and one host per ``hosts`` spec (the spec's name is the
     host's namespace and its node's name: ``cvmh-host1``…). ``pause_image``: the hosts run the docker driver too
-    (the machine's one Docker daemon, shared by every host), with this infra container image."""
+    (the machine's one Docker daemon, shared by every host), with this infra container image. ``data_plane``: the
+    only addresses beyond a host that reach its kernels' published ports (the tests' gateway and HAProxy run on the
+    machine, :data:`ROOT_ADDRESS`); each host publishes them on its own address."""
     sweep()
     RECORDS.mkdir(parents=True, exist_ok=True, mode=0o700)
     (RECORDS / "owner").write_text(str(os.getpid()))
@@ -277,12 +306,18 @@ def start_multihost_cluster(
         _wait_server(cluster, timeout)
         servers = [f"{server_address(i)}:4647" for i in range(SERVERS)]
         for i, spec in enumerate(hosts):
-            host = _make_host(state_dir, spec.name, i)
+            host = _make_host(state_dir, spec.name, i, data_plane)
             cluster.hosts[spec.name] = host
             cluster.networks[spec.name] = host.network
             cluster.device_dirs[spec.name] = state_dir / spec.name / "devices"
             cluster.clients[spec.name] = _start_client(
-                binary, state_dir, spec, servers, nomad_home, rootfs, host.network,
+                binary,
+                state_dir,
+                spec,
+                servers,
+                nomad_home,
+                rootfs,
+                host.network,
                 host=_placed(host),
                 pause_image=pause_image,
             )
@@ -309,7 +344,13 @@ def restart_client(cluster: MultiHostCluster, spec: ClientSpec, *, nomad_home: P
     servers = [f"{server_address(i)}:4647" for i in range(SERVERS)]
     host = cluster.hosts[spec.name]
     cluster.clients[spec.name] = _start_client(
-        _binary(nomad_home), cluster.state_dir, spec, servers, nomad_home, rootfs, host.network,
+        _binary(nomad_home),
+        cluster.state_dir,
+        spec,
+        servers,
+        nomad_home,
+        rootfs,
+        host.network,
         host=_placed(host),
         pause_image=cluster.pause_image,
     )
@@ -337,7 +378,7 @@ def _start_server(binary: Path, state_dir: Path, index: int) -> Service:
     return spawn(f"nomad-{name}", argv, state_dir / f"{name}.log", env=CLEAN_ENV, clean=True)
 
 
-def _make_host(state_dir: Path, name: str, index: int) -> NetHost:
+def _make_host(state_dir: Path, name: str, index: int, data_plane: tuple[str, ...]) -> NetHost:
     if not name.startswith(f"{PREFIX}-"):
         raise ValueError(f"a host's name starts with {PREFIX}- (its namespace is named after it)")
     namespace = name
@@ -348,7 +389,7 @@ def _make_host(state_dir: Path, name: str, index: int) -> NetHost:
     client_dir = state_dir / name
     with open(RECORDS / "clients", "a") as records:  # before the reservation: a killed run's is found again
         records.write(f"{client_dir.resolve()}\n")
-    network = session_network(client_dir, members)
+    network = session_network(client_dir, members, host_address=address, data_plane=data_plane)
     return NetHost(name, namespace, address, network, members)
 
 

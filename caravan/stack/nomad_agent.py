@@ -78,15 +78,28 @@ plugin "docker" {{
     }}
     gc {{
       image = false
-    }}
+{dangling}    }}
   }}
 }}
 """
 
+SHARED_DAEMON = """\
+      # Several clients share this machine's Docker daemon: each driver's reconciler would remove, as "dangling",
+      # every running Nomad container it does not track itself (the other clients' kernels, once 5 minutes old).
+      # Each client removes its own (and a killed test cluster's sweep what its clients left).
+      dangling_containers {
+        enabled = false
+      }
+"""
 
-def docker_plugin(pause_image: str | None) -> str:
-    """The docker driver's block; ``pause_image``: its infra container image (see :func:`write_config`)."""
-    return DOCKER_PLUGIN.format(infra_image=f'    infra_image = "{pause_image}"\n' if pause_image else "")
+
+def docker_plugin(pause_image: str | None, *, shared_daemon: bool = False) -> str:
+    """The docker driver's block; ``pause_image``: its infra container image (see :func:`write_config`);
+    ``shared_daemon``: other Nomad clients use the same Docker daemon (no dangling-container reconciler)."""
+    return DOCKER_PLUGIN.format(
+        infra_image=f'    infra_image = "{pause_image}"\n' if pause_image else "",
+        dangling=SHARED_DAEMON if shared_daemon else "",
+    )
 
 
 CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}

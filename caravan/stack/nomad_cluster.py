@@ -446,7 +446,7 @@ def _start_client(
         network_config=network.client_config(),
         denylist="qemu,java" if pause_image else "docker,qemu,java",
     )
-    config += docker_plugin(pause_image) if pause_image else ""
+    config += docker_plugin(pause_image, shared_daemon=True) if pause_image else ""
     config += plugin_block(spec.devices, device_dir, data_dir)
     path = state_dir / f"{spec.name}.hcl"
     path.write_text(config)

@@ -28,7 +28,7 @@ from caravan.stack import multihost
 from caravan.stack.multihost import ROOT_ADDRESS, MultiHostCluster, server_address
 from caravan.stack.session_network import MEMBERSHIP_DIR
 from node_plugins.cni_isolation import Membership
-from tests.conftest import DEFAULT_IMAGE
+from tests.conftest import DEFAULT_IMAGE, DOCKER
 from tests.harness import CREATE, Caravan
 from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
 
@@ -77,13 +77,18 @@ from caravan.stack.multihost import start_multihost_cluster
 from caravan.stack.nomad_cluster import ClientSpec
 
 state, nomad_home, rootfs = map(Path, sys.argv[1:4])
+pause, image = sys.argv[4:6]  # with Docker: a docker kernel too
 cluster = start_multihost_cluster(
-    state, nomad_home=nomad_home, rootfs=rootfs, hosts=[ClientSpec("cvmh-host1", 1000, 512)], want_drivers=("exec",)
+    state, nomad_home=nomad_home, rootfs=rootfs, hosts=[ClientSpec("cvmh-host1", 1000, 512)],
+    want_drivers=("exec", "docker") if pause else ("exec",), pause_image=pause or None,
 )
 task = {"Name": "t", "Driver": "exec", "Config": {"command": "/bin/sleep", "args": ["3600"]},
         "Resources": {"CPU": 100, "MemoryMB": 32}}
-job = {"ID": "cvmh-swept", "Type": "service", "Datacenters": ["dc1"],
-       "TaskGroups": [{"Name": "g", "Networks": [{"Mode": "cni/caravan"}], "Tasks": [task]}]}
+groups = [{"Name": "g", "Networks": [{"Mode": "cni/caravan"}], "Tasks": [task]}]
+if pause:
+    docker = {**task, "Driver": "docker", "Config": {"image": image, "command": "/bin/sleep", "args": ["3600"]}}
+    groups.append({"Name": "d", "Networks": [{"Mode": "cni/caravan"}], "Tasks": [docker]})
+job = {"ID": "cvmh-swept", "Type": "service", "Datacenters": ["dc1"], "TaskGroups": groups}
 headers = {"X-Nomad-Token": cluster.token or "", "Content-Type": "application/json"}
 def call(method, path, body=None):
     data = json.dumps(body).encode() if body is not None else None
@@ -92,11 +97,13 @@ def call(method, path, body=None):
         return json.loads(answer.read())
 call("POST", "/v1/jobs", {"Job": job})
 for _ in range(600):
-    running = [a for a in call("GET", "/v1/job/cvmh-swept/allocations") if a["ClientStatus"] == "running"]
-    if running:
+    running = {a["TaskGroup"]: a["ID"] for a in call("GET", "/v1/job/cvmh-swept/allocations")
+               if a["ClientStatus"] == "running"}
+    if len(running) == len(groups):
         break
     time.sleep(0.2)
-print(json.dumps({"subnet": cluster.hosts["cvmh-host1"].network.subnet, "alloc": running[0]["ID"]}), flush=True)
+started = {"subnet": cluster.hosts["cvmh-host1"].network.subnet, "alloc": running["g"], "docker": running.get("d")}
+print(json.dumps(started), flush=True)
 time.sleep(3600)
 """
 
@@ -109,6 +116,12 @@ def namespaces() -> list[str]:
 def members(namespace: str) -> list[int]:
     listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
     return [int(pid) for pid in listed.split()]
+
+
+def containers(allocation: str) -> list[str]:
+    """Docker's containers (running or not) of a Nomad allocation."""
+    label = f"label={multihost.ALLOC_LABEL}={allocation}"
+    return subprocess.run(["docker", "ps", "-aq", "--filter", label], capture_output=True, text=True).stdout.split()
 
 
 def alive(pid: int) -> bool:
@@ -131,7 +144,8 @@ def all_dead(pids: list[int], within: float = 10.0) -> list[int]:
 @pytest.mark.cluster
 def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> None:
     """A run killed with its cluster up leaves servers, a client, an agent, a kernel in its own allocation namespace,
-    the hosts' namespaces and link, a subnet reservation; the sweep (the next start's first step) removes them all.
+    the hosts' namespaces and link, a subnet reservation (and, with Docker, a docker kernel and its pause
+    container in the machine's daemon); the sweep (the next start's first step) removes them all.
     (Runs first in this module: one multi-host cluster at a time on a machine, and the fixture's is not up yet.)"""
     from tests.conftest import STACK
 
@@ -143,6 +157,8 @@ def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> No
             str(tmp_path / "state"),
             STACK["CARAVAN_NOMAD_HOME"],
             STACK["CARAVAN_ROOTFS"],
+            STACK.get("CARAVAN_PAUSE_IMAGE", "") if DOCKER else "",
+            DEFAULT_IMAGE,
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -162,6 +178,8 @@ def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> No
     left = [pid for namespace in ("cvmh-host1", "cvmh-srv1", started["alloc"]) for pid in members(namespace)]
     kernels = members(started["alloc"])
     assert kernels and left and reservation.exists() and "cvmh-link" in namespaces()
+    if DOCKER:  # the docker kernel and its pause container, in the machine's one Docker daemon
+        assert len(containers(started["docker"])) == 2, containers(started["docker"])
 
     multihost.sweep()
 
@@ -171,6 +189,8 @@ def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> No
     assert not reservation.exists() and not multihost.RECORDS.exists()
     assert subprocess.run(["ip", "link", "show", multihost.ROOT_VETH], capture_output=True).returncode != 0
     assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split() == []
+    if DOCKER:
+        assert containers(started["docker"]) == [], "the killed run's docker kernel is left in Docker"
 
 
 @pytest.mark.parametrize("driver", ["EXEC", pytest.param("DOCKER", marks=pytest.mark.docker)])
