@@ -59,7 +59,7 @@ from caravan.stack.session_network import (
     session_network,
     unreserve,
 )
-from nomad_jobs.session_peers import ADDRESS_META, SUBNET_META
+from nomad_jobs.session_peers import ADDRESS_META, ROUTED, SUBNET_META
 
 PREFIX = "cvmh"
 """Every namespace (``cvmh-…``) and interface of the cluster on the machine's side."""
@@ -120,6 +120,10 @@ class MultiHostCluster(NomadCluster):
     hosts: dict[str, NetHost] = field(default_factory=dict)
     pause_image: str | None = None
     """The hosts' docker driver's infra container image (None: no docker driver)."""
+    peers_token: Path | None = None
+    """The session-peers daemons' read-only Nomad token (a file)."""
+    overlay: str = ROUTED
+    """Between the hosts: routed subnets or VXLAN (``nomad_jobs.session_peers``)."""
 
     @property
     def server_addrs(self) -> list[str]:
@@ -128,6 +132,15 @@ class MultiHostCluster(NomadCluster):
     def in_host(self, name: str, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` in host ``name``'s namespace (the tests look at its routes and rules)."""
         return subprocess.run([*enter(self.hosts[name].namespace), *argv], capture_output=True, text=True)
+
+    def set_overlay(self, overlay: str) -> None:
+        """Restart every host's session-peers daemon with ``overlay`` (it replaces the other's routes and device)."""
+        assert self.peers_token is not None
+        for host in self.hosts.values():
+            if host.peers:
+                host.peers.stop()
+            host.peers = _start_peers(self.state_dir, host, self.peers_token, overlay)
+        self.overlay = overlay
 
     def stop(self, drain_timeout: float = 20.0) -> None:
         if self.clients and any(s.alive() for s in self.servers):
@@ -324,8 +337,9 @@ def start_multihost_cluster(
         assert cluster.token is not None
         token_file = (secrets_dir or state_dir / "secrets") / "nomad-session-peers.token"
         session_peers_token(cluster.addr, cluster.token, token_file)
+        cluster.peers_token = token_file
         for host in cluster.hosts.values():
-            host.peers = _start_peers(state_dir, host, token_file)
+            host.peers = _start_peers(state_dir, host, token_file, ROUTED)
         wait_until(
             lambda: _clients_ready(cluster, hosts, want_drivers),
             what="the hosts' Nomad clients",
@@ -393,7 +407,7 @@ def _make_host(state_dir: Path, name: str, index: int, data_plane: tuple[str, ..
     return NetHost(name, namespace, address, network, members)
 
 
-def _start_peers(state_dir: Path, host: NetHost, token_file: Path) -> Service:
+def _start_peers(state_dir: Path, host: NetHost, token_file: Path, overlay: str) -> Service:
     argv = [
         *enter(host.namespace),
         sys.executable,
@@ -404,6 +418,7 @@ def _start_peers(state_dir: Path, host: NetHost, token_file: Path) -> Service:
         f"--node-name={host.name}",
         f"--state-dir={host.members_dir}",
         f"--supernet={SESSION_SUPERNET}",
+        f"--overlay={overlay}",
     ]
     env = {**CLEAN_ENV, "PYTHONPATH": str(PROJECT)}
     return spawn(f"session-peers-{host.name}", argv, state_dir / f"{host.name}-peers.log", env=env, clean=True)

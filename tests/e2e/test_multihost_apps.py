@@ -18,7 +18,7 @@ import pytest
 from caravan.stack.multihost import MultiHostCluster, enter
 from tests.conftest import DEFAULT_IMAGE
 from tests.e2e.test_app_proxy import APP_FIELDS, HELLO, Site
-from tests.e2e.test_multihost import intruder_script, reached
+from tests.e2e.test_multihost import nothing_reached
 from tests.harness import ADMIN_TOKEN, CREATE
 from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
 
@@ -83,26 +83,4 @@ async def test_an_app_on_another_host_answers_through_the_data_plane_and_nothing
 
         # another session's kernel on either host: neither the published port nor the kernel's own
         targets = [("published", address, int(port)), ("kernel", kernel, 8080)]
-        intruders = {}
-        for host in HOSTS:
-            made = await caravan.gql(
-                CREATE,
-                {
-                    "input": {
-                        "name": f"intruder-{host.name}",
-                        "type": "BATCH",
-                        "driver": driver,
-                        **image,
-                        "designatedAgent": cluster.node_ids[host.name],
-                        "startupCommand": intruder_script(targets),
-                    }
-                },
-            )
-            intruders[host.name] = made["createSession"]["sessions"][0]["id"]
-        for host_name, intruder in intruders.items():
-            ended = await caravan.wait_for(intruder, "TERMINATED", "ERROR", timeout=120)
-            stdout = ended["mainKernel"]["logs"]["stdout"]
-            assert "PROBE-DONE" in stdout, ended
-            attempts = [line for line in stdout.splitlines() if line.startswith("NET ")]
-            assert len(attempts) == len(targets), stdout
-            assert [line for line in attempts if reached(line)] == [], f"from {host_name}: reached the app"
+        await nothing_reached(caravan, cluster, driver, targets)
