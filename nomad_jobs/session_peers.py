@@ -56,6 +56,9 @@ ROUTED, VXLAN = "routed", "vxlan"
 VXLAN_DEVICE = "cvvx0"
 VXLAN_ID = 4226
 VXLAN_PORT = 4789
+VXLAN_OVERHEAD = 50
+"""Bytes of VXLAN over IPv4 per packet: the device's MTU is the link's less this, and so must the kernels' be (a
+kernel at the link's MTU sends bulk data at a twelfth of the speed: ``bench/multihost_network``)."""
 
 Pair = tuple[str, str]
 

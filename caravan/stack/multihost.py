@@ -59,7 +59,7 @@ from caravan.stack.session_network import (
     session_network,
     unreserve,
 )
-from nomad_jobs.session_peers import ADDRESS_META, ROUTED, SUBNET_META
+from nomad_jobs.session_peers import ADDRESS_META, ROUTED, SUBNET_META, VXLAN_OVERHEAD
 
 PREFIX = "cvmh"
 """Every namespace (``cvmh-…``) and interface of the cluster on the machine's side."""
@@ -69,6 +69,9 @@ ROOT_VETH = f"{PREFIX}-root"
 INTERFACE = "eth0"
 """Each host's and server's interface on the link, inside its namespace."""
 ROOT_ADDRESS = str(HOST_NETWORK[1])
+SESSION_MTU = 1500 - VXLAN_OVERHEAD
+"""The hosts' session networks' MTU: room for the VXLAN header, so the overlay can be switched either way
+(:meth:`MultiHostCluster.set_overlay`) with the kernels running."""
 SERVERS = 3
 RECORDS = MEMBERSHIP_DIR / "multihost"
 """``owner`` (the pid of the process that runs the cluster), ``clients`` (the client directories, whose subnets are
@@ -403,7 +406,7 @@ def _make_host(state_dir: Path, name: str, index: int, data_plane: tuple[str, ..
     client_dir = state_dir / name
     with open(RECORDS / "clients", "a") as records:  # before the reservation: a killed run's is found again
         records.write(f"{client_dir.resolve()}\n")
-    network = session_network(client_dir, members, host_address=address, data_plane=data_plane)
+    network = session_network(client_dir, members, host_address=address, data_plane=data_plane, mtu=SESSION_MTU)
     return NetHost(name, namespace, address, network, members)
 
 

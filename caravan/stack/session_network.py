@@ -71,6 +71,8 @@ class SessionNetwork:
     data_plane: tuple[str, ...] = ()
     """The only addresses beyond the host that reach a published port (the ingress proxying the apps; none on one
     machine, where the ingress is on the host itself)."""
+    mtu: int | None = None
+    """The bridge's and kernels' MTU (None: the kernel's default, 1500); under a VXLAN overlay, the device's."""
 
     @property
     def cni_path(self) -> str:
@@ -93,6 +95,7 @@ class SessionNetwork:
                     "ipMasq": False,
                     "hairpinMode": True,
                     "forceAddress": True,
+                    **({"mtu": self.mtu} if self.mtu else {}),
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{"subnet": self.subnet}]],
@@ -118,18 +121,19 @@ def session_network(
     *,
     host_address: str = LOOPBACK,
     data_plane: tuple[str, ...] = (),
+    mtu: int | None = None,
 ) -> SessionNetwork:
     """The client's session network: the one it had, else a new one (bridge and a free /24), written to disk with
     its CNI configuration and plugin shim. ``state_dir``: the host's membership records (a client in a network
     namespace of its own is a host of its own). Subnets are reserved machine-wide either way, so no two hosts of
-    this machine share one. ``host_address`` and ``data_plane``: where its kernels' ports are published, and who
-    beyond the host reaches them (see :class:`SessionNetwork`)."""
+    this machine share one. ``host_address``, ``data_plane`` and ``mtu``: where its kernels' ports are published, who
+    beyond the host reaches them, the kernels' MTU (see :class:`SessionNetwork`)."""
     client_dir = client_dir.resolve()
     record = client_dir / "session-network.json"
     with _reservations() as reserved:
         if record.exists():
             network = SessionNetwork(**json.loads(record.read_text()))
-            network = replace(network, host_address=host_address, data_plane=tuple(data_plane))
+            network = replace(network, host_address=host_address, data_plane=tuple(data_plane), mtu=mtu)
         else:
             bridge = "cv" + hashlib.sha256(str(client_dir).encode()).hexdigest()[:6]
             network = SessionNetwork(
@@ -141,6 +145,7 @@ def session_network(
                 state_dir=str(state_dir),
                 host_address=host_address,
                 data_plane=tuple(data_plane),
+                mtu=mtu,
             )
         (reserved / _reservation_name(network.subnet)).write_text(str(client_dir))
         _write(network)
