@@ -10,7 +10,9 @@ Topology (every name starts with :data:`PREFIX`; every address is in ``session_n
   address with Nomad's default ports, with its own session network (a bridge and a /24 reserved machine-wide like
   every client's, its own isolation rule set and membership directory) advertised in its node meta, and its own
   ``session-peers`` daemon (``nomad_jobs.session_peers``: routes to the other hosts' subnets and the cross-host pairs
-  of each session, from Nomad, with a read-only token);
+  of each session, from Nomad, with a read-only token; routed over the link, or through VXLAN:
+  :meth:`MultiHostCluster.set_overlay`); its kernels' ports published on its own address for the data plane alone,
+  and, with ``pause_image``, the docker driver on the machine's one Docker daemon;
 - the machine itself reaches the link as 172.26.255.1 (``cvmh-root``): the tests' Caravan talks to the first server.
 
 Processes enter a namespace with ``nsenter --net`` (not ``ip netns exec``, which would also give them a mount namespace
