@@ -12,7 +12,10 @@ namespace exactly this:
 - answers to connections made *to* it: the host reaching a published port (Nomad's checks, the gateway), which this
   plugin DNATs into the namespace (the ``ip`` table's ``hostports``/``anyports`` maps: what CNI's ``portmap`` plugin
   did with iptables, here in the same transaction, which takes about 0.1 s off every kernel's start; a connection
-  from the host's loopback is masqueraded to the bridge's address, as portmap's ``snat`` did);
+  from the host's loopback is masqueraded to the bridge's address, as portmap's ``snat`` did). A port is published
+  on the host's own address (``hostAddress``), and from beyond the host only the data plane (``dataPlane``: the
+  addresses of the ingress that proxies the sessions' apps) reaches it: any other machine on the hosts' network is
+  dropped in the forward chain;
 
 and nothing else: no new connection to the host itself (any of its addresses, its loopback services included:
 ``route_localnet``, which this plugin turns on for the bridge as portmap did, is no way in), to another session, or
@@ -71,6 +74,7 @@ RULES = f"""\
 add table inet {TABLE} {{ comment "caravan session isolation: sessions reach their own kernels only"; }}
 add set inet {TABLE} bridges {{ type ifname; comment "bridges of session networks"; }}
 add set inet {TABLE} peers {{ type ipv4_addr . ipv4_addr; comment "(source, destination) of one session's kernels"; }}
+add set inet {TABLE} data_plane {{ type ipv4_addr; flags interval; comment "who reaches published ports from afar"; }}
 add chain inet {TABLE} input {{ type filter hook input priority filter - 10; policy accept; }}
 add chain inet {TABLE} forward {{ type filter hook forward priority filter - 10; policy accept; }}
 flush chain inet {TABLE} input
@@ -81,7 +85,7 @@ add rule inet {TABLE} forward iifname @bridges ct state established,related acce
 add rule inet {TABLE} forward iifname @bridges ip saddr . ip daddr @peers accept
 add rule inet {TABLE} forward iifname @bridges drop
 add rule inet {TABLE} forward oifname @bridges ct state established,related accept
-add rule inet {TABLE} forward oifname @bridges ct status dnat accept
+add rule inet {TABLE} forward oifname @bridges ct status dnat ip saddr @data_plane accept
 add rule inet {TABLE} forward oifname @bridges ip saddr . ip daddr @peers accept
 add rule inet {TABLE} forward oifname @bridges drop
 add table bridge {TABLE} {{ comment "caravan session isolation: no spoofing, no traffic between sessions"; }}
@@ -162,12 +166,19 @@ def kernel_of(result: Mapping[str, Any], container_id: str, session: str) -> Ker
 
 
 ANY_ADDRESS = ("", "0.0.0.0", "::")
-"""A port mapping's host address meaning any of the host's (``anyports``)."""
+"""A port mapping's host address meaning any of the host's (``anyports``), unless the configuration names the host's
+address (``hostAddress``)."""
 
 
 def published_ports(config: Mapping[str, Any]) -> tuple[tuple[str, str, int, int], ...]:
     """The port mappings the runtime asks for (CNI capability ``portMappings``, Nomad's ports with a ``to``), checked
-    strictly: they are written into an nft script. IPv6 host addresses are skipped (the session network is IPv4)."""
+    strictly: they are written into an nft script. IPv6 host addresses are skipped (the session network is IPv4).
+    A mapping without a host address (Nomad gives none in a CNI network) is published on the configuration's
+    ``hostAddress`` (the client's own address: 127.0.0.1 on one machine, its address on the hosts' network on a
+    cluster), never on every address of the host; without ``hostAddress``, on any (``anyports``)."""
+    default_host = str(config.get("hostAddress") or "")
+    if default_host and not _is_ipv4(default_host):
+        raise PluginError(f"hostAddress {default_host!r} is not an IPv4 address")
     found = []
     for given in (config.get("runtimeConfig") or {}).get("portMappings") or []:
         mapping = {str(k).lower(): v for k, v in given.items()}  # Nomad writes HostPort, CNI's convention hostPort
@@ -176,13 +187,29 @@ def published_ports(config: Mapping[str, Any]) -> tuple[tuple[str, str, int, int
         if protocol not in ("tcp", "udp") or not (0 < host_port < 65536 and 0 < port < 65536):
             raise PluginError(f"unsupported port mapping {given!r}")
         if host in ANY_ADDRESS:
-            host = ""
+            host = default_host
         elif ":" in host:
             continue
         elif not _is_ipv4(host):
             raise PluginError(f"unsupported host address in port mapping {given!r}")
         found.append((host, protocol, host_port, port))
     return tuple(found)
+
+
+def data_plane_commands(config: Mapping[str, Any]) -> list[str]:
+    """The ``data_plane`` set as the configuration gives it (``dataPlane``: IPv4 addresses or networks): the only
+    sources beyond the host that may reach a published port (the ingress that proxies the sessions' apps). Empty by
+    default: then only the host itself does (its own connections are never forwarded)."""
+    given = config.get("dataPlane") or []
+    if not isinstance(given, list):
+        raise PluginError("dataPlane is a list of IPv4 addresses or networks")
+    for entry in given:
+        address, _, length = str(entry).partition("/")
+        if not _is_ipv4(address) or (length and not (length.isdigit() and int(length) <= 32)):
+            raise PluginError(f"dataPlane entry {entry!r} is not an IPv4 address or network")
+    elements = ", ".join(str(entry) for entry in given)
+    added = [f"add element inet {TABLE} data_plane {{ {elements} }}"] if given else []
+    return [f"flush set inet {TABLE} data_plane", *added]
 
 
 def _is_ipv4(text: str) -> bool:
@@ -380,7 +407,7 @@ def add(config: Mapping[str, Any], env: Mapping[str, str], members: Membership) 
     kernel = kernel._replace(published=published_ports(config))
     bridge = str(config["bridge"])
     members.lock()
-    commands = [RULES]
+    commands = [RULES, *data_plane_commands(config)]
     known = [k for k in members.all_kernels() if k.container_id != kernel.container_id]
     # left by a client killed before its DEL: the address is reused now
     stale = [k for k in known if k.address == kernel.address]
@@ -425,7 +452,8 @@ def check(config: Mapping[str, Any], env: Mapping[str, str], members: Membership
     kernel = members.recall(env["CNI_CONTAINERID"])
     if kernel is None:
         raise PluginError(f"allocation {env['CNI_CONTAINERID']} is not in a session network on this host")
-    nft([RULES, *element_commands("add", kernel, members.others(kernel), str(config["bridge"]))])
+    elements = element_commands("add", kernel, members.others(kernel), str(config["bridge"]))
+    nft([RULES, *data_plane_commands(config), *elements])
 
 
 def release(subnet: str, members: Membership) -> None:

@@ -8,7 +8,11 @@ Nomad, read with a token that can only read (``caravan.stack.nomad_acl.SESSION_P
   (:data:`SUBNET_META`, :data:`ADDRESS_META`); the daemon keeps a route to every other ready host's subnet through
   that host's address (routing protocol :data:`ROUTE_PROTOCOL`, so it touches no route of anyone else). Sessions'
   subnets are routed between hosts, with no encapsulation: the hosts must share a link (or their routers must know
-  the subnets).
+  the subnets). With ``--overlay vxlan`` (hosts without a shared link: their network carries only their own
+  addresses) the route goes instead through a VXLAN device (:data:`VXLAN_DEVICE`, VNI :data:`VXLAN_ID`, UDP
+  :data:`VXLAN_PORT` between the hosts' addresses, no learning): each other host's device is a static neighbour of a
+  MAC derived from its address (:func:`vxlan_mac`), behind its subnet's gateway address, in the forwarding database
+  at its address. The isolation rules are the same either way (the ``peers`` pairs, whatever the interface).
 - **membership**: the live allocations of every namespace, each with its address on its host's session network
   (``NetworkStatus``), give each session's kernels on the other hosts; a pair (this host's kernel, another host's
   kernel of the same session) is let through, both ways, in the plugin's ``peers`` set, under the plugin's lock, and
@@ -47,6 +51,14 @@ ADDRESS_META = "caravan_host_address"
 """Node meta: the client's address on the hosts' network, where other hosts route its session subnet."""
 ROUTE_PROTOCOL = "199"
 """The routing protocol number of the daemon's routes (``ip route … proto 199``): its own, listed and removed alone."""
+ROUTED, VXLAN = "routed", "vxlan"
+"""The overlays between hosts: their session subnets routed through their addresses, or encapsulated in VXLAN."""
+VXLAN_DEVICE = "cvvx0"
+VXLAN_ID = 4226
+VXLAN_PORT = 4789
+VXLAN_OVERHEAD = 50
+"""Bytes of VXLAN over IPv4 per packet: the device's MTU is the link's less this, and so must the kernels' be (a
+kernel at the link's MTU sends bulk data at a twelfth of the speed: ``bench/multihost_network``)."""
 
 Pair = tuple[str, str]
 
@@ -115,29 +127,75 @@ def wanted_pairs(local: Iterable[Kernel], remote: Iterable[RemoteKernel]) -> set
     return {(k.address, other) for k in local for other in by_session.get(k.session, ())}
 
 
-def wanted_routes(hosts: Mapping[str, Host], me: str) -> dict[str, str]:
-    """Each other host's subnet → its address."""
-    return {str(h.subnet): h.address for h in hosts.values() if h.node_id != me}
+def wanted_routes(hosts: Mapping[str, Host], me: str, overlay: str = ROUTED) -> dict[str, str]:
+    """Each other host's subnet → where it is routed: the host's address, or (VXLAN) its subnet's gateway address,
+    a neighbour on the VXLAN device."""
+    others = [h for h in hosts.values() if h.node_id != me]
+    if overlay == VXLAN:
+        return {str(h.subnet): str(h.subnet[1]) for h in others}
+    return {str(h.subnet): h.address for h in others}
+
+
+def vxlan_mac(address: str) -> str:
+    """The VXLAN device's MAC of the host at ``address``: locally administered, the address's four bytes."""
+    return "02:ca:" + ":".join(f"{byte:02x}" for byte in ipaddress.IPv4Address(address).packed)
 
 
 # -- I/O ---------------------------------------------------------------------------------------------------
 
 
-def sync_routes(wanted: Mapping[str, str]) -> None:
-    """Make this namespace's routes of :data:`ROUTE_PROTOCOL` exactly ``wanted``."""
+def sync_routes(wanted: Mapping[str, str], device: str | None = None) -> None:
+    """Make this namespace's routes of :data:`ROUTE_PROTOCOL` exactly ``wanted`` (through ``device``, its gateways
+    on-link there, when given)."""
     shown = subprocess.run(
         ["ip", "-j", "-4", "route", "show", "proto", ROUTE_PROTOCOL], capture_output=True, text=True, check=True
     )
-    present = {str(r["dst"]): str(r.get("gateway", "")) for r in json.loads(shown.stdout or "[]")}
+    present = {str(r["dst"]): (str(r.get("gateway", "")), r.get("dev")) for r in json.loads(shown.stdout or "[]")}
     for destination in present.keys() - wanted.keys():
         subprocess.run(["ip", "route", "del", destination, "proto", ROUTE_PROTOCOL], capture_output=True, check=False)
+    through = ["dev", device, "onlink"] if device else []
     for destination, via in wanted.items():
-        if present.get(destination) != via:
+        if present.get(destination, ("", None))[0] != via or (device and present[destination][1] != device):
             subprocess.run(
-                ["ip", "route", "replace", destination, "via", via, "proto", ROUTE_PROTOCOL],
+                ["ip", "route", "replace", destination, "via", via, *through, "proto", ROUTE_PROTOCOL],
                 capture_output=True,
                 check=True,
             )
+
+
+def _listed(*argv: str) -> list[Json]:
+    """What ``ip -j``/``bridge -j`` lists (nothing when the device is not there)."""
+    found = json.loads(subprocess.run(argv, capture_output=True, text=True, check=False).stdout or "[]")
+    return found if isinstance(found, list) else []
+
+
+def sync_vxlan(local: str | None, remotes: Mapping[str, str]) -> None:
+    """This host's VXLAN device from its address ``local`` (None: no device), and exactly ``remotes`` (each other
+    host's address → its subnet's gateway address) as its static neighbours and forwarding entries."""
+    exists = bool(_listed("ip", "-j", "link", "show", VXLAN_DEVICE))
+    if local is None:
+        if exists:
+            subprocess.run(["ip", "link", "delete", VXLAN_DEVICE], capture_output=True, check=False)
+        return
+    if not exists:
+        add = ["ip", "link", "add", VXLAN_DEVICE, "type", "vxlan", "id", str(VXLAN_ID), "local", local]
+        subprocess.run([*add, "dstport", str(VXLAN_PORT), "nolearning"], capture_output=True, check=True)
+        subprocess.run(["ip", "link", "set", VXLAN_DEVICE, "address", vxlan_mac(local), "up"], check=True)
+    macs = {vxlan_mac(address): address for address in remotes}
+    neighbours = {gateway: vxlan_mac(address) for address, gateway in remotes.items()}
+    for entry in _listed("ip", "-j", "neigh", "show", "dev", VXLAN_DEVICE):
+        if neighbours.get(str(entry.get("dst"))) != entry.get("lladdr"):
+            subprocess.run(["ip", "neigh", "del", str(entry["dst"]), "dev", VXLAN_DEVICE], check=False)
+    for entry in _listed("bridge", "-j", "fdb", "show", "dev", VXLAN_DEVICE):
+        mac = str(entry.get("mac", ""))
+        if entry.get("dst") and macs.get(mac) != entry.get("dst"):
+            subprocess.run(["bridge", "fdb", "del", mac, "dev", VXLAN_DEVICE, "dst", str(entry["dst"])], check=False)
+    for address, gateway in remotes.items():
+        mac = vxlan_mac(address)
+        fdb = ["bridge", "fdb", "replace", mac, "dev", VXLAN_DEVICE, "dst", address, "self", "permanent"]
+        subprocess.run(fdb, capture_output=True, check=True)
+        neighbour = ["ip", "neigh", "replace", gateway, "lladdr", mac, "dev", VXLAN_DEVICE, "nud", "permanent"]
+        subprocess.run(neighbour, capture_output=True, check=True)
 
 
 def sync_pairs(members: Membership, remote: Sequence[RemoteKernel]) -> tuple[int, int]:
@@ -161,6 +219,7 @@ class PeerDaemon:
     node_name: str
     members: Membership
     supernet: ipaddress.IPv4Network
+    overlay: str = ROUTED
     _nodes: dict[str, tuple[int, Json]] = dataclasses.field(default_factory=dict)
     _allocs: dict[str, tuple[int, Json]] = dataclasses.field(default_factory=dict)
 
@@ -175,7 +234,15 @@ class PeerDaemon:
         live = {str(a["ID"]) for a in stubs}
         for gone in self._allocs.keys() - live:
             del self._allocs[gone]
-        await asyncio.to_thread(sync_routes, wanted_routes(hosts, me))
+        routes = wanted_routes(hosts, me, self.overlay)
+        if self.overlay == VXLAN:
+            remotes = {h.address: str(h.subnet[1]) for h in hosts.values() if h.node_id != me}
+            local = hosts[me].address if me in hosts else None
+            await asyncio.to_thread(sync_vxlan, local, remotes)
+            await asyncio.to_thread(sync_routes, routes if local else {}, VXLAN_DEVICE)
+        else:
+            await asyncio.to_thread(sync_vxlan, None, {})
+            await asyncio.to_thread(sync_routes, routes)
         added, removed = await asyncio.to_thread(sync_pairs, self.members, remote_kernels(allocs, hosts, me))
         if added or removed:
             print(f"session-peers: {added} pair(s) let through, {removed} taken back", file=sys.stderr, flush=True)
@@ -195,7 +262,8 @@ class PeerDaemon:
 async def run(args: argparse.Namespace) -> None:
     token = (await asyncio.to_thread(Path(args.token_file).read_text)).strip()
     client = NomadClient(NomadSettings(addr=args.nomad_addr, token=token))
-    daemon = PeerDaemon(client, args.node_name, Membership(args.state_dir), ipaddress.IPv4Network(args.supernet))
+    supernet = ipaddress.IPv4Network(args.supernet)
+    daemon = PeerDaemon(client, args.node_name, Membership(args.state_dir), supernet, args.overlay)
     try:
         while True:
             try:
@@ -215,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--state-dir", required=True, help="the isolation plugin's stateDir on this host")
     parser.add_argument("--supernet", required=True, help="where session subnets lie, e.g. 172.26.0.0/16")
     parser.add_argument("--interval", type=float, default=0.5)
+    parser.add_argument("--overlay", choices=(ROUTED, VXLAN), default=ROUTED, help="between hosts (default: routed)")
     asyncio.run(run(parser.parse_args(argv)))
     return 0
 

@@ -22,6 +22,7 @@ from caravan.stack.nomad_cluster import ClientSpec
 from core.settings import Settings
 from tests.cluster_fixtures import on_the_cluster, scheduler_config
 from tests.harness import Caravan, running_caravan
+from tests.ingress import gateway_behind, haproxy_for
 
 HOSTS = (
     ClientSpec("cvmh-host1", cpu_mhz=3000, memory_mb=2048),
@@ -38,28 +39,36 @@ def multihost_cluster(state_dir: Path) -> Iterator[MultiHostCluster]:
         nomad_home=Path(STACK["CARAVAN_NOMAD_HOME"]),
         rootfs=Path(STACK["CARAVAN_ROOTFS"]),
         hosts=HOSTS,
-        want_drivers=("exec",),
+        want_drivers=("exec", "docker") if STACK.get("CARAVAN_PAUSE_IMAGE") else ("exec",),
         secrets_dir=state_dir / "multihost" / "secrets",
+        pause_image=STACK.get("CARAVAN_PAUSE_IMAGE"),
     )
     yield cluster
     cluster.stop()
 
 
-OnMultihost = Callable[[], AbstractAsyncContextManager[Caravan]]
+OnMultihost = Callable[..., AbstractAsyncContextManager[Caravan]]
 
 
 @pytest.fixture
 def on_multihost(settings: Settings, multihost_cluster: MultiHostCluster, tmp_path: Path) -> OnMultihost:
-    """``async with on_multihost() as caravan``: gateway + scheduler (in this process) on the multi-host cluster."""
+    """``async with on_multihost() as caravan``: gateway + scheduler (in this process) on the multi-host cluster;
+    ``on_multihost(ingress=True)``: behind a HAProxy of their own, the data plane (on the machine: it reaches the
+    hosts from the link's 172.26.255.1, the cluster's ``data_plane``)."""
 
     @contextlib.asynccontextmanager
-    async def start() -> AsyncIterator[Caravan]:
+    async def start(*, ingress: bool = False) -> AsyncIterator[Caravan]:
         path = tmp_path / "scheduler.hcl"
         path.write_text(scheduler_config())
         clustered = dataclasses.replace(
             on_the_cluster(settings, multihost_cluster),
             scheduler=dataclasses.replace(settings.scheduler, config_path=path, pass_interval=0.5),
         )
+        if ingress:
+            with haproxy_for(clustered) as proxy:
+                async with gateway_behind(proxy) as caravan:
+                    yield caravan
+            return
         async with running_caravan(clustered) as caravan:
             yield caravan
 

@@ -10,7 +10,9 @@ Topology (every name starts with :data:`PREFIX`; every address is in ``session_n
   address with Nomad's default ports, with its own session network (a bridge and a /24 reserved machine-wide like
   every client's, its own isolation rule set and membership directory) advertised in its node meta, and its own
   ``session-peers`` daemon (``nomad_jobs.session_peers``: routes to the other hosts' subnets and the cross-host pairs
-  of each session, from Nomad, with a read-only token);
+  of each session, from Nomad, with a read-only token; routed over the link, or through VXLAN:
+  :meth:`MultiHostCluster.set_overlay`); its kernels' ports published on its own address for the data plane alone,
+  and, with ``pause_image``, the docker driver on the machine's one Docker daemon;
 - the machine itself reaches the link as 172.26.255.1 (``cvmh-root``): the tests' Caravan talks to the first server.
 
 Processes enter a namespace with ``nsenter --net`` (not ``ip netns exec``, which would also give them a mount namespace
@@ -59,7 +61,7 @@ from caravan.stack.session_network import (
     session_network,
     unreserve,
 )
-from nomad_jobs.session_peers import ADDRESS_META, SUBNET_META
+from nomad_jobs.session_peers import ADDRESS_META, ROUTED, SUBNET_META, VXLAN_OVERHEAD
 
 PREFIX = "cvmh"
 """Every namespace (``cvmh-…``) and interface of the cluster on the machine's side."""
@@ -69,6 +71,9 @@ ROOT_VETH = f"{PREFIX}-root"
 INTERFACE = "eth0"
 """Each host's and server's interface on the link, inside its namespace."""
 ROOT_ADDRESS = str(HOST_NETWORK[1])
+SESSION_MTU = 1500 - VXLAN_OVERHEAD
+"""The hosts' session networks' MTU: room for the VXLAN header, so the overlay can be switched either way
+(:meth:`MultiHostCluster.set_overlay`) with the kernels running."""
 SERVERS = 3
 RECORDS = MEMBERSHIP_DIR / "multihost"
 """``owner`` (the pid of the process that runs the cluster), ``clients`` (the client directories, whose subnets are
@@ -118,6 +123,12 @@ class NetHost:
 class MultiHostCluster(NomadCluster):
     servers: list[Service] = field(default_factory=list)
     hosts: dict[str, NetHost] = field(default_factory=dict)
+    pause_image: str | None = None
+    """The hosts' docker driver's infra container image (None: no docker driver)."""
+    peers_token: Path | None = None
+    """The session-peers daemons' read-only Nomad token (a file)."""
+    overlay: str = ROUTED
+    """Between the hosts: routed subnets or VXLAN (``nomad_jobs.session_peers``)."""
 
     @property
     def server_addrs(self) -> list[str]:
@@ -126,6 +137,15 @@ class MultiHostCluster(NomadCluster):
     def in_host(self, name: str, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` in host ``name``'s namespace (the tests look at its routes and rules)."""
         return subprocess.run([*enter(self.hosts[name].namespace), *argv], capture_output=True, text=True)
+
+    def set_overlay(self, overlay: str) -> None:
+        """Restart every host's session-peers daemon with ``overlay`` (it replaces the other's routes and device)."""
+        assert self.peers_token is not None
+        for host in self.hosts.values():
+            if host.peers:
+                host.peers.stop()
+            host.peers = _start_peers(self.state_dir, host, self.peers_token, overlay)
+        self.overlay = overlay
 
     def stop(self, drain_timeout: float = 20.0) -> None:
         if self.clients and any(s.alive() for s in self.servers):
@@ -178,6 +198,7 @@ def sweep(*, own: bool = False) -> None:
     ours = [n for n in _namespaces() if n.startswith(f"{PREFIX}-")]
     for namespace in ours:  # the agents, clients, servers and task executors of a killed run
         _kill_members(namespace)
+    _remove_containers(_recorded_clients())
     networks = [n for n in map(recorded_network, _recorded_clients()) if n is not None]
     _delete_allocation_namespaces([ipaddress.IPv4Network(n.subnet) for n in networks])
     for namespace in ours:
@@ -196,6 +217,31 @@ def _kill_members(namespace: str) -> None:
     for member in listed.split():
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(member), signal.SIGKILL)
+
+
+ALLOC_LABEL = "com.hashicorp.nomad.alloc_id"
+
+
+def _remove_containers(client_dirs: list[Path]) -> None:
+    """The docker kernels (and their pause containers) of the clients' allocations: a killed client leaves them
+    running in the machine's Docker daemon, which no namespace holds. Found by allocation id (Nomad's label, and its
+    names ``<task>-<alloc id>``, ``nomad_init_<alloc id>``), among the allocation directories the clients made."""
+    directories = [client_dir / "alloc" for client_dir in client_dirs]
+    allocations = {entry.name for directory in directories if directory.is_dir() for entry in directory.iterdir()}
+    if not allocations or shutil.which("docker") is None:
+        return
+    listed = subprocess.run(
+        ["docker", "ps", "-a", "--format", f'{{{{.ID}}}} {{{{.Names}}}} {{{{.Label "{ALLOC_LABEL}"}}}}'],
+        capture_output=True,
+        text=True,
+    ).stdout
+    ours = []
+    for line in listed.splitlines():
+        container, name, *label = [*line.split(), ""]
+        if label[0] in allocations or any(name.endswith(allocation) for allocation in allocations):
+            ours.append(container)
+    if ours:
+        subprocess.run(["docker", "rm", "-f", *ours], capture_output=True, check=False)
 
 
 def _delete_allocation_namespaces(subnets: list[ipaddress.IPv4Network]) -> None:
@@ -247,9 +293,14 @@ def start_multihost_cluster(
     timeout: float = 180.0,
     secrets_dir: Path | None = None,
     namespace: str = "default",
+    pause_image: str | None = None,
+    data_plane: tuple[str, ...] = (ROOT_ADDRESS,),
 ) -> MultiHostCluster:
     """Sweep, then build the link, :data:`SERVERS` servers and one host per ``hosts`` spec (the spec's name is the
-    host's namespace and its node's name: ``cvmh-host1``…)."""
+    host's namespace and its node's name: ``cvmh-host1``…). ``pause_image``: the hosts run the docker driver too
+    (the machine's one Docker daemon, shared by every host), with this infra container image. ``data_plane``: the
+    only addresses beyond a host that reach its kernels' published ports (the tests' gateway and HAProxy run on the
+    machine, :data:`ROOT_ADDRESS`); each host publishes them on its own address."""
     sweep()
     RECORDS.mkdir(parents=True, exist_ok=True, mode=0o700)
     (RECORDS / "owner").write_text(str(os.getpid()))
@@ -262,6 +313,7 @@ def start_multihost_cluster(
         secrets_dir=secrets_dir,
         namespace=namespace,
         allow_raw_exec="raw_exec" in want_drivers,
+        pause_image=pause_image,
     )
     try:
         _make_link()
@@ -272,18 +324,27 @@ def start_multihost_cluster(
         _wait_server(cluster, timeout)
         servers = [f"{server_address(i)}:4647" for i in range(SERVERS)]
         for i, spec in enumerate(hosts):
-            host = _make_host(state_dir, spec.name, i)
+            host = _make_host(state_dir, spec.name, i, data_plane)
             cluster.hosts[spec.name] = host
             cluster.networks[spec.name] = host.network
             cluster.device_dirs[spec.name] = state_dir / spec.name / "devices"
             cluster.clients[spec.name] = _start_client(
-                binary, state_dir, spec, servers, nomad_home, rootfs, host.network, host=_placed(host)
+                binary,
+                state_dir,
+                spec,
+                servers,
+                nomad_home,
+                rootfs,
+                host.network,
+                host=_placed(host),
+                pause_image=pause_image,
             )
         assert cluster.token is not None
         token_file = (secrets_dir or state_dir / "secrets") / "nomad-session-peers.token"
         session_peers_token(cluster.addr, cluster.token, token_file)
+        cluster.peers_token = token_file
         for host in cluster.hosts.values():
-            host.peers = _start_peers(state_dir, host, token_file)
+            host.peers = _start_peers(state_dir, host, token_file, ROUTED)
         wait_until(
             lambda: _clients_ready(cluster, hosts, want_drivers),
             what="the hosts' Nomad clients",
@@ -302,7 +363,15 @@ def restart_client(cluster: MultiHostCluster, spec: ClientSpec, *, nomad_home: P
     servers = [f"{server_address(i)}:4647" for i in range(SERVERS)]
     host = cluster.hosts[spec.name]
     cluster.clients[spec.name] = _start_client(
-        _binary(nomad_home), cluster.state_dir, spec, servers, nomad_home, rootfs, host.network, host=_placed(host)
+        _binary(nomad_home),
+        cluster.state_dir,
+        spec,
+        servers,
+        nomad_home,
+        rootfs,
+        host.network,
+        host=_placed(host),
+        pause_image=cluster.pause_image,
     )
 
 
@@ -328,7 +397,7 @@ def _start_server(binary: Path, state_dir: Path, index: int) -> Service:
     return spawn(f"nomad-{name}", argv, state_dir / f"{name}.log", env=CLEAN_ENV, clean=True)
 
 
-def _make_host(state_dir: Path, name: str, index: int) -> NetHost:
+def _make_host(state_dir: Path, name: str, index: int, data_plane: tuple[str, ...]) -> NetHost:
     if not name.startswith(f"{PREFIX}-"):
         raise ValueError(f"a host's name starts with {PREFIX}- (its namespace is named after it)")
     namespace = name
@@ -339,11 +408,11 @@ def _make_host(state_dir: Path, name: str, index: int) -> NetHost:
     client_dir = state_dir / name
     with open(RECORDS / "clients", "a") as records:  # before the reservation: a killed run's is found again
         records.write(f"{client_dir.resolve()}\n")
-    network = session_network(client_dir, members)
+    network = session_network(client_dir, members, host_address=address, data_plane=data_plane, mtu=SESSION_MTU)
     return NetHost(name, namespace, address, network, members)
 
 
-def _start_peers(state_dir: Path, host: NetHost, token_file: Path) -> Service:
+def _start_peers(state_dir: Path, host: NetHost, token_file: Path, overlay: str) -> Service:
     argv = [
         *enter(host.namespace),
         sys.executable,
@@ -354,6 +423,7 @@ def _start_peers(state_dir: Path, host: NetHost, token_file: Path) -> Service:
         f"--node-name={host.name}",
         f"--state-dir={host.members_dir}",
         f"--supernet={SESSION_SUPERNET}",
+        f"--overlay={overlay}",
     ]
     env = {**CLEAN_ENV, "PYTHONPATH": str(PROJECT)}
     return spawn(f"session-peers-{host.name}", argv, state_dir / f"{host.name}-peers.log", env=env, clean=True)

@@ -60,6 +60,15 @@ plugin "raw_exec" {{
     enabled = {raw_exec}
   }}
 }}
+{docker_plugin}plugin "qemu" {{
+  config {{
+    image_paths = {image_paths}
+  }}
+}}
+{device_plugin}"""
+
+
+DOCKER_PLUGIN = """\
 plugin "docker" {{
   config {{
 {infra_image}    # No host paths into containers: a job spec (even one registered with a leaked token) cannot
@@ -69,15 +78,28 @@ plugin "docker" {{
     }}
     gc {{
       image = false
-    }}
+{dangling}    }}
   }}
 }}
-plugin "qemu" {{
-  config {{
-    image_paths = {image_paths}
-  }}
-}}
-{device_plugin}"""
+"""
+
+SHARED_DAEMON = """\
+      # Several clients share this machine's Docker daemon: each driver's reconciler would remove, as "dangling",
+      # every running Nomad container it does not track itself (the other clients' kernels, once 5 minutes old).
+      # Each client removes its own (and a killed test cluster's sweep what its clients left).
+      dangling_containers {
+        enabled = false
+      }
+"""
+
+
+def docker_plugin(pause_image: str | None, *, shared_daemon: bool = False) -> str:
+    """The docker driver's block; ``pause_image``: its infra container image (see :func:`write_config`);
+    ``shared_daemon``: other Nomad clients use the same Docker daemon (no dangling-container reconciler)."""
+    return DOCKER_PLUGIN.format(
+        infra_image=f'    infra_image = "{pause_image}"\n' if pause_image else "",
+        dangling=SHARED_DAEMON if shared_daemon else "",
+    )
 
 
 CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
@@ -171,7 +193,7 @@ def write_config(
             rpc=rpc,
             serf=serf,
             network_config=network.client_config(),
-            infra_image=f'    infra_image = "{pause_image}"\n' if pause_image else "",
+            docker_plugin=docker_plugin(pause_image),
             raw_exec="true" if raw_exec else "false",
         )
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from caravan.stack.device_plugin import DEFAULT_DEVICES, SimDevices, plugin_block, plugin_dir
 from caravan.stack.nomad_acl import PLATFORM_NAMESPACE, lock_down
-from caravan.stack.nomad_agent import CLEAN_ENV, _get, drain, write_config
+from caravan.stack.nomad_agent import CLEAN_ENV, _get, docker_plugin, drain, write_config
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
 from caravan.stack.session_network import SessionNetwork, release, session_network
 
@@ -90,7 +90,7 @@ client {{
   }}
   options = {{
     "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
-    "driver.denylist"      = "docker,qemu,java"
+    "driver.denylist"      = "{denylist}"
   }}
 }}
 plugin "raw_exec" {{
@@ -416,9 +416,11 @@ def _start_client(
     network: SessionNetwork,
     *,
     host: ClientHost | None = None,
+    pause_image: str | None = None,
 ) -> Service:
     """A client agent; ``host``: in a network namespace of its own (on its address, default ports, the session
-    network in its node meta), else on loopback ports of its own."""
+    network in its node meta), else on loopback ports of its own. ``pause_image``: with the docker driver (its infra
+    container image), else without."""
     data_dir = state_dir / spec.name
     device_dir = data_dir / "devices"
     device_dir.mkdir(parents=True, exist_ok=True)
@@ -442,7 +444,9 @@ def _start_client(
         cgroup_parent=_cgroup_parent(spec.name),
         rootfs=rootfs,
         network_config=network.client_config(),
+        denylist="qemu,java" if pause_image else "docker,qemu,java",
     )
+    config += docker_plugin(pause_image, shared_daemon=True) if pause_image else ""
     config += plugin_block(spec.devices, device_dir, data_dir)
     path = state_dir / f"{spec.name}.hcl"
     path.write_text(config)

@@ -7,10 +7,12 @@ Each Nomad client the stack starts gets a session network of its own:
   host-local address management (its state under the client's directory);
 - **caravan-isolation** (``node_plugins/cni_isolation.py``), chained last: a kernel reaches the other kernels of its own
   session and nothing else (not the host and its loopback services, not another session, not beyond the host); and,
-  in the same nftables transaction, a kernel's ports are published on the client's loopback as Nomad-allocated host
-  ports (CNI's ``portMappings``), so the port a session reports is the port that answers (``127.0.0.1:<host port>`` →
-  the kernel's own port). It does what CNI's ``portmap`` plugin did, without its separate process and its iptables
-  calls (about 0.1 s off every kernel's start, ``bench/jupyter_launch``).
+  in the same nftables transaction, a kernel's ports are published on the client's own address (its loopback on one
+  machine, its address on the hosts' network on a cluster: ``host_address``) as Nomad-allocated host ports (CNI's
+  ``portMappings``), so the port a session reports is the port that answers (``127.0.0.1:<host port>`` → the
+  kernel's own port); from beyond the host only the ``data_plane`` addresses reach it. It does what CNI's
+  ``portmap`` plugin did, without its separate process and its iptables calls (about 0.1 s off every kernel's
+  start, ``bench/jupyter_launch``).
 
 No masquerading is configured: sessions have no egress beyond the host (see the README for the operator's choice in
 production). The CNI plugins come from Debian's ``containernetworking-plugins`` (``/usr/lib/cni``); the isolation
@@ -31,7 +33,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 CNI_NETWORK = "caravan"
@@ -44,6 +46,7 @@ MEMBERSHIP_DIR = Path("/run/caravan-cni")
 HOST_NETWORK = ipaddress.IPv4Network("172.26.255.0/24")
 """Never a session subnet: the hosts' own addresses on the multi-host test cluster's link
 (:mod:`caravan.stack.multihost`)."""
+LOOPBACK = "127.0.0.1"
 ISOLATION_MODULE = Path(__file__).resolve().parents[2] / "node_plugins" / "cni_isolation.py"
 
 
@@ -62,6 +65,14 @@ class SessionNetwork:
     state_dir: str = str(MEMBERSHIP_DIR)
     """The isolation plugin's membership records: one directory per host (every client of a host shares it; each
     network namespace of the multi-host test cluster is a host of its own, with a directory of its own)."""
+    host_address: str = LOOPBACK
+    """Where the kernels' ports are published: the client's own address (its ``network_interface``'s, which Nomad
+    reports as the ports' address), never every address of the host."""
+    data_plane: tuple[str, ...] = ()
+    """The only addresses beyond the host that reach a published port (the ingress proxying the apps; none on one
+    machine, where the ingress is on the host itself)."""
+    mtu: int | None = None
+    """The bridge's and kernels' MTU (None: the kernel's default, 1500); under a VXLAN overlay, the device's."""
 
     @property
     def cni_path(self) -> str:
@@ -84,6 +95,7 @@ class SessionNetwork:
                     "ipMasq": False,
                     "hairpinMode": True,
                     "forceAddress": True,
+                    **({"mtu": self.mtu} if self.mtu else {}),
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{"subnet": self.subnet}]],
@@ -95,22 +107,33 @@ class SessionNetwork:
                     "type": "caravan-isolation",
                     "bridge": self.bridge,
                     "stateDir": self.state_dir,
+                    "hostAddress": self.host_address,
+                    "dataPlane": list(self.data_plane),
                     "capabilities": {"portMappings": True},
                 },
             ],
         }
 
 
-def session_network(client_dir: Path, state_dir: Path = MEMBERSHIP_DIR) -> SessionNetwork:
+def session_network(
+    client_dir: Path,
+    state_dir: Path = MEMBERSHIP_DIR,
+    *,
+    host_address: str = LOOPBACK,
+    data_plane: tuple[str, ...] = (),
+    mtu: int | None = None,
+) -> SessionNetwork:
     """The client's session network: the one it had, else a new one (bridge and a free /24), written to disk with
     its CNI configuration and plugin shim. ``state_dir``: the host's membership records (a client in a network
     namespace of its own is a host of its own). Subnets are reserved machine-wide either way, so no two hosts of
-    this machine share one."""
+    this machine share one. ``host_address``, ``data_plane`` and ``mtu``: where its kernels' ports are published, who
+    beyond the host reaches them, the kernels' MTU (see :class:`SessionNetwork`)."""
     client_dir = client_dir.resolve()
     record = client_dir / "session-network.json"
     with _reservations() as reserved:
         if record.exists():
             network = SessionNetwork(**json.loads(record.read_text()))
+            network = replace(network, host_address=host_address, data_plane=tuple(data_plane), mtu=mtu)
         else:
             bridge = "cv" + hashlib.sha256(str(client_dir).encode()).hexdigest()[:6]
             network = SessionNetwork(
@@ -120,6 +143,9 @@ def session_network(client_dir: Path, state_dir: Path = MEMBERSHIP_DIR) -> Sessi
                 bin_dir=str(client_dir / "cni-bin"),
                 ipam_dir=str(client_dir / "cni-ipam"),
                 state_dir=str(state_dir),
+                host_address=host_address,
+                data_plane=tuple(data_plane),
+                mtu=mtu,
             )
         (reserved / _reservation_name(network.subnet)).write_text(str(client_dir))
         _write(network)

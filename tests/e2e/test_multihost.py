@@ -28,6 +28,8 @@ from caravan.stack import multihost
 from caravan.stack.multihost import ROOT_ADDRESS, MultiHostCluster, server_address
 from caravan.stack.session_network import MEMBERSHIP_DIR
 from node_plugins.cni_isolation import Membership
+from nomad_jobs import session_peers
+from tests.conftest import DEFAULT_IMAGE, DOCKER
 from tests.harness import CREATE, Caravan
 from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
 
@@ -69,6 +71,79 @@ async def kernel_logs(caravan: Caravan, session_id: str) -> dict[str, str]:
     return {k["hostname"]: (k["logs"] or {}).get("stdout", "") for k in data["session"]["kernels"]}
 
 
+async def spanning_session(caravan: Caravan, cluster: MultiHostCluster, driver: str) -> tuple[str, dict[str, str]]:
+    """A 2-kernel cluster session of ``driver`` with a kernel on each host, once each kernel fetched the other's page
+    by hostname: its id and its kernels' addresses by hostname."""
+    image = {"image": DEFAULT_IMAGE} if driver == "DOCKER" else {}
+    data = await caravan.gql(
+        CREATE,
+        {
+            "input": {
+                "name": "spans",
+                "type": "INTERACTIVE",
+                "driver": driver,
+                **image,
+                "clusterSize": 2,
+                "clusterMode": "MULTI_NODE",
+                "resources": [{"slot": "cpu", "amount": "2"}, {"slot": "mem", "amount": "128m"}],
+                "startupCommand": SERVE,
+            }
+        },
+    )
+    [session] = data["createSession"]["sessions"]
+    await caravan.wait_for(session["id"], "RUNNING", timeout=120)
+    stored = await caravan.store.get(session["id"])
+    assert stored is not None
+    names = cluster.node_names
+    placed = {k.hostname: names[k.agent or ""] for k in stored.kernels}
+    assert sorted(placed.values()) == sorted(h.name for h in HOSTS), placed  # one kernel on each host
+    addresses = {
+        k.hostname: (await caravan.nomad.allocation(k.alloc_id or ""))["NetworkStatus"]["Address"]
+        for k in stored.kernels
+    }
+    deadline = time.monotonic() + 90
+    logs = await kernel_logs(caravan, session["id"])
+    while not all("got=" in text for text in logs.values()):
+        assert time.monotonic() < deadline, logs
+        await asyncio.sleep(0.5)
+        logs = await kernel_logs(caravan, session["id"])
+    # by hostname, across hosts, both ways
+    assert f"got=from sub1 me={addresses['main1']}" in logs["main1"], logs
+    assert f"got=from main1 me={addresses['sub1']}" in logs["sub1"], logs
+    return session["id"], addresses
+
+
+async def nothing_reached(
+    caravan: Caravan, cluster: MultiHostCluster, driver: str, targets: list[tuple[str, str, int]]
+) -> None:
+    """A BATCH session of ``driver`` on each host (another session: another tenant's network) tries every target;
+    none answers."""
+    image = {"image": DEFAULT_IMAGE} if driver == "DOCKER" else {}
+    intruders = {}
+    for host in HOSTS:
+        created = await caravan.gql(
+            CREATE,
+            {
+                "input": {
+                    "name": f"intruder-{host.name}",
+                    "type": "BATCH",
+                    "driver": driver,
+                    **image,
+                    "designatedAgent": cluster.node_ids[host.name],
+                    "startupCommand": intruder_script(targets),
+                }
+            },
+        )
+        intruders[host.name] = created["createSession"]["sessions"][0]["id"]
+    for host_name, intruder in intruders.items():
+        ended = await caravan.wait_for(intruder, "TERMINATED", "ERROR", timeout=120)
+        stdout = ended["mainKernel"]["logs"]["stdout"]
+        assert "PROBE-DONE" in stdout, ended
+        attempts = [line for line in stdout.splitlines() if line.startswith("NET ")]
+        assert len(attempts) == len(targets), stdout
+        assert [line for line in attempts if reached(line)] == [], f"from {host_name}: reached what it must not"
+
+
 KILLED_RUN = """
 import json, sys, time, urllib.request
 from pathlib import Path
@@ -76,13 +151,18 @@ from caravan.stack.multihost import start_multihost_cluster
 from caravan.stack.nomad_cluster import ClientSpec
 
 state, nomad_home, rootfs = map(Path, sys.argv[1:4])
+pause, image = sys.argv[4:6]  # with Docker: a docker kernel too
 cluster = start_multihost_cluster(
-    state, nomad_home=nomad_home, rootfs=rootfs, hosts=[ClientSpec("cvmh-host1", 1000, 512)], want_drivers=("exec",)
+    state, nomad_home=nomad_home, rootfs=rootfs, hosts=[ClientSpec("cvmh-host1", 1000, 512)],
+    want_drivers=("exec", "docker") if pause else ("exec",), pause_image=pause or None,
 )
 task = {"Name": "t", "Driver": "exec", "Config": {"command": "/bin/sleep", "args": ["3600"]},
         "Resources": {"CPU": 100, "MemoryMB": 32}}
-job = {"ID": "cvmh-swept", "Type": "service", "Datacenters": ["dc1"],
-       "TaskGroups": [{"Name": "g", "Networks": [{"Mode": "cni/caravan"}], "Tasks": [task]}]}
+groups = [{"Name": "g", "Networks": [{"Mode": "cni/caravan"}], "Tasks": [task]}]
+if pause:
+    docker = {**task, "Driver": "docker", "Config": {"image": image, "command": "/bin/sleep", "args": ["3600"]}}
+    groups.append({"Name": "d", "Networks": [{"Mode": "cni/caravan"}], "Tasks": [docker]})
+job = {"ID": "cvmh-swept", "Type": "service", "Datacenters": ["dc1"], "TaskGroups": groups}
 headers = {"X-Nomad-Token": cluster.token or "", "Content-Type": "application/json"}
 def call(method, path, body=None):
     data = json.dumps(body).encode() if body is not None else None
@@ -91,11 +171,13 @@ def call(method, path, body=None):
         return json.loads(answer.read())
 call("POST", "/v1/jobs", {"Job": job})
 for _ in range(600):
-    running = [a for a in call("GET", "/v1/job/cvmh-swept/allocations") if a["ClientStatus"] == "running"]
-    if running:
+    running = {a["TaskGroup"]: a["ID"] for a in call("GET", "/v1/job/cvmh-swept/allocations")
+               if a["ClientStatus"] == "running"}
+    if len(running) == len(groups):
         break
     time.sleep(0.2)
-print(json.dumps({"subnet": cluster.hosts["cvmh-host1"].network.subnet, "alloc": running[0]["ID"]}), flush=True)
+started = {"subnet": cluster.hosts["cvmh-host1"].network.subnet, "alloc": running["g"], "docker": running.get("d")}
+print(json.dumps(started), flush=True)
 time.sleep(3600)
 """
 
@@ -108,6 +190,12 @@ def namespaces() -> list[str]:
 def members(namespace: str) -> list[int]:
     listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
     return [int(pid) for pid in listed.split()]
+
+
+def containers(allocation: str) -> list[str]:
+    """Docker's containers (running or not) of a Nomad allocation."""
+    label = f"label={multihost.ALLOC_LABEL}={allocation}"
+    return subprocess.run(["docker", "ps", "-aq", "--filter", label], capture_output=True, text=True).stdout.split()
 
 
 def alive(pid: int) -> bool:
@@ -130,7 +218,8 @@ def all_dead(pids: list[int], within: float = 10.0) -> list[int]:
 @pytest.mark.cluster
 def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> None:
     """A run killed with its cluster up leaves servers, a client, an agent, a kernel in its own allocation namespace,
-    the hosts' namespaces and link, a subnet reservation; the sweep (the next start's first step) removes them all.
+    the hosts' namespaces and link, a subnet reservation (and, with Docker, a docker kernel and its pause
+    container in the machine's daemon); the sweep (the next start's first step) removes them all.
     (Runs first in this module: one multi-host cluster at a time on a machine, and the fixture's is not up yet.)"""
     from tests.conftest import STACK
 
@@ -142,6 +231,8 @@ def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> No
             str(tmp_path / "state"),
             STACK["CARAVAN_NOMAD_HOME"],
             STACK["CARAVAN_ROOTFS"],
+            STACK.get("CARAVAN_PAUSE_IMAGE", "") if DOCKER else "",
+            DEFAULT_IMAGE,
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -161,6 +252,8 @@ def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> No
     left = [pid for namespace in ("cvmh-host1", "cvmh-srv1", started["alloc"]) for pid in members(namespace)]
     kernels = members(started["alloc"])
     assert kernels and left and reservation.exists() and "cvmh-link" in namespaces()
+    if DOCKER:  # the docker kernel and its pause container, in the machine's one Docker daemon
+        assert len(containers(started["docker"])) == 2, containers(started["docker"])
 
     multihost.sweep()
 
@@ -170,48 +263,21 @@ def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> No
     assert not reservation.exists() and not multihost.RECORDS.exists()
     assert subprocess.run(["ip", "link", "show", multihost.ROOT_VETH], capture_output=True).returncode != 0
     assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split() == []
+    if DOCKER:
+        assert containers(started["docker"]) == [], "the killed run's docker kernel is left in Docker"
 
 
+@pytest.mark.parametrize("driver", ["EXEC", pytest.param("DOCKER", marks=pytest.mark.docker)])
 async def test_a_cluster_session_spans_two_hosts_and_nothing_else_reaches_its_kernels(
     on_multihost: OnMultihost,  # noqa: F811
     multihost_cluster: MultiHostCluster,  # noqa: F811
+    driver: str,
 ) -> None:
+    """The session's kernels and the intruders run with ``driver``: exec, or docker (the machine's one Docker daemon
+    serves every host; each host's client runs the CNI chain in its own namespace)."""
     cluster = multihost_cluster
     async with on_multihost() as caravan:
-        data = await caravan.gql(
-            CREATE,
-            {
-                "input": {
-                    "name": "spans",
-                    "type": "INTERACTIVE",
-                    "driver": "EXEC",
-                    "clusterSize": 2,
-                    "clusterMode": "MULTI_NODE",
-                    "resources": [{"slot": "cpu", "amount": "2"}, {"slot": "mem", "amount": "128m"}],
-                    "startupCommand": SERVE,
-                }
-            },
-        )
-        [session] = data["createSession"]["sessions"]
-        await caravan.wait_for(session["id"], "RUNNING", timeout=120)
-        stored = await caravan.store.get(session["id"])
-        assert stored is not None
-        names = cluster.node_names
-        placed = {k.hostname: names[k.agent or ""] for k in stored.kernels}
-        assert sorted(placed.values()) == sorted(h.name for h in HOSTS), placed  # one kernel on each host
-        addresses = {
-            k.hostname: (await caravan.nomad.allocation(k.alloc_id or ""))["NetworkStatus"]["Address"]
-            for k in stored.kernels
-        }
-        deadline = time.monotonic() + 90
-        logs = await kernel_logs(caravan, session["id"])
-        while not all("got=" in text for text in logs.values()):
-            assert time.monotonic() < deadline, logs
-            await asyncio.sleep(0.5)
-            logs = await kernel_logs(caravan, session["id"])
-        # by hostname, across hosts, both ways
-        assert f"got=from sub1 me={addresses['main1']}" in logs["main1"], logs
-        assert f"got=from main1 me={addresses['sub1']}" in logs["sub1"], logs
+        session_id, addresses = await spanning_session(caravan, cluster, driver)
 
         settings = caravan.settings
         root_ports = {
@@ -225,31 +291,10 @@ async def test_a_cluster_session_spans_two_hosts_and_nothing_else_reaches_its_ke
             (f"bridge-{h.name}", str(ipaddress.IPv4Network(h.network.subnet)[1]), 4646) for h in cluster.hosts.values()
         ]
         targets += [(f"machine-{name}", ROOT_ADDRESS, port) for name, port in root_ports.items()]
-        intruders = {}
-        for host in HOSTS:
-            created = await caravan.gql(
-                CREATE,
-                {
-                    "input": {
-                        "name": f"intruder-{host.name}",
-                        "type": "BATCH",
-                        "driver": "EXEC",
-                        "designatedAgent": cluster.node_ids[host.name],
-                        "startupCommand": intruder_script(targets),
-                    }
-                },
-            )
-            intruders[host.name] = created["createSession"]["sessions"][0]["id"]
-        for host_name, intruder in intruders.items():
-            ended = await caravan.wait_for(intruder, "TERMINATED", "ERROR", timeout=120)
-            stdout = ended["mainKernel"]["logs"]["stdout"]
-            assert "PROBE-DONE" in stdout, ended
-            attempts = [line for line in stdout.splitlines() if line.startswith("NET ")]
-            assert len(attempts) == len(targets), stdout
-            assert [line for line in attempts if reached(line)] == [], f"from {host_name}: reached what it must not"
+        await nothing_reached(caravan, cluster, driver, targets)
 
-        await caravan.gql(DESTROY, {"ids": [session["id"]]})
-        await caravan.wait_for(session["id"], "TERMINATED", timeout=90)
+        await caravan.gql(DESTROY, {"ids": [session_id]})
+        await caravan.wait_for(session_id, "TERMINATED", timeout=90)
         ours = set(addresses.values())
         deadline = time.monotonic() + 30
         while left := [
@@ -260,3 +305,47 @@ async def test_a_cluster_session_spans_two_hosts_and_nothing_else_reaches_its_ke
         ]:
             assert time.monotonic() < deadline, f"cross-host pairs of an ended session are still let through: {left}"
             await asyncio.sleep(0.5)
+
+
+HOSTS_ONLY = f"""
+table bridge {multihost.PREFIX}_hosts_only {{
+  chain forward {{
+    type filter hook forward priority 0; policy accept;
+    ether type ip ip saddr != {multihost.HOST_NETWORK} drop
+    ether type ip ip daddr != {multihost.HOST_NETWORK} drop
+  }}
+}}
+"""
+"""The hosts' link made a network that carries only the hosts' own addresses (no router there knows the sessions'
+subnets): what the VXLAN overlay is for."""
+
+
+def hosts_only(on: bool) -> None:
+    script = HOSTS_ONLY if on else f"delete table bridge {multihost.PREFIX}_hosts_only\n"
+    subprocess.run([*multihost.enter(multihost.LINK_NAMESPACE), "nft", "-f", "-"], input=script, text=True, check=on)
+
+
+async def test_over_vxlan_a_session_spans_hosts_whose_link_carries_only_their_own_addresses(
+    on_multihost: OnMultihost,  # noqa: F811
+    multihost_cluster: MultiHostCluster,  # noqa: F811
+) -> None:
+    """The session-peers daemons switched to ``--overlay vxlan``; the link then drops every packet from or to
+    anything but a host's address, so routed session subnets cannot cross it (the routed overlay fails here: its
+    kernels never fetch each other's page). Over VXLAN the kernels reach each other by hostname, each host's routes
+    go through its VXLAN device, and another session's kernel on either host still reaches neither kernel."""
+    cluster = multihost_cluster
+    cluster.set_overlay(session_peers.VXLAN)
+    hosts_only(True)
+    try:
+        async with on_multihost() as caravan:
+            session_id, addresses = await spanning_session(caravan, cluster, "EXEC")
+            for host in cluster.hosts.values():
+                shown = cluster.in_host(host.name, ["ip", "-j", "route", "show", "proto", session_peers.ROUTE_PROTOCOL])
+                assert {r["dev"] for r in json.loads(shown.stdout)} == {session_peers.VXLAN_DEVICE}, shown.stdout
+            targets = [(f"kernel-{name}", address, PORT) for name, address in addresses.items()]
+            await nothing_reached(caravan, cluster, "EXEC", targets)
+            await caravan.gql(DESTROY, {"ids": [session_id]})
+            await caravan.wait_for(session_id, "TERMINATED", timeout=90)
+    finally:
+        hosts_only(False)
+        cluster.set_overlay(session_peers.ROUTED)

@@ -220,3 +220,33 @@ def test_a_host_port_handed_out_again_goes_to_the_new_kernel_only(tmp_path: Path
     members = cni_isolation.Membership(str(tmp_path))
     members.remember(losing[0])
     assert members.recall("old") == losing[0]  # published ports survive the record's round trip
+
+
+def test_a_port_without_a_host_address_is_published_on_the_hosts_own_address() -> None:
+    """Nomad gives no host address in a CNI network: the port goes on the configuration's ``hostAddress`` (the client's
+    own address), never on every address of the host (``anyports``), which a machine on the hosts' network reaches."""
+    mappings = [{"HostPort": 31001, "ContainerPort": 8080, "Protocol": "tcp", "HostIP": ""}]
+    config = {"hostAddress": "172.26.255.12", "runtimeConfig": {"portMappings": mappings}}
+    assert cni_isolation.published_ports(config) == (("172.26.255.12", "tcp", 31001, 8080),)
+    with pytest.raises(PluginError, match="hostAddress"):
+        cni_isolation.published_ports({**config, "hostAddress": "172.26.255.12 } ; flush ruleset ; {"})
+
+
+def test_only_the_data_plane_reaches_a_published_port_from_beyond_the_host() -> None:
+    """The forward chain lets a DNATed connection in only from the ``data_plane`` set, which every transaction sets
+    to the configuration's ``dataPlane`` (none: only the host itself, whose own connections are never forwarded)."""
+    assert "oifname @bridges ct status dnat ip saddr @data_plane accept" in RULES
+    assert "oifname @bridges ct status dnat accept" not in RULES
+    commands = cni_isolation.data_plane_commands({"dataPlane": ["172.26.255.1", "172.26.254.0/24"]})
+    assert commands == [
+        f"flush set inet {TABLE} data_plane",
+        f"add element inet {TABLE} data_plane {{ 172.26.255.1, 172.26.254.0/24 }}",
+    ]
+    assert cni_isolation.data_plane_commands({}) == [f"flush set inet {TABLE} data_plane"]
+    for bad in (["172.26.255.1 } ; flush ruleset ; {"], ["10.0.0.0/33"], "172.26.255.1"):
+        with pytest.raises(PluginError, match="dataPlane"):
+            cni_isolation.data_plane_commands({"dataPlane": bad})
+    checked = subprocess.run(
+        ["nft", "-c", "-f", "-"], input="\n".join([RULES, *commands]), text=True, capture_output=True
+    )
+    assert checked.returncode == 0, checked.stderr

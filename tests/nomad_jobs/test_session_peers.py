@@ -6,6 +6,7 @@ import ipaddress
 from typing import Any
 
 from node_plugins.cni_isolation import Kernel, session_key
+from nomad_jobs import session_peers
 from nomad_jobs.session_peers import (
     ADDRESS_META,
     SUBNET_META,
@@ -43,6 +44,14 @@ def test_hosts_are_ready_nodes_with_a_session_subnet_of_the_supernet_claimed_by_
     assert set(hosts) == {"a"}
     assert wanted_routes(hosts, me="x") == {"172.26.1.0/24": "172.26.255.11"}
     assert wanted_routes(hosts, me="a") == {}
+
+
+def test_over_vxlan_a_hosts_subnet_goes_to_its_gateway_behind_a_mac_of_its_address() -> None:
+    """VXLAN: the route goes to the other host's subnet gateway, a static neighbour on the device whose MAC (locally
+    administered) is derived from that host's address, found in the forwarding database at the address."""
+    hosts = hosts_of([node("a", "172.26.1.0/24", "172.26.255.11")], SUPERNET)
+    assert wanted_routes(hosts, me="x", overlay=session_peers.VXLAN) == {"172.26.1.0/24": "172.26.1.1"}
+    assert session_peers.vxlan_mac("172.26.255.11") == "02:ca:ac:1a:ff:0b"
 
 
 def test_remote_kernels_are_other_hosts_allocations_inside_their_own_subnet() -> None:

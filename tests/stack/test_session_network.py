@@ -57,3 +57,23 @@ def test_a_host_namespace_keeps_its_membership_apart(tmp_path: Path) -> None:
         assert session_network(tmp_path / "a").state_dir == str(tmp_path / "members")  # kept across restarts
     finally:
         release(network)
+
+
+def test_a_hosts_network_publishes_on_its_address_for_its_data_plane_at_its_mtu(tmp_path: Path) -> None:
+    """A host of the multi-host cluster: its ports on its own address, reached from its data plane alone, its
+    kernels at the VXLAN device's MTU; a client on one machine: its loopback, no data plane, the default MTU."""
+    network = session_network(
+        tmp_path / "a", tmp_path / "members", host_address="172.26.255.12", data_plane=("172.26.255.1",), mtu=1450
+    )
+    try:
+        bridge, isolation = json.loads((Path(network.config_dir) / "caravan.conflist").read_text())["plugins"][1:]
+        assert (isolation["hostAddress"], isolation["dataPlane"], bridge["mtu"]) == (
+            "172.26.255.12",
+            ["172.26.255.1"],
+            1450,
+        )
+        plain = json.loads((Path(session_network(tmp_path / "a").config_dir) / "caravan.conflist").read_text())
+        assert (plain["plugins"][2]["hostAddress"], plain["plugins"][2]["dataPlane"]) == ("127.0.0.1", [])
+        assert "mtu" not in plain["plugins"][1]
+    finally:
+        release(network)
