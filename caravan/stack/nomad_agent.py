@@ -174,12 +174,15 @@ def write_config(
     pause_image: str | None = None,
     raw_exec: bool = True,
     devices: SimDevices | None = DEFAULT_DEVICES,
+    shared_daemon: bool = False,
 ) -> None:
     """``pause_image``: the docker driver's infra container image for kernels in a network of their own (no
     registry serves Nomad's default here; ops/build-images builds one). ``raw_exec``: whether the client runs the
     unisolated raw_exec driver at all (the stack's agents always do: the platform's jobs need it; which namespaces
     may use it is the namespaces' capabilities, ``caravan.stack.nomad_acl.configure``). ``devices``: the simulated
-    accelerators the client offers (Caravan's device plugin, its state in ``device_dir``; None: none)."""
+    accelerators the client offers (Caravan's device plugin, its state in ``device_dir``; None: none).
+    ``shared_daemon``: other Nomad clients (the tests' agents beside the stack's) use this machine's Docker daemon
+    too (:func:`docker_plugin`)."""
     for directory in (data_dir, image_dir, device_dir):
         directory.mkdir(parents=True, exist_ok=True)
     path.write_text(
@@ -193,7 +196,7 @@ def write_config(
             rpc=rpc,
             serf=serf,
             network_config=network.client_config(),
-            docker_plugin=docker_plugin(pause_image),
+            docker_plugin=docker_plugin(pause_image, shared_daemon=shared_daemon),
             raw_exec="true" if raw_exec else "false",
         )
     )
@@ -240,6 +243,7 @@ def start_nomad_dev(
         network=network,
         pause_image=pause_image,
         devices=devices,
+        shared_daemon=True,  # a test's agent: ./ops/dev's, another test's, may run kernels in the same daemon
     )
     # Nomad hands its own environment to exec and raw_exec tasks: start it with a clean one.
     service = spawn("nomad", [str(binary), "agent", "-dev", f"-config={config}"], log, env=CLEAN_ENV, clean=True)
