@@ -16,12 +16,12 @@ costs only its checks; a request at least as big as one that already failed is s
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from itertools import chain, count
 
-from core.collector import collector_paused
 from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
@@ -92,9 +92,16 @@ def validate_config(config: PassConfig) -> None:
 
 def run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResult:
     # a pass allocates many small objects and frees them by reference counting; the cyclic collector would only walk
-    # the whole snapshot again and again (a large share of a big pass: bench/README.md)
-    with collector_paused():
+    # the whole snapshot again and again (a large share of a big pass: bench/README.md). Paused before anything is
+    # allocated (``core.collector.collector_paused`` allocates its generator first, which can itself set off a full
+    # collection of the caller's garbage, inside the pass)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
         return _run_pass(snapshot, config, now)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResult:
@@ -106,10 +113,13 @@ def _run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResu
         snapshot.project_policies,
         Usage.from_snapshot(snapshot),
     )
-    slot_names = _slot_names(snapshot)
     pending: dict[str, list[PendingSession]] = defaultdict(list)
-    for session in snapshot.pending:
+    requests: dict[int, ResourceSlots] = {}  # by identity: presets repeat as shared objects (the snapshot reader's)
+    for session in snapshot.pending:  # one walk over the sessions for both
         pending[session.resource_group].append(session)
+        for kernel in session.kernels:
+            requests[id(kernel.requested)] = kernel.requested
+    slot_names = _slot_names(snapshot, requests)
     agents: dict[str, list[Agent]] = defaultdict(list)
     for agent in snapshot.agents:
         if agent.schedulable:
@@ -124,15 +134,13 @@ def _run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResu
     return outcomes.result()
 
 
-def _slot_names(snapshot: Snapshot) -> set[str]:
-    """Every slot named anywhere. Requests and occupancies are shared objects (presets repeat; the snapshot reader
-    memoizes them): each distinct object is read once, found by identity (no Python-level hash per session)."""
-    distinct: dict[int, ResourceSlots] = {}
+def _slot_names(snapshot: Snapshot, requests: dict[int, ResourceSlots]) -> set[str]:
+    """Every slot named anywhere (``requests``: the pending sessions', by identity). Requests and occupancies are
+    shared objects (presets repeat; the snapshot reader memoizes them): each distinct object is read once, found by
+    identity (no Python-level hash per session)."""
+    distinct = requests
     for agent in snapshot.agents:
         distinct[id(agent.capacity)], distinct[id(agent.occupied)] = agent.capacity, agent.occupied
-    for session in snapshot.pending:
-        for kernel in session.kernels:
-            distinct[id(kernel.requested)] = kernel.requested
     for running in snapshot.running:
         distinct[id(running.occupied)] = running.occupied
     names: set[str] = set()
@@ -372,7 +380,8 @@ def _reserve_for_overdue(
     cutoff = overdue_before(config, now)  # is_overdue, with the subtraction done once
     if cutoff is None or config.max_reservations == 0:
         return holders
-    overdue = [entry for entry in entries if entry.pushed_back and entry.session.created_at < cutoff]
+    before = cutoff.timestamp()  # against the entries' own timestamps (``by_age`` orders on them too)
+    overdue = [entry for entry in entries if entry.pushed_back and entry.created < before]
     for entry in _in_reservation_order(overdue):
         if len(holders) >= config.max_reservations:
             break
