@@ -53,7 +53,8 @@ from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_check
 __all__ = ["run_pass", "validate_config"]
 
 
-_UNKNOWN = -1
+_NONE_HOPELESS = -1
+"""No demand of the request is hopeless (``_GroupWalk.hopeless``)."""
 
 
 _NO_SHARES = ShareView()  # what an order other than DRF is given: it never asks
@@ -154,8 +155,10 @@ def _entries(
 ) -> list[QueueEntry]:
     """One entry per session; the demands of one request are one tuple, shared (sessions mostly reuse presets, as
     shared objects: found by identity first, which needs no Python-level hash, then by value)."""
-    single: dict[ResourceSlots, tuple[Demand]] = {}
-    same: dict[int, tuple[ResourceSlots, tuple[Demand]]] = {}  # id(request) -> (request, kept alive; its demands)
+    # ``tuple[Demand, ...]``, not ``tuple[Demand]``: compiled, a fixed-length tuple is a C struct, boxed again into a
+    # new tuple wherever it is stored, so every entry had its own (and the walk's caches by identity never hit)
+    single: dict[ResourceSlots, tuple[Demand, ...]] = {}
+    same: dict[int, tuple[ResourceSlots, tuple[Demand, ...]]] = {}  # id(request) -> (request, kept alive; demands)
     entries = []
     skip, multi_node = config.retries_to_skip, ClusterMode.MULTI_NODE
     for session in sessions:
@@ -270,8 +273,8 @@ class _GroupWalk:
         self.group, self.occupancy, self.chooser, self.shares = group, occupancy, chooser, shares
         self.context, self.outcomes, self.holders = context, outcomes, holders
         self.blocker: str | None = None
-        self.hopeless: dict[int, int | None] = {}  # id(demands) -> index of the one no agent can ever host
-        self.single: dict[str, list[tuple[KernelPlacement] | None]] = {}  # role -> by agent; shared, immutable
+        self.hopeless: dict[int, int] = {}  # id(demands) -> index of the one no agent can ever host, or -1
+        self.single: dict[str, list[tuple[KernelPlacement, ...] | None]] = {}  # role -> by agent; shared, immutable
         self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
         self.still_waiting: list[str] = []
 
@@ -327,12 +330,12 @@ class _GroupWalk:
             message = "; ".join(failure.message for failure in failures)
             return WaitExplanation(WaitKind.CHECKS_FAILED, message, failed_checks=checks)
         demands = entry.demands
-        hopeless = self.hopeless.get(id(demands), _UNKNOWN)  # static, and entries share one tuple per request
-        if hopeless is _UNKNOWN:
+        hopeless = self.hopeless.get(id(demands))  # static, and entries share one tuple per request
+        if hopeless is None:  # not known yet (an ``is`` against an int sentinel never matched, compiled)
             hopeless = self.hopeless[id(demands)] = next(
-                (i for i, demand in enumerate(demands) if self.occupancy.never_fits(demand)), None
+                (i for i, demand in enumerate(demands) if self.occupancy.never_fits(demand)), _NONE_HOPELESS
             )
-        if hopeless is not None:
+        if hopeless != _NONE_HOPELESS:
             return explain_never_fits(self.occupancy, self.group, entry.demands[hopeless], _role(entry, hopeless))
         return None
 
