@@ -207,10 +207,7 @@ def reserve(occupancy: GroupOccupancy, session_id: str, demands: Sequence[Demand
 
 
 def _could_host(capacity: list[int], demand: Demand) -> bool:
-    for position, amount in demand:
-        if capacity[position] < amount:
-            return False
-    return True
+    return all(capacity[position] >= amount for position, amount in demand)
 
 
 def _progress(avail: list[int], demand: Demand) -> float:
