@@ -16,12 +16,12 @@ costs only its checks; a request at least as big as one that already failed is s
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from itertools import chain, count
 
-from core.collector import collector_paused
 from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
@@ -53,7 +53,8 @@ from scheduler.wait_checks import CheckContext, CheckResult, Usage, failed_check
 __all__ = ["run_pass", "validate_config"]
 
 
-_UNKNOWN = -1
+_NONE_HOPELESS = -1
+"""No demand of the request is hopeless (``_GroupWalk.hopeless``)."""
 
 
 _NO_SHARES = ShareView()  # what an order other than DRF is given: it never asks
@@ -92,9 +93,16 @@ def validate_config(config: PassConfig) -> None:
 
 def run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResult:
     # a pass allocates many small objects and frees them by reference counting; the cyclic collector would only walk
-    # the whole snapshot again and again (a large share of a big pass: bench/README.md)
-    with collector_paused():
+    # the whole snapshot again and again (a large share of a big pass: bench/README.md). Paused before anything is
+    # allocated (``core.collector.collector_paused`` allocates its generator first, which can itself set off a full
+    # collection of the caller's garbage, inside the pass)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
         return _run_pass(snapshot, config, now)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResult:
@@ -106,10 +114,13 @@ def _run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResu
         snapshot.project_policies,
         Usage.from_snapshot(snapshot),
     )
-    slot_names = _slot_names(snapshot)
     pending: dict[str, list[PendingSession]] = defaultdict(list)
-    for session in snapshot.pending:
+    requests: dict[int, ResourceSlots] = {}  # by identity: presets repeat as shared objects (the snapshot reader's)
+    for session in snapshot.pending:  # one walk over the sessions for both
         pending[session.resource_group].append(session)
+        for kernel in session.kernels:
+            requests[id(kernel.requested)] = kernel.requested
+    slot_names = _slot_names(snapshot, requests)
     agents: dict[str, list[Agent]] = defaultdict(list)
     for agent in snapshot.agents:
         if agent.schedulable:
@@ -124,15 +135,13 @@ def _run_pass(snapshot: Snapshot, config: PassConfig, now: datetime) -> PassResu
     return outcomes.result()
 
 
-def _slot_names(snapshot: Snapshot) -> set[str]:
-    """Every slot named anywhere. Requests and occupancies are shared objects (presets repeat; the snapshot reader
-    memoizes them): each distinct object is read once, found by identity (no Python-level hash per session)."""
-    distinct: dict[int, ResourceSlots] = {}
+def _slot_names(snapshot: Snapshot, requests: dict[int, ResourceSlots]) -> set[str]:
+    """Every slot named anywhere (``requests``: the pending sessions', by identity). Requests and occupancies are
+    shared objects (presets repeat; the snapshot reader memoizes them): each distinct object is read once, found by
+    identity (no Python-level hash per session)."""
+    distinct = requests
     for agent in snapshot.agents:
         distinct[id(agent.capacity)], distinct[id(agent.occupied)] = agent.capacity, agent.occupied
-    for session in snapshot.pending:
-        for kernel in session.kernels:
-            distinct[id(kernel.requested)] = kernel.requested
     for running in snapshot.running:
         distinct[id(running.occupied)] = running.occupied
     names: set[str] = set()
@@ -146,8 +155,10 @@ def _entries(
 ) -> list[QueueEntry]:
     """One entry per session; the demands of one request are one tuple, shared (sessions mostly reuse presets, as
     shared objects: found by identity first, which needs no Python-level hash, then by value)."""
-    single: dict[ResourceSlots, tuple[Demand]] = {}
-    same: dict[int, tuple[ResourceSlots, tuple[Demand]]] = {}  # id(request) -> (request, kept alive; its demands)
+    # ``tuple[Demand, ...]``, not ``tuple[Demand]``: compiled, a fixed-length tuple is a C struct, boxed again into a
+    # new tuple wherever it is stored, so every entry had its own (and the walk's caches by identity never hit)
+    single: dict[ResourceSlots, tuple[Demand, ...]] = {}
+    same: dict[int, tuple[ResourceSlots, tuple[Demand, ...]]] = {}  # id(request) -> (request, kept alive; demands)
     entries = []
     skip, multi_node = config.retries_to_skip, ClusterMode.MULTI_NODE
     for session in sessions:
@@ -262,8 +273,8 @@ class _GroupWalk:
         self.group, self.occupancy, self.chooser, self.shares = group, occupancy, chooser, shares
         self.context, self.outcomes, self.holders = context, outcomes, holders
         self.blocker: str | None = None
-        self.hopeless: dict[int, int | None] = {}  # id(demands) -> index of the one no agent can ever host
-        self.single: dict[str, list[tuple[KernelPlacement] | None]] = {}  # role -> by agent; shared, immutable
+        self.hopeless: dict[int, int] = {}  # id(demands) -> index of the one no agent can ever host, or -1
+        self.single: dict[str, list[tuple[KernelPlacement, ...] | None]] = {}  # role -> by agent; shared, immutable
         self.short: list[tuple[QueueEntry, int]] = []  # (entry, index of the demand that found no agent)
         self.still_waiting: list[str] = []
 
@@ -319,12 +330,12 @@ class _GroupWalk:
             message = "; ".join(failure.message for failure in failures)
             return WaitExplanation(WaitKind.CHECKS_FAILED, message, failed_checks=checks)
         demands = entry.demands
-        hopeless = self.hopeless.get(id(demands), _UNKNOWN)  # static, and entries share one tuple per request
-        if hopeless is _UNKNOWN:
+        hopeless = self.hopeless.get(id(demands))  # static, and entries share one tuple per request
+        if hopeless is None:  # not known yet (an ``is`` against an int sentinel never matched, compiled)
             hopeless = self.hopeless[id(demands)] = next(
-                (i for i, demand in enumerate(demands) if self.occupancy.never_fits(demand)), None
+                (i for i, demand in enumerate(demands) if self.occupancy.never_fits(demand)), _NONE_HOPELESS
             )
-        if hopeless is not None:
+        if hopeless != _NONE_HOPELESS:
             return explain_never_fits(self.occupancy, self.group, entry.demands[hopeless], _role(entry, hopeless))
         return None
 
@@ -372,7 +383,8 @@ def _reserve_for_overdue(
     cutoff = overdue_before(config, now)  # is_overdue, with the subtraction done once
     if cutoff is None or config.max_reservations == 0:
         return holders
-    overdue = [entry for entry in entries if entry.pushed_back and entry.session.created_at < cutoff]
+    before = cutoff.timestamp()  # against the entries' own timestamps (``by_age`` orders on them too)
+    overdue = [entry for entry in entries if entry.pushed_back and entry.created < before]
     for entry in _in_reservation_order(overdue):
         if len(holders) >= config.max_reservations:
             break

@@ -7,7 +7,6 @@ session. A failed dependency is the one failure that ends the session: its resul
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,7 +18,6 @@ from scheduler.pass_model import DependencyState, PendingSession, ProjectPolicy,
 __all__ = ["CHECKS", "DEPENDENCY_FAILED", "CheckContext", "CheckResult", "Usage", "failed_checks", "may_fail"]
 
 DEPENDENCY_FAILED = "dependency-failed"
-_NOTHING = ResourceSlots()
 
 
 @dataclass(frozen=True)
@@ -37,7 +35,7 @@ class Usage:
     Slot sums are kept only for users and projects that have a slot quota: nobody else needs them.
     """
 
-    sessions_by_user: Counter[str] = field(default_factory=Counter)
+    sessions_by_user: dict[str, int] = field(default_factory=dict)
     slots_by_user: dict[str, ResourceSlots] = field(default_factory=dict)
     slots_by_project: dict[str, ResourceSlots] = field(default_factory=dict)
 
@@ -54,7 +52,7 @@ class Usage:
         return usage
 
     def add(self, user: str, project: str | None, slots: ResourceSlots) -> None:
-        self.sessions_by_user[user] += 1
+        self.sessions_by_user[user] = self.sessions_by_user.get(user, 0) + 1
         if user in self.slots_by_user:
             self.slots_by_user[user] += slots
         if project is not None and project in self.slots_by_project:
@@ -62,8 +60,10 @@ class Usage:
 
     def add_placed(self, user: str, project: str | None, session: PendingSession) -> None:
         """``user`` and ``project``: the session's (at hand in the caller); its slots are read only when tracked."""
-        tracked = user in self.slots_by_user or project in self.slots_by_project
-        self.add(user, project, session.requested if tracked else _NOTHING)
+        if user in self.slots_by_user or (project is not None and project in self.slots_by_project):
+            self.add(user, project, session.requested)
+        else:
+            self.sessions_by_user[user] = self.sessions_by_user.get(user, 0) + 1
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def check_dependencies(session: PendingSession, context: CheckContext) -> CheckR
 def check_concurrency(session: PendingSession, context: CheckContext) -> CheckResult:
     policy = context.user_policies.get(session.user)
     limit = policy.max_concurrent_sessions if policy else None
-    running = context.usage.sessions_by_user[session.user]
+    running = context.usage.sessions_by_user.get(session.user, 0)
     if limit is not None and running + 1 > limit:
         return CheckResult("concurrency", False, f"user {session.user} already runs {running} of {limit} sessions")
     return CheckResult("concurrency", True)

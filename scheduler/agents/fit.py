@@ -13,8 +13,8 @@ from functools import partial
 from scheduler.agents import ROUNDROBIN, resolve_selector, roundrobin
 from scheduler.agents.base import AgentSelector, AgentView, SelectionRequest, SelectorConfig
 from scheduler.agents.index import CONCENTRATED, DISPERSED
-from scheduler.agents.occupancy import GroupOccupancy, dominates
-from scheduler.agents.vectors import Demand, amounts_of, positions_of
+from scheduler.agents.occupancy import GroupOccupancy
+from scheduler.agents.vectors import Demand, positions_of
 from scheduler.pass_model import ClusterMode, PendingSession
 
 __all__ = ["Attempt", "Chooser", "make_chooser", "packing_direction", "place", "reserve"]
@@ -179,34 +179,40 @@ _NOT_PLACED = Attempt(None, 0)
 
 
 def reserve(occupancy: GroupOccupancy, session_id: str, demands: Sequence[Demand]) -> list[tuple[int, Demand]]:
-    """Hold, for each demand, the unreserved agent it fits best (would fit when empty; most of it available now).
+    """Hold, for each demand, the unreserved agent it fits best (would fit when empty; most of it available now, then
+    fewest unused accelerator kinds, then the first by id).
 
     All or nothing; returns the holds made (empty when some demand found no agent to reserve).
     """
     chosen: list[tuple[int, Demand]] = []
     for demand in demands:
         positions = positions_of(demand)
-        need = amounts_of(demand)
         taken = {ordinal for ordinal, _ in chosen}
-        candidates = [
-            ordinal
-            for ordinal in occupancy.members(positions)
-            if ordinal not in occupancy.holds
-            and ordinal not in taken
-            and dominates([occupancy.capacity[ordinal][p] for p in positions], need)
-        ]
-        if not candidates:
+        best: list[int] = []  # the candidates of the most progress so far, in id order
+        most = -1.0
+        for ordinal in occupancy.members(positions):
+            if ordinal in occupancy.holds or ordinal in taken or not _could_host(occupancy.capacity[ordinal], demand):
+                continue
+            progress = _progress(occupancy.avail[ordinal], demand)
+            if progress > most:
+                best, most = [ordinal], progress
+            elif progress == most:
+                best.append(ordinal)
+        if not best:
             return []
-        chosen.append((min(candidates, key=partial(_reservation_rank, occupancy, demand, positions)), demand))
+        chosen.append((min(best, key=partial(occupancy.unused_kinds, positions=positions)), demand))
     for ordinal, demand in chosen:
         occupancy.hold(ordinal, session_id, demand)
     return chosen
 
 
-def _reservation_rank(
-    occupancy: GroupOccupancy, demand: Demand, positions: tuple[int, ...], ordinal: int
-) -> tuple[float, int, int]:
-    """Lower is a better agent to reserve for ``demand``: most of it available now, fewest unused accelerator kinds."""
-    avail = occupancy.avail[ordinal]
-    progress = min((min(max(avail[p], 0), amount) / amount for p, amount in demand), default=1.0)
-    return -progress, occupancy.unused_kinds(ordinal, positions), ordinal
+def _could_host(capacity: list[int], demand: Demand) -> bool:
+    return all(capacity[position] >= amount for position, amount in demand)
+
+
+def _progress(avail: list[int], demand: Demand) -> float:
+    """How much of ``demand`` the agent has available now: the least fraction over its slots (1.0: all of it)."""
+    progress = 1.0
+    for position, amount in demand:
+        progress = min(progress, min(max(avail[position], 0), amount) / amount)
+    return progress

@@ -57,7 +57,9 @@ class GroupOccupancy:
         self._indexes_of: list[list[PackingIndex]] = [[] for _ in ordered]
         self._members: dict[tuple[int, ...], list[int]] = {}
         self._failed: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-        self._failed_exactly: set[Demand] = set()
+        self._failed_exactly: dict[int, Demand] = {}  # id -> demand (kept alive): found no agent, or bigger than one
+        self._failures = 0  # changes of ``_failed`` so far
+        self._not_dominated: dict[int, tuple[int, Demand]] = {}  # id -> (``_failures`` when checked, demand)
         self._capacity_fronts: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
         self._never_fits: dict[Demand, bool] = {}
         self._avail_fronts: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
@@ -111,18 +113,25 @@ class GroupOccupancy:
         return (ordinal for ordinal in self.members(positions) if self.fits(ordinal, demand))
 
     def known_to_fail(self, demand: Demand) -> bool:
-        """A request at least as big as one that already found no agent cannot fit either (avail only shrank)."""
+        """A request at least as big as one that already found no agent cannot fit either (avail only shrank).
+
+        Answered by identity where it can (a pass's demands are shared tuples, one per distinct request): a demand seen
+        failing or dominating a failure, and one no failure dominated while the failures stay the same."""
         if not self._failed:  # nothing failed yet (most of a pass that places much)
             return False
-        if demand in self._failed_exactly:  # a busy queue repeats a few presets: most failures are seen before
+        key = id(demand)
+        if key in self._failed_exactly:  # a busy queue repeats a few presets: most failures are seen before
             return True
-        failed = self._failed.get(positions_of(demand))
-        if not failed:
+        checked = self._not_dominated.get(key)
+        if checked is not None and checked[0] == self._failures:
             return False
-        need = amounts_of(demand)
-        if any(dominates(need, smaller) for smaller in failed):
-            self._failed_exactly.add(demand)
-            return True
+        failed = self._failed.get(positions_of(demand))
+        if failed:
+            need = amounts_of(demand)
+            if any(dominates(need, smaller) for smaller in failed):
+                self._failed_exactly[key] = demand
+                return True
+        self._not_dominated[key] = (self._failures, demand)
         return False
 
     def remember_failure(self, demand: Demand) -> None:
@@ -130,7 +139,8 @@ class GroupOccupancy:
         need = amounts_of(demand)
         kept = [smaller for smaller in self._failed.get(positions, []) if not dominates(smaller, need)]
         self._failed[positions] = [need, *kept][:_FAILED_CACHE_SIZE]
-        self._failed_exactly.add(demand)
+        self._failed_exactly[id(demand)] = demand
+        self._failures += 1
 
     def find_packed(self, demand: Demand) -> int | None:
         """The concentrated/dispersed choice via the sorted index (the group's ``direction`` must be set)."""
@@ -151,37 +161,43 @@ class GroupOccupancy:
 
     # -- changing amounts --
 
-    def _add(self, ordinal: int, demand: Demand, sign: int) -> None:
+    def consume(self, ordinal: int, demand: Demand) -> None:
         avail = self.avail[ordinal]
         for position, amount in demand:
-            avail[position] += sign * amount
+            avail[position] -= amount
+        self._moved(ordinal, avail)
+
+    def _give_back(self, ordinal: int, demand: Demand) -> None:
+        avail = self.avail[ordinal]
+        for position, amount in demand:
+            avail[position] += amount
+        self._moved(ordinal, avail)
+        for index in self._indexes.values():
+            index.forget_starts()
+
+    def _moved(self, ordinal: int, avail: list[int]) -> None:
         for index in self._indexes_of[ordinal]:
             index.update(ordinal, avail)
-        if sign > 0:
-            for index in self._indexes.values():
-                index.forget_starts()
         if self._avail_fronts:
             self._avail_fronts.clear()
 
-    def consume(self, ordinal: int, demand: Demand) -> None:
-        self._add(ordinal, demand, -1)
-
     def rollback(self, ordinal: int, demand: Demand) -> None:
         """Undo a tentative ``consume`` (multi-node all-or-nothing); the state returns to one the cache has seen."""
-        self._add(ordinal, demand, +1)
+        self._give_back(ordinal, demand)
 
     def hold(self, ordinal: int, session_id: str, demand: Demand) -> None:
         self.holds[ordinal] = (session_id, demand)
-        self._add(ordinal, demand, -1)
+        self.consume(ordinal, demand)
 
     def release_holds(self, session_id: str) -> list[tuple[int, Demand]]:
         released = [(ordinal, demand) for ordinal, (holder, demand) in self.holds.items() if holder == session_id]
         for ordinal, demand in released:
             del self.holds[ordinal]
-            self._add(ordinal, demand, +1)
+            self._give_back(ordinal, demand)
         if released:
             self._failed.clear()  # avail went up: earlier failures may fit now
             self._failed_exactly.clear()
+            self._failures += 1
         return released
 
     # -- explanation --

@@ -9,7 +9,6 @@ head-of-line policy is the same for all of them and lives in ``scheduler.selecti
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import Protocol
 
@@ -19,28 +18,56 @@ from scheduler.pass_model import PendingSession
 __all__ = ["QueueEntry", "SessionOrder", "ShareView", "by_age"]
 
 
-@dataclass(slots=True)
 class QueueEntry:
-    """One pending session as the pass orders it (built once per session and pass: not frozen, which is cheaper to
-    build; nothing changes it)."""
+    """One pending session as the pass orders it (built once per session and pass; nothing changes it). A plain class
+    with its own ``__init__``: compiled, a direct native constructor (a dataclass's generated ``__init__`` stays
+    interpreted Python, about a tenth of a big pass's ``_entries``: bench/README.md)."""
 
-    session: PendingSession
-    created: float
-    """``created_at`` as a POSIX timestamp: the precomputed age key."""
-    demands: tuple[Demand, ...]
-    """One summed demand (single-node) or one per kernel (multi-node), encoded for the group."""
-    pushed_back: bool
-    """Failed ``retries_to_skip`` attempts already: goes behind its band and blocks nobody."""
-    id: str
-    user: str
-    project: str | None
-    priority: int
-    kernel_count: int
-    role: str
-    """The session's (its first kernel's role), copied: read several times per session in a pass (cheaper on this
-    class, compiled or not)."""
-    checked: bool
-    """Some non-resource check may fail (``scheduler.wait_checks.may_fail``); False for most sessions."""
+    __slots__ = (
+        "checked",
+        "created",
+        "demands",
+        "id",
+        "kernel_count",
+        "priority",
+        "project",
+        "pushed_back",
+        "role",
+        "session",
+        "user",
+    )
+
+    def __init__(
+        self,
+        session: PendingSession,
+        created: float,
+        demands: tuple[Demand, ...],
+        pushed_back: bool,
+        id: str,
+        user: str,
+        project: str | None,
+        priority: int,
+        kernel_count: int,
+        role: str,
+        checked: bool,
+    ) -> None:
+        self.session = session
+        self.created = created
+        """``created_at`` as a POSIX timestamp: the precomputed age key."""
+        self.demands = demands
+        """One summed demand (single-node) or one per kernel (multi-node), encoded for the group."""
+        self.pushed_back = pushed_back
+        """Failed ``retries_to_skip`` attempts already: goes behind its band and blocks nobody."""
+        self.id = id
+        self.user = user
+        self.project = project
+        self.priority = priority
+        self.kernel_count = kernel_count
+        self.role = role
+        """The session's (its first kernel's role), copied: read several times per session in a pass (cheaper on
+        this class, compiled or not)."""
+        self.checked = checked
+        """Some non-resource check may fail (``scheduler.wait_checks.may_fail``); False for most sessions."""
 
 
 class ShareView:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
 from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
+from scheduler.agents.vectors import SlotCodec
 from scheduler.pass_model import ClusterMode, PassConfig, Snapshot, WaitKind
-from scheduler.scheduling_pass import run_pass
+from scheduler.scheduling_pass import _entries, run_pass
+from scheduler.wait_checks import CheckContext, Usage
 from tests.scheduler.builders import T0, agent, placed_on, run, session, slots
 
 
@@ -149,6 +152,18 @@ def test_the_garbage_collector_is_left_as_the_pass_found_it() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_sessions_asking_for_one_request_share_its_demands() -> None:
+    """The walk's caches (never-fits, known failures) go by the demands' identity, so the sessions of one request
+    share one tuple (compiled, a fixed-length tuple type once made a new one per session, and the caches never hit)."""
+    first = session("s1", {"cpu": 1, "mem": 1024})
+    same_object = replace(first, id="s2")  # one request object, as the snapshot reader shares presets
+    equal_value = session("s3", {"cpu": 1, "mem": 1024})
+    context = CheckContext(T0, {}, {}, {}, Usage())
+    entries = _entries([first, same_object, equal_value], SlotCodec({"cpu", "mem"}, ("cpu",)), GroupConfig(), context)
+    assert entries[0].demands is entries[1].demands
+    assert entries[0].demands is entries[2].demands
 
 
 def test_dispersed_sees_the_amounts_a_failed_multi_node_session_gave_back() -> None:
