@@ -5,11 +5,13 @@ same run, alternating (Caravan first, then bare, ``--runs`` times), each torn do
 
 What Caravan adds: the GraphQL creation and its checks, the scheduler's pass and job rendering, the session's own
 network namespace, the control plane pushing the route to HAProxy, and the hop through it. Both poll every 50 ms.
+Two more bare jobs show what the namespace costs: in the sessions' network (made at launch, as Caravan's kernels), and
+in a namespace made ahead by the same chain and bound at launch (``node_plugins.namespace_pool``, not in Caravan yet).
 
 Prints one JSON line per launch with its ``steps``, in seconds after the creation (Caravan: each status change's
 reason, and when Jupyter first answered on the kernel's host port; both: Nomad's own moments, ``nomad_steps``), and
-a last line with the medians, their ratio, the goal (Caravan within 1.2x of bare Nomad), ``meets_goal`` and the
-load average.
+a last line with the medians, their ratio, the goal (Caravan within 1.2x of bare Nomad), ``meets_goal``, each
+namespace's bare job over the host-network one, and the load average.
 
 Usage: .venv/bin/python -m bench.jupyter_launch [--runs 3]
 """
@@ -28,8 +30,10 @@ from typing import Any
 import httpx2
 
 from caravan.stack.private_stack import private_stack, stack_env
+from caravan.stack.session_network import recorded_network
 from core.settings import Settings
 from domain.apps import app_host, published_port
+from node_plugins.namespace_pool import Client, bind, delete, make
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan
 from tests.ingress import caravan_behind_haproxy
 
@@ -86,7 +90,19 @@ SESSION_NETWORK = {
 """The same job in the network Caravan gives sessions (a namespace of its own through the stack's CNI configuration,
 a pause container holding it, the isolation plugin publishing its port): what isolation costs, apart from Caravan's
 own work."""
-TARGETS = {"caravan": None, "bare_nomad": HOST_NETWORK, "bare_nomad_session_network": SESSION_NETWORK}
+POOLED_NETWORK = {
+    "network": '      port "jupyter" {}',
+    "config": '        network_mode = "container:%(pooled)s"\n        command = "/usr/local/bin/caravan-env-start"',
+}
+"""The same job in a namespace made ahead by the same chain (``node_plugins.namespace_pool``, not wired into Caravan
+yet): the docker task joins it, and it is bound to the job (membership, the published port) once Nomad has given the
+job its host port. Made before the clock starts, deleted after: what a namespace pool would save."""
+TARGETS = {
+    "caravan": None,
+    "bare_nomad": HOST_NETWORK,
+    "bare_nomad_session_network": SESSION_NETWORK,
+    "bare_nomad_pooled_namespace": POOLED_NETWORK,
+}
 
 
 async def until_ok(http: httpx2.AsyncClient, url: str, headers: dict[str, str], started: float) -> float:
@@ -155,8 +171,15 @@ async def on_its_host_port(caravan: Caravan, session_id: str, started: float) ->
         await asyncio.sleep(POLL)
 
 
-async def bare_nomad(caravan: Caravan, image: str, mhz: int, shape: dict[str, str]) -> tuple[float, dict[str, float]]:
+async def bare_nomad(
+    caravan: Caravan, image: str, mhz: int, shape: dict[str, str], pool: Client | None
+) -> tuple[float, dict[str, float]]:
     job_id = f"bench-bare-{uuid.uuid4().hex[:8]}"
+    pooled = None
+    if shape is POOLED_NETWORK:
+        assert pool is not None
+        pooled = make(pool, stack_env()["CARAVAN_PAUSE_IMAGE"])  # ahead of the launch, as a pool would have it
+        shape = shape | {"config": shape["config"] % {"pooled": pooled.name}}
     since, started = time.time(), time.monotonic()
     job = await caravan.nomad.parse(BARE_JOB % {"id": job_id, "image": image, "mhz": mhz, **shape})
     await caravan.nomad.register(job)
@@ -169,16 +192,24 @@ async def bare_nomad(caravan: Caravan, image: str, mhz: int, shape: dict[str, st
             port = next((p["Value"] for p in ports if p["Label"] == "jupyter"), 0)
         if not port:
             await asyncio.sleep(POLL)
+    if pooled is not None and pool is not None:
+        mapping = {"hostIP": "127.0.0.1", "hostPort": port, "containerPort": JUPYTER_PORT, "protocol": "tcp"}
+        await asyncio.to_thread(bind, pool, pooled.name, "default", job_id, [mapping])
+        bound = time.monotonic() - started
     seconds = await until_ok(caravan.http, f"http://127.0.0.1:{port}/api/status", {}, started)
     steps = await nomad_steps(caravan, job_id, since)
+    if pooled is not None:
+        steps["pool-bound"] = round(bound, 3)
     await caravan.nomad.deregister(job_id, purge=False)
     while any(a["ClientStatus"] == "running" for a in await caravan.nomad.job_allocations(job_id)):
         await asyncio.sleep(0.2)
     await caravan.nomad.deregister(job_id, purge=True)
+    if pooled is not None and pool is not None:
+        delete(pool, pooled.name)
     return seconds, steps
 
 
-async def measure(settings: Settings, image: str, runs: int) -> dict[str, Any]:
+async def measure(settings: Settings, image: str, runs: int, pool: Client | None) -> dict[str, Any]:
     async with caravan_behind_haproxy(settings) as (caravan, ingress):
         await caravan.gql(REGISTER, {"i": image}, token=ADMIN_TOKEN)
         token = await caravan.user("alice")
@@ -191,19 +222,21 @@ async def measure(settings: Settings, image: str, runs: int) -> dict[str, Any]:
                 if shape is None:
                     seconds, steps = await through_caravan(caravan, image, token, ingress.port)
                 else:
-                    seconds, steps = await bare_nomad(caravan, image, mhz, shape)
+                    seconds, steps = await bare_nomad(caravan, image, mhz, shape, pool)
                 times[name].append(seconds)
                 line = {"measure": "launch_to_jupyter", "target": name, "run": run, "seconds": round(seconds, 3)}
                 print(json.dumps(line | {"steps": steps}), flush=True)
         medians = {k: round(statistics.median(v), 3) for k, v in times.items()}
         ratio = round(medians["caravan"] / medians["bare_nomad"], 3)
         isolation = round(medians["bare_nomad_session_network"] / medians["bare_nomad"], 3)
+        pooled = round(medians["bare_nomad_pooled_namespace"] / medians["bare_nomad"], 3)
         return {
             "measure": "summary",
             "median_seconds": medians,
             "max_seconds": {k: round(max(v), 3) for k, v in times.items()},
             "ratio": ratio,
             "session_network_vs_bare": isolation,
+            "pooled_namespace_vs_bare": pooled,
             "goal": f"Caravan (createSession to Jupyter answering through HAProxy) within {GOAL_RATIO}x of the same "
             "image started by a bare Nomad job and polled directly (medians)",
             "loadavg_1m": os.getloadavg()[0],
@@ -219,7 +252,9 @@ async def main() -> None:
     if not image:
         raise SystemExit("no Jupyter image: run ops/build-env-images")
     with private_stack(want_drivers=("raw_exec", "exec", "docker")) as stack:
-        print(json.dumps(await measure(stack.settings, image, args.runs)), flush=True)
+        network = recorded_network(stack.home / "nomad")
+        pool = Client(network.conflist(), network.cni_path) if network is not None else None
+        print(json.dumps(await measure(stack.settings, image, args.runs, pool)), flush=True)
 
 
 if __name__ == "__main__":
