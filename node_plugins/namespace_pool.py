@@ -112,10 +112,12 @@ def _chain(client: Client, command: str, name: str, netns: str) -> dict[str, Any
     return result
 
 
-def make(client: Client, pause_image: str) -> Pooled:
-    """A new pooled namespace: its pause container started, the chain added under its placeholder session."""
+def make(client: Client, pause_image: str, labels: Mapping[str, str] | None = None) -> Pooled:
+    """A new pooled namespace: its pause container started (with Docker ``labels``), the chain added under its
+    placeholder session."""
     name = PREFIX + uuid.uuid4().hex[:12]
-    _docker("run", "--detach", "--name", name, "--network", "none", "--label", "caravan.pool=1", pause_image)
+    tags = [f"--label={k}={v}" for k, v in {"caravan.pool": "1", **(labels or {})}.items()]
+    _docker("run", "--detach", "--name", name, "--network", "none", *tags, pause_image)
     try:
         pid = _docker("inspect", "--format", "{{.State.Pid}}", name)
         result = _chain(client, "ADD", name, f"/proc/{pid}/ns/net")

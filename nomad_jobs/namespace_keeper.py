@@ -1,0 +1,203 @@
+"""``namespace-keeper``: keeps a Nomad client's pool of network namespaces made ahead (``node_plugins.namespace_pool``).
+
+A kernel's start on the session network is mostly its namespace, made at launch (docs/environments.md). The keeper,
+one per Nomad client host, keeps ``size`` namespaces made ahead and free, each in the SET
+``Keys.namespace_pool(<node id>)`` (added once, when made, never again). At placement the scheduler claims one for a
+single-kernel docker session with ``SPOP`` (atomic: no two sessions are handed the same) and renders the kernel's task
+into it (``network_mode = "container:<name>"``, ``nomad_jobs.kernel_network``); an empty pool is today's path. The
+keeper follows its node's allocations (a blocking query) and, for each pooled namespace of its own:
+
+- a live allocation's docker task names it: bound to that allocation's session (Nomad namespace, job id) with its
+  allocated ports, once (the isolation plugin refuses a second bind);
+- bound, and no live allocation names it any more: deleted (the session ended), and a fresh one made;
+- neither free, nor named, nor bound for :data:`UNCLAIMED_GRACE` seconds (claimed by a placement that was never
+  written, or the keeper restarted): deleted.
+
+Until bound, a pooled namespace is isolated like a session's only kernel; a claimed one that is never bound publishes
+nothing and reaches nothing. The keeper writes no Nomad job (only the scheduler's job owner does): it reads its node's
+allocations and runs Docker and the CNI chain on its own host, as root.
+
+Nothing starts a keeper yet but the tests and ``bench/jupyter_launch`` (in their own process, beside the stack's one
+client): ``caravan dev`` and ``caravan deploy`` do not, so their sessions take today's path (docs/environments.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+
+from core.errors import TransientError
+from core.keys import Keys
+from core.replies import texts
+from node_plugins.cni_isolation import Membership, pool_key
+from node_plugins.namespace_pool import PREFIX, Client, PoolError, bind, delete, make
+from nomad_jobs.client import Json, NomadClient
+
+log = logging.getLogger(__name__)
+
+LABEL = "caravan.pool.node"
+"""Docker label of a pooled namespace's pause container: the Nomad node id of the keeper that made it."""
+UNCLAIMED_GRACE = 600.0
+"""Seconds a pooled namespace taken from the free set may stay unnamed by any allocation before it is deleted."""
+ENDED = frozenset({"complete", "failed", "lost"})
+"""Allocation client statuses whose tasks are gone."""
+
+
+def named_namespace(alloc: Mapping[str, Any]) -> str | None:
+    """The pooled namespace an allocation's docker task joins (``network_mode = "container:<name>"``), if any."""
+    for group in (alloc.get("Job") or {}).get("TaskGroups") or []:
+        if group.get("Name") != alloc.get("TaskGroup"):
+            continue
+        for task in group.get("Tasks") or []:
+            mode = str((task.get("Config") or {}).get("network_mode") or "")
+            if task.get("Driver") == "docker" and mode.startswith("container:" + PREFIX):
+                return mode.removeprefix("container:")
+    return None
+
+
+def port_mappings(alloc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The allocation's ports as CNI's ``portMappings`` (both protocols, as Nomad's CNI hook passes them)."""
+    shared = (alloc.get("AllocatedResources") or {}).get("Shared") or {}
+    return [
+        {
+            "hostIP": port.get("HostIP") or "127.0.0.1",
+            "hostPort": int(port["Value"]),
+            "containerPort": int(port.get("To") or port["Value"]),
+            "protocol": protocol,
+        }
+        for port in shared.get("Ports") or []
+        for protocol in ("tcp", "udp")
+    ]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one look at the node's allocations asks of the keeper."""
+
+    bind: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Pooled namespace → the live allocation to bind it to."""
+    delete: list[str] = field(default_factory=list)
+
+
+def plan(
+    ours: Mapping[str, float],
+    bound: Iterable[str],
+    free: Iterable[str],
+    allocs: Iterable[Mapping[str, Any]],
+    now: float,
+) -> Plan:
+    """``ours``: our pooled namespaces → when first seen (monotonic); ``bound``: those bound already; ``free``: those
+    still in the free set. Pure."""
+    bound, free = set(bound), set(free)
+    live: dict[str, Mapping[str, Any]] = {}
+    for alloc in allocs:
+        name = named_namespace(alloc)
+        if name is not None and name in ours and alloc.get("ClientStatus") not in ENDED:
+            live[name] = alloc
+    result = Plan()
+    for name, seen in ours.items():
+        if name in live:
+            if name not in bound:
+                result.bind[name] = live[name]
+        elif name in bound or (name not in free and now - seen > UNCLAIMED_GRACE):
+            result.delete.append(name)
+    return result
+
+
+class NamespaceKeeper:
+    def __init__(
+        self, client: Client, nomad: NomadClient, redis: Redis, keys: Keys, node_id: str, size: int, pause_image: str
+    ) -> None:
+        self.client = client
+        self.nomad = nomad
+        self.redis = redis
+        self.key = keys.namespace_pool(node_id)
+        self.node_id = node_id
+        self.size = size
+        self.pause_image = pause_image
+        self.members = Membership(str(client.isolation()["stateDir"]))
+        self.ours: dict[str, float] = {}
+        self._refill = asyncio.Event()
+
+    async def run_forever(self) -> None:
+        await self.recover()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._follow())
+            tasks.create_task(self._fill())
+
+    async def recover(self) -> None:
+        """After a start: our pause containers found again; free-set entries whose container is gone removed."""
+        listed = await asyncio.to_thread(
+            subprocess.run,
+            ["docker", "ps", "--all", "--filter", f"label={LABEL}={self.node_id}", "--format", "{{.Names}}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        now = time.monotonic()
+        self.ours = {name: now for name in listed.stdout.split() if name.startswith(PREFIX)}
+        stale = set(texts(await self.redis.smembers(self.key))) - self.ours.keys()
+        if stale:
+            await self.redis.srem(self.key, *stale)
+
+    def is_bound(self, name: str) -> bool:
+        record = self.members.recall(name)
+        return record is not None and record.session != pool_key(name)
+
+    async def step(self, allocs: list[Json]) -> None:
+        free = texts(await self.redis.smembers(self.key))
+        decided = plan(self.ours, [n for n in self.ours if self.is_bound(n)], free, allocs, time.monotonic())
+        for name, alloc in decided.bind.items():
+            try:
+                args = (self.client, name, str(alloc.get("Namespace") or "default"), str(alloc["JobID"]))
+                await asyncio.to_thread(bind, *args, port_mappings(alloc))
+                log.info("namespace-keeper: %s bound to %s (allocation %s)", name, alloc["JobID"], alloc["ID"])
+            except PoolError as exc:
+                log.warning("namespace-keeper: %s not bound to %s: %s", name, alloc.get("JobID"), exc)
+        for name in decided.delete:
+            await self._delete(name)
+
+    async def _delete(self, name: str) -> None:
+        await self.redis.srem(self.key, name)
+        await asyncio.to_thread(delete, self.client, name)
+        self.ours.pop(name, None)
+        log.info("namespace-keeper: %s deleted", name)
+        self._refill.set()
+
+    async def _follow(self) -> None:
+        index = 0
+        while True:
+            try:
+                allocs, index = await self.nomad.node_allocations(self.node_id, index=index)
+                await self.step(allocs)
+            except (TransientError, PoolError, OSError) as exc:
+                log.warning("namespace-keeper: %r", exc)
+                await asyncio.sleep(1.0)
+
+    async def _fill(self) -> None:
+        while True:
+            free = set(texts(await self.redis.smembers(self.key))) & self.ours.keys()
+            for _ in range(self.size - len(free)):
+                try:
+                    made = await asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id})
+                except PoolError as exc:
+                    log.warning("namespace-keeper: no namespace made: %s", exc)
+                    break
+                self.ours[made.name] = time.monotonic()
+                await self.redis.sadd(self.key, made.name)
+            self._refill.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._refill.wait(), 1.0)
+
+    async def delete_all(self) -> None:
+        """Every pooled namespace of this keeper deleted, bound or not (a test's teardown, after its jobs)."""
+        for name in list(self.ours):
+            await self._delete(name)
