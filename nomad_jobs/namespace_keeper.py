@@ -9,7 +9,8 @@ keeper follows its node's allocations (a blocking query) and, for each pooled na
 
 - a live allocation's docker task names it: bound to that allocation's session (Nomad namespace, job id) with its
   allocated ports, once (the isolation plugin refuses a second bind);
-- bound, and no live allocation names it any more: deleted (the session ended), and a fresh one made;
+- bound (or named by an allocation), and no live allocation names it any more: deleted (the session ended), never
+  offered again, and a fresh one made;
 - neither free, nor named, nor bound for :data:`UNCLAIMED_GRACE` seconds (claimed by a placement that was never
   written, or the keeper restarted): deleted.
 
@@ -17,8 +18,8 @@ Until bound, a pooled namespace is isolated like a session's only kernel; a clai
 nothing and reaches nothing. The keeper writes no Nomad job (only the scheduler's job owner does): it reads its node's
 allocations and runs Docker and the CNI chain on its own host, as root.
 
-Nothing starts a keeper yet but the tests and ``bench/jupyter_launch`` (in their own process, beside the stack's one
-client): ``caravan dev`` and ``caravan deploy`` do not, so their sessions take today's path (docs/environments.md).
+``caravan dev`` runs one beside the stack's client (``caravan namespace-keeper``, ``CARAVAN_NAMESPACE_POOL``
+namespaces, 0: none); ``caravan deploy`` does not start one on its clients yet, so their sessions take today's path.
 """
 
 from __future__ import annotations
@@ -98,16 +99,21 @@ def plan(
     still in the free set. Pure."""
     bound, free = set(bound), set(free)
     live: dict[str, Mapping[str, Any]] = {}
+    ended: set[str] = set()
     for alloc in allocs:
         name = named_namespace(alloc)
-        if name is not None and name in ours and alloc.get("ClientStatus") not in ENDED:
+        if name is None or name not in ours:
+            continue
+        if alloc.get("ClientStatus") in ENDED:
+            ended.add(name)
+        else:
             live[name] = alloc
     result = Plan()
     for name, seen in ours.items():
         if name in live:
             if name not in bound:
                 result.bind[name] = live[name]
-        elif name in bound or (name not in free and now - seen > UNCLAIMED_GRACE):
+        elif name in bound or name in ended or (name not in free and now - seen > UNCLAIMED_GRACE):
             result.delete.append(name)
     return result
 
@@ -196,6 +202,13 @@ class NamespaceKeeper:
             self._refill.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._refill.wait(), 1.0)
+
+    async def release_free(self) -> None:
+        """On a stop: the namespaces still free taken back from the set and deleted (one claimed meanwhile stays,
+        found again by the next start); bound ones stay with their sessions."""
+        for name in list(self.ours):
+            if await self.redis.srem(self.key, name):
+                await self._delete(name)
 
     async def delete_all(self) -> None:
         """Every pooled namespace of this keeper deleted, bound or not (a test's teardown, after its jobs)."""

@@ -5,8 +5,10 @@ same run, alternating (Caravan first, then bare, ``--runs`` times), each torn do
 
 What Caravan adds: the GraphQL creation and its checks, the scheduler's pass and job rendering, the session's own
 network namespace, the control plane pushing the route to HAProxy, and the hop through it. Both poll every 50 ms.
-Two more bare jobs show what the namespace costs: in the sessions' network (made at launch, as Caravan's kernels), and
-in a namespace made ahead by the same chain and bound at launch (``node_plugins.namespace_pool``, not in Caravan yet).
+Caravan runs with the client's namespace keeper (``nomad_jobs.namespace_keeper``, a pool of :data:`POOL_SIZE`): its
+session joins a namespace made ahead when one is free (``steps["in-pooled-namespace"]``), else one made at launch.
+Two more bare jobs show what the namespace costs: in the sessions' network (made at launch), and in a namespace made
+ahead by the same chain and bound at launch (``node_plugins.namespace_pool``).
 
 Prints one JSON line per launch with its ``steps``, in seconds after the creation (Caravan: each status change's
 reason, and when Jupyter first answered on the kernel's host port; both: Nomad's own moments, ``nomad_steps``), and
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -34,10 +37,13 @@ from caravan.stack.session_network import recorded_network
 from core.settings import Settings
 from domain.apps import app_host, published_port
 from node_plugins.namespace_pool import Client, bind, delete, make
+from nomad_jobs.namespace_keeper import NamespaceKeeper
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan
 from tests.ingress import caravan_behind_haproxy
 
 GOAL_RATIO = 1.2
+POOL_SIZE = 2
+"""Pooled namespaces the client's keeper keeps free for Caravan's sessions (``nomad_jobs.namespace_keeper``)."""
 JUPYTER_PORT = 8888
 POLL = 0.05
 TIMEOUT = 300.0
@@ -135,6 +141,7 @@ async def through_caravan(caravan: Caravan, image: str, token: str, port: int) -
     steps = {c.reason: round((c.at - stored.created_at).total_seconds(), 3) for c in stored.status_history}
     steps |= await nomad_steps(caravan, stored.nomad_job_id or "", stored.created_at.timestamp())
     steps["jupyter-answered-on-host-port"] = round(direct, 3)
+    steps["in-pooled-namespace"] = 'network_mode = "container:' in (stored.job_hcl or "")
     await caravan.gql(DESTROY, {"ids": [session["id"]]}, token=token)
     await caravan.wait_for(session["id"], "TERMINATED", timeout=120)
     return seconds, steps
@@ -178,7 +185,7 @@ async def bare_nomad(
     pooled = None
     if shape is POOLED_NETWORK:
         assert pool is not None
-        pooled = make(pool, stack_env()["CARAVAN_PAUSE_IMAGE"])  # ahead of the launch, as a pool would have it
+        pooled = make(pool, pause_image())  # ahead of the launch, as a pool would have it
         shape = shape | {"config": shape["config"] % {"pooled": pooled.name}}
     since, started = time.time(), time.monotonic()
     job = await caravan.nomad.parse(BARE_JOB % {"id": job_id, "image": image, "mhz": mhz, **shape})
@@ -209,6 +216,10 @@ async def bare_nomad(
     return seconds, steps
 
 
+def pause_image() -> str:
+    return stack_env()["CARAVAN_PAUSE_IMAGE"]
+
+
 async def measure(settings: Settings, image: str, runs: int, pool: Client | None) -> dict[str, Any]:
     async with caravan_behind_haproxy(settings) as (caravan, ingress):
         await caravan.gql(REGISTER, {"i": image}, token=ADMIN_TOKEN)
@@ -216,6 +227,14 @@ async def measure(settings: Settings, image: str, runs: int, pool: Client | None
         [node] = [n for n in await caravan.nomad.nodes() if n["Status"] == "ready"]
         detail = await caravan.nomad._json("GET", f"/v1/node/{node['ID']}")
         mhz = int(detail["Attributes"].get("cpu.frequency", "1000"))  # one core, as Caravan asks for cpu 1
+        keeper = None
+        if pool is not None:  # the client's namespace keeper, as a host running Caravan's pool has it
+            keeper = NamespaceKeeper(
+                pool, caravan.nomad, caravan.store.redis, caravan.store.keys, node["ID"], POOL_SIZE, pause_image()
+            )
+            keeping = asyncio.create_task(keeper.run_forever())
+            while await caravan.store.redis.scard(keeper.key) < POOL_SIZE:
+                await asyncio.sleep(0.1)
         times: dict[str, list[float]] = {name: [] for name in TARGETS}
         for run in range(runs):
             for name, shape in TARGETS.items():
@@ -226,6 +245,11 @@ async def measure(settings: Settings, image: str, runs: int, pool: Client | None
                 times[name].append(seconds)
                 line = {"measure": "launch_to_jupyter", "target": name, "run": run, "seconds": round(seconds, 3)}
                 print(json.dumps(line | {"steps": steps}), flush=True)
+        if keeper is not None:
+            keeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeping
+            await keeper.delete_all()
         medians = {k: round(statistics.median(v), 3) for k, v in times.items()}
         ratio = round(medians["caravan"] / medians["bare_nomad"], 3)
         isolation = round(medians["bare_nomad_session_network"] / medians["bare_nomad"], 3)

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
 
 from caravan.stack.nomad_agent import NomadAgent
+from caravan.stack.processes import free_port
 from core.replies import text_set
 from node_plugins.cni_isolation import Membership, session_key
 from nomad_jobs.namespace_keeper import NamespaceKeeper
-from tests.conftest import DEFAULT_IMAGE
+from tests.conftest import DEFAULT_IMAGE, STACK
 from tests.e2e.test_preferred_port import APPS, page, serving
 from tests.e2e.test_published_ports import DESTROY, published_elements, refused
-from tests.harness import CREATE, Caravan
+from tests.harness import CREATE, Caravan, caravan_env
 from tests.namespace_keeping import keeping
 
 pytestmark = [pytest.mark.docker]
@@ -100,3 +103,28 @@ async def test_with_the_pool_empty_a_session_takes_todays_path(caravan: Caravan,
     _, second, port = await running(caravan, "second")
     assert pooled_in(second) is None and re.search(r"mode\s*=\s*\"cni/caravan\"", second), second
     assert "served by second" in await page(caravan, port)
+
+
+async def test_caravan_namespace_keeper_fills_the_pool_and_takes_back_its_free_ones_on_sigterm(
+    caravan: Caravan, nomad_agent: NomadAgent
+) -> None:
+    """The keeper as ``caravan dev`` runs it (``caravan namespace-keeper``, the scheduler's credentials)."""
+    assert nomad_agent.data_dir is not None
+    env = caravan_env(caravan.settings, free_port()) | {
+        "CARAVAN_HOME": str(nomad_agent.data_dir.parent.parent),  # <home>/nomad: where the client's network is recorded
+        "CARAVAN_NAMESPACE_POOL": "2",
+        "CARAVAN_PAUSE_IMAGE": STACK["CARAVAN_PAUSE_IMAGE"],
+    }
+    key = caravan.store.keys.namespace_pool(nomad_agent.node_id)
+    keeper = await asyncio.create_subprocess_exec(sys.executable, "-m", "caravan.cli", "namespace-keeper", env=env)
+    try:
+        for _ in range(300):
+            if await caravan.store.redis.scard(key) == 2 or keeper.returncode is not None:
+                break
+            await asyncio.sleep(0.1)
+        offered = text_set(await caravan.store.redis.smembers(key))
+        assert len(offered) == 2 and all(exists(name) for name in offered)
+    finally:
+        keeper.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(keeper.wait(), 60) == 0
+    assert await caravan.store.redis.scard(key) == 0 and not any(exists(name) for name in offered)
