@@ -9,8 +9,9 @@ keeper follows its node's allocations (a blocking query) and, for each pooled na
 
 - a live allocation's docker task names it: bound to that allocation's session (Nomad namespace, job id) with its
   allocated ports, once (the isolation plugin refuses a second bind);
-- bound (or named by an allocation), and no live allocation names it any more: deleted (the session ended), never
-  offered again, and a fresh one made;
+- named by an allocation that ended, and by no live one: deleted once that allocation's job is stopped (the session
+  ended), gone or dead, never offered again (a failed allocation that Nomad replaces keeps it for the replacement, which
+  is the same session's);
 - neither free, nor named, nor bound for :data:`UNCLAIMED_GRACE` seconds (claimed by a placement that was never
   written, or the keeper restarted): deleted.
 
@@ -35,12 +36,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from core.errors import TransientError
 from core.keys import Keys
 from core.replies import texts
 from node_plugins.cni_isolation import Membership, pool_key
 from node_plugins.namespace_pool import PREFIX, Client, PoolError, bind, delete, make
-from nomad_jobs.client import Json, NomadClient
+from nomad_jobs.client import Json, NomadClient, NomadNotFound
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,9 @@ class Plan:
 
     bind: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     """Pooled namespace → the live allocation to bind it to."""
+    retire: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Pooled namespace → the (Nomad namespace, job id) of the ended allocation that named it: deleted once that job
+    is stopped, gone or dead (a failed allocation Nomad will replace keeps it for its replacement)."""
     delete: list[str] = field(default_factory=list)
 
 
@@ -99,21 +102,28 @@ def plan(
     still in the free set. Pure."""
     bound, free = set(bound), set(free)
     live: dict[str, Mapping[str, Any]] = {}
-    ended: set[str] = set()
+    ended: dict[str, tuple[str, str]] = {}
+    shared: set[str] = set()
     for alloc in allocs:
         name = named_namespace(alloc)
         if name is None or name not in ours:
             continue
         if alloc.get("ClientStatus") in ENDED:
-            ended.add(name)
+            ended[name] = (str(alloc.get("Namespace") or "default"), str(alloc.get("JobID")))
+        elif name in live and live[name].get("JobID") != alloc.get("JobID"):
+            shared.add(name)  # two sessions naming one namespace (the claim prevents it): bound to neither
         else:
             live[name] = alloc
     result = Plan()
     for name, seen in ours.items():
-        if name in live:
+        if name in shared:
+            log.error("namespace-keeper: %s is named by two sessions' allocations: bound to neither", name)
+        elif name in live:
             if name not in bound:
                 result.bind[name] = live[name]
-        elif name in bound or name in ended or (name not in free and now - seen > UNCLAIMED_GRACE):
+        elif name in ended:
+            result.retire[name] = ended[name]
+        elif name in bound or (name not in free and now - seen > UNCLAIMED_GRACE):
             result.delete.append(name)
     return result
 
@@ -168,8 +178,19 @@ class NamespaceKeeper:
                 log.info("namespace-keeper: %s bound to %s (allocation %s)", name, alloc["JobID"], alloc["ID"])
             except PoolError as exc:
                 log.warning("namespace-keeper: %s not bound to %s: %s", name, alloc.get("JobID"), exc)
+        for name, (namespace, job_id) in decided.retire.items():
+            if await self._job_over(namespace, job_id):
+                await self._delete(name)
         for name in decided.delete:
             await self._delete(name)
+
+    async def _job_over(self, namespace: str, job_id: str) -> bool:
+        """Whether the job will run no allocation again: stopped (its session ended), gone, or dead."""
+        try:
+            job = await self.nomad.in_namespace(namespace).job(job_id)
+        except NomadNotFound:
+            return True
+        return bool(job.get("Stop")) or job.get("Status") == "dead"
 
     async def _delete(self, name: str) -> None:
         await self.redis.srem(self.key, name)
@@ -184,21 +205,21 @@ class NamespaceKeeper:
             try:
                 allocs, index = await self.nomad.node_allocations(self.node_id, index=index)
                 await self.step(allocs)
-            except (TransientError, PoolError, OSError) as exc:
+            except Exception as exc:  # a daemon: Nomad, Redis, Docker or the plugin failing once is logged, retried
                 log.warning("namespace-keeper: %r", exc)
+                index = 0  # read the node's allocations again at once
                 await asyncio.sleep(1.0)
 
     async def _fill(self) -> None:
         while True:
-            free = set(texts(await self.redis.smembers(self.key))) & self.ours.keys()
-            for _ in range(self.size - len(free)):
-                try:
+            try:
+                free = set(texts(await self.redis.smembers(self.key))) & self.ours.keys()
+                for _ in range(self.size - len(free)):
                     made = await asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id})
-                except PoolError as exc:
-                    log.warning("namespace-keeper: no namespace made: %s", exc)
-                    break
-                self.ours[made.name] = time.monotonic()
-                await self.redis.sadd(self.key, made.name)
+                    self.ours[made.name] = time.monotonic()
+                    await self.redis.sadd(self.key, made.name)
+            except Exception as exc:  # as in _follow; tried again within a second
+                log.warning("namespace-keeper: no namespace made: %r", exc)
             self._refill.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._refill.wait(), 1.0)
