@@ -48,6 +48,9 @@ LABEL = "caravan.pool.node"
 """Docker label of a pooled namespace's pause container: the Nomad node id of the keeper that made it."""
 UNCLAIMED_GRACE = 600.0
 """Seconds a pooled namespace taken from the free set may stay unnamed by any allocation before it is deleted."""
+REFILL_DELAY = 2.0
+"""Seconds after a namespace was claimed before a fresh one is made: not while the kernel that claimed it starts
+(making one costs a pause container and the CNI chain, 0.2-0.3 s of the host's CPU)."""
 ENDED = frozenset({"complete", "failed", "lost"})
 """Allocation client statuses whose tasks are gone."""
 
@@ -211,13 +214,22 @@ class NamespaceKeeper:
                 await asyncio.sleep(1.0)
 
     async def _fill(self) -> None:
+        offered, claimed_at = 0, float("-inf")
         while True:
             try:
                 free = set(texts(await self.redis.smembers(self.key))) & self.ours.keys()
+                if len(free) < offered:
+                    claimed_at = time.monotonic()
+                offered = len(free)
+                if time.monotonic() - claimed_at < REFILL_DELAY:
+                    self._refill.clear()
+                    await asyncio.sleep(REFILL_DELAY)
+                    continue
                 for _ in range(self.size - len(free)):
                     made = await asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id})
                     self.ours[made.name] = time.monotonic()
                     await self.redis.sadd(self.key, made.name)
+                    offered += 1
             except Exception as exc:  # as in _follow; tried again within a second
                 log.warning("namespace-keeper: no namespace made: %r", exc)
             self._refill.clear()

@@ -5,7 +5,7 @@ same run, alternating (Caravan first, then bare, ``--runs`` times), each torn do
 
 What Caravan adds: the GraphQL creation and its checks, the scheduler's pass and job rendering, the session's own
 network namespace, the control plane pushing the route to HAProxy, and the hop through it. Both poll every 50 ms.
-Caravan runs with the client's namespace keeper (``nomad_jobs.namespace_keeper``, a pool of :data:`POOL_SIZE`): its
+Caravan runs with the client's namespace keeper (``nomad_jobs.namespace_keeper``, a pool of ``--pool``, default 2): its
 session joins a namespace made ahead when one is free (``steps["in-pooled-namespace"]``), else one made at launch.
 Two more bare jobs show what the namespace costs: in the sessions' network (made at launch), and in a namespace made
 ahead by the same chain and bound at launch (``node_plugins.namespace_pool``).
@@ -15,7 +15,7 @@ reason, and when Jupyter first answered on the kernel's host port; both: Nomad's
 a last line with the medians, their ratio, the goal (Caravan within 1.2x of bare Nomad), ``meets_goal``, each
 namespace's bare job over the host-network one, and the load average.
 
-Usage: .venv/bin/python -m bench.jupyter_launch [--runs 3]
+Usage: .venv/bin/python -m bench.jupyter_launch [--runs 3] [--pool 2]
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ from tests.harness import ADMIN_TOKEN, CREATE, Caravan
 from tests.ingress import caravan_behind_haproxy
 
 GOAL_RATIO = 1.2
-POOL_SIZE = 2
-"""Pooled namespaces the client's keeper keeps free for Caravan's sessions (``nomad_jobs.namespace_keeper``)."""
 JUPYTER_PORT = 8888
 POLL = 0.05
 TIMEOUT = 300.0
@@ -220,7 +218,7 @@ def pause_image() -> str:
     return stack_env()["CARAVAN_PAUSE_IMAGE"]
 
 
-async def measure(settings: Settings, image: str, runs: int, pool: Client | None) -> dict[str, Any]:
+async def measure(settings: Settings, image: str, runs: int, pool: Client | None, pool_size: int = 2) -> dict[str, Any]:
     async with caravan_behind_haproxy(settings) as (caravan, ingress):
         await caravan.gql(REGISTER, {"i": image}, token=ADMIN_TOKEN)
         token = await caravan.user("alice")
@@ -228,12 +226,12 @@ async def measure(settings: Settings, image: str, runs: int, pool: Client | None
         detail = await caravan.nomad._json("GET", f"/v1/node/{node['ID']}")
         mhz = int(detail["Attributes"].get("cpu.frequency", "1000"))  # one core, as Caravan asks for cpu 1
         keeper = None
-        if pool is not None:  # the client's namespace keeper, as a host running Caravan's pool has it
+        if pool is not None and pool_size > 0:  # the client's namespace keeper, as a host running Caravan's pool has it
             keeper = NamespaceKeeper(
-                pool, caravan.nomad, caravan.store.redis, caravan.store.keys, node["ID"], POOL_SIZE, pause_image()
+                pool, caravan.nomad, caravan.store.redis, caravan.store.keys, node["ID"], pool_size, pause_image()
             )
             keeping = asyncio.create_task(keeper.run_forever())
-            while await caravan.store.redis.scard(keeper.key) < POOL_SIZE:
+            while await caravan.store.redis.scard(keeper.key) < pool_size:
                 await asyncio.sleep(0.1)
         times: dict[str, list[float]] = {name: [] for name in TARGETS}
         for run in range(runs):
@@ -271,6 +269,7 @@ async def measure(settings: Settings, image: str, runs: int, pool: Client | None
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="launches of each, alternating")
+    parser.add_argument("--pool", type=int, default=2, help="pooled namespaces kept for Caravan's sessions (0: none)")
     args = parser.parse_args()
     image = stack_env().get("CARAVAN_JUPYTER_IMAGE", "")
     if not image:
@@ -278,7 +277,7 @@ async def main() -> None:
     with private_stack(want_drivers=("raw_exec", "exec", "docker")) as stack:
         network = recorded_network(stack.home / "nomad")
         pool = Client(network.conflist(), network.cni_path) if network is not None else None
-        print(json.dumps(await measure(stack.settings, image, args.runs, pool)), flush=True)
+        print(json.dumps(await measure(stack.settings, image, args.runs, pool, args.pool)), flush=True)
 
 
 if __name__ == "__main__":
