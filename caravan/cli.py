@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("scheduler", help="place pending sessions and follow Nomad (one active at a time)")
     commands.add_parser("idle", help="reclaim idle sessions per the idle policy (one active at a time; SIGHUP reloads)")
     commands.add_parser("dev", help="gateway, scheduler and idle checker, each in its own supervised process")
+    commands.add_parser(
+        "namespace-keeper", help="keep the stack's client's pool of network namespaces made ahead (caravan dev runs it)"
+    )
     stack = commands.add_parser(
         "stack",
         help="start, stop or reset the one-machine stack (Redis, Nomad, Caravan); print the Nomad ACL "
@@ -82,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = {
         "scheduler": services.run_scheduler,
         "idle": services.run_idle,
+        "namespace-keeper": services.run_namespace_keeper,
     }
     try:
         if args.command == "gateway":

@@ -18,7 +18,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
 
-from caravan.supervisor import Supervisor, die_with_parent
+from caravan.stack.session_network import recorded_network
+from caravan.supervisor import ROLES, Supervisor, die_with_parent
+from core.keys import Keys
 from core.lease import Lease
 from core.redis import connect
 from core.settings import Settings, load_settings
@@ -27,7 +29,9 @@ from gateway.app import create_app
 from gateway.http_server import GatewayHttpProtocol
 from idle.reload import PolicySource, reload_on_sighup
 from idle.service import IdleService
+from node_plugins.namespace_pool import Client
 from nomad_jobs.client import NomadClient
+from nomad_jobs.namespace_keeper import NamespaceKeeper
 from scheduler.config import pass_config
 from scheduler.service import Scheduler
 from stores.users import bootstrap_admin_token
@@ -127,6 +131,46 @@ async def run_idle(settings: Settings, policy: PolicySource | None = None) -> No
         await redis.aclose()
 
 
+def keeps_namespaces(settings: Settings) -> bool:
+    """Whether ``caravan dev`` runs a namespace keeper: a pool asked for, as root, beside a client with a session
+    network and the stack's pause image."""
+    return (
+        settings.namespace_pool > 0
+        and os.geteuid() == 0
+        and bool(os.environ.get("CARAVAN_PAUSE_IMAGE"))
+        and recorded_network(settings.home / "nomad") is not None
+    )
+
+
+async def run_namespace_keeper(settings: Settings) -> None:
+    """The keeper of the stack's one client's pooled network namespaces (``nomad_jobs.namespace_keeper``), with the
+    scheduler's credentials (it reads the node's allocations and writes the pool's set)."""
+    network = recorded_network(settings.home / "nomad")
+    if network is None:
+        raise SystemExit(f"caravan: no session network recorded in {settings.home / 'nomad'}")
+    settings = settings.for_role("scheduler")
+    redis = await connect(settings.redis, give_up_after=float("inf"))
+    nomad = NomadClient(settings.nomad)
+    try:
+        [node] = [n for n in await nomad.nodes() if n.get("Status") == "ready"][:1]
+        keeper = NamespaceKeeper(
+            Client(network.conflist(), network.cni_path),
+            nomad,
+            redis,
+            Keys(settings.redis.prefix),
+            str(node["ID"]),
+            settings.namespace_pool,
+            os.environ["CARAVAN_PAUSE_IMAGE"],
+        )
+        try:
+            await until_sigterm(keeper.run_forever())
+        finally:
+            await keeper.release_free()
+    finally:
+        await nomad.aclose()
+        await redis.aclose()
+
+
 async def until_sigterm(service: Coroutine[Any, Any, None]) -> None:
     """Run ``service`` until it ends or SIGTERM comes; then cancel it, so that its ``finally`` runs (a leader releases
     its lease there: its follower takes over at once instead of after the lease's TTL)."""
@@ -187,4 +231,5 @@ def run_dev(settings: Settings) -> int:
     pass_config(config)
     PolicySource(settings.idle.policy_path, config.devices)
     env = {**os.environ, "CARAVAN_GATEWAY_WORKERS": "1"}
-    return Supervisor(lambda role: [sys.executable, "-m", "caravan.cli", role], env).run()
+    roles = (*ROLES, "namespace-keeper") if keeps_namespaces(settings) else ROLES
+    return Supervisor(lambda role: [sys.executable, "-m", "caravan.cli", role], env, roles).run()

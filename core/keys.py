@@ -527,3 +527,9 @@ class Keys:
         """HASH the idle checker adds each sweep's measured utilization to: ``<metric>`` -> percent × seconds and
         ``<metric>:seconds`` -> seconds; read when the session ends."""
         return f"{self.prefix}:usage:utilization:{session_id}"
+
+    def namespace_pool(self, node_id: str) -> str:
+        """SET of the pooled network namespaces free on one Nomad client (container names), kept by its keeper
+        (``nomad_jobs.namespace_keeper``: added once, when made); the scheduler claims one with SPOP at placement, so
+        no two sessions are ever handed the same."""
+        return f"{self.prefix}:netns-pool:{node_id}"

@@ -192,6 +192,10 @@ class Settings:
     network namespace of its own that reaches only its session's kernels (``nomad_jobs/kernel_network.py``; the Nomad
     clients need the ``caravan`` CNI network, see ``caravan/stack/session_network.py``), or ``host``: the host's
     network, no isolation between sessions or from the host's loopback services."""
+    namespace_pool: int = 2
+    """Network namespaces made ahead that ``caravan dev``'s keeper keeps free on the stack's client
+    (``CARAVAN_NAMESPACE_POOL``; 0: no keeper, every kernel's namespace made at launch;
+    ``nomad_jobs.namespace_keeper``)."""
     docker_images: tuple[str, ...] = ("caravan/*",)
     """Glob patterns of the Docker images sessions may name (``CARAVAN_DOCKER_IMAGES``, comma-separated), matched
     against the reference as written; default: the namespace ops/ builds locally. See ``domain/docker_images.py``."""
@@ -319,6 +323,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
         session_network=env.get("CARAVAN_SESSION_NETWORK") or Settings.session_network,
+        namespace_pool=int(env.get("CARAVAN_NAMESPACE_POOL") or Settings.namespace_pool),
         docker_images=tuple(p.strip() for p in env.get("CARAVAN_DOCKER_IMAGES", "").split(",") if p.strip())
         or Settings.docker_images,
         qemu_images=qemu_images_of(env),

@@ -369,13 +369,18 @@ class Membership:
         return remote_commands("delete", [pair for pair in remote if pair[0] in addresses]), kept
 
     def forget(self, kernel: Kernel) -> None:
+        path = os.path.join(self.root, "containers", kernel.container_id)
+        if os.path.exists(path):
+            os.unlink(path)
+        self.leave(kernel)
+
+    def leave(self, kernel: Kernel) -> None:
+        """Drop the kernel's record from its session's directory only (a pooled namespace bound to a session keeps
+        its container record, rewritten with the session's key)."""
         directory = self._session_dir(kernel.session)
-        for path in (
-            os.path.join(directory, kernel.container_id),
-            os.path.join(self.root, "containers", kernel.container_id),
-        ):
-            if os.path.exists(path):
-                os.unlink(path)
+        path = os.path.join(directory, kernel.container_id)
+        if os.path.exists(path):
+            os.unlink(path)
         with contextlib.suppress(OSError):
             os.rmdir(directory)  # the session's last kernel on this host
 
@@ -413,16 +418,8 @@ def add(config: Mapping[str, Any], env: Mapping[str, str], members: Membership) 
     stale = [k for k in known if k.address == kernel.address]
     for old in stale:
         commands += removal_commands(old, members.others(old))
-    taken, losing = ports_taken_over(kernel, [k for k in known if k not in stale])
-    commands += taken
     dropped, kept = members.without_remote([kernel.address])
-    commands += dropped
-    commands += element_commands("add", kernel, members.others(kernel), bridge)
-    if kernel.published:
-        # what portmap did: connections to 127.0.0.1 may be routed to the bridge (then masqueraded, see RULES)
-        with open(f"/proc/sys/net/ipv4/conf/{os.path.basename(bridge)}/route_localnet", "w") as file:
-            file.write("1")
-    nft(commands)
+    losing = enter(kernel, [k for k in known if k not in stale], members, bridge, [*commands, *dropped])
     if kept is not None:
         members.keep_remote_pairs(kept)
     for old in stale:
@@ -431,6 +428,52 @@ def add(config: Mapping[str, Any], env: Mapping[str, str], members: Membership) 
         members.remember(other)
     members.remember(kernel)
     return result
+
+
+def enter(
+    kernel: Kernel, known: Sequence[Kernel], members: Membership, bridge: str, before: Sequence[str]
+) -> list[Kernel]:
+    """One nft transaction: ``before``, then the kernel's published ports taken over from the ``known`` kernels of the
+    host, and the kernel's elements (its session's pairs among them). Returns the kernels that lost ports, as they
+    must be remembered now."""
+    taken, losing = ports_taken_over(kernel, known)
+    if kernel.published:
+        # what portmap did: connections to 127.0.0.1 may be routed to the bridge (then masqueraded, see RULES)
+        with open(f"/proc/sys/net/ipv4/conf/{os.path.basename(bridge)}/route_localnet", "w") as file:
+            file.write("1")
+    nft([*before, *taken, *element_commands("add", kernel, members.others(kernel), bridge)])
+    return losing
+
+
+POOL_NAMESPACE = "caravan-pool"
+"""The Nomad namespace of a pooled network namespace's placeholder session (its job id is its own container id, so
+it is a session of its own: no peer). No Nomad job runs in it; a job of a namespace of this name is never bound to."""
+
+
+def pool_key(container_id: str) -> str:
+    """The placeholder session of the pooled namespace ``container_id`` (``node_plugins.namespace_pool``)."""
+    return session_key({"NOMAD_NAMESPACE": POOL_NAMESPACE, "NOMAD_JOB_ID": container_id})
+
+
+def bind(config: Mapping[str, Any], container_id: str, args: Mapping[str, str], members: Membership) -> Kernel:
+    """Hand the pooled namespace ``container_id`` to a session (``args``: its ``NOMAD_NAMESPACE`` and ``NOMAD_JOB_ID``)
+    with its published ports (``config``: ``bridge`` and CNI's ``runtimeConfig.portMappings``), in one nft
+    transaction under the lock: it joins the session's pairs and its ports lead into it. Only once: a namespace bound
+    already (or unknown) is refused, so a pooled namespace serves one session and is then deleted, never reused."""
+    members.lock()
+    pooled = members.recall(container_id)
+    if pooled is None or pooled.session != pool_key(container_id):
+        raise PluginError(f"{container_id} is not an unbound pooled namespace on this host: never bound twice")
+    if args.get("NOMAD_NAMESPACE") == POOL_NAMESPACE:
+        raise PluginError(f"a pooled namespace is bound to a session, not to the {POOL_NAMESPACE} namespace")
+    kernel = pooled._replace(session=session_key(args), published=published_ports(config))
+    known = [k for k in members.all_kernels() if k.container_id != container_id]
+    losing = enter(kernel, known, members, str(config["bridge"]), [RULES])
+    for other in losing:
+        members.remember(other)
+    members.remember(kernel)
+    members.leave(pooled)
+    return kernel
 
 
 def delete(env: Mapping[str, str], members: Membership) -> None:
@@ -476,6 +519,14 @@ def main() -> int:
     env = os.environ
     if sys.argv[1:2] == ["release"]:  # caravan.stack.session_network.release: release <subnet> <state dir>
         release(sys.argv[2], Membership(sys.argv[3]))
+        return 0
+    if sys.argv[1:2] == ["bind"]:  # node_plugins.namespace_pool.bind: bind <container id> <CNI_ARGS>, config on stdin
+        try:
+            given = json.loads(sys.stdin.read() or "{}")
+            bind(given, sys.argv[2], parse_cni_args(sys.argv[3]), Membership(str(given["stateDir"])))
+        except (PluginError, KeyError, ValueError, OSError) as exc:
+            print(f"caravan-isolation bind: {exc}", file=sys.stderr)
+            return 1
         return 0
     command = env.get("CNI_COMMAND", "")
     config: dict[str, Any] = json.loads(sys.stdin.read() or "{}") if command != "VERSION" else {}

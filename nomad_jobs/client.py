@@ -251,6 +251,14 @@ class NomadClient:
         allocs: list[Json] = await self._json("GET", "/v1/allocations", params=params)
         return allocs
 
+    async def node_allocations(self, node_id: str, *, index: int = 0, wait: float = 5.0) -> tuple[list[Json], int]:
+        """Every allocation of one node, in every namespace, with its job; a blocking query: it answers once the
+        node's allocations changed after ``index`` (or ``wait`` seconds passed). Returns them and the new index."""
+        params = {"index": str(index), "wait": f"{wait:g}s"} if index else {}
+        response = await self._request("GET", f"/v1/node/{node_id}/allocations", params=params)
+        allocs: list[Json] = response.json()
+        return allocs, int(response.headers.get("X-Nomad-Index", "0"))
+
     async def stop_allocation(self, alloc_id: str) -> None:
         await self._request("POST", f"/v1/allocation/{alloc_id}/stop")
 

@@ -13,6 +13,10 @@
   allocation: a BATCH sub whose command succeeded stays up until main1 ends (``session_job.waits_for_main``), so no
   peer waits for the address of a sub that ended. Nomad service discovery spans the cluster, so
   multi-node sessions resolve alike; reaching each other across machines needs the nodes' session subnets routed.
+- **a pooled namespace**: a single-kernel docker session (INTERACTIVE or BATCH) the scheduler handed a namespace made
+  ahead (``nomad_jobs.namespace_keeper``) joins it instead (``network_mode = "container:<name>"``, no hostname: Docker
+  refuses one there); the group's network is the host's with the same ports, which the keeper publishes into the
+  namespace when it binds it to the session, so the kernel is isolated as in a namespace of its own.
 - **raw_exec kernels** run on the host's network (they are not isolated anyway: SUPERADMIN only), and so does every
   kernel when the operator turns isolation off (``CARAVAN_SESSION_NETWORK=host``): then each kernel of a cluster gets a
   loopback address of its own (127.x.y.n) and Docker kernels the others' in ``extra_hosts``, as before networks.
@@ -22,6 +26,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 
 from domain.idle.network import NET_STATS_FILE
@@ -33,6 +38,8 @@ HOST = "host"
 """``CARAVAN_SESSION_NETWORK`` value for the host's network (no isolation)."""
 SESSION_NETWORK = "cni/caravan"
 """The default: each kernel in a namespace of its own on the client's ``caravan`` CNI network."""
+POOLED_NAME = re.compile(r"caravan-pool-[0-9a-f]{12}")
+"""A pooled namespace's pause container name (``node_plugins.namespace_pool.PREFIX`` and 12 hex digits)."""
 PEERS_FILE = "/local/caravan-peers"
 """Where a cluster kernel finds its peers' addresses, ``<address> <hostname>`` per line (the task directory's
 ``local/`` is mounted at ``/local`` by the docker and exec drivers)."""
@@ -46,6 +53,17 @@ def is_isolated(session: Session, network_mode: str) -> bool:
     return network_mode != HOST and session.driver in (Driver.DOCKER, Driver.EXEC)
 
 
+def poolable(session: Session, network_mode: str) -> bool:
+    """Whether the session may run in a pooled namespace: one docker kernel, isolated, not an INFERENCE endpoint (whose
+    replicas are rendered again and replaced)."""
+    return (
+        is_isolated(session, network_mode)
+        and session.driver is Driver.DOCKER
+        and len(session.kernels) == 1
+        and session.type in (SessionType.INTERACTIVE, SessionType.BATCH)
+    )
+
+
 def has_peers(session: Session) -> bool:
     """Kernels that must find each other by hostname: a cluster session (INFERENCE replicas serve alone)."""
     return len(session.kernels) > 1 and session.type is not SessionType.INFERENCE
@@ -56,14 +74,24 @@ def peers_service_name(session: Session) -> str:
 
 
 def add_network(
-    group: Block, session: Session, kernel: Kernel, network_mode: str, static_ports: Mapping[int, int] | None = None
+    group: Block,
+    session: Session,
+    kernel: Kernel,
+    network_mode: str,
+    static_ports: Mapping[int, int] | None = None,
+    pooled: str | None = None,
 ) -> None:
     """The group's ``network`` block (and the peers service of an isolated cluster kernel). ``static_ports``: the
     main kernel's ports published on a host port of their own (container port -> host port: the apps' preferred
-    ports the scheduler granted, ``domain.apps.grant_preferred_ports``); every other port gets a dynamic one."""
+    ports the scheduler granted, ``domain.apps.grant_preferred_ports``); every other port gets a dynamic one.
+    ``pooled``: the pooled namespace the kernel joins (the host's network mode, the ports published by its keeper)."""
     ports = exposed_ports(session)
     static = (static_ports or {}) if kernel.is_main else {}
-    if is_isolated(session, network_mode):
+    if pooled is not None:
+        network = group.block("network")
+        for port in ports:
+            network.block("port", port_label(port), static=static.get(port), to=port)
+    elif is_isolated(session, network_mode):
         # exec cannot set the namespace's hostname (Nomad refuses), docker can: its /etc/hosts then names the kernel
         hostname = kernel.hostname if session.driver is Driver.DOCKER else None
         network = group.block("network", mode=network_mode, hostname=hostname)
@@ -113,8 +141,13 @@ def loopback_addresses(session: Session) -> dict[str, str]:
     return {k.hostname: f"127.{first}.{second}.{k.index}" for k in session.kernels}
 
 
-def docker_network_config(session: Session, kernel: Kernel, network_mode: str) -> dict[str, object]:
-    """The docker driver's own network settings: none in a namespace of the session network (the group sets it up)."""
+def docker_network_config(
+    session: Session, kernel: Kernel, network_mode: str, pooled: str | None = None
+) -> dict[str, object]:
+    """The docker driver's own network settings: none in a namespace of the session network (the group sets it up),
+    the pooled namespace's container in one (``pooled``)."""
+    if pooled is not None:
+        return {"network_mode": f"container:{pooled}"}
     if is_isolated(session, network_mode):
         return {}
     return {

@@ -185,6 +185,9 @@ class JobContext:
     network_mode: str = SESSION_NETWORK
     """Nomad network mode of docker and exec kernels (``Settings.session_network``): ``cni/caravan``, a namespace of
     their own on the session network, or ``host`` (no isolation); see ``nomad_jobs.kernel_network``."""
+    pooled_namespace: str | None = None
+    """The pooled network namespace the scheduler claimed for the session's one docker kernel (its pause container's
+    name, ``nomad_jobs.namespace_keeper``); None: a namespace made at launch, as the network mode says."""
 
 
 @dataclass(frozen=True)
@@ -227,7 +230,7 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
     if session.type is SessionType.INFERENCE:
         add_recovery(group)  # a killed or unhealthy replica comes back: restarted in place, else rescheduled
     if session.driver is not Driver.QEMU:
-        add_network(group, session, kernel, ctx.network_mode, ctx.static_ports)
+        add_network(group, session, kernel, ctx.network_mode, ctx.static_ports, ctx.pooled_namespace)
     task = group.block("task", meta.TASK_NAME, driver=session.driver.value)
     task.block("config", **_driver_config(session, kernel, ctx))
     add_mounts(group, task, session)
@@ -292,7 +295,7 @@ def _driver_config(session: Session, kernel: Kernel, ctx: JobContext) -> dict[st
             "image": runtime_text(kernel.image),
             "command": SHELL,
             "args": args,
-            **docker_network_config(session, kernel, ctx.network_mode),
+            **docker_network_config(session, kernel, ctx.network_mode, ctx.pooled_namespace),
         }
         if session.shared_memory:
             config["shm_size"] = int(session.shared_memory)

@@ -24,6 +24,7 @@ from redis.typing import EncodableT
 
 from core.clock import utcnow
 from core.lease import Fence, write_fenced
+from core.replies import optional_text
 from core.settings import Settings
 from devices.catalog import DeviceAsk
 from domain.apps import grant_preferred_ports
@@ -32,6 +33,7 @@ from domain.model import Kernel, Session, SessionStatus
 from domain.scheduling_config import SchedulingConfig
 from domain.slots import SlotType
 from nomad_jobs.client import NomadClient
+from nomad_jobs.kernel_network import POOLED_NAME, poolable
 from nomad_jobs.session_job import JobContext, render_session_job
 from scheduler.config import pass_config
 from scheduler.pass_model import KernelPlacement, PassConfig, PassResult, WaitExplanation
@@ -124,9 +126,9 @@ class Placer:
         granted: dict[str, dict[int, str]] = {}  # node -> preferred port -> the session of this pass granted it
         for session_id, kernels in result.placements.items():
             log.info("session=%s placed: %s", session_id, ", ".join(f"{k.role} on {k.agent_id}" for k in kernels))
-            writes.append(
-                (session_id, self._place(kernels, read.mhz_per_core, read.device_asks, now, read.host_ports, granted))
-            )
+            pooled = await self._claim_namespace(read.sessions[session_id], kernels)
+            place = self._place(kernels, read.mhz_per_core, read.device_asks, now, read.host_ports, granted, pooled)
+            writes.append((session_id, place))
         waiting = 0
         for session_id, explanation in result.waiting.items():
             before = read.sessions[session_id]
@@ -151,9 +153,11 @@ class Placer:
         now: datetime,
         host_ports: Mapping[str, Set[int]],
         granted: dict[str, dict[int, str]],
+        pooled: str | None = None,
     ) -> Mutation:
         """``host_ports``: node -> the host ports held there as the pass began; ``granted``: node -> the preferred
-        ports this pass granted, and to which session (filled in: a session written again keeps its own)."""
+        ports this pass granted, and to which session (filled in: a session written again keeps its own);
+        ``pooled``: the pooled network namespace claimed for its kernel."""
         on = {p.role: p.agent_id for p in kernels}  # roles are the kernels' hostnames (see scheduler.snapshot)
 
         def mutate(session: Session) -> Session | None:
@@ -168,12 +172,28 @@ class Placer:
                 here[host_port] = session.id
             if taken:
                 log.info("session=%s preferred ports taken on %s: %s get dynamic ones", session.id, node, taken)
-            ctx = replace(job_context(self.settings, session, mhz, devices, on), static_ports=static)
+            ctx = replace(
+                job_context(self.settings, session, mhz, devices, on), static_ports=static, pooled_namespace=pooled
+            )
             rendered = render_session_job(placed, ctx)
             placed = placed.evolve(nomad_job_id=rendered.job_id, job_hcl=rendered.hcl, preferred_ports_taken=taken)
             return transition(placed, SessionStatus.SCHEDULED, reason="scheduled", at=now)
 
         return mutate
+
+    async def _claim_namespace(self, session: Session, kernels: Sequence[KernelPlacement]) -> str | None:
+        """A pooled network namespace of the kernel's node, taken from its free set (``SPOP``: handed to this session
+        alone), for a session that may use one (``kernel_network.poolable``); None: none free, today's path."""
+        if not poolable(session, self.settings.session_network) or len(kernels) != 1:
+            return None
+        popped = await self.store.redis.spop(self.store.keys.namespace_pool(kernels[0].agent_id))
+        claimed = optional_text(popped) if isinstance(popped, (bytes, str)) else None
+        if claimed is not None and not POOLED_NAME.fullmatch(claimed):
+            log.warning("session=%s: %r in the namespace pool is no pooled namespace's name", session.id, claimed)
+            return None
+        if claimed is not None:
+            log.info("session=%s claimed pooled namespace %s on %s", session.id, claimed, kernels[0].agent_id)
+        return claimed
 
     async def _write(self, writes: Sequence[tuple[str, Mutation]]) -> None:
         limit = asyncio.Semaphore(WRITE_CONCURRENCY)

@@ -5,19 +5,24 @@ same run, alternating (Caravan first, then bare, ``--runs`` times), each torn do
 
 What Caravan adds: the GraphQL creation and its checks, the scheduler's pass and job rendering, the session's own
 network namespace, the control plane pushing the route to HAProxy, and the hop through it. Both poll every 50 ms.
+Caravan runs with the client's namespace keeper (``nomad_jobs.namespace_keeper``, a pool of ``--pool``, default 2): its
+session joins a namespace made ahead when one is free (``steps["in-pooled-namespace"]``), else one made at launch.
+Two more bare jobs show what the namespace costs: in the sessions' network (made at launch), and in a namespace made
+ahead by the same chain and bound at launch (``node_plugins.namespace_pool``).
 
 Prints one JSON line per launch with its ``steps``, in seconds after the creation (Caravan: each status change's
 reason, and when Jupyter first answered on the kernel's host port; both: Nomad's own moments, ``nomad_steps``), and
-a last line with the medians, their ratio, the goal (Caravan within 1.2x of bare Nomad), ``meets_goal`` and the
-load average.
+a last line with the medians, their ratio, the goal (Caravan within 1.2x of bare Nomad), ``meets_goal``, each
+namespace's bare job over the host-network one, and the load average.
 
-Usage: .venv/bin/python -m bench.jupyter_launch [--runs 3]
+Usage: .venv/bin/python -m bench.jupyter_launch [--runs 3] [--pool 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -28,8 +33,11 @@ from typing import Any
 import httpx2
 
 from caravan.stack.private_stack import private_stack, stack_env
+from caravan.stack.session_network import recorded_network
 from core.settings import Settings
 from domain.apps import app_host, published_port
+from node_plugins.namespace_pool import Client, bind, delete, make
+from nomad_jobs.namespace_keeper import NamespaceKeeper
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan
 from tests.ingress import caravan_behind_haproxy
 
@@ -86,7 +94,19 @@ SESSION_NETWORK = {
 """The same job in the network Caravan gives sessions (a namespace of its own through the stack's CNI configuration,
 a pause container holding it, the isolation plugin publishing its port): what isolation costs, apart from Caravan's
 own work."""
-TARGETS = {"caravan": None, "bare_nomad": HOST_NETWORK, "bare_nomad_session_network": SESSION_NETWORK}
+POOLED_NETWORK = {
+    "network": '      port "jupyter" {}',
+    "config": '        network_mode = "container:%(pooled)s"\n        command = "/usr/local/bin/caravan-env-start"',
+}
+"""The same job in a namespace made ahead by the same chain (``node_plugins.namespace_pool``, not wired into Caravan
+yet): the docker task joins it, and it is bound to the job (membership, the published port) once Nomad has given the
+job its host port. Made before the clock starts, deleted after: what a namespace pool would save."""
+TARGETS = {
+    "caravan": None,
+    "bare_nomad": HOST_NETWORK,
+    "bare_nomad_session_network": SESSION_NETWORK,
+    "bare_nomad_pooled_namespace": POOLED_NETWORK,
+}
 
 
 async def until_ok(http: httpx2.AsyncClient, url: str, headers: dict[str, str], started: float) -> float:
@@ -119,6 +139,7 @@ async def through_caravan(caravan: Caravan, image: str, token: str, port: int) -
     steps = {c.reason: round((c.at - stored.created_at).total_seconds(), 3) for c in stored.status_history}
     steps |= await nomad_steps(caravan, stored.nomad_job_id or "", stored.created_at.timestamp())
     steps["jupyter-answered-on-host-port"] = round(direct, 3)
+    steps["in-pooled-namespace"] = 'network_mode = "container:' in (stored.job_hcl or "")
     await caravan.gql(DESTROY, {"ids": [session["id"]]}, token=token)
     await caravan.wait_for(session["id"], "TERMINATED", timeout=120)
     return seconds, steps
@@ -155,8 +176,15 @@ async def on_its_host_port(caravan: Caravan, session_id: str, started: float) ->
         await asyncio.sleep(POLL)
 
 
-async def bare_nomad(caravan: Caravan, image: str, mhz: int, shape: dict[str, str]) -> tuple[float, dict[str, float]]:
+async def bare_nomad(
+    caravan: Caravan, image: str, mhz: int, shape: dict[str, str], pool: Client | None
+) -> tuple[float, dict[str, float]]:
     job_id = f"bench-bare-{uuid.uuid4().hex[:8]}"
+    pooled = None
+    if shape is POOLED_NETWORK:
+        assert pool is not None
+        pooled = make(pool, pause_image())  # ahead of the launch, as a pool would have it
+        shape = shape | {"config": shape["config"] % {"pooled": pooled.name}}
     since, started = time.time(), time.monotonic()
     job = await caravan.nomad.parse(BARE_JOB % {"id": job_id, "image": image, "mhz": mhz, **shape})
     await caravan.nomad.register(job)
@@ -169,41 +197,68 @@ async def bare_nomad(caravan: Caravan, image: str, mhz: int, shape: dict[str, st
             port = next((p["Value"] for p in ports if p["Label"] == "jupyter"), 0)
         if not port:
             await asyncio.sleep(POLL)
+    if pooled is not None and pool is not None:
+        mapping = {"hostIP": "127.0.0.1", "hostPort": port, "containerPort": JUPYTER_PORT, "protocol": "tcp"}
+        await asyncio.to_thread(bind, pool, pooled.name, "default", job_id, [mapping])
+        bound = time.monotonic() - started
     seconds = await until_ok(caravan.http, f"http://127.0.0.1:{port}/api/status", {}, started)
     steps = await nomad_steps(caravan, job_id, since)
+    if pooled is not None:
+        steps["pool-bound"] = round(bound, 3)
     await caravan.nomad.deregister(job_id, purge=False)
     while any(a["ClientStatus"] == "running" for a in await caravan.nomad.job_allocations(job_id)):
         await asyncio.sleep(0.2)
     await caravan.nomad.deregister(job_id, purge=True)
+    if pooled is not None and pool is not None:
+        delete(pool, pooled.name)
     return seconds, steps
 
 
-async def measure(settings: Settings, image: str, runs: int) -> dict[str, Any]:
+def pause_image() -> str:
+    return stack_env()["CARAVAN_PAUSE_IMAGE"]
+
+
+async def measure(settings: Settings, image: str, runs: int, pool: Client | None, pool_size: int = 2) -> dict[str, Any]:
     async with caravan_behind_haproxy(settings) as (caravan, ingress):
         await caravan.gql(REGISTER, {"i": image}, token=ADMIN_TOKEN)
         token = await caravan.user("alice")
         [node] = [n for n in await caravan.nomad.nodes() if n["Status"] == "ready"]
         detail = await caravan.nomad._json("GET", f"/v1/node/{node['ID']}")
         mhz = int(detail["Attributes"].get("cpu.frequency", "1000"))  # one core, as Caravan asks for cpu 1
+        keeper = None
+        if pool is not None and pool_size > 0:  # the client's namespace keeper, as a host running Caravan's pool has it
+            keeper = NamespaceKeeper(
+                pool, caravan.nomad, caravan.store.redis, caravan.store.keys, node["ID"], pool_size, pause_image()
+            )
+            keeping = asyncio.create_task(keeper.run_forever())
+            while await caravan.store.redis.scard(keeper.key) < pool_size:
+                await asyncio.sleep(0.1)
         times: dict[str, list[float]] = {name: [] for name in TARGETS}
         for run in range(runs):
             for name, shape in TARGETS.items():
                 if shape is None:
                     seconds, steps = await through_caravan(caravan, image, token, ingress.port)
                 else:
-                    seconds, steps = await bare_nomad(caravan, image, mhz, shape)
+                    seconds, steps = await bare_nomad(caravan, image, mhz, shape, pool)
                 times[name].append(seconds)
                 line = {"measure": "launch_to_jupyter", "target": name, "run": run, "seconds": round(seconds, 3)}
                 print(json.dumps(line | {"steps": steps}), flush=True)
+        if keeper is not None:
+            keeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeping
+            await keeper.delete_all()
         medians = {k: round(statistics.median(v), 3) for k, v in times.items()}
         ratio = round(medians["caravan"] / medians["bare_nomad"], 3)
         isolation = round(medians["bare_nomad_session_network"] / medians["bare_nomad"], 3)
+        pooled = round(medians["bare_nomad_pooled_namespace"] / medians["bare_nomad"], 3)
         return {
             "measure": "summary",
             "median_seconds": medians,
             "max_seconds": {k: round(max(v), 3) for k, v in times.items()},
             "ratio": ratio,
             "session_network_vs_bare": isolation,
+            "pooled_namespace_vs_bare": pooled,
             "goal": f"Caravan (createSession to Jupyter answering through HAProxy) within {GOAL_RATIO}x of the same "
             "image started by a bare Nomad job and polled directly (medians)",
             "loadavg_1m": os.getloadavg()[0],
@@ -214,12 +269,15 @@ async def measure(settings: Settings, image: str, runs: int) -> dict[str, Any]:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="launches of each, alternating")
+    parser.add_argument("--pool", type=int, default=2, help="pooled namespaces kept for Caravan's sessions (0: none)")
     args = parser.parse_args()
     image = stack_env().get("CARAVAN_JUPYTER_IMAGE", "")
     if not image:
         raise SystemExit("no Jupyter image: run ops/build-env-images")
     with private_stack(want_drivers=("raw_exec", "exec", "docker")) as stack:
-        print(json.dumps(await measure(stack.settings, image, args.runs)), flush=True)
+        network = recorded_network(stack.home / "nomad")
+        pool = Client(network.conflist(), network.cni_path) if network is not None else None
+        print(json.dumps(await measure(stack.settings, image, args.runs, pool, args.pool)), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,13 +25,16 @@ from urllib.parse import urlparse
 
 import pytest
 
+from caravan.stack.nomad_agent import NomadAgent
 from caravan.stack.nomad_cluster import NomadCluster
 from caravan.stack.session_network import SESSION_SUPERNET
+from core.replies import text
 from core.settings import Settings
 from tests.cluster_fixtures import OnCluster
 from tests.conftest import DEFAULT_IMAGE
 from tests.harness import ADMIN_TOKEN, CREATE, Caravan
 from tests.ingress import caravan_behind_haproxy
+from tests.namespace_keeping import keeping
 
 OTHER_PORT = 8080
 OTHER_APP = (
@@ -163,8 +167,8 @@ async def other_tenant_app(caravan: Caravan) -> tuple[str, dict[str, str]]:
     return session["id"], {"address": address, "published": port}
 
 
-async def run_probe(caravan: Caravan, driver: str, other: dict[str, str]) -> tuple[list[Finding], list[str]]:
-    """The probe's findings in a USER's session of ``driver``, and the secrets it must not have seen."""
+async def run_probe(caravan: Caravan, driver: str, other: dict[str, str]) -> tuple[list[Finding], list[str], str]:
+    """The probe's findings in a USER's session of ``driver``, the secrets it must not have seen, and its job."""
     alice = await caravan.user("alice-" + uuid.uuid4().hex[:6])
     settings = caravan.settings
     ports = {
@@ -191,7 +195,7 @@ async def run_probe(caravan: Caravan, driver: str, other: dict[str, str]) -> tup
     stdout = ended["mainKernel"]["logs"]["stdout"]
     assert "PROBE-DONE" in stdout, ended
     secrets = [s for s in (ADMIN_TOKEN, alice, settings.nomad.token, urlparse(settings.redis.url).password) if s]
-    return findings(stdout), secrets
+    return findings(stdout), secrets, str(ended["jobHcl"])
 
 
 @pytest.fixture
@@ -210,7 +214,23 @@ DRIVERS = [
 @pytest.mark.parametrize("driver", DRIVERS)
 async def test_a_session_reaches_nothing_of_the_platform_or_other_tenants(isolated: Caravan, driver: str) -> None:
     _, other = await other_tenant_app(isolated)
-    found, secrets = await run_probe(isolated, driver, other)
+    found, secrets, _ = await run_probe(isolated, driver, other)
+    reached_nothing(found, secrets)
+
+
+@pytest.mark.docker
+async def test_a_pooled_session_reaches_nothing_either(isolated: Caravan, nomad_agent: NomadAgent) -> None:
+    """The same probe in a docker session placed while its node's pool had a free namespace (made ahead by the same
+    CNI chain, bound to the session by ``nomad_jobs.namespace_keeper``): isolated exactly as in one of its own."""
+    async with keeping(isolated, nomad_agent, 1) as keeper:
+        [offered] = await isolated.store.redis.smembers(keeper.key)
+        _, other = await other_tenant_app(isolated)
+        found, secrets, job_hcl = await run_probe(isolated, "DOCKER", other)
+        assert re.search(f'network_mode += "container:{text(offered)}"', job_hcl), job_hcl  # it ran in the pooled one
+        reached_nothing(found, secrets)
+
+
+def reached_nothing(found: list[Finding], secrets: list[str]) -> None:
     network = [f for f in found if f.kind == "NET"]
     assert len(network) >= 7, found  # every attempt ran (at least those at 127.0.0.1, and the other tenant)
     assert [f for f in network if answered(f)] == [], "the session reached something it must not"
@@ -230,7 +250,7 @@ async def test_without_isolation_the_probe_does_reach_them(unisolated: Caravan) 
     """The control: the same probe on the host's network reaches the other tenant's app and the control plane's
     listeners, so the escape test above would fail; Nomad and Redis then refuse it everything (no credentials)."""
     _, other = await other_tenant_app(unisolated)
-    found, _ = await run_probe(unisolated, "EXEC", other)
+    found, _, _ = await run_probe(unisolated, "EXEC", other)
     reached = {f.name: f.text for f in found if f.kind == "NET" and answered(f)}
     assert {"other-published", "nomad-jobs", "nomad-register", "redis", "gateway", "haproxy"} <= set(reached), found
     # ... and the control plane, reached, gives nothing without its secrets: ACLs on Nomad, users on Redis

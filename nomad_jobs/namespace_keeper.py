@@ -1,0 +1,249 @@
+"""``namespace-keeper``: keeps a Nomad client's pool of network namespaces made ahead (``node_plugins.namespace_pool``).
+
+A kernel's start on the session network is mostly its namespace, made at launch (docs/environments.md). The keeper,
+one per Nomad client host, keeps ``size`` namespaces made ahead and free, each in the SET
+``Keys.namespace_pool(<node id>)`` (added once, when made, never again). At placement the scheduler claims one for a
+single-kernel docker session with ``SPOP`` (atomic: no two sessions are handed the same) and renders the kernel's task
+into it (``network_mode = "container:<name>"``, ``nomad_jobs.kernel_network``); an empty pool is today's path. The
+keeper follows its node's allocations (a blocking query) and, for each pooled namespace of its own:
+
+- a live allocation's docker task names it: bound to that allocation's session (Nomad namespace, job id) with its
+  allocated ports, once (the isolation plugin refuses a second bind);
+- named by an allocation that ended, and by no live one: deleted once that allocation's job is stopped (the session
+  ended), gone or dead, never offered again (a failed allocation that Nomad replaces keeps it for the replacement, which
+  is the same session's);
+- neither free, nor named, nor bound for :data:`UNCLAIMED_GRACE` seconds (claimed by a placement that was never
+  written, or the keeper restarted): deleted.
+
+Until bound, a pooled namespace is isolated like a session's only kernel; a claimed one that is never bound publishes
+nothing and reaches nothing. The keeper writes no Nomad job (only the scheduler's job owner does): it reads its node's
+allocations and runs Docker and the CNI chain on its own host, as root.
+
+``caravan dev`` runs one beside the stack's client (``caravan namespace-keeper``, ``CARAVAN_NAMESPACE_POOL``
+namespaces, 0: none); ``caravan deploy`` does not start one on its clients yet, so their sessions take today's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+
+from core.keys import Keys
+from core.replies import texts
+from node_plugins.cni_isolation import Membership, pool_key
+from node_plugins.namespace_pool import PREFIX, Client, PoolError, bind, delete, make
+from nomad_jobs.client import Json, NomadClient, NomadNotFound
+
+log = logging.getLogger(__name__)
+
+LABEL = "caravan.pool.node"
+"""Docker label of a pooled namespace's pause container: the Nomad node id of the keeper that made it."""
+UNCLAIMED_GRACE = 600.0
+"""Seconds a pooled namespace taken from the free set may stay unnamed by any allocation before it is deleted."""
+REFILL_DELAY = 2.0
+"""Seconds after a namespace was claimed before a fresh one is made: not while the kernel that claimed it starts
+(making one costs a pause container and the CNI chain, 0.2-0.3 s of the host's CPU)."""
+ENDED = frozenset({"complete", "failed", "lost"})
+"""Allocation client statuses whose tasks are gone."""
+
+
+def named_namespace(alloc: Mapping[str, Any]) -> str | None:
+    """The pooled namespace an allocation's docker task joins (``network_mode = "container:<name>"``), if any."""
+    for group in (alloc.get("Job") or {}).get("TaskGroups") or []:
+        if group.get("Name") != alloc.get("TaskGroup"):
+            continue
+        for task in group.get("Tasks") or []:
+            mode = str((task.get("Config") or {}).get("network_mode") or "")
+            if task.get("Driver") == "docker" and mode.startswith("container:" + PREFIX):
+                return mode.removeprefix("container:")
+    return None
+
+
+def port_mappings(alloc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The allocation's ports as CNI's ``portMappings`` (both protocols, as Nomad's CNI hook passes them)."""
+    shared = (alloc.get("AllocatedResources") or {}).get("Shared") or {}
+    return [
+        {
+            "hostIP": port.get("HostIP") or "127.0.0.1",
+            "hostPort": int(port["Value"]),
+            "containerPort": int(port.get("To") or port["Value"]),
+            "protocol": protocol,
+        }
+        for port in shared.get("Ports") or []
+        for protocol in ("tcp", "udp")
+    ]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one look at the node's allocations asks of the keeper."""
+
+    bind: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Pooled namespace → the live allocation to bind it to."""
+    retire: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Pooled namespace → the (Nomad namespace, job id) of the ended allocation that named it: deleted once that job
+    is stopped, gone or dead (a failed allocation Nomad will replace keeps it for its replacement)."""
+    delete: list[str] = field(default_factory=list)
+
+
+def plan(
+    ours: Mapping[str, float],
+    bound: Iterable[str],
+    free: Iterable[str],
+    allocs: Iterable[Mapping[str, Any]],
+    now: float,
+) -> Plan:
+    """``ours``: our pooled namespaces → when first seen (monotonic); ``bound``: those bound already; ``free``: those
+    still in the free set. Pure."""
+    bound, free = set(bound), set(free)
+    live: dict[str, Mapping[str, Any]] = {}
+    ended: dict[str, tuple[str, str]] = {}
+    shared: set[str] = set()
+    for alloc in allocs:
+        name = named_namespace(alloc)
+        if name is None or name not in ours:
+            continue
+        if alloc.get("ClientStatus") in ENDED:
+            ended[name] = (str(alloc.get("Namespace") or "default"), str(alloc.get("JobID")))
+        elif name in live and live[name].get("JobID") != alloc.get("JobID"):
+            shared.add(name)  # two sessions naming one namespace (the claim prevents it): bound to neither
+        else:
+            live[name] = alloc
+    result = Plan()
+    for name, seen in ours.items():
+        if name in shared:
+            log.error("namespace-keeper: %s is named by two sessions' allocations: bound to neither", name)
+        elif name in live:
+            if name not in bound:
+                result.bind[name] = live[name]
+        elif name in ended:
+            result.retire[name] = ended[name]
+        elif name in bound or (name not in free and now - seen > UNCLAIMED_GRACE):
+            result.delete.append(name)
+    return result
+
+
+class NamespaceKeeper:
+    def __init__(
+        self, client: Client, nomad: NomadClient, redis: Redis, keys: Keys, node_id: str, size: int, pause_image: str
+    ) -> None:
+        self.client = client
+        self.nomad = nomad
+        self.redis = redis
+        self.key = keys.namespace_pool(node_id)
+        self.node_id = node_id
+        self.size = size
+        self.pause_image = pause_image
+        self.members = Membership(str(client.isolation()["stateDir"]))
+        self.ours: dict[str, float] = {}
+        self._refill = asyncio.Event()
+
+    async def run_forever(self) -> None:
+        await self.recover()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._follow())
+            tasks.create_task(self._fill())
+
+    async def recover(self) -> None:
+        """After a start: our pause containers found again; free-set entries whose container is gone removed."""
+        listed = await asyncio.to_thread(
+            subprocess.run,
+            ["docker", "ps", "--all", "--filter", f"label={LABEL}={self.node_id}", "--format", "{{.Names}}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        now = time.monotonic()
+        self.ours = {name: now for name in listed.stdout.split() if name.startswith(PREFIX)}
+        stale = set(texts(await self.redis.smembers(self.key))) - self.ours.keys()
+        if stale:
+            await self.redis.srem(self.key, *stale)
+
+    def is_bound(self, name: str) -> bool:
+        record = self.members.recall(name)
+        return record is not None and record.session != pool_key(name)
+
+    async def step(self, allocs: list[Json]) -> None:
+        free = texts(await self.redis.smembers(self.key))
+        decided = plan(self.ours, [n for n in self.ours if self.is_bound(n)], free, allocs, time.monotonic())
+        for name, alloc in decided.bind.items():
+            try:
+                args = (self.client, name, str(alloc.get("Namespace") or "default"), str(alloc["JobID"]))
+                await asyncio.to_thread(bind, *args, port_mappings(alloc))
+                log.info("namespace-keeper: %s bound to %s (allocation %s)", name, alloc["JobID"], alloc["ID"])
+            except PoolError as exc:
+                log.warning("namespace-keeper: %s not bound to %s: %s", name, alloc.get("JobID"), exc)
+        for name, (namespace, job_id) in decided.retire.items():
+            if await self._job_over(namespace, job_id):
+                await self._delete(name)
+        for name in decided.delete:
+            await self._delete(name)
+
+    async def _job_over(self, namespace: str, job_id: str) -> bool:
+        """Whether the job will run no allocation again: stopped (its session ended), gone, or dead."""
+        try:
+            job = await self.nomad.in_namespace(namespace).job(job_id)
+        except NomadNotFound:
+            return True
+        return bool(job.get("Stop")) or job.get("Status") == "dead"
+
+    async def _delete(self, name: str) -> None:
+        await self.redis.srem(self.key, name)
+        await asyncio.to_thread(delete, self.client, name)
+        self.ours.pop(name, None)
+        log.info("namespace-keeper: %s deleted", name)
+        self._refill.set()
+
+    async def _follow(self) -> None:
+        index = 0
+        while True:
+            try:
+                allocs, index = await self.nomad.node_allocations(self.node_id, index=index)
+                await self.step(allocs)
+            except Exception as exc:  # a daemon: Nomad, Redis, Docker or the plugin failing once is logged, retried
+                log.warning("namespace-keeper: %r", exc)
+                index = 0  # read the node's allocations again at once
+                await asyncio.sleep(1.0)
+
+    async def _fill(self) -> None:
+        offered, claimed_at = 0, float("-inf")
+        while True:
+            try:
+                free = set(texts(await self.redis.smembers(self.key))) & self.ours.keys()
+                if len(free) < offered:
+                    claimed_at = time.monotonic()
+                offered = len(free)
+                if time.monotonic() - claimed_at < REFILL_DELAY:
+                    self._refill.clear()
+                    await asyncio.sleep(REFILL_DELAY)
+                    continue
+                for _ in range(self.size - len(free)):
+                    made = await asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id})
+                    self.ours[made.name] = time.monotonic()
+                    await self.redis.sadd(self.key, made.name)
+                    offered += 1
+            except Exception as exc:  # as in _follow; tried again within a second
+                log.warning("namespace-keeper: no namespace made: %r", exc)
+            self._refill.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._refill.wait(), 1.0)
+
+    async def release_free(self) -> None:
+        """On a stop: the namespaces still free taken back from the set and deleted (one claimed meanwhile stays,
+        found again by the next start); bound ones stay with their sessions."""
+        for name in list(self.ours):
+            if await self.redis.srem(self.key, name):
+                await self._delete(name)
+
+    async def delete_all(self) -> None:
+        """Every pooled namespace of this keeper deleted, bound or not (a test's teardown, after its jobs)."""
+        for name in list(self.ours):
+            await self._delete(name)

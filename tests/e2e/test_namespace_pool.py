@@ -1,0 +1,130 @@
+"""Pooled network namespaces wired in, on the real stack (Nomad, Docker, the CNI chain, nftables, the scheduler and a
+keeper, ``nomad_jobs.namespace_keeper``): a single-kernel docker session placed while the node's pool has a free
+namespace runs in it, bound to that session with its ports; with the pool empty it takes today's path; once the
+session ends its namespace is deleted, never handed out again, and a fresh one takes its place. (Its isolation: the
+escape probe of tests/e2e/test_isolation.py, in a pooled session.)"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+
+from caravan.stack.nomad_agent import NomadAgent
+from caravan.stack.processes import free_port
+from core.replies import text_set
+from node_plugins.cni_isolation import Membership, session_key
+from nomad_jobs.namespace_keeper import NamespaceKeeper
+from tests.conftest import DEFAULT_IMAGE, STACK
+from tests.e2e.test_preferred_port import APPS, page, serving
+from tests.e2e.test_published_ports import DESTROY, published_elements, refused
+from tests.harness import CREATE, Caravan, caravan_env
+from tests.namespace_keeping import keeping
+
+pytestmark = [pytest.mark.docker]
+
+POOLED = re.compile(r'network_mode\s*=\s*"container:(caravan-pool-[0-9a-f]{12})"')
+
+
+def pooled_in(job_hcl: str) -> str | None:
+    found = POOLED.search(job_hcl)
+    return found.group(1) if found else None
+
+
+def exists(name: str) -> bool:
+    return subprocess.run(["docker", "inspect", name], capture_output=True).returncode == 0
+
+
+async def free(caravan: Caravan, keeper: NamespaceKeeper) -> set[str]:
+    return text_set(await caravan.store.redis.smembers(keeper.key))
+
+
+async def running(caravan: Caravan, name: str) -> tuple[str, str, int]:
+    """A docker session serving its name on an app port, RUNNING: its id, its job's HCL and the app's host port."""
+    fields = serving(name, None, driver="DOCKER", image=DEFAULT_IMAGE)
+    session_id = (await caravan.gql(CREATE, {"input": fields}))["createSession"]["sessions"][0]["id"]
+    ran = await caravan.wait_for(session_id, "RUNNING", timeout=90)
+    [app] = (await caravan.gql(APPS, {"id": session_id}))["session"]["apps"]
+    return session_id, str(ran["jobHcl"]), int(app["hostPort"])
+
+
+@pytest.fixture
+async def pool_of_one(caravan: Caravan, nomad_agent: NomadAgent) -> AsyncIterator[NamespaceKeeper]:
+    async with keeping(caravan, nomad_agent, 1) as keeper:
+        yield keeper
+
+
+async def test_a_session_runs_in_a_pooled_namespace_bound_to_it_then_deleted_and_replaced(
+    caravan: Caravan, pool_of_one: NamespaceKeeper
+) -> None:
+    [offered] = await free(caravan, pool_of_one)
+    session_id, job_hcl, port = await running(caravan, "pooled")
+    assert pooled_in(job_hcl) == offered, job_hcl  # the one free namespace, claimed at placement
+    assert offered not in await free(caravan, pool_of_one)  # ... and no longer offered to anyone
+    assert "served by pooled" in await page(caravan, port)  # its published port leads into the pooled namespace
+    stored = await caravan.store.get(session_id)
+    assert stored is not None and stored.nomad_job_id
+    members = Membership(pool_of_one.members.root)
+    record = members.recall(offered)
+    assert record is not None
+    assert record.session == session_key({"NOMAD_NAMESPACE": "default", "NOMAD_JOB_ID": stored.nomad_job_id})
+
+    await caravan.gql(DESTROY, {"ids": [session_id]})
+    await caravan.wait_for(session_id, "TERMINATED", timeout=90)
+    for _ in range(150):  # the keeper sees the allocation end and deletes the namespace
+        if not exists(offered) and members.recall(offered) is None:
+            break
+        await asyncio.sleep(0.2)
+    assert not exists(offered) and members.recall(offered) is None
+    assert f"tcp . {port} : " not in published_elements() and await refused(port)
+    for _ in range(150):  # a fresh one took its place in the pool (made once the first was claimed)
+        if await free(caravan, pool_of_one):
+            break
+        await asyncio.sleep(0.2)
+    [fresh] = await free(caravan, pool_of_one)
+    assert fresh != offered
+
+    _, again, port = await running(caravan, "next")
+    assert pooled_in(again) == fresh  # the next session gets the fresh one, never the one deleted
+    assert "served by next" in await page(caravan, port)
+
+
+async def test_with_the_pool_empty_a_session_takes_todays_path(caravan: Caravan, pool_of_one: NamespaceKeeper) -> None:
+    pool_of_one.size = 0  # the keeper makes no fresh one once the first is claimed: then none is free
+    _, first, port = await running(caravan, "first")
+    assert pooled_in(first) is not None
+    assert "served by first" in await page(caravan, port)
+    assert await free(caravan, pool_of_one) == set()
+    _, second, port = await running(caravan, "second")
+    assert pooled_in(second) is None and re.search(r"mode\s*=\s*\"cni/caravan\"", second), second
+    assert "served by second" in await page(caravan, port)
+
+
+async def test_caravan_namespace_keeper_fills_the_pool_and_takes_back_its_free_ones_on_sigterm(
+    caravan: Caravan, nomad_agent: NomadAgent
+) -> None:
+    """The keeper as ``caravan dev`` runs it (``caravan namespace-keeper``, the scheduler's credentials)."""
+    assert nomad_agent.data_dir is not None
+    env = caravan_env(caravan.settings, free_port()) | {
+        "CARAVAN_HOME": str(nomad_agent.data_dir.parent.parent),  # <home>/nomad: where the client's network is recorded
+        "CARAVAN_NAMESPACE_POOL": "2",
+        "CARAVAN_PAUSE_IMAGE": STACK["CARAVAN_PAUSE_IMAGE"],
+    }
+    key = caravan.store.keys.namespace_pool(nomad_agent.node_id)
+    keeper = await asyncio.create_subprocess_exec(sys.executable, "-m", "caravan.cli", "namespace-keeper", env=env)
+    try:
+        for _ in range(300):
+            if await caravan.store.redis.scard(key) == 2 or keeper.returncode is not None:
+                break
+            await asyncio.sleep(0.1)
+        offered = text_set(await caravan.store.redis.smembers(key))
+        assert len(offered) == 2 and all(exists(name) for name in offered)
+    finally:
+        keeper.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(keeper.wait(), 60) == 0
+    assert await caravan.store.redis.scard(key) == 0 and not any(exists(name) for name in offered)

@@ -1,0 +1,77 @@
+"""The namespace keeper's decisions (pure) and a pooled kernel's job (read back with python-hcl2). The real pool, its
+binding and cleanup run in tests/e2e/test_namespace_pool.py; its isolation in tests/e2e/test_isolation.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hcl2
+
+from domain.model import Driver, SessionType
+from nomad_jobs.kernel_network import poolable
+from nomad_jobs.namespace_keeper import UNCLAIMED_GRACE, Plan, named_namespace, plan, port_mappings
+from nomad_jobs.session_job import JobContext, render_session_job
+from tests.nomad_jobs.test_kernel_network import cluster
+from tests.nomad_jobs.test_session_job_inference import plain
+
+A, B, C, D = (f"caravan-pool-{c * 12}" for c in "abcd")
+
+
+def alloc(name: str, status: str = "running", job: str = "cv-s1") -> dict[str, Any]:
+    task = {"Name": "kernel", "Driver": "docker", "Config": {"network_mode": f"container:{name}"}}
+    return {
+        "ID": f"alloc-{name}-{status}",
+        "JobID": job,
+        "Namespace": "default",
+        "TaskGroup": "main1",
+        "ClientStatus": status,
+        "Job": {"TaskGroups": [{"Name": "main1", "Tasks": [task]}]},
+        "AllocatedResources": {
+            "Shared": {"Ports": [{"Label": "p8888", "Value": 23456, "To": 8888, "HostIP": "127.0.0.1"}]}
+        },
+    }
+
+
+def test_a_named_namespace_is_bound_once_and_retired_when_its_allocations_end() -> None:
+    ours = {A: 0.0, B: 0.0, C: 0.0, D: 0.0}
+    allocs = [alloc(A), alloc(B, "complete"), alloc(D, "pending", "cv-s2")]
+    decided = plan(ours, bound=[B, C, D], free=[], allocs=allocs, now=1.0)
+    assert set(decided.bind) == {A}  # D is bound already: never twice
+    assert decided.retire == {B: ("default", "cv-s1")}  # its allocation ended: deleted once its job is over
+    assert decided.delete == [C]  # bound, and no allocation names it any more
+    assert named_namespace(alloc(A)) == A
+    assert port_mappings(alloc(A)) == [
+        {"hostIP": "127.0.0.1", "hostPort": 23456, "containerPort": 8888, "protocol": p} for p in ("tcp", "udp")
+    ]
+
+
+def test_a_namespace_named_by_two_sessions_is_bound_to_neither() -> None:
+    allocs = [alloc(A, job="cv-s1"), alloc(A, "pending", job="cv-s2")]
+    assert plan({A: 0.0}, bound=[], free=[], allocs=allocs, now=1.0) == Plan()
+
+
+def test_a_claimed_namespace_never_named_is_deleted_after_the_grace_only() -> None:
+    ours = {A: 0.0, B: 0.0}
+    assert plan(ours, bound=[], free=[B], allocs=[], now=UNCLAIMED_GRACE - 1).delete == []
+    assert plan(ours, bound=[], free=[B], allocs=[], now=UNCLAIMED_GRACE + 1).delete == [A]
+    assert plan(ours, bound=[], free=[], allocs=[alloc(A, "failed")], now=1.0).retire == {A: ("default", "cv-s1")}
+
+
+def test_a_pooled_kernel_joins_its_namespace_on_the_hosts_network_with_its_ports() -> None:
+    session = cluster(size=1, type=SessionType.INTERACTIVE, ports=(8888,))
+    assert poolable(session, "cni/caravan")
+    rendered = render_session_job(session, JobContext(job_prefix="cv", pooled_namespace=A)).hcl
+    [job] = plain(hcl2.loads(rendered))["job"][0].values()
+    [group] = job["group"][0].values()
+    assert group["network"] == [{"port": [{"p8888": {"to": 8888}}]}]  # no mode (the host's), no hostname
+    [task] = group["task"][0].values()
+    assert task["config"][0]["network_mode"] == f"container:{A}"
+    assert "hostname" not in task["config"][0]
+
+
+def test_only_single_kernel_isolated_docker_interactive_or_batch_sessions_are_pooled() -> None:
+    assert poolable(cluster(size=1), "cni/caravan")
+    assert not poolable(cluster(size=2), "cni/caravan")
+    assert not poolable(cluster(size=1), "host")
+    assert not poolable(cluster(Driver.EXEC, size=1), "cni/caravan")
+    assert not poolable(cluster(size=1, type=SessionType.INFERENCE), "cni/caravan")
