@@ -1,7 +1,8 @@
 """``caravan deploy`` on the multi-host test cluster (``tests/multihost_fixtures.py``: three Nomad servers, two hosts,
 each a network namespace with its own Nomad client): HAProxy pinned to one host binds that host's address on the
 hosts' link (Nomad's ``${NOMAD_IP_health}``: not 127.0.0.1, which is the host's own loopback there) and answers
-the machine at it; its gateway backend holds a gateway on the other host, which serves requests through it.
+the machine at it; its gateway backend holds a gateway on the other host, which serves requests through it; and a
+rolling upgrade of the gateways (one on each host) under a steady stream of requests through it fails none.
 
 The deployed jobs reach Redis on the machine's end of the link (a Redis of the test's own, 172.26.255.1, its users'
 passwords as every test Redis's): the tests' Redis listens on the machine's loopback, which no host reaches."""
@@ -11,10 +12,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
+import msgspec
 import pytest
 
 from caravan.deploy import Replicas
@@ -24,8 +27,8 @@ from caravan.stack.redis_server import start_redis
 from core.settings import Settings
 from tests.cluster_fixtures import on_the_cluster
 from tests.conftest import TEST_KEY_PREFIXES
-from tests.deployed import Deployed, config_for, deployed
-from tests.e2e.test_deploy import until
+from tests.deployed import Deployed, config_for, deploy_command, deployed
+from tests.e2e.test_deploy import SteadyStream, until
 from tests.harness import ADMIN_TOKEN
 from tests.multihost_fixtures import HOSTS, multihost_cluster  # noqa: F401
 
@@ -68,7 +71,7 @@ def served_by(stack: Deployed) -> dict[str, int]:
     return counts
 
 
-def test_the_deployed_ingress_answers_at_its_hosts_address_through_a_gateway_on_another_host(
+def test_the_deployed_ingress_answers_through_a_gateway_on_another_host_and_a_rolling_upgrade_fails_no_request(
     settings: Settings,
     multihost_cluster: MultiHostCluster,  # noqa: F811
     linked_redis: str,
@@ -97,3 +100,20 @@ def test_the_deployed_ingress_answers_at_its_hosts_address_through_a_gateway_on_
         counts = served_by(stack)
         print(f"deployed on two hosts: requests each gateway answered through HAProxy: {counts}")
         assert counts.get(host_address(1), 0) > 0, counts
+        # a new release of the gateway job replaces the replica on each host, one at a time, under a steady stream of
+        # requests through HAProxy at its host's address: none fails
+        path = clustered.home / "deploy.json"
+        path.write_text(json.dumps(msgspec.to_builtins(msgspec.structs.replace(config, version="2"))))
+        with SteadyStream(url) as stream:
+            done = deploy_command(clustered, path, "--only", "gateway", "--wait", "180")
+            assert done.returncode == 0, done.stdout + done.stderr
+            after = until(
+                lambda: r if len(r := stack.gateway_replicas()) == 2 and not set(r) & set(replicas) else None,
+                60,
+                "two new gateways",
+            )
+            until(lambda: stack.backend() == after, 60, f"HAProxy's backend to list {after}")
+        print(f"rolling upgrade across two hosts: {stream.sent} requests, {len(stream.failures)} failed")
+        assert {address for address, _ in after} == {host_address(0), host_address(1)}, after
+        assert stream.sent > 0
+        assert stream.failures == []
