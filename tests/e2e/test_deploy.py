@@ -159,22 +159,29 @@ async def test_rolling_upgrade_of_the_gateway_fails_no_request(settings: Setting
     with deployed(settings, config) as stack:
         before = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 30, "two gateways")
         until(lambda: stack.backend() == before, 30, f"HAProxy's backend to list {before}")
-        path = settings.home / "deploy.json"
-        path.write_text(json.dumps(msgspec.to_builtins(dataclasses_replace(config, version="2"))))
         async with authenticated_socket(stack.url, ADMIN_TOKEN) as socket:
             with SteadyStream(stack.url) as stream:
-                done = await asyncio.to_thread(deploy_command, settings, path, "--only", "gateway", "--wait", "180")
-                assert done.returncode == 0, done.stdout + done.stderr
-                after = until(
-                    lambda: r if len(r := stack.gateway_replicas()) == 2 and not set(r) & set(before) else None,
-                    60,
-                    "two new gateways",
-                )
-                until(lambda: stack.backend() == after, 30, f"HAProxy's backend to list {after}")
+                await asyncio.to_thread(upgraded_gateways, stack, before, "2")
             assert await socket.closed_with(30) == 1012
         print(f"rolling upgrade of 2 gateway replicas: {stream.sent} requests, {len(stream.failures)} failed")
         assert stream.sent > 0
         assert stream.failures == []
+
+
+def upgraded_gateways(stack: Deployed, before: list[tuple[str, int]], version: str) -> list[tuple[str, int]]:
+    """Release ``version`` of the gateway job (``caravan deploy --only gateway``: a rolling upgrade, one replica at a
+    time) and wait until two new replicas serve, both in HAProxy's backend: their addresses."""
+    path = stack.settings.home / "deploy.json"
+    path.write_text(json.dumps(msgspec.to_builtins(dataclasses_replace(stack.config, version=version))))
+    done = deploy_command(stack.settings, path, "--only", "gateway", "--wait", "180")
+    assert done.returncode == 0, done.stdout + done.stderr
+    after: list[tuple[str, int]] = until(
+        lambda: r if len(r := stack.gateway_replicas()) == 2 and not set(r) & set(before) else None,
+        60,
+        "two new gateways",
+    )
+    until(lambda: stack.backend() == after, 60, f"HAProxy's backend to list {after}")
+    return after
 
 
 def listening(address: tuple[str, int]) -> bool:

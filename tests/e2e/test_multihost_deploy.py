@@ -12,12 +12,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
-import msgspec
 import pytest
 
 from caravan.deploy import Replicas
@@ -27,8 +25,8 @@ from caravan.stack.redis_server import start_redis
 from core.settings import Settings
 from tests.cluster_fixtures import on_the_cluster
 from tests.conftest import TEST_KEY_PREFIXES
-from tests.deployed import Deployed, config_for, deploy_command, deployed
-from tests.e2e.test_deploy import SteadyStream, until
+from tests.deployed import Deployed, config_for, deployed
+from tests.e2e.test_deploy import SteadyStream, until, upgraded_gateways
 from tests.harness import ADMIN_TOKEN
 from tests.multihost_fixtures import HOSTS, multihost_cluster  # noqa: F401
 
@@ -102,17 +100,8 @@ def test_the_deployed_ingress_answers_through_a_gateway_on_another_host_and_a_ro
         assert counts.get(host_address(1), 0) > 0, counts
         # a new release of the gateway job replaces the replica on each host, one at a time, under a steady stream of
         # requests through HAProxy at its host's address: none fails
-        path = clustered.home / "deploy.json"
-        path.write_text(json.dumps(msgspec.to_builtins(msgspec.structs.replace(config, version="2"))))
         with SteadyStream(url) as stream:
-            done = deploy_command(clustered, path, "--only", "gateway", "--wait", "180")
-            assert done.returncode == 0, done.stdout + done.stderr
-            after = until(
-                lambda: r if len(r := stack.gateway_replicas()) == 2 and not set(r) & set(replicas) else None,
-                60,
-                "two new gateways",
-            )
-            until(lambda: stack.backend() == after, 60, f"HAProxy's backend to list {after}")
+            after = upgraded_gateways(stack, replicas, "2")
         print(f"rolling upgrade across two hosts: {stream.sent} requests, {len(stream.failures)} failed")
         assert {address for address, _ in after} == {host_address(0), host_address(1)}, after
         assert stream.sent > 0
