@@ -39,7 +39,7 @@ from redis.asyncio import Redis
 from core.keys import Keys
 from core.replies import texts
 from node_plugins.cni_isolation import Membership, pool_key
-from node_plugins.namespace_pool import PREFIX, Client, PoolError, bind, delete, make
+from node_plugins.namespace_pool import PREFIX, Client, Pooled, PoolError, bind, delete, make
 from nomad_jobs.client import Json, NomadClient, NomadNotFound
 
 log = logging.getLogger(__name__)
@@ -226,8 +226,7 @@ class NamespaceKeeper:
                     await asyncio.sleep(REFILL_DELAY)
                     continue
                 for _ in range(self.size - len(free)):
-                    made = await asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id})
-                    self.ours[made.name] = time.monotonic()
+                    made = await self._make()
                     await self.redis.sadd(self.key, made.name)
                     offered += 1
             except Exception as exc:  # as in _follow; tried again within a second
@@ -235,6 +234,21 @@ class NamespaceKeeper:
             self._refill.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._refill.wait(), 1.0)
+
+    async def _make(self) -> Pooled:
+        """A new pooled namespace, ours from the moment it exists: a cancellation while Docker and the CNI chain make
+        it (a stop, a test's end) waits for the thread, which goes on either way, and keeps what it made among ours, so
+        :meth:`delete_all` deletes it (before, its pause container was left running: found after a CI run)."""
+        making = asyncio.ensure_future(asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id}))
+        try:
+            made = await asyncio.shield(making)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                made = await making
+                self.ours[made.name] = time.monotonic()
+            raise
+        self.ours[made.name] = time.monotonic()
+        return made
 
     async def release_free(self) -> None:
         """On a stop: the namespaces still free taken back from the set and deleted (one claimed meanwhile stays,

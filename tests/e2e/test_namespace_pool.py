@@ -7,10 +7,12 @@ escape probe of tests/e2e/test_isolation.py, in a pooled session.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,7 +21,8 @@ from caravan.stack.nomad_agent import NomadAgent
 from caravan.stack.processes import free_port
 from core.replies import text_set
 from node_plugins.cni_isolation import Membership, session_key
-from nomad_jobs.namespace_keeper import NamespaceKeeper
+from node_plugins.namespace_pool import Client
+from nomad_jobs.namespace_keeper import LABEL, NamespaceKeeper
 from tests.conftest import DEFAULT_IMAGE, STACK
 from tests.e2e.test_preferred_port import APPS, page, serving
 from tests.e2e.test_published_ports import DESTROY, published_elements, refused
@@ -128,3 +131,40 @@ async def test_caravan_namespace_keeper_fills_the_pool_and_takes_back_its_free_o
         keeper.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(keeper.wait(), 60) == 0
     assert await caravan.store.redis.scard(key) == 0 and not any(exists(name) for name in offered)
+
+
+async def test_a_namespace_being_made_when_the_keeper_stops_is_deleted_with_the_rest(
+    caravan: Caravan, nomad_agent: NomadAgent
+) -> None:
+    """The keeper makes a namespace in a thread (Docker, then the CNI chain), which goes on when the keeper's task is
+    cancelled (a stop, a test's end): what it made must still be among the keeper's, so its cleanup deletes it. Before,
+    its pause container was left running (found after a CI run)."""
+    assert nomad_agent.network is not None
+    node = f"test-{uuid.uuid4().hex[:8]}"  # a label of this test's own: no other keeper's containers
+    keeper = NamespaceKeeper(
+        Client(nomad_agent.network.conflist(), nomad_agent.network.cni_path),
+        caravan.nomad,
+        caravan.store.redis,
+        caravan.store.keys,
+        node,
+        1,
+        STACK["CARAVAN_PAUSE_IMAGE"],
+    )
+    filling = asyncio.create_task(keeper._fill())
+    await asyncio.sleep(0.05)  # the first namespace is being made (a pause container and the chain: 0.2-0.3 s)
+    filling.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await filling
+    await keeper.delete_all()
+    await asyncio.sleep(0.5)  # a thread the old code left behind finishes its container meanwhile
+    left = removed_containers(node)
+    assert left == [], "a pooled namespace made as the keeper stopped was left running"
+
+
+def removed_containers(node: str) -> list[str]:
+    """The pause containers labelled with ``node`` that were left, removed (the machine stays clean either way)."""
+    listed = ["docker", "ps", "--all", "--quiet", "--filter", f"label={LABEL}={node}"]
+    left = subprocess.run(listed, capture_output=True, text=True).stdout.split()
+    for container in left:
+        subprocess.run(["docker", "rm", "--force", container], capture_output=True)
+    return left
