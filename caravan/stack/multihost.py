@@ -322,23 +322,12 @@ def start_multihost_cluster(
             cluster.servers.append(_start_server(binary, state_dir, i))
         cluster.server = cluster.servers[0]
         _wait_server(cluster, timeout)
-        servers = [f"{server_address(i)}:4647" for i in range(SERVERS)]
         for i, spec in enumerate(hosts):
             host = _make_host(state_dir, spec.name, i, data_plane)
             cluster.hosts[spec.name] = host
             cluster.networks[spec.name] = host.network
             cluster.device_dirs[spec.name] = state_dir / spec.name / "devices"
-            cluster.clients[spec.name] = _start_client(
-                binary,
-                state_dir,
-                spec,
-                servers,
-                nomad_home,
-                rootfs,
-                host.network,
-                host=_placed(host),
-                pause_image=pause_image,
-            )
+            _start_host_client(cluster, spec, binary, nomad_home, rootfs)
         assert cluster.token is not None
         token_file = (secrets_dir or state_dir / "secrets") / "nomad-session-peers.token"
         session_peers_token(cluster.addr, cluster.token, token_file)
@@ -360,10 +349,17 @@ def start_multihost_cluster(
 def restart_client(cluster: MultiHostCluster, spec: ClientSpec, *, nomad_home: Path, rootfs: Path) -> None:
     """Start host ``spec.name``'s Nomad client again (after it was killed): same address, state and session network,
     so it reattaches to the tasks it left running."""
-    servers = [f"{server_address(i)}:4647" for i in range(SERVERS)]
+    _start_host_client(cluster, spec, _binary(nomad_home), nomad_home, rootfs)
+
+
+def _start_host_client(
+    cluster: MultiHostCluster, spec: ClientSpec, binary: Path, nomad_home: Path, rootfs: Path
+) -> None:
+    """Host ``spec.name``'s Nomad client, in its namespace, joined to the three servers."""
     host = cluster.hosts[spec.name]
+    servers = [f"{server_address(i)}:4647" for i in range(SERVERS)]
     cluster.clients[spec.name] = _start_client(
-        _binary(nomad_home),
+        binary,
         cluster.state_dir,
         spec,
         servers,
