@@ -147,6 +147,7 @@ class Sweeper:
             ids = sorted(changed)
             revisions = await self.store.revisions(ids)  # first: a document read after is at least as new
             self.views.apply(ids, revisions, await self.store.documents(ids))
+            self.feed.caught_up()
             return self.views.live()
         await self.feed.resyncing(now)
         live_ids = sorted(await self.store.live_ids())
@@ -156,4 +157,5 @@ class Sweeper:
         stale = self.views.stale(live_ids, revisions)
         read = dict(zip(stale, await self.store.documents(stale), strict=True))
         self.views.views(live_ids, [read.get(i) for i in live_ids], revisions)
+        self.feed.caught_up()
         return live_ids, self.views.live()[1]

@@ -289,6 +289,7 @@ class SnapshotReader:
             await self.feed.resyncing(now)
             live = [s for s in await self.store.get_many(sorted(await self.store.live_ids())) if s is not None]
             self._live = {s.id: s for s in live}
+            self.feed.caught_up()
             return dict(self._live)
         ids = sorted(changed)
         kept = self._live
@@ -301,6 +302,7 @@ class SnapshotReader:
                 kept[session_id] = session
         if added:  # a session written in place keeps its place; a new one goes where its id sorts
             self._live = kept = {i: kept[i] for i in sorted(kept)}
+        self.feed.caught_up()
         return dict(kept)
 
     async def _checks_input(self, pending: Sequence[PendingSession], sessions: Mapping[str, Session]) -> dict[str, Any]:

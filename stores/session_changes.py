@@ -68,7 +68,12 @@ async def changes_since(redis: Redis, keys: Keys, cursor: Cursor, *, limit: int)
 
 class Follower:
     """A reader's place in the feed, for a reader that keeps decoded sessions between reads: :meth:`changed` before
-    each read says which sessions to read again, or None to read everything (then :meth:`resyncing` first)."""
+    each read says which sessions to read again, or None to read everything (then :meth:`resyncing` first), and
+    :meth:`caught_up` after the read moves the place past what they named.
+
+    The place moves only then: a read that fails after :meth:`changed` (Redis gone mid-read) would otherwise leave
+    what the feed named unread until the next full read, minutes later (a session created then stayed PENDING,
+    unseen by the scheduler's pass, after a Redis restart). Asked again, the feed names it again."""
 
     def __init__(self, redis: Redis, keys: Keys, *, resync_every: timedelta, limit: int) -> None:
         """``resync_every``: read everything at least this often; ``limit``: more writes than this since the last
@@ -80,21 +85,32 @@ class Follower:
         self.resynced_at: datetime | None = None
         """When everything was last read."""
         self.full_reads = 0
-        """Reads of everything so far."""
+        """Reads of everything so far (begun)."""
+        self._reading: tuple[Cursor | None, datetime | None] | None = None
+        """Where the read under way will have left the reader, and when it last read everything: set by
+        :meth:`changed` and :meth:`resyncing`, taken by :meth:`caught_up`."""
 
     async def changed(self, now: datetime) -> set[str] | None:
         """The sessions written since the last read (``now``: the reader's clock), or None to read everything."""
+        self._reading = None
         if self.cursor is None or self.resynced_at is None or now - self.resynced_at >= self.resync_every:
             return None
         found = await changes_since(self.redis, self.keys, self.cursor, limit=self.limit)
         if found is None:
             return None
-        self.cursor, changed = found
+        cursor, changed = found
+        self._reading = (cursor, self.resynced_at)
         return changed
 
     async def resyncing(self, now: datetime) -> None:
         """The reader is about to read everything: the cursor taken first (a write after it is in the next
         :meth:`changed`)."""
         self.full_reads += 1
-        self.cursor = await latest(self.redis, self.keys)
-        self.resynced_at = now
+        self._reading = (await latest(self.redis, self.keys), now)
+
+    def caught_up(self) -> None:
+        """The reader read what :meth:`changed` named (or everything, after :meth:`resyncing`): the next read starts
+        after it."""
+        if self._reading is not None:
+            self.cursor, self.resynced_at = self._reading
+            self._reading = None

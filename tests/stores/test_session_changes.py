@@ -5,6 +5,8 @@ that changes nothing appends none. The idle sweep reads only the sessions the fe
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from redis.asyncio import Redis
 
 from core.clock import utcnow
@@ -12,7 +14,7 @@ from core.keys import Keys
 from domain.lifecycle import transition
 from domain.model import SessionStatus
 from stores import session_changes
-from stores.session_changes import Cursor
+from stores.session_changes import Cursor, Follower
 from stores.sessions import SessionStore
 from tests.stores.test_session_revisions import pending
 
@@ -60,3 +62,24 @@ async def test_a_cursor_whose_entry_is_gone_or_too_far_behind_is_refused(redis: 
     await redis.xtrim(keys.session_changes, maxlen=1, approximate=False)  # the cursor's entry trimmed away
     assert await session_changes.changes_since(redis, keys, cursor, limit=100) is None
     assert await session_changes.changes_since(redis, keys, found[0], limit=100) == (found[0], set())
+
+
+async def test_a_follower_moves_past_what_it_named_only_once_the_reader_caught_up(redis: Redis, keys: Keys) -> None:
+    """A reader whose read failed after :meth:`Follower.changed` asks again and is told the same sessions (the
+    scheduler's pass and the idle sweep both read the documents after the feed answered)."""
+    store = SessionStore(redis, keys)
+    await store.create([pending("follow-a", "a")])
+    follower = Follower(redis, keys, resync_every=timedelta(minutes=10), limit=100)
+    now = utcnow()
+    assert await follower.changed(now) is None
+    await follower.resyncing(now)
+    await store.create([pending("follow-b", "b")])  # after the cursor the whole read took
+    assert await follower.changed(now) is None  # that whole read never finished: read everything again
+    await follower.resyncing(now)
+    follower.caught_up()
+    await store.create([pending("follow-c", "c")])
+    assert await follower.changed(now) == {"follow-c"}
+    assert await follower.changed(now) == {"follow-c"}  # not caught up: named again
+    follower.caught_up()
+    assert await follower.changed(now) == set()
+    assert follower.full_reads == 2
