@@ -21,6 +21,8 @@ Maps = dict[str, dict[str, str]]
 """Map name (``hosts``, ``routes``, ``tokens``, ``roles``, ``admins``) -> key -> value."""
 FIELD = "|"
 """Between the fields of one value (and of the ``admins`` key)."""
+FIELD_OF_ROUTE = ":"
+"""Between the fields of a route (``address:port[:starting]``: HAProxy's ``field(n,:)`` reads them)."""
 SESSION_MAPS = ("hosts", "routes")
 USER_MAPS = ("tokens", "roles", "admins")
 _WORD = re.compile(r"^[^\s|]+$")
@@ -39,9 +41,15 @@ def _words(*values: str) -> bool:
     return all(_WORD.match(v) for v in values)
 
 
+STARTING = "starting"
+"""The third field of a route (``address:port:starting``) to an app whose session is still starting: HAProxy tries
+its connect until the app listens, and answers ``APP_NOT_READY`` rather than ``UPSTREAM_UNREACHABLE`` when its tries
+run out (``gateway.apps.ingress_config``)."""
+
+
 def session_maps(sessions: Iterable[Session], apps_domain: str) -> Maps:
     """``hosts`` (app host -> ``owner|project|public``) for every proxied app of every live session, and ``routes``
-    (app host -> ``address:port``) for those of RUNNING sessions whose port Nomad published."""
+    (app host -> ``address:port``, :func:`upstream`) for those whose port Nomad published to a live allocation."""
     hosts: dict[str, str] = {}
     routes: dict[str, str] = {}
     for session in sessions:
@@ -52,11 +60,28 @@ def session_maps(sessions: Iterable[Session], apps_domain: str) -> Maps:
                 continue
             host = app_host(app.name, session.id, apps_domain)
             hosts[host] = FIELD.join((session.owner_id, session.project, "1" if app.public else "0"))
-            if session.status is SessionStatus.RUNNING:
-                upstream = published_port(session.main_kernel.ports, app.port)
-                if upstream is not None and _words(upstream[0]):
-                    routes[host] = f"{upstream[0]}:{upstream[1]}"
+            if (route := upstream(session, app.port)) is not None:
+                routes[host] = route
     return {"hosts": hosts, "routes": routes}
+
+
+def upstream(session: Session, port: int) -> str | None:
+    """Where an app of ``session`` listening on ``port`` is reached: ``address:port`` of a RUNNING session's main
+    kernel; ``address:port:starting`` of a PREPARING session whose main kernel's allocation is placed and starting
+    (its ports are that allocation's: Nomad assigns them at placement). The route from placement on is what lets an
+    app answer as soon as it listens, not after Nomad's client reports the allocation running (up to a second later:
+    it sends a new allocation's updates on every fifth 200 ms tick). None: not routed (``APP_NOT_READY``)."""
+    kernel = session.main_kernel
+    if session.status is SessionStatus.RUNNING:
+        suffix = ""
+    elif session.status is SessionStatus.PREPARING and kernel.status is SessionStatus.PREPARING and kernel.alloc_id:
+        suffix = FIELD_OF_ROUTE + STARTING
+    else:
+        return None
+    published = published_port(kernel.ports, port)
+    if published is None or not _words(published[0]):
+        return None
+    return f"{published[0]}:{published[1]}{suffix}"
 
 
 def user_maps(users: Iterable[User], tokens: Iterable[TokenEntry], now: datetime) -> Maps:

@@ -5,7 +5,8 @@ its maps through the runtime API.
 HAProxy decides every app request itself, from maps the control plane keeps (no Python on the way):
 
 - ``hosts.map``: app host -> ``<owner>|<project>|<public 0 or 1>``, for every proxied app of every live session;
-- ``routes.map``: app host -> ``<address>:<port>``, the kernel's Nomad host port, once the session is RUNNING;
+- ``routes.map``: app host -> ``<address>:<port>``, the kernel's Nomad host port, from the allocation's placement
+  on (``:starting`` appended until the session is RUNNING: ``domain.app_routes.upstream``);
 - ``tokens.map``: SHA-256 (hex) of a valid API token -> its user id (active users only);
 - ``roles.map``: user id -> ``SUPERADMIN`` (superadmins pass everywhere);
 - ``admins.map``: ``<project>|<user id>`` -> 1 for each ADMIN of a project (they pass to its sessions' apps);
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.settings import EndpointSettings
-from domain.app_routes import FIELD
+from domain.app_routes import FIELD, FIELD_OF_ROUTE, STARTING
 from domain.apps import APP_NAME_RULE, SEPARATOR, SESSION_ID_RULE
 from gateway.endpoints import ingress as endpoint_ingress
 from gateway.json_errors import error_body
@@ -120,11 +121,13 @@ CONNECT_RETRIES = 30
 APP_CONNECT_TIMEOUT_MS = 25
 """Milliseconds HAProxy waits for an app to accept a connection before it tries again on a new socket, and after an
 app refused one (HAProxy 2.6 waits min(``timeout connect``, 1 s) between two connects to the same server): an app
-still starting (Jupyter listens ~0.4 s after its container started; its route is in HAProxy from the session's
-RUNNING on) is reached within this much of listening."""
+still starting (Jupyter listens ~0.4 s after its container started; its route is in HAProxy from its allocation's
+placement on) is reached within this much of listening."""
 APP_CONNECT_RETRIES = 120
 """Connect attempts to an app after the first before it counts as unreachable (502 ``UPSTREAM_UNREACHABLE``): about
 3 s of tries, as many as it takes a busy or starting app to catch up."""
+STARTING_MESSAGE = "the session is still starting and its app is not listening yet: retry in a moment"
+"""The ``APP_NOT_READY`` answer of a starting session's app that refused every connect (about 3 s of them)."""
 PLAIN_CONNECTION = r"^\s*(keep-alive|close|upgrade)(\s*,\s*(keep-alive|close|upgrade))*\s*$"
 """A ``Connection`` header that names no other header (the usual case: no Lua runs)."""
 
@@ -157,6 +160,11 @@ class IngressPaths:
 
     def error(self, status: int) -> Path:
         return self.state_dir / "errors" / f"{status}.http"
+
+    @property
+    def starting(self) -> Path:
+        """The answer of a starting app that did not listen within HAProxy's connects (503 ``APP_NOT_READY``)."""
+        return self.state_dir / "errors" / "503-starting.http"
 
 
 @dataclass(frozen=True)
@@ -231,8 +239,10 @@ def _return(status: int, code: str, message: str, condition: str) -> str:
     return f'    http-request return status {status} content-type application/json string "{body}" if {condition}'
 
 
-def _error_file(status: int) -> str:
-    code, message = ERRORS[status]
+def _error_file(status: int, code: str | None = None, message: str | None = None) -> str:
+    """HAProxy's own answer ``status`` as a JSON error (``ERRORS``' code and message unless given)."""
+    if code is None or message is None:
+        code, message = ERRORS[status]
     body = error_body(code, message).decode()
     return (
         f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-type: application/json\r\ncache-control: no-cache\r\n"
@@ -292,6 +302,7 @@ def _admission_acls(m: dict[str, str], key: str) -> list[str]:
         f"    acl superadmin var(txn.user),map({m['roles']}) -m str SUPERADMIN",
         f"    acl project_admin var(txn.project),concat('{FIELD}',txn.user),map({m['admins']}) -m found",
         "    acl routed var(txn.upstream) -m found",
+        f"    acl starting var(txn.upstream),field(3,{FIELD_OF_ROUTE}) -m str {STARTING}",
     ]
 
 
@@ -397,7 +408,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         ),
         _return(404, "NOT_FOUND", "no such app", "app !known"),
         _return(404, "NOT_FOUND", "no such app", "app !public !owner !superadmin !project_admin"),
-        _return(503, "APP_NOT_READY", "the app has no published port yet: is the session RUNNING?", "app !routed"),
+        _return(503, "APP_NOT_READY", "the session's app has no address yet: is the session starting?", "app !routed"),
         "    http-request set-dst var(txn.upstream),field(1,:) if app",
         "    http-request set-dst-port var(txn.upstream),field(2,:) if app",
         f"    http-request track-sc0 var(txn.host) table {STATS_TABLE} if app",
@@ -407,40 +418,12 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         f'%[var(txn.user)]" if app is_ws',
         f"    http-request track-sc1 var(txn.ws) table {WS_TABLE} if app is_ws",
         *endpoint_ingress.frontend_rules(config.endpoints, paths.state_dir, config.apps_domain),
+        "    use_backend apps_starting if app starting",
         "    use_backend apps if app",
         "    default_backend gateway",
         "",
-        "backend apps",
-        "    http-reuse never",  # nor shared between clients (http-server-close above: none is kept anyway)
-        # an app refusing the connect (still starting) or dropping the SYN (a full accept queue) is tried again
-        # every 25 ms, 120 times: about 3 s, then 502
-        f"    timeout connect {APP_CONNECT_TIMEOUT_MS}ms",
-        f"    retries {APP_CONNECT_RETRIES}",
-        # no L7 retries (retry-on): a request the app may have acted on is never sent twice
-        f"    errorfile 503 {paths.error(502)}",  # HAProxy's 503 here is a refused connection: the app is unreachable
-        "    acl names_headers req.fhdr(connection) -m found",
-        f"    acl plain_connection req.fhdr(connection) -m reg -i {PLAIN_CONNECTION}",
-        "    http-request lua.hop_by_hop_req if names_headers !plain_connection",
-        "    acl res_names_headers res.fhdr(connection) -m found",
-        f"    acl res_plain_connection res.fhdr(connection) -m reg -i {PLAIN_CONNECTION}",
-        "    http-response lua.hop_by_hop_res if res_names_headers !res_plain_connection",
-        "    option forwardfor",
-        "    http-request del-header authorization",
-        "    http-request del-header forwarded",
-        "    http-request del-header x-forwarded-proto",
-        "    http-request del-header x-forwarded-host",
-        "    http-request del-header proxy-authorization",
-        "    http-request del-header proxy-connection",
-        "    http-request del-header keep-alive",
-        "    http-request set-header x-forwarded-proto http",
-        "    http-request set-header x-forwarded-host %[req.fhdr(host)]",
-        f"    http-request set-var(txn.cookies) \"req.fhdr(cookie),regsub('(^|;) *{COOKIE_NAME}=[^;]*','',g),"
-        "regsub('^[; ]+','')\"",
-        "    http-request del-header cookie",
-        "    http-request set-header cookie %[var(txn.cookies)] if { var(txn.cookies) -m len gt 0 }",
-        f"    http-response replace-header set-cookie ^{COOKIE_NAME}=.* caravan_dropped=;Max-Age=0",
-        "    http-response del-header keep-alive",
-        "    server app 0.0.0.0:0",
+        *_app_backend("apps", paths.error(502)),
+        *_app_backend("apps_starting", paths.starting),
         "",
         "backend gateway",
         "    http-reuse never",  # uvicorn closes an idle connection after 5 s (http-server-close above)
@@ -468,6 +451,46 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
     return "\n".join(line for line in lines if line != "") + "\n"
 
 
+def _app_backend(name: str, unreachable: Path) -> list[str]:
+    """A backend of the apps: every request goes to the address the frontend set (``set-dst``). ``unreachable``: the
+    answer when the app refused every connect (HAProxy's own 503 there): ``UPSTREAM_UNREACHABLE`` for a running
+    session's app, ``APP_NOT_READY`` for one still starting (``domain.app_routes.STARTING``)."""
+    return [
+        f"backend {name}",
+        "    http-reuse never",  # nor shared between clients (http-server-close above: none is kept anyway)
+        # an app refusing the connect (still starting) or dropping the SYN (a full accept queue) is tried again
+        # every 25 ms, 120 times: about 3 s, then the ``unreachable`` answer
+        f"    timeout connect {APP_CONNECT_TIMEOUT_MS}ms",
+        f"    retries {APP_CONNECT_RETRIES}",
+        # no L7 retries (retry-on): a request the app may have acted on is never sent twice
+        f"    errorfile 503 {unreachable}",
+        "    acl names_headers req.fhdr(connection) -m found",
+        f"    acl plain_connection req.fhdr(connection) -m reg -i {PLAIN_CONNECTION}",
+        "    http-request lua.hop_by_hop_req if names_headers !plain_connection",
+        "    acl res_names_headers res.fhdr(connection) -m found",
+        f"    acl res_plain_connection res.fhdr(connection) -m reg -i {PLAIN_CONNECTION}",
+        "    http-response lua.hop_by_hop_res if res_names_headers !res_plain_connection",
+        "    option forwardfor",
+        "    http-request del-header authorization",
+        "    http-request del-header forwarded",
+        "    http-request del-header x-forwarded-proto",
+        "    http-request del-header x-forwarded-host",
+        "    http-request del-header proxy-authorization",
+        "    http-request del-header proxy-connection",
+        "    http-request del-header keep-alive",
+        "    http-request set-header x-forwarded-proto http",
+        "    http-request set-header x-forwarded-host %[req.fhdr(host)]",
+        f"    http-request set-var(txn.cookies) \"req.fhdr(cookie),regsub('(^|;) *{COOKIE_NAME}=[^;]*','',g),"
+        "regsub('^[; ]+','')\"",
+        "    http-request del-header cookie",
+        "    http-request set-header cookie %[var(txn.cookies)] if { var(txn.cookies) -m len gt 0 }",
+        f"    http-response replace-header set-cookie ^{COOKIE_NAME}=.* caravan_dropped=;Max-Age=0",
+        "    http-response del-header keep-alive",
+        "    server app 0.0.0.0:0",
+        "",
+    ]
+
+
 def write_files(
     config: IngressConfig, paths: IngressPaths, maps: Mapping[str, Mapping[str, str]] | None = None
 ) -> None:
@@ -487,6 +510,7 @@ def write_files(
     paths.lua.chmod(0o600)
     for status in ERRORS:
         paths.error(status).write_text(_error_file(status))
+    paths.starting.write_text(_error_file(503, "APP_NOT_READY", STARTING_MESSAGE))
     paths.config.touch(mode=0o600)
     paths.config.chmod(0o600)
     paths.config.write_text(render(config, paths))

@@ -28,6 +28,21 @@ def test_hosts_for_live_sessions_routes_for_running_ones() -> None:
     assert maps["routes"] == {host: "127.0.0.1:31000"}  # a PENDING session has a host (404 vs 503) but no route
 
 
+def test_a_starting_session_is_routed_once_its_allocation_is_placed_and_marked_starting() -> None:
+    """From Nomad's placement on (its allocation's ports are known): HAProxy tries the app's connect until it listens,
+    rather than answering ``APP_NOT_READY`` until Nomad's client reports the allocation running."""
+    session = running_app("alice", 31000)
+    placed = dataclasses.replace(session.main_kernel, status=SessionStatus.PREPARING, alloc_id="alloc-1")
+    starting = dataclasses.replace(session, status=SessionStatus.PREPARING, kernels=(placed,))
+    host = f"web--{session.id}.{DOMAIN}"
+    assert session_maps([starting], DOMAIN)["routes"] == {host: "127.0.0.1:31000:starting"}
+    # not placed yet, or its allocation already ended (a start retry's old one): no route, whatever ports it kept
+    unplaced = dataclasses.replace(starting, kernels=(dataclasses.replace(placed, alloc_id=None),))
+    ended = dataclasses.replace(starting, kernels=(dataclasses.replace(placed, status=SessionStatus.ERROR),))
+    stopping = dataclasses.replace(starting, status=SessionStatus.TERMINATING)
+    assert session_maps([unplaced, ended, stopping], DOMAIN)["routes"] == {}
+
+
 def test_tokens_of_active_users_only_and_unexpired() -> None:
     users = [
         User(id="alice", name="alice", role=Role.USER),

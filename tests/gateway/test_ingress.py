@@ -27,7 +27,7 @@ from caravan.stack.haproxy import ingress_config, start_haproxy
 from caravan.stack.processes import free_port
 from core.settings import Settings
 from domain.apps import app_host
-from domain.model import Session
+from domain.model import Session, SessionStatus
 from gateway.apps import control, plane
 from tests.harness import ADMIN_TOKEN, Caravan
 from tests.ingress import Ingress, caravan_behind_haproxy, gateway_behind, haproxy_for, running_app
@@ -412,6 +412,45 @@ async def test_an_app_still_starting_is_tried_again_until_it_listens(behind: tup
         assert (await answer).startswith(b"HTTP/1.1 200 "), await answer
     finally:
         app.close()
+
+
+def starting_app(owner: str, port: int) -> Session:
+    """A PREPARING session whose kernel's allocation Nomad placed (its ports known) and has not reported running."""
+    session = running_app(owner, port)
+    kernel = dataclasses.replace(session.main_kernel, status=SessionStatus.PREPARING, alloc_id="a-placed-alloc")
+    return dataclasses.replace(session, status=SessionStatus.PREPARING, kernels=(kernel,))
+
+
+async def test_a_starting_session_is_routed_from_placement_and_said_not_ready_until_its_app_listens(
+    behind: tuple[Caravan, Ingress],
+) -> None:
+    """The route exists from the allocation's placement (Nomad's client reports a new allocation running up to a
+    second after its task started): a request to a session still PREPARING is held while HAProxy tries the connect,
+    answered ``APP_NOT_READY`` (not ``UPSTREAM_UNREACHABLE``) when its tries run out, and answered by the app once it
+    listens, before the session is RUNNING. One not placed yet (no allocation) is not routed at all."""
+    caravan, ingress = behind
+    alice = await caravan.user("alice")
+    port = free_port()  # nothing listens on it yet: refused
+    placing = starting_app("alice", free_port())
+    unplaced = dataclasses.replace(placing, kernels=(dataclasses.replace(placing.main_kernel, alloc_id=None),))
+    [host, waiting] = await started(caravan, starting_app("alice", port), unplaced)
+    deadline = asyncio.get_running_loop().time() + BOUND
+    while host not in (routes := await ingress.api.show_map(ingress.paths.map("routes"))):
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.02)
+    assert routes[host] == f"127.0.0.1:{port}:starting" and waiting not in routes
+    assert b'"APP_NOT_READY"' in await until_status(ingress, waiting, alice, 503)
+    answer = await asyncio.to_thread(raw, ingress.port, request(host, alice, extra="Connection: close\r\n"), wait=10)
+    assert answer.startswith(b"HTTP/1.1 503 ") and b'"APP_NOT_READY"' in answer and b"still starting" in answer
+    app = Upstream("late", port)
+    try:
+        assert (await until_status(ingress, host, alice, 200)).startswith(b"HTTP/1.1 200 ")
+    finally:
+        app.close()
+    # RUNNING and unreachable after as many tries: the app is what failed
+    [gone] = await started(caravan, running_app("alice", free_port()))
+    answer = await until_status(ingress, gone, alice, 502, wait=10)
+    assert b'"UPSTREAM_UNREACHABLE"' in answer
 
 
 async def test_ten_thousand_routes(behind: tuple[Caravan, Ingress], upstreams: tuple[Upstream, Upstream]) -> None:
