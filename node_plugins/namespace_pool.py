@@ -112,12 +112,16 @@ def _chain(client: Client, command: str, name: str, netns: str) -> dict[str, Any
     return result
 
 
-def make(client: Client, pause_image: str, labels: Mapping[str, str] | None = None) -> Pooled:
-    """A new pooled namespace: its pause container started (with Docker ``labels``), the chain added under its
+def make(
+    client: Client, pause_image: str, labels: Mapping[str, str] | None = None, *, hostname: str | None = None
+) -> Pooled:
+    """A new pooled namespace: its pause container started (with Docker ``labels``, and ``hostname``: a container
+    joining its network takes its hostname, Docker refusing one of its own there), the chain added under its
     placeholder session."""
     name = PREFIX + uuid.uuid4().hex[:12]
     tags = [f"--label={k}={v}" for k, v in {"caravan.pool": "1", **(labels or {})}.items()]
-    _docker("run", "--detach", "--name", name, "--network", "none", *tags, pause_image)
+    named = ["--hostname", hostname] if hostname else []
+    _docker("run", "--detach", "--name", name, "--network", "none", *named, *tags, pause_image)
     try:
         pid = _docker("inspect", "--format", "{{.State.Pid}}", name)
         result = _chain(client, "ADD", name, f"/proc/{pid}/ns/net")

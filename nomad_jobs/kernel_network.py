@@ -14,8 +14,8 @@
   peer waits for the address of a sub that ended. Nomad service discovery spans the cluster, so
   multi-node sessions resolve alike; reaching each other across machines needs the nodes' session subnets routed.
 - **a pooled namespace**: a single-kernel docker session (INTERACTIVE or BATCH) the scheduler handed a namespace made
-  ahead (``nomad_jobs.namespace_keeper``) joins it instead (``network_mode = "container:<name>"``, no hostname: Docker
-  refuses one there); the group's network is the host's with the same ports, which the keeper publishes into the
+  ahead (``nomad_jobs.namespace_keeper``) joins it instead (``network_mode = "container:<name>"``; Docker refuses a
+  hostname there, so the pause container was made with the kernel's, :data:`POOLED_HOSTNAME`); the group's network is the host's with the same ports, which the keeper publishes into the
   namespace when it binds it to the session, so the kernel is isolated as in a namespace of its own.
 - **raw_exec kernels** run on the host's network (they are not isolated anyway: SUPERADMIN only), and so does every
   kernel when the operator turns isolation off (``CARAVAN_SESSION_NETWORK=host``): then each kernel of a cluster gets a
@@ -40,6 +40,9 @@ SESSION_NETWORK = "cni/caravan"
 """The default: each kernel in a namespace of its own on the client's ``caravan`` CNI network."""
 POOLED_NAME = re.compile(r"caravan-pool-[0-9a-f]{12}")
 """A pooled namespace's pause container name (``node_plugins.namespace_pool.PREFIX`` and 12 hex digits)."""
+POOLED_HOSTNAME = "main1"
+"""The hostname of a pooled namespace's pause container, which the kernel joining it takes (Docker refuses one of the
+kernel's own there): the hostname of a single-kernel session's kernel, the only kind pooled (:func:`poolable`)."""
 PEERS_FILE = "/local/caravan-peers"
 """Where a cluster kernel finds its peers' addresses, ``<address> <hostname>`` per line (the task directory's
 ``local/`` is mounted at ``/local`` by the docker and exec drivers)."""
@@ -60,6 +63,7 @@ def poolable(session: Session, network_mode: str) -> bool:
         is_isolated(session, network_mode)
         and session.driver is Driver.DOCKER
         and len(session.kernels) == 1
+        and session.main_kernel.hostname == POOLED_HOSTNAME
         and session.type in (SessionType.INTERACTIVE, SessionType.BATCH)
     )
 

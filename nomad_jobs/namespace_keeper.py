@@ -41,6 +41,7 @@ from core.replies import texts
 from node_plugins.cni_isolation import Membership, pool_key
 from node_plugins.namespace_pool import PREFIX, Client, Pooled, PoolError, bind, delete, make
 from nomad_jobs.client import Json, NomadClient, NomadNotFound
+from nomad_jobs.kernel_network import POOLED_HOSTNAME
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,7 @@ class NamespaceKeeper:
         """A new pooled namespace, ours from the moment it exists: a cancellation while Docker and the CNI chain make
         it (a stop, a test's end) waits for the thread, which goes on either way, and keeps what it made among ours, so
         :meth:`delete_all` deletes it (before, its pause container was left running: found after a CI run)."""
-        making = asyncio.ensure_future(asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id}))
+        making = asyncio.ensure_future(asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id}, hostname=POOLED_HOSTNAME))
         try:
             made = await asyncio.shield(making)
         except asyncio.CancelledError:

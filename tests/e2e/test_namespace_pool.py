@@ -43,6 +43,19 @@ def exists(name: str) -> bool:
     return subprocess.run(["docker", "inspect", name], capture_output=True).returncode == 0
 
 
+def kernel_hostname(alloc_id: str | None) -> str:
+    """The hostname inside the docker container of the allocation ``alloc_id`` (Nomad labels its containers)."""
+    found = subprocess.run(
+        ["docker", "ps", "--quiet", "--filter", f"label=com.hashicorp.nomad.alloc_id={alloc_id}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert len(found) == 1, found
+    done = subprocess.run(["docker", "exec", found[0], "hostname"], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
 async def free(caravan: Caravan, keeper: NamespaceKeeper) -> set[str]:
     return text_set(await caravan.store.redis.smembers(keeper.key))
 
@@ -76,6 +89,7 @@ async def test_a_session_runs_in_a_pooled_namespace_bound_to_it_then_deleted_and
     record = members.recall(offered)
     assert record is not None
     assert record.session == session_key({"NOMAD_NAMESPACE": "default", "NOMAD_JOB_ID": stored.nomad_job_id})
+    assert kernel_hostname(stored.main_kernel.alloc_id) == "main1"  # the kernel's own, as outside the pool
 
     await caravan.gql(DESTROY, {"ids": [session_id]})
     await caravan.wait_for(session_id, "TERMINATED", timeout=90)
