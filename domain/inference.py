@@ -126,6 +126,28 @@ def endpoints_of(session: Session) -> tuple[str, ...]:
     return tuple(e for e in found if e)
 
 
+def why_cold(session: Session | None) -> str:
+    """Why an endpoint has no replica taking traffic, in a sentence (the ``ENDPOINT_COLD`` answer of a request held
+    to its end): waiting in the queue, and for what (its wait reasons); or each replica's state."""
+    if session is None or session.status.is_terminal:
+        return "the endpoint ended"
+    if session.status is S.PENDING:
+        reasons = "; ".join(session.wait_reasons) or "not placed yet"
+        return f"the endpoint waits in the queue: {reasons}"
+    states = []
+    for kernel in session.kernels:
+        if kernel.parked:
+            state = "parked"
+        elif kernel.draining_since is not None:
+            state = "draining"
+        elif kernel.status is S.RUNNING:
+            state = "running, its check not passed yet" if kernel.healthy is not True else "running"
+        else:
+            state = kernel.status.value.lower()
+        states.append(f"{kernel.hostname} {state}")
+    return "its replicas: " + ", ".join(states) if states else "it has no replica"
+
+
 def replica_health(results: Iterable[Mapping[str, Any]], *, run_started: int | None) -> bool | None:
     """Whether a replica's current run passes its checks, from Nomad's latest result of each check.
 

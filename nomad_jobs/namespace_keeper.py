@@ -240,7 +240,10 @@ class NamespaceKeeper:
         """A new pooled namespace, ours from the moment it exists: a cancellation while Docker and the CNI chain make
         it (a stop, a test's end) waits for the thread, which goes on either way, and keeps what it made among ours, so
         :meth:`delete_all` deletes it (before, its pause container was left running: found after a CI run)."""
-        making = asyncio.ensure_future(asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id}, hostname=POOLED_HOSTNAME))
+        labels = {LABEL: self.node_id}
+        making = asyncio.ensure_future(
+            asyncio.to_thread(make, self.client, self.pause_image, labels, hostname=POOLED_HOSTNAME)
+        )
         try:
             made = await asyncio.shield(making)
         except asyncio.CancelledError:

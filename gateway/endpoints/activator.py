@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.settings import Settings
 from domain.endpoint_routes import parse_endpoint_host, replica_started, routable
-from domain.inference import is_inference
+from domain.inference import is_inference, why_cold
 from gateway.endpoints.control import raise_if_cancelling
 from gateway.endpoints.ingress import ACTIVATOR_HEADER, IDEMPOTENT, activator_secret
 from gateway.json_errors import send_error
@@ -155,11 +155,20 @@ class EndpointActivator:
         if not replicas:
             cold = ColdStart(arrived, None, None, "TIMED_OUT")
             await access.record_cold_start(session_id, cold)
+            why = await self._why_cold(session_id)
             await send_error(send, 503, "ENDPOINT_COLD",
-                             f"no replica of this endpoint became ready within {settings.endpoints.hold_timeout:g}s",
-                             [(b"retry-after", str(RETRY_AFTER).encode())])  # fmt: skip
+                             f"no replica of this endpoint became ready within {settings.endpoints.hold_timeout:g}s"
+                             f"{why}", [(b"retry-after", str(RETRY_AFTER).encode())])  # fmt: skip
             return cold, ()
         return ColdStart(arrived, time.time(), None, "SERVED", started_at=wait.started_at), replicas
+
+    async def _why_cold(self, session_id: str) -> str:
+        """``: <why>`` (``domain.inference.why_cold``), or nothing when Redis cannot say."""
+        sessions: SessionStore = self.state["sessions"]
+        try:
+            return ": " + why_cold(await sessions.get(session_id))
+        except Exception:  # Redis away a moment: the answer goes without the reason
+            return ""
 
     async def _count(self, access: EndpointAccessStore, session_id: str, delta: int) -> None:
         held = self._held[session_id] = self._held.get(session_id, 0) + delta

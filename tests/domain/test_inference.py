@@ -14,6 +14,7 @@ from domain.inference import (
     replica_health,
     replica_observation,
     replicas_of,
+    why_cold,
     with_replica_health,
 )
 from domain.lifecycle import observe_kernel, transition
@@ -259,3 +260,14 @@ RUN_STARTS = [
 def test_run_start_is_read_from_the_task_state(state: dict[str, str] | None, expected: int | None) -> None:
     alloc = {"TaskStates": {TASK_NAME: state} if state is not None else None}
     assert run_started_at(alloc) == expected
+
+
+def test_why_an_endpoint_is_cold_is_said_from_its_queue_reasons_or_its_replicas() -> None:
+    waiting = replace(inference(S.PENDING), wait_reasons=("no-agent-fits: short of sim.shares 0.5",))
+    assert why_cold(waiting) == "the endpoint waits in the queue: no-agent-fits: short of sim.shares 0.5"
+    assert why_cold(replace(waiting, wait_reasons=())) == "the endpoint waits in the queue: not placed yet"
+    starting = inference(healthy=None)
+    starting = replace(starting, kernels=(starting.kernels[0], replace(starting.kernels[1], status=S.PREPARING)))
+    assert why_cold(starting) == "its replicas: main1 running, its check not passed yet, main2 preparing"
+    assert why_cold(replace(inference(), kernels=(replace(MAIN, parked=True),))) == "its replicas: main1 parked"
+    assert why_cold(inference(S.TERMINATED)) == why_cold(None) == "the endpoint ended"

@@ -384,6 +384,7 @@ async def test_a_held_request_times_out_to_503(settings: Settings, model: Path, 
         answer = await endpoint.get("/", timeout=60)
         assert (answer.status_code, answer.json()["error"]["code"]) == (503, "ENDPOINT_COLD")
         assert answer.headers["retry-after"] == "5"
+        assert "its replicas: main1 running, its check not passed yet" in answer.json()["error"]["message"]
         [cold] = (await endpoint.view())["endpoint"]["coldStarts"]
         assert (cold["outcome"], cold["firstByteAt"]) == ("TIMED_OUT", None)
 
