@@ -134,6 +134,19 @@ class _Tier:
             insort(target, new)
 
 
+class _Member:
+    """Where one agent's key sits in an index: its tier, bucket value and in-bucket key, together (a placement reads
+    them for a cold agent: one object is one cache miss, where lists by ordinal were one per field, and an int above
+    2**62 one more)."""
+
+    __slots__ = ("key", "tier", "value")
+
+    def __init__(self, tier: _Tier, value: int, key: int) -> None:
+        self.tier = tier
+        self.value = value
+        self.key = key
+
+
 class PackingIndex:
     def __init__(
         self,
@@ -157,29 +170,29 @@ class PackingIndex:
             [capacity[ordinal] for ordinal, _ in listed],
             len(avail),
         )
-        self._value_of: list[int] = [-1] * len(avail)  # by ordinal (lists: cheaper than dicts); -1 = not a member
-        self._key_of: list[int] = [0] * len(avail)
+        self._member_of: list[_Member | None] = [None] * len(avail)  # by ordinal (a list: cheaper than a dict)
         keys_by_tier: dict[int, list[tuple[int, int]]] = {}
+        encoded: list[tuple[int, int, int, int]] = []
         for ordinal, tier in listed:
             value, key = encoding.encode(ordinal, avail[ordinal])
-            self._value_of[ordinal], self._key_of[ordinal] = value, key
+            encoded.append((ordinal, tier, value, key))
             keys_by_tier.setdefault(tier, []).append((value, key))
         tiers = {tier: _Tier(keys) for tier, keys in keys_by_tier.items()}
         self._tier_order = [tiers[tier] for tier in sorted(tiers)]
-        self._tier_of: list[_Tier | None] = [None] * len(avail)
-        for ordinal, tier in listed:
-            self._tier_of[ordinal] = tiers[tier]
+        for ordinal, tier, value, key in encoded:
+            self._member_of[ordinal] = _Member(tiers[tier], value, key)
 
     def __contains__(self, ordinal: int) -> bool:
-        return 0 <= ordinal < len(self._value_of) and self._value_of[ordinal] >= 0
+        return 0 <= ordinal < len(self._member_of) and self._member_of[ordinal] is not None
 
     def update(self, ordinal: int, vector: list[int]) -> None:
-        """Re-sort one member after its available amounts changed."""
-        tier = self._tier_of[ordinal]
-        assert tier is not None, f"agent {ordinal} is not a member"
+        """Re-sort one agent after its available amounts changed (nothing to do if it is not a member)."""
+        member = self._member_of[ordinal]
+        if member is None:
+            return
         value, key = self._encoding.encode(ordinal, vector)
-        tier.move(self._value_of[ordinal], self._key_of[ordinal], value, key)
-        self._value_of[ordinal], self._key_of[ordinal] = value, key
+        member.tier.move(member.value, member.key, value, key)
+        member.value, member.key = value, key
 
     def forget_starts(self) -> None:
         """Amounts went up (a rollback, a released reservation): a skipped bucket may fit again."""
