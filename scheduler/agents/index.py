@@ -114,11 +114,14 @@ class _Tier:
         self.lists = [self.buckets[value] for value in self.values]  # a scan walks these without a dict lookup
         self.starts: dict[tuple[int, ...], int] = {}  # dispersed: need -> first bucket value that may fit it
 
-    def move(self, old_value: int, old: int, new_value: int, new: int) -> None:
-        """Replace key ``old`` of bucket ``old_value`` by ``new`` of ``new_value`` (every placement, in one step)."""
+    def move(self, old_value: int, old: int, new_value: int, new: int, at: int = -1) -> None:
+        """Replace key ``old`` of bucket ``old_value`` by ``new`` of ``new_value`` (every placement, in one step).
+        ``at``: where ``old`` likely is in its bucket (a search just found it there), checked before it is used."""
         buckets = self.buckets
         bucket = buckets[old_value]
-        bucket.pop(bisect_left(bucket, old))  # pop, not del: compiled, a direct list call
+        if not (0 <= at < len(bucket) and bucket[at] == old):  # a hint saves the bisection's cold comparisons
+            at = bisect_left(bucket, old)
+        bucket.pop(at)  # pop, not del: compiled, a direct list call
         if not bucket:
             del buckets[old_value]
             position = bisect_left(self.values, old_value)
@@ -132,6 +135,19 @@ class _Tier:
             self.lists.insert(position, target)
         else:
             insort(target, new)
+
+
+class _Member:
+    """Where one agent's key sits in an index: its tier, bucket value and in-bucket key, together (a placement reads
+    them for a cold agent: one object is one cache miss, where lists by ordinal were one per field, and an int above
+    2**62 one more)."""
+
+    __slots__ = ("key", "tier", "value")
+
+    def __init__(self, tier: _Tier, value: int, key: int) -> None:
+        self.tier = tier
+        self.value = value
+        self.key = key
 
 
 class PackingIndex:
@@ -157,29 +173,33 @@ class PackingIndex:
             [capacity[ordinal] for ordinal, _ in listed],
             len(avail),
         )
-        self._value_of: list[int] = [-1] * len(avail)  # by ordinal (lists: cheaper than dicts); -1 = not a member
-        self._key_of: list[int] = [0] * len(avail)
+        self._member_of: list[_Member | None] = [None] * len(avail)  # by ordinal (a list: cheaper than a dict)
         keys_by_tier: dict[int, list[tuple[int, int]]] = {}
+        encoded: list[tuple[int, int, int, int]] = []
         for ordinal, tier in listed:
             value, key = encoding.encode(ordinal, avail[ordinal])
-            self._value_of[ordinal], self._key_of[ordinal] = value, key
+            encoded.append((ordinal, tier, value, key))
             keys_by_tier.setdefault(tier, []).append((value, key))
         tiers = {tier: _Tier(keys) for tier, keys in keys_by_tier.items()}
         self._tier_order = [tiers[tier] for tier in sorted(tiers)]
-        self._tier_of: list[_Tier | None] = [None] * len(avail)
-        for ordinal, tier in listed:
-            self._tier_of[ordinal] = tiers[tier]
+        for ordinal, tier, value, key in encoded:
+            self._member_of[ordinal] = _Member(tiers[tier], value, key)
+        self._found = -1  # the agent the last search found, and where in its bucket its key is (``search``)
+        self._found_at = 0
 
     def __contains__(self, ordinal: int) -> bool:
-        return 0 <= ordinal < len(self._value_of) and self._value_of[ordinal] >= 0
+        return 0 <= ordinal < len(self._member_of) and self._member_of[ordinal] is not None
 
     def update(self, ordinal: int, vector: list[int]) -> None:
-        """Re-sort one member after its available amounts changed."""
-        tier = self._tier_of[ordinal]
-        assert tier is not None, f"agent {ordinal} is not a member"
+        """Re-sort one agent after its available amounts changed (nothing to do if it is not a member)."""
+        member = self._member_of[ordinal]
+        if member is None:
+            return
         value, key = self._encoding.encode(ordinal, vector)
-        tier.move(self._value_of[ordinal], self._key_of[ordinal], value, key)
-        self._value_of[ordinal], self._key_of[ordinal] = value, key
+        at = self._found_at if ordinal == self._found else -1  # placed right after this index found it: mostly
+        self._found = -1
+        member.tier.move(member.value, member.key, value, key, at)
+        member.value, member.key = value, key
 
     def forget_starts(self) -> None:
         """Amounts went up (a rollback, a released reservation): a skipped bucket may fit again."""
@@ -191,7 +211,9 @@ class PackingIndex:
         return self.search(amounts_of(demand))
 
     def search(self, need: tuple[int, ...]) -> int | None:
-        """``find`` given the demand's amounts (``vectors.amounts_of``)."""
+        """``find`` given the demand's amounts (``vectors.amounts_of``). Remembers where in its bucket the key of the
+        agent found is (``update`` then takes it out without a bisection)."""
+        self._found_at = 0  # the scans set it when the key is not its bucket's first
         for tier in self._tier_order:
             if not need:
                 found = tier.lists[0][0] & self._encoding.mask if tier.lists else None
@@ -200,7 +222,9 @@ class PackingIndex:
             else:
                 found = self._scan_down(tier, need)
             if found is not None:
+                self._found = found
                 return found
+        self._found = -1
         return None
 
     def _fits_beyond_second(self, ordinal: int, need: tuple[int, ...]) -> bool:
@@ -224,6 +248,7 @@ class PackingIndex:
             for index in range(bisect_left(bucket, second), len(bucket)):
                 ordinal = bucket[index] & encoding.mask
                 if self._fits_beyond_second(ordinal, need):
+                    self._found_at = index
                     return ordinal
         return None
 
@@ -242,11 +267,14 @@ class PackingIndex:
             bucket = lists[position]
             if bucket[0] >= beyond:  # even its most of the second slot is short
                 continue
-            for key in bucket:  # a bucket starts with its most of the second slot: once short, the rest is
+            # a bucket starts with its most of the second slot: once short, the rest is
+            for index in range(len(bucket)):
+                key = bucket[index]
                 if key >= beyond:
                     break
                 ordinal = key & encoding.mask
                 if self._fits_beyond_second(ordinal, need):
                     tier.starts[need] = value
+                    self._found_at = index
                     return ordinal
         return None

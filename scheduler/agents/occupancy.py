@@ -54,7 +54,7 @@ class GroupOccupancy:
         self._direction = direction
         self._indexes: dict[tuple[int, ...], PackingIndex] = {}
         self._packed: dict[int, tuple[PackingIndex, tuple[int, ...], Demand]] = {}  # id(demand) -> index, amounts
-        self._indexes_of: list[list[PackingIndex]] = [[] for _ in ordered]
+        self._index_list: list[PackingIndex] = []  # the values of ``_indexes`` (a few signatures), as a list
         self._members: dict[tuple[int, ...], list[int]] = {}
         self._failed: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         self._failed_exactly: dict[int, Demand] = {}  # id -> demand (kept alive): found no agent, or bigger than one
@@ -154,8 +154,7 @@ class GroupOccupancy:
                 index = self._indexes[positions] = PackingIndex(
                     positions, self._direction, members, self.avail, self.capacity
                 )
-                for ordinal in self.members(positions):
-                    self._indexes_of[ordinal].append(index)
+                self._index_list.append(index)
             known = self._packed[id(demand)] = (index, amounts_of(demand), demand)
         return known[0].search(known[1])
 
@@ -176,7 +175,7 @@ class GroupOccupancy:
             index.forget_starts()
 
     def _moved(self, ordinal: int, avail: list[int]) -> None:
-        for index in self._indexes_of[ordinal]:
+        for index in self._index_list:  # each checks membership in its own per-agent list (one cold read, not two)
             index.update(ordinal, avail)
         if self._avail_fronts:
             self._avail_fronts.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
 from scheduler.agents import UnknownSelectorError, load_plugin_selectors, roundrobin
 from scheduler.agents.base import AgentView, SelectionRequest, SelectorConfig
+from scheduler.agents.index import CONCENTRATED, DISPERSED, PackingIndex, _Tier
 from scheduler.agents.ranking import order_slots
 from scheduler.pass_model import ClusterMode, PassConfig, WaitKind
 from scheduler.scheduling_pass import validate_config
@@ -324,3 +326,38 @@ def test_roundrobin_over_candidates_picks_what_a_scan_of_every_agent_picks(start
     everything = roundrobin.select(6, start, fitting.__contains__)
     assert roundrobin.select(6, start, fitting.__contains__, candidates) == everything
     assert roundrobin.select(6, start, set().__contains__, candidates) == (None, start % 6)
+
+
+@pytest.mark.parametrize("direction", [CONCENTRATED, DISPERSED])
+def test_a_packing_index_moved_where_its_searches_found_agents_answers_as_one_built_afresh(direction: int) -> None:
+    """A placement takes the agent's key out of its bucket where the search just found it (``update`` given that
+    position); an update of an agent the last search did not find bisects. After a seeded mix of both, every search
+    answers as an index built from the final amounts."""
+    rng = random.Random(direction)
+    positions = (0, 1, 2)
+    capacity = [[rng.choice([8000, 16000]), rng.choice([16000, 64000]), rng.choice([2000, 4000])] for _ in range(60)]
+    avail = [list(vector) for vector in capacity]
+    members = [(ordinal, rng.choice([0, 1])) for ordinal in range(len(avail))]
+    index = PackingIndex(positions, direction, members, avail, capacity)
+    needs = [(cpu, mem, gpu) for cpu in (500, 1000, 2000) for mem in (1000, 4000, 8000) for gpu in (0, 500)]
+    hinted = 0
+    for _ in range(400):
+        need = rng.choice(needs)
+        found = index.search(need)
+        ordinal = found if found is not None and rng.random() < 0.8 else rng.randrange(len(avail))
+        if all(have >= amount for have, amount in zip(avail[ordinal], need, strict=True)):
+            hinted += ordinal == found
+            avail[ordinal] = [have - amount for have, amount in zip(avail[ordinal], need, strict=True)]
+            index.update(ordinal, avail[ordinal])
+    fresh = PackingIndex(positions, direction, members, avail, capacity)
+    assert hinted > 100
+    assert [index.search(need) for need in needs] == [fresh.search(need) for need in needs]
+
+
+def test_a_tier_move_checks_the_position_it_is_given() -> None:
+    tier = _Tier([(1, 10), (1, 20), (1, 30), (2, 5)])
+    tier.move(1, 20, 2, 25, at=0)  # wrong: 10 is there
+    tier.move(1, 30, 2, 35, at=7)  # out of the bucket
+    tier.move(2, 5, 1, 15, at=0)  # right
+    assert tier.values == [1, 2]
+    assert tier.lists == [[10, 15], [25, 35]]
