@@ -15,8 +15,9 @@
   multi-node sessions resolve alike; reaching each other across machines needs the nodes' session subnets routed.
 - **a pooled namespace**: a single-kernel docker session (INTERACTIVE or BATCH) the scheduler handed a namespace made
   ahead (``nomad_jobs.namespace_keeper``) joins it instead (``network_mode = "container:<name>"``; Docker refuses a
-  hostname there, so the pause container was made with the kernel's, :data:`POOLED_HOSTNAME`); the group's network is the host's with the same ports, which the keeper publishes into the
-  namespace when it binds it to the session, so the kernel is isolated as in a namespace of its own.
+  hostname there, so the pause container was made with the kernel's, :data:`POOLED_HOSTNAME`); the group's network
+  is the host's with the same ports, which the keeper publishes into the namespace when it binds it to the session,
+  so the kernel is isolated as in a namespace of its own.
 - **raw_exec kernels** run on the host's network (they are not isolated anyway: SUPERADMIN only), and so does every
   kernel when the operator turns isolation off (``CARAVAN_SESSION_NETWORK=host``): then each kernel of a cluster gets a
   loopback address of its own (127.x.y.n) and Docker kernels the others' in ``extra_hosts``, as before networks.
