@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     deploy.add_argument("--wait", type=float, default=0.0, help="seconds to wait for every deployment to succeed")
     deploy.add_argument(
         "--only",
-        default="ingress,gateway,scheduler,idle,namespace-keeper",
+        default="namespace-keeper,ingress,gateway,scheduler,idle",
         help="the jobs to submit, comma-separated (default: all)",
     )
     ingress = commands.add_parser("ingress", help="HAProxy with its gateway backend following a file of replicas")

@@ -130,6 +130,8 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Put the replicas of each job on different clients (a real cluster; one machine has one client)."""
     shutdown_delay: float = 5.0
     """Seconds a stopping gateway replica keeps serving after leaving the service (the ingress drops it meanwhile)."""
+    memory_mb: int = 512
+    """Memory each task asks Nomad for, in MB (a keeper asks at most 256)."""
     kill_timeout: float = 15.0
     """Seconds a task has between SIGTERM and SIGKILL (the gateway drains its requests within 5 s)."""
     version: str = ""
@@ -139,7 +141,10 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 Job = Literal["gateway", "scheduler", "idle", "ingress", "namespace-keeper"]
-JOBS: tuple[Job, ...] = ("ingress", "gateway", "scheduler", "idle", "namespace-keeper")
+JOBS: tuple[Job, ...] = ("namespace-keeper", "ingress", "gateway", "scheduler", "idle")
+"""In the order they are registered: the keepers first, so that each client is likelier to keep room for its own (a
+system job is not placed on a client that the others filled, and its deployment still succeeds: on the multi-host test
+cluster a host running the four others had no memory left for it, and its docker sessions took today's path)."""
 ROLE_OF: dict[Job, Role] = {
     "gateway": "gateway",
     "scheduler": "scheduler",
@@ -222,6 +227,8 @@ def check(config: DeployConfig) -> None:
         raise DeployError(
             "ingress.gateway_slots: more than gateway.count (a rolling update runs one more), 256 at most"
         )
+    if not 64 <= config.memory_mb <= 65536:
+        raise DeployError(f"memory_mb: {config.memory_mb} is not between 64 and 65536")
     if not 1 <= config.ingress.port <= 65535:
         raise DeployError(f"ingress.port: {config.ingress.port} is not a port")
     if config.ingress.bind is not None:
@@ -338,7 +345,7 @@ def _task(config: DeployConfig, job: Job, args: list[str], env: Mapping[str, str
         "Templates": _templates(config, job, items),
         "KillSignal": "SIGTERM",
         "KillTimeout": int(config.kill_timeout * SECOND),
-        "Resources": {"CPU": 200, "MemoryMB": 512},
+        "Resources": {"CPU": 200, "MemoryMB": config.memory_mb},
     }
 
 
@@ -397,6 +404,8 @@ def _keeper(config: DeployConfig, items: set[str]) -> dict[str, Any]:
         items,
     )
     task["KillTimeout"] = int(keeper_kill_timeout(config) * SECOND)
+    # on every client: 100 MB resident, and its docker commands
+    task["Resources"] = {"CPU": 100, "MemoryMB": min(256, config.memory_mb)}
     spec = _job(config, "namespace-keeper", {"Count": 1, "Tasks": [task]})
     del spec["TaskGroups"][0]["ReschedulePolicy"]  # a system job's allocation stays on its node
     spec["Update"] = {"MaxParallel": 1, "HealthCheck": "task_states", "MinHealthyTime": 2 * SECOND}

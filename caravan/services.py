@@ -217,14 +217,14 @@ async def keeper_host(settings: Settings, nomad: NomadClient) -> tuple[str, Sess
         return f"the session network recorded in {directory} is not readable ({exc!r})"
     if network is None:
         return f"no session network recorded in {directory}"
-    image = await asyncio.to_thread(
-        subprocess.run,
-        ["docker", "image", "inspect", "--format", "{{.Id}}", "--", settings.pause_image],
-        capture_output=True,
-        text=True,
-    )
-    if image.returncode != 0:
-        return f"Docker or the pause image {settings.pause_image} is not here ({image.stderr.strip()[:200]})"
+    inspect = ["docker", "image", "inspect", "--format", "{{.Id}}", "--", settings.pause_image]
+    try:
+        image = await asyncio.to_thread(subprocess.run, inspect, capture_output=True, text=True)
+        missing = image.stderr.strip()[:200] if image.returncode != 0 else ""
+    except OSError as exc:  # no docker command at all
+        missing = repr(exc)
+    if missing:
+        return f"Docker or the pause image {settings.pause_image} is not here ({missing})"
     if settings.node_id:
         return settings.node_id, network
     try:

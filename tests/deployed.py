@@ -133,7 +133,7 @@ def free_namespaces(settings: Settings, node_id: str) -> set[str]:
     """The free set of ``node_id``'s pool of network namespaces (``Keys.namespace_pool``), in the deployment's Redis."""
 
     async def read() -> set[str]:
-        redis = redis_client(settings.redis)
+        redis = redis_client(settings.for_role("admin").redis)
         try:
             return text_set(await redis.smembers(Keys(settings.redis.prefix).namespace_pool(node_id)))
         finally:

@@ -154,6 +154,7 @@ def test_the_deployed_ingress_binds_its_clients_address_and_one_machine_loopback
         (DeployConfig(env={"CARAVAN_NAMESPACE_POOL": "two", "CARAVAN_PAUSE_IMAGE": PAUSE}), "not a number"),
         (DeployConfig(env={"CARAVAN_NAMESPACE_POOL": "11", "CARAVAN_PAUSE_IMAGE": PAUSE}), "between 0 and 10"),
         (DeployConfig(env={"CARAVAN_PAUSE_IMAGE": "--privileged"}), "image reference"),
+        (DeployConfig(memory_mb=32), "memory_mb"),
     ],
 )
 def test_refused_configurations(config: DeployConfig, names: str) -> None:
