@@ -25,6 +25,7 @@ from caravan.supervisor import ROLES, Supervisor, die_with_parent
 from core.keys import Keys
 from core.lease import Lease
 from core.redis import connect
+from core.retry import stop_if_cancelled
 from core.settings import Settings, load_settings
 from domain.scheduling_config import load_scheduling_config
 from gateway.app import create_app
@@ -202,6 +203,7 @@ async def keep_namespaces(settings: Settings, redis: Redis, nomad: NomadClient, 
         try:
             await keeper.run_forever()
         except Exception as exc:  # Docker or Redis refusing its first look: logged, started again, never a restart loop
+            stop_if_cancelled(exc)
             log.error("namespace-keeper: stopped by %r; starting again in %.0f s", exc, KEEPER_RETRY)
             await asyncio.sleep(KEEPER_RETRY)
 

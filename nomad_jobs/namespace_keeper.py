@@ -40,6 +40,7 @@ from redis.asyncio import Redis
 
 from core.keys import Keys
 from core.replies import texts
+from core.retry import stop_if_cancelled
 from node_plugins.cni_isolation import Membership, pool_key
 from node_plugins.namespace_pool import PREFIX, Client, Pooled, PoolError, bind, delete, make
 from nomad_jobs.client import Json, NomadClient, NomadNotFound
@@ -213,10 +214,12 @@ class NamespaceKeeper:
     async def _follow(self) -> None:
         index = 0
         while True:
+            stop_if_cancelled()  # a stop's cancellation lost on the way (Python 3.11, redis-py): see stop_if_cancelled
             try:
                 allocs, index = await self.nomad.node_allocations(self.node_id, index=index)
                 await self.step(allocs)
             except Exception as exc:  # a daemon: Nomad, Redis, Docker or the plugin failing once is logged, retried
+                stop_if_cancelled(exc)
                 log.warning("namespace-keeper: %r", exc)
                 index = 0  # read the node's allocations again at once
                 await asyncio.sleep(1.0)
@@ -224,6 +227,7 @@ class NamespaceKeeper:
     async def _fill(self) -> None:
         offered, claimed_at = 0, float("-inf")
         while True:
+            stop_if_cancelled()  # before, a lost one kept the keeper running past its SIGTERM: killed, its pool left
             try:
                 free = set(texts(await self.redis.smembers(self.key))) & self.ours.keys()
                 if len(free) < offered:
@@ -238,6 +242,7 @@ class NamespaceKeeper:
                     await self._offer(made.name)
                     offered += 1
             except Exception as exc:  # as in _follow; tried again within a second
+                stop_if_cancelled(exc)
                 log.warning("namespace-keeper: no namespace made: %r", exc)
             self._refill.clear()
             with contextlib.suppress(TimeoutError):
@@ -282,8 +287,11 @@ class NamespaceKeeper:
         its pause container was left running); one claimed meanwhile stays, found again by the next start, and
         bound ones stay with their sessions."""
         for name in list(self.ours):
-            if name in self.unoffered or await self.redis.srem(self.key, name):
-                await self._delete(name)
+            try:
+                if name in self.unoffered or await self.redis.srem(self.key, name):
+                    await self._delete(name)
+            except Exception as exc:  # one that fails is logged; the others are still deleted
+                log.error("namespace-keeper: %s not deleted on the stop: %r", name, exc)
 
     async def delete_all(self) -> None:
         """Every pooled namespace of this keeper deleted, bound or not (a test's teardown, after its jobs)."""

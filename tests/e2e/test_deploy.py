@@ -20,7 +20,7 @@ import msgspec
 import pytest
 from msgspec.structs import replace as dataclasses_replace
 
-from caravan.deploy import Replicas, gateway_service
+from caravan.deploy import Replicas, gateway_service, job_id
 from caravan.stack.nomad_agent import NomadAgent
 from core.keys import Keys
 from core.redis import client as redis_client
@@ -36,6 +36,7 @@ from tests.deployed import (
     deploy_command,
     deployed,
     free_namespaces,
+    logs,
     pause_containers,
 )
 from tests.e2e.test_namespace_pool import pooled_in
@@ -161,7 +162,13 @@ def test_deployed_keeper_pools_namespaces_for_docker_sessions_and_leaves_no_paus
         assert ended and ended[-1]["ExitCode"] == 0, events  # released within its kill timeout, not killed
         stack.gql(DESTROY, {"id": session_id})
         until(lambda: claimed not in pause_containers(node), 60, "the session's namespace deleted")
-    until(lambda: not pause_containers(node), 60, "no pause container left after the deployment's end")
+        # the keepers stopped (the deployment's end): each deletes its free namespaces
+        [keeper] = stack.allocations("namespace-keeper")
+        stack.nomad.call("DELETE", f"/v1/job/{job_id(config, 'namespace-keeper')}?namespace={config.namespace}")
+        until(lambda: stack.get(f"/v1/allocation/{keeper['ID']}")["ClientStatus"] == "complete", 60, "its stop")
+        left = pause_containers(node)
+        assert not left, f"pause containers left after the keeper's stop: {left}\n{logs(settings, config)}"
+    assert not pause_containers(node)
 
 
 class SteadyStream:
