@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("idle", help="reclaim idle sessions per the idle policy (one active at a time; SIGHUP reloads)")
     commands.add_parser("dev", help="gateway, scheduler and idle checker, each in its own supervised process")
     commands.add_parser(
-        "namespace-keeper", help="keep the stack's client's pool of network namespaces made ahead (caravan dev runs it)"
+        "namespace-keeper",
+        help="keep this host's Nomad client's pool of network namespaces made ahead (caravan dev and caravan "
+        "deploy run it)",
     )
     stack = commands.add_parser(
         "stack",
@@ -33,14 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     stack.add_argument("--yes", action="store_true", help="reset: delete every session and all state without asking")
     deploy = commands.add_parser(
         "deploy",
-        help="render Caravan's Nomad jobs (gateway, ingress, scheduler, idle checker) from a configuration file and "
-        "submit them, their secrets in Nomad Variables",
+        help="render Caravan's Nomad jobs (gateway, ingress, scheduler, idle checker, namespace keepers) from a "
+        "configuration file and submit them, their secrets in Nomad Variables",
     )
     deploy.add_argument("--config", type=Path, required=True, help="the deployment's JSON file (caravan/deploy.py)")
     deploy.add_argument("--render", action="store_true", help="print the job specs instead of submitting them")
     deploy.add_argument("--wait", type=float, default=0.0, help="seconds to wait for every deployment to succeed")
     deploy.add_argument(
-        "--only", default="ingress,gateway,scheduler,idle", help="the jobs to submit, comma-separated (default: all)"
+        "--only",
+        default="namespace-keeper,ingress,gateway,scheduler,idle",
+        help="the jobs to submit, comma-separated (default: all)",
     )
     ingress = commands.add_parser("ingress", help="HAProxy with its gateway backend following a file of replicas")
     ingress.add_argument("--gateways", type=Path, required=True, help="a file of address:port lines")

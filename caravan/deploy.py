@@ -1,7 +1,8 @@
 """``caravan deploy``: Caravan itself as Nomad jobs, rendered from a typed configuration and submitted.
 
-Four jobs, JSON job specs (Nomad's API form: no HCL is parsed, so no operator string can become an expression), each
-in the configuration's namespace (``caravan-system`` by default, raw_exec allowed there and nowhere else it was not):
+Four jobs and a system job, JSON job specs (Nomad's API form: no HCL is parsed, so no operator string can become an
+expression), each in the configuration's namespace (``caravan-system`` by default, raw_exec allowed there and nowhere
+else it was not):
 
 - ``<name>-gateway``: ``caravan gateway`` replicas (one worker each) on dynamic ports, registered as a Nomad service
   with an HTTP check on ``/healthz``; rolling updates one at a time, each new replica healthy before the next old one
@@ -14,6 +15,12 @@ in the configuration's namespace (``caravan-system`` by default, raw_exec allowe
   a dynamic port, Nomad's check): the port never closes.
 - ``<name>-scheduler`` and ``<name>-idle``: two or more each, one leading by its Redis lease; each answers ``/health``
   (``{"leading": ...}``) on a dynamic port, Nomad's HTTP check.
+- ``<name>-namespace-keeper``: a system job, one ``caravan namespace-keeper`` on every client with Docker and a session
+  network (its node meta ``caravan_session_network``, which ``caravan stack`` sets), in every node pool: it keeps that
+  client's pool of network namespaces made ahead (``nomad_jobs.namespace_keeper``) for its node
+  (``${node.unique.id}``), with the scheduler's credentials; ``env.CARAVAN_NAMESPACE_POOL`` namespaces (default 2; 0:
+  no keeper job, and a running one is stopped), of ``env.CARAVAN_PAUSE_IMAGE`` (unset: no keeper job). On a stop or an
+  update it deletes its free namespaces within its kill timeout.
 
 Secrets never appear in a job spec: ``caravan deploy`` writes each job's (its role's Nomad token and Redis password,
 the app cookie key, the bootstrap admin token, the Sentinels' client password) into the Nomad Variable
@@ -38,7 +45,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from caravan.stack.nomad_acl import NomadAdmin
+from caravan.stack.nomad_acl import NomadACLError, NomadAdmin
 from core.secrets import (
     Role,
     app_cookie_key_path,
@@ -49,6 +56,7 @@ from core.secrets import (
     redis_sentinel_client_path,
 )
 from core.settings import NomadSettings, Settings
+from nomad_jobs.namespace_keeper import NETWORK_META
 from stores.users import bootstrap_admin_token
 
 SECOND = 1_000_000_000
@@ -66,9 +74,15 @@ OWN_ENV = frozenset(
     {
         "CARAVAN_HOME", "CARAVAN_GATEWAY_HOST", "CARAVAN_GATEWAY_PORT", "CARAVAN_GATEWAY_WORKERS",
         "CARAVAN_INGRESS_PORT", "CARAVAN_INGRESS_DIR", "CARAVAN_INGRESS_BIND", "CARAVAN_HEALTH_PORT",
+        "CARAVAN_NODE_ID", "CARAVAN_SESSION_NETWORK_DIR",
     }
 )  # fmt: skip
-"""Variables ``caravan deploy`` sets itself, from the configuration's typed fields."""
+"""Variables ``caravan deploy`` sets itself, from the configuration's typed fields (or Nomad's, for the keeper)."""
+MAX_POOL = 10
+"""The most namespaces a deployed keeper keeps (``CARAVAN_NAMESPACE_POOL``): on a stop it deletes its free ones within
+its kill timeout (:func:`keeper_kill_timeout`), under the Nomad client's ``max_kill_timeout`` (30 s by default)."""
+IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$")
+"""A Docker image reference (what the keeper passes ``docker run``: never an option)."""
 
 
 class DeployError(ValueError):
@@ -116,6 +130,8 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Put the replicas of each job on different clients (a real cluster; one machine has one client)."""
     shutdown_delay: float = 5.0
     """Seconds a stopping gateway replica keeps serving after leaving the service (the ingress drops it meanwhile)."""
+    memory_mb: int = 512
+    """Memory each task asks Nomad for, in MB (a keeper asks at most 256)."""
     kill_timeout: float = 15.0
     """Seconds a task has between SIGTERM and SIGKILL (the gateway drains its requests within 5 s)."""
     version: str = ""
@@ -124,10 +140,20 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """``CARAVAN_*`` settings of every job (``CARAVAN_REDIS_URL``, ``CARAVAN_NOMAD_ADDR`` ...), without credentials."""
 
 
-Job = Literal["gateway", "scheduler", "idle", "ingress"]
-JOBS: tuple[Job, ...] = ("ingress", "gateway", "scheduler", "idle")
-ROLE_OF: dict[Job, Role] = {"gateway": "gateway", "scheduler": "scheduler", "idle": "idle", "ingress": "gateway"}
-"""Whose credentials a job's tasks run with (HAProxy needs only the app cookie key)."""
+Job = Literal["gateway", "scheduler", "idle", "ingress", "namespace-keeper"]
+JOBS: tuple[Job, ...] = ("namespace-keeper", "ingress", "gateway", "scheduler", "idle")
+"""In the order they are registered: the keepers first, so that each client is likelier to keep room for its own (a
+system job is not placed on a client that the others filled, and its deployment still succeeds: on the multi-host test
+cluster a host running the four others had no memory left for it, and its docker sessions took today's path)."""
+ROLE_OF: dict[Job, Role] = {
+    "gateway": "gateway",
+    "scheduler": "scheduler",
+    "idle": "idle",
+    "ingress": "gateway",
+    "namespace-keeper": "scheduler",
+}
+"""Whose credentials a job's tasks run with (HAProxy needs only the app cookie key; the keeper reads its node's
+allocations and writes the pool's set, as the scheduler does)."""
 
 
 def jobs_named(text: str) -> tuple[Job, ...]:
@@ -137,6 +163,38 @@ def jobs_named(text: str) -> tuple[Job, ...]:
     if unknown or not names:
         raise DeployError(f"--only: {', '.join(unknown) or 'nothing'}: the jobs are {', '.join(JOBS)}")
     return tuple(job for job in JOBS if job in names)
+
+
+def namespace_pool(config: DeployConfig) -> int:
+    """The namespaces each client's keeper keeps (``env.CARAVAN_NAMESPACE_POOL``, default 2); 0: no keeper job,
+    and none either without ``env.CARAVAN_PAUSE_IMAGE``."""
+    text = config.env.get("CARAVAN_NAMESPACE_POOL")
+    try:
+        size = Settings.namespace_pool if text is None else int(text)
+    except ValueError:
+        raise DeployError(f"env.CARAVAN_NAMESPACE_POOL: {text!r} is not a number") from None
+    if not 0 <= size <= MAX_POOL:
+        raise DeployError(f"env.CARAVAN_NAMESPACE_POOL: {size} is not between 0 and {MAX_POOL}")
+    image = config.env.get("CARAVAN_PAUSE_IMAGE")
+    if image is not None and not IMAGE.match(image):
+        raise DeployError(f"env.CARAVAN_PAUSE_IMAGE: {image!r} is not an image reference")
+    if image is None and text is not None and size > 0:
+        raise DeployError(
+            "env.CARAVAN_NAMESPACE_POOL: the keepers need env.CARAVAN_PAUSE_IMAGE, the clients' pause image "
+            "(their docker infra_image); 0 for no keeper"
+        )
+    return size if image else 0
+
+
+def deployed_jobs(config: DeployConfig) -> tuple[Job, ...]:
+    """The jobs this configuration deploys: the namespace keepers only with a pool."""
+    return tuple(job for job in JOBS if job != "namespace-keeper" or namespace_pool(config) > 0)
+
+
+def keeper_kill_timeout(config: DeployConfig) -> float:
+    """Seconds a stopping keeper has to delete its free namespaces (a CNI DEL and a ``docker rm`` each, well under a
+    second), never under the configuration's ``kill_timeout``."""
+    return max(config.kill_timeout, 10.0 + 2.0 * namespace_pool(config))
 
 
 def load_config(path: Path) -> DeployConfig:
@@ -169,6 +227,8 @@ def check(config: DeployConfig) -> None:
         raise DeployError(
             "ingress.gateway_slots: more than gateway.count (a rolling update runs one more), 256 at most"
         )
+    if not 64 <= config.memory_mb <= 65536:
+        raise DeployError(f"memory_mb: {config.memory_mb} is not between 64 and 65536")
     if not 1 <= config.ingress.port <= 65535:
         raise DeployError(f"ingress.port: {config.ingress.port} is not a port")
     if config.ingress.bind is not None:
@@ -179,6 +239,7 @@ def check(config: DeployConfig) -> None:
     if not Path(config.python).is_absolute() or not Path(config.home).is_absolute():
         raise DeployError("python and home are absolute paths on the clients")
     _check_env(config)
+    namespace_pool(config)
 
 
 def _check_env(config: DeployConfig) -> None:
@@ -222,6 +283,8 @@ def _secrets(job: Job, secrets: Path) -> dict[str, Path]:
     }
     if job != "ingress":  # HAProxy's control planes read Redis only
         files["nomad_token"] = nomad_token_path(secrets, role)
+    if job == "namespace-keeper":  # no app of its own
+        del files["app_cookie_key"]
     return files
 
 
@@ -230,7 +293,7 @@ def variables(config: DeployConfig, settings: Settings) -> dict[Job, dict[str, s
     secrets = settings.secrets
     ensure_app_cookie_key(secrets)
     found: dict[Job, dict[str, str]] = {}
-    for job in JOBS:
+    for job in deployed_jobs(config):
         items = {item: value for item, path in _secrets(job, secrets).items() if (value := read_secret(path))}
         if job == "gateway":
             items["admin_token"] = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
@@ -282,7 +345,7 @@ def _task(config: DeployConfig, job: Job, args: list[str], env: Mapping[str, str
         "Templates": _templates(config, job, items),
         "KillSignal": "SIGTERM",
         "KillTimeout": int(config.kill_timeout * SECOND),
-        "Resources": {"CPU": 200, "MemoryMB": 512},
+        "Resources": {"CPU": 200, "MemoryMB": config.memory_mb},
     }
 
 
@@ -324,13 +387,41 @@ def _job(config: DeployConfig, job: Job, group: dict[str, Any]) -> dict[str, Any
         spec["Update"] |= {"Canary": 1, "AutoPromote": True}
     if config.ingress_node and job == "ingress":
         spec["Constraints"] = [{"LTarget": "${node.unique.name}", "Operand": "=", "RTarget": config.ingress_node}]
-    elif config.distinct_hosts and job != "ingress":
+    elif config.distinct_hosts and job not in ("ingress", "namespace-keeper"):
         spec["Constraints"] = [{"Operand": "distinct_hosts", "RTarget": "true"}]
     return spec
 
 
+def _keeper(config: DeployConfig, items: set[str]) -> dict[str, Any]:
+    """The system job of the namespace keepers: one allocation on every client, of every node pool, that has the
+    docker driver and advertises where its session network is recorded (node meta :data:`NETWORK_META`); each keeper
+    is told its node and that directory by Nomad itself."""
+    task = _task(
+        config,
+        "namespace-keeper",
+        ["namespace-keeper"],
+        {"CARAVAN_NODE_ID": "${node.unique.id}", "CARAVAN_SESSION_NETWORK_DIR": f"${{meta.{NETWORK_META}}}"},
+        items,
+    )
+    task["KillTimeout"] = int(keeper_kill_timeout(config) * SECOND)
+    # on every client: 100 MB resident, and its docker commands
+    task["Resources"] = {"CPU": 100, "MemoryMB": min(256, config.memory_mb)}
+    spec = _job(config, "namespace-keeper", {"Count": 1, "Tasks": [task]})
+    del spec["TaskGroups"][0]["ReschedulePolicy"]  # a system job's allocation stays on its node
+    spec["Update"] = {"MaxParallel": 1, "HealthCheck": "task_states", "MinHealthyTime": 2 * SECOND}
+    return spec | {
+        "Type": "system",
+        "NodePool": "all",
+        "Constraints": [
+            {"LTarget": "${attr.driver.docker}", "Operand": "=", "RTarget": "1"},
+            {"LTarget": f"${{meta.{NETWORK_META}}}", "Operand": "is_set"},
+        ],
+    }
+
+
 def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dict[str, Any]]:
-    """The four job specs (JSON, Nomad's API form). ``items``: the names (never the values) of each job's secrets."""
+    """The job specs (JSON, Nomad's API form) of :func:`deployed_jobs`. ``items``: the names (never the values) of
+    each job's secrets."""
     check(config)
     haproxy_dir = str(Path(config.home) / "haproxy")
     gateway_env = {
@@ -442,7 +533,9 @@ def render(config: DeployConfig, items: Mapping[Job, set[str]]) -> dict[Job, dic
                 ],
             },
         )
-    return {job: jobs[job] for job in JOBS}
+    if "namespace-keeper" in items:
+        jobs["namespace-keeper"] = _keeper(config, items["namespace-keeper"])
+    return {job: jobs[job] for job in deployed_jobs(config)}
 
 
 def deploy(
@@ -482,6 +575,8 @@ def deploy(
         answer = nomad.call("POST", f"/v1/jobs?namespace={ns}", {"Job": spec})
         evaluations[job] = int(answer.get("JobModifyIndex", 0))
         print(f"caravan deploy: registered {spec['ID']} in {config.namespace}", file=out)
+    if "namespace-keeper" in only and "namespace-keeper" not in specs:
+        _stop_keepers(nomad, config, out)
     if wait <= 0:
         return 0
     deadline = time.monotonic() + wait
@@ -491,6 +586,19 @@ def deploy(
         if status != "successful":
             return 1
     return 0
+
+
+def _stop_keepers(nomad: NomadAdmin, config: DeployConfig, out: Any) -> None:
+    """No pool configured: a keeper job deployed before is stopped (each keeper deletes its free namespaces)."""
+    keepers = job_id(config, "namespace-keeper")
+    path = f"/v1/job/{urllib.parse.quote(keepers)}?namespace={urllib.parse.quote(config.namespace)}"
+    try:
+        if nomad.call("GET", path).get("Stop"):
+            return
+    except NomadACLError:  # none deployed
+        return
+    nomad.call("DELETE", path)
+    print(f"caravan deploy: stopped {keepers} (no namespace pool)", file=out)
 
 
 def _await_deployment(nomad: NomadAdmin, config: DeployConfig, job: Job, index: int, deadline: float) -> str:

@@ -9,8 +9,10 @@ import logging
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -18,11 +20,12 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
 
-from caravan.stack.session_network import recorded_network
+from caravan.stack.session_network import SessionNetwork, recorded_network
 from caravan.supervisor import ROLES, Supervisor, die_with_parent
 from core.keys import Keys
 from core.lease import Lease
 from core.redis import connect
+from core.retry import stop_if_cancelled
 from core.settings import Settings, load_settings
 from domain.scheduling_config import load_scheduling_config
 from gateway.app import create_app
@@ -31,7 +34,7 @@ from idle.reload import PolicySource, reload_on_sighup
 from idle.service import IdleService
 from node_plugins.namespace_pool import Client
 from nomad_jobs.client import NomadClient
-from nomad_jobs.namespace_keeper import NamespaceKeeper
+from nomad_jobs.namespace_keeper import NETWORK_META, NamespaceKeeper
 from scheduler.config import pass_config
 from scheduler.service import Scheduler
 from stores.users import bootstrap_admin_token
@@ -137,38 +140,107 @@ def keeps_namespaces(settings: Settings) -> bool:
     return (
         settings.namespace_pool > 0
         and os.geteuid() == 0
-        and bool(os.environ.get("CARAVAN_PAUSE_IMAGE"))
+        and bool(settings.pause_image)
         and recorded_network(settings.home / "nomad") is not None
     )
 
 
+KEEPER_RECHECK = 30.0
+"""Seconds between a keeper's looks at a host where it cannot keep a pool yet (no session network recorded, no
+Docker or pause image, no node naming it): it waits there, logged, rather than exit (Nomad would restart it in a loop:
+it runs as a system job)."""
+KEEPER_RETRY = 5.0
+"""Seconds before a keeper that failed (Docker or Redis refusing its first look) starts again."""
+
+
 async def run_namespace_keeper(settings: Settings) -> None:
-    """The keeper of the stack's one client's pooled network namespaces (``nomad_jobs.namespace_keeper``), with the
-    scheduler's credentials (it reads the node's allocations and writes the pool's set)."""
-    network = recorded_network(settings.home / "nomad")
-    if network is None:
-        raise SystemExit(f"caravan: no session network recorded in {settings.home / 'nomad'}")
+    """``caravan namespace-keeper``: the keeper of its host's pooled network namespaces
+    (``nomad_jobs.namespace_keeper``), with the scheduler's credentials (it reads its node's allocations and writes the
+    pool's set). It serves the node it runs on (``CARAVAN_NODE_ID``, else the node whose meta names its session
+    network's directory); until it can (:func:`keeper_host`), it waits, saying why. On SIGTERM it deletes its free
+    namespaces."""
     settings = settings.for_role("scheduler")
     redis = await connect(settings.redis, give_up_after=float("inf"))
     nomad = NomadClient(settings.nomad)
+    kept: list[NamespaceKeeper] = []
     try:
-        [node] = [n for n in await nomad.nodes() if n.get("Status") == "ready"][:1]
-        keeper = NamespaceKeeper(
-            Client(network.conflist(), network.cni_path),
-            nomad,
-            redis,
-            Keys(settings.redis.prefix),
-            str(node["ID"]),
-            settings.namespace_pool,
-            os.environ["CARAVAN_PAUSE_IMAGE"],
-        )
-        try:
-            await until_sigterm(keeper.run_forever())
-        finally:
-            await keeper.release_free()
+        await until_sigterm(keep_namespaces(settings, redis, nomad, kept))
     finally:
-        await nomad.aclose()
-        await redis.aclose()
+        try:
+            for keeper in kept:
+                await keeper.release_free()
+        finally:
+            await nomad.aclose()
+            await redis.aclose()
+
+
+async def keep_namespaces(settings: Settings, redis: Redis, nomad: NomadClient, kept: list[NamespaceKeeper]) -> None:
+    said = ""
+    while isinstance(found := await keeper_host(settings, nomad), str):
+        if found != said:
+            log.warning("namespace-keeper: %s: no pool kept here (looking again every %.0f s)", found, KEEPER_RECHECK)
+            said = found
+        await asyncio.sleep(KEEPER_RECHECK)
+    node_id, network = found
+    keeper = NamespaceKeeper(
+        Client(network.conflist(), network.cni_path),
+        nomad,
+        redis,
+        Keys(settings.redis.prefix),
+        node_id,
+        settings.namespace_pool,
+        str(settings.pause_image),
+    )
+    kept.append(keeper)
+    log.info(
+        "namespace-keeper: %d namespaces kept for node %s (session network %s, bridge %s)",
+        settings.namespace_pool,
+        node_id,
+        network.client_dir,
+        network.bridge,
+    )
+    while True:
+        try:
+            await keeper.run_forever()
+        except Exception as exc:  # Docker or Redis refusing its first look: logged, started again, never a restart loop
+            stop_if_cancelled(exc)
+            log.error("namespace-keeper: stopped by %r; starting again in %.0f s", exc, KEEPER_RETRY)
+            await asyncio.sleep(KEEPER_RETRY)
+
+
+async def keeper_host(settings: Settings, nomad: NomadClient) -> tuple[str, SessionNetwork] | str:
+    """The node a keeper serves and its session network; or why it cannot keep a pool here."""
+    if settings.namespace_pool <= 0 or not settings.pause_image:
+        return "CARAVAN_NAMESPACE_POOL is 0 or CARAVAN_PAUSE_IMAGE is unset"
+    directory = (settings.session_network_dir or settings.home / "nomad").resolve()
+    try:
+        network = recorded_network(directory)
+    except (OSError, ValueError, TypeError) as exc:
+        return f"the session network recorded in {directory} is not readable ({exc!r})"
+    if network is None:
+        return f"no session network recorded in {directory}"
+    inspect = ["docker", "image", "inspect", "--format", "{{.Id}}", "--", settings.pause_image]
+    try:
+        image = await asyncio.to_thread(subprocess.run, inspect, capture_output=True, text=True)
+        missing = image.stderr.strip()[:200] if image.returncode != 0 else ""
+    except OSError as exc:  # no docker command at all
+        missing = repr(exc)
+    if missing:
+        return f"Docker or the pause image {settings.pause_image} is not here ({missing})"
+    if settings.node_id:
+        return settings.node_id, network
+    try:
+        nodes = [await nomad.node(str(n["ID"])) for n in await nomad.nodes() if n.get("Status") == "ready"]
+    except Exception as exc:  # Nomad unreachable: looked at again later
+        return f"Nomad's nodes not read ({exc!r})"
+    named = [str(n["ID"]) for n in nodes if same_path((n.get("Meta") or {}).get(NETWORK_META), directory)]
+    if len(named) != 1:
+        return f"{len(named)} ready Nomad nodes have the meta {NETWORK_META} = {directory} (one wanted)"
+    return named[0], network
+
+
+def same_path(named: object, directory: Path) -> bool:
+    return isinstance(named, str) and bool(named) and Path(named).resolve() == directory
 
 
 async def until_sigterm(service: Coroutine[Any, Any, None]) -> None:

@@ -193,9 +193,18 @@ class Settings:
     clients need the ``caravan`` CNI network, see ``caravan/stack/session_network.py``), or ``host``: the host's
     network, no isolation between sessions or from the host's loopback services."""
     namespace_pool: int = 2
-    """Network namespaces made ahead that ``caravan dev``'s keeper keeps free on the stack's client
-    (``CARAVAN_NAMESPACE_POOL``; 0: no keeper, every kernel's namespace made at launch;
-    ``nomad_jobs.namespace_keeper``)."""
+    """Network namespaces made ahead that a namespace keeper keeps free on its client (``CARAVAN_NAMESPACE_POOL``; 0:
+    no keeper, every kernel's namespace made at launch; ``nomad_jobs.namespace_keeper``): ``caravan dev``'s on the
+    stack's client, ``caravan deploy``'s on every client with Docker and a session network."""
+    pause_image: str | None = None
+    """The pooled namespaces' pause container image (``CARAVAN_PAUSE_IMAGE``; the clients' docker ``infra_image``):
+    without it, no keeper."""
+    node_id: str | None = None
+    """The Nomad node a keeper serves (``CARAVAN_NODE_ID``: ``caravan deploy`` sets Nomad's ``${node.unique.id}``);
+    unset, the one node whose meta names the keeper's session network (``session_network_dir``)."""
+    session_network_dir: Path | None = None
+    """Where the keeper's client records its session network (``CARAVAN_SESSION_NETWORK_DIR``: ``caravan deploy``
+    sets the node's ``caravan_session_network`` meta); unset, ``<home>/nomad``, the stack's client."""
     docker_images: tuple[str, ...] = ("caravan/*",)
     """Glob patterns of the Docker images sessions may name (``CARAVAN_DOCKER_IMAGES``, comma-separated), matched
     against the reference as written; default: the namespace ops/ builds locally. See ``domain/docker_images.py``."""
@@ -324,6 +333,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         default_image=env.get("CARAVAN_DEFAULT_IMAGE") or None,
         session_network=env.get("CARAVAN_SESSION_NETWORK") or Settings.session_network,
         namespace_pool=int(env.get("CARAVAN_NAMESPACE_POOL") or Settings.namespace_pool),
+        pause_image=env.get("CARAVAN_PAUSE_IMAGE") or None,
+        node_id=env.get("CARAVAN_NODE_ID") or None,
+        session_network_dir=Path(env["CARAVAN_SESSION_NETWORK_DIR"])
+        if env.get("CARAVAN_SESSION_NETWORK_DIR")
+        else None,
         docker_images=tuple(p.strip() for p in env.get("CARAVAN_DOCKER_IMAGES", "").split(",") if p.strip())
         or Settings.docker_images,
         qemu_images=qemu_images_of(env),

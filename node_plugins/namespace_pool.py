@@ -155,9 +155,12 @@ def bind(client: Client, name: str, namespace: str, job_id: str, port_mappings: 
 
 
 def delete(client: Client, name: str) -> None:
-    """Delete a pooled namespace, bound or not (idempotent: one gone already is no error)."""
+    """Delete a pooled namespace, bound or not (idempotent: one gone already is no error). Its container is removed
+    even when the chain's DEL fails (raised after)."""
     pid = subprocess.run(
         ["docker", "inspect", "--format", "{{.State.Pid}}", name], capture_output=True, text=True
     ).stdout.strip()
-    _chain(client, "DEL", name, f"/proc/{pid}/ns/net" if pid not in ("", "0") else "")
-    subprocess.run(["docker", "rm", "--force", name], capture_output=True, check=False)
+    try:
+        _chain(client, "DEL", name, f"/proc/{pid}/ns/net" if pid not in ("", "0") else "")
+    finally:
+        subprocess.run(["docker", "rm", "--force", name], capture_output=True, check=False)

@@ -19,8 +19,10 @@ Until bound, a pooled namespace is isolated like a session's only kernel; a clai
 nothing and reaches nothing. The keeper writes no Nomad job (only the scheduler's job owner does): it reads its node's
 allocations and runs Docker and the CNI chain on its own host, as root.
 
-``caravan dev`` runs one beside the stack's client (``caravan namespace-keeper``, ``CARAVAN_NAMESPACE_POOL``
-namespaces, 0: none); ``caravan deploy`` does not start one on its clients yet, so their sessions take today's path.
+``caravan namespace-keeper`` runs one (``caravan.services.run_namespace_keeper``, ``CARAVAN_NAMESPACE_POOL``
+namespaces, 0: none): ``caravan dev`` beside the stack's client, ``caravan deploy`` as a system job, one on every client
+with Docker and a session network. It serves the node it runs on: Nomad's ``${node.unique.id}`` (deployed), or the
+node whose meta (:data:`NETWORK_META`) names the directory where its session network is recorded.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from redis.asyncio import Redis
 
 from core.keys import Keys
 from core.replies import texts
+from core.retry import stop_if_cancelled
 from node_plugins.cni_isolation import Membership, pool_key
 from node_plugins.namespace_pool import PREFIX, Client, Pooled, PoolError, bind, delete, make
 from nomad_jobs.client import Json, NomadClient, NomadNotFound
@@ -45,6 +48,9 @@ from nomad_jobs.kernel_network import POOLED_HOSTNAME
 
 log = logging.getLogger(__name__)
 
+NETWORK_META = "caravan_session_network"
+"""Node meta: the directory where the client's session network is recorded (``session-network.json``), which
+``caravan stack`` sets on every client it starts: where the keeper on that host finds the network and its node."""
 LABEL = "caravan.pool.node"
 """Docker label of a pooled namespace's pause container: the Nomad node id of the keeper that made it."""
 UNCLAIMED_GRACE = 600.0
@@ -145,6 +151,8 @@ class NamespaceKeeper:
         self.pause_image = pause_image
         self.members = Membership(str(client.isolation()["stateDir"]))
         self.ours: dict[str, float] = {}
+        self.unoffered: set[str] = set()
+        """Ours made by this keeper and not yet added to the free set: a stop deletes them."""
         self._refill = asyncio.Event()
 
     async def run_forever(self) -> None:
@@ -206,10 +214,12 @@ class NamespaceKeeper:
     async def _follow(self) -> None:
         index = 0
         while True:
+            stop_if_cancelled()  # a stop's cancellation lost on the way (Python 3.11, redis-py): see stop_if_cancelled
             try:
                 allocs, index = await self.nomad.node_allocations(self.node_id, index=index)
                 await self.step(allocs)
             except Exception as exc:  # a daemon: Nomad, Redis, Docker or the plugin failing once is logged, retried
+                stop_if_cancelled(exc)
                 log.warning("namespace-keeper: %r", exc)
                 index = 0  # read the node's allocations again at once
                 await asyncio.sleep(1.0)
@@ -217,6 +227,7 @@ class NamespaceKeeper:
     async def _fill(self) -> None:
         offered, claimed_at = 0, float("-inf")
         while True:
+            stop_if_cancelled()  # before, a lost one kept the keeper running past its SIGTERM: killed, its pool left
             try:
                 free = set(texts(await self.redis.smembers(self.key))) & self.ours.keys()
                 if len(free) < offered:
@@ -228,9 +239,10 @@ class NamespaceKeeper:
                     continue
                 for _ in range(self.size - len(free)):
                     made = await self._make()
-                    await self.redis.sadd(self.key, made.name)
+                    await self._offer(made.name)
                     offered += 1
             except Exception as exc:  # as in _follow; tried again within a second
+                stop_if_cancelled(exc)
                 log.warning("namespace-keeper: no namespace made: %r", exc)
             self._refill.clear()
             with contextlib.suppress(TimeoutError):
@@ -239,10 +251,10 @@ class NamespaceKeeper:
     async def _make(self) -> Pooled:
         """A new pooled namespace, ours from the moment it exists: a cancellation while Docker and the CNI chain make
         it (a stop, a test's end) waits for the thread, which goes on either way, and keeps what it made among ours, so
-        :meth:`delete_all` deletes it (before, its pause container was left running: found after a CI run)."""
-        labels = {LABEL: self.node_id}
+        :meth:`release_free` and :meth:`delete_all` delete it (before, its pause container was left running: found
+        after a CI run)."""
         making = asyncio.ensure_future(
-            asyncio.to_thread(make, self.client, self.pause_image, labels, hostname=POOLED_HOSTNAME)
+            asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id}, hostname=POOLED_HOSTNAME)
         )
         try:
             made = await asyncio.shield(making)
@@ -250,16 +262,36 @@ class NamespaceKeeper:
             with contextlib.suppress(Exception):
                 made = await making
                 self.ours[made.name] = time.monotonic()
+                self.unoffered.add(made.name)
             raise
         self.ours[made.name] = time.monotonic()
+        self.unoffered.add(made.name)
         return made
 
+    async def _offer(self, name: str) -> None:
+        """``name`` added to the free set, and known as offered once it is, even when a stop cancels us meanwhile
+        (as :meth:`_make`): :meth:`release_free` then takes it back, or deletes it if it was never offered."""
+        adding = asyncio.ensure_future(self.redis.sadd(self.key, name))
+        try:
+            await asyncio.shield(adding)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await adding
+                self.unoffered.discard(name)
+            raise
+        self.unoffered.discard(name)
+
     async def release_free(self) -> None:
-        """On a stop: the namespaces still free taken back from the set and deleted (one claimed meanwhile stays,
-        found again by the next start); bound ones stay with their sessions."""
+        """On a stop (SIGTERM: Nomad stopping or updating the keeper's job): the namespaces still free taken back
+        from the set and deleted, and so are those made and never offered (a stop while one was being made: before,
+        its pause container was left running); one claimed meanwhile stays, found again by the next start, and
+        bound ones stay with their sessions."""
         for name in list(self.ours):
-            if await self.redis.srem(self.key, name):
-                await self._delete(name)
+            try:
+                if name in self.unoffered or await self.redis.srem(self.key, name):
+                    await self._delete(name)
+            except Exception as exc:  # one that fails is logged; the others are still deleted
+                log.error("namespace-keeper: %s not deleted on the stop: %r", name, exc)
 
     async def delete_all(self) -> None:
         """Every pooled namespace of this keeper deleted, bound or not (a test's teardown, after its jobs)."""

@@ -3,6 +3,7 @@ Redis keys and session jobs under the test's prefix, HAProxy on a free port; pur
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -18,11 +19,15 @@ from typing import Any
 
 import httpx2
 
-from caravan.deploy import DeployConfig, gateway_service, job_id
+from caravan.deploy import JOBS, DeployConfig, gateway_service, job_id
 from caravan.stack.nomad_acl import NomadAdmin
 from caravan.stack.processes import free_port
+from core.keys import Keys
+from core.redis import client as redis_client
+from core.replies import text_set
 from core.settings import Settings
 from gateway.apps.ingress_config import IngressPaths
+from nomad_jobs.namespace_keeper import LABEL
 from tests.harness import ADMIN_TOKEN
 
 
@@ -124,6 +129,26 @@ class Deployed:
         return sorted((s["Address"], int(s["Port"])) for s in self.services(gateway_service(self.config)))
 
 
+def free_namespaces(settings: Settings, node_id: str) -> set[str]:
+    """The free set of ``node_id``'s pool of network namespaces (``Keys.namespace_pool``), in the deployment's Redis."""
+
+    async def read() -> set[str]:
+        redis = redis_client(settings.for_role("admin").redis)
+        try:
+            return text_set(await redis.smembers(Keys(settings.redis.prefix).namespace_pool(node_id)))
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(read())
+
+
+def pause_containers(node_id: str) -> set[str]:
+    """The pooled namespaces' pause containers of ``node_id`` on this machine's Docker, running or not (the label
+    its keeper gives them)."""
+    listed = ["docker", "ps", "--all", "--filter", f"label={LABEL}={node_id}", "--format", "{{.Names}}"]
+    return set(subprocess.run(listed, capture_output=True, text=True, check=True).stdout.split())
+
+
 def deploy_command(settings: Settings, config_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "caravan.cli", "deploy", "--config", str(config_path), *extra],
@@ -186,7 +211,7 @@ def logs(settings: Settings, config: DeployConfig) -> str:
     nomad = NomadAdmin(settings.nomad.addr, settings.nomad.token)
     text = []
     ns = urllib.parse.quote(config.namespace)
-    for job in ("ingress", "gateway", "scheduler", "idle"):
+    for job in JOBS:
         with contextlib.suppress(Exception):
             for alloc in nomad.call("GET", f"/v1/job/{job_id(config, job)}/allocations?namespace={ns}")[:3]:
                 request = f"/v1/client/fs/logs/{alloc['ID']}?task={job}&type=stderr&plain=true&origin=end&offset=3000"
@@ -207,7 +232,7 @@ def _raw(nomad: NomadAdmin, path: str) -> str:
 def purge(nomad: NomadAdmin, config: DeployConfig) -> None:
     """Purge the deployed jobs and wait for their allocations to stop (their processes gone)."""
     ns = urllib.parse.quote(config.namespace)
-    for job in ("gateway", "scheduler", "idle", "ingress"):
+    for job in ("gateway", "scheduler", "idle", "ingress", "namespace-keeper"):
         with contextlib.suppress(Exception):
             nomad.call("DELETE", f"/v1/job/{job_id(config, job)}?purge=true&namespace={ns}")
     deadline = time.monotonic() + 60

@@ -46,7 +46,7 @@ acl {{
 }}
 client {{
   network_interface = "lo"
-{network_config}  chroot_env {{
+{network_config}{meta}  chroot_env {{
     "{rootfs}" = "/"
   }}
   gc_max_allocs = 2000
@@ -196,6 +196,7 @@ def write_config(
             rpc=rpc,
             serf=serf,
             network_config=network.client_config(),
+            meta=network.meta_block(),
             docker_plugin=docker_plugin(pause_image, shared_daemon=shared_daemon),
             raw_exec="true" if raw_exec else "false",
         )

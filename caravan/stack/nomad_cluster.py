@@ -115,11 +115,8 @@ class ClientHost:
     enter: tuple[str, ...]
     """The command prefix that runs a program in the namespace (``nsenter --net=…``)."""
     meta: tuple[tuple[str, str], ...] = ()
-    """Node meta (the session subnet and address that ``nomad_jobs.session_peers`` reads)."""
-
-    def meta_block(self) -> str:
-        lines = "".join(f'    "{key}" = "{value}"\n' for key, value in self.meta)
-        return f"  meta {{\n{lines}  }}\n"
+    """Node meta (the session subnet and address that ``nomad_jobs.session_peers`` reads), beside the session
+    network's own (``SessionNetwork.meta_block``)."""
 
 
 @dataclass(frozen=True)
@@ -437,7 +434,7 @@ def _start_client(
         plugin_dir=plugin_dir(data_dir, nomad_home),
         servers=", ".join(f'"{server}"' for server in servers),
         interface=host.interface if host else "lo",
-        meta=host.meta_block() if host else "",
+        meta=network.meta_block(*(host.meta if host else ())),
         node_pool=spec.node_pool,
         cpu_mhz=spec.cpu_mhz,
         memory_mb=spec.memory_mb,

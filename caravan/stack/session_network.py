@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from nomad_jobs.namespace_keeper import NETWORK_META
+
 CNI_NETWORK = "caravan"
 """The CNI network name sessions use: their groups say ``network { mode = "cni/caravan" }``."""
 SYSTEM_CNI_PLUGINS = Path("/usr/lib/cni")
@@ -78,9 +80,20 @@ class SessionNetwork:
     def cni_path(self) -> str:
         return f"{SYSTEM_CNI_PLUGINS}:{self.bin_dir}"
 
+    @property
+    def client_dir(self) -> str:
+        """Where it is recorded (``session-network.json``): its client's directory, which holds ``config_dir``."""
+        return str(Path(self.config_dir).parent)
+
     def client_config(self) -> str:
         """The lines of a Nomad ``client { }`` block that point it at this network."""
         return f'  cni_path       = "{self.cni_path}"\n  cni_config_dir = "{self.config_dir}"\n'
+
+    def meta_block(self, *extra: tuple[str, str]) -> str:
+        """The client's ``meta { }`` block: where this network is recorded (``NETWORK_META``: a namespace keeper on
+        its host finds it there, ``nomad_jobs.namespace_keeper``), and ``extra``."""
+        lines = "".join(f'    "{key}" = "{value}"\n' for key, value in ((NETWORK_META, self.client_dir), *extra))
+        return f"  meta {{\n{lines}  }}\n"
 
     def conflist(self) -> dict[str, object]:
         return {

@@ -1,6 +1,8 @@
 """``caravan deploy`` on the tests' Nomad agent: Caravan's own jobs come up, GraphQL answers through the deployed
 HAProxy (whose gateway backend lists every replica), a session reaches RUNNING, one scheduler of two leads, and a
-stopped leader hands over (the time it took is printed: speed is bench/'s business)."""
+stopped leader hands over (the time it took is printed: speed is bench/'s business); the deployed namespace keeper
+fills its client's pool, a docker session runs in a pooled namespace, and neither an update of the keepers nor the
+deployment's end leaves a pause container behind."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import msgspec
 import pytest
 from msgspec.structs import replace as dataclasses_replace
 
-from caravan.deploy import gateway_service
+from caravan.deploy import Replicas, gateway_service, job_id
+from caravan.stack.nomad_agent import NomadAgent
 from core.keys import Keys
 from core.redis import client as redis_client
 from core.settings import Settings
@@ -26,7 +29,17 @@ from domain.apps import app_host
 from domain.endpoint_routes import endpoint_host
 from domain.model import Session
 from stores.sessions import SessionStore
-from tests.deployed import Deployed, config_for, deploy_command, deployed
+from tests.conftest import STACK
+from tests.deployed import (
+    Deployed,
+    config_for,
+    deploy_command,
+    deployed,
+    free_namespaces,
+    logs,
+    pause_containers,
+)
+from tests.e2e.test_namespace_pool import pooled_in
 from tests.gateway.test_endpoint_ingress import inference
 from tests.gateway.test_ingress import Upstream
 from tests.harness import ADMIN_TOKEN
@@ -38,6 +51,7 @@ pytestmark = [pytest.mark.nomad, pytest.mark.redis]
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CREATE = """mutation($input: CreateSessionInput!) { createSession(input: $input) { sessions { id } } }"""
 STATUS = """query($id: ID!) { session(id: $id) { status waitReasons } }"""
+JOB_HCL = """query($id: ID!) { session(id: $id) { jobHcl } }"""
 DESTROY = """mutation($id: ID!) { destroySession(ids: [$id]) { id } }"""
 
 
@@ -108,6 +122,53 @@ def test_deploy_brings_caravan_up_on_nomad(settings: Settings) -> None:
         until(lambda: stack.gql(STATUS, {"id": after})["session"]["status"] == "RUNNING", 120, "RUNNING after")
         for sid in (session_id, after):
             stack.gql(DESTROY, {"id": sid})
+
+
+@pytest.mark.docker
+def test_deployed_keeper_pools_namespaces_for_docker_sessions_and_leaves_no_pause_container(
+    settings: Settings, nomad_agent: NomadAgent
+) -> None:
+    """The keeper job (``<name>-namespace-keeper``, a system job) fills its client's pool; a docker session placed
+    there runs in a pooled namespace; a rolling update of the keepers replaces the free ones (the old keeper deletes
+    them on its SIGTERM, within its kill timeout: it exits 0, not killed) and keeps the session's; once the session
+    ends its namespace is deleted, and the deployment's end leaves no pause container. (Before, ``caravan deploy``
+    started no keeper: the pool stayed empty and every docker session made its namespace at launch.)"""
+    pool = {"CARAVAN_NAMESPACE_POOL": "2", "CARAVAN_PAUSE_IMAGE": STACK["CARAVAN_PAUSE_IMAGE"]}
+    one = Replicas(1)
+    config = config_for(settings, pool, version="1", gateway=one, scheduler=one, idle=one)
+    node = nomad_agent.node_id
+    with deployed(settings, config) as stack:
+        first = until(lambda: f if len(f := free_namespaces(settings, node)) == 2 else None, 90, "a pool of 2")
+        assert pause_containers(node) == first
+        created = stack.gql(CREATE, {"input": {"name": "pooled", "type": "INTERACTIVE", "driver": "DOCKER"}})
+        session_id = created["createSession"]["sessions"][0]["id"]
+        until(lambda: stack.gql(STATUS, {"id": session_id})["session"]["status"] == "RUNNING", 120, "RUNNING")
+        claimed = pooled_in(stack.gql(JOB_HCL, {"id": session_id})["session"]["jobHcl"] or "")
+        assert claimed in first, (claimed, first)
+        before = until(lambda: f if len(f := free_namespaces(settings, node)) == 2 else None, 60, "a refill")
+        assert claimed not in before
+
+        [old] = stack.allocations("namespace-keeper")
+        path = settings.home / "deploy.json"
+        path.write_text(json.dumps(msgspec.to_builtins(dataclasses_replace(config, version="2"))))
+        done = deploy_command(settings, path, "--only", "namespace-keeper", "--wait", "120")
+        assert done.returncode == 0, done.stdout + done.stderr
+        after = until(
+            lambda: f if len(f := free_namespaces(settings, node)) == 2 and not f & before else None, 90, "a new pool"
+        )
+        assert pause_containers(node) == after | {claimed}, "the old keeper's free namespaces were left"
+        events = stack.get(f"/v1/allocation/{old['ID']}")["TaskStates"]["namespace-keeper"]["Events"]
+        ended = [e for e in events if e["Type"] == "Terminated"]
+        assert ended and ended[-1]["ExitCode"] == 0, events  # released within its kill timeout, not killed
+        stack.gql(DESTROY, {"id": session_id})
+        until(lambda: claimed not in pause_containers(node), 60, "the session's namespace deleted")
+        # the keepers stopped (the deployment's end): each deletes its free namespaces
+        [keeper] = stack.allocations("namespace-keeper")
+        stack.nomad.call("DELETE", f"/v1/job/{job_id(config, 'namespace-keeper')}?namespace={config.namespace}")
+        until(lambda: stack.get(f"/v1/allocation/{keeper['ID']}")["ClientStatus"] == "complete", 60, "its stop")
+        left = pause_containers(node)
+        assert not left, f"pause containers left after the keeper's stop: {left}\n{logs(settings, config)}"
+    assert not pause_containers(node)
 
 
 class SteadyStream:

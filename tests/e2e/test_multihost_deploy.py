@@ -1,8 +1,10 @@
 """``caravan deploy`` on the multi-host test cluster (``tests/multihost_fixtures.py``: three Nomad servers, two hosts,
 each a network namespace with its own Nomad client): HAProxy pinned to one host binds that host's address on the
 hosts' link (Nomad's ``${NOMAD_IP_health}``: not 127.0.0.1, which is the host's own loopback there) and answers
-the machine at it; its gateway backend holds a gateway on the other host, which serves requests through it; and a
-rolling upgrade of the gateways (one on each host) under a steady stream of requests through it fails none.
+the machine at it; its gateway backend holds a gateway on the other host, which serves requests through it; a
+rolling upgrade of the gateways (one on each host) under a steady stream of requests through it fails none; and the
+namespace keepers (a system job) fill each host's pool, a docker session placed on each host runs in one of that
+host's pooled namespaces, and the deployment's end leaves no pause container on either.
 
 The deployed jobs reach Redis on the machine's end of the link (a Redis of the test's own, 172.26.255.1, its users'
 passwords as every test Redis's): the tests' Redis listens on the machine's loopback, which no host reaches."""
@@ -24,15 +26,18 @@ from caravan.stack.processes import free_port
 from caravan.stack.redis_server import start_redis
 from core.settings import Settings
 from tests.cluster_fixtures import on_the_cluster
-from tests.conftest import TEST_KEY_PREFIXES
-from tests.deployed import Deployed, config_for, deployed
-from tests.e2e.test_deploy import SteadyStream, until, upgraded_gateways
+from tests.conftest import STACK, TEST_KEY_PREFIXES
+from tests.deployed import Deployed, config_for, deployed, free_namespaces, logs, pause_containers
+from tests.e2e.test_deploy import CREATE, DESTROY, JOB_HCL, STATUS, SteadyStream, until, upgraded_gateways
+from tests.e2e.test_namespace_pool import pooled_in
 from tests.harness import ADMIN_TOKEN
 from tests.multihost_fixtures import HOSTS, multihost_cluster  # noqa: F401
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
 VIEWER = {"query": "{ viewer { id } }"}
+SMALL = [{"slot": "cpu", "amount": "0.25"}, {"slot": "mem", "amount": "64m"}]
+"""A docker session's resources: it fits beside the deployed jobs on either host (2 GiB each)."""
 
 
 @pytest.fixture
@@ -77,13 +82,15 @@ def test_the_deployed_ingress_answers_through_a_gateway_on_another_host_and_a_ro
     clustered = on_the_cluster(settings, multihost_cluster)
     clustered = dataclasses.replace(clustered, redis=dataclasses.replace(clustered.redis, url=linked_redis))
     edge, other = HOSTS[0].name, HOSTS[1].name
+    pool = {"CARAVAN_NAMESPACE_POOL": "1", "CARAVAN_PAUSE_IMAGE": STACK["CARAVAN_PAUSE_IMAGE"]}
     config = config_for(
         clustered,
-        {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000"},
+        {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000", **pool},
         ingress_node=edge,
         distinct_hosts=True,  # the two gateways on two hosts
         scheduler=Replicas(1),
         idle=Replicas(1),
+        memory_mb=384,  # the five jobs fit a host of 2 GiB however Nomad packs them (512: not with the keeper)
     )
     with deployed(clustered, config) as stack:
         url = f"http://{host_address(0)}:{config.ingress.port}/graphql"
@@ -106,3 +113,37 @@ def test_the_deployed_ingress_answers_through_a_gateway_on_another_host_and_a_ro
         assert {address for address, _ in after} == {host_address(0), host_address(1)}, after
         assert stream.sent > 0
         assert stream.failures == []
+        pooled_sessions_on_each_host(dataclasses.replace(stack, url=url), clustered, multihost_cluster)
+    nodes = [multihost_cluster.node_ids[host.name] for host in HOSTS]
+    until(lambda: not any(pause_containers(node) for node in nodes), 60, "no pause container left on either host")
+
+
+def pooled_sessions_on_each_host(stack: Deployed, settings: Settings, cluster: MultiHostCluster) -> None:
+    """Each host's keeper (the system job's allocation there) fills that host's pool; a docker session designated to
+    each host runs in a namespace of that host's pool; once it ends, its namespace is deleted. (Before, ``caravan
+    deploy`` started no keeper: the pools stayed empty.)"""
+    nodes = [cluster.node_ids[host.name] for host in HOSTS]
+    try:
+        pools = {
+            node: until(lambda node=node: f if len(f := free_namespaces(settings, node)) == 1 else None, 90, "a pool")
+            for node in nodes
+        }
+    except AssertionError as failed:
+        raise AssertionError(f"{failed}\n{logs(stack.settings, stack.config)}") from None
+    print(f"deployed keepers' pools: {pools}")
+    sessions = {}
+    for index, node in enumerate(nodes):
+        fields = {
+            "name": f"pooled{index}",
+            "type": "INTERACTIVE",
+            "driver": "DOCKER",
+            "designatedAgent": node,
+            "resources": SMALL,
+        }
+        sessions[node] = stack.gql(CREATE, {"input": fields})["createSession"]["sessions"][0]["id"]
+    for node, session_id in sessions.items():
+        until(lambda s=session_id: stack.gql(STATUS, {"id": s})["session"]["status"] == "RUNNING", 120, "RUNNING")
+        claimed = pooled_in(stack.gql(JOB_HCL, {"id": session_id})["session"]["jobHcl"] or "")
+        assert claimed is not None and claimed in pools[node], (node, claimed, pools)
+        stack.gql(DESTROY, {"id": session_id})
+        until(lambda c=claimed, n=node: c not in pause_containers(n), 60, "the session's namespace deleted")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -147,12 +148,55 @@ async def test_caravan_namespace_keeper_fills_the_pool_and_takes_back_its_free_o
     assert await caravan.store.redis.scard(key) == 0 and not any(exists(name) for name in offered)
 
 
+@pytest.mark.parametrize(
+    ("where", "image", "said"),
+    [
+        ("nowhere", None, "no session network recorded in"),
+        (None, "caravan/pause:not-built-here", "Docker or the pause image caravan/pause:not-built-here is not here"),
+    ],
+)
+async def test_a_keeper_that_cannot_keep_a_pool_here_waits_says_why_and_stops_cleanly(
+    caravan: Caravan, nomad_agent: NomadAgent, tmp_path: Path, where: str | None, image: str | None, said: str
+) -> None:
+    """``caravan namespace-keeper`` on a host without a recorded session network, or without Docker or its pause
+    image, waits (looking again now and then) and says why, rather than exit: deployed as a system job, an exit is
+    restarted by Nomad in a loop. SIGTERM stops it cleanly. (Before, it exited at once without a network at
+    ``<home>/nomad``, read no other place, and without its image tried to make a namespace every second.)"""
+    assert nomad_agent.data_dir is not None
+    env = caravan_env(caravan.settings, free_port()) | {
+        "CARAVAN_HOME": str(nomad_agent.data_dir.parent.parent),
+        "CARAVAN_NAMESPACE_POOL": "1",
+        "CARAVAN_PAUSE_IMAGE": image or STACK["CARAVAN_PAUSE_IMAGE"],
+        "CARAVAN_NODE_ID": nomad_agent.node_id,
+    }
+    if where:
+        env["CARAVAN_SESSION_NETWORK_DIR"] = str(tmp_path / where)
+    keeper = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "caravan.cli", "namespace-keeper", env=env, stderr=asyncio.subprocess.PIPE
+    )
+    assert keeper.stderr is not None
+    try:
+        async with asyncio.timeout(60):
+            while said not in (line := (await keeper.stderr.readline()).decode()):
+                assert line, "the keeper exited without saying why it keeps no pool"
+        assert "no pool kept here" in line, line
+        await asyncio.sleep(1.0)
+        assert keeper.returncode is None, "the keeper exited"
+    finally:
+        keeper.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(keeper.wait(), 60) == 0
+    assert await caravan.store.redis.scard(caravan.store.keys.namespace_pool(nomad_agent.node_id)) == 0
+
+
+@pytest.mark.parametrize("cleanup", ["delete_all", "release_free"])
 async def test_a_namespace_being_made_when_the_keeper_stops_is_deleted_with_the_rest(
-    caravan: Caravan, nomad_agent: NomadAgent
+    caravan: Caravan, nomad_agent: NomadAgent, cleanup: str
 ) -> None:
     """The keeper makes a namespace in a thread (Docker, then the CNI chain), which goes on when the keeper's task is
-    cancelled (a stop, a test's end): what it made must still be among the keeper's, so its cleanup deletes it. Before,
-    its pause container was left running (found after a CI run)."""
+    cancelled (a stop, a test's end): what it made must still be among the keeper's, so its cleanup deletes it: a
+    test's (``delete_all``) and a stop's (``release_free``: SIGTERM, Nomad stopping or updating the deployed keeper
+    job). Before, its pause container was left running (found after a CI run); then, on a stop, until a keeper came
+    back on the node and deleted it 10 minutes later (it was never offered, so the stop did not take it back)."""
     assert nomad_agent.network is not None
     node = f"test-{uuid.uuid4().hex[:8]}"  # a label of this test's own: no other keeper's containers
     keeper = NamespaceKeeper(
@@ -169,7 +213,7 @@ async def test_a_namespace_being_made_when_the_keeper_stops_is_deleted_with_the_
     filling.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await filling
-    await keeper.delete_all()
+    await getattr(keeper, cleanup)()
     await asyncio.sleep(0.5)  # a thread the old code left behind finishes its container meanwhile
     left = removed_containers(node)
     assert left == [], "a pooled namespace made as the keeper stopped was left running"

@@ -17,6 +17,8 @@ from core.secrets import nomad_token_path, redis_password_path, redis_sentinel_c
 from core.settings import Settings, load_settings
 from gateway.apps.ingress_config import IngressPaths, render
 
+PAUSE = "caravan/pause:1.35.0-4-deb12u1-b1"
+
 
 @pytest.fixture
 def operator(tmp_path: Path) -> Settings:
@@ -31,7 +33,7 @@ def operator(tmp_path: Path) -> Settings:
 
 
 def test_rendered_specs_hold_no_secret(operator: Settings) -> None:
-    config = DeployConfig(env={"CARAVAN_REDIS_URL": "redis://10.0.0.5:6379/0"})
+    config = DeployConfig(env={"CARAVAN_REDIS_URL": "redis://10.0.0.5:6379/0", "CARAVAN_PAUSE_IMAGE": PAUSE})
     secrets = variables(config, operator)
     rendered = show(config, operator)
     values = {value for items in secrets.values() for value in items.values()}
@@ -51,6 +53,39 @@ def test_rendered_specs_hold_no_secret(operator: Settings) -> None:
     # the ingress' backend follows the gateway's service
     ingress = specs["ingress"]["Job"]["TaskGroups"][0]["Tasks"][0]
     assert any('nomadService "caravan-gateway"' in t["EmbeddedTmpl"] for t in ingress["Templates"])
+    # the keepers run with the scheduler's credentials, from their own Variable
+    [keeper] = specs["namespace-keeper"]["Job"]["TaskGroups"][0]["Tasks"]
+    assert {t["DestPath"] for t in keeper["Templates"]} == {
+        "secrets/nomad-scheduler.token", "secrets/redis-scheduler.password", "secrets/redis-sentinel-client.password"
+    }  # fmt: skip
+    assert all('nomadVar "nomad/jobs/caravan-namespace-keeper"' in t["EmbeddedTmpl"] for t in keeper["Templates"])
+
+
+def test_the_namespace_keepers_are_a_system_job_on_every_client_with_docker_and_a_session_network(
+    operator: Settings,
+) -> None:
+    """One keeper per client that can keep a pool (the docker driver, a session network advertised in its meta), in
+    every node pool, told its node and that network's directory by Nomad; its kill timeout leaves it the time to
+    delete its free namespaces; no keeper job with a pool of 0, nor without a pause image."""
+    config = DeployConfig(env={"CARAVAN_PAUSE_IMAGE": PAUSE, "CARAVAN_NAMESPACE_POOL": "4"}, distinct_hosts=True)
+    job = json.loads(show(config, operator))["namespace-keeper"]["Job"]
+    assert (job["ID"], job["Type"], job["NodePool"], job["Namespace"]) == (
+        "caravan-namespace-keeper", "system", "all", "caravan-system"
+    )  # fmt: skip
+    assert job["Constraints"] == [
+        {"LTarget": "${attr.driver.docker}", "Operand": "=", "RTarget": "1"},
+        {"LTarget": "${meta.caravan_session_network}", "Operand": "is_set"},
+    ]
+    [group] = job["TaskGroups"]
+    assert "ReschedulePolicy" not in group
+    [task] = group["Tasks"]
+    assert (task["Driver"], task["Config"]["args"]) == ("raw_exec", ["-m", "caravan.cli", "namespace-keeper"])
+    assert task["Env"]["CARAVAN_NODE_ID"] == "${node.unique.id}"
+    assert task["Env"]["CARAVAN_SESSION_NETWORK_DIR"] == "${meta.caravan_session_network}"
+    assert (task["Env"]["CARAVAN_NAMESPACE_POOL"], task["Env"]["CARAVAN_PAUSE_IMAGE"]) == ("4", PAUSE)
+    assert task["KillSignal"] == "SIGTERM" and task["KillTimeout"] == 18 * 1_000_000_000  # 10 s + 2 s a namespace
+    for env in ({"CARAVAN_PAUSE_IMAGE": PAUSE, "CARAVAN_NAMESPACE_POOL": "0"}, {}):
+        assert "namespace-keeper" not in json.loads(show(DeployConfig(env=env), operator)), env
 
 
 def test_the_ingress_keeps_the_maps_on_its_node_and_the_gateways_go_anywhere(operator: Settings) -> None:
@@ -113,6 +148,13 @@ def test_the_deployed_ingress_binds_its_clients_address_and_one_machine_loopback
         (DeployConfig(python="python3"), "absolute"),
         (DeployConfig(ingress=IngressSpec(bind="edge-1")), "ingress.bind"),
         (DeployConfig(env={"CARAVAN_INGRESS_BIND": "0.0.0.0"}), "CARAVAN_INGRESS_BIND"),
+        (DeployConfig(env={"CARAVAN_NODE_ID": "n1"}), "CARAVAN_NODE_ID"),
+        (DeployConfig(env={"CARAVAN_SESSION_NETWORK_DIR": "/x"}), "CARAVAN_SESSION_NETWORK_DIR"),
+        (DeployConfig(env={"CARAVAN_NAMESPACE_POOL": "2"}), "CARAVAN_PAUSE_IMAGE"),
+        (DeployConfig(env={"CARAVAN_NAMESPACE_POOL": "two", "CARAVAN_PAUSE_IMAGE": PAUSE}), "not a number"),
+        (DeployConfig(env={"CARAVAN_NAMESPACE_POOL": "11", "CARAVAN_PAUSE_IMAGE": PAUSE}), "between 0 and 10"),
+        (DeployConfig(env={"CARAVAN_PAUSE_IMAGE": "--privileged"}), "image reference"),
+        (DeployConfig(memory_mb=32), "memory_mb"),
     ],
 )
 def test_refused_configurations(config: DeployConfig, names: str) -> None:
