@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -29,9 +30,12 @@ from caravan.stack.nomad_cluster import single_node_ports, start_nomad_single_no
 from caravan.stack.ports import PortNeed, taken
 from caravan.stack.processes import Service, StartupFailed, mounts_under, spawn, unmount, unmount_under, wait_until
 from caravan.stack.redis_server import start_redis
-from caravan.stack.session_network import recorded_network, release
+from caravan.stack.session_network import SessionNetwork, recorded_network, release
 from core.secrets import nomad_token_path, read_secret
 from core.settings import Settings
+from node_plugins.namespace_pool import Client, delete
+from nomad_jobs.kernel_network import POOLED_NAME
+from nomad_jobs.namespace_keeper import LABEL
 
 PARTS = ("caravan", "haproxy", "nomad", "redis")
 """In the order ``down`` stops them."""
@@ -235,10 +239,36 @@ def reset(settings: Settings) -> int:
     unmount_under(home)
     network = recorded_network(nomad_dir)
     if network is not None:
+        _delete_pooled(nomad_dir / "data", network)
         release(network)
     shutil.rmtree(home)
     print(f"caravan: removed {home}; ./ops/dev starts an empty stack")
     return 0
+
+
+def _delete_pooled(data_dir: Path, network: SessionNetwork) -> None:
+    """The pooled namespaces of the stack's client (``nomad_jobs.namespace_keeper``) still there: a keeper killed
+    before it released its free ones leaves them (their pause containers running, labelled with the client's node)."""
+    node_file = data_dir / "client" / "client-id"
+    if not node_file.exists() or shutil.which("docker") is None:
+        return
+    listed = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "--all",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            f"label={LABEL}={node_file.read_text().strip()}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    client = Client(network.conflist(), network.cni_path)
+    for name in listed.stdout.split():
+        if POOLED_NAME.fullmatch(name):
+            delete(client, name)
 
 
 def _not_a_state_dir(home: Path) -> str | None:
