@@ -230,14 +230,20 @@ def _raw(nomad: NomadAdmin, path: str) -> str:
 
 
 def purge(nomad: NomadAdmin, config: DeployConfig) -> None:
-    """Purge the deployed jobs and wait for their allocations to stop (their processes gone)."""
+    """Stop the deployed jobs, wait for their allocations to stop (their processes gone: a keeper releases its free
+    namespaces on the SIGTERM), then purge them. Purged at once, a job's allocations left the servers' state before
+    every client had stopped them: on the multi-host cluster one host's keeper ran on, its namespaces with it."""
     ns = urllib.parse.quote(config.namespace)
-    for job in ("gateway", "scheduler", "idle", "ingress", "namespace-keeper"):
+    jobs = ("gateway", "scheduler", "idle", "ingress", "namespace-keeper")
+    for job in jobs:
         with contextlib.suppress(Exception):
-            nomad.call("DELETE", f"/v1/job/{job_id(config, job)}?purge=true&namespace={ns}")
+            nomad.call("DELETE", f"/v1/job/{job_id(config, job)}?namespace={ns}")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         allocs = nomad.call("GET", f"/v1/allocations?namespace={ns}")
         if all(a["ClientStatus"] not in ("running", "pending") for a in allocs):
             break
         time.sleep(0.5)
+    for job in jobs:
+        with contextlib.suppress(Exception):
+            nomad.call("DELETE", f"/v1/job/{job_id(config, job)}?purge=true&namespace={ns}")
