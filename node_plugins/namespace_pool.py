@@ -112,6 +112,12 @@ def _chain(client: Client, command: str, name: str, netns: str) -> dict[str, Any
     return result
 
 
+def labelled(label: str, value: str) -> list[str]:
+    """The pooled namespaces (their pause containers, running or not) made with the Docker label ``label=value``."""
+    names = _docker("ps", "--all", "--filter", f"label={label}={value}", "--format", "{{.Names}}")
+    return [name for name in names.split() if name.startswith(PREFIX)]
+
+
 def make(
     client: Client, pause_image: str, labels: Mapping[str, str] | None = None, *, hostname: str | None = None
 ) -> Pooled:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import subprocess
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from core.keys import Keys
 from core.replies import texts
 from core.retry import stop_if_cancelled
 from node_plugins.cni_isolation import Membership, pool_key
-from node_plugins.namespace_pool import PREFIX, Client, Pooled, PoolError, bind, delete, make
+from node_plugins.namespace_pool import PREFIX, Client, Pooled, PoolError, bind, delete, labelled, make
 from nomad_jobs.client import Json, NomadClient, NomadNotFound
 from nomad_jobs.kernel_network import POOLED_HOSTNAME
 
@@ -163,15 +162,9 @@ class NamespaceKeeper:
 
     async def recover(self) -> None:
         """After a start: our pause containers found again; free-set entries whose container is gone removed."""
-        listed = await asyncio.to_thread(
-            subprocess.run,
-            ["docker", "ps", "--all", "--filter", f"label={LABEL}={self.node_id}", "--format", "{{.Names}}"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        listed = await asyncio.to_thread(labelled, LABEL, self.node_id)
         now = time.monotonic()
-        self.ours = {name: now for name in listed.stdout.split() if name.startswith(PREFIX)}
+        self.ours = dict.fromkeys(listed, now)
         stale = set(texts(await self.redis.smembers(self.key))) - self.ours.keys()
         if stale:
             await self.redis.srem(self.key, *stale)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -33,8 +32,7 @@ from caravan.stack.redis_server import start_redis
 from caravan.stack.session_network import SessionNetwork, recorded_network, release
 from core.secrets import nomad_token_path, read_secret
 from core.settings import Settings
-from node_plugins.namespace_pool import Client, delete
-from nomad_jobs.kernel_network import POOLED_NAME
+from node_plugins.namespace_pool import Client, PoolError, delete, labelled
 from nomad_jobs.namespace_keeper import LABEL
 
 PARTS = ("caravan", "haproxy", "nomad", "redis")
@@ -252,23 +250,14 @@ def _delete_pooled(data_dir: Path, network: SessionNetwork) -> None:
     node_file = data_dir / "client" / "client-id"
     if not node_file.exists() or shutil.which("docker") is None:
         return
-    listed = subprocess.run(
-        [
-            "docker",
-            "ps",
-            "--all",
-            "--format",
-            "{{.Names}}",
-            "--filter",
-            f"label={LABEL}={node_file.read_text().strip()}",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    try:
+        left = labelled(LABEL, node_file.read_text().strip())
+    except PoolError as exc:
+        print(f"caravan: the pooled namespaces could not be listed ({exc}); going on", file=sys.stderr)
+        return
     client = Client(network.conflist(), network.cni_path)
-    for name in listed.stdout.split():
-        if POOLED_NAME.fullmatch(name):
-            delete(client, name)
+    for name in left:
+        delete(client, name)
 
 
 def _not_a_state_dir(home: Path) -> str | None:
