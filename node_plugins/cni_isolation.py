@@ -35,7 +35,10 @@ kernel never inherits the pairs of the one before, whatever the agent has not se
 Every change is one ``nft -f`` transaction that also declares the tables, sets and chains and rewrites the chains'
 rules: a host whose rule set was flushed (a reboot, a firewall reload) is whole again at the next kernel, and a kernel
 never starts with a partial rule set. Deleting elements that may be gone already is written as add-then-delete in
-the same transaction (nft 1.0.6 has no ``destroy``).
+the same transaction (nft 1.0.6 has no ``destroy``). Published ports are the exception: they are removed as nft lists
+them under the lock, by the address they lead to (and, for a kernel that comes, by the keys it takes), whatever record
+put them there or none (a record lost, a DEL that never ran): an address handed out again never inherits a port
+published for the kernel before it, and a host port handed out again goes to the new kernel alone.
 
 Standalone and quick on purpose: Nomad runs it as ``/usr/bin/python3 -I -S cni_isolation.py`` for every kernel
 start and stop, with no project packages, so it imports only a few standard modules (no ``typing``, ``dataclasses``
@@ -56,7 +59,7 @@ import sys
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at run time (mypy reads it by name)
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Collection, Mapping, Sequence
     from typing import Any
 
 CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0")
@@ -233,19 +236,50 @@ def port_commands(verb: str, address: str, published: Sequence[Sequence[Any]]) -
     return [f"delete element ip {TABLE} {m} {{ {key} }}" for m, key, _ in elements]
 
 
-def ports_taken_over(kernel: Kernel, others: Sequence[Kernel]) -> tuple[list[str], list[Kernel]]:
+def taken_keys(kernel: Kernel) -> set[tuple[str, str]]:
+    """``(map, key)`` of each port the kernel publishes."""
+    return {port_element(kernel.address, mapping)[:2] for mapping in kernel.published}
+
+
+def ports_taken_over(kernel: Kernel, others: Sequence[Kernel]) -> list[Kernel]:
     """A host port Nomad hands out again while an older record still holds it (a DEL that never ran, a client
-    killed): the newest kernel wins. The nft commands that drop those ports of the ``others`` (add-then-delete, with
-    the value they were added with: a key added again with another value would fail the transaction), and the others'
-    records without them (so their DEL leaves the new kernel's ports alone)."""
-    taking = {port_element(kernel.address, mapping)[:2] for mapping in kernel.published}
-    commands, losing = [], []
+    killed): the newest kernel wins. The others' records without those ports (so their DEL leaves the new kernel's
+    ports alone); the ports themselves go with :func:`unpublish`."""
+    taking = taken_keys(kernel)
+    losing = []
     for other in others:
         lost = [p for p in other.published if port_element(other.address, p)[:2] in taking]
         if lost:
-            commands += port_commands("add", other.address, lost) + port_commands("delete", other.address, lost)
             losing.append(other._replace(published=tuple(p for p in other.published if p not in lost)))
-    return commands, losing
+    return losing
+
+
+PORT_MAPS = ("hostports", "anyports")
+
+
+def listed_ports(listing: str) -> list[tuple[str, str, str]]:
+    """The published ports in ``nft -j list table ip <TABLE>``'s output: ``(map, key, address)``, the key in nft's
+    syntax and the address of the kernel it leads to."""
+    found = []
+    for item in json.loads(listing).get("nftables", []):
+        listed = item.get("map")
+        if not isinstance(listed, dict) or listed.get("name") not in PORT_MAPS:
+            continue
+        for key, value in listed.get("elem") or []:
+            found.append((str(listed["name"]), " . ".join(str(p) for p in key["concat"]), str(value["concat"][0])))
+    return found
+
+
+def unpublish(
+    listed: Sequence[tuple[str, str, str]], addresses: Collection[str], keys: Collection[tuple[str, str]] = ()
+) -> list[str]:
+    """Delete every listed port that leads to one of ``addresses`` or has one of ``keys`` (``(map, key)``). Listed
+    under the lock just before, each is there: a plain delete."""
+    return [
+        f"delete element ip {TABLE} {m} {{ {key} }}"
+        for m, key, address in listed
+        if address in addresses or (m, key) in keys
+    ]
 
 
 def pairs(address: str, others: Sequence[str]) -> list[str]:
@@ -270,8 +304,10 @@ def element_commands(verb: str, kernel: Kernel, others: Sequence[str], bridge: s
 
 
 def removal_commands(kernel: Kernel, others: Sequence[str]) -> list[str]:
-    """Remove a kernel's elements whether or not they are still there: add, then delete, in one transaction."""
-    return [c for c in element_commands("add", kernel, others)[1:]] + element_commands("delete", kernel, others)
+    """Remove a kernel's elements whether or not they are still there: add, then delete, in one transaction. Its
+    published ports are not among them: :func:`unpublish` removes those as nft lists them."""
+    unpublished = kernel._replace(published=())
+    return element_commands("add", unpublished, others)[1:] + element_commands("delete", unpublished, others)
 
 
 REMOTE_PEERS = "remote-peers.json"
@@ -404,6 +440,13 @@ def nft(commands: Sequence[str]) -> None:
         raise PluginError(f"nft refused the rules: {done.stderr.strip()}")
 
 
+def published_now() -> list[tuple[str, str, str]]:
+    """The ports published on this host now (:func:`listed_ports`); none before the first kernel made the table.
+    Read under the lock, as every writer of the maps holds it."""
+    done = subprocess.run(["nft", "-j", "list", "table", "ip", TABLE], text=True, capture_output=True)
+    return listed_ports(done.stdout) if done.returncode == 0 else []
+
+
 def add(config: Mapping[str, Any], env: Mapping[str, str], members: Membership) -> dict[str, Any]:
     result = config.get("prevResult")
     if not isinstance(result, dict):
@@ -433,14 +476,15 @@ def add(config: Mapping[str, Any], env: Mapping[str, str], members: Membership) 
 def enter(
     kernel: Kernel, known: Sequence[Kernel], members: Membership, bridge: str, before: Sequence[str]
 ) -> list[Kernel]:
-    """One nft transaction: ``before``, then the kernel's published ports taken over from the ``known`` kernels of the
-    host, and the kernel's elements (its session's pairs among them). Returns the kernels that lost ports, as they
-    must be remembered now."""
-    taken, losing = ports_taken_over(kernel, known)
+    """One nft transaction: ``before``; every published port that leads to the kernel's address (a kernel's before it
+    there) or that the kernel takes (a ``known`` kernel's, or one no record names); the kernel's elements (its
+    session's pairs and its ports among them). Returns the kernels that lost ports, as they must be remembered now."""
+    losing = ports_taken_over(kernel, known)
     if kernel.published:
         # what portmap did: connections to 127.0.0.1 may be routed to the bridge (then masqueraded, see RULES)
         with open(f"/proc/sys/net/ipv4/conf/{os.path.basename(bridge)}/route_localnet", "w") as file:
             file.write("1")
+    taken = unpublish(published_now(), [kernel.address], taken_keys(kernel))
     nft([*before, *taken, *element_commands("add", kernel, members.others(kernel), bridge)])
     return losing
 
@@ -482,7 +526,8 @@ def delete(env: Mapping[str, str], members: Membership) -> None:
     kernel = members.recall(env["CNI_CONTAINERID"])
     if kernel is not None:
         dropped, kept = members.without_remote([kernel.address])
-        nft([RULES, *dropped, *removal_commands(kernel, members.others(kernel))])
+        unpublished = unpublish(published_now(), [kernel.address])
+        nft([RULES, *dropped, *removal_commands(kernel, members.others(kernel)), *unpublished])
         if kept is not None:
             members.keep_remote_pairs(kept)
         members.forget(kernel)
@@ -506,9 +551,12 @@ def release(subnet: str, members: Membership) -> None:
     network = ipaddress.ip_network(subnet)
     members.lock()
     gone = [k for k in members.all_kernels() if ipaddress.ip_address(k.address) in network]
-    if gone:
+    listed = published_now()
+    # every port leading into the subnet, a record's or not: the subnet is free for another client now
+    unpublished = unpublish(listed, {address for _, _, address in listed if ipaddress.ip_address(address) in network})
+    if gone or unpublished:
         dropped, kept = members.without_remote([k.address for k in gone])
-        nft([RULES, *dropped, *(c for k in gone for c in removal_commands(k, members.others(k)))])
+        nft([RULES, *dropped, *(c for k in gone for c in removal_commands(k, members.others(k))), *unpublished])
         if kept is not None:
             members.keep_remote_pairs(kept)
     for kernel in gone:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -187,12 +188,13 @@ def test_a_kernels_published_ports_come_and_go_with_it_in_the_same_transaction()
         f"add element ip {TABLE} anyports {{ tcp . 31001 : 10.0.0.1 . 8888 }}",
         f"add element ip {TABLE} hostports {{ 127.0.0.1 . udp . 31001 : 10.0.0.1 . 53 }}",
     ]
-    removed = removal_commands(kernel, [])
-    assert removed[-2:] == [
+    listed = [("anyports", "tcp . 31001", "10.0.0.1"), ("hostports", "127.0.0.1 . udp . 31001", "10.0.0.1")]
+    removed = cni_isolation.unpublish(listed, ["10.0.0.1"])
+    assert removed == [
         f"delete element ip {TABLE} anyports {{ tcp . 31001 }}",
         f"delete element ip {TABLE} hostports {{ 127.0.0.1 . udp . 31001 }}",
     ]
-    assert set(added[-2:]) <= set(removed)  # added first: a port already gone is no error
+    assert not any("ports" in c and " ip " in c for c in removal_commands(kernel, []))  # only as listed, below
     script = "\n".join([RULES, *added, *removed])
     checked = subprocess.run(["nft", "-c", "-f", "-"], input=script, text=True, capture_output=True)
     assert checked.returncode == 0, checked.stderr
@@ -206,12 +208,15 @@ def test_a_host_port_handed_out_again_goes_to_the_new_kernel_only(tmp_path: Path
     old = Kernel("old", "s1", "10.0.0.5", "veth5", (("", "tcp", 31001, 80), ("", "tcp", 31009, 81)))
     other = Kernel("other", "s2", "10.0.0.6", "veth6", (("", "tcp", 31002, 80),))
     new = Kernel("new", "s3", "10.0.0.7", "veth7", (("", "tcp", 31001, 8888),))
-    commands, losing = cni_isolation.ports_taken_over(new, [old, other])
-    assert commands == [
-        f"add element ip {TABLE} anyports {{ tcp . 31001 : 10.0.0.5 . 80 }}",
-        f"delete element ip {TABLE} anyports {{ tcp . 31001 }}",
-    ]
+    losing = cni_isolation.ports_taken_over(new, [old, other])
     assert losing == [old._replace(published=(("", "tcp", 31009, 81),))]
+    listed = [
+        ("anyports", "tcp . 31001", "10.0.0.5"),
+        ("anyports", "tcp . 31009", "10.0.0.5"),
+        ("anyports", "tcp . 31002", "10.0.0.6"),
+    ]
+    commands = cni_isolation.unpublish(listed, [new.address], cni_isolation.taken_keys(new))
+    assert commands == [f"delete element ip {TABLE} anyports {{ tcp . 31001 }}"]
     script = "\n".join(
         [RULES, *element_commands("add", old, [], "cv1"), *commands, *element_commands("add", new, [], "cv1")]
     )
@@ -250,3 +255,45 @@ def test_only_the_data_plane_reaches_a_published_port_from_beyond_the_host() -> 
         ["nft", "-c", "-f", "-"], input="\n".join([RULES, *commands]), text=True, capture_output=True
     )
     assert checked.returncode == 0, checked.stderr
+
+
+NFT_LISTING = {
+    "nftables": [
+        {"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
+        {"table": {"family": "ip", "name": TABLE, "handle": 5}},
+        {
+            "map": {
+                "family": "ip",
+                "name": "hostports",
+                "table": TABLE,
+                "type": ["ipv4_addr", "inet_proto", "inet_service"],
+                "map": "ipv4_addr . inet_service",
+                "elem": [
+                    [{"concat": ["127.0.0.1", "tcp", 34883]}, {"concat": ["172.26.28.2", 8888]}],
+                    [{"concat": ["127.0.0.1", "udp", 6]}, {"concat": ["172.26.28.3", 53]}],
+                ],
+            }
+        },
+        {"map": {"family": "ip", "name": "anyports", "table": TABLE, "type": ["inet_proto", "inet_service"]}},
+        {"chain": {"family": "ip", "table": TABLE, "name": "prerouting"}},
+    ]
+}
+
+
+def test_published_ports_are_read_from_nfts_listing_and_removed_by_where_they_lead() -> None:
+    """A port published for a kernel whose record is gone (a DEL that never ran, records lost) once stayed in the map
+    after its namespace was deleted, leading a host port to the next kernel given that address. Ports are now removed
+    as nft lists them: by the address they lead to, and for a kernel that comes, by the keys it takes."""
+    listed = cni_isolation.listed_ports(json.dumps(NFT_LISTING))
+    assert listed == [
+        ("hostports", "127.0.0.1 . tcp . 34883", "172.26.28.2"),
+        ("hostports", "127.0.0.1 . udp . 6", "172.26.28.3"),
+    ]
+    assert cni_isolation.unpublish(listed, ["172.26.28.2"]) == [
+        f"delete element ip {TABLE} hostports {{ 127.0.0.1 . tcp . 34883 }}"
+    ]
+    coming = Kernel("new", "s", "172.26.28.9", "veth9", (("127.0.0.1", "udp", 6, 8080),))
+    assert cni_isolation.unpublish(listed, [coming.address], cni_isolation.taken_keys(coming)) == [
+        f"delete element ip {TABLE} hostports {{ 127.0.0.1 . udp . 6 }}"
+    ]
+    assert cni_isolation.unpublish(listed, ["172.26.28.4"]) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from caravan.stack.session_network import SessionNetwork, release, session_network
-from node_plugins.cni_isolation import TABLE, Membership, pool_key, session_key
+from node_plugins.cni_isolation import TABLE, Membership, listed_ports, pool_key, session_key
 from node_plugins.namespace_pool import Client, Pooled, PoolError, bind, delete, make
 
 PAUSE_IMAGE = os.environ.get("CARAVAN_PAUSE_IMAGE", "")
@@ -99,6 +99,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` different free ports (outside Nomad's dynamic range, as :func:`free_port`'s)."""
+    found: set[int] = set()
+    while len(found) < count:
+        found.add(free_port())
+    return sorted(found)
+
+
 def mapping(host_port: int) -> dict[str, object]:
     return {"hostIP": "127.0.0.1", "hostPort": host_port, "containerPort": PORT, "protocol": "tcp"}
 
@@ -153,3 +161,46 @@ def test_a_pooled_namespace_serves_one_session_and_is_gone_once_deleted(pool: Po
     with pytest.raises(PoolError, match="never bound twice"):
         bind(pool.client, a.name, "default", "cv-s3", [])
     delete(pool.client, a.name)  # idempotent
+
+
+def published(address: str) -> list[str]:
+    """The host ports (``hostports``' keys) that lead to ``address`` now."""
+    listing = subprocess.run(["nft", "-j", "list", "table", "ip", TABLE], capture_output=True, text=True).stdout
+    return [key for _, key, to in listed_ports(listing) if to == address]
+
+
+def leave_stray_port(host_port: int, address: str) -> None:
+    """An injected fault: a published port that no record names, as a DEL that never ran or lost records leave one
+    (the plugin cannot be made to leave one on purpose)."""
+    element = f"{{ 127.0.0.1 . tcp . {host_port} : {address} . {PORT} }}"
+    subprocess.run(["nft", "add", "element", "ip", TABLE, "hostports", element], check=True)
+
+
+def test_a_port_no_record_names_never_leads_into_a_namespace_nor_blocks_its_ports(pool: Pool) -> None:
+    """Ports published for namespaces whose records were gone once stayed in the map after their namespaces were
+    deleted (3 of 14 launches of bench/jupyter_launch), leading host ports to whichever kernel got that address next.
+    Ports are now removed as nft lists them: those leading to an address handed out or given back, and a host port a
+    namespace takes, whoever's it was."""
+    network_prefix = pool.network.subnet.rsplit(".", 1)[0]
+    ports = free_ports(40)
+    for host in range(2, 40):
+        leave_stray_port(ports.pop(), f"{network_prefix}.{host}")
+    a = pool.make()
+    assert published(a.address) == []  # made (ADD): the port left at its address is gone
+    assert published(f"{network_prefix}.{1 + int(a.address.rsplit('.', 1)[1])}") != []  # the others are not
+
+    stale, taken = ports.pop(), ports.pop()
+    leave_stray_port(stale, a.address)
+    leave_stray_port(taken, f"{network_prefix}.250")  # another's, no record names it: the bind takes it
+    pool.serve(pool.netns(a), "0.0.0.0", PORT, "from a")
+    bind(pool.client, a.name, "default", "cv-s1", [mapping(taken)])
+    assert published(a.address) == [f"127.0.0.1 . tcp . {taken}"]
+    assert pool.ask([], "127.0.0.1", taken) == "from a"
+    assert published(f"{network_prefix}.250") == []
+
+    leave_stray_port(stale, a.address)
+    delete(pool.client, a.name)
+    assert published(a.address) == []  # deleted (DEL): its own port and the one no record named
+    release(pool.network)  # the client gone for good: nothing leads into its subnet any more
+    listing = subprocess.run(["nft", "-j", "list", "table", "ip", TABLE], capture_output=True, text=True).stdout
+    assert [to for _, _, to in listed_ports(listing) if to.startswith(f"{network_prefix}.")] == []
