@@ -112,10 +112,18 @@ def _chain(client: Client, command: str, name: str, netns: str) -> dict[str, Any
     return result
 
 
-def labelled(label: str, value: str) -> list[str]:
-    """The pooled namespaces (their pause containers, running or not) made with the Docker label ``label=value``."""
-    names = _docker("ps", "--all", "--filter", f"label={label}={value}", "--format", "{{.Names}}")
-    return [name for name in names.split() if name.startswith(PREFIX)]
+def labelled(label: str, value: str, *, also: str | None = None) -> list[str]:
+    """The pooled namespaces (their pause containers, running or not) made with the Docker label ``label=value``;
+    with ``also="other=value"``, only those whose label ``other`` has that value or is not set (made before it was)."""
+    other, _, wanted = (also or "").partition("=")
+    shown = f'{{{{.Names}}}} {{{{.Label "{other}"}}}}' if also else "{{.Names}}"
+    listed = _docker("ps", "--all", "--filter", f"label={label}={value}", "--format", shown)
+    found = []
+    for line in listed.splitlines():
+        name, _, given = line.strip().partition(" ")
+        if name.startswith(PREFIX) and (not also or given in ("", wanted)):
+            found.append(name)
+    return found
 
 
 def make(

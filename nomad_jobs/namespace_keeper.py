@@ -51,7 +51,12 @@ NETWORK_META = "caravan_session_network"
 """Node meta: the directory where the client's session network is recorded (``session-network.json``), which
 ``caravan stack`` sets on every client it starts: where the keeper on that host finds the network and its node."""
 LABEL = "caravan.pool.node"
-"""Docker label of a pooled namespace's pause container: the Nomad node id of the keeper that made it."""
+"""Docker label of a pooled namespace's pause container: the Nomad node id of the keeper that made it (what a stack's
+reset deletes, whichever deployment's)."""
+POOL_LABEL = "caravan.pool.key"
+"""Docker label of a pooled namespace's pause container: its keeper's free set (:meth:`core.keys.Keys.namespace_pool`,
+the deployment's key prefix and the node), by which a keeper finds its own again after a start: two deployments with
+keepers on one node (another key prefix) never take each other's."""
 UNCLAIMED_GRACE = 600.0
 """Seconds a pooled namespace taken from the free set may stay unnamed by any allocation before it is deleted."""
 REFILL_DELAY = 2.0
@@ -162,7 +167,8 @@ class NamespaceKeeper:
 
     async def recover(self) -> None:
         """After a start: our pause containers found again; free-set entries whose container is gone removed."""
-        listed = await asyncio.to_thread(labelled, LABEL, self.node_id)
+        # ours: of this node and this free set (or made by a keeper from before POOL_LABEL, which only knew the node)
+        listed = await asyncio.to_thread(labelled, LABEL, self.node_id, also=f"{POOL_LABEL}={self.key}")
         now = time.monotonic()
         self.ours = dict.fromkeys(listed, now)
         stale = set(texts(await self.redis.smembers(self.key))) - self.ours.keys()
@@ -247,7 +253,13 @@ class NamespaceKeeper:
         :meth:`release_free` and :meth:`delete_all` delete it (before, its pause container was left running: found
         after a CI run)."""
         making = asyncio.ensure_future(
-            asyncio.to_thread(make, self.client, self.pause_image, {LABEL: self.node_id}, hostname=POOLED_HOSTNAME)
+            asyncio.to_thread(
+                make,
+                self.client,
+                self.pause_image,
+                {LABEL: self.node_id, POOL_LABEL: self.key},
+                hostname=POOLED_HOSTNAME,
+            )
         )
         try:
             made = await asyncio.shield(making)

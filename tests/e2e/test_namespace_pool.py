@@ -14,6 +14,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from caravan.stack.nomad_agent import NomadAgent
 from caravan.stack.processes import free_port
 from core.replies import text_set
 from node_plugins.cni_isolation import Membership, session_key
-from node_plugins.namespace_pool import Client
+from node_plugins.namespace_pool import Client, make
 from nomad_jobs.namespace_keeper import LABEL, NamespaceKeeper
 from tests.conftest import DEFAULT_IMAGE, STACK
 from tests.e2e.test_preferred_port import APPS, page, serving
@@ -226,3 +227,33 @@ def removed_containers(node: str) -> list[str]:
     for container in left:
         subprocess.run(["docker", "rm", "--force", container], capture_output=True)
     return left
+
+
+async def test_a_keeper_finds_its_own_namespaces_again_never_another_deployments_on_its_node(
+    caravan: Caravan, nomad_agent: NomadAgent
+) -> None:
+    """Two deployments (key prefixes) with keepers on one node: a keeper that starts again finds the namespaces its
+    deployment's keeper made, and none of the other's. Before, they were found by the node alone, so each keeper took
+    the other's free namespaces for its own: deleted them as unclaimed, or after a session of its own had ended. One
+    made by a keeper from before (labelled with the node alone) is still found, so an upgrade leaves none behind."""
+    assert nomad_agent.network is not None
+    client = Client(nomad_agent.network.conflist(), nomad_agent.network.cni_path)
+    node = f"test-{uuid.uuid4().hex[:8]}"
+
+    def keeper_of(prefix: str) -> NamespaceKeeper:
+        keys = replace(caravan.store.keys, prefix=prefix)
+        return NamespaceKeeper(client, caravan.nomad, caravan.store.redis, keys, node, 1, STACK["CARAVAN_PAUSE_IMAGE"])
+
+    prefix = caravan.store.keys.prefix
+    first, other, again = keeper_of(f"{prefix}-a"), keeper_of(f"{prefix}-b"), keeper_of(f"{prefix}-a")
+    try:
+        made = await first._make()
+        await other._make()
+        older = make(client, STACK["CARAVAN_PAUSE_IMAGE"], {LABEL: node})
+        await again.recover()
+        assert set(again.ours) == {made.name, older.name}
+    finally:
+        await first.delete_all()
+        await other.delete_all()
+        await again.delete_all()
+    assert removed_containers(node) == []
