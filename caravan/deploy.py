@@ -585,7 +585,37 @@ def deploy(
         print(f"caravan deploy: {job_id(config, job)}: {status}", file=out)
         if status != "successful":
             return 1
+        if unplaced := unplaced_because(nomad, config, job, deadline):
+            # a system job's deployment succeeds with the nodes that had no room left out (Nomad 1.11)
+            print(f"caravan deploy: {job_id(config, job)}: warning: {unplaced}", file=out)
     return 0
+
+
+def unplaced_because(nomad: NomadAdmin, config: DeployConfig, job: Job, deadline: float) -> str | None:
+    """Why some of the job's allocations are not placed (its blocked evaluation's failures), once none of its
+    evaluations is pending; None when every one is."""
+    while True:
+        found = nomad.call("GET", _job_path(config, job, "evaluations"))
+        evaluations = found if isinstance(found, list) else []
+        if time.monotonic() >= deadline or not any(e.get("Status") == "pending" for e in evaluations):
+            break
+        time.sleep(0.5)
+    blocked = [e for e in evaluations if e.get("Status") == "blocked"]
+    return placement_failures(max(blocked, key=lambda e: int(e.get("ModifyIndex", 0)))) if blocked else None
+
+
+def placement_failures(evaluation: Mapping[str, Any]) -> str:
+    """What a blocked evaluation says of its task groups' failed placements, in a line: the nodes that had no room
+    (and which resource ran out), those filtered out by constraints."""
+    said = []
+    for group, metrics in sorted((evaluation.get("FailedTGAllocs") or {}).items()):
+        exhausted = ", ".join(f"{d} on {n}" for d, n in sorted((metrics.get("DimensionExhausted") or {}).items()))
+        filtered = ", ".join(f"{c} on {n}" for c, n in sorted((metrics.get("ConstraintFiltered") or {}).items()))
+        parts = [f"{metrics.get('NodesExhausted', 0)} node(s) without room" + (f" ({exhausted})" if exhausted else "")]
+        if filtered:
+            parts.append(f"filtered: {filtered}")
+        said.append(f"group {group} not placed everywhere: {'; '.join(parts)}")
+    return "; ".join(said) or "some allocations are not placed (no reason given)"
 
 
 def _stop_keepers(nomad: NomadAdmin, config: DeployConfig, out: Any) -> None:
@@ -601,14 +631,16 @@ def _stop_keepers(nomad: NomadAdmin, config: DeployConfig, out: Any) -> None:
     print(f"caravan deploy: stopped {keepers} (no namespace pool)", file=out)
 
 
+def _job_path(config: DeployConfig, job: Job, what: str) -> str:
+    """The API path of one of the job's lists (``deployment``, ``evaluations``) in the deployment's namespace."""
+    return f"/v1/job/{urllib.parse.quote(job_id(config, job))}/{what}?namespace={urllib.parse.quote(config.namespace)}"
+
+
 def _await_deployment(nomad: NomadAdmin, config: DeployConfig, job: Job, index: int, deadline: float) -> str:
     """The status of the job's deployment for the version registered at ``index`` (``successful``, ``failed`` ...)."""
-    path = (
-        f"/v1/job/{urllib.parse.quote(job_id(config, job))}/deployment?namespace={urllib.parse.quote(config.namespace)}"
-    )
     status = "none"
     while time.monotonic() < deadline:
-        found = nomad.call("GET", path)
+        found = nomad.call("GET", _job_path(config, job, "deployment"))
         if isinstance(found, dict) and int(found.get("JobModifyIndex", 0)) >= index:
             status = str(found.get("Status"))
             if status not in ("running", "pending", "initializing", "blocked", "paused"):
