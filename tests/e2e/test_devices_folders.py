@@ -1,5 +1,6 @@
 """A kernel with an accelerator and a storage folder sees both (issue 23, item 6): every driver × with and without a
-device × with and without a folder, on the dev agent (Caravan's device plugin, a folder on its storage node).
+device × with and without a folder, on the dev agent (Caravan's device plugin, a folder on its storage node); docker
+kernels also in namespaces made ahead (a namespace keeper running: each single-kernel session runs in one).
 
 Nomad's task runner keeps the mounts of its latest prestart hook that returned any: a device reservation with mounts
 replaced the task's folder mounts, and a kernel with both had no ``/data``. Each combination is one BATCH session
@@ -9,6 +10,8 @@ driver run at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +19,12 @@ from typing import Any
 
 import pytest
 
+from caravan.stack.nomad_agent import NomadAgent
 from tests.conftest import DEFAULT_IMAGE
 from tests.e2e.test_devices import sim_shares_known
 from tests.e2e.test_storage import CREATE_SESSION, ready_folder
 from tests.harness import Caravan, GraphQLErrors
+from tests.namespace_keeping import keeping
 
 CHECK = """\
 echo "== sim"; env | grep '^CARAVAN_SIM_' | sort
@@ -120,18 +125,34 @@ def problems(case: Case, session: dict[str, Any], host_dir: Path) -> list[str]:
     return wrong
 
 
+POOLED = re.compile(r'network_mode\s*=\s*"container:caravan-pool-')
+
+
 @pytest.mark.parametrize(
-    "driver", [pytest.param("DOCKER", marks=pytest.mark.docker, id="docker"), pytest.param("EXEC", id="exec")]
+    ("driver", "pooled"),
+    [
+        pytest.param("DOCKER", False, marks=pytest.mark.docker, id="docker"),
+        pytest.param("DOCKER", True, marks=pytest.mark.docker, id="docker-pooled"),
+        pytest.param("EXEC", False, id="exec"),
+    ],
 )
-async def test_a_kernel_sees_its_folder_and_its_device_together(caravan: Caravan, driver: str) -> None:
+async def test_a_kernel_sees_its_folder_and_its_device_together(
+    caravan: Caravan, nomad_agent: NomadAgent, driver: str, pooled: bool
+) -> None:
     await sim_shares_known(caravan)
     alice = await caravan.user("alice")
     folder = await ready_folder(caravan, alice, "data")
     host_dir = await folder_host_path(caravan, folder["id"])
-    sessions = await asyncio.gather(*(run_case(caravan, alice, driver, case, folder["id"]) for case in CASES))
+    single = [case for case in CASES if case.extra != "cluster"]
+    async with keeping(caravan, nomad_agent, len(single)) if pooled else contextlib.nullcontext():
+        sessions = await asyncio.gather(*(run_case(caravan, alice, driver, case, folder["id"]) for case in CASES))
     found = {
         case.name: wrong for case, s in zip(CASES, sessions, strict=True) if (wrong := problems(case, s, host_dir))
     }
+    if pooled:  # each single-kernel session ran in a namespace made ahead, the cluster in its own
+        for case, session in zip(CASES, sessions, strict=True):
+            if bool(POOLED.search(str(session["jobHcl"]))) != (case in single):
+                found.setdefault(case.name, []).append("pooled" if case not in single else "not pooled")
     assert not found, "\n".join(f"{name}: {'; '.join(wrong)}" for name, wrong in found.items())
 
 
