@@ -502,21 +502,24 @@ def pool_key(container_id: str) -> str:
 def bind(config: Mapping[str, Any], container_id: str, args: Mapping[str, str], members: Membership) -> Kernel:
     """Hand the pooled namespace ``container_id`` to a session (``args``: its ``NOMAD_NAMESPACE`` and ``NOMAD_JOB_ID``)
     with its published ports (``config``: ``bridge`` and CNI's ``runtimeConfig.portMappings``), in one nft
-    transaction under the lock: it joins the session's pairs and its ports lead into it. Only once: a namespace bound
-    already (or unknown) is refused, so a pooled namespace serves one session and is then deleted, never reused."""
+    transaction under the lock: it joins the session's pairs and its ports lead into it. To one session only: a
+    namespace bound to another (or unknown) is refused, so a pooled namespace serves one session and is then deleted,
+    never reused. Bound again to its own session, its ports are replaced by those given (a replacement allocation's)."""
     members.lock()
     pooled = members.recall(container_id)
-    if pooled is None or pooled.session != pool_key(container_id):
-        raise PluginError(f"{container_id} is not an unbound pooled namespace on this host: never bound twice")
+    session = session_key(args)
+    if pooled is None or pooled.session not in (pool_key(container_id), session):
+        raise PluginError(f"{container_id} is not a pooled namespace of this host free for this session: never reused")
     if args.get("NOMAD_NAMESPACE") == POOL_NAMESPACE:
         raise PluginError(f"a pooled namespace is bound to a session, not to the {POOL_NAMESPACE} namespace")
-    kernel = pooled._replace(session=session_key(args), published=published_ports(config))
+    kernel = pooled._replace(session=session, published=published_ports(config))
     known = [k for k in members.all_kernels() if k.container_id != container_id]
     losing = enter(kernel, known, members, str(config["bridge"]), [RULES])
     for other in losing:
         members.remember(other)
     members.remember(kernel)
-    members.leave(pooled)
+    if pooled.session != session:
+        members.leave(pooled)
     return kernel
 
 

@@ -10,8 +10,9 @@ container to hold it (0.2-0.3 s) and runs the CNI chain on it (0.06-0.1 s) befor
   container's name): alone in that session, it reaches nothing and nothing reaches it, like a session's only kernel.
 - :func:`bind`: the isolation plugin's ``bind`` (one nft transaction under the plugin's lock) moves its membership
   record to the session's (Nomad namespace, job id) and publishes the session's ports into it; refused for a
-  namespace bound already, so each serves one session. The kernel's docker task then joins it
-  (``network_mode = "container:<name>"``).
+  namespace bound to another session, so each serves one session (bound again to its own, a replacement
+  allocation's ports replace the first's). The kernel's docker task then joins it (``network_mode =
+  "container:<name>"``).
 - :func:`delete`: the chain's DEL (last plugin first: the isolation plugin forgets it and removes its elements,
   host-local frees its address) and the container removed. Never handed out again.
 

@@ -8,7 +8,8 @@ into it (``network_mode = "container:<name>"``, ``nomad_jobs.kernel_network``); 
 keeper follows its node's allocations (a blocking query) and, for each pooled namespace of its own:
 
 - a live allocation's docker task names it: bound to that allocation's session (Nomad namespace, job id) with its
-  allocated ports, once (the isolation plugin refuses a second bind);
+  allocated ports, to that session only (the isolation plugin refuses another's); a replacement allocation of the
+  same session (an ``alloc stop``, a batch kernel placed again) with other ports has them published instead;
 - named by an allocation that ended, and by no live one: deleted once that allocation's job is stopped (the session
   ended), gone or dead, never offered again (a failed allocation that Nomad replaces keeps it for the replacement, which
   is the same session's);
@@ -31,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,16 +106,21 @@ class Plan:
     delete: list[str] = field(default_factory=list)
 
 
+def ports_of(alloc: Mapping[str, Any]) -> frozenset[tuple[str, int, int]]:
+    """The allocation's ports as (protocol, host port, kernel port)."""
+    return frozenset((m["protocol"], m["hostPort"], m["containerPort"]) for m in port_mappings(alloc))
+
+
 def plan(
     ours: Mapping[str, float],
-    bound: Iterable[str],
+    bound: Mapping[str, Collection[tuple[str, int, int]]],
     free: Iterable[str],
     allocs: Iterable[Mapping[str, Any]],
     now: float,
 ) -> Plan:
-    """``ours``: our pooled namespaces → when first seen (monotonic); ``bound``: those bound already; ``free``: those
-    still in the free set. Pure."""
-    bound, free = set(bound), set(free)
+    """``ours``: our pooled namespaces → when first seen (monotonic); ``bound``: those bound already → the ports they
+    publish (as :func:`ports_of`); ``free``: those still in the free set. Pure."""
+    free = set(free)
     live: dict[str, Mapping[str, Any]] = {}
     ended: dict[str, tuple[str, str]] = {}
     shared: set[str] = set()
@@ -133,8 +139,8 @@ def plan(
         if name in shared:
             log.error("namespace-keeper: %s is named by two sessions' allocations: bound to neither", name)
         elif name in live:
-            if name not in bound:
-                result.bind[name] = live[name]
+            if name not in bound or frozenset(bound[name]) != ports_of(live[name]):
+                result.bind[name] = live[name]  # first, or a replacement allocation with other ports
         elif name in ended:
             result.retire[name] = ended[name]
         elif name in bound or (name not in free and now - seen > UNCLAIMED_GRACE):
@@ -175,13 +181,17 @@ class NamespaceKeeper:
         if stale:
             await self.redis.srem(self.key, *stale)
 
-    def is_bound(self, name: str) -> bool:
+    def bound_ports(self, name: str) -> frozenset[tuple[str, int, int]] | None:
+        """The ports a bound namespace publishes (as :func:`ports_of`); None while it is not bound."""
         record = self.members.recall(name)
-        return record is not None and record.session != pool_key(name)
+        if record is None or record.session == pool_key(name):
+            return None
+        return frozenset((protocol, host_port, port) for _, protocol, host_port, port in record.published)
 
     async def step(self, allocs: list[Json]) -> None:
         free = texts(await self.redis.smembers(self.key))
-        decided = plan(self.ours, [n for n in self.ours if self.is_bound(n)], free, allocs, time.monotonic())
+        bound = {name: ports for name in self.ours if (ports := self.bound_ports(name)) is not None}
+        decided = plan(self.ours, bound, free, allocs, time.monotonic())
         for name, alloc in decided.bind.items():
             try:
                 args = (self.client, name, str(alloc.get("Namespace") or "default"), str(alloc["JobID"]))

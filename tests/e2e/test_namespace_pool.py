@@ -257,3 +257,29 @@ async def test_a_keeper_finds_its_own_namespaces_again_never_another_deployments
         await other.delete_all()
         await again.delete_all()
     assert removed_containers(node) == []
+
+
+async def test_a_pooled_sessions_replacement_allocation_publishes_its_own_ports(
+    caravan: Caravan, pool_of_one: NamespaceKeeper
+) -> None:
+    """An allocation of a pooled session replaced on its node (``nomad alloc stop``: Nomad places a new one of the
+    same job, with other host ports) joins the same namespace, which the keeper binds again with the new ports. Before,
+    a namespace was bound once: the session was RUNNING again and its app answered nothing on its new port."""
+    session_id, job_hcl, first_port = await running(caravan, "replaced")
+    assert pooled_in(job_hcl) is not None
+    stored = await caravan.store.get(session_id)
+    assert stored is not None and stored.main_kernel.alloc_id
+    first = stored.main_kernel.alloc_id
+    await caravan.nomad.stop_allocation(first)
+    for _ in range(300):
+        stored = await caravan.store.get(session_id)
+        assert stored is not None
+        if stored.main_kernel.alloc_id not in (None, first) and stored.status.value == "RUNNING":
+            break
+        await asyncio.sleep(0.2)
+    assert stored.main_kernel.alloc_id != first and stored.status.value == "RUNNING", stored.status
+    [app] = (await caravan.gql(APPS, {"id": session_id}))["session"]["apps"]
+    port = int(app["hostPort"])
+    assert "served by replaced" in await page(caravan, port)
+    if port != first_port:  # the first allocation's port leads nowhere any more
+        assert f"tcp . {first_port} : " not in published_elements()

@@ -143,14 +143,20 @@ def test_a_pooled_namespace_serves_one_session_and_is_gone_once_deleted(pool: Po
     a = pool.make()
     with pytest.raises(PoolError, match="not to the caravan-pool namespace"):
         bind(pool.client, a.name, "caravan-pool", "anything", [])
-    host_port = free_port()
-    bind(pool.client, a.name, "default", "cv-s1", [mapping(host_port)])
-    with pytest.raises(PoolError, match="never bound twice"):
+    first_port, host_port = free_ports(2)
+    bind(pool.client, a.name, "default", "cv-s1", [mapping(first_port)])
+    with pytest.raises(PoolError, match="never reused"):
         bind(pool.client, a.name, "default", "cv-s2", [])
-    with pytest.raises(PoolError, match="never bound twice"):
+    with pytest.raises(PoolError, match="never reused"):
         bind(pool.client, "caravan-pool-000000000000", "default", "cv-s2", [])
     pool.serve(pool.netns(a), "0.0.0.0", PORT, "still cv-s1")
+    assert pool.ask([], "127.0.0.1", first_port) == "still cv-s1"
+    # its session's replacement allocation (other host ports): bound again, its ports replace the first's
+    bind(pool.client, a.name, "default", "cv-s1", [mapping(host_port)])
+    assert published(a.address) == [f"127.0.0.1 . tcp . {host_port}"]
     assert pool.ask([], "127.0.0.1", host_port) == "still cv-s1"
+    assert pool.ask([], "127.0.0.1", first_port).startswith("refused")
+    assert Membership(pool.network.state_dir).recall(a.name).session == session_key({"NOMAD_JOB_ID": "cv-s1"})  # type: ignore[union-attr]
 
     delete(pool.client, a.name)
     assert Membership(pool.network.state_dir).recall(a.name) is None
@@ -158,8 +164,8 @@ def test_a_pooled_namespace_serves_one_session_and_is_gone_once_deleted(pool: Po
     ports += subprocess.run(["nft", "list", "map", "ip", TABLE, "hostports"], capture_output=True, text=True).stdout
     assert f"{a.address} . {PORT}" not in ports
     assert pool.ask([], "127.0.0.1", host_port).startswith("refused")
-    with pytest.raises(PoolError, match="never bound twice"):
-        bind(pool.client, a.name, "default", "cv-s3", [])
+    with pytest.raises(PoolError, match="never reused"):
+        bind(pool.client, a.name, "default", "cv-s1", [])  # deleted: not even to its own session
     delete(pool.client, a.name)  # idempotent
 
 

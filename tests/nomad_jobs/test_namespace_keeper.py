@@ -9,7 +9,7 @@ import hcl2
 
 from domain.model import Driver, SessionType
 from nomad_jobs.kernel_network import poolable
-from nomad_jobs.namespace_keeper import UNCLAIMED_GRACE, Plan, named_namespace, plan, port_mappings
+from nomad_jobs.namespace_keeper import UNCLAIMED_GRACE, Plan, named_namespace, plan, port_mappings, ports_of
 from nomad_jobs.session_job import JobContext, render_session_job
 from tests.nomad_jobs.test_kernel_network import cluster
 from tests.nomad_jobs.test_session_job_inference import plain
@@ -35,8 +35,9 @@ def alloc(name: str, status: str = "running", job: str = "cv-s1") -> dict[str, A
 def test_a_named_namespace_is_bound_once_and_retired_when_its_allocations_end() -> None:
     ours = {A: 0.0, B: 0.0, C: 0.0, D: 0.0}
     allocs = [alloc(A), alloc(B, "complete"), alloc(D, "pending", "cv-s2")]
-    decided = plan(ours, bound=[B, C, D], free=[], allocs=allocs, now=1.0)
-    assert set(decided.bind) == {A}  # D is bound already: never twice
+    ports = ports_of(alloc(D))
+    decided = plan(ours, bound={B: ports, C: ports, D: ports}, free=[], allocs=allocs, now=1.0)
+    assert set(decided.bind) == {A}  # D is bound already, with its allocation's ports
     assert decided.retire == {B: ("default", "cv-s1")}  # its allocation ended: deleted once its job is over
     assert decided.delete == [C]  # bound, and no allocation names it any more
     assert named_namespace(alloc(A)) == A
@@ -47,14 +48,27 @@ def test_a_named_namespace_is_bound_once_and_retired_when_its_allocations_end() 
 
 def test_a_namespace_named_by_two_sessions_is_bound_to_neither() -> None:
     allocs = [alloc(A, job="cv-s1"), alloc(A, "pending", job="cv-s2")]
-    assert plan({A: 0.0}, bound=[], free=[], allocs=allocs, now=1.0) == Plan()
+    assert plan({A: 0.0}, bound={}, free=[], allocs=allocs, now=1.0) == Plan()
 
 
 def test_a_claimed_namespace_never_named_is_deleted_after_the_grace_only() -> None:
     ours = {A: 0.0, B: 0.0}
-    assert plan(ours, bound=[], free=[B], allocs=[], now=UNCLAIMED_GRACE - 1).delete == []
-    assert plan(ours, bound=[], free=[B], allocs=[], now=UNCLAIMED_GRACE + 1).delete == [A]
-    assert plan(ours, bound=[], free=[], allocs=[alloc(A, "failed")], now=1.0).retire == {A: ("default", "cv-s1")}
+    assert plan(ours, bound={}, free=[B], allocs=[], now=UNCLAIMED_GRACE - 1).delete == []
+    assert plan(ours, bound={}, free=[B], allocs=[], now=UNCLAIMED_GRACE + 1).delete == [A]
+    assert plan(ours, bound={}, free=[], allocs=[alloc(A, "failed")], now=1.0).retire == {A: ("default", "cv-s1")}
+
+
+def test_a_replacement_allocation_with_other_ports_is_bound_again() -> None:
+    """A session's allocation replaced on its node (an ``alloc stop``, a batch kernel placed again) names the same
+    namespace with other host ports: bound again, so they are published (before, only the first allocation's were, and
+    the session's apps answered nothing after the replacement)."""
+    replaced = alloc(A)
+    replaced["AllocatedResources"]["Shared"]["Ports"][0]["Value"] = 24001
+    first = ports_of(alloc(A))
+    assert ports_of(replaced) == {("tcp", 24001, 8888), ("udp", 24001, 8888)}
+    decided = plan({A: 0.0}, bound={A: first}, free=[], allocs=[alloc(A, "complete"), replaced], now=1.0)
+    assert decided.bind == {A: replaced} and decided.retire == {}
+    assert plan({A: 0.0}, bound={A: first}, free=[], allocs=[alloc(A)], now=1.0) == Plan()
 
 
 def test_a_pooled_kernel_joins_its_namespace_on_the_hosts_network_with_its_ports() -> None:
