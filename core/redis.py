@@ -215,6 +215,32 @@ class IdleClosingPool(BlockingConnectionPool):
             self._sweep_in(max(0.05, oldest + self.idle_timeout - time.monotonic()))
 
 
+class WholeSentinels(Sentinel):
+    """redis-py's Sentinel manager, whose list of Sentinel clients concurrent discoveries cannot break.
+
+    redis-py (8.1) moves the Sentinel that named the primary to the front of its list by the index it had when the
+    discovery asked it (``sentinels[0], sentinels[i] = sentinel, sentinels[0]``). Two discoveries that both passed
+    over the first Sentinel (in a failover it names no good primary, or cannot be reached) and were answered by the
+    same second one swap twice: the second swap, its index stale, writes that Sentinel over the first one's place and
+    the first client is gone from the list, its connections with it. ``aclose`` closes the clients on the list, so that
+    client's connections stayed open until garbage collection warned of them (``unclosed Connection``, three
+    connections to one Sentinel, in whichever test ran then: found after tests/e2e/test_redis_failover.py), and no
+    discovery asked that Sentinel again. Here the list is made whole again after each discovery: the one that answered
+    first, then every other client, each once."""
+
+    def __init__(self, sentinels: Iterable[tuple[str, int]], **kwargs: Any) -> None:
+        super().__init__(sentinels, **kwargs)  # type: ignore[no-untyped-call]
+        self.clients: tuple[Redis, ...] = tuple(self.sentinels)
+        """Every Sentinel client made, in the order given: the list's members, whatever its order."""
+
+    async def discover_master(self, service_name: str) -> Any:
+        try:
+            return await super().discover_master(service_name)
+        finally:  # no await between redis-py's swap and here: no other task sees the list broken
+            front = self.sentinels[0]
+            self.sentinels[:] = [front, *(c for c in self.clients if c is not front)]
+
+
 class SentinelIdleClosingPool(IdleClosingPool, SentinelConnectionPool):
     """The idle-closing blocking pool, its connections going to the primary the Sentinels name: asked again at each
     new connection, and after a failover (a connection to the old primary reads ``READONLY`` once it is demoted, or
@@ -260,7 +286,7 @@ def client(settings: RedisSettings) -> Redis:
     pool: IdleClosingPool
     if settings.sentinels:
         url = {k: v for k, v in parse_url(settings.url).items() if k in ("username", "password", "db")}
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = WholeSentinels(
             settings.sentinels,
             sentinel_kwargs={
                 "username": settings.sentinel_username,

@@ -62,6 +62,12 @@ def _password(secrets_dir: Path, name: str) -> Path:
     return secrets_dir / f"redis-{name}.password"
 
 
+def _sync_client(port: int, username: str, password: str | None) -> redis.Redis:
+    return redis.Redis(
+        host="127.0.0.1", port=port, username=username, password=password, socket_timeout=2, decode_responses=True
+    )
+
+
 @dataclass
 class RedisNode:
     service: Service
@@ -88,22 +94,15 @@ class SentinelGroup:
 
     def admin(self, port: int) -> redis.Redis:
         """A synchronous admin client to the data node on ``port``."""
-        password = read_secret(redis_password_path(self.secrets_dir, "admin"))
-        return redis.Redis(
-            host="127.0.0.1", port=port, username="admin", password=password, socket_timeout=2, decode_responses=True
-        )
+        return _sync_client(port, "admin", read_secret(redis_password_path(self.secrets_dir, "admin")))
 
     def sentinel_client(self, port: int) -> redis.Redis:
         """A synchronous client to the Sentinel on ``port``, as Caravan's processes ask it."""
-        password = read_secret(redis_sentinel_client_path(self.secrets_dir))
-        return redis.Redis(
-            host="127.0.0.1",
-            port=port,
-            username=SENTINEL_CLIENT_USER,
-            password=password,
-            socket_timeout=2,
-            decode_responses=True,
-        )
+        return _sync_client(port, SENTINEL_CLIENT_USER, read_secret(redis_sentinel_client_path(self.secrets_dir)))
+
+    def sentinel_admin(self, port: int) -> redis.Redis:
+        """A synchronous client to the Sentinel on ``port`` as the Sentinels' own user (every command)."""
+        return _sync_client(port, SENTINEL_USER, read_secret(_password(self.secrets_dir, SENTINEL_USER)))
 
     def primary_port(self) -> int | None:
         """The primary's port as the first Sentinel that answers names it (None if none answers)."""

@@ -356,6 +356,28 @@ async def test_closing_the_client_closes_the_sentinels_connections(settings: Set
     assert not still_open, f"{len(still_open)} connections to the Sentinels left open"
 
 
+async def test_concurrent_discoveries_keep_every_sentinel_client(group: SentinelGroup, settings: Settings) -> None:
+    """Discoveries of the primary at once (a failover's reconnecting commands) that all pass over the first Sentinel
+    (in a failover it names no good primary) and are answered by the second: redis-py moved the second to the front
+    once per discovery, by a stale index after the first, so the first Sentinel's client fell out of the list, and
+    ``aclose`` (which closes the clients on the list) left its connections open: they warned at garbage collection in
+    a later test (three connections to one port, after tests/e2e/test_redis_failover.py)."""
+    redis = client(settings.for_role("gateway").redis)
+    manager = redis.connection_pool.sentinels
+    made = list(manager.sentinels)
+    with group.sentinel_admin(group.sentinels[0].port) as first:
+        first.sentinel_remove(group.master_name)  # the first Sentinel answers, naming no primary
+    try:
+        answers = await asyncio.gather(*(manager.discover_master(group.master_name) for _ in range(4)))
+        assert len(set(answers)) == 1, answers
+        assert sorted(map(id, manager.sentinels)) == sorted(map(id, made)), "a Sentinel client fell out of the list"
+        assert made[0].connection_pool._available_connections, "the first Sentinel was not asked: nothing to test"
+    finally:
+        await redis.aclose()
+    still_open = [c for sentinel in made for c in sentinel.connection_pool._available_connections if c.is_connected]
+    assert not still_open, f"{len(still_open)} connections to the Sentinels left open"
+
+
 async def test_a_new_primary_leaves_the_sentinel_connections_in_use_open(gateway_redis: Redis) -> None:
     """When the Sentinels name a new primary, redis-py drops the pool's idle connections (``disconnect`` with
     ``inuse_connections=False``). That closed the Sentinel clients' connections too, under the tasks asking a Sentinel
