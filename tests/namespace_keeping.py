@@ -36,10 +36,12 @@ async def keeping(caravan: Caravan, agent: NomadAgent, size: int) -> AsyncIterat
             await asyncio.sleep(0.1)
         yield keeper
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        for job in await caravan.nomad.jobs(caravan.settings.nomad.job_prefix + "-"):
-            await caravan.nomad.deregister(job["ID"], purge=True)
-        await keeper.delete_all()
-        await redis.aclose()
+        try:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            for job in await caravan.nomad.jobs(caravan.settings.nomad.job_prefix + "-"):
+                await caravan.nomad.deregister(job["ID"], purge=True)
+            await keeper.delete_all()
+        finally:
+            await redis.aclose()  # whatever the clean-up met: no connection left for a later test's collection
