@@ -127,36 +127,38 @@ def create_app(settings: Settings, limits: Limits | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         connect_as = settings.for_role("gateway")  # its own Nomad token and Redis user
-        redis = redis_client(connect_as.redis)
-        keys = Keys(settings.redis.prefix)
-        nomad = NomadClient(connect_as.nomad)
-        users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
-        state.update(
-            redis=redis,
-            sessions=SessionStore(redis, keys, usage_retention=settings.usage_raw_retention),
-            users=users,
-            nomad=nomad,
-            hub=EventHub(redis),
-            revocations=RevocationWatch(redis, keys),
-        )
-        state["apps"] = AppLaunches(  # the launch exchange; HAProxy serves the apps themselves
-            settings, AppAccessStore(redis, keys), users, ensure_app_cookie_key(settings.secrets)
-        )
-        state["endpoint_http"] = endpoint_http_client(settings)
-        token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
-        try:
-            await state["users"].ensure_bootstrap_admin(token)
-        except Exception as exc:  # Redis may come up after us; readiness reports it meanwhile
-            log.warning("could not register the bootstrap admin yet: %s", exc)
-        async with contextlib.AsyncExitStack() as planes:
+        async with (
+            contextlib.AsyncExitStack() as closing
+        ):  # each closed at the end, the last made first, whatever fails
+            redis = redis_client(connect_as.redis)
+            closing.push_async_callback(redis.aclose)
+            keys = Keys(settings.redis.prefix)
+            nomad = NomadClient(connect_as.nomad)
+            closing.push_async_callback(nomad.aclose)
+            users = UserStore(redis, keys, max_tokens=settings.gateway.max_tokens_per_user)
+            state.update(
+                redis=redis,
+                sessions=SessionStore(redis, keys, usage_retention=settings.usage_raw_retention),
+                users=users,
+                nomad=nomad,
+                hub=EventHub(redis),
+                revocations=RevocationWatch(redis, keys),
+            )
+            closing.push_async_callback(state["hub"].aclose)
+            closing.push_async_callback(state["revocations"].aclose)
+            state["apps"] = AppLaunches(  # the launch exchange; HAProxy serves the apps themselves
+                settings, AppAccessStore(redis, keys), users, ensure_app_cookie_key(settings.secrets)
+            )
+            state["endpoint_http"] = endpoint_http_client(settings)
+            closing.push_async_callback(state["endpoint_http"].aclose)
+            token = bootstrap_admin_token(settings.gateway.admin_token, settings.home)
+            try:
+                await state["users"].ensure_bootstrap_admin(token)
+            except Exception as exc:  # Redis may come up after us; readiness reports it meanwhile
+                log.warning("could not register the bootstrap admin yet: %s", exc)
             if settings.gateway.ingress_port is not None and settings.gateway.keeps_maps:  # HAProxy's maps: here
-                await planes.enter_async_context(planes_running(settings, redis, state["sessions"], users))
+                await closing.enter_async_context(planes_running(settings, redis, state["sessions"], users))
             yield
-        await state["endpoint_http"].aclose()
-        await state["hub"].aclose()
-        await state["revocations"].aclose()
-        await nomad.aclose()
-        await redis.aclose()
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
