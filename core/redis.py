@@ -315,9 +315,14 @@ def client(settings: RedisSettings) -> Redis:
 
 
 async def connect(settings: RedisSettings, *, give_up_after: float = 30.0) -> Redis:
-    """A client that has answered a PING, retried with backoff while Redis comes up."""
+    """A client that has answered a PING, retried with backoff while Redis comes up (closed when it never does, or
+    the wait is cancelled)."""
     redis = client(settings)
-    async for attempt in backoff(give_up_after=give_up_after):
-        with attempt:
-            await redis.ping()
+    try:
+        async for attempt in backoff(give_up_after=give_up_after):
+            with attempt:
+                await redis.ping()
+    except BaseException:
+        await redis.aclose()
+        raise
     return redis
