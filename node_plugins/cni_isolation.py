@@ -265,8 +265,12 @@ def listed_ports(listing: str) -> list[tuple[str, str, str]]:
         listed = item.get("map")
         if not isinstance(listed, dict) or listed.get("name") not in PORT_MAPS:
             continue
-        for key, value in listed.get("elem") or []:
-            found.append((str(listed["name"]), " . ".join(str(p) for p in key["concat"]), str(value["concat"][0])))
+        for element in listed.get("elem") or []:
+            try:
+                key, value = element
+                found.append((str(listed["name"]), " . ".join(str(p) for p in key["concat"]), str(value["concat"][0])))
+            except (KeyError, TypeError, IndexError, ValueError):
+                continue  # not one of ours (this plugin adds no other form): left alone rather than fail a kernel
     return found
 
 
@@ -444,7 +448,10 @@ def published_now() -> list[tuple[str, str, str]]:
     """The ports published on this host now (:func:`listed_ports`); none before the first kernel made the table.
     Read under the lock, as every writer of the maps holds it."""
     done = subprocess.run(["nft", "-j", "list", "table", "ip", TABLE], text=True, capture_output=True)
-    return listed_ports(done.stdout) if done.returncode == 0 else []
+    try:
+        return listed_ports(done.stdout) if done.returncode == 0 else []
+    except ValueError:  # not JSON: nothing to clean up rather than a kernel failed for it
+        return []
 
 
 def add(config: Mapping[str, Any], env: Mapping[str, str], members: Membership) -> dict[str, Any]:

@@ -271,6 +271,7 @@ NFT_LISTING = {
                 "elem": [
                     [{"concat": ["127.0.0.1", "tcp", 34883]}, {"concat": ["172.26.28.2", 8888]}],
                     [{"concat": ["127.0.0.1", "udp", 6]}, {"concat": ["172.26.28.3", 53]}],
+                    {"elem": {"val": "not ours", "timeout": 5}},  # a form this plugin never writes: skipped
                 ],
             }
         },
