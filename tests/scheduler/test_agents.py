@@ -366,9 +366,17 @@ def test_a_packing_index_moved_where_its_searches_found_agents_answers_as_one_bu
     fresh = PackingIndex(positions, direction, members, avail, capacity)
     assert hinted > 100 and given_back > 5
     assert [index.search(need) for need in needs] == [fresh.search(need) for need in needs]
-    assert [(tier.values, tier.lists) for tier in index._tier_order] == [
-        (tier.values, tier.lists) for tier in fresh._tier_order
-    ]
+    assert [_buckets(tier) for tier in index._tier_order] == [_buckets(tier) for tier in fresh._tier_order]
+
+
+def _buckets(tier: _Tier) -> list[tuple[int, list[int]]]:
+    """The tier's buckets that are not empty, checked against each other and against ``lasts`` and ``blocks``."""
+    assert tier.lists == [tier.buckets[value] for value in tier.values] and tier.values == sorted(tier.buckets)
+    assert tier.lasts == [bucket[-1] >> tier.top if bucket else -1 for bucket in tier.lists]
+    assert len(tier.blocks) == (len(tier.lasts) + 7) // 8
+    assert all(bound >= max(tier.lasts[block * 8 : block * 8 + 8]) for block, bound in enumerate(tier.blocks))
+    assert all(bucket == sorted(bucket) for bucket in tier.lists)
+    return [(value, bucket) for value, bucket in zip(tier.values, tier.lists, strict=True) if bucket]
 
 
 def test_a_tier_empties_and_fills_buckets() -> None:
@@ -377,6 +385,34 @@ def test_a_tier_empties_and_fills_buckets() -> None:
     tier.remove(2, 5)  # bisected; its bucket empties
     tier.add(3, 35)
     tier.add(1, 15)
-    assert tier.values == [1, 3]
-    assert tier.lists == [[10, 15, 30], [35]]
-    assert tier.buckets == {1: [10, 15, 30], 3: [35]}
+    tier.add(1, 40)  # a new last
+    tier.remove(3, 35)
+    tier.add(3, 36)
+    tier.add(3, 33)
+    tier.remove(1, 40, tier.buckets[1], 3)  # the last, where a search found it
+    assert _buckets(tier) == [(1, [10, 15, 30]), (3, [33, 36])]
+    assert tier.values == [1, 2, 3]  # bucket 2 emptied, and stays
+    assert tier.lasts == [30, -1, 36]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_tier_finds_the_first_bucket_reaching_a_key_as_a_walk_of_every_bucket_does(seed: int) -> None:
+    """Blocks of buckets skipped on their largest last key, buckets emptied and refilled, new buckets in between:
+    after every step, ``first_reaching`` answers as a walk over every bucket's keys would."""
+    rng = random.Random(seed)
+    keys = {ordinal: (rng.randrange(0, 400, 10), rng.randrange(1000) * 64 + ordinal) for ordinal in range(64)}
+    tier = _Tier(list(keys.values()), 6)  # the top field: the key's bits from 6 up
+    for _ in range(500):
+        ordinal = rng.randrange(64)
+        tier.remove(*keys[ordinal])
+        keys[ordinal] = (rng.randrange(0, 400, 5), rng.randrange(1000) * 64 + ordinal)
+        tier.add(*keys[ordinal])
+        least, start = rng.randrange(1000), rng.randrange(len(tier.values) + 1)
+        walked = next(
+            (p for p in range(start, len(tier.values)) if any(key >> 6 >= least for key in tier.lists[p])),
+            len(tier.values),
+        )
+        assert tier.first_reaching(start, least) == walked
+    assert _buckets(tier) == sorted(
+        (value, sorted(k for v, k in keys.values() if v == value)) for value in {v for v, _ in keys.values()}
+    )
