@@ -129,19 +129,24 @@ class _Tier:
     least left that may fit, and packing has left those buckets short of the second slot too).
 
     A bucket that empties stays, its last ``_EMPTY`` (below every key): taking it out would move every bucket after
-    it one position and so rebuild the blocks after it, at nearly every placement of a busy pass."""
+    it one position and so rebuild the blocks after it, at nearly every placement of a busy pass.
 
-    __slots__ = ("blocks", "buckets", "lasts", "lists", "starts", "top", "values")
+    Only concentrated tiers keep ``lasts`` and ``blocks`` (``blocked``): a dispersed search mostly finds its agent in
+    the first bucket it looks at (it starts where the same request last found one), and its placements take the
+    last key of a bucket, so their upkeep cost more than it saved (measured: slower in a same-run A/B). A dispersed
+    tier reads a bucket's last key itself and drops a bucket that empties."""
 
-    def __init__(self, keys: list[tuple[int, int]], top: int = 0) -> None:
+    __slots__ = ("blocked", "blocks", "buckets", "lasts", "lists", "starts", "top", "values")
+
+    def __init__(self, keys: list[tuple[int, int]], top: int = 0, blocked: bool = True) -> None:
         """``keys``: (bucket value, in-bucket key) pairs; ``top``: where the in-bucket key's top field starts."""
-        self.top = top
+        self.top, self.blocked = top, blocked
         self.buckets: dict[int, list[int]] = {}
         for value, key in sorted(keys):
             self.buckets.setdefault(value, []).append(key)
         self.values = sorted(self.buckets)
         self.lists = [self.buckets[value] for value in self.values]  # a scan walks these without a dict lookup
-        self.lasts = [bucket[-1] >> top for bucket in self.lists]
+        self.lasts = [bucket[-1] >> top for bucket in self.lists] if blocked else []
         self.blocks: list[int] = []
         self._reblock()
         self.starts: dict[tuple[int, ...], int] = {}  # dispersed: need -> first bucket value that may fit it
@@ -153,8 +158,14 @@ class _Tier:
             bucket = self.buckets[value]
             at = bisect_left(bucket, key)
         bucket.pop(at)  # pop, not del: compiled, a direct list call
-        if at == len(bucket):  # it was the last
-            self._set_last(bisect_left(self.values, value), bucket[at - 1] if at else _EMPTY)
+        if self.blocked:
+            if at == len(bucket):  # it was the last
+                self._set_last(bisect_left(self.values, value), bucket[at - 1] if at else _EMPTY)
+        elif not bucket:
+            del self.buckets[value]
+            position = bisect_left(self.values, value)
+            self.values.pop(position)
+            self.lists.pop(position)
 
     def add(self, value: int, key: int) -> None:
         target = self.buckets.get(value)
@@ -163,9 +174,10 @@ class _Tier:
             position = bisect_left(self.values, value)
             self.values.insert(position, value)
             self.lists.insert(position, target)
-            self.lasts.insert(position, key >> self.top)
-            self._reblock()
-        elif not target or key > target[-1]:  # concentrated: mostly (the agent placed had the most it needed)
+            if self.blocked:
+                self.lasts.insert(position, key >> self.top)
+                self._reblock()
+        elif self.blocked and (not target or key > target[-1]):  # mostly (the agent placed had the most it needed)
             target.append(key)
             self._set_last(bisect_left(self.values, value), key)
         else:
@@ -186,6 +198,11 @@ class _Tier:
     def first_reaching(self, position: int, least: int) -> int:
         """The first bucket from ``position`` on whose last key's top field is >= ``least`` (0: the first bucket not
         empty; ``len(values)``: none)."""
+        if not self.blocked:  # no bucket is empty
+            lists = self.lists
+            while position < len(lists) and lists[position][-1] >> self.top < least:
+                position += 1
+            return position
         lasts, blocks, size = self.lasts, self.blocks, len(self.lasts)
         while position < size:
             if position % _BLOCK:  # inside a block: bucket by bucket up to the next
@@ -240,7 +257,7 @@ class PackingIndex:
             encoded.append((ordinal, tier, value, key))
             keys_by_tier.setdefault(tier, []).append((value, key))
         top = encoding.shifts[1] if len(positions) > 1 else 0
-        tiers = {tier: _Tier(keys, top) for tier, keys in keys_by_tier.items()}
+        tiers = {tier: _Tier(keys, top, direction == CONCENTRATED) for tier, keys in keys_by_tier.items()}
         self._tier_order = [tiers[tier] for tier in sorted(tiers)]
         for ordinal, tier, _, _ in encoded:
             self._tier_of[ordinal] = tiers[tier]
@@ -352,16 +369,15 @@ class PackingIndex:
         if len(need) == 1:
             position = tier.first_reaching(0, 0)  # the first bucket not empty
             return self._first(tier, position) if position < len(values) and values[position] <= first else None
-        enough = encoding.least(1, need[1])  # the least field with enough of the second slot
-        second = enough << encoding.shifts[1]  # the least in-bucket key with enough of it
+        second = encoding.least(1, need[1]) << encoding.shifts[1]  # the least in-bucket key with enough of slot 2
         start = tier.starts.get(need)
-        # buckets short of the second slot (or empty) are skipped: if one had been past ``first``, so is the next
-        position = tier.first_reaching(0 if start is None else bisect_left(values, start), enough)
-        while position < len(values):
+        for position in range(0 if start is None else bisect_left(values, start), len(values)):
             value = values[position]
             if value > first:  # from here on avail[k1] < need[k1]: nothing later fits
                 return None
             bucket = lists[position]
+            if bucket[-1] < second:  # even its most of the second slot is short
+                continue
             # a bucket ends with its most of the second slot: once short, the rest (towards its front) is
             for index in range(len(bucket) - 1, -1, -1):
                 key = bucket[index]
@@ -371,5 +387,4 @@ class PackingIndex:
                 if self._fits_beyond_second(ordinal, need):
                     tier.starts[need] = value
                     return self._found_in(tier, position, index)
-            position = tier.first_reaching(position + 1, enough)
         return None

@@ -372,14 +372,21 @@ def test_a_packing_index_moved_where_its_searches_found_agents_answers_as_one_bu
 def _buckets(tier: _Tier) -> list[tuple[int, list[int]]]:
     """The tier's buckets that are not empty, checked against each other and against ``lasts`` and ``blocks``."""
     assert tier.lists == [tier.buckets[value] for value in tier.values] and tier.values == sorted(tier.buckets)
-    assert tier.lasts == [bucket[-1] >> tier.top if bucket else -1 for bucket in tier.lists]
-    assert len(tier.blocks) == (len(tier.lasts) + 7) // 8
-    assert all(bound >= max(tier.lasts[block * 8 : block * 8 + 8]) for block, bound in enumerate(tier.blocks))
+    if tier.blocked:
+        assert tier.lasts == [bucket[-1] >> tier.top if bucket else -1 for bucket in tier.lists]
+        assert len(tier.blocks) == (len(tier.lasts) + 7) // 8
+        assert all(bound >= max(tier.lasts[block * 8 : block * 8 + 8]) for block, bound in enumerate(tier.blocks))
+    else:
+        assert all(tier.lists) and tier.lasts == tier.blocks == []
     assert all(bucket == sorted(bucket) for bucket in tier.lists)
     return [(value, bucket) for value, bucket in zip(tier.values, tier.lists, strict=True) if bucket]
 
 
 def test_a_tier_empties_and_fills_buckets() -> None:
+    unblocked = _Tier([(1, 10), (1, 20), (2, 5)], blocked=False)  # dispersed: an emptied bucket goes
+    unblocked.remove(2, 5)
+    unblocked.add(1, 15)
+    assert _buckets(unblocked) == [(1, [10, 15, 20])] and unblocked.values == [1]
     tier = _Tier([(1, 10), (1, 20), (1, 30), (2, 5)])
     tier.remove(1, 20, tier.buckets[1], 1)  # where a search found it
     tier.remove(2, 5)  # bisected; its bucket empties
