@@ -397,14 +397,37 @@ def _reserve_for_overdue(
     return holders
 
 
+_PICKED_BY_A_WALK = 4
+"""How many holders ``_in_reservation_order`` finds by a walk each before it sorts the rest."""
+
+
 def _in_reservation_order(entries: Sequence[QueueEntry]) -> Iterator[QueueEntry]:
-    """Highest band first, oldest first, equal ages by id; lazily: band by band, each by age (nearly every session
-    of a busy queue can be overdue, and only the first few are wanted)."""
+    """Highest band first, oldest first, equal ages by id (equal in all three: as they came). Lazily: nearly every
+    session of a busy queue can be overdue (the more the bigger the queue) and a pass mostly wants one holder
+    (``max_reservations`` is 1 unless configured), so the first few are found by a walk each; only if more are
+    wanted are the rest sorted, band by band."""
+    rest = list(entries)
+    for _ in range(_PICKED_BY_A_WALK):
+        if not rest:
+            return
+        best = 0
+        for position in range(1, len(rest)):
+            if _reserves_before(rest[position], rest[best]):
+                best = position
+        yield rest.pop(best)  # the rest keep their order: equal ones still come as they came
     bands: dict[int, list[QueueEntry]] = defaultdict(list)
-    for entry in entries:
+    for entry in rest:
         bands[entry.priority].append(entry)
     for priority in sorted(bands, reverse=True):
         yield from by_age(bands[priority], newest_first=False)
+
+
+def _reserves_before(entry: QueueEntry, other: QueueEntry) -> bool:
+    if entry.priority != other.priority:
+        return entry.priority > other.priority
+    if entry.created != other.created:
+        return entry.created < other.created
+    return entry.id < other.id
 
 
 def _attempt(entry: QueueEntry, occupancy: GroupOccupancy, chooser: Chooser, holders: set[str]) -> Attempt:

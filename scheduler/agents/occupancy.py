@@ -162,21 +162,27 @@ class GroupOccupancy:
 
     def consume(self, ordinal: int, demand: Demand) -> None:
         avail = self.avail[ordinal]
+        indexes = self._index_list
+        for index in indexes:  # each checks membership in its own per-agent list
+            index.take(ordinal, avail)
         for position, amount in demand:
             avail[position] -= amount
         self._moved(ordinal, avail)
 
     def _give_back(self, ordinal: int, demand: Demand) -> None:
         avail = self.avail[ordinal]
+        for index in self._index_list:
+            index.take(ordinal, avail)
         for position, amount in demand:
             avail[position] += amount
         self._moved(ordinal, avail)
-        for index in self._indexes.values():
+        for index in self._index_list:
             index.forget_starts()
 
     def _moved(self, ordinal: int, avail: list[int]) -> None:
-        for index in self._index_list:  # each checks membership in its own per-agent list (one cold read, not two)
-            index.update(ordinal, avail)
+        """After ``take`` from every index and a change of the agent's amounts."""
+        for index in self._index_list:
+            index.put(ordinal, avail)
         if self._avail_fronts:
             self._avail_fronts.clear()
 

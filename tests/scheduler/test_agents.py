@@ -329,35 +329,97 @@ def test_roundrobin_over_candidates_picks_what_a_scan_of_every_agent_picks(start
 
 
 @pytest.mark.parametrize("direction", [CONCENTRATED, DISPERSED])
-def test_a_packing_index_moved_where_its_searches_found_agents_answers_as_one_built_afresh(direction: int) -> None:
-    """A placement takes the agent's key out of its bucket where the search just found it (``update`` given that
-    position); an update of an agent the last search did not find bisects. After a seeded mix of both, every search
-    answers as an index built from the final amounts."""
-    rng = random.Random(direction)
+@pytest.mark.parametrize("seed", range(4))
+def test_a_packing_index_moved_where_its_searches_found_agents_answers_as_one_built_afresh(
+    direction: int, seed: int
+) -> None:
+    """A placement takes the agent's key out of its bucket where the search just found it; a change of an agent the
+    last search did not find (or one after a search that found nothing) takes the key its old amounts give. After a
+    seeded mix of both, amounts going down and, now and then, back up, every search answers as an index built from
+    the final amounts, and its buckets hold exactly that index's keys."""
+    rng = random.Random(seed * 2 + direction)
     positions = (0, 1, 2)
     capacity = [[rng.choice([8000, 16000]), rng.choice([16000, 64000]), rng.choice([2000, 4000])] for _ in range(60)]
     avail = [list(vector) for vector in capacity]
-    members = [(ordinal, rng.choice([0, 1])) for ordinal in range(len(avail))]
+    members = [(ordinal, rng.choice([0, 1])) for ordinal in range(len(avail)) if rng.random() < 0.9]
     index = PackingIndex(positions, direction, members, avail, capacity)
     needs = [(cpu, mem, gpu) for cpu in (500, 1000, 2000) for mem in (1000, 4000, 8000) for gpu in (0, 500)]
-    hinted = 0
-    for _ in range(400):
+    hinted = given_back = 0
+    for _ in range(600):
         need = rng.choice(needs)
         found = index.search(need)
         ordinal = found if found is not None and rng.random() < 0.8 else rng.randrange(len(avail))
-        if all(have >= amount for have, amount in zip(avail[ordinal], need, strict=True)):
-            hinted += ordinal == found
-            avail[ordinal] = [have - amount for have, amount in zip(avail[ordinal], need, strict=True)]
-            index.update(ordinal, avail[ordinal])
+        sign = -1 if rng.random() < 0.9 else 1  # a rollback or a released hold gives amounts back
+        if sign == 1 and all(
+            have + amount <= cap for have, amount, cap in zip(avail[ordinal], need, capacity[ordinal], strict=True)
+        ):
+            given_back += 1
+        elif sign == 1 or not all(have >= amount for have, amount in zip(avail[ordinal], need, strict=True)):
+            continue
+        hinted += ordinal == found
+        index.take(ordinal, avail[ordinal])
+        for position, amount in enumerate(need):
+            avail[ordinal][position] += sign * amount
+        index.put(ordinal, avail[ordinal])
+        if sign == 1:
+            index.forget_starts()
     fresh = PackingIndex(positions, direction, members, avail, capacity)
-    assert hinted > 100
+    assert hinted > 100 and given_back > 5
     assert [index.search(need) for need in needs] == [fresh.search(need) for need in needs]
+    assert [_buckets(tier) for tier in index._tier_order] == [_buckets(tier) for tier in fresh._tier_order]
 
 
-def test_a_tier_move_checks_the_position_it_is_given() -> None:
+def _buckets(tier: _Tier) -> list[tuple[int, list[int]]]:
+    """The tier's buckets that are not empty, checked against each other and against ``lasts`` and ``blocks``."""
+    assert tier.lists == [tier.buckets[value] for value in tier.values] and tier.values == sorted(tier.buckets)
+    if tier.blocked:
+        assert tier.lasts == [bucket[-1] >> tier.top if bucket else -1 for bucket in tier.lists]
+        assert len(tier.blocks) == (len(tier.lasts) + 7) // 8
+        assert all(bound >= max(tier.lasts[block * 8 : block * 8 + 8]) for block, bound in enumerate(tier.blocks))
+    else:
+        assert all(tier.lists) and tier.lasts == tier.blocks == []
+    assert all(bucket == sorted(bucket) for bucket in tier.lists)
+    return [(value, bucket) for value, bucket in zip(tier.values, tier.lists, strict=True) if bucket]
+
+
+def test_a_tier_empties_and_fills_buckets() -> None:
+    unblocked = _Tier([(1, 10), (1, 20), (2, 5)], blocked=False)  # dispersed: an emptied bucket goes
+    unblocked.remove(2, 5)
+    unblocked.add(1, 15)
+    assert _buckets(unblocked) == [(1, [10, 15, 20])] and unblocked.values == [1]
     tier = _Tier([(1, 10), (1, 20), (1, 30), (2, 5)])
-    tier.move(1, 20, 2, 25, at=0)  # wrong: 10 is there
-    tier.move(1, 30, 2, 35, at=7)  # out of the bucket
-    tier.move(2, 5, 1, 15, at=0)  # right
-    assert tier.values == [1, 2]
-    assert tier.lists == [[10, 15], [25, 35]]
+    tier.remove(1, 20, tier.buckets[1], 1)  # where a search found it
+    tier.remove(2, 5)  # bisected; its bucket empties
+    tier.add(3, 35)
+    tier.add(1, 15)
+    tier.add(1, 40)  # a new last
+    tier.remove(3, 35)
+    tier.add(3, 36)
+    tier.add(3, 33)
+    tier.remove(1, 40, tier.buckets[1], 3)  # the last, where a search found it
+    assert _buckets(tier) == [(1, [10, 15, 30]), (3, [33, 36])]
+    assert tier.values == [1, 2, 3]  # bucket 2 emptied, and stays
+    assert tier.lasts == [30, -1, 36]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_tier_finds_the_first_bucket_reaching_a_key_as_a_walk_of_every_bucket_does(seed: int) -> None:
+    """Blocks of buckets skipped on their largest last key, buckets emptied and refilled, new buckets in between:
+    after every step, ``first_reaching`` answers as a walk over every bucket's keys would."""
+    rng = random.Random(seed)
+    keys = {ordinal: (rng.randrange(0, 400, 10), rng.randrange(1000) * 64 + ordinal) for ordinal in range(64)}
+    tier = _Tier(list(keys.values()), 6)  # the top field: the key's bits from 6 up
+    for _ in range(500):
+        ordinal = rng.randrange(64)
+        tier.remove(*keys[ordinal])
+        keys[ordinal] = (rng.randrange(0, 400, 5), rng.randrange(1000) * 64 + ordinal)
+        tier.add(*keys[ordinal])
+        least, start = rng.randrange(1000), rng.randrange(len(tier.values) + 1)
+        walked = next(
+            (p for p in range(start, len(tier.values)) if any(key >> 6 >= least for key in tier.lists[p])),
+            len(tier.values),
+        )
+        assert tier.first_reaching(start, least) == walked
+    assert _buckets(tier) == sorted(
+        (value, sorted(k for v, k in keys.values() if v == value)) for value in {v for v, _ in keys.values()}
+    )

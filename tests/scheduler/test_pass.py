@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import random
 from dataclasses import replace
 from datetime import timedelta
 
@@ -12,7 +13,7 @@ from domain.scheduling_config import GroupConfig
 from domain.slots import ResourceSlots
 from scheduler.agents.vectors import SlotCodec
 from scheduler.pass_model import ClusterMode, PassConfig, Snapshot, WaitKind
-from scheduler.scheduling_pass import _entries, run_pass
+from scheduler.scheduling_pass import _entries, _in_reservation_order, run_pass
 from scheduler.wait_checks import CheckContext, Usage
 from tests.scheduler.builders import T0, agent, placed_on, run, session, slots
 
@@ -198,3 +199,18 @@ def test_dispersed_sees_the_amounts_a_released_reservation_gave_back() -> None:
         max_reservations=2,
     )
     assert placed_on(result) == {"h1": "a", "h2": "x"}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_holders_are_tried_highest_band_first_then_oldest_then_by_id(seed: int) -> None:
+    """The first few found by a walk each, the rest sorted: one order throughout, the one a sort of all of them
+    gives, with equal ages and equal ids among them (equal in all: as they came)."""
+    rng = random.Random(seed)
+    sessions = [
+        session(f"s{rng.randrange(12):02d}", {"cpu": 1}, at=rng.randrange(8), priority=rng.choice([5, 10, 20]))
+        for _ in range(40)
+    ]
+    entries = _entries(sessions, SlotCodec({"cpu"}, ("cpu",)), GroupConfig(), CheckContext(T0, {}, {}, {}, Usage()))
+    for count in (0, 1, 3, 4, 5, 40):
+        wanted = sorted(entries[:count], key=lambda entry: (-entry.priority, entry.created, entry.id))
+        assert list(_in_reservation_order(entries[:count])) == wanted
