@@ -132,8 +132,8 @@ def plan(
             ended[name] = (str(alloc.get("Namespace") or "default"), str(alloc.get("JobID")))
         elif name in live and live[name].get("JobID") != alloc.get("JobID"):
             shared.add(name)  # two sessions naming one namespace (the claim prevents it): bound to neither
-        else:
-            live[name] = alloc
+        elif name not in live or int(alloc.get("CreateIndex") or 0) > int(live[name].get("CreateIndex") or 0):
+            live[name] = alloc  # a replacement still beside the allocation it replaces: the newest one's ports
     result = Plan()
     for name, seen in ours.items():
         if name in shared:

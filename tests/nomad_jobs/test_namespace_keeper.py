@@ -68,6 +68,9 @@ def test_a_replacement_allocation_with_other_ports_is_bound_again() -> None:
     assert ports_of(replaced) == {("tcp", 24001, 8888), ("udp", 24001, 8888)}
     decided = plan({A: 0.0}, bound={A: first}, free=[], allocs=[alloc(A, "complete"), replaced], now=1.0)
     assert decided.bind == {A: replaced} and decided.retire == {}
+    replaced["CreateIndex"] = 20
+    for beside in ([alloc(A), replaced], [replaced, alloc(A)]):  # the one it replaces still running: the newest wins
+        assert plan({A: 0.0}, bound={A: first}, free=[], allocs=beside, now=1.0).bind == {A: replaced}
     assert plan({A: 0.0}, bound={A: first}, free=[], allocs=[alloc(A)], now=1.0) == Plan()
 
 
