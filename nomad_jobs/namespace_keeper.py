@@ -41,7 +41,7 @@ from redis.asyncio import Redis
 from core.keys import Keys
 from core.replies import texts
 from core.retry import stop_if_cancelled
-from node_plugins.cni_isolation import Membership, pool_key
+from node_plugins.cni_isolation import Membership, PluginError, pool_key, published_ports
 from node_plugins.namespace_pool import PREFIX, Client, Pooled, PoolError, bind, delete, labelled, make
 from nomad_jobs.client import Json, NomadClient, NomadNotFound
 from nomad_jobs.kernel_network import POOLED_HOSTNAME
@@ -107,8 +107,16 @@ class Plan:
 
 
 def ports_of(alloc: Mapping[str, Any]) -> frozenset[tuple[str, int, int]]:
-    """The allocation's ports as (protocol, host port, kernel port)."""
-    return frozenset((m["protocol"], m["hostPort"], m["containerPort"]) for m in port_mappings(alloc))
+    """The allocation's ports the isolation plugin publishes, as (protocol, host port, kernel port): read as the plugin
+    reads them (``published_ports``), so that one it skips (an IPv6 host address) is not taken for a port left
+    unpublished, and the namespace bound again, at every look. Mappings the plugin refuses: all of them as given (the
+    bind that follows fails and says why)."""
+    mappings = port_mappings(alloc)
+    try:
+        published = published_ports({"runtimeConfig": {"portMappings": mappings}})
+    except PluginError:
+        return frozenset((m["protocol"], m["hostPort"], m["containerPort"]) for m in mappings)
+    return frozenset((protocol, host_port, port) for _, protocol, host_port, port in published)
 
 
 def plan(

@@ -74,6 +74,20 @@ def test_a_replacement_allocation_with_other_ports_is_bound_again() -> None:
     assert plan({A: 0.0}, bound={A: first}, free=[], allocs=[alloc(A)], now=1.0) == Plan()
 
 
+def test_a_port_the_plugin_skips_does_not_bind_the_namespace_again_at_every_look() -> None:
+    """An IPv6 host address: the isolation plugin publishes the kernel's other ports and skips it (the session network
+    is IPv4), so the bound record never holds it; counted as missing, every event on the node bound the namespace
+    again (its ports unpublished and published anew each time)."""
+    dual = alloc(A)
+    ipv6 = {"Label": "p9999", "Value": 23457, "To": 9999, "HostIP": "::1"}
+    dual["AllocatedResources"]["Shared"]["Ports"].append(ipv6)
+    assert ports_of(dual) == ports_of(alloc(A)) == {("tcp", 23456, 8888), ("udp", 23456, 8888)}
+    assert plan({A: 0.0}, bound={A: ports_of(alloc(A))}, free=[], allocs=[dual], now=1.0) == Plan()
+    refused = alloc(A)
+    refused["AllocatedResources"]["Shared"]["Ports"][0]["HostIP"] = "not-an-address"  # the bind will fail, saying why
+    assert ports_of(refused) == {("tcp", 23456, 8888), ("udp", 23456, 8888)}
+
+
 def test_a_pooled_kernel_joins_its_namespace_on_the_hosts_network_with_its_ports() -> None:
     session = cluster(size=1, type=SessionType.INTERACTIVE, ports=(8888,))
     assert poolable(session, "cni/caravan")
