@@ -113,10 +113,10 @@ def _chain(client: Client, command: str, name: str, netns: str) -> dict[str, Any
     return result
 
 
-def labelled(label: str, value: str, *, also: str | None = None) -> list[str]:
+def labelled(label: str, value: str, *, also: tuple[str, str] | None = None) -> list[str]:
     """The pooled namespaces (their pause containers, running or not) made with the Docker label ``label=value``;
-    with ``also="other=value"``, only those whose label ``other`` has that value or is not set (made before it was)."""
-    other, _, wanted = (also or "").partition("=")
+    with ``also=(other, wanted)``, only those whose label ``other`` is ``wanted`` or not set (made before it was)."""
+    other, wanted = also or ("", "")
     shown = f'{{{{.Names}}}} {{{{.Label "{other}"}}}}' if also else "{{.Names}}"
     listed = _docker("ps", "--all", "--filter", f"label={label}={value}", "--format", shown)
     found = []

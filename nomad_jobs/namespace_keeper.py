@@ -182,7 +182,7 @@ class NamespaceKeeper:
     async def recover(self) -> None:
         """After a start: our pause containers found again; free-set entries whose container is gone removed."""
         # ours: of this node and this free set (or made by a keeper from before POOL_LABEL, which only knew the node)
-        listed = await asyncio.to_thread(labelled, LABEL, self.node_id, also=f"{POOL_LABEL}={self.key}")
+        listed = await asyncio.to_thread(labelled, LABEL, self.node_id, also=(POOL_LABEL, self.key))
         now = time.monotonic()
         self.ours = dict.fromkeys(listed, now)
         stale = set(texts(await self.redis.smembers(self.key))) - self.ours.keys()
