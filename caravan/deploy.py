@@ -39,9 +39,9 @@ import re
 import sys
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -58,6 +58,8 @@ from core.secrets import (
 from core.settings import NomadSettings, Settings
 from nomad_jobs.namespace_keeper import NETWORK_META
 from stores.users import bootstrap_admin_token
+
+_T = TypeVar("_T")
 
 SECOND = 1_000_000_000
 """Nomad's JSON durations are nanoseconds."""
@@ -594,13 +596,13 @@ def deploy(
 def unplaced_because(nomad: NomadAdmin, config: DeployConfig, job: Job, deadline: float) -> str | None:
     """Why some of the job's allocations are not placed (its blocked evaluation's failures), once none of its
     evaluations is pending; None when every one is."""
-    while True:
+
+    def evaluations() -> list[Any]:
         found = nomad.call("GET", _job_path(config, job, "evaluations"))
-        evaluations = found if isinstance(found, list) else []
-        if time.monotonic() >= deadline or not any(e.get("Status") == "pending" for e in evaluations):
-            break
-        time.sleep(0.5)
-    blocked = [e for e in evaluations if e.get("Status") == "blocked"]
+        return found if isinstance(found, list) else []
+
+    settled = _polled(deadline, evaluations, lambda found: not any(e.get("Status") == "pending" for e in found))
+    blocked = [e for e in settled if e.get("Status") == "blocked"]
     return placement_failures(max(blocked, key=lambda e: int(e.get("ModifyIndex", 0)))) if blocked else None
 
 
@@ -636,17 +638,30 @@ def _job_path(config: DeployConfig, job: Job, what: str) -> str:
     return f"/v1/job/{urllib.parse.quote(job_id(config, job))}/{what}?namespace={urllib.parse.quote(config.namespace)}"
 
 
+_UNDECIDED = frozenset({"none", "running", "pending", "initializing", "blocked", "paused"})
+"""Deployment statuses that are no outcome yet ("none": no deployment of that version seen yet)."""
+
+
 def _await_deployment(nomad: NomadAdmin, config: DeployConfig, job: Job, index: int, deadline: float) -> str:
     """The status of the job's deployment for the version registered at ``index`` (``successful``, ``failed`` ...)."""
-    status = "none"
-    while time.monotonic() < deadline:
+
+    def status() -> str:
         found = nomad.call("GET", _job_path(config, job, "deployment"))
-        if isinstance(found, dict) and int(found.get("JobModifyIndex", 0)) >= index:
-            status = str(found.get("Status"))
-            if status not in ("running", "pending", "initializing", "blocked", "paused"):
-                return status
+        ours = isinstance(found, dict) and int(found.get("JobModifyIndex", 0)) >= index
+        return str(found.get("Status")) if ours else "none"
+
+    last = _polled(deadline, status, lambda found: found not in _UNDECIDED)
+    return last if last not in _UNDECIDED else f"not done after the wait ({last})"
+
+
+def _polled(deadline: float, read: Callable[[], _T], settled: Callable[[_T], bool]) -> _T:
+    """``read()`` every half second until what it reads is ``settled`` or ``deadline`` (monotonic) has passed: the
+    last reading."""
+    while True:
+        found = read()
+        if settled(found) or time.monotonic() >= deadline:
+            return found
         time.sleep(0.5)
-    return f"not done after the wait ({status})"
 
 
 def show(config: DeployConfig, settings: Settings) -> str:
