@@ -96,6 +96,11 @@ runs from 50 ms doubling up to a second (about 25 s in all). Under CPU load the 
 execs; while docker stays slow to start execs (its container's lock held by a ``docker cp``) it can be most runs."""
 
 
+AHEAD_BYTES = 64 << 10
+"""Output an announced command may send before :data:`STARTED` (a TTY's echo of keys typed ahead); past it, the
+command is taken as one that does not announce itself."""
+
+
 def announced(command: Sequence[str]) -> list[str]:
     """``command`` run by ``/bin/sh`` once it has printed :data:`STARTED` (its argv as it is: ``exec "$@"``)."""
     return ["/bin/sh", "-c", "printf '\\033_caravan-exec-started\\033\\\\' && exec \"$@\"", "sh", *command]
@@ -226,10 +231,11 @@ class ExecStream:
                 return
 
     async def _until_started(self) -> bool:
-        """Read an announced command's :data:`STARTED`, keeping what follows it for :meth:`frames`: True. False when
-        Nomad reports the command's exit before any output: it never ran, as far as the socket can tell. Output that
-        is not the announcement (docker's own error when it cannot run ``/bin/sh``) is kept as it came: True. Stderr,
-        a stream of its own without a TTY, is kept as it comes meanwhile."""
+        """Read an announced command's :data:`STARTED`, keeping the rest for :meth:`frames`: True. False when Nomad
+        reports the command's exit before any output: it never ran, as far as the socket can tell. Output before the
+        announcement (a TTY's echo of keys typed ahead) is kept; output without it (docker's own error when it cannot
+        run ``/bin/sh``) is kept as it came, at the exit or past :data:`AHEAD_BYTES`: True. Stderr, a stream of its
+        own without a TTY, is kept as it comes meanwhile."""
         head = b""
         while True:
             frame = await self._receive()
@@ -242,13 +248,11 @@ class ExecStream:
                 self._pending.append(frame)
                 continue
             head += frame.data
-            if head.startswith(STARTED):
-                if len(head) > len(STARTED):
-                    self._pending.append(Output("stdout", head[len(STARTED) :]))
+            before, announcement, after = head.partition(STARTED)
+            if announcement or len(head) > AHEAD_BYTES:
+                if before + after:
+                    self._pending.append(Output("stdout", before + after))
                 await self._output_seen()
-                return True
-            if not STARTED.startswith(head):
-                self._pending.append(Output("stdout", head))
                 return True
 
     async def _run_again(self) -> None:

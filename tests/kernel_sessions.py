@@ -61,25 +61,31 @@ def docker_container(alloc_id: str) -> str:
 
 
 @asynccontextmanager
-async def docker_slow_to_start_execs(container: str, *, holders: int = 2, hold: float = 0.3) -> AsyncIterator[None]:
-    """Docker made slow to start an exec, for real: archive reads of ``container`` (what ``docker cp`` out of it does)
-    hold its lock in dockerd until their stream is closed, and these are not read, each held ``hold`` seconds, over
-    and over, by ``holders`` overlapping readers. dockerd answers an exec's start (its HTTP upgrade) before it takes
-    that lock and marks the exec running, so the exec waits there while an inspect of it already answers: the window
-    CPU load opens now and then."""
+async def docker_slow_to_start_execs(
+    container: str, *, seconds: float = 2.0, holders: int = 2, hold: float = 0.3, warmup: float = 1.0
+) -> AsyncIterator[None]:
+    """Docker made slow to start execs in ``container`` for ``seconds``, for real, as a burst of load does: archive
+    reads of the container (what ``docker cp`` out of it does) hold its lock in dockerd until their stream is closed,
+    and these are not read, each held ``hold`` seconds, over and over, by ``holders`` staggered readers. dockerd
+    answers an exec's start (its HTTP upgrade) before it takes that lock and marks the exec running, so the exec waits
+    there while an inspect of it already answers. Leaving the block waits for the readers to stop."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + warmup + seconds
+    request = f"GET /containers/{container}/archive?path=/ HTTP/1.1\r\nHost: docker\r\n\r\n".encode()
+    held = asyncio.Event()
 
     async def hold_over_and_over() -> None:
-        request = f"GET /containers/{container}/archive?path=/ HTTP/1.1\r\nHost: docker\r\n\r\n".encode()
-        while True:
+        while loop.time() < deadline:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the archive cannot fit in the buffers
             sock.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(sock, DOCKER_SOCKET)
+            await loop.sock_connect(sock, DOCKER_SOCKET)
             reader, writer = await asyncio.open_unix_connection(sock=sock, limit=4096)
             try:
                 writer.write(request)
                 status = await reader.readline()  # sent once dockerd holds the container's lock
                 assert status.startswith(b"HTTP/1.1 200"), status
+                held.set()
                 await asyncio.sleep(hold)
             finally:
                 writer.close()
@@ -89,10 +95,14 @@ async def docker_slow_to_start_execs(container: str, *, holders: int = 2, hold: 
         tasks.append(asyncio.create_task(hold_over_and_over()))
         await asyncio.sleep(hold / holders)  # staggered: the lock is always held or waited for
     try:
+        await held.wait()
+        await asyncio.sleep(warmup)  # the readers in step: one holds the lock, the next one waits for it
         yield
-    finally:
+    except BaseException:
         for task in tasks:
             task.cancel()
+        raise
+    finally:
         ended = await asyncio.gather(*tasks, return_exceptions=True)
-    failed = [end for end in ended if not isinstance(end, asyncio.CancelledError)]
-    assert not failed, f"an archive read stopped holding {container}: {failed}"  # else docker was not slow at all
+    failed = [end for end in ended if isinstance(end, BaseException)]
+    assert not failed, f"an archive read of {container} failed: {failed}"  # then docker was not slow at all

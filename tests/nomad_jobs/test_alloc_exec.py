@@ -149,6 +149,9 @@ async def test_the_announcement_is_read_however_nomad_splits_it_and_never_passed
     error = b'OCI runtime exec failed: exec: "/bin/sh": not found\r\n'
     assert await replayed(ReplayedNomad(error[:3], error[3:], 126)) == (1, (error, b"", 126))
     assert await replayed(ReplayedNomad(b"\x1b_cara", 1)) == (1, (b"\x1b_cara", b"", 1))
+    # a TTY echoes keys typed ahead of the shell before the shell runs: the echo is kept, the announcement not
+    echoed = ReplayedNomad(b"exit 3\r\n" + STARTED[:5], STARTED[5:] + b"$ exit 3\r\n", 3)
+    assert await replayed(echoed) == (1, (b"exit 3\r\n$ exit 3\r\n", b"", 3))
     # without a TTY, stderr is a stream of its own: what it says before the announcement is kept, in its order
     split = ReplayedNomad(b"warned", STARTED[:4], STARTED[4:] + b"said", 0, stderr=(0,))
     assert await replayed(split) == (1, (b"said", b"warned", 0))
