@@ -1,6 +1,7 @@
 """A kernel's terminal: ``/sessions/{session_id}/kernels/{kernel}/terminal``, a WebSocket relayed to a shell that runs
 with a TTY in the kernel through Nomad's exec (``nomad_jobs.alloc_exec``). Docker and exec kernels; QEMU has no exec
-path and raw_exec runs on the host (``domain.kernel_exec``).
+path and raw_exec runs on the host (``domain.kernel_exec``). The shell is an announced exec: one Nomad reports ended
+before it started (its docker driver does when docker is slow to start it) is run again, unseen by the client.
 
 Authentication (:func:`authenticated`, the one check): an ``Authorization: Bearer <token>`` header on the upgrade
 request, or, for browsers, which cannot set headers on a WebSocket, a first text message ``{"type": "auth", "token":
@@ -45,7 +46,7 @@ from domain.users import User
 from gateway.auth import authenticate, first_message_token, header_token
 from gateway.kernel_exec import ActivityMeter, ExecSlots, find_target
 from gateway.revocations import RevocationWatch, Watched
-from nomad_jobs.alloc_exec import ExecRefused, ExecStream, Exited, Output, open_exec
+from nomad_jobs.alloc_exec import ExecNeverStarted, ExecRefused, ExecStream, Exited, Output, open_exec
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import TASK_NAME
 from stores import activity
@@ -156,10 +157,15 @@ class Terminals:
         meter = ActivityMeter(sessions, target.session_id, ActivityClock(slots.limits.activity_interval))
         async with open_connection(sessions, target.session_id):
             try:
-                async with open_exec(nomad.settings, target.alloc_id, TASK_NAME, SHELL, tty=True) as stream:
+                # announced: a shell Nomad reports ended before it started (its docker driver does, now and then,
+                # when docker is slow to start the exec) is run again, which a shell may be
+                shell = open_exec(nomad.settings, target.alloc_id, TASK_NAME, SHELL, tty=True, announce=True)
+                async with shell as stream:
                     exit_code = await relay(websocket, stream, meter, viewer.watched)
             except ExecRefused as exc:
                 raise ExecFailed(f"Nomad refused the terminal: {exc.reason or exc}") from exc
+            except ExecNeverStarted as exc:
+                raise ExecFailed(f"the terminal's shell never started: {exc}") from exc
         if exit_code is None:
             return  # the client left, or the token was revoked (the socket is closed already)
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
@@ -204,7 +210,10 @@ async def relay(websocket: WebSocket, stream: ExecStream, meter: ActivityMeter, 
     failure = None if inbound.cancelled() else inbound.exception()
     if isinstance(failure, CaravanError):
         raise failure  # a bad message: refused with its code
-    return output.result() if output.done() and not output.cancelled() and output.exception() is None else None
+    ended = output.exception() if output.done() and not output.cancelled() else None
+    if isinstance(ended, ExecNeverStarted):
+        raise ended
+    return output.result() if output.done() and not output.cancelled() and ended is None else None
 
 
 async def to_client(websocket: WebSocket, stream: ExecStream, meter: ActivityMeter) -> int | None:

@@ -10,17 +10,29 @@ is a JSON text message whose byte fields are base64 (``command/agent/alloc_endpo
 
 So bytes go both ways untouched: :meth:`ExecStream.send_stdin` takes bytes, :class:`Output` carries bytes.
 
+An exec's reported end can be false: Nomad's docker driver (``drivers/docker/driver.go``, ``ExecTaskStreaming``, 1.11
+and its main branch) inspects the exec as soon as it has attached to it, and dockerd answers the attach before it
+marks the exec running; an exec docker is slow to start (CPU load, the container's lock held by a ``docker cp``) is
+inspected not running, its exit code unset, and reported ``exited`` with code 0 before the command ran, no output
+sent; the command may start after, cut off from the socket. So an exec can be *announced* (``open_exec(announce=
+True)``): run by ``/bin/sh`` that first prints :data:`STARTED`, which :meth:`ExecStream.frames` reads (and never
+passes on) before anything else; a run reported ended before it is replaced by a new one (:data:`START_ATTEMPTS`).
+The gateway's terminal is announced; ``kernelExec`` commands are not (they may not run twice, and need no shell).
+
 ACL: ``alloc-exec`` on the namespace; tasks of drivers without isolation (``raw_exec``) need ``alloc-node-exec``,
 which Caravan's gateway token never has (``caravan/stack/nomad_acl.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
+import logging
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +41,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from core.errors import PermanentError, TransientError
 from core.settings import NomadSettings
+
+log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES = 4 << 20
 """Largest message accepted from Nomad, in bytes (its output frames are far smaller: about 4 KiB of data each)."""
@@ -67,6 +81,29 @@ class ExecRefused(PermanentError):
 
 class ExecBroken(TransientError):
     """The exec's WebSocket broke before the command's exit was reported (Nomad or its client went away)."""
+
+
+class ExecNeverStarted(TransientError):
+    """Nomad reported an announced command's exit before the command had said it started, every time it was run."""
+
+
+STARTED = b"\x1b_caravan-exec-started\x1b\\"
+"""What an announced command prints first: an APC string (a terminal shows nothing of it), never passed on."""
+
+START_ATTEMPTS = 30
+"""How many times an announced command is run while Nomad reports its end before it started, with pauses between
+runs from 50 ms doubling up to a second (about 25 s in all). Under CPU load the false end came about once in 200
+execs; while docker stays slow to start execs (its container's lock held by a ``docker cp``) it can be most runs."""
+
+
+AHEAD_BYTES = 64 << 10
+"""Output an announced command may send before :data:`STARTED` (a TTY's echo of keys typed ahead); past it, the
+command is taken as one that does not announce itself."""
+
+
+def announced(command: Sequence[str]) -> list[str]:
+    """``command`` run by ``/bin/sh`` once it has printed :data:`STARTED` (its argv as it is: ``exec "$@"``)."""
+    return ["/bin/sh", "-c", "printf '\\033_caravan-exec-started\\033\\\\' && exec \"$@\"", "sh", *command]
 
 
 def encode_stdin(data: bytes) -> str:
@@ -120,15 +157,33 @@ def closed_error(closed: ConnectionClosed) -> ExecRefused | ExecBroken:
 
 
 class ExecStream:
-    """One running command: send its stdin and terminal size, read its output frames until :class:`Exited`."""
+    """One running command: send its stdin and terminal size, read its output frames until :class:`Exited`.
 
-    def __init__(self, connection: ClientConnection) -> None:
+    With ``reopen`` (an announced command, :func:`open_exec`), :meth:`frames` first reads the command's
+    :data:`STARTED` and, while Nomad reports its end before it, runs it again on a new socket from ``reopen``."""
+
+    def __init__(
+        self,
+        connection: ClientConnection,
+        *,
+        reopen: Callable[[], Awaitable[ClientConnection]] | None = None,
+        first_pause: float = 0.05,
+    ) -> None:
         self._ws = connection
+        self._reopen = reopen
+        self._first_pause = first_pause
+        """Seconds before the second run; twice as long before each next one, up to a second."""
+        self.runs = 1
+        """How many times the command was run (more than once: Nomad reported its end before it started)."""
         self.exit_code: int | None = None
         """Set once the command's exit was received."""
         self._size: tuple[int, int] | None = None
         """The last terminal size asked for (rows, columns), sent again once the command has started."""
         self._started = False
+        self._start_known = reopen is None
+        """Whether the command's start is known: an announced command's once its :data:`STARTED` is read."""
+        self._pending: deque[ExecFrame] = deque()
+        """Frames read ahead (waiting for :data:`STARTED`), passed on first."""
 
     async def send_stdin(self, data: bytes) -> None:
         if data:
@@ -144,34 +199,94 @@ class ExecStream:
         self._size = (height, width)
         await self._send(encode_resize(height, width))
 
+    async def close(self) -> None:
+        await self._ws.close()
+
     async def _send(self, message: str) -> None:
         try:
             await self._ws.send(message)
         except ConnectionClosed as exc:
+            if not self._start_known:
+                return  # a run Nomad ended before it started: the next one gets the size; keys typed ahead are lost
             raise closed_error(exc) from exc
 
     async def frames(self) -> AsyncIterator[ExecFrame]:
         """The command's output, then its :class:`Exited` (the iteration ends after it).
 
-        Raises :class:`ExecRefused` when Nomad closes the socket with an error (its reason in the message), and
-        :class:`ExecBroken` when the socket breaks without one."""
+        Raises :class:`ExecRefused` when Nomad closes the socket with an error (its reason in the message),
+        :class:`ExecBroken` when the socket breaks without one, and :class:`ExecNeverStarted` when an announced
+        command was reported ended before it started :data:`START_ATTEMPTS` times."""
+        while not self._start_known:
+            if await self._until_started():
+                self._start_known = True
+            else:
+                await self._run_again()
+        while True:
+            frame = self._pending.popleft() if self._pending else await self._receive()
+            if isinstance(frame, Output):
+                await self._output_seen()
+            yield frame
+            if isinstance(frame, Exited):
+                self.exit_code = frame.exit_code
+                return
+
+    async def _until_started(self) -> bool:
+        """Read an announced command's :data:`STARTED`, keeping the rest for :meth:`frames`: True. False when Nomad
+        reports the command's exit before any output: it never ran, as far as the socket can tell. Output before the
+        announcement (a TTY's echo of keys typed ahead) is kept; output without it (docker's own error when it cannot
+        run ``/bin/sh``) is kept as it came, at the exit or past :data:`AHEAD_BYTES`: True. Stderr, a stream of its
+        own without a TTY, is kept as it comes meanwhile."""
+        head = b""
+        while True:
+            frame = await self._receive()
+            if isinstance(frame, Exited):
+                if not (head or self._pending):
+                    return False
+                self._pending.extend((Output("stdout", head), frame) if head else (frame,))
+                return True
+            if frame.stream == "stderr":
+                self._pending.append(frame)
+                continue
+            head += frame.data
+            before, announcement, after = head.partition(STARTED)
+            if announcement or len(head) > AHEAD_BYTES:
+                if before + after:
+                    self._pending.append(Output("stdout", before + after))
+                await self._output_seen()
+                return True
+
+    async def _run_again(self) -> None:
+        """The command once more, on a new socket (Nomad reported its end before it started), with its size."""
+        assert self._reopen is not None  # only an announced command awaits its start
+        if self.runs >= START_ATTEMPTS:
+            raise ExecNeverStarted(f"Nomad reported the command ended before it started, {self.runs} times in a row")
+        log.info("Nomad reported an exec's end before it started (run %d); running it again", self.runs)
+        await self._ws.close()
+        await asyncio.sleep(min(self._first_pause * 2 ** (self.runs - 1), 1.0))  # docker slow a while: let it pass
+        self._ws = await self._reopen()
+        self.runs += 1
+        if self._size is not None:
+            await self._send(encode_resize(*self._size))
+
+    async def _receive(self) -> ExecFrame:
+        """The next frame from Nomad that carries something."""
         while True:
             try:
                 message = await self._ws.recv()
             except ConnectionClosed as exc:
                 raise closed_error(exc) from exc
             frame = decode_frame(message)
-            if frame is None:
-                continue
-            if not self._started and isinstance(frame, Output):
-                self._started = True
-                if self._size is not None:
-                    with contextlib.suppress(ExecBroken, ExecRefused):  # the next read reports a closed socket
-                        await self._send(encode_resize(*self._size))
-            yield frame
-            if isinstance(frame, Exited):
-                self.exit_code = frame.exit_code
-                return
+            if frame is not None:
+                return frame
+
+    async def _output_seen(self) -> None:
+        """At the command's first output, its size asked for is sent again (see :meth:`resize`)."""
+        if self._started:
+            return
+        self._started = True
+        if self._size is not None:
+            with contextlib.suppress(ExecBroken, ExecRefused):  # the next read reports a closed socket
+                await self._send(encode_resize(*self._size))
 
 
 @contextlib.asynccontextmanager
@@ -183,20 +298,38 @@ async def open_exec(
     *,
     tty: bool = False,
     open_timeout: float = 10.0,
+    announce: bool = False,
 ) -> AsyncIterator[ExecStream]:
     """Run ``command`` (argv, not shell text) in ``task`` of ``alloc_id``; leaving the block closes the socket, which
-    ends the command's session on Nomad's side."""
+    ends the command's session on Nomad's side.
+
+    ``announce``: the command is run by ``/bin/sh`` (:func:`announced`), and run again while Nomad reports its end
+    before it started (:class:`ExecStream`). Only for a command that may run twice: a run reported ended may start
+    after all, cut off from its socket."""
     if not command:
         raise ValueError("an exec needs a command")
+    url = exec_url(settings, alloc_id, task, announced(command) if announce else command, tty=tty)
+
+    async def reopen() -> ClientConnection:
+        return await connect_exec(settings, url, open_timeout)
+
+    stream = ExecStream(await reopen(), reopen=reopen if announce else None)
+    try:
+        yield stream
+    finally:
+        await stream.close()
+
+
+async def connect_exec(settings: NomadSettings, url: str, open_timeout: float) -> ClientConnection:
+    """The exec's WebSocket, open: the command runs."""
     headers = {"X-Nomad-Token": settings.token} if settings.token else {}
-    url = exec_url(settings, alloc_id, task, command, tty=tty)
     ssl_context = None
     if url.startswith("wss:"):
         from nomad_jobs.client import tls_context
 
         ssl_context = tls_context()
     try:
-        connection = await connect(
+        return await connect(
             url,
             additional_headers=headers,
             open_timeout=open_timeout,
@@ -214,7 +347,3 @@ async def open_exec(
         raise ExecRefused(f"Nomad refused the exec ({status}): {body}", status=status, reason=body) from exc
     except (OSError, TimeoutError, InvalidHandshake) as exc:
         raise TransientError(f"Nomad at {settings.addr} is unreachable for an exec: {exc!r}") from exc
-    try:
-        yield ExecStream(connection)
-    finally:
-        await connection.close()

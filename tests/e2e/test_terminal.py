@@ -15,8 +15,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from core.clock import utcnow
 from stores.activity import read_activity
+from tests.conftest import DOCKER
 from tests.harness import ADMIN_TOKEN, Caravan
-from tests.kernel_sessions import DRIVERS, running_session
+from tests.kernel_sessions import DRIVERS, docker_container, docker_slow_to_start_execs, running_session
 
 
 def terminal_url(caravan: Caravan, session_id: str, kernel: str = "main1") -> str:
@@ -88,6 +89,21 @@ async def test_a_terminal_runs_a_shell_resizes_and_exits(caravan: Caravan, drive
         assert b"\n33 101\n" in text and b"\n42\n" in text
         code, _ = await closed(ws)
         assert code == 1000
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not DOCKER, reason="no docker")
+async def test_a_terminal_docker_is_slow_to_start_still_runs_its_shell(caravan: Caravan) -> None:
+    """Nomad's docker driver inspects an exec as soon as it is attached to it, and docker answers the attach before it
+    marks the exec running: an exec docker is slow to start was reported ended, code 0, before its shell ran (under
+    CPU load, now and then: the terminal's first message was its exit). Here docker is made slow for real, a while."""
+    session_id, alloc = await running_session(caravan, "DOCKER")
+    for _ in range(8):  # without the shell's start awaited, about one in three was reported ended at once
+        async with docker_slow_to_start_execs(docker_container(alloc)), terminal(caravan, session_id) as ws:
+            await ws.send(json.dumps({"type": "resize", "rows": 30, "cols": 100}))
+            await until_output(ws, b"# ")
+            await ws.send(b"exit 4\n")
+            assert (await until_exit(ws))[1] == {"type": "exit", "exitCode": 4}
 
 
 async def test_browsers_authenticate_with_a_first_message_and_the_terminal_is_activity(caravan: Caravan) -> None:

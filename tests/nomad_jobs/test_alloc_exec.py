@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import pytest
 
-from nomad_jobs.alloc_exec import ExecFrame, ExecRefused, ExecStream, Exited, Output, open_exec
+from nomad_jobs.alloc_exec import (
+    START_ATTEMPTS,
+    STARTED,
+    ExecFrame,
+    ExecNeverStarted,
+    ExecRefused,
+    ExecStream,
+    Exited,
+    Output,
+    open_exec,
+)
 from nomad_jobs.meta import TASK_NAME
 from tests.harness import Caravan
 from tests.kernel_sessions import DRIVERS, HOSTILE_BYTES, running_session
@@ -68,6 +81,91 @@ async def test_a_tty_exec_resizes_and_exits_with_its_code(caravan: Caravan, driv
     assert code == 5
     assert b"33 101" in out and b"\n42" in out.replace(b"\r\n", b"\n")
     assert err == b""  # a TTY merges stderr into stdout
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_an_announced_command_keeps_its_argv_output_and_exit_code(caravan: Caravan, driver: str) -> None:
+    _, alloc = await running_session(caravan, driver)
+    gateway = caravan.settings.for_role("gateway").nomad
+    text = HOSTILE_BYTES.decode(errors="ignore").replace("\0", "")
+    async with open_exec(gateway, alloc, TASK_NAME, ["printf", "%s", text], announce=True) as stream:
+        await stream.close_stdin()
+        assert await collect(stream) == (text.encode(), b"", 0)
+    command = ["sh", "-c", "echo out; echo err >&2; exit 7"]
+    async with open_exec(gateway, alloc, TASK_NAME, command, announce=True) as stream:
+        await stream.close_stdin()
+        assert await collect(stream) == (b"out\n", b"err\n", 7)
+    async with open_exec(gateway, alloc, TASK_NAME, ["/bin/sh"], tty=True, announce=True) as stream:
+        await stream.send_stdin(b"exit 3\n")
+        out, _, code = await collect(stream)
+    assert code == 3 and b"caravan-exec-started" not in out and out
+
+
+class ReplayedNomad:
+    """Stands in for Nomad's exec socket (no Nomad here): replays output frames as given, records what is sent."""
+
+    def __init__(self, *frames: bytes | int, stderr: tuple[int, ...] = ()) -> None:
+        """``frames``: output (stdout, or stderr for those whose index is in ``stderr``) or an exit code."""
+        self.messages = [
+            json.dumps({"exited": True, "result": {"exit_code": f}})
+            if isinstance(f, int)
+            else json.dumps({"stderr" if i in stderr else "stdout": {"data": base64.b64encode(f).decode()}})
+            for i, f in enumerate(frames)
+        ]
+        self.sent: list[str] = []
+        self.closed = False
+
+    async def recv(self) -> str:
+        return self.messages.pop(0)
+
+    async def send(self, message: str) -> None:
+        self.sent.append(message)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def replayed(*runs: ReplayedNomad) -> tuple[int, tuple[bytes, bytes, int]]:
+    """An announced command's runs replayed: how many it took, and its output and exit code."""
+    sockets = iter(runs[1:])
+
+    async def reopen() -> Any:
+        return next(sockets)
+
+    stream = ExecStream(cast(Any, runs[0]), reopen=reopen, first_pause=0)
+    await stream.resize(30, 100)
+    result = await collect(stream)
+    assert all(run.closed for run in runs[:-1])
+    assert all(json.loads(run.sent[-1]) == {"tty_size": {"height": 30, "width": 100}} for run in runs)
+    return stream.runs, result
+
+
+async def test_the_announcement_is_read_however_nomad_splits_it_and_never_passed_on() -> None:
+    said = STARTED + b"$ prompt"
+    for cut in range(1, len(said)):  # the announcement in two frames, cut anywhere (Nomad sends 1 KiB at most)
+        assert await replayed(ReplayedNomad(said[:cut], said[cut:], 0)) == (1, (b"$ prompt", b"", 0))
+    assert await replayed(ReplayedNomad(STARTED, 5)) == (1, (b"", b"", 5))
+    # output that is not the announcement (docker's error when it cannot run /bin/sh) is passed on as it came
+    error = b'OCI runtime exec failed: exec: "/bin/sh": not found\r\n'
+    assert await replayed(ReplayedNomad(error[:3], error[3:], 126)) == (1, (error, b"", 126))
+    assert await replayed(ReplayedNomad(b"\x1b_cara", 1)) == (1, (b"\x1b_cara", b"", 1))
+    # a TTY echoes keys typed ahead of the shell before the shell runs: the echo is kept, the announcement not
+    echoed = ReplayedNomad(b"exit 3\r\n" + STARTED[:5], STARTED[5:] + b"$ exit 3\r\n", 3)
+    assert await replayed(echoed) == (1, (b"exit 3\r\n$ exit 3\r\n", b"", 3))
+    # without a TTY, stderr is a stream of its own: what it says before the announcement is kept, in its order
+    split = ReplayedNomad(b"warned", STARTED[:4], STARTED[4:] + b"said", 0, stderr=(0,))
+    assert await replayed(split) == (1, (b"said", b"warned", 0))
+    assert await replayed(ReplayedNomad(b"only", 2, stderr=(0,))) == (1, (b"", b"only", 2))
+
+
+async def test_a_command_reported_ended_before_it_started_runs_again_with_its_size() -> None:
+    """An exit before any output, not even the announcement: the run never started (Nomad's docker driver reports an
+    exec docker has not started yet as ended, code 0), so the command runs again, on a new socket, with its size."""
+    runs = (ReplayedNomad(0), ReplayedNomad(0), ReplayedNomad(STARTED + b"# ", 3))
+    assert await replayed(*runs) == (3, (b"# ", b"", 3))
+    never = [ReplayedNomad(0) for _ in range(START_ATTEMPTS)]
+    with pytest.raises(ExecNeverStarted):
+        await replayed(*never)
 
 
 async def test_nomad_refuses_unknown_tasks_and_allocations(caravan: Caravan) -> None:
