@@ -63,13 +63,13 @@ acl {{
 """
 
 SERVER_CONFIG = """\
-server {
+server {{
   enabled          = true
   bootstrap_expect = 1
-}
-client {
+{heartbeat}}}
+client {{
   enabled = false
-}
+}}
 """
 
 CLIENT_CONFIG = """\
@@ -352,7 +352,11 @@ def start_nomad_cluster(
     timeout: float = 120.0,
     secrets_dir: Path | None = None,
     namespace: str = "default",
+    heartbeat: tuple[float, float] | None = None,
 ) -> NomadCluster:
+    """``heartbeat``: the server's ``(min_heartbeat_ttl, heartbeat_grace)`` in seconds (default Nomad's 10 s and 10 s:
+    a client that stopped heartbeating is marked down about 20 s on); a test that waits for a node down gives shorter
+    ones."""
     binary = _binary(nomad_home)
     state_dir.mkdir(parents=True, exist_ok=True)
     http, rpc = free_port(), free_port()
@@ -366,7 +370,7 @@ def start_nomad_cluster(
             rpc=rpc,
             serf=free_port(),
         )
-        + SERVER_CONFIG
+        + SERVER_CONFIG.format(heartbeat=_heartbeat_config(heartbeat))
     )
     server = spawn(
         "nomad-server",
@@ -401,6 +405,13 @@ def start_nomad_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+def _heartbeat_config(heartbeat: tuple[float, float] | None) -> str:
+    if heartbeat is None:
+        return ""
+    ttl, grace = heartbeat
+    return f'  min_heartbeat_ttl = "{round(ttl * 1000)}ms"\n  heartbeat_grace   = "{round(grace * 1000)}ms"\n'
 
 
 def _start_client(
