@@ -76,8 +76,10 @@ class OwnStack:
     nomad: SingleNodeNomad
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnStack]:
+    """This module's and ``test_usage``'s stack, started once: the tests are isolated by namespace, and each that kills
+    its Redis or Nomad starts it again before it ends."""
     from tests.conftest import STACK
 
     state = tmp_path_factory.mktemp("restarts")
