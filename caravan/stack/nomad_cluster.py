@@ -13,6 +13,8 @@ every client's node is ready with its drivers healthy and its devices seen.
 :func:`start_nomad_single_node` starts one agent that is both server (``bootstrap_expect = 1``) and client, with
 the dev agent's client configuration but its state on disk (a ``-dev`` agent keeps it in memory): killed and
 restarted on the same ports and data directory it comes back with its jobs, its node id and its running tasks.
+Its client may ask to register before its own server has a keyring: refused, it would ask again 15-30 s later, so
+the agent is started again at once (:func:`_registration_refused`).
 """
 
 from __future__ import annotations
