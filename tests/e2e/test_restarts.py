@@ -33,7 +33,7 @@ from caravan.stack.redis_server import start_redis
 from core.settings import NomadSettings, RedisSettings, SchedulerSettings, Settings
 from domain.model import Session, SessionResult, SessionStatus
 from tests.conftest import TEST_KEY_PREFIXES
-from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
+from tests.harness import ADMIN_TOKEN, CREATE, KILLED_SCHEDULERS, Caravan, caravan_env, running_caravan
 
 pytestmark = [pytest.mark.nomad, pytest.mark.redis]  # a Redis and a Nomad agent of its own, restarted
 
@@ -368,7 +368,7 @@ class CaravanProcess:
 
 @contextlib.asynccontextmanager
 async def caravan_processes(settings: Settings, port: int) -> AsyncIterator[tuple[CaravanProcess, CaravanProcess]]:
-    env = caravan_env(settings, port)
+    env = {**caravan_env(settings, port), **KILLED_SCHEDULERS}
     gateway = CaravanProcess("gateway", env, settings.home / "gateway.log")
     scheduler = CaravanProcess("scheduler", env, settings.home / "scheduler.log")
     await gateway.start()
