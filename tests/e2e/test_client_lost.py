@@ -35,9 +35,9 @@ CLIENTS = (ClientSpec("alpha", cpu_mhz=2000, memory_mb=2048), ClientSpec("beta",
 STATUS = "query($id: ID!) { session(id: $id) { status statusInfo statusDetail } }"
 
 
-HEARTBEAT = (2.0, 4.0)
-"""The cluster server's minimum heartbeat TTL and grace: a client killed is marked down within about 8 s, not Nomad's
-20-30 s (a live client's heartbeat may still come 4 s late)."""
+HEARTBEAT = (2.0, 5.0)
+"""The cluster server's minimum heartbeat TTL and grace: a client killed is marked down within about 9 s, not Nomad's
+20-30 s (a live client's heartbeat may still come 5 s late)."""
 
 
 @pytest.fixture(scope="module")
