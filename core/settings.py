@@ -126,7 +126,8 @@ class SchedulerSettings:
     reconcile_interval: float = 10.0
     """Seconds between full reconciliations with Nomad, the safety net behind the event stream."""
     lease_ttl: float = 10.0
-    """Seconds a scheduler's leadership lease lives without renewal."""
+    """Seconds a scheduler's leadership lease lives without renewal (``CARAVAN_SCHEDULER_LEASE_TTL``): a scheduler
+    killed leaves it held that long, before another may lead."""
     config_path: Path | None = None
     """Per-resource-group scheduling configuration, HCL or JSON (``CARAVAN_SCHEDULER_CONFIG``, see
     ``domain/scheduling_config.py``); None = the defaults (FIFO, strict head-of-line, dispersed)."""
@@ -304,6 +305,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         scheduler=SchedulerSettings(
             reconcile_interval=float(env.get("CARAVAN_RECONCILE_INTERVAL", SchedulerSettings.reconcile_interval)),
+            lease_ttl=_positive_seconds(env, "CARAVAN_SCHEDULER_LEASE_TTL", SchedulerSettings.lease_ttl),
             config_path=Path(env["CARAVAN_SCHEDULER_CONFIG"]) if env.get("CARAVAN_SCHEDULER_CONFIG") else None,
             schedule_history=_at_least_one(env, "CARAVAN_SCHEDULE_HISTORY", SchedulerSettings.schedule_history),
         ),

@@ -55,8 +55,11 @@ MHZ_PER_CORE = 1000
 
 
 @contextlib.contextmanager
-def cluster_of(directory: Path, clients: tuple[ClientSpec, ...]) -> Iterator[NomadCluster]:
-    """A Nomad server and ``clients`` on this machine, their state under ``directory``; stopped at the end."""
+def cluster_of(
+    directory: Path, clients: tuple[ClientSpec, ...], *, heartbeat: tuple[float, float] | None = None
+) -> Iterator[NomadCluster]:
+    """A Nomad server and ``clients`` on this machine, their state under ``directory``; stopped at the end.
+    ``heartbeat``: the server's minimum heartbeat TTL and grace (``start_nomad_cluster``)."""
     from tests.conftest import STACK  # not at import time: conftest imports this module
 
     cluster = start_nomad_cluster(
@@ -65,6 +68,7 @@ def cluster_of(directory: Path, clients: tuple[ClientSpec, ...]) -> Iterator[Nom
         rootfs=Path(STACK["CARAVAN_ROOTFS"]),
         clients=clients,
         secrets_dir=directory / "secrets",
+        heartbeat=heartbeat,
     )
     try:
         yield cluster

@@ -153,6 +153,11 @@ def caravan_env(settings: Settings, port: int) -> dict[str, str]:
     }
 
 
+KILLED_SCHEDULERS = {"CARAVAN_SCHEDULER_LEASE_TTL": "4"}
+"""The environment of a scheduler process a test kills (SIGKILL): the next one leads once the dead one's lease ran out,
+4 s on, not the default 10 s (renewed every third of it, it still outlives a late renewal by seconds)."""
+
+
 TEARDOWN_LIMIT = 30.0
 """Seconds the gateway and scheduler of :func:`running_caravan` get to stop (the gateway's open streams get
 ``SHUTDOWN_GRACE`` of them); past it the teardown fails naming the tasks still waiting, and what they wait on."""

@@ -84,7 +84,11 @@ async def graphql_socket(
 ) -> AsyncIterator[GraphQLSocket]:
     url = http_url.replace("http://", "ws://", 1)
     subprotocols: list[Any] = list(protocols)
-    async with connect(url, subprotocols=subprotocols, additional_headers=headers or {}, open_timeout=10) as ws:
+    # close_timeout: a socket left with 16 unread messages (log follows ticking on) stops reading, so it never reads the
+    # server's answer to its close and waited websockets' default 10 s before dropping the connection, at each exit.
+    async with connect(
+        url, subprotocols=subprotocols, additional_headers=headers or {}, open_timeout=10, close_timeout=1
+    ) as ws:
         yield GraphQLSocket(ws)
 
 

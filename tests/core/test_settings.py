@@ -24,6 +24,14 @@ def test_a_redis_idle_timeout_that_is_not_a_positive_number_is_refused(value: st
     assert load_settings({}).redis.idle_timeout == 30.0
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_scheduler_lease_ttl_that_is_not_a_positive_number_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="CARAVAN_SCHEDULER_LEASE_TTL must be a number of seconds > 0"):
+        load_settings({"CARAVAN_SCHEDULER_LEASE_TTL": value})
+    assert load_settings({"CARAVAN_SCHEDULER_LEASE_TTL": "4"}).scheduler.lease_ttl == 4.0
+    assert load_settings({}).scheduler.lease_ttl == 10.0
+
+
 def test_trusted_proxies_are_none_unless_listed_and_must_be_addresses() -> None:
     assert load_settings({}).gateway.trusted_proxies == ()
     listed = load_settings({"CARAVAN_TRUSTED_PROXIES": " 10.0.0.5, 10.1.0.0/16,::1 ,"}).gateway.trusted_proxies

@@ -35,9 +35,15 @@ CLIENTS = (ClientSpec("alpha", cpu_mhz=2000, memory_mb=2048), ClientSpec("beta",
 STATUS = "query($id: ID!) { session(id: $id) { status statusInfo statusDetail } }"
 
 
-@pytest.fixture
+HEARTBEAT = (2.0, 5.0)
+"""The cluster server's minimum heartbeat TTL and grace: a client killed is marked down within about 9 s, not Nomad's
+20-30 s (a live client's heartbeat may still come 5 s late)."""
+
+
+@pytest.fixture(scope="module")
 def two_clients(state_dir: Path) -> Iterator[NomadCluster]:
-    with cluster_of(state_dir / "two-clients", CLIENTS) as cluster:
+    """Both tests' cluster: each kills a client and starts it again, ready, before it ends (``restart``)."""
+    with cluster_of(state_dir / "two-clients", CLIENTS, heartbeat=HEARTBEAT) as cluster:
         yield cluster
 
 

@@ -12,7 +12,7 @@ import time
 
 from core.settings import Settings
 from domain.model import SessionResult, SessionStatus
-from tests.harness import CREATE, running_caravan
+from tests.harness import CREATE, KILLED_SCHEDULERS, running_caravan
 
 SESSIONS = 200
 
@@ -27,6 +27,7 @@ def scheduler_env(settings: Settings) -> dict[str, str]:
         "CARAVAN_HOME": str(settings.home),
         "CARAVAN_SECRETS_DIR": str(settings.secrets),  # it connects as the scheduler role
         "CARAVAN_RECONCILE_INTERVAL": "2",
+        **KILLED_SCHEDULERS,
     }
 
 

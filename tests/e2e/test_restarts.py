@@ -33,7 +33,7 @@ from caravan.stack.redis_server import start_redis
 from core.settings import NomadSettings, RedisSettings, SchedulerSettings, Settings
 from domain.model import Session, SessionResult, SessionStatus
 from tests.conftest import TEST_KEY_PREFIXES
-from tests.harness import ADMIN_TOKEN, CREATE, Caravan, caravan_env, running_caravan
+from tests.harness import ADMIN_TOKEN, CREATE, KILLED_SCHEDULERS, Caravan, caravan_env, running_caravan
 
 pytestmark = [pytest.mark.nomad, pytest.mark.redis]  # a Redis and a Nomad agent of its own, restarted
 
@@ -76,8 +76,10 @@ class OwnStack:
     nomad: SingleNodeNomad
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnStack]:
+    """This module's and ``test_usage``'s stack, started once: the tests are isolated by namespace, and each that kills
+    its Redis or Nomad starts it again before it ends."""
     from tests.conftest import STACK
 
     state = tmp_path_factory.mktemp("restarts")
@@ -366,7 +368,7 @@ class CaravanProcess:
 
 @contextlib.asynccontextmanager
 async def caravan_processes(settings: Settings, port: int) -> AsyncIterator[tuple[CaravanProcess, CaravanProcess]]:
-    env = caravan_env(settings, port)
+    env = {**caravan_env(settings, port), **KILLED_SCHEDULERS}
     gateway = CaravanProcess("gateway", env, settings.home / "gateway.log")
     scheduler = CaravanProcess("scheduler", env, settings.home / "scheduler.log")
     await gateway.start()

@@ -17,7 +17,7 @@ from core.settings import Settings
 from domain.users import BOOTSTRAP_ADMIN_ID
 from stores.schedules import ScheduleStore
 from tests.e2e.test_restarts import CaravanProcess
-from tests.harness import Caravan, caravan_env, running_caravan
+from tests.harness import KILLED_SCHEDULERS, Caravan, caravan_env, running_caravan
 
 pytestmark = [pytest.mark.nomad, pytest.mark.redis]
 
@@ -93,7 +93,7 @@ async def test_forbid_skips_an_overlapping_run(caravan: Caravan) -> None:
 async def test_the_scheduler_killed_at_the_due_instant_leaves_one_run_per_due_time(settings: Settings) -> None:
     port = free_port()
     async with running_caravan(settings, scheduler=False, serve=True) as caravan:
-        env = {**caravan_env(settings, port), "CARAVAN_SCHEDULE_HISTORY": "100"}
+        env = {**caravan_env(settings, port), "CARAVAN_SCHEDULE_HISTORY": "100", **KILLED_SCHEDULERS}
         scheduler = CaravanProcess("scheduler", env, settings.home / "scheduler.log")
         await scheduler.start()
         try:
