@@ -30,6 +30,7 @@ import base64
 import contextlib
 import json
 import logging
+import re
 import urllib.parse
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -88,7 +89,9 @@ class ExecNeverStarted(TransientError):
 
 
 STARTED = b"\x1b_caravan-exec-started\x1b\\"
-"""What an announced command prints first: an APC string (a terminal shows nothing of it), never passed on."""
+"""What an announced command prints first: an APC string (a terminal shows nothing of it), never passed on; with its
+process id in the task after a ``;`` (:data:`ANNOUNCEMENT`)."""
+ANNOUNCEMENT = re.compile(rb"\x1b_caravan-exec-started(?:;(\d{1,10}))?\x1b\\")
 
 START_ATTEMPTS = 30
 """How many times an announced command is run while Nomad reports its end before it started, with pauses between
@@ -102,8 +105,9 @@ command is taken as one that does not announce itself."""
 
 
 def announced(command: Sequence[str]) -> list[str]:
-    """``command`` run by ``/bin/sh`` once it has printed :data:`STARTED` (its argv as it is: ``exec "$@"``)."""
-    return ["/bin/sh", "-c", "printf '\\033_caravan-exec-started\\033\\\\' && exec \"$@\"", "sh", *command]
+    """``command`` run by ``/bin/sh`` once it has printed :data:`STARTED` with its process id (its argv as it is:
+    ``exec "$@"``, so the id is the command's)."""
+    return ["/bin/sh", "-c", 'printf \'\\033_caravan-exec-started;%s\\033\\\\\' "$$" && exec "$@"', "sh", *command]
 
 
 def encode_stdin(data: bytes) -> str:
@@ -177,6 +181,8 @@ class ExecStream:
         """How many times the command was run (more than once: Nomad reported its end before it started)."""
         self.exit_code: int | None = None
         """Set once the command's exit was received."""
+        self.pid: int | None = None
+        """An announced command's process id in its task, once it announced itself."""
         self._size: tuple[int, int] | None = None
         """The last terminal size asked for (rows, columns), sent again once the command has started."""
         self._started = False
@@ -248,10 +254,14 @@ class ExecStream:
                 self._pending.append(frame)
                 continue
             head += frame.data
-            before, announcement, after = head.partition(STARTED)
+            announcement = ANNOUNCEMENT.search(head)
             if announcement or len(head) > AHEAD_BYTES:
-                if before + after:
-                    self._pending.append(Output("stdout", before + after))
+                if announcement:
+                    pid = announcement.group(1)
+                    self.pid = int(pid) if pid else None
+                    head = head[: announcement.start()] + head[announcement.end() :]
+                if head:
+                    self._pending.append(Output("stdout", head))
                 await self._output_seen()
                 return True
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,6 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from core.clock import utcnow
 from stores.activity import read_activity
 from tests.conftest import DOCKER
+from tests.e2e.test_kernel_exec import run
 from tests.harness import ADMIN_TOKEN, Caravan
 from tests.kernel_sessions import DRIVERS, docker_container, docker_slow_to_start_execs, running_session
 
@@ -104,6 +107,28 @@ async def test_a_terminal_docker_is_slow_to_start_still_runs_its_shell(caravan: 
             await until_output(ws, b"# ")
             await ws.send(b"exit 4\n")
             assert (await until_exit(ws))[1] == {"type": "exit", "exitCode": 4}
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_terminal_its_client_leaves_hangs_up_its_shell(caravan: Caravan, driver: str) -> None:
+    """A tab closed while its shell runs a program: the shell and the program are hung up, as a terminal closed
+    would; before, both stayed in the kernel (docker does not end an exec whose client went away), one more shell at
+    every tab closed."""
+    session_id, _ = await running_session(caravan, driver)
+    async with terminal(caravan, session_id) as ws:
+        await until_output(ws, b"# ", b"$ ")
+        await ws.send(b"sleep 600 & echo pid-$$-$!-; wait\n")
+        output = bytearray()
+        while (found := re.search(rb"pid-(\d+)-(\d+)-", output)) is None:
+            output += await until_output(ws, b"-")
+    shell, program = (int(pid) for pid in found.groups())
+    deadline = time.monotonic() + 30
+    while True:
+        left = await run(caravan, session_id, shell=f"for p in {shell} {program}; do [ -d /proc/$p ] && echo $p; done")
+        if not left["stdout"] or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    assert left["stdout"] == "", f"left running in the kernel: {left['stdout'].split()} (shell {shell})"
 
 
 async def test_browsers_authenticate_with_a_first_message_and_the_terminal_is_activity(caravan: Caravan) -> None:

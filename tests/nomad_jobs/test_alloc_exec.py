@@ -158,6 +158,20 @@ async def test_the_announcement_is_read_however_nomad_splits_it_and_never_passed
     assert await replayed(ReplayedNomad(b"only", 2, stderr=(0,))) == (1, (b"", b"only", 2))
 
 
+async def test_the_announcement_names_the_commands_process_id() -> None:
+    """As :func:`announced` prints it: with the process id a terminal closed by its client hangs up."""
+    said = b"\x1b_caravan-exec-started;4321\x1b\\# "
+
+    async def reopen() -> Any:
+        raise AssertionError("a command that announced itself is not run again")
+
+    for cut in range(1, len(said)):
+        stream = ExecStream(cast(Any, ReplayedNomad(said[:cut], said[cut:], 0)), reopen=reopen, first_pause=0)
+        assert await collect(stream) == (b"# ", b"", 0) and stream.pid == 4321
+    stream = ExecStream(cast(Any, ReplayedNomad(STARTED, 0)), reopen=reopen, first_pause=0)
+    assert await collect(stream) == (b"", b"", 0) and stream.pid is None
+
+
 async def test_a_command_reported_ended_before_it_started_runs_again_with_its_size() -> None:
     """An exit before any output, not even the announcement: the run never started (Nomad's docker driver reports an
     exec docker has not started yet as ended, code 0), so the command runs again, on a new socket, with its size."""
