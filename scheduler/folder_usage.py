@@ -1,7 +1,8 @@
 """The bytes of storage folders, recounted on the storage node: the file API counts what it writes, but sessions
 write through their mounts too. Every ``StorageSettings.recount_interval`` seconds each READY folder's directory is
 walked from a descriptor of it (``core.tree_bytes``: no symlink followed, no path resolved again, so a session
-swapping a directory for a link meanwhile leads the walk nowhere) and its usage replaced by the total, so
+swapping a directory for a link meanwhile leads the walk nowhere) and its usage replaced by the total, unless the
+file API counted something in it during the walk (then it is walked again at the next look), so
 ``usageBytes``, ``folderUsage`` and the bytes quotas (new uploads refused past them) see those writes within about
 that long.
 
@@ -57,5 +58,7 @@ class UsageRecounter:
                         "folder=%s directory %s is not on this machine: usage not recounted", folder_id, host_path
                     )
                 continue
+            mark = await self.store.usage_mark(folder_id)
             total = await asyncio.to_thread(folder_bytes, host_path)
-            await self.store.recounted(folder_id, total)
+            if not await self.store.recounted(folder_id, total, mark):
+                self.last_counted.pop(folder_id, None)  # written to meanwhile: counted again at the next look

@@ -234,19 +234,27 @@ class FolderStore:
     async def set_usage(self, folder_id: str, total: int) -> None:
         await self.redis.set(self.keys.folder_usage(folder_id), total)
 
-    async def recounted(self, folder_id: str, total: int) -> None:
-        """A recount's total (``scheduler.folder_usage``), stored only while the folder is (a purge that forgot
-        it meanwhile leaves no usage behind)."""
-        folder_key = self.keys.folder(folder_id)
+    async def usage_mark(self, folder_id: str) -> bytes | str | None:
+        """The folder's usage as stored now, for :meth:`recounted` to tell whether it changed meanwhile."""
+        raw: bytes | str | None = await self.redis.get(self.keys.folder_usage(folder_id))
+        return raw
 
-        async def attempt(pipe: Pipeline) -> None:
-            await pipe.watch(folder_key)
-            if not await pipe.exists(folder_key):
-                return
+    async def recounted(self, folder_id: str, total: int, mark: bytes | str | None) -> bool:
+        """A recount's total (``scheduler.folder_usage``), stored only while the folder is (a purge that forgot it
+        meanwhile leaves no usage behind) and only if its usage is still ``mark``, as :meth:`usage_mark` read it
+        before the walk: an upload's reservation or a delete counted during the walk would be overwritten by a total
+        that may not hold it (an upload then passed the quota: its reservation counted, checked against a usage the
+        recount had just set back). False when not stored: the next recount counts it."""
+        folder_key, usage_key = self.keys.folder(folder_id), self.keys.folder_usage(folder_id)
+
+        async def attempt(pipe: Pipeline) -> bool:
+            await pipe.watch(folder_key, usage_key)
+            if not await pipe.exists(folder_key) or await pipe.get(usage_key) != mark:
+                return False
             begin(pipe)
-            pipe.set(self.keys.folder_usage(folder_id), total)
+            pipe.set(usage_key, total)
             await pipe.execute()
-            return
+            return True
 
         return await transact(self.redis, attempt)
 

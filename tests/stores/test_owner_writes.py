@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from core.clock import utcnow
 from core.codec import encode
-from core.errors import Conflict, InvalidInput
+from core.errors import Conflict, InvalidInput, QuotaExceeded
 from core.keys import Keys
 from core.lease import Fence, LostLease
 from core.settings import Settings, StorageSettings
@@ -277,3 +277,25 @@ async def test_an_image_from_before_the_claims_resolves_through_its_owners_recor
     await redis.sadd(keys.images_of_project("default"), legacy.id)
     assert await images.named([legacy.ref], owners=["alice", "bob"]) == {legacy.ref: [legacy]}
     assert await images.named([legacy.ref], owners=["bob"]) == {}  # bob's records: none has it
+
+
+async def test_a_recount_never_overwrites_what_the_file_api_counted_during_its_walk(folders: FolderStore) -> None:
+    """The recount's total replaces the folder's usage only if nothing was counted since its walk began: an upload's
+    reservation counted meanwhile was set back by a total that did not hold it, and the next upload then passed the
+    bytes quota (seen in CI: a 1-byte upload accepted over a full quota)."""
+    folder = await created(folders)
+    quota = StorageSettings(max_bytes_per_user=100)
+    await folders.set_usage(folder.id, 100)
+    mark = await folders.usage_mark(folder.id)  # the walk begins
+    with pytest.raises(QuotaExceeded):
+        await folders.reserve(folder, 1, credit=0, quota=quota)  # refused: counted and taken back, so unchanged
+    assert await folders.recounted(folder.id, 90, mark)
+    assert await folders.usage([folder.id]) == {folder.id: 90}
+    mark = await folders.usage_mark(folder.id)
+    await folders.reserve(folder, 10, credit=0, quota=quota)  # an upload's bytes, counted before they are on disk
+    assert not await folders.recounted(folder.id, 90, mark)  # the walk did not see them: not stored
+    assert await folders.usage([folder.id]) == {folder.id: 100}
+    with pytest.raises(QuotaExceeded):
+        await folders.reserve(folder, 1, credit=0, quota=quota)
+    await folders.forget(folder, None)  # purged meanwhile: no usage left behind
+    assert not await folders.recounted(folder.id, 5, await folders.usage_mark(folder.id))
