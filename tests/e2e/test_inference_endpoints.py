@@ -158,7 +158,15 @@ async def _serving(endpoint: Endpoint, replicas: int) -> None:
                 seen.add(answer.text)
         return True if len(seen) == replicas else None
 
-    await eventually(probe, f"{replicas} replicas answering through the endpoint")
+    try:
+        await eventually(probe, f"{replicas} replicas answering through the endpoint")
+    except AssertionError as failed:  # say where each replica stands, so that a failure in CI explains itself
+        stored = await endpoint.caravan.store.get(endpoint.session_id)
+        kernels = [
+            (k.hostname, k.status.value, k.restarts, k.healthy, k.alloc_id, k.status_info, k.status_detail)
+            for k in (stored.kernels if stored else ())
+        ]
+        raise AssertionError(f"{failed}; kernels (name, status, restarts, healthy, alloc, why): {kernels}") from None
 
 
 async def _until(endpoint: Endpoint, token: str | None, status: int, **kwargs: Any) -> httpx2.Response:
