@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
@@ -30,10 +31,21 @@ from domain.kernel_exec import (
     exec_target,
 )
 from domain.users import User
-from nomad_jobs.alloc_exec import ExecFrame, ExecRefused, Exited, Output, open_exec
+from nomad_jobs.alloc_exec import (
+    ExecFrame,
+    ExecNotAnnounced,
+    ExecRefused,
+    ExecStream,
+    Exited,
+    Output,
+    open_exec,
+    signal_session,
+)
 from nomad_jobs.meta import TASK_NAME
 from stores.activity import record_activity
 from stores.sessions import SessionStore
+
+log = logging.getLogger(__name__)
 
 
 def exec_limits_from_env(environ: Mapping[str, str] | None = None) -> ExecLimits:
@@ -134,26 +146,52 @@ async def stream_command(
     timeout: float,
     meter: ActivityMeter,
 ) -> AsyncGenerator[ExecFrame, None]:
-    """The command's output frames, then its :class:`Exited`; EXEC_TIMEOUT after ``timeout`` seconds (the exec's
-    socket is closed, which ends the command's exec session), EXEC_FAILED when Nomad refuses it."""
+    """The command's output frames, then its :class:`Exited`; EXEC_TIMEOUT after ``timeout`` seconds (the command
+    and what it started are killed), EXEC_FAILED when Nomad refuses it.
+
+    The command announces itself (``nomad_jobs.alloc_exec``: run by ``/bin/sh``, its process id known once it runs),
+    never twice: its session is what a timeout kills, since closing the exec's socket ends nothing in the kernel. In
+    an image without ``/bin/sh`` it runs as it is (nothing ran: the shell could not), and a timeout cannot kill it."""
     deadline = asyncio.get_running_loop().time() + timeout
-    try:
-        async with asyncio.timeout_at(deadline), open_exec(nomad, target.alloc_id, TASK_NAME, command) as stream:
-            await meter.touch()
-            if stdin:
-                await stream.send_stdin(stdin)
-            await stream.close_stdin()  # no stdin: the command reads end-of-file at once, never waits for input
-            async for frame in stream.frames():
+    for announce in (True, False):
+        stream: ExecStream | None = None
+        try:
+            shell = open_exec(nomad, target.alloc_id, TASK_NAME, command, announce=announce, rerun=False)
+            async with asyncio.timeout_at(deadline), shell as stream:
                 await meter.touch()
-                yield frame
-    except TimeoutError:
-        raise ExecTimeout(
-            f"the command did not end within {timeout:g} s (timeoutSeconds); it was stopped",
-            field="timeoutSeconds",
-            timeoutSeconds=timeout,
-        ) from None
-    except ExecRefused as exc:
-        raise ExecFailed(f"Nomad refused the command: {exc.reason or exc}") from exc
+                if stdin:
+                    await stream.send_stdin(stdin)
+                await stream.close_stdin()  # no stdin: the command reads end-of-file at once, never waits for input
+                async for frame in stream.frames():
+                    await meter.touch()
+                    yield frame
+            return
+        except ExecNotAnnounced:
+            continue  # no /bin/sh in the kernel: nothing ran
+        except TimeoutError:
+            stopped = stream is not None and stream.pid is not None and await _killed(nomad, target, stream.pid)
+            raise ExecTimeout(
+                f"the command did not end within {timeout:g} s (timeoutSeconds); "
+                + ("it was stopped" if stopped else "it could not be stopped and may still run in the kernel"),
+                field="timeoutSeconds",
+                timeoutSeconds=timeout,
+            ) from None
+        except ExecRefused as exc:
+            if announce and "/bin/sh" in str(exc.reason or exc):
+                continue  # refused for want of /bin/sh: nothing ran
+            raise ExecFailed(f"Nomad refused the command: {exc.reason or exc}") from exc
+
+
+async def _killed(nomad: NomadSettings, target: ExecTarget, pid: int) -> bool:
+    """SIGKILL to a timed-out command's session; whether that was done."""
+    try:
+        await signal_session(nomad, target.alloc_id, TASK_NAME, pid, "KILL")
+    except Exception:  # said in the answer: "may still run"
+        log.warning(
+            "exec: the timed-out command %d of allocation %s was not killed", pid, target.alloc_id, exc_info=True
+        )
+        return False
+    return True
 
 
 async def run_command(

@@ -47,7 +47,15 @@ from domain.users import User
 from gateway.auth import authenticate, first_message_token, header_token
 from gateway.kernel_exec import ActivityMeter, ExecSlots, find_target
 from gateway.revocations import RevocationWatch, Watched
-from nomad_jobs.alloc_exec import ExecNeverStarted, ExecRefused, ExecStream, Exited, Output, open_exec
+from nomad_jobs.alloc_exec import (
+    ExecNeverStarted,
+    ExecRefused,
+    ExecStream,
+    Exited,
+    Output,
+    open_exec,
+    signal_session,
+)
 from nomad_jobs.client import NomadClient
 from nomad_jobs.meta import TASK_NAME
 from stores import activity
@@ -176,30 +184,13 @@ class Terminals:
             await websocket.close(code=1000)
 
 
-HANGUP_WAIT = 10.0
-"""Seconds the hangup of a shell its client left may take (an exec of :data:`HANGUP`)."""
-HANGUP = """s=$1
-for d in /proc/[0-9]*; do
-  read -r stat < "$d/stat" 2>/dev/null || continue
-  set -- ${stat##*) }
-  [ "$4" = "$s" ] && kill -HUP "${d#/proc/}" 2>/dev/null
-done
-exit 0"""
-"""SIGHUP to every process of the session led by the shell ``$1`` (its ``/proc/<pid>/stat``: state, parent, group,
-session after the command's name): POSIX sh, as every kernel has it."""
-
-
 async def hang_up(settings: NomadSettings, alloc_id: str, pid: int) -> None:
     """What closing a terminal does to its shell: SIGHUP to it and to what runs in its session (the program in the
     foreground, its jobs: as a shell that passes the hangup on to its jobs, like bash). Docker does not end an exec
     whose client went away: every tab closed left its shell, and what ran in it, in the kernel. A program that asked
     to outlive its terminal (``nohup``, a session of its own) does."""
     try:
-        command = ("/bin/sh", "-c", HANGUP, "sh", str(pid))
-        async with asyncio.timeout(HANGUP_WAIT), open_exec(settings, alloc_id, TASK_NAME, command) as stream:
-            await stream.close_stdin()
-            async for _ in stream.frames():
-                pass
+        await signal_session(settings, alloc_id, TASK_NAME, pid, "HUP")
     except Exception as exc:  # the client is gone: nobody to tell but the log
         log.warning("terminal: shell %d of allocation %s left running: %s: %s", pid, alloc_id, type(exc).__name__, exc)
 

@@ -17,7 +17,8 @@ inspected not running, its exit code unset, and reported ``exited`` with code 0 
 sent; the command may start after, cut off from the socket. So an exec can be *announced* (``open_exec(announce=
 True)``): run by ``/bin/sh`` that first prints :data:`STARTED`, which :meth:`ExecStream.frames` reads (and never
 passes on) before anything else; a run reported ended before it is replaced by a new one (:data:`START_ATTEMPTS`).
-The gateway's terminal is announced; ``kernelExec`` commands are not (they may not run twice, and need no shell).
+The gateway's terminal is announced, and so are ``kernelExec`` commands, which are never run again (they may not
+run twice): their process id is what a timeout kills (:func:`signal_session`).
 
 ACL: ``alloc-exec`` on the namespace; tasks of drivers without isolation (``raw_exec``) need ``alloc-node-exec``,
 which Caravan's gateway token never has (``caravan/stack/nomad_acl.py``).
@@ -86,6 +87,11 @@ class ExecBroken(TransientError):
 
 class ExecNeverStarted(TransientError):
     """Nomad reported an announced command's exit before the command had said it started, every time it was run."""
+
+
+class ExecNotAnnounced(PermanentError):
+    """An announced command that may not run twice ended, not zero, without its announcement and with docker saying
+    ``/bin/sh`` could not run (an image without it): nothing ran, so the command may be run as it is."""
 
 
 STARTED = b"\x1b_caravan-exec-started\x1b\\"
@@ -172,7 +178,10 @@ class ExecStream:
         *,
         reopen: Callable[[], Awaitable[ClientConnection]] | None = None,
         first_pause: float = 0.05,
+        announced: bool | None = None,
     ) -> None:
+        """``announced``: the command announces itself (default: when it may be run again, ``reopen``); one that
+        announces itself without ``reopen`` is never run twice: its exit before the announcement is passed on."""
         self._ws = connection
         self._reopen = reopen
         self._first_pause = first_pause
@@ -186,7 +195,7 @@ class ExecStream:
         self._size: tuple[int, int] | None = None
         """The last terminal size asked for (rows, columns), sent again once the command has started."""
         self._started = False
-        self._start_known = reopen is None
+        self._start_known = not (reopen is not None if announced is None else announced)
         """Whether the command's start is known: an announced command's once its :data:`STARTED` is read."""
         self._pending: deque[ExecFrame] = deque()
         """Frames read ahead (waiting for :data:`STARTED`), passed on first."""
@@ -247,7 +256,13 @@ class ExecStream:
             frame = await self._receive()
             if isinstance(frame, Exited):
                 if not (head or self._pending):
-                    return False
+                    # never started (rerun), or, for a command never run twice, an exit as Nomad reports it: its
+                    # docker driver's false end and output dropped before an exit (hashicorp/nomad#27146: here the
+                    # announcement of a command that ends at once, such as ``true``) look the same
+                    if self._reopen is not None:
+                        return False
+                elif self._reopen is None and frame.exit_code in (126, 127) and self._shell_missing(head):
+                    raise ExecNotAnnounced(f"/bin/sh did not run (exit code {frame.exit_code}): {head[:200]!r}")
                 self._pending.extend((Output("stdout", head), frame) if head else (frame,))
                 return True
             if frame.stream == "stderr":
@@ -264,6 +279,12 @@ class ExecStream:
                     self._pending.append(Output("stdout", head))
                 await self._output_seen()
                 return True
+
+    def _shell_missing(self, head: bytes) -> bool:
+        """Whether what came before an exit (126 or 127), without the announcement, is docker's word that
+        ``/bin/sh`` could not run (``OCI runtime exec failed: exec: "/bin/sh": ...``), so nothing ran."""
+        said = head + b"".join(f.data for f in self._pending if isinstance(f, Output))
+        return b"exec failed" in said and b"/bin/sh" in said
 
     async def _run_again(self) -> None:
         """The command once more, on a new socket (Nomad reported its end before it started), with its size."""
@@ -309,13 +330,15 @@ async def open_exec(
     tty: bool = False,
     open_timeout: float = 10.0,
     announce: bool = False,
+    rerun: bool = True,
 ) -> AsyncIterator[ExecStream]:
     """Run ``command`` (argv, not shell text) in ``task`` of ``alloc_id``; leaving the block closes the socket, which
     ends the command's session on Nomad's side.
 
-    ``announce``: the command is run by ``/bin/sh`` (:func:`announced`), and run again while Nomad reports its end
-    before it started (:class:`ExecStream`). Only for a command that may run twice: a run reported ended may start
-    after all, cut off from its socket."""
+    ``announce``: the command is run by ``/bin/sh`` (:func:`announced`): its process id is known once it runs
+    (``stream.pid``), and it is run again while Nomad reports its end before it started (:class:`ExecStream`), unless
+    ``rerun`` is False: a run reported ended may start after all, cut off from its socket, so a command that may not
+    run twice gets its exit as Nomad reports it, and :class:`ExecNotAnnounced` when ``/bin/sh`` cannot run."""
     if not command:
         raise ValueError("an exec needs a command")
     url = exec_url(settings, alloc_id, task, announced(command) if announce else command, tty=tty)
@@ -323,11 +346,36 @@ async def open_exec(
     async def reopen() -> ClientConnection:
         return await connect_exec(settings, url, open_timeout)
 
-    stream = ExecStream(await reopen(), reopen=reopen if announce else None)
+    stream = ExecStream(await reopen(), reopen=reopen if announce and rerun else None, announced=announce)
     try:
         yield stream
     finally:
         await stream.close()
+
+
+SIGNAL_SESSION = """s=$1 sig=$2
+for d in /proc/[0-9]*; do
+  read -r stat < "$d/stat" 2>/dev/null || continue
+  set -- ${stat##*) }
+  [ "$4" = "$s" ] && kill -"$sig" "${d#/proc/}" 2>/dev/null
+done
+exit 0"""
+"""A signal (``$2``) to every process of the session led by ``$1``, read off each ``/proc/<pid>/stat`` (state,
+parent, group, session after the command's name): POSIX sh, as every kernel an announced command ran in has it."""
+
+
+async def signal_session(
+    settings: NomadSettings, alloc_id: str, task: str, pid: int, signal: str, *, wait: float = 10.0
+) -> None:
+    """``signal`` (``HUP``, ``KILL``) to the processes of the session an announced command leads (docker and Nomad's
+    executor start each exec in a session of its own; ``exec "$@"`` keeps the announced process id the command's):
+    what ends it and what it started, when its socket closing does not (docker never ends an exec whose client went
+    away). Raises what an exec raises, ``TimeoutError`` past ``wait`` seconds."""
+    command = ("/bin/sh", "-c", SIGNAL_SESSION, "sh", str(pid), signal)
+    async with asyncio.timeout(wait), open_exec(settings, alloc_id, task, command) as stream:
+        await stream.close_stdin()
+        async for _ in stream.frames():
+            pass
 
 
 async def connect_exec(settings: NomadSettings, url: str, open_timeout: float) -> ClientConnection:

@@ -61,7 +61,15 @@ async def test_exec_returns_exit_code_output_and_takes_stdin(caravan: Caravan, d
     big = await run(caravan, session_id, shell="echo done >&2; head -c 3000000 /dev/zero")
     assert big["stdoutTruncated"] and len(base64.b64decode(big["stdoutBase64"])) == 1 << 20
     assert (big["exitCode"], big["stderr"], big["stderrTruncated"]) == (0, "done\n", False)
-    assert await codes_of(caravan, session_id, shell="sleep 30", timeoutSeconds=1) == ["EXEC_TIMEOUT"]
+    # past its time the command is killed, and what it started: closing the exec's socket ended neither (docker
+    # does not end an exec whose client went away), so both ran on in the kernel after EXEC_TIMEOUT said "stopped"
+    slow = "sleep 30 & echo $! > /tmp/slow.child; echo $$ > /tmp/slow.pid; wait"
+    assert await codes_of(caravan, session_id, shell=slow, timeoutSeconds=1) == ["EXEC_TIMEOUT"]
+    alive = (  # each one's state, after its name in /proc/<pid>/stat: gone, or a zombie left to pid 1, is ended
+        "for p in $(cat /tmp/slow.pid /tmp/slow.child); do"
+        ' read -r s < /proc/$p/stat && set -- ${s##*) } && [ "$1" != Z ] && echo $p; done; true'
+    )
+    assert (await run(caravan, session_id, shell=alive))["stdout"] == ""
     assert (await run(caravan, session_id, argv=["true"]))["exitCode"] == 0  # the kernel still answers
 
 

@@ -15,6 +15,7 @@ from nomad_jobs.alloc_exec import (
     STARTED,
     ExecFrame,
     ExecNeverStarted,
+    ExecNotAnnounced,
     ExecRefused,
     ExecStream,
     Exited,
@@ -170,6 +171,24 @@ async def test_the_announcement_names_the_commands_process_id() -> None:
         assert await collect(stream) == (b"# ", b"", 0) and stream.pid == 4321
     stream = ExecStream(cast(Any, ReplayedNomad(STARTED, 0)), reopen=reopen, first_pause=0)
     assert await collect(stream) == (b"", b"", 0) and stream.pid is None
+
+
+async def test_a_command_that_may_not_run_twice_is_never_run_again() -> None:
+    """``kernelExec``'s commands announce themselves without ``reopen``: an exit before the announcement is passed on
+    as Nomad reports it (its docker driver's false end and an announcement dropped before a quick exit look the same),
+    and an exit without it, not zero, where docker says ``/bin/sh`` could not run, is ``ExecNotAnnounced`` (nothing
+    ran: the command may be run as it is)."""
+    assert await collect(ExecStream(cast(Any, ReplayedNomad(0)), announced=True)) == (b"", b"", 0)
+    assert await collect(ExecStream(cast(Any, ReplayedNomad(1)), announced=True)) == (b"", b"", 1)
+    error = b'OCI runtime exec failed: exec: "/bin/sh": stat /bin/sh: no such file or directory\r\n'
+    with pytest.raises(ExecNotAnnounced):
+        await collect(ExecStream(cast(Any, ReplayedNomad(error, 126)), announced=True))
+    with pytest.raises(ExecNotAnnounced):
+        await collect(ExecStream(cast(Any, ReplayedNomad(error, 126, stderr=(0,))), announced=True))
+    failed = ExecStream(cast(Any, ReplayedNomad(b"oops", 2, stderr=(0,))), announced=True)  # its announcement lost
+    assert await collect(failed) == (b"", b"oops", 2)
+    said = ExecStream(cast(Any, ReplayedNomad(b"\x1b_caravan-exec-started;77\x1b\\out", 3)), announced=True)
+    assert await collect(said) == (b"out", b"", 3) and said.pid == 77
 
 
 async def test_a_command_reported_ended_before_it_started_runs_again_with_its_size() -> None:
