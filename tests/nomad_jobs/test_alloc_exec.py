@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 import pytest
 
+from core.settings import NomadSettings
 from nomad_jobs.alloc_exec import (
     START_ATTEMPTS,
     STARTED,
+    ExecBroken,
     ExecFrame,
     ExecNeverStarted,
     ExecNotAnnounced,
@@ -46,19 +48,34 @@ async def test_exec_frames_carry_bytes_exactly_both_ways(caravan: Caravan, drive
     _, alloc = await running_session(caravan, driver)
     gateway = caravan.settings.for_role("gateway").nomad  # the gateway's own token: alloc-exec is enough
     # stdin → cat → stdout, every hostile byte, in pieces that split multi-byte characters
-    async with open_exec(gateway, alloc, TASK_NAME, ["cat"]) as stream:
-        for start in range(0, len(HOSTILE_BYTES), 7):
-            await stream.send_stdin(HOSTILE_BYTES[start : start + 7])
-        await stream.close_stdin()
-        assert await collect(stream) == (HOSTILE_BYTES, b"", 0)
+    pieces = [HOSTILE_BYTES[start : start + 7] for start in range(0, len(HOSTILE_BYTES), 7)]
+    assert await ran(gateway, alloc, ["cat"], pieces) == (HOSTILE_BYTES, b"", 0)
     # an argv item with every hostile character reaches the command as one argument (no shell in between)
     text = HOSTILE_BYTES.decode(errors="ignore").replace("\0", "")  # argv cannot hold NUL
-    async with open_exec(gateway, alloc, TASK_NAME, ["printf", "%s", text]) as stream:
-        await stream.close_stdin()
-        assert await collect(stream) == (text.encode(), b"", 0)
-    async with open_exec(gateway, alloc, TASK_NAME, ["sh", "-c", "echo out; echo err >&2; exit 7"]) as stream:
-        await stream.close_stdin()
-        assert await collect(stream) == (b"out\n", b"err\n", 7)
+    assert await ran(gateway, alloc, ["printf", "%s", text]) == (text.encode(), b"", 0)
+    assert await ran(gateway, alloc, ["sh", "-c", "echo out; echo err >&2; exit 7"]) == (b"out\n", b"err\n", 7)
+
+
+async def ran(
+    settings: NomadSettings, alloc: str, command: list[str], stdin: Sequence[bytes] = ()
+) -> tuple[bytes, bytes, int]:
+    """A raw exec's output and exit code. A run Nomad reports ended before it started (its docker driver's race,
+    ``nomad_jobs/alloc_exec.py``: exit 0 and nothing else, or the socket closed under the stdin being sent) is run
+    once more: these commands may run twice, and their subject is the frames, not that race (CI met it here once)."""
+    for attempt in (1, 2):
+        try:
+            async with open_exec(settings, alloc, TASK_NAME, command) as stream:
+                for piece in stdin:
+                    await stream.send_stdin(piece)
+                await stream.close_stdin()
+                result = await collect(stream)
+        except ExecBroken:
+            if attempt == 2:
+                raise
+            continue
+        if result != (b"", b"", 0) or attempt == 2:
+            return result
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
