@@ -33,6 +33,7 @@ from domain.kernel_exec import (
 from domain.users import User
 from nomad_jobs.alloc_exec import (
     ExecFrame,
+    ExecNeverStarted,
     ExecNotAnnounced,
     ExecRefused,
     ExecStream,
@@ -149,14 +150,15 @@ async def stream_command(
     """The command's output frames, then its :class:`Exited`; EXEC_TIMEOUT after ``timeout`` seconds (the command
     and what it started are killed), EXEC_FAILED when Nomad refuses it.
 
-    The command announces itself (``nomad_jobs.alloc_exec``: run by ``/bin/sh``, its process id known once it runs),
-    never twice: its session is what a timeout kills, since closing the exec's socket ends nothing in the kernel. In
-    an image without ``/bin/sh`` it runs as it is (nothing ran: the shell could not), and a timeout cannot kill it."""
+    The command announces itself (``nomad_jobs.alloc_exec``: run by ``/bin/sh``, its process id known once it runs)
+    and is gated, so a run Nomad reports ended before it started is run again and it still runs once: its session is
+    what a timeout kills, since closing the exec's socket ends nothing in the kernel. In an image without ``/bin/sh``
+    it runs as it is (nothing ran: the shell could not), and a timeout cannot kill it."""
     deadline = asyncio.get_running_loop().time() + timeout
     for announce in (True, False):
         stream: ExecStream | None = None
         try:
-            shell = open_exec(nomad, target.alloc_id, TASK_NAME, command, announce=announce, rerun=False)
+            shell = open_exec(nomad, target.alloc_id, TASK_NAME, command, announce=announce)
             async with asyncio.timeout_at(deadline), shell as stream:
                 await meter.touch()
                 if stdin:
@@ -169,13 +171,20 @@ async def stream_command(
         except ExecNotAnnounced:
             continue  # no /bin/sh in the kernel: nothing ran
         except TimeoutError:
-            stopped = stream is not None and stream.pid is not None and await _killed(nomad, target, stream.pid)
+            pid = None if stream is None else stream.pid
+            if announce and pid is None:  # gated: it never got past its shell
+                outcome = "it had not started"
+            elif pid is not None and await _killed(nomad, target, pid):
+                outcome = "it was stopped"
+            else:
+                outcome = "it could not be stopped and may still run in the kernel"
             raise ExecTimeout(
-                f"the command did not end within {timeout:g} s (timeoutSeconds); "
-                + ("it was stopped" if stopped else "it could not be stopped and may still run in the kernel"),
+                f"the command did not end within {timeout:g} s (timeoutSeconds); {outcome}",
                 field="timeoutSeconds",
                 timeoutSeconds=timeout,
             ) from None
+        except ExecNeverStarted as exc:
+            raise ExecFailed(f"{exc}; it did not run") from exc
         except ExecRefused as exc:
             if announce and "/bin/sh" in str(exc.reason or exc):
                 continue  # refused for want of /bin/sh: nothing ran

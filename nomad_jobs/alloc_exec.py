@@ -17,8 +17,12 @@ inspected not running, its exit code unset, and reported ``exited`` with code 0 
 sent; the command may start after, cut off from the socket. So an exec can be *announced* (``open_exec(announce=
 True)``): run by ``/bin/sh`` that first prints :data:`STARTED`, which :meth:`ExecStream.frames` reads (and never
 passes on) before anything else; a run reported ended before it is replaced by a new one (:data:`START_ATTEMPTS`).
-The gateway's terminal is announced, and so are ``kernelExec`` commands, which are never run again (they may not
-run twice): their process id is what a timeout kills (:func:`signal_session`).
+Without a TTY (``kernelExec``'s commands, which may not run twice) the shell then waits for a line on its stdin, which
+the gateway sends only once it has read the announcement on that same run's socket (``gated``, :func:`announced`): a
+run Nomad reported ended reads the end of its stdin instead (Nomad closes it) and exits without running the command,
+so running it again never runs it twice. The gateway's terminal is announced without the gate (a TTY would echo the
+line): its shell may run twice. An announced command's process id is what a timeout or a hang-up signals
+(:func:`signal_session`).
 
 ACL: ``alloc-exec`` on the namespace; tasks of drivers without isolation (``raw_exec``) need ``alloc-node-exec``,
 which Caravan's gateway token never has (``caravan/stack/nomad_acl.py``).
@@ -90,8 +94,8 @@ class ExecNeverStarted(TransientError):
 
 
 class ExecNotAnnounced(PermanentError):
-    """An announced command that may not run twice ended, not zero, without its announcement and with docker saying
-    ``/bin/sh`` could not run (an image without it): nothing ran, so the command may be run as it is."""
+    """A gated command ended, not zero, without its announcement and with docker saying ``/bin/sh`` could not run (an
+    image without it): nothing ran, so the command may be run as it is."""
 
 
 STARTED = b"\x1b_caravan-exec-started\x1b\\"
@@ -110,10 +114,21 @@ AHEAD_BYTES = 64 << 10
 command is taken as one that does not announce itself."""
 
 
-def announced(command: Sequence[str]) -> list[str]:
+_ANNOUNCE = "printf '\\033_caravan-exec-started;%s\\033\\\\' \"$$\""
+"""Prints :data:`STARTED` with the shell's process id (``exec "$@"`` keeps it the command's)."""
+
+
+def announced(command: Sequence[str], *, gated: bool = False) -> list[str]:
     """``command`` run by ``/bin/sh`` once it has printed :data:`STARTED` with its process id (its argv as it is:
-    ``exec "$@"``, so the id is the command's)."""
-    return ["/bin/sh", "-c", 'printf \'\\033_caravan-exec-started;%s\\033\\\\\' "$$" && exec "$@"', "sh", *command]
+    ``exec "$@"``, so the id is the command's); ``gated``: and then read a line from its stdin (:data:`GO`), which
+    a run whose socket Nomad closed never gets (``read`` fails at the end of stdin, so the command does not run). A
+    shell reads a line from a pipe byte by byte: the command's stdin starts right after it."""
+    gate = " && read -r go" if gated else ""
+    return ["/bin/sh", "-c", _ANNOUNCE + gate + ' && exec "$@"', "sh", *command]
+
+
+GO = b"\n"
+"""What a gated command's shell waits for on its stdin: sent once its announcement was read on the same socket."""
 
 
 def encode_stdin(data: bytes) -> str:
@@ -170,7 +185,8 @@ class ExecStream:
     """One running command: send its stdin and terminal size, read its output frames until :class:`Exited`.
 
     With ``reopen`` (an announced command, :func:`open_exec`), :meth:`frames` first reads the command's
-    :data:`STARTED` and, while Nomad reports its end before it, runs it again on a new socket from ``reopen``."""
+    :data:`STARTED` and, while Nomad reports its end before it, runs it again on a new socket from ``reopen``. A
+    ``gated`` command's stdin (:func:`announced`) is held until then and sent after :data:`GO`."""
 
     def __init__(
         self,
@@ -178,10 +194,8 @@ class ExecStream:
         *,
         reopen: Callable[[], Awaitable[ClientConnection]] | None = None,
         first_pause: float = 0.05,
-        announced: bool | None = None,
+        gated: bool = False,
     ) -> None:
-        """``announced``: the command announces itself (default: when it may be run again, ``reopen``); one that
-        announces itself without ``reopen`` is never run twice: its exit before the announcement is passed on."""
         self._ws = connection
         self._reopen = reopen
         self._first_pause = first_pause
@@ -195,17 +209,26 @@ class ExecStream:
         self._size: tuple[int, int] | None = None
         """The last terminal size asked for (rows, columns), sent again once the command has started."""
         self._started = False
-        self._start_known = not (reopen is not None if announced is None else announced)
+        self._start_known = reopen is None
         """Whether the command's start is known: an announced command's once its :data:`STARTED` is read."""
+        self._gated = gated
+        self._held: list[str] = []
+        """A gated command's stdin messages, sent once it has started."""
         self._pending: deque[ExecFrame] = deque()
         """Frames read ahead (waiting for :data:`STARTED`), passed on first."""
 
     async def send_stdin(self, data: bytes) -> None:
         if data:
-            await self._send(encode_stdin(data))
+            await self._send_stdin(encode_stdin(data))
 
     async def close_stdin(self) -> None:
-        await self._send(encode_close_stdin())
+        await self._send_stdin(encode_close_stdin())
+
+    async def _send_stdin(self, message: str) -> None:
+        if self._gated and not self._start_known:
+            self._held.append(message)  # its shell reads GO first, sent once this run announced itself
+        else:
+            await self._send(message)
 
     async def resize(self, height: int, width: int) -> None:
         """The terminal's size in rows and columns (meaningful with ``tty``). A size asked for before the command
@@ -256,12 +279,10 @@ class ExecStream:
             frame = await self._receive()
             if isinstance(frame, Exited):
                 if not (head or self._pending):
-                    # never started (rerun), or, for a command never run twice, an exit as Nomad reports it: its
-                    # docker driver's false end and output dropped before an exit (hashicorp/nomad#27146: here the
-                    # announcement of a command that ends at once, such as ``true``) look the same
-                    if self._reopen is not None:
-                        return False
-                elif self._reopen is None and frame.exit_code in (126, 127) and self._shell_missing(head):
+                    # never started, as far as this socket can tell: run again. A terminal's shell may start after
+                    # all (its run cut off); a gated command's does not run it (its stdin ends before GO)
+                    return False
+                if self._gated and frame.exit_code in (126, 127) and self._shell_missing(head):
                     raise ExecNotAnnounced(f"/bin/sh did not run (exit code {frame.exit_code}): {head[:200]!r}")
                 self._pending.extend((Output("stdout", head), frame) if head else (frame,))
                 return True
@@ -277,6 +298,11 @@ class ExecStream:
                     head = head[: announcement.start()] + head[announcement.end() :]
                 if head:
                     self._pending.append(Output("stdout", head))
+                if announcement and self._gated:
+                    await self._send(encode_stdin(GO))
+                    for message in self._held:
+                        await self._send(message)
+                    self._held.clear()
                 await self._output_seen()
                 return True
 
@@ -330,23 +356,23 @@ async def open_exec(
     tty: bool = False,
     open_timeout: float = 10.0,
     announce: bool = False,
-    rerun: bool = True,
 ) -> AsyncIterator[ExecStream]:
     """Run ``command`` (argv, not shell text) in ``task`` of ``alloc_id``; leaving the block closes the socket, which
     ends the command's session on Nomad's side.
 
     ``announce``: the command is run by ``/bin/sh`` (:func:`announced`): its process id is known once it runs
-    (``stream.pid``), and it is run again while Nomad reports its end before it started (:class:`ExecStream`), unless
-    ``rerun`` is False: a run reported ended may start after all, cut off from its socket, so a command that may not
-    run twice gets its exit as Nomad reports it, and :class:`ExecNotAnnounced` when ``/bin/sh`` cannot run."""
+    (``stream.pid``), and it is run again while Nomad reports its end before it started (:class:`ExecStream`).
+    Without ``tty`` it is gated, so it never runs twice, and :class:`ExecNotAnnounced` says when ``/bin/sh`` cannot
+    run (nothing ran)."""
     if not command:
         raise ValueError("an exec needs a command")
-    url = exec_url(settings, alloc_id, task, announced(command) if announce else command, tty=tty)
+    gated = announce and not tty
+    url = exec_url(settings, alloc_id, task, announced(command, gated=gated) if announce else command, tty=tty)
 
     async def reopen() -> ClientConnection:
         return await connect_exec(settings, url, open_timeout)
 
-    stream = ExecStream(await reopen(), reopen=reopen if announce and rerun else None, announced=announce)
+    stream = ExecStream(await reopen(), reopen=reopen if announce else None, gated=gated)
     try:
         yield stream
     finally:

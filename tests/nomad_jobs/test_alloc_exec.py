@@ -22,6 +22,10 @@ from nomad_jobs.alloc_exec import (
     ExecStream,
     Exited,
     Output,
+    announced,
+    connect_exec,
+    decode_frame,
+    exec_url,
     open_exec,
 )
 from nomad_jobs.meta import TASK_NAME
@@ -117,6 +121,40 @@ async def test_an_announced_command_keeps_its_argv_output_and_exit_code(caravan:
         await stream.send_stdin(b"exit 3\n")
         out, _, code = await collect(stream)
     assert code == 3 and b"caravan-exec-started" not in out and out
+    # gated (no TTY): stdin sent before the command started reaches it whole, after the line its shell reads
+    async with open_exec(gateway, alloc, TASK_NAME, ["cat"], announce=True) as stream:
+        for start in range(0, len(HOSTILE_BYTES), 7):
+            await stream.send_stdin(HOSTILE_BYTES[start : start + 7])
+        await stream.close_stdin()
+        assert await collect(stream) == (HOSTILE_BYTES, b"", 0)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_gated_run_whose_socket_closed_before_it_was_let_through_never_runs_its_command(
+    caravan: Caravan, driver: str
+) -> None:
+    """What a run Nomad reported ended before it started does, if it starts after all: Nomad closes its socket, so
+    its shell reads the end of its stdin, not the line, and exits; only the run the gateway lets through runs."""
+    _, alloc = await running_session(caravan, driver)
+    gateway = caravan.settings.for_role("gateway").nomad
+    marker = f"/tmp/gated-{driver}"
+    command = ["sh", "-c", f'echo ran >> {marker}; echo "$(cat)"']  # what it ran, and the stdin it got
+    cut_off = await connect_exec(
+        gateway, exec_url(gateway, alloc, TASK_NAME, announced(command, gated=True), tty=False), 10
+    )
+    head = b""
+    while STARTED[:-2] not in head:  # its announcement: the shell runs and waits for its line
+        frame = decode_frame(await asyncio.wait_for(cut_off.recv(), 20))
+        if isinstance(frame, Output):
+            head += frame.data
+    await cut_off.close()  # as Nomad closes a run it reported ended
+    async with open_exec(gateway, alloc, TASK_NAME, command, announce=True) as stream:
+        await stream.send_stdin(b"in")
+        await stream.close_stdin()
+        let_through = await collect(stream)
+    await asyncio.sleep(1)  # the cut-off shell had its stdin closed well before: it has had every chance to run
+    assert await ran(gateway, alloc, ["cat", marker]) == (b"ran\n", b"", 0)
+    assert let_through == (b"in\n", b"", 0)
 
 
 class ReplayedNomad:
@@ -190,22 +228,54 @@ async def test_the_announcement_names_the_commands_process_id() -> None:
     assert await collect(stream) == (b"", b"", 0) and stream.pid is None
 
 
-async def test_a_command_that_may_not_run_twice_is_never_run_again() -> None:
-    """``kernelExec``'s commands announce themselves without ``reopen``: an exit before the announcement is passed on
-    as Nomad reports it (its docker driver's false end and an announcement dropped before a quick exit look the same),
-    and an exit without it, not zero, where docker says ``/bin/sh`` could not run, is ``ExecNotAnnounced`` (nothing
-    ran: the command may be run as it is)."""
-    assert await collect(ExecStream(cast(Any, ReplayedNomad(0)), announced=True)) == (b"", b"", 0)
-    assert await collect(ExecStream(cast(Any, ReplayedNomad(1)), announced=True)) == (b"", b"", 1)
+def gated(*runs: ReplayedNomad) -> ExecStream:
+    """A gated command's stream over replayed runs (the first, then one more per run again)."""
+    sockets = iter(runs[1:])
+
+    async def reopen() -> Any:
+        return next(sockets)
+
+    return ExecStream(cast(Any, runs[0]), reopen=reopen, first_pause=0, gated=True)
+
+
+def stdin_sent(run: ReplayedNomad) -> list[Any]:
+    return [json.loads(message)["stdin"] for message in run.sent]
+
+
+async def test_a_gated_command_gets_its_stdin_only_once_it_announced_itself_on_that_socket() -> None:
+    """``kernelExec``'s commands are gated: their shell waits for ``GO`` before it runs the command. A run Nomad
+    reported ended before its announcement is sent nothing (if it starts after all, its shell reads the end of its
+    stdin and does not run the command), and the command is run again: the stdin written meanwhile goes to the run
+    that announced itself, after ``GO``, in order."""
+    false_end, started = ReplayedNomad(0), ReplayedNomad(b"\x1b_caravan-exec-started;77\x1b\\out", 3)
+    stream = gated(false_end, started)
+    await stream.send_stdin(b"in")
+    await stream.close_stdin()
+    assert await collect(stream) == (b"out", b"", 3) and stream.pid == 77 and stream.runs == 2
+    assert false_end.sent == [] and false_end.closed
+    go = base64.b64encode(b"\n").decode()
+    assert stdin_sent(started) == [{"data": go}, {"data": base64.b64encode(b"in").decode()}, {"close": True}]
+    # once it has started, stdin goes out as it is written
+    live = ReplayedNomad(STARTED, 0)
+    stream = gated(live)
+    assert await collect(stream) == (b"", b"", 0)
+    await stream.send_stdin(b"late")
+    assert stdin_sent(live) == [{"data": go}, {"data": base64.b64encode(b"late").decode()}]
+
+
+async def test_a_gated_command_where_sh_cannot_run_is_not_announced_and_gets_nothing() -> None:
+    """An exit without the announcement, not zero, where docker says ``/bin/sh`` could not run, is
+    ``ExecNotAnnounced`` (nothing ran: the command may be run as it is); other output before an exit is passed on as
+    it came, and no ``GO`` is sent to a shell that never announced itself."""
     error = b'OCI runtime exec failed: exec: "/bin/sh": stat /bin/sh: no such file or directory\r\n'
     with pytest.raises(ExecNotAnnounced):
-        await collect(ExecStream(cast(Any, ReplayedNomad(error, 126)), announced=True))
+        await collect(gated(ReplayedNomad(error, 126)))
     with pytest.raises(ExecNotAnnounced):
-        await collect(ExecStream(cast(Any, ReplayedNomad(error, 126, stderr=(0,))), announced=True))
-    failed = ExecStream(cast(Any, ReplayedNomad(b"oops", 2, stderr=(0,))), announced=True)  # its announcement lost
-    assert await collect(failed) == (b"", b"oops", 2)
-    said = ExecStream(cast(Any, ReplayedNomad(b"\x1b_caravan-exec-started;77\x1b\\out", 3)), announced=True)
-    assert await collect(said) == (b"out", b"", 3) and said.pid == 77
+        await collect(gated(ReplayedNomad(error, 126, stderr=(0,))))
+    oops = ReplayedNomad(b"oops", 2, stderr=(0,))
+    stream = gated(oops)
+    await stream.close_stdin()
+    assert await collect(stream) == (b"", b"oops", 2) and oops.sent == []
 
 
 async def test_a_command_reported_ended_before_it_started_runs_again_with_its_size() -> None:
