@@ -12,8 +12,9 @@ import pytest
 from core.clock import utcnow
 from domain.kernel_exec import ExecLimits
 from domain.model import Driver, Kernel, Session, SessionType
+from tests.conftest import DOCKER
 from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
-from tests.kernel_sessions import DRIVERS, HOSTILE_BYTES, running_session
+from tests.kernel_sessions import DRIVERS, HOSTILE_BYTES, docker_container, docker_slow_to_start_execs, running_session
 from tests.ws_client import authenticated_socket
 
 EXEC = """
@@ -71,6 +72,25 @@ async def test_exec_returns_exit_code_output_and_takes_stdin(caravan: Caravan, d
     )
     assert (await run(caravan, session_id, shell=alive))["stdout"] == ""
     assert (await run(caravan, session_id, argv=["true"]))["exitCode"] == 0  # the kernel still answers
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not DOCKER, reason="no docker")
+async def test_commands_docker_is_slow_to_start_each_run_once_with_their_stdin_and_output(caravan: Caravan) -> None:
+    """Nomad's docker driver reports an exec docker is slow to start as ended, code 0, before it ran; the exec may
+    start after, cut off. Each command then ran or not, unknown: it came back exit 0 with no output. Here docker is
+    made slow for real: every command answers with its own output, and each ran exactly once (counted in the
+    kernel)."""
+    session_id, alloc = await running_session(caravan, "DOCKER")
+    count = "echo x >> /tmp/runs; tr a-z A-Z"
+    commands = 0
+    for _ in range(3):  # one after the other: before, about one in two was reported ended at once
+        async with docker_slow_to_start_execs(docker_container(alloc)):
+            answers = [await run(caravan, session_id, shell=count, stdin=f"in{n}") for n in range(2)]
+        commands += len(answers)
+        assert [(a["exitCode"], a["stdout"]) for a in answers] == [(0, "IN0"), (0, "IN1")]
+    await asyncio.sleep(1)  # a run cut off would have had time to start
+    assert (await run(caravan, session_id, argv=["cat", "/tmp/runs"]))["stdout"] == "x\n" * commands
 
 
 async def test_bad_commands_are_refused_with_the_field_named(caravan: Caravan) -> None:
