@@ -12,8 +12,10 @@ import pytest
 from core.clock import utcnow
 from domain.kernel_exec import ExecLimits
 from domain.model import Driver, Kernel, Session, SessionType
-from tests.conftest import DOCKER
-from tests.harness import ADMIN_TOKEN, Caravan, GraphQLErrors
+from tests.conftest import DEFAULT_IMAGE, DOCKER
+from tests.e2e.test_devices import sim_shares_known
+from tests.e2e.test_storage import ready_folder
+from tests.harness import ADMIN_TOKEN, CREATE, Caravan, GraphQLErrors
 from tests.kernel_sessions import DRIVERS, HOSTILE_BYTES, docker_container, docker_slow_to_start_execs, running_session
 from tests.ws_client import authenticated_socket
 
@@ -91,6 +93,50 @@ async def test_commands_docker_is_slow_to_start_each_run_once_with_their_stdin_a
         assert [(a["exitCode"], a["stdout"]) for a in answers] == [(0, "IN0"), (0, "IN1")]
     await asyncio.sleep(1)  # a run cut off would have had time to start
     assert (await run(caravan, session_id, argv=["cat", "/tmp/runs"]))["stdout"] == "x\n" * commands
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_commands_run_in_each_kernel_of_a_cluster_with_its_accelerator_and_folder(
+    caravan: Caravan, driver: str
+) -> None:
+    """Commands with the rest of a kernel: a cluster session of two kernels, each with a share of a simulated
+    accelerator and the same folder mounted read-write. A command runs in the kernel it names, sees that kernel's
+    device and the folder, and a timeout in a sub kills what it started there, not in main1."""
+    await sim_shares_known(caravan)
+    alice = await caravan.user("exec-" + uuid.uuid4().hex[:6])
+    folder = await ready_folder(caravan, alice, "exec-shared")
+    spec = {
+        "name": "exec-c-" + uuid.uuid4().hex[:6],
+        "type": "INTERACTIVE",
+        "driver": driver,
+        "clusterSize": 2,
+        "resources": [{"slot": "cpu", "amount": "0.1"}, {"slot": "mem", "amount": "64m"},
+                      {"slot": "sim.shares", "amount": "0.25"}],
+        "mounts": [{"folder": folder["id"], "path": "/data", "mode": "RW"}],
+        **({"image": DEFAULT_IMAGE} if driver == "DOCKER" else {}),
+    }  # fmt: skip
+    data = await caravan.gql(CREATE, {"input": spec}, token=alice)
+    session_id = data["createSession"]["sessions"][0]["id"]
+    await caravan.wait_for(session_id, "RUNNING", timeout=120)
+    show = 'echo "$CARAVAN_CLUSTER_HOST $CARAVAN_SIM_SHARES"; printf %s "$(cat)" > "/data/from-$CARAVAN_CLUSTER_HOST"'
+    devices = {}
+    for kernel in ("main1", "sub1"):
+        done = await run(caravan, session_id, alice, kernel=kernel, shell=show, stdin=f"written in {kernel}")
+        assert (done["exitCode"], done["stdout"]) == (0, f"{kernel} 0.25\n"), done
+        visible = await run(caravan, session_id, alice, kernel=kernel, shell="echo $CARAVAN_SIM_VISIBLE_DEVICES")
+        devices[kernel] = visible["stdout"].strip()
+    assert all(devices.values()), devices
+    both = await run(
+        caravan, session_id, alice, kernel="main1", shell="cat /data/from-main1; echo; cat /data/from-sub1"
+    )
+    assert both["stdout"] == "written in main1\nwritten in sub1", both
+    slow = "sleep 30 & echo $! > /tmp/slow.child; wait"
+    assert await codes_of(caravan, session_id, alice, kernel="sub1", shell=slow, timeoutSeconds=1) == ["EXEC_TIMEOUT"]
+    left = 'p=$(cat /tmp/slow.child 2>/dev/null) || exit 0; read -r s < /proc/$p/stat && set -- ${s##*) } && echo "$1"'
+    assert (await run(caravan, session_id, alice, kernel="sub1", shell=left))["stdout"] in ("", "Z\n")
+    assert (await run(caravan, session_id, alice, kernel="main1", argv=["true"]))["exitCode"] == 0
+    await caravan.gql(DESTROY, {"id": session_id}, token=alice)
+    await caravan.wait_for(session_id, "TERMINATED")
 
 
 async def test_bad_commands_are_refused_with_the_field_named(caravan: Caravan) -> None:
