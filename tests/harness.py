@@ -84,19 +84,24 @@ class Caravan:
                 raise AssertionError(f"session {session_id} is {session and session.status} after {timeout}s")
             await asyncio.sleep(0.1)
 
-    async def _with_logs_copied(self, session_id: str, patience: float = 15.0) -> dict[str, Any]:
+    async def _with_logs_copied(
+        self, session_id: str, patience: float = 15.0, silent_after: float = 3.0
+    ) -> dict[str, Any]:
         """The session as GraphQL shows it. Nomad's docker driver copies a container's output into the task's log
         files asynchronously (docklog) and may still be copying when the task is already dead: for an ended Docker
-        kernel, read until there is output and it stayed the same for a second (or ``patience`` runs out)."""
-        deadline = time.monotonic() + patience
+        kernel, read until its output stayed the same for a second and is not empty (or ``patience`` runs out); empty
+        output is taken as it is after ``silent_after`` seconds (a kernel that printed nothing: an interactive one
+        destroyed, a quiet command; each such wait took the whole ``patience`` before, some 15 s)."""
+        start = time.monotonic()
         before: dict[str, Any] | None = None
         while True:
             found: dict[str, Any] = (await self.gql(SESSION_QUERY, {"id": session_id}))["session"]
             kernel = found.get("mainKernel") or {}
             logs = kernel.get("logs")
             ended_docker = found["driver"] == "DOCKER" and kernel.get("status") in ("TERMINATED", "ERROR") and logs
-            settled = logs == before and any(logs.values()) if ended_docker else True
-            if settled or time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            settled = logs == before and (any(logs.values()) or waited >= silent_after) if ended_docker else True
+            if settled or waited > patience:
                 return found
             before = logs
             await asyncio.sleep(1.0)
