@@ -83,15 +83,19 @@ def probe_script(ports: dict[str, int], other: dict[str, str], state_dir: str, j
         f'case "$gw" in {SESSION_SUPERNET.network_address.exploded.rsplit(".", 2)[0]}.*) ;; *) gw= ;; esac',
         'probe() { out=$(printf "%b" "$4" | timeout 6 nc -w 2 "$2" "$3" 2>&1 | head -c 300 | tr "\\r\\n" "  ");'
         ' echo "NET $1 $2:$3 => $out"; }',
+        # all at once, each into a file of its own (a dropped connection waits out nc's 2 s), then in their order
+        "probes=/tmp/probes.$$; mkdir -p $probes",
     ]
-    for host in ("127.0.0.1", "$gw"):
-        lines += [
-            f'[ -n "{host}" ] && probe {name} "{target.format(host=host)}" {port} "{payload}"'
-            for name, target, port, payload in attempts
-        ]
+    calls = [
+        f'[ -n "{host}" ] && probe {name} "{target.format(host=host)}" {port} "{payload}"'
+        for host in ("127.0.0.1", "$gw")
+        for name, target, port, payload in attempts
+    ]
     if other.get("address"):
-        lines.append(f'probe other-direct "{other["address"]}" {OTHER_PORT} "{http("GET", "/")}"')
+        calls.append(f'probe other-direct "{other["address"]}" {OTHER_PORT} "{http("GET", "/")}"')
+    lines += [f'( {call} ) > "$probes/{n:03d}" &' for n, call in enumerate(calls)]
     lines += [
+        'wait; cat "$probes"/*',
         'for f in /var/run/docker.sock /run/docker.sock; do [ -e "$f" ] && echo "FILE $f exists"; done',
         f'ls "{state_dir}" >/dev/null 2>&1 && echo "FILE {state_dir} readable"',
         'echo "ENVIRON $(cat /proc/1/environ 2>/dev/null | base64 | tr -d "\\n")"',
