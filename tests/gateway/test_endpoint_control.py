@@ -172,7 +172,9 @@ class ChunkCounter:
 def chunked_post(port: int, host: str, size: int, chunk: int = 8192) -> bytes:
     """A POST of ``size`` bytes in chunks of ``chunk`` (no Content-Length), and HAProxy's answer."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
-        connection.sendall(f"POST / HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+        # Connection: close, so the answer ends with the connection (kept alive, it was read until the 10 s timeout)
+        head = f"POST / HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        connection.sendall(head.encode())
         sent = 0
         try:
             while sent < size:
