@@ -15,6 +15,9 @@ from domain.slots import ResourceSlots
 from scheduler.agents import concentrated, dispersed
 from scheduler.pass_model import ClusterMode, PassConfig, PassResult, PendingSession, Snapshot, WaitKind
 from scheduler.scheduling_pass import run_pass
+from scheduler.selection import drf
+from scheduler.selection.base import QueueEntry
+from scheduler.selection.drf import DominantShares
 from tests.scheduler.builders import T0, agent, session
 from tests.scheduler.simulation import simulate
 
@@ -185,3 +188,56 @@ def test_indexed_selectors_choose_exactly_like_the_reference_selectors(
     assert indexed.placements == plain.placements
     assert indexed.retry_increments == plain.retry_increments
     assert {k: w.kind for k, w in indexed.waiting.items()} == {k: w.kind for k, w in plain.waiting.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 6), st.integers(0, 3)),  # user, age, share gained when placed
+        max_size=40,
+    ),
+    st.dictionaries(st.integers(0, 5), st.integers(0, 4), max_size=6),  # what users already hold
+)
+def test_the_drf_order_is_the_lowest_share_then_the_oldest_head_after_every_placement(
+    rows: list[tuple[int, int, int]], held: dict[int, int]
+) -> None:
+    """``drf.order`` (a heap over native vectors) against the definition, done the slow way: after every session
+    yielded and placed, the next is the head (oldest, then by id) of the user with the lowest share, equal shares to
+    the older head. Small integer amounts over a capacity of 12 make equal shares and equal ages common."""
+    entries = [
+        QueueEntry(
+            session(f"s{n:02d}", {"cpu": 1}, user=f"u{user}", at=age),
+            float(age),
+            (),
+            False,
+            f"s{n:02d}",
+            f"u{user}",
+            None,
+            10,
+            1,
+            "main1",
+            False,
+        )
+        for n, (user, age, _) in enumerate(rows)
+    ]
+    gains = {f"s{n:02d}": gain for n, (_, _, gain) in enumerate(rows)}
+
+    def shares() -> DominantShares:
+        return DominantShares([12], {f"u{user}": [amount] for user, amount in held.items()})
+
+    got, live = [], shares()
+    for entry in drf.order(entries, live):
+        got.append(entry.id)
+        live.add(entry.user, ((0, gains[entry.id]),) if gains[entry.id] else ())
+    expected, slow = [], shares()
+    heads = defaultdict(list)
+    for entry in sorted(entries, key=lambda entry: (entry.created, entry.id)):
+        heads[entry.user].append(entry)
+    while heads:
+        user = min(heads, key=lambda user: (slow.share(user), heads[user][0].created, heads[user][0].id))
+        entry = heads[user].pop(0)
+        if not heads[user]:
+            del heads[user]
+        expected.append(entry.id)
+        slow.add(entry.user, ((0, gains[entry.id]),) if gains[entry.id] else ())
+    assert got == expected
