@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint
 
 import pytest
+from librt.vecs import vec
+from mypy_extensions import i64
 
 import scheduler.agents
 from domain.agents import Agent
@@ -369,35 +371,48 @@ def test_a_packing_index_moved_where_its_searches_found_agents_answers_as_one_bu
     assert [_buckets(tier) for tier in index._tier_order] == [_buckets(tier) for tier in fresh._tier_order]
 
 
-def _buckets(tier: _Tier) -> list[tuple[int, list[int]]]:
-    """The tier's buckets that are not empty, checked against each other and against ``lasts`` and ``blocks``."""
-    assert tier.lists == [tier.buckets[value] for value in tier.values] and tier.values == sorted(tier.buckets)
+def _buckets(tier: _Tier) -> list[tuple[int, list[tuple[int, ...]]]]:
+    """The tier's buckets that are not empty, each key as its tuple of words, checked against each other and against
+    ``lasts`` and ``blocks``."""
+    assert tier.values == sorted(set(tier.values)) and len(tier.lists) == len(tier.values)
+    buckets = [_keys(bucket, tier.stride) for bucket in tier.lists]
     if tier.blocked:
-        assert tier.lasts == [bucket[-1] >> tier.top if bucket else -1 for bucket in tier.lists]
+        assert tier.lasts == [bucket[-1][0] if bucket else -1 for bucket in buckets]
         assert len(tier.blocks) == (len(tier.lasts) + 7) // 8
         assert all(bound >= max(tier.lasts[block * 8 : block * 8 + 8]) for block, bound in enumerate(tier.blocks))
     else:
-        assert all(tier.lists) and tier.lasts == tier.blocks == []
-    assert all(bucket == sorted(bucket) for bucket in tier.lists)
-    return [(value, bucket) for value, bucket in zip(tier.values, tier.lists, strict=True) if bucket]
+        assert all(buckets) and tier.lasts == tier.blocks == []
+    assert all(bucket == sorted(bucket) for bucket in buckets)
+    return [(value, bucket) for value, bucket in zip(tier.values, buckets, strict=True) if bucket]
+
+
+def _keys(bucket: vec[i64], stride: int) -> list[tuple[int, ...]]:
+    words = list(bucket)
+    assert len(words) % stride == 0
+    return [tuple(words[at : at + stride]) for at in range(0, len(words), stride)]
+
+
+def _key(*words: int) -> vec[i64]:
+    return vec[i64](words)
 
 
 def test_a_tier_empties_and_fills_buckets() -> None:
-    unblocked = _Tier([(1, 10), (1, 20), (2, 5)], blocked=False)  # dispersed: an emptied bucket goes
-    unblocked.remove(2, 5)
-    unblocked.add(1, 15)
-    assert _buckets(unblocked) == [(1, [10, 15, 20])] and unblocked.values == [1]
-    tier = _Tier([(1, 10), (1, 20), (1, 30), (2, 5)])
-    tier.remove(1, 20, tier.buckets[1], 1)  # where a search found it
-    tier.remove(2, 5)  # bisected; its bucket empties
-    tier.add(3, 35)
-    tier.add(1, 15)
-    tier.add(1, 40)  # a new last
-    tier.remove(3, 35)
-    tier.add(3, 36)
-    tier.add(3, 33)
-    tier.remove(1, 40, tier.buckets[1], 3)  # the last, where a search found it
-    assert _buckets(tier) == [(1, [10, 15, 30]), (3, [33, 36])]
+    unblocked = _Tier([(1, (10, 0)), (1, (20, 1)), (2, (5, 2))], 2, blocked=False)  # dispersed: an emptied bucket goes
+    unblocked.remove(2, _key(5, 2))
+    unblocked.add(1, _key(15, 3))
+    assert _buckets(unblocked) == [(1, [(10, 0), (15, 3), (20, 1)])] and unblocked.values == [1]
+    tier = _Tier([(1, (10, 0)), (1, (20, 1)), (1, (30, 2)), (2, (5, 3))], 2)
+    tier.remove_at(0, 1)  # (20, 1), where a search found it
+    tier.remove(2, _key(5, 3))  # bisected; its bucket empties
+    tier.add(3, _key(35, 4))
+    tier.add(1, _key(15, 5))
+    tier.add(1, _key(40, 6))  # a new last
+    tier.remove(3, _key(35, 4))
+    tier.add(3, _key(36, 4))
+    tier.add(3, _key(33, 7))
+    tier.add(3, _key(33, 1))  # equal first words: the second decides
+    tier.remove_at(0, 3)  # (40, 6), the last, where a search found it
+    assert _buckets(tier) == [(1, [(10, 0), (15, 5), (30, 2)]), (3, [(33, 1), (33, 7), (36, 4)])]
     assert tier.values == [1, 2, 3]  # bucket 2 emptied, and stays
     assert tier.lasts == [30, -1, 36]
 
@@ -407,16 +422,18 @@ def test_a_tier_finds_the_first_bucket_reaching_a_key_as_a_walk_of_every_bucket_
     """Blocks of buckets skipped on their largest last key, buckets emptied and refilled, new buckets in between:
     after every step, ``first_reaching`` answers as a walk over every bucket's keys would."""
     rng = random.Random(seed)
-    keys = {ordinal: (rng.randrange(0, 400, 10), rng.randrange(1000) * 64 + ordinal) for ordinal in range(64)}
-    tier = _Tier(list(keys.values()), 6)  # the top field: the key's bits from 6 up
+    keys = {ordinal: (rng.randrange(0, 400, 10), (rng.randrange(1000), ordinal)) for ordinal in range(64)}
+    tier = _Tier(list(keys.values()), 2)
     for _ in range(500):
         ordinal = rng.randrange(64)
-        tier.remove(*keys[ordinal])
-        keys[ordinal] = (rng.randrange(0, 400, 5), rng.randrange(1000) * 64 + ordinal)
-        tier.add(*keys[ordinal])
+        value, words = keys[ordinal]
+        tier.remove(value, _key(*words))
+        keys[ordinal] = (rng.randrange(0, 400, 5), (rng.randrange(1000), ordinal))
+        value, words = keys[ordinal]
+        tier.add(value, _key(*words))
         least, start = rng.randrange(1000), rng.randrange(len(tier.values) + 1)
         walked = next(
-            (p for p in range(start, len(tier.values)) if any(key >> 6 >= least for key in tier.lists[p])),
+            (p for p in range(start, len(tier.values)) if any(key[0] >= least for key in _keys(tier.lists[p], 2))),
             len(tier.values),
         )
         assert tier.first_reaching(start, least) == walked
