@@ -10,6 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from librt.vecs import vec
+from mypy_extensions import i64
+
 from scheduler.agents import ROUNDROBIN, resolve_selector, roundrobin
 from scheduler.agents.base import AgentSelector, AgentView, SelectionRequest, SelectorConfig
 from scheduler.agents.index import CONCENTRATED, DISPERSED
@@ -210,7 +213,7 @@ def _could_host(capacity: list[int], demand: Demand) -> bool:
     return all(capacity[position] >= amount for position, amount in demand)
 
 
-def _progress(avail: list[int], demand: Demand) -> float:
+def _progress(avail: vec[i64], demand: Demand) -> float:
     """How much of ``demand`` the agent has available now: the least fraction over its slots (1.0: all of it)."""
     progress = 1.0
     for position, amount in demand:

@@ -64,7 +64,7 @@ class _Encoding:
         self,
         positions: tuple[int, ...],
         direction: int,
-        vectors: list[list[int]],
+        vectors: list[vec[i64]],
         capacity: list[list[int]],
         agents: int,
     ) -> None:
@@ -89,7 +89,7 @@ class _Encoding:
             raise ValueError(f"amount {amount} at slot {self.positions[index]} is outside the index's range")
         return encoded
 
-    def encode(self, ordinal: int, vector: list[int], key: vec[i64]) -> int:
+    def encode(self, ordinal: int, vector: vec[i64], key: vec[i64]) -> int:
         """The bucket value (field 0); the in-bucket key goes into ``key`` (``stride`` words, overwritten)."""
         positions = self.positions
         for index in range(1, len(positions)):
@@ -330,7 +330,7 @@ class PackingIndex:
         positions: tuple[int, ...],
         direction: int,
         members: Iterable[tuple[int, int]],
-        avail: list[list[int]],
+        avail: vec[vec[i64]],
         capacity: list[list[int]],
     ) -> None:
         """``members``: (agent ordinal, unused accelerator kinds) of every agent having all ``positions``;
@@ -363,7 +363,7 @@ class PackingIndex:
     def __contains__(self, ordinal: int) -> bool:
         return 0 <= ordinal < len(self._tier_of) and self._tier_of[ordinal] is not None
 
-    def take(self, ordinal: int, vector: list[int]) -> None:
+    def take(self, ordinal: int, vector: vec[i64]) -> None:
         """Before an agent's amounts change: take its key out (``vector``: its amounts still unchanged; nothing to
         do if it is not a member). ``put`` puts it back, re-sorted, once they have changed.
 
@@ -385,7 +385,7 @@ class PackingIndex:
         value = self._encoding.encode(ordinal, vector, self._key)
         tier.remove(value, self._key)
 
-    def put(self, ordinal: int, vector: list[int]) -> None:
+    def put(self, ordinal: int, vector: vec[i64]) -> None:
         """After ``take``: the agent's key for its changed amounts ``vector``."""
         tier = self._tier_of[ordinal]
         if tier is not None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
+from librt.vecs import vec
+from mypy_extensions import i64
+
 from devices.catalog import device_prefix
 from domain.agents import Agent
 from scheduler.agents.index import PackingIndex
@@ -41,10 +44,12 @@ class GroupOccupancy:
         self.codec = codec
         self.ids = [agent.id for agent in ordered]
         self.capacity = [codec.dense(agent.capacity, round_up=False) for agent in ordered]
-        self.avail = [
-            [cap - used for cap, used in zip(capacity, codec.dense(agent.occupied, round_up=True), strict=True)]
+        self.avail = vec[vec[i64]](  # native vectors: an amount is a machine integer, changed in place
+            vec[i64](
+                [cap - used for cap, used in zip(capacity, codec.dense(agent.occupied, round_up=True), strict=True)]
+            )
             for capacity, agent in zip(self.capacity, ordered, strict=True)
-        ]
+        )
         kinds: dict[tuple[str, ...], frozenset[str]] = {}  # agents come in a few shapes: each computed once
         self._kinds = [
             kinds.get(names) or kinds.setdefault(names, accelerator_kinds(names))
@@ -179,7 +184,7 @@ class GroupOccupancy:
         for index in self._index_list:
             index.forget_starts()
 
-    def _moved(self, ordinal: int, avail: list[int]) -> None:
+    def _moved(self, ordinal: int, avail: vec[i64]) -> None:
         """After ``take`` from every index and a change of the agent's amounts."""
         for index in self._index_list:
             index.put(ordinal, avail)

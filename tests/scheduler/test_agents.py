@@ -342,7 +342,7 @@ def test_a_packing_index_moved_where_its_searches_found_agents_answers_as_one_bu
     rng = random.Random(seed * 2 + direction)
     positions = (0, 1, 2)
     capacity = [[rng.choice([8000, 16000]), rng.choice([16000, 64000]), rng.choice([2000, 4000])] for _ in range(60)]
-    avail = [list(vector) for vector in capacity]
+    avail = vec[vec[i64]](vec[i64](vector) for vector in capacity)
     members = [(ordinal, rng.choice([0, 1])) for ordinal in range(len(avail)) if rng.random() < 0.9]
     index = PackingIndex(positions, direction, members, avail, capacity)
     needs = [(cpu, mem, gpu) for cpu in (500, 1000, 2000) for mem in (1000, 4000, 8000) for gpu in (0, 500)]
