@@ -29,9 +29,16 @@ def dominates(have: Sequence[int], need: Sequence[int]) -> bool:
 
 
 def pareto_front(points: Sequence[tuple[tuple[int, ...], int]]) -> list[tuple[tuple[int, ...], int]]:
-    """The (vector, ordinal) points no other point dominates; small in practice (agents come in a few shapes)."""
+    """The (vector, ordinal) points no other point dominates; small in practice (agents come in a few shapes). Of
+    equal vectors only the first by ordinal can be in it (it dominates the others), so they are folded into it first:
+    10,000 agents' capacities are a few dozen distinct vectors."""
+    first: dict[tuple[int, ...], int] = {}
+    for vector, ordinal in points:
+        known = first.get(vector)
+        if known is None or ordinal < known:
+            first[vector] = ordinal
     front: list[tuple[tuple[int, ...], int]] = []
-    for vector, ordinal in sorted(points, key=lambda point: (-sum(point[0]), point[1])):
+    for vector, ordinal in sorted(first.items(), key=lambda point: (-sum(point[0]), point[1])):
         if not any(dominates(kept, vector) for kept, _ in front):
             front.append((vector, ordinal))
     return front

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from librt.vecs import vec
 from mypy_extensions import i64
 
@@ -18,6 +20,7 @@ from domain.scheduling_config import GroupConfig
 from scheduler.agents import UnknownSelectorError, load_plugin_selectors, roundrobin
 from scheduler.agents.base import AgentView, SelectionRequest, SelectorConfig
 from scheduler.agents.index import CONCENTRATED, DISPERSED, PackingIndex, _Tier
+from scheduler.agents.occupancy import pareto_front
 from scheduler.agents.ranking import order_slots
 from scheduler.pass_model import ClusterMode, PassConfig, WaitKind
 from scheduler.scheduling_pass import validate_config
@@ -440,3 +443,21 @@ def test_a_tier_finds_the_first_bucket_reaching_a_key_as_a_walk_of_every_bucket_
     assert _buckets(tier) == sorted(
         (value, sorted(k for v, k in keys.values() if v == value)) for value in {v for v, _ in keys.values()}
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 2)), max_size=30), st.randoms())
+def test_the_pareto_front_is_every_point_no_point_before_it_dominates(
+    vectors: list[tuple[int, int, int]], rng: random.Random
+) -> None:
+    """``pareto_front`` (equal vectors folded first) against its definition: in the order of most in total, then by
+    ordinal, every point that no point before it dominates (equal counts as dominating)."""
+    points = [(vector, ordinal) for ordinal, vector in enumerate(vectors)]
+    rng.shuffle(points)
+    ordered = sorted(points, key=lambda point: (-sum(point[0]), point[1]))
+    expected = [
+        point
+        for at, point in enumerate(ordered)
+        if not any(all(a >= b for a, b in zip(other, point[0], strict=True)) for other, _ in ordered[:at])
+    ]
+    assert pareto_front(points) == expected
