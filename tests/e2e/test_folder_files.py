@@ -264,32 +264,36 @@ async def test_a_symlink_pointing_out_is_deleted_itself_never_its_target(caravan
 
 @pytest.mark.parametrize("declared", [False, True], ids=["chunked", "content-length"])
 async def test_concurrent_uploads_never_pass_the_bytes_quota_together(caravan: Caravan, declared: bool) -> None:
-    """Two uploads of 3 MiB against a 4 MiB quota: the first writes its first MiB and waits; the second then goes
-    all the way; then the first goes on. At most one may land, and the folder never holds more than the quota (a
-    refused upload answers 413, or, refused before its body was all sent, the connection is cut: HTTP/1.1)."""
+    """Two uploads of 3 MiB against a 4 MiB quota: the first writes its first MiB and waits; the second is sent only
+    then, and goes all the way (or, of declared length, is refused before its body: the first reserved its 3 MiB as
+    it began); then the first goes on. At most one may land, and the folder never holds more than the quota (a
+    refused upload answers 413, or, refused before its body was all sent, the connection is cut: HTTP/1.1). The
+    staging must happen, or the test fails: both requests sent at once once let the second begin first, and with a
+    declared length refuse the first before it wrote a byte (each then waited out its bound, 60 s, in a CI run)."""
     token, folder_id, host = await folder_for(caravan)
     files = Files(caravan, folder_id, token)
     blob = os.urandom(3 * 1024 * 1024)
     answered: list[int | str] = []
 
-    async def until(ready: Callable[[], bool]) -> None:
+    async def until(ready: Callable[[], bool]) -> bool:
         for _ in range(600):  # a bounded wait
             if ready():
-                return
+                return True
             await asyncio.sleep(0.05)
+        return False
 
     def under_way() -> bool:
         return any(p.name.startswith(".caravan-upload-") and p.stat().st_size > 0 for p in host.iterdir())
 
     async def body(first: bool) -> AsyncIterator[bytes]:
-        if not first:
-            await until(under_way)
         yield blob[: 1024 * 1024 + 1]  # more than the gateway's write size: written (and counted) at once
         if first:
-            await until(lambda: bool(answered))
+            assert await until(lambda: bool(answered)), "the second upload was not answered while the first waited"
         yield blob[1024 * 1024 + 1 :]
 
     async def put(name: str, first: bool) -> int | str:
+        if not first:
+            assert await until(under_way), "the first upload's first MiB never reached the folder"
         length = {"content-length": str(len(blob))} if declared else {}
         try:
             answer: int | str = (
