@@ -106,24 +106,29 @@ def no_nomad() -> Iterator[NoNomad]:
     tripwire.close()
 
 
-@pytest.fixture
-def redis_settings(
-    redis_server: str, secrets_dir: Path, namespace: str, tmp_path: Path, no_nomad: NoNomad
-) -> Iterator[Settings]:
-    """The test's settings with Redis alone (admin credentials): its Nomad address is the tripwire, which refuses
-    every call (a permanent error) and fails the test at teardown if it was called."""
-    yield (
+def namespaced_settings(redis_url: str, nomad_addr: str, secrets_dir: Path, namespace: str, home: Path) -> Settings:
+    """Settings under ``namespace`` (its Redis key prefix and Nomad job prefix), with the admin's credentials."""
+    return (
         Settings(
-            home=tmp_path,
+            home=home,
             secrets_dir=secrets_dir,
-            redis=RedisSettings(url=redis_server, prefix=namespace),
-            nomad=NomadSettings(addr=no_nomad.address(namespace), job_prefix=namespace),
+            redis=RedisSettings(url=redis_url, prefix=namespace),
+            nomad=NomadSettings(addr=nomad_addr, job_prefix=namespace),
             default_image=DEFAULT_IMAGE or None,
             qemu_images=QEMU_IMAGES,
         )
         .with_prefix(namespace)
         .for_role("admin")
     )
+
+
+@pytest.fixture
+def redis_settings(
+    redis_server: str, secrets_dir: Path, namespace: str, tmp_path: Path, no_nomad: NoNomad
+) -> Iterator[Settings]:
+    """The test's settings with Redis alone (admin credentials): its Nomad address is the tripwire, which refuses
+    every call (a permanent error) and fails the test at teardown if it was called."""
+    yield namespaced_settings(redis_server, no_nomad.address(namespace), secrets_dir, namespace, tmp_path)
     if called := no_nomad.calls(namespace):
         pytest.fail(
             f"this test called Nomad ({', '.join(called[:3])}) but was given Redis alone (redis_settings, "

@@ -13,6 +13,9 @@ import json
 import socket
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -29,7 +32,7 @@ from domain.apps import app_host
 from domain.endpoint_routes import endpoint_host
 from domain.model import Session
 from stores.sessions import SessionStore
-from tests.conftest import STACK
+from tests.conftest import STACK, namespaced_settings
 from tests.deployed import (
     Deployed,
     config_for,
@@ -76,52 +79,27 @@ def one_leader(stack: Deployed, job: str, count: int) -> str:
     return leaders[0]
 
 
-def test_deploy_brings_caravan_up_on_nomad(settings: Settings) -> None:
-    with deployed(settings, config_for(settings, {"CARAVAN_ENDPOINT_HOLD_TIMEOUT": "1"})) as stack:
-        assert stack.gql("{ viewer { id } }") == {"viewer": {"id": "admin"}}
-        # HAProxy's gateway backend: every replica Nomad runs, and nothing else
-        replicas = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 30, "two gateways")
-        until(lambda: stack.backend() == replicas, 30, f"HAProxy's backend to list {replicas}")
+@pytest.fixture(scope="module")
+def releases(
+    redis_server: str, secrets_dir: Path, nomad_agent: NomadAgent, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployed]:
+    """One deployment of the default shape (two replicas of each job) for every test here but the keeper's (which
+    deploys its own, one replica each, before this one exists): deployed once, in a namespace of its own. A dense
+    stream of requests is allowed, and a cold endpoint's request is held 1 s. Each test first waits for what it needs
+    (two gateways, all in HAProxy's backend; a leader of two), and releases its job as a version none runs yet
+    (:func:`next_version`)."""
+    namespace = "t" + uuid.uuid4().hex[:10]
+    home = tmp_path_factory.mktemp("releases")
+    settings = namespaced_settings(redis_server, nomad_agent.addr, secrets_dir, namespace, home)
+    env = {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000", "CARAVAN_ENDPOINT_HOLD_TIMEOUT": "1"}
+    with deployed(settings, config_for(settings, env, version="1")) as stack:
+        yield stack
 
-        # HAProxy's maps are kept by the ingress job's own process (the gateways could run on any client)
-        keepers = until(lambda: k if len(k := stack.map_keepers()) == 2 else None, 30, "both control planes")
-        assert sorted(keepers) == ["control.lock", "endpoints.lock"]
-        assert all("caravan.cli ingress" in command for command in keepers.values()), keepers
-        until(lambda: "admin" in stack.map_values("tokens"), 30, "the admin's token in HAProxy's tokens map")
 
-        # an endpoint with no replica in service: HAProxy hands its request to the activator, in a gateway replica
-        # (before, the activator's backend was 127.0.0.1 and the gateway's port 0: HAProxy's own 503, no wake-up)
-        cold = inference("admin", 9)
-        cold = cold.evolve(kernels=tuple(dataclasses.replace(k, healthy=False) for k in cold.kernels))
-        asyncio.run(stored(settings, cold))
-        host = endpoint_host(cold.id, settings.gateway.apps_domain)
-        until(lambda: host in stack.map_entries("endpoints"), 30, "the endpoint's route in HAProxy")
-        origin = f"http://127.0.0.1:{stack.config.ingress.port}/"
-        answer = httpx2.get(origin, headers={"Host": host, **AUTH}, timeout=30)
-        assert answer.status_code == 503, answer.text
-        assert answer.json()["error"]["code"] == "ENDPOINT_COLD", answer.text
-
-        session = stack.gql(CREATE, {"input": {"name": "deployed", "type": "INTERACTIVE", "driver": "EXEC"}})
-        session_id = session["createSession"]["sessions"][0]["id"]
-        until(lambda: stack.gql(STATUS, {"id": session_id})["session"]["status"] == "RUNNING", 120, "RUNNING")
-
-        leader = one_leader(stack, "scheduler", 2)
-        one_leader(stack, "idle", 2)
-        stopped = time.monotonic()
-        stack.nomad.call("POST", f"/v1/allocation/{leader}/stop?namespace={stack.config.namespace}")
-        successor = until(
-            lambda: next((a for a, leading in stack.health("scheduler").items() if leading and a != leader), None),
-            60,
-            "another scheduler to lead",
-        )
-        print(f"scheduler leadership handed over in {time.monotonic() - stopped:.2f} s (allocation stopped)")
-        assert successor != leader
-        # the new leader schedules: a session created now runs too
-        session = stack.gql(CREATE, {"input": {"name": "after", "type": "INTERACTIVE", "driver": "EXEC"}})
-        after = session["createSession"]["sessions"][0]["id"]
-        until(lambda: stack.gql(STATUS, {"id": after})["session"]["status"] == "RUNNING", 120, "RUNNING after")
-        for sid in (session_id, after):
-            stack.gql(DESTROY, {"id": sid})
+def next_version(stack: Deployed) -> str:
+    """The shared deployment's next release: a version no job of it runs yet (the stack's configuration keeps it)."""
+    stack.config = dataclasses_replace(stack.config, version=str(int(stack.config.version) + 1))
+    return stack.config.version
 
 
 @pytest.mark.docker
@@ -171,6 +149,54 @@ def test_deployed_keeper_pools_namespaces_for_docker_sessions_and_leaves_no_paus
     assert not pause_containers(node)
 
 
+def test_deploy_brings_caravan_up_on_nomad(releases: Deployed) -> None:
+    stack, settings = releases, releases.settings
+    assert stack.gql("{ viewer { id } }") == {"viewer": {"id": "admin"}}
+    # HAProxy's gateway backend: every replica Nomad runs, and nothing else
+    replicas = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 30, "two gateways")
+    until(lambda: stack.backend() == replicas, 30, f"HAProxy's backend to list {replicas}")
+
+    # HAProxy's maps are kept by the ingress job's own process (the gateways could run on any client)
+    keepers = until(lambda: k if len(k := stack.map_keepers()) == 2 else None, 30, "both control planes")
+    assert sorted(keepers) == ["control.lock", "endpoints.lock"]
+    assert all("caravan.cli ingress" in command for command in keepers.values()), keepers
+    until(lambda: "admin" in stack.map_values("tokens"), 30, "the admin's token in HAProxy's tokens map")
+
+    # an endpoint with no replica in service: HAProxy hands its request to the activator, in a gateway replica
+    # (before, the activator's backend was 127.0.0.1 and the gateway's port 0: HAProxy's own 503, no wake-up)
+    cold = inference("admin", 9)
+    cold = cold.evolve(kernels=tuple(dataclasses.replace(k, healthy=False) for k in cold.kernels))
+    asyncio.run(stored(settings, cold))
+    host = endpoint_host(cold.id, settings.gateway.apps_domain)
+    until(lambda: host in stack.map_entries("endpoints"), 30, "the endpoint's route in HAProxy")
+    origin = f"http://127.0.0.1:{stack.config.ingress.port}/"
+    answer = httpx2.get(origin, headers={"Host": host, **AUTH}, timeout=30)
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "ENDPOINT_COLD", answer.text
+
+    session = stack.gql(CREATE, {"input": {"name": "deployed", "type": "INTERACTIVE", "driver": "EXEC"}})
+    session_id = session["createSession"]["sessions"][0]["id"]
+    until(lambda: stack.gql(STATUS, {"id": session_id})["session"]["status"] == "RUNNING", 120, "RUNNING")
+
+    leader = one_leader(stack, "scheduler", 2)
+    one_leader(stack, "idle", 2)
+    stopped = time.monotonic()
+    stack.nomad.call("POST", f"/v1/allocation/{leader}/stop?namespace={stack.config.namespace}")
+    successor = until(
+        lambda: next((a for a, leading in stack.health("scheduler").items() if leading and a != leader), None),
+        60,
+        "another scheduler to lead",
+    )
+    print(f"scheduler leadership handed over in {time.monotonic() - stopped:.2f} s (allocation stopped)")
+    assert successor != leader
+    # the new leader schedules: a session created now runs too
+    session = stack.gql(CREATE, {"input": {"name": "after", "type": "INTERACTIVE", "driver": "EXEC"}})
+    after = session["createSession"]["sessions"][0]["id"]
+    until(lambda: stack.gql(STATUS, {"id": after})["session"]["status"] == "RUNNING", 120, "RUNNING after")
+    for sid in (session_id, after):
+        stack.gql(DESTROY, {"id": sid})
+
+
 class SteadyStream:
     """Requests through HAProxy one after another, on a kept-alive connection (or a new one each with
     ``keep_alive=False``), in a thread: how many were sent, and every one that did not answer as expected. GraphQL
@@ -212,21 +238,20 @@ class SteadyStream:
         self._thread.join(60)
 
 
-async def test_rolling_upgrade_of_the_gateway_fails_no_request(settings: Settings) -> None:
+async def test_rolling_upgrade_of_the_gateway_fails_no_request(releases: Deployed) -> None:
     """A new release of the gateway job (``caravan deploy --only gateway``) replaces both replicas one at a time
     under a steady stream of requests through HAProxy: none fails; a WebSocket open on an old replica is closed with
     1012 (service restart: reconnect), not cut."""
-    config = config_for(settings, {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000"}, version="1")  # the stream is dense
-    with deployed(settings, config) as stack:
-        before = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 30, "two gateways")
-        until(lambda: stack.backend() == before, 30, f"HAProxy's backend to list {before}")
-        async with authenticated_socket(stack.url, ADMIN_TOKEN) as socket:
-            with SteadyStream(stack.url) as stream:
-                await asyncio.to_thread(upgraded_gateways, stack, before, "2")
-            assert await socket.closed_with(30) == 1012
-        print(f"rolling upgrade of 2 gateway replicas: {stream.sent} requests, {len(stream.failures)} failed")
-        assert stream.sent > 0
-        assert stream.failures == []
+    stack = releases
+    before = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 60, "two gateways")
+    until(lambda: stack.backend() == before, 60, f"HAProxy's backend to list {before}")
+    async with authenticated_socket(stack.url, ADMIN_TOKEN) as socket:
+        with SteadyStream(stack.url) as stream:
+            await asyncio.to_thread(upgraded_gateways, stack, before, next_version(stack))
+        assert await socket.closed_with(30) == 1012
+    print(f"rolling upgrade of 2 gateway replicas: {stream.sent} requests, {len(stream.failures)} failed")
+    assert stream.sent > 0
+    assert stream.failures == []
 
 
 def upgraded_gateways(stack: Deployed, before: list[tuple[str, int]], version: str) -> list[tuple[str, int]]:
@@ -268,20 +293,18 @@ def stop_a_gateway_under_a_stream(stack: Deployed) -> SteadyStream:
     return stream
 
 
-def test_a_stopping_gateway_leaves_the_backend_while_it_still_serves(settings: Settings) -> None:
+def test_a_stopping_gateway_leaves_the_backend_while_it_still_serves(releases: Deployed) -> None:
     """A gateway allocation stopped (an upgrade, a scale-down, a drain) leaves HAProxy's backend while it still
     listens, within its ``shutdown_delay``: a request HAProxy sends it is answered, none is cut. (With Nomad's
     default template wait, 5 s, the ingress learned of it only as it stopped listening: a request HAProxy had just
     sent it was closed unanswered, ``RemoteProtocolError`` for the client; 2 stops of 4 cut one.)"""
-    config = config_for(settings, {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000"}, version="1")  # the stream is dense
-    with deployed(settings, config) as stack:
-        for _ in range(2):
-            stream = stop_a_gateway_under_a_stream(stack)
-            print(f"gateway allocation stopped: {stream.sent} requests, {len(stream.failures)} failed")
-            assert stream.failures == []
+    for _ in range(2):
+        stream = stop_a_gateway_under_a_stream(releases)
+        print(f"gateway allocation stopped: {stream.sent} requests, {len(stream.failures)} failed")
+        assert stream.failures == []
 
 
-def test_an_upgrade_of_the_ingress_refuses_no_connection(settings: Settings) -> None:
+def test_an_upgrade_of_the_ingress_refuses_no_connection(releases: Deployed) -> None:
     """A new release of the ingress job (HAProxy) under streams of requests, GraphQL on a kept-alive connection and
     on a new connection each, an app's and an inference endpoint's on new connections: the new HAProxy starts beside
     the old one on the public port (a canary), with the gateways already in its backend and the apps' and endpoints'
@@ -289,15 +312,15 @@ def test_an_upgrade_of_the_ingress_refuses_no_connection(settings: Settings) -> 
     connection is refused, no request fails. (Before, the old allocation stopped first and its replacement waited for
     it to end: the port was closed 6.6 s, 80 of 232 new connections refused; with the maps empty, app and endpoint
     requests on the new HAProxy answered 503 until its control planes rebuilt it.)"""
-    config = config_for(settings, {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000"}, version="1")
-    with deployed(settings, config) as stack, contextlib.closing(Upstream("upstream")) as upstream:
+    stack, settings = releases, releases.settings
+    with contextlib.closing(Upstream("upstream")) as upstream:
         replicas = until(lambda: r if len(r := stack.gateway_replicas()) == 2 else None, 60, "two gateways")
         until(lambda: stack.backend() == replicas, 60, f"HAProxy's backend to list {replicas}")
         # an app (the admin's session, published on the upstream's port): its requests HAProxy routes by its maps
         app = running_app("admin", upstream.port)
         asyncio.run(stored(settings, app))
         host = app_host("web", app.id, settings.gateway.apps_domain)
-        origin = f"http://127.0.0.1:{config.ingress.port}/"
+        origin = f"http://127.0.0.1:{stack.config.ingress.port}/"
         until(lambda: httpx2.get(origin, headers={"Host": host, **AUTH}).status_code == 200, 30, "the app's route")
         # an inference endpoint of the admin's, its one replica the upstream: HAProxy routes it by its endpoint maps
         endpoint = inference("admin", upstream.port)
@@ -306,7 +329,8 @@ def test_an_upgrade_of_the_ingress_refuses_no_connection(settings: Settings) -> 
         until(lambda: httpx2.get(origin, headers={"Host": ep_host, **AUTH}).status_code == 200, 30, "the endpoint")
         [old] = stack.allocations("ingress")
         path = settings.home / "deploy.json"
-        path.write_text(json.dumps(msgspec.to_builtins(dataclasses_replace(config, version="2"))))
+        next_version(stack)
+        path.write_text(json.dumps(msgspec.to_builtins(stack.config)))
         with (
             SteadyStream(stack.url) as kept,
             SteadyStream(stack.url, keep_alive=False) as fresh,
