@@ -37,7 +37,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable
 
-from librt.vecs import append, pop, vec
+from librt.vecs import append, extend, pop, vec
 from mypy_extensions import i64
 
 from scheduler.agents.vectors import Demand, amounts_of
@@ -149,8 +149,7 @@ def _bisect_top(bucket: vec[i64], least: i64, stride: i64) -> i64:
 def _inserted(bucket: vec[i64], at: i64, key: vec[i64], stride: i64) -> vec[i64]:
     """``bucket`` with ``key`` inserted before key ``at`` (the keys behind it move up one place)."""
     size = len(bucket)
-    for _ in range(stride):
-        bucket = append(bucket, 0)
+    bucket = extend(bucket, key)  # room for one more key (its words are put in place below)
     start = at * stride
     word = size - 1
     while word >= start:
@@ -210,7 +209,7 @@ class _Tier:
                 self.values.append(value)
                 self.lists = append(self.lists, vec[i64]())
             last = len(self.lists) - 1
-            self.lists[last] = _appended(self.lists[last], words)
+            self.lists[last] = extend(self.lists[last], words)
         self.lasts = [bucket[len(bucket) - stride] for bucket in self.lists] if blocked else []
         self.blocks: list[int] = []
         self._reblock()
@@ -238,7 +237,7 @@ class _Tier:
         position = bisect_left(self.values, value)
         if position == len(self.values) or self.values[position] != value:
             self.values.insert(position, value)
-            self.lists = _bucket_inserted(self.lists, position, _appended(vec[i64](), key))
+            self.lists = _bucket_inserted(self.lists, position, extend(vec[i64](), key))
             if self.blocked:
                 self.lasts.insert(position, key[0])
                 self._reblock()
@@ -246,7 +245,7 @@ class _Tier:
         bucket = self.lists[position]
         size = len(bucket)
         if self.blocked and (not size or _below(bucket, size // stride - 1, key, stride)):
-            self.lists[position] = _appended(bucket, key)  # mostly (the agent placed had the most it needed)
+            self.lists[position] = extend(bucket, key)  # mostly (the agent placed had the most it needed)
             self._set_last(position, key[0])
         else:
             self.lists[position] = _inserted(bucket, _bisect(bucket, key, stride), key, stride)
@@ -295,12 +294,6 @@ class _Tier:
                 position += 1
             blocks[block] = most  # walked whole: what its largest is now
         return size
-
-
-def _appended(bucket: vec[i64], words: Iterable[int]) -> vec[i64]:
-    for word in words:
-        bucket = append(bucket, word)
-    return bucket
 
 
 def _bucket_inserted(lists: vec[vec[i64]], position: i64, bucket: vec[i64]) -> vec[vec[i64]]:
