@@ -23,7 +23,7 @@ import msgspec
 import pytest
 from msgspec.structs import replace as dataclasses_replace
 
-from caravan.deploy import Replicas, gateway_service, job_id
+from caravan.deploy import gateway_service, job_id
 from caravan.stack.nomad_agent import NomadAgent
 from core.keys import Keys
 from core.redis import client as redis_client
@@ -32,7 +32,7 @@ from domain.apps import app_host
 from domain.endpoint_routes import endpoint_host
 from domain.model import Session
 from stores.sessions import SessionStore
-from tests.conftest import STACK, namespaced_settings
+from tests.conftest import DOCKER, STACK, namespaced_settings
 from tests.deployed import (
     Deployed,
     config_for,
@@ -83,70 +83,26 @@ def one_leader(stack: Deployed, job: str, count: int) -> str:
 def releases(
     redis_server: str, secrets_dir: Path, nomad_agent: NomadAgent, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployed]:
-    """One deployment of the default shape (two replicas of each job) for every test here but the keeper's (which
-    deploys its own, one replica each, before this one exists): deployed once, in a namespace of its own. A dense
-    stream of requests is allowed, and a cold endpoint's request is held 1 s. Each test first waits for what it needs
-    (two gateways, all in HAProxy's backend; a leader of two), and releases its job as a version none runs yet
-    (:func:`next_version`)."""
+    """One deployment of the default shape (two replicas of each job; with Docker, the namespace keepers and a pool of
+    2) for every test here: deployed once, in a namespace of its own; once it is purged, no pause container is left.
+    A dense stream of requests is allowed, and a cold endpoint's request is held 1 s. Each test first waits for what
+    it needs (two gateways, all in HAProxy's backend; a leader of two; a full pool), and releases its job as a version
+    none runs yet (:func:`next_version`). The keeper test, which ends the keepers, runs last."""
     namespace = "t" + uuid.uuid4().hex[:10]
     home = tmp_path_factory.mktemp("releases")
     settings = namespaced_settings(redis_server, nomad_agent.addr, secrets_dir, namespace, home)
     env = {"CARAVAN_GRAPHQL_RATE_LIMIT": "1000000", "CARAVAN_ENDPOINT_HOLD_TIMEOUT": "1"}
+    if DOCKER:
+        env |= {"CARAVAN_NAMESPACE_POOL": "2", "CARAVAN_PAUSE_IMAGE": STACK["CARAVAN_PAUSE_IMAGE"]}
     with deployed(settings, config_for(settings, env, version="1")) as stack:
         yield stack
+    assert not pause_containers(nomad_agent.node_id), "pause containers left after the deployment's end"
 
 
 def next_version(stack: Deployed) -> str:
     """The shared deployment's next release: a version no job of it runs yet (the stack's configuration keeps it)."""
     stack.config = dataclasses_replace(stack.config, version=str(int(stack.config.version) + 1))
     return stack.config.version
-
-
-@pytest.mark.docker
-def test_deployed_keeper_pools_namespaces_for_docker_sessions_and_leaves_no_pause_container(
-    settings: Settings, nomad_agent: NomadAgent
-) -> None:
-    """The keeper job (``<name>-namespace-keeper``, a system job) fills its client's pool; a docker session placed
-    there runs in a pooled namespace; a rolling update of the keepers replaces the free ones (the old keeper deletes
-    them on its SIGTERM, within its kill timeout: it exits 0, not killed) and keeps the session's; once the session
-    ends its namespace is deleted, and the deployment's end leaves no pause container. (Before, ``caravan deploy``
-    started no keeper: the pool stayed empty and every docker session made its namespace at launch.)"""
-    pool = {"CARAVAN_NAMESPACE_POOL": "2", "CARAVAN_PAUSE_IMAGE": STACK["CARAVAN_PAUSE_IMAGE"]}
-    one = Replicas(1)
-    config = config_for(settings, pool, version="1", gateway=one, scheduler=one, idle=one)
-    node = nomad_agent.node_id
-    with deployed(settings, config) as stack:
-        first = until(lambda: f if len(f := free_namespaces(settings, node)) == 2 else None, 90, "a pool of 2")
-        assert pause_containers(node) == first
-        created = stack.gql(CREATE, {"input": {"name": "pooled", "type": "INTERACTIVE", "driver": "DOCKER"}})
-        session_id = created["createSession"]["sessions"][0]["id"]
-        until(lambda: stack.gql(STATUS, {"id": session_id})["session"]["status"] == "RUNNING", 120, "RUNNING")
-        claimed = pooled_in(stack.gql(JOB_HCL, {"id": session_id})["session"]["jobHcl"] or "")
-        assert claimed in first, (claimed, first)
-        before = until(lambda: f if len(f := free_namespaces(settings, node)) == 2 else None, 60, "a refill")
-        assert claimed not in before
-
-        [old] = stack.allocations("namespace-keeper")
-        path = settings.home / "deploy.json"
-        path.write_text(json.dumps(msgspec.to_builtins(dataclasses_replace(config, version="2"))))
-        done = deploy_command(settings, path, "--only", "namespace-keeper", "--wait", "120")
-        assert done.returncode == 0, done.stdout + done.stderr
-        after = until(
-            lambda: f if len(f := free_namespaces(settings, node)) == 2 and not f & before else None, 90, "a new pool"
-        )
-        assert pause_containers(node) == after | {claimed}, "the old keeper's free namespaces were left"
-        events = stack.get(f"/v1/allocation/{old['ID']}")["TaskStates"]["namespace-keeper"]["Events"]
-        ended = [e for e in events if e["Type"] == "Terminated"]
-        assert ended and ended[-1]["ExitCode"] == 0, events  # released within its kill timeout, not killed
-        stack.gql(DESTROY, {"id": session_id})
-        until(lambda: claimed not in pause_containers(node), 60, "the session's namespace deleted")
-        # the keepers stopped (the deployment's end): each deletes its free namespaces
-        [keeper] = stack.allocations("namespace-keeper")
-        stack.nomad.call("DELETE", f"/v1/job/{job_id(config, 'namespace-keeper')}?namespace={config.namespace}")
-        until(lambda: stack.get(f"/v1/allocation/{keeper['ID']}")["ClientStatus"] == "complete", 60, "its stop")
-        left = pause_containers(node)
-        assert not left, f"pause containers left after the keeper's stop: {left}\n{logs(settings, config)}"
-    assert not pause_containers(node)
 
 
 def test_deploy_brings_caravan_up_on_nomad(releases: Deployed) -> None:
@@ -352,6 +308,50 @@ def test_an_upgrade_of_the_ingress_refuses_no_connection(releases: Deployed) -> 
             f"{endpoints.failures[:3]}"
         )
         assert (kept.failures, fresh.failures, apps.failures, endpoints.failures) == ([], [], [], [])
+
+
+@pytest.mark.docker
+def test_deployed_keeper_pools_namespaces_for_docker_sessions_and_leaves_no_pause_container(
+    releases: Deployed, nomad_agent: NomadAgent
+) -> None:
+    """The keeper job (``<name>-namespace-keeper``, a system job) fills its client's pool; a docker session placed
+    there runs in a pooled namespace; a rolling update of the keepers replaces the free ones (the old keeper deletes
+    them on its SIGTERM, within its kill timeout: it exits 0, not killed) and keeps the session's; once the session
+    ends its namespace is deleted, and the deployment's end leaves no pause container. (Before, ``caravan deploy``
+    started no keeper: the pool stayed empty and every docker session made its namespace at launch.)"""
+    stack, settings, config = releases, releases.settings, releases.config
+    node = nomad_agent.node_id
+    first = until(lambda: f if len(f := free_namespaces(settings, node)) == 2 else None, 90, "a pool of 2")
+    assert pause_containers(node) == first
+    created = stack.gql(CREATE, {"input": {"name": "pooled", "type": "INTERACTIVE", "driver": "DOCKER"}})
+    session_id = created["createSession"]["sessions"][0]["id"]
+    until(lambda: stack.gql(STATUS, {"id": session_id})["session"]["status"] == "RUNNING", 120, "RUNNING")
+    claimed = pooled_in(stack.gql(JOB_HCL, {"id": session_id})["session"]["jobHcl"] or "")
+    assert claimed in first, (claimed, first)
+    before = until(lambda: f if len(f := free_namespaces(settings, node)) == 2 else None, 60, "a refill")
+    assert claimed not in before
+
+    [old] = stack.allocations("namespace-keeper")
+    path = settings.home / "deploy.json"
+    next_version(stack)
+    path.write_text(json.dumps(msgspec.to_builtins(stack.config)))
+    done = deploy_command(settings, path, "--only", "namespace-keeper", "--wait", "120")
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = until(
+        lambda: f if len(f := free_namespaces(settings, node)) == 2 and not f & before else None, 90, "a new pool"
+    )
+    assert pause_containers(node) == after | {claimed}, "the old keeper's free namespaces were left"
+    events = stack.get(f"/v1/allocation/{old['ID']}")["TaskStates"]["namespace-keeper"]["Events"]
+    ended = [e for e in events if e["Type"] == "Terminated"]
+    assert ended and ended[-1]["ExitCode"] == 0, events  # released within its kill timeout, not killed
+    stack.gql(DESTROY, {"id": session_id})
+    until(lambda: claimed not in pause_containers(node), 60, "the session's namespace deleted")
+    # the keepers stopped (the deployment's end): each deletes its free namespaces
+    [keeper] = stack.allocations("namespace-keeper")
+    stack.nomad.call("DELETE", f"/v1/job/{job_id(config, 'namespace-keeper')}?namespace={config.namespace}")
+    until(lambda: stack.get(f"/v1/allocation/{keeper['ID']}")["ClientStatus"] == "complete", 60, "its stop")
+    left = pause_containers(node)
+    assert not left, f"pause containers left after the keeper's stop: {left}\n{logs(settings, config)}"
 
 
 async def stored(settings: Settings, *sessions: Session) -> None:
