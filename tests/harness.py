@@ -268,6 +268,11 @@ async def running_caravan(
             server.stop()
             for task in tasks[1 if serve else 0 :]:
                 task.cancel()
+            if scheduler:  # a pass waiting for news (up to its interval) may have lost its cancellation (see
+                # core.retry.stop_if_cancelled): news ends the wait, and its loop then stops (no news: the interval)
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(1):
+                        await SessionStore(redis, keys).wake_scheduler("stopping")
             await stopped(tasks)
             if serve and not is_tripwire(settings.nomad.addr):  # a Redis-tier test's gateway reached no Nomad
                 with contextlib.suppress(Exception):
