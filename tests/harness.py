@@ -8,7 +8,6 @@ import dataclasses
 import io
 import logging
 import os
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -139,28 +138,6 @@ class PromptServer(uvicorn.Server):
     def stop(self) -> None:
         self.should_exit = True
         self._stopping.set()
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's own (0.54), step for step, but for one wait: the connections asked to close are waited for
-        until they are gone, looked at every 5 ms (at most 0.1 s, then uvicorn's wait for them, as its own does), not a
-        fixed 0.1 s pause that every test's gateway paid at its stop."""
-        for server in self.servers:
-            server.close()
-        for sock in sockets or []:
-            sock.close()
-        for connection in list(self.server_state.connections):
-            connection.shutdown()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 0.1
-        while self.server_state.connections and loop.time() < deadline:
-            await asyncio.sleep(0.005)
-        try:
-            await asyncio.wait_for(self._wait_tasks_to_complete(), timeout=self.config.timeout_graceful_shutdown)
-        except TimeoutError:
-            for task in self.server_state.tasks:
-                task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
-        if not self.force_exit:
-            await self.lifespan.shutdown()
 
 
 def caravan_env(settings: Settings, port: int) -> dict[str, str]:
