@@ -12,7 +12,7 @@ import pytest
 from core.settings import NomadSettings, Settings
 from nomad_jobs.client import NomadClient, NomadRejected
 from tests.no_nomad import NoNomad, is_tripwire
-from tests.tiers import service_of
+from tests.tiers import service_of, started_service
 
 pytest_plugins = ["pytester"]
 
@@ -144,6 +144,26 @@ NOMAD = b"/root/.cache/caravan/nomad/bin/nomad"
 )
 def test_the_watch_knows_an_agent_and_a_redis_server(comm: bytes, argv: list[bytes], tier: str | None) -> None:
     assert service_of(comm, argv) == tier
+
+
+AGENT = [NOMAD, b"agent", b"-dev", b"-config=/tmp/x/nomad.hcl"]
+
+
+@pytest.mark.parametrize(
+    ("comm", "argv", "parent_comm", "parent_argv", "tier"),
+    [
+        (b"nomad", AGENT, b"python", [b"python", b"-m", b"pytest"], "nomad"),  # an agent a test started
+        (b"nomad", AGENT, b"nomad", AGENT, None),  # the agent's fork before it execs its log monitor or executor
+        (b"nomad", [NOMAD, b"logmon"], b"nomad", AGENT, None),  # and after
+        (b"redis-server", [b"redis-server 127.0.0.1:6390"], b"python", [b"python"], "redis"),
+        (b"redis-server", [b"redis-server 127.0.0.1:6390"], b"redis-server", [b"redis-server 127.0.0.1:6390"], None),
+        (b"nomad", AGENT, b"", [], "nomad"),  # its parent gone before it was read
+    ],
+)
+def test_a_services_own_child_is_no_new_service(
+    comm: bytes, argv: list[bytes], parent_comm: bytes, parent_argv: list[bytes], tier: str | None
+) -> None:
+    assert started_service(comm, argv, parent_comm, parent_argv) == tier
 
 
 @pytest.mark.redis  # the inner run starts Redis servers (below this process, so this test must say so too)

@@ -80,6 +80,24 @@ def service_of(comm: bytes, argv: list[bytes]) -> str | None:
     return None
 
 
+def started_service(comm: bytes, argv: list[bytes], parent_comm: bytes, parent_argv: list[bytes]) -> str | None:
+    """The tier of a new process's service, unless its parent runs the same service: a Nomad agent forks its log
+    monitors and executors, and a Redis server forks to save; until such a child execs or renames itself it carries
+    its parent's name and command line, and one seen then is no new agent or server (CI once charged two such children
+    of the session's agent to the browser test running at that moment)."""
+    tier = service_of(comm, argv)
+    return None if tier is not None and service_of(parent_comm, parent_argv) == tier else tier
+
+
+def parent_of(pid: int) -> int:
+    """``pid``'s parent (0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(b")") + 2 :].split()[1])
+
+
 Process = tuple[int, int]
 """A process: its pid and its start time (clock ticks since boot), which tell a reused pid from its old holder."""
 
@@ -144,7 +162,7 @@ class ServiceWatch:
             self._seen.add(process)
             pid = process[0]
             comm, argv = name_and_command_line(pid)
-            tier = service_of(comm, argv)
+            tier = started_service(comm, argv, *name_and_command_line(parent_of(pid)))
             if tier is None or item is None or item.get_closest_marker(tier):
                 continue
             with self._lock:
