@@ -89,21 +89,12 @@ def started_service(comm: bytes, argv: list[bytes], parent_comm: bytes, parent_a
     return None if tier is not None and service_of(parent_comm, parent_argv) == tier else tier
 
 
-def parent_of(pid: int) -> int:
-    """``pid``'s parent (0 once it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return 0
-    return int(stat[stat.rindex(b")") + 2 :].split()[1])
-
-
 Process = tuple[int, int]
 """A process: its pid and its start time (clock ticks since boot), which tell a reused pid from its old holder."""
 
 
-def descendants(root: int) -> set[Process]:
-    """The processes below ``root``, from one reading of /proc."""
+def descendants(root: int) -> dict[Process, int]:
+    """The processes below ``root``, each with its parent's pid, from one reading of /proc."""
     parents: dict[Process, int] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -113,10 +104,10 @@ def descendants(root: int) -> set[Process]:
                 continue
             fields = stat[stat.rindex(b")") + 2 :].split()
             parents[(int(name), int(fields[19]))] = int(fields[1])
-    below: set[Process] = set()
+    below: dict[Process, int] = {}
     frontier = {root}
     while frontier:
-        found = {process for process, parent in parents.items() if parent in frontier and process not in below}
+        found = {process: parent for process, parent in parents.items() if parent in frontier and process not in below}
         below |= found
         frontier = {pid for pid, _ in found}
     return below
@@ -146,7 +137,7 @@ class ServiceWatch:
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._seen = descendants(self.root)
+        self._seen = set(descendants(self.root))
         self._thread = threading.Thread(target=self._run, name="service-watch", daemon=True)
         self._thread.start()
 
@@ -158,11 +149,13 @@ class ServiceWatch:
     def sample(self) -> None:
         """Look once (the thread does this every :data:`SAMPLE_SECONDS`; tests of the watch call it directly)."""
         item = self.current
-        for process in descendants(self.root) - self._seen:
+        for process, parent in descendants(self.root).items():
+            if process in self._seen:
+                continue
             self._seen.add(process)
             pid = process[0]
             comm, argv = name_and_command_line(pid)
-            tier = started_service(comm, argv, *name_and_command_line(parent_of(pid)))
+            tier = started_service(comm, argv, *name_and_command_line(parent))
             if tier is None or item is None or item.get_closest_marker(tier):
                 continue
             with self._lock:
