@@ -248,8 +248,8 @@ def _bounded(
             reason = f"no request for {idle_for:.0f}s: scaled to zero"
         else:
             reason = "at zero: no request"
-    if wake and desired < 1:
-        return Decision(1, "woken: a request is waiting for a replica", panicking, state)
+    if wake and desired < 1:  # then bounded like any other: a wake asks for a replica, never for fewer than min
+        desired, reason = 1, "woken: a request is waiting for a replica"
     if desired > rules.max_replicas:
         return Decision(rules.max_replicas, f"{reason}; capped at max {rules.max_replicas}", panicking, state)
     if desired < rules.min_replicas:

@@ -59,7 +59,8 @@ class ReplicaPlan:
 
 
 def fixed_rules(session: Session) -> ScalingRules:
-    """An endpoint without rules keeps the replicas it was created with."""
+    """An endpoint without rules keeps the replicas it has (those it was created with, or those it had when its rules
+    were cleared): nothing but a rolling update, which keeps their number, changes them."""
     count = max(1, len(serving(session)))
     return ScalingRules(min_replicas=count, max_replicas=count)
 

@@ -249,6 +249,32 @@ def test_observe_keeps_the_window_and_ignores_repeats() -> None:
             "woken",
         ),
         (
+            # Found in CI: a replica of a two-replica endpoint without rules died on a request, the activator held the
+            # next one and asked for a wake, and the wake's "one replica" drained the other.
+            "a wake keeps a fixed endpoint's replicas (it asks for one, never for fewer than min)",
+            ScalingRules(min_replicas=2, max_replicas=2, target=10),
+            series(940, 1000, lambda t: 0),
+            Replicas(2, 1),
+            ScalingState(last_request_at=0),
+            1000,
+            True,
+            2,
+            False,
+            "raised to min 2",
+        ),
+        (
+            "a wake within the bounds: one replica, over min 0",
+            ScalingRules(min_replicas=0, max_replicas=4, target=10, scale_to_zero_after=30),
+            series(940, 1000, lambda t: 0),
+            Replicas(2, 0),
+            ScalingState(last_request_at=0),
+            1000,
+            True,
+            1,
+            False,
+            "woken",
+        ),
+        (
             "a held request is demand even before the wake is read",
             ScalingRules(min_replicas=0, max_replicas=4, target=10),
             [Sample(999, 0, 0), Sample(1000, 0, 0, held=1)],
