@@ -29,6 +29,7 @@ import httpx2
 
 from core.clock import from_iso
 from core.errors import PermanentError, TransientError
+from core.retry import stop_if_cancelled
 from core.settings import NomadSettings
 from nomad_jobs.log_frames import HEARTBEAT, FrameSplitter, LogFrame, absolute_offset
 from nomad_jobs.stats import AllocStats, parse_alloc_stats
@@ -287,6 +288,7 @@ class NomadClient:
             written = sum(size for _, size in await self._log_files(alloc_id, task, stream))
             start = {"origin": "start", "offset": str(written)}
         while True:
+            stop_if_cancelled()  # a cancellation suppressed with the reader's (below) or lost in a call ends it here
             frames: asyncio.Queue[LogFrame | BaseException | None] = asyncio.Queue()
             reader = asyncio.create_task(self._read_log_frames(alloc_id, task, stream, start, frames))
             last: LogFrame | None = None
@@ -365,7 +367,11 @@ class NomadClient:
         last_data = last_check = time.monotonic()
         while True:
             try:
-                frame = await asyncio.wait_for(frames.get(), quiet)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the frame when a cancellation (a
+                # kernelLogs subscription completed or its connection closed) lands as the frame arrives, and the
+                # follow went on for as long as the kernel wrote, holding its place (gateway.log_follows)
+                async with asyncio.timeout(quiet):
+                    frame = await frames.get()
             except TimeoutError:
                 frame = HEARTBEAT
             if frame is None or isinstance(frame, BaseException):

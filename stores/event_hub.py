@@ -59,8 +59,11 @@ class Follower:
 
     async def wait(self, timeout: float) -> None:
         """Return when anything arrived on the stream, or after ``timeout`` seconds."""
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns when a cancellation lands as the event
+        # arrives, and the waiting loop (a log follow waiting for its kernel) would go on
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.queue.get(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.queue.get()
         self.behind = False
 
 

@@ -14,6 +14,7 @@ from core.keys import Keys
 from core.settings import Settings
 from stores import event_hub
 from stores.event_hub import EventHub
+from stores.events import SessionEvent
 
 
 def entry(n: int) -> dict[str, str]:
@@ -108,4 +109,25 @@ async def test_a_follower_waits_for_a_change_or_a_timeout(redis: Redis, keys: Ke
         started = time.monotonic()
         await follower.wait(timeout=10)
         assert time.monotonic() - started < 5
+    await hub.aclose()
+
+
+async def test_a_waiting_follower_cancelled_as_an_event_arrives_stops(redis: Redis, keys: Keys) -> None:
+    """Python 3.11's ``asyncio.wait_for`` returns the awaited result when a cancellation lands in the turn of the loop
+    the result does: a follow of a kernel's log waiting for its kernel to start went on after its subscription ended."""
+    hub = EventHub(redis, block_ms=200)
+    stream = keys.session_events("s3")
+    async with hub.follower(stream) as follower:
+        waiting = asyncio.create_task(follower.wait(timeout=10))
+        offer = follower.offer
+
+        def offer_then_cancel(event: SessionEvent) -> None:  # fault injection: cancelled as the event arrives
+            offer(event)
+            waiting.cancel()
+
+        follower.offer = offer_then_cancel  # type: ignore[method-assign]
+        await asyncio.sleep(0.05)
+        await redis.xadd(stream, entry(1))
+        await asyncio.wait([waiting], timeout=5)
+        assert waiting.cancelled()
     await hub.aclose()

@@ -10,6 +10,7 @@ import strawberry
 
 from core.clock import utcnow
 from core.errors import InvalidInput, NotFound
+from core.retry import stop_if_cancelled
 from domain.access import can_access
 from domain.model import Session as SessionModel
 from gateway.graphql import fields
@@ -170,6 +171,7 @@ async def allocation_of(store: SessionStore, hub: EventHub, session_id: str, hos
     """
     async with hub.follower(store.keys.session_events(session_id)) as changes:
         while True:
+            stop_if_cancelled()  # a completed follow's cancellation, lost in redis-py (core.retry), still ends it
             session = await store.get(session_id)
             if session is None:
                 return None
