@@ -30,6 +30,7 @@ from core.keys import Keys
 from core.settings import NomadSettings, RedisSettings, Settings, qemu_images_of
 from gateway import web
 from tests.harness import Caravan, running_caravan
+from tests.module_durations import ModuleDurations
 from tests.no_nomad import NoNomad
 from tests.tiers import Tiers
 
@@ -166,6 +167,7 @@ async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Tiers(docker=DOCKER, qemu=QEMU, ui=UI), "caravan-tiers")
+    config.pluginmanager.register(ModuleDurations(), "caravan-module-durations")
 
 
 from tests.cluster_fixtures import nomad_cluster, on_cluster  # noqa: E402,F401  (several Nomad clients; on demand)
