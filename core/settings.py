@@ -56,6 +56,11 @@ class NomadSettings:
     platform_namespace: str = "caravan-platform"
     """Nomad namespace of the platform's own short jobs (``docker commit``/``rmi``, ``nomad_jobs.commit_job``):
     raw_exec only, written by the scheduler's token alone (``CARAVAN_NOMAD_PLATFORM_NAMESPACE``)."""
+    restart_delay: float = 15.0
+    """Seconds Nomad waits before it restarts the failed task of a long-running session (INTERACTIVE, SYSTEM: not a
+    BATCH kernel, which runs once, nor an inference replica, ``nomad_jobs.replica_service``). It restarts it twice in
+    30 minutes, then fails the allocation and the session ends (``CARAVAN_NOMAD_RESTART_DELAY``; Nomad's own default
+    for a service job, which the jobs relied on before it was written in them)."""
 
 
 @dataclass(frozen=True)
@@ -284,6 +289,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             datacenter=env.get("CARAVAN_NOMAD_DATACENTER", NomadSettings.datacenter),
             namespace=env.get("CARAVAN_NOMAD_NAMESPACE", NomadSettings.namespace),
             platform_namespace=env.get("CARAVAN_NOMAD_PLATFORM_NAMESPACE", NomadSettings.platform_namespace),
+            restart_delay=_restart_delay(env),
         ),
         gateway=GatewaySettings(
             host=env.get("CARAVAN_GATEWAY_HOST", GatewaySettings.host),
@@ -420,6 +426,17 @@ def _positive_seconds(env: Mapping[str, str], name: str, default: float) -> floa
         seconds = 0.0
     if not 0 < seconds < float("inf"):
         raise ValueError(f"{name} must be a number of seconds > 0, not {raw!r}")
+    return seconds
+
+
+MAX_RESTART_DELAY = 900.0
+"""Two restarts must fit in the restart policy's 30 minutes (Nomad refuses a job whose attempts x delay exceed it)."""
+
+
+def _restart_delay(env: Mapping[str, str]) -> float:
+    seconds = _positive_seconds(env, "CARAVAN_NOMAD_RESTART_DELAY", NomadSettings.restart_delay)
+    if seconds > MAX_RESTART_DELAY:
+        raise ValueError(f"CARAVAN_NOMAD_RESTART_DELAY must be at most {MAX_RESTART_DELAY:g} seconds, not {seconds:g}")
     return seconds
 
 

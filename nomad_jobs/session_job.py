@@ -185,6 +185,9 @@ class JobContext:
     network_mode: str = SESSION_NETWORK
     """Nomad network mode of docker and exec kernels (``Settings.session_network``): ``cni/caravan``, a namespace of
     their own on the session network, or ``host`` (no isolation); see ``nomad_jobs.kernel_network``."""
+    restart_delay: float = 15.0
+    """Seconds before a failed task of a long-running (not BATCH, not INFERENCE) session is restarted
+    (``NomadSettings.restart_delay``)."""
     pooled_namespace: str | None = None
     """The pooled network namespace the scheduler claimed for the session's one docker kernel (its pause container's
     name, ``nomad_jobs.namespace_keeper``); None: a namespace made at launch, as the network mode says."""
@@ -227,8 +230,10 @@ def _kernel_group(job: Block, session: Session, kernel: Kernel, ctx: JobContext)
         # A batch kernel runs once: its exit code is the session's result, so no retries.
         group.block("restart", attempts=0, mode="fail")
         group.block("reschedule", attempts=0, unlimited=False)
-    if session.type is SessionType.INFERENCE:
+    elif session.type is SessionType.INFERENCE:
         add_recovery(group)  # a killed or unhealthy replica comes back: restarted in place, else rescheduled
+    else:  # Nomad's policy for a service job, its delay the operator's (``NomadSettings.restart_delay``)
+        group.block("restart", attempts=2, interval="30m", delay=f"{round(ctx.restart_delay * 1000)}ms", mode="fail")
     if session.driver is not Driver.QEMU:
         add_network(group, session, kernel, ctx.network_mode, ctx.static_ports, ctx.pooled_namespace)
     task = group.block("task", meta.TASK_NAME, driver=session.driver.value)

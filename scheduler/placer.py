@@ -240,6 +240,7 @@ def job_context(
         devices=devices,
         qemu_images=settings.qemu_images,
         network_mode=settings.session_network,
+        restart_delay=nomad.restart_delay,
     )
 
 

@@ -114,7 +114,9 @@ def namespaced_settings(redis_url: str, nomad_addr: str, secrets_dir: Path, name
             home=home,
             secrets_dir=secrets_dir,
             redis=RedisSettings(url=redis_url, prefix=namespace),
-            nomad=NomadSettings(addr=nomad_addr, job_prefix=namespace),
+            # a failed long-running task is restarted after 2 s, not Nomad's 15 (the tests that wait out its two
+            # restarts took 30 s each); the policy is otherwise the product's (tests/nomad_jobs: the default rendered)
+            nomad=NomadSettings(addr=nomad_addr, job_prefix=namespace, restart_delay=2.0),
             default_image=DEFAULT_IMAGE or None,
             qemu_images=QEMU_IMAGES,
         )

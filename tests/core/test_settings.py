@@ -32,6 +32,17 @@ def test_a_scheduler_lease_ttl_that_is_not_a_positive_number_is_refused(value: s
     assert load_settings({}).scheduler.lease_ttl == 10.0
 
 
+@pytest.mark.parametrize(
+    ("value", "refusal"),
+    [("0", "a number of seconds > 0"), ("soon", "a number of seconds > 0"), ("901", "at most 900 seconds")],
+)
+def test_a_restart_delay_is_seconds_that_two_restarts_fit_in_thirty_minutes(value: str, refusal: str) -> None:
+    with pytest.raises(ValueError, match=f"CARAVAN_NOMAD_RESTART_DELAY must be {refusal}"):
+        load_settings({"CARAVAN_NOMAD_RESTART_DELAY": value})
+    assert load_settings({"CARAVAN_NOMAD_RESTART_DELAY": "900"}).nomad.restart_delay == 900.0
+    assert load_settings({}).nomad.restart_delay == 15.0
+
+
 def test_trusted_proxies_are_none_unless_listed_and_must_be_addresses() -> None:
     assert load_settings({}).gateway.trusted_proxies == ()
     listed = load_settings({"CARAVAN_TRUSTED_PROXIES": " 10.0.0.5, 10.1.0.0/16,::1 ,"}).gateway.trusted_proxies

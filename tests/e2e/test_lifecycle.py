@@ -214,8 +214,9 @@ async def job_stopped(caravan: Caravan, job_id: str, timeout: float = 15.0) -> d
 
 
 async def test_an_interactive_session_whose_command_fails_ends_and_its_job_is_stopped(caravan: Caravan) -> None:
-    # Nomad restarts a service job's failed task twice (15 s apart), then fails the allocation and reschedules it
-    # without end: the session ends with the failed allocation, and its job must end with it.
+    # Nomad restarts a long-running session's failed task twice (2 s apart in the tests: CARAVAN_NOMAD_RESTART_DELAY),
+    # then fails the allocation and reschedules it without end: the session ends with the failed allocation, and its
+    # job must end with it.
     [session_id] = await create(caravan, type="INTERACTIVE", startupCommand="exit 3")
     session = await caravan.wait_for(session_id, "TERMINATED", "ERROR", timeout=120)
     assert (session["status"], session["statusInfo"], session["exitCode"]) == ("TERMINATED", "task-failed", 3)

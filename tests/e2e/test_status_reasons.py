@@ -129,8 +129,8 @@ async def test_an_image_the_engine_lacks_fails_with_nomads_pull_failure(caravan:
 
 @pytest.mark.docker
 async def test_an_interactive_session_says_why_it_restarts_then_why_it_failed(caravan: Caravan) -> None:
-    # Nomad restarts a service job's task twice (15 s apart) before it gives up: the session, PREPARING meanwhile,
-    # says what failed as soon as the first attempt did.
+    # Nomad restarts a long-running session's task twice (CARAVAN_NOMAD_RESTART_DELAY apart: 2 s in the tests) before
+    # it gives up: the session, PREPARING meanwhile, says what failed as soon as the first attempt did.
     session_id = await create(caravan, type="INTERACTIVE", driver="DOCKER", image=MISSING_IMAGE)
     events = await events_until(caravan, session_id, {"status": "ERROR"}, timeout=120)
     preparing = [(e["reason"], e["detail"]) for e in events if e["status"] == "PREPARING"]

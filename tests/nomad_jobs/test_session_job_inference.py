@@ -108,6 +108,30 @@ def test_replicas_restart_in_place_then_reschedule_without_limit() -> None:
     assert RESTART["mode"] == "fail" and RESCHEDULE["unlimited"] is True
 
 
+@pytest.mark.parametrize(
+    ("type", "context", "expected"),
+    [
+        (SessionType.BATCH, JobContext(job_prefix="cv"), {"attempts": 0, "mode": "fail"}),
+        (  # Nomad's policy for a service job, written in the job
+            SessionType.INTERACTIVE,
+            JobContext(job_prefix="cv"),
+            {"attempts": 2, "interval": "30m", "delay": "15000ms", "mode": "fail"},
+        ),
+        (
+            SessionType.SYSTEM,
+            JobContext(job_prefix="cv", restart_delay=2.5),
+            {"attempts": 2, "interval": "30m", "delay": "2500ms", "mode": "fail"},
+        ),
+    ],
+)
+def test_a_long_running_kernel_is_restarted_twice_after_the_operators_delay(
+    type: SessionType, context: JobContext, expected: dict[str, Any]
+) -> None:
+    [job] = plain(hcl2.loads(render_session_job(session(type, replicas=1), context).hcl))["job"][0].values()
+    [group] = job["group"][0].values()
+    assert group["restart"] == [expected]
+
+
 def test_a_preopened_service_port_is_allocated_once() -> None:
     group = groups(session(preopen_ports=(9000, 8000)))["main1"]
     assert ports(group) == ["p9000", "p8000"]
