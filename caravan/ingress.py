@@ -181,7 +181,8 @@ async def follow_replicas(
         except RuntimeApiError as failed:
             log.warning("HAProxy's runtime API: %s", failed)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), POLL)
+            async with asyncio.timeout(POLL):
+                await stop.wait()
 
 
 @dataclass

@@ -76,7 +76,9 @@ async def first_message_token(websocket: WebSocket, wait: float) -> str:
     with or without ``"Bearer "`` before it), received within ``wait`` seconds; "" for anything else (another message,
     not JSON, binary, late)."""
     try:
-        first = json.loads(await asyncio.wait_for(websocket.receive_text(), wait))
+        async with asyncio.timeout(wait):
+            text = await websocket.receive_text()
+        first = json.loads(text)
     except (TimeoutError, ValueError, KeyError, RuntimeError):
         return ""
     if isinstance(first, dict) and first.get("type") == "auth" and isinstance(first.get("token"), str):

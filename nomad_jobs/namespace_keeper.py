@@ -263,7 +263,8 @@ class NamespaceKeeper:
                 log.warning("namespace-keeper: no namespace made: %r", exc)
             self._refill.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._refill.wait(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await self._refill.wait()
 
     async def _make(self) -> Pooled:
         """A new pooled namespace, ours from the moment it exists: a cancellation while Docker and the CNI chain make

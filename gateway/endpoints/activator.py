@@ -142,7 +142,8 @@ class EndpointActivator:
             if wait.poller is None:
                 wait.poller = asyncio.create_task(self._poll(session_id, wait), name=f"activator {session_id}")
             try:
-                replicas = await asyncio.wait_for(asyncio.shield(wait.ready), settings.endpoints.hold_timeout)
+                async with asyncio.timeout(settings.endpoints.hold_timeout):
+                    replicas = await asyncio.shield(wait.ready)
             except TimeoutError:
                 replicas = ()
         finally:

@@ -106,7 +106,8 @@ async def image_labels(image: str) -> dict[str, str]:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await asyncio.wait_for(process.communicate(), INSPECT_TIMEOUT)
+        async with asyncio.timeout(INSPECT_TIMEOUT):
+            out, err = await process.communicate()
     except (OSError, TimeoutError) as exc:
         raise Unavailable(f"the Docker engine cannot be asked for {image}'s labels: {exc}") from exc
     if process.returncode != 0:
