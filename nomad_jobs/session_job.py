@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from core.settings import NomadSettings
 from devices.catalog import MODEL_ATTRIBUTE, DeviceAsk
 from domain.endpoint_scaling import as_run_by
 from domain.idle.network import NET_STATS_INTERVAL
@@ -185,7 +186,7 @@ class JobContext:
     network_mode: str = SESSION_NETWORK
     """Nomad network mode of docker and exec kernels (``Settings.session_network``): ``cni/caravan``, a namespace of
     their own on the session network, or ``host`` (no isolation); see ``nomad_jobs.kernel_network``."""
-    restart_delay: float = 15.0
+    restart_delay: float = NomadSettings.restart_delay
     """Seconds before a failed task of a long-running (not BATCH, not INFERENCE) session is restarted
     (``NomadSettings.restart_delay``)."""
     pooled_namespace: str | None = None
