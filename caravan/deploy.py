@@ -11,8 +11,8 @@ else it was not):
 - ``<name>-ingress``: HAProxy (``caravan ingress``), the one public port; its gateway backend lists every replica the
   service has (a template over ``nomadService``, applied through HAProxy's runtime API, no reload). The public port
   is HAProxy's own bind, not a Nomad reservation: an update starts the new allocation as a canary beside the old one,
-  binding the same port (``SO_REUSEPORT``), and stops the old one once the new is healthy (HAProxy's ``/healthz`` on
-  a dynamic port, Nomad's check): the port never closes.
+  given the old one's listening sockets (``caravan.stack.haproxy.start_haproxy``), and stops the old one once the new
+  is healthy (HAProxy's ``/healthz`` on a dynamic port, Nomad's check): the port never closes.
 - ``<name>-scheduler`` and ``<name>-idle``: two or more each, one leading by its Redis lease; each answers ``/health``
   (``{"leading": ...}``) on a dynamic port, Nomad's HTTP check.
 - ``<name>-namespace-keeper``: a system job, one ``caravan namespace-keeper`` on every client with Docker and a session
@@ -385,7 +385,7 @@ def _job(config: DeployConfig, job: Job, group: dict[str, Any]) -> dict[str, Any
     }
     if job == "ingress":
         # the new HAProxy starts beside the old one (a canary: a replacement on the same client would wait for the old
-        # one to end) and binds the public port with it (SO_REUSEPORT); once healthy it is promoted, the old one stops
+        # one to end) and takes over its listening sockets; once healthy it is promoted, the old one stops
         spec["Update"] |= {"Canary": 1, "AutoPromote": True}
     if config.ingress_node and job == "ingress":
         spec["Constraints"] = [{"LTarget": "${node.unique.name}", "Operand": "=", "RTarget": config.ingress_node}]

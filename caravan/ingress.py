@@ -12,9 +12,10 @@ runtime API, without a reload:
 
 SIGTERM stops HAProxy softly (``SIGUSR1``: it stops listening and ends once its connections are done) and exits.
 
-An upgrade overlaps two of them: the new allocation's HAProxy binds the port beside the old one (``SO_REUSEPORT``,
-HAProxy's default on Linux) during the old one's ``shutdown_delay``; it takes over the state directory (a new runtime
-socket), and the old ``caravan ingress``, seeing the socket is no longer its own, leaves the backend to it.
+An upgrade overlaps two of them: the new allocation's HAProxy is given the old one's listening sockets (``-x``,
+``caravan.stack.haproxy.start_haproxy``) during the old one's ``shutdown_delay``; it takes over the state directory
+(the runtime socket's link moves to its own), and the old ``caravan ingress``, seeing the link no longer points to its
+HAProxy, leaves the backend to it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from caravan.stack.haproxy import ingress_config, start_haproxy
+from caravan.stack.haproxy import Haproxy, ingress_config, start_haproxy
 from caravan.stack.processes import Service
 from core.keys import Keys
 from core.redis import client as redis_client
@@ -146,18 +147,19 @@ async def run_ingress(
         haproxy = await asyncio.to_thread(start_haproxy, config, state, log=state / "haproxy.log", maps=maps)
         stack.push_async_callback(soft_stop, haproxy)
         runtime = IngressPaths(state).socket
-        ours = runtime.stat().st_ino
+        ours = haproxy.runtime.stat().st_ino
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
-        backend = Backend(RuntimeApi(runtime), slots, {replica: slot for slot, replica in enumerate(initial, 1)})
+        held = {replica: slot for slot, replica in enumerate(initial, 1)}
+        backend = Backend(RuntimeApi(haproxy.runtime), slots, held)
         if keeper:
             await stack.enter_async_context(keeper.running())
         await follow_replicas(backend, replicas_file, (runtime, ours), haproxy, stop)
 
 
-async def soft_stop(haproxy: Service) -> None:
+async def soft_stop(haproxy: Haproxy) -> None:
     """SIGUSR1: HAProxy stops listening and ends once its connections are done (10 s at most, then killed)."""
     if haproxy.alive():
         haproxy.process.send_signal(signal.SIGUSR1)

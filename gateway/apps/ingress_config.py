@@ -144,8 +144,18 @@ class IngressPaths:
 
     @property
     def socket(self) -> Path:
-        """The runtime API (level admin), a unix socket 0600: never TCP, so no session can reach it."""
+        """The runtime API (level admin) of the HAProxy serving now: a link to that HAProxy's own socket
+        (:meth:`own_socket`), moved to the next one's once it answers. A unix socket 0600: never TCP, so no session
+        can reach it."""
         return self.state_dir / "admin.sock"
+
+    def own_socket(self, instance: str) -> Path:
+        """One HAProxy's runtime API. Each has its own path: a new HAProxy given the old one's listeners (``-x``)
+        would otherwise be given its runtime socket too, and the two would answer on one socket."""
+        return self.state_dir / f"admin-{instance}.sock"
+
+    def own_sockets(self) -> list[Path]:
+        return sorted(self.state_dir.glob("admin-*.sock"))
 
     @property
     def pidfile(self) -> Path:
@@ -330,8 +340,9 @@ def _admission(m: dict[str, str], when: str) -> list[str]:
     ]
 
 
-def render(config: IngressConfig, paths: IngressPaths) -> str:
-    """HAProxy's configuration."""
+def render(config: IngressConfig, paths: IngressPaths, runtime: Path) -> str:
+    """HAProxy's configuration, its runtime API on ``runtime`` (its listeners handed over to the next HAProxy there:
+    ``expose-fd listeners``)."""
     m = {name: str(paths.map(name)) for name in MAPS}
     lines = [
         "global",
@@ -339,7 +350,7 @@ def render(config: IngressConfig, paths: IngressPaths) -> str:
         # one thread: on two, Debian's HAProxy 2.6.12 corrupted the endpoints' Lua filter state under load ("attempt
         # to index a number value", then a segfault in liblua5.3; docs/production.md)
         "    nbthread 1",
-        f"    stats socket {paths.socket} mode 600 level admin",
+        f"    stats socket {runtime} mode 600 level admin expose-fd listeners",
         "    stats timeout 2m",
         f"    pidfile {paths.pidfile}",
         f"    lua-load {paths.lua}",
@@ -492,10 +503,10 @@ def _app_backend(name: str, unreachable: Path) -> list[str]:
 
 
 def write_files(
-    config: IngressConfig, paths: IngressPaths, maps: Mapping[str, Mapping[str, str]] | None = None
+    config: IngressConfig, paths: IngressPaths, runtime: Path, maps: Mapping[str, Mapping[str, str]] | None = None
 ) -> None:
-    """The configuration, the maps (empty: fail closed; or ``maps``' content, ``gateway.planes.prefilled``) and the
-    JSON error files, under ``paths.state_dir`` (0700)."""
+    """The configuration (its runtime API on ``runtime``), the maps (empty: fail closed; or ``maps``' content,
+    ``gateway.planes.prefilled``) and the JSON error files, under ``paths.state_dir`` (0700)."""
     paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     paths.state_dir.chmod(0o700)
     for folder in (paths.map("x").parent, paths.error(400).parent):
@@ -513,4 +524,4 @@ def write_files(
     paths.starting.write_text(_error_file(503, "APP_NOT_READY", STARTING_MESSAGE))
     paths.config.touch(mode=0o600)
     paths.config.chmod(0o600)
-    paths.config.write_text(render(config, paths))
+    paths.config.write_text(render(config, paths, runtime))

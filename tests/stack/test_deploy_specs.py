@@ -121,7 +121,10 @@ def test_the_deployed_ingress_binds_its_clients_address_and_one_machine_loopback
 
     def rendered(env: dict[str, str]) -> str:
         settings = load_settings({"CARAVAN_HOME": str(tmp_path), **env})
-        return render(dataclasses.replace(ingress_config(settings, 8420, 0), health_port=8421), IngressPaths(tmp_path))
+        paths = IngressPaths(tmp_path)
+        return render(
+            dataclasses.replace(ingress_config(settings, 8420, 0), health_port=8421), paths, paths.own_socket("a")
+        )
 
     assert "bind 127.0.0.1:8420" in rendered({}) and "bind 127.0.0.1:8421" in rendered({})
     deployed = rendered({"CARAVAN_INGRESS_BIND": "172.26.255.11"})

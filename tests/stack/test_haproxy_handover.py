@@ -1,0 +1,164 @@
+"""A new HAProxy on a state directory where one serves already (the ingress job's upgrade: ``caravan ingress``) is
+given the serving one's listening sockets (``caravan.stack.haproxy.start_haproxy``, HAProxy's ``-x``): both accept
+from one socket, so the old one's soft stop resets no connection waiting to be accepted. Real HAProxy processes, a
+real stream of new connections."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from caravan.stack.haproxy import Haproxy, ingress_config, start_haproxy
+from caravan.stack.processes import free_port, spawn
+from core.settings import load_settings
+from gateway.apps.ingress_config import IngressConfig, IngressPaths, write_files
+
+ROUNDS = 8
+
+
+@pytest.fixture
+def state() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="cvx-", dir="/tmp") as folder:  # a unix socket path: 107 bytes at most
+        yield Path(folder)
+
+
+class Gateway(BaseHTTPRequestHandler):
+    """What HAProxy's gateway backend reaches here: 200 to every GET."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def wanted(state: Path) -> Iterator[IngressConfig]:
+    """The configuration of a stack's HAProxy in front of a gateway (:class:`Gateway`)."""
+    with ThreadingHTTPServer(("127.0.0.1", 0), Gateway) as gateway:
+        threading.Thread(target=gateway.serve_forever, daemon=True).start()
+        settings = load_settings({"CARAVAN_HOME": str(state / "home")})
+        yield ingress_config(settings, free_port(), gateway.server_address[1])
+        gateway.shutdown()
+
+
+def listeners(port: int) -> int:
+    """How many listening TCP sockets there are on 127.0.0.1:``port`` (``/proc/net/tcp``: state 0A)."""
+    local = f"0100007F:{port:04X}"
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for row in rows if row.split()[1] == local and row.split()[3] == "0A")
+
+
+class NewConnections:
+    """Four threads opening a connection per request (GET /healthz) until stopped, and what failed: refused, reset
+    or another answer than 200."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.sent, self.failures = port, 0, list[str]()
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self.run) for _ in range(4)]
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=5) as client:
+                    client.sendall(b"GET /healthz HTTP/1.0\r\nHost: caravan\r\n\r\n")
+                    head = client.recv(64)
+                    while client.recv(4096):
+                        pass
+                if head[:9] not in (b"HTTP/1.0 ", b"HTTP/1.1 ") or head[9:13] != b"200 ":
+                    self.failures.append(f"no HTTP answer: {head!r}")
+            except OSError as failed:
+                self.failures.append(repr(failed))
+            self.sent += 1
+
+    def __enter__(self) -> NewConnections:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def soft_stopped(haproxy: Haproxy) -> None:
+    haproxy.process.send_signal(signal.SIGUSR1)
+    assert haproxy.process.wait(10) == 0
+
+
+def test_each_new_haproxy_takes_the_listeners_over_and_no_connection_is_reset(
+    state: Path, wanted: IngressConfig
+) -> None:
+    paths = IngressPaths(state / "haproxy")
+    serving = start_haproxy(wanted, paths.state_dir, log=state / "haproxy.log")
+    try:
+        with NewConnections(wanted.port) as stream:
+            for _ in range(ROUNDS):
+                assert listeners(wanted.port) == 1
+                before = stream.sent
+                new = start_haproxy(wanted, paths.state_dir, log=state / "haproxy.log")
+                # the two HAProxies share one listening socket; the runtime API's link is the new one's
+                assert listeners(wanted.port) == 1
+                assert paths.socket.resolve() == new.runtime and new.runtime != serving.runtime
+                old, serving = serving, new
+                soft_stopped(old)
+                while stream.sent < before + 50:
+                    time.sleep(0.01)
+            assert listeners(wanted.port) == 1
+        assert stream.failures == [], f"{len(stream.failures)} of {stream.sent}: {stream.failures[:3]}"
+        # each ended HAProxy's runtime socket was cleared by the next start but one: two are left at most
+        assert paths.own_sockets() == sorted({old.runtime, serving.runtime})
+    finally:
+        serving.stop()
+
+
+def test_a_haproxy_that_does_not_hand_its_listeners_over_is_bound_beside(state: Path, wanted: IngressConfig) -> None:
+    """A HAProxy of a release before the handover (no ``expose-fd listeners``): the new one binds its own socket
+    beside it (``SO_REUSEPORT``), as before, and starts."""
+    paths = IngressPaths(state / "haproxy")
+    own = paths.own_socket("older")
+    write_files(wanted, paths, own)
+    text = paths.config.read_text()
+    paths.config.write_text(text.replace(" expose-fd listeners", ""))
+    older = spawn("haproxy", ["haproxy", "-db", "-f", str(paths.config)], state / "older.log")
+    try:
+        while not own.exists():
+            assert older.alive()
+        os.symlink(own.name, paths.socket)
+        new = start_haproxy(wanted, paths.state_dir, log=state / "haproxy.log")
+        try:
+            assert listeners(wanted.port) == 2
+            assert paths.socket.resolve() == new.runtime
+        finally:
+            new.stop()
+    finally:
+        older.stop()
+
+
+def test_a_link_to_an_ended_haproxy_is_no_handover(state: Path, wanted: IngressConfig) -> None:
+    """HAProxy killed (-9): its socket file and the link to it are left; the next start binds afresh and clears
+    the dead socket."""
+    paths = IngressPaths(state / "haproxy")
+    first = start_haproxy(wanted, paths.state_dir, log=state / "haproxy.log")
+    first.process.kill()
+    first.process.wait(10)
+    assert first.runtime.exists() and paths.socket.resolve() == first.runtime
+    second = start_haproxy(wanted, paths.state_dir, log=state / "haproxy.log")
+    try:
+        assert paths.own_sockets() == [second.runtime] and paths.socket.resolve() == second.runtime
+        assert listeners(wanted.port) == 1
+    finally:
+        second.stop()
