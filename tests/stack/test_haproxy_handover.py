@@ -11,7 +11,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -94,38 +94,51 @@ class NewConnections:
             thread.join()
 
 
+@pytest.fixture
+def start(state: Path, wanted: IngressConfig) -> Iterator[Callable[[], Haproxy]]:
+    """``start_haproxy`` on ``wanted`` in ``state``/haproxy; every HAProxy started is stopped at the end."""
+    started: list[Haproxy] = []
+
+    def one() -> Haproxy:
+        started.append(start_haproxy(wanted, state / "haproxy", log=state / "haproxy.log"))
+        return started[-1]
+
+    yield one
+    for haproxy in started:
+        haproxy.stop()
+
+
 def soft_stopped(haproxy: Haproxy) -> None:
     haproxy.process.send_signal(signal.SIGUSR1)
     assert haproxy.process.wait(10) == 0
 
 
 def test_each_new_haproxy_takes_the_listeners_over_and_no_connection_is_reset(
-    state: Path, wanted: IngressConfig
+    state: Path, wanted: IngressConfig, start: Callable[[], Haproxy]
 ) -> None:
     paths = IngressPaths(state / "haproxy")
-    serving = start_haproxy(wanted, paths.state_dir, log=state / "haproxy.log")
-    try:
-        with NewConnections(wanted.port) as stream:
-            for _ in range(ROUNDS):
-                assert listeners(wanted.port) == 1
-                before = stream.sent
-                new = start_haproxy(wanted, paths.state_dir, log=state / "haproxy.log")
-                # the two HAProxies share one listening socket; the runtime API's link is the new one's
-                assert listeners(wanted.port) == 1
-                assert paths.socket.resolve() == new.runtime and new.runtime != serving.runtime
-                old, serving = serving, new
-                soft_stopped(old)
-                while stream.sent < before + 50:
-                    time.sleep(0.01)
+    serving = start()
+    with NewConnections(wanted.port) as stream:
+        for _ in range(ROUNDS):
             assert listeners(wanted.port) == 1
-        assert stream.failures == [], f"{len(stream.failures)} of {stream.sent}: {stream.failures[:3]}"
-        # each ended HAProxy's runtime socket was cleared by the next start but one: two are left at most
-        assert paths.own_sockets() == sorted({old.runtime, serving.runtime})
-    finally:
-        serving.stop()
+            before = stream.sent
+            new = start()
+            # the two HAProxies share one listening socket; the runtime API's link is the new one's
+            assert listeners(wanted.port) == 1
+            assert paths.socket.resolve() == new.runtime and new.runtime != serving.runtime
+            old, serving = serving, new
+            soft_stopped(old)
+            while stream.sent < before + 50:
+                time.sleep(0.01)
+        assert listeners(wanted.port) == 1
+    assert stream.failures == [], f"{len(stream.failures)} of {stream.sent}: {stream.failures[:3]}"
+    # each ended HAProxy's runtime socket was cleared by the next start but one: two are left at most
+    assert paths.own_sockets() == sorted({old.runtime, serving.runtime})
 
 
-def test_a_haproxy_that_does_not_hand_its_listeners_over_is_bound_beside(state: Path, wanted: IngressConfig) -> None:
+def test_a_haproxy_that_does_not_hand_its_listeners_over_is_bound_beside(
+    state: Path, wanted: IngressConfig, start: Callable[[], Haproxy]
+) -> None:
     """A HAProxy of a release before the handover (no ``expose-fd listeners``): the new one binds its own socket
     beside it (``SO_REUSEPORT``), as before, and starts."""
     paths = IngressPaths(state / "haproxy")
@@ -138,27 +151,23 @@ def test_a_haproxy_that_does_not_hand_its_listeners_over_is_bound_beside(state: 
         while not own.exists():
             assert older.alive()
         os.symlink(own.name, paths.socket)
-        new = start_haproxy(wanted, paths.state_dir, log=state / "haproxy.log")
-        try:
-            assert listeners(wanted.port) == 2
-            assert paths.socket.resolve() == new.runtime
-        finally:
-            new.stop()
+        new = start()
+        assert listeners(wanted.port) == 2
+        assert paths.socket.resolve() == new.runtime
     finally:
         older.stop()
 
 
-def test_a_link_to_an_ended_haproxy_is_no_handover(state: Path, wanted: IngressConfig) -> None:
+def test_a_link_to_an_ended_haproxy_is_no_handover(
+    state: Path, wanted: IngressConfig, start: Callable[[], Haproxy]
+) -> None:
     """HAProxy killed (-9): its socket file and the link to it are left; the next start binds afresh and clears
     the dead socket."""
     paths = IngressPaths(state / "haproxy")
-    first = start_haproxy(wanted, paths.state_dir, log=state / "haproxy.log")
+    first = start()
     first.process.kill()
     first.process.wait(10)
     assert first.runtime.exists() and paths.socket.resolve() == first.runtime
-    second = start_haproxy(wanted, paths.state_dir, log=state / "haproxy.log")
-    try:
-        assert paths.own_sockets() == [second.runtime] and paths.socket.resolve() == second.runtime
-        assert listeners(wanted.port) == 1
-    finally:
-        second.stop()
+    second = start()
+    assert paths.own_sockets() == [second.runtime] and paths.socket.resolve() == second.runtime
+    assert listeners(wanted.port) == 1
