@@ -16,7 +16,7 @@ from caravan.stack.nomad_agent import CLEAN_ENV
 from caravan.stack.processes import Service, StartupFailed, spawn, wait_until
 from core.secrets import ensure_app_cookie_key
 from core.settings import Settings
-from gateway.apps.ingress_config import IngressConfig, IngressPaths, write_files
+from gateway.apps.ingress_config import SOCKET_PATH_MAX, IngressConfig, IngressPaths, write_files
 
 
 def ingress_config(settings: Settings, port: int, gateway_port: int) -> IngressConfig:
@@ -51,7 +51,14 @@ def start_haproxy(
     if not binary:
         raise StartupFailed("haproxy is not installed (ops/install installs Debian's haproxy)")
     paths = IngressPaths(state_dir)
-    own = paths.own_socket(secrets.token_hex(4))
+    own = paths.own_socket(secrets.token_hex(3))
+    while own.exists():
+        own = paths.own_socket(secrets.token_hex(3))
+    if len(bytes(own)) > SOCKET_PATH_MAX:
+        raise StartupFailed(
+            f"HAProxy's runtime socket {own} would be {len(bytes(own))} bytes long; HAProxy takes at most "
+            f"{SOCKET_PATH_MAX}: give it a shorter state directory (CARAVAN_INGRESS_DIR)"
+        )
     write_files(config, paths, own, maps)
     for stale in paths.own_sockets():
         if stale != own and not _answers(stale):

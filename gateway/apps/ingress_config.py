@@ -132,6 +132,10 @@ PLAIN_CONNECTION = r"^\s*(keep-alive|close|upgrade)(\s*,\s*(keep-alive|close|upg
 """A ``Connection`` header that names no other header (the usual case: no Lua runs)."""
 
 
+SOCKET_PATH_MAX = 97
+"""The longest unix socket path HAProxy 2.6 binds (it binds ``<path>.<pid>.tmp`` first, then renames it)."""
+
+
 @dataclass(frozen=True)
 class IngressPaths:
     """Where one HAProxy keeps its files: a state directory of its own (0700)."""
@@ -150,12 +154,14 @@ class IngressPaths:
         return self.state_dir / "admin.sock"
 
     def own_socket(self, instance: str) -> Path:
-        """One HAProxy's runtime API. Each has its own path: a new HAProxy given the old one's listeners (``-x``)
-        would otherwise be given its runtime socket too, and the two would answer on one socket."""
-        return self.state_dir / f"admin-{instance}.sock"
+        """One HAProxy's runtime API, ``api-<instance>``. Each has its own path: a new HAProxy given the old one's
+        listeners (``-x``) would otherwise be given its runtime socket too, and the two would answer on one socket.
+        With a six-character instance it is as long as :attr:`socket`'s: HAProxy takes a unix socket path of at most
+        :data:`SOCKET_PATH_MAX` bytes."""
+        return self.state_dir / f"api-{instance}"
 
     def own_sockets(self) -> list[Path]:
-        return sorted(self.state_dir.glob("admin-*.sock"))
+        return sorted(self.state_dir.glob("api-*"))
 
     @property
     def pidfile(self) -> Path:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from caravan.stack.haproxy import Haproxy, ingress_config, start_haproxy
-from caravan.stack.processes import free_port, spawn
+from caravan.stack.processes import StartupFailed, free_port, spawn
 from core.settings import load_settings
-from gateway.apps.ingress_config import IngressConfig, IngressPaths, write_files
+from gateway.apps.ingress_config import SOCKET_PATH_MAX, IngressConfig, IngressPaths, write_files
 
 ROUNDS = 8
 
@@ -171,3 +171,17 @@ def test_a_link_to_an_ended_haproxy_is_no_handover(
     second = start()
     assert paths.own_sockets() == [second.runtime] and paths.socket.resolve() == second.runtime
     assert listeners(wanted.port) == 1
+
+
+def test_a_haproxys_runtime_socket_is_no_longer_than_the_link_to_it(
+    state: Path, wanted: IngressConfig, start: Callable[[], Haproxy]
+) -> None:
+    """HAProxy binds a unix socket path of at most 97 bytes: its own socket's path is as long as ``admin.sock``'s,
+    which a stack's state directory was chosen to fit, and a state directory too long for it is refused up front."""
+    haproxy = start()
+    paths = IngressPaths(state / "haproxy")
+    assert len(bytes(haproxy.runtime)) == len(bytes(paths.socket))
+    deep = state / ("d" * (SOCKET_PATH_MAX - len(bytes(state / "api-abcdef"))))
+    assert len(bytes(deep / "api-abcdef")) == SOCKET_PATH_MAX + 1
+    with pytest.raises(StartupFailed, match="at most 97: give it a shorter state directory"):
+        start_haproxy(wanted, deep, log=state / "deep.log")
