@@ -26,6 +26,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -98,7 +99,7 @@ class Plane(ABC):
     async def run(self) -> None:
         """Keep HAProxy while this process holds the plane's lock; whatever breaks the loop, it is set up again: the
         plane never dies silently in a task."""
-        with open(self.lock_path, "a") as lock:  # noqa: ASYNC230 (once per process, a local file)
+        with await self._lock_file() as lock:
             while True:
                 try:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -116,6 +117,20 @@ class Plane(ABC):
                     self.generation = None
                     self._change = None
                     await asyncio.sleep(RETRY)
+
+    async def _lock_file(self) -> IO[str]:
+        """The plane's lock file, opened once HAProxy's state directory exists: the ingress makes it, and may start
+        after the gateway (the deployed jobs, ``bench/chaos``'s processes). A plane that gave up here stayed down for
+        the gateway's life, and no route reached HAProxy (``bench/chaos``: ``routes_seen_live`` 0 for 120 s)."""
+        waited = False
+        while True:
+            try:
+                return open(self.lock_path, "a")  # noqa: ASYNC230 (once per process, a local file)
+            except FileNotFoundError:
+                if not waited:
+                    log.info("%s: waiting for HAProxy's state directory (%s)", self.name, Path(self.lock_path).parent)
+                    waited = True
+                await asyncio.sleep(RETRY)
 
     async def _loop(self) -> None:
         last_check = last_sample = 0.0

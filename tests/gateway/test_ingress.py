@@ -11,8 +11,10 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import stat
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,8 +31,9 @@ from core.settings import Settings
 from domain.apps import app_host
 from domain.model import Session, SessionStatus
 from gateway.apps import control, plane
-from tests.harness import ADMIN_TOKEN, Caravan
-from tests.ingress import Ingress, caravan_behind_haproxy, gateway_behind, haproxy_for, running_app
+from gateway.apps.ingress_config import IngressPaths
+from tests.harness import ADMIN_TOKEN, Caravan, running_caravan
+from tests.ingress import Ingress, caravan_behind_haproxy, gateway_behind, haproxy_for, running_app, with_ingress
 
 BOUND = 5.0
 """Seconds a change may take to reach HAProxy here (it takes milliseconds; bench/app_proxy measures it): a busy
@@ -151,6 +154,31 @@ async def test_a_fresh_haproxy_lets_nobody_in_until_the_control_plane_built_it(
     ingress.service.process.wait(10)
     ingress.start()
     await until_status(ingress, host, alice, 200)
+
+
+async def test_a_gateway_started_before_its_haproxy_keeps_it_once_it_runs(
+    redis_settings: Settings, upstreams: tuple[Upstream, Upstream]
+) -> None:
+    """The gateway's control planes start before HAProxy has made its state directory (the ingress and the gateways
+    start at once: the deployed jobs, bench/chaos): they wait for it, and keep HAProxy once it runs. (Before, each
+    plane's task died opening its lock file there, and no route ever reached HAProxy.)"""
+    scratch = Path(tempfile.mkdtemp(prefix="cvh-", dir="/tmp"))  # a unix socket path has at most 97 bytes
+    state_dir, port, gateway_port = scratch / "later", free_port(), free_port()
+    settings = with_ingress(redis_settings, state_dir, port)
+    ingress = Ingress(settings, IngressPaths(state_dir), port, gateway_port, None)  # type: ignore[arg-type]
+    try:
+        async with running_caravan(settings, port=gateway_port, scheduler=False) as caravan:
+            await asyncio.sleep(2 * plane.RETRY)  # the planes have started, and found no state directory
+            assert not state_dir.exists()
+            ingress.start()
+            await ingress.built()
+            alice = await caravan.user("alice")
+            [host] = await started(caravan, running_app("alice", upstreams[0].port))
+            await until_status(ingress, host, alice, 200)
+    finally:
+        if ingress.service is not None:
+            ingress.service.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 async def test_request_smuggling_is_refused_or_neutralized(
