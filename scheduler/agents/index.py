@@ -120,6 +120,16 @@ def _below(bucket: vec[i64], at: i64, key: vec[i64], stride: i64) -> bool:
     return False
 
 
+def _after(bucket: vec[i64], at: i64, key: vec[i64], stride: i64) -> bool:
+    """Whether key ``at`` of ``bucket`` sorts after ``key``."""
+    base = at * stride
+    for word in range(stride):
+        mine, theirs = bucket[base + word], key[word]
+        if mine != theirs:
+            return mine > theirs
+    return False
+
+
 def _bisect(bucket: vec[i64], key: vec[i64], stride: i64) -> i64:
     """The first key of ``bucket`` not before ``key`` (an index of keys, not words)."""
     low: i64 = 0
@@ -174,6 +184,8 @@ def _deleted(bucket: vec[i64], at: i64, stride: i64) -> vec[i64]:
 
 _BLOCK = 8
 """Buckets per block of ``_Tier.blocks``."""
+CHUNK = 64
+"""Keys per chunk of a dispersed bucket when a tier is built; a chunk grown to twice that is split in two."""
 _EMPTY = -1
 """The last top word of an empty bucket (``_Tier``): below every word, so skipped as short of every amount."""
 
@@ -195,21 +207,43 @@ class _Tier:
     Only concentrated tiers keep ``lasts`` and ``blocks`` (``blocked``): a dispersed search mostly finds its agent in
     the first bucket it looks at (it starts where the same request last found one), and its placements take the
     last key of a bucket, so their upkeep cost more than it saved (measured: slower in a same-run A/B). A dispersed
-    tier reads a bucket's last key itself and drops a bucket that empties."""
+    tier reads a bucket's last key itself and drops a bucket that empties.
 
-    __slots__ = ("blocked", "blocks", "lasts", "lists", "starts", "stride", "values")
+    A dispersed bucket is held in chunks (``chunk`` keys each when built, split in two at twice that): consecutive
+    entries of ``values`` and ``lists`` with the same value, the largest keys first, so that walking the positions
+    forward and each chunk back to front reads the bucket in its order. A placement puts the agent's key back into
+    the bucket of its smaller amount, where an insertion moved a third of the bucket (some 130 keys at 100,000 x
+    10,000, the pass's largest single cost in instructions: 18 % of ``drf/dispersed/greedy``, bench/README.md); in a
+    chunk it moves a third of at most ``2 * chunk``. A concentrated placement mostly appends, so its buckets stay
+    whole."""
 
-    def __init__(self, keys: list[tuple[int, tuple[int, ...]]], stride: i64, blocked: bool = True) -> None:
+    __slots__ = ("blocked", "blocks", "chunk", "lasts", "lists", "starts", "stride", "values")
+
+    def __init__(
+        self, keys: list[tuple[int, tuple[int, ...]]], stride: i64, blocked: bool = True, chunk: i64 = CHUNK
+    ) -> None:
         """``keys``: (bucket value, in-bucket key as ``stride`` words) pairs."""
-        self.stride, self.blocked = stride, blocked
+        self.stride, self.blocked, self.chunk = stride, blocked, chunk
         self.values: list[int] = []
         self.lists: vec[vec[i64]] = vec[vec[i64]]()  # nested: a bucket stored back is no new object
-        for value, words in sorted(keys):
-            if not self.values or self.values[-1] != value:
+        ordered = sorted(keys)
+        first = 0
+        while first < len(ordered):
+            value, end = ordered[first][0], first + 1
+            while end < len(ordered) and ordered[end][0] == value:
+                end += 1
+            # one bucket; dispersed: chunks of ``chunk`` keys from its end (its largest keys first)
+            step = end - first if blocked else chunk
+            top = end
+            while top > first:
+                bottom = max(first, top - step)
+                bucket = vec[i64]()
+                for index in range(bottom, top):
+                    bucket = extend(bucket, ordered[index][1])
                 self.values.append(value)
-                self.lists = append(self.lists, vec[i64]())
-            last = len(self.lists) - 1
-            self.lists[last] = extend(self.lists[last], words)
+                self.lists = append(self.lists, bucket)
+                top = bottom
+            first = end
         self.lasts = [bucket[len(bucket) - stride] for bucket in self.lists] if blocked else []
         self.blocks: list[int] = []
         self._reblock()
@@ -218,7 +252,18 @@ class _Tier:
     def remove(self, value: int, key: vec[i64]) -> None:
         """Take ``key`` out of bucket ``value``."""
         position = bisect_left(self.values, value)
+        if not self.blocked:
+            position = self._chunk_of(position, key)
         self.remove_at(position, _bisect(self.lists[position], key, self.stride))
+
+    def _chunk_of(self, position: i64, key: vec[i64]) -> i64:
+        """Dispersed: the chunk of the bucket starting at ``position`` where ``key`` is or belongs (the first whose
+        first key is not after it; the bucket's last chunk otherwise)."""
+        values, lists, stride = self.values, self.lists, self.stride
+        value = values[position]
+        while position + 1 < len(values) and values[position + 1] == value and _after(lists[position], 0, key, stride):
+            position += 1
+        return position
 
     def remove_at(self, position: i64, at: i64) -> None:
         """Take key ``at`` out of bucket ``position`` (where a search just found it, or bisected)."""
@@ -242,13 +287,30 @@ class _Tier:
                 self.lasts.insert(position, key[0])
                 self._reblock()
             return
+        if not self.blocked:
+            self._add_to_chunk(self._chunk_of(position, key), key)
+            return
         bucket = self.lists[position]
         size = len(bucket)
-        if self.blocked and (not size or _below(bucket, size // stride - 1, key, stride)):
+        if not size or _below(bucket, size // stride - 1, key, stride):
             self.lists[position] = extend(bucket, key)  # mostly (the agent placed had the most it needed)
             self._set_last(position, key[0])
         else:
             self.lists[position] = _inserted(bucket, _bisect(bucket, key, stride), key, stride)
+
+    def _add_to_chunk(self, position: i64, key: vec[i64]) -> None:
+        """Dispersed: ``key`` into chunk ``position``; a chunk grown to ``2 * chunk`` keys is split in two, its larger
+        half first."""
+        stride = self.stride
+        bucket = self.lists[position]
+        bucket = _inserted(bucket, _bisect(bucket, key, stride), key, stride)
+        if len(bucket) < 2 * self.chunk * stride:
+            self.lists[position] = bucket
+            return
+        half = len(bucket) // stride // 2 * stride
+        self.lists[position] = bucket[half:]
+        self.values.insert(position + 1, self.values[position])
+        self.lists = _bucket_inserted(self.lists, position + 1, bucket[:half])
 
     def _set_last(self, position: int, last: int) -> None:
         """Bucket ``position`` ends with a key whose first word is ``last`` now (``_EMPTY``: it is empty)."""
@@ -325,9 +387,11 @@ class PackingIndex:
         members: Iterable[tuple[int, int]],
         avail: vec[vec[i64]],
         capacity: list[list[int]],
+        chunk: i64 = CHUNK,
     ) -> None:
         """``members``: (agent ordinal, unused accelerator kinds) of every agent having all ``positions``;
-        ``avail`` and ``capacity``: every agent's amounts (``avail`` is read, never written)."""
+        ``avail`` and ``capacity``: every agent's amounts (``avail`` is read, never written); ``chunk``: keys per
+        chunk of a dispersed bucket (``_Tier``)."""
         self.positions = positions
         self.direction = direction
         listed = list(members)
@@ -345,7 +409,9 @@ class PackingIndex:
         for ordinal, tier in listed:
             value = encoding.encode(ordinal, avail[ordinal], self._key)
             keys_by_tier.setdefault(tier, []).append((value, tuple(self._key)))
-        tiers = {tier: _Tier(keys, encoding.stride, direction == CONCENTRATED) for tier, keys in keys_by_tier.items()}
+        tiers = {
+            tier: _Tier(keys, encoding.stride, direction == CONCENTRATED, chunk) for tier, keys in keys_by_tier.items()
+        }
         self._tier_order = [tiers[tier] for tier in sorted(tiers)]
         for ordinal, tier in listed:
             self._tier_of[ordinal] = tiers[tier]

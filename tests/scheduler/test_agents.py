@@ -19,7 +19,7 @@ from domain.agents import Agent
 from domain.scheduling_config import GroupConfig
 from scheduler.agents import UnknownSelectorError, load_plugin_selectors, roundrobin
 from scheduler.agents.base import AgentView, SelectionRequest, SelectorConfig
-from scheduler.agents.index import CONCENTRATED, DISPERSED, PackingIndex, _Tier
+from scheduler.agents.index import CHUNK, CONCENTRATED, DISPERSED, PackingIndex, _Tier
 from scheduler.agents.occupancy import pareto_front
 from scheduler.agents.ranking import order_slots
 from scheduler.pass_model import ClusterMode, PassConfig, WaitKind
@@ -333,21 +333,23 @@ def test_roundrobin_over_candidates_picks_what_a_scan_of_every_agent_picks(start
     assert roundrobin.select(6, start, set().__contains__, candidates) == (None, start % 6)
 
 
+@pytest.mark.parametrize("chunk", [1, 3, CHUNK])
 @pytest.mark.parametrize("direction", [CONCENTRATED, DISPERSED])
 @pytest.mark.parametrize("seed", range(4))
 def test_a_packing_index_moved_where_its_searches_found_agents_answers_as_one_built_afresh(
-    direction: int, seed: int
+    direction: int, seed: int, chunk: int
 ) -> None:
     """A placement takes the agent's key out of its bucket where the search just found it; a change of an agent the
     last search did not find (or one after a search that found nothing) takes the key its old amounts give. After a
     seeded mix of both, amounts going down and, now and then, back up, every search answers as an index built from
-    the final amounts, and its buckets hold exactly that index's keys."""
+    the final amounts (with the default chunks), and its buckets hold exactly that index's keys. Dispersed buckets
+    in chunks of 1 and 3 keys split and empty chunks all along."""
     rng = random.Random(seed * 2 + direction)
     positions = (0, 1, 2)
     capacity = [[rng.choice([8000, 16000]), rng.choice([16000, 64000]), rng.choice([2000, 4000])] for _ in range(60)]
     avail = vec[vec[i64]](vec[i64](vector) for vector in capacity)
     members = [(ordinal, rng.choice([0, 1])) for ordinal in range(len(avail)) if rng.random() < 0.9]
-    index = PackingIndex(positions, direction, members, avail, capacity)
+    index = PackingIndex(positions, direction, members, avail, capacity, chunk)
     needs = [(cpu, mem, gpu) for cpu in (500, 1000, 2000) for mem in (1000, 4000, 8000) for gpu in (0, 500)]
     hinted = given_back = 0
     for _ in range(600):
@@ -376,17 +378,25 @@ def test_a_packing_index_moved_where_its_searches_found_agents_answers_as_one_bu
 
 def _buckets(tier: _Tier) -> list[tuple[int, list[tuple[int, ...]]]]:
     """The tier's buckets that are not empty, each key as its tuple of words, checked against each other and against
-    ``lasts`` and ``blocks``."""
-    assert tier.values == sorted(set(tier.values)) and len(tier.lists) == len(tier.values)
+    ``lasts`` and ``blocks``; a dispersed bucket's chunks joined, checked to be in order (largest keys first) and of
+    1 to ``2 * chunk - 1`` keys."""
+    assert tier.values == sorted(tier.values) and len(tier.lists) == len(tier.values)
     buckets = [_keys(bucket, tier.stride) for bucket in tier.lists]
+    assert all(bucket == sorted(bucket) for bucket in buckets)
     if tier.blocked:
+        assert tier.values == sorted(set(tier.values))
         assert tier.lasts == [bucket[-1][0] if bucket else -1 for bucket in buckets]
         assert len(tier.blocks) == (len(tier.lasts) + 7) // 8
         assert all(bound >= max(tier.lasts[block * 8 : block * 8 + 8]) for block, bound in enumerate(tier.blocks))
-    else:
-        assert all(buckets) and tier.lasts == tier.blocks == []
-    assert all(bucket == sorted(bucket) for bucket in buckets)
-    return [(value, bucket) for value, bucket in zip(tier.values, buckets, strict=True) if bucket]
+        return [(value, bucket) for value, bucket in zip(tier.values, buckets, strict=True) if bucket]
+    assert tier.lasts == tier.blocks == []
+    assert all(0 < len(chunk) < 2 * tier.chunk for chunk in buckets)
+    joined: dict[int, list[tuple[int, ...]]] = {}
+    for value, chunk in zip(tier.values, buckets, strict=True):
+        earlier = joined.setdefault(value, [])
+        assert not earlier or chunk[-1] < earlier[0]  # a later chunk holds smaller keys
+        joined[value] = chunk + earlier
+    return list(joined.items())
 
 
 def _keys(bucket: vec[i64], stride: int) -> list[tuple[int, ...]]:
@@ -418,6 +428,27 @@ def test_a_tier_empties_and_fills_buckets() -> None:
     assert _buckets(tier) == [(1, [(10, 0), (15, 5), (30, 2)]), (3, [(33, 1), (33, 7), (36, 4)])]
     assert tier.values == [1, 2, 3]  # bucket 2 emptied, and stays
     assert tier.lasts == [30, -1, 36]
+
+
+def test_a_dispersed_bucket_is_held_in_chunks_its_largest_keys_first() -> None:
+    tier = _Tier([*[(1, (k, k)) for k in range(5)], (2, (7, 9))], 2, blocked=False, chunk=2)
+    assert tier.values == [1, 1, 1, 2]
+    assert [_keys(chunk, 2) for chunk in tier.lists] == [[(3, 3), (4, 4)], [(1, 1), (2, 2)], [(0, 0)], [(7, 9)]]
+    tier.add(1, _key(5, 10))  # after every key: into the first chunk
+    tier.add(1, _key(4, 5))  # the first chunk has 2 * chunk keys: split, its larger half first
+    tier.add(1, _key(0, 1))  # before every key: into the last chunk
+    assert [_keys(chunk, 2) for chunk in tier.lists] == [
+        [(4, 5), (5, 10)],
+        [(3, 3), (4, 4)],
+        [(1, 1), (2, 2)],
+        [(0, 0), (0, 1)],
+        [(7, 9)],
+    ]
+    tier.remove(1, _key(1, 1))  # found in the third chunk
+    tier.remove_at(3, 0)  # (0, 0), where a search found it
+    tier.remove(1, _key(0, 1))  # its chunk empties, and goes
+    assert tier.values == [1, 1, 1, 2]
+    assert _buckets(tier) == [(1, [(2, 2), (3, 3), (4, 4), (4, 5), (5, 10)]), (2, [(7, 9)])]
 
 
 @pytest.mark.parametrize("seed", range(3))
