@@ -251,6 +251,46 @@ async def gateway_process(redis_settings: Settings) -> AsyncIterator[tuple[Ingre
             process.wait()
 
 
+async def held_request(redis_settings: Settings, ingress: Ingress) -> tuple[asyncio.Task[bytes], Session]:
+    """A request for a cold endpoint (its one replica's check has not passed: nothing routable), sent through
+    ``ingress`` as a task, once the activator holds it."""
+    keys = Keys(redis_settings.redis.prefix)
+    redis = redis_client(redis_settings.redis)
+    try:
+        session = inference("alice", 9)
+        session = session.evolve(kernels=(dataclasses.replace(session.kernels[0], healthy=False),))
+        await SessionStore(redis, keys).create([session])
+        await EndpointAccessStore(redis, keys).set_public(session.id, True)
+        host = endpoint_host(session.id, redis_settings.gateway.apps_domain)
+        held = asyncio.create_task(asyncio.to_thread(raw, ingress.port, request(host, None), wait=60))
+        deadline = time.monotonic() + 60
+        while (load := (await read_loads(redis, keys)).get(session.id)) is None or load.held != 1:
+            assert time.monotonic() < deadline and not held.done(), (load, held.done() and held.result()[:300])
+            await asyncio.sleep(0.1)
+        return held, session
+    finally:
+        await redis.aclose()
+
+
+async def test_a_request_held_when_its_gateway_stops_is_answered_unavailable_not_500(
+    redis_settings: Settings, gateway_process: tuple[Ingress, subprocess.Popen[bytes]]
+) -> None:
+    """A gateway stopped (SIGTERM) while its activator holds a request for a cold endpoint: uvicorn cancels the
+    request once its grace (``SHUTDOWN_GRACE``) is over, and the client gets ``503 UNAVAILABLE`` with Retry-After, a
+    typed answer it can retry on (it got uvicorn's plain-text ``500 Internal Server Error``: bench/chaos in CI)."""
+    ingress, process = gateway_process
+    held, _ = await held_request(redis_settings, ingress)
+    process.send_signal(signal.SIGTERM)
+    answer = await held
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), answer[:400]
+    assert b"\r\nretry-after: 1" in head.lower(), head
+    assert json.loads(body)["error"]["code"] == "UNAVAILABLE", body
+    assert process.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn raises the signal it caught once stopped
+    log = (redis_settings.home / "gateway.log").read_text()
+    assert "Exception in ASGI application" not in log, log[-3000:]
+
+
 async def test_the_held_count_is_right_again_after_a_gateway_killed_while_holding(
     redis_settings: Settings, gateway_process: tuple[Ingress, subprocess.Popen[bytes]]
 ) -> None:
@@ -261,19 +301,7 @@ async def test_the_held_count_is_right_again_after_a_gateway_killed_while_holdin
     keys = Keys(redis_settings.redis.prefix)
     redis = redis_client(redis_settings.redis)
     try:
-        session = inference("alice", 9)  # its one replica's check has not passed: nothing routable, the activator holds
-        session = session.evolve(kernels=(dataclasses.replace(session.kernels[0], healthy=False),))
-        store = SessionStore(redis, keys)
-        await store.create([session])
-        access = EndpointAccessStore(redis, keys)
-        await access.set_public(session.id, True)
-        host = endpoint_host(session.id, redis_settings.gateway.apps_domain)
-        held = asyncio.create_task(asyncio.to_thread(raw, ingress.port, request(host, None), wait=60))
-        deadline = time.monotonic() + 60
-        while (load := (await read_loads(redis, keys)).get(session.id)) is None or load.held != 1:
-            assert time.monotonic() < deadline and not held.done(), (load, held.done() and held.result()[:300])
-            await asyncio.sleep(0.1)
-
+        held, session = await held_request(redis_settings, ingress)
         process.send_signal(signal.SIGKILL)
         process.wait()
         await held  # HAProxy lost the activator's connection
