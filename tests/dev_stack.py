@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,18 @@ def three_free_ports() -> int:
                 continue
             return port
     raise AssertionError("no three free ports in a row")
+
+
+@contextlib.contextmanager
+def stack_home() -> Iterator[Path]:
+    """A state directory for a stack, short as ``./ops/dev``'s ``.caravan`` is: its HAProxy's unix sockets must fit in
+    97 bytes (``SOCKET_PATH_MAX``), which a test's own temporary directory outgrew under a worker of the suite's
+    (``.../popen-gw0/<test>/``)."""
+    folder = Path(tempfile.mkdtemp(prefix="cvs-", dir="/tmp"))
+    try:
+        yield folder / "home"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class Stack:

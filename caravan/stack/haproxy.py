@@ -17,6 +17,7 @@ from caravan.stack.processes import Service, StartupFailed, spawn, wait_until
 from core.secrets import ensure_app_cookie_key
 from core.settings import Settings
 from gateway.apps.ingress_config import SOCKET_PATH_MAX, IngressConfig, IngressPaths, write_files
+from gateway.endpoints.ingress import activator_socket
 
 
 def ingress_config(settings: Settings, port: int, gateway_port: int) -> IngressConfig:
@@ -54,11 +55,13 @@ def start_haproxy(
     own = paths.own_socket(secrets.token_hex(3))
     while own.exists():
         own = paths.own_socket(secrets.token_hex(3))
-    if len(bytes(own)) > SOCKET_PATH_MAX:
-        raise StartupFailed(
-            f"HAProxy's runtime socket {own} would be {len(bytes(own))} bytes long; HAProxy takes at most "
-            f"{SOCKET_PATH_MAX}: give it a shorter state directory (CARAVAN_INGRESS_DIR)"
-        )
+    # its unix sockets: its runtime API, which it binds, and the activator's, which it connects to (the longest)
+    for path in (own, activator_socket(state_dir)):
+        if len(bytes(path)) > SOCKET_PATH_MAX:
+            raise StartupFailed(
+                f"HAProxy's unix socket {path} would be {len(bytes(path))} bytes long; HAProxy takes at most "
+                f"{SOCKET_PATH_MAX}: give it a shorter state directory (CARAVAN_INGRESS_DIR)"
+            )
     write_files(config, paths, own, maps)
     for stale in paths.own_sockets():
         if stale != own and not _answers(stale):

@@ -11,7 +11,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from core.secrets import nomad_token_path, read_secret
 from core.settings import NomadSettings
 from tests.conftest import DEFAULT_IMAGE, DOCKER, STACK
-from tests.dev_stack import CREATE, Stack
+from tests.dev_stack import CREATE, Stack, stack_home
 
 pytestmark = [
     pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad"),
@@ -36,14 +35,13 @@ SESSION = """query($id: ID!) { session(id: $id) { status waitReasons mainKernel 
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
+def stack() -> Iterator[Stack]:
     """What ./ops/dev exports from ops/'s stack file for Docker, and nothing that opens raw_exec to sessions."""
-    running = Stack(
-        tmp_path / "home", CARAVAN_DOCKER_AVAILABLE="1", CARAVAN_PAUSE_IMAGE=STACK.get("CARAVAN_PAUSE_IMAGE", "")
-    )
-    assert "CARAVAN_ENABLE_RAW_EXEC" not in running.env
-    yield running
-    running.reset()
+    with stack_home() as home:
+        running = Stack(home, CARAVAN_DOCKER_AVAILABLE="1", CARAVAN_PAUSE_IMAGE=STACK.get("CARAVAN_PAUSE_IMAGE", ""))
+        assert "CARAVAN_ENABLE_RAW_EXEC" not in running.env
+        yield running
+        running.reset()
 
 
 def until(stack: Stack, query: str, variables: dict[str, Any], done: Any, timeout: float = 120) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from caravan.stack.haproxy import Haproxy, ingress_config, start_haproxy
 from caravan.stack.processes import StartupFailed, free_port, spawn
 from core.settings import load_settings
 from gateway.apps.ingress_config import SOCKET_PATH_MAX, IngressConfig, IngressPaths, write_files
+from gateway.endpoints.ingress import activator_socket
 
 ROUNDS = 8
 
@@ -184,4 +185,11 @@ def test_a_haproxys_runtime_socket_is_no_longer_than_the_link_to_it(
     deep = state / ("d" * (SOCKET_PATH_MAX - len(bytes(state / "api-abcdef"))))
     assert len(bytes(deep / "api-abcdef")) == SOCKET_PATH_MAX + 1
     with pytest.raises(StartupFailed, match="at most 97: give it a shorter state directory"):
+        start_haproxy(wanted, deep, log=state / "deep.log")
+    # the activator's socket, which HAProxy connects to, is the longest: a directory where only it is too long is
+    # refused too (before, HAProxy exited at start on it, "socket path too long": found with the suite's workers)
+    deep = state / ("d" * (SOCKET_PATH_MAX - len(bytes(state / "activator.sock"))))
+    assert len(bytes(activator_socket(deep))) == SOCKET_PATH_MAX + 1
+    assert len(bytes(deep / "api-abcdef")) < SOCKET_PATH_MAX
+    with pytest.raises(StartupFailed, match="activator.sock would be 98 bytes long"):
         start_haproxy(wanted, deep, log=state / "deep.log")

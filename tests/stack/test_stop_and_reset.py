@@ -18,7 +18,7 @@ from caravan.stack.session_network import recorded_network
 from node_plugins.namespace_pool import Client, make
 from nomad_jobs.namespace_keeper import LABEL
 from tests.conftest import DOCKER, STACK
-from tests.dev_stack import Stack
+from tests.dev_stack import Stack, stack_home
 
 pytestmark = [
     pytest.mark.skipif("CARAVAN_NOMAD_HOME" not in STACK, reason="ops/install-nomad builds Nomad"),
@@ -45,10 +45,11 @@ def bridge_exists(name: str) -> bool:
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    running = Stack(tmp_path / "home")
-    yield running
-    running.reset()
+def stack() -> Iterator[Stack]:
+    with stack_home() as home:
+        running = Stack(home)
+        yield running
+        running.reset()
 
 
 def test_stop_releases_ended_allocations_mounts_sessions_survive_and_reset_leaves_nothing(stack: Stack) -> None:
