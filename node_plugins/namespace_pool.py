@@ -26,7 +26,7 @@ import json
 import os
 import subprocess
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +125,13 @@ def labelled(label: str, value: str, *, also: tuple[str, str] | None = None) -> 
         if name.startswith(PREFIX) and (not also or given in ("", wanted)):
             found.append(name)
     return found
+
+
+def running(names: Collection[str]) -> set[str]:
+    """Those of the pooled namespaces ``names`` whose pause container runs. One that stopped (its Docker daemon
+    restarted, the container killed) holds no namespace any more: a kernel cannot join it."""
+    listed = _docker("ps", "--filter", "label=caravan.pool=1", "--format", "{{.Names}}")
+    return set(listed.split()) & set(names)
 
 
 def make(

@@ -14,7 +14,9 @@ keeper follows its node's allocations (a blocking query) and, for each pooled na
   ended), gone or dead, never offered again (a failed allocation that Nomad replaces keeps it for the replacement, which
   is the same session's);
 - neither free, nor named, nor bound for :data:`UNCLAIMED_GRACE` seconds (claimed by a placement that was never
-  written, or the keeper restarted): deleted.
+  written, or the keeper restarted): deleted;
+- free, with its pause container stopped (the Docker daemon restarted): taken back from the free set and deleted, at
+  the keeper's start and every :data:`CHECK_PERIOD` seconds; a fresh one takes its place.
 
 Until bound, a pooled namespace is isolated like a session's only kernel; a claimed one that is never bound publishes
 nothing and reaches nothing. The keeper writes no Nomad job (only the scheduler's job owner does): it reads its node's
@@ -42,7 +44,7 @@ from core.keys import Keys
 from core.replies import texts
 from core.retry import stop_if_cancelled
 from node_plugins.cni_isolation import Membership, PluginError, pool_key, published_ports
-from node_plugins.namespace_pool import PREFIX, Client, Pooled, PoolError, bind, delete, labelled, make
+from node_plugins.namespace_pool import PREFIX, Client, Pooled, PoolError, bind, delete, labelled, make, running
 from nomad_jobs.client import Json, NomadClient, NomadNotFound
 from nomad_jobs.kernel_network import POOLED_HOSTNAME
 
@@ -63,6 +65,8 @@ UNCLAIMED_GRACE = 600.0
 REFILL_DELAY = 2.0
 """Seconds after a namespace was claimed before a fresh one is made: not while the kernel that claimed it starts
 (making one costs a pause container and the CNI chain, 0.2-0.3 s of the host's CPU)."""
+CHECK_PERIOD = 5.0
+"""Seconds between two looks at the free namespaces' pause containers (:meth:`NamespaceKeeper.drop_stopped`)."""
 ENDED = frozenset({"complete", "failed", "lost"})
 """Allocation client statuses whose tasks are gone."""
 
@@ -178,9 +182,11 @@ class NamespaceKeeper:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._follow())
             tasks.create_task(self._fill())
+            tasks.create_task(self._check())
 
     async def recover(self) -> None:
-        """After a start: our pause containers found again; free-set entries whose container is gone removed."""
+        """After a start: our pause containers found again; free-set entries whose container is gone removed, and
+        free ones whose container stopped deleted (:meth:`drop_stopped`)."""
         # ours: of this node and this free set (or made by a keeper from before POOL_LABEL, which only knew the node)
         listed = await asyncio.to_thread(labelled, LABEL, self.node_id, also=(POOL_LABEL, self.key))
         now = time.monotonic()
@@ -188,6 +194,34 @@ class NamespaceKeeper:
         stale = set(texts(await self.redis.smembers(self.key))) - self.ours.keys()
         if stale:
             await self.redis.srem(self.key, *stale)
+        await self.drop_stopped()
+
+    async def drop_stopped(self) -> list[str]:
+        """Our free namespaces whose pause container stopped (the Docker daemon restarted, the container killed),
+        taken back from the free set and deleted; the pool is refilled. Handed out, one of them failed its session's
+        start ("cannot join network of a non running container": found on a dev stack after a restart of Docker).
+        One a placement claims meanwhile is its session's (the ``SREM`` decides who has it)."""
+        free = set(texts(await self.redis.smembers(self.key))) & self.ours.keys()
+        if not free:
+            return []
+        stopped = free - await asyncio.to_thread(running, free)
+        dropped = []
+        for name in sorted(stopped):
+            if await self.redis.srem(self.key, name):
+                log.warning("namespace-keeper: %s's pause container is not running: deleted, to be replaced", name)
+                await self._delete(name)
+                dropped.append(name)
+        return dropped
+
+    async def _check(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_PERIOD)
+            stop_if_cancelled()
+            try:
+                await self.drop_stopped()
+            except Exception as exc:  # as in _follow: Redis or Docker failing once is logged, looked at again later
+                stop_if_cancelled(exc)
+                log.warning("namespace-keeper: the free namespaces not checked: %r", exc)
 
     def bound_ports(self, name: str) -> frozenset[tuple[str, int, int]] | None:
         """The ports a bound namespace publishes (as :func:`ports_of`); None while it is not bound."""

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -24,7 +25,7 @@ from caravan.stack.processes import free_port
 from core.replies import text_set
 from node_plugins.cni_isolation import Membership, session_key
 from node_plugins.namespace_pool import Client, make
-from nomad_jobs.namespace_keeper import LABEL, NamespaceKeeper
+from nomad_jobs.namespace_keeper import CHECK_PERIOD, LABEL, NamespaceKeeper
 from tests.conftest import DEFAULT_IMAGE, STACK
 from tests.e2e.test_preferred_port import APPS, page, serving
 from tests.e2e.test_published_ports import DESTROY, published_elements, refused
@@ -56,6 +57,11 @@ def kernel_hostname(alloc_id: str | None) -> str:
     assert len(found) == 1, found
     done = subprocess.run(["docker", "exec", found[0], "hostname"], capture_output=True, text=True, check=True)
     return done.stdout.strip()
+
+
+async def stop_container(name: str) -> None:
+    """Kill the container ``name``, as a restart of the Docker daemon does."""
+    await asyncio.to_thread(subprocess.run, ["docker", "kill", name], check=True, capture_output=True)
 
 
 async def free(caravan: Caravan, keeper: NamespaceKeeper) -> set[str]:
@@ -111,6 +117,26 @@ async def test_a_session_runs_in_a_pooled_namespace_bound_to_it_then_deleted_and
     _, again, port = await running(caravan, "next")
     assert pooled_in(again) == fresh  # the next session gets the fresh one, never the one deleted
     assert "served by next" in await page(caravan, port)
+
+
+async def test_a_free_namespace_whose_pause_container_stopped_is_replaced_never_handed_out(
+    caravan: Caravan, pool_of_one: NamespaceKeeper
+) -> None:
+    """The free namespace's pause container stopped (what a restart of the Docker daemon does to every one): the
+    keeper takes it back from the free set, deletes it and makes a fresh one, and the next docker session runs in the
+    fresh one. Before, it stayed free, and the session given it ended ERROR ("cannot join network of a non running
+    container", on a dev stack after Docker was restarted)."""
+    [stopped] = await free(caravan, pool_of_one)
+    await stop_container(stopped)
+    deadline = time.monotonic() + CHECK_PERIOD + 30
+    while (offered := await free(caravan, pool_of_one)) in ({stopped}, set()):
+        assert time.monotonic() < deadline, offered
+        await asyncio.sleep(0.2)
+    [fresh] = offered
+    assert fresh != stopped and not exists(stopped)
+    _, job_hcl, port = await running(caravan, "fresh")
+    assert pooled_in(job_hcl) == fresh
+    assert "served by fresh" in await page(caravan, port)
 
 
 async def test_with_the_pool_empty_a_session_takes_todays_path(caravan: Caravan, pool_of_one: NamespaceKeeper) -> None:
@@ -255,6 +281,35 @@ async def test_a_keeper_finds_its_own_namespaces_again_never_another_deployments
     finally:
         await first.delete_all()
         await other.delete_all()
+        await again.delete_all()
+    assert removed_containers(node) == []
+
+
+async def test_a_keeper_started_again_deletes_its_free_namespaces_whose_pause_container_stopped(
+    caravan: Caravan, nomad_agent: NomadAgent
+) -> None:
+    """A keeper that starts after the Docker daemon restarted (every pause container stopped meanwhile): the free
+    namespaces it finds again are checked before any is offered; the stopped ones leave the free set and are
+    deleted."""
+    assert nomad_agent.network is not None
+    client = Client(nomad_agent.network.conflist(), nomad_agent.network.cni_path)
+    node = f"test-{uuid.uuid4().hex[:8]}"
+
+    def keeper() -> NamespaceKeeper:
+        keys = caravan.store.keys
+        return NamespaceKeeper(client, caravan.nomad, caravan.store.redis, keys, node, 2, STACK["CARAVAN_PAUSE_IMAGE"])
+
+    first, again = keeper(), keeper()
+    try:
+        made = [await first._make() for _ in range(2)]
+        for pooled in made:
+            await first._offer(pooled.name)
+        await stop_container(made[0].name)
+        await again.recover()
+        assert await free(caravan, again) == {made[1].name} and set(again.ours) == {made[1].name}
+        assert not exists(made[0].name)
+    finally:
+        await first.delete_all()
         await again.delete_all()
     assert removed_containers(node) == []
 
