@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from caravan.stack.nomad_agent import NomadAgent, start_nomad_dev
+from caravan.stack.nomad_agent import NomadAgent, cgroup_parent, start_nomad_dev
 from caravan.stack.processes import Service, free_port
 from caravan.stack.redis_server import start_redis
 from core.keys import Keys
@@ -33,6 +33,7 @@ from tests.harness import Caravan, running_caravan
 from tests.module_durations import ModuleDurations
 from tests.no_nomad import NoNomad
 from tests.tiers import Tiers
+from tests.workers import controller_setup
 
 
 def _stack_env() -> dict[str, str]:
@@ -48,6 +49,9 @@ DEFAULT_IMAGE = STACK.get("CARAVAN_DEFAULT_IMAGE", "")
 QEMU_IMAGES = qemu_images_of(STACK)
 """VM images for the qemu driver (ops/build-vm-image); the driver is wanted only when QEMU and an image exist."""
 QEMU = bool(shutil.which("qemu-system-x86_64")) and bool(QEMU_IMAGES)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+"""This process's name among the suite's workers (``ops/test`` runs ``pytest -n``): each starts its own Redis and
+Nomad agent when its tests need them."""
 UI = bool(shutil.which("chromium")) and bool(shutil.which("chromedriver")) and web.built()
 """The web UI's browser tests (tests/ui/) need Debian's chromium and chromium-driver and the built UI."""
 
@@ -90,6 +94,7 @@ def nomad_agent(state_dir: Path, secrets_dir: Path) -> Iterator[NomadAgent]:
         qemu_image_dirs=tuple(Path(d) for d in QEMU_IMAGES.values()),
         pause_image=STACK.get("CARAVAN_PAUSE_IMAGE"),
         secrets_dir=secrets_dir,
+        cgroups=cgroup_parent(f"tests-{WORKER}"),  # the suite's workers (pytest -n) each run an agent
     )
     yield started
     started.stop()
@@ -168,8 +173,13 @@ async def caravan(settings: Settings) -> AsyncIterator[Caravan]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    controller_setup(config)
     config.pluginmanager.register(Tiers(docker=DOCKER, qemu=QEMU, ui=UI), "caravan-tiers")
     config.pluginmanager.register(ModuleDurations(), "caravan-module-durations")
 
 
 from tests.cluster_fixtures import nomad_cluster, on_cluster  # noqa: E402,F401  (several Nomad clients; on demand)
+
+# the multi-host cluster (one per machine): here once, not imported by each module that uses it (pytest then made a
+# fixture of it per module, and each module's start swept the one before and started another, some 20 s each)
+from tests.multihost_fixtures import multihost_cluster, on_multihost  # noqa: E402,F401

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.workers import write_groups
+
 TIER_OF_FIXTURE: Mapping[str, str] = {
     "redis_server": "redis",
     "nomad_agent": "nomad",
@@ -67,6 +69,26 @@ def mark_tiers(items: Iterable[pytest.Item], *, docker: bool, qemu: bool, ui: bo
             item.add_marker(
                 pytest.mark.skip(reason="chromium, chromedriver or the built web UI (ops/build-web) is missing")
             )
+
+
+ALONE: Mapping[str, str] = {"cluster": "cluster"}
+"""Tiers whose tests share one worker when the suite runs on several (``pytest -n``, ``tests/workers.py``): the
+multi-host cluster is one per machine (its hosts are network namespaces of fixed names), and the multi-client one
+(six Nomad clients) is started once rather than in every worker."""
+ALONE_DIRECTORIES: Mapping[str, str] = {"stack": "stack"}
+"""Directories under ``tests/`` whose tests share one worker: ``tests/stack`` starts whole stacks and stops them
+(``./ops/stop``, ``reset``), one at a time."""
+
+
+def worker_group(item: pytest.Item) -> str | None:
+    """The group of workers' tests ``item`` runs in (``xdist_group``), or None: any worker."""
+    for tier, group in ALONE.items():
+        if item.get_closest_marker(tier):
+            return group
+    parts = Path(str(item.path)).parts
+    if "tests" in parts and (index := parts.index("tests")) + 1 < len(parts):
+        return ALONE_DIRECTORIES.get(parts[index + 1])
+    return None
 
 
 def service_of(comm: bytes, argv: list[bytes]) -> str | None:
@@ -193,6 +215,7 @@ class Tiers:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         mark_tiers(items, docker=self.docker, qemu=self.qemu, ui=self.ui)
+        write_groups({item.nodeid: group for item in items if (group := worker_group(item))})
 
     def pytest_sessionstart(self) -> None:
         self.watch.start()

@@ -46,7 +46,7 @@ acl {{
 }}
 client {{
   network_interface = "lo"
-{network_config}{meta}  chroot_env {{
+{cgroup_parent}{network_config}{meta}  chroot_env {{
     "{rootfs}" = "/"
   }}
   gc_max_allocs = 2000
@@ -158,6 +158,13 @@ def _get(url: str, token: str | None = None) -> object:
         return json.loads(response.read())
 
 
+def cgroup_parent(name: str) -> str:
+    """The cgroup under which a Nomad client ``name`` puts its tasks, one of its own: two clients on one machine
+    sharing Nomad's default (``nomad.slice``, ``/nomad``) would each rewrite the other's shared cpuset."""
+    # cgroups v2 wants a systemd-style slice name, v1 a path
+    return f"caravan-{name}.slice" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else f"/caravan-{name}"
+
+
 def write_config(
     path: Path,
     *,
@@ -175,6 +182,7 @@ def write_config(
     raw_exec: bool = True,
     devices: SimDevices | None = DEFAULT_DEVICES,
     shared_daemon: bool = False,
+    cgroups: str | None = None,
 ) -> None:
     """``pause_image``: the docker driver's infra container image for kernels in a network of their own (no
     registry serves Nomad's default here; ops/build-images builds one). ``raw_exec``: whether the client runs the
@@ -182,7 +190,8 @@ def write_config(
     may use it is the namespaces' capabilities, ``caravan.stack.nomad_acl.configure``). ``devices``: the simulated
     accelerators the client offers (Caravan's device plugin, its state in ``device_dir``; None: none).
     ``shared_daemon``: other Nomad clients (the tests' agents beside the stack's) use this machine's Docker daemon
-    too (:func:`docker_plugin`)."""
+    too (:func:`docker_plugin`). ``cgroups``: the client's own cgroup parent (:func:`cgroup_parent`; None: Nomad's
+    default, as the stack's one agent has it)."""
     for directory in (data_dir, image_dir, device_dir):
         directory.mkdir(parents=True, exist_ok=True)
     path.write_text(
@@ -199,6 +208,7 @@ def write_config(
             meta=network.meta_block(),
             docker_plugin=docker_plugin(pause_image, shared_daemon=shared_daemon),
             raw_exec="true" if raw_exec else "false",
+            cgroup_parent=f'  cgroup_parent = "{cgroups}"\n' if cgroups else "",
         )
     )
 
@@ -217,6 +227,7 @@ def start_nomad_dev(
     secrets_dir: Path | None = None,
     namespace: str = "default",
     devices: SimDevices | None = DEFAULT_DEVICES,
+    cgroups: str | None = None,
 ) -> NomadAgent:
     """Start ``nomad agent -dev`` from ``nomad_home`` (bin/nomad, plugins/) on loopback ports, ACLs on, its tokens in
     ``secrets_dir`` (default ``<state_dir>/secrets``); ``raw_exec`` is disabled in ``namespace`` unless wanted."""
@@ -245,6 +256,7 @@ def start_nomad_dev(
         pause_image=pause_image,
         devices=devices,
         shared_daemon=True,  # a test's agent: ./ops/dev's, another test's, may run kernels in the same daemon
+        cgroups=cgroups,
     )
     # Nomad hands its own environment to exec and raw_exec tasks: start it with a clean one.
     service = spawn("nomad", [str(binary), "agent", "-dev", f"-config={config}"], log, env=CLEAN_ENV, clean=True)

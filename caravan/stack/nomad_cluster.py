@@ -29,7 +29,7 @@ from pathlib import Path
 
 from caravan.stack.device_plugin import DEFAULT_DEVICES, SimDevices, plugin_block, plugin_dir
 from caravan.stack.nomad_acl import PLATFORM_NAMESPACE, lock_down
-from caravan.stack.nomad_agent import CLEAN_ENV, _get, docker_plugin, drain, write_config
+from caravan.stack.nomad_agent import CLEAN_ENV, _get, cgroup_parent, docker_plugin, drain, write_config
 from caravan.stack.processes import Service, StartupFailed, free_port, spawn, wait_until
 from caravan.stack.session_network import SessionNetwork, release, session_network
 
@@ -298,7 +298,7 @@ def start_nomad_single_node(
         devices=devices,
     )
     name = f"caravan-single-{state_dir.name}"
-    (state_dir / "single.hcl").write_text(SINGLE_NODE_CONFIG.format(name=name, cgroup_parent=_cgroup_parent(name)))
+    (state_dir / "single.hcl").write_text(SINGLE_NODE_CONFIG.format(name=name, cgroup_parent=cgroup_parent(name)))
     argv = (str(binary), "agent", f"-config={state_dir / 'nomad.hcl'}", f"-config={state_dir / 'single.hcl'}")
     log = log or state_dir / "nomad.log"
     logged_before = log.stat().st_size if log.exists() else 0
@@ -357,11 +357,6 @@ def _binary(nomad_home: Path) -> Path:
     if not found:
         raise StartupFailed("nomad is not installed (ops/install-nomad builds it)")
     return Path(found)
-
-
-def _cgroup_parent(name: str) -> str:
-    # cgroups v2 wants a systemd-style slice name, v1 a path
-    return f"caravan-{name}.slice" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else f"/caravan-{name}"
 
 
 def start_nomad_cluster(
@@ -471,7 +466,7 @@ def _start_client(
         node_pool=spec.node_pool,
         cpu_mhz=spec.cpu_mhz,
         memory_mb=spec.memory_mb,
-        cgroup_parent=_cgroup_parent(spec.name),
+        cgroup_parent=cgroup_parent(spec.name),
         rootfs=rootfs,
         network_config=network.client_config(),
         denylist="qemu,java" if pause_image else "docker,qemu,java",

@@ -54,7 +54,8 @@ async def test_main_and_sub_kernels_get_their_own_resources(caravan: Caravan) ->
     resources = await allocated(caravan, session_id)
     assert {host: mib for host, (_, mib) in resources.items()} == {"main1": 96, "sub1": 48, "sub2": 48}
     main_mhz, sub_mhz = resources["main1"][0], resources["sub1"][0]
-    assert resources["sub2"][0] == sub_mhz and main_mhz == 2 * sub_mhz  # half a core against a quarter
+    # half a core against a quarter, each rounded to whole MHz (a core of 2,298 MHz: 1,149 against 574)
+    assert resources["sub2"][0] == sub_mhz and abs(main_mhz - 2 * sub_mhz) <= 1
     hcl = (await caravan.store.get(session_id)).job_hcl  # type: ignore[union-attr]
     assert hcl is not None and "memory = 96" in hcl and "memory = 48" in hcl
     kernels = (await caravan.gql(KERNELS, {"id": session_id}))["session"]["kernels"]

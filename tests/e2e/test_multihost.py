@@ -31,7 +31,7 @@ from node_plugins.cni_isolation import Membership
 from nomad_jobs import session_peers
 from tests.conftest import DEFAULT_IMAGE, DOCKER
 from tests.harness import CREATE, Caravan
-from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
+from tests.multihost_fixtures import HOSTS, OnMultihost
 
 PORT = 7000
 SERVE = (
@@ -269,8 +269,8 @@ def test_what_a_killed_run_left_is_swept_at_the_next_start(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("driver", ["EXEC", pytest.param("DOCKER", marks=pytest.mark.docker)])
 async def test_a_cluster_session_spans_two_hosts_and_nothing_else_reaches_its_kernels(
-    on_multihost: OnMultihost,  # noqa: F811
-    multihost_cluster: MultiHostCluster,  # noqa: F811
+    on_multihost: OnMultihost,
+    multihost_cluster: MultiHostCluster,
     driver: str,
 ) -> None:
     """The session's kernels and the intruders run with ``driver``: exec, or docker (the machine's one Docker daemon
@@ -326,8 +326,8 @@ def hosts_only(on: bool) -> None:
 
 
 async def test_over_vxlan_a_session_spans_hosts_whose_link_carries_only_their_own_addresses(
-    on_multihost: OnMultihost,  # noqa: F811
-    multihost_cluster: MultiHostCluster,  # noqa: F811
+    on_multihost: OnMultihost,
+    multihost_cluster: MultiHostCluster,
 ) -> None:
     """The session-peers daemons switched to ``--overlay vxlan``; the link then drops every packet from or to
     anything but a host's address, so routed session subnets cannot cross it (the routed overlay fails here: its

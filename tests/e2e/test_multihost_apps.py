@@ -20,7 +20,7 @@ from tests.conftest import DEFAULT_IMAGE
 from tests.e2e.test_app_proxy import APP_FIELDS, HELLO, Site
 from tests.e2e.test_multihost import nothing_reached
 from tests.harness import ADMIN_TOKEN, CREATE
-from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
+from tests.multihost_fixtures import HOSTS, OnMultihost
 
 WEB = [{"name": "web", "port": 8080}]
 SESSION = f"query($id: ID!) {{ session(id: $id) {{ {APP_FIELDS} mainKernel {{ ports }} }} }}"
@@ -34,8 +34,8 @@ def curl_from(namespace: str, address: str, port: int) -> int:
 
 @pytest.mark.parametrize("driver", ["EXEC", pytest.param("DOCKER", marks=pytest.mark.docker)])
 async def test_an_app_on_another_host_answers_through_the_data_plane_and_nothing_else_reaches_its_port(
-    on_multihost: OnMultihost,  # noqa: F811
-    multihost_cluster: MultiHostCluster,  # noqa: F811
+    on_multihost: OnMultihost,
+    multihost_cluster: MultiHostCluster,
     driver: str,
 ) -> None:
     cluster = multihost_cluster

@@ -21,7 +21,7 @@ from caravan.stack import multihost
 from caravan.stack.multihost import MultiHostCluster
 from caravan.stack.nomad_cluster import ClientSpec
 from tests.harness import CREATE, Caravan
-from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
+from tests.multihost_fixtures import HOSTS, OnMultihost
 
 HELD_ISOLATION = """#!/bin/sh
 # the test's hold on the session network's set-up: an ADD waits here while the file below is missing
@@ -65,8 +65,8 @@ async def host_ready(caravan: Caravan, name: str) -> None:
 
 
 async def test_a_hosts_client_killed_during_a_batch_kernels_set_up_reports_it_and_runs_the_command_once(
-    on_multihost: OnMultihost,  # noqa: F811
-    multihost_cluster: MultiHostCluster,  # noqa: F811
+    on_multihost: OnMultihost,
+    multihost_cluster: MultiHostCluster,
     tmp_path: Path,
 ) -> None:
     cluster, host = multihost_cluster, HOSTS[0]

@@ -20,12 +20,12 @@ import signal
 
 from caravan.stack.multihost import MultiHostCluster
 from tests.e2e.test_multihost_client_kill import HISTORY, create_on, host_ready, restart_client
-from tests.multihost_fixtures import HOSTS, OnMultihost, multihost_cluster, on_multihost  # noqa: F401
+from tests.multihost_fixtures import HOSTS, OnMultihost
 
 
 async def test_a_hosts_client_killed_just_after_starting_a_batch_task_runs_it_again_and_reports_its_exit_code(
-    on_multihost: OnMultihost,  # noqa: F811
-    multihost_cluster: MultiHostCluster,  # noqa: F811
+    on_multihost: OnMultihost,
+    multihost_cluster: MultiHostCluster,
 ) -> None:
     cluster, host = multihost_cluster, HOSTS[0]
     async with on_multihost() as caravan:

@@ -31,7 +31,7 @@ from tests.deployed import Deployed, config_for, deployed, free_namespaces, logs
 from tests.e2e.test_deploy import CREATE, DESTROY, JOB_HCL, STATUS, SteadyStream, until, upgraded_gateways
 from tests.e2e.test_namespace_pool import pooled_in
 from tests.harness import ADMIN_TOKEN
-from tests.multihost_fixtures import HOSTS, multihost_cluster  # noqa: F401
+from tests.multihost_fixtures import HOSTS
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
@@ -76,7 +76,7 @@ def served_by(stack: Deployed) -> dict[str, int]:
 
 def test_the_deployed_ingress_answers_through_a_gateway_on_another_host_and_a_rolling_upgrade_fails_no_request(
     settings: Settings,
-    multihost_cluster: MultiHostCluster,  # noqa: F811
+    multihost_cluster: MultiHostCluster,
     linked_redis: str,
 ) -> None:
     clustered = on_the_cluster(settings, multihost_cluster)
