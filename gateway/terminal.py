@@ -49,6 +49,7 @@ from gateway.kernel_exec import ActivityMeter, ExecSlots, find_target
 from gateway.revocations import RevocationWatch, Watched
 from nomad_jobs.alloc_exec import (
     ExecNeverStarted,
+    ExecNotAnnounced,
     ExecRefused,
     ExecStream,
     Exited,
@@ -166,8 +167,8 @@ class Terminals:
         meter = ActivityMeter(sessions, target.session_id, ActivityClock(slots.limits.activity_interval))
         async with open_connection(sessions, target.session_id):
             try:
-                # announced: a shell Nomad reports ended before it started (its docker driver does, now and then,
-                # when docker is slow to start the exec) is run again, which a shell may be
+                # announced and gated: a shell Nomad reports ended before it started (its docker driver does, now
+                # and then, when docker is slow to start the exec) is run again, and the cut-off run never starts it
                 shell = open_exec(nomad.settings, target.alloc_id, TASK_NAME, SHELL, tty=True, announce=True)
                 async with shell as stream:
                     exit_code = await relay(websocket, stream, meter, viewer.watched)
@@ -177,6 +178,8 @@ class Terminals:
                 raise ExecFailed(f"Nomad refused the terminal: {exc.reason or exc}") from exc
             except ExecNeverStarted as exc:
                 raise ExecFailed(f"the terminal's shell never started: {exc}") from exc
+            except ExecNotAnnounced as exc:
+                raise ExecFailed(f"the kernel has no /bin/sh for a terminal: {exc}") from exc
         if exit_code is None:
             return  # the client left, or the token was revoked (the socket is closed already)
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):

@@ -17,11 +17,11 @@ inspected not running, its exit code unset, and reported ``exited`` with code 0 
 sent; the command may start after, cut off from the socket. So an exec can be *announced* (``open_exec(announce=
 True)``): run by ``/bin/sh`` that first prints :data:`STARTED`, which :meth:`ExecStream.frames` reads (and never
 passes on) before anything else; a run reported ended before it is replaced by a new one (:data:`START_ATTEMPTS`).
-Without a TTY (``kernelExec``'s commands, which may not run twice) the shell then waits for a line on its stdin, which
-the gateway sends only once it has read the announcement on that same run's socket (``gated``, :func:`announced`): a
-run Nomad reported ended reads the end of its stdin instead (Nomad closes it) and exits without running the command,
-so running it again never runs it twice. The gateway's terminal is announced without the gate (a TTY would echo the
-line): its shell may run twice. An announced command's process id is what a timeout or a hang-up signals
+The shell then waits for a line on its stdin (``kernelExec``'s commands may not run twice, nor a terminal's
+shell), which the gateway sends only once it has read the announcement on that same run's socket (``gated``,
+:func:`announced`): a run Nomad reported ended reads the end of its stdin instead (Nomad closes it) and exits without
+running the command, so running it again never runs it twice. A terminal's TTY has its echo off while its shell waits
+for the line. An announced command's process id is what a timeout or a hang-up signals
 (:func:`signal_session`).
 
 ACL: ``alloc-exec`` on the namespace; tasks of drivers without isolation (``raw_exec``) need ``alloc-node-exec``,
@@ -118,13 +118,29 @@ _ANNOUNCE = "printf '\\033_caravan-exec-started;%s\\033\\\\' \"$$\""
 """Prints :data:`STARTED` with the shell's process id (``exec "$@"`` keeps it the command's)."""
 
 
-def announced(command: Sequence[str], *, gated: bool = False) -> list[str]:
+def announced(command: Sequence[str], *, gated: bool = False, tty: bool = False) -> list[str]:
     """``command`` run by ``/bin/sh`` once it has printed :data:`STARTED` with its process id (its argv as it is:
     ``exec "$@"``, so the id is the command's); ``gated``: and then read a line from its stdin (:data:`GO`), which
     a run whose socket Nomad closed never gets (``read`` fails at the end of stdin, so the command does not run). A
-    shell reads a line from a pipe byte by byte: the command's stdin starts right after it."""
-    gate = " && read -r go" if gated else ""
+    shell reads a line from a pipe byte by byte: the command's stdin starts right after it.
+
+    A gated ``tty`` run turns the terminal's echo off before it announces itself (:data:`GO` is sent only after the
+    announcement, so it is never echoed) and on again before the command: a ``stty`` missing from the image leaves
+    only that line echoed, once."""
+    if gated and tty:
+        script = _QUIET + _ANNOUNCE + _GATE + ' && { stty echo 2>/dev/null; exec "$@"; }'
+        return ["/bin/sh", "-c", script, "sh", *command]
+    gate = _GATE if gated else ""
     return ["/bin/sh", "-c", _ANNOUNCE + gate + ' && exec "$@"', "sh", *command]
+
+
+def exec_argv(command: Sequence[str], *, tty: bool, announce: bool) -> list[str]:
+    """What :func:`open_exec` runs for ``command``: announced and gated (:func:`announced`), or as it is."""
+    return announced(command, gated=True, tty=tty) if announce else list(command)
+
+
+_GATE = " && read -r go"
+_QUIET = "stty -echo 2>/dev/null; "
 
 
 GO = b"\n"
@@ -279,8 +295,8 @@ class ExecStream:
             frame = await self._receive()
             if isinstance(frame, Exited):
                 if not (head or self._pending):
-                    # never started, as far as this socket can tell: run again. A terminal's shell may start after
-                    # all (its run cut off); a gated command's does not run it (its stdin ends before GO)
+                    # never started, as far as this socket can tell: run again. Its run may start after all, cut
+                    # off: gated, it does not run the command (its stdin ends before GO)
                     return False
                 if self._gated and frame.exit_code in (126, 127) and self._shell_missing(head):
                     raise ExecNotAnnounced(f"/bin/sh did not run (exit code {frame.exit_code}): {head[:200]!r}")
@@ -361,13 +377,13 @@ async def open_exec(
     ends the command's session on Nomad's side.
 
     ``announce``: the command is run by ``/bin/sh`` (:func:`announced`): its process id is known once it runs
-    (``stream.pid``), and it is run again while Nomad reports its end before it started (:class:`ExecStream`).
-    Without ``tty`` it is gated, so it never runs twice, and :class:`ExecNotAnnounced` says when ``/bin/sh`` cannot
-    run (nothing ran)."""
+    (``stream.pid``), and it is run again while Nomad reports its end before it started (:class:`ExecStream`). It is
+    gated, so it never runs twice (a terminal's shell too: its echo is off while it waits), and
+    :class:`ExecNotAnnounced` says when ``/bin/sh`` cannot run (nothing ran)."""
     if not command:
         raise ValueError("an exec needs a command")
-    gated = announce and not tty
-    url = exec_url(settings, alloc_id, task, announced(command, gated=gated) if announce else command, tty=tty)
+    gated = announce
+    url = exec_url(settings, alloc_id, task, exec_argv(command, tty=tty, announce=announce), tty=tty)
 
     async def reopen() -> ClientConnection:
         return await connect_exec(settings, url, open_timeout)

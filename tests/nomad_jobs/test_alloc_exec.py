@@ -25,6 +25,7 @@ from nomad_jobs.alloc_exec import (
     announced,
     connect_exec,
     decode_frame,
+    exec_argv,
     exec_url,
     open_exec,
 )
@@ -129,6 +130,18 @@ async def test_an_announced_command_keeps_its_argv_output_and_exit_code(caravan:
         assert await collect(stream) == (HOSTILE_BYTES, b"", 0)
 
 
+async def cut_off(gateway: NomadSettings, url: str) -> None:
+    """A run cut off as Nomad cuts off one it reported ended before it started: its socket closed once it announced
+    itself (its shell runs and waits for its line)."""
+    run = await connect_exec(gateway, url, 10)
+    head = b""
+    while STARTED[:-2] not in head:
+        frame = decode_frame(await asyncio.wait_for(run.recv(), 20))
+        if isinstance(frame, Output):
+            head += frame.data
+    await run.close()
+
+
 @pytest.mark.parametrize("driver", DRIVERS)
 async def test_a_gated_run_whose_socket_closed_before_it_was_let_through_never_runs_its_command(
     caravan: Caravan, driver: str
@@ -139,15 +152,7 @@ async def test_a_gated_run_whose_socket_closed_before_it_was_let_through_never_r
     gateway = caravan.settings.for_role("gateway").nomad
     marker = f"/tmp/gated-{driver}"
     command = ["sh", "-c", f'echo ran >> {marker}; echo "$(cat)"']  # what it ran, and the stdin it got
-    cut_off = await connect_exec(
-        gateway, exec_url(gateway, alloc, TASK_NAME, announced(command, gated=True), tty=False), 10
-    )
-    head = b""
-    while STARTED[:-2] not in head:  # its announcement: the shell runs and waits for its line
-        frame = decode_frame(await asyncio.wait_for(cut_off.recv(), 20))
-        if isinstance(frame, Output):
-            head += frame.data
-    await cut_off.close()  # as Nomad closes a run it reported ended
+    await cut_off(gateway, exec_url(gateway, alloc, TASK_NAME, announced(command, gated=True), tty=False))
     async with open_exec(gateway, alloc, TASK_NAME, command, announce=True) as stream:
         await stream.send_stdin(b"in")
         await stream.close_stdin()
@@ -155,6 +160,25 @@ async def test_a_gated_run_whose_socket_closed_before_it_was_let_through_never_r
     await asyncio.sleep(1)  # the cut-off shell had its stdin closed well before: it has had every chance to run
     assert await ran(gateway, alloc, ["cat", marker]) == (b"ran\n", b"", 0)
     assert let_through == (b"in\n", b"", 0)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_terminals_shell_whose_run_was_cut_off_starts_once_and_echoes_nothing_of_its_gate(
+    caravan: Caravan, driver: str
+) -> None:
+    """A terminal's shell (a TTY) is gated too: a run Nomad reported ended, cut off, never starts it; the run let
+    through starts it once, and the line that lets it through is not echoed (its echo is off while it waits). Before,
+    a terminal's shell was not gated and so could start twice."""
+    _, alloc = await running_session(caravan, driver)
+    gateway = caravan.settings.for_role("gateway").nomad
+    marker = f"/tmp/gated-tty-{driver}"
+    command = ["sh", "-c", f"echo ran >> {marker}; printf shell-started"]
+    await cut_off(gateway, exec_url(gateway, alloc, TASK_NAME, exec_argv(command, tty=True, announce=True), tty=True))
+    async with open_exec(gateway, alloc, TASK_NAME, command, tty=True, announce=True) as stream:
+        out, _, code = await collect(stream)
+    await asyncio.sleep(1)  # the cut-off shell lost its terminal well before: it has had every chance to run
+    assert await ran(gateway, alloc, ["cat", marker]) == (b"ran\n", b"", 0)
+    assert (out, code) == (b"shell-started", 0)
 
 
 class ReplayedNomad:
