@@ -81,7 +81,7 @@ ALONE_DIRECTORIES: Mapping[str, str] = {"stack": "stack"}
 
 
 def worker_group(item: pytest.Item) -> str | None:
-    """The group of workers' tests ``item`` runs in (``xdist_group``), or None: any worker."""
+    """The group of tests ``item`` shares one worker with (``tests/workers.py``), or None: its module's worker."""
     for tier, group in ALONE.items():
         if item.get_closest_marker(tier):
             return group

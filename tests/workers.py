@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +40,7 @@ def controller_setup(config: pytest.Config) -> None:
         return
     os.environ[GROUPS_DIR] = tempfile.mkdtemp(prefix="caravan-test-groups-")
     config.pluginmanager.register(GroupScheduler(), "caravan-group-scheduler")
+    config.add_cleanup(lambda: shutil.rmtree(os.environ.pop(GROUPS_DIR), ignore_errors=True))  # one per run, not kept
 
 
 def write_groups(groups: Mapping[str, str]) -> None:
